@@ -1,0 +1,67 @@
+# Laminar developer commands. Every target creates what it needs (.venv) itself.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard proto/laminar_api/v1/*.proto)
+
+.PHONY: help venv proto proto-check lint test test-fast demo bench install clean
+
+help:
+	@echo "make demo     run a local cluster on simulated GPUs doing real work"
+	@echo "make test     proto check, lint (ruff, mypy --strict, import contracts), tests"
+	@echo "make bench    benchmarks (numbers are reported, never asserted)"
+	@echo "make proto    regenerate laminar_api/v1 from proto/"
+	@echo "make install  install into the current Python (pip install .)"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Regenerate the checked-in API code with the pinned grpcio-tools.
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto \
+	  --python_out=. --pyi_out=. --grpc_python_out=. --mypy_grpc_out=. \
+	  --plugin=protoc-gen-mypy_grpc=$(VENV)/bin/protoc-gen-mypy_grpc \
+	  $(PROTOS)
+
+# Fails when the checked-in generated code differs from what proto/ produces.
+proto-check: $(STAMP)
+	@rm -rf .proto-check && mkdir -p .proto-check
+	@$(PY) -m grpc_tools.protoc -Iproto \
+	  --python_out=.proto-check --pyi_out=.proto-check --grpc_python_out=.proto-check \
+	  --mypy_grpc_out=.proto-check \
+	  --plugin=protoc-gen-mypy_grpc=$(VENV)/bin/protoc-gen-mypy_grpc \
+	  $(PROTOS)
+	@for f in $$(cd .proto-check && find . -name '*.py' -o -name '*.pyi'); do \
+	  cmp -s .proto-check/$$f $$f || { echo "stale generated code: $$f (run 'make proto')"; rm -rf .proto-check; exit 1; }; \
+	done
+	@rm -rf .proto-check
+	@echo "proto: generated code is up to date"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: proto-check lint
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -x -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/laminar demo
+
+bench: $(STAMP)
+	$(VENV)/bin/laminar bench all
+
+install:
+	$(PYTHON) -m pip install .
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""Airlock: runtime survival under memory pressure. Pure policy plus an I/O-free controller."""

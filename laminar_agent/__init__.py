@@ -1,0 +1,1 @@
+"""laminar-agent: the per-host daemon, the only authority on its host's capacity."""

@@ -1,0 +1,145 @@
+"""gRPC plumbing shared by both daemons: error mapping, input limits, health and reflection.
+
+Servicers stay translation-only: they validate, call policy/state code, and
+let :func:`map_errors` turn :class:`LaminarError` into a status code with a short
+message. Unexpected exceptions become INTERNAL with no traceback on the wire
+(the traceback goes to the log).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from laminar_agent.errors import InvalidArgument, LaminarError, ResourceExhausted
+
+log = logging.getLogger("laminar.grpc")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Largest message either daemon accepts (bytes); larger ones get RESOURCE_EXHAUSTED from gRPC.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Default limit for an identifier-like string field.
+MAX_ID_CHARS = 128
+#: Default limit for free text (reasons, names).
+MAX_TEXT_CHARS = 4096
+
+
+def status_code(error: LaminarError) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, error.code_name, grpc.StatusCode.INTERNAL)
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+    if isinstance(exc, LaminarError):
+        if isinstance(exc, ResourceExhausted) and exc.retry_after_seconds > 0:
+            context.set_trailing_metadata(
+                (("retry-after-seconds", f"{exc.retry_after_seconds:.3f}"),)
+            )
+        await context.abort(status_code(exc), exc.message)
+    log.exception("internal error in RPC handler")
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+def map_errors(method: F) -> F:
+    """Decorate an async servicer method (unary or server-streaming) to map exceptions."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream_wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except LaminarError as exc:
+                await _abort(context, exc)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await _abort(context, exc)
+
+        return stream_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    async def unary_wrapper(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except LaminarError as exc:
+            await _abort(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc)
+
+    return unary_wrapper  # type: ignore[return-value]
+
+
+def check_str(
+    value: str, field: str, *, max_chars: int = MAX_ID_CHARS, required: bool = False
+) -> str:
+    """Validate a string field's presence and length."""
+    if required and not value:
+        raise InvalidArgument("is required", field=field)
+    if len(value) > max_chars:
+        raise InvalidArgument(
+            f"is {len(value)} characters, at most {max_chars} allowed", field=field
+        )
+    if "\x00" in value:
+        raise InvalidArgument("contains a NUL character", field=field)
+    return value
+
+
+def check_number(value: float, field: str, *, low: float = 0.0, high: float | None = None) -> float:
+    """Validate a finite number in [low, high]."""
+    if value != value or value in (float("inf"), float("-inf")):
+        raise InvalidArgument(f"must be a finite number, got {value}", field=field)
+    if value < low:
+        raise InvalidArgument(f"must be >= {low}, got {value}", field=field)
+    if high is not None and value > high:
+        raise InvalidArgument(f"must be <= {high}, got {value}", field=field)
+    return value
+
+
+def server_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def channel_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+def add_health_and_reflection(
+    server: grpc.aio.Server, service_names: Iterable[str]
+) -> HealthServicer:
+    """Serve grpc.health.v1 and reflection; returns the health servicer (starts NOT_SERVING)."""
+    servicer = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    names = [*service_names, reflection.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
+    reflection.enable_server_reflection(names, server)
+    return servicer
+
+
+async def set_serving(
+    servicer: HealthServicer, service_names: Iterable[str], serving: bool
+) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ["", *service_names]:
+        await servicer.set(name, status)

@@ -1,0 +1,1 @@
+"""laminar-zone: the zone router (submissions, flow splitting, probing, durable queue)."""
