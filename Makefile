@@ -58,7 +58,7 @@ demo: $(STAMP)
 	$(VENV)/bin/laminar demo
 
 bench: $(STAMP)
-	$(VENV)/bin/laminar bench all
+	$(PY) bench/agent_probe.py
 
 install:
 	$(PYTHON) -m pip install .

@@ -128,7 +128,11 @@ def add_health_and_reflection(
     """Serve grpc.health.v1 and reflection; returns the health servicer (starts NOT_SERVING)."""
     servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    names = [*service_names, reflection.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
+    names = [
+        *service_names,
+        reflection.SERVICE_NAME,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+    ]
     reflection.enable_server_reflection(names, server)
     return servicer
 

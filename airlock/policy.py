@@ -1,0 +1,363 @@
+"""The Airlock ladder as a pure function: snapshot in, actions out.
+
+Purity makes it deterministic (same snapshot, same actions; inputs are sorted,
+never iterated in dict or set order) and lets the controller run it in
+dry-run mode or replay it from the journal.
+
+Choices made here (documented because the ladder depends on them):
+
+* What an action frees: a subjob whose ``free_mode`` is ``"checkpoint"`` is
+  *suspended* (cuda-checkpoint frees its GPU memory); ``"release_signal"`` gets
+  *release_memory* (cooperative release frees it). Both count ``observed_bytes``
+  as freed. A subjob with ``free_mode="none"`` would free nothing if suspended,
+  so when it is picked for relief it is *reclaimed* (terminated), which frees its
+  ``observed_bytes``; the reason says so. It keeps its place in victim order.
+* A subjob on several slices frees ``observed_bytes // len(slice_ids)`` on each
+  (memory is assumed spread evenly); once chosen on one slice it is credited on
+  every slice it spans and is not chosen twice.
+* Subjobs with ``observed_bytes == 0`` are never victims: they give no relief.
+* Critical-class subjobs (priority 1) are victims only when no running subjob of a
+  lower class (priority > 1) is on that slice.
+* Victims are taken as a prefix of the victim order, stopping as soon as the
+  projected usage is <= ``target_ratio * total``; if even all of them do not
+  suffice, all are taken and the reason says the slice stays above target.
+* Resume needs every slice of the subjob NORMAL and the host NORMAL.
+* ``dry_run`` does not change the result: the caller records instead of acting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from airlock.levels import Level
+
+GIB = 1024**3
+
+STEP_SUSPEND = "suspend"
+STEP_RELEASE_MEMORY = "release_memory"
+STEP_RESUME = "resume"
+STEP_READDRESS = "readdress"
+STEP_RECLAIM = "reclaim"
+
+PRIORITY_NAMES = {1: "critical", 2: "high", 3: "normal", 4: "opportunistic"}
+LIFECYCLE_NAMES = {1: "resident", 2: "long", 3: "transient"}
+FREE_MODES = ("checkpoint", "release_signal", "none")
+
+
+@dataclass(frozen=True)
+class SliceSignal:
+    slice_id: str
+    used_bytes: int
+    total_bytes: int
+    level: Level
+
+
+@dataclass(frozen=True)
+class SubjobView:
+    subjob_id: str
+    job_id: str
+    slice_ids: tuple[str, ...]
+    priority: int  # 1 critical .. 4 opportunistic
+    lifecycle: int  # 1 resident, 2 long, 3 transient
+    declared_bytes: int
+    observed_bytes: int
+    started_at: float
+    work_since_checkpoint_seconds: float
+    suspended: bool
+    suspended_since: float | None
+    readdress_count: int
+    free_mode: str  # "checkpoint" | "release_signal" | "none"
+    restartable: bool
+    gpu_count: int = 1
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    slices: tuple[SliceSignal, ...]
+    subjobs: tuple[SubjobView, ...]
+    host_used_bytes: int = 0
+    host_total_bytes: int = 0
+    host_level: Level = Level.NORMAL
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    target_ratio: float = 0.80
+    resume_ratio: float = 0.75
+    readdress_after_seconds: float = 30.0
+    max_readdress: int = 2
+    reclaim_after_seconds: float = 120.0
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target_ratio <= 1.0:
+            raise ValueError(f"target_ratio: must be in (0, 1], got {self.target_ratio}")
+        if not 0.0 < self.resume_ratio <= 1.0:
+            raise ValueError(f"resume_ratio: must be in (0, 1], got {self.resume_ratio}")
+        if self.readdress_after_seconds < 0:
+            raise ValueError(
+                f"readdress_after_seconds: must be >= 0, got {self.readdress_after_seconds}"
+            )
+        if self.reclaim_after_seconds < 0:
+            raise ValueError(
+                f"reclaim_after_seconds: must be >= 0, got {self.reclaim_after_seconds}"
+            )
+        if self.max_readdress < 0:
+            raise ValueError(f"max_readdress: must be >= 0, got {self.max_readdress}")
+
+
+@dataclass(frozen=True)
+class Action:
+    step: str
+    subjob_id: str
+    slice_id: str
+    reason: str
+    expected_bytes_freed: int
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def freed_per_slice(subjob: SubjobView) -> int:
+    """Bytes one relief action on ``subjob`` frees on each of its slices."""
+    if not subjob.slice_ids:
+        return 0
+    return max(0, subjob.observed_bytes) // len(subjob.slice_ids)
+
+
+def relief_step(subjob: SubjobView) -> str:
+    """The step that really frees memory for this subjob's free mode."""
+    if subjob.free_mode == "checkpoint":
+        return STEP_SUSPEND
+    if subjob.free_mode == "release_signal":
+        return STEP_RELEASE_MEMORY
+    return STEP_RECLAIM
+
+
+def victim_key(subjob: SubjobView) -> tuple[int, int, int, float, str]:
+    """Sort key: lowest class first, transient before long before resident, most over
+    its declaration, least work lost, then id."""
+    return (
+        -subjob.priority,
+        -subjob.lifecycle,
+        -(subjob.observed_bytes - subjob.declared_bytes),
+        subjob.work_since_checkpoint_seconds,
+        subjob.subjob_id,
+    )
+
+
+def eligible_victims(slice_id: str, subjobs: Iterable[SubjobView]) -> list[SubjobView]:
+    """Running subjobs on ``slice_id`` that may be victims, in victim order."""
+    running = [s for s in subjobs if not s.suspended and slice_id in s.slice_ids]
+    lower_class_runs = any(s.priority > 1 for s in running)
+    eligible = [
+        s for s in running if freed_per_slice(s) > 0 and not (s.priority == 1 and lower_class_runs)
+    ]
+    return sorted(eligible, key=victim_key)
+
+
+def _relief_reason(
+    sig: SliceSignal, level_mark: str, victim: SubjobView, freed: int, sufficient: bool
+) -> str:
+    pct = 100.0 * sig.used_bytes / sig.total_bytes if sig.total_bytes else 0.0
+    cls = (
+        f"{PRIORITY_NAMES.get(victim.priority, str(victim.priority))}/"
+        f"{LIFECYCLE_NAMES.get(victim.lifecycle, str(victim.lifecycle))}"
+    )
+    text = (
+        f"{sig.slice_id} at {_gib(sig.used_bytes)} of {_gib(sig.total_bytes)} ({pct:.1f}%) "
+        f"{level_mark}; victim class {cls}, frees {_gib(freed)}"
+    )
+    if victim.free_mode == "none":
+        text += "; free_mode none: a stop frees nothing, so it is reclaimed"
+    if not sufficient:
+        text += "; all eligible victims taken and the slice stays above target"
+    return text
+
+
+def _apply_freed(projected: dict[str, int], subjob: SubjobView) -> None:
+    share = freed_per_slice(subjob)
+    for sid in subjob.slice_ids:
+        if sid in projected:
+            projected[sid] -= share
+
+
+def _relieve(
+    snapshot: Snapshot, config: PolicyConfig, projected: dict[str, int], chosen: set[str]
+) -> list[Action]:
+    actions: list[Action] = []
+    for sig in sorted(snapshot.slices, key=lambda s: s.slice_id):
+        if sig.level == Level.NORMAL or sig.total_bytes <= 0:
+            continue
+        limit = config.target_ratio * sig.total_bytes
+        if projected[sig.slice_id] <= limit:
+            continue
+        candidates = [
+            s for s in eligible_victims(sig.slice_id, snapshot.subjobs) if s.subjob_id not in chosen
+        ]
+        # Decide first how many are needed, so every reason can say whether they suffice.
+        after = projected[sig.slice_id]
+        picked: list[SubjobView] = []
+        for cand in candidates:
+            if after <= limit:
+                break
+            picked.append(cand)
+            after -= freed_per_slice(cand)
+        sufficient = after <= limit
+        mark = (
+            "> critical mark" if sig.level == Level.CRITICAL else "> elevated mark"
+        ) + f", target {100.0 * config.target_ratio:.0f}%"
+        for victim in picked:
+            freed = freed_per_slice(victim)
+            actions.append(
+                Action(
+                    step=relief_step(victim),
+                    subjob_id=victim.subjob_id,
+                    slice_id=sig.slice_id,
+                    reason=_relief_reason(sig, mark, victim, freed, sufficient),
+                    expected_bytes_freed=freed,
+                )
+            )
+            chosen.add(victim.subjob_id)
+            _apply_freed(projected, victim)
+    return actions
+
+
+def _recover(
+    snapshot: Snapshot, config: PolicyConfig, projected: dict[str, int], chosen: set[str]
+) -> list[Action]:
+    actions: list[Action] = []
+    signals: Mapping[str, SliceSignal] = {s.slice_id: s for s in snapshot.slices}
+    suspended = sorted(
+        (s for s in snapshot.subjobs if s.suspended and s.subjob_id not in chosen),
+        key=lambda s: (
+            s.priority,
+            s.suspended_since if s.suspended_since is not None else snapshot.now,
+            s.subjob_id,
+        ),
+    )
+    for sub in suspended:
+        since = sub.suspended_since if sub.suspended_since is not None else snapshot.now
+        waited = snapshot.now - since
+        first_slice = sub.slice_ids[0] if sub.slice_ids else ""
+        known = bool(sub.slice_ids) and all(sid in signals for sid in sub.slice_ids)
+        share = freed_per_slice(sub)
+        if (
+            known
+            and snapshot.host_level == Level.NORMAL
+            and all(
+                signals[sid].level == Level.NORMAL and signals[sid].total_bytes > 0
+                for sid in sub.slice_ids
+            )
+            and all(
+                projected[sid] + share <= config.resume_ratio * signals[sid].total_bytes
+                for sid in sub.slice_ids
+            )
+        ):
+            after = projected[first_slice] + share
+            total = signals[first_slice].total_bytes
+            actions.append(
+                Action(
+                    step=STEP_RESUME,
+                    subjob_id=sub.subjob_id,
+                    slice_id=first_slice,
+                    reason=(
+                        f"{first_slice} normal; projected {_gib(after)} of {_gib(total)} "
+                        f"({100.0 * after / total:.1f}%) <= resume mark "
+                        f"{100.0 * config.resume_ratio:.0f}% after {waited:.1f}s suspended"
+                    ),
+                    expected_bytes_freed=-share,
+                )
+            )
+            for sid in sub.slice_ids:
+                projected[sid] += share
+            continue
+        budget_spent = sub.readdress_count >= config.max_readdress
+        if waited > config.reclaim_after_seconds or (
+            budget_spent and waited > config.readdress_after_seconds
+        ):
+            why = (
+                f"suspended {waited:.1f}s > reclaim after {config.reclaim_after_seconds:.1f}s"
+                if waited > config.reclaim_after_seconds
+                else f"suspended {waited:.1f}s and readdress budget spent "
+                f"({sub.readdress_count}/{config.max_readdress})"
+            )
+            actions.append(
+                Action(STEP_RECLAIM, sub.subjob_id, first_slice, why, freed_per_slice(sub))
+            )
+        elif waited > config.readdress_after_seconds and sub.restartable:
+            actions.append(
+                Action(
+                    STEP_READDRESS,
+                    sub.subjob_id,
+                    first_slice,
+                    f"suspended {waited:.1f}s > readdress after "
+                    f"{config.readdress_after_seconds:.1f}s; attempt "
+                    f"{sub.readdress_count + 1}/{config.max_readdress}",
+                    freed_per_slice(sub),
+                )
+            )
+    return actions
+
+
+def decide(snapshot: Snapshot, config: PolicyConfig) -> list[Action]:
+    """Return the ladder's actions for one snapshot: relief first (slices in id order), then
+    recovery of suspended subjobs (resume, readdress, reclaim) in priority order.
+
+    A resume action carries a negative ``expected_bytes_freed`` (it takes memory back);
+    readdress and reclaim of a suspended subjob count what its departure frees.
+    """
+    projected = {s.slice_id: s.used_bytes for s in snapshot.slices}
+    chosen: set[str] = set()
+    actions = _relieve(snapshot, config, projected, chosen)
+    actions.extend(_recover(snapshot, config, projected, chosen))
+    return actions
+
+
+def plan_room(
+    snapshot: Snapshot, slice_id: str, needed_bytes: int, for_priority: int, config: PolicyConfig
+) -> list[Action] | None:
+    """Actions on strictly lower-priority work (priority number > ``for_priority``) that leave
+    ``needed_bytes`` free on ``slice_id``; ``[]`` if already free, None if impossible.
+
+    Used when the router asks an agent to preempt opportunistic work for a higher class.
+    """
+    del config  # same victim order as the ladder; no ratios involved
+    sig = next((s for s in snapshot.slices if s.slice_id == slice_id), None)
+    if sig is None or needed_bytes > sig.total_bytes:
+        return None
+    free = sig.total_bytes - sig.used_bytes
+    if free >= needed_bytes:
+        return []
+    candidates = [
+        s
+        for s in snapshot.subjobs
+        if not s.suspended
+        and slice_id in s.slice_ids
+        and s.priority > for_priority
+        and freed_per_slice(s) > 0
+    ]
+    actions: list[Action] = []
+    for cand in sorted(candidates, key=victim_key):
+        if free >= needed_bytes:
+            break
+        freed = freed_per_slice(cand)
+        free += freed
+        actions.append(
+            Action(
+                step=relief_step(cand),
+                subjob_id=cand.subjob_id,
+                slice_id=slice_id,
+                reason=(
+                    f"make room for priority {for_priority}: {_gib(needed_bytes)} needed on "
+                    f"{slice_id}, {_gib(sig.total_bytes - sig.used_bytes)} free; preempt "
+                    f"{PRIORITY_NAMES.get(cand.priority, str(cand.priority))} subjob, "
+                    f"frees {_gib(freed)}"
+                ),
+                expected_bytes_freed=freed,
+            )
+        )
+    return actions if free >= needed_bytes else None

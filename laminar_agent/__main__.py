@@ -1,0 +1,77 @@
+"""``laminar-agent``: command line of the host daemon. Exit codes: 0 clean, 2 bad config, 1 failure."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from laminar_agent.config import AgentConfig
+from laminar_agent.configlib import load_config
+from laminar_agent.errors import LaminarError
+from laminar_agent.sdnotify import Notifier
+from laminar_agent.server import AgentServer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="laminar-agent", description="Laminar host agent daemon")
+    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--listen", help="gRPC HOST:PORT (port 0 picks a free port)")
+    p.add_argument("--zone", help="zone router HOST:PORT")
+    p.add_argument("--state-dir", help="state directory (journal, subjob logs, agent.json)")
+    p.add_argument("--agent-id", help="agent identity (default: hostname)")
+    p.add_argument("--gpu-backend", choices=["nvml", "fake"], help="GPU backend")
+    p.add_argument("--fake-gpus", help="fake GPU spec, e.g. 4xH100-80GB")
+    p.add_argument("--shared-gpus", help="GPUs open to fractional sharing: all or 0,1")
+    p.add_argument("--metrics-listen", help="Prometheus HTTP HOST:PORT")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        config = load_config(
+            AgentConfig,
+            toml_path=args.config,
+            env=os.environ,
+            overrides={
+                "server.listen": args.listen,
+                "server.state_dir": args.state_dir,
+                "server.agent_id": args.agent_id,
+                "server.metrics_listen": args.metrics_listen,
+                "zone.zone": args.zone,
+                "inventory.gpu_backend": args.gpu_backend,
+                "inventory.fake_gpus": args.fake_gpus,
+                "inventory.shared_gpus": args.shared_gpus,
+            },
+        )
+    except LaminarError as exc:
+        print(f"laminar-agent: {exc.message}", file=sys.stderr)
+        return 2
+    notifier = Notifier(os.environ.get("NOTIFY_SOCKET"), os.environ.get("WATCHDOG_USEC"))
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        runner = asyncio.run  # type: ignore[assignment]
+    try:
+        runner(AgentServer(config, notifier=notifier).run_until_signalled())
+    except LaminarError as exc:
+        print(f"laminar-agent: {exc.message}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"laminar-agent: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

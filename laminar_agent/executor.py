@@ -1,0 +1,370 @@
+"""Starts, signals and watches subjob processes.
+
+Each subjob runs under :mod:`laminar_agent.shim` in its own session, so the
+shim's pid is also the process group id and every signal goes to the whole
+group. Subjobs outlive the agent: :meth:`Executor.close` stops watching but
+never kills, and a restarted agent re-attaches with :meth:`Executor.adopt` and
+learns the exit status from the shim's ``exit.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from laminar_agent.errors import InvalidArgument, NotFound
+from laminar_agent.shim import EXIT_FILE
+
+log = logging.getLogger(__name__)
+
+ADOPT_POLL_SECONDS = 0.2
+#: Subjob ids name a directory under the state dir, so they must be one safe path component.
+_SAFE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+GPU_MEM_FILE = "gpu_mem"
+_RESERVED_EXACT = frozenset({"CUDA_VISIBLE_DEVICES"})
+_RESERVED_PREFIX = "LAMINAR_"
+
+ExitCallback = Callable[[str, "ExitInfo"], Awaitable[None] | None]
+
+
+@dataclass
+class LaunchSpec:
+    subjob_id: str
+    job_id: str
+    command: Sequence[str]
+    #: User environment; keys CUDA_VISIBLE_DEVICES and LAMINAR_* are dropped.
+    env: Mapping[str, str]
+    workdir: str
+    device_uuids: Sequence[str]
+    unit_start: int = 0
+    unit_count: int = 0
+    checkpoint_dir: str = ""
+    grace_seconds: float = 10.0
+
+
+@dataclass
+class ExitInfo:
+    exit_code: int | None
+    signal: int | None
+    peak_rss_bytes: int
+    ended_unix: float
+    run_seconds: float
+    error: str = ""
+
+
+@dataclass
+class _Tracked:
+    pid: int
+    grace_seconds: float
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+def _reap(pid: int) -> int | None:
+    """Non-blocking waitpid: the wait status once ``pid`` has ended, else None."""
+    done_pid, status = os.waitpid(pid, os.WNOHANG)
+    return status if done_pid == pid else None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _wait_child(pid: int) -> int | None:
+    """Reap our child ``pid`` without blocking the loop; its wait status, None if reaped elsewhere."""
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = -1
+    try:
+        while True:
+            try:
+                status = _reap(pid)
+            except ChildProcessError:
+                return None
+            if status is not None:
+                return status
+            if pidfd < 0:
+                await asyncio.sleep(ADOPT_POLL_SECONDS)
+                continue
+            readable = loop.create_future()
+            loop.add_reader(pidfd, _resolve, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(pidfd)
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+def _spawn(python: str, argv: list[str], env: Mapping[str, str], sdir: Path) -> int:
+    """Start the shim in a new session with stdout/stderr appended to files in ``sdir``.
+
+    posix_spawn rather than asyncio subprocesses: the agent must be able to stop
+    watching (close) without a transport killing the subjob or warning about it.
+    """
+    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    return os.posix_spawn(
+        python,
+        argv,
+        env,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(sdir / "stdout"), append, 0o644),
+            (os.POSIX_SPAWN_OPEN, 2, str(sdir / "stderr"), append, 0o644),
+        ],
+        setsid=True,
+    )
+
+
+def filter_user_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Drop keys the agent owns so a user cannot escape its GPU assignment."""
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in _RESERVED_EXACT and not k.startswith(_RESERVED_PREFIX)
+    }
+
+
+class Executor:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        python: str = sys.executable,
+        base_env: Mapping[str, str] | None = None,
+        on_exit: ExitCallback,
+    ) -> None:
+        self._state_dir = Path(state_dir)
+        self._python = python
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._on_exit = on_exit
+        self._tracked: dict[str, _Tracked] = {}
+
+    def subjob_dir(self, subjob_id: str) -> Path:
+        return self._state_dir / "subjobs" / subjob_id
+
+    def _build_env(self, spec: LaunchSpec, sdir: Path) -> dict[str, str]:
+        env = dict(self._base_env)
+        env.update(filter_user_env(spec.env))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_uuids)
+        env["LAMINAR_JOB_ID"] = spec.job_id
+        env["LAMINAR_SUBJOB_ID"] = spec.subjob_id
+        env["LAMINAR_UNIT_START"] = str(spec.unit_start)
+        env["LAMINAR_UNIT_COUNT"] = str(spec.unit_count)
+        if spec.unit_count > 0:
+            env["LAMINAR_CHECKPOINT_DIR"] = spec.checkpoint_dir
+        env["LAMINAR_GPU_MEM_FILE"] = str(sdir / GPU_MEM_FILE)
+        return env
+
+    async def launch(self, spec: LaunchSpec) -> int:
+        """Start the subjob under the shim; return the shim pid (== process group id)."""
+        if not _SAFE_ID.fullmatch(spec.subjob_id) or spec.subjob_id in (".", ".."):
+            raise InvalidArgument(
+                f"{spec.subjob_id!r} must be 1-128 of [A-Za-z0-9._-]", field="subjob_id"
+            )
+        if (
+            not spec.command
+            or not spec.command[0]
+            or not all(isinstance(a, str) for a in spec.command)
+        ):
+            raise InvalidArgument("must be a non-empty list of strings", field="command")
+        if not spec.workdir or not Path(spec.workdir).is_dir():
+            raise InvalidArgument(f"directory {spec.workdir!r} does not exist", field="workdir")
+        if spec.subjob_id in self._tracked and not self._tracked[spec.subjob_id].done.is_set():
+            raise InvalidArgument(f"{spec.subjob_id!r} is already running", field="subjob_id")
+        sdir = self.subjob_dir(spec.subjob_id)
+        sdir.mkdir(parents=True, exist_ok=True)
+        for stale in (EXIT_FILE, "exec_error"):
+            with contextlib.suppress(FileNotFoundError):
+                (sdir / stale).unlink()
+        env = self._build_env(spec, sdir)
+        argv = [self._python, "-m", "laminar_agent.shim", str(sdir)]
+        argv += ["--cwd", spec.workdir, "--", *spec.command]
+        pid = _spawn(self._python, argv, env, sdir)
+        tracked = _Tracked(pid=pid, grace_seconds=spec.grace_seconds)
+        self._tracked[spec.subjob_id] = tracked
+        tracked.task = asyncio.create_task(
+            self._watch_child(spec.subjob_id, tracked), name=f"watch-{spec.subjob_id}"
+        )
+        log.info(
+            "launched subjob %s pid=%d devices=%s units=%d+%d",
+            spec.subjob_id,
+            pid,
+            ",".join(spec.device_uuids),
+            spec.unit_start,
+            spec.unit_count,
+        )
+        return pid
+
+    async def _watch_child(self, subjob_id: str, tracked: _Tracked) -> None:
+        status = await _wait_child(tracked.pid)
+        info = self.read_exit(subjob_id)
+        if info is None:  # shim itself was killed (e.g. SIGKILL of the group)
+            info = ExitInfo(
+                exit_code=(
+                    os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None
+                ),
+                signal=os.WTERMSIG(status)
+                if status is not None and os.WIFSIGNALED(status)
+                else None,
+                peak_rss_bytes=0,
+                ended_unix=time.time(),
+                run_seconds=0.0,
+                error="shim ended without writing exit.json",
+            )
+        await self._finish(subjob_id, tracked, info)
+
+    async def _finish(self, subjob_id: str, tracked: _Tracked, info: ExitInfo) -> None:
+        tracked.done.set()
+        log.info(
+            "subjob %s ended exit_code=%s signal=%s peak_rss_bytes=%d run_seconds=%.3f",
+            subjob_id,
+            info.exit_code,
+            info.signal,
+            info.peak_rss_bytes,
+            info.run_seconds,
+        )
+        try:
+            result = self._on_exit(subjob_id, info)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("on_exit callback failed for subjob %s", subjob_id)
+
+    def adopt(
+        self, subjob_id: str, pid: int, started_unix: float, *, grace_seconds: float = 10.0
+    ) -> bool:
+        """Re-attach to a subjob started by a previous agent; False if it is already gone."""
+        try:
+            p = psutil.Process(pid)
+            alive = (
+                abs(p.create_time() - started_unix) <= 1.0
+                and any("laminar_agent.shim" in a for a in p.cmdline())
+                and p.status() != psutil.STATUS_ZOMBIE
+            )
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            alive = False
+        if not alive:
+            return False
+        tracked = _Tracked(pid=pid, grace_seconds=grace_seconds)
+        self._tracked[subjob_id] = tracked
+        tracked.task = asyncio.get_running_loop().create_task(
+            self._poll_adopted(subjob_id, tracked, p), name=f"adopt-{subjob_id}"
+        )
+        log.info("adopted subjob %s pid=%d", subjob_id, pid)
+        return True
+
+    async def _poll_adopted(self, subjob_id: str, tracked: _Tracked, p: psutil.Process) -> None:
+        while True:
+            try:
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    with contextlib.suppress(ChildProcessError):  # ours if same process
+                        _reap(p.pid)
+                    break
+            except psutil.NoSuchProcess:
+                break
+            await asyncio.sleep(ADOPT_POLL_SECONDS)
+        info = self.read_exit(subjob_id)
+        if info is None:
+            info = ExitInfo(
+                exit_code=None,
+                signal=None,
+                peak_rss_bytes=0,
+                ended_unix=time.time(),
+                run_seconds=0.0,
+                error="adopted shim ended without writing exit.json",
+            )
+        await self._finish(subjob_id, tracked, info)
+
+    def read_exit(self, subjob_id: str) -> ExitInfo | None:
+        """Read the shim's ``exit.json``; None when absent or unreadable."""
+        try:
+            raw = json.loads((self.subjob_dir(subjob_id) / EXIT_FILE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return ExitInfo(
+            exit_code=raw.get("exit_code"),
+            signal=raw.get("signal"),
+            peak_rss_bytes=int(raw.get("peak_rss_bytes", 0)),
+            ended_unix=float(raw.get("ended_unix", 0.0)),
+            run_seconds=float(raw.get("run_seconds", 0.0)),
+            error=str(raw.get("error", "")),
+        )
+
+    def _get(self, subjob_id: str) -> _Tracked:
+        try:
+            return self._tracked[subjob_id]
+        except KeyError:
+            raise NotFound(f"unknown subjob {subjob_id!r}", field="subjob_id") from None
+
+    def _signal_group(self, subjob_id: str, sig: int) -> None:
+        tracked = self._get(subjob_id)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(tracked.pid, sig)
+
+    def kill(self, subjob_id: str) -> None:
+        """SIGKILL the whole process group at once (capacity that cannot be accounted for)."""
+        self._signal_group(subjob_id, signal.SIGKILL)
+
+    def suspend(self, subjob_id: str) -> None:
+        self._signal_group(subjob_id, signal.SIGSTOP)
+
+    def resume(self, subjob_id: str) -> None:
+        self._signal_group(subjob_id, signal.SIGCONT)
+
+    def release_memory(self, subjob_id: str) -> None:
+        """Ask the subjob to free cached GPU memory (SIGUSR1 to its group)."""
+        self._signal_group(subjob_id, signal.SIGUSR1)
+
+    async def terminate(self, subjob_id: str, grace_seconds: float | None = None) -> None:
+        """SIGTERM the group, then SIGKILL it if it outlives the grace period."""
+        tracked = self._get(subjob_id)
+        if tracked.done.is_set():
+            return
+        grace = tracked.grace_seconds if grace_seconds is None else grace_seconds
+        self._signal_group(subjob_id, signal.SIGCONT)
+        self._signal_group(subjob_id, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(tracked.done.wait(), timeout=grace)
+        except TimeoutError:
+            log.info("subjob %s outlived grace_seconds=%.1f; SIGKILL", subjob_id, grace)
+            self._signal_group(subjob_id, signal.SIGKILL)
+            await tracked.done.wait()
+        # The shim only waits for its direct child; stragglers (grandchildren that
+        # ignored SIGTERM) would keep holding GPU memory, so sweep the group.
+        self._signal_group(subjob_id, signal.SIGKILL)
+
+    async def wait(self, subjob_id: str) -> None:
+        """Wait until the subjob's exit has been reported."""
+        await self._get(subjob_id).done.wait()
+
+    def is_running(self, subjob_id: str) -> bool:
+        tracked = self._tracked.get(subjob_id)
+        return tracked is not None and not tracked.done.is_set()
+
+    async def close(self) -> None:
+        """Stop watchers; subjobs keep running so a restarted agent can adopt them."""
+        tasks = [t.task for t in self._tracked.values() if t.task is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tracked.clear()

@@ -1,0 +1,88 @@
+"""Heartbeats to the zone router: capacity summary plus unacknowledged subjob events.
+
+Events stay in the journal until the router acknowledges their sequence number,
+so a router restart or a lost reply never loses a subjob's end. A subjob event
+wakes the loop at once instead of waiting for the next period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from laminar_agent.grpcutil import channel_options
+from laminar_agent.journal import Journal
+from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+
+log = logging.getLogger("laminar.agent.heartbeat")
+
+MAX_EVENTS_PER_HEARTBEAT = 500
+
+
+class HeartbeatClient:
+    def __init__(
+        self,
+        zone_address: str,
+        period_seconds: float,
+        summary: Callable[[], common_pb2.AgentSummary],
+        journal: Journal,
+        to_event: Callable[[int, str, str, str, float], common_pb2.SubjobEvent | None],
+    ) -> None:
+        self.zone_address = zone_address
+        self.period_seconds = period_seconds
+        self._summary = summary
+        self._journal = journal
+        self._to_event = to_event
+        self.wake = asyncio.Event()
+        self.sent = 0
+        self.failures = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with grpc.aio.insecure_channel(
+            self.zone_address, options=channel_options()
+        ) as channel:
+            stub = zone_pb2_grpc.ZoneControlStub(channel)
+            while not stop.is_set():
+                await self._beat(stub)
+                self.wake.clear()
+                waiters = [
+                    asyncio.create_task(stop.wait(), name="heartbeat-stop"),
+                    asyncio.create_task(self.wake.wait(), name="heartbeat-wake"),
+                ]
+                await asyncio.wait(
+                    waiters, timeout=self.period_seconds, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in waiters:
+                    task.cancel()
+
+    async def _beat(self, stub: zone_pb2_grpc.ZoneControlStub) -> None:
+        request = zone_pb2.HeartbeatRequest(summary=self._summary())
+        for row in self._journal.unacked_events(MAX_EVENTS_PER_HEARTBEAT):
+            event = self._to_event(row.seq, row.subjob_id, row.state, row.reason, row.at_unix)
+            if event is not None:
+                request.events.append(event)
+        try:
+            reply = await stub.Heartbeat(request, timeout=max(1.0, self.period_seconds))  # type: ignore[misc]
+        except grpc.aio.AioRpcError as exc:
+            self.failures += 1
+            if self.failures in (1, 10) or self.failures % 100 == 0:
+                log.warning(
+                    "heartbeat to zone %s failed (%d in a row): %s",
+                    self.zone_address,
+                    self.failures,
+                    exc.code().name,
+                )
+            return
+        if self.failures:
+            log.info(
+                "heartbeat to zone %s restored after %d failures", self.zone_address, self.failures
+            )
+        self.failures = 0
+        self.sent += 1
+        if reply.acked_seq:
+            self._journal.ack_events(reply.acked_seq)
+        if reply.period_seconds > 0:
+            self.period_seconds = reply.period_seconds

@@ -1,0 +1,58 @@
+"""Backend-neutral description of the GPUs an agent owns.
+
+The daemon and the scheduler see only these frozen records and the
+:class:`GpuBackend` protocol, so the real NVML backend and the fake one used by
+tests and the simulator are interchangeable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class MigInstanceInfo:
+    """One MIG instance; ``start``/``size`` are memory-slice placement on its parent."""
+
+    uuid: str
+    profile: str
+    memory_total_bytes: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One physical GPU; ``shared`` means fractional sharing is allowed (non-MIG only)."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_total_bytes: int
+    mig_enabled: bool
+    mig_instances: tuple[MigInstanceInfo, ...]
+    shared: bool
+
+
+class GpuBackend(Protocol):
+    """What the agent needs from a GPU inventory source."""
+
+    name: str
+
+    def gpus(self) -> tuple[GpuInfo, ...]: ...
+
+    def refresh(self) -> None:
+        """Re-read the topology (MIG layout can change under us)."""
+        ...
+
+    def memory_used(self) -> dict[str, tuple[int, int]]:
+        """Device uuid (each GPU and each MIG instance) -> (used_bytes, total_bytes).
+
+        Polled every 100 ms, so it must be cheap.
+        """
+        ...
+
+    def driver_version(self) -> str: ...
+
+    def close(self) -> None: ...

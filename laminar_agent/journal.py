@@ -1,0 +1,397 @@
+"""The agent's durable memory: leases, subjobs, state events and airlock actions in SQLite.
+
+WAL mode with synchronous=NORMAL keeps each small write cheap while a crash
+(kill -9) still never leaves a half-written row: every write runs in its own
+transaction (``with conn:``). The journal stores the subjob spec as opaque bytes
+so it does not depend on protobuf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from laminar_agent.errors import InvalidArgument, NotFound
+
+SCHEMA_VERSION = 1
+DB_FILE = "agent.db"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+    lease_id TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL,
+    member INTEGER NOT NULL,
+    allocations_json TEXT NOT NULL,
+    score REAL NOT NULL,
+    priority INTEGER NOT NULL,
+    committed INTEGER NOT NULL,
+    subjob_id TEXT NOT NULL,
+    created_unix REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS subjobs (
+    subjob_id TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL,
+    spec_blob BLOB NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    slice_ids_json TEXT NOT NULL,
+    device_uuids_json TEXT NOT NULL,
+    created_unix REAL NOT NULL,
+    started_unix REAL NOT NULL,
+    ended_unix REAL NOT NULL,
+    exit_code INTEGER,
+    signal INTEGER,
+    peak_rss_bytes INTEGER NOT NULL,
+    peak_gpu_memory_bytes INTEGER NOT NULL,
+    run_seconds REAL NOT NULL,
+    suspended_seconds REAL NOT NULL,
+    lease_id TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS subjobs_job ON subjobs(job_id);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    subjob_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    at_unix REAL NOT NULL,
+    acked INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS airlock_actions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_unix REAL NOT NULL,
+    step TEXT NOT NULL,
+    subjob_id TEXT NOT NULL,
+    slice_id TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    bytes_freed INTEGER NOT NULL,
+    dry_run INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+@dataclass
+class LeaseRow:
+    lease_id: str
+    job_id: str
+    member: int
+    allocations_json: str
+    score: float
+    priority: int
+    committed: bool
+    subjob_id: str = ""
+    created_unix: float = 0.0
+
+
+@dataclass
+class SubjobRow:
+    subjob_id: str
+    job_id: str
+    #: Serialized ``laminar.v1.SubjobSpec``; opaque to the journal.
+    spec_blob: bytes
+    state: str
+    reason: str = ""
+    pid: int = 0
+    slice_ids_json: str = "[]"
+    device_uuids_json: str = "[]"
+    created_unix: float = 0.0
+    started_unix: float = 0.0
+    ended_unix: float = 0.0
+    exit_code: int | None = None
+    signal: int | None = None
+    peak_rss_bytes: int = 0
+    peak_gpu_memory_bytes: int = 0
+    run_seconds: float = 0.0
+    suspended_seconds: float = 0.0
+    lease_id: str = ""
+    #: Read-only, joined from the subjob's lease (empty once the lease is gone);
+    #: recovery needs them to re-adopt the allocation. Never written by put_subjob.
+    allocations_json: str = ""
+    priority: int = 0
+
+
+@dataclass
+class EventRow:
+    seq: int
+    subjob_id: str
+    state: str
+    reason: str
+    at_unix: float
+    acked: bool
+
+
+@dataclass
+class ActionRow:
+    seq: int
+    at_unix: float
+    step: str
+    subjob_id: str
+    slice_id: str
+    reason: str
+    bytes_freed: int
+    dry_run: bool
+
+
+_JOINED_FIELDS = ("allocations_json", "priority")
+_SUBJOB_FIELDS = [f.name for f in dataclasses.fields(SubjobRow) if f.name not in _JOINED_FIELDS]
+_SUBJOB_SELECT = (
+    "SELECT s.*, COALESCE(l.allocations_json, '') AS allocations_json, "
+    "COALESCE(l.priority, 0) AS priority "
+    "FROM subjobs s LEFT JOIN leases l ON l.lease_id = s.lease_id AND s.lease_id != ''"
+)
+
+
+def _subjob_from_db(row: sqlite3.Row) -> SubjobRow:
+    values: dict[str, Any] = {name: row[name] for name in (*_SUBJOB_FIELDS, *_JOINED_FIELDS)}
+    values["spec_blob"] = bytes(values["spec_blob"])
+    return SubjobRow(**values)
+
+
+class Journal:
+    """One SQLite connection; use it from a single thread (the agent's event loop)."""
+
+    def __init__(self, path: Path) -> None:
+        """``path`` is the state directory or the ``.db`` file itself."""
+        path = Path(path)
+        self.path = path if path.suffix == ".db" else path / DB_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise InvalidArgument(
+                f"journal schema version {version} is newer than supported {SCHEMA_VERSION}",
+                field="path",
+            )
+        if version < SCHEMA_VERSION:
+            self._conn.execute("BEGIN IMMEDIATE")
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self._conn.execute(stmt)
+            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._conn.execute("COMMIT")
+
+    def _write(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            cur = self._conn.execute(sql, params)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        return cur
+
+    # -- meta -----------------------------------------------------------------
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    @property
+    def journal_mode(self) -> str:
+        return str(self._conn.execute("PRAGMA journal_mode").fetchone()[0])
+
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return default if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._write("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    # -- leases ---------------------------------------------------------------
+    def put_lease(
+        self,
+        lease_id: str,
+        job_id: str,
+        member: int,
+        allocations_json: str,
+        score: float,
+        priority: int,
+        committed: bool,
+        subjob_id: str = "",
+        created_unix: float | None = None,
+    ) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                lease_id,
+                job_id,
+                member,
+                allocations_json,
+                score,
+                priority,
+                int(committed),
+                subjob_id,
+                time.time() if created_unix is None else created_unix,
+            ),
+        )
+
+    def delete_lease(self, lease_id: str) -> bool:
+        return self._write("DELETE FROM leases WHERE lease_id=?", (lease_id,)).rowcount > 0
+
+    def leases(self) -> list[LeaseRow]:
+        rows = self._conn.execute("SELECT * FROM leases ORDER BY created_unix").fetchall()
+        return [
+            LeaseRow(
+                lease_id=r["lease_id"],
+                job_id=r["job_id"],
+                member=r["member"],
+                allocations_json=r["allocations_json"],
+                score=r["score"],
+                priority=r["priority"],
+                committed=bool(r["committed"]),
+                subjob_id=r["subjob_id"],
+                created_unix=r["created_unix"],
+            )
+            for r in rows
+        ]
+
+    # -- subjobs --------------------------------------------------------------
+    def put_subjob(self, row: SubjobRow) -> None:
+        cols = _SUBJOB_FIELDS
+        vals = [getattr(row, name) for name in cols]
+        vals[cols.index("spec_blob")] = bytes(row.spec_blob)
+        placeholders = ", ".join("?" for _ in cols)
+        self._write(
+            f"INSERT OR REPLACE INTO subjobs ({', '.join(cols)}) VALUES ({placeholders})", vals
+        )
+
+    def update_subjob(self, subjob_id: str, **fields: Any) -> None:
+        """Update some columns of one subjob; names are :class:`SubjobRow` field names."""
+        if not fields:
+            return
+        unknown = (set(fields) - set(_SUBJOB_FIELDS)) | ({"subjob_id"} & set(fields))
+        if unknown:
+            raise InvalidArgument(f"unknown subjob fields {sorted(unknown)}", field="fields")
+        sets: list[str] = []
+        vals: list[Any] = []
+        for name, value in fields.items():
+            sets.append(f"{name}=?")
+            vals.append(bytes(value) if name == "spec_blob" else value)
+        cur = self._write(
+            f"UPDATE subjobs SET {', '.join(sets)} WHERE subjob_id=?", [*vals, subjob_id]
+        )
+        if cur.rowcount == 0:
+            raise NotFound(f"unknown subjob {subjob_id!r}", field="subjob_id")
+
+    def get_subjob(self, subjob_id: str) -> SubjobRow | None:
+        r = self._conn.execute(_SUBJOB_SELECT + " WHERE s.subjob_id=?", (subjob_id,)).fetchone()
+        return None if r is None else _subjob_from_db(r)
+
+    def subjobs(
+        self, states: Iterable[str] | None = None, job_id: str | None = None
+    ) -> list[SubjobRow]:
+        where: list[str] = []
+        params: list[Any] = []
+        if states is not None:
+            st = list(states)
+            where.append(f"s.state IN ({', '.join('?' for _ in st)})" if st else "0")
+            params.extend(st)
+        if job_id is not None:
+            where.append("s.job_id=?")
+            params.append(job_id)
+        sql = _SUBJOB_SELECT
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY s.created_unix, s.subjob_id"
+        return [_subjob_from_db(r) for r in self._conn.execute(sql, params).fetchall()]
+
+    # -- events ---------------------------------------------------------------
+    def append_event(
+        self, subjob_id: str, state: str, reason: str = "", at_unix: float | None = None
+    ) -> int:
+        cur = self._write(
+            "INSERT INTO events(subjob_id, state, reason, at_unix) VALUES (?, ?, ?, ?)",
+            (subjob_id, state, reason, time.time() if at_unix is None else at_unix),
+        )
+        return int(cur.lastrowid or 0)
+
+    def events_after(self, seq: int, limit: int = 1000) -> list[EventRow]:
+        rows = self._conn.execute(
+            "SELECT * FROM events WHERE seq>? ORDER BY seq LIMIT ?", (seq, limit)
+        ).fetchall()
+        return [_event(r) for r in rows]
+
+    def ack_events(self, up_to_seq: int) -> int:
+        return self._write(
+            "UPDATE events SET acked=1 WHERE seq<=? AND acked=0", (up_to_seq,)
+        ).rowcount
+
+    def unacked_events(self, limit: int = 1000) -> list[EventRow]:
+        rows = self._conn.execute(
+            "SELECT * FROM events WHERE acked=0 ORDER BY seq LIMIT ?", (limit,)
+        ).fetchall()
+        return [_event(r) for r in rows]
+
+    # -- airlock actions ------------------------------------------------------
+    def append_action(
+        self,
+        step: str,
+        subjob_id: str,
+        slice_id: str,
+        reason: str,
+        bytes_freed: int,
+        dry_run: bool,
+        at_unix: float | None = None,
+    ) -> int:
+        cur = self._write(
+            "INSERT INTO airlock_actions(at_unix, step, subjob_id, slice_id, reason, "
+            "bytes_freed, dry_run) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                time.time() if at_unix is None else at_unix,
+                step,
+                subjob_id,
+                slice_id,
+                reason,
+                bytes_freed,
+                int(dry_run),
+            ),
+        )
+        return int(cur.lastrowid or 0)
+
+    def recent_actions(self, limit: int = 100) -> list[ActionRow]:
+        """Most recent actions, oldest first."""
+        rows = self._conn.execute(
+            "SELECT * FROM (SELECT * FROM airlock_actions ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+            (limit,),
+        ).fetchall()
+        return [
+            ActionRow(
+                seq=r["seq"],
+                at_unix=r["at_unix"],
+                step=r["step"],
+                subjob_id=r["subjob_id"],
+                slice_id=r["slice_id"],
+                reason=r["reason"],
+                bytes_freed=r["bytes_freed"],
+                dry_run=bool(r["dry_run"]),
+            )
+            for r in rows
+        ]
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _event(r: sqlite3.Row) -> EventRow:
+    return EventRow(
+        seq=r["seq"],
+        subjob_id=r["subjob_id"],
+        state=r["state"],
+        reason=r["reason"],
+        at_unix=r["at_unix"],
+        acked=bool(r["acked"]),
+    )

@@ -1,0 +1,612 @@
+"""Node-local capacity ledger and probe arbitration: a pure module (no I/O, time passed in).
+
+The agent is the single authority over its host's GPUs. Zones send *probes*; the
+ledger settles a batch of them deterministically so two agents given the same
+state and the same batch always answer the same way, which keeps the protocol
+testable and replayable.
+
+Capacity model
+--------------
+Every slice has ``capacity_milli`` (1000 = one GPU) and ``memory_total_bytes``.
+A lease holds allocations ``(slice_id, milli, memory_bytes)``; while it is
+uncommitted it counts as *leased*, after :meth:`Ledger.commit` as *committed*.
+Committed + leased never exceeds a slice's milli or memory capacity
+(:meth:`Ledger.check_invariant`).
+
+Shapes of demand
+----------------
+* whole GPUs (``gpus=N``): N distinct slices, each a WHOLE_GPU slice with no use
+  or a SHARED_GPU slice with no use; each takes all milli and all memory.
+* MIG (``mig_profile``): one unused MIG slice of exactly that profile.
+* share (``gpu_milli``): part of a SHARED_GPU slice; milli and the declared
+  ``gpu_memory_bytes`` are reserved.
+* none of these: CPU-only, granted with no allocations and score 1.0.
+
+Scoring (in [0, 1], higher is better; it ranks candidate placements and is
+reported to the zone so it can compare agents)
+-------------------------------------------------------------------------------
+The goal is to minimise fragmentation:
+
+* share: ``1 - (left_milli/capacity_milli + left_memory/memory_total) / 2`` where
+  ``left_*`` is what stays free on the slice after placement. The fullest slice
+  that still fits wins (best fit), so empty shared GPUs stay whole for whole-GPU
+  demands.
+* whole GPU: per chosen slice ``0.5 * kind + 0.5 * memory_fit`` averaged, where
+  ``kind`` is 1.0 for a WHOLE_GPU slice and 0.5 for an unused SHARED_GPU slice
+  (taking a shared GPU removes share capacity), and ``memory_fit`` is
+  ``gpu_memory_bytes / memory_total`` (1.0 when no memory is declared).
+  Candidates are taken in score order, so WHOLE_GPU slices and the smallest
+  GPU that fits are used first.
+* MIG: ``0.5 * memory_fit + 0.5 * packing`` where ``packing`` is the fraction of
+  the other MIG slices on the same GPU already in use: filling a partly used GPU
+  keeps other GPUs free for re-partitioning.
+
+Ties are broken by slice id, so results never depend on dict order.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from laminar_agent.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
+
+MILLI_PER_GPU = 1000
+PRIORITY_MIN = 1
+PRIORITY_MAX = 4
+
+
+class SliceKind(enum.Enum):
+    """Values match proto ``laminar.v1.SliceKind``."""
+
+    WHOLE_GPU = 1
+    MIG = 2
+    SHARED_GPU = 3
+
+
+@dataclass(frozen=True)
+class Slice:
+    slice_id: str
+    kind: SliceKind
+    gpu_index: int
+    device_uuid: str
+    gpu_model: str
+    memory_total_bytes: int
+    mig_profile: str = ""
+    capacity_milli: int = MILLI_PER_GPU
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One gang member's needs on this host; at most one GPU shape is set."""
+
+    gpus: int = 0
+    mig_profile: str = ""
+    gpu_milli: int = 0
+    gpu_memory_bytes: int = 0
+    gpu_model: str = ""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    slice_id: str
+    milli: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class ProbeOrder:
+    probe_id: str
+    job_id: str
+    member: int
+    demand: Demand
+    priority: int
+    value: float
+    arrival_seq: int
+    ttl_seconds: float
+    slice_id: str = ""
+    subjob_id: str = ""
+
+
+@dataclass
+class LeaseRecord:
+    lease_id: str
+    job_id: str
+    member: int
+    allocations: tuple[Allocation, ...]
+    score: float
+    expires_at: float
+    priority: int
+    committed: bool = False
+    subjob_id: str = ""
+
+
+@dataclass(frozen=True)
+class Granted:
+    probe_id: str
+    lease: LeaseRecord
+
+
+@dataclass(frozen=True)
+class Bounced:
+    probe_id: str
+    reason: str
+    retryable: bool
+
+
+@dataclass(frozen=True)
+class ShapeFree:
+    """Free capacity of one shape, as advertised to the zone.
+
+    ``max_free_milli`` and ``max_free_memory_bytes`` are maxima over the shape's
+    slices taken independently (they may come from different slices).
+    """
+
+    shape: str
+    free: int
+    total: int
+    max_free_milli: int
+    max_free_memory_bytes: int
+
+
+@dataclass(frozen=True)
+class _NoFit:
+    reason: str
+    retryable: bool
+
+
+_Fit = tuple[tuple[Allocation, ...], float]
+
+
+def validate_demand(demand: Demand) -> None:
+    """Reject nonsense demands with InvalidArgument naming the field."""
+    if demand.gpus < 0:
+        raise InvalidArgument(f"must be >= 0, got {demand.gpus}", field="resources.gpus")
+    if demand.gpu_milli < 0 or demand.gpu_milli > MILLI_PER_GPU:
+        raise InvalidArgument(
+            f"must be in 0..{MILLI_PER_GPU}, got {demand.gpu_milli}", field="resources.gpu_milli"
+        )
+    if demand.gpu_memory_bytes < 0:
+        raise InvalidArgument(
+            f"must be >= 0, got {demand.gpu_memory_bytes}", field="resources.gpu_memory_bytes"
+        )
+    if demand.gpus > 0 and demand.mig_profile:
+        raise InvalidArgument("cannot be combined with gpus", field="resources.mig_profile")
+    if demand.gpus > 0 and demand.gpu_milli > 0:
+        raise InvalidArgument("cannot be combined with gpus", field="resources.gpu_milli")
+    if demand.mig_profile and demand.gpu_milli > 0:
+        raise InvalidArgument("cannot be combined with mig_profile", field="resources.gpu_milli")
+    if _is_cpu_only(demand) and demand.gpu_memory_bytes > 0:
+        raise InvalidArgument(
+            "needs gpus, mig_profile or gpu_milli", field="resources.gpu_memory_bytes"
+        )
+
+
+def _is_cpu_only(demand: Demand) -> bool:
+    return demand.gpus == 0 and not demand.mig_profile and demand.gpu_milli == 0
+
+
+def _memory_fit(demand_bytes: int, total_bytes: int) -> float:
+    if demand_bytes <= 0 or total_bytes <= 0:
+        return 1.0
+    return min(1.0, demand_bytes / total_bytes)
+
+
+class Ledger:
+    """Tracks leased and committed capacity per slice and settles probe batches."""
+
+    def __init__(self, slices: Sequence[Slice], lease_prefix: str = "") -> None:
+        by_id: dict[str, Slice] = {}
+        for s in slices:
+            if s.slice_id in by_id:
+                raise InvalidArgument(f"duplicate slice id {s.slice_id!r}", field="slices")
+            if s.capacity_milli <= 0 or s.memory_total_bytes < 0:
+                raise InvalidArgument(
+                    f"slice {s.slice_id!r} has capacity_milli={s.capacity_milli} "
+                    f"memory_total_bytes={s.memory_total_bytes}",
+                    field="slices",
+                )
+            by_id[s.slice_id] = s
+        self.slices: Mapping[str, Slice] = MappingProxyType(dict(sorted(by_id.items())))
+        self._lease_prefix = lease_prefix
+        self._next_lease = 1
+        self._leases: dict[str, LeaseRecord] = {}
+        # Per slice: [committed_milli, leased_milli, committed_memory, leased_memory].
+        self._usage: dict[str, list[int]] = {sid: [0, 0, 0, 0] for sid in self.slices}
+
+    # ----------------------------------------------------------------- queries
+
+    def lease(self, lease_id: str) -> LeaseRecord | None:
+        return self._leases.get(lease_id)
+
+    def leases(self) -> list[LeaseRecord]:
+        return [self._leases[k] for k in sorted(self._leases)]
+
+    def usage(self, slice_id: str) -> tuple[int, int, int, int]:
+        """(committed_milli, leased_milli, committed_memory_bytes, leased_memory_bytes)."""
+        if slice_id not in self._usage:
+            raise NotFound(f"unknown slice {slice_id!r}")
+        u = self._usage[slice_id]
+        return (u[0], u[1], u[2], u[3])
+
+    def pending_leases(self) -> int:
+        return sum(1 for lease in self._leases.values() if not lease.committed)
+
+    def _used(self, slice_id: str) -> tuple[int, int]:
+        u = self._usage[slice_id]
+        return u[0] + u[1], u[2] + u[3]
+
+    def _free(self, s: Slice) -> tuple[int, int]:
+        milli, memory = self._used(s.slice_id)
+        return s.capacity_milli - milli, s.memory_total_bytes - memory
+
+    def _unused(self, s: Slice) -> bool:
+        milli, memory = self._used(s.slice_id)
+        return milli == 0 and memory == 0
+
+    def shapes(self) -> list[ShapeFree]:
+        """Free capacity per shape: ``gpu:<model>``, ``mig:<profile>``, ``share:<model>``."""
+        groups: dict[str, list[tuple[bool, int, int]]] = {}
+        for s in self.slices.values():
+            free_milli, free_memory = self._free(s)
+            unused = self._unused(s)
+            if s.kind in (SliceKind.WHOLE_GPU, SliceKind.SHARED_GPU):
+                groups.setdefault(f"gpu:{s.gpu_model}", []).append(
+                    (
+                        unused,
+                        s.capacity_milli if unused else 0,
+                        s.memory_total_bytes if unused else 0,
+                    )
+                )
+            if s.kind is SliceKind.MIG:
+                groups.setdefault(f"mig:{s.mig_profile}", []).append(
+                    (
+                        unused,
+                        s.capacity_milli if unused else 0,
+                        s.memory_total_bytes if unused else 0,
+                    )
+                )
+            if s.kind is SliceKind.SHARED_GPU:
+                groups.setdefault(f"share:{s.gpu_model}", []).append(
+                    (free_milli > 0, free_milli, free_memory)
+                )
+        return [
+            ShapeFree(
+                shape=shape,
+                free=sum(1 for ok, _, _ in rows if ok),
+                total=len(rows),
+                max_free_milli=max(m for _, m, _ in rows),
+                max_free_memory_bytes=max(b for _, _, b in rows),
+            )
+            for shape, rows in sorted(groups.items())
+        ]
+
+    # ------------------------------------------------------------------- fits
+
+    def fit(self, demand: Demand, slice_id: str = "") -> _Fit | str:
+        """Dry run: the placement arbitration would choose now, or why it would bounce."""
+        result = self._fit(demand, slice_id)
+        return result.reason if isinstance(result, _NoFit) else result
+
+    def fit_or_bounce(self, demand: Demand, slice_id: str = "") -> _Fit | Bounced:
+        """Like :meth:`fit`, but a miss says whether retrying could help (``probe_id`` is "")."""
+        result = self._fit(demand, slice_id)
+        if isinstance(result, _NoFit):
+            return Bounced("", result.reason, result.retryable)
+        return result
+
+    def _fit(self, demand: Demand, slice_id: str) -> _Fit | _NoFit:
+        validate_demand(demand)
+        if _is_cpu_only(demand):
+            return (), 1.0
+        if slice_id:
+            if slice_id not in self.slices:
+                return _NoFit(f"no slice {slice_id!r} on this host", False)
+            candidates = [self.slices[slice_id]]
+        else:
+            candidates = list(self.slices.values())
+        model_note = ""
+        if demand.gpu_model:
+            candidates = [s for s in candidates if s.gpu_model == demand.gpu_model]
+            model_note = f" {demand.gpu_model}"
+        if demand.gpus > 0:
+            return self._fit_whole(demand, candidates, model_note)
+        if demand.mig_profile:
+            return self._fit_mig(demand, candidates, model_note)
+        return self._fit_share(demand, candidates, model_note)
+
+    def _fit_whole(self, demand: Demand, candidates: list[Slice], model_note: str) -> _Fit | _NoFit:
+        kinds = (SliceKind.WHOLE_GPU, SliceKind.SHARED_GPU)
+        gpus = [s for s in candidates if s.kind in kinds]
+        capable = [s for s in gpus if s.memory_total_bytes >= demand.gpu_memory_bytes]
+        if len(capable) < demand.gpus:
+            mem = f" with >= {demand.gpu_memory_bytes} bytes" if demand.gpu_memory_bytes > 0 else ""
+            return _NoFit(
+                f"needs {demand.gpus} whole{model_note} GPUs{mem}, "
+                f"host has {len(capable)} (of {len(gpus)} GPUs)",
+                False,
+            )
+        free = [s for s in capable if self._unused(s)]
+        if len(free) < demand.gpus:
+            return _NoFit(
+                f"no {demand.gpus} free whole{model_note} GPUs ({len(free)} of {len(capable)} free)",
+                True,
+            )
+
+        def slice_score(s: Slice) -> float:
+            kind = 1.0 if s.kind is SliceKind.WHOLE_GPU else 0.5
+            return 0.5 * kind + 0.5 * _memory_fit(demand.gpu_memory_bytes, s.memory_total_bytes)
+
+        ranked = sorted(free, key=lambda s: (-slice_score(s), s.slice_id))[: demand.gpus]
+        chosen = sorted(ranked, key=lambda s: s.slice_id)
+        allocations = tuple(
+            Allocation(s.slice_id, s.capacity_milli, s.memory_total_bytes) for s in chosen
+        )
+        return allocations, sum(slice_score(s) for s in chosen) / len(chosen)
+
+    def _fit_mig(self, demand: Demand, candidates: list[Slice], model_note: str) -> _Fit | _NoFit:
+        profile = demand.mig_profile
+        migs = [s for s in candidates if s.kind is SliceKind.MIG and s.mig_profile == profile]
+        if not migs:
+            return _NoFit(f"no{model_note} {profile} slice on this host", False)
+        capable = [s for s in migs if s.memory_total_bytes >= demand.gpu_memory_bytes]
+        if not capable:
+            largest = max(s.memory_total_bytes for s in migs)
+            return _NoFit(
+                f"gpu_memory_bytes {demand.gpu_memory_bytes} exceeds every {profile} slice "
+                f"(largest {largest})",
+                False,
+            )
+        free = [s for s in capable if self._unused(s)]
+        if not free:
+            return _NoFit(f"no free{model_note} {profile} slice (0 of {len(capable)} free)", True)
+
+        def slice_score(s: Slice) -> float:
+            siblings = [
+                o
+                for o in self.slices.values()
+                if o.kind is SliceKind.MIG and o.gpu_index == s.gpu_index and o is not s
+            ]
+            used = sum(1 for o in siblings if not self._unused(o))
+            packing = used / len(siblings) if siblings else 1.0
+            return 0.5 * _memory_fit(demand.gpu_memory_bytes, s.memory_total_bytes) + 0.5 * packing
+
+        best = min(free, key=lambda s: (-slice_score(s), s.slice_id))
+        return (Allocation(best.slice_id, best.capacity_milli, best.memory_total_bytes),), (
+            slice_score(best)
+        )
+
+    def _fit_share(self, demand: Demand, candidates: list[Slice], model_note: str) -> _Fit | _NoFit:
+        shared = [s for s in candidates if s.kind is SliceKind.SHARED_GPU]
+        if not shared:
+            return _NoFit(f"no shared{model_note} GPU on this host", False)
+        capable = [
+            s
+            for s in shared
+            if s.capacity_milli >= demand.gpu_milli
+            and s.memory_total_bytes >= demand.gpu_memory_bytes
+        ]
+        if not capable:
+            return _NoFit(
+                f"gpu_milli {demand.gpu_milli} / gpu_memory_bytes {demand.gpu_memory_bytes} "
+                f"exceeds every shared{model_note} GPU "
+                f"(largest {max(s.memory_total_bytes for s in shared)} bytes)",
+                False,
+            )
+        fitting: list[tuple[float, Slice]] = []
+        best_milli = best_memory = 0
+        for s in capable:
+            free_milli, free_memory = self._free(s)
+            best_milli = max(best_milli, free_milli)
+            best_memory = max(best_memory, free_memory)
+            if free_milli >= demand.gpu_milli and free_memory >= demand.gpu_memory_bytes:
+                left_milli = (free_milli - demand.gpu_milli) / s.capacity_milli
+                left_memory = (
+                    (free_memory - demand.gpu_memory_bytes) / s.memory_total_bytes
+                    if s.memory_total_bytes > 0
+                    else 0.0
+                )
+                fitting.append((1.0 - (left_milli + left_memory) / 2.0, s))
+        if not fitting:
+            return _NoFit(
+                f"no shared{model_note} GPU with {demand.gpu_milli} milli and "
+                f"{demand.gpu_memory_bytes} bytes free (most free: {best_milli} milli, "
+                f"{best_memory} bytes; 0 of {len(capable)} fit)",
+                True,
+            )
+        score, best = min(fitting, key=lambda pair: (-pair[0], pair[1].slice_id))
+        return (Allocation(best.slice_id, demand.gpu_milli, demand.gpu_memory_bytes),), score
+
+    # --------------------------------------------------------------- mutations
+
+    def _add(self, lease: LeaseRecord, sign: int) -> None:
+        offset = 0 if lease.committed else 1
+        for a in lease.allocations:
+            u = self._usage[a.slice_id]
+            u[offset] += sign * a.milli
+            u[offset + 2] += sign * a.memory_bytes
+
+    def _new_lease_id(self) -> str:
+        while True:
+            lease_id = f"{self._lease_prefix}l-{self._next_lease}"
+            self._next_lease += 1
+            if lease_id not in self._leases:
+                return lease_id
+
+    def arbitrate(self, probes: Sequence[ProbeOrder], now: float) -> list[Granted | Bounced]:
+        """Settle a batch: expire first, then grant in (priority, -value, arrival_seq) order.
+
+        Results come back in input order. Invalid probes bounce (not retryable)
+        rather than failing the whole batch.
+        """
+        self.expire(now)
+        results: list[Granted | Bounced | None] = [None] * len(probes)
+        order = sorted(
+            range(len(probes)),
+            key=lambda i: (probes[i].priority, -probes[i].value, probes[i].arrival_seq, i),
+        )
+        for i in order:
+            probe = probes[i]
+            results[i] = self._settle(probe, now)
+        return [r for r in results if r is not None]
+
+    def _settle(self, probe: ProbeOrder, now: float) -> Granted | Bounced:
+        if not PRIORITY_MIN <= probe.priority <= PRIORITY_MAX:
+            return Bounced(
+                probe.probe_id,
+                f"priority: must be in {PRIORITY_MIN}..{PRIORITY_MAX}, got {probe.priority}",
+                False,
+            )
+        if not (math.isfinite(probe.ttl_seconds) and probe.ttl_seconds > 0):
+            return Bounced(
+                probe.probe_id, f"ttl_seconds: must be > 0, got {probe.ttl_seconds}", False
+            )
+        if not math.isfinite(probe.value):
+            return Bounced(probe.probe_id, f"value: must be finite, got {probe.value}", False)
+        try:
+            result = self._fit(probe.demand, probe.slice_id)
+        except InvalidArgument as exc:
+            return Bounced(probe.probe_id, exc.message, False)
+        if isinstance(result, _NoFit):
+            return Bounced(probe.probe_id, result.reason, result.retryable)
+        allocations, score = result
+        lease = LeaseRecord(
+            lease_id=self._new_lease_id(),
+            job_id=probe.job_id,
+            member=probe.member,
+            allocations=allocations,
+            score=score,
+            expires_at=now + probe.ttl_seconds,
+            priority=probe.priority,
+            subjob_id=probe.subjob_id,
+        )
+        self._leases[lease.lease_id] = lease
+        self._add(lease, +1)
+        return Granted(probe.probe_id, lease)
+
+    def commit(self, lease_id: str, subjob_id: str, now: float) -> LeaseRecord:
+        """Turn a lease into a committed one (never expires); Aborted if it already lapsed."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise NotFound(f"unknown lease {lease_id!r}", field="lease_id")
+        if lease.committed:
+            if lease.subjob_id == subjob_id:
+                return lease
+            raise FailedPrecondition(
+                f"lease {lease_id!r} already committed to subjob {lease.subjob_id!r}",
+                field="lease_id",
+            )
+        if lease.expires_at <= now:
+            self.release(lease_id)
+            raise Aborted(
+                f"lease {lease_id!r} expired {now - lease.expires_at:.3f} s ago", field="lease_id"
+            )
+        self._add(lease, -1)
+        lease.committed = True
+        lease.subjob_id = subjob_id
+        lease.expires_at = math.inf
+        self._add(lease, +1)
+        return lease
+
+    def release(self, lease_id: str) -> LeaseRecord | None:
+        """Free a lease's capacity, leased or committed; None if it is unknown."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is not None:
+            self._add(lease, -1)
+        return lease
+
+    def expire(self, now: float) -> list[LeaseRecord]:
+        """Drop uncommitted leases whose deadline is at or before ``now``."""
+        lapsed = [
+            lease for lease in self.leases() if not lease.committed and lease.expires_at <= now
+        ]
+        for lease in lapsed:
+            self.release(lease.lease_id)
+        return lapsed
+
+    def adopt(
+        self,
+        lease_id: str,
+        job_id: str,
+        member: int,
+        subjob_id: str,
+        allocations: Sequence[Allocation],
+        priority: int,
+    ) -> LeaseRecord:
+        """Re-adopt a running subjob's committed lease after an agent restart."""
+        if lease_id in self._leases:
+            raise AlreadyExists(f"lease {lease_id!r} already held", field="lease_id")
+        need: dict[str, list[int]] = {}
+        for a in allocations:
+            if a.slice_id not in self.slices:
+                raise FailedPrecondition(
+                    f"slice {a.slice_id!r} no longer exists on this host", field="allocations"
+                )
+            if a.milli < 0 or a.memory_bytes < 0:
+                raise InvalidArgument(
+                    f"negative allocation on {a.slice_id!r}: {a.milli} milli, "
+                    f"{a.memory_bytes} bytes",
+                    field="allocations",
+                )
+            n = need.setdefault(a.slice_id, [0, 0])
+            n[0] += a.milli
+            n[1] += a.memory_bytes
+        for sid, (milli, memory) in need.items():
+            s = self.slices[sid]
+            free_milli, free_memory = self._free(s)
+            if milli > free_milli or memory > free_memory:
+                raise FailedPrecondition(
+                    f"slice {sid!r} cannot hold {milli} milli / {memory} bytes "
+                    f"({free_milli} milli / {free_memory} bytes free)",
+                    field="allocations",
+                )
+        lease = replace(
+            LeaseRecord(
+                lease_id=lease_id,
+                job_id=job_id,
+                member=member,
+                allocations=tuple(allocations),
+                score=1.0,
+                expires_at=math.inf,
+                priority=priority,
+            ),
+            committed=True,
+            subjob_id=subjob_id,
+        )
+        self._leases[lease_id] = lease
+        self._add(lease, +1)
+        return lease
+
+    # --------------------------------------------------------------- checking
+
+    def check_invariant(self) -> None:
+        """Raise AssertionError if bookkeeping drifted or any slice is over capacity."""
+        expected: dict[str, list[int]] = {sid: [0, 0, 0, 0] for sid in self.slices}
+        for lease in self._leases.values():
+            offset = 0 if lease.committed else 1
+            for a in lease.allocations:
+                expected[a.slice_id][offset] += a.milli
+                expected[a.slice_id][offset + 2] += a.memory_bytes
+        for sid, s in self.slices.items():
+            u = self._usage[sid]
+            if u != expected[sid]:
+                raise AssertionError(f"slice {sid}: counters {u} != sum of leases {expected[sid]}")
+            if u[0] + u[1] > s.capacity_milli:
+                raise AssertionError(
+                    f"slice {sid}: {u[0] + u[1]} milli used > capacity {s.capacity_milli}"
+                )
+            if u[2] + u[3] > s.memory_total_bytes:
+                raise AssertionError(
+                    f"slice {sid}: {u[2] + u[3]} bytes used > memory {s.memory_total_bytes}"
+                )
+            if min(u) < 0:
+                raise AssertionError(f"slice {sid}: negative usage {u}")

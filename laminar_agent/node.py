@@ -1,0 +1,594 @@
+"""The agent's authority over its host: ledger + arbitration batches + executor + journal.
+
+Probes arriving within one short batch window (``batch_seconds``, about 1 ms)
+are settled together by :meth:`Ledger.arbitrate` in a deterministic order
+(priority class, then value, then arrival). Committing a lease launches the
+subjob; its exit frees the capacity and is journaled as an event with a seq
+number that the zone router acknowledges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from laminar_agent.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
+from laminar_agent.executor import Executor, ExitInfo, LaunchSpec
+from laminar_agent.grpcutil import check_number, check_str
+from laminar_agent.inventory import GpuBackend, GpuInfo
+from laminar_agent.inventory.fake import FakeGpuBackend
+from laminar_agent.journal import Journal, SubjobRow
+from laminar_agent.ledger import (
+    Allocation,
+    Bounced,
+    Demand,
+    Granted,
+    LeaseRecord,
+    Ledger,
+    ProbeOrder,
+    Slice,
+    SliceKind,
+    validate_demand,
+)
+from laminar_api.v1 import agent_pb2, common_pb2
+
+log = logging.getLogger("laminar.agent.node")
+
+TERMINAL = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}
+DEFAULT_LEASE_TTL_SECONDS = 0.2
+MAX_LEASE_TTL_SECONDS = 60.0
+MAX_COMMAND_ARGS = 4096
+MAX_ENV_VARS = 256
+
+
+def slices_from_gpus(gpus: Sequence[GpuInfo]) -> list[Slice]:
+    """Whole GPUs, MIG instances, and shared GPUs as ledger slices."""
+    out: list[Slice] = []
+    for gpu in gpus:
+        if gpu.mig_enabled:
+            for mig in gpu.mig_instances:
+                out.append(
+                    Slice(
+                        slice_id=f"gpu{gpu.index}/{mig.profile}@{mig.start}",
+                        kind=SliceKind.MIG,
+                        gpu_index=gpu.index,
+                        device_uuid=mig.uuid,
+                        gpu_model=gpu.model,
+                        memory_total_bytes=mig.memory_total_bytes,
+                        mig_profile=mig.profile,
+                    )
+                )
+        else:
+            out.append(
+                Slice(
+                    slice_id=f"gpu{gpu.index}",
+                    kind=SliceKind.SHARED_GPU if gpu.shared else SliceKind.WHOLE_GPU,
+                    gpu_index=gpu.index,
+                    device_uuid=gpu.uuid,
+                    gpu_model=gpu.model,
+                    memory_total_bytes=gpu.memory_total_bytes,
+                )
+            )
+    return out
+
+
+def demand_from(resources: common_pb2.Resources) -> Demand:
+    check_str(resources.mig_profile, "resources.mig_profile", max_chars=32)
+    check_str(resources.gpu_model, "resources.gpu_model", max_chars=64)
+    if resources.gpus > 64:
+        raise InvalidArgument(
+            f"{resources.gpus} GPUs on one host is more than 64", field="resources.gpus"
+        )
+    demand = Demand(
+        gpus=resources.gpus,
+        mig_profile=resources.mig_profile,
+        gpu_milli=resources.gpu_milli,
+        gpu_memory_bytes=resources.gpu_memory_bytes,
+        gpu_model=resources.gpu_model,
+    )
+    validate_demand(demand)
+    return demand
+
+
+def validate_spec(spec: common_pb2.SubjobSpec) -> None:
+    check_str(spec.subjob_id, "spec.subjob_id")
+    check_str(spec.job_id, "spec.job_id")
+    check_str(spec.tenant, "spec.tenant")
+    check_str(spec.workdir, "spec.workdir", max_chars=4096)
+    check_str(spec.checkpoint_dir, "spec.checkpoint_dir", max_chars=4096)
+    if not spec.command:
+        raise InvalidArgument("must not be empty", field="spec.command")
+    if len(spec.command) > MAX_COMMAND_ARGS:
+        raise InvalidArgument(
+            f"has {len(spec.command)} arguments, at most {MAX_COMMAND_ARGS}", field="spec.command"
+        )
+    for arg in spec.command:
+        check_str(arg, "spec.command", max_chars=65536)
+    if len(spec.env) > MAX_ENV_VARS:
+        raise InvalidArgument(
+            f"has {len(spec.env)} variables, at most {MAX_ENV_VARS}", field="spec.env"
+        )
+    for key, value in spec.env.items():
+        check_str(key, "spec.env", max_chars=256, required=True)
+        check_str(value, f"spec.env[{key}]", max_chars=65536)
+    check_number(spec.grace_seconds, "spec.grace_seconds", high=3600)
+
+
+class Node:
+    def __init__(
+        self,
+        agent_id: str,
+        backend: GpuBackend,
+        state_dir: Path,
+        *,
+        batch_seconds: float = 0.001,
+    ) -> None:
+        self.agent_id = agent_id
+        self.backend = backend
+        self.state_dir = state_dir
+        self.batch_seconds = batch_seconds
+        self.journal = Journal(state_dir / "agent.db")
+        restarts = int(self.journal.get_meta("restarts") or "0") + 1
+        self.journal.set_meta("restarts", str(restarts))
+        self.slices = slices_from_gpus(backend.gpus())
+        self.ledger = Ledger(self.slices, lease_prefix=f"{agent_id}-r{restarts}-")
+        self.executor = Executor(state_dir, on_exit=self._on_exit)
+        self._arrivals = itertools.count()
+        self._pending: list[tuple[ProbeOrder, asyncio.Future[Granted | Bounced]]] = []
+        self._batch_task: asyncio.Task[None] | None = None
+        self._event_waiters: set[asyncio.Event] = set()
+        self.pending_probes = 0
+        self.is_draining = False
+        #: Live (non-terminal) subjob states, kept in memory so summaries stay off the journal.
+        self.live_states: dict[str, str] = {}
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def recover(self) -> tuple[int, int]:
+        """Re-adopt subjobs still running after an agent restart; mark the rest with a reason."""
+        adopted = lost = 0
+        for row in self.journal.subjobs(states=["STARTING", "RUNNING", "SUSPENDED"]):
+            allocations = [Allocation(**a) for a in json.loads(row.allocations_json or "[]")]
+            if row.pid and self.executor.adopt(row.subjob_id, row.pid, row.started_unix):
+                try:
+                    self.ledger.adopt(
+                        row.lease_id or f"adopted-{row.subjob_id}",
+                        row.job_id,
+                        0,
+                        row.subjob_id,
+                        allocations,
+                        row.priority or common_pb2.BATCH,
+                    )
+                except LaminarError as exc:
+                    # Capacity we cannot account for must not keep running: that would
+                    # overcommit the slice. Stop it and say why.
+                    log.error("cannot re-adopt subjob %s: %s; stopping it", row.subjob_id, exc)
+                    self.journal.update_subjob(
+                        row.subjob_id, reason=f"terminating: cannot re-adopt its capacity ({exc})"
+                    )
+                    self.executor.kill(row.subjob_id)
+                    lost += 1
+                    continue
+                adopted += 1
+                log.info("re-adopted subjob %s (pid %d)", row.subjob_id, row.pid)
+                continue
+            info = self.executor.read_exit(row.subjob_id)
+            if info is not None:
+                self._record_exit(row, info, "ended while the agent was down")
+            else:
+                self._set_state(
+                    row.subjob_id, "LOST", "process gone after agent restart; no exit record"
+                )
+            lost += 1
+        return adopted, lost
+
+    # -- probing and arbitration ----------------------------------------------------------
+
+    async def probe(self, request: agent_pb2.ProbeRequest) -> agent_pb2.ProbeReply:
+        check_str(request.probe_id, "probe_id")
+        check_str(request.job_id, "job_id")
+        check_str(request.slice_id, "slice_id")
+        check_str(request.tenant, "tenant")
+        check_number(request.value, "value", low=-1e12, high=1e12)
+        ttl = check_number(
+            request.lease_ttl_seconds, "lease_ttl_seconds", high=MAX_LEASE_TTL_SECONDS
+        )
+        demand = demand_from(request.resources)
+        if request.commit_if_fits:
+            validate_spec(request.spec)
+        if request.dry_run:
+            fit = self.ledger.fit_or_bounce(demand, request.slice_id)
+            if isinstance(fit, Bounced):
+                return agent_pb2.ProbeReply(
+                    bounce=agent_pb2.Bounce(reason=fit.reason, retryable=fit.retryable),
+                    would_fit=False,
+                    summary=self.summary(),
+                )
+            return agent_pb2.ProbeReply(would_fit=True, score=fit[1], summary=self.summary())
+        if self.is_draining:
+            return agent_pb2.ProbeReply(
+                bounce=agent_pb2.Bounce(
+                    reason=f"agent {self.agent_id} is draining", retryable=False
+                ),
+                summary=self.summary(),
+            )
+        order = ProbeOrder(
+            probe_id=request.probe_id,
+            job_id=request.job_id,
+            member=request.member,
+            demand=demand,
+            priority=request.priority or common_pb2.BATCH,
+            value=request.value,
+            arrival_seq=next(self._arrivals),
+            ttl_seconds=ttl or DEFAULT_LEASE_TTL_SECONDS,
+            slice_id=request.slice_id,
+        )
+        result = await self._settle(order)
+        if isinstance(result, Bounced):
+            log.debug(
+                "probe %s for job %s bounced: %s", request.probe_id, request.job_id, result.reason
+            )
+            return agent_pb2.ProbeReply(
+                bounce=agent_pb2.Bounce(reason=result.reason, retryable=result.retryable),
+                summary=self.summary(),
+            )
+        lease = result.lease
+        self._journal_lease(lease, "")
+        reply = agent_pb2.ProbeReply(lease=self._lease_message(lease), summary=self.summary())
+        if request.commit_if_fits:
+            reply.subjob.CopyFrom(await self.commit(lease.lease_id, request.spec))
+        return reply
+
+    def _journal_lease(self, lease: LeaseRecord, subjob_id: str) -> None:
+        """Persist a lease; with a subjob id it is the committed form that recovery re-adopts."""
+        self.journal.put_lease(
+            lease.lease_id,
+            lease.job_id,
+            lease.member,
+            json.dumps([a.__dict__ for a in lease.allocations]),
+            lease.score,
+            lease.priority,
+            bool(subjob_id),
+            subjob_id,
+            time.time(),
+        )
+
+    async def _settle(self, order: ProbeOrder) -> Granted | Bounced:
+        future: asyncio.Future[Granted | Bounced] = asyncio.get_running_loop().create_future()
+        self._pending.append((order, future))
+        self.pending_probes += 1
+        if self._batch_task is None or self._batch_task.done():
+            self._batch_task = asyncio.create_task(
+                self._run_batch(), name="agent-arbitration-batch"
+            )
+        try:
+            return await future
+        finally:
+            self.pending_probes -= 1
+
+    async def _run_batch(self) -> None:
+        await asyncio.sleep(self.batch_seconds)  # collect concurrent probes into one batch
+        batch, self._pending = self._pending, []
+        self._expire()
+        results = self.ledger.arbitrate([order for order, _ in batch], time.monotonic())
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+    def _expire(self) -> None:
+        for lease in self.ledger.expire(time.monotonic()):
+            self.journal.delete_lease(lease.lease_id)
+            log.debug("lease %s for job %s expired", lease.lease_id, lease.job_id)
+
+    def _lease_message(self, lease: LeaseRecord) -> agent_pb2.Lease:
+        by_id = {s.slice_id: s for s in self.slices}
+        return agent_pb2.Lease(
+            lease_id=lease.lease_id,
+            agent_id=self.agent_id,
+            slice_ids=[a.slice_id for a in lease.allocations],
+            device_uuids=[by_id[a.slice_id].device_uuid for a in lease.allocations],
+            score=lease.score,
+            expires_unix=time.time() + max(0.0, lease.expires_at - time.monotonic()),
+            job_id=lease.job_id,
+            member=lease.member,
+        )
+
+    def release(self, lease_ids: Sequence[str]) -> int:
+        released = 0
+        for lease_id in lease_ids:
+            check_str(lease_id, "lease_ids")
+            lease = self.ledger.lease(lease_id)
+            if lease is None or lease.committed:
+                continue
+            self.ledger.release(lease_id)
+            self.journal.delete_lease(lease_id)
+            released += 1
+        return released
+
+    # -- commit, launch and exit ----------------------------------------------------------
+
+    async def commit(self, lease_id: str, spec: common_pb2.SubjobSpec) -> common_pb2.Subjob:
+        check_str(lease_id, "lease_id", required=True)
+        validate_spec(spec)
+        if not spec.subjob_id:
+            spec.subjob_id = f"s-{uuid.uuid4().hex[:12]}"
+        if self.journal.get_subjob(spec.subjob_id) is not None:
+            raise FailedPrecondition(
+                f"subjob {spec.subjob_id} already exists", field="spec.subjob_id"
+            )
+        self._expire()
+        lease = self.ledger.commit(lease_id, spec.subjob_id, time.monotonic())
+        by_id = {s.slice_id: s for s in self.slices}
+        slice_ids = [a.slice_id for a in lease.allocations]
+        devices = [by_id[s].device_uuid for s in slice_ids]
+        now = time.time()
+        row = SubjobRow(
+            subjob_id=spec.subjob_id,
+            job_id=spec.job_id or lease.job_id,
+            spec_blob=spec.SerializeToString(),
+            state="STARTING",
+            reason="lease committed",
+            pid=0,
+            slice_ids_json=json.dumps(slice_ids),
+            device_uuids_json=json.dumps(devices),
+            created_unix=now,
+            started_unix=0.0,
+            ended_unix=0.0,
+            exit_code=0,
+            signal=0,
+            peak_rss_bytes=0,
+            peak_gpu_memory_bytes=0,
+            run_seconds=0.0,
+            suspended_seconds=0.0,
+            lease_id=lease_id,
+        )
+        self.journal.put_subjob(row)
+        self._journal_lease(lease, spec.subjob_id)
+        if isinstance(self.backend, FakeGpuBackend) and devices:
+            self.backend.attach_subjob(
+                spec.subjob_id,
+                devices,
+                spec.resources.gpu_memory_bytes,
+                self.executor.subjob_dir(spec.subjob_id) / "gpu_mem",
+            )
+        try:
+            pid = await self.executor.launch(
+                LaunchSpec(
+                    subjob_id=spec.subjob_id,
+                    job_id=row.job_id,
+                    command=list(spec.command),
+                    env=dict(spec.env),
+                    workdir=spec.workdir or str(self.state_dir),
+                    device_uuids=devices,
+                    unit_start=spec.unit_start,
+                    unit_count=spec.unit_count,
+                    checkpoint_dir=spec.checkpoint_dir,
+                    grace_seconds=spec.grace_seconds or 10.0,
+                )
+            )
+        except Exception as exc:
+            self._finish(spec.subjob_id, "FAILED", f"could not start: {exc}", None)
+            raise
+        self.journal.update_subjob(spec.subjob_id, pid=pid, started_unix=time.time())
+        self._set_state(
+            spec.subjob_id, "RUNNING", f"started as pid {pid} on {','.join(slice_ids) or 'cpu'}"
+        )
+        log.info(
+            "subjob %s of job %s running as pid %d on %s",
+            spec.subjob_id,
+            row.job_id,
+            pid,
+            slice_ids,
+        )
+        return self.subjob_message(spec.subjob_id)
+
+    async def _on_exit(self, subjob_id: str, info: ExitInfo) -> None:
+        row = self.journal.get_subjob(subjob_id)
+        if row is None or row.state in ("SUCCEEDED", "FAILED", "KILLED", "LOST"):
+            return
+        self._record_exit(row, info, "")
+
+    def _record_exit(self, row: SubjobRow, info: ExitInfo, context: str) -> None:
+        killed_by_us = row.reason.startswith("terminating")
+        if info.exit_code == 0:
+            state, reason = "SUCCEEDED", "exited 0"
+        elif info.signal:
+            state = "KILLED" if killed_by_us else "FAILED"
+            reason = f"ended by signal {info.signal}" + (f" ({row.reason})" if killed_by_us else "")
+        else:
+            state, reason = (
+                "FAILED",
+                f"exited {info.exit_code}" + (f": {info.error}" if info.error else ""),
+            )
+        if context:
+            reason = f"{reason}; {context}"
+        self.journal.update_subjob(
+            row.subjob_id,
+            exit_code=info.exit_code if info.exit_code is not None else -1,
+            signal=info.signal or 0,
+            peak_rss_bytes=info.peak_rss_bytes,
+            run_seconds=info.run_seconds,
+        )
+        self._finish(row.subjob_id, state, reason, info.ended_unix)
+
+    def _finish(self, subjob_id: str, state: str, reason: str, ended_unix: float | None) -> None:
+        row = self.journal.get_subjob(subjob_id)
+        if row is None:
+            return
+        if isinstance(self.backend, FakeGpuBackend):
+            self.backend.detach_subjob(subjob_id)
+        if row.lease_id:
+            self.ledger.release(row.lease_id)
+            self.journal.delete_lease(row.lease_id)
+        self.journal.update_subjob(subjob_id, ended_unix=ended_unix or time.time())
+        self._set_state(subjob_id, state, reason)
+        log.info("subjob %s %s: %s", subjob_id, state.lower(), reason)
+
+    def _set_state(self, subjob_id: str, state: str, reason: str) -> None:
+        if state in ("SUCCEEDED", "FAILED", "KILLED", "LOST"):
+            self.live_states.pop(subjob_id, None)
+        else:
+            self.live_states[subjob_id] = state
+        self.journal.update_subjob(subjob_id, state=state, reason=reason)
+        self.journal.append_event(subjob_id, state, reason, time.time())
+        for waiter in list(self._event_waiters):
+            waiter.set()
+
+    # -- signals, queries, events ---------------------------------------------------------
+
+    async def signal(
+        self, subjob_id: str, signal: int, reason: str, grace_seconds: float
+    ) -> common_pb2.Subjob:
+        check_str(subjob_id, "subjob_id", required=True)
+        check_str(reason, "reason", max_chars=1024)
+        check_number(grace_seconds, "grace_seconds", high=3600)
+        row = self._row(subjob_id)
+        if row.state in ("SUCCEEDED", "FAILED", "KILLED", "LOST"):
+            raise FailedPrecondition(
+                f"subjob {subjob_id} has ended ({row.state.lower()})", field="subjob_id"
+            )
+        why = reason or "requested"
+        if signal == agent_pb2.SUSPEND:
+            self.executor.suspend(subjob_id)
+            self._set_state(subjob_id, "SUSPENDED", f"suspended: {why}")
+        elif signal == agent_pb2.RESUME:
+            self.executor.resume(subjob_id)
+            self._set_state(subjob_id, "RUNNING", f"resumed: {why}")
+        elif signal == agent_pb2.RELEASE_MEMORY:
+            self.executor.release_memory(subjob_id)
+        elif signal == agent_pb2.TERMINATE:
+            self.journal.update_subjob(subjob_id, reason=f"terminating: {why}")
+            await self.executor.terminate(subjob_id, grace_seconds or None)
+        else:
+            raise InvalidArgument(f"unknown signal {signal}", field="signal")
+        return self.subjob_message(subjob_id)
+
+    def _row(self, subjob_id: str) -> SubjobRow:
+        row = self.journal.get_subjob(subjob_id)
+        if row is None:
+            raise NotFound(f"no subjob {subjob_id!r} on agent {self.agent_id}", field="subjob_id")
+        return row
+
+    def subjob_message(self, subjob_id: str) -> common_pb2.Subjob:
+        return self._to_message(self._row(subjob_id))
+
+    def _to_message(self, row: SubjobRow) -> common_pb2.Subjob:
+        spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
+        directory = self.executor.subjob_dir(row.subjob_id)
+        return common_pb2.Subjob(
+            spec=spec,
+            agent_id=self.agent_id,
+            slice_ids=json.loads(row.slice_ids_json),
+            device_uuids=json.loads(row.device_uuids_json),
+            state=common_pb2.SubjobState.Value(row.state),  # type: ignore[arg-type]
+            reason=row.reason,
+            exit_code=row.exit_code or 0,
+            signal=row.signal or 0,
+            created_unix=row.created_unix,
+            started_unix=row.started_unix,
+            ended_unix=row.ended_unix,
+            run_seconds=row.run_seconds,
+            peak_rss_bytes=row.peak_rss_bytes,
+            peak_gpu_memory_bytes=row.peak_gpu_memory_bytes,
+            pid=row.pid,
+            stdout_path=str(directory / "stdout"),
+            stderr_path=str(directory / "stderr"),
+            lease_id=row.lease_id,
+        )
+
+    def list_subjobs(
+        self, job_id: str, states: Sequence[int], limit: int
+    ) -> list[common_pb2.Subjob]:
+        check_str(job_id, "job_id")
+        names = [common_pb2.SubjobState.Name(s) for s in states] if states else None
+        rows = self.journal.subjobs(states=names, job_id=job_id or None)
+        if limit:
+            rows = rows[-limit:]
+        return [self._to_message(r) for r in rows]
+
+    async def watch(self, after_seq: int, job_id: str) -> AsyncIterator[common_pb2.SubjobEvent]:
+        check_str(job_id, "job_id")
+        seq = after_seq
+        waiter = asyncio.Event()
+        self._event_waiters.add(waiter)
+        try:
+            while True:
+                waiter.clear()
+                for event in self.journal.events_after(seq, 500):
+                    seq = event.seq
+                    message = self.event_message(
+                        event.seq, event.subjob_id, event.state, event.reason, event.at_unix, job_id
+                    )
+                    if message is not None:
+                        yield message
+                await waiter.wait()
+        finally:
+            self._event_waiters.discard(waiter)
+
+    def event_message(
+        self, seq: int, subjob_id: str, state: str, reason: str, at_unix: float, job_id: str = ""
+    ) -> common_pb2.SubjobEvent | None:
+        """One journaled transition as an API event (the subjob as it is now, state as it was)."""
+        row = self.journal.get_subjob(subjob_id)
+        if row is None or (job_id and row.job_id != job_id):
+            return None
+        message = self._to_message(row)
+        message.state = common_pb2.SubjobState.Value(state)  # type: ignore[assignment]
+        message.reason = reason
+        return common_pb2.SubjobEvent(seq=seq, subjob=message, at_unix=at_unix)
+
+    def add_event_waiter(self, waiter: asyncio.Event) -> None:
+        """``waiter`` is set on every subjob transition (heartbeats send them at once)."""
+        self._event_waiters.add(waiter)
+
+    def read_logs(
+        self, subjob_id: str, stream: str, offset: int, max_bytes: int
+    ) -> agent_pb2.ReadLogsReply:
+        row = self._row(subjob_id)
+        if stream not in ("", "stdout", "stderr"):
+            raise InvalidArgument("must be stdout or stderr", field="stream")
+        path = self.executor.subjob_dir(subjob_id) / (stream or "stdout")
+        limit = min(max_bytes or 1024 * 1024, 4 * 1024 * 1024 - 1024)
+        data = b""
+        if path.exists():
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                data = handle.read(limit)
+        ended = row.state in ("SUCCEEDED", "FAILED", "KILLED", "LOST")
+        size = path.stat().st_size if path.exists() else 0
+        return agent_pb2.ReadLogsReply(
+            data=data, next_offset=offset + len(data), eof=ended and offset + len(data) >= size
+        )
+
+    def summary(self) -> common_pb2.AgentSummary:
+        summary = common_pb2.AgentSummary(
+            agent_id=self.agent_id,
+            pending_probes=self.pending_probes,
+            active_leases=self.ledger.pending_leases(),
+            draining=self.is_draining,
+            pressure=common_pb2.NORMAL,
+            generated_unix=time.time(),
+            total_gpus=len(self.backend.gpus()),
+        )
+        for shape in self.ledger.shapes():
+            summary.shapes.add(
+                shape=shape.shape,
+                free=shape.free,
+                total=shape.total,
+                max_free_milli=shape.max_free_milli,
+                max_free_memory_bytes=shape.max_free_memory_bytes,
+            )
+        states = list(self.live_states.values())
+        summary.running_subjobs = states.count("RUNNING") + states.count("STARTING")
+        summary.suspended_subjobs = states.count("SUSPENDED")
+        return summary
+
+    async def close(self) -> None:
+        await self.executor.close()
+        self.journal.close()

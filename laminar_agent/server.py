@@ -1,0 +1,192 @@
+"""laminar-agent lifecycle: inventory -> bind gRPC -> health SERVING -> READY=1 -> tick loop.
+
+Signal handlers only set an event; a second signal forces exit. Shutdown:
+STOPPING=1 -> health NOT_SERVING -> stop accepting (grace) -> cancel root tasks
+-> close the backend. Running subjobs are not touched by a shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import start_http_server
+
+from laminar_agent.config import AgentConfig
+from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
+from laminar_agent.heartbeat import HeartbeatClient
+from laminar_agent.inventory import open_backend
+from laminar_agent.metrics import AgentMetrics
+from laminar_agent.sdnotify import Notifier
+from laminar_agent.service import AgentService
+from laminar_agent.state import AgentState
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger("laminar.agent")
+
+SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
+#: Memory signals are cheap; poll them often (Airlock's default period).
+POLL_SECONDS = 0.1
+
+
+class Status(enum.Enum):
+    CREATED = "created"
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class AgentServer:
+    def __init__(self, config: AgentConfig, *, notifier: Notifier | None = None) -> None:
+        self.config = config
+        self.notifier = notifier or Notifier(None)
+        self.status = Status.CREATED
+        self.stop_event = asyncio.Event()
+        self.address = ""
+        self.metrics_address = ""
+        self._server: grpc.aio.Server | None = None
+        self._metrics_http: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.state: AgentState | None = None
+        self.heartbeat: HeartbeatClient | None = None
+
+    async def start(self) -> None:
+        self.status = Status.STARTING
+        cfg = self.config
+        agent_id = cfg.server.agent_id or socket.gethostname()
+        state_dir = Path(cfg.server.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        backend = open_backend(
+            cfg.inventory.gpu_backend,
+            fake_spec=cfg.inventory.fake_gpus,
+            agent_id=agent_id,
+            shared_gpus=cfg.inventory.shared_gpus,
+        )
+        metrics = AgentMetrics()
+        self.state = AgentState(agent_id, backend, metrics, state_dir)
+        adopted, lost = self.state.node.recover()
+        log.info("journal recovery: %d subjob(s) re-adopted, %d ended while down", adopted, lost)
+        log.info(
+            "agent %s: %s backend, %d GPU(s): %s",
+            agent_id,
+            backend.name,
+            len(backend.gpus()),
+            ", ".join(f"{g.index}:{g.model}" for g in backend.gpus()),
+        )
+        server = grpc.aio.server(options=server_options())
+        agent_pb2_grpc.add_AgentServicer_to_server(AgentService(self.state), server)
+        health = add_health_and_reflection(server, [SERVICE_NAME])
+        port = server.add_insecure_port(cfg.server.listen)
+        if port == 0:
+            raise OSError(f"cannot bind gRPC address {cfg.server.listen}")
+        host = cfg.server.listen.rpartition(":")[0]
+        self.address = f"{host}:{port}"
+        self.state.address = self.address
+        await server.start()
+        self._server = server
+        await set_serving(health, [SERVICE_NAME], True)
+        self._health = health
+        if cfg.server.metrics_listen:
+            mhost, _, mport = cfg.server.metrics_listen.rpartition(":")
+            httpd, _thread = start_http_server(int(mport), addr=mhost, registry=metrics.registry)
+            self._metrics_http = httpd
+            self.metrics_address = f"{mhost}:{httpd.server_port}"
+        self._write_addresses(state_dir, agent_id)
+        log.info(
+            "agent %s listening on %s (metrics %s)",
+            agent_id,
+            self.address,
+            self.metrics_address or "off",
+        )
+        self._tasks.append(asyncio.create_task(self._tick(), name="agent-tick"))
+        if cfg.zone.zone:
+            node = self.state.node
+            self.heartbeat = HeartbeatClient(
+                cfg.zone.zone,
+                cfg.zone.heartbeat_seconds,
+                self.state.summary_message,
+                node.journal,
+                node.event_message,
+            )
+            node.add_event_waiter(self.heartbeat.wake)
+            self._tasks.append(
+                asyncio.create_task(self.heartbeat.run(self.stop_event), name="agent-heartbeat")
+            )
+        else:
+            log.info("no zone router configured: running standalone")
+        self.status = Status.RUNNING
+        self.notifier.notify("READY=1", f"STATUS=serving on {self.address}")
+
+    def _write_addresses(self, state_dir: Path, agent_id: str) -> None:
+        info = {
+            "agent_id": agent_id,
+            "address": self.address,
+            "metrics_address": self.metrics_address,
+            "pid": os.getpid(),
+        }
+        tmp = state_dir / "agent.json.tmp"
+        tmp.write_text(json.dumps(info, indent=2) + "\n")
+        tmp.replace(state_dir / "agent.json")
+
+    async def _tick(self) -> None:
+        """One loop: poll memory signals and ping the systemd watchdog from the event loop."""
+        assert self.state is not None
+        last_watchdog = 0.0
+        loop = asyncio.get_running_loop()
+        interval = self.notifier.watchdog_interval_seconds
+        while not self.stop_event.is_set():
+            self.state.poll_memory()
+            if interval is not None and loop.time() - last_watchdog >= interval:
+                self.notifier.notify("WATCHDOG=1")
+                last_watchdog = loop.time()
+            try:
+                await asyncio.wait_for(self.stop_event.wait(), POLL_SECONDS)
+            except TimeoutError:
+                pass
+
+    async def stop(self) -> None:
+        self.status = Status.DRAINING
+        self.notifier.notify("STOPPING=1")
+        if self._server is not None:
+            await set_serving(self._health, [SERVICE_NAME], False)
+            await self._server.stop(self.config.server.grace_seconds)
+        self.stop_event.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+        if self.state is not None:
+            await self.state.node.close()
+            self.state.backend.close()
+        self.status = Status.STOPPED
+        log.info("agent stopped")
+
+    async def run_until_signalled(self) -> None:
+        loop = asyncio.get_running_loop()
+        signals_seen = 0
+
+        def on_signal(signum: int) -> None:
+            nonlocal signals_seen
+            signals_seen += 1
+            if signals_seen > 1:
+                log.warning("second signal %d: exiting now", signum)
+                os._exit(1)
+            log.info("signal %d: shutting down (running subjobs keep running)", signum)
+            self.stop_event.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        await self.start()
+        await self.stop_event.wait()
+        await self.stop()

@@ -1,0 +1,152 @@
+"""gRPC servicer of laminar-agent: translation between protobuf and the agent's state, no policy."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from laminar_agent.errors import FailedPrecondition, NotFound
+from laminar_agent.grpcutil import check_number, check_str, map_errors
+from laminar_agent.state import AgentState
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+#: Most probes one ProbeBatch may carry.
+MAX_BATCH = 256
+
+
+class AgentService(agent_pb2_grpc.AgentServicer):
+    def __init__(self, state: AgentState) -> None:
+        self._state = state
+        self._node = state.node
+
+    @map_errors
+    async def Probe(self, request: agent_pb2.ProbeRequest, context: Ctx) -> agent_pb2.ProbeReply:
+        with self._state.metrics.rpc_seconds.labels("Probe").time():
+            reply = await self._node.probe(request)
+            self._state.fill_summary(reply.summary)
+            self._count_probe(reply)
+        return reply
+
+    def _count_probe(self, reply: agent_pb2.ProbeReply) -> None:
+        outcome = reply.WhichOneof("outcome") or ("fits" if reply.would_fit else "dry_run")
+        self._state.metrics.probes_total.labels(outcome).inc()
+
+    @map_errors
+    async def ProbeBatch(
+        self, request: agent_pb2.ProbeBatchRequest, context: Ctx
+    ) -> agent_pb2.ProbeBatchReply:
+        if len(request.probes) > MAX_BATCH:
+            raise FailedPrecondition(
+                f"{len(request.probes)} probes, at most {MAX_BATCH}", field="probes"
+            )
+        replies = await asyncio.gather(*(self._node.probe(p) for p in request.probes))
+        for reply in replies:
+            self._state.fill_summary(reply.summary)
+            self._count_probe(reply)
+        return agent_pb2.ProbeBatchReply(replies=replies)
+
+    @map_errors
+    async def Commit(self, request: agent_pb2.CommitRequest, context: Ctx) -> common_pb2.Subjob:
+        with self._state.metrics.rpc_seconds.labels("Commit").time():
+            return await self._node.commit(request.lease_id, request.spec)
+
+    @map_errors
+    async def Release(
+        self, request: agent_pb2.ReleaseRequest, context: Ctx
+    ) -> agent_pb2.ReleaseReply:
+        return agent_pb2.ReleaseReply(released=self._node.release(list(request.lease_ids)))
+
+    @map_errors
+    async def GetInventory(
+        self, request: agent_pb2.GetInventoryRequest, context: Ctx
+    ) -> agent_pb2.Inventory:
+        return self._state.inventory_message()
+
+    @map_errors
+    async def GetSummary(
+        self, request: agent_pb2.GetSummaryRequest, context: Ctx
+    ) -> common_pb2.AgentSummary:
+        return self._state.summary_message()
+
+    @map_errors
+    async def ListSubjobs(
+        self, request: agent_pb2.ListSubjobsRequest, context: Ctx
+    ) -> agent_pb2.ListSubjobsReply:
+        subjobs = self._node.list_subjobs(request.job_id, list(request.states), request.limit)
+        return agent_pb2.ListSubjobsReply(subjobs=subjobs)
+
+    @map_errors
+    async def GetSubjob(
+        self, request: agent_pb2.GetSubjobRequest, context: Ctx
+    ) -> common_pb2.Subjob:
+        check_str(request.subjob_id, "subjob_id", required=True)
+        return self._node.subjob_message(request.subjob_id)
+
+    @map_errors
+    async def WatchSubjobs(
+        self, request: agent_pb2.WatchSubjobsRequest, context: Ctx
+    ) -> AsyncIterator[common_pb2.SubjobEvent]:
+        async for event in self._node.watch(request.after_seq, request.job_id):
+            yield event
+
+    @map_errors
+    async def SignalSubjob(
+        self, request: agent_pb2.SignalSubjobRequest, context: Ctx
+    ) -> common_pb2.Subjob:
+        return await self._node.signal(
+            request.subjob_id, request.signal, request.reason, request.grace_seconds
+        )
+
+    @map_errors
+    async def ReadLogs(
+        self, request: agent_pb2.ReadLogsRequest, context: Ctx
+    ) -> agent_pb2.ReadLogsReply:
+        check_str(request.subjob_id, "subjob_id", required=True)
+        return self._node.read_logs(
+            request.subjob_id, request.stream, request.offset, request.max_bytes
+        )
+
+    @map_errors
+    async def Drain(self, request: agent_pb2.DrainRequest, context: Ctx) -> agent_pb2.DrainReply:
+        check_str(request.reason, "reason", max_chars=1024)
+        self._state.set_draining(True, request.reason)
+        return agent_pb2.DrainReply(draining=True, running_subjobs=len(self._node.live_states))
+
+    @map_errors
+    async def Undrain(self, request: agent_pb2.DrainRequest, context: Ctx) -> agent_pb2.DrainReply:
+        check_str(request.reason, "reason", max_chars=1024)
+        self._state.set_draining(False, request.reason)
+        return agent_pb2.DrainReply(draining=False, running_subjobs=len(self._node.live_states))
+
+    @map_errors
+    async def GetAirlock(
+        self, request: agent_pb2.GetAirlockRequest, context: Ctx
+    ) -> agent_pb2.AirlockState:
+        return self._state.airlock_message(min(request.max_actions, 1000))
+
+    @map_errors
+    async def InjectLoad(
+        self, request: agent_pb2.InjectLoadRequest, context: Ctx
+    ) -> agent_pb2.InjectLoadReply:
+        fake = self._state.fake_backend
+        if fake is None:
+            raise FailedPrecondition(
+                "fault injection exists only with --gpu-backend fake", field="gpu_backend"
+            )
+        check_str(request.slice_id, "slice_id")
+        check_number(request.duration_seconds, "duration_seconds", high=7 * 86400)
+        if request.gpu_index >= len(fake.gpus()):
+            raise NotFound(f"no GPU with index {request.gpu_index}", field="gpu_index")
+        injected = fake.inject(
+            gpu_index=request.gpu_index,
+            device_uuid=request.slice_id or None,
+            used_bytes=request.used_bytes,
+            add=request.add,
+            duration_seconds=request.duration_seconds,
+        )
+        return agent_pb2.InjectLoadReply(injected_bytes=injected)

@@ -1,0 +1,148 @@
+"""The agent's in-memory state: the GPU backend, draining flag, and their protobuf views.
+
+The ledger, executor and journal attach here as they land; this module holds no
+gRPC code, only the translation of state into API messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from pathlib import Path
+
+import psutil
+
+from airlock.levels import Level, LevelTracker
+from laminar_agent.inventory import GpuBackend
+from laminar_agent.inventory.fake import FakeGpuBackend
+from laminar_agent.metrics import AgentMetrics
+from laminar_agent.node import Node
+from laminar_api.v1 import agent_pb2, common_pb2
+
+log = logging.getLogger("laminar.agent")
+
+VERSION = "0.1.0"
+
+
+class AgentState:
+    def __init__(
+        self, agent_id: str, backend: GpuBackend, metrics: AgentMetrics, state_dir: Path
+    ) -> None:
+        self.agent_id = agent_id
+        self.hostname = socket.gethostname()
+        self.backend = backend
+        self.metrics = metrics
+        self.address = ""
+        self.generation = 0
+        self.node = Node(agent_id, backend, state_dir)
+        #: Pressure levels per device with hysteresis (Airlock's signal stage).
+        self.levels = LevelTracker()
+        self.level_by_device: dict[str, Level] = {}
+
+    @property
+    def is_draining(self) -> bool:
+        return self.node.is_draining
+
+    @property
+    def fake_backend(self) -> FakeGpuBackend | None:
+        return self.backend if isinstance(self.backend, FakeGpuBackend) else None
+
+    def set_draining(self, draining: bool, reason: str) -> None:
+        if draining != self.is_draining:
+            log.info(
+                "agent %s %s: %s", self.agent_id, "draining" if draining else "undrained", reason
+            )
+        self.node.is_draining = draining
+        self.metrics.draining.set(1 if draining else 0)
+
+    def poll_memory(self) -> dict[str, tuple[int, int]]:
+        """Read per-device memory and publish it as metrics."""
+        readings = self.backend.memory_used()
+        self.metrics.leases.set(self.node.ledger.pending_leases())
+        states = list(self.node.live_states.values())
+        for state in ("STARTING", "RUNNING", "SUSPENDED"):
+            self.metrics.subjobs.labels(state.lower()).set(states.count(state))
+        now = time.monotonic()
+        for uuid, (used, total) in readings.items():
+            self.level_by_device[uuid] = self.levels.update(uuid, used, total, now)
+            self.metrics.gpu_memory_used_bytes.labels(uuid).set(used)
+            self.metrics.gpu_memory_total_bytes.labels(uuid).set(total)
+        return readings
+
+    def inventory_message(self) -> agent_pb2.Inventory:
+        readings = self.poll_memory()
+        host = psutil.virtual_memory()
+        inv = agent_pb2.Inventory(
+            agent_id=self.agent_id,
+            hostname=self.hostname,
+            backend=self.backend.name,
+            driver_version=self.backend.driver_version(),
+            host_memory_total_bytes=host.total,
+            host_memory_available_bytes=host.available,
+            draining=self.is_draining,
+            version=VERSION,
+        )
+        for gpu in self.backend.gpus():
+            used, _ = readings.get(gpu.uuid, (0, gpu.memory_total_bytes))
+            msg = inv.gpus.add(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                model=gpu.model,
+                memory_total_bytes=gpu.memory_total_bytes,
+                memory_used_bytes=used,
+                mig_enabled=gpu.mig_enabled,
+                shared=gpu.shared,
+            )
+            for mig in gpu.mig_instances:
+                mig_used, _ = readings.get(mig.uuid, (0, mig.memory_total_bytes))
+                msg.mig_instances.add(
+                    uuid=mig.uuid,
+                    profile=mig.profile,
+                    memory_total_bytes=mig.memory_total_bytes,
+                    memory_used_bytes=mig_used,
+                    start=mig.start,
+                    size=mig.size,
+                )
+        return inv
+
+    def fill_summary(self, summary: common_pb2.AgentSummary) -> None:
+        """Add what only the daemon knows (address, hostname, generation) to a node summary."""
+        self.generation += 1
+        summary.address = self.address
+        summary.hostname = self.hostname
+        summary.generation = self.generation
+
+    def summary_message(self) -> common_pb2.AgentSummary:
+        summary = self.node.summary()
+        self.fill_summary(summary)
+        return summary
+
+    def airlock_message(self, max_actions: int) -> agent_pb2.AirlockState:
+        """Current pressure levels and suspended subjobs; the action ladder is not wired in yet."""
+        readings = self.backend.memory_used()
+        host = psutil.virtual_memory()
+        levels = list(self.level_by_device.values()) or [Level.NORMAL]
+        state = agent_pb2.AirlockState(
+            host_level=int(max(levels)),  # type: ignore[arg-type]
+            host_memory_used_bytes=host.total - host.available,
+            host_memory_total_bytes=host.total,
+        )
+        for uuid in sorted(readings):
+            used, total = readings[uuid]
+            level = self.level_by_device.get(uuid, Level.NORMAL)
+            state.slices.add(slice_id=uuid, level=int(level), used_bytes=used, total_bytes=total)
+        for subjob in self.node.list_subjobs("", [common_pb2.SUSPENDED], 0):
+            state.suspended.append(subjob)
+        for row in self.node.journal.recent_actions(max_actions or 50):
+            state.recent_actions.add(
+                seq=row.seq,
+                at_unix=row.at_unix,
+                step=row.step,
+                subjob_id=row.subjob_id,
+                slice_id=row.slice_id,
+                reason=row.reason,
+                bytes_freed=row.bytes_freed,
+                dry_run=bool(row.dry_run),
+            )
+        return state

@@ -1,0 +1,257 @@
+"""Probe, commit, launch and exit of real child processes through a real agent process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+
+from cli.cluster import AgentProcess, LocalCluster
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+GIB = 1024**3
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path) as c:
+        yield c
+
+
+def _stub(agent: AgentProcess) -> tuple[grpc.Channel, agent_pb2_grpc.AgentStub]:
+    channel = grpc.insecure_channel(agent.address)
+    return channel, agent_pb2_grpc.AgentStub(channel)
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met before the deadline")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _spec(subjob_id: str, code: str) -> common_pb2.SubjobSpec:
+    return common_pb2.SubjobSpec(
+        subjob_id=subjob_id, job_id=f"job-{subjob_id}", command=[sys.executable, "-c", code]
+    )
+
+
+def _final(stub: agent_pb2_grpc.AgentStub, subjob_id: str) -> common_pb2.Subjob:
+    terminal = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}
+    result: list[common_pb2.Subjob] = []
+
+    def done() -> bool:
+        sj = stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
+        result[:] = [sj]
+        return sj.state in terminal
+
+    _wait_for(done)
+    return result[0]
+
+
+def test_probe_commit_runs_a_process(cluster: LocalCluster) -> None:
+    agent = cluster.start_agent("h", "2xA100-40GB")
+    channel, stub = _stub(agent)
+    with channel:
+        reply = stub.Probe(
+            agent_pb2.ProbeRequest(
+                probe_id="p1",
+                job_id="j1",
+                resources=common_pb2.Resources(gpus=1),
+                lease_ttl_seconds=5,
+            ),
+            timeout=10,
+        )
+        assert reply.WhichOneof("outcome") == "lease"
+        code = "import os,sys; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['LAMINAR_JOB_ID']); sys.exit(3)"
+        sj = stub.Commit(
+            agent_pb2.CommitRequest(lease_id=reply.lease.lease_id, spec=_spec("s1", code)),
+            timeout=10,
+        )
+        assert sj.state in (common_pb2.RUNNING, common_pb2.FAILED)
+        final = _final(stub, "s1")
+        assert final.state == common_pb2.FAILED and final.exit_code == 3
+        out = stub.ReadLogs(agent_pb2.ReadLogsRequest(subjob_id="s1"), timeout=10)
+        assert out.data.decode().split() == [reply.lease.device_uuids[0], "job-s1"]
+        # The GPU is free again once the subjob ended.
+        summary = stub.GetSummary(agent_pb2.GetSummaryRequest(), timeout=10)
+        assert {s.shape: s.free for s in summary.shapes}["gpu:A100-40GB"] == 2
+
+
+def test_concurrent_probes_for_the_last_slice(cluster: LocalCluster) -> None:
+    agent = cluster.start_agent("h", "1xA100-40GB")
+
+    async def race() -> list[agent_pb2.ProbeReply]:
+        channels = [grpc.aio.insecure_channel(agent.address) for _ in range(6)]
+        try:
+            stubs = [agent_pb2_grpc.AgentStub(c) for c in channels]
+            return list(
+                await asyncio.gather(
+                    *(
+                        s.Probe(
+                            agent_pb2.ProbeRequest(
+                                probe_id=f"p{i}",
+                                job_id=f"j{i}",
+                                resources=common_pb2.Resources(gpus=1),
+                                lease_ttl_seconds=10,
+                            ),
+                            timeout=10,
+                        )
+                        for i, s in enumerate(stubs)
+                    )
+                )
+            )
+        finally:
+            for c in channels:
+                await c.close()
+
+    replies = asyncio.run(race())
+    outcomes = [r.WhichOneof("outcome") for r in replies]
+    assert outcomes.count("lease") == 1 and outcomes.count("bounce") == 5
+    bounce = next(r for r in replies if r.WhichOneof("outcome") == "bounce")
+    assert bounce.summary.agent_id == "h"
+
+
+def test_lease_expiry_frees_the_slice(cluster: LocalCluster) -> None:
+    agent = cluster.start_agent("h", "1xA100-40GB")
+    channel, stub = _stub(agent)
+    with channel:
+        first = stub.Probe(
+            agent_pb2.ProbeRequest(
+                job_id="a", resources=common_pb2.Resources(gpus=1), lease_ttl_seconds=0.3
+            ),
+            timeout=10,
+        )
+        assert first.WhichOneof("outcome") == "lease"
+        second = stub.Probe(
+            agent_pb2.ProbeRequest(job_id="b", resources=common_pb2.Resources(gpus=1)), timeout=10
+        )
+        assert second.WhichOneof("outcome") == "bounce"
+
+        def lease_again() -> bool:
+            r = stub.Probe(
+                agent_pb2.ProbeRequest(
+                    job_id="b", resources=common_pb2.Resources(gpus=1), lease_ttl_seconds=5
+                ),
+                timeout=10,
+            )
+            return r.WhichOneof("outcome") == "lease"
+
+        _wait_for(lease_again, 10)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Commit(
+                agent_pb2.CommitRequest(lease_id=first.lease.lease_id, spec=_spec("x", "pass")),
+                timeout=10,
+            )
+        assert info.value.code() in (grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND)
+
+
+def test_bad_input_names_the_field(cluster: LocalCluster) -> None:
+    agent = cluster.start_agent("h", "1xA100-40GB")
+    channel, stub = _stub(agent)
+    with channel:
+        cases = [
+            (agent_pb2.ProbeRequest(resources=common_pb2.Resources(gpu_milli=5000)), "gpu_milli"),
+            (
+                agent_pb2.ProbeRequest(
+                    resources=common_pb2.Resources(gpus=1), lease_ttl_seconds=-1
+                ),
+                "lease_ttl_seconds",
+            ),
+            (
+                agent_pb2.ProbeRequest(job_id="x" * 1000, resources=common_pb2.Resources(gpus=1)),
+                "job_id",
+            ),
+        ]
+        for request, field in cases:
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Probe(request, timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+            assert field in (info.value.details() or "")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Commit(
+                agent_pb2.CommitRequest(lease_id="nope", spec=_spec("y", "pass")), timeout=10
+            )
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        lease = stub.Probe(
+            agent_pb2.ProbeRequest(resources=common_pb2.Resources(gpus=1), lease_ttl_seconds=5),
+            timeout=10,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Commit(
+                agent_pb2.CommitRequest(
+                    lease_id=lease.lease.lease_id, spec=common_pb2.SubjobSpec()
+                ),
+                timeout=10,
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "command" in (info.value.details() or "")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id="missing"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_kill_9_and_restart_readopts_running_subjob(cluster: LocalCluster, tmp_path: Path) -> None:
+    agent = cluster.start_agent("h", "2xA100-40GB")
+    gate = tmp_path / "gate"
+    gate2 = tmp_path / "gate2"
+    channel, stub = _stub(agent)
+    with channel:
+        code = f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\nraise SystemExit(7)"
+        reply = stub.Probe(
+            agent_pb2.ProbeRequest(
+                job_id="j",
+                resources=common_pb2.Resources(gpus=1),
+                commit_if_fits=True,
+                spec=_spec("keep", code),
+            ),
+            timeout=10,
+        )
+        assert reply.subjob.state == common_pb2.RUNNING
+        dying = stub.Probe(
+            agent_pb2.ProbeRequest(
+                job_id="j2",
+                resources=common_pb2.Resources(gpus=1),
+                commit_if_fits=True,
+                spec=_spec(
+                    "dies",
+                    f"import os,time\nwhile not os.path.exists({str(gate2)!r}): time.sleep(0.05)",
+                ),
+            ),
+            timeout=10,
+        )
+        assert dying.subjob.state == common_pb2.RUNNING
+    agent.process.send_signal(signal.SIGKILL)
+    agent.process.wait(10)
+    # Let "dies" finish while no agent is running.
+    gate2.write_text("go")
+    _wait_for(lambda: _gone(dying.subjob.pid))
+    restarted = cluster.start_agent("h", "2xA100-40GB")
+    channel, stub = _stub(restarted)
+    with channel:
+        kept = stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id="keep"), timeout=10)
+        assert kept.state == common_pb2.RUNNING
+        ended = _final(stub, "dies")
+        assert ended.state == common_pb2.SUCCEEDED and "agent was down" in ended.reason
+        # The re-adopted subjob still holds its GPU: only one of two is free.
+        summary = stub.GetSummary(agent_pb2.GetSummaryRequest(), timeout=10)
+        assert {s.shape: s.free for s in summary.shapes}["gpu:A100-40GB"] == 1
+        gate.write_text("go")
+        final = _final(stub, "keep")
+        assert final.state == common_pb2.FAILED and final.exit_code == 7

@@ -1,0 +1,343 @@
+"""The Airlock ladder: every rung, victim ordering, critical guarantee, determinism."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airlock.levels import Level
+from airlock.policy import (
+    GIB,
+    Action,
+    PolicyConfig,
+    SliceSignal,
+    Snapshot,
+    SubjobView,
+    decide,
+    eligible_victims,
+    freed_per_slice,
+    plan_room,
+)
+
+TOTAL = 80 * GIB
+CFG = PolicyConfig()
+
+
+def sj(
+    subjob_id: str,
+    *,
+    priority: int = 4,
+    lifecycle: int = 3,
+    observed: int = 10 * GIB,
+    declared: int | None = None,
+    work: float = 10.0,
+    suspended: bool = False,
+    since: float | None = None,
+    readdress: int = 0,
+    free_mode: str = "checkpoint",
+    restartable: bool = True,
+    slices: tuple[str, ...] = ("gpu0",),
+) -> SubjobView:
+    return SubjobView(
+        subjob_id=subjob_id,
+        job_id=f"job-{subjob_id}",
+        slice_ids=slices,
+        priority=priority,
+        lifecycle=lifecycle,
+        declared_bytes=observed if declared is None else declared,
+        observed_bytes=observed,
+        started_at=0.0,
+        work_since_checkpoint_seconds=work,
+        suspended=suspended,
+        suspended_since=since,
+        readdress_count=readdress,
+        free_mode=free_mode,
+        restartable=restartable,
+    )
+
+
+def snap(used: int, level: Level, *subjobs: SubjobView, now: float = 1000.0) -> Snapshot:
+    return Snapshot(
+        now=now, slices=(SliceSignal("gpu0", used, TOTAL, level),), subjobs=tuple(subjobs)
+    )
+
+
+def ids(actions: list[Action]) -> list[str]:
+    return [a.subjob_id for a in actions]
+
+
+# ---- relief rungs ----
+
+
+def test_suspend_checkpointable_victim_with_numbers_in_reason() -> None:
+    used = int(78.1 * GIB)
+    actions = decide(snap(used, Level.CRITICAL, sj("a", observed=12 * GIB)), CFG)
+    assert len(actions) == 1
+    (a,) = actions
+    assert (a.step, a.subjob_id, a.slice_id, a.expected_bytes_freed) == (
+        "suspend",
+        "a",
+        "gpu0",
+        12 * GIB,
+    )
+    assert "78.1 GiB of 80.0 GiB" in a.reason
+    assert "critical mark" in a.reason
+    assert "opportunistic/transient" in a.reason
+    assert "frees 12.0 GiB" in a.reason
+
+
+def test_release_signal_gets_release_memory() -> None:
+    actions = decide(snap(70 * GIB, Level.ELEVATED, sj("a", free_mode="release_signal")), CFG)
+    assert [(a.step, a.expected_bytes_freed) for a in actions] == [("release_memory", 10 * GIB)]
+
+
+def test_free_mode_none_is_reclaimed_not_suspended() -> None:
+    actions = decide(snap(70 * GIB, Level.ELEVATED, sj("a", free_mode="none")), CFG)
+    assert [a.step for a in actions] == ["reclaim"]
+    assert "frees nothing" in actions[0].reason
+
+
+def test_normal_slice_gets_no_relief() -> None:
+    assert decide(snap(79 * GIB, Level.NORMAL, sj("a")), CFG) == []
+
+
+def test_elevated_but_already_below_target_does_nothing() -> None:
+    # Hysteresis may hold ELEVATED while usage is already at target.
+    assert decide(snap(60 * GIB, Level.ELEVATED, sj("a")), CFG) == []
+
+
+def test_only_as_many_victims_as_needed() -> None:
+    # 70 GiB used, target 64 GiB: one 10 GiB victim is enough.
+    subjobs = [sj(f"s{i}", work=float(i)) for i in range(4)]
+    actions = decide(snap(70 * GIB, Level.ELEVATED, *subjobs), CFG)
+    assert ids(actions) == ["s0"]
+    # 78 GiB: needs 14 GiB, so two victims.
+    actions = decide(snap(78 * GIB, Level.CRITICAL, *subjobs), CFG)
+    assert ids(actions) == ["s0", "s1"]
+
+
+def test_insufficient_takes_all_eligible_and_says_so() -> None:
+    subjobs = [sj("a", observed=GIB), sj("b", observed=GIB)]
+    actions = decide(snap(79 * GIB, Level.CRITICAL, *subjobs), CFG)
+    assert sorted(ids(actions)) == ["a", "b"]
+    assert all("stays above target" in a.reason for a in actions)
+
+
+def test_zero_observed_is_never_a_victim() -> None:
+    actions = decide(snap(79 * GIB, Level.CRITICAL, sj("a", observed=0), sj("b")), CFG)
+    assert ids(actions) == ["b"]
+
+
+# ---- ordering ties at each key ----
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (sj("x", priority=4), sj("a", priority=3)),  # lower class first
+        (sj("x", lifecycle=3), sj("a", lifecycle=2)),  # transient before long
+        (sj("x", lifecycle=2), sj("a", lifecycle=1)),  # long before resident
+        (
+            sj("x", observed=10 * GIB, declared=5 * GIB),
+            sj("a", observed=10 * GIB, declared=9 * GIB),
+        ),  # most over declaration
+        (sj("x", work=1.0), sj("a", work=2.0)),  # least work lost
+        (sj("a"), sj("b")),  # subjob id
+    ],
+)
+def test_victim_order_keys(first: SubjobView, second: SubjobView) -> None:
+    for order in ((first, second), (second, first)):
+        actions = decide(snap(70 * GIB, Level.ELEVATED, *order), CFG)
+        assert ids(actions) == [first.subjob_id]
+
+
+def test_critical_class_protected_while_lower_class_runs() -> None:
+    crit = sj("crit", priority=1, observed=40 * GIB)
+    low = sj("low", priority=4, observed=GIB)
+    actions = decide(snap(79 * GIB, Level.CRITICAL, crit, low), CFG)
+    assert ids(actions) == ["low"]
+    assert "stays above target" in actions[0].reason
+
+
+def test_critical_class_can_be_victim_when_alone() -> None:
+    crit = sj("crit", priority=1, observed=40 * GIB)
+    assert ids(decide(snap(79 * GIB, Level.CRITICAL, crit), CFG)) == ["crit"]
+
+
+def test_multi_slice_subjob_chosen_once_and_credited_on_both() -> None:
+    big = sj("big", observed=20 * GIB, slices=("gpu0", "gpu1"))
+    s = Snapshot(
+        now=0.0,
+        slices=(
+            SliceSignal("gpu0", 70 * GIB, TOTAL, Level.ELEVATED),
+            SliceSignal("gpu1", 70 * GIB, TOTAL, Level.ELEVATED),
+        ),
+        subjobs=(big,),
+    )
+    actions = decide(s, CFG)
+    assert ids(actions) == ["big"]
+    assert actions[0].expected_bytes_freed == 10 * GIB
+
+
+# ---- recovery rungs ----
+
+
+def test_resume_in_priority_order_within_resume_mark() -> None:
+    # 40 GiB used; resume mark 60 GiB. Room for two 10 GiB subjobs, not three.
+    subjobs = [
+        sj("p4", priority=4, suspended=True, since=990.0),
+        sj("p2", priority=2, suspended=True, since=995.0),
+        sj("p3", priority=3, suspended=True, since=980.0),
+    ]
+    actions = decide(snap(40 * GIB, Level.NORMAL, *subjobs), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("resume", "p2"), ("resume", "p3")]
+    assert actions[0].expected_bytes_freed == -10 * GIB
+    assert "resume mark 75%" in actions[0].reason
+
+
+def test_no_resume_while_slice_or_host_under_pressure() -> None:
+    sub = sj("a", suspended=True, since=999.0)
+    assert decide(snap(40 * GIB, Level.ELEVATED, sub), CFG) == []
+    s = dataclasses.replace(snap(40 * GIB, Level.NORMAL, sub), host_level=Level.ELEVATED)
+    assert decide(s, CFG) == []
+
+
+def test_readdress_after_deadline_when_restartable() -> None:
+    sub = sj("a", observed=70 * GIB, suspended=True, since=960.0)  # 40 s, too big to resume
+    actions = decide(snap(40 * GIB, Level.NORMAL, sub), CFG)
+    assert [a.step for a in actions] == ["readdress"]
+    assert "attempt 1/2" in actions[0].reason
+
+
+def test_not_restartable_waits_then_reclaims() -> None:
+    sub = sj("a", observed=70 * GIB, suspended=True, since=960.0, restartable=False)
+    assert decide(snap(40 * GIB, Level.NORMAL, sub), CFG) == []
+    old = dataclasses.replace(sub, suspended_since=800.0)
+    actions = decide(snap(40 * GIB, Level.NORMAL, old), CFG)
+    assert [a.step for a in actions] == ["reclaim"]
+    assert "reclaim after 120.0s" in actions[0].reason
+
+
+def test_readdress_budget_spent_reclaims() -> None:
+    sub = sj("a", observed=70 * GIB, suspended=True, since=960.0, readdress=2)
+    actions = decide(snap(40 * GIB, Level.NORMAL, sub), CFG)
+    assert [a.step for a in actions] == ["reclaim"]
+    assert "budget spent (2/2)" in actions[0].reason
+
+
+def test_recently_suspended_and_no_room_waits() -> None:
+    sub = sj("a", observed=70 * GIB, suspended=True, since=995.0)
+    assert decide(snap(40 * GIB, Level.NORMAL, sub), CFG) == []
+
+
+# ---- plan_room ----
+
+
+def test_plan_room_uses_only_lower_priority() -> None:
+    subjobs = (sj("p4", priority=4), sj("p3", priority=3), sj("p2", priority=2))
+    s = snap(75 * GIB, Level.NORMAL, *subjobs)
+    plan = plan_room(s, "gpu0", 15 * GIB, for_priority=2, config=CFG)
+    assert plan is not None
+    assert ids(plan) == ["p4"]
+    plan = plan_room(s, "gpu0", 25 * GIB, for_priority=2, config=CFG)
+    assert plan is not None and ids(plan) == ["p4", "p3"]
+    assert plan_room(s, "gpu0", 30 * GIB, for_priority=2, config=CFG) is None
+    assert plan_room(s, "gpu0", 5 * GIB, for_priority=2, config=CFG) == []
+    assert plan_room(s, "nope", GIB, for_priority=2, config=CFG) is None
+
+
+def test_bad_config_names_field() -> None:
+    with pytest.raises(ValueError, match="target_ratio"):
+        PolicyConfig(target_ratio=1.5)
+    with pytest.raises(ValueError, match="max_readdress"):
+        PolicyConfig(max_readdress=-1)
+
+
+# ---- properties ----
+
+subjob_strategy = st.builds(
+    sj,
+    subjob_id=st.sampled_from([f"s{i}" for i in range(12)]),
+    priority=st.integers(1, 4),
+    lifecycle=st.integers(1, 3),
+    observed=st.integers(0, 20).map(lambda g: g * GIB),
+    declared=st.integers(0, 20).map(lambda g: g * GIB),
+    work=st.sampled_from([0.0, 5.0, 10.0]),
+    suspended=st.booleans(),
+    since=st.sampled_from([None, 900.0, 950.0, 990.0]),
+    readdress=st.integers(0, 3),
+    free_mode=st.sampled_from(["checkpoint", "release_signal", "none"]),
+    restartable=st.booleans(),
+)
+
+snapshot_strategy = st.builds(
+    lambda used, level, subs: snap(used * GIB, level, *subs),
+    st.integers(0, 80),
+    st.sampled_from(list(Level)),
+    st.lists(subjob_strategy, max_size=10, unique_by=lambda s: s.subjob_id),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshot_strategy)
+def test_property_relief_reaches_target_when_possible(s: Snapshot) -> None:
+    """(a) If the eligible victims' freeable bytes suffice, projected usage after the chosen
+    relief actions is <= target_ratio * total."""
+    sig = s.slices[0]
+    if sig.level == Level.NORMAL:
+        return
+    eligible = eligible_victims("gpu0", s.subjobs)
+    limit = CFG.target_ratio * sig.total_bytes
+    if sig.used_bytes - sum(freed_per_slice(v) for v in eligible) > limit:
+        return
+    running = {v.subjob_id for v in s.subjobs if not v.suspended}
+    relief = [a for a in decide(s, CFG) if a.subjob_id in running]
+    assert sig.used_bytes - sum(a.expected_bytes_freed for a in relief) <= limit
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshot_strategy)
+def test_property_victims_respect_class_order(s: Snapshot) -> None:
+    """(b) Every chosen victim has a priority number >= that of every unchosen eligible running
+    subjob on the slice (eligible = running, frees > 0, and not critical-protected); i.e. no
+    higher-class subjob is taken while a lower-class freeable one is left running.
+    Also: a priority-1 subjob is never chosen while a lower class runs on the slice."""
+    running = [v for v in s.subjobs if not v.suspended]
+    chosen = {a.subjob_id for a in decide(s, CFG)} & {v.subjob_id for v in running}
+    eligible = eligible_victims("gpu0", s.subjobs)
+    unchosen = [v for v in eligible if v.subjob_id not in chosen]
+    for v in running:
+        if v.subjob_id in chosen:
+            assert all(v.priority >= u.priority for u in unchosen)
+            if v.priority == 1:
+                assert not any(r.priority > 1 for r in running)
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshot_strategy, st.randoms(use_true_random=False))
+def test_property_deterministic_under_permutation(s: Snapshot, rnd: object) -> None:
+    """(c) decide gives the same actions whatever the order of the input subjobs."""
+    import random
+
+    assert isinstance(rnd, random.Random)
+    shuffled = list(s.subjobs)
+    rnd.shuffle(shuffled)
+    again = dataclasses.replace(s, subjobs=tuple(shuffled))
+    assert decide(s, CFG) == decide(again, CFG)
+    assert decide(s, CFG) == decide(s, CFG)
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshot_strategy)
+def test_property_resumes_stay_within_resume_mark(s: Snapshot) -> None:
+    """Resumes only on a NORMAL slice and never project usage above resume_ratio * total."""
+    sig = s.slices[0]
+    resumes = [a for a in decide(s, CFG) if a.step == "resume"]
+    if resumes:
+        assert sig.level == Level.NORMAL
+    projected = sig.used_bytes - sum(a.expected_bytes_freed for a in resumes)
+    if resumes:
+        assert projected <= CFG.resume_ratio * sig.total_bytes

@@ -1,0 +1,232 @@
+"""Executor tests with real subjob processes under the shim."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from laminar_agent.errors import InvalidArgument, NotFound
+from laminar_agent.executor import Executor, ExitInfo, LaunchSpec
+
+DEADLINE_SECONDS = 20.0
+
+
+async def poll_until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.exits: dict[str, ExitInfo] = {}
+
+    async def __call__(self, subjob_id: str, info: ExitInfo) -> None:
+        self.exits[subjob_id] = info
+
+
+def make_spec(tmp_path: Path, subjob_id: str, code: str, **kw: object) -> LaunchSpec:
+    return LaunchSpec(
+        subjob_id=subjob_id,
+        job_id="job-1",
+        command=[sys.executable, "-c", code],
+        env=kw.pop("env", {}),  # type: ignore[arg-type]
+        workdir=str(tmp_path),
+        device_uuids=["GPU-aaa", "GPU-bbb"],
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+ENV_DUMP = (
+    "import json, os, sys\n"
+    "print(json.dumps({k: v for k, v in os.environ.items()"
+    " if k.startswith('LAMINAR_') or k in ('CUDA_VISIBLE_DEVICES', 'USER_VAR')}))\n"
+    "x = bytearray(20 * 1024 * 1024)\n"
+    "sys.exit(3)\n"
+)
+
+
+async def test_launch_reports_exit_env_stdout_and_rss(tmp_path: Path) -> None:
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    spec = make_spec(
+        tmp_path,
+        "s1",
+        ENV_DUMP,
+        env={"USER_VAR": "u", "CUDA_VISIBLE_DEVICES": "evil", "LAMINAR_JOB_ID": "evil"},
+        unit_start=5,
+        unit_count=7,
+        checkpoint_dir="/ckpt",
+    )
+    pid = await ex.launch(spec)
+    assert pid > 0
+    await poll_until(lambda: "s1" in rec.exits, "exit of s1")
+    info = rec.exits["s1"]
+    assert info.exit_code == 3
+    assert info.signal is None
+    assert info.peak_rss_bytes > 20 * 1024 * 1024
+    assert not ex.is_running("s1")
+    env = json.loads((ex.subjob_dir("s1") / "stdout").read_text())
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-aaa,GPU-bbb"
+    assert env["LAMINAR_JOB_ID"] == "job-1"
+    assert env["LAMINAR_SUBJOB_ID"] == "s1"
+    assert env["LAMINAR_UNIT_START"] == "5"
+    assert env["LAMINAR_UNIT_COUNT"] == "7"
+    assert env["LAMINAR_CHECKPOINT_DIR"] == "/ckpt"
+    assert env["LAMINAR_GPU_MEM_FILE"] == str(ex.subjob_dir("s1") / "gpu_mem")
+    assert env["USER_VAR"] == "u"
+    assert ex.read_exit("s1") == info
+    await ex.close()
+
+
+async def test_bad_command_records_127(tmp_path: Path) -> None:
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    spec = make_spec(tmp_path, "bad", "")
+    spec.command = ["/nonexistent/definitely-not-here"]
+    await ex.launch(spec)
+    await poll_until(lambda: "bad" in rec.exits, "exit of bad")
+    assert rec.exits["bad"].exit_code == 127
+    assert "definitely-not-here" in rec.exits["bad"].error
+    await ex.close()
+
+
+async def test_invalid_specs_name_the_field(tmp_path: Path) -> None:
+    ex = Executor(tmp_path / "state", on_exit=Recorder())
+    spec = make_spec(tmp_path, "e", "")
+    spec.command = []
+    with pytest.raises(InvalidArgument) as ei:
+        await ex.launch(spec)
+    assert ei.value.field == "command"
+    spec = make_spec(tmp_path, "e", "pass")
+    spec.workdir = str(tmp_path / "missing")
+    with pytest.raises(InvalidArgument) as ei:
+        await ex.launch(spec)
+    assert ei.value.field == "workdir"
+    for bad_id in ("../escape", "", ".."):
+        spec = make_spec(tmp_path, bad_id, "pass")
+        with pytest.raises(InvalidArgument) as ei:
+            await ex.launch(spec)
+        assert ei.value.field == "subjob_id"
+    with pytest.raises(NotFound) as nf:
+        ex.suspend("nope")
+    assert nf.value.field == "subjob_id"
+    await ex.close()
+
+
+SLEEPER = (
+    "import signal, sys, time, pathlib\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "pathlib.Path('ready').write_text('1')\n"
+    "while True: time.sleep(0.05)\n"
+)
+
+
+def child_of(pid: int) -> psutil.Process:
+    kids = psutil.Process(pid).children()
+    assert len(kids) == 1
+    return kids[0]
+
+
+async def test_suspend_resume_and_terminate_escalates(tmp_path: Path) -> None:
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    pid = await ex.launch(make_spec(tmp_path, "s2", SLEEPER))
+    await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
+    child = child_of(pid)
+    ex.suspend("s2")
+    await poll_until(lambda: child.status() == psutil.STATUS_STOPPED, "child stopped")
+    ex.resume("s2")
+    await poll_until(lambda: child.status() != psutil.STATUS_STOPPED, "child resumed")
+    ex.release_memory("s2")  # shim ignores SIGUSR1; the child dies from it by default
+    await poll_until(lambda: "s2" in rec.exits, "exit after SIGUSR1")
+    assert rec.exits["s2"].signal == 10
+
+    (tmp_path / "ready").unlink()
+    pid = await ex.launch(make_spec(tmp_path, "s3", SLEEPER))
+    await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
+    assert ex.is_running("s3")
+    ex.suspend("s3")  # terminate must also work on a stopped group
+    started = time.monotonic()
+    await ex.terminate("s3", grace_seconds=0.5)
+    assert time.monotonic() - started >= 0.5
+    assert rec.exits["s3"].signal == 9
+    assert not ex.is_running("s3")
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    await ex.close()
+
+
+async def test_terminate_graceful_child_exits_before_grace(tmp_path: Path) -> None:
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    code = "import pathlib, time\npathlib.Path('ready').write_text('1')\ntime.sleep(60)\n"
+    await ex.launch(make_spec(tmp_path, "g", code))
+    await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
+    await ex.terminate("g", grace_seconds=30.0)
+    info = rec.exits["g"]
+    assert info.signal == 15  # child died of SIGTERM; shim survived and wrote exit.json
+    assert info.error == ""
+    await ex.close()
+
+
+async def test_adopt_after_restart_reads_exit_json(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    rec_a = Recorder()
+    a = Executor(state, on_exit=rec_a)
+    code = (
+        "import os, pathlib, sys, time\n"
+        "pathlib.Path('ready').write_text('1')\n"
+        "while not os.path.exists('go'): time.sleep(0.02)\n"
+        "sys.exit(42)\n"
+    )
+    pid = await a.launch(make_spec(tmp_path, "ad", code))
+    await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
+    started_unix = psutil.Process(pid).create_time()
+    await a.close()  # must not kill the subjob
+    assert psutil.Process(pid).is_running()
+
+    rec_b = Recorder()
+    b = Executor(state, on_exit=rec_b)
+    assert not b.adopt("ad", pid, started_unix + 100.0)  # wrong start time: not ours
+    assert b.adopt("ad", pid, started_unix)
+    assert b.is_running("ad")
+    (tmp_path / "go").write_text("1")
+    await poll_until(lambda: "ad" in rec_b.exits, "adopted exit")
+    assert rec_b.exits["ad"].exit_code == 42
+    assert rec_a.exits == {}
+    assert not b.adopt("gone", os.getpid() + 10_000_000, started_unix)
+    await b.close()
+
+
+async def test_terminate_sweeps_stragglers_in_the_group(tmp_path: Path) -> None:
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    code = (
+        "import pathlib, subprocess, sys, time\n"
+        "gc = ('import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);'"
+        " 'time.sleep(60)')\n"
+        "p = subprocess.Popen([sys.executable, '-c', gc])\n"
+        "pathlib.Path('gc.pid').write_text(str(p.pid))\n"
+        "pathlib.Path('ready').write_text('1')\n"
+        "time.sleep(60)\n"
+    )
+    await ex.launch(make_spec(tmp_path, "st", code))
+    await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
+    grandchild = psutil.Process(int((tmp_path / "gc.pid").read_text()))
+    await ex.terminate("st", grace_seconds=30.0)
+    assert rec.exits["st"].signal == 15
+    await poll_until(
+        lambda: not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE,
+        "grandchild killed",
+    )
+    await ex.close()

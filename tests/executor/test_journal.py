@@ -1,0 +1,118 @@
+"""Journal tests: round trips, WAL, event acks, reopen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from laminar_agent.errors import InvalidArgument, NotFound
+from laminar_agent.journal import SCHEMA_VERSION, Journal, SubjobRow
+
+
+def test_subjob_round_trip_and_update(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    assert j.journal_mode == "wal"
+    assert j.schema_version == SCHEMA_VERSION
+    row = SubjobRow(
+        subjob_id="s1",
+        job_id="j1",
+        spec_blob=b"\x00\x01proto",
+        state="PENDING",
+        slice_ids_json='["sl-1", "sl-2"]',
+        device_uuids_json='["GPU-a"]',
+        lease_id="l9",
+        created_unix=1.0,
+    )
+    j.put_subjob(row)
+    assert j.get_subjob("s1") == row  # no lease row yet: joined fields stay empty
+    j.put_lease("l9", "j1", 0, '[{"slice_id": "sl-1"}]', 0.5, 7, True, "s1", 1.0)
+    joined = j.get_subjob("s1")
+    assert joined is not None
+    assert (joined.allocations_json, joined.priority) == ('[{"slice_id": "sl-1"}]', 7)
+    j.update_subjob("s1", state="RUNNING", pid=123, started_unix=2.0)
+    j.update_subjob("s1", state="EXITED", exit_code=3, peak_rss_bytes=1 << 30, slice_ids_json="[]")
+    got = j.get_subjob("s1")
+    assert got is not None
+    assert (got.state, got.pid, got.exit_code, got.peak_rss_bytes, got.slice_ids_json) == (
+        "EXITED",
+        123,
+        3,
+        1 << 30,
+        "[]",
+    )
+    j.put_subjob(SubjobRow("s2", "j2", b"", "RUNNING", created_unix=3.0))
+    assert [r.subjob_id for r in j.subjobs()] == ["s1", "s2"]
+    assert [r.subjob_id for r in j.subjobs(states=["RUNNING"])] == ["s2"]
+    assert [r.subjob_id for r in j.subjobs(job_id="j1")] == ["s1"]
+    assert j.subjobs(states=[]) == []
+    with pytest.raises(NotFound):
+        j.update_subjob("nope", state="X")
+    with pytest.raises(InvalidArgument):
+        j.update_subjob("s1", bogus=1)
+    with pytest.raises(InvalidArgument):
+        j.update_subjob("s1", priority=1)  # joined from the lease, not a subjob column
+    assert j.get_subjob("nope") is None
+    j.close()
+
+
+def test_events_ack_and_reopen(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    seqs = [j.append_event("s1", st, reason="r") for st in ("PENDING", "RUNNING", "EXITED")]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    assert [e.state for e in j.events_after(seqs[0], 10)] == ["RUNNING", "EXITED"]
+    assert j.ack_events(seqs[1]) == 2
+    assert [e.seq for e in j.unacked_events(10)] == [seqs[2]]
+    j.put_lease("l1", "j1", 0, "[]", 0.5, 2, committed=True, created_unix=5.0)
+    j.append_action("drop_cache", "s1", "sl-1", "pressure", 1024, dry_run=True)
+    j.set_meta("agent_id", "a-1")
+    j.close()
+
+    j2 = Journal(tmp_path / "agent.db")  # the db file path works as well as the dir
+    assert [e.seq for e in j2.unacked_events(10)] == [seqs[2]]
+    assert j2.events_after(0, 10)[0].acked
+    assert j2.leases()[0].committed and j2.leases()[0].priority == 2 and j2.leases()[0].member == 0
+    acts = j2.recent_actions(5)
+    assert len(acts) == 1 and acts[0].dry_run and acts[0].bytes_freed == 1024
+    assert j2.get_meta("agent_id") == "a-1"
+    assert j2.get_meta("missing", "d") == "d"
+    assert j2.delete_lease("l1") and not j2.delete_lease("l1")
+    assert j2.leases() == []
+    assert j2.append_event("s1", "LOST") > seqs[2]
+    j2.close()
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from laminar_agent.journal import Journal, SubjobRow
+j = Journal(Path(sys.argv[1]))
+i = 0
+while True:
+    j.put_subjob(SubjobRow(f"s{i}", "j", b"x" * 4096, "RUNNING", slice_ids_json="[1]" * 50))
+    j.append_event(f"s{i}", "RUNNING")
+    if i == 20:
+        print("ready", flush=True)
+    i += 1
+"""
+
+
+def test_kill_9_leaves_no_half_written_rows(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    j = Journal(tmp_path)
+    rows = j.subjobs()
+    assert len(rows) > 20
+    assert all(r.spec_blob == b"x" * 4096 and r.slice_ids_json == "[1]" * 50 for r in rows)
+    assert len(j.events_after(0, 100_000)) in (len(rows), len(rows) - 1)
+    j.close()
