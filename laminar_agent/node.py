@@ -242,7 +242,12 @@ class Node:
         self._journal_lease(lease, "")
         reply = agent_pb2.ProbeReply(lease=self._lease_message(lease), summary=self.summary())
         if request.commit_if_fits:
-            reply.subjob.CopyFrom(await self.commit(lease.lease_id, request.spec))
+            spec = common_pb2.SubjobSpec()
+            spec.CopyFrom(request.spec)
+            if not spec.HasField("resources"):
+                spec.resources.CopyFrom(request.resources)
+            spec.priority = spec.priority or request.priority
+            reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec))
         return reply
 
     def _journal_lease(self, lease: LeaseRecord, subjob_id: str) -> None:

@@ -255,3 +255,31 @@ def test_kill_9_and_restart_readopts_running_subjob(cluster: LocalCluster, tmp_p
         gate.write_text("go")
         final = _final(stub, "keep")
         assert final.state == common_pb2.FAILED and final.exit_code == 7
+
+
+def test_declared_memory_shows_on_the_fake_gpu(cluster: LocalCluster, tmp_path: Path) -> None:
+    agent = cluster.start_agent("h", "A100-80GB:shared")
+    gate = tmp_path / "gate"
+    channel, stub = _stub(agent)
+    with channel:
+        code = f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"
+        reply = stub.Probe(
+            agent_pb2.ProbeRequest(
+                job_id="j",
+                resources=common_pb2.Resources(gpu_milli=500, gpu_memory_bytes=20 * GIB),
+                commit_if_fits=True,
+                spec=_spec("share", code),
+            ),
+            timeout=10,
+        )
+        assert reply.subjob.spec.resources.gpu_milli == 500
+        used = (
+            stub.GetInventory(agent_pb2.GetInventoryRequest(), timeout=10).gpus[0].memory_used_bytes
+        )
+        assert used == 20 * GIB
+        gate.write_text("go")
+        assert _final(stub, "share").state == common_pb2.SUCCEEDED
+        used = (
+            stub.GetInventory(agent_pb2.GetInventoryRequest(), timeout=10).gpus[0].memory_used_bytes
+        )
+        assert used == 0
