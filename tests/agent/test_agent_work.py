@@ -283,3 +283,33 @@ def test_declared_memory_shows_on_the_fake_gpu(cluster: LocalCluster, tmp_path: 
             stub.GetInventory(agent_pb2.GetInventoryRequest(), timeout=10).gpus[0].memory_used_bytes
         )
         assert used == 0
+
+
+def test_sigterm_restart_keeps_subjobs_running(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Upgrade path: SIGTERM the agent, start it again; the subjob survives and is re-adopted."""
+    agent = cluster.start_agent("h", "1xA100-40GB")
+    gate = tmp_path / "gate"
+    channel, stub = _stub(agent)
+    with channel:
+        code = f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"
+        reply = stub.Probe(
+            agent_pb2.ProbeRequest(
+                job_id="j",
+                resources=common_pb2.Resources(gpus=1),
+                commit_if_fits=True,
+                spec=_spec("survivor", code),
+            ),
+            timeout=10,
+        )
+        pid = reply.subjob.pid
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(20) == 0
+    assert not _gone(pid)
+    restarted = cluster.start_agent("h", "1xA100-40GB")
+    channel, stub = _stub(restarted)
+    with channel:
+        assert stub.GetSubjob(
+            agent_pb2.GetSubjobRequest(subjob_id="survivor"), timeout=10
+        ).state == (common_pb2.RUNNING)
+        gate.write_text("go")
+        assert _final(stub, "survivor").state == common_pb2.SUCCEEDED
