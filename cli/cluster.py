@@ -30,7 +30,7 @@ class LocalCluster:
     agents: list[AgentProcess] = field(default_factory=list)
 
     def start_agent(
-        self, agent_id: str, fake_gpus: str, *, timeout_seconds: float = 30.0
+        self, agent_id: str, fake_gpus: str, *, zone: str = "", timeout_seconds: float = 30.0
     ) -> AgentProcess:
         state_dir = self.root / agent_id
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -54,6 +54,7 @@ class LocalCluster:
                 "fake",
                 "--fake-gpus",
                 fake_gpus,
+                *(["--zone", zone] if zone else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
