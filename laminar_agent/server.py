@@ -57,6 +57,7 @@ class AgentServer:
         self._server: grpc.aio.Server | None = None
         self._metrics_http: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._airlock_task: asyncio.Task[None] | None = None
         self.state: AgentState | None = None
         self.heartbeat: HeartbeatClient | None = None
 
@@ -145,7 +146,12 @@ class AgentServer:
         loop = asyncio.get_running_loop()
         interval = self.notifier.watchdog_interval_seconds
         while not self.stop_event.is_set():
-            self.state.poll_memory()
+            readings = self.state.poll_memory()
+            airlock = self.state.airlock
+            if self.state.node.live_states and not airlock.is_busy:
+                self._airlock_task = asyncio.create_task(
+                    airlock.step_logged(readings), name="airlock-step"
+                )
             if interval is not None and loop.time() - last_watchdog >= interval:
                 self.notifier.notify("WATCHDOG=1")
                 last_watchdog = loop.time()
@@ -164,6 +170,9 @@ class AgentServer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._airlock_task is not None:
+            self._airlock_task.cancel()
+            await asyncio.gather(self._airlock_task, return_exceptions=True)
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         if self.state is not None:

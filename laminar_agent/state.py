@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from airlock.levels import Level, LevelTracker
+from laminar_agent.airlock_driver import AirlockDriver
 from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.metrics import AgentMetrics
@@ -39,6 +40,8 @@ class AgentState:
         #: Pressure levels per device with hysteresis (Airlock's signal stage).
         self.levels = LevelTracker()
         self.level_by_device: dict[str, Level] = {}
+        #: Runs the Airlock ladder on each tick's readings.
+        self.airlock = AirlockDriver(self.node, self.levels)
 
     @property
     def is_draining(self) -> bool:
@@ -119,7 +122,7 @@ class AgentState:
         return summary
 
     def airlock_message(self, max_actions: int) -> agent_pb2.AirlockState:
-        """Current pressure levels and suspended subjobs; the action ladder is not wired in yet."""
+        """Current pressure levels, suspended subjobs and the ladder's recent actions."""
         readings = self.backend.memory_used()
         host = psutil.virtual_memory()
         levels = list(self.level_by_device.values()) or [Level.NORMAL]
