@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import psutil
 import pytest
+from waiting import wait_for
 
 from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -28,15 +28,6 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 def _stub(agent: AgentProcess) -> tuple[grpc.Channel, agent_pb2_grpc.AgentStub]:
     channel = grpc.insecure_channel(agent.address)
     return channel, agent_pb2_grpc.AgentStub(channel)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met before the deadline")
 
 
 def _gone(pid: int) -> bool:
@@ -61,7 +52,7 @@ def _final(stub: agent_pb2_grpc.AgentStub, subjob_id: str) -> common_pb2.Subjob:
         result[:] = [sj]
         return sj.state in terminal
 
-    _wait_for(done)
+    wait_for(done)
     return result[0]
 
 
@@ -153,7 +144,7 @@ def test_lease_expiry_frees_the_slice(cluster: LocalCluster) -> None:
             )
             return r.WhichOneof("outcome") == "lease"
 
-        _wait_for(lease_again, 10)
+        wait_for(lease_again, 10)
         with pytest.raises(grpc.RpcError) as info:
             stub.Commit(
                 agent_pb2.CommitRequest(lease_id=first.lease.lease_id, spec=_spec("x", "pass")),
@@ -241,7 +232,7 @@ def test_kill_9_and_restart_readopts_running_subjob(cluster: LocalCluster, tmp_p
     agent.process.wait(10)
     # Let "dies" finish while no agent is running.
     gate2.write_text("go")
-    _wait_for(lambda: _gone(dying.subjob.pid))
+    wait_for(lambda: _gone(dying.subjob.pid))
     restarted = cluster.start_agent("h", "2xA100-40GB")
     channel, stub = _stub(restarted)
     with channel:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from waiting import wait_for
 
 from cli.cluster import LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -20,15 +20,6 @@ GIB = 1024**3
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path) as c:
         yield c
-
-
-def _wait_for(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met before the deadline")
 
 
 def _state(stub: agent_pb2_grpc.AgentStub, subjob_id: str) -> int:
@@ -67,7 +58,7 @@ def test_pressure_suspends_opportunistic_and_resumes(cluster: LocalCluster, tmp_
         _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate)
 
         stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=40 * GIB), timeout=10)
-        _wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
+        wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
         assert _state(stub, "crit") == common_pb2.RUNNING
         airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
         suspends = [a for a in airlock.recent_actions if a.step == "suspend"]
@@ -77,7 +68,7 @@ def test_pressure_suspends_opportunistic_and_resumes(cluster: LocalCluster, tmp_
         assert [s.spec.subjob_id for s in airlock.suspended] == ["opp"]
 
         stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=0), timeout=10)
-        _wait_for(lambda: _state(stub, "opp") == common_pb2.RUNNING)
+        wait_for(lambda: _state(stub, "opp") == common_pb2.RUNNING)
         airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
         assert any(a.step == "resume" and a.subjob_id == "opp" for a in airlock.recent_actions)
         inventory = stub.GetInventory(agent_pb2.GetInventoryRequest(), timeout=10)
@@ -86,5 +77,5 @@ def test_pressure_suspends_opportunistic_and_resumes(cluster: LocalCluster, tmp_
         gate.write_text("go")
         terminal = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED}
         for subjob_id in ("crit", "opp"):
-            _wait_for(lambda sid=subjob_id: _state(stub, sid) in terminal)  # type: ignore[misc]
+            wait_for(lambda sid=subjob_id: _state(stub, sid) in terminal)  # type: ignore[misc]
             assert _state(stub, subjob_id) == common_pb2.SUCCEEDED

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from waiting import wait_for
 
 from cli.cluster import LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
@@ -47,22 +47,13 @@ def zone() -> Iterator[tuple[str, RecordingZone]]:
     server.stop(None)
 
 
-def _wait(predicate: Any, timeout_seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met before the deadline")
-
-
 def test_heartbeats_carry_summary_and_events_until_acked(
     tmp_path: Path, zone: tuple[str, RecordingZone]
 ) -> None:
     address, recorder = zone
     with LocalCluster(tmp_path) as cluster:
         agent = cluster.start_agent("hb", "2xA100-40GB", zone=address)
-        _wait(lambda: len(recorder.requests) >= 1)
+        wait_for(lambda: len(recorder.requests) >= 1)
         first = recorder.requests[0]
         assert first.summary.agent_id == "hb" and first.summary.address == agent.address
         assert {s.shape: s.total for s in first.summary.shapes} == {"gpu:A100-40GB": 2}
@@ -87,9 +78,9 @@ def test_heartbeats_carry_summary_and_events_until_acked(
                 for e in r.events
             )
 
-        _wait(saw_success)
+        wait_for(saw_success)
         # Once acknowledged, events are not sent again.
-        _wait(lambda: len(recorder.requests) >= 3 and not recorder.requests[-1].events)
+        wait_for(lambda: len(recorder.requests) >= 3 and not recorder.requests[-1].events)
         for request in recorder.requests:
             seqs = [e.seq for e in request.events]
             assert seqs == sorted(set(seqs))  # in journal order, no duplicates within one
