@@ -42,6 +42,17 @@ class InventorySettings:
 
 
 @dataclass(frozen=True)
+class ArbitrationSettings:
+    batch_seconds: float = field(
+        default=0.001,
+        metadata=doc("probes arriving within this window are settled as one batch", unit="seconds"),
+    )
+    lease_ttl_seconds: float = field(
+        default=0.2, metadata=doc("lease TTL when a probe does not ask for one", unit="seconds")
+    )
+
+
+@dataclass(frozen=True)
 class ZoneSettings:
     zone: str = field(default="", metadata=doc("zone router HOST:PORT; empty = standalone"))
     heartbeat_seconds: float = field(
@@ -54,6 +65,7 @@ class AgentConfig:
     server: ServerSettings = field(default_factory=ServerSettings)
     inventory: InventorySettings = field(default_factory=InventorySettings)
     zone: ZoneSettings = field(default_factory=ZoneSettings)
+    arbitration: ArbitrationSettings = field(default_factory=ArbitrationSettings)
 
     def validate(self) -> None:
         if self.inventory.gpu_backend not in ("nvml", "fake"):
@@ -69,6 +81,10 @@ class AgentConfig:
                 f"expected HOST:PORT, got {self.server.metrics_listen!r}",
                 field="server.metrics_listen",
             )
+        if not 0 <= self.arbitration.batch_seconds <= 1:
+            raise ConfigError("must be between 0 and 1 s", field="arbitration.batch_seconds")
+        if not 0 < self.arbitration.lease_ttl_seconds <= 60:
+            raise ConfigError("must be in (0, 60] s", field="arbitration.lease_ttl_seconds")
         if self.zone.heartbeat_seconds <= 0:
             raise ConfigError("must be > 0", field="zone.heartbeat_seconds")
 

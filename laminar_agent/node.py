@@ -128,11 +128,13 @@ class Node:
         state_dir: Path,
         *,
         batch_seconds: float = 0.001,
+        lease_ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS,
     ) -> None:
         self.agent_id = agent_id
         self.backend = backend
         self.state_dir = state_dir
         self.batch_seconds = batch_seconds
+        self.lease_ttl_seconds = lease_ttl_seconds
         self.journal = Journal(state_dir / "agent.db")
         restarts = int(self.journal.get_meta("restarts") or "0") + 1
         self.journal.set_meta("restarts", str(restarts))
@@ -226,7 +228,7 @@ class Node:
             priority=request.priority or common_pb2.BATCH,
             value=request.value,
             arrival_seq=next(self._arrivals),
-            ttl_seconds=ttl or DEFAULT_LEASE_TTL_SECONDS,
+            ttl_seconds=ttl or self.lease_ttl_seconds,
             slice_id=request.slice_id,
         )
         result = await self._settle(order)

@@ -74,7 +74,14 @@ class AgentServer:
             shared_gpus=cfg.inventory.shared_gpus,
         )
         metrics = AgentMetrics()
-        self.state = AgentState(agent_id, backend, metrics, state_dir)
+        self.state = AgentState(
+            agent_id,
+            backend,
+            metrics,
+            state_dir,
+            batch_seconds=cfg.arbitration.batch_seconds,
+            lease_ttl_seconds=cfg.arbitration.lease_ttl_seconds,
+        )
         adopted, lost = self.state.node.recover()
         log.info("journal recovery: %d subjob(s) re-adopted, %d ended while down", adopted, lost)
         log.info(

@@ -28,7 +28,14 @@ VERSION = "0.1.0"
 
 class AgentState:
     def __init__(
-        self, agent_id: str, backend: GpuBackend, metrics: AgentMetrics, state_dir: Path
+        self,
+        agent_id: str,
+        backend: GpuBackend,
+        metrics: AgentMetrics,
+        state_dir: Path,
+        *,
+        batch_seconds: float = 0.001,
+        lease_ttl_seconds: float = 0.2,
     ) -> None:
         self.agent_id = agent_id
         self.hostname = socket.gethostname()
@@ -36,7 +43,13 @@ class AgentState:
         self.metrics = metrics
         self.address = ""
         self.generation = 0
-        self.node = Node(agent_id, backend, state_dir)
+        self.node = Node(
+            agent_id,
+            backend,
+            state_dir,
+            batch_seconds=batch_seconds,
+            lease_ttl_seconds=lease_ttl_seconds,
+        )
         #: Pressure levels per device with hysteresis (Airlock's signal stage).
         self.levels = LevelTracker()
         self.level_by_device: dict[str, Level] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -142,3 +143,25 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     if result.returncode != 0 and "System has not been booted with systemd" in result.stderr:
         pytest.skip("systemd-analyze cannot run without systemd as init here")
     assert not errors, errors
+
+
+def test_config_file_and_environment_errors_name_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('[arbitration]\nbatch_seconds = "5s"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "laminar_agent", "--config", str(config), "--gpu-backend", "fake"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "arbitration.batch_seconds" in result.stderr
+    env = {**os.environ, "LAMINAR_ARBITRATION_LEASE_TTL_SECONDS": "-1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "laminar_agent", "--gpu-backend", "fake"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2 and "arbitration.lease_ttl_seconds" in result.stderr
+    assert "Traceback" not in result.stderr
