@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 
 from airlock.levels import LevelTracker
 from airlock.policy import (
@@ -27,7 +28,7 @@ from airlock.policy import (
     SubjobView,
     decide,
 )
-from laminar_agent.inventory.fake import FakeGpuBackend
+from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
 from laminar_agent.node import Node
 from laminar_api.v1 import agent_pb2, common_pb2
 
@@ -39,6 +40,18 @@ _SIGNAL_BY_STEP = {
     STEP_RECLAIM: agent_pb2.TERMINATE,
     STEP_RELEASE_MEMORY: agent_pb2.RELEASE_MEMORY,
 }
+
+
+@dataclass(frozen=True)
+class _StaticView:
+    job_id: str
+    devices: tuple[str, ...]
+    priority: int
+    lifecycle: int
+    declared_bytes: int
+    free_mode: str
+    restartable: bool
+    started_unix: float
 
 
 class AirlockDriver:
@@ -62,6 +75,7 @@ class AirlockDriver:
         #: Monotonic time each subjob was suspended by Airlock (for readdress/reclaim age).
         self._suspended_since: dict[str, float] = {}
         self._readdress_counts: dict[str, int] = {}
+        self._static: dict[str, _StaticView] = {}
 
     @property
     def is_busy(self) -> bool:
@@ -74,38 +88,38 @@ class AirlockDriver:
             return None
         views: list[SubjobView] = []
         device_ids: set[str] = set()
-        for row in self.node.journal.subjobs(states=sorted(set(live.values()))):
-            if row.subjob_id not in live:
+        for subjob_id in list(self._static):
+            if subjob_id not in live:
+                del self._static[subjob_id]
+        for subjob_id in sorted(live):
+            static = self._static_of(subjob_id)
+            if static is None or not static.devices:
                 continue
-            spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
-            devices = tuple(sorted(json.loads(row.device_uuids_json or "[]")))
-            if not devices:
-                continue
+            devices = static.devices
             device_ids.update(devices)
-            declared = int(spec.resources.gpu_memory_bytes)
-            suspended = row.state == "SUSPENDED"
-            since = self._suspended_since.get(row.subjob_id)
+            suspended = live[subjob_id] == "SUSPENDED"
+            since = self._suspended_since.get(subjob_id)
             if suspended and since is None:
                 since = now
-                self._suspended_since[row.subjob_id] = now
+                self._suspended_since[subjob_id] = now
             views.append(
                 SubjobView(
-                    subjob_id=row.subjob_id,
-                    job_id=row.job_id,
+                    subjob_id=subjob_id,
+                    job_id=static.job_id,
                     slice_ids=devices,
-                    priority=int(spec.priority) or common_pb2.BATCH,
-                    lifecycle=int(spec.lifecycle) or common_pb2.LONG,
-                    declared_bytes=declared,
-                    observed_bytes=self._observed_bytes(row.subjob_id, declared),
-                    started_at=row.started_unix,
-                    work_since_checkpoint_seconds=max(0.0, time.time() - row.started_unix)
-                    if row.started_unix
+                    priority=static.priority,
+                    lifecycle=static.lifecycle,
+                    declared_bytes=static.declared_bytes,
+                    observed_bytes=self._observed_bytes(subjob_id, static.declared_bytes),
+                    started_at=static.started_unix,
+                    work_since_checkpoint_seconds=max(0.0, time.time() - static.started_unix)
+                    if static.started_unix
                     else 0.0,
                     suspended=suspended,
                     suspended_since=since if suspended else None,
-                    readdress_count=self._readdress_counts.get(row.subjob_id, 0),
-                    free_mode="release_signal" if spec.supports_release_signal else "checkpoint",
-                    restartable=spec.restartable,
+                    readdress_count=self._readdress_counts.get(subjob_id, 0),
+                    free_mode=static.free_mode,
+                    restartable=static.restartable,
                     gpu_count=len(devices),
                 )
             )
@@ -119,14 +133,32 @@ class AirlockDriver:
             slices.append(SliceSignal(uuid, used, total, self.levels.level(uuid)))
         return Snapshot(now=now, slices=tuple(slices), subjobs=tuple(views))
 
+    def _static_of(self, subjob_id: str) -> _StaticView | None:
+        """What never changes about a live subjob, read from the journal once, not every tick."""
+        cached = self._static.get(subjob_id)
+        if cached is not None:
+            return cached
+        row = self.node.journal.get_subjob(subjob_id)
+        if row is None:
+            return None
+        spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
+        view = _StaticView(
+            job_id=row.job_id,
+            devices=tuple(sorted(json.loads(row.device_uuids_json or "[]"))),
+            priority=int(spec.priority) or common_pb2.BATCH,
+            lifecycle=int(spec.lifecycle) or common_pb2.LONG,
+            declared_bytes=int(spec.resources.gpu_memory_bytes),
+            free_mode="release_signal" if spec.supports_release_signal else "checkpoint",
+            restartable=spec.restartable,
+            started_unix=row.started_unix,
+        )
+        if row.started_unix:  # STARTING rows still get their start time; read them again
+            self._static[subjob_id] = view
+        return view
+
     def _observed_bytes(self, subjob_id: str, declared_bytes: int) -> int:
         """What the subjob reports in its usage file; the declaration if absent or bad."""
-        path = self.node.executor.subjob_dir(subjob_id) / "gpu_mem"
-        try:
-            value = int(path.read_text().strip())
-        except (OSError, ValueError):
-            return declared_bytes
-        return value if value >= 0 else declared_bytes
+        return read_usage_file(self.node.executor.subjob_dir(subjob_id) / "gpu_mem", declared_bytes)
 
     async def step_logged(self, readings: dict[str, tuple[int, int]]) -> None:
         """``step`` for a background task: an error is logged, never lost or raised."""

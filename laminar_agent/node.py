@@ -40,7 +40,8 @@ from laminar_api.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger("laminar.agent.node")
 
-TERMINAL = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}
+#: Journal state names a subjob never leaves.
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "KILLED", "LOST"})
 DEFAULT_LEASE_TTL_SECONDS = 0.2
 MAX_LEASE_TTL_SECONDS = 60.0
 MAX_COMMAND_ARGS = 4096
@@ -397,7 +398,7 @@ class Node:
 
     async def _on_exit(self, subjob_id: str, info: ExitInfo) -> None:
         row = self.journal.get_subjob(subjob_id)
-        if row is None or row.state in ("SUCCEEDED", "FAILED", "KILLED", "LOST"):
+        if row is None or row.state in TERMINAL_STATES:
             return
         self._record_exit(row, info, "")
 
@@ -438,7 +439,7 @@ class Node:
         log.info("subjob %s %s: %s", subjob_id, state.lower(), reason)
 
     def _set_state(self, subjob_id: str, state: str, reason: str) -> None:
-        if state in ("SUCCEEDED", "FAILED", "KILLED", "LOST"):
+        if state in TERMINAL_STATES:
             self.live_states.pop(subjob_id, None)
         else:
             self.live_states[subjob_id] = state
@@ -456,7 +457,7 @@ class Node:
         check_str(reason, "reason", max_chars=1024)
         check_number(grace_seconds, "grace_seconds", high=3600)
         row = self._row(subjob_id)
-        if row.state in ("SUCCEEDED", "FAILED", "KILLED", "LOST"):
+        if row.state in TERMINAL_STATES:
             raise FailedPrecondition(
                 f"subjob {subjob_id} has ended ({row.state.lower()})", field="subjob_id"
             )
@@ -567,7 +568,7 @@ class Node:
             with path.open("rb") as handle:
                 handle.seek(offset)
                 data = handle.read(limit)
-        ended = row.state in ("SUCCEEDED", "FAILED", "KILLED", "LOST")
+        ended = row.state in TERMINAL_STATES
         size = path.stat().st_size if path.exists() else 0
         return agent_pb2.ReadLogsReply(
             data=data, next_offset=offset + len(data), eof=ended and offset + len(data) >= size

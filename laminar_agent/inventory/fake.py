@@ -96,6 +96,19 @@ def _derive_uuid(prefix: str, *parts: object) -> str:
     return f"{prefix}-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
+def read_usage_file(usage_file: Path | None, declared_bytes: int) -> int:
+    """Bytes a subjob says it uses now (``$LAMINAR_GPU_MEM_FILE``); the declared size if the
+    file is absent, unreadable or negative."""
+    if usage_file is not None:
+        try:
+            value = int(usage_file.read_text().strip())
+        except (OSError, ValueError):
+            return declared_bytes
+        if value >= 0:
+            return value
+    return declared_bytes
+
+
 @dataclass(frozen=True)
 class _Subjob:
     device_uuids: tuple[str, ...]
@@ -103,15 +116,7 @@ class _Subjob:
     usage_file: Path | None
 
     def usage_bytes(self) -> int:
-        """Bytes the subjob says it uses now; the declared size if the file is absent or bad."""
-        if self.usage_file is not None:
-            try:
-                value = int(self.usage_file.read_text().strip())
-            except (OSError, ValueError):
-                return self.declared_bytes
-            if value >= 0:
-                return value
-        return self.declared_bytes
+        return read_usage_file(self.usage_file, self.declared_bytes)
 
 
 class FakeGpuBackend:
