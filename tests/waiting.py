@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def wait_for(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
@@ -14,3 +15,11 @@ def wait_for(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> No
             return
         time.sleep(0.05)
     raise AssertionError(f"condition not met within {timeout_seconds:.0f} s")
+
+
+def gate_code(gate: Path, exit_code: int = 0) -> str:
+    """Python source for a subjob that runs until ``gate`` exists, then exits ``exit_code``."""
+    return (
+        f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+        f"raise SystemExit({exit_code})"
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
-from waiting import wait_for
+from waiting import gate_code, wait_for
 
 from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -40,6 +40,18 @@ def _gone(pid: int) -> bool:
 def _spec(subjob_id: str, code: str) -> common_pb2.SubjobSpec:
     return common_pb2.SubjobSpec(
         subjob_id=subjob_id, job_id=f"job-{subjob_id}", command=[sys.executable, "-c", code]
+    )
+
+
+def _run_now(
+    stub: agent_pb2_grpc.AgentStub, subjob_id: str, resources: common_pb2.Resources, code: str
+) -> agent_pb2.ProbeReply:
+    """Probe with commit-if-fits: one round trip from request to a running subjob."""
+    return stub.Probe(
+        agent_pb2.ProbeRequest(
+            job_id="j", resources=resources, commit_if_fits=True, spec=_spec(subjob_id, code)
+        ),
+        timeout=10,
     )
 
 
@@ -204,16 +216,8 @@ def test_kill_9_and_restart_readopts_running_subjob(cluster: LocalCluster, tmp_p
     gate2 = tmp_path / "gate2"
     channel, stub = _stub(agent)
     with channel:
-        code = f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\nraise SystemExit(7)"
-        reply = stub.Probe(
-            agent_pb2.ProbeRequest(
-                job_id="j",
-                resources=common_pb2.Resources(gpus=1),
-                commit_if_fits=True,
-                spec=_spec("keep", code),
-            ),
-            timeout=10,
-        )
+        code = gate_code(gate, 7)
+        reply = _run_now(stub, "keep", common_pb2.Resources(gpus=1), code)
         assert reply.subjob.state == common_pb2.RUNNING
         dying = stub.Probe(
             agent_pb2.ProbeRequest(
@@ -222,7 +226,7 @@ def test_kill_9_and_restart_readopts_running_subjob(cluster: LocalCluster, tmp_p
                 commit_if_fits=True,
                 spec=_spec(
                     "dies",
-                    f"import os,time\nwhile not os.path.exists({str(gate2)!r}): time.sleep(0.05)",
+                    gate_code(gate2),
                 ),
             ),
             timeout=10,
@@ -253,15 +257,9 @@ def test_declared_memory_shows_on_the_fake_gpu(cluster: LocalCluster, tmp_path: 
     gate = tmp_path / "gate"
     channel, stub = _stub(agent)
     with channel:
-        code = f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"
-        reply = stub.Probe(
-            agent_pb2.ProbeRequest(
-                job_id="j",
-                resources=common_pb2.Resources(gpu_milli=500, gpu_memory_bytes=20 * GIB),
-                commit_if_fits=True,
-                spec=_spec("share", code),
-            ),
-            timeout=10,
+        code = gate_code(gate)
+        reply = _run_now(
+            stub, "share", common_pb2.Resources(gpu_milli=500, gpu_memory_bytes=20 * GIB), code
         )
         assert reply.subjob.spec.resources.gpu_milli == 500
         used = (
@@ -282,16 +280,8 @@ def test_sigterm_restart_keeps_subjobs_running(cluster: LocalCluster, tmp_path: 
     gate = tmp_path / "gate"
     channel, stub = _stub(agent)
     with channel:
-        code = f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"
-        reply = stub.Probe(
-            agent_pb2.ProbeRequest(
-                job_id="j",
-                resources=common_pb2.Resources(gpus=1),
-                commit_if_fits=True,
-                spec=_spec("survivor", code),
-            ),
-            timeout=10,
-        )
+        code = gate_code(gate)
+        reply = _run_now(stub, "survivor", common_pb2.Resources(gpus=1), code)
         pid = reply.subjob.pid
     agent.process.send_signal(signal.SIGTERM)
     assert agent.process.wait(20) == 0

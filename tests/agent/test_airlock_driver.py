@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from waiting import wait_for
+from waiting import gate_code, wait_for
 
 from cli.cluster import LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -31,7 +31,7 @@ def _commit(
     stub: agent_pb2_grpc.AgentStub, subjob_id: str, priority: int, gate: Path
 ) -> common_pb2.Subjob:
     resources = common_pb2.Resources(gpu_milli=400, gpu_memory_bytes=20 * GIB)
-    code = f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"
+    code = gate_code(gate)
     spec = common_pb2.SubjobSpec(
         subjob_id=subjob_id,
         job_id=f"job-{subjob_id}",
