@@ -1,17 +1,58 @@
-"""``laminar-zone``: the zone router daemon. Not built yet (issue 3); says so plainly."""
+"""``laminar-zone``: command line of the zone router. Exit codes: 0 clean, 2 bad config, 1 failure."""
 
 from __future__ import annotations
 
+import argparse
+import logging
+import os
 import sys
+
+from laminar_agent.configlib import load_config
+from laminar_agent.daemon import run_daemon
+from laminar_agent.errors import LaminarError
+from laminar_agent.sdnotify import Notifier
+from laminar_zone.config import ZoneConfig
+from laminar_zone.server import ZoneServer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="laminar-zone", description="Laminar zone router daemon")
+    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--listen", help="gRPC HOST:PORT (port 0 picks a free port)")
+    p.add_argument("--state-dir", help="state directory (zone.db journal, zone.json)")
+    p.add_argument("--zone-name", help="this zone's name")
+    p.add_argument("--peers", help="peer zone routers HOST:PORT,...")
+    p.add_argument("--metrics-listen", help="Prometheus HTTP HOST:PORT")
+    p.add_argument("--heartbeat-seconds", help="heartbeat period asked of agents, e.g. 1s")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    print(
-        "laminar-zone: the zone router is not implemented in this version; "
-        "agents run standalone (see README.md)",
-        file=sys.stderr,
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    return 1
+    try:
+        config = load_config(
+            ZoneConfig,
+            toml_path=args.config,
+            env=os.environ,
+            overrides={
+                "server.listen": args.listen,
+                "server.state_dir": args.state_dir,
+                "server.zone_name": args.zone_name,
+                "server.metrics_listen": args.metrics_listen,
+                "peers.peers": args.peers,
+                "membership.heartbeat_seconds": args.heartbeat_seconds,
+            },
+        )
+    except LaminarError as exc:
+        print(f"laminar-zone: {exc.message}", file=sys.stderr)
+        return 2
+    notifier = Notifier(os.environ.get("NOTIFY_SOCKET"), os.environ.get("WATCHDOG_USEC"))
+    return run_daemon("laminar-zone", ZoneServer(config, notifier=notifier).run_until_signalled())
 
 
 if __name__ == "__main__":

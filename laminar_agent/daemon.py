@@ -1,0 +1,63 @@
+"""What both daemons share around their lifecycle: signal handling and the event-loop runner.
+
+Signal handlers only set the stop event; a second signal forces exit. Exit
+codes: 0 clean, 2 bad configuration or input, 1 any other failure to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from laminar_agent.errors import LaminarError
+
+
+async def serve_until_signalled(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    stop_event: asyncio.Event,
+    log: logging.Logger,
+    what_survives: str,
+) -> None:
+    """Start, wait for SIGTERM/SIGINT (or the stop event), stop; a second signal exits at once."""
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            log.warning("second signal %d: exiting now", signum)
+            os._exit(1)
+        log.info("signal %d: shutting down (%s)", signum, what_survives)
+        stop_event.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    await start()
+    await stop_event.wait()
+    await stop()
+
+
+def run_daemon(prog: str, main: Coroutine[Any, Any, None]) -> int:
+    """Run a daemon's main coroutine on uvloop; map failures to one line and an exit code."""
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        runner = asyncio.run  # type: ignore[assignment]
+    try:
+        runner(main)
+    except LaminarError as exc:
+        print(f"{prog}: {exc.message}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,219 @@
+"""laminar-zone settings: frozen dataclasses grouped by concern, loaded by the shared configlib."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from laminar_agent.configlib import doc
+from laminar_agent.errors import ConfigError, InvalidArgument
+from laminar_agent.units import parse_size
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    listen: str = field(
+        default="127.0.0.1:7400", metadata=doc("gRPC address HOST:PORT (port 0 picks one)")
+    )
+    metrics_listen: str = field(
+        default="", metadata=doc("Prometheus HTTP address HOST:PORT; empty disables it")
+    )
+    zone_name: str = field(default="zone-a", metadata=doc("this zone's name"))
+    state_dir: str = field(
+        default="/var/lib/laminar-zone", metadata=doc("journal (jobs, queue) and zone.json")
+    )
+    grace_seconds: float = field(
+        default=5.0, metadata=doc("shutdown grace for in-flight RPCs", unit="seconds")
+    )
+
+
+@dataclass(frozen=True)
+class MembershipSettings:
+    heartbeat_seconds: float = field(
+        default=1.0, metadata=doc("heartbeat period the router asks agents for", unit="seconds")
+    )
+    stale_after_periods: float = field(
+        default=3.0, metadata=doc("an agent silent this many periods gets no probes")
+    )
+    lost_after_seconds: float = field(
+        default=30.0,
+        metadata=doc(
+            "an agent silent this long has its running subjobs declared lost", unit="seconds"
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class PlacementSettings:
+    probes_per_attempt: int = field(
+        default=2, metadata=doc("d: agents probed in parallel per attempt")
+    )
+    sample_size: int = field(
+        default=4, metadata=doc("candidates drawn from the view per generation (>= d)")
+    )
+    max_attempts: int = field(default=4, metadata=doc("probe rounds per job before it queues"))
+    regenerations: int = field(
+        default=2, metadata=doc("times the candidate set is redrawn within one budget")
+    )
+    budget_seconds: float = field(
+        default=2.0, metadata=doc("time budget of one placement try", unit="seconds")
+    )
+    lease_ttl_seconds: float = field(
+        default=1.0, metadata=doc("TTL the router asks for on each lease", unit="seconds")
+    )
+    rpc_timeout_seconds: float = field(
+        default=5.0, metadata=doc("deadline of one Probe/Commit/Release call", unit="seconds")
+    )
+    concurrency: int = field(default=128, metadata=doc("placements in flight at once"))
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    tenant_shares: str = field(
+        default="",
+        metadata=doc("fair-share weights 'alice=2,bob=1'; unlisted tenants weigh 1"),
+    )
+    tenant_quotas: str = field(
+        default="",
+        metadata=doc(
+            "per-tenant limits 'alice:gpus=4:gpu_memory=80GiB,bob:gpus=2' "
+            "(GPU-equivalents and declared GPU memory, running at once)"
+        ),
+    )
+    backfill: bool = field(
+        default=True,
+        metadata=doc("let small jobs run ahead of a blocked one if it is not delayed"),
+    )
+    retry_seconds: float = field(
+        default=1.0, metadata=doc("queue pass period besides heartbeat triggers", unit="seconds")
+    )
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    peers: tuple[str, ...] = field(
+        default=(), metadata=doc("peer zone routers HOST:PORT,... for flow splitting")
+    )
+    gamma: float = field(default=1.0, metadata=doc("heat exponent in W = (1+S)/(1+H)^gamma"))
+    exchange_seconds: float = field(
+        default=1.0, metadata=doc("zone-summary exchange period", unit="seconds")
+    )
+    stale_after_periods: float = field(
+        default=1.5, metadata=doc("a peer summary older than this many periods weighs 0")
+    )
+
+
+@dataclass(frozen=True)
+class Quota:
+    max_gpus: float = 0.0  # 0 = unlimited
+    max_gpu_memory_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ZoneConfig:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    membership: MembershipSettings = field(default_factory=MembershipSettings)
+    placement: PlacementSettings = field(default_factory=PlacementSettings)
+    queue: QueueSettings = field(default_factory=QueueSettings)
+    peers: PeerSettings = field(default_factory=PeerSettings)
+
+    def validate(self) -> None:
+        for key, value in (
+            ("server.listen", self.server.listen),
+            ("server.metrics_listen", self.server.metrics_listen),
+        ):
+            if value and not is_host_port(value):
+                raise ConfigError(f"expected HOST:PORT, got {value!r}", field=key)
+        for peer in self.peers.peers:
+            if not is_host_port(peer):
+                raise ConfigError(f"expected HOST:PORT, got {peer!r}", field="peers.peers")
+        if not self.server.zone_name or len(self.server.zone_name) > 64:
+            raise ConfigError("must be 1-64 characters", field="server.zone_name")
+        positive = (
+            ("membership.heartbeat_seconds", self.membership.heartbeat_seconds),
+            ("membership.stale_after_periods", self.membership.stale_after_periods),
+            ("membership.lost_after_seconds", self.membership.lost_after_seconds),
+            ("placement.budget_seconds", self.placement.budget_seconds),
+            ("placement.lease_ttl_seconds", self.placement.lease_ttl_seconds),
+            ("placement.rpc_timeout_seconds", self.placement.rpc_timeout_seconds),
+            ("queue.retry_seconds", self.queue.retry_seconds),
+            ("peers.exchange_seconds", self.peers.exchange_seconds),
+            ("peers.stale_after_periods", self.peers.stale_after_periods),
+        )
+        for key, number in positive:
+            if not number > 0:
+                raise ConfigError(f"must be > 0, got {number}", field=key)
+        if self.placement.lease_ttl_seconds > 60:
+            raise ConfigError("must be <= 60 s", field="placement.lease_ttl_seconds")
+        for key, count in (
+            ("placement.probes_per_attempt", self.placement.probes_per_attempt),
+            ("placement.max_attempts", self.placement.max_attempts),
+            ("placement.concurrency", self.placement.concurrency),
+        ):
+            if count < 1:
+                raise ConfigError(f"must be >= 1, got {count}", field=key)
+        if self.placement.sample_size < self.placement.probes_per_attempt:
+            raise ConfigError(
+                "must be >= placement.probes_per_attempt", field="placement.sample_size"
+            )
+        if self.placement.regenerations < 0:
+            raise ConfigError("must be >= 0", field="placement.regenerations")
+        if self.peers.gamma < 0:
+            raise ConfigError("must be >= 0", field="peers.gamma")
+        self.shares()
+        self.quotas()
+
+    def shares(self) -> dict[str, float]:
+        """Tenant fair-share weights from ``queue.tenant_shares``."""
+        out: dict[str, float] = {}
+        for item in _items(self.queue.tenant_shares):
+            tenant, sep, weight = item.partition("=")
+            try:
+                value = float(weight)
+            except ValueError:
+                value = -1.0
+            if not sep or not tenant or not value > 0:
+                raise ConfigError(
+                    f"expected TENANT=WEIGHT with WEIGHT > 0, got {item!r}",
+                    field="queue.tenant_shares",
+                )
+            out[tenant.strip()] = value
+        return out
+
+    def quotas(self) -> dict[str, Quota]:
+        """Per-tenant quotas from ``queue.tenant_quotas``."""
+        out: dict[str, Quota] = {}
+        for item in _items(self.queue.tenant_quotas):
+            tenant, *limits = item.split(":")
+            if not tenant or not limits:
+                raise ConfigError(
+                    f"expected TENANT:gpus=N[:gpu_memory=SIZE], got {item!r}",
+                    field="queue.tenant_quotas",
+                )
+            gpus, memory = 0.0, 0
+            for limit in limits:
+                key, _, value = limit.partition("=")
+                try:
+                    if key == "gpus":
+                        gpus = float(value)
+                        if not gpus > 0:
+                            raise ValueError(value)
+                    elif key == "gpu_memory":
+                        memory = parse_size(value, field="gpu_memory")
+                    else:
+                        raise ValueError(key)
+                except (ValueError, InvalidArgument):
+                    raise ConfigError(
+                        f"bad limit {limit!r} for tenant {tenant!r} (gpus=N, gpu_memory=SIZE)",
+                        field="queue.tenant_quotas",
+                    ) from None
+            out[tenant.strip()] = Quota(max_gpus=gpus, max_gpu_memory_bytes=memory)
+        return out
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def is_host_port(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 <= int(port) <= 65535)

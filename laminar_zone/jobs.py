@@ -1,0 +1,1225 @@
+"""The zone's job state machine: admission, placement, queue, subjob events, recovery.
+
+Jobs are journaled (``store.JobStore``) before any reply or action that
+depends on them: a Submit is committed before it is acknowledged; a placement
+intent (subjob id, agent) is committed before the Commit RPC, so a router
+killed mid-commit finds out afterwards, from the agent, whether the subjob
+exists. Agent events are applied and journaled before they are acknowledged.
+
+Capacity knowledge is soft: the view comes from heartbeats and probe replies
+and is rebuilt after a restart. Queue order, backfill and quotas are decided
+by :mod:`laminar_zone.queue`; candidate choice by :mod:`laminar_zone.placement`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from laminar_agent.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
+from laminar_agent.grpcutil import check_number, check_str
+from laminar_agent.node import demand_from
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_zone.config import ZoneConfig
+from laminar_zone.metrics import ZoneMetrics
+from laminar_zone.placement import Need, expected_start
+from laminar_zone.placer import AgentClients, Ask, Placer, need_from, shapes_from
+from laminar_zone.queue import (
+    QueueItem,
+    explain,
+    may_backfill,
+    order_key,
+    quota_block,
+    quota_never_fits,
+)
+from laminar_zone.store import TERMINAL_JOB_STATES, JobStore
+from laminar_zone.view import AgentRecord, ZoneView
+
+log = logging.getLogger("laminar.zone.jobs")
+
+LIVE_SUBJOB = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUSPENDED})
+ENDED_SUBJOB = frozenset(
+    {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}
+)
+#: Reasons that end a subjob without it being the job's fault: retried without using a retry.
+FREE_RETRY_PREFIXES = ("preempted:", "readdressed:", "commit unconfirmed")
+COMMITTING = "committing"
+MAX_GANG = 64
+MAX_AFTER = 64
+MAX_RETRIES = 100
+MAX_COMMAND_ARGS = 4096
+
+
+@dataclass
+class Entry:
+    """A live job in memory: the journaled message plus what placement needs."""
+
+    job: zone_pb2.Job
+    need: Need
+    placing: bool = False
+    queued_at: float = 0.0  # monotonic, when it last entered the queue
+    submitted_mono: float = 0.0
+    watchers: list[asyncio.Queue[zone_pb2.Job]] = field(default_factory=list)
+
+    @property
+    def item(self) -> QueueItem:
+        spec = self.job.spec
+        return QueueItem(
+            job_id=self.job.job_id,
+            priority=spec.priority or common_pb2.BATCH,
+            tenant=spec.tenant,
+            submitted_unix=self.job.submitted_unix,
+            need=self.need,
+            gang_size=max(1, spec.gang_size),
+            expected_seconds=spec.expected_seconds,
+        )
+
+    def current(self) -> list[zone_pb2.Placement]:
+        return [p for p in self.job.placements if p.attempt == self.job.attempts]
+
+
+def validate_spec(spec: zone_pb2.JobSpec) -> Need:
+    """Refuse bad input naming the field; returns the per-member need."""
+    check_str(spec.name, "spec.name")
+    check_str(spec.tenant, "spec.tenant")
+    check_str(spec.workdir, "spec.workdir", max_chars=4096)
+    if not spec.command:
+        raise InvalidArgument("must not be empty", field="spec.command")
+    if len(spec.command) > MAX_COMMAND_ARGS:
+        raise InvalidArgument(f"has more than {MAX_COMMAND_ARGS} arguments", field="spec.command")
+    for arg in spec.command:
+        check_str(arg, "spec.command", max_chars=65536)
+    if len(spec.env) > 256:
+        raise InvalidArgument("has more than 256 variables", field="spec.env")
+    for key, value in spec.env.items():
+        check_str(key, "spec.env", max_chars=256, required=True)
+        check_str(value, f"spec.env[{key}]", max_chars=65536)
+    if spec.priority not in common_pb2.PriorityClass.values():
+        raise InvalidArgument(f"unknown priority class {spec.priority}", field="spec.priority")
+    if spec.lifecycle not in common_pb2.LifecycleClass.values():
+        raise InvalidArgument(f"unknown lifecycle class {spec.lifecycle}", field="spec.lifecycle")
+    if spec.gang_size > MAX_GANG:
+        raise InvalidArgument(f"must be <= {MAX_GANG}", field="spec.gang_size")
+    if len(spec.after) > MAX_AFTER:
+        raise InvalidArgument(f"at most {MAX_AFTER} dependencies", field="spec.after")
+    if spec.max_retries > MAX_RETRIES:
+        raise InvalidArgument(f"must be <= {MAX_RETRIES}", field="spec.max_retries")
+    check_number(spec.value, "spec.value", low=-1e12, high=1e12)
+    check_number(spec.expected_seconds, "spec.expected_seconds", high=10 * 365 * 86400)
+    check_number(spec.grace_seconds, "spec.grace_seconds", high=3600)
+    try:
+        demand_from(spec.resources)
+    except InvalidArgument as exc:
+        raise InvalidArgument(
+            exc.message.split(": ", 1)[-1], field=f"spec.{exc.field or 'resources'}"
+        ) from None
+    return need_from(spec.resources)
+
+
+class ZoneState:
+    def __init__(
+        self,
+        config: ZoneConfig,
+        store: JobStore,
+        metrics: ZoneMetrics,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.zone_name = config.server.zone_name
+        self.store = store
+        self.metrics = metrics
+        self.rng = rng or random.Random()
+        stale = config.membership.heartbeat_seconds * config.membership.stale_after_periods
+        self.view = ZoneView(stale)
+        self.clients = AgentClients()
+        self.placer = Placer(self.view, self.clients, config.placement, self.rng)
+        self.shares = config.shares()
+        self.quotas = config.quotas()
+        self.entries: dict[str, Entry] = {}
+        self.by_agent: dict[str, set[str]] = {}  # agent id -> job ids with live placements
+        self._unconfirmed: dict[str, set[str]] = {}  # agent id -> job ids to verify
+        self._queue_wake = asyncio.Event()
+        self._blocked_families: dict[str, int] = {}  # family -> priority of its blocked head
+        self._mean_run_seconds: dict[str, float] = {}
+        self._semaphore = asyncio.Semaphore(config.placement.concurrency)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.forwarder: Callable[[Entry], Coroutine[Any, Any, bool]] | None = None
+        self.started_mono = time.monotonic()
+
+    # ================================================================ recovery
+
+    def recover(self) -> int:
+        """Reload live jobs from the journal; returns how many."""
+        now = time.monotonic()
+        for job in self.store.live():
+            entry = Entry(job=job, need=need_from(job.spec.resources), submitted_mono=now)
+            self.entries[job.job_id] = entry
+            for p in entry.current():
+                if p.state in LIVE_SUBJOB:
+                    self.view.add_placeholder(p.agent_id, p.agent_address, now)
+                    self.by_agent.setdefault(p.agent_id, set()).add(job.job_id)
+                    if p.reason == COMMITTING:
+                        self._unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
+            if job.state == zone_pb2.PENDING and not any(
+                p.state in LIVE_SUBJOB for p in entry.current()
+            ):
+                self._spawn(self._place(entry), f"place-{job.job_id}")
+            elif job.state in (zone_pb2.QUEUED, zone_pb2.WAITING):
+                entry.queued_at = now
+        self._queue_wake.set()
+        return len(self.entries)
+
+    async def _verify_unconfirmed(self, record: AgentRecord) -> None:
+        """After a restart: did commits in flight at the crash happen? Ask the agent."""
+        job_ids = self._unconfirmed.pop(record.agent_id, set())
+        stub = self.clients.stub(record.address)
+        for job_id in job_ids:
+            entry = self.entries.get(job_id)
+            if entry is None:
+                continue
+            for p in entry.current():
+                if p.agent_id != record.agent_id or p.reason != COMMITTING:
+                    continue
+                try:
+                    subjob = await stub.GetSubjob(
+                        agent_pb2.GetSubjobRequest(subjob_id=p.subjob_id), timeout=5
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.NOT_FOUND:
+                        self._unconfirmed.setdefault(record.agent_id, set()).add(job_id)
+                        continue
+                    p.state = common_pb2.FAILED
+                    p.reason = "commit unconfirmed: the agent never started it"
+                    p.ended_unix = time.time()
+                else:
+                    _copy_subjob(p, subjob)
+            self._evaluate(entry)
+            self._save(entry)
+
+    # ================================================================ admission
+
+    async def submit(
+        self,
+        spec: zone_pb2.JobSpec,
+        client_request_id: str,
+        *,
+        forwarded_from: str = "",
+        allow_forward: bool = True,
+    ) -> zone_pb2.Job:
+        check_str(client_request_id, "client_request_id")
+        if not spec.tenant:
+            spec.tenant = "default"
+        need = validate_spec(spec)
+        if client_request_id:
+            existing = self.store.by_request(spec.tenant, client_request_id)
+            if existing is not None:
+                return self._fresh(existing)
+        for dep in spec.after:
+            check_str(dep, "spec.after", required=True)
+            if self._job(dep) is None:
+                raise InvalidArgument(f"no job {dep!r} to wait for", field="spec.after")
+        item = QueueItem(
+            job_id="",
+            priority=spec.priority or common_pb2.BATCH,
+            tenant=spec.tenant,
+            submitted_unix=0.0,
+            need=need,
+            gang_size=max(1, spec.gang_size),
+            expected_seconds=spec.expected_seconds,
+        )
+        refusal = quota_never_fits(item, self.quotas.get(spec.tenant))
+        if refusal:
+            raise FailedPrecondition(refusal, field="spec.resources")
+        job = zone_pb2.Job(
+            job_id=f"j-{uuid.uuid4().hex[:10]}",
+            spec=spec,
+            state=zone_pb2.PENDING,
+            reason="placing" if not forwarded_from else f"forwarded from zone {forwarded_from}",
+            submitted_unix=time.time(),
+            zone=self.zone_name,
+            client_request_id=client_request_id,
+            attempts=1,
+        )
+        entry = Entry(job=job, need=need, submitted_mono=time.monotonic())
+        self.entries[job.job_id] = entry
+        self._route(entry, allow_forward)
+        try:
+            self.store.put(job)
+        except Exception:
+            self.entries.pop(job.job_id, None)
+            raise
+        self.metrics.submitted.inc()
+        self._kick(entry, allow_forward)
+        return self._fresh(job)
+
+    def _route(self, entry: Entry, allow_forward: bool) -> None:
+        """Decide the first state: waiting for dependencies or quota, queued, or placing."""
+        job = entry.job
+        waiting = self._dependency_block(entry)
+        if waiting:
+            job.state, job.reason = zone_pb2.WAITING, waiting
+            entry.queued_at = time.monotonic()
+            return
+        blocked = self._quota_block(entry)
+        if blocked:
+            job.state, job.reason = zone_pb2.WAITING, blocked
+            entry.queued_at = time.monotonic()
+            return
+        head_priority = self._blocked_families.get(entry.need.family)
+        if head_priority is not None and (job.spec.priority or common_pb2.BATCH) >= head_priority:
+            job.state = zone_pb2.QUEUED
+            job.reason = "behind queued work of the same kind; waiting for the next queue pass"
+            entry.queued_at = time.monotonic()
+
+    def _kick(self, entry: Entry, allow_forward: bool) -> None:
+        if entry.job.state == zone_pb2.PENDING:
+            if allow_forward and self.forwarder is not None:
+                self._spawn(self._forward_or_place(entry), f"route-{entry.job.job_id}")
+            else:
+                self._spawn(self._place(entry), f"place-{entry.job.job_id}")
+        else:
+            self._queue_wake.set()
+            self._publish(entry)
+
+    async def _forward_or_place(self, entry: Entry) -> None:
+        assert self.forwarder is not None
+        if await self.forwarder(entry):
+            return
+        await self._place(entry)
+
+    def _dependency_block(self, entry: Entry) -> str:
+        pending = []
+        for dep in entry.job.spec.after:
+            job = self._job(dep)
+            if job is None or job.state == zone_pb2.JOB_SUCCEEDED:
+                continue
+            if job.state in TERMINAL_JOB_STATES:
+                return f"!dependency {dep} ended {zone_pb2.JobState.Name(job.state).lower()}"
+            pending.append(dep)
+        if pending:
+            return f"waiting for {', '.join(pending)} to succeed"
+        return ""
+
+    def _tenant_usage(self) -> tuple[dict[str, float], dict[str, int]]:
+        units: dict[str, float] = {}
+        memory: dict[str, int] = {}
+        for e in self.entries.values():
+            if e.job.state == zone_pb2.JOB_RUNNING or e.placing:
+                tenant = e.job.spec.tenant
+                units[tenant] = units.get(tenant, 0.0) + e.item.units
+                memory[tenant] = memory.get(tenant, 0) + e.need.memory_bytes * e.item.gang_size
+        return units, memory
+
+    def _quota_block(self, entry: Entry) -> str:
+        quota = self.quotas.get(entry.job.spec.tenant)
+        if quota is None:
+            return ""
+        units, memory = self._tenant_usage()
+        tenant = entry.job.spec.tenant
+        return quota_block(entry.item, quota, units.get(tenant, 0.0), memory.get(tenant, 0))
+
+    # ================================================================ placement
+
+    async def _place(self, entry: Entry, *, from_queue: bool = False) -> bool:
+        """One placement try within the probe budget; on failure the job waits in the queue."""
+        if entry.placing or entry.job.state in TERMINAL_JOB_STATES:
+            return False
+        entry.placing = True
+        started = time.monotonic()
+        try:
+            async with self._semaphore:
+                return await self._place_once(entry, started, from_queue)
+        finally:
+            entry.placing = False
+
+    async def _place_once(self, entry: Entry, started: float, from_queue: bool) -> bool:
+        job = entry.job
+        gang = max(1, job.spec.gang_size)
+        ask = Ask(
+            job_id=job.job_id,
+            resources=job.spec.resources,
+            gang_size=gang,
+            priority=job.spec.priority or common_pb2.BATCH,
+            value=job.spec.value,
+            tenant=job.spec.tenant,
+        )
+        ttl = self.config.placement.lease_ttl_seconds
+        if gang > 1:
+            ttl = max(ttl, self.config.placement.budget_seconds + 2 * ttl)
+        gathered = await self.placer.gather(ask, lease_ttl_seconds=ttl)
+        job.probes += gathered.probes
+        job.bounces += gathered.bounces
+        if job.state in TERMINAL_JOB_STATES:  # cancelled while probing
+            if gathered.chosen:
+                await self.placer.release(gathered.chosen)
+            return False
+        if gathered.chosen is None:
+            self.metrics.placements.labels("queued").inc()
+            self._enqueue(entry, gathered.reasons)
+            return False
+        ok = await self._commit_all(entry, gathered.chosen)
+        if not ok:
+            self.metrics.placements.labels("commit_failed").inc()
+            self._enqueue(entry, [job.reason])
+            return False
+        latency = time.monotonic() - (entry.queued_at if from_queue else entry.submitted_mono)
+        priority = common_pb2.PriorityClass.Name(job.spec.priority or common_pb2.BATCH).lower()
+        self.metrics.placements.labels("placed").inc()
+        self.metrics.placement_seconds.observe(time.monotonic() - started)
+        self.metrics.probes_per_placement.observe(gathered.probes)
+        self.metrics.bounces_per_placement.observe(gathered.bounces)
+        if from_queue:
+            self.metrics.queue_seconds.labels(priority).observe(latency)
+        return True
+
+    async def _commit_all(
+        self, entry: Entry, chosen: list[tuple[AgentRecord, agent_pb2.Lease]]
+    ) -> bool:
+        """Journal the intent, commit every lease, and roll back all members if any fails."""
+        job = entry.job
+        attempt = job.attempts
+        for member, (record, lease) in enumerate(chosen):
+            job.placements.append(
+                zone_pb2.Placement(
+                    subjob_id=f"{job.job_id}-a{attempt}-m{member}",
+                    agent_id=record.agent_id,
+                    agent_address=record.address,
+                    slice_ids=list(lease.slice_ids),
+                    member=member,
+                    state=common_pb2.STARTING,
+                    reason=COMMITTING,
+                    attempt=attempt,
+                )
+            )
+            self.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
+        job.state = zone_pb2.PENDING
+        job.reason = "committing leases"
+        self._save(entry)
+        outcomes = await asyncio.gather(
+            *(
+                self._commit_one(entry, member, record, lease)
+                for member, (record, lease) in enumerate(chosen)
+            ),
+            return_exceptions=True,
+        )
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if not failures:
+            if job.state == zone_pb2.PENDING:
+                job.state = zone_pb2.JOB_RUNNING
+                job.reason = ""
+                job.started_unix = job.started_unix or time.time()
+                job.queue_position = 0
+                job.expected_start_unix = 0
+            self._save(entry)
+            return True
+        why = "; ".join(_rpc_reason(f) for f in failures)
+        log.warning("job %s: commit failed (%s); rolling back all members", job.job_id, why)
+        for p in entry.current():
+            if p.state in LIVE_SUBJOB and p.reason != COMMITTING:
+                await self._terminate(p, f"gang rollback: another member failed to commit ({why})")
+            if p.state in LIVE_SUBJOB:
+                p.state = common_pb2.FAILED
+                p.reason = f"commit failed: {why}"
+                p.ended_unix = time.time()
+        job.attempts += 1
+        job.reason = f"commit failed: {why}"
+        self._save(entry)
+        return False
+
+    async def _commit_one(
+        self, entry: Entry, member: int, record: AgentRecord, lease: agent_pb2.Lease
+    ) -> None:
+        job = entry.job
+        placement = entry.current()[member]
+        spec = common_pb2.SubjobSpec(
+            subjob_id=placement.subjob_id,
+            job_id=job.job_id,
+            tenant=job.spec.tenant,
+            command=list(job.spec.command),
+            env=dict(job.spec.env),
+            workdir=job.spec.workdir,
+            priority=job.spec.priority or common_pb2.BATCH,
+            lifecycle=job.spec.lifecycle or common_pb2.LONG,
+            resources=job.spec.resources,
+            grace_seconds=job.spec.grace_seconds,
+            supports_release_signal=job.spec.supports_release_signal,
+            restartable=job.spec.restartable,
+            value=job.spec.value,
+            expected_seconds=job.spec.expected_seconds,
+        )
+        subjob = await self.clients.stub(record.address).Commit(
+            agent_pb2.CommitRequest(lease_id=lease.lease_id, spec=spec),
+            timeout=self.config.placement.rpc_timeout_seconds,
+        )
+        _copy_subjob(placement, subjob)
+
+    def _enqueue(self, entry: Entry, reasons: list[str]) -> None:
+        job = entry.job
+        if job.state in TERMINAL_JOB_STATES:
+            return
+        job.state = zone_pb2.QUEUED
+        if reasons:
+            log.info("job %s queued after %d probe(s): %s", job.job_id, job.probes, reasons[-1])
+        entry.queued_at = time.monotonic()
+        self._explain_one(entry)
+        self._blocked_families.setdefault(entry.need.family, job.spec.priority or common_pb2.BATCH)
+        self._save(entry)
+        self._queue_wake.set()
+
+    def _explain_one(self, entry: Entry) -> None:
+        ready, matching, fitting = self.view.counts(entry.need)
+        position = 1 + sum(
+            1
+            for e in self.entries.values()
+            if e.job.state == zone_pb2.QUEUED
+            and e is not entry
+            and e.need.family == entry.need.family
+            and e.job.submitted_unix < entry.job.submitted_unix
+        )
+        entry.job.queue_position = position
+        entry.job.reason = explain(
+            entry.need,
+            gang_size=max(1, entry.job.spec.gang_size),
+            hosts_ready=ready,
+            hosts_matching=matching,
+            hosts_fitting=fitting,
+            position=position,
+            expected_start=None,
+            now=time.time(),
+        )
+
+    # ================================================================ the queue
+
+    async def run_queue(self, stop: asyncio.Event) -> None:
+        period = self.config.queue.retry_seconds
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._queue_wake.wait(), period)
+            except TimeoutError:
+                pass
+            self._queue_wake.clear()
+            try:
+                await self.queue_pass()
+            except Exception:
+                log.exception("queue pass failed")
+
+    async def queue_pass(self) -> None:
+        """Walk waiting jobs in order; place what fits without delaying a blocked head."""
+        now_unix = time.time()
+        self._resolve_waiting()
+        waiting = [
+            e
+            for e in self.entries.values()
+            if e.job.state in (zone_pb2.QUEUED, zone_pb2.WAITING) and not e.placing
+        ]
+        if not waiting:
+            self._blocked_families.clear()
+            self._update_gauges()
+            return
+        units, memory = self._tenant_usage()
+        waiting.sort(key=lambda e: order_key(e.item, units, self.shares))
+        heads: dict[str, tuple[str, float | None]] = {}
+        units_ahead: dict[str, float] = {}
+        positions: dict[str, int] = {}
+        changed: list[Entry] = []
+        counts: dict[Need, tuple[int, int, int]] = {}
+        for entry in waiting:
+            job = entry.job
+            if job.state in TERMINAL_JOB_STATES or entry.placing:
+                continue
+            if job.state == zone_pb2.WAITING and self._dependency_block(entry):
+                continue
+            tenant = job.spec.tenant
+            item = entry.item
+            blocked = quota_block(
+                item, self.quotas.get(tenant), units.get(tenant, 0.0), memory.get(tenant, 0)
+            )
+            if blocked:
+                if job.state != zone_pb2.WAITING or job.reason != blocked:
+                    job.state, job.reason = zone_pb2.WAITING, blocked
+                    changed.append(entry)
+                continue
+            family = entry.need.family
+            head = heads.get(family)
+            may_run = head is None or (
+                self.config.queue.backfill and may_backfill(item, now_unix, head[1])
+            )
+            if may_run and self.view.any_fits(entry.need, self.rng):
+                job.state = zone_pb2.PENDING
+                job.reason = "placing from the queue"
+                if await self._place(entry, from_queue=True):
+                    units[tenant] = units.get(tenant, 0.0) + item.units
+                    memory[tenant] = memory.get(tenant, 0) + entry.need.memory_bytes
+                    continue
+            positions[family] = positions.get(family, 0) + 1
+            ahead = units_ahead.get(family, 0.0)
+            start = self._expected_start(entry, ahead, now_unix)
+            units_ahead[family] = ahead + item.units
+            if head is None:
+                heads[family] = (job.job_id, start)
+            if entry.need not in counts:
+                counts[entry.need] = self.view.counts(entry.need)
+            ready, matching, fitting = counts[entry.need]
+            reason = explain(
+                entry.need,
+                gang_size=item.gang_size,
+                hosts_ready=ready,
+                hosts_matching=matching,
+                hosts_fitting=fitting,
+                position=positions[family],
+                expected_start=start,
+                now=now_unix,
+                blocked_by=head[0] if head is not None and fitting else "",
+            )
+            if (
+                job.state != zone_pb2.QUEUED
+                or job.reason != reason
+                or job.queue_position != positions[family]
+            ):
+                job.state = zone_pb2.QUEUED
+                job.reason = reason
+                job.queue_position = positions[family]
+                job.expected_start_unix = start or 0.0
+                changed.append(entry)
+        self._blocked_families = {
+            family: self.entries[job_id].job.spec.priority or common_pb2.BATCH
+            for family, (job_id, _) in heads.items()
+            if job_id in self.entries
+        }
+        for entry in changed:
+            self._save(entry)
+        self._update_gauges()
+
+    def _expected_start(self, entry: Entry, units_ahead: float, now_unix: float) -> float | None:
+        family = entry.need.family
+        releases: list[tuple[float, float]] = []
+        mean = self._mean_run_seconds.get(family, 0.0)
+        for other in self.entries.values():
+            if other.job.state != zone_pb2.JOB_RUNNING or other.need.family != family:
+                continue
+            run = other.job.spec.expected_seconds or mean
+            if run <= 0:
+                continue
+            releases.append((other.job.started_unix + run, other.item.units))
+        return expected_start(now_unix, 0.0, releases, units_ahead, entry.item.units)
+
+    def _resolve_waiting(self) -> None:
+        """Dependencies: fail jobs whose dependency failed, release those whose all succeeded."""
+        for entry in list(self.entries.values()):
+            if entry.job.state != zone_pb2.WAITING:
+                continue
+            block = self._dependency_block(entry)
+            if block.startswith("!"):
+                self._finish(entry, zone_pb2.JOB_FAILED, block[1:])
+                self._save(entry)
+            elif not block and entry.job.reason.startswith("waiting for j-"):
+                entry.job.reason = "dependencies succeeded"
+
+    # ================================================================ agent events
+
+    def on_heartbeat(self, request: zone_pb2.HeartbeatRequest) -> zone_pb2.HeartbeatReply:
+        summary = request.summary
+        agent_id = check_str(summary.agent_id, "summary.agent_id", required=True)
+        address = check_str(summary.address, "summary.address", required=True)
+        update = self.view.update(
+            agent_id,
+            address,
+            shapes_from(summary),
+            heat=summary.pending_probes + summary.active_leases,
+            draining=summary.draining,
+            now=time.monotonic(),
+            now_unix=time.time(),
+            hostname=summary.hostname,
+            running_subjobs=summary.running_subjobs,
+            total_gpus=summary.total_gpus,
+            pressure=summary.pressure,
+            generation=summary.generation,
+        )
+        if update.is_new or update.came_back:
+            log.info(
+                "agent %s %s at %s (%d GPUs)",
+                agent_id,
+                "joined" if update.is_new else "is back",
+                address,
+                summary.total_gpus,
+            )
+        if agent_id in self._unconfirmed:
+            self._spawn(self._verify_unconfirmed(update.record), f"verify-{agent_id}")
+        touched: dict[str, Entry] = {}
+        acked = 0
+        for event in request.events:
+            acked = max(acked, event.seq)
+            entry = self._apply_event(agent_id, event.subjob)
+            if entry is not None:
+                touched[entry.job.job_id] = entry
+        for entry in touched.values():
+            self._evaluate(entry)
+        if touched:
+            self.store.put_many([e.job for e in touched.values()])
+            for entry in touched.values():
+                self._publish(entry)
+                self._forget_if_done(entry)
+        if update.freed or touched:
+            self._queue_wake.set()
+        self.metrics.heartbeats.inc()
+        return zone_pb2.HeartbeatReply(
+            acked_seq=acked,
+            period_seconds=self.config.membership.heartbeat_seconds,
+            zone=self.zone_name,
+        )
+
+    def _apply_event(self, agent_id: str, subjob: common_pb2.Subjob) -> Entry | None:
+        job_id = subjob.spec.job_id
+        entry = self.entries.get(job_id)
+        if entry is None:
+            return None
+        for p in entry.job.placements:
+            if p.subjob_id != subjob.spec.subjob_id:
+                continue
+            if p.state in ENDED_SUBJOB:
+                if subjob.state in LIVE_SUBJOB and p.attempt != entry.job.attempts:
+                    # The router already gave up on this copy (agent was lost): stop it.
+                    self._spawn(self._terminate(p, "superseded: the job moved on"), "supersede")
+                return None
+            _copy_subjob(p, subjob)
+            moved_on = p.attempt != entry.job.attempts or entry.job.state in TERMINAL_JOB_STATES
+            if moved_on and subjob.state in LIVE_SUBJOB:
+                self._spawn(self._terminate(p, "superseded: the job moved on"), "supersede")
+            return entry
+        return None
+
+    def _evaluate(self, entry: Entry) -> None:
+        """Derive the job's state from its current attempt's subjobs; retry or finish."""
+        job = entry.job
+        if job.state in TERMINAL_JOB_STATES:
+            return
+        current = entry.current()
+        gang = max(1, job.spec.gang_size)
+        if not current or any(p.reason == COMMITTING for p in current):
+            return
+        states = [p.state for p in current]
+        if len(current) == gang and all(s == common_pb2.SUCCEEDED for s in states):
+            run = max(p.run_seconds for p in current)
+            family = entry.need.family
+            old = self._mean_run_seconds.get(family)
+            self._mean_run_seconds[family] = run if old is None else 0.8 * old + 0.2 * run
+            self._finish(entry, zone_pb2.JOB_SUCCEEDED, "all subjobs succeeded")
+            return
+        failed = [
+            p for p in current if p.state in (common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST)
+        ]
+        if failed:
+            first = failed[0]
+            for p in current:
+                if p.state in LIVE_SUBJOB:
+                    self._spawn(
+                        self._terminate(p, f"gang member {first.member} ended: {first.reason}"),
+                        "gang-stop",
+                    )
+            what = f"subjob {first.subjob_id} on {first.agent_id} ended {_state_name(first.state)}: {first.reason}"
+            free = first.reason.startswith(FREE_RETRY_PREFIXES)
+            if free or job.retries_used < job.spec.max_retries:
+                if not free:
+                    job.retries_used += 1
+                job.attempts += 1
+                job.state = zone_pb2.PENDING
+                job.reason = (
+                    f"retrying ({'not counted' if free else f'retry {job.retries_used} of {job.spec.max_retries}'})"
+                    f" after {what}"
+                )
+                self.metrics.retries.inc()
+                self._spawn(self._place(entry), f"retry-{job.job_id}")
+            else:
+                self._finish(entry, zone_pb2.JOB_FAILED, what)
+            return
+        if all(
+            s in (common_pb2.RUNNING, common_pb2.SUSPENDED, common_pb2.SUCCEEDED) for s in states
+        ):
+            if job.state != zone_pb2.JOB_RUNNING:
+                job.state = zone_pb2.JOB_RUNNING
+                job.started_unix = job.started_unix or time.time()
+            suspended = states.count(common_pb2.SUSPENDED)
+            job.reason = f"{suspended} subjob(s) suspended by Airlock" if suspended else ""
+
+    def _finish(self, entry: Entry, state: int, reason: str) -> None:
+        job = entry.job
+        job.state = state  # type: ignore[assignment]
+        job.reason = reason
+        job.ended_unix = time.time()
+        job.queue_position = 0
+        job.expected_start_unix = 0
+        self.metrics.finished.labels(zone_pb2.JobState.Name(state).lower()).inc()
+        log.info("job %s %s: %s", job.job_id, zone_pb2.JobState.Name(state).lower(), reason)
+        self._queue_wake.set()
+
+    def _forget_if_done(self, entry: Entry) -> None:
+        job = entry.job
+        if job.state not in TERMINAL_JOB_STATES:
+            return
+        if any(p.state in LIVE_SUBJOB for p in job.placements):
+            return
+        for p in job.placements:
+            jobs = self.by_agent.get(p.agent_id)
+            if jobs is not None:
+                jobs.discard(job.job_id)
+        # Keep it in memory while dependents may ask; the journal has it anyway.
+        self.entries.pop(job.job_id, None)
+
+    # ================================================================ membership tick
+
+    def sweep(self) -> None:
+        """Once a period: stale agents, lost agents and their subjobs."""
+        now = time.monotonic()
+        for stale in self.view.sweep(now):
+            log.warning(
+                "agent %s stale: no heartbeat for %.1f s; no more probes to it",
+                stale.agent_id,
+                now - stale.last_heartbeat,
+            )
+        lost_after = self.config.membership.lost_after_seconds
+        for agent_id, job_ids in list(self.by_agent.items()):
+            record = self.view.agents.get(agent_id)
+            if record is None or not record.is_stale:
+                continue
+            silent = now - record.last_heartbeat
+            if silent < lost_after:
+                continue
+            for job_id in list(job_ids):
+                entry = self.entries.get(job_id)
+                if entry is None:
+                    job_ids.discard(job_id)
+                    continue
+                for p in entry.job.placements:
+                    if p.agent_id == agent_id and p.state in LIVE_SUBJOB:
+                        p.state = common_pb2.LOST
+                        p.reason = (
+                            f"agent {agent_id} silent for {silent:.0f} s "
+                            f"(membership.lost_after_seconds={lost_after:g})"
+                        )
+                        p.ended_unix = time.time()
+                job_ids.discard(job_id)
+                self._evaluate(entry)
+                self._save(entry)
+                self._forget_if_done(entry)
+        self._update_gauges()
+
+    # ================================================================ user operations
+
+    def _job(self, job_id: str) -> zone_pb2.Job | None:
+        entry = self.entries.get(job_id)
+        if entry is not None:
+            return entry.job
+        return self.store.get(job_id)
+
+    def get(self, job_id: str) -> zone_pb2.Job:
+        check_str(job_id, "job_id", required=True)
+        job = self._job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r}", field="job_id")
+        return self._fresh(job)
+
+    def list(self, tenant: str, states: list[int], limit: int) -> list[zone_pb2.Job]:
+        check_str(tenant, "tenant")
+        for s in states:
+            if s not in zone_pb2.JobState.values() or s == 0:
+                raise InvalidArgument(f"unknown job state {s}", field="states")
+        # Live jobs change in memory first; the journal has everything else.
+        out = self.store.query(tenant, states, limit or 1000)
+        return [
+            self._fresh(self.entries[j.job_id].job if j.job_id in self.entries else j) for j in out
+        ]
+
+    async def cancel(self, job_id: str, reason: str) -> zone_pb2.Job:
+        check_str(reason, "reason", max_chars=1024)
+        job = self.get(job_id)
+        entry = self.entries.get(job_id)
+        if entry is None or job.state in TERMINAL_JOB_STATES:
+            raise FailedPrecondition(
+                f"job {job_id} has already ended ({zone_pb2.JobState.Name(job.state).lower()})",
+                field="job_id",
+            )
+        why = f"cancelled: {reason or 'by request'}"
+        self._finish(entry, zone_pb2.JOB_CANCELLED, why)
+        self._save(entry)
+        await asyncio.gather(
+            *(self._terminate(p, why) for p in entry.current() if p.state in LIVE_SUBJOB),
+            return_exceptions=True,
+        )
+        self._forget_if_done(entry)
+        return self._fresh(entry.job)
+
+    async def _terminate(self, placement: zone_pb2.Placement, reason: str) -> None:
+        address = placement.agent_address
+        record = self.view.agents.get(placement.agent_id)
+        if record is not None:
+            address = record.address
+        try:
+            await self.clients.stub(address).SignalSubjob(
+                agent_pb2.SignalSubjobRequest(
+                    subjob_id=placement.subjob_id, signal=agent_pb2.TERMINATE, reason=reason
+                ),
+                timeout=self.config.placement.rpc_timeout_seconds,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                log.warning(
+                    "could not stop subjob %s on %s: %s",
+                    placement.subjob_id,
+                    placement.agent_id,
+                    exc.details(),
+                )
+
+    async def watch(self, job_id: str) -> AsyncIterator[zone_pb2.Job]:
+        job = self.get(job_id)
+        yield job
+        entry = self.entries.get(job_id)
+        if entry is None or job.state in TERMINAL_JOB_STATES:
+            return
+        queue: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
+        entry.watchers.append(queue)
+        try:
+            while True:
+                update = await queue.get()
+                yield update
+                if update.state in TERMINAL_JOB_STATES:
+                    return
+        finally:
+            if queue in entry.watchers:
+                entry.watchers.remove(queue)
+
+    async def logs(
+        self, job_id: str, subjob_id: str, stream: str, offset: int, max_bytes: int
+    ) -> zone_pb2.GetLogsReply:
+        job = self.get(job_id)
+        check_str(subjob_id, "subjob_id")
+        if stream not in ("", "stdout", "stderr"):
+            raise InvalidArgument("must be stdout or stderr", field="stream")
+        started = [p for p in job.placements if p.reason != COMMITTING]
+        if subjob_id:
+            started = [p for p in started if p.subjob_id == subjob_id]
+            if not started:
+                raise NotFound(f"job {job_id} has no subjob {subjob_id!r}", field="subjob_id")
+        if not started:
+            raise FailedPrecondition(f"job {job_id} has not started yet", field="job_id")
+        placement = started[-1]
+        record = self.view.agents.get(placement.agent_id)
+        address = record.address if record is not None else placement.agent_address
+        try:
+            reply = await self.clients.stub(address).ReadLogs(
+                agent_pb2.ReadLogsRequest(
+                    subjob_id=placement.subjob_id,
+                    stream=stream or "stdout",
+                    offset=offset,
+                    max_bytes=max_bytes,
+                ),
+                timeout=self.config.placement.rpc_timeout_seconds,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(
+                f"agent {placement.agent_id} holding the logs is unreachable: {exc.details()}"
+            ) from None
+        return zone_pb2.GetLogsReply(
+            data=reply.data,
+            next_offset=reply.next_offset,
+            eof=reply.eof,
+            subjob_id=placement.subjob_id,
+        )
+
+    async def probe(self, request: zone_pb2.ProbeJobRequest) -> zone_pb2.ProbeJobReply:
+        spec = request.spec
+        if not spec.command:
+            spec.command.append("true")  # a probe needs no command; validate the rest
+        need = validate_spec(spec)
+        max_hosts = min(request.max_hosts or 8, 64)
+        check_number(request.lease_ttl_seconds, "lease_ttl_seconds", high=60)
+        ready, matching, _ = self.view.counts(need)
+        reply = zone_pb2.ProbeJobReply(hosts_matching=matching, hosts_total=ready)
+        if request.keep_leases:
+            gathered = await self.placer.gather(
+                Ask(
+                    job_id=f"probe-{uuid.uuid4().hex[:8]}",
+                    resources=spec.resources,
+                    gang_size=max(1, spec.gang_size),
+                    priority=spec.priority or common_pb2.BATCH,
+                    value=spec.value,
+                    tenant=spec.tenant,
+                ),
+                lease_ttl_seconds=request.lease_ttl_seconds or 10.0,
+            )
+            for record, lease in gathered.chosen or []:
+                reply.hosts.add(
+                    agent_id=record.agent_id,
+                    address=record.address,
+                    fits=True,
+                    score=lease.score,
+                    lease=lease,
+                )
+            if gathered.chosen is None:
+                for text in gathered.reasons[-max_hosts:]:
+                    agent_id, _, why = text.partition(": ")
+                    reply.hosts.add(agent_id=agent_id, fits=False, reason=why or text)
+            return reply
+        for record, outcome in await self.placer.dry_run(
+            spec.resources, max_hosts, spec.priority or common_pb2.BATCH
+        ):
+            if isinstance(outcome, BaseException):
+                reply.hosts.add(
+                    agent_id=record.agent_id,
+                    address=record.address,
+                    fits=False,
+                    reason=_rpc_reason(outcome),
+                )
+                continue
+            reply.hosts.add(
+                agent_id=record.agent_id,
+                address=record.address,
+                fits=outcome.would_fit,
+                score=outcome.score,
+                reason="" if outcome.would_fit else outcome.bounce.reason,
+            )
+        reply.hosts.sort(key=lambda h: (not h.fits, -h.score, h.agent_id))
+        return reply
+
+    async def commit_leases(self, request: zone_pb2.CommitJobRequest) -> zone_pb2.Job:
+        """Two-phase form: leases from ProbeJob(keep_leases) become a running job."""
+        spec = request.spec
+        if not spec.tenant:
+            spec.tenant = "default"
+        need = validate_spec(spec)
+        gang = max(1, spec.gang_size)
+        if len(request.leases) != gang:
+            raise InvalidArgument(
+                f"has {len(request.leases)} leases for a gang of {gang}", field="leases"
+            )
+        check_str(request.client_request_id, "client_request_id")
+        if request.client_request_id:
+            existing = self.store.by_request(spec.tenant, request.client_request_id)
+            if existing is not None:
+                return self._fresh(existing)
+        chosen = []
+        for i, lease in enumerate(request.leases):
+            record = self.view.agents.get(lease.agent_id)
+            if record is None:
+                raise InvalidArgument(f"unknown agent {lease.agent_id!r}", field=f"leases[{i}]")
+            chosen.append((record, lease))
+        job = zone_pb2.Job(
+            job_id=f"j-{uuid.uuid4().hex[:10]}",
+            spec=spec,
+            state=zone_pb2.PENDING,
+            reason="committing leases",
+            submitted_unix=time.time(),
+            zone=self.zone_name,
+            client_request_id=request.client_request_id,
+            attempts=1,
+        )
+        entry = Entry(job=job, need=need, submitted_mono=time.monotonic(), placing=True)
+        self.entries[job.job_id] = entry
+        self.store.put(job)
+        try:
+            ok = await self._commit_all(entry, chosen)
+        finally:
+            entry.placing = False
+        if not ok:
+            self._finish(entry, zone_pb2.JOB_FAILED, job.reason)
+            self._save(entry)
+            raise FailedPrecondition(
+                f"{job.reason} (leases expire after their TTL; probe again)", field="leases"
+            )
+        return self._fresh(job)
+
+    def usage(self, tenant: str, since_unix: float) -> zone_pb2.GetUsageReply:
+        """GPU-seconds and GPU-memory-byte-seconds per tenant and slice kind, from the journal."""
+        check_str(tenant, "tenant")
+        check_number(since_unix, "since_unix", high=1e11)
+        rows: dict[tuple[str, str], zone_pb2.UsageRecord] = {}
+        for job in self.store.iter_all():
+            if tenant and job.spec.tenant != tenant:
+                continue
+            need = need_from(job.spec.resources)
+            kind = _slice_kind(need)
+            for p in job.placements:
+                if p.started_unix <= 0 or (p.ended_unix and p.ended_unix < since_unix):
+                    continue
+                end = p.ended_unix or time.time()
+                seconds = max(0.0, end - max(p.started_unix, since_unix))
+                row = rows.setdefault(
+                    (job.spec.tenant, kind),
+                    zone_pb2.UsageRecord(tenant=job.spec.tenant, slice_kind=kind),
+                )
+                row.gpu_seconds += seconds * need.gpu_units
+                row.gpu_memory_byte_seconds += seconds * need.memory_bytes
+                row.subjobs += 1
+                if p.reason.startswith(("airlock_reclaimed:", "preempted:")):
+                    row.lost_gpu_seconds += seconds * need.gpu_units
+        return zone_pb2.GetUsageReply(records=[rows[k] for k in sorted(rows)])
+
+    # ================================================================ agents
+
+    def resolve_agent(self, name: str) -> AgentRecord:
+        check_str(name, "agent", required=True)
+        record = self.view.agents.get(name)
+        if record is not None:
+            return record
+        for r in self.view.agents.values():
+            if name in (r.hostname, r.address):
+                return r
+        raise NotFound(f"no agent {name!r} in zone {self.zone_name}", field="agent")
+
+    def agent_info(self, record: AgentRecord) -> zone_pb2.AgentInfo:
+        state = {
+            "ready": zone_pb2.AGENT_READY,
+            "stale": zone_pb2.AGENT_STALE,
+            "draining": zone_pb2.AGENT_DRAINING,
+        }[record.status.value]
+        info = zone_pb2.AgentInfo(
+            agent_id=record.agent_id,
+            address=record.address,
+            state=state,
+            last_heartbeat_unix=record.last_heartbeat_unix,
+            hostname=record.hostname,
+        )
+        s = info.summary
+        s.agent_id = record.agent_id
+        s.address = record.address
+        s.draining = record.draining
+        s.running_subjobs = record.running_subjobs
+        s.total_gpus = record.total_gpus
+        s.hostname = record.hostname
+        s.pressure = record.pressure  # type: ignore[assignment]
+        for shape, cap in sorted(record.shapes.items()):
+            s.shapes.add(
+                shape=shape,
+                free=cap.free,
+                total=cap.total,
+                max_free_milli=cap.max_free_milli,
+                max_free_memory_bytes=cap.max_free_memory_bytes,
+            )
+        return info
+
+    async def drain(self, name: str, reason: str, draining: bool) -> zone_pb2.AgentInfo:
+        check_str(reason, "reason", max_chars=1024)
+        record = self.resolve_agent(name)
+        stub = self.clients.stub(record.address)
+        request = agent_pb2.DrainRequest(reason=reason or "requested through the zone")
+        try:
+            if draining:
+                await stub.Drain(request, timeout=self.config.placement.rpc_timeout_seconds)
+            else:
+                await stub.Undrain(request, timeout=self.config.placement.rpc_timeout_seconds)
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(f"agent {record.agent_id} is unreachable: {exc.details()}") from None
+        self.view.set_draining(record.agent_id, draining)
+        log.info(
+            "agent %s %s: %s", record.agent_id, "draining" if draining else "undrained", reason
+        )
+        if not draining:
+            self._queue_wake.set()
+        return self.agent_info(record)
+
+    # ================================================================ plumbing
+
+    def _save(self, entry: Entry) -> None:
+        self.store.put(entry.job)
+        self._publish(entry)
+        self._forget_if_done(entry)
+
+    def _publish(self, entry: Entry) -> None:
+        if not entry.watchers:
+            return
+        snapshot = self._fresh(entry.job)
+        for queue in entry.watchers:
+            queue.put_nowait(snapshot)
+
+    def _fresh(self, job: zone_pb2.Job) -> zone_pb2.Job:
+        copy = zone_pb2.Job()
+        copy.CopyFrom(job)
+        return copy
+
+    def _spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
+        task: asyncio.Task[Any] = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+    def _update_gauges(self) -> None:
+        counts: dict[str, int] = {}
+        queued: dict[str, int] = {}
+        for e in self.entries.values():
+            state = zone_pb2.JobState.Name(e.job.state).lower()
+            counts[state] = counts.get(state, 0) + 1
+            if e.job.state == zone_pb2.QUEUED:
+                p = common_pb2.PriorityClass.Name(e.job.spec.priority or common_pb2.BATCH).lower()
+                queued[p] = queued.get(p, 0) + 1
+        for state in ("pending", "queued", "waiting", "job_running"):
+            self.metrics.jobs.labels(state).set(counts.get(state, 0))
+        for p in ("critical", "production", "batch", "opportunistic"):
+            self.metrics.queue_length.labels(p).set(queued.get(p, 0))
+        agents: dict[str, int] = {}
+        for r in self.view.agents.values():
+            agents[r.status.value] = agents.get(r.status.value, 0) + 1
+        for status in ("ready", "stale", "draining"):
+            self.metrics.agents.labels(status).set(agents.get(status, 0))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.clients.close()
+
+
+def _copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
+    p.state = subjob.state
+    p.reason = subjob.reason
+    p.exit_code = subjob.exit_code
+    if subjob.slice_ids:
+        del p.slice_ids[:]
+        p.slice_ids.extend(subjob.slice_ids)
+    p.started_unix = subjob.started_unix
+    p.ended_unix = subjob.ended_unix
+    p.run_seconds = subjob.run_seconds
+    p.peak_gpu_memory_bytes = subjob.peak_gpu_memory_bytes
+    p.unit_start = subjob.spec.unit_start
+    p.unit_count = subjob.spec.unit_count
+
+
+def _slice_kind(need: Need) -> str:
+    model = need.gpu_model or "any"
+    if need.mig_profile:
+        return f"mig:{need.mig_profile}"
+    if need.gpu_milli:
+        return f"share:{model}"
+    if need.gpus:
+        return f"gpu:{model}"
+    return "cpu"
+
+
+def _state_name(state: int) -> str:
+    return common_pb2.SubjobState.Name(state).lower()
+
+
+def _rpc_reason(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+__all__ = ["AlreadyExists", "Entry", "ZoneState", "validate_spec"]

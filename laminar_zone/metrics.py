@@ -1,0 +1,74 @@
+"""Prometheus metrics of laminar-zone (``laminar_zone_*``, base units, injectable registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_COUNT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
+_QUEUE_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400, 86400)
+
+
+class ZoneMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.submitted = Counter(
+            "laminar_zone_jobs_submitted_total", "Jobs accepted by Submit", registry=r
+        )
+        self.finished = Counter(
+            "laminar_zone_jobs_finished_total",
+            "Jobs that reached a terminal state, by state",
+            ["state"],
+            registry=r,
+        )
+        self.jobs = Gauge("laminar_zone_jobs", "Live jobs by state", ["state"], registry=r)
+        self.placements = Counter(
+            "laminar_zone_placements_total",
+            "Placement tries by outcome (placed, queued, commit_failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.placement_seconds = Histogram(
+            "laminar_zone_placement_duration_seconds",
+            "Probe-to-commit time of one successful placement",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.probes_per_placement = Histogram(
+            "laminar_zone_placement_probes",
+            "Probes sent per successful placement",
+            buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.bounces_per_placement = Histogram(
+            "laminar_zone_placement_bounces",
+            "Bounced probes per successful placement",
+            buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.queue_length = Gauge(
+            "laminar_zone_queue_jobs",
+            "Jobs waiting in the queue by priority class",
+            ["priority"],
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "laminar_zone_queue_wait_seconds",
+            "Time from entering the queue to placement, by priority class",
+            ["priority"],
+            buckets=_QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.agents = Gauge("laminar_zone_agents", "Agents by state", ["state"], registry=r)
+        self.heartbeats = Counter(
+            "laminar_zone_heartbeats_total", "Agent heartbeats received", registry=r
+        )
+        self.retries = Counter(
+            "laminar_zone_job_retries_total", "Job attempts started after a failure", registry=r
+        )
+        self.forwarded = Counter(
+            "laminar_zone_jobs_forwarded_total",
+            "Jobs sent to a peer zone by flow splitting",
+            registry=r,
+        )

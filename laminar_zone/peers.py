@@ -1,0 +1,200 @@
+"""Flow splitting across zones: exchange zone summaries, forward a job at most once.
+
+Each router sends its zone summary (free capacity per shape over fresh
+agents, heat = pending probes + leases + placements in flight) to its peers
+every period and keeps theirs. A new job goes to zone z with probability
+proportional to ``W_z = (1 + S_z) / (1 + H_z)^gamma``, where S_z is the free
+capacity of z that fits the job's shape; a summary older than
+``stale_after_periods`` periods weighs 0. A forwarded job is never forwarded
+again; if the peer cannot be reached the job is placed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_zone.config import PeerSettings
+from laminar_zone.jobs import Entry, ZoneState
+from laminar_zone.placement import ShapeCap, choose_weighted, flow_weight, members_fitting
+from laminar_zone.placer import StubCache, shapes_from
+
+log = logging.getLogger("laminar.zone.peers")
+
+LOCAL = "local"
+
+
+@dataclass
+class Peer:
+    address: str
+    summary: zone_pb2.ZoneSummary | None = None
+    received: float = 0.0  # monotonic
+    failures: int = 0
+
+
+class PeerRouter:
+    def __init__(self, state: ZoneState, settings: PeerSettings) -> None:
+        self.state = state
+        self.settings = settings
+        self.address = ""
+        self.peers: dict[str, Peer] = {a: Peer(a) for a in settings.peers}
+        self._stubs: StubCache[zone_pb2_grpc.ZoneControlAsyncStub] = StubCache(
+            zone_pb2_grpc.ZoneControlStub
+        )
+        self._local: dict[str, ShapeCap] = {}
+
+    # ------------------------------------------------------------- summaries
+
+    def local_summary(self) -> zone_pb2.ZoneSummary:
+        """Free capacity per shape summed over ready agents (O(agents), once a period)."""
+        totals: dict[str, list[int]] = {}
+        agents = 0
+        for record in self.state.view.agents.values():
+            if not record.is_ready:
+                continue
+            agents += 1
+            for shape, cap in record.shapes.items():
+                row = totals.setdefault(shape, [0, 0, 0, 0])
+                row[0] += cap.free
+                row[1] += cap.total
+                row[2] = max(row[2], cap.max_free_milli)
+                row[3] = max(row[3], cap.max_free_memory_bytes)
+        summary = zone_pb2.ZoneSummary(
+            zone=self.state.zone_name,
+            address=self.address,
+            heat=self.state.view.heat() + self.state.placer.in_flight,
+            agents=agents,
+            queued_jobs=sum(
+                1 for e in self.state.entries.values() if e.job.state == zone_pb2.QUEUED
+            ),
+            generated_unix=time.time(),
+        )
+        for shape, (free, total, milli, memory) in sorted(totals.items()):
+            summary.shapes.add(
+                shape=shape,
+                free=free,
+                total=total,
+                max_free_milli=milli,
+                max_free_memory_bytes=memory,
+            )
+        self._local = shapes_from_zone(summary)
+        return summary
+
+    def accept(self, summary: zone_pb2.ZoneSummary) -> zone_pb2.ZoneSummary:
+        """ExchangeSummary from a peer: remember it (learning new peers) and answer with ours."""
+        if summary.address and summary.address != self.address:
+            peer = self.peers.setdefault(summary.address, Peer(summary.address))
+            if peer.summary is None:
+                log.info("peer zone %s at %s joined", summary.zone, summary.address)
+            peer.summary = summary
+            peer.received = time.monotonic()
+        return self.local_summary()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            mine = self.local_summary()
+            await asyncio.gather(
+                *(self._exchange(peer, mine) for peer in list(self.peers.values())),
+                return_exceptions=True,
+            )
+            try:
+                await asyncio.wait_for(stop.wait(), self.settings.exchange_seconds)
+            except TimeoutError:
+                pass
+
+    async def _exchange(self, peer: Peer, mine: zone_pb2.ZoneSummary) -> None:
+        try:
+            theirs = await self._stub(peer.address).ExchangeSummary(
+                mine, timeout=self.settings.exchange_seconds
+            )
+        except grpc.aio.AioRpcError as exc:
+            peer.failures += 1
+            if peer.failures in (1, 10) or peer.failures % 100 == 0:
+                log.warning(
+                    "summary exchange with peer %s failed (%d in a row): %s",
+                    peer.address,
+                    peer.failures,
+                    exc.code().name,
+                )
+            return
+        peer.failures = 0
+        peer.summary = theirs
+        peer.received = time.monotonic()
+
+    def _stub(self, address: str) -> zone_pb2_grpc.ZoneControlAsyncStub:
+        return self._stubs.stub(address)
+
+    # ------------------------------------------------------------- splitting
+
+    def weights(self, entry: Entry) -> list[tuple[str, float]]:
+        need, gamma = entry.need, self.settings.gamma
+        fresh_for = self.settings.exchange_seconds * self.settings.stale_after_periods
+        now = time.monotonic()
+        local_heat = self.state.view.heat() + self.state.placer.in_flight
+        out = [(LOCAL, flow_weight(members_fitting(need, self._local), local_heat, gamma))]
+        for peer in self.peers.values():
+            if peer.summary is None or now - peer.received > fresh_for:
+                out.append((peer.address, 0.0))
+                continue
+            free = members_fitting(need, shapes_from_zone(peer.summary))
+            out.append((peer.address, flow_weight(free, peer.summary.heat, gamma)))
+        return out
+
+    async def forward(self, entry: Entry) -> bool:
+        """Maybe send a fresh job to a peer; True when a peer took it (recorded FORWARDED)."""
+        if not self.peers:
+            return False
+        weights = self.weights(entry)
+        target = choose_weighted(weights, self.state.rng)
+        if target == LOCAL:
+            return False
+        job = entry.job
+        try:
+            remote = await self._stub(target).ForwardJob(
+                zone_pb2.ForwardJobRequest(
+                    spec=job.spec,
+                    client_request_id=f"fwd:{self.state.zone_name}:{job.job_id}",
+                    from_zone=self.state.zone_name,
+                    origin_job_id=job.job_id,
+                ),
+                timeout=self.state.config.placement.rpc_timeout_seconds,
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning(
+                "forwarding job %s to %s failed (%s); placing it here",
+                job.job_id,
+                target,
+                exc.code().name,
+            )
+            return False
+        peer = self.peers[target]
+        zone = peer.summary.zone if peer.summary else target
+        job.state = zone_pb2.FORWARDED
+        job.forwarded_to = f"{zone}@{target}/{remote.job_id}"
+        job.reason = (
+            f"forwarded to zone {zone} at {target} as job {remote.job_id} "
+            f"(weights {', '.join(f'{k}={w:.2f}' for k, w in weights)})"
+        )
+        job.ended_unix = time.time()
+        self.state.metrics.forwarded.inc()
+        self.state._save(entry)
+        return True
+
+    async def close(self) -> None:
+        await self._stubs.close()
+
+
+def shapes_from_zone(summary: zone_pb2.ZoneSummary) -> dict[str, ShapeCap]:
+    return shapes_from(summary)  # type: ignore[arg-type]
+
+
+def parse_forwarded(forwarded_to: str) -> tuple[str, str, str]:
+    """``zone@HOST:PORT/JOB`` -> (zone, address, remote job id)."""
+    zone, _, rest = forwarded_to.partition("@")
+    address, _, job_id = rest.rpartition("/")
+    return zone, address, job_id

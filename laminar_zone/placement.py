@@ -1,0 +1,225 @@
+"""Pure placement policy shared by the router and the simulator: no I/O, no gRPC calls.
+
+What a job needs is one :class:`Need` (per gang member). Agents advertise free
+capacity per shape (``gpu:<model>``, ``mig:<profile>``, ``share:<model>``);
+:func:`members_fitting` reads an advertisement the way the agent's ledger
+would decide, so a probe sent on its strength usually lands. The agent stays
+the authority: a summary can be stale and a probe can still bounce.
+
+Also here: lease choice (late binding), gang assignment (all members or
+none), and the flow-splitting weight ``W_z = (1 + S_z) / (1 + H_z)^gamma``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+MILLI_PER_GPU = 1000
+MIG_COMPUTE_SLICES = 7
+#: Stand-in for "any number" of CPU-only members on one host.
+CPU_ONLY_CAPACITY = 1_000_000
+
+
+@dataclass(frozen=True)
+class Need:
+    """One gang member's needs, mirroring ``laminar.v1.Resources``."""
+
+    gpus: int = 0
+    mig_profile: str = ""
+    gpu_milli: int = 0
+    gpu_memory_bytes: int = 0
+    gpu_model: str = ""
+
+    @property
+    def family(self) -> str:
+        """Jobs of one family compete for the same physical slices (queue blocking, backfill)."""
+        if self.mig_profile:
+            return f"mig:{self.mig_profile}"
+        if self.gpus or self.gpu_milli:
+            return "gpu"
+        return "cpu"
+
+    @property
+    def gpu_units(self) -> float:
+        """GPU-equivalents: the currency of quotas and fair share."""
+        if self.mig_profile:
+            head = self.mig_profile.split("g.", 1)[0]
+            compute = int(head) if head.isdigit() else MIG_COMPUTE_SLICES
+            return compute / MIG_COMPUTE_SLICES
+        if self.gpu_milli:
+            return self.gpu_milli / MILLI_PER_GPU
+        return float(self.gpus)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Declared GPU memory across the member's slices."""
+        return self.gpu_memory_bytes * max(1, self.gpus)
+
+    def label(self) -> str:
+        """Human words for the shape, used in waiting explanations."""
+        model = f" {self.gpu_model}" if self.gpu_model else ""
+        if self.mig_profile:
+            return f"{self.mig_profile} slice"
+        if self.gpu_milli:
+            return f"{self.gpu_milli}-milli share of a{model} GPU"
+        if self.gpus == 1:
+            return f"whole{model} GPU"
+        if self.gpus > 1:
+            return f"{self.gpus} whole{model} GPUs on one host"
+        return "CPU-only slot"
+
+
+@dataclass(frozen=True)
+class ShapeCap:
+    """One agent's free capacity of one shape (``laminar.v1.ShapeCapacity``)."""
+
+    free: int
+    total: int
+    max_free_milli: int = 0
+    max_free_memory_bytes: int = 0
+
+
+def _model_of(shape: str) -> str:
+    return shape.split(":", 1)[1] if ":" in shape else ""
+
+
+def _shapes_for(need: Need, shapes: Mapping[str, ShapeCap]) -> Iterable[tuple[str, ShapeCap]]:
+    for shape, cap in shapes.items():
+        kind = shape.split(":", 1)[0]
+        if need.mig_profile:
+            if shape == f"mig:{need.mig_profile}":
+                yield shape, cap
+            continue
+        wanted = "share" if need.gpu_milli else "gpu"
+        if kind == wanted and (not need.gpu_model or _model_of(shape) == need.gpu_model):
+            yield shape, cap
+
+
+def members_fitting(need: Need, shapes: Mapping[str, ShapeCap], *, total: bool = False) -> int:
+    """How many members of ``need`` this host could take now (or ever, with ``total``)."""
+    if need.family == "cpu":
+        return CPU_ONLY_CAPACITY
+    count = 0
+    for _, cap in _shapes_for(need, shapes):
+        slots = cap.total if total else cap.free
+        if need.gpu_milli:
+            if total:
+                count += slots
+            elif cap.max_free_milli >= need.gpu_milli and (
+                cap.max_free_memory_bytes >= need.gpu_memory_bytes
+            ):
+                # The summary gives the largest free share only: promise one.
+                count += 1
+            continue
+        if not total and need.gpu_memory_bytes > cap.max_free_memory_bytes and slots:
+            continue
+        count += slots // max(1, need.gpus)
+    return count
+
+
+def free_units(shapes: Mapping[str, ShapeCap], need: Need) -> float:
+    """S in the flow-splitting weight: free capacity that fits the job's shape."""
+    return float(min(members_fitting(need, shapes), CPU_ONLY_CAPACITY))
+
+
+def flow_weight(free: float, heat: float, gamma: float) -> float:
+    """``W_z = (1 + S_z) / (1 + H_z)^gamma``."""
+    return float((1.0 + max(0.0, free)) / (1.0 + max(0.0, heat)) ** gamma)
+
+
+def choose_weighted(weights: Sequence[tuple[str, float]], rng: random.Random) -> str:
+    """Draw a key with probability proportional to its weight; zero weights never win."""
+    total = sum(w for _, w in weights if w > 0)
+    if total <= 0:
+        raise ValueError("no positive weight")
+    point = rng.random() * total
+    for key, weight in weights:
+        if weight <= 0:
+            continue
+        point -= weight
+        if point < 0:
+            return key
+    return next(key for key, weight in reversed(weights) if weight > 0)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A lease one agent granted for one gang member (``laminar.v1.Lease``, reduced)."""
+
+    lease_id: str
+    agent_id: str
+    member: int
+    score: float
+
+
+def best_offers(offers: Iterable[Offer]) -> list[Offer]:
+    """Late binding for a single member: the best lease first (score, then agent id)."""
+    return sorted(offers, key=lambda o: (-o.score, o.agent_id, o.lease_id))
+
+
+def assign_gang(offers: Iterable[Offer], gang_size: int) -> list[Offer] | None:
+    """Pick one lease per member, preferring fewer hosts, then better scores; None if short.
+
+    Agents are asked for every member, so one agent may offer several leases
+    (one per member index). Hosts holding more offers come first, which packs a
+    gang onto as few hosts as the offers allow.
+    """
+    by_agent: dict[str, dict[int, Offer]] = {}
+    for offer in offers:
+        slot = by_agent.setdefault(offer.agent_id, {})
+        if offer.member not in slot or offer.score > slot[offer.member].score:
+            slot[offer.member] = offer
+    order = sorted(
+        by_agent.items(),
+        key=lambda kv: (-len(kv[1]), -max(o.score for o in kv[1].values()), kv[0]),
+    )
+    chosen: dict[int, Offer] = {}
+    for _, member_offers in order:
+        # Each lease was granted for its own member index, but members are
+        # interchangeable: fill the lowest missing indexes with this host's leases.
+        for offer in sorted(member_offers.values(), key=lambda o: -o.score):
+            missing = [m for m in range(gang_size) if m not in chosen]
+            if not missing:
+                break
+            chosen[missing[0]] = offer
+    if len(chosen) < gang_size:
+        return None
+    return [chosen[m] for m in range(gang_size)]
+
+
+def expected_start(
+    now: float,
+    free_units_now: float,
+    releases: Sequence[tuple[float, float]],
+    units_ahead: float,
+    units_needed: float,
+) -> float | None:
+    """When cumulative freed capacity covers the queue ahead plus this job; None if unknown.
+
+    ``releases`` are (expected end time, GPU-units freed) of running work of
+    the same family. A coarse, honest estimate: it ignores which host frees
+    what, so a gang needing one host can start later than this says.
+    """
+    want = units_ahead + units_needed - free_units_now
+    if want <= 1e-9:
+        return now
+    freed = 0.0
+    for at, units in sorted(releases):
+        freed += units
+        if freed + 1e-9 >= want:
+            return max(now, at)
+    return None
+
+
+def sample_indexes(population: int, k: int, rng: random.Random) -> list[int]:
+    """k distinct indexes out of ``population`` without touching the rest (O(k))."""
+    if k >= population:
+        return list(range(population))
+    return rng.sample(range(population), k)
+
+
+def ceil_div(a: float, b: float) -> int:
+    return math.ceil(a / b) if b else 0

@@ -1,0 +1,269 @@
+"""Probe-first placement I/O: draw candidates, probe d agents in parallel, bind late.
+
+The decisions (which candidates, which lease, how a gang is assembled) come
+from :mod:`laminar_zone.placement`; this module only talks to agents. Every
+probe reply carries the agent's fresh summary, which goes straight back into
+the view, so a bounce steers the next attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import grpc
+
+from laminar_agent.grpcutil import channel_options
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_zone.config import PlacementSettings
+from laminar_zone.placement import Need, Offer, ShapeCap, assign_gang, best_offers, members_fitting
+from laminar_zone.view import AgentRecord, ZoneView
+
+log = logging.getLogger("laminar.zone.placer")
+
+S = TypeVar("S")
+
+
+class StubCache(Generic[S]):
+    """One channel per address, opened on first use and kept (agents and peer routers)."""
+
+    def __init__(self, factory: Callable[[grpc.aio.Channel], S]) -> None:
+        self._factory = factory
+        self._stubs: dict[str, tuple[grpc.aio.Channel, S]] = {}
+
+    def stub(self, address: str) -> S:
+        entry = self._stubs.get(address)
+        if entry is None:
+            channel = grpc.aio.insecure_channel(address, options=channel_options())
+            entry = (channel, self._factory(channel))
+            self._stubs[address] = entry
+        return entry[1]
+
+    async def close(self) -> None:
+        for channel, _ in self._stubs.values():
+            await channel.close(None)
+        self._stubs.clear()
+
+
+class AgentClients(StubCache["agent_pb2_grpc.AgentAsyncStub"]):
+    def __init__(self) -> None:
+        super().__init__(agent_pb2_grpc.AgentStub)
+
+
+def shapes_from(summary: common_pb2.AgentSummary) -> dict[str, ShapeCap]:
+    return {
+        s.shape: ShapeCap(s.free, s.total, s.max_free_milli, s.max_free_memory_bytes)
+        for s in summary.shapes
+    }
+
+
+def need_from(resources: common_pb2.Resources) -> Need:
+    return Need(
+        gpus=resources.gpus,
+        mig_profile=resources.mig_profile,
+        gpu_milli=resources.gpu_milli,
+        gpu_memory_bytes=resources.gpu_memory_bytes,
+        gpu_model=resources.gpu_model,
+    )
+
+
+@dataclass
+class Ask:
+    """What to probe for: one job attempt (all gang members)."""
+
+    job_id: str
+    resources: common_pb2.Resources
+    gang_size: int
+    priority: int
+    value: float
+    tenant: str
+    allow_preemption: bool = False
+
+
+@dataclass
+class Gathered:
+    """Leases chosen for every member (uncommitted), or None with the reasons."""
+
+    chosen: list[tuple[AgentRecord, agent_pb2.Lease]] | None
+    probes: int = 0
+    bounces: int = 0
+    reasons: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+
+class Placer:
+    def __init__(
+        self,
+        view: ZoneView,
+        clients: AgentClients,
+        settings: PlacementSettings,
+        rng: random.Random,
+    ) -> None:
+        self.view = view
+        self.clients = clients
+        self.settings = settings
+        self.rng = rng
+        self.in_flight = 0
+
+    def note_summary(self, summary: common_pb2.AgentSummary) -> None:
+        """Fold a probe reply's summary into the view (not a heartbeat: staleness unchanged)."""
+        if not summary.agent_id or summary.agent_id not in self.view.agents:
+            return
+        self.view.update(
+            summary.agent_id,
+            summary.address,
+            shapes_from(summary),
+            heat=summary.pending_probes + summary.active_leases,
+            draining=summary.draining,
+            now=time.monotonic(),
+            running_subjobs=summary.running_subjobs,
+            is_heartbeat=False,
+        )
+
+    async def gather(self, ask: Ask, *, lease_ttl_seconds: float = 0.0) -> Gathered:
+        """Collect one lease per gang member within the budget; release everything unused."""
+        s = self.settings
+        need = need_from(ask.resources)
+        gang = max(1, ask.gang_size)
+        ttl = lease_ttl_seconds or s.lease_ttl_seconds
+        deadline = time.monotonic() + s.budget_seconds
+        result = Gathered(chosen=None)
+        offers: dict[str, tuple[AgentRecord, agent_pb2.Lease]] = {}
+        tried: set[str] = set()
+        sample = self.view.sample(need, s.sample_size, self.rng)
+        regenerations = s.regenerations
+        self.in_flight += 1
+        try:
+            for _attempt in range(s.max_attempts):
+                if time.monotonic() >= deadline:
+                    result.reasons.append(f"probe budget of {s.budget_seconds:g} s spent")
+                    break
+                batch = [r for r in sample if r.agent_id not in tried][: s.probes_per_attempt]
+                if not batch and regenerations > 0:
+                    regenerations -= 1
+                    sample = self.view.sample(need, s.sample_size, self.rng, exclude=tried)
+                    batch = sample[: s.probes_per_attempt]
+                if not batch:
+                    if not tried:
+                        result.reasons.append("no host's summary shows room")
+                    break
+                tried.update(r.agent_id for r in batch)
+                replies = await asyncio.gather(
+                    *(self._probe(r, ask, need, gang, ttl) for r in batch),
+                    return_exceptions=True,
+                )
+                for record, reply in zip(batch, replies, strict=True):
+                    if isinstance(reply, BaseException):
+                        result.reasons.append(f"{record.agent_id}: {_rpc_reason(reply)}")
+                        continue
+                    for one in reply:
+                        result.probes += 1
+                        self.note_summary(one.summary)
+                        result.preempted.extend(one.preempted_subjob_ids)
+                        if one.WhichOneof("outcome") == "lease":
+                            offers[one.lease.lease_id] = (record, one.lease)
+                        else:
+                            result.bounces += 1
+                            result.reasons.append(f"{record.agent_id}: {one.bounce.reason}")
+                chosen = self._choose(offers, gang)
+                if chosen is not None:
+                    keep = {lease.lease_id for _, lease in chosen}
+                    await self.release([v for k, v in offers.items() if k not in keep])
+                    result.chosen = chosen
+                    return result
+            await self.release(list(offers.values()))
+            return result
+        finally:
+            self.in_flight -= 1
+
+    def _choose(
+        self, offers: dict[str, tuple[AgentRecord, agent_pb2.Lease]], gang: int
+    ) -> list[tuple[AgentRecord, agent_pb2.Lease]] | None:
+        if not offers:
+            return None
+        flat = [
+            Offer(lease.lease_id, record.agent_id, lease.member, lease.score)
+            for record, lease in offers.values()
+        ]
+        if gang == 1:
+            best = best_offers(flat)[0]
+            return [offers[best.lease_id]]
+        picked = assign_gang(flat, gang)
+        if picked is None:
+            return None
+        return [offers[o.lease_id] for o in picked]
+
+    async def _probe(
+        self, record: AgentRecord, ask: Ask, need: Need, gang: int, ttl: float
+    ) -> list[agent_pb2.ProbeReply]:
+        # Ask a host for as many members as its summary says it can hold (at least one).
+        members = max(1, min(gang, members_fitting(need, record.shapes)))
+        probes = [
+            agent_pb2.ProbeRequest(
+                probe_id=f"{ask.job_id}/{m}/{uuid.uuid4().hex[:6]}",
+                job_id=ask.job_id,
+                member=m,
+                resources=ask.resources,
+                priority=ask.priority,  # type: ignore[arg-type]
+                value=ask.value,
+                lease_ttl_seconds=ttl,
+                allow_preemption=ask.allow_preemption,
+                tenant=ask.tenant,
+            )
+            for m in range(members)
+        ]
+        stub = self.clients.stub(record.address)
+        timeout = self.settings.rpc_timeout_seconds
+        if len(probes) == 1:
+            return [await stub.Probe(probes[0], timeout=timeout)]
+        reply = await stub.ProbeBatch(agent_pb2.ProbeBatchRequest(probes=probes), timeout=timeout)
+        return list(reply.replies)
+
+    async def release(self, offers: list[tuple[AgentRecord, agent_pb2.Lease]]) -> None:
+        """Give leases back; an unreachable agent lets them expire on its own (short TTL)."""
+        by_address: dict[str, list[str]] = {}
+        for record, lease in offers:
+            by_address.setdefault(record.address, []).append(lease.lease_id)
+        calls = [
+            self.clients.stub(address).Release(
+                agent_pb2.ReleaseRequest(lease_ids=ids), timeout=self.settings.rpc_timeout_seconds
+            )
+            for address, ids in by_address.items()
+        ]
+        for outcome in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                log.info("lease release failed (the lease will expire): %s", _rpc_reason(outcome))
+
+    async def dry_run(
+        self, resources: common_pb2.Resources, max_hosts: int, priority: int
+    ) -> list[tuple[AgentRecord, agent_pb2.ProbeReply | BaseException]]:
+        """Ask up to ``max_hosts`` matching hosts whether they could take one member now."""
+        need = need_from(resources)
+        records = self.view.sample(need, max_hosts, self.rng)
+        calls = [
+            self.clients.stub(r.address).Probe(
+                agent_pb2.ProbeRequest(
+                    probe_id=f"dry/{uuid.uuid4().hex[:8]}",
+                    job_id="dry-run",
+                    resources=resources,
+                    priority=priority,  # type: ignore[arg-type]
+                    dry_run=True,
+                ),
+                timeout=self.settings.rpc_timeout_seconds,
+            )
+            for r in records
+        ]
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        return list(zip(records, replies, strict=True))
+
+
+def _rpc_reason(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,130 @@
+"""Pure queue policy: order, fair share, quotas, backfill and the waiting explanation.
+
+The durable queue lives in the journal; this module only decides. Order is
+priority class first, then the tenant's fair-share ratio (GPU-equivalents it
+runs now divided by its share weight), then submission time. A job may run
+ahead of a blocked job of the same family only when its declared run time
+ends before the blocked job's expected start (EASY backfill), so the blocked
+job is never delayed by it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from laminar_zone.config import Quota
+from laminar_zone.placement import Need
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    job_id: str
+    priority: int
+    tenant: str
+    submitted_unix: float
+    need: Need
+    gang_size: int
+    expected_seconds: float
+
+    @property
+    def units(self) -> float:
+        return self.need.gpu_units * max(1, self.gang_size)
+
+
+def order_key(
+    item: QueueItem, usage: Mapping[str, float], shares: Mapping[str, float]
+) -> tuple[int, float, float, str]:
+    share = shares.get(item.tenant, 1.0)
+    return (item.priority, usage.get(item.tenant, 0.0) / share, item.submitted_unix, item.job_id)
+
+
+def quota_block(
+    item: QueueItem,
+    quota: Quota | None,
+    running_units: float,
+    running_memory_bytes: int,
+) -> str:
+    """Why ``item`` must wait for its tenant's quota now ('' = it may run)."""
+    if quota is None:
+        return ""
+    members = max(1, item.gang_size)
+    if quota.max_gpus and running_units + item.units > quota.max_gpus + 1e-9:
+        return (
+            f"waiting for quota: tenant {item.tenant} runs {running_units:g} of "
+            f"{quota.max_gpus:g} GPUs and this job needs {item.units:g}"
+        )
+    memory = item.need.memory_bytes * members
+    if quota.max_gpu_memory_bytes and running_memory_bytes + memory > quota.max_gpu_memory_bytes:
+        return (
+            f"waiting for quota: tenant {item.tenant} holds {_gib(running_memory_bytes)} of "
+            f"{_gib(quota.max_gpu_memory_bytes)} GPU memory and this job declares {_gib(memory)}"
+        )
+    return ""
+
+
+def quota_never_fits(item: QueueItem, quota: Quota | None) -> str:
+    """A job larger than its tenant's whole quota can never run: refuse it at admission."""
+    if quota is None:
+        return ""
+    if quota.max_gpus and item.units > quota.max_gpus + 1e-9:
+        return (
+            f"job needs {item.units:g} GPUs but tenant {item.tenant}'s quota is "
+            f"{quota.max_gpus:g} (queue.tenant_quotas)"
+        )
+    memory = item.need.memory_bytes * max(1, item.gang_size)
+    if quota.max_gpu_memory_bytes and memory > quota.max_gpu_memory_bytes:
+        return (
+            f"job declares {_gib(memory)} of GPU memory but tenant {item.tenant}'s quota is "
+            f"{_gib(quota.max_gpu_memory_bytes)} (queue.tenant_quotas)"
+        )
+    return ""
+
+
+def may_backfill(item: QueueItem, now: float, head_expected_start: float | None) -> bool:
+    """EASY backfill: run ahead only if the job surely ends before the blocked head starts."""
+    if head_expected_start is None or item.expected_seconds <= 0:
+        return False
+    return now + item.expected_seconds <= head_expected_start
+
+
+def explain(
+    need: Need,
+    *,
+    gang_size: int,
+    hosts_ready: int,
+    hosts_matching: int,
+    hosts_fitting: int,
+    position: int,
+    expected_start: float | None,
+    now: float,
+    blocked_by: str = "",
+) -> str:
+    """One line a user can act on: what is missing, how many hosts match, when it may start."""
+    what = need.label()
+    if gang_size > 1:
+        what = f"{gang_size} x {what}"
+    if hosts_ready == 0:
+        first = "no ready host in this zone"
+    elif hosts_matching == 0:
+        first = f"no host has a {need.label()} at all (0 of {hosts_ready} hosts match)"
+    elif blocked_by:
+        first = f"behind blocked job {blocked_by} of the same kind (no backfill: it would delay it)"
+    elif hosts_fitting == 0:
+        first = f"no host with a free {what}"
+    else:
+        first = f"capacity for {what} is contended (probes bounced)"
+    parts = [first]
+    if hosts_ready and hosts_matching:
+        parts.append(f"{hosts_matching} of {hosts_ready} hosts match")
+    parts.append(f"queue position {position}")
+    if expected_start is None:
+        parts.append("expected start unknown (running work declares no expected run time)")
+    else:
+        parts.append(f"expected start in about {math.ceil(max(0.0, expected_start - now))} s")
+    return "; ".join(parts)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.1f}GiB"

@@ -1,0 +1,162 @@
+"""gRPC servicers of laminar-zone: translation between protobuf and the zone state, no policy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from laminar_agent.errors import InvalidArgument, Unavailable
+from laminar_agent.grpcutil import check_str, map_errors
+from laminar_api.v1 import agent_pb2, zone_pb2, zone_pb2_grpc
+from laminar_zone.jobs import ZoneState
+from laminar_zone.peers import PeerRouter
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+class ZoneService(zone_pb2_grpc.ZoneServicer):
+    def __init__(self, state: ZoneState) -> None:
+        self._state = state
+
+    @map_errors
+    async def Submit(self, request: zone_pb2.SubmitRequest, context: Ctx) -> zone_pb2.Job:
+        return await self._state.submit(request.spec, request.client_request_id)
+
+    @map_errors
+    async def GetJob(self, request: zone_pb2.GetJobRequest, context: Ctx) -> zone_pb2.Job:
+        return self._state.get(request.job_id)
+
+    @map_errors
+    async def ListJobs(
+        self, request: zone_pb2.ListJobsRequest, context: Ctx
+    ) -> zone_pb2.ListJobsReply:
+        jobs = self._state.list(request.tenant, list(request.states), request.limit)
+        return zone_pb2.ListJobsReply(jobs=jobs)
+
+    @map_errors
+    async def CancelJob(self, request: zone_pb2.CancelJobRequest, context: Ctx) -> zone_pb2.Job:
+        return await self._state.cancel(request.job_id, request.reason)
+
+    @map_errors
+    async def WatchJob(
+        self, request: zone_pb2.WatchJobRequest, context: Ctx
+    ) -> AsyncIterator[zone_pb2.JobEvent]:
+        async for job in self._state.watch(request.job_id):
+            yield zone_pb2.JobEvent(job=job, at_unix=time.time())
+
+    @map_errors
+    async def GetLogs(
+        self, request: zone_pb2.GetLogsRequest, context: Ctx
+    ) -> zone_pb2.GetLogsReply:
+        return await self._state.logs(
+            request.job_id, request.subjob_id, request.stream, request.offset, request.max_bytes
+        )
+
+    @map_errors
+    async def ProbeJob(
+        self, request: zone_pb2.ProbeJobRequest, context: Ctx
+    ) -> zone_pb2.ProbeJobReply:
+        return await self._state.probe(request)
+
+    @map_errors
+    async def CommitJob(self, request: zone_pb2.CommitJobRequest, context: Ctx) -> zone_pb2.Job:
+        return await self._state.commit_leases(request)
+
+    @map_errors
+    async def ListAgents(
+        self, request: zone_pb2.ListAgentsRequest, context: Ctx
+    ) -> zone_pb2.ListAgentsReply:
+        records = sorted(self._state.view.agents.values(), key=lambda r: r.agent_id)
+        return zone_pb2.ListAgentsReply(agents=[self._state.agent_info(r) for r in records])
+
+    @map_errors
+    async def DrainAgent(
+        self, request: zone_pb2.DrainAgentRequest, context: Ctx
+    ) -> zone_pb2.AgentInfo:
+        return await self._state.drain(request.agent, request.reason, True)
+
+    @map_errors
+    async def UndrainAgent(
+        self, request: zone_pb2.DrainAgentRequest, context: Ctx
+    ) -> zone_pb2.AgentInfo:
+        return await self._state.drain(request.agent, request.reason, False)
+
+    @map_errors
+    async def GetAgentAirlock(
+        self, request: zone_pb2.GetAgentAirlockRequest, context: Ctx
+    ) -> agent_pb2.AirlockState:
+        record = self._state.resolve_agent(request.agent)
+        stub = self._state.clients.stub(record.address)
+        try:
+            return await stub.GetAirlock(
+                agent_pb2.GetAirlockRequest(max_actions=request.max_actions or 20), timeout=10
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(f"agent {record.agent_id}: {exc.details()}") from None
+
+    @map_errors
+    async def InjectPressure(
+        self, request: zone_pb2.InjectPressureRequest, context: Ctx
+    ) -> agent_pb2.InjectLoadReply:
+        record = self._state.resolve_agent(request.agent)
+        stub = self._state.clients.stub(record.address)
+        try:
+            return await stub.InjectLoad(request.load, timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.StatusCode.PERMISSION_DENIED,
+            ):
+                await context.abort(exc.code(), f"agent {record.agent_id}: {exc.details()}")
+            raise Unavailable(f"agent {record.agent_id}: {exc.details()}") from None
+
+    @map_errors
+    async def GetUsage(
+        self, request: zone_pb2.GetUsageRequest, context: Ctx
+    ) -> zone_pb2.GetUsageReply:
+        return self._state.usage(request.tenant, request.since_unix)
+
+    async def Bid(
+        self, request_iterator: AsyncIterator[zone_pb2.BidMessage], context: Ctx
+    ) -> AsyncIterator[zone_pb2.AnnounceMessage]:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "client-side bidding needs the atomization market, not in this version",
+        )
+        yield zone_pb2.AnnounceMessage()  # pragma: no cover - abort raises
+
+
+class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
+    def __init__(self, state: ZoneState, peers: PeerRouter) -> None:
+        self._state = state
+        self._peers = peers
+
+    @map_errors
+    async def Heartbeat(
+        self, request: zone_pb2.HeartbeatRequest, context: Ctx
+    ) -> zone_pb2.HeartbeatReply:
+        return self._state.on_heartbeat(request)
+
+    @map_errors
+    async def ExchangeSummary(
+        self, request: zone_pb2.ZoneSummary, context: Ctx
+    ) -> zone_pb2.ZoneSummary:
+        check_str(request.zone, "zone", max_chars=64)
+        check_str(request.address, "address")
+        return self._peers.accept(request)
+
+    @map_errors
+    async def ForwardJob(self, request: zone_pb2.ForwardJobRequest, context: Ctx) -> zone_pb2.Job:
+        check_str(request.from_zone, "from_zone", max_chars=64, required=True)
+        if request.from_zone == self._state.zone_name:
+            raise InvalidArgument("a zone cannot forward to itself", field="from_zone")
+        return await self._state.submit(
+            request.spec,
+            request.client_request_id,
+            forwarded_from=request.from_zone,
+            allow_forward=False,
+        )

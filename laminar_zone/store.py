@@ -1,0 +1,146 @@
+"""The router's journal: jobs and the queue in SQLite (WAL), so no accepted job is lost.
+
+Each job is one row holding the ``laminar.v1.Job`` message plus the columns
+the router filters on. A Submit is acknowledged only after its row is
+committed, so a ``kill -9`` of the router right after the reply loses nothing;
+``synchronous=NORMAL`` in WAL mode survives a process crash (not a power cut
+of the host, which would need FULL at a cost of an fsync per submit).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from laminar_api.v1 import zone_pb2
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    client_request_id TEXT NOT NULL,
+    state INTEGER NOT NULL,
+    submitted_unix REAL NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_request
+    ON jobs(tenant, client_request_id) WHERE client_request_id != '';
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+TERMINAL_JOB_STATES = frozenset(
+    {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED, zone_pb2.FORWARDED}
+)
+
+
+class JobStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def put(self, job: zone_pb2.Job) -> None:
+        self.put_many([job])
+
+    def put_many(self, jobs: Sequence[zone_pb2.Job]) -> None:
+        """Write jobs in one transaction (one fsync-free WAL commit)."""
+        if not jobs:
+            return
+        rows = [
+            (
+                j.job_id,
+                j.spec.tenant,
+                j.client_request_id,
+                int(j.state),
+                j.submitted_unix,
+                j.SerializeToString(),
+            )
+            for j in jobs
+        ]
+        with self._transaction():
+            self._db.executemany(
+                "INSERT INTO jobs(job_id, tenant, client_request_id, state, submitted_unix, body)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET"
+                " state=excluded.state, body=excluded.body",
+                rows,
+            )
+
+    def get(self, job_id: str) -> zone_pb2.Job | None:
+        row = self._db.execute("SELECT body FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return _decode(row[0]) if row else None
+
+    def by_request(self, tenant: str, client_request_id: str) -> zone_pb2.Job | None:
+        row = self._db.execute(
+            "SELECT body FROM jobs WHERE tenant = ? AND client_request_id = ?",
+            (tenant, client_request_id),
+        ).fetchone()
+        return _decode(row[0]) if row else None
+
+    def live(self) -> list[zone_pb2.Job]:
+        """Every job not yet in a terminal state (restart recovery)."""
+        marks = ",".join("?" * len(TERMINAL_JOB_STATES))
+        rows = self._db.execute(
+            f"SELECT body FROM jobs WHERE state NOT IN ({marks}) ORDER BY submitted_unix",
+            [int(s) for s in TERMINAL_JOB_STATES],
+        ).fetchall()
+        return [_decode(r[0]) for r in rows]
+
+    def query(self, tenant: str, states: Sequence[int], limit: int) -> list[zone_pb2.Job]:
+        sql = "SELECT body FROM jobs WHERE 1=1"
+        args: list[object] = []
+        if tenant:
+            sql += " AND tenant = ?"
+            args.append(tenant)
+        if states:
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+            args.extend(int(s) for s in states)
+        sql += " ORDER BY submitted_unix DESC, job_id DESC"
+        if limit:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [_decode(r[0]) for r in self._db.execute(sql, args).fetchall()]
+
+    def count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+
+    def get_meta(self, key: str, default: str = "") -> str:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else default
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._db.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, value),
+        )
+
+    def _transaction(self) -> _Tx:
+        return _Tx(self._db)
+
+    def iter_all(self) -> Iterator[zone_pb2.Job]:
+        for row in self._db.execute("SELECT body FROM jobs ORDER BY submitted_unix"):
+            yield _decode(row[0])
+
+
+class _Tx:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _decode(body: bytes) -> zone_pb2.Job:
+    job = zone_pb2.Job()
+    job.ParseFromString(body)
+    return job

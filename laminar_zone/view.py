@@ -1,0 +1,257 @@
+"""The router's soft-state view of its zone, built only from heartbeats and probe replies.
+
+Agents are authoritative; this view only steers probes. It keeps, per shape
+key, an index of the ready agents with free capacity of that shape, so that
+drawing candidates costs O(k) and never scans the zone. The periodic
+staleness sweep is O(agents) but runs off the hot path, once per period.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, field
+
+from laminar_zone.placement import Need, ShapeCap, members_fitting
+
+
+class AgentStatus(enum.Enum):
+    READY = "ready"
+    STALE = "stale"
+    DRAINING = "draining"
+
+
+@dataclass
+class AgentRecord:
+    agent_id: str
+    address: str
+    hostname: str = ""
+    shapes: dict[str, ShapeCap] = field(default_factory=dict)
+    heat: int = 0
+    draining: bool = False
+    running_subjobs: int = 0
+    total_gpus: int = 0
+    pressure: int = 0
+    last_heartbeat: float = 0.0  # monotonic
+    last_heartbeat_unix: float = 0.0
+    is_stale: bool = False
+    generation: int = 0
+
+    @property
+    def status(self) -> AgentStatus:
+        if self.is_stale:
+            return AgentStatus.STALE
+        if self.draining:
+            return AgentStatus.DRAINING
+        return AgentStatus.READY
+
+    @property
+    def is_ready(self) -> bool:
+        return not self.is_stale and not self.draining
+
+
+class _IndexedSet:
+    """A set with O(1) add, remove and uniform random pick."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.pos: dict[str, int] = {}
+
+    def add(self, key: str) -> None:
+        if key not in self.pos:
+            self.pos[key] = len(self.items)
+            self.items.append(key)
+
+    def discard(self, key: str) -> None:
+        index = self.pos.pop(key, None)
+        if index is None:
+            return
+        last = self.items.pop()
+        if index < len(self.items):
+            self.items[index] = last
+            self.pos[last] = index
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass(frozen=True)
+class Update:
+    record: AgentRecord
+    is_new: bool
+    came_back: bool
+    freed: bool  # some shape's free count went up
+
+
+class ZoneView:
+    def __init__(self, stale_after_seconds: float) -> None:
+        self.stale_after_seconds = stale_after_seconds
+        self.agents: dict[str, AgentRecord] = {}
+        self._by_shape: dict[str, _IndexedSet] = {}
+        self._cpu_ready = _IndexedSet()
+
+    # -------------------------------------------------------------- updates
+
+    def update(
+        self,
+        agent_id: str,
+        address: str,
+        shapes: dict[str, ShapeCap],
+        *,
+        heat: int,
+        draining: bool,
+        now: float,
+        now_unix: float = 0.0,
+        hostname: str = "",
+        running_subjobs: int = 0,
+        total_gpus: int = 0,
+        pressure: int = 0,
+        generation: int = 0,
+        is_heartbeat: bool = True,
+    ) -> Update:
+        record = self.agents.get(agent_id)
+        is_new = record is None
+        if record is None:
+            record = AgentRecord(agent_id=agent_id, address=address)
+            self.agents[agent_id] = record
+        came_back = not is_new and record.is_stale and is_heartbeat
+        freed = any(
+            cap.free > record.shapes.get(shape, ShapeCap(0, 0)).free
+            or cap.max_free_milli > record.shapes.get(shape, ShapeCap(0, 0)).max_free_milli
+            for shape, cap in shapes.items()
+        )
+        if address:
+            record.address = address
+        record.shapes = shapes
+        record.heat = heat
+        record.draining = draining
+        record.pressure = pressure
+        record.running_subjobs = running_subjobs
+        if hostname:
+            record.hostname = hostname
+        if total_gpus:
+            record.total_gpus = total_gpus
+        if generation:
+            record.generation = generation
+        if is_heartbeat:
+            record.last_heartbeat = now
+            record.last_heartbeat_unix = now_unix
+            record.is_stale = False
+        self._reindex(record)
+        return Update(record, is_new, came_back, freed or came_back or is_new)
+
+    def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
+        record = self.agents[agent_id]
+        record.draining = draining
+        self._reindex(record)
+        return record
+
+    def sweep(self, now: float) -> list[AgentRecord]:
+        """Mark agents silent for too long as stale; returns the ones that just became stale."""
+        newly = []
+        for record in self.agents.values():
+            if not record.is_stale and now - record.last_heartbeat > self.stale_after_seconds:
+                record.is_stale = True
+                self._reindex(record)
+                newly.append(record)
+        return newly
+
+    def add_placeholder(self, agent_id: str, address: str, now: float) -> AgentRecord:
+        """An agent known only from the journal (router restart): stale until it heartbeats."""
+        record = self.agents.get(agent_id)
+        if record is None:
+            record = AgentRecord(agent_id=agent_id, address=address, last_heartbeat=now)
+            record.is_stale = True
+            self.agents[agent_id] = record
+        return record
+
+    def _reindex(self, record: AgentRecord) -> None:
+        for shape, index in self._by_shape.items():
+            if shape not in record.shapes or not record.is_ready:
+                index.discard(record.agent_id)
+        if record.is_ready:
+            self._cpu_ready.add(record.agent_id)
+        else:
+            self._cpu_ready.discard(record.agent_id)
+        for shape, cap in record.shapes.items():
+            index = self._by_shape.setdefault(shape, _IndexedSet())
+            has_room = cap.free > 0 or cap.max_free_milli > 0
+            if record.is_ready and has_room:
+                index.add(record.agent_id)
+            else:
+                index.discard(record.agent_id)
+
+    # -------------------------------------------------------------- queries
+
+    def sample(
+        self, need: Need, k: int, rng: random.Random, *, exclude: set[str] | None = None
+    ) -> list[AgentRecord]:
+        """Up to k ready agents whose summary fits ``need``, drawn at random in O(k) expected.
+
+        Draws stop after a bounded number of tries, so a zone where almost
+        nothing fits costs a few dozen lookups, not a scan.
+        """
+        pools = self._pools(need)
+        sizes = [len(p) for p in pools]
+        total = sum(sizes)
+        if total == 0 or k <= 0:
+            return []
+        chosen: dict[str, AgentRecord] = {}
+        tries = 0
+        max_tries = 8 * k + 16
+        while len(chosen) < k and tries < max_tries:
+            tries += 1
+            point = rng.randrange(total)
+            for pool, size in zip(pools, sizes, strict=True):
+                if point < size:
+                    agent_id = pool.items[point]
+                    break
+                point -= size
+            if agent_id in chosen or (exclude and agent_id in exclude):
+                if len(chosen) + len(exclude or ()) >= total:
+                    break
+                continue
+            record = self.agents[agent_id]
+            if members_fitting(need, record.shapes) >= 1:
+                chosen[agent_id] = record
+        return list(chosen.values())
+
+    def _pools(self, need: Need) -> list[_IndexedSet]:
+        if need.family == "cpu":
+            return [self._cpu_ready]
+        if need.mig_profile:
+            prefix = f"mig:{need.mig_profile}"
+            return [p for s, p in self._by_shape.items() if s == prefix and len(p)]
+        kind = "share:" if need.gpu_milli else "gpu:"
+        return [
+            p
+            for s, p in self._by_shape.items()
+            if s.startswith(kind) and (not need.gpu_model or s == kind + need.gpu_model) and len(p)
+        ]
+
+    def any_fits(self, need: Need, rng: random.Random) -> bool:
+        return bool(self.sample(need, 1, rng))
+
+    def counts(self, need: Need) -> tuple[int, int, int]:
+        """(ready hosts, hosts that could ever fit, hosts that fit now): O(agents), off the hot path."""
+        ready = matching = now = 0
+        for record in self.agents.values():
+            if not record.is_ready:
+                continue
+            ready += 1
+            if members_fitting(need, record.shapes, total=True) >= 1:
+                matching += 1
+                if members_fitting(need, record.shapes) >= 1:
+                    now += 1
+        return ready, matching, now
+
+    def free_for(self, need: Need) -> int:
+        """Free members of ``need`` summed over ready agents (flow splitting's S)."""
+        return sum(
+            min(members_fitting(need, r.shapes), 1_000_000)
+            for r in self.agents.values()
+            if r.is_ready
+        )
+
+    def heat(self) -> int:
+        return sum(r.heat for r in self.agents.values() if r.is_ready)
