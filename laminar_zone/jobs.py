@@ -47,7 +47,7 @@ from laminar_zone.queue import (
     quota_never_fits,
 )
 from laminar_zone.store import TERMINAL_JOB_STATES, JobStore
-from laminar_zone.view import AgentRecord, ZoneView
+from laminar_zone.view import AgentRecord, HostCounts, ZoneView
 
 log = logging.getLogger("laminar.zone.jobs")
 
@@ -280,6 +280,12 @@ class ZoneState:
             job.state, job.reason = zone_pb2.WAITING, blocked
             entry.queued_at = time.monotonic()
             return
+        gang = max(1, job.spec.gang_size)
+        if gang > 1 and self.view.counts(entry.need).members_total < gang:
+            job.state = zone_pb2.QUEUED
+            job.reason = "the zone cannot hold this gang now; waiting for the next queue pass"
+            entry.queued_at = time.monotonic()
+            return
         head_priority = self._blocked_families.get(entry.need.family)
         if head_priority is not None and (job.spec.priority or common_pb2.BATCH) >= head_priority:
             job.state = zone_pb2.QUEUED
@@ -482,7 +488,7 @@ class ZoneState:
         self._queue_wake.set()
 
     def _explain_one(self, entry: Entry) -> None:
-        ready, matching, fitting = self.view.counts(entry.need)
+        counts = self.view.counts(entry.need)
         position = 1 + sum(
             1
             for e in self.entries.values()
@@ -495,12 +501,13 @@ class ZoneState:
         entry.job.reason = explain(
             entry.need,
             gang_size=max(1, entry.job.spec.gang_size),
-            hosts_ready=ready,
-            hosts_matching=matching,
-            hosts_fitting=fitting,
+            hosts_ready=counts.ready,
+            hosts_matching=counts.matching,
+            hosts_fitting=counts.fitting,
             position=position,
             expected_start=None,
             now=time.time(),
+            members_total=counts.members_total,
         )
 
     # ================================================================ the queue
@@ -537,7 +544,7 @@ class ZoneState:
         units_ahead: dict[str, float] = {}
         positions: dict[str, int] = {}
         changed: list[Entry] = []
-        counts: dict[Need, tuple[int, int, int]] = {}
+        counts: dict[Need, HostCounts] = {}
         for entry in waiting:
             job = entry.job
             if job.state in TERMINAL_JOB_STATES or entry.placing:
@@ -556,8 +563,13 @@ class ZoneState:
                 continue
             family = entry.need.family
             head = heads.get(family)
-            may_run = head is None or (
-                self.config.queue.backfill and may_backfill(item, now_unix, head[1])
+            if entry.need not in counts:
+                counts[entry.need] = self.view.counts(entry.need)
+            hosts = counts[entry.need]
+            never = hosts.members_total < item.gang_size
+            may_run = not never and (
+                head is None
+                or (self.config.queue.backfill and may_backfill(item, now_unix, head[1]))
             )
             if may_run and self.view.any_fits(entry.need, self.rng):
                 job.state = zone_pb2.PENDING
@@ -565,26 +577,29 @@ class ZoneState:
                 if await self._place(entry, from_queue=True):
                     units[tenant] = units.get(tenant, 0.0) + item.units
                     memory[tenant] = memory.get(tenant, 0) + entry.need.memory_bytes
+                    counts.pop(entry.need, None)
                     continue
+                counts[entry.need] = self.view.counts(entry.need)
+                hosts = counts[entry.need]
             positions[family] = positions.get(family, 0) + 1
             ahead = units_ahead.get(family, 0.0)
-            start = self._expected_start(entry, ahead, now_unix)
-            units_ahead[family] = ahead + item.units
-            if head is None:
-                heads[family] = (job.job_id, start)
-            if entry.need not in counts:
-                counts[entry.need] = self.view.counts(entry.need)
-            ready, matching, fitting = counts[entry.need]
+            start = None if never else self._expected_start(entry, ahead, now_unix)
+            if not never:
+                # A job the zone cannot hold even when idle blocks nobody.
+                units_ahead[family] = ahead + item.units
+                if head is None:
+                    heads[family] = (job.job_id, start)
             reason = explain(
                 entry.need,
                 gang_size=item.gang_size,
-                hosts_ready=ready,
-                hosts_matching=matching,
-                hosts_fitting=fitting,
+                hosts_ready=hosts.ready,
+                hosts_matching=hosts.matching,
+                hosts_fitting=hosts.fitting,
                 position=positions[family],
                 expected_start=start,
                 now=now_unix,
-                blocked_by=head[0] if head is not None and fitting else "",
+                blocked_by=head[0] if head is not None and hosts.fitting else "",
+                members_total=hosts.members_total,
             )
             if (
                 job.state != zone_pb2.QUEUED
@@ -947,8 +962,8 @@ class ZoneState:
         need = validate_spec(spec)
         max_hosts = min(request.max_hosts or 8, 64)
         check_number(request.lease_ttl_seconds, "lease_ttl_seconds", high=60)
-        ready, matching, _ = self.view.counts(need)
-        reply = zone_pb2.ProbeJobReply(hosts_matching=matching, hosts_total=ready)
+        hosts = self.view.counts(need)
+        reply = zone_pb2.ProbeJobReply(hosts_matching=hosts.matching, hosts_total=hosts.ready)
         if request.keep_leases:
             gathered = await self.placer.gather(
                 Ask(

@@ -100,6 +100,7 @@ def explain(
     expected_start: float | None,
     now: float,
     blocked_by: str = "",
+    members_total: int | None = None,
 ) -> str:
     """One line a user can act on: what is missing, how many hosts match, when it may start."""
     what = need.label()
@@ -109,6 +110,11 @@ def explain(
         first = "no ready host in this zone"
     elif hosts_matching == 0:
         first = f"no host has a {need.label()} at all (0 of {hosts_ready} hosts match)"
+    elif members_total is not None and members_total < gang_size:
+        first = (
+            f"the ready hosts hold at most {members_total} x {need.label()} even when idle; "
+            f"it waits for more hosts"
+        )
     elif blocked_by:
         first = f"behind blocked job {blocked_by} of the same kind (no backfill: it would delay it)"
     elif hosts_fitting == 0:

@@ -83,6 +83,14 @@ class Update:
     freed: bool  # some shape's free count went up
 
 
+@dataclass(frozen=True)
+class HostCounts:
+    ready: int  # ready hosts
+    matching: int  # hosts that could ever hold one member
+    fitting: int  # hosts whose summary shows room for one member now
+    members_total: int  # members the whole zone could hold if it were empty
+
+
 class ZoneView:
     def __init__(self, stale_after_seconds: float) -> None:
         self.stale_after_seconds = stale_after_seconds
@@ -232,18 +240,20 @@ class ZoneView:
     def any_fits(self, need: Need, rng: random.Random) -> bool:
         return bool(self.sample(need, 1, rng))
 
-    def counts(self, need: Need) -> tuple[int, int, int]:
-        """(ready hosts, hosts that could ever fit, hosts that fit now): O(agents), off the hot path."""
-        ready = matching = now = 0
+    def counts(self, need: Need) -> HostCounts:
+        """How many ready hosts match ``need`` ever and now: O(agents), off the hot path."""
+        ready = matching = now = members = 0
         for record in self.agents.values():
             if not record.is_ready:
                 continue
             ready += 1
-            if members_fitting(need, record.shapes, total=True) >= 1:
+            ever = members_fitting(need, record.shapes, total=True)
+            if ever >= 1:
                 matching += 1
+                members += ever
                 if members_fitting(need, record.shapes) >= 1:
                     now += 1
-        return ready, matching, now
+        return HostCounts(ready, matching, now, members)
 
     def free_for(self, need: Need) -> int:
         """Free members of ``need`` summed over ready agents (flow splitting's S)."""
