@@ -58,6 +58,7 @@ ENDED_SUBJOB = frozenset(
 #: Reasons that end a subjob without it being the job's fault: retried without using a retry.
 FREE_RETRY_PREFIXES = ("preempted:", "readdressed:", "commit unconfirmed")
 COMMITTING = "committing"
+READDRESSED = "readdressed:"
 MAX_GANG = 64
 MAX_AFTER = 64
 MAX_RETRIES = 100
@@ -89,7 +90,12 @@ class Entry:
         )
 
     def current(self) -> list[zone_pb2.Placement]:
-        return [p for p in self.job.placements if p.attempt == self.job.attempts]
+        """This attempt's subjobs, without copies that were moved elsewhere (re-addressed)."""
+        return [
+            p
+            for p in self.job.placements
+            if p.attempt == self.job.attempts and not p.reason.startswith(READDRESSED)
+        ]
 
 
 def validate_spec(spec: zone_pb2.JobSpec) -> Need:
@@ -153,6 +159,7 @@ class ZoneState:
         self.entries: dict[str, Entry] = {}
         self.by_agent: dict[str, set[str]] = {}  # agent id -> job ids with live placements
         self._unconfirmed: dict[str, set[str]] = {}  # agent id -> job ids to verify
+        self._readdressing: set[str] = set()
         self._queue_wake = asyncio.Event()
         self._blocked_families: dict[str, int] = {}  # family -> priority of its blocked head
         self._mean_run_seconds: dict[str, float] = {}
@@ -450,8 +457,13 @@ class ZoneState:
     async def _commit_one(
         self, entry: Entry, member: int, record: AgentRecord, lease: agent_pb2.Lease
     ) -> None:
+        del record  # the lease names its agent; the placement holds the address
+        await self._commit_placement(entry, entry.current()[member], lease)
+
+    async def _commit_placement(
+        self, entry: Entry, placement: zone_pb2.Placement, lease: agent_pb2.Lease
+    ) -> None:
         job = entry.job
-        placement = entry.current()[member]
         spec = common_pb2.SubjobSpec(
             subjob_id=placement.subjob_id,
             job_id=job.job_id,
@@ -468,7 +480,7 @@ class ZoneState:
             value=job.spec.value,
             expected_seconds=job.spec.expected_seconds,
         )
-        subjob = await self.clients.stub(record.address).Commit(
+        subjob = await self.clients.stub(placement.agent_address).Commit(
             agent_pb2.CommitRequest(lease_id=lease.lease_id, spec=spec),
             timeout=self.config.placement.rpc_timeout_seconds,
         )
@@ -689,6 +701,8 @@ class ZoneState:
             for entry in touched.values():
                 self._publish(entry)
                 self._forget_if_done(entry)
+        for subjob_id in request.readdress_subjob_ids:
+            self._start_readdress(agent_id, subjob_id)
         if update.freed or touched:
             self._queue_wake.set()
         self.metrics.heartbeats.inc()
@@ -697,6 +711,82 @@ class ZoneState:
             period_seconds=self.config.membership.heartbeat_seconds,
             zone=self.zone_name,
         )
+
+    def _start_readdress(self, agent_id: str, subjob_id: str) -> None:
+        """Airlock asks to move a long-suspended subjob: place a copy, then stop the old one."""
+        job_id = subjob_id.rsplit("-a", 1)[0]
+        entry = self.entries.get(check_str(job_id, "readdress_subjob_ids"))
+        if entry is None or subjob_id in self._readdressing:
+            return
+        placement = next((p for p in entry.current() if p.subjob_id == subjob_id), None)
+        if placement is None or placement.state not in LIVE_SUBJOB:
+            return
+        if max(1, entry.job.spec.gang_size) > 1:
+            log.info("not re-addressing %s: gang members move together only by retry", subjob_id)
+            return
+        self._readdressing.add(subjob_id)
+        self._spawn(self._readdress(entry, placement, agent_id), f"readdress-{subjob_id}")
+
+    async def _readdress(self, entry: Entry, old: zone_pb2.Placement, agent_id: str) -> None:
+        job = entry.job
+        try:
+            gathered = await self.placer.gather(
+                Ask(
+                    job_id=job.job_id,
+                    resources=job.spec.resources,
+                    gang_size=1,
+                    priority=job.spec.priority or common_pb2.BATCH,
+                    value=job.spec.value,
+                    tenant=job.spec.tenant,
+                ),
+                exclude={agent_id},
+            )
+            if gathered.chosen is None or job.state in TERMINAL_JOB_STATES:
+                if gathered.chosen:
+                    await self.placer.release(gathered.chosen)
+                log.info(
+                    "re-addressing %s: no other host now (%s)", old.subjob_id, gathered.reasons[-1:]
+                )
+                return
+            ((record, lease),) = gathered.chosen
+            moves = sum(
+                1 for p in job.placements if p.member == old.member and p.attempt == old.attempt
+            )
+            new = zone_pb2.Placement(
+                subjob_id=f"{job.job_id}-a{old.attempt}-m{old.member}-r{moves}",
+                agent_id=record.agent_id,
+                agent_address=record.address,
+                slice_ids=list(lease.slice_ids),
+                member=old.member,
+                state=common_pb2.STARTING,
+                reason=COMMITTING,
+                attempt=old.attempt,
+            )
+            job.placements.append(new)
+            self.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
+            self._save(entry)
+            placement = job.placements[-1]
+            try:
+                await self._commit_placement(entry, placement, lease)
+            except grpc.aio.AioRpcError as exc:
+                placement.state = common_pb2.FAILED
+                placement.reason = f"{READDRESSED} commit of the copy failed: {exc.details()}"
+                self._save(entry)
+                return
+            why = (
+                f"{READDRESSED} moved to {record.agent_id} after Airlock suspended it on {agent_id}"
+            )
+            old.state = common_pb2.KILLED
+            old.reason = why
+            old.ended_unix = time.time()
+            self._save(entry)
+            self.metrics.readdressed.inc()
+            log.info(
+                "job %s: subjob %s %s as %s", job.job_id, old.subjob_id, why, placement.subjob_id
+            )
+            await self._terminate(old, why)
+        finally:
+            self._readdressing.discard(old.subjob_id)
 
     def _apply_event(self, agent_id: str, subjob: common_pb2.Subjob) -> Entry | None:
         job_id = subjob.spec.job_id

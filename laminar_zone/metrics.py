@@ -67,6 +67,11 @@ class ZoneMetrics:
         self.retries = Counter(
             "laminar_zone_job_retries_total", "Job attempts started after a failure", registry=r
         )
+        self.readdressed = Counter(
+            "laminar_zone_subjobs_readdressed_total",
+            "Suspended subjobs moved to another host at Airlock's request",
+            registry=r,
+        )
         self.forwarded = Counter(
             "laminar_zone_jobs_forwarded_total",
             "Jobs sent to a peer zone by flow splitting",

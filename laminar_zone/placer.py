@@ -126,7 +126,9 @@ class Placer:
             is_heartbeat=False,
         )
 
-    async def gather(self, ask: Ask, *, lease_ttl_seconds: float = 0.0) -> Gathered:
+    async def gather(
+        self, ask: Ask, *, lease_ttl_seconds: float = 0.0, exclude: set[str] | None = None
+    ) -> Gathered:
         """Collect one lease per gang member within the budget; release everything unused."""
         s = self.settings
         need = need_from(ask.resources)
@@ -135,8 +137,8 @@ class Placer:
         deadline = time.monotonic() + s.budget_seconds
         result = Gathered(chosen=None)
         offers: dict[str, tuple[AgentRecord, agent_pb2.Lease]] = {}
-        tried: set[str] = set()
-        sample = self.view.sample(need, s.sample_size, self.rng)
+        tried: set[str] = set(exclude or ())
+        sample = self.view.sample(need, s.sample_size, self.rng, exclude=tried)
         regenerations = s.regenerations
         self.in_flight += 1
         try:
@@ -150,7 +152,7 @@ class Placer:
                     sample = self.view.sample(need, s.sample_size, self.rng, exclude=tried)
                     batch = sample[: s.probes_per_attempt]
                 if not batch:
-                    if not tried:
+                    if len(tried) == len(exclude or ()):
                         result.reasons.append("no host's summary shows room")
                     break
                 tried.update(r.agent_id for r in batch)
