@@ -22,6 +22,22 @@ Choices made here (documented because the ladder depends on them):
   projected usage is <= ``target_ratio * total``; if even all of them do not
   suffice, all are taken and the reason says the slice stays above target.
 * Resume needs every slice of the subjob NORMAL and the host NORMAL.
+* Host pressure (``host_level`` above NORMAL and host use above
+  ``host_target_ratio``) runs the same victim order over every subjob on the
+  host, running or suspended, counting ``host_rss_bytes``. A stop (SIGSTOP, or
+  cuda-checkpoint, which even moves GPU memory *into* host memory) frees no host
+  memory, so host victims are *reclaimed*; the reason says so. A critical-class
+  subjob is a host victim only when no lower-class subjob is live on the host.
+  Subjobs already chosen for GPU relief in the same round are not chosen again
+  (the next round sees them suspended); GPU-relief reclaims count their RSS.
+* Re-addressing is requested once per subjob (``readdress_requested`` afterwards):
+  it then waits for the zone router to place a copy and end this one; it is not
+  resumed in place any more, and it is reclaimed at ``reclaim_after_seconds``
+  like any suspended subjob. ``readdress_count`` counts the job's earlier moves,
+  so the budget holds across copies.
+* ``plan_room`` (priority preemption) takes only strictly lower classes, so a
+  critical subjob is never its victim; it stops as soon as both the bytes and the
+  milli (when asked for) are free, skipping victims that add nothing missing.
 * ``dry_run`` does not change the result: the caller records instead of acting.
 """
 
@@ -40,7 +56,11 @@ STEP_RESUME = "resume"
 STEP_READDRESS = "readdress"
 STEP_RECLAIM = "reclaim"
 
-PRIORITY_NAMES = {1: "critical", 2: "high", 3: "normal", 4: "opportunistic"}
+#: ``slice_id`` of actions taken for host-memory pressure.
+HOST_SLICE_ID = "host"
+
+#: Names match proto laminar.v1.PriorityClass and LifecycleClass.
+PRIORITY_NAMES = {1: "critical", 2: "production", 3: "batch", 4: "opportunistic"}
 LIFECYCLE_NAMES = {1: "resident", 2: "long", 3: "transient"}
 FREE_MODES = ("checkpoint", "release_signal", "none")
 
@@ -51,6 +71,9 @@ class SliceSignal:
     used_bytes: int
     total_bytes: int
     level: Level
+    #: Compute capacity in milli-GPUs (1000 = one GPU); only ``plan_room`` on the ledger uses it.
+    used_milli: int = 0
+    total_milli: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,6 +93,12 @@ class SubjobView:
     free_mode: str  # "checkpoint" | "release_signal" | "none"
     restartable: bool
     gpu_count: int = 1
+    #: Resident host memory of the subjob's process group (what a reclaim frees on the host).
+    host_rss_bytes: int = 0
+    #: The agent already asked the zone router to re-place this subjob.
+    readdress_requested: bool = False
+    #: Milli-GPUs held on each slice (ledger preemption only).
+    milli: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +119,7 @@ class PolicyConfig:
     max_readdress: int = 2
     reclaim_after_seconds: float = 120.0
     dry_run: bool = False
+    host_target_ratio: float = 0.85
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_ratio <= 1.0:
@@ -106,6 +136,8 @@ class PolicyConfig:
             )
         if self.max_readdress < 0:
             raise ValueError(f"max_readdress: must be >= 0, got {self.max_readdress}")
+        if not 0.0 < self.host_target_ratio <= 1.0:
+            raise ValueError(f"host_target_ratio: must be in (0, 1], got {self.host_target_ratio}")
 
 
 @dataclass(frozen=True)
@@ -245,6 +277,21 @@ def _recover(
         first_slice = sub.slice_ids[0] if sub.slice_ids else ""
         known = bool(sub.slice_ids) and all(sid in signals for sid in sub.slice_ids)
         share = freed_per_slice(sub)
+        if sub.readdress_requested:
+            # Handed to the zone router: it ends this copy once a new one is committed.
+            if waited > config.reclaim_after_seconds:
+                actions.append(
+                    Action(
+                        STEP_RECLAIM,
+                        sub.subjob_id,
+                        first_slice,
+                        f"suspended {waited:.1f}s > reclaim after "
+                        f"{config.reclaim_after_seconds:.1f}s; re-addressing attempt "
+                        f"{sub.readdress_count + 1}/{config.max_readdress} did not complete",
+                        freed_per_slice(sub),
+                    )
+                )
+            continue
         if (
             known
             and snapshot.host_level == Level.NORMAL
@@ -313,51 +360,128 @@ def decide(snapshot: Snapshot, config: PolicyConfig) -> list[Action]:
     projected = {s.slice_id: s.used_bytes for s in snapshot.slices}
     chosen: set[str] = set()
     actions = _relieve(snapshot, config, projected, chosen)
+    actions.extend(_relieve_host(snapshot, config, actions, chosen))
     actions.extend(_recover(snapshot, config, projected, chosen))
     return actions
 
 
+def host_victims(subjobs: Iterable[SubjobView]) -> list[SubjobView]:
+    """Subjobs whose reclaim frees host memory, in victim order; critical ones only when no
+    lower-class subjob is live (running or suspended) on the host."""
+    live = list(subjobs)
+    lower_class_live = any(s.priority > 1 for s in live)
+    eligible = [
+        s for s in live if s.host_rss_bytes > 0 and not (s.priority == 1 and lower_class_live)
+    ]
+    return sorted(eligible, key=victim_key)
+
+
+def _relieve_host(
+    snapshot: Snapshot, config: PolicyConfig, taken: list[Action], chosen: set[str]
+) -> list[Action]:
+    total = snapshot.host_total_bytes
+    if snapshot.host_level == Level.NORMAL or total <= 0:
+        return []
+    by_id = {s.subjob_id: s for s in snapshot.subjobs}
+    # Only a reclaim frees host memory; a suspend (even cuda-checkpoint) does not.
+    projected = snapshot.host_used_bytes - sum(
+        by_id[a.subjob_id].host_rss_bytes
+        for a in taken
+        if a.step == STEP_RECLAIM and a.subjob_id in by_id
+    )
+    limit = config.host_target_ratio * total
+    if projected <= limit:
+        return []
+    candidates = [s for s in host_victims(snapshot.subjobs) if s.subjob_id not in chosen]
+    picked: list[SubjobView] = []
+    after = projected
+    for cand in candidates:
+        if after <= limit:
+            break
+        picked.append(cand)
+        after -= cand.host_rss_bytes
+    sufficient = after <= limit
+    mark = "critical" if snapshot.host_level == Level.CRITICAL else "elevated"
+    pct = 100.0 * snapshot.host_used_bytes / total
+    actions: list[Action] = []
+    for victim in picked:
+        cls = (
+            f"{PRIORITY_NAMES.get(victim.priority, str(victim.priority))}/"
+            f"{LIFECYCLE_NAMES.get(victim.lifecycle, str(victim.lifecycle))}"
+        )
+        reason = (
+            f"host memory at {_gib(snapshot.host_used_bytes)} of {_gib(total)} ({pct:.1f}%) "
+            f"> {mark} mark, target {100.0 * config.host_target_ratio:.0f}%; victim class "
+            f"{cls}{' (suspended)' if victim.suspended else ''}, frees "
+            f"{_gib(victim.host_rss_bytes)} host RSS; a stop frees no host memory, so it is "
+            "reclaimed"
+        )
+        if not sufficient:
+            reason += "; all eligible victims taken and the host stays above target"
+        actions.append(
+            Action(STEP_RECLAIM, victim.subjob_id, HOST_SLICE_ID, reason, victim.host_rss_bytes)
+        )
+        chosen.add(victim.subjob_id)
+    return actions
+
+
 def plan_room(
-    snapshot: Snapshot, slice_id: str, needed_bytes: int, for_priority: int, config: PolicyConfig
+    snapshot: Snapshot,
+    slice_id: str,
+    needed_bytes: int,
+    for_priority: int,
+    config: PolicyConfig,
+    needed_milli: int = 0,
 ) -> list[Action] | None:
     """Actions on strictly lower-priority work (priority number > ``for_priority``) that leave
-    ``needed_bytes`` free on ``slice_id``; ``[]`` if already free, None if impossible.
+    ``needed_bytes`` (and ``needed_milli``, when asked) free on ``slice_id``; ``[]`` if already
+    free, None if impossible.
 
-    Used when the router asks an agent to preempt opportunistic work for a higher class.
+    Used when the router asks an agent to preempt lower-priority work for a higher class:
+    the agent feeds it its ledger (reserved bytes and milli per slice) so that the room is
+    capacity it can lease, and sets ``free_mode="none"`` because a suspended subjob still
+    holds its slice, so every victim is reclaimed.
     """
     del config  # same victim order as the ladder; no ratios involved
     sig = next((s for s in snapshot.slices if s.slice_id == slice_id), None)
-    if sig is None or needed_bytes > sig.total_bytes:
+    if sig is None or needed_bytes > sig.total_bytes or needed_milli > sig.total_milli:
         return None
     free = sig.total_bytes - sig.used_bytes
-    if free >= needed_bytes:
+    free_milli = sig.total_milli - sig.used_milli
+    if free >= needed_bytes and free_milli >= needed_milli:
         return []
     candidates = [
         s
         for s in snapshot.subjobs
-        if not s.suspended
-        and slice_id in s.slice_ids
-        and s.priority > for_priority
-        and freed_per_slice(s) > 0
+        if not s.suspended and slice_id in s.slice_ids and s.priority > for_priority
     ]
     actions: list[Action] = []
+    milli_note = f", {needed_milli} milli" if needed_milli else ""
+    free_milli_note = f", {free_milli} milli" if needed_milli else ""
     for cand in sorted(candidates, key=victim_key):
-        if free >= needed_bytes:
+        bytes_missing = free < needed_bytes
+        milli_missing = free_milli < needed_milli
+        if not bytes_missing and not milli_missing:
             break
         freed = freed_per_slice(cand)
+        if not ((bytes_missing and freed > 0) or (milli_missing and cand.milli > 0)):
+            continue  # taking it would add nothing that is missing
         free += freed
+        free_milli += cand.milli
         actions.append(
             Action(
                 step=relief_step(cand),
                 subjob_id=cand.subjob_id,
                 slice_id=slice_id,
                 reason=(
-                    f"make room for priority {for_priority}: {_gib(needed_bytes)} needed on "
-                    f"{slice_id}, {_gib(sig.total_bytes - sig.used_bytes)} free; preempt "
-                    f"{PRIORITY_NAMES.get(cand.priority, str(cand.priority))} subjob, "
-                    f"frees {_gib(freed)}"
+                    f"make room for {PRIORITY_NAMES.get(for_priority, str(for_priority))}: "
+                    f"{_gib(needed_bytes)}{milli_note} needed on {slice_id}, "
+                    f"{_gib(sig.total_bytes - sig.used_bytes)}{free_milli_note} free; preempt "
+                    f"{PRIORITY_NAMES.get(cand.priority, str(cand.priority))}/"
+                    f"{LIFECYCLE_NAMES.get(cand.lifecycle, str(cand.lifecycle))} subjob, "
+                    f"frees {_gib(freed)}" + (f", {cand.milli} milli" if needed_milli else "")
                 ),
                 expected_bytes_freed=freed,
             )
         )
-    return actions if free >= needed_bytes else None
+    return actions if free >= needed_bytes and free_milli >= needed_milli else None

@@ -26,6 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-gpus", help="fake GPU spec, e.g. 4xH100-80GB")
     p.add_argument("--shared-gpus", help="GPUs open to fractional sharing: all or 0,1")
     p.add_argument("--metrics-listen", help="Prometheus HTTP HOST:PORT")
+    p.add_argument(
+        "--airlock-dry-run",
+        action="store_true",
+        default=None,
+        help="Airlock records its decisions without acting (airlock.dry_run)",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     return p
 
@@ -50,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 "inventory.gpu_backend": args.gpu_backend,
                 "inventory.fake_gpus": args.fake_gpus,
                 "inventory.shared_gpus": args.shared_gpus,
+                "airlock.dry_run": args.airlock_dry_run,
             },
         )
     except LaminarError as exc:

@@ -1,9 +1,25 @@
 """Drives the pure Airlock ladder (``airlock.policy.decide``) from the agent's tick.
 
 The policy is a pure function; this module gathers its inputs from the node (live
-subjobs, their specs and usage files) and the backend (memory per device, levels from
-the tracker), then carries out the actions through ``Node.signal`` and journals each
-one, so what Airlock did can be read back with GetAirlock.
+subjobs, their specs and usage files, host RSS of their process groups when the
+host is under pressure) and the levels the agent state tracks, then carries out
+the actions through ``Node.signal`` and journals each one, so what Airlock did can
+be read back with GetAirlock.
+
+* **Dry run** journals each decision once (with ``dry_run=true``) when it first
+  appears and does nothing else; a decision that stays the same tick after tick is
+  not journaled again until it has gone away.
+* **Re-addressing** is a hand-off: the subjob id is put on :meth:`readdress_ids`,
+  which every heartbeat sends to the zone router until the subjob ends. The router
+  places a copy through its probe path and then ends this one with
+  ``SignalSubjob(TERMINATE, reason="readdressed: ...")``. The job's earlier moves
+  come from ``spec.env["LAMINAR_READDRESS_COUNT"]`` (set by the router on the
+  copy), so the budget ``max_readdress`` holds across copies.
+* **Reclamation** (the deadline passed, the re-address budget is spent, a subjob
+  that a stop would not relieve, or host pressure) terminates with a reason that
+  starts with ``airlock_reclaimed:`` and carries the numbers; all reclaims of one
+  round run concurrently and the round ends when they have exited, so the next
+  snapshot sees the memory they freed.
 """
 
 from __future__ import annotations
@@ -14,8 +30,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from airlock.levels import LevelTracker
+import psutil
+
+from airlock.levels import Level, LevelTracker
 from airlock.policy import (
+    HOST_SLICE_ID,
     STEP_READDRESS,
     STEP_RECLAIM,
     STEP_RELEASE_MEMORY,
@@ -28,11 +47,19 @@ from airlock.policy import (
     SubjobView,
     decide,
 )
+from airlock.signals import HostMemory
 from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
+from laminar_agent.metrics import AgentMetrics
 from laminar_agent.node import Node
 from laminar_api.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger("laminar.agent.airlock")
+
+#: Env key of a subjob spec: how many times its job was already re-addressed (set by the router).
+READDRESS_COUNT_ENV = "LAMINAR_READDRESS_COUNT"
+#: Reason prefixes the agent writes; the zone router's own end of a moved copy uses "readdressed:".
+RECLAIMED_PREFIX = "airlock_reclaimed: "
+READDRESSED_PREFIX = "readdressed:"
 
 _SIGNAL_BY_STEP = {
     STEP_SUSPEND: agent_pb2.SUSPEND,
@@ -52,6 +79,43 @@ class _StaticView:
     free_mode: str
     restartable: bool
     started_unix: float
+    readdress_count: int
+
+
+def reason_class(action: Action) -> str:
+    """Bounded metric label for why an action was taken."""
+    if action.slice_id == HOST_SLICE_ID:
+        return "host_pressure"
+    if action.step == STEP_RESUME:
+        return "cleared"
+    if action.step == STEP_READDRESS:
+        return "suspended_too_long"
+    if action.step == STEP_RECLAIM and action.reason.startswith("suspended"):
+        return "deadline"
+    return "gpu_pressure"
+
+
+def _readdress_count(spec: common_pb2.SubjobSpec) -> int:
+    try:
+        return max(0, int(spec.env.get(READDRESS_COUNT_ENV, "0")))
+    except ValueError:
+        return 0
+
+
+def process_group_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants; 0 if it is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += int(proc.memory_info().rss)
+        except psutil.Error:
+            continue
+    return total
 
 
 class AirlockDriver:
@@ -67,21 +131,45 @@ class AirlockDriver:
         node: Node,
         levels: LevelTracker,
         config: PolicyConfig | None = None,
+        *,
+        metrics: AgentMetrics | None = None,
+        reclaim_grace_seconds: float = 5.0,
     ) -> None:
         self.node = node
         self.levels = levels
         self.config = config if config is not None else PolicyConfig()
+        self.metrics = metrics
+        self.reclaim_grace_seconds = reclaim_grace_seconds
         self._lock = asyncio.Lock()
         #: Monotonic time each subjob was suspended by Airlock (for readdress/reclaim age).
         self._suspended_since: dict[str, float] = {}
-        self._readdress_counts: dict[str, int] = {}
+        #: Subjobs handed to the zone router for re-addressing -> monotonic time of the request.
+        self._readdress_pending: dict[str, float] = {}
         self._static: dict[str, _StaticView] = {}
+        #: Dry run: decisions already journaled and still being made.
+        self._dry_seen: set[tuple[str, str, str]] = set()
 
     @property
     def is_busy(self) -> bool:
         return self._lock.locked()
 
-    def snapshot(self, readings: dict[str, tuple[int, int]], now: float) -> Snapshot | None:
+    @property
+    def dry_run(self) -> bool:
+        return self.config.dry_run
+
+    def readdress_ids(self) -> list[str]:
+        """Ids the heartbeat asks the zone router to re-place; each stays until it ends."""
+        for subjob_id in [s for s in self._readdress_pending if s not in self.node.live_states]:
+            del self._readdress_pending[subjob_id]
+        return sorted(self._readdress_pending)
+
+    def snapshot(
+        self,
+        readings: dict[str, tuple[int, int]],
+        now: float,
+        host: HostMemory | None = None,
+        host_level: Level = Level.NORMAL,
+    ) -> Snapshot | None:
         """The policy's input, or None when no subjob is live (nothing to decide)."""
         live = dict(self.node.live_states)
         if not live:
@@ -91,9 +179,15 @@ class AirlockDriver:
         for subjob_id in list(self._static):
             if subjob_id not in live:
                 del self._static[subjob_id]
+        for subjob_id in list(self._suspended_since):
+            if live.get(subjob_id) != "SUSPENDED":
+                del self._suspended_since[subjob_id]
+        want_rss = host is not None and host_level != Level.NORMAL
         for subjob_id in sorted(live):
+            if subjob_id in self.node.terminating:
+                continue  # already on its way out; its memory leaves with it
             static = self._static_of(subjob_id)
-            if static is None or not static.devices:
+            if static is None or (not static.devices and not want_rss):
                 continue
             devices = static.devices
             device_ids.update(devices)
@@ -102,6 +196,7 @@ class AirlockDriver:
             if suspended and since is None:
                 since = now
                 self._suspended_since[subjob_id] = now
+            pid = self.node.executor.pid_of(subjob_id) if want_rss else None
             views.append(
                 SubjobView(
                     subjob_id=subjob_id,
@@ -110,17 +205,21 @@ class AirlockDriver:
                     priority=static.priority,
                     lifecycle=static.lifecycle,
                     declared_bytes=static.declared_bytes,
-                    observed_bytes=self._observed_bytes(subjob_id, static.declared_bytes),
+                    observed_bytes=self._observed_bytes(subjob_id, static.declared_bytes)
+                    if devices
+                    else 0,
                     started_at=static.started_unix,
                     work_since_checkpoint_seconds=max(0.0, time.time() - static.started_unix)
                     if static.started_unix
                     else 0.0,
                     suspended=suspended,
                     suspended_since=since if suspended else None,
-                    readdress_count=self._readdress_counts.get(subjob_id, 0),
+                    readdress_count=static.readdress_count,
                     free_mode=static.free_mode,
                     restartable=static.restartable,
-                    gpu_count=len(devices),
+                    gpu_count=max(1, len(devices)),
+                    host_rss_bytes=process_group_rss_bytes(pid) if pid else 0,
+                    readdress_requested=subjob_id in self._readdress_pending,
                 )
             )
         if not views:
@@ -131,7 +230,14 @@ class AirlockDriver:
             if uuid not in device_ids and used <= 0:
                 continue
             slices.append(SliceSignal(uuid, used, total, self.levels.level(uuid)))
-        return Snapshot(now=now, slices=tuple(slices), subjobs=tuple(views))
+        return Snapshot(
+            now=now,
+            slices=tuple(slices),
+            subjobs=tuple(views),
+            host_used_bytes=host.used_bytes if host is not None else 0,
+            host_total_bytes=host.total_bytes if host is not None else 0,
+            host_level=host_level,
+        )
 
     def _static_of(self, subjob_id: str) -> _StaticView | None:
         """What never changes about a live subjob, read from the journal once, not every tick."""
@@ -151,6 +257,7 @@ class AirlockDriver:
             free_mode="release_signal" if spec.supports_release_signal else "checkpoint",
             restartable=spec.restartable,
             started_unix=row.started_unix,
+            readdress_count=_readdress_count(spec),
         )
         if row.started_unix:  # STARTING rows still get their start time; read them again
             self._static[subjob_id] = view
@@ -160,28 +267,55 @@ class AirlockDriver:
         """What the subjob reports in its usage file; the declaration if absent or bad."""
         return read_usage_file(self.node.executor.subjob_dir(subjob_id) / "gpu_mem", declared_bytes)
 
-    async def step_logged(self, readings: dict[str, tuple[int, int]]) -> None:
+    async def step_logged(
+        self,
+        readings: dict[str, tuple[int, int]],
+        host: HostMemory | None = None,
+        host_level: Level = Level.NORMAL,
+    ) -> None:
         """``step`` for a background task: an error is logged, never lost or raised."""
         try:
-            await self.step(readings)
+            await self.step(readings, host, host_level)
         except Exception:
             log.exception("airlock step failed")
 
-    async def step(self, readings: dict[str, tuple[int, int]]) -> list[Action]:
-        """One decide/execute round; returns the actions carried out (none if busy)."""
+    async def step(
+        self,
+        readings: dict[str, tuple[int, int]],
+        host: HostMemory | None = None,
+        host_level: Level = Level.NORMAL,
+    ) -> list[Action]:
+        """One decide/execute round; returns the actions carried out or, in dry-run mode,
+        newly recorded (none if busy)."""
         if self._lock.locked() or not self.node.live_states:
             return []
         async with self._lock:
             now = time.monotonic()
-            snap = self.snapshot(readings, now)
+            snap = self.snapshot(readings, now, host, host_level)
             if snap is None:
+                self._dry_seen.clear()
                 return []
             actions = decide(snap, self.config)
+            if self.config.dry_run:
+                keys = [(a.step, a.subjob_id, a.slice_id) for a in actions]
+                fresh = [a for a, k in zip(actions, keys, strict=True) if k not in self._dry_seen]
+                self._dry_seen = set(keys)
+                for action in fresh:
+                    self._record(action, snap)
+                return fresh
+            reclaims: list[Action] = []
             for action in actions:
-                await self._execute(action, snap, now)
+                self._record(action, snap)
+                if action.step == STEP_RECLAIM:
+                    reclaims.append(action)
+                else:
+                    await self._execute(action, snap, now)
+            if reclaims:
+                await asyncio.gather(*(self._execute(a, snap, now) for a in reclaims))
             return actions
 
-    async def _execute(self, action: Action, snap: Snapshot, now: float) -> None:
+    def _record(self, action: Action, snap: Snapshot) -> None:
+        """Log, journal and count one decision (before it is carried out, or instead of it)."""
         dry_run = self.config.dry_run
         log.info(
             "airlock %s%s subjob %s on %s (expected %d bytes freed): %s",
@@ -200,20 +334,41 @@ class AirlockDriver:
             max(0, action.expected_bytes_freed),
             dry_run,
         )
-        if dry_run:
+        if self.metrics is None:
             return
+        view = next((s for s in snap.subjobs if s.subjob_id == action.subjob_id), None)
+        lost = 0.0
+        if view is not None and action.step in (STEP_RECLAIM, STEP_READDRESS):
+            lost = view.work_since_checkpoint_seconds * max(1, view.gpu_count)
+        freeing = action.step in (STEP_SUSPEND, STEP_RELEASE_MEMORY, STEP_RECLAIM)
+        self.metrics.record_airlock_action(
+            action.step,
+            reason_class(action),
+            resource="host" if action.slice_id == HOST_SLICE_ID else "gpu",
+            bytes_freed=max(0, action.expected_bytes_freed) if freeing else 0,
+            work_lost_gpu_seconds=lost,
+            dry_run=dry_run,
+        )
+
+    async def _execute(self, action: Action, snap: Snapshot, now: float) -> None:
         if action.step == STEP_READDRESS:
-            # No zone path to move the subjob yet: the action is recorded only.
-            self._readdress_counts[action.subjob_id] = (
-                self._readdress_counts.get(action.subjob_id, 0) + 1
+            self._readdress_pending[action.subjob_id] = now
+            log.info(
+                "airlock: subjob %s handed to the zone router for re-addressing: %s",
+                action.subjob_id,
+                action.reason,
             )
             return
         signal = _SIGNAL_BY_STEP.get(action.step)
         if signal is None:
             log.warning("airlock: unknown step %r for subjob %s", action.step, action.subjob_id)
             return
+        if action.step == STEP_RECLAIM:
+            reason, grace = f"{RECLAIMED_PREFIX}{action.reason}", self.reclaim_grace_seconds
+        else:
+            reason, grace = f"airlock: {action.reason}", 0.0
         try:
-            await self.node.signal(action.subjob_id, signal, f"airlock: {action.reason}", 0.0)
+            await self.node.signal(action.subjob_id, signal, reason, grace)
         except Exception as exc:  # the subjob may have ended since the snapshot
             log.warning("airlock %s of %s failed: %s", action.step, action.subjob_id, exc)
             return
@@ -230,7 +385,7 @@ class AirlockDriver:
                 fake.detach_subjob(action.subjob_id)
         elif action.step == STEP_RESUME:
             self._suspended_since.pop(action.subjob_id, None)
-            if fake is not None and view is not None:
+            if fake is not None and view is not None and view.slice_ids:
                 fake.attach_subjob(
                     action.subjob_id,
                     list(view.slice_ids),
@@ -239,4 +394,4 @@ class AirlockDriver:
                 )
         elif action.step == STEP_RECLAIM:
             self._suspended_since.pop(action.subjob_id, None)
-            self._readdress_counts.pop(action.subjob_id, None)
+            self._readdress_pending.pop(action.subjob_id, None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from airlock.levels import Marks
+from airlock.policy import PolicyConfig
 from laminar_agent.configlib import doc
 from laminar_agent.errors import ConfigError
 
@@ -61,11 +63,155 @@ class ZoneSettings:
 
 
 @dataclass(frozen=True)
+class AirlockSettings:
+    """Airlock, the runtime-survival ladder; see docs/agent.md "Airlock" for the rungs."""
+
+    poll_seconds: float = field(
+        default=0.1,
+        metadata=doc("how often memory signals are read and the ladder runs", unit="seconds"),
+    )
+    elevated_ratio: float = field(
+        default=0.85, metadata=doc("a slice enters ELEVATED at this used/total fraction [ratio]")
+    )
+    critical_ratio: float = field(
+        default=0.95, metadata=doc("a slice enters CRITICAL at this used/total fraction [ratio]")
+    )
+    clear_ratio: float = field(
+        default=0.80,
+        metadata=doc(
+            "a slice leaves ELEVATED only below this fraction (CRITICAL: below elevated_ratio), "
+            "held for hold_seconds [ratio]"
+        ),
+    )
+    elevated_bytes: int | None = field(
+        default=None,
+        metadata=doc(
+            "also enter ELEVATED once this much is used (whichever mark comes first); "
+            "empty = ratio only",
+            unit="bytes",
+        ),
+    )
+    critical_bytes: int | None = field(
+        default=None,
+        metadata=doc(
+            "also enter CRITICAL once this much is used; empty = ratio only", unit="bytes"
+        ),
+    )
+    clear_bytes: int | None = field(
+        default=None,
+        metadata=doc(
+            "also require used below this to leave ELEVATED; empty = ratio only", unit="bytes"
+        ),
+    )
+    hold_seconds: float = field(
+        default=1.0,
+        metadata=doc(
+            "a level falls only after the signal stayed below the lower mark this long",
+            unit="seconds",
+        ),
+    )
+    target_ratio: float = field(
+        default=0.80,
+        metadata=doc(
+            "relief takes victims until projected use is at or below this fraction [ratio]"
+        ),
+    )
+    resume_ratio: float = field(
+        default=0.75,
+        metadata=doc("a suspended subjob resumes only if its slice stays at or below this [ratio]"),
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata=doc(
+            "record decisions (journaled with dry_run=true, visible in GetAirlock) without acting"
+        ),
+    )
+    readdress_after_seconds: float = field(
+        default=30.0,
+        metadata=doc(
+            "a restartable subjob suspended this long is handed to the zone to be re-placed",
+            unit="seconds",
+        ),
+    )
+    max_readdress: int = field(
+        default=2, metadata=doc("most times one job's subjob is re-placed elsewhere [count]")
+    )
+    readdress_deadline_seconds: float = field(
+        default=120.0,
+        metadata=doc(
+            "a subjob still suspended this long after its suspension is reclaimed", unit="seconds"
+        ),
+    )
+    reclaim_grace_seconds: float = field(
+        default=5.0,
+        metadata=doc(
+            "SIGTERM-to-SIGKILL grace for subjobs Airlock reclaims or preempts", unit="seconds"
+        ),
+    )
+    host_elevated_ratio: float = field(
+        default=0.90, metadata=doc("the host enters ELEVATED at this used/total memory [ratio]")
+    )
+    host_critical_ratio: float = field(
+        default=0.97, metadata=doc("the host enters CRITICAL at this used/total memory [ratio]")
+    )
+    host_clear_ratio: float = field(
+        default=0.85, metadata=doc("the host leaves ELEVATED only below this fraction [ratio]")
+    )
+    host_target_ratio: float = field(
+        default=0.85,
+        metadata=doc(
+            "host relief reclaims victims until projected use is at or below this [ratio]"
+        ),
+    )
+    host_psi_elevated_percent: float = field(
+        default=20.0,
+        metadata=doc(
+            "PSI memory 'some avg10' at or above this keeps the host ELEVATED (no resumes); "
+            "0 = ignore PSI [percent]"
+        ),
+    )
+
+    def slice_marks(self) -> Marks:
+        """Hysteresis marks for every GPU and MIG instance."""
+        return Marks(
+            elevated_ratio=self.elevated_ratio,
+            critical_ratio=self.critical_ratio,
+            clear_ratio=self.clear_ratio,
+            hold_seconds=self.hold_seconds,
+            elevated_bytes=self.elevated_bytes,
+            critical_bytes=self.critical_bytes,
+            clear_bytes=self.clear_bytes,
+        )
+
+    def host_marks(self) -> Marks:
+        """Hysteresis marks for host memory (psutil used = total - available)."""
+        return Marks(
+            elevated_ratio=self.host_elevated_ratio,
+            critical_ratio=self.host_critical_ratio,
+            clear_ratio=self.host_clear_ratio,
+            hold_seconds=self.hold_seconds,
+        )
+
+    def policy(self) -> PolicyConfig:
+        """The pure ladder's configuration."""
+        return PolicyConfig(
+            target_ratio=self.target_ratio,
+            resume_ratio=self.resume_ratio,
+            readdress_after_seconds=self.readdress_after_seconds,
+            max_readdress=self.max_readdress,
+            reclaim_after_seconds=self.readdress_deadline_seconds,
+            dry_run=self.dry_run,
+            host_target_ratio=self.host_target_ratio,
+        )
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     server: ServerSettings = field(default_factory=ServerSettings)
     inventory: InventorySettings = field(default_factory=InventorySettings)
     zone: ZoneSettings = field(default_factory=ZoneSettings)
     arbitration: ArbitrationSettings = field(default_factory=ArbitrationSettings)
+    airlock: AirlockSettings = field(default_factory=AirlockSettings)
 
     def validate(self) -> None:
         if self.inventory.gpu_backend not in ("nvml", "fake"):
@@ -87,9 +233,90 @@ class AgentConfig:
             raise ConfigError("must be in (0, 60] s", field="arbitration.lease_ttl_seconds")
         if self.zone.heartbeat_seconds <= 0:
             raise ConfigError("must be > 0", field="zone.heartbeat_seconds")
+        _validate_airlock(self.airlock)
 
     def replace_server(self, **changes: object) -> AgentConfig:
         return dataclasses.replace(self, server=dataclasses.replace(self.server, **changes))  # type: ignore[arg-type]
+
+
+def _ratio(a: AirlockSettings, name: str) -> None:
+    value = float(getattr(a, name))
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(f"must be in (0, 1], got {value}", field=f"airlock.{name}")
+
+
+def _validate_airlock(a: AirlockSettings) -> None:
+    """Every bad airlock value raises one ConfigError naming its key."""
+    if not 0.001 <= a.poll_seconds <= 60:
+        raise ConfigError(
+            f"must be between 1 ms and 60 s, got {a.poll_seconds}", field="airlock.poll_seconds"
+        )
+    for name in (
+        "elevated_ratio",
+        "critical_ratio",
+        "clear_ratio",
+        "target_ratio",
+        "resume_ratio",
+        "host_elevated_ratio",
+        "host_critical_ratio",
+        "host_clear_ratio",
+        "host_target_ratio",
+    ):
+        _ratio(a, name)
+    for prefix in ("", "host_"):
+        clear = getattr(a, f"{prefix}clear_ratio")
+        elevated = getattr(a, f"{prefix}elevated_ratio")
+        critical = getattr(a, f"{prefix}critical_ratio")
+        if clear > elevated:
+            raise ConfigError(
+                f"must be <= {prefix}elevated_ratio ({elevated}), got {clear}",
+                field=f"airlock.{prefix}clear_ratio",
+            )
+        if elevated > critical:
+            raise ConfigError(
+                f"must be <= {prefix}critical_ratio ({critical}), got {elevated}",
+                field=f"airlock.{prefix}elevated_ratio",
+            )
+    for name in ("elevated_bytes", "critical_bytes", "clear_bytes"):
+        value = getattr(a, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"must be > 0 bytes, got {value}", field=f"airlock.{name}")
+    if (
+        a.clear_bytes is not None
+        and a.elevated_bytes is not None
+        and a.clear_bytes > a.elevated_bytes
+    ):
+        raise ConfigError("must be <= airlock.elevated_bytes", field="airlock.clear_bytes")
+    if (
+        a.elevated_bytes is not None
+        and a.critical_bytes is not None
+        and a.elevated_bytes > a.critical_bytes
+    ):
+        raise ConfigError("must be <= airlock.critical_bytes", field="airlock.elevated_bytes")
+    for name in (
+        "hold_seconds",
+        "readdress_after_seconds",
+        "readdress_deadline_seconds",
+        "reclaim_grace_seconds",
+    ):
+        value = getattr(a, name)
+        if not 0 <= value <= 7 * 86400:
+            raise ConfigError(
+                f"must be between 0 s and 7 days, got {value}", field=f"airlock.{name}"
+            )
+    if a.readdress_deadline_seconds < a.readdress_after_seconds:
+        raise ConfigError(
+            f"must be >= airlock.readdress_after_seconds ({a.readdress_after_seconds} s), "
+            f"got {a.readdress_deadline_seconds}",
+            field="airlock.readdress_deadline_seconds",
+        )
+    if not 0 <= a.max_readdress <= 100:
+        raise ConfigError(f"must be 0..100, got {a.max_readdress}", field="airlock.max_readdress")
+    if not 0 <= a.host_psi_elevated_percent <= 100:
+        raise ConfigError(
+            f"must be 0..100, got {a.host_psi_elevated_percent}",
+            field="airlock.host_psi_elevated_percent",
+        )
 
 
 def _is_host_port(value: str) -> bool:

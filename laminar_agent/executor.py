@@ -355,6 +355,11 @@ class Executor:
         """Wait until the subjob's exit has been reported."""
         await self._get(subjob_id).done.wait()
 
+    def pid_of(self, subjob_id: str) -> int | None:
+        """Process group id (the shim's pid) of a subjob still running, else None."""
+        tracked = self._tracked.get(subjob_id)
+        return None if tracked is None or tracked.done.is_set() else tracked.pid
+
     def is_running(self, subjob_id: str) -> bool:
         tracked = self._tracked.get(subjob_id)
         return tracked is not None and not tracked.done.is_set()

@@ -1,8 +1,14 @@
-"""Heartbeats to the zone router: capacity summary plus unacknowledged subjob events.
+"""Heartbeats to the zone router: capacity summary, unacknowledged subjob events, Airlock
+actions and the subjobs Airlock wants re-placed.
 
 Events stay in the journal until the router acknowledges their sequence number,
-so a router restart or a lost reply never loses a subjob's end. A subjob event
-wakes the loop at once instead of waiting for the next period.
+so a router restart or a lost reply never loses a subjob's end. Airlock actions
+are sent the same way (``acked_action_seq``, kept in the journal's meta table);
+a router that answers a heartbeat carrying actions with ``acked_action_seq`` 0
+does not keep them, so until it acknowledges one each action is sent only once.
+``readdress_subjob_ids`` is the full current list on every heartbeat: a subjob is
+on it from Airlock's re-address decision until it ends. A subjob event wakes the
+loop at once instead of waiting for the next period.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
 log = logging.getLogger("laminar.agent.heartbeat")
 
 MAX_EVENTS_PER_HEARTBEAT = 500
+MAX_ACTIONS_PER_HEARTBEAT = 200
+ACKED_ACTION_META = "acked_action_seq"
 
 
 class HeartbeatClient:
@@ -30,12 +38,18 @@ class HeartbeatClient:
         summary: Callable[[], common_pb2.AgentSummary],
         journal: Journal,
         to_event: Callable[[int, str, str, str, float], common_pb2.SubjobEvent | None],
+        *,
+        readdress_ids: Callable[[], list[str]] | None = None,
     ) -> None:
         self.zone_address = zone_address
         self.period_seconds = period_seconds
         self._summary = summary
         self._journal = journal
         self._to_event = to_event
+        self._readdress_ids = readdress_ids
+        #: Highest action seq sent so far, and whether the router acknowledges actions.
+        self._sent_action_seq = 0
+        self._router_acks_actions = True
         self.wake = asyncio.Event()
         self.sent = 0
         self.failures = 0
@@ -64,6 +78,23 @@ class HeartbeatClient:
             event = self._to_event(row.seq, row.subjob_id, row.state, row.reason, row.at_unix)
             if event is not None:
                 request.events.append(event)
+        acked_actions = int(self._journal.get_meta(ACKED_ACTION_META) or "0")
+        cursor = acked_actions if self._router_acks_actions else self._sent_action_seq
+        for action in self._journal.actions_after(
+            max(cursor, acked_actions), MAX_ACTIONS_PER_HEARTBEAT
+        ):
+            request.airlock_actions.add(
+                seq=action.seq,
+                at_unix=action.at_unix,
+                step=action.step,
+                subjob_id=action.subjob_id,
+                slice_id=action.slice_id,
+                reason=action.reason,
+                bytes_freed=action.bytes_freed,
+                dry_run=action.dry_run,
+            )
+        if self._readdress_ids is not None:
+            request.readdress_subjob_ids.extend(self._readdress_ids())
         try:
             reply = await stub.Heartbeat(request, timeout=max(1.0, self.period_seconds))  # type: ignore[misc]
         except grpc.aio.AioRpcError as exc:
@@ -84,5 +115,14 @@ class HeartbeatClient:
         self.sent += 1
         if reply.acked_seq:
             self._journal.ack_events(reply.acked_seq)
+        sent_max = max((a.seq for a in request.airlock_actions), default=0)
+        if sent_max:
+            self._sent_action_seq = max(self._sent_action_seq, sent_max)
+            self._router_acks_actions = reply.acked_action_seq > 0
+        if reply.acked_action_seq > acked_actions:
+            self._journal.set_meta(
+                ACKED_ACTION_META,
+                str(min(reply.acked_action_seq, max(self._sent_action_seq, acked_actions))),
+            )
         if reply.period_seconds > 0:
             self.period_seconds = reply.period_seconds

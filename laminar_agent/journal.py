@@ -362,25 +362,20 @@ class Journal:
         )
         return int(cur.lastrowid or 0)
 
+    def actions_after(self, seq: int, limit: int = 100) -> list[ActionRow]:
+        """Actions with a sequence number above ``seq``, oldest first."""
+        rows = self._conn.execute(
+            "SELECT * FROM airlock_actions WHERE seq>? ORDER BY seq LIMIT ?", (seq, limit)
+        ).fetchall()
+        return [_action(r) for r in rows]
+
     def recent_actions(self, limit: int = 100) -> list[ActionRow]:
         """Most recent actions, oldest first."""
         rows = self._conn.execute(
             "SELECT * FROM (SELECT * FROM airlock_actions ORDER BY seq DESC LIMIT ?) ORDER BY seq",
             (limit,),
         ).fetchall()
-        return [
-            ActionRow(
-                seq=r["seq"],
-                at_unix=r["at_unix"],
-                step=r["step"],
-                subjob_id=r["subjob_id"],
-                slice_id=r["slice_id"],
-                reason=r["reason"],
-                bytes_freed=r["bytes_freed"],
-                dry_run=bool(r["dry_run"]),
-            )
-            for r in rows
-        ]
+        return [_action(r) for r in rows]
 
     def close(self) -> None:
         self._conn.close()
@@ -394,4 +389,17 @@ def _event(r: sqlite3.Row) -> EventRow:
         reason=r["reason"],
         at_unix=r["at_unix"],
         acked=bool(r["acked"]),
+    )
+
+
+def _action(r: sqlite3.Row) -> ActionRow:
+    return ActionRow(
+        seq=r["seq"],
+        at_unix=r["at_unix"],
+        step=r["step"],
+        subjob_id=r["subjob_id"],
+        slice_id=r["slice_id"],
+        reason=r["reason"],
+        bytes_freed=r["bytes_freed"],
+        dry_run=bool(r["dry_run"]),
     )

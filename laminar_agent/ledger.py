@@ -42,6 +42,15 @@ The goal is to minimise fragmentation:
   keeps other GPUs free for re-partitioning.
 
 Ties are broken by slice id, so results never depend on dict order.
+
+Reservations
+------------
+Priority preemption (Airlock) frees a slice by reclaiming lower-priority
+subjobs, which takes a grace period. Meanwhile the slice is *reserved* for the
+preempting probe (:meth:`Ledger.reserve`, with a deadline): no probe with another
+``owner`` is placed on it, so the room made for one job is not taken by another
+as soon as the victims' capacity is released. A reservation holds no capacity
+itself and never affects the over-commit invariant.
 """
 
 from __future__ import annotations
@@ -115,6 +124,8 @@ class ProbeOrder:
     ttl_seconds: float
     slice_id: str = ""
     subjob_id: str = ""
+    #: Reservation owner; reserved slices are placed only for probes of the same owner.
+    owner: str = ""
 
 
 @dataclass
@@ -222,6 +233,8 @@ class Ledger:
         self._leases: dict[str, LeaseRecord] = {}
         # Per slice: [committed_milli, leased_milli, committed_memory, leased_memory].
         self._usage: dict[str, list[int]] = {sid: [0, 0, 0, 0] for sid in self.slices}
+        # slice_id -> (owner, expires_at) of a preemption reservation.
+        self._reserved: dict[str, tuple[str, float]] = {}
 
     # ----------------------------------------------------------------- queries
 
@@ -292,6 +305,83 @@ class Ledger:
 
     # ------------------------------------------------------------------- fits
 
+    def reservations(self) -> dict[str, tuple[str, float]]:
+        """slice_id -> (owner, expires_at) of the live reservations."""
+        return dict(self._reserved)
+
+    def reserve(self, owner: str, slice_ids: Sequence[str], expires_at: float) -> None:
+        """Keep ``slice_ids`` for probes of ``owner`` until ``expires_at`` or :meth:`unreserve`.
+
+        FailedPrecondition if one is already reserved by another owner.
+        """
+        if not owner:
+            raise InvalidArgument("must not be empty", field="owner")
+        for sid in slice_ids:
+            if sid not in self.slices:
+                raise NotFound(f"unknown slice {sid!r}", field="slice_ids")
+            held = self._reserved.get(sid)
+            if held is not None and held[0] != owner:
+                raise FailedPrecondition(
+                    f"slice {sid!r} is reserved by {held[0]!r}", field="slice_ids"
+                )
+        for sid in slice_ids:
+            self._reserved[sid] = (owner, expires_at)
+
+    def unreserve(self, owner: str) -> list[str]:
+        """Drop every reservation of ``owner``; returns the slice ids."""
+        mine = sorted(sid for sid, (who, _) in self._reserved.items() if who == owner)
+        for sid in mine:
+            del self._reserved[sid]
+        return mine
+
+    def _open_to(self, s: Slice, owner: str) -> bool:
+        held = self._reserved.get(s.slice_id)
+        return held is None or held[0] == owner
+
+    def shape_candidates(self, demand: Demand, slice_id: str = "", owner: str = "") -> list[Slice]:
+        """Slices whose shape and size could hold ``demand`` if they were empty (use ignored,
+        reservations of other owners excluded), in slice id order; [] for CPU-only."""
+        validate_demand(demand)
+        if _is_cpu_only(demand):
+            return []
+        if slice_id:
+            candidates = [self.slices[slice_id]] if slice_id in self.slices else []
+        else:
+            candidates = list(self.slices.values())
+        candidates = [s for s in candidates if self._open_to(s, owner)]
+        if demand.gpu_model:
+            candidates = [s for s in candidates if s.gpu_model == demand.gpu_model]
+        if demand.gpus > 0:
+            kinds = (SliceKind.WHOLE_GPU, SliceKind.SHARED_GPU)
+            return [
+                s
+                for s in candidates
+                if s.kind in kinds and s.memory_total_bytes >= demand.gpu_memory_bytes
+            ]
+        if demand.mig_profile:
+            return [
+                s
+                for s in candidates
+                if s.kind is SliceKind.MIG
+                and s.mig_profile == demand.mig_profile
+                and s.memory_total_bytes >= demand.gpu_memory_bytes
+            ]
+        return [
+            s
+            for s in candidates
+            if s.kind is SliceKind.SHARED_GPU
+            and s.capacity_milli >= demand.gpu_milli
+            and s.memory_total_bytes >= demand.gpu_memory_bytes
+        ]
+
+    @staticmethod
+    def room_needed(demand: Demand, s: Slice) -> tuple[int, int]:
+        """(bytes, milli) that must be free on ``s`` for one slice of ``demand``: all of it for
+        whole GPUs and MIG (they need an unused slice), the share itself for shares."""
+        if demand.gpus > 0 or demand.mig_profile:
+            return s.memory_total_bytes, s.capacity_milli
+        return demand.gpu_memory_bytes, demand.gpu_milli
+
     def fit(self, demand: Demand, slice_id: str = "") -> _Fit | str:
         """Dry run: the placement arbitration would choose now, or why it would bounce."""
         result = self._fit(demand, slice_id)
@@ -304,7 +394,7 @@ class Ledger:
             return Bounced("", result.reason, result.retryable)
         return result
 
-    def _fit(self, demand: Demand, slice_id: str) -> _Fit | _NoFit:
+    def _fit(self, demand: Demand, slice_id: str, owner: str = "") -> _Fit | _NoFit:
         validate_demand(demand)
         if _is_cpu_only(demand):
             return (), 1.0
@@ -314,6 +404,16 @@ class Ledger:
             candidates = [self.slices[slice_id]]
         else:
             candidates = list(self.slices.values())
+        if self._reserved:
+            open_ = [s for s in candidates if self._open_to(s, owner)]
+            if not open_:
+                return _NoFit(
+                    f"slice {candidates[0].slice_id} is reserved for a preemption"
+                    if len(candidates) == 1
+                    else "every candidate slice is reserved for a preemption",
+                    True,
+                )
+            candidates = open_
         model_note = ""
         if demand.gpu_model:
             candidates = [s for s in candidates if s.gpu_model == demand.gpu_model]
@@ -473,7 +573,7 @@ class Ledger:
         if not math.isfinite(probe.value):
             return Bounced(probe.probe_id, f"value: must be finite, got {probe.value}", False)
         try:
-            result = self._fit(probe.demand, probe.slice_id)
+            result = self._fit(probe.demand, probe.slice_id, probe.owner)
         except InvalidArgument as exc:
             return Bounced(probe.probe_id, exc.message, False)
         if isinstance(result, _NoFit):
@@ -525,7 +625,9 @@ class Ledger:
         return lease
 
     def expire(self, now: float) -> list[LeaseRecord]:
-        """Drop uncommitted leases whose deadline is at or before ``now``."""
+        """Drop uncommitted leases (and reservations) whose deadline is at or before ``now``."""
+        for sid in [sid for sid, (_, until) in self._reserved.items() if until <= now]:
+            del self._reserved[sid]
         lapsed = [
             lease for lease in self.leases() if not lease.committed and lease.expires_at <= now
         ]

@@ -1,4 +1,5 @@
-"""Prometheus metrics of laminar-agent (``laminar_agent_*``, base units, injectable registry)."""
+"""Prometheus metrics of laminar-agent (``laminar_agent_*``, ``laminar_airlock_*``; base units,
+bounded labels, injectable registry)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,58 @@ class AgentMetrics:
         self.subjobs = Gauge(
             "laminar_agent_subjobs", "Live subjobs by state", ["state"], registry=r
         )
+        # -- Airlock ------------------------------------------------------------------
+        self.airlock_actions_total = Counter(
+            "laminar_airlock_actions_total",
+            "Airlock actions by step (suspend, release_memory, resume, readdress, reclaim) and "
+            "reason class (gpu_pressure, host_pressure, cleared, suspended_too_long, deadline, "
+            "preempted); dry_run=true ones were recorded, not carried out",
+            ["step", "reason", "dry_run"],
+            registry=r,
+        )
+        self.airlock_level_seconds_total = Counter(
+            "laminar_airlock_level_seconds_total",
+            "Seconds spent in each pressure level, summed over the devices of a kind "
+            "(whole_gpu, shared_gpu, mig, gpu for a MIG parent) or the host",
+            ["kind", "level"],
+            registry=r,
+        )
+        self.airlock_freed_bytes_total = Counter(
+            "laminar_airlock_freed_bytes_total",
+            "Memory freed by Airlock actions as counted when deciding them (gpu: device memory, "
+            "host: resident memory, ledger: capacity freed for preemption)",
+            ["resource"],
+            registry=r,
+        )
+        self.airlock_work_lost_gpu_seconds_total = Counter(
+            "laminar_airlock_work_lost_gpu_seconds_total",
+            "Work since start thrown away by reclaims, preemptions and re-addressing, in "
+            "GPU-seconds",
+            ["reason"],
+            registry=r,
+        )
+        self.airlock_level = Gauge(
+            "laminar_airlock_level",
+            "Current pressure level per device or 'host' (1 normal, 2 elevated, 3 critical)",
+            ["device"],
+            registry=r,
+        )
+
+    def record_airlock_action(
+        self,
+        step: str,
+        reason: str,
+        *,
+        resource: str,
+        bytes_freed: int,
+        work_lost_gpu_seconds: float,
+        dry_run: bool,
+    ) -> None:
+        """Count one journaled Airlock action; dry-run actions free nothing and lose nothing."""
+        self.airlock_actions_total.labels(step, reason, "true" if dry_run else "false").inc()
+        if dry_run:
+            return
+        if bytes_freed > 0:
+            self.airlock_freed_bytes_total.labels(resource).inc(bytes_freed)
+        if work_lost_gpu_seconds > 0:
+            self.airlock_work_lost_gpu_seconds_total.labels(reason).inc(work_lost_gpu_seconds)

@@ -5,6 +5,12 @@ are settled together by :meth:`Ledger.arbitrate` in a deterministic order
 (priority class, then value, then arrival). Committing a lease launches the
 subjob; its exit frees the capacity and is journaled as an event with a seq
 number that the zone router acknowledges.
+
+A probe with ``allow_preemption`` that bounces asks the Airlock ladder
+(:mod:`laminar_agent.preemption`) for strictly lower-priority victims on slices
+that would then fit. The victims are reclaimed (SIGTERM, grace, SIGKILL) while
+those slices are reserved for the probe; the lease is granted only once their
+capacity is released in the ledger. Preemptions run one at a time.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from airlock.policy import PRIORITY_NAMES
 from laminar_agent.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
 from laminar_agent.executor import Executor, ExitInfo, LaunchSpec
 from laminar_agent.grpcutil import check_number, check_str
@@ -36,6 +45,8 @@ from laminar_agent.ledger import (
     SliceKind,
     validate_demand,
 )
+from laminar_agent.metrics import AgentMetrics
+from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
 from laminar_api.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger("laminar.agent.node")
@@ -46,6 +57,10 @@ DEFAULT_LEASE_TTL_SECONDS = 0.2
 MAX_LEASE_TTL_SECONDS = 60.0
 MAX_COMMAND_ARGS = 4096
 MAX_ENV_VARS = 256
+#: Journal reason prefix of a subjob the agent is stopping; its end is KILLED.
+TERMINATING = "terminating: "
+#: How long a preemption waits for its victims beyond their grace period.
+PREEMPT_MARGIN_SECONDS = 10.0
 
 
 def slices_from_gpus(gpus: Sequence[GpuInfo]) -> list[Slice]:
@@ -130,6 +145,9 @@ class Node:
         *,
         batch_seconds: float = 0.001,
         lease_ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS,
+        preempt_grace_seconds: float = 5.0,
+        airlock_dry_run: bool = False,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.backend = backend
@@ -150,6 +168,13 @@ class Node:
         self.is_draining = False
         #: Live (non-terminal) subjob states, kept in memory so summaries stay off the journal.
         self.live_states: dict[str, str] = {}
+        #: Live subjobs the agent is stopping (TERMINATE sent): never chosen as victims again.
+        self.terminating: set[str] = set()
+        self.preempt_grace_seconds = preempt_grace_seconds
+        self.airlock_dry_run = airlock_dry_run
+        self.metrics = metrics
+        self._preempt_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- recovery -------------------------------------------------------------------------
 
@@ -173,7 +198,7 @@ class Node:
                     # overcommit the slice. Stop it and say why.
                     log.error("cannot re-adopt subjob %s: %s; stopping it", row.subjob_id, exc)
                     self.journal.update_subjob(
-                        row.subjob_id, reason=f"terminating: cannot re-adopt its capacity ({exc})"
+                        row.subjob_id, reason=f"{TERMINATING}cannot re-adopt its capacity ({exc})"
                     )
                     self.executor.kill(row.subjob_id)
                     lost += 1
@@ -233,6 +258,9 @@ class Node:
             slice_id=request.slice_id,
         )
         result = await self._settle(order)
+        preempted: list[str] = []
+        if isinstance(result, Bounced) and request.allow_preemption and result.retryable:
+            result, preempted = await self._preempt(order, result)
         if isinstance(result, Bounced):
             log.debug(
                 "probe %s for job %s bounced: %s", request.probe_id, request.job_id, result.reason
@@ -240,10 +268,15 @@ class Node:
             return agent_pb2.ProbeReply(
                 bounce=agent_pb2.Bounce(reason=result.reason, retryable=result.retryable),
                 summary=self.summary(),
+                preempted_subjob_ids=preempted,
             )
         lease = result.lease
         self._journal_lease(lease, "")
-        reply = agent_pb2.ProbeReply(lease=self._lease_message(lease), summary=self.summary())
+        reply = agent_pb2.ProbeReply(
+            lease=self._lease_message(lease),
+            summary=self.summary(),
+            preempted_subjob_ids=preempted,
+        )
         if request.commit_if_fits:
             spec = common_pb2.SubjobSpec()
             spec.CopyFrom(request.spec)
@@ -252,6 +285,189 @@ class Node:
             spec.priority = spec.priority or request.priority
             reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec))
         return reply
+
+    # -- priority preemption ---------------------------------------------------------------
+
+    def _holders(self) -> dict[str, HolderFacts]:
+        """Facts about every live subjob, for the preemption plan (read from the journal)."""
+        facts: dict[str, HolderFacts] = {}
+        for subjob_id in sorted(self.live_states):
+            row = self.journal.get_subjob(subjob_id)
+            if row is None:
+                continue
+            spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
+            facts[subjob_id] = HolderFacts(
+                job_id=row.job_id,
+                priority=int(spec.priority) or row.priority or common_pb2.BATCH,
+                lifecycle=int(spec.lifecycle) or common_pb2.LONG,
+                started_at=row.started_unix,
+                is_terminating=subjob_id in self.terminating,
+            )
+        return facts
+
+    async def _preempt(
+        self, order: ProbeOrder, bounce: Bounced
+    ) -> tuple[Granted | Bounced, list[str]]:
+        """Make room for ``order`` by reclaiming strictly lower-priority subjobs, then settle it.
+
+        Returns the outcome and the victims' ids (empty when none were reclaimed).
+        """
+        async with self._preempt_lock:
+            # Room may have appeared while an earlier preemption ran.
+            again = await self._settle(replace(order, arrival_seq=next(self._arrivals)))
+            if isinstance(again, Granted):
+                return again, []
+            now = time.time()
+            plan = plan_preemption(
+                self.ledger,
+                order.demand,
+                order.priority,
+                self._holders(),
+                now,
+                slice_id=order.slice_id,
+            )
+            cls = PRIORITY_NAMES.get(order.priority, str(order.priority))
+            if plan is None or not plan.victims:
+                why = (
+                    "no lower-priority work to reclaim would make it fit"
+                    if plan is None
+                    else "room is free but could not be leased"
+                )
+                return (
+                    Bounced(order.probe_id, f"{again.reason}; preemption for {cls}: {why}", True),
+                    [],
+                )
+            victims = plan.victims
+            self._journal_preemption(order, plan, cls, now)
+            if self.airlock_dry_run:
+                return (
+                    Bounced(
+                        order.probe_id,
+                        f"{again.reason}; airlock dry-run: would preempt {', '.join(victims)}",
+                        True,
+                    ),
+                    [],
+                )
+            owner = f"preempt-{uuid.uuid4().hex[:12]}"
+            budget = self.preempt_grace_seconds + PREEMPT_MARGIN_SECONDS
+            self.ledger.reserve(owner, plan.slice_ids, time.monotonic() + budget)
+            try:
+                reasons = self._preemption_reasons(order, plan, cls)
+                for victim in victims:
+                    self._spawn(self._reclaim(victim, reasons[victim]), f"preempt-{victim}")
+                released = await self._wait_ended(victims, budget)
+                if not released:
+                    return (
+                        Bounced(
+                            order.probe_id,
+                            f"preempted {', '.join(victims)} but their capacity was not released "
+                            f"within {budget:.0f} s",
+                            True,
+                        ),
+                        victims,
+                    )
+                result = await self._settle(
+                    replace(order, arrival_seq=next(self._arrivals), owner=owner)
+                )
+            finally:
+                self.ledger.unreserve(owner)
+            log.info(
+                "probe %s of job %s (%s): preempted %s on %s -> %s",
+                order.probe_id,
+                order.job_id,
+                cls,
+                victims,
+                plan.slice_ids,
+                "lease" if isinstance(result, Granted) else f"bounce ({result.reason})",
+            )
+            return result, victims
+
+    def _preemption_reasons(
+        self, order: ProbeOrder, plan: PreemptionPlan, cls: str
+    ) -> dict[str, str]:
+        reasons: dict[str, str] = {}
+        for room in plan.rooms:
+            need = f"{room.needed_bytes / 1024**3:.1f} GiB"
+            if room.needed_milli and room.needed_milli < room.slice.capacity_milli:
+                need += f", {room.needed_milli} milli"
+            for action in room.actions:
+                reasons.setdefault(
+                    action.subjob_id,
+                    f"preempted: by job {order.job_id} ({cls}) needing {room.slice.slice_id} "
+                    f"({need}): {action.reason}",
+                )
+        return reasons
+
+    def _journal_preemption(
+        self, order: ProbeOrder, plan: PreemptionPlan, cls: str, now: float
+    ) -> None:
+        reasons = self._preemption_reasons(order, plan, cls)
+        done: set[str] = set()
+        for room in plan.rooms:
+            for action in room.actions:
+                if action.subjob_id in done:
+                    continue
+                done.add(action.subjob_id)
+                reason = reasons[action.subjob_id]
+                self.journal.append_action(
+                    "reclaim",
+                    action.subjob_id,
+                    room.slice.slice_id,
+                    reason,
+                    max(0, action.expected_bytes_freed),
+                    self.airlock_dry_run,
+                )
+                log.info(
+                    "airlock %sreclaim subjob %s on %s: %s",
+                    "(dry-run) " if self.airlock_dry_run else "",
+                    action.subjob_id,
+                    room.slice.slice_id,
+                    reason,
+                )
+                if self.metrics is not None:
+                    row = self.journal.get_subjob(action.subjob_id)
+                    gpus = len(json.loads(row.slice_ids_json)) if row is not None else 1
+                    started = row.started_unix if row is not None else 0.0
+                    lost = max(0.0, now - started) * max(1, gpus) if started else 0.0
+                    self.metrics.record_airlock_action(
+                        "reclaim",
+                        "preempted",
+                        resource="ledger",
+                        bytes_freed=max(0, action.expected_bytes_freed),
+                        work_lost_gpu_seconds=lost,
+                        dry_run=self.airlock_dry_run,
+                    )
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` to completion even if the RPC that started it is cancelled."""
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _reclaim(self, subjob_id: str, reason: str) -> None:
+        try:
+            await self.signal(subjob_id, agent_pb2.TERMINATE, reason, self.preempt_grace_seconds)
+        except LaminarError as exc:  # it ended on its own meanwhile
+            log.info("reclaim of %s: %s", subjob_id, exc.message)
+
+    async def _wait_ended(self, subjob_ids: Sequence[str], timeout_seconds: float) -> bool:
+        """Wait until every subjob is terminal, i.e. its capacity is released in the ledger."""
+        waiter = asyncio.Event()
+        self._event_waiters.add(waiter)
+        deadline = time.monotonic() + timeout_seconds
+        try:
+            while any(s in self.live_states for s in subjob_ids):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                waiter.clear()
+                try:
+                    await asyncio.wait_for(waiter.wait(), left)
+                except TimeoutError:
+                    pass
+            return True
+        finally:
+            self._event_waiters.discard(waiter)
 
     def _journal_lease(self, lease: LeaseRecord, subjob_id: str) -> None:
         """Persist a lease; with a subjob id it is the committed form that recovery re-adopts."""
@@ -403,12 +619,18 @@ class Node:
         self._record_exit(row, info, "")
 
     def _record_exit(self, row: SubjobRow, info: ExitInfo, context: str) -> None:
-        killed_by_us = row.reason.startswith("terminating")
-        if info.exit_code == 0:
+        """Terminal state and reason. A subjob the agent was stopping ends KILLED however it
+        exited, with the stop's reason first (``preempted: ...``, ``airlock_reclaimed: ...``,
+        ``readdressed: ...``) so routers can tell why by its prefix."""
+        killed_by_us = row.reason.startswith(TERMINATING.strip())
+        if killed_by_us:
+            why = row.reason[len(TERMINATING) :] if row.reason.startswith(TERMINATING) else ""
+            how = f"ended by signal {info.signal}" if info.signal else f"exited {info.exit_code}"
+            state, reason = "KILLED", f"{why}; {how}" if why else how
+        elif info.exit_code == 0:
             state, reason = "SUCCEEDED", "exited 0"
         elif info.signal:
-            state = "KILLED" if killed_by_us else "FAILED"
-            reason = f"ended by signal {info.signal}" + (f" ({row.reason})" if killed_by_us else "")
+            state, reason = "FAILED", f"ended by signal {info.signal}"
         else:
             state, reason = (
                 "FAILED",
@@ -434,6 +656,7 @@ class Node:
         if row.lease_id:
             self.ledger.release(row.lease_id)
             self.journal.delete_lease(row.lease_id)
+        self.terminating.discard(subjob_id)
         self.journal.update_subjob(subjob_id, ended_unix=ended_unix or time.time())
         self._set_state(subjob_id, state, reason)
         log.info("subjob %s %s: %s", subjob_id, state.lower(), reason)
@@ -462,6 +685,10 @@ class Node:
                 f"subjob {subjob_id} has ended ({row.state.lower()})", field="subjob_id"
             )
         why = reason or "requested"
+        if subjob_id in self.terminating and signal in (agent_pb2.SUSPEND, agent_pb2.RESUME):
+            raise FailedPrecondition(
+                f"subjob {subjob_id} is being stopped ({row.reason})", field="subjob_id"
+            )
         if signal == agent_pb2.SUSPEND:
             self.executor.suspend(subjob_id)
             self._set_state(subjob_id, "SUSPENDED", f"suspended: {why}")
@@ -471,7 +698,8 @@ class Node:
         elif signal == agent_pb2.RELEASE_MEMORY:
             self.executor.release_memory(subjob_id)
         elif signal == agent_pb2.TERMINATE:
-            self.journal.update_subjob(subjob_id, reason=f"terminating: {why}")
+            self.terminating.add(subjob_id)
+            self.journal.update_subjob(subjob_id, reason=f"{TERMINATING}{why}")
             await self.executor.terminate(subjob_id, grace_seconds or None)
         else:
             raise InvalidArgument(f"unknown signal {signal}", field="signal")
@@ -598,5 +826,8 @@ class Node:
         return summary
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self.executor.close()
         self.journal.close()

@@ -1,4 +1,6 @@
-"""laminar-agent lifecycle: inventory -> bind gRPC -> health SERVING -> READY=1 -> tick loop.
+"""laminar-agent lifecycle: inventory -> journal recovery -> Airlock -> bind gRPC -> health
+SERVING -> READY=1 -> tick loop (memory signals and the Airlock ladder every
+``airlock.poll_seconds``).
 
 Signal handlers only set an event; a second signal forces exit. Shutdown:
 STOPPING=1 -> health NOT_SERVING -> stop accepting (grace) -> cancel root tasks
@@ -20,6 +22,7 @@ from typing import Any
 import grpc
 from prometheus_client import start_http_server
 
+from airlock.signals import HostMemorySource
 from laminar_agent.config import AgentConfig
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.heartbeat import HeartbeatClient
@@ -33,8 +36,6 @@ from laminar_api.v1 import agent_pb2, agent_pb2_grpc
 log = logging.getLogger("laminar.agent")
 
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
-#: Memory signals are cheap; poll them often (Airlock's default period).
-POLL_SECONDS = 0.1
 
 
 class Status(enum.Enum):
@@ -47,8 +48,16 @@ class Status(enum.Enum):
 
 
 class AgentServer:
-    def __init__(self, config: AgentConfig, *, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        notifier: Notifier | None = None,
+        host_memory: HostMemorySource | None = None,
+    ) -> None:
+        """``host_memory`` replaces psutil as Airlock's host signal (tests, simulation)."""
         self.config = config
+        self._host_memory = host_memory
         self.notifier = notifier or Notifier(None)
         self.status = Status.CREATED
         self.stop_event = asyncio.Event()
@@ -81,6 +90,8 @@ class AgentServer:
             state_dir,
             batch_seconds=cfg.arbitration.batch_seconds,
             lease_ttl_seconds=cfg.arbitration.lease_ttl_seconds,
+            airlock=cfg.airlock,
+            host_memory=self._host_memory,
         )
         adopted, lost = self.state.node.recover()
         log.info("journal recovery: %d subjob(s) re-adopted, %d ended while down", adopted, lost)
@@ -125,6 +136,7 @@ class AgentServer:
                 self.state.summary_message,
                 node.journal,
                 node.event_message,
+                readdress_ids=self.state.airlock.readdress_ids,
             )
             node.add_event_waiter(self.heartbeat.wake)
             self._tasks.append(
@@ -157,13 +169,14 @@ class AgentServer:
             airlock = self.state.airlock
             if self.state.node.live_states and not airlock.is_busy:
                 self._airlock_task = asyncio.create_task(
-                    airlock.step_logged(readings), name="airlock-step"
+                    airlock.step_logged(readings, self.state.host_sample, self.state.host_level),
+                    name="airlock-step",
                 )
             if interval is not None and loop.time() - last_watchdog >= interval:
                 self.notifier.notify("WATCHDOG=1")
                 last_watchdog = loop.time()
             try:
-                await asyncio.wait_for(self.stop_event.wait(), POLL_SECONDS)
+                await asyncio.wait_for(self.stop_event.wait(), self.config.airlock.poll_seconds)
             except TimeoutError:
                 pass
 

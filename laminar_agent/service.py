@@ -59,7 +59,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def Release(
         self, request: agent_pb2.ReleaseRequest, context: Ctx
     ) -> agent_pb2.ReleaseReply:
-        return agent_pb2.ReleaseReply(released=self._node.release(list(request.lease_ids)))
+        released = self._node.release(list(request.lease_ids))
+        return agent_pb2.ReleaseReply(released=released, summary=self._state.summary_message())
 
     @map_errors
     async def GetInventory(

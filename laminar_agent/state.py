@@ -13,8 +13,10 @@ from pathlib import Path
 
 import psutil
 
-from airlock.levels import Level, LevelTracker
+from airlock.levels import Level, LevelTracker, Marks
+from airlock.signals import HostMemory, HostMemorySource, PsutilHostMemory
 from laminar_agent.airlock_driver import AirlockDriver
+from laminar_agent.config import AirlockSettings
 from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.metrics import AgentMetrics
@@ -24,6 +26,9 @@ from laminar_api.v1 import agent_pb2, common_pb2
 log = logging.getLogger("laminar.agent")
 
 VERSION = "0.1.0"
+HOST_KEY = "host"
+_PSI_KEY = "host-psi"
+_LEVEL_NAMES = {Level.NORMAL: "normal", Level.ELEVATED: "elevated", Level.CRITICAL: "critical"}
 
 
 class AgentState:
@@ -36,25 +41,61 @@ class AgentState:
         *,
         batch_seconds: float = 0.001,
         lease_ttl_seconds: float = 0.2,
+        airlock: AirlockSettings | None = None,
+        host_memory: HostMemorySource | None = None,
     ) -> None:
+        """``host_memory`` replaces psutil as the host signal (tests, simulation)."""
         self.agent_id = agent_id
         self.hostname = socket.gethostname()
         self.backend = backend
         self.metrics = metrics
         self.address = ""
         self.generation = 0
+        settings = airlock if airlock is not None else AirlockSettings()
+        self.airlock_settings = settings
         self.node = Node(
             agent_id,
             backend,
             state_dir,
             batch_seconds=batch_seconds,
             lease_ttl_seconds=lease_ttl_seconds,
+            preempt_grace_seconds=settings.reclaim_grace_seconds,
+            airlock_dry_run=settings.dry_run,
+            metrics=metrics,
         )
         #: Pressure levels per device with hysteresis (Airlock's signal stage).
-        self.levels = LevelTracker()
+        self.levels = LevelTracker(settings.slice_marks())
         self.level_by_device: dict[str, Level] = {}
+        #: Host memory: its own marks; PSI (where present) can hold it at ELEVATED.
+        self.host_source: HostMemorySource = (
+            host_memory if host_memory is not None else PsutilHostMemory()
+        )
+        self.host_levels = LevelTracker(settings.host_marks())
+        psi = settings.host_psi_elevated_percent / 100.0
+        self._psi_levels = (
+            LevelTracker(
+                Marks(
+                    elevated_ratio=psi,
+                    critical_ratio=1.0,
+                    clear_ratio=psi / 2,
+                    hold_seconds=settings.hold_seconds,
+                )
+            )
+            if psi > 0
+            else None
+        )
+        self.host_level = Level.NORMAL
+        self.host_sample: HostMemory | None = None
+        self._kind_by_device = {s.device_uuid: s.kind for s in self.node.slices}
+        self._last_poll: float | None = None
         #: Runs the Airlock ladder on each tick's readings.
-        self.airlock = AirlockDriver(self.node, self.levels)
+        self.airlock = AirlockDriver(
+            self.node,
+            self.levels,
+            settings.policy(),
+            metrics=metrics,
+            reclaim_grace_seconds=settings.reclaim_grace_seconds,
+        )
 
     @property
     def is_draining(self) -> bool:
@@ -73,18 +114,54 @@ class AgentState:
         self.metrics.draining.set(1 if draining else 0)
 
     def poll_memory(self) -> dict[str, tuple[int, int]]:
-        """Read per-device memory and publish it as metrics."""
+        """Read per-device and host memory, update their levels and publish them as metrics."""
         readings = self.backend.memory_used()
         self.metrics.leases.set(self.node.ledger.pending_leases())
         states = list(self.node.live_states.values())
         for state in ("STARTING", "RUNNING", "SUSPENDED"):
             self.metrics.subjobs.labels(state.lower()).set(states.count(state))
         now = time.monotonic()
+        elapsed = 0.0 if self._last_poll is None else max(0.0, now - self._last_poll)
+        self._last_poll = now
         for uuid, (used, total) in readings.items():
-            self.level_by_device[uuid] = self.levels.update(uuid, used, total, now)
+            level = self.levels.update(uuid, used, total, now)
+            self.level_by_device[uuid] = level
             self.metrics.gpu_memory_used_bytes.labels(uuid).set(used)
             self.metrics.gpu_memory_total_bytes.labels(uuid).set(total)
+            self.metrics.airlock_level.labels(uuid).set(int(level))
+            if elapsed:
+                self.metrics.airlock_level_seconds_total.labels(
+                    self._device_kind(uuid), _LEVEL_NAMES[level]
+                ).inc(elapsed)
+        self._poll_host(now, elapsed)
         return readings
+
+    def _device_kind(self, uuid: str) -> str:
+        kind = self._kind_by_device.get(uuid)
+        return "gpu" if kind is None else kind.name.lower()
+
+    def _poll_host(self, now: float, elapsed: float) -> None:
+        try:
+            sample = self.host_source.read()
+        except Exception as exc:  # a broken source must not stop the tick loop
+            log.warning("host memory signal unreadable: %s", exc)
+            return
+        self.host_sample = sample
+        level = self.host_levels.update(HOST_KEY, sample.used_bytes, sample.total_bytes, now)
+        if self._psi_levels is not None and sample.psi_some_avg10 is not None:
+            psi = self._psi_levels.update(_PSI_KEY, int(sample.psi_some_avg10 * 100), 10000, now)
+            level = max(level, min(psi, Level.ELEVATED))
+        self.host_level = level
+        self.metrics.airlock_level.labels(HOST_KEY).set(int(level))
+        if elapsed:
+            self.metrics.airlock_level_seconds_total.labels(HOST_KEY, _LEVEL_NAMES[level]).inc(
+                elapsed
+            )
+
+    @property
+    def pressure(self) -> Level:
+        """The worst level on this host: host memory or any device."""
+        return max([self.host_level, *self.level_by_device.values()])
 
     def inventory_message(self) -> agent_pb2.Inventory:
         readings = self.poll_memory()
@@ -125,6 +202,7 @@ class AgentState:
     def fill_summary(self, summary: common_pb2.AgentSummary) -> None:
         """Add what only the daemon knows (address, hostname, generation) to a node summary."""
         self.generation += 1
+        summary.pressure = int(self.pressure)  # type: ignore[assignment]
         summary.address = self.address
         summary.hostname = self.hostname
         summary.generation = self.generation
@@ -137,12 +215,12 @@ class AgentState:
     def airlock_message(self, max_actions: int) -> agent_pb2.AirlockState:
         """Current pressure levels, suspended subjobs and the ladder's recent actions."""
         readings = self.backend.memory_used()
-        host = psutil.virtual_memory()
-        levels = list(self.level_by_device.values()) or [Level.NORMAL]
+        host = self.host_sample
         state = agent_pb2.AirlockState(
-            host_level=int(max(levels)),  # type: ignore[arg-type]
-            host_memory_used_bytes=host.total - host.available,
-            host_memory_total_bytes=host.total,
+            host_level=int(self.host_level),  # type: ignore[arg-type]
+            host_memory_used_bytes=host.used_bytes if host is not None else 0,
+            host_memory_total_bytes=host.total_bytes if host is not None else 0,
+            dry_run=self.airlock.dry_run,
         )
         for uuid in sorted(readings):
             used, total = readings[uuid]

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from laminar_api.v1 import common_pb2 as laminar__api_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alaminar_api/v1/agent.proto\x12\nlaminar.v1\x1a\x1blaminar_api/v1/common.proto\"\xcc\x02\n\x0cProbeRequest\x12\x10\n\x08probe_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06member\x18\x03 \x01(\r\x12(\n\tresources\x18\x04 \x01(\x0b\x32\x15.laminar.v1.Resources\x12+\n\x08priority\x18\x05 \x01(\x0e\x32\x19.laminar.v1.PriorityClass\x12\r\n\x05value\x18\x06 \x01(\x01\x12\x19\n\x11lease_ttl_seconds\x18\x07 \x01(\x01\x12\x16\n\x0e\x63ommit_if_fits\x18\x08 \x01(\x08\x12$\n\x04spec\x18\t \x01(\x0b\x32\x16.laminar.v1.SubjobSpec\x12\x0f\n\x07\x64ry_run\x18\n \x01(\x08\x12\x18\n\x10\x61llow_preemption\x18\x0b \x01(\x08\x12\x10\n\x08slice_id\x18\x0c \x01(\t\x12\x0e\n\x06tenant\x18\r \x01(\t\"\x99\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x11\n\tslice_ids\x18\x03 \x03(\t\x12\r\n\x05score\x18\x04 \x01(\x01\x12\x14\n\x0c\x65xpires_unix\x18\x05 \x01(\x01\x12\x0e\n\x06job_id\x18\x06 \x01(\t\x12\x0e\n\x06member\x18\x07 \x01(\r\x12\x14\n\x0c\x64\x65vice_uuids\x18\x08 \x03(\t\"+\n\x06\x42ounce\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\tretryable\x18\x02 \x01(\x08\"\xf0\x01\n\nProbeReply\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x11.laminar.v1.LeaseH\x00\x12$\n\x06\x62ounce\x18\x02 \x01(\x0b\x32\x12.laminar.v1.BounceH\x00\x12)\n\x07summary\x18\x03 \x01(\x0b\x32\x18.laminar.v1.AgentSummary\x12\"\n\x06subjob\x18\x04 \x01(\x0b\x32\x12.laminar.v1.Subjob\x12\x11\n\twould_fit\x18\x05 \x01(\x08\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x1c\n\x14preempted_subjob_ids\x18\x07 \x03(\tB\t\n\x07outcome\"=\n\x11ProbeBatchRequest\x12(\n\x06probes\x18\x01 \x03(\x0b\x32\x18.laminar.v1.ProbeRequest\":\n\x0fProbeBatchReply\x12\'\n\x07replies\x18\x01 \x03(\x0b\x32\x16.laminar.v1.ProbeReply\"G\n\rCommitRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12$\n\x04spec\x18\x02 \x01(\x0b\x32\x16.laminar.v1.SubjobSpec\"#\n\x0eReleaseRequest\x12\x11\n\tlease_ids\x18\x01 \x03(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\r\"\x80\x01\n\x0bMigInstance\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x0f\n\x07profile\x18\x02 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x03 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x04\x12\r\n\x05start\x18\x05 \x01(\r\x12\x0c\n\x04size\x18\x06 \x01(\r\"\xbd\x01\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x13\n\x0bmig_enabled\x18\x06 \x01(\x08\x12.\n\rmig_instances\x18\x07 \x03(\x0b\x32\x17.laminar.v1.MigInstance\x12\x0e\n\x06shared\x18\x08 \x01(\x08\"\x90\x03\n\x0bSliceStatus\x12\x10\n\x08slice_id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.laminar.v1.SliceKind\x12\x11\n\tgpu_index\x18\x03 \x01(\r\x12\x13\n\x0b\x64\x65vice_uuid\x18\x04 \x01(\t\x12\x13\n\x0bmig_profile\x18\x05 \x01(\t\x12\x11\n\tgpu_model\x18\x06 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x07 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x08 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_milli\x18\t \x01(\r\x12\x17\n\x0f\x63ommitted_milli\x18\n \x01(\r\x12\x14\n\x0cleased_milli\x18\x0b \x01(\r\x12\x1e\n\x16\x63ommitted_memory_bytes\x18\x0c \x01(\x04\x12\x1b\n\x13leased_memory_bytes\x18\r \x01(\x04\x12+\n\x08pressure\x18\x0e \x01(\x0e\x32\x19.laminar.v1.PressureLevel\x12\x12\n\nsubjob_ids\x18\x0f \x03(\t\"\x89\x02\n\tInventory\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x1d\n\x04gpus\x18\x04 \x03(\x0b\x32\x0f.laminar.v1.Gpu\x12\'\n\x06slices\x18\x05 \x03(\x0b\x32\x17.laminar.v1.SliceStatus\x12\x1f\n\x17host_memory_total_bytes\x18\x06 \x01(\x04\x12#\n\x1bhost_memory_available_bytes\x18\x07 \x01(\x04\x12\x16\n\x0e\x64river_version\x18\x08 \x01(\t\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x0f\n\x07version\x18\n \x01(\t\"\x15\n\x13GetInventoryRequest\"\x13\n\x11GetSummaryRequest\"\\\n\x12ListSubjobsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x06states\x18\x02 \x03(\x0e\x32\x17.laminar.v1.SubjobState\x12\r\n\x05limit\x18\x03 \x01(\r\"7\n\x10ListSubjobsReply\x12#\n\x07subjobs\x18\x01 \x03(\x0b\x32\x12.laminar.v1.Subjob\"%\n\x10GetSubjobRequest\x12\x11\n\tsubjob_id\x18\x01 \x01(\t\"8\n\x13WatchSubjobsRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"y\n\x13SignalSubjobRequest\x12\x11\n\tsubjob_id\x18\x01 \x01(\t\x12(\n\x06signal\x18\x02 \x01(\x0e\x32\x18.laminar.v1.SubjobSignal\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x15\n\rgrace_seconds\x18\x04 \x01(\x01\"W\n\x0fReadLogsRequest\x12\x11\n\tsubjob_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\"?\n\rReadLogsReply\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x04\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\"\x1e\n\x0c\x44rainRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"7\n\nDrainReply\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x17\n\x0frunning_subjobs\x18\x02 \x01(\r\"\xa6\x01\n\rAirlockAction\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07\x61t_unix\x18\x02 \x01(\x01\x12\x0c\n\x04step\x18\x03 \x01(\t\x12\x11\n\tsubjob_id\x18\x04 \x01(\t\x12\x10\n\x08slice_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0b\x62ytes_freed\x18\x07 \x01(\x04\x12\x0f\n\x07\x64ry_run\x18\x08 \x01(\x08\x12\x0e\n\x06job_id\x18\t \x01(\t\"q\n\nSliceLevel\x12\x10\n\x08slice_id\x18\x01 \x01(\t\x12(\n\x05level\x18\x02 \x01(\x0e\x32\x19.laminar.v1.PressureLevel\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\"\x91\x02\n\x0c\x41irlockState\x12-\n\nhost_level\x18\x01 \x01(\x0e\x32\x19.laminar.v1.PressureLevel\x12&\n\x06slices\x18\x02 \x03(\x0b\x32\x16.laminar.v1.SliceLevel\x12%\n\tsuspended\x18\x03 \x03(\x0b\x32\x12.laminar.v1.Subjob\x12\x31\n\x0erecent_actions\x18\x04 \x03(\x0b\x32\x19.laminar.v1.AirlockAction\x12\x0f\n\x07\x64ry_run\x18\x05 \x01(\x08\x12\x1e\n\x16host_memory_used_bytes\x18\x06 \x01(\x04\x12\x1f\n\x17host_memory_total_bytes\x18\x07 \x01(\x04\"(\n\x11GetAirlockRequest\x12\x13\n\x0bmax_actions\x18\x01 \x01(\r\"s\n\x11InjectLoadRequest\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08slice_id\x18\x02 \x01(\t\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x0b\n\x03\x61\x64\x64\x18\x04 \x01(\x08\x12\x18\n\x10\x64uration_seconds\x18\x05 \x01(\x01\")\n\x0fInjectLoadReply\x12\x16\n\x0einjected_bytes\x18\x01 \x01(\x04*i\n\x0cSubjobSignal\x12\x1d\n\x19SUBJOB_SIGNAL_UNSPECIFIED\x10\x00\x12\x0b\n\x07SUSPEND\x10\x01\x12\n\n\x06RESUME\x10\x02\x12\r\n\tTERMINATE\x10\x03\x12\x12\n\x0eRELEASE_MEMORY\x10\x04\x32\xff\x07\n\x05\x41gent\x12\x39\n\x05Probe\x12\x18.laminar.v1.ProbeRequest\x1a\x16.laminar.v1.ProbeReply\x12H\n\nProbeBatch\x12\x1d.laminar.v1.ProbeBatchRequest\x1a\x1b.laminar.v1.ProbeBatchReply\x12\x37\n\x06\x43ommit\x12\x19.laminar.v1.CommitRequest\x1a\x12.laminar.v1.Subjob\x12?\n\x07Release\x12\x1a.laminar.v1.ReleaseRequest\x1a\x18.laminar.v1.ReleaseReply\x12\x46\n\x0cGetInventory\x12\x1f.laminar.v1.GetInventoryRequest\x1a\x15.laminar.v1.Inventory\x12\x45\n\nGetSummary\x12\x1d.laminar.v1.GetSummaryRequest\x1a\x18.laminar.v1.AgentSummary\x12K\n\x0bListSubjobs\x12\x1e.laminar.v1.ListSubjobsRequest\x1a\x1c.laminar.v1.ListSubjobsReply\x12=\n\tGetSubjob\x12\x1c.laminar.v1.GetSubjobRequest\x1a\x12.laminar.v1.Subjob\x12J\n\x0cWatchSubjobs\x12\x1f.laminar.v1.WatchSubjobsRequest\x1a\x17.laminar.v1.SubjobEvent0\x01\x12\x43\n\x0cSignalSubjob\x12\x1f.laminar.v1.SignalSubjobRequest\x1a\x12.laminar.v1.Subjob\x12\x42\n\x08ReadLogs\x12\x1b.laminar.v1.ReadLogsRequest\x1a\x19.laminar.v1.ReadLogsReply\x12\x39\n\x05\x44rain\x12\x18.laminar.v1.DrainRequest\x1a\x16.laminar.v1.DrainReply\x12;\n\x07Undrain\x12\x18.laminar.v1.DrainRequest\x1a\x16.laminar.v1.DrainReply\x12\x45\n\nGetAirlock\x12\x1d.laminar.v1.GetAirlockRequest\x1a\x18.laminar.v1.AirlockState\x12H\n\nInjectLoad\x12\x1d.laminar.v1.InjectLoadRequest\x1a\x1b.laminar.v1.InjectLoadReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alaminar_api/v1/agent.proto\x12\nlaminar.v1\x1a\x1blaminar_api/v1/common.proto\"\xcc\x02\n\x0cProbeRequest\x12\x10\n\x08probe_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06member\x18\x03 \x01(\r\x12(\n\tresources\x18\x04 \x01(\x0b\x32\x15.laminar.v1.Resources\x12+\n\x08priority\x18\x05 \x01(\x0e\x32\x19.laminar.v1.PriorityClass\x12\r\n\x05value\x18\x06 \x01(\x01\x12\x19\n\x11lease_ttl_seconds\x18\x07 \x01(\x01\x12\x16\n\x0e\x63ommit_if_fits\x18\x08 \x01(\x08\x12$\n\x04spec\x18\t \x01(\x0b\x32\x16.laminar.v1.SubjobSpec\x12\x0f\n\x07\x64ry_run\x18\n \x01(\x08\x12\x18\n\x10\x61llow_preemption\x18\x0b \x01(\x08\x12\x10\n\x08slice_id\x18\x0c \x01(\t\x12\x0e\n\x06tenant\x18\r \x01(\t\"\x99\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x11\n\tslice_ids\x18\x03 \x03(\t\x12\r\n\x05score\x18\x04 \x01(\x01\x12\x14\n\x0c\x65xpires_unix\x18\x05 \x01(\x01\x12\x0e\n\x06job_id\x18\x06 \x01(\t\x12\x0e\n\x06member\x18\x07 \x01(\r\x12\x14\n\x0c\x64\x65vice_uuids\x18\x08 \x03(\t\"+\n\x06\x42ounce\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\tretryable\x18\x02 \x01(\x08\"\xf0\x01\n\nProbeReply\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x11.laminar.v1.LeaseH\x00\x12$\n\x06\x62ounce\x18\x02 \x01(\x0b\x32\x12.laminar.v1.BounceH\x00\x12)\n\x07summary\x18\x03 \x01(\x0b\x32\x18.laminar.v1.AgentSummary\x12\"\n\x06subjob\x18\x04 \x01(\x0b\x32\x12.laminar.v1.Subjob\x12\x11\n\twould_fit\x18\x05 \x01(\x08\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x1c\n\x14preempted_subjob_ids\x18\x07 \x03(\tB\t\n\x07outcome\"=\n\x11ProbeBatchRequest\x12(\n\x06probes\x18\x01 \x03(\x0b\x32\x18.laminar.v1.ProbeRequest\":\n\x0fProbeBatchReply\x12\'\n\x07replies\x18\x01 \x03(\x0b\x32\x16.laminar.v1.ProbeReply\"G\n\rCommitRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12$\n\x04spec\x18\x02 \x01(\x0b\x32\x16.laminar.v1.SubjobSpec\"#\n\x0eReleaseRequest\x12\x11\n\tlease_ids\x18\x01 \x03(\t\"K\n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\r\x12)\n\x07summary\x18\x02 \x01(\x0b\x32\x18.laminar.v1.AgentSummary\"\x80\x01\n\x0bMigInstance\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x0f\n\x07profile\x18\x02 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x03 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x04\x12\r\n\x05start\x18\x05 \x01(\r\x12\x0c\n\x04size\x18\x06 \x01(\r\"\xbd\x01\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x13\n\x0bmig_enabled\x18\x06 \x01(\x08\x12.\n\rmig_instances\x18\x07 \x03(\x0b\x32\x17.laminar.v1.MigInstance\x12\x0e\n\x06shared\x18\x08 \x01(\x08\"\x90\x03\n\x0bSliceStatus\x12\x10\n\x08slice_id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.laminar.v1.SliceKind\x12\x11\n\tgpu_index\x18\x03 \x01(\r\x12\x13\n\x0b\x64\x65vice_uuid\x18\x04 \x01(\t\x12\x13\n\x0bmig_profile\x18\x05 \x01(\t\x12\x11\n\tgpu_model\x18\x06 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x07 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x08 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_milli\x18\t \x01(\r\x12\x17\n\x0f\x63ommitted_milli\x18\n \x01(\r\x12\x14\n\x0cleased_milli\x18\x0b \x01(\r\x12\x1e\n\x16\x63ommitted_memory_bytes\x18\x0c \x01(\x04\x12\x1b\n\x13leased_memory_bytes\x18\r \x01(\x04\x12+\n\x08pressure\x18\x0e \x01(\x0e\x32\x19.laminar.v1.PressureLevel\x12\x12\n\nsubjob_ids\x18\x0f \x03(\t\"\x89\x02\n\tInventory\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x1d\n\x04gpus\x18\x04 \x03(\x0b\x32\x0f.laminar.v1.Gpu\x12\'\n\x06slices\x18\x05 \x03(\x0b\x32\x17.laminar.v1.SliceStatus\x12\x1f\n\x17host_memory_total_bytes\x18\x06 \x01(\x04\x12#\n\x1bhost_memory_available_bytes\x18\x07 \x01(\x04\x12\x16\n\x0e\x64river_version\x18\x08 \x01(\t\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x0f\n\x07version\x18\n \x01(\t\"\x15\n\x13GetInventoryRequest\"\x13\n\x11GetSummaryRequest\"\\\n\x12ListSubjobsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x06states\x18\x02 \x03(\x0e\x32\x17.laminar.v1.SubjobState\x12\r\n\x05limit\x18\x03 \x01(\r\"7\n\x10ListSubjobsReply\x12#\n\x07subjobs\x18\x01 \x03(\x0b\x32\x12.laminar.v1.Subjob\"%\n\x10GetSubjobRequest\x12\x11\n\tsubjob_id\x18\x01 \x01(\t\"8\n\x13WatchSubjobsRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"y\n\x13SignalSubjobRequest\x12\x11\n\tsubjob_id\x18\x01 \x01(\t\x12(\n\x06signal\x18\x02 \x01(\x0e\x32\x18.laminar.v1.SubjobSignal\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x15\n\rgrace_seconds\x18\x04 \x01(\x01\"W\n\x0fReadLogsRequest\x12\x11\n\tsubjob_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\"?\n\rReadLogsReply\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x04\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\"\x1e\n\x0c\x44rainRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"7\n\nDrainReply\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x17\n\x0frunning_subjobs\x18\x02 \x01(\r\"\xa6\x01\n\rAirlockAction\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07\x61t_unix\x18\x02 \x01(\x01\x12\x0c\n\x04step\x18\x03 \x01(\t\x12\x11\n\tsubjob_id\x18\x04 \x01(\t\x12\x10\n\x08slice_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0b\x62ytes_freed\x18\x07 \x01(\x04\x12\x0f\n\x07\x64ry_run\x18\x08 \x01(\x08\x12\x0e\n\x06job_id\x18\t \x01(\t\"q\n\nSliceLevel\x12\x10\n\x08slice_id\x18\x01 \x01(\t\x12(\n\x05level\x18\x02 \x01(\x0e\x32\x19.laminar.v1.PressureLevel\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\"\x91\x02\n\x0c\x41irlockState\x12-\n\nhost_level\x18\x01 \x01(\x0e\x32\x19.laminar.v1.PressureLevel\x12&\n\x06slices\x18\x02 \x03(\x0b\x32\x16.laminar.v1.SliceLevel\x12%\n\tsuspended\x18\x03 \x03(\x0b\x32\x12.laminar.v1.Subjob\x12\x31\n\x0erecent_actions\x18\x04 \x03(\x0b\x32\x19.laminar.v1.AirlockAction\x12\x0f\n\x07\x64ry_run\x18\x05 \x01(\x08\x12\x1e\n\x16host_memory_used_bytes\x18\x06 \x01(\x04\x12\x1f\n\x17host_memory_total_bytes\x18\x07 \x01(\x04\"(\n\x11GetAirlockRequest\x12\x13\n\x0bmax_actions\x18\x01 \x01(\r\"s\n\x11InjectLoadRequest\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08slice_id\x18\x02 \x01(\t\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x0b\n\x03\x61\x64\x64\x18\x04 \x01(\x08\x12\x18\n\x10\x64uration_seconds\x18\x05 \x01(\x01\")\n\x0fInjectLoadReply\x12\x16\n\x0einjected_bytes\x18\x01 \x01(\x04*i\n\x0cSubjobSignal\x12\x1d\n\x19SUBJOB_SIGNAL_UNSPECIFIED\x10\x00\x12\x0b\n\x07SUSPEND\x10\x01\x12\n\n\x06RESUME\x10\x02\x12\r\n\tTERMINATE\x10\x03\x12\x12\n\x0eRELEASE_MEMORY\x10\x04\x32\xff\x07\n\x05\x41gent\x12\x39\n\x05Probe\x12\x18.laminar.v1.ProbeRequest\x1a\x16.laminar.v1.ProbeReply\x12H\n\nProbeBatch\x12\x1d.laminar.v1.ProbeBatchRequest\x1a\x1b.laminar.v1.ProbeBatchReply\x12\x37\n\x06\x43ommit\x12\x19.laminar.v1.CommitRequest\x1a\x12.laminar.v1.Subjob\x12?\n\x07Release\x12\x1a.laminar.v1.ReleaseRequest\x1a\x18.laminar.v1.ReleaseReply\x12\x46\n\x0cGetInventory\x12\x1f.laminar.v1.GetInventoryRequest\x1a\x15.laminar.v1.Inventory\x12\x45\n\nGetSummary\x12\x1d.laminar.v1.GetSummaryRequest\x1a\x18.laminar.v1.AgentSummary\x12K\n\x0bListSubjobs\x12\x1e.laminar.v1.ListSubjobsRequest\x1a\x1c.laminar.v1.ListSubjobsReply\x12=\n\tGetSubjob\x12\x1c.laminar.v1.GetSubjobRequest\x1a\x12.laminar.v1.Subjob\x12J\n\x0cWatchSubjobs\x12\x1f.laminar.v1.WatchSubjobsRequest\x1a\x17.laminar.v1.SubjobEvent0\x01\x12\x43\n\x0cSignalSubjob\x12\x1f.laminar.v1.SignalSubjobRequest\x1a\x12.laminar.v1.Subjob\x12\x42\n\x08ReadLogs\x12\x1b.laminar.v1.ReadLogsRequest\x1a\x19.laminar.v1.ReadLogsReply\x12\x39\n\x05\x44rain\x12\x18.laminar.v1.DrainRequest\x1a\x16.laminar.v1.DrainReply\x12;\n\x07Undrain\x12\x18.laminar.v1.DrainRequest\x1a\x16.laminar.v1.DrainReply\x12\x45\n\nGetAirlock\x12\x1d.laminar.v1.GetAirlockRequest\x1a\x18.laminar.v1.AirlockState\x12H\n\nInjectLoad\x12\x1d.laminar.v1.InjectLoadRequest\x1a\x1b.laminar.v1.InjectLoadReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'laminar_api.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUBJOBSIGNAL']._serialized_start=3531
-  _globals['_SUBJOBSIGNAL']._serialized_end=3636
+  _globals['_SUBJOBSIGNAL']._serialized_start=3574
+  _globals['_SUBJOBSIGNAL']._serialized_end=3679
   _globals['_PROBEREQUEST']._serialized_start=72
   _globals['_PROBEREQUEST']._serialized_end=404
   _globals['_LEASE']._serialized_start=407
@@ -51,49 +51,49 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELEASEREQUEST']._serialized_start=1046
   _globals['_RELEASEREQUEST']._serialized_end=1081
   _globals['_RELEASEREPLY']._serialized_start=1083
-  _globals['_RELEASEREPLY']._serialized_end=1115
-  _globals['_MIGINSTANCE']._serialized_start=1118
-  _globals['_MIGINSTANCE']._serialized_end=1246
-  _globals['_GPU']._serialized_start=1249
-  _globals['_GPU']._serialized_end=1438
-  _globals['_SLICESTATUS']._serialized_start=1441
-  _globals['_SLICESTATUS']._serialized_end=1841
-  _globals['_INVENTORY']._serialized_start=1844
-  _globals['_INVENTORY']._serialized_end=2109
-  _globals['_GETINVENTORYREQUEST']._serialized_start=2111
-  _globals['_GETINVENTORYREQUEST']._serialized_end=2132
-  _globals['_GETSUMMARYREQUEST']._serialized_start=2134
-  _globals['_GETSUMMARYREQUEST']._serialized_end=2153
-  _globals['_LISTSUBJOBSREQUEST']._serialized_start=2155
-  _globals['_LISTSUBJOBSREQUEST']._serialized_end=2247
-  _globals['_LISTSUBJOBSREPLY']._serialized_start=2249
-  _globals['_LISTSUBJOBSREPLY']._serialized_end=2304
-  _globals['_GETSUBJOBREQUEST']._serialized_start=2306
-  _globals['_GETSUBJOBREQUEST']._serialized_end=2343
-  _globals['_WATCHSUBJOBSREQUEST']._serialized_start=2345
-  _globals['_WATCHSUBJOBSREQUEST']._serialized_end=2401
-  _globals['_SIGNALSUBJOBREQUEST']._serialized_start=2403
-  _globals['_SIGNALSUBJOBREQUEST']._serialized_end=2524
-  _globals['_READLOGSREQUEST']._serialized_start=2526
-  _globals['_READLOGSREQUEST']._serialized_end=2613
-  _globals['_READLOGSREPLY']._serialized_start=2615
-  _globals['_READLOGSREPLY']._serialized_end=2678
-  _globals['_DRAINREQUEST']._serialized_start=2680
-  _globals['_DRAINREQUEST']._serialized_end=2710
-  _globals['_DRAINREPLY']._serialized_start=2712
-  _globals['_DRAINREPLY']._serialized_end=2767
-  _globals['_AIRLOCKACTION']._serialized_start=2770
-  _globals['_AIRLOCKACTION']._serialized_end=2936
-  _globals['_SLICELEVEL']._serialized_start=2938
-  _globals['_SLICELEVEL']._serialized_end=3051
-  _globals['_AIRLOCKSTATE']._serialized_start=3054
-  _globals['_AIRLOCKSTATE']._serialized_end=3327
-  _globals['_GETAIRLOCKREQUEST']._serialized_start=3329
-  _globals['_GETAIRLOCKREQUEST']._serialized_end=3369
-  _globals['_INJECTLOADREQUEST']._serialized_start=3371
-  _globals['_INJECTLOADREQUEST']._serialized_end=3486
-  _globals['_INJECTLOADREPLY']._serialized_start=3488
-  _globals['_INJECTLOADREPLY']._serialized_end=3529
-  _globals['_AGENT']._serialized_start=3639
-  _globals['_AGENT']._serialized_end=4662
+  _globals['_RELEASEREPLY']._serialized_end=1158
+  _globals['_MIGINSTANCE']._serialized_start=1161
+  _globals['_MIGINSTANCE']._serialized_end=1289
+  _globals['_GPU']._serialized_start=1292
+  _globals['_GPU']._serialized_end=1481
+  _globals['_SLICESTATUS']._serialized_start=1484
+  _globals['_SLICESTATUS']._serialized_end=1884
+  _globals['_INVENTORY']._serialized_start=1887
+  _globals['_INVENTORY']._serialized_end=2152
+  _globals['_GETINVENTORYREQUEST']._serialized_start=2154
+  _globals['_GETINVENTORYREQUEST']._serialized_end=2175
+  _globals['_GETSUMMARYREQUEST']._serialized_start=2177
+  _globals['_GETSUMMARYREQUEST']._serialized_end=2196
+  _globals['_LISTSUBJOBSREQUEST']._serialized_start=2198
+  _globals['_LISTSUBJOBSREQUEST']._serialized_end=2290
+  _globals['_LISTSUBJOBSREPLY']._serialized_start=2292
+  _globals['_LISTSUBJOBSREPLY']._serialized_end=2347
+  _globals['_GETSUBJOBREQUEST']._serialized_start=2349
+  _globals['_GETSUBJOBREQUEST']._serialized_end=2386
+  _globals['_WATCHSUBJOBSREQUEST']._serialized_start=2388
+  _globals['_WATCHSUBJOBSREQUEST']._serialized_end=2444
+  _globals['_SIGNALSUBJOBREQUEST']._serialized_start=2446
+  _globals['_SIGNALSUBJOBREQUEST']._serialized_end=2567
+  _globals['_READLOGSREQUEST']._serialized_start=2569
+  _globals['_READLOGSREQUEST']._serialized_end=2656
+  _globals['_READLOGSREPLY']._serialized_start=2658
+  _globals['_READLOGSREPLY']._serialized_end=2721
+  _globals['_DRAINREQUEST']._serialized_start=2723
+  _globals['_DRAINREQUEST']._serialized_end=2753
+  _globals['_DRAINREPLY']._serialized_start=2755
+  _globals['_DRAINREPLY']._serialized_end=2810
+  _globals['_AIRLOCKACTION']._serialized_start=2813
+  _globals['_AIRLOCKACTION']._serialized_end=2979
+  _globals['_SLICELEVEL']._serialized_start=2981
+  _globals['_SLICELEVEL']._serialized_end=3094
+  _globals['_AIRLOCKSTATE']._serialized_start=3097
+  _globals['_AIRLOCKSTATE']._serialized_end=3370
+  _globals['_GETAIRLOCKREQUEST']._serialized_start=3372
+  _globals['_GETAIRLOCKREQUEST']._serialized_end=3412
+  _globals['_INJECTLOADREQUEST']._serialized_start=3414
+  _globals['_INJECTLOADREQUEST']._serialized_end=3529
+  _globals['_INJECTLOADREPLY']._serialized_start=3531
+  _globals['_INJECTLOADREPLY']._serialized_end=3572
+  _globals['_AGENT']._serialized_start=3682
+  _globals['_AGENT']._serialized_end=4705
 # @@protoc_insertion_point(module_scope)

@@ -124,10 +124,12 @@ class ReleaseRequest(_message.Message):
     def __init__(self, lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReleaseReply(_message.Message):
-    __slots__ = ("released",)
+    __slots__ = ("released", "summary")
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
     released: int
-    def __init__(self, released: _Optional[int] = ...) -> None: ...
+    summary: _common_pb2.AgentSummary
+    def __init__(self, released: _Optional[int] = ..., summary: _Optional[_Union[_common_pb2.AgentSummary, _Mapping]] = ...) -> None: ...
 
 class MigInstance(_message.Message):
     __slots__ = ("uuid", "profile", "memory_total_bytes", "memory_used_bytes", "start", "size")

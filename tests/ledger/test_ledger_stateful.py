@@ -1,4 +1,6 @@
-"""Random interleavings of probes, commits, releases and expiry never over-commit a slice."""
+"""Random interleavings of probes, commits, releases, expiry, reservations and priority
+preemption never over-commit a slice, never place a probe on a slice reserved for another,
+and a preemption plan, once its victims are gone, always lets its probe fit."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from laminar_agent.errors import Aborted
+from laminar_agent.errors import Aborted, FailedPrecondition, InvalidArgument
 from laminar_agent.ledger import Bounced, Demand, Granted, Ledger, ProbeOrder, Slice, SliceKind
+from laminar_agent.preemption import HolderFacts, plan_preemption
 
 GIB = 1 << 30
 
@@ -48,6 +51,29 @@ probe_specs = st.tuples(
     st.floats(0.0, 10.0),
     st.floats(0.1, 5.0),
     st.sampled_from(["", "", "gpu1", "gpu2", "gpu0"]),
+    st.sampled_from(["", "", "A", "B"]),
+)
+
+
+#: Demands a preemption is likely to be able to serve, so plans with victims are common.
+preempt_specs = st.tuples(
+    st.sampled_from(
+        [
+            Demand(gpus=1),
+            Demand(gpus=2),
+            Demand(gpus=1, gpu_model="H100"),
+            Demand(mig_profile="3g.40gb"),
+            Demand(mig_profile="1g.10gb"),
+            Demand(gpu_milli=500, gpu_memory_bytes=8 * GIB),
+            Demand(gpu_milli=300),
+            Demand(gpu_milli=100, gpu_memory_bytes=30 * GIB, gpu_model="H100"),
+        ]
+    ),
+    st.integers(1, 3),
+    st.floats(0.0, 10.0),
+    st.floats(0.1, 5.0),
+    st.sampled_from(["", "", "", "gpu1", "gpu0"]),
+    st.just(""),
 )
 
 
@@ -58,24 +84,123 @@ class LedgerMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.seq = 0
         self.committed: set[str] = set()
+        #: Priority class of each committed lease's subjob (what preemption may take).
+        self.classes: dict[str, int] = {}
 
     @rule(specs=st.lists(probe_specs, min_size=1, max_size=6))
-    def probe_batch(self, specs: list[tuple[Demand, int, float, float, str]]) -> None:
+    def probe_batch(self, specs: list[tuple[Demand, int, float, float, str, str]]) -> None:
         orders = []
-        for demand, priority, value, ttl, slice_id in specs:
+        for demand, priority, value, ttl, slice_id, owner in specs:
             self.seq += 1
             orders.append(
                 ProbeOrder(
-                    f"p{self.seq}", "job", 0, demand, priority, value, self.seq, ttl, slice_id
+                    f"p{self.seq}",
+                    "job",
+                    0,
+                    demand,
+                    priority,
+                    value,
+                    self.seq,
+                    ttl,
+                    slice_id,
+                    owner=owner,
                 )
             )
+        self.ledger.expire(self.now)
+        reserved = self.ledger.reservations()
         results = self.ledger.arbitrate(orders, self.now)
         assert [r.probe_id for r in results] == [o.probe_id for o in orders]
-        for r in results:
+        for order, r in zip(orders, results, strict=True):
             assert isinstance(r, Granted | Bounced)
             if isinstance(r, Granted):
                 assert 0.0 <= r.lease.score <= 1.0
                 assert r.lease.expires_at > self.now
+                for a in r.lease.allocations:
+                    held = reserved.get(a.slice_id)
+                    assert held is None or held[0] == order.owner, (a.slice_id, held, order)
+
+    @rule(spec=st.one_of(probe_specs, preempt_specs), cls=st.integers(1, 4))
+    def run_now(self, spec: tuple[Demand, int, float, float, str, str], cls: int) -> None:
+        """Probe with commit-if-fits: a running subjob of class ``cls`` if it fits."""
+        demand, _, value, ttl, slice_id, owner = spec
+        self.seq += 1
+        order = ProbeOrder(
+            f"p{self.seq}", "job", 0, demand, cls, value, self.seq, ttl, slice_id, owner=owner
+        )
+        (result,) = self.ledger.arbitrate([order], self.now)
+        if isinstance(result, Granted):
+            lease = self.ledger.commit(result.lease.lease_id, f"sj-{self.seq}", self.now)
+            self.committed.add(lease.lease_id)
+            self.classes[lease.lease_id] = cls
+
+    @rule(cls=st.integers(2, 4), data=st.data())
+    def fill(self, cls: int, data: st.DataObject) -> None:
+        """Commit class-``cls`` work on every free slice (a busy host to preempt from)."""
+        for s in SLICES:
+            if s.kind is SliceKind.MIG:
+                demand = Demand(mig_profile=s.mig_profile)
+            elif s.kind is SliceKind.SHARED_GPU and data.draw(st.booleans()):
+                demand = Demand(gpu_milli=data.draw(st.integers(100, 1000)))
+            else:
+                demand = Demand(gpus=1)
+            self.run_now((demand, cls, 0.0, 1.0, s.slice_id if not s.mig_profile else "", ""), cls)
+
+    @rule(
+        owner=st.sampled_from(["A", "B"]),
+        slice_ids=st.sets(st.sampled_from([s.slice_id for s in SLICES]), max_size=3),
+        ttl=st.floats(0.1, 5.0),
+    )
+    def reserve(self, owner: str, slice_ids: set[str], ttl: float) -> None:
+        taken = {
+            sid
+            for sid, (who, until) in self.ledger.reservations().items()
+            if who != owner and until > self.now
+        }
+        self.ledger.expire(self.now)
+        if taken & slice_ids:
+            with pytest.raises(FailedPrecondition):
+                self.ledger.reserve(owner, sorted(slice_ids), self.now + ttl)
+        else:
+            self.ledger.reserve(owner, sorted(slice_ids), self.now + ttl)
+
+    @rule(owner=st.sampled_from(["A", "B"]))
+    def unreserve(self, owner: str) -> None:
+        self.ledger.unreserve(owner)
+        assert all(who != owner for who, _ in self.ledger.reservations().values())
+
+    @rule(spec=preempt_specs)
+    def preempt(self, spec: tuple[Demand, int, float, float, str, str]) -> None:
+        """The agent's preemption path: plan, reserve, reclaim the victims, settle."""
+        demand, priority, value, ttl, slice_id, _ = spec
+        self.ledger.expire(self.now)
+        holders = {
+            lease.subjob_id: HolderFacts("job", self.classes.get(lease.lease_id, 3), 2, 0.0)
+            for lease in self.ledger.leases()
+            if lease.committed
+        }
+        try:
+            plan = plan_preemption(
+                self.ledger, demand, priority, holders, self.now, slice_id=slice_id, owner="P"
+            )
+        except InvalidArgument:
+            return
+        if plan is None or not plan.victims:
+            return
+        by_subjob = {lease.subjob_id: lease for lease in self.ledger.leases() if lease.committed}
+        for victim in plan.victims:
+            assert holders[victim].priority > priority  # never equal or higher priority
+        self.ledger.reserve("P", plan.slice_ids, self.now + 10.0)
+        for victim in plan.victims:
+            lease = by_subjob[victim]
+            assert self.ledger.release(lease.lease_id) is lease
+            self.committed.discard(lease.lease_id)
+        self.seq += 1
+        order = ProbeOrder(
+            f"p{self.seq}", "job", 0, demand, priority, value, self.seq, ttl, slice_id, owner="P"
+        )
+        (result,) = self.ledger.arbitrate([order], self.now)
+        self.ledger.unreserve("P")
+        assert isinstance(result, Granted), result
 
     @rule(data=st.data())
     def commit(self, data: st.DataObject) -> None:
@@ -91,6 +216,7 @@ class LedgerMachine(RuleBasedStateMachine):
         else:
             self.ledger.commit(lease.lease_id, f"sj-{lease.lease_id}", self.now)
             self.committed.add(lease.lease_id)
+            self.classes[lease.lease_id] = data.draw(st.integers(1, 4))
 
     @rule(data=st.data())
     def release_lease(self, data: st.DataObject) -> None:
