@@ -1,40 +1,119 @@
+"""`laminar up` and `laminar demo` as real subprocesses: they start, work, and leave nothing behind."""
+
 from __future__ import annotations
 
+import contextlib
+import json
+import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
+from waiting import gate_code, wait_for
 
 from cli.main import main
 
 
-@pytest.mark.parametrize(
-    ("argv", "needle"),
-    [
-        (["frobnicate"], "invalid choice"),
-        (["pressure", "--agent", "127.0.0.1:1", "--gpu", "0", "--used", "lots"], "--used"),
-        (
-            ["pressure", "--agent", "127.0.0.1:1", "--gpu", "0", "--used", "1GiB", "--for", "soon"],
-            "--for",
-        ),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(
-    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_up_serves_and_stops_cleanly_on_sigterm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert needle in err
-    assert len(err.strip().splitlines()) == 1
+    state = tmp_path / "state"
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:
+        up = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cli.main",
+                "up",
+                "--listen",
+                "127.0.0.1:0",
+                "--agents",
+                "2",
+                "--fake-gpus",
+                "2xA100-40GB",
+                "--state-dir",
+                str(state),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "Ctrl-C stops everything" in log.read_text() or up.poll() is not None)
+        assert up.poll() is None, log.read_text()
+        address = json.loads((state / "zone-zone-1" / "zone.json").read_text())["address"]
+        assert f"zone router listening on {address}" in log.read_text()
+
+        # A subjob still running at stop time must not outlive the cluster either.
+        capsys.readouterr()
+        gate = tmp_path / "never"
+        argv = ["--zone", address, "submit", "--gpus", "1", "--", sys.executable, "-c"]
+        assert main([*argv, gate_code(gate)]) == 0
+        job_id = capsys.readouterr().out.strip()
+
+        def running() -> bool:
+            capsys.readouterr()
+            main(["--zone", address, "job", job_id, "-o", "json"])
+            return bool(json.loads(capsys.readouterr().out)["state"] == "JOB_RUNNING")
+
+        wait_for(running)
+        descendants = psutil.Process(up.pid).children(recursive=True)
+        assert len(descendants) >= 4  # a router, two agents, the subjob (and its shim)
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0, log.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    wait_for(lambda: all(_gone(p.pid) for p in descendants), timeout_seconds=10)
+    assert "all 3 daemons stopped cleanly" in log.read_text()
 
 
-def test_demo_runs_and_leaves_nothing_running() -> None:
+@contextlib.contextmanager
+def _listening() -> Iterator[str]:
+    """A plain socket listening on a loopback port for the duration of a with-block."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        host, port = sock.getsockname()
+        yield f"{host}:{port}"
+
+
+def test_up_refuses_a_busy_address(tmp_path: Path) -> None:
+    """A router that cannot bind makes `up` fail with one line and stop what it started."""
+    with _listening() as address:
+        result = subprocess.run(
+            [sys.executable, "-m", "cli.main", "up", "--listen", address, "--agents", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "zone-1" in result.stderr
+
+
+def test_demo_runs_through_the_router_and_leaves_nothing_running() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "demo", "--agents", "2"],
+        [sys.executable, "-m", "cli.main", "demo"],
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=110,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "host-1" in result.stdout and "all 2 agents stopped cleanly" in result.stdout
-    assert "30.0GiB" in result.stdout
+    out = result.stdout
+    assert "zone router zone-1 on 127.0.0.1:" in out
+    assert "finetune-late" in out and "queued" in out  # the job that had to wait
+    assert "what ran where" in out and "gang-pair" in out
+    assert "nothing is left running" in out

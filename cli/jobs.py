@@ -1,0 +1,436 @@
+"""Job commands: submit, jobs, job, cancel, logs, watch, probe (all through a zone router)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from rich.console import Console
+
+from cli import render
+from cli.jobspec import SpecInput, apply_flags, build_spec, read_job_file
+from cli.zoneclient import RPC_TIMEOUT_SECONDS, output_options, zone_options, zone_stub
+from laminar_agent.errors import InvalidArgument
+from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+
+#: How often `logs -f` asks for more output when there was none.
+FOLLOW_POLL_SECONDS = 0.5
+#: How long `watch` keeps reconnecting to a router that went away before giving up.
+WATCH_RECONNECT_SECONDS = 30.0
+#: Exit code of `watch` when the job did not succeed.
+EXIT_JOB_FAILED = 1
+
+# (file key, flag) for the flags that map one-to-one onto job-file keys.
+_SPEC_FLAGS = (
+    ("resources.gpus", "--gpus"),
+    ("resources.mig", "--mig"),
+    ("resources.gpu_milli", "--gpu-milli"),
+    ("resources.gpu_mem", "--gpu-mem"),
+    ("resources.gpu_model", "--gpu-model"),
+    ("priority", "--priority"),
+    ("lifecycle", "--lifecycle"),
+    ("tenant", "--tenant"),
+    ("name", "--name"),
+    ("gang", "--gang"),
+    ("after", "--after"),
+    ("retries", "--retries"),
+    ("workdir", "--workdir"),
+    ("expected", "--expected"),
+    ("grace", "--grace"),
+    ("restartable", "--restartable"),
+)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_spec_flags(parser: argparse.ArgumentParser, *, full: bool) -> None:
+    """The job-shape flags; ``full`` adds the ones only a real submission needs."""
+    parser.add_argument("-f", "--file", help="TOML job file (flags override its values)")
+    shape = parser.add_argument_group("resources (per gang member)")
+    shape.add_argument("--gpus", metavar="N", help="whole GPUs on one host")
+    shape.add_argument("--mig", metavar="PROFILE", help="one MIG instance, e.g. 3g.40gb")
+    shape.add_argument("--gpu-milli", metavar="M", help="a share of a shared GPU, 1..1000")
+    shape.add_argument("--gpu-mem", metavar="SIZE", help="peak GPU memory, e.g. 20GiB")
+    shape.add_argument("--gpu-model", metavar="MODEL", help="only this GPU model, e.g. H100-80GB")
+    parser.add_argument(
+        "--priority", metavar="CLASS", help="critical, production, batch (default), opportunistic"
+    )
+    parser.add_argument("--tenant", help="owner of the job")
+    parser.add_argument("--gang", metavar="N", help="members placed all-or-nothing")
+    if not full:
+        return
+    parser.add_argument("--lifecycle", metavar="CLASS", help="resident, long (default), transient")
+    parser.add_argument("--name", help="job name (default: the program name)")
+    parser.add_argument(
+        "--after", action="append", metavar="ID[,ID]", help="start after these jobs succeed"
+    )
+    parser.add_argument("--retries", metavar="N", help="retries of failed subjobs")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="K=V", help="environment variable"
+    )
+    parser.add_argument("--workdir", help="working directory of the command on the host")
+    parser.add_argument("--expected", metavar="DURATION", help="expected run time, e.g. 10m")
+    parser.add_argument("--grace", metavar="DURATION", help="SIGTERM to SIGKILL, e.g. 30s")
+    parser.add_argument(
+        "--restartable",
+        action="store_const",
+        const=True,
+        default=None,
+        help="can restart from its checkpoint",
+    )
+
+
+def spec_from_args(args: argparse.Namespace, *, require_command: bool) -> zone_pb2.JobSpec:
+    """Job file (if any) < flags < the command after ``--``; InvalidArgument names the culprit."""
+    base = read_job_file(args.file) if args.file else SpecInput()
+    flags: dict[str, tuple[str, Any]] = {
+        key: (flag, getattr(args, _dest(flag), None)) for key, flag in _SPEC_FLAGS
+    }
+    command = list(getattr(args, "command", None) or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    if command:
+        flags["command"] = ("command", command)
+    data = apply_flags(base, flags, getattr(args, "env", None) or [])
+    return build_spec(data, require_command=require_command)
+
+
+# ---------------------------------------------------------------- forwarded jobs
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a job really lives: a router forwards a job at most once, to a peer zone."""
+
+    address: str
+    job: zone_pb2.Job
+    origin: zone_pb2.Job | None = None  # the forwarding router's record, when forwarded
+
+
+def forwarded_target(job: zone_pb2.Job) -> tuple[str, str, str] | None:
+    """(zone, address, job id) of a FORWARDED job, from ``forwarded_to = ZONE@HOST:PORT/JOB``."""
+    if job.state != zone_pb2.FORWARDED or not job.forwarded_to:
+        return None
+    zone, _, rest = job.forwarded_to.partition("@")
+    address, _, job_id = rest.rpartition("/")
+    if not address or not job_id:
+        return None
+    return zone, address, job_id
+
+
+def locate_job(address: str, job_id: str) -> Located:
+    """Read a job, following it to the peer zone when its router forwarded it."""
+    with zone_stub(address) as stub:
+        job = stub.GetJob(zone_pb2.GetJobRequest(job_id=job_id), timeout=RPC_TIMEOUT_SECONDS)
+    target = forwarded_target(job)
+    if target is None:
+        return Located(address, job)
+    _, peer, remote_id = target
+    with zone_stub(peer) as stub:
+        remote = stub.GetJob(zone_pb2.GetJobRequest(job_id=remote_id), timeout=RPC_TIMEOUT_SECONDS)
+    return Located(peer, remote, origin=job)
+
+
+def _forwarded_line(origin: zone_pb2.Job, located: Located) -> str:
+    zone = origin.forwarded_to.partition("@")[0]
+    return (
+        f"{origin.job_id} was forwarded by zone {origin.zone or '?'} to zone {zone} at "
+        f"{located.address}, where it is {located.job.job_id}"
+    )
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_submit(args: argparse.Namespace, console: Console) -> int:
+    spec = spec_from_args(args, require_command=True)
+    request_id = args.request_id or str(uuid.uuid4())
+    with zone_stub(args.zone_address) as stub:
+        job = stub.Submit(
+            zone_pb2.SubmitRequest(spec=spec, client_request_id=request_id),
+            timeout=RPC_TIMEOUT_SECONDS,
+        )
+    if args.output == "json":
+        print(render.to_json(job))
+    else:
+        print(job.job_id)
+    return 0
+
+
+def _parse_states(text: str | None) -> list[zone_pb2.JobState]:
+    if not text:
+        return []
+    states = []
+    for name in (part.strip().lower() for part in text.split(",")):
+        if name not in render.JOB_STATE_NAMES:
+            raise InvalidArgument(
+                f"unknown state {name!r}; expected {', '.join(render.JOB_STATE_NAMES)}",
+                field="--state",
+            )
+        states.append(render.JOB_STATE_NAMES[name])
+    return states
+
+
+def cmd_jobs(args: argparse.Namespace, console: Console) -> int:
+    if args.limit is not None and args.limit < 0:
+        raise InvalidArgument("must not be negative", field="--limit")
+    request = zone_pb2.ListJobsRequest(
+        tenant=args.tenant or "", states=_parse_states(args.state), limit=args.limit or 0
+    )
+    with zone_stub(args.zone_address) as stub:
+        reply = stub.ListJobs(request, timeout=RPC_TIMEOUT_SECONDS)
+    if args.output == "json":
+        print(render.to_json(reply))
+    else:
+        console.print(render.jobs_table(list(reply.jobs), time.time()))
+    return 0
+
+
+def cmd_job(args: argparse.Namespace, console: Console) -> int:
+    located = locate_job(args.zone_address, args.job_id)
+    if args.output == "json":
+        print(render.to_json(located.job))
+        return 0
+    if located.origin is not None:
+        console.print(_forwarded_line(located.origin, located), highlight=False)
+    console.print(render.job_detail(located.job, time.time()))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, console: Console) -> int:
+    located = locate_job(args.zone_address, args.job_id)
+    with zone_stub(located.address) as stub:
+        job = stub.CancelJob(
+            zone_pb2.CancelJobRequest(job_id=located.job.job_id, reason=args.reason or ""),
+            timeout=RPC_TIMEOUT_SECONDS,
+        )
+    if args.output == "json":
+        print(render.to_json(job))
+    else:
+        console.print(f"{job.job_id}: {render.job_state_name(job.state)}")
+    return 0
+
+
+def _write_bytes(data: bytes) -> None:
+    sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is not None:
+        buffer.write(data)
+        buffer.flush()
+    else:  # a text-only stream (some test harnesses)
+        sys.stdout.write(data.decode(errors="replace"))
+        sys.stdout.flush()
+
+
+def _has_ended(stub: zone_pb2_grpc.ZoneStub, job_id: str) -> bool:
+    job = stub.GetJob(zone_pb2.GetJobRequest(job_id=job_id), timeout=RPC_TIMEOUT_SECONDS)
+    return job.state in render.TERMINAL_JOB_STATES
+
+
+def cmd_logs(args: argparse.Namespace, console: Console) -> int:
+    stream = "stderr" if args.stderr else "stdout"
+    offset = 0
+    located = locate_job(args.zone_address, args.job_id)
+    job_id = located.job.job_id
+    with zone_stub(located.address) as stub:
+        while True:
+            request = zone_pb2.GetLogsRequest(
+                job_id=job_id, subjob_id=args.subjob or "", stream=stream, offset=offset
+            )
+            try:
+                reply = stub.GetLogs(request, timeout=RPC_TIMEOUT_SECONDS)
+            except grpc.RpcError as exc:
+                # `-f` on a job that has not started yet waits for it to start.
+                not_started = exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+                if not (args.follow and not_started) or _has_ended(stub, job_id):
+                    raise
+                time.sleep(FOLLOW_POLL_SECONDS)
+                continue
+            if reply.data:
+                _write_bytes(reply.data)
+            offset = reply.next_offset if reply.next_offset > offset else offset + len(reply.data)
+            if reply.eof:
+                return 0
+            if not reply.data:
+                if not args.follow:
+                    return 0
+                time.sleep(FOLLOW_POLL_SECONDS)
+
+
+def _event_line(job: zone_pb2.Job, at_unix: float) -> str:
+    now = time.time()
+    state = render.job_state_name(job.state)
+    line = f"{render.clock(at_unix or now, now)}  {job.job_id}  {state}"
+    if job.state == zone_pb2.JOB_RUNNING:
+        line += f" on {render.where(job)}"
+    if job.state in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING):
+        if job.reason:
+            line += f": {job.reason}"
+        if job.expected_start_unix > 0:
+            line += f" (expected start {render.expected_start(job, now)})"
+    elif job.state in render.TERMINAL_JOB_STATES:
+        line += f" after {render.span(render.ran_seconds(job, now))}"
+        if job.reason:
+            line += f": {job.reason}"
+    elif job.state == zone_pb2.FORWARDED:
+        line += f": {job.reason or job.forwarded_to}"
+    return line
+
+
+def _watch_one(stub: zone_pb2_grpc.ZoneStub, job_id: str) -> Iterator[tuple[zone_pb2.Job, float]]:
+    """One router's events for a job until it ends there; reconnects while the router restarts."""
+    gave_up_at = 0.0
+    while True:
+        try:
+            for event in stub.WatchJob(zone_pb2.WatchJobRequest(job_id=job_id)):
+                gave_up_at = 0.0
+                yield event.job, event.at_unix
+                if event.job.state in _ENDS_HERE:
+                    return
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            now = time.monotonic()
+            gave_up_at = gave_up_at or now + WATCH_RECONNECT_SECONDS
+            if now > gave_up_at:
+                raise
+            time.sleep(1.0)  # the router is restarting; try again
+            continue
+        # The stream ended without a final state: read the job once and go again.
+        job = stub.GetJob(zone_pb2.GetJobRequest(job_id=job_id), timeout=RPC_TIMEOUT_SECONDS)
+        if job.state in _ENDS_HERE:
+            yield job, time.time()
+            return
+
+
+#: States after which a router sends no more events for a job.
+_ENDS_HERE = render.TERMINAL_JOB_STATES | {zone_pb2.FORWARDED}
+
+
+def watch_events(address: str, job_id: str) -> Iterator[tuple[zone_pb2.Job, float]]:
+    """A job's events until it ends, following it once to a peer zone if it is forwarded."""
+    with zone_stub(address) as stub:
+        last: zone_pb2.Job | None = None
+        for job, at_unix in _watch_one(stub, job_id):
+            last = job
+            yield job, at_unix
+    target = forwarded_target(last) if last is not None else None
+    if target is None:
+        return
+    _, peer, remote_id = target
+    with zone_stub(peer) as stub:
+        yield from _watch_one(stub, remote_id)
+
+
+def cmd_watch(args: argparse.Namespace, console: Console) -> int:
+    last: zone_pb2.Job | None = None
+    last_line = ""
+    for job, at_unix in watch_events(args.zone_address, args.job_id):
+        last = job
+        if args.output == "json":
+            print(
+                json_format.MessageToJson(
+                    zone_pb2.JobEvent(job=job, at_unix=at_unix),
+                    preserving_proto_field_name=True,
+                    indent=None,
+                ),
+                flush=True,
+            )
+            continue
+        line = _event_line(job, at_unix)
+        if line.split("  ", 1)[-1] != last_line.split("  ", 1)[-1]:
+            console.print(line, highlight=False)
+            last_line = line
+    if last is None:
+        return EXIT_JOB_FAILED
+    return 0 if last.state == zone_pb2.JOB_SUCCEEDED else EXIT_JOB_FAILED
+
+
+def cmd_probe(args: argparse.Namespace, console: Console) -> int:
+    spec = spec_from_args(args, require_command=False)
+    if args.max_hosts is not None and not 1 <= args.max_hosts <= 1000:
+        raise InvalidArgument("must be between 1 and 1000", field="--max-hosts")
+    with zone_stub(args.zone_address) as stub:
+        reply = stub.ProbeJob(
+            zone_pb2.ProbeJobRequest(
+                spec=spec, keep_leases=args.keep_leases, max_hosts=args.max_hosts or 0
+            ),
+            timeout=RPC_TIMEOUT_SECONDS,
+        )
+    if args.output == "json":
+        print(render.to_json(reply))
+    else:
+        console.print(render.probe_table(reply, show_leases=args.keep_leases, now_unix=time.time()))
+    return 0
+
+
+# ---------------------------------------------------------------- parsers
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    zone, output = zone_options(), output_options()
+    submit = sub.add_parser(
+        "submit",
+        parents=[zone, output],
+        help="submit a job: flags and/or -f job.toml, then -- COMMAND ...",
+        description="Prints the job id (the Job as JSON with -o json).",
+    )
+    add_spec_flags(submit, full=True)
+    submit.add_argument(
+        "--request-id", help="idempotency key: resubmitting with it returns the same job"
+    )
+    submit.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    submit.set_defaults(func=cmd_submit)
+
+    jobs = sub.add_parser("jobs", parents=[zone, output], help="list jobs")
+    jobs.add_argument("--tenant")
+    jobs.add_argument("--state", metavar="S[,S]", help="e.g. running,queued")
+    jobs.add_argument("--limit", type=int, metavar="N")
+    jobs.set_defaults(func=cmd_jobs)
+
+    job = sub.add_parser(
+        "job", parents=[zone, output], help="show one job: state, placement, why waiting"
+    )
+    job.add_argument("job_id", metavar="ID")
+    job.set_defaults(func=cmd_job)
+
+    cancel = sub.add_parser("cancel", parents=[zone, output], help="cancel a job")
+    cancel.add_argument("job_id", metavar="ID")
+    cancel.add_argument("--reason")
+    cancel.set_defaults(func=cmd_cancel)
+
+    logs = sub.add_parser("logs", parents=[zone], help="print a job's output")
+    logs.add_argument("job_id", metavar="ID")
+    logs.add_argument("--subjob", metavar="S", help="subjob id (default: the latest)")
+    logs.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    logs.set_defaults(func=cmd_logs)
+
+    watch = sub.add_parser(
+        "watch",
+        parents=[zone, output],
+        help="stream a job's state changes; exit 0 if it succeeds, 1 if not",
+    )
+    watch.add_argument("job_id", metavar="ID")
+    watch.set_defaults(func=cmd_watch)
+
+    probe = sub.add_parser(
+        "probe", parents=[zone, output], help="which hosts could take this job now (dry run)"
+    )
+    add_spec_flags(probe, full=False)
+    probe.add_argument("--max-hosts", type=int, metavar="N", help="hosts to ask (default 8)")
+    probe.add_argument(
+        "--keep-leases",
+        action="store_true",
+        help="two-phase form: keep and print the leases (they expire on their own)",
+    )
+    probe.set_defaults(func=cmd_probe)

@@ -1,0 +1,423 @@
+"""How the `laminar` command shows jobs, agents, probes and Airlock state to people and scripts.
+
+Pure formatting: messages in, rich renderables or JSON text out. The clock is
+passed in (``now_unix``) so the output can be tested exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from cli.jobspec import describe_resources
+from laminar_agent.units import format_size
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+
+TERMINAL_JOB_STATES = frozenset(
+    {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED}
+)
+#: Job state names as users type and read them (``--state running,queued``).
+JOB_STATE_NAMES: dict[str, zone_pb2.JobState] = {
+    "pending": zone_pb2.PENDING,
+    "queued": zone_pb2.QUEUED,
+    "waiting": zone_pb2.WAITING,
+    "running": zone_pb2.JOB_RUNNING,
+    "succeeded": zone_pb2.JOB_SUCCEEDED,
+    "failed": zone_pb2.JOB_FAILED,
+    "cancelled": zone_pb2.JOB_CANCELLED,
+    "forwarded": zone_pb2.FORWARDED,
+}
+_STATE_STYLE: dict[int, str] = {
+    zone_pb2.PENDING: "cyan",
+    zone_pb2.QUEUED: "yellow",
+    zone_pb2.WAITING: "yellow",
+    zone_pb2.JOB_RUNNING: "green",
+    zone_pb2.JOB_SUCCEEDED: "bold green",
+    zone_pb2.JOB_FAILED: "bold red",
+    zone_pb2.JOB_CANCELLED: "magenta",
+    zone_pb2.FORWARDED: "blue",
+}
+
+
+def to_json(message: Message) -> str:
+    """Protobuf JSON with the .proto field names and every field, zeros included."""
+    return json_format.MessageToJson(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        indent=2,
+    )
+
+
+def job_state_name(state: int) -> str:
+    for name, value in JOB_STATE_NAMES.items():
+        if value == state:
+            return name
+    return "unknown"
+
+
+def subjob_state_name(state: int) -> str:
+    if state == common_pb2.SUBJOB_STATE_UNSPECIFIED:
+        return "-"
+    return common_pb2.SubjobState.Name(state).lower()
+
+
+def priority_name(priority: int) -> str:
+    if priority == common_pb2.PRIORITY_CLASS_UNSPECIFIED:
+        return "batch"
+    return common_pb2.PriorityClass.Name(priority).lower()
+
+
+def lifecycle_name(lifecycle: int) -> str:
+    if lifecycle == common_pb2.LIFECYCLE_CLASS_UNSPECIFIED:
+        return "long"
+    return common_pb2.LifecycleClass.Name(lifecycle).lower()
+
+
+def state_text(state: int) -> Text:
+    return Text(job_state_name(state), style=_STATE_STYLE.get(state, ""))
+
+
+def span(seconds: float) -> str:
+    """A rough duration a person reads at a glance: ``40 s``, ``3 min``, ``2.5 h``."""
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def relative(at_unix: float, now_unix: float) -> str:
+    """``in about 40 s`` for the future, ``12 s ago`` for the past."""
+    delta = at_unix - now_unix
+    if abs(delta) < 1.0:
+        return "now"
+    if delta > 0:
+        return f"in about {span(delta)}"
+    return f"{span(-delta)} ago"
+
+
+def clock(at_unix: float, now_unix: float) -> str:
+    """Local wall-clock time; the date is added when it is not today."""
+    if at_unix <= 0:
+        return "-"
+    at = time.localtime(at_unix)
+    if time.strftime("%Y-%m-%d", at) == time.strftime("%Y-%m-%d", time.localtime(now_unix)):
+        return time.strftime("%H:%M:%S", at)
+    return time.strftime("%Y-%m-%d %H:%M:%S", at)
+
+
+def expected_start(job: zone_pb2.Job, now_unix: float) -> str:
+    """``in about 40 s (at 10:41:12)``; ``unknown`` when the router has no estimate."""
+    if job.expected_start_unix <= 0:
+        return "unknown"
+    if job.expected_start_unix <= now_unix:
+        return f"any moment now (was expected at {clock(job.expected_start_unix, now_unix)})"
+    return (
+        f"{relative(job.expected_start_unix, now_unix)} "
+        f"(at {clock(job.expected_start_unix, now_unix)})"
+    )
+
+
+def waited_seconds(job: zone_pb2.Job, now_unix: float) -> float:
+    """Time from submission to start (or until now / the end when it never started)."""
+    if job.submitted_unix <= 0:
+        return 0.0
+    if job.started_unix > 0:
+        return job.started_unix - job.submitted_unix
+    end = job.ended_unix if job.ended_unix > 0 else now_unix
+    return end - job.submitted_unix
+
+
+def ran_seconds(job: zone_pb2.Job, now_unix: float) -> float:
+    if job.started_unix <= 0:
+        return 0.0
+    end = job.ended_unix if job.ended_unix > 0 else now_unix
+    return end - job.started_unix
+
+
+def where(job: zone_pb2.Job) -> str:
+    """``host-0:gpu1, host-2:gpu0`` for the latest attempt of every member."""
+    latest: dict[int, zone_pb2.Placement] = {}
+    for placement in job.placements:
+        current = latest.get(placement.member)
+        if current is None or placement.attempt >= current.attempt:
+            latest[placement.member] = placement
+    parts = []
+    for member in sorted(latest):
+        placement = latest[member]
+        slices = ",".join(placement.slice_ids) or "cpu"
+        parts.append(f"{placement.agent_id}:{slices}")
+    return " ".join(parts)
+
+
+def jobs_table(jobs: Sequence[zone_pb2.Job], now_unix: float) -> Table:
+    table = Table(title=f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}", title_justify="left")
+    for column in ("job", "name", "tenant", "state", "class", "resources", "where", "age"):
+        table.add_column(column, no_wrap=column in ("job", "state"))
+    table.add_column("reason", overflow="fold")
+    for job in jobs:
+        resources = describe_resources(job.spec.resources)
+        if job.spec.gang_size > 1:
+            resources = f"{job.spec.gang_size} x ({resources})"
+        reason = job.reason
+        if job.state == zone_pb2.QUEUED and job.queue_position:
+            reason = f"#{job.queue_position}: {reason}"
+        table.add_row(
+            job.job_id,
+            job.spec.name,
+            job.spec.tenant or "-",
+            state_text(job.state),
+            priority_name(job.spec.priority),
+            resources,
+            where(job) or "-",
+            span(now_unix - job.submitted_unix) if job.submitted_unix else "-",
+            reason,
+        )
+    return table
+
+
+def _grid() -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    return grid
+
+
+def job_detail(job: zone_pb2.Job, now_unix: float) -> RenderableType:
+    """Everything `laminar job ID` shows: a key/value block, then the placements."""
+    spec = job.spec
+    grid = _grid()
+    grid.add_row("job", Text(f"{job.job_id}  {spec.name}"))
+    grid.add_row("state", state_text(job.state))
+    if job.reason:
+        label = (
+            "why waiting"
+            if job.state in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING)
+            else "reason"
+        )
+        grid.add_row(label, Text(job.reason))
+    if job.state in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING):
+        if job.queue_position:
+            grid.add_row("queue position", str(job.queue_position))
+        grid.add_row("expected start", expected_start(job, now_unix))
+    if job.forwarded_to:
+        grid.add_row("forwarded to", Text(job.forwarded_to))
+    grid.add_row(
+        "tenant / class",
+        Text(
+            f"{spec.tenant or '-'} / {priority_name(spec.priority)}, {lifecycle_name(spec.lifecycle)}"
+        ),
+    )
+    resources = describe_resources(spec.resources)
+    if spec.gang_size > 1:
+        resources = f"gang of {spec.gang_size}, each {resources}"
+    grid.add_row("resources", Text(resources))
+    grid.add_row("command", Text(" ".join(spec.command)))
+    if spec.after:
+        grid.add_row("after", Text(", ".join(spec.after)))
+    grid.add_row(
+        "submitted",
+        f"{clock(job.submitted_unix, now_unix)} ({relative(job.submitted_unix, now_unix)})",
+    )
+    if job.started_unix:
+        grid.add_row(
+            "started",
+            f"{clock(job.started_unix, now_unix)} (waited {span(waited_seconds(job, now_unix))})",
+        )
+    if job.ended_unix:
+        grid.add_row(
+            "ended", f"{clock(job.ended_unix, now_unix)} (ran {span(ran_seconds(job, now_unix))})"
+        )
+    grid.add_row(
+        "placement effort",
+        f"{job.attempts} attempt(s), {job.probes} probe(s), {job.bounces} bounce(s)",
+    )
+    grid.add_row("retries", f"{job.retries_used} of {spec.max_retries} used")
+    if job.zone:
+        grid.add_row("zone", Text(job.zone))
+    if job.client_request_id:
+        grid.add_row("request id", Text(job.client_request_id))
+    if spec.HasField("atomization") and spec.atomization.total_units:
+        progress = job.atomization
+        grid.add_row(
+            "atomization",
+            f"{progress.units_done} of {spec.atomization.total_units} units in "
+            f"{progress.subjobs} subjob(s)",
+        )
+    parts: list[RenderableType] = [grid]
+    if job.placements:
+        parts.append(placements_table(job.placements, now_unix))
+    return Group(*parts)
+
+
+def placements_table(placements: Iterable[zone_pb2.Placement], now_unix: float) -> Table:
+    table = Table(title="subjobs", title_justify="left")
+    for column in ("subjob", "member", "try", "agent", "slices", "state", "exit", "started", "ran"):
+        table.add_column(column, no_wrap=column in ("subjob", "slices"))
+    table.add_column("reason", overflow="fold")
+    for placement in placements:
+        ran = placement.run_seconds
+        if not ran and placement.started_unix:
+            end = placement.ended_unix or now_unix
+            ran = end - placement.started_unix
+        ended = placement.state in (
+            common_pb2.SUCCEEDED,
+            common_pb2.FAILED,
+            common_pb2.KILLED,
+            common_pb2.LOST,
+        )
+        table.add_row(
+            placement.subjob_id,
+            str(placement.member),
+            str(placement.attempt),
+            placement.agent_id,
+            ",".join(placement.slice_ids) or "cpu",
+            subjob_state_name(placement.state),
+            str(placement.exit_code) if ended else "-",
+            clock(placement.started_unix, now_unix),
+            span(ran) if placement.started_unix else "-",
+            Text(placement.reason),
+        )
+    return table
+
+
+def shapes_text(summary: common_pb2.AgentSummary) -> str:
+    """Free/total per shape: ``gpu:H100-80GB 1/2, mig:3g.40gb 0/1``."""
+    parts = []
+    for shape in summary.shapes:
+        part = f"{shape.shape} {shape.free}/{shape.total}"
+        if shape.shape.startswith("share:") and shape.max_free_milli:
+            part += f" (max {shape.max_free_milli / 1000:g})"
+        parts.append(part)
+    return ", ".join(parts) or "-"
+
+
+def agents_table(agents: Sequence[zone_pb2.AgentInfo], now_unix: float) -> Table:
+    table = Table(
+        title=f"{len(agents)} agent{'s' if len(agents) != 1 else ''}", title_justify="left"
+    )
+    for column in ("agent", "host", "address", "state", "gpus", "running", "pressure", "seen"):
+        table.add_column(column, no_wrap=column in ("agent", "address"))
+    table.add_column("free / total", overflow="fold")
+    for agent in agents:
+        state = zone_pb2.AgentState.Name(agent.state).removeprefix("AGENT_").lower()
+        summary = agent.summary
+        running = str(summary.running_subjobs)
+        if summary.suspended_subjobs:
+            running += f" (+{summary.suspended_subjobs} suspended)"
+        table.add_row(
+            agent.agent_id,
+            agent.hostname or summary.hostname or "-",
+            agent.address,
+            Text(
+                state, style={"ready": "green", "stale": "red", "draining": "yellow"}.get(state, "")
+            ),
+            str(summary.total_gpus),
+            running,
+            pressure_name(summary.pressure),
+            relative(agent.last_heartbeat_unix, now_unix) if agent.last_heartbeat_unix else "never",
+            shapes_text(summary),
+        )
+    return table
+
+
+def pressure_name(level: int) -> str:
+    if level == common_pb2.PRESSURE_LEVEL_UNSPECIFIED:
+        return "-"
+    if level == common_pb2.CRITICAL_PRESSURE:
+        return "critical"
+    return common_pb2.PressureLevel.Name(level).lower()
+
+
+def probe_table(
+    reply: zone_pb2.ProbeJobReply, *, show_leases: bool, now_unix: float
+) -> RenderableType:
+    fitting = sum(1 for host in reply.hosts if host.fits)
+    header = Text(
+        f"{fitting} of {len(reply.hosts)} probed host(s) could take it now; "
+        f"{reply.hosts_matching} of {reply.hosts_total} host(s) match the shape"
+    )
+    table = Table()
+    for column in ("agent", "address", "fits", "score"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reason", overflow="fold")
+    if show_leases:
+        table.add_column("lease", no_wrap=True)
+    for host in sorted(reply.hosts, key=lambda h: (not h.fits, -h.score, h.agent_id)):
+        row: list[RenderableType] = [
+            host.agent_id,
+            host.address,
+            Text("yes", style="green") if host.fits else Text("no", style="red"),
+            f"{host.score:.3f}" if host.fits else "-",
+            Text(host.reason),
+        ]
+        if show_leases:
+            lease = host.lease
+            row.append(
+                f"{lease.lease_id} on {','.join(lease.slice_ids)}, expires "
+                f"{relative(lease.expires_unix, now_unix)}"
+                if lease.lease_id
+                else "-"
+            )
+        table.add_row(*row)
+    return Group(header, table)
+
+
+def airlock_view(agent: str, state: agent_pb2.AirlockState, now_unix: float) -> RenderableType:
+    header = Text(
+        f"{agent}: host pressure {pressure_name(state.host_level)}, host memory "
+        f"{format_size(state.host_memory_used_bytes)} of {format_size(state.host_memory_total_bytes)}"
+        + (" (dry run: actions are recorded, not taken)" if state.dry_run else "")
+    )
+    levels = Table(title="slices", title_justify="left")
+    for column in ("slice", "level", "used", "total", "used %"):
+        levels.add_column(column, no_wrap=column == "slice")
+    for level in state.slices:
+        ratio = level.used_bytes / level.total_bytes if level.total_bytes else 0.0
+        levels.add_row(
+            level.slice_id,
+            pressure_name(level.level),
+            format_size(level.used_bytes),
+            format_size(level.total_bytes),
+            f"{100 * ratio:.1f}",
+        )
+    parts: list[RenderableType] = [header, levels]
+    suspended = Table(title=f"suspended subjobs ({len(state.suspended)})", title_justify="left")
+    for column in ("subjob", "job", "class", "slices", "suspended for"):
+        suspended.add_column(column)
+    for subjob in state.suspended:
+        suspended.add_row(
+            subjob.spec.subjob_id,
+            subjob.spec.job_id,
+            priority_name(subjob.spec.priority),
+            ",".join(subjob.slice_ids),
+            span(subjob.suspended_seconds),
+        )
+    parts.append(suspended)
+    actions = Table(title=f"recent actions ({len(state.recent_actions)})", title_justify="left")
+    for column in ("when", "step", "subjob", "slice", "freed"):
+        actions.add_column(column, no_wrap=True)
+    actions.add_column("reason", overflow="fold")
+    for action in state.recent_actions:
+        actions.add_row(
+            clock(action.at_unix, now_unix),
+            action.step + (" (dry run)" if action.dry_run else ""),
+            action.subjob_id,
+            action.slice_id,
+            format_size(action.bytes_freed) if action.bytes_freed else "-",
+            Text(action.reason),
+        )
+    parts.append(actions)
+    return Group(*parts)

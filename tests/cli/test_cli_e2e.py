@@ -1,0 +1,282 @@
+"""The `laminar` command against a real router and agent processes on loopback.
+
+One cluster per module (a router and two agents); each test submits its own
+jobs and waits for them with a deadline, so the tests do not depend on order.
+Jobs that must stay running wait for a gate file the test creates.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+import pytest
+from waiting import gate_code, wait_for
+
+from cli.cluster import LocalCluster
+from cli.main import main
+from cli.up import launch
+from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+
+#: host-a: two whole GPUs; host-b: one H100 cut into MIG instances.
+AGENTS = {"host-a": "2xA100-40GB", "host-b": "H100-80GB:mig=3g.40gb+2g.20gb+1g.10gb"}
+HEARTBEAT_SECONDS = 0.2
+
+
+@pytest.fixture(scope="module")
+def zone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        router = cluster.start_zone("zone-1", heartbeat_seconds=HEARTBEAT_SECONDS)
+        for agent_id, spec in AGENTS.items():
+            cluster.start_agent(
+                agent_id, spec, zone=router.address, heartbeat_seconds=HEARTBEAT_SECONDS
+            )
+        cluster.wait_registered()
+        yield router.address
+
+
+class Cli:
+    """Runs ``laminar`` in-process against the module's router and captures its output."""
+
+    def __init__(self, address: str, capsys: pytest.CaptureFixture[str]) -> None:
+        self.address = address
+        self.capsys = capsys
+
+    def __call__(self, *argv: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        code = main(["--zone", self.address, *argv])
+        captured = self.capsys.readouterr()
+        return code, captured.out, captured.err
+
+    def ok(self, *argv: str) -> str:
+        code, out, err = self(*argv)
+        assert code == 0, f"laminar {' '.join(argv)} exited {code}: {err}"
+        return out
+
+    def json(self, command: str, *argv: str) -> Any:
+        return json.loads(self.ok(command, "-o", "json", *argv))
+
+    def submit(self, *argv: str) -> str:
+        out = self.ok("submit", *argv)
+        job_id = out.strip()
+        assert job_id and len(out.splitlines()) == 1, out  # the id alone on stdout
+        return job_id
+
+
+@pytest.fixture
+def cli(zone: str, capsys: pytest.CaptureFixture[str]) -> Cli:
+    return Cli(zone, capsys)
+
+
+def _state(address: str, job_id: str) -> zone_pb2.Job:
+    with grpc.insecure_channel(address) as channel:
+        return zone_pb2_grpc.ZoneStub(channel).GetJob(
+            zone_pb2.GetJobRequest(job_id=job_id), timeout=10
+        )
+
+
+def _py(code: str) -> list[str]:
+    return ["--", sys.executable, "-c", code]
+
+
+def test_submit_watch_show_and_logs(cli: Cli) -> None:
+    job_id = cli.submit(
+        "--gpus", "1", "--name", "hello", *_py("print('hello from laminar'); print('line 2')")
+    )
+    code, out, _ = cli("watch", job_id)
+    assert code == 0, out
+    assert "succeeded" in out.splitlines()[-1]
+
+    job = cli.json("job", job_id)
+    assert job["state"] == "JOB_SUCCEEDED" and job["spec"]["name"] == "hello"
+    [placement] = job["placements"]
+    assert placement["agent_id"] == "host-a"  # the only host with whole GPUs
+    assert placement["slice_ids"] and placement["state"] == "SUCCEEDED"
+    assert placement["exit_code"] == 0
+    assert job["started_unix"] >= job["submitted_unix"] > 0
+
+    assert cli.ok("logs", job_id) == "hello from laminar\nline 2\n"
+    shown = cli.ok("job", job_id)
+    assert "succeeded" in shown and "host-a" in shown and job_id in shown
+
+    listed = cli.json("jobs", "--state", "succeeded")
+    assert job_id in {j["job_id"] for j in listed["jobs"]}
+    assert job_id in cli.ok("jobs")
+
+
+def test_failed_job_makes_watch_exit_1(cli: Cli) -> None:
+    job_id = cli.submit(
+        "--mig", "1g.10gb", *_py("import sys; print('oops', file=sys.stderr); sys.exit(3)")
+    )
+    code, _, _ = cli("watch", job_id)
+    assert code == 1
+    job = cli.json("job", job_id)
+    assert job["state"] == "JOB_FAILED"
+    assert job["placements"][-1]["exit_code"] == 3
+    assert job["placements"][-1]["agent_id"] == "host-b"  # the only host with MIG
+    assert cli.ok("logs", job_id, "--stderr") == "oops\n"
+
+
+def test_queued_job_says_why_and_runs_once_capacity_frees(
+    cli: Cli, zone: str, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    holder = cli.submit("--gpus", "2", "--name", "holder", *_py(gate_code(gate)))
+    wait_for(lambda: _state(zone, holder).state == zone_pb2.JOB_RUNNING)
+    waiter = cli.submit("--gpus", "2", "--name", "waiter", *_py("print('got both')"))
+    wait_for(lambda: _state(zone, waiter).state == zone_pb2.QUEUED)
+
+    job = cli.json("job", waiter)
+    assert job["reason"], job  # every waiting job says why
+    shown = cli.ok("job", waiter)
+    assert "queued" in shown and "why waiting" in shown and "expected start" in shown
+
+    # `logs -f` on a job that has not started waits for it, then prints its output.
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "--zone", zone, "logs", "-f", waiter],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    port = int(zone.rsplit(":", 1)[1])
+
+    def follower_connected_or_gone() -> bool:
+        if follower.poll() is not None:
+            return True
+        conns = psutil.Process(follower.pid).net_connections(kind="tcp")
+        return any(c.raddr and c.raddr.port == port for c in conns)
+
+    wait_for(follower_connected_or_gone)  # it is asking the router before the job can start
+    assert follower.poll() is None, follower.communicate()
+    assert _state(zone, waiter).state == zone_pb2.QUEUED
+    gate.touch()
+    assert cli("watch", waiter)[0] == 0
+    out, err = follower.communicate(timeout=30)
+    assert (follower.returncode, out) == (0, "got both\n"), err
+    assert cli("watch", holder)[0] == 0
+    assert cli.ok("logs", waiter) == "got both\n"
+    done = cli.json("job", waiter)
+    assert done["placements"][0]["agent_id"] == "host-a"
+    assert done["started_unix"] >= _state(zone, holder).ended_unix - 1e-3
+
+
+def test_cancel_and_follow_logs(cli: Cli, zone: str, tmp_path: Path) -> None:
+    gate = tmp_path / "never"
+    code = "print('started', flush=True)\n" + gate_code(gate)
+    job_id = cli.submit("--mig", "3g.40gb", "--lifecycle", "transient", *_py(code))
+    wait_for(lambda: _state(zone, job_id).state == zone_pb2.JOB_RUNNING)
+    wait_for(lambda: cli.ok("logs", job_id) == "started\n")
+
+    out = cli.ok("cancel", job_id, "--reason", "test says stop")
+    assert "cancelled" in out
+    code_, out, _ = cli("watch", job_id)
+    assert code_ == 1 and "cancelled" in out
+    assert cli.json("job", job_id)["state"] == "JOB_CANCELLED"
+    # Following the logs of an ended job prints what it wrote and returns.
+    assert cli.ok("logs", job_id, "-f") == "started\n"
+
+
+def test_agents_probe_drain_airlock_pressure(cli: Cli) -> None:
+    agents = {a["agent_id"]: a for a in cli.json("agents")["agents"]}
+    assert set(agents) == set(AGENTS)
+    assert all(a["state"] == "AGENT_READY" for a in agents.values())
+    assert "host-a" in cli.ok("agents")
+
+    probe = cli.json("probe", "--mig", "2g.20gb")
+    fits = {h["agent_id"]: h["fits"] for h in probe["hosts"]}
+    assert fits.get("host-b") is True and not fits.get("host-a")
+    assert "could take it now" in cli.ok("probe", "--mig", "2g.20gb")
+
+    drained = cli.json("drain", "host-b", "--reason", "maintenance")
+    assert drained["agent_id"] == "host-b"
+    try:
+        wait_for(
+            lambda: (
+                {a["agent_id"]: a["state"] for a in cli.json("agents")["agents"]}["host-b"]
+                == "AGENT_DRAINING"
+            )
+        )
+        probe = cli.json("probe", "--mig", "2g.20gb")
+        assert not any(h["fits"] for h in probe["hosts"]), probe
+    finally:
+        cli.ok("undrain", "host-b")
+    wait_for(
+        lambda: (
+            {a["agent_id"]: a["state"] for a in cli.json("agents")["agents"]}["host-b"]
+            == "AGENT_READY"
+        )
+    )
+
+    out = cli.ok("pressure", "host-a", "--gpu", "1", "--used", "1GiB")
+    assert "injected 1.0GiB on host-a GPU 1" in out
+    try:
+        airlock = cli.json("airlock", "host-a")
+        used = sorted(int(s["used_bytes"]) for s in airlock["slices"])  # per device of host-a
+        assert len(used) == 2 and used[-1] >= 1024**3, airlock
+        assert "host-a: host pressure" in cli.ok("airlock", "host-a")
+    finally:
+        cli.ok("pressure", "host-a", "--gpu", "1", "--used", "0")
+
+
+def test_errors_from_the_router_are_one_line(cli: Cli) -> None:
+    code, out, err = cli("job", "no-such-job")
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "NOT_FOUND" in err
+
+    # The CLI leaves the name's length to the router, which refuses it as invalid input.
+    code, out, err = cli("submit", "--name", "n" * 5000, "--gpus", "1", *_py("pass"))
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "name" in err and "INVALID_ARGUMENT" in err
+
+    code, _, err = cli("drain", "no-such-host")
+    assert code == 1 and "NOT_FOUND" in err and len(err.strip().splitlines()) == 1
+
+
+def test_submit_is_idempotent_with_a_request_id(cli: Cli) -> None:
+    argv = ["--request-id", "same-request", "--mig", "1g.10gb", *_py("pass")]
+    first = cli.submit(*argv)
+    assert cli.submit(*argv) == first
+    as_json = cli.json("submit", *argv)
+    assert as_json["job_id"] == first and as_json["client_request_id"] == "same-request"
+
+
+def test_forwarded_job_is_followed_to_the_peer_zone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A router with no agents forwards work to its peer; job, watch and logs follow it there."""
+    with LocalCluster(tmp_path) as cluster:
+        launch(
+            cluster,
+            agents=1,
+            fake_gpus=["2xA100-40GB"],
+            zones=2,
+            heartbeat_seconds=HEARTBEAT_SECONDS,
+        )
+        working, empty = cluster.zones
+        cli = Cli(empty.address, capsys)
+        forwarded: list[str] = []
+
+        def submit_until_forwarded() -> bool:
+            # Flow splitting is random (weight 1 here against 3 there) and needs a fresh
+            # peer summary first, so submit until one job goes to the peer.
+            job_id = cli.submit("--gpus", "1", *_py("print('ran in the other zone')"))
+            if _state(empty.address, job_id).state == zone_pb2.FORWARDED:
+                forwarded.append(job_id)
+            return bool(forwarded)
+
+        wait_for(submit_until_forwarded)
+        [origin_id] = forwarded
+        code, out, _ = cli("watch", origin_id)
+        assert code == 0 and "forwarded to zone zone-1" in out, out
+        job = cli.json("job", origin_id)
+        assert job["state"] == "JOB_SUCCEEDED" and job["zone"] == "zone-1"
+        assert job["job_id"] != origin_id and job["placements"][0]["agent_id"] == "host-0"
+        assert f"{origin_id} was forwarded by zone zone-2" in cli.ok("job", origin_id)
+        assert cli.ok("logs", origin_id) == "ran in the other zone\n"
+        assert working.address != empty.address
