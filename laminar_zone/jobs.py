@@ -461,7 +461,11 @@ class ZoneState:
         await self._commit_placement(entry, entry.current()[member], lease)
 
     async def _commit_placement(
-        self, entry: Entry, placement: zone_pb2.Placement, lease: agent_pb2.Lease
+        self,
+        entry: Entry,
+        placement: zone_pb2.Placement,
+        lease: agent_pb2.Lease,
+        env: dict[str, str] | None = None,
     ) -> None:
         job = entry.job
         spec = common_pb2.SubjobSpec(
@@ -469,7 +473,7 @@ class ZoneState:
             job_id=job.job_id,
             tenant=job.spec.tenant,
             command=list(job.spec.command),
-            env=dict(job.spec.env),
+            env={**job.spec.env, **(env or {})},
             workdir=job.spec.workdir,
             priority=job.spec.priority or common_pb2.BATCH,
             lifecycle=job.spec.lifecycle or common_pb2.LONG,
@@ -705,11 +709,25 @@ class ZoneState:
             self._start_readdress(agent_id, subjob_id)
         if update.freed or touched:
             self._queue_wake.set()
+        acked_actions = 0
+        for action in request.airlock_actions:
+            acked_actions = max(acked_actions, action.seq)
+            log.info(
+                "airlock on %s: %s%s subjob %s on %s: %s (freed %d bytes)",
+                agent_id,
+                "would " if action.dry_run else "",
+                action.step,
+                action.subjob_id,
+                action.slice_id or "host",
+                action.reason,
+                action.bytes_freed,
+            )
         self.metrics.heartbeats.inc()
         return zone_pb2.HeartbeatReply(
             acked_seq=acked,
             period_seconds=self.config.membership.heartbeat_seconds,
             zone=self.zone_name,
+            acked_action_seq=acked_actions,
         )
 
     def _start_readdress(self, agent_id: str, subjob_id: str) -> None:
@@ -767,7 +785,9 @@ class ZoneState:
             self._save(entry)
             placement = job.placements[-1]
             try:
-                await self._commit_placement(entry, placement, lease)
+                await self._commit_placement(
+                    entry, placement, lease, env={"LAMINAR_READDRESS_COUNT": str(moves)}
+                )
             except grpc.aio.AioRpcError as exc:
                 placement.state = common_pb2.FAILED
                 placement.reason = f"{READDRESSED} commit of the copy failed: {exc.details()}"

@@ -107,12 +107,10 @@ def members_fitting(need: Need, shapes: Mapping[str, ShapeCap], *, total: bool =
         slots = cap.total if total else cap.free
         if need.gpu_milli:
             if total:
-                count += slots
-            elif cap.max_free_milli >= need.gpu_milli and (
-                cap.max_free_memory_bytes >= need.gpu_memory_bytes
-            ):
-                # The summary gives the largest free share only: promise one.
-                count += 1
+                count += slots * (MILLI_PER_GPU // need.gpu_milli)
+            elif cap.max_free_memory_bytes >= need.gpu_memory_bytes:
+                # The summary gives the largest free share only: count what that GPU holds.
+                count += cap.max_free_milli // need.gpu_milli
             continue
         if not total and need.gpu_memory_bytes > cap.max_free_memory_bytes and slots:
             continue

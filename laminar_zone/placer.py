@@ -241,6 +241,8 @@ class Placer:
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(outcome, BaseException):
                 log.info("lease release failed (the lease will expire): %s", _rpc_reason(outcome))
+            else:
+                self.note_summary(outcome.summary)
 
     async def dry_run(
         self, resources: common_pb2.Resources, max_hosts: int, priority: int
