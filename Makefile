@@ -59,6 +59,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/agent_probe.py
+	$(PY) bench/fgd_reproduce.py --workloads default --mig -o bench-out/fgd_default.json --plot bench-out/fgd_default.png
 
 install:
 	$(PYTHON) -m pip install .

@@ -1,0 +1,279 @@
+"""``laminar sim ...``: simulator experiments on the command line.
+
+:func:`register` adds the ``sim`` command to the ``laminar`` parser. Each leaf
+parser sets ``func`` to a handler ``(args, console) -> exit code``. Bad input
+raises :class:`~laminar_agent.errors.InvalidArgument` naming the flag; the
+``laminar`` entry point prints it as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from laminar_agent.errors import FailedPrecondition, InvalidArgument
+from laminar_sim import fgd, traces
+from laminar_sim.policies import POLICIES
+
+EXPECTED_RESULTS_DIR_NAME = "fgd-atc23-expected-results"
+SUMMARY_LEVELS = (75, 90, 100, 110, 120, 130)
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``sim`` and its experiments to a ``laminar`` sub-command set."""
+    sim = subparsers.add_parser("sim", help="trace-driven simulator experiments")
+    experiments = sim.add_subparsers(dest="sim_command", required=True)
+    exp = experiments.add_parser(
+        "fgd",
+        help="placement quality on the Alibaba openb trace, against the FGD paper (ATC'23)",
+        description=(
+            "Fill a cluster to 130%% of its GPU capacity with the pods of a trace "
+            "(no departures, no retries) under each policy and report the unallocated "
+            "GPU share at 100%% arrived, as the FGD paper does."
+        ),
+    )
+    exp.add_argument(
+        "--trace-dir",
+        type=Path,
+        help="folder with openb_node_list_gpu_node.csv and openb_pod_list_NAME.csv "
+        "(default: the bundled copy, which has the 'default' workload only)",
+    )
+    exp.add_argument(
+        "--workload", default="default", help="pod list NAME (openb_pod_list_NAME.csv)"
+    )
+    exp.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated, from {', '.join(POLICIES)} (default: all)",
+    )
+    exp.add_argument("--seeds", default="42-51", help="seeds: 42-51, 42,43 or 42")
+    exp.add_argument(
+        "--mig", action="store_true", help="round shares up to MIG profiles with placement rules"
+    )
+    exp.add_argument(
+        "--tune-ratio",
+        type=float,
+        default=fgd.TUNE_RATIO,
+        help="requested GPU as a multiple of capacity (default: 1.3)",
+    )
+    exp.add_argument(
+        "--expected-dir",
+        type=Path,
+        help="the paper's published results (default: TRACE_DIR/../"
+        + EXPECTED_RESULTS_DIR_NAME
+        + " when present)",
+    )
+    exp.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    exp.add_argument("--plot", type=Path, help="save the unallocated-GPU curves to this PNG")
+    exp.set_defaults(func=cmd_fgd)
+
+
+def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
+    """Run the ``fgd`` experiment and print a table or JSON."""
+    trace_dir, expected_dir = _trace_dirs(args)
+    policies = _policies(args.policies)
+    seeds = _seeds(args.seeds)
+    ratio = float(args.tune_ratio)
+    if not 0 < ratio <= 10:
+        raise InvalidArgument(f"must be in (0, 10], got {ratio}", field="--tune-ratio")
+    if args.plot is not None:
+        _check_plot_target(args.plot)
+
+    total = len(policies) * len(seeds)
+    progress = Progress(
+        TextColumn("[bold]sim fgd[/bold] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    )
+    with progress:
+        task = progress.add_task(f"{args.workload}", total=total)
+
+        def advance(policy: str, seed: int) -> None:
+            progress.update(task, advance=1, description=f"{args.workload} {policy} seed {seed}")
+
+        report = fgd.run_experiment(
+            trace_dir,
+            args.workload,
+            policies,
+            seeds,
+            mig=bool(args.mig),
+            ratio=ratio,
+            expected_dir=expected_dir,
+            progress=advance,
+        )
+    report["trace_dir"] = str(trace_dir)
+    if args.plot is not None:
+        save_plot(report, args.plot)
+        report["plot"] = str(args.plot)
+    if args.output == "json":
+        console.out(json.dumps(report, indent=2, sort_keys=False), highlight=False)
+    else:
+        render_fgd(report, console)
+    return 0
+
+
+def render_fgd(report: dict[str, Any], console: Console) -> None:
+    """The human summary: ours next to the paper's, then the curve at a few levels."""
+    paper = report.get("paper_unallocated_pct_at_100") or {}
+    mode = "MIG profiles" if report["mig"] else "gpu_milli sharing"
+    table = Table(
+        title=(
+            f"Unallocated GPU % at 100% arrived: {report['workload']}, {report['nodes']} nodes, "
+            f"{report['cluster_gpus']} GPUs, {mode}, seeds {_seed_text(report['seeds'])}"
+        )
+    )
+    columns = ("policy", "median", "mean", "paper med", "paper mean", "diff", "frag%gpu")
+    for column in (*columns, "frag%idle", "failed"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for policy, summary in report["policies"].items():
+        at100 = summary["unallocated_pct_at_100"] or {}
+        ours = at100.get("median")
+        theirs = paper.get(policy, {})
+        diff = None if ours is None or "median" not in theirs else ours - theirs["median"]
+        table.add_row(
+            policy,
+            fgd.fmt_pct(ours),
+            fgd.fmt_pct(at100.get("mean")),
+            fgd.fmt_pct(theirs.get("median")),
+            fgd.fmt_pct(theirs.get("mean")),
+            "-" if diff is None else f"{diff:+.2f}",
+            fgd.fmt_pct((summary["frag_amount_pct_at_100"] or {}).get("median")),
+            fgd.fmt_pct((summary["frag_ratio_pct_at_100"] or {}).get("median")),
+            f"{summary['failed_pods_mean']:.0f}",
+        )
+    console.print(table)
+
+    curve = Table(title="Unallocated GPU % (median over seeds) by arrived GPU % of capacity")
+    curve.add_column("policy")
+    for level in SUMMARY_LEVELS:
+        curve.add_column(f"{level}%", justify="right")
+    for policy, summary in report["policies"].items():
+        by_level = {row["arrived_pct"]: row["median"] for row in summary["unallocated_pct_curve"]}
+        curve.add_row(policy, *(fgd.fmt_pct(by_level.get(level)) for level in SUMMARY_LEVELS))
+    console.print(curve)
+    console.print(
+        f"{len(report['policies'])} policies x {len(report['seeds'])} seeds in "
+        f"{report['run_seconds']:.1f} s; {report['events_processed']} simulated events "
+        f"({report['events_per_second']:.0f} per second)"
+    )
+
+
+def save_plot(report: dict[str, Any], path: Path) -> None:
+    """Unallocated GPU % against arrived GPU %, ours solid and the paper's dashed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is in the dev and plots extras
+        raise FailedPrecondition(
+            "--plot needs matplotlib (pip install 'laminar[plots]')", field="--plot"
+        ) from None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    paper = report.get("paper_unallocated_pct_curve") or {}
+    for index, (policy, summary) in enumerate(report["policies"].items()):
+        color = f"C{index}"
+        rows = summary["unallocated_pct_curve"]
+        ax.plot(
+            [r["arrived_pct"] for r in rows],
+            [r["median"] for r in rows],
+            color=color,
+            label=f"{policy} (ours)",
+        )
+        if policy in paper:
+            ax.plot(
+                [r["arrived_pct"] for r in paper[policy]],
+                [r["median"] for r in paper[policy]],
+                color=color,
+                linestyle="--",
+                label=f"{policy} (paper)",
+            )
+    ax.set_xlabel("arrived GPU request, % of cluster GPU capacity")
+    ax.set_ylabel("unallocated GPU, % of capacity")
+    mode = " (MIG)" if report["mig"] else ""
+    ax.set_title(f"FGD fill-up, workload {report['workload']}{mode}, median over seeds")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _trace_dirs(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    if args.trace_dir is None:
+        if args.workload != "default":
+            raise InvalidArgument(
+                f"is required for workload {args.workload!r} (only 'default' is bundled)",
+                field="--trace-dir",
+            )
+        trace_dir = traces.bundled_trace_dir()
+    else:
+        trace_dir = Path(args.trace_dir)
+        if not trace_dir.is_dir():
+            raise InvalidArgument(f"{trace_dir} is not a folder", field="--trace-dir")
+    if not traces.node_list_path(trace_dir).is_file():
+        raise InvalidArgument(f"{trace_dir} has no {traces.NODE_LIST_FILE}", field="--trace-dir")
+    pod_list = traces.pod_list_path(trace_dir, args.workload)
+    if not pod_list.is_file():
+        known = ", ".join(traces.available_workloads(trace_dir)) or "none"
+        raise InvalidArgument(
+            f"no {pod_list.name} in {trace_dir} (available: {known})", field="--workload"
+        )
+    expected = args.expected_dir
+    if expected is not None:
+        if not Path(expected).is_dir():
+            raise InvalidArgument(f"{expected} is not a folder", field="--expected-dir")
+    elif args.trace_dir is not None:
+        candidate = trace_dir.resolve().parent / EXPECTED_RESULTS_DIR_NAME
+        expected = candidate if candidate.is_dir() else None
+    return trace_dir, expected
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise InvalidArgument("no policy given", field="--policies")
+    for name in names:
+        if name not in POLICIES:
+            raise InvalidArgument(
+                f"unknown policy {name!r} (known: {', '.join(POLICIES)})", field="--policies"
+            )
+    if len(set(names)) != len(names):
+        raise InvalidArgument("a policy is listed twice", field="--policies")
+    return names
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = fgd.parse_seeds(text)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"{exc} (expected e.g. 42-51, 42,43 or 42)", field="--seeds"
+        ) from None
+    if any(seed < 0 for seed in seeds):
+        raise InvalidArgument("seeds must be >= 0", field="--seeds")
+    return seeds
+
+
+def _check_plot_target(path: Path) -> None:
+    if path.suffix.lower() != ".png":
+        raise InvalidArgument(f"{path} must end in .png", field="--plot")
+    if not path.parent.resolve().is_dir():
+        raise InvalidArgument(f"folder {path.parent} does not exist", field="--plot")
+
+
+def _seed_text(seeds: list[int]) -> str:
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(str(s) for s in seeds)

@@ -1,0 +1,1 @@
+"""Bundled trace files (see ATTRIBUTION.md); a package so that installs ship them."""
