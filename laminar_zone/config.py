@@ -58,7 +58,12 @@ class PlacementSettings:
         default=2.0, metadata=doc("time budget of one placement try", unit="seconds")
     )
     lease_ttl_seconds: float = field(
-        default=1.0, metadata=doc("TTL the router asks for on each lease", unit="seconds")
+        default=5.0,
+        metadata=doc(
+            "TTL the router asks for on each lease (unused leases are released at once; "
+            "the TTL only matters if the router dies, and must outlast a busy agent's commit)",
+            unit="seconds",
+        ),
     )
     rpc_timeout_seconds: float = field(
         default=5.0, metadata=doc("deadline of one Probe/Commit/Release call", unit="seconds")

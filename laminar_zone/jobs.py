@@ -360,7 +360,9 @@ class ZoneState:
         finally:
             entry.placing = False
 
-    async def _place_once(self, entry: Entry, started: float, from_queue: bool) -> bool:
+    async def _place_once(
+        self, entry: Entry, started: float, from_queue: bool, *, retry_commit: bool = True
+    ) -> bool:
         job = entry.job
         gang = max(1, job.spec.gang_size)
         ask = Ask(
@@ -388,8 +390,11 @@ class ZoneState:
         ok = await self._commit_all(entry, gathered.chosen)
         if not ok:
             self.metrics.placements.labels("commit_failed").inc()
-            self._enqueue(entry, [job.reason])
-            return False
+            if not retry_commit:
+                self._enqueue(entry, [job.reason])
+                return False
+            # A lost commit (lease expired on a busy agent) is transient: try once more now.
+            return await self._place_once(entry, started, from_queue, retry_commit=False)
         latency = time.monotonic() - (entry.queued_at if from_queue else entry.submitted_mono)
         priority = common_pb2.PriorityClass.Name(job.spec.priority or common_pb2.BATCH).lower()
         self.metrics.placements.labels("placed").inc()
