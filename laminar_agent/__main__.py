@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 
 from laminar_agent.config import AgentConfig
 from laminar_agent.configlib import load_config
+from laminar_agent.daemon import run_daemon
 from laminar_agent.errors import LaminarError
 from laminar_agent.sdnotify import Notifier
 from laminar_agent.server import AgentServer
@@ -63,21 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"laminar-agent: {exc.message}", file=sys.stderr)
         return 2
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"), os.environ.get("WATCHDOG_USEC"))
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        runner = asyncio.run  # type: ignore[assignment]
-    try:
-        runner(AgentServer(config, notifier=notifier).run_until_signalled())
-    except LaminarError as exc:
-        print(f"laminar-agent: {exc.message}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"laminar-agent: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_daemon("laminar-agent", AgentServer(config, notifier=notifier).run_until_signalled())
 
 
 if __name__ == "__main__":

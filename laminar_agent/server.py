@@ -14,7 +14,6 @@ import enum
 import json
 import logging
 import os
-import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from prometheus_client import start_http_server
 
 from airlock.signals import HostMemorySource
 from laminar_agent.config import AgentConfig
+from laminar_agent.daemon import serve_until_signalled
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.inventory import open_backend
@@ -202,20 +202,6 @@ class AgentServer:
         log.info("agent stopped")
 
     async def run_until_signalled(self) -> None:
-        loop = asyncio.get_running_loop()
-        signals_seen = 0
-
-        def on_signal(signum: int) -> None:
-            nonlocal signals_seen
-            signals_seen += 1
-            if signals_seen > 1:
-                log.warning("second signal %d: exiting now", signum)
-                os._exit(1)
-            log.info("signal %d: shutting down (running subjobs keep running)", signum)
-            self.stop_event.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal, sig)
-        await self.start()
-        await self.stop_event.wait()
-        await self.stop()
+        await serve_until_signalled(
+            self.start, self.stop, self.stop_event, log, "running subjobs keep running"
+        )
