@@ -58,7 +58,10 @@ demo: $(STAMP)
 	$(VENV)/bin/laminar demo
 
 bench: $(STAMP)
+	mkdir -p bench-out
 	$(PY) bench/agent_probe.py
+	$(VENV)/bin/laminar bench placement --agents 4 --jobs 300 -o json > bench-out/placement_n4.json
+	$(VENV)/bin/laminar bench placement --agents 32 --jobs 300 -o json > bench-out/placement_n32.json
 	$(PY) bench/fgd_reproduce.py --workloads default --mig -o bench-out/fgd_default.json --plot bench-out/fgd_default.png
 
 install:

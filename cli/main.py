@@ -47,15 +47,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _register_plugins(sub: argparse._SubParsersAction[Any]) -> None:
-    """Commands from packages that may not be installed yet (the simulator's ``sim``)."""
-    if importlib.util.find_spec("laminar_sim") is None:
-        return
-    if importlib.util.find_spec("laminar_sim.cli") is None:
-        return
-    module = importlib.import_module("laminar_sim.cli")
-    register = getattr(module, "register", None)
-    if callable(register):
-        register(sub)
+    """Commands from packages that may not be installed (the simulator's ``sim``, ``bench``)."""
+    for package in ("laminar_sim", "laminar_bench"):
+        if importlib.util.find_spec(package) is None:
+            continue
+        if importlib.util.find_spec(f"{package}.cli") is None:
+            continue
+        module = importlib.import_module(f"{package}.cli")
+        register = getattr(module, "register", None)
+        if callable(register):
+            register(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
 from laminar_agent.config import AgentConfig
 from laminar_agent.configlib import load_config
-from laminar_agent.daemon import run_daemon
+from laminar_agent.daemon import run_daemon, setup_logging
 from laminar_agent.errors import LaminarError
 from laminar_agent.sdnotify import Notifier
 from laminar_agent.server import AgentServer
@@ -38,10 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    setup_logging(args.log_level)
     try:
         config = load_config(
             AgentConfig,

@@ -61,3 +61,11 @@ def run_daemon(prog: str, main: Coroutine[Any, Any, None]) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def setup_logging(level: str) -> None:
+    """Daemon log format: one line per record, level names as given on the command line."""
+    logging.basicConfig(
+        level=getattr(logging, str(level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )

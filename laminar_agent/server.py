@@ -194,7 +194,7 @@ class AgentServer:
             self._airlock_task.cancel()
             await asyncio.gather(self._airlock_task, return_exceptions=True)
         if self._metrics_http is not None:
-            self._metrics_http.shutdown()
+            await asyncio.to_thread(self._metrics_http.shutdown)  # blocks up to its poll interval
         if self.state is not None:
             await self.state.node.close()
             self.state.backend.close()

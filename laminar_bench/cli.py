@@ -1,0 +1,206 @@
+"""``laminar bench ...``: live benchmarks of the real daemons on loopback.
+
+:func:`register` adds the ``bench`` command to the ``laminar`` parser. Each
+leaf parser sets ``func`` to a handler ``(args, console) -> exit code``. Bad
+input raises :class:`~laminar_agent.errors.InvalidArgument` naming the flag;
+the ``laminar`` entry point prints it as one line and exits 2. A benchmark
+never fails on a number: it reports (exit 0), and fails (exit 1) only when
+its cluster cannot be started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from laminar_bench.placement import (
+    DEFAULT_AGENT_POLL_SECONDS,
+    DEFAULT_FAKE_GPUS,
+    DEFAULT_GPU_MILLI,
+    BenchSpec,
+    run_bench,
+)
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``bench`` and its benchmarks to a ``laminar`` sub-command set."""
+    bench = subparsers.add_parser("bench", help="live benchmarks of the real daemons on loopback")
+    benchmarks = bench.add_subparsers(dest="bench_command", required=True)
+    p = benchmarks.add_parser(
+        "placement",
+        help="placements per second and latency of a router with N agents",
+        description=(
+            "Start a zone router and N agents (fake GPUs) on loopback and place M jobs: "
+            "by default two-phase probes that keep a lease (no process starts), with "
+            "--launch real jobs running `true`. Reports, never fails on a number."
+        ),
+    )
+    p.add_argument("--agents", type=int, required=True, help="N agents")
+    p.add_argument("--jobs", type=int, required=True, help="M jobs")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="open-loop Poisson arrivals, jobs/s (default: burst)",
+    )
+    p.add_argument(
+        "--launch", action="store_true", help="submit real jobs (`true`); each starts a process"
+    )
+    p.add_argument(
+        "--submitters", type=int, default=32, help="concurrent submitters in a burst (default 32)"
+    )
+    p.add_argument(
+        "--fake-gpus",
+        default=DEFAULT_FAKE_GPUS,
+        help=f"every agent's fake GPUs (default {DEFAULT_FAKE_GPUS})",
+    )
+    p.add_argument(
+        "--gpu-milli",
+        type=int,
+        default=DEFAULT_GPU_MILLI,
+        help=f"GPU share per job in 1/1000 (default {DEFAULT_GPU_MILLI}; 0 = one whole GPU)",
+    )
+    p.add_argument(
+        "--agents-per-process",
+        type=int,
+        default=0,
+        help="agents hosted per process (default: 1 up to 8 agents, else 32)",
+    )
+    p.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=0.0,
+        help="heartbeat period the router asks for (default: the router's default)",
+    )
+    p.add_argument(
+        "--agent-poll-seconds",
+        type=float,
+        default=DEFAULT_AGENT_POLL_SECONDS,
+        help=f"agents' Airlock poll period (default {DEFAULT_AGENT_POLL_SECONDS:g} s)",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=2.0,
+        help="placement mode: TTL of each kept lease in seconds (default 2)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="measurement deadline in seconds (default 300)"
+    )
+    p.add_argument("--seed", type=int, default=1, help="seed of the open-loop arrivals")
+    p.add_argument(
+        "--work-dir", type=Path, help="keep state dirs and daemon logs here (default: temporary)"
+    )
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.set_defaults(func=cmd_placement)
+
+
+def cmd_placement(args: argparse.Namespace, console: Console) -> int:
+    """Run ``bench placement`` and print a table or JSON."""
+    spec = BenchSpec(
+        agents=args.agents,
+        jobs=args.jobs,
+        rate=args.rate,
+        launch=bool(args.launch),
+        submitters=args.submitters,
+        fake_gpus=args.fake_gpus,
+        gpu_milli=args.gpu_milli,
+        agents_per_process=args.agents_per_process,
+        heartbeat_seconds=args.heartbeat_seconds,
+        agent_poll_seconds=args.agent_poll_seconds,
+        lease_ttl_seconds=args.lease_ttl,
+        timeout_seconds=args.timeout,
+        seed=args.seed,
+        work_dir=args.work_dir,
+    )
+    spec.validate()
+    progress = Progress(
+        TextColumn("[bold]bench placement[/bold] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    )
+    with progress:
+        task = progress.add_task("starting", total=spec.agents)
+
+        def advance(what: str, done: int, total: int) -> None:
+            progress.update(task, description=what, completed=done, total=total)
+
+        report = run_bench(spec, advance)
+    if args.output == "json":
+        console.out(json.dumps(report, indent=2), highlight=False)
+    else:
+        render(report, console)
+    return 0
+
+
+def render(report: dict[str, Any], console: Console) -> None:
+    """The human summary: the figures, the baseline and what was measured."""
+    env = report["environment"]
+    console.print(
+        f"[bold]bench placement[/bold]  mode {report['mode']}, {report['arrivals']}"
+        + (
+            f" at {report['rate']:g} jobs/s"
+            if report["rate"]
+            else f", {report['submitters']} submitters"
+        )
+        + f"; {report['agents']} agents in {report['agent_processes']} process(es) "
+        f"(up to {report['agents_per_process']} per process); {report['jobs']} jobs"
+    )
+    console.print(
+        f"{env['machine']}, {env['cores']} cores ({env['cpu_model'] or 'unknown CPU'}), "
+        f"Python {env['python']}, grpcio {env['grpcio']}, {report['date']}",
+        highlight=False,
+    )
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, str]] = [
+        ("placed / jobs", f"{report['placed']} / {report['jobs']}"),
+        ("jobs that queued", str(report["jobs_queued"])),
+        ("placements per second", f"{report['placements_per_second']:.1f}"),
+        ("latency p50 (ms)", f"{report['latency_p50_ms']:.2f}"),
+        ("latency p90 (ms)", f"{report['latency_p90_ms']:.2f}"),
+        ("latency p99 (ms)", f"{report['latency_p99_ms']:.2f}"),
+        ("latency max (ms)", f"{report['latency_max_ms']:.2f}"),
+    ]
+    if report["observed_running_p50_ms"] is not None:
+        rows.append(("client saw running, p50 (ms)", f"{report['observed_running_p50_ms']:.2f}"))
+    rows += [
+        ("probes per placement", f"{report['probes_per_placement']:.2f}"),
+        ("bounces per placement", f"{report['bounces_per_placement']:.2f}"),
+        (
+            "router CPU per placement (ms)",
+            f"{1000 * report['router_cpu_seconds_per_placement']:.3f}",
+        ),
+        (
+            "router CPU per placement, net of idle (ms)",
+            f"{1000 * report['router_cpu_seconds_per_placement_net_of_idle']:.3f}",
+        ),
+        ("router CPU when idle (ratio of a core)", f"{report['router_idle_cpu_ratio']:.3f}"),
+        (
+            "agents CPU per placement (ms)",
+            f"{1000 * report['agents_cpu_seconds_per_placement']:.3f}",
+        ),
+        ("machine CPU busy during the run (ratio)", f"{report['machine_cpu_busy_ratio']:.2f}"),
+        ("health check p50, baseline (ms)", f"{report['health_p50_ms']:.3f}"),
+        ("latency p50 / health p50", f"{report['latency_p50_to_health_p50_ratio']:.1f}"),
+        ("processes started", str(report["processes_started"])),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    console.print(f"latency: {report['latency_definition']}", highlight=False)
+    console.print(f"probes: {report['probes_source']}", highlight=False)
+    if report["errors"]:
+        console.print(f"not placed: {'; '.join(report['errors'])}", highlight=False)

@@ -1,0 +1,99 @@
+"""Smoke runs of ``laminar bench placement`` with a real router and two real agents.
+
+Only the shape and the sanity of the report are asserted (every job counted,
+positive latencies, at least one probe per placement, nothing left running);
+the figures themselves are never judged here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from rich.console import Console
+
+from laminar_agent.errors import InvalidArgument
+from laminar_bench.cli import register
+
+REQUIRED = (
+    "placements_per_second",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "probes_per_placement",
+    "bounces_per_placement",
+    "router_cpu_seconds_per_placement",
+    "agents",
+    "agents_per_process",
+    "jobs",
+    "mode",
+    "health_p50_ms",
+    "latency_p50_to_health_p50_ratio",
+    "environment",
+)
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    parser = argparse.ArgumentParser(prog="laminar")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    code: int = args.func(args, Console(file=out, width=200))
+    return code, out.getvalue()
+
+
+def daemons_under(root: Path) -> list[int]:
+    """Pids of live processes whose command line names the work directory."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if any(str(root) in part for part in cmdline):
+            found.append(proc.info["pid"])
+    return found
+
+
+@pytest.mark.parametrize(
+    ("launch", "per_process"), [(False, 2), (True, 1)], ids=["placement-pool", "launch"]
+)
+def test_smoke_report_fields_and_clean_exit(tmp_path: Path, launch: bool, per_process: int) -> None:
+    """Placement mode runs its agents in one pool process; launch mode one process each."""
+    argv = ["bench", "placement", "--agents", "2", "--jobs", "10", "-o", "json"]
+    argv += ["--work-dir", str(tmp_path), "--timeout", "60"]
+    argv += ["--agents-per-process", str(per_process)]
+    if launch:
+        argv.append("--launch")
+    code, text = run_cli(argv)
+    assert code == 0
+    report: dict[str, Any] = json.loads(text)
+    for key in REQUIRED:
+        assert key in report, key
+    assert report["mode"] == ("launch" if launch else "placement")
+    assert report["agents"] == 2 and report["agents_per_process"] == per_process
+    assert report["agent_processes"] == 2 // per_process
+    assert report["jobs"] == 10
+    assert report["placed"] == 10 and report["not_placed"] == 0
+    assert report["placements_per_second"] > 0
+    assert 0 < report["latency_p50_ms"] <= report["latency_p99_ms"]
+    assert report["probes_per_placement"] >= 1
+    assert report["bounces_per_placement"] >= 0
+    assert report["router_cpu_seconds_per_placement"] >= 0
+    assert report["health_p50_ms"] > 0
+    assert report["environment"]["cores"] >= 1
+    assert report["processes_started"] == (10 if launch else 0)
+    if launch:
+        assert report["final_states"] == {"JOB_SUCCEEDED": 10}
+    assert daemons_under(tmp_path) == []
+
+
+def test_bad_input_names_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="--agents"):
+        run_cli(["bench", "placement", "--agents", "0", "--jobs", "10"])
+    with pytest.raises(InvalidArgument, match="--fake-gpus"):
+        run_cli(
+            ["bench", "placement", "--agents", "1", "--jobs", "1", "--fake-gpus", "2xH100-80GB"]
+        )
+    assert list(tmp_path.iterdir()) == []
