@@ -16,6 +16,11 @@ Choices made here (documented because the ladder depends on them):
   (memory is assumed spread evenly); once chosen on one slice it is credited on
   every slice it spans and is not chosen twice.
 * Subjobs with ``observed_bytes == 0`` are never victims: they give no relief.
+* *release_memory* is sent once per pressure episode: a subjob asked to release
+  (``release_requested_since``) counts as relief for ``release_wait_seconds`` and
+  is not asked again; if it is still picked after that, it is reclaimed, and the
+  reason says it did not release. The caller ends the episode (clears the field)
+  once the subjob's slices are back to normal.
 * Critical-class subjobs (priority 1) are victims only when no running subjob of a
   lower class (priority > 1) is on that slice.
 * Victims are taken as a prefix of the victim order, stopping as soon as the
@@ -99,6 +104,9 @@ class SubjobView:
     readdress_requested: bool = False
     #: Milli-GPUs held on each slice (ledger preemption only).
     milli: int = 0
+    #: When the agent asked this subjob to release memory in the current pressure episode
+    #: (same clock as ``Snapshot.now``); None if it was not asked.
+    release_requested_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,8 @@ class PolicyConfig:
     reclaim_after_seconds: float = 120.0
     dry_run: bool = False
     host_target_ratio: float = 0.85
+    #: How long a subjob asked to release memory has to do so before it is reclaimed.
+    release_wait_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_ratio <= 1.0:
@@ -136,6 +146,8 @@ class PolicyConfig:
             )
         if self.max_readdress < 0:
             raise ValueError(f"max_readdress: must be >= 0, got {self.max_readdress}")
+        if self.release_wait_seconds < 0:
+            raise ValueError(f"release_wait_seconds: must be >= 0, got {self.release_wait_seconds}")
         if not 0.0 < self.host_target_ratio <= 1.0:
             raise ValueError(f"host_target_ratio: must be in (0, 1], got {self.host_target_ratio}")
 
@@ -165,7 +177,8 @@ def relief_step(subjob: SubjobView) -> str:
     if subjob.free_mode == "checkpoint":
         return STEP_SUSPEND
     if subjob.free_mode == "release_signal":
-        return STEP_RELEASE_MEMORY
+        # Asked once in this episode and the wait is over (pending ones are not victims).
+        return STEP_RECLAIM if subjob.release_requested_since is not None else STEP_RELEASE_MEMORY
     return STEP_RECLAIM
 
 
@@ -191,8 +204,19 @@ def eligible_victims(slice_id: str, subjobs: Iterable[SubjobView]) -> list[Subjo
     return sorted(eligible, key=victim_key)
 
 
+def release_pending(subjob: SubjobView, now: float, config: PolicyConfig) -> bool:
+    """Asked to release memory and still within its wait: counted as relief, not chosen again."""
+    since = subjob.release_requested_since
+    return not subjob.suspended and since is not None and now - since <= config.release_wait_seconds
+
+
 def _relief_reason(
-    sig: SliceSignal, level_mark: str, victim: SubjobView, freed: int, sufficient: bool
+    sig: SliceSignal,
+    level_mark: str,
+    victim: SubjobView,
+    freed: int,
+    sufficient: bool,
+    now: float,
 ) -> str:
     pct = 100.0 * sig.used_bytes / sig.total_bytes if sig.total_bytes else 0.0
     cls = (
@@ -205,6 +229,12 @@ def _relief_reason(
     )
     if victim.free_mode == "none":
         text += "; free_mode none: a stop frees nothing, so it is reclaimed"
+    elif victim.free_mode == "release_signal" and victim.release_requested_since is not None:
+        waited = now - victim.release_requested_since
+        text += (
+            f"; asked to release memory {waited:.1f}s ago and still holds "
+            f"{_gib(victim.observed_bytes)}, so it is reclaimed"
+        )
     if not sufficient:
         text += "; all eligible victims taken and the slice stays above target"
     return text
@@ -249,7 +279,7 @@ def _relieve(
                     step=relief_step(victim),
                     subjob_id=victim.subjob_id,
                     slice_id=sig.slice_id,
-                    reason=_relief_reason(sig, mark, victim, freed, sufficient),
+                    reason=_relief_reason(sig, mark, victim, freed, sufficient, snapshot.now),
                     expected_bytes_freed=freed,
                 )
             )
@@ -359,6 +389,10 @@ def decide(snapshot: Snapshot, config: PolicyConfig) -> list[Action]:
     """
     projected = {s.slice_id: s.used_bytes for s in snapshot.slices}
     chosen: set[str] = set()
+    for pending in snapshot.subjobs:
+        if release_pending(pending, snapshot.now, config):
+            chosen.add(pending.subjob_id)
+            _apply_freed(projected, pending)
     actions = _relieve(snapshot, config, projected, chosen)
     actions.extend(_relieve_host(snapshot, config, actions, chosen))
     actions.extend(_recover(snapshot, config, projected, chosen))
@@ -485,3 +519,41 @@ def plan_room(
             )
         )
     return actions if free >= needed_bytes and free_milli >= needed_milli else None
+
+
+def decide_oom_killer(snapshot: Snapshot) -> list[Action]:
+    """The baseline Airlock is compared with: what an OOM killer does on a GPU.
+
+    Nothing happens until a slice is full (used >= total); then the subjob holding the most
+    memory on it is killed, whatever its class, one per full slice per round. Nothing is
+    suspended, resumed or moved. Used only by benchmarks (``airlock.policy = "oom-killer"``).
+    """
+    actions: list[Action] = []
+    killed: set[str] = set()
+    for sig in sorted(snapshot.slices, key=lambda s: s.slice_id):
+        if sig.total_bytes <= 0 or sig.used_bytes < sig.total_bytes:
+            continue
+        running = [
+            s
+            for s in snapshot.subjobs
+            if sig.slice_id in s.slice_ids and not s.suspended and s.subjob_id not in killed
+        ]
+        if not running:
+            continue
+        victim = min(running, key=lambda s: (-freed_per_slice(s), s.subjob_id))
+        killed.add(victim.subjob_id)
+        cls = PRIORITY_NAMES.get(victim.priority, str(victim.priority))
+        actions.append(
+            Action(
+                step=STEP_RECLAIM,
+                subjob_id=victim.subjob_id,
+                slice_id=sig.slice_id,
+                reason=(
+                    f"oom-killer baseline: {sig.slice_id} full at {_gib(sig.used_bytes)} of "
+                    f"{_gib(sig.total_bytes)}; killed the largest process ({cls}, "
+                    f"{_gib(freed_per_slice(victim))})"
+                ),
+                expected_bytes_freed=freed_per_slice(victim),
+            )
+        )
+    return actions

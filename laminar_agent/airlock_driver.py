@@ -46,6 +46,7 @@ from airlock.policy import (
     Snapshot,
     SubjobView,
     decide,
+    decide_oom_killer,
 )
 from airlock.signals import HostMemory
 from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
@@ -134,18 +135,23 @@ class AirlockDriver:
         *,
         metrics: AgentMetrics | None = None,
         reclaim_grace_seconds: float = 5.0,
+        oom_killer_baseline: bool = False,
     ) -> None:
         self.node = node
         self.levels = levels
         self.config = config if config is not None else PolicyConfig()
         self.metrics = metrics
         self.reclaim_grace_seconds = reclaim_grace_seconds
+        #: Run the OOM-killer baseline (``decide_oom_killer``, SIGKILL) instead of the ladder.
+        self.oom_killer_baseline = oom_killer_baseline
         self._lock = asyncio.Lock()
         #: Monotonic time each subjob was suspended by Airlock (for readdress/reclaim age).
         self._suspended_since: dict[str, float] = {}
         #: Subjobs handed to the zone router for re-addressing -> monotonic time of the request.
         self._readdress_pending: dict[str, float] = {}
         self._static: dict[str, _StaticView] = {}
+        #: Subjobs asked to release memory in the current pressure episode -> monotonic time.
+        self._release_sent: dict[str, float] = {}
         #: Dry run: decisions already journaled and still being made.
         self._dry_seen: set[tuple[str, str, str]] = set()
 
@@ -183,6 +189,14 @@ class AirlockDriver:
             if live.get(subjob_id) != "SUSPENDED":
                 del self._suspended_since[subjob_id]
         want_rss = host is not None and host_level != Level.NORMAL
+        for subjob_id in list(self._release_sent):
+            static = self._static.get(subjob_id)
+            if (
+                subjob_id not in live
+                or static is None
+                or all(self.levels.level(d) == Level.NORMAL for d in static.devices)
+            ):
+                del self._release_sent[subjob_id]  # episode over: may be asked again next time
         for subjob_id in sorted(live):
             if subjob_id in self.node.terminating:
                 continue  # already on its way out; its memory leaves with it
@@ -201,7 +215,7 @@ class AirlockDriver:
                 SubjobView(
                     subjob_id=subjob_id,
                     job_id=static.job_id,
-                    slice_ids=devices,
+                    slice_ids=tuple(self.node.slice_name(d) for d in devices),
                     priority=static.priority,
                     lifecycle=static.lifecycle,
                     declared_bytes=static.declared_bytes,
@@ -220,6 +234,7 @@ class AirlockDriver:
                     gpu_count=max(1, len(devices)),
                     host_rss_bytes=process_group_rss_bytes(pid) if pid else 0,
                     readdress_requested=subjob_id in self._readdress_pending,
+                    release_requested_since=self._release_sent.get(subjob_id),
                 )
             )
         if not views:
@@ -229,7 +244,8 @@ class AirlockDriver:
             used, total = readings.get(uuid, (0, 0))
             if uuid not in device_ids and used <= 0:
                 continue
-            slices.append(SliceSignal(uuid, used, total, self.levels.level(uuid)))
+            name = self.node.slice_name(uuid)
+            slices.append(SliceSignal(name, used, total, self.levels.level(uuid)))
         return Snapshot(
             now=now,
             slices=tuple(slices),
@@ -295,7 +311,9 @@ class AirlockDriver:
             if snap is None:
                 self._dry_seen.clear()
                 return []
-            actions = decide(snap, self.config)
+            actions = (
+                decide_oom_killer(snap) if self.oom_killer_baseline else decide(snap, self.config)
+            )
             if self.config.dry_run:
                 keys = [(a.step, a.subjob_id, a.slice_id) for a in actions]
                 fresh = [a for a, k in zip(actions, keys, strict=True) if k not in self._dry_seen]
@@ -364,7 +382,8 @@ class AirlockDriver:
             log.warning("airlock: unknown step %r for subjob %s", action.step, action.subjob_id)
             return
         if action.step == STEP_RECLAIM:
-            reason, grace = f"{RECLAIMED_PREFIX}{action.reason}", self.reclaim_grace_seconds
+            grace = 0.0 if self.oom_killer_baseline else self.reclaim_grace_seconds
+            reason = f"{RECLAIMED_PREFIX}{action.reason}"
         else:
             reason, grace = f"airlock: {action.reason}", 0.0
         try:
@@ -385,13 +404,16 @@ class AirlockDriver:
                 fake.detach_subjob(action.subjob_id)
         elif action.step == STEP_RESUME:
             self._suspended_since.pop(action.subjob_id, None)
-            if fake is not None and view is not None and view.slice_ids:
+            static = self._static.get(action.subjob_id)
+            if fake is not None and view is not None and static is not None and static.devices:
                 fake.attach_subjob(
                     action.subjob_id,
-                    list(view.slice_ids),
+                    list(static.devices),
                     view.declared_bytes,
                     self.node.executor.subjob_dir(action.subjob_id) / "gpu_mem",
                 )
+        elif action.step == STEP_RELEASE_MEMORY:
+            self._release_sent[action.subjob_id] = now
         elif action.step == STEP_RECLAIM:
             self._suspended_since.pop(action.subjob_id, None)
             self._readdress_pending.pop(action.subjob_id, None)

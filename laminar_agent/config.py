@@ -10,6 +10,9 @@ from airlock.policy import PolicyConfig
 from laminar_agent.configlib import doc
 from laminar_agent.errors import ConfigError
 
+#: ``airlock.policy`` values: the ladder, or the OOM-killer baseline for comparisons.
+AIRLOCK_POLICIES = ("ladder", "oom-killer")
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -136,6 +139,21 @@ class AirlockSettings:
     max_readdress: int = field(
         default=2, metadata=doc("most times one job's subjob is re-placed elsewhere [count]")
     )
+    release_wait_seconds: float = field(
+        default=2.0,
+        metadata=doc(
+            "a subjob asked to release memory (it declared support) that still holds it after "
+            "this long is reclaimed; it is asked once per pressure episode",
+            unit="seconds",
+        ),
+    )
+    policy: str = field(
+        default="ladder",
+        metadata=doc(
+            "ladder (Airlock) or oom-killer: the baseline that kills the largest process once a "
+            "GPU is full, for comparisons (`laminar bench airlock`); never for production"
+        ),
+    )
     readdress_deadline_seconds: float = field(
         default=120.0,
         metadata=doc(
@@ -192,7 +210,7 @@ class AirlockSettings:
             hold_seconds=self.hold_seconds,
         )
 
-    def policy(self) -> PolicyConfig:
+    def policy_config(self) -> PolicyConfig:
         """The pure ladder's configuration."""
         return PolicyConfig(
             target_ratio=self.target_ratio,
@@ -202,6 +220,7 @@ class AirlockSettings:
             reclaim_after_seconds=self.readdress_deadline_seconds,
             dry_run=self.dry_run,
             host_target_ratio=self.host_target_ratio,
+            release_wait_seconds=self.release_wait_seconds,
         )
 
 
@@ -293,11 +312,17 @@ def _validate_airlock(a: AirlockSettings) -> None:
         and a.elevated_bytes > a.critical_bytes
     ):
         raise ConfigError("must be <= airlock.critical_bytes", field="airlock.elevated_bytes")
+    if a.policy not in AIRLOCK_POLICIES:
+        raise ConfigError(
+            f"must be one of {', '.join(AIRLOCK_POLICIES)}, got {a.policy!r}",
+            field="airlock.policy",
+        )
     for name in (
         "hold_seconds",
         "readdress_after_seconds",
         "readdress_deadline_seconds",
         "reclaim_grace_seconds",
+        "release_wait_seconds",
     ):
         value = getattr(a, name)
         if not 0 <= value <= 7 * 86400:

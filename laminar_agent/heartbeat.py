@@ -20,8 +20,8 @@ from collections.abc import Callable
 import grpc
 
 from laminar_agent.grpcutil import channel_options
-from laminar_agent.journal import Journal
-from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_agent.journal import ActionRow, Journal
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 
 log = logging.getLogger("laminar.agent.heartbeat")
 
@@ -83,16 +83,7 @@ class HeartbeatClient:
         for action in self._journal.actions_after(
             max(cursor, acked_actions), MAX_ACTIONS_PER_HEARTBEAT
         ):
-            request.airlock_actions.add(
-                seq=action.seq,
-                at_unix=action.at_unix,
-                step=action.step,
-                subjob_id=action.subjob_id,
-                slice_id=action.slice_id,
-                reason=action.reason,
-                bytes_freed=action.bytes_freed,
-                dry_run=action.dry_run,
-            )
+            request.airlock_actions.append(action_message(action))
         if self._readdress_ids is not None:
             request.readdress_subjob_ids.extend(self._readdress_ids())
         try:
@@ -126,3 +117,18 @@ class HeartbeatClient:
             )
         if reply.period_seconds > 0:
             self.period_seconds = reply.period_seconds
+
+
+def action_message(row: ActionRow) -> agent_pb2.AirlockAction:
+    """One journaled Airlock action as the API shows it (GetAirlock and heartbeats)."""
+    return agent_pb2.AirlockAction(
+        seq=row.seq,
+        at_unix=row.at_unix,
+        step=row.step,
+        subjob_id=row.subjob_id,
+        job_id=row.job_id,
+        slice_id=row.slice_id,
+        reason=row.reason,
+        bytes_freed=row.bytes_freed,
+        dry_run=row.dry_run,
+    )

@@ -139,7 +139,15 @@ class ActionRow:
     reason: str
     bytes_freed: int
     dry_run: bool
+    #: The subjob's job, from the subjobs table ("" if the subjob row is gone).
+    job_id: str = ""
 
+
+#: Actions with their subjob's job id (joined, so old journals need no migration).
+_ACTION_SELECT = (
+    "SELECT a.*, COALESCE(s.job_id, '') AS job_id FROM airlock_actions a "
+    "LEFT JOIN subjobs s ON s.subjob_id = a.subjob_id"
+)
 
 _JOINED_FIELDS = ("allocations_json", "priority")
 _SUBJOB_FIELDS = [f.name for f in dataclasses.fields(SubjobRow) if f.name not in _JOINED_FIELDS]
@@ -365,14 +373,14 @@ class Journal:
     def actions_after(self, seq: int, limit: int = 100) -> list[ActionRow]:
         """Actions with a sequence number above ``seq``, oldest first."""
         rows = self._conn.execute(
-            "SELECT * FROM airlock_actions WHERE seq>? ORDER BY seq LIMIT ?", (seq, limit)
+            f"{_ACTION_SELECT} WHERE a.seq>? ORDER BY a.seq LIMIT ?", (seq, limit)
         ).fetchall()
         return [_action(r) for r in rows]
 
     def recent_actions(self, limit: int = 100) -> list[ActionRow]:
         """Most recent actions, oldest first."""
         rows = self._conn.execute(
-            "SELECT * FROM (SELECT * FROM airlock_actions ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+            f"SELECT * FROM ({_ACTION_SELECT} ORDER BY a.seq DESC LIMIT ?) ORDER BY seq",
             (limit,),
         ).fetchall()
         return [_action(r) for r in rows]
@@ -402,4 +410,5 @@ def _action(r: sqlite3.Row) -> ActionRow:
         reason=r["reason"],
         bytes_freed=r["bytes_freed"],
         dry_run=bool(r["dry_run"]),
+        job_id=r["job_id"],
     )

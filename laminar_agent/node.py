@@ -158,6 +158,10 @@ class Node:
         restarts = int(self.journal.get_meta("restarts") or "0") + 1
         self.journal.set_meta("restarts", str(restarts))
         self.slices = slices_from_gpus(backend.gpus())
+        #: Device UUID -> slice name, for what Airlock shows (it reads memory per device).
+        self._slice_names = {s.device_uuid: s.slice_id for s in self.slices}
+        for gpu in backend.gpus():
+            self._slice_names.setdefault(gpu.uuid, f"gpu{gpu.index}")
         self.ledger = Ledger(self.slices, lease_prefix=f"{agent_id}-r{restarts}-")
         self.executor = Executor(state_dir, on_exit=self._on_exit)
         self._arrivals = itertools.count()
@@ -737,6 +741,11 @@ class Node:
             stderr_path=str(directory / "stderr"),
             lease_id=row.lease_id,
         )
+
+    def slice_name(self, device_uuid: str) -> str:
+        """The slice name the API uses for a device (``gpu0``, ``gpu1/3g.40gb@0``); a device
+        the inventory does not know (or the host) keeps its id."""
+        return self._slice_names.get(device_uuid, device_uuid)
 
     def list_subjobs(
         self, job_id: str, states: Sequence[int], limit: int

@@ -17,6 +17,7 @@ from airlock.levels import Level, LevelTracker, Marks
 from airlock.signals import HostMemory, HostMemorySource, PsutilHostMemory
 from laminar_agent.airlock_driver import AirlockDriver
 from laminar_agent.config import AirlockSettings
+from laminar_agent.heartbeat import action_message
 from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.metrics import AgentMetrics
@@ -92,9 +93,10 @@ class AgentState:
         self.airlock = AirlockDriver(
             self.node,
             self.levels,
-            settings.policy(),
+            settings.policy_config(),
             metrics=metrics,
             reclaim_grace_seconds=settings.reclaim_grace_seconds,
+            oom_killer_baseline=settings.policy == "oom-killer",
         )
 
     @property
@@ -222,21 +224,17 @@ class AgentState:
             host_memory_total_bytes=host.total_bytes if host is not None else 0,
             dry_run=self.airlock.dry_run,
         )
-        for uuid in sorted(readings):
+        for uuid in sorted(readings, key=self.node.slice_name):
             used, total = readings[uuid]
             level = self.level_by_device.get(uuid, Level.NORMAL)
-            state.slices.add(slice_id=uuid, level=int(level), used_bytes=used, total_bytes=total)
+            state.slices.add(
+                slice_id=self.node.slice_name(uuid),
+                level=int(level),
+                used_bytes=used,
+                total_bytes=total,
+            )
         for subjob in self.node.list_subjobs("", [common_pb2.SUSPENDED], 0):
             state.suspended.append(subjob)
         for row in self.node.journal.recent_actions(max_actions or 50):
-            state.recent_actions.add(
-                seq=row.seq,
-                at_unix=row.at_unix,
-                step=row.step,
-                subjob_id=row.subjob_id,
-                slice_id=row.slice_id,
-                reason=row.reason,
-                bytes_freed=row.bytes_freed,
-                dry_run=bool(row.dry_run),
-            )
+            state.recent_actions.append(action_message(row))
         return state

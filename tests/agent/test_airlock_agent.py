@@ -378,3 +378,45 @@ async def test_host_memory_pressure_reclaims_lowest_class(tmp_path: Path) -> Non
             assert reclaims._value.get() == 1
             gate.write_text("go")
             await until(lambda: "crit" not in node.live_states)
+
+
+# ---- cooperative release, once per episode; slice names and job ids in the audit ----
+
+#: A subjob that declares the release signal, counts each SIGUSR1 and never frees anything.
+_STUBBORN = (
+    "import os,signal,time\n"
+    "count=os.path.join(os.path.dirname(os.environ['LAMINAR_GPU_MEM_FILE']),'usr1')\n"
+    "def on_usr1(*_):\n"
+    "    with open(count,'a') as f: f.write('x')\n"
+    "signal.signal(signal.SIGUSR1,on_usr1)\n"
+    "while True: time.sleep(0.05)\n"
+)
+
+
+def test_release_memory_is_sent_once_then_reclaimed_with_slice_names(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAMINAR_AIRLOCK_RELEASE_WAIT_SECONDS", "1.0")
+    monkeypatch.setenv("LAMINAR_AIRLOCK_RECLAIM_GRACE_SECONDS", "0.5")
+    agent = cluster.start_agent("h", "1xA100-80GB:shared")
+    share = common_pb2.Resources(gpu_milli=400, gpu_memory_bytes=20 * GIB)
+    spec = _spec("stub", common_pb2.OPPORTUNISTIC, share, tmp_path / "gate")
+    spec.supports_release_signal = True
+    del spec.command[:]
+    spec.command.extend([sys.executable, "-c", _STUBBORN])
+    with grpc.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        _run_now(stub, spec)
+        stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=50 * GIB), timeout=10)
+        wait_for(lambda: _subjob(stub, "stub").state in TERMINAL)
+        subjob = _subjob(stub, "stub")
+        assert subjob.state == common_pb2.KILLED
+        assert subjob.reason.startswith("airlock_reclaimed: ")
+        assert "asked to release memory" in subjob.reason
+        steps = [(a.step, a.slice_id, a.job_id) for a in _actions(stub) if a.subjob_id == "stub"]
+        assert steps == [("release_memory", "gpu0", "job-stub"), ("reclaim", "gpu0", "job-stub")]
+        usr1 = Path(agent.state_dir) / "subjobs" / "stub" / "usr1"
+        state = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=10), timeout=10)
+        assert [s.slice_id for s in state.slices] == ["gpu0"]
+    signals = usr1.read_text() if usr1.exists() else ""
+    assert signals == "x", f"SIGUSR1 sent {len(signals)} times, once expected"

@@ -23,7 +23,7 @@ def test_defaults_and_what_they_feed() -> None:
     config = load_config(AgentConfig)
     a = config.airlock
     assert a.poll_seconds == 0.1 and a.max_readdress == 2 and not a.dry_run
-    policy = a.policy()
+    policy = a.policy_config()
     assert policy.max_readdress == 2
     assert policy.reclaim_after_seconds == a.readdress_deadline_seconds
     assert a.slice_marks().critical_ratio == a.critical_ratio

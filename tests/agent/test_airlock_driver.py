@@ -64,6 +64,8 @@ def test_pressure_suspends_opportunistic_and_resumes(cluster: LocalCluster, tmp_
         suspends = [a for a in airlock.recent_actions if a.step == "suspend"]
         assert [a.subjob_id for a in suspends] == ["opp"]
         assert suspends[0].bytes_freed == 20 * GIB
+        assert (suspends[0].slice_id, suspends[0].job_id) == ("gpu0", "job-opp")
+        assert [s.slice_id for s in airlock.slices] == ["gpu0"]
         assert "80.0 GiB of 80.0 GiB" in suspends[0].reason
         assert [s.spec.subjob_id for s in airlock.suspended] == ["opp"]
 

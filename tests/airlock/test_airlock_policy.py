@@ -17,6 +17,7 @@ from airlock.policy import (
     Snapshot,
     SubjobView,
     decide,
+    decide_oom_killer,
     eligible_victims,
     freed_per_slice,
     plan_room,
@@ -92,6 +93,42 @@ def test_suspend_checkpointable_victim_with_numbers_in_reason() -> None:
 def test_release_signal_gets_release_memory() -> None:
     actions = decide(snap(70 * GIB, Level.ELEVATED, sj("a", free_mode="release_signal")), CFG)
     assert [(a.step, a.expected_bytes_freed) for a in actions] == [("release_memory", 10 * GIB)]
+
+
+def test_release_memory_is_asked_once_per_episode() -> None:
+    asked = dataclasses.replace(sj("a", free_mode="release_signal"), release_requested_since=999.0)
+    other = sj("b", priority=3, observed=10 * GIB)
+    # Within the wait the request counts as relief: nobody else is picked, a is not asked again.
+    assert decide(snap(70 * GIB, Level.ELEVATED, asked, other), CFG) == []
+
+
+def test_release_memory_not_honoured_is_reclaimed_after_the_wait() -> None:
+    asked = dataclasses.replace(
+        sj("a", free_mode="release_signal"),
+        release_requested_since=1000.0 - CFG.release_wait_seconds - 0.5,
+    )
+    actions = decide(snap(70 * GIB, Level.ELEVATED, asked), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("reclaim", "a")]
+    assert "asked to release memory 2.5s ago and still holds 10.0 GiB" in actions[0].reason
+
+
+def test_pending_release_does_not_cover_a_deeper_shortfall() -> None:
+    asked = dataclasses.replace(sj("a", free_mode="release_signal"), release_requested_since=999.5)
+    big = sj("b", priority=3, observed=30 * GIB)
+    # 79 GiB - 10 pending = 69 > 64 target: b must go too, and a is not asked twice.
+    actions = decide(snap(79 * GIB, Level.CRITICAL, asked, big), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("suspend", "b")]
+
+
+def test_oom_killer_baseline_waits_for_full_then_kills_the_largest_any_class() -> None:
+    crit = sj("crit", priority=1, lifecycle=1, observed=50 * GIB)
+    opp = sj("opp", priority=4, observed=20 * GIB)
+    assert decide_oom_killer(snap(79 * GIB, Level.CRITICAL, crit, opp)) == []
+    actions = decide_oom_killer(snap(TOTAL, Level.CRITICAL, crit, opp))
+    assert [(a.step, a.subjob_id, a.expected_bytes_freed) for a in actions] == [
+        ("reclaim", "crit", 50 * GIB)
+    ]
+    assert "oom-killer baseline" in actions[0].reason
 
 
 def test_free_mode_none_is_reclaimed_not_suspended() -> None:
