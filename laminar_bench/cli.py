@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from laminar_bench.airlock import AirlockBenchSpec, run_airlock_bench
 from laminar_bench.placement import (
     DEFAULT_AGENT_POLL_SECONDS,
     DEFAULT_FAKE_GPUS,
@@ -100,6 +101,35 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.set_defaults(func=cmd_placement)
+    a = benchmarks.add_parser(
+        "airlock",
+        help="Airlock against an OOM-killer baseline: work lost, kills, reaction time",
+        description=(
+            "Run the same subjobs and the same GPU-memory pressure on two real agents (fake "
+            "GPU), one with Airlock and one with the OOM-killer baseline (kill the largest "
+            "process at 100%%). Reports, never fails on a number."
+        ),
+    )
+    a.add_argument("--trials", type=int, default=10, help="injected-pressure trials (default 10)")
+    a.add_argument(
+        "--trace-dir",
+        type=Path,
+        help="Alibaba GenAI 2026 trace folder: also replay real pods' memory curves",
+    )
+    a.add_argument(
+        "--genai-groups", type=int, default=3, help="sharing groups replayed (default 3)"
+    )
+    a.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=0.1,
+        help="agents' Airlock poll period (default 0.1 s, the agent's default)",
+    )
+    a.add_argument(
+        "--work-dir", type=Path, help="keep state dirs and daemon logs here (default: temporary)"
+    )
+    a.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    a.set_defaults(func=cmd_airlock)
 
 
 def cmd_placement(args: argparse.Namespace, console: Console) -> int:
@@ -121,15 +151,7 @@ def cmd_placement(args: argparse.Namespace, console: Console) -> int:
         work_dir=args.work_dir,
     )
     spec.validate()
-    progress = Progress(
-        TextColumn("[bold]bench placement[/bold] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not sys.stderr.isatty(),
-    )
+    progress = _progress("bench placement")
     with progress:
         task = progress.add_task("starting", total=spec.agents)
 
@@ -155,7 +177,8 @@ def render(report: dict[str, Any], console: Console) -> None:
             else f", {report['submitters']} submitters"
         )
         + f"; {report['agents']} agents in {report['agent_processes']} process(es) "
-        f"(up to {report['agents_per_process']} per process); {report['jobs']} jobs"
+        f"(up to {report['agents_per_process']} per process); {report['jobs']} jobs",
+        markup=True,
     )
     console.print(
         f"{env['machine']}, {env['cores']} cores ({env['cpu_model'] or 'unknown CPU'}), "
@@ -204,3 +227,84 @@ def render(report: dict[str, Any], console: Console) -> None:
     console.print(f"probes: {report['probes_source']}", highlight=False)
     if report["errors"]:
         console.print(f"not placed: {'; '.join(report['errors'])}", highlight=False)
+
+
+def cmd_airlock(args: argparse.Namespace, console: Console) -> int:
+    """Run ``bench airlock`` and print a table or JSON."""
+    spec = AirlockBenchSpec(
+        trials=args.trials,
+        trace_dir=args.trace_dir,
+        genai_groups=args.genai_groups,
+        poll_seconds=args.poll_seconds,
+        work_dir=args.work_dir,
+    )
+    spec.validate()
+    progress = _progress("bench airlock")
+    with progress:
+        task = progress.add_task("starting", total=None)
+
+        def advance(what: str, done: int, total: int) -> None:
+            progress.update(task, description=what, completed=done, total=total)
+
+        report = run_airlock_bench(spec, advance)
+    if args.output == "json":
+        console.out(json.dumps(report, indent=2), highlight=False)
+    else:
+        render_airlock(report, console)
+    return 0
+
+
+def render_airlock(report: dict[str, Any], console: Console) -> None:
+    env = report["environment"]
+    console.print(
+        f"[bold]bench airlock[/bold]  {report['trials']} injected-pressure trials"
+        + (f", {len(report['genai_groups'])} GenAI replays" if report["genai_trace"] else "")
+        + f" on {report['gpu']}, poll {report['poll_seconds']:g} s",
+        markup=True,
+    )
+    console.print(
+        f"{env['machine']}, {env['cores']} cores ({env['cpu_model'] or 'unknown CPU'}), "
+        f"Python {env['python']}, grpcio {env['grpcio']}, {report['date']}",
+        highlight=False,
+    )
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("scenario")
+    table.add_column("policy")
+    for column in ("killed (crit/prod/batch/opp)", "suspended", "high-prio lost GPU-s"):
+        table.add_column(column, justify="right")
+    table.add_column("all lost GPU-s", justify="right")
+    table.add_column("reaction p50/p99 ms", justify="right")
+    for policy, entry in report["policies"].items():
+        for scenario, figures in entry.items():
+            k = figures["killed_by_class"]
+            reaction = (
+                f"{figures['reaction_p50_ms']:.0f} / {figures['reaction_p99_ms']:.0f}"
+                if figures["reaction_p50_ms"] is not None
+                else "-"
+            )
+            table.add_row(
+                scenario,
+                policy,
+                f"{figures['killed']} ({k['critical']}/{k['production']}/{k['batch']}/"
+                f"{k['opportunistic']})",
+                str(figures["suspended"]),
+                f"{figures['high_priority_work_lost_gpu_seconds']:.2f}",
+                f"{figures['all_work_lost_gpu_seconds']:.2f}",
+                reaction,
+            )
+    console.print(table)
+    console.print(f"reaction: {report['reaction_definition']}", highlight=False)
+    console.print(f"work lost: {report['work_lost_definition']}", highlight=False)
+
+
+def _progress(title: str) -> Progress:
+    """A transient progress bar on stderr, shown only on a terminal."""
+    return Progress(
+        TextColumn(f"[bold]{title}[/bold] {{task.description}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    )
