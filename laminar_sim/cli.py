@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     exp.add_argument(
         "--policies",
-        default=",".join(POLICIES),
-        help=f"comma-separated, from {', '.join(POLICIES)} (default: all)",
+        help=f"comma-separated, from {', '.join(fgd.FGD_POLICIES)} "
+        "(default: all; with --mig all but laminar)",
     )
     exp.add_argument("--seeds", default="42-51", help="seeds: 42-51, 42,43 or 42")
     exp.add_argument(
@@ -78,7 +78,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
     """Run the ``fgd`` experiment and print a table or JSON."""
     trace_dir, expected_dir = _trace_dirs(args)
-    policies = _policies(args.policies)
+    if args.policies is None:
+        policies = list(POLICIES if args.mig else fgd.FGD_POLICIES)
+    else:
+        policies = _policies(args.policies)
+    if args.mig and "laminar" in policies:
+        raise InvalidArgument(
+            "laminar has no --mig mode (its agents hold fixed MIG layouts; this mode "
+            "repartitions GPUs on demand)",
+            field="--policies",
+        )
     seeds = _seeds(args.seeds)
     ratio = float(args.tune_ratio)
     if not 0 < ratio <= 10:
@@ -153,6 +162,16 @@ def render_fgd(report: dict[str, Any], console: Console) -> None:
             f"{summary['failed_pods_mean']:.0f}",
         )
     console.print(table)
+    laminar = report["policies"].get("laminar")
+    if laminar is not None and "messages_per_placement" in laminar:
+        console.print(
+            f"laminar: {laminar['messages_per_placement']:.2f} messages per placement "
+            f"({laminar['probes_per_placement']:.2f} probes, "
+            f"{laminar['bounces_per_placement']:.2f} bounces, "
+            f"{laminar['forwards_per_placement']:.3f} forwards; plus "
+            f"{laminar['exchange_messages_per_placement']:.2f} zone-summary exchange messages); "
+            f"zones of {fgd.LAMINAR_ZONE_HOSTS} hosts, d=2 probes per attempt"
+        )
 
     curve = Table(title="Unallocated GPU % (median over seeds) by arrived GPU % of capacity")
     curve.add_column("policy")
@@ -245,9 +264,10 @@ def _policies(text: str) -> list[str]:
     if not names:
         raise InvalidArgument("no policy given", field="--policies")
     for name in names:
-        if name not in POLICIES:
+        if name not in fgd.FGD_POLICIES:
             raise InvalidArgument(
-                f"unknown policy {name!r} (known: {', '.join(POLICIES)})", field="--policies"
+                f"unknown policy {name!r} (known: {', '.join(fgd.FGD_POLICIES)})",
+                field="--policies",
             )
     if len(set(names)) != len(names):
         raise InvalidArgument("a policy is listed twice", field="--policies")

@@ -48,6 +48,7 @@ import numpy.typing as npt
 
 from laminar_sim import traces
 from laminar_sim.engine import Engine
+from laminar_sim.laminar import Ask, LaminarCluster, SimHost
 from laminar_sim.policies import (
     MILLI,
     MILLI_SLICING,
@@ -63,6 +64,8 @@ from laminar_sim.policies import (
     random_gpu,
     score_node,
 )
+from laminar_zone.placement import Need
+from laminar_zone.view import ProbeLimits
 
 TUNE_RATIO = 1.3
 TYPICAL_COVERAGE_RATIO = 0.95
@@ -166,6 +169,12 @@ def node_rank(seed: int, num_nodes: int) -> IntArray:
 # One fill-up run
 
 
+#: The centralized baselines of the paper, and Laminar's own decentralized placement.
+FGD_POLICIES = (*POLICIES, "laminar")
+#: Hosts per zone of the ``laminar`` policy (the default node list makes 3 zones).
+LAMINAR_ZONE_HOSTS = 500
+
+
 @dataclass
 class RunLog:
     """Per-arrival log of one run, in milli-GPUs."""
@@ -181,6 +190,8 @@ class RunLog:
     clones: int
     events_processed: int
     wall_seconds: float
+    #: ``laminar`` only: messages, probes, bounces and forwards per placement.
+    messages: dict[str, float] | None = None
 
 
 class PolicyContext:
@@ -191,7 +202,7 @@ class PolicyContext:
     """
 
     def __init__(self, policy: str, target: TargetWorkload, slicing: GpuSlicing) -> None:
-        if policy not in POLICIES:
+        if policy not in FGD_POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
         self.frag = FragmentationCache(target, slicing)
@@ -252,6 +263,19 @@ class FillRun:
         self.scale = n + 1
         self.model_ok: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
         self.shape_scores: dict[PodShape, _ShapeScores] = {}
+        self.laminar: LaminarCluster | None = None
+        if ctx.policy == "laminar":
+            hosts = [
+                SimHost(f"n{i}", node.model, node.num_gpu, node.cpu_milli, node.memory_mib)
+                for i, node in enumerate(nodes)
+            ]
+            self.laminar = LaminarCluster(
+                hosts,
+                zone_hosts=LAMINAR_ZONE_HOSTS,
+                limits=ProbeLimits(),
+                gamma=1.0,
+                seed=int(rng.integers(2**31)),
+            )
         self.node_frag = np.array([ctx.frag(s) for s in self.states], dtype=np.float64)
         self.frag_total = float(self.node_frag.sum())
         self.allocated_milli = 0.0
@@ -273,6 +297,8 @@ class FillRun:
 
     def choose(self, pod: PodShape) -> tuple[int, tuple[int, ...]] | None:
         """The node and GPUs the policy picks for ``pod``, or None when nothing fits."""
+        if self.laminar is not None:
+            return self.laminar.place(laminar_ask(pod))
         mask = self.feasible(pod)
         candidates = np.flatnonzero(mask)
         if candidates.size == 0:
@@ -321,6 +347,17 @@ class FillRun:
             self.allocated_milli += pod.num_gpu * self.slicing.request_milli(
                 gpu_request(pod, self.slicing)
             )
+
+
+def laminar_ask(pod: PodShape) -> Ask:
+    """A pod as Laminar's router sees it: a share, whole GPUs on one host, or CPU only."""
+    if pod.num_gpu == 0:
+        need = Need()
+    elif pod.is_shared:
+        need = Need(gpu_milli=pod.gpu_milli)
+    else:
+        need = Need(gpus=pod.num_gpu)
+    return Ask(need, pod.cpu_milli, pod.memory_mib, pod.gpu_models)
 
 
 def run_fill(
@@ -376,6 +413,7 @@ def run_fill(
         clones=int(workload.is_clone.sum()),
         events_processed=stats.events_processed,
         wall_seconds=time.perf_counter() - started,
+        messages=None if run.laminar is None else run.laminar.counters.per_placement(),
     )
 
 
@@ -480,7 +518,16 @@ def summarize_policy(logs: Sequence[RunLog]) -> dict[str, Any]:
         "seeds": [log.seed for log in logs],
         "run_seconds_total": sum(log.wall_seconds for log in logs),
         "events_processed": sum(log.events_processed for log in logs),
+        **_message_means(logs),
     }
+
+
+def _message_means(logs: Sequence[RunLog]) -> dict[str, float]:
+    """Per-placement message figures of the ``laminar`` policy, averaged over seeds."""
+    rows = [log.messages for log in logs if log.messages is not None]
+    if not rows:
+        return {}
+    return {key: _r(statistics.fmean(row[key] for row in rows)) for key in rows[0]}
 
 
 # ---------------------------------------------------------------------------
@@ -584,6 +631,11 @@ def run_experiment(
 
     ``progress(policy, seed)`` is called after each run.
     """
+    if mig and "laminar" in policies:
+        raise ValueError(
+            "the laminar policy has no --mig mode: its agents' ledgers hold fixed MIG layouts, "
+            "while this mode repartitions every GPU on demand"
+        )
     started = time.perf_counter()
     nodes = traces.read_nodes(traces.node_list_path(trace_dir))
     pod_specs = traces.read_pods(traces.pod_list_path(trace_dir, workload))

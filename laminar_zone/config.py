@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from laminar_agent.configlib import doc
 from laminar_agent.errors import ConfigError, InvalidArgument
 from laminar_agent.units import parse_size
+from laminar_zone.view import ProbeLimits
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,15 @@ class PlacementSettings:
         default=5.0, metadata=doc("deadline of one Probe/Commit/Release call", unit="seconds")
     )
     concurrency: int = field(default=128, metadata=doc("placements in flight at once"))
+
+    def limits(self) -> ProbeLimits:
+        """The probing budget the pure :class:`~laminar_zone.view.ProbePlan` follows."""
+        return ProbeLimits(
+            probes_per_attempt=self.probes_per_attempt,
+            sample_size=self.sample_size,
+            max_attempts=self.max_attempts,
+            regenerations=self.regenerations,
+        )
 
 
 @dataclass(frozen=True)

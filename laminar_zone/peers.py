@@ -52,18 +52,7 @@ class PeerRouter:
 
     def local_summary(self) -> zone_pb2.ZoneSummary:
         """Free capacity per shape summed over ready agents (O(agents), once a period)."""
-        totals: dict[str, list[int]] = {}
-        agents = 0
-        for record in self.state.view.agents.values():
-            if not record.is_ready:
-                continue
-            agents += 1
-            for shape, cap in record.shapes.items():
-                row = totals.setdefault(shape, [0, 0, 0, 0])
-                row[0] += cap.free
-                row[1] += cap.total
-                row[2] = max(row[2], cap.max_free_milli)
-                row[3] = max(row[3], cap.max_free_memory_bytes)
+        agents, totals = self.state.view.shape_totals()
         summary = zone_pb2.ZoneSummary(
             zone=self.state.zone_name,
             address=self.address,
@@ -74,13 +63,13 @@ class PeerRouter:
             ),
             generated_unix=time.time(),
         )
-        for shape, (free, total, milli, memory) in sorted(totals.items()):
+        for shape, cap in totals.items():
             summary.shapes.add(
                 shape=shape,
-                free=free,
-                total=total,
-                max_free_milli=milli,
-                max_free_memory_bytes=memory,
+                free=cap.free,
+                total=cap.total,
+                max_free_milli=cap.max_free_milli,
+                max_free_memory_bytes=cap.max_free_memory_bytes,
             )
         self._local = shapes_from_zone(summary)
         return summary

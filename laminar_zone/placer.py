@@ -22,8 +22,8 @@ import grpc
 from laminar_agent.grpcutil import channel_options
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_zone.config import PlacementSettings
-from laminar_zone.placement import Need, Offer, ShapeCap, assign_gang, best_offers, members_fitting
-from laminar_zone.view import AgentRecord, ZoneView
+from laminar_zone.placement import Need, Offer, ShapeCap, members_fitting
+from laminar_zone.view import AgentRecord, ProbePlan, ZoneView, choose_offers
 
 log = logging.getLogger("laminar.zone.placer")
 
@@ -137,25 +137,18 @@ class Placer:
         deadline = time.monotonic() + s.budget_seconds
         result = Gathered(chosen=None)
         offers: dict[str, tuple[AgentRecord, agent_pb2.Lease]] = {}
-        tried: set[str] = set(exclude or ())
-        sample = self.view.sample(need, s.sample_size, self.rng, exclude=tried)
-        regenerations = s.regenerations
+        plan = ProbePlan(self.view, need, s.limits(), self.rng, exclude)
         self.in_flight += 1
         try:
-            for _attempt in range(s.max_attempts):
+            while True:
                 if time.monotonic() >= deadline:
                     result.reasons.append(f"probe budget of {s.budget_seconds:g} s spent")
                     break
-                batch = [r for r in sample if r.agent_id not in tried][: s.probes_per_attempt]
-                if not batch and regenerations > 0:
-                    regenerations -= 1
-                    sample = self.view.sample(need, s.sample_size, self.rng, exclude=tried)
-                    batch = sample[: s.probes_per_attempt]
+                batch = plan.next_batch()
                 if not batch:
-                    if len(tried) == len(exclude or ()):
-                        result.reasons.append("no host's summary shows room")
+                    if plan.reason:
+                        result.reasons.append(plan.reason)
                     break
-                tried.update(r.agent_id for r in batch)
                 replies = await asyncio.gather(
                     *(self._probe(r, ask, need, gang, ttl) for r in batch),
                     return_exceptions=True,
@@ -187,19 +180,12 @@ class Placer:
     def _choose(
         self, offers: dict[str, tuple[AgentRecord, agent_pb2.Lease]], gang: int
     ) -> list[tuple[AgentRecord, agent_pb2.Lease]] | None:
-        if not offers:
-            return None
         flat = [
             Offer(lease.lease_id, record.agent_id, lease.member, lease.score)
             for record, lease in offers.values()
         ]
-        if gang == 1:
-            best = best_offers(flat)[0]
-            return [offers[best.lease_id]]
-        picked = assign_gang(flat, gang)
-        if picked is None:
-            return None
-        return [offers[o.lease_id] for o in picked]
+        picked = choose_offers(flat, gang)
+        return None if picked is None else [offers[o.lease_id] for o in picked]
 
     async def _probe(
         self, record: AgentRecord, ask: Ask, need: Need, gang: int, ttl: float

@@ -12,7 +12,7 @@ import enum
 import random
 from dataclasses import dataclass, field
 
-from laminar_zone.placement import Need, ShapeCap, members_fitting
+from laminar_zone.placement import Need, Offer, ShapeCap, assign_gang, best_offers, members_fitting
 
 
 class AgentStatus(enum.Enum):
@@ -265,3 +265,87 @@ class ZoneView:
 
     def heat(self) -> int:
         return sum(r.heat for r in self.agents.values() if r.is_ready)
+
+    def shape_totals(self) -> tuple[int, dict[str, ShapeCap]]:
+        """Ready agents and their free capacity per shape summed (a zone's advertisement):
+        ``free`` and ``total`` add up, the ``max_free_*`` fields are maxima. O(agents)."""
+        totals: dict[str, list[int]] = {}
+        agents = 0
+        for record in self.agents.values():
+            if not record.is_ready:
+                continue
+            agents += 1
+            for shape, cap in record.shapes.items():
+                row = totals.setdefault(shape, [0, 0, 0, 0])
+                row[0] += cap.free
+                row[1] += cap.total
+                row[2] = max(row[2], cap.max_free_milli)
+                row[3] = max(row[3], cap.max_free_memory_bytes)
+        return agents, {shape: ShapeCap(*row) for shape, row in sorted(totals.items())}
+
+
+@dataclass(frozen=True)
+class ProbeLimits:
+    """The probing budget of one placement try (``[placement]`` in the router's config)."""
+
+    probes_per_attempt: int = 2
+    sample_size: int = 4
+    max_attempts: int = 4
+    regenerations: int = 2
+
+
+class ProbePlan:
+    """Which agents one placement try probes, attempt by attempt (router and simulator).
+
+    ``sample_size`` candidates are drawn from the view; each attempt probes up to
+    ``probes_per_attempt`` not yet tried; when the draw is used up it is redrawn at
+    most ``regenerations`` times; at most ``max_attempts`` attempts. An empty batch
+    means stop, and :attr:`reason` says why when no host looked suitable at all.
+    """
+
+    def __init__(
+        self,
+        view: ZoneView,
+        need: Need,
+        limits: ProbeLimits,
+        rng: random.Random,
+        exclude: set[str] | None = None,
+    ) -> None:
+        self.view = view
+        self.need = need
+        self.limits = limits
+        self.rng = rng
+        self.excluded = len(exclude or ())
+        self.tried: set[str] = set(exclude or ())
+        self.sample = view.sample(need, limits.sample_size, rng, exclude=self.tried)
+        self.regenerations = limits.regenerations
+        self.attempts = 0
+        self.reason = ""
+
+    def next_batch(self) -> list[AgentRecord]:
+        if self.attempts >= self.limits.max_attempts:
+            return []
+        batch = [r for r in self.sample if r.agent_id not in self.tried]
+        batch = batch[: self.limits.probes_per_attempt]
+        if not batch and self.regenerations > 0:
+            self.regenerations -= 1
+            self.sample = self.view.sample(
+                self.need, self.limits.sample_size, self.rng, exclude=self.tried
+            )
+            batch = self.sample[: self.limits.probes_per_attempt]
+        if not batch:
+            if len(self.tried) == self.excluded:
+                self.reason = "no host's summary shows room"
+            return []
+        self.attempts += 1
+        self.tried.update(r.agent_id for r in batch)
+        return batch
+
+
+def choose_offers(offers: list[Offer], gang: int) -> list[Offer] | None:
+    """Late binding: the best lease for one member, or one lease per member of a gang."""
+    if not offers:
+        return None
+    if gang == 1:
+        return [best_offers(offers)[0]]
+    return assign_gang(offers, gang)

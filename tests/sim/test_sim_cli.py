@@ -36,7 +36,8 @@ def test_json_shape_on_a_tiny_trace(tiny_trace: Path) -> None:
     report = fgd_json(["--trace-dir", str(tiny_trace), "--workload", "tiny", "--seeds", "1-3"])
     assert report["experiment"] == "fgd" and report["seeds"] == [1, 2, 3]
     assert report["nodes"] == 16 and report["cluster_gpus"] == 128
-    assert set(report["policies"]) == {"fgd", "bestfit", "dotprod", "random"}
+    assert set(report["policies"]) == {"fgd", "bestfit", "dotprod", "random", "laminar"}
+    assert report["policies"]["laminar"]["messages_per_placement"] > 0
     for summary in report["policies"].values():
         at100 = summary["unallocated_pct_at_100"]
         assert set(at100) >= {"median", "mean", "per_seed"} and len(at100["per_seed"]) == 3
@@ -126,3 +127,13 @@ def test_bad_trace_rows_surface_as_invalid_input(tmp_path: Path, make_trace: Any
     )
     with pytest.raises(InvalidArgument, match=r"openb_pod_list_bad\.csv:2"):
         run_cli(["sim", "fgd", "--trace-dir", str(folder), "--workload", "bad", "--seeds", "1"])
+
+
+def test_laminar_with_mig_is_refused_naming_the_flag(tiny_trace: Path) -> None:
+    argv = ["--trace-dir", str(tiny_trace), "--workload", "tiny", "--seeds", "1"]
+    with pytest.raises(InvalidArgument) as err:
+        run_cli(["sim", "fgd", *argv, "--mig", "--policies", "laminar"])
+    assert err.value.field == "--policies"
+    # Without --policies, --mig runs the baselines only.
+    report = fgd_json([*argv, "--mig"])
+    assert set(report["policies"]) == {"fgd", "bestfit", "dotprod", "random"}

@@ -1,0 +1,298 @@
+"""Laminar's decentralized placement in the simulator, made of the daemons' own code.
+
+Nothing here decides anything the daemons do not decide the same way:
+
+* each simulated host holds a real :class:`laminar_agent.ledger.Ledger` (the agent's
+  ground truth and its node-local choice of GPU, MIG slice or share) and answers a probe
+  with ``Ledger.arbitrate`` and a commit with ``Ledger.commit``;
+* each zone router holds a real :class:`laminar_zone.view.ZoneView`, draws candidates
+  with :class:`laminar_zone.view.ProbePlan` (sample, d probes per attempt, redraws,
+  attempts) and binds late with :func:`laminar_zone.view.choose_offers`; every probe,
+  commit and release reply carries the host's fresh summary into the view, as
+  ``Placer.note_summary`` does;
+* a job enters at a zone drawn at random and is forwarded at most once to the zone
+  :func:`laminar_zone.placement.choose_weighted` picks from the flow-splitting weights
+  ``W_z = (1 + S_z) / (1 + H_z)^gamma`` (:func:`laminar_zone.placement.flow_weight`),
+  with peers' summaries as of their last exchange (:meth:`ZoneView.shape_totals`).
+
+The one thing the simulator adds is host CPU and memory, which the fill-up protocol of
+the FGD paper requires and Laminar's agent does not arbitrate: a probe to a host without
+the CPU or memory left bounces.
+
+Messages are counted as gRPC calls carry them: a probe, commit, release or forward is a
+request and a reply (2 messages); summary exchanges between zones are counted apart.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from laminar_agent.ledger import (
+    Bounced,
+    Demand,
+    Granted,
+    Ledger,
+    ProbeOrder,
+    Slice,
+    SliceKind,
+)
+from laminar_zone.placement import (
+    Need,
+    Offer,
+    ShapeCap,
+    choose_weighted,
+    flow_weight,
+    members_fitting,
+)
+from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView, choose_offers
+
+#: Nominal GPU memory of a simulated device (the FGD pod lists declare none).
+SIM_GPU_MEMORY_BYTES = 80 * 1024**3
+#: Lease TTL of a simulated probe; the commit follows within the same event.
+LEASE_TTL_SECONDS = 5.0
+#: gRPC request + reply.
+MESSAGES_PER_CALL = 2
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One task as the router sees it (a single member; whole GPUs on one host)."""
+
+    need: Need
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    #: GPU models the task accepts; empty = any.
+    gpu_models: tuple[str, ...] = ()
+
+
+@dataclass
+class Counters:
+    placements: int = 0
+    failures: int = 0
+    probes: int = 0
+    bounces: int = 0
+    commits: int = 0
+    releases: int = 0
+    forwards: int = 0
+    exchange_messages: int = 0
+    view_lookups: int = 0
+
+    @property
+    def messages(self) -> int:
+        calls = self.probes + self.commits + self.releases + self.forwards
+        return MESSAGES_PER_CALL * calls
+
+    def per_placement(self) -> dict[str, float]:
+        tries = max(1, self.placements + self.failures)
+        return {
+            "messages_per_placement": round(self.messages / tries, 3),
+            "probes_per_placement": round(self.probes / tries, 3),
+            "bounces_per_placement": round(self.bounces / tries, 3),
+            "forwards_per_placement": round(self.forwards / tries, 3),
+            "exchange_messages_per_placement": round(self.exchange_messages / tries, 3),
+        }
+
+
+class SimHost:
+    """One agent: the real ledger over its GPUs, plus the host's CPU and memory."""
+
+    def __init__(
+        self, agent_id: str, model: str, num_gpu: int, cpu_milli: int, memory_mib: int
+    ) -> None:
+        self.agent_id = agent_id
+        self.model = model
+        self.cpu_left_milli = cpu_milli
+        self.memory_left_mib = memory_mib
+        slices = [
+            Slice(
+                slice_id=f"gpu{i}",
+                kind=SliceKind.SHARED_GPU,
+                gpu_index=i,
+                device_uuid=f"{agent_id}-gpu{i}",
+                gpu_model=model,
+                memory_total_bytes=SIM_GPU_MEMORY_BYTES,
+            )
+            for i in range(num_gpu)
+        ]
+        self.ledger = Ledger(slices, lease_prefix=f"{agent_id}-")
+        self._seq = 0
+
+    def shapes(self) -> dict[str, ShapeCap]:
+        """The summary the agent would send (``AgentSummary.shapes``)."""
+        return {
+            s.shape: ShapeCap(s.free, s.total, s.max_free_milli, s.max_free_memory_bytes)
+            for s in self.ledger.shapes()
+        }
+
+    def probe(self, ask: Ask, now: float) -> Granted | Bounced:
+        if self.cpu_left_milli < ask.cpu_milli or self.memory_left_mib < ask.memory_mib:
+            return Bounced("", "host CPU or memory", True)
+        self._seq += 1
+        need = ask.need
+        demand = Demand(
+            gpus=need.gpus,
+            mig_profile=need.mig_profile,
+            gpu_milli=need.gpu_milli,
+            gpu_memory_bytes=need.gpu_memory_bytes,
+            gpu_model=need.gpu_model,
+        )
+        order = ProbeOrder(
+            probe_id=str(self._seq),
+            job_id="sim",
+            member=0,
+            demand=demand,
+            priority=3,
+            value=0.0,
+            arrival_seq=self._seq,
+            ttl_seconds=LEASE_TTL_SECONDS,
+        )
+        return self.ledger.arbitrate([order], now)[0]
+
+    def commit(self, ask: Ask, lease_id: str, now: float) -> tuple[int, ...]:
+        """Commit the lease; the GPU indexes it holds."""
+        lease = self.ledger.commit(lease_id, f"s-{lease_id}", now)
+        self.cpu_left_milli -= ask.cpu_milli
+        self.memory_left_mib -= ask.memory_mib
+        return tuple(int(a.slice_id.removeprefix("gpu")) for a in lease.allocations)
+
+
+@dataclass
+class SimZone:
+    name: str
+    hosts: dict[str, SimHost]
+    view: ZoneView
+    #: Peers' zone summaries as of the last exchange: zone name -> shapes.
+    peer_shapes: dict[str, dict[str, ShapeCap]] = field(default_factory=dict)
+
+    def note(self, host: SimHost) -> None:
+        """A reply's fresh summary folded into the view (not a heartbeat)."""
+        self.view.update(
+            host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0, is_heartbeat=False
+        )
+
+
+class LaminarCluster:
+    """Zones of simulated hosts and their routers; :meth:`place` runs one placement."""
+
+    def __init__(
+        self,
+        hosts: list[SimHost],
+        *,
+        zone_hosts: int,
+        limits: ProbeLimits,
+        gamma: float,
+        seed: int,
+        exchange_every: int = 100,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.limits = limits
+        self.gamma = gamma
+        self.exchange_every = max(1, exchange_every)
+        self.counters = Counters()
+        self.zones: list[SimZone] = []
+        self.host_index = {h.agent_id: i for i, h in enumerate(hosts)}
+        for first in range(0, len(hosts), max(1, zone_hosts)):
+            members = hosts[first : first + zone_hosts]
+            zone = SimZone(f"z{len(self.zones)}", {h.agent_id: h for h in members}, ZoneView(1e18))
+            for host in members:
+                zone.view.update(host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0)
+            self.zones.append(zone)
+        self._since_exchange = 0
+        self.exchange()
+
+    def exchange(self) -> None:
+        """Every zone learns every other zone's summary (ExchangeSummary, both ways)."""
+        totals = {z.name: z.view.shape_totals()[1] for z in self.zones}
+        for zone in self.zones:
+            zone.peer_shapes = {name: t for name, t in totals.items() if name != zone.name}
+        pairs = len(self.zones) * (len(self.zones) - 1)
+        self.counters.exchange_messages += MESSAGES_PER_CALL * pairs  # each zone calls each peer
+        self._since_exchange = 0
+
+    def _needs(self, ask: Ask) -> list[Ask]:
+        """A task accepting several GPU models is tried as one ask per model."""
+        if not ask.gpu_models or ask.need.family == "cpu":
+            return [ask]
+        return [
+            Ask(
+                Need(
+                    gpus=ask.need.gpus,
+                    gpu_milli=ask.need.gpu_milli,
+                    gpu_memory_bytes=ask.need.gpu_memory_bytes,
+                    gpu_model=model,
+                ),
+                ask.cpu_milli,
+                ask.memory_mib,
+            )
+            for model in ask.gpu_models
+        ]
+
+    def _route(self, entry: SimZone, ask: Ask) -> SimZone:
+        """Flow splitting at the entry zone: keep the job or forward it once."""
+        if len(self.zones) == 1:
+            return entry
+        _, local = entry.view.shape_totals()
+        weights = [(entry.name, flow_weight(members_fitting(ask.need, local), 0, self.gamma))]
+        for name, shapes in sorted(entry.peer_shapes.items()):
+            weights.append((name, flow_weight(members_fitting(ask.need, shapes), 0, self.gamma)))
+        target = choose_weighted(weights, self.rng)
+        if target == entry.name:
+            return entry
+        self.counters.forwards += 1
+        return next(z for z in self.zones if z.name == target)
+
+    def place(self, ask: Ask, now: float = 0.0) -> tuple[int, tuple[int, ...]] | None:
+        """Place one task: (host index, GPU indexes), or None when the routers found no room."""
+        self._since_exchange += 1
+        if self._since_exchange >= self.exchange_every:
+            self.exchange()
+        zone = self._route(self.rng.choice(self.zones), ask)
+        for one in self._needs(ask):
+            placed = self._place_in(zone, one, now)
+            if placed is not None:
+                self.counters.placements += 1
+                return placed
+        self.counters.failures += 1
+        return None
+
+    def _place_in(self, zone: SimZone, ask: Ask, now: float) -> tuple[int, tuple[int, ...]] | None:
+        plan = ProbePlan(zone.view, ask.need, self.limits, self.rng)
+        offers: dict[str, tuple[SimHost, Offer]] = {}
+        while True:
+            batch = plan.next_batch()
+            self.counters.view_lookups += len(batch)
+            if not batch:
+                break
+            for record in batch:
+                host = zone.hosts[record.agent_id]
+                self.counters.probes += 1
+                reply = host.probe(ask, now)
+                zone.note(host)
+                if isinstance(reply, Granted):
+                    lease = reply.lease
+                    offers[lease.lease_id] = (
+                        host,
+                        Offer(lease.lease_id, host.agent_id, 0, lease.score),
+                    )
+                else:
+                    self.counters.bounces += 1
+            picked = choose_offers([o for _, o in offers.values()], 1)
+            if picked is not None:
+                best = picked[0]
+                host = offers[best.lease_id][0]
+                self.counters.commits += 1
+                gpus = host.commit(ask, best.lease_id, now)
+                zone.note(host)
+                self._release(zone, offers, keep=best.lease_id)
+                return self.host_index[host.agent_id], gpus
+        self._release(zone, offers, keep="")
+        return None
+
+    def _release(self, zone: SimZone, offers: dict[str, tuple[SimHost, Offer]], keep: str) -> None:
+        for lease_id, (host, _) in offers.items():
+            if lease_id == keep:
+                continue
+            self.counters.releases += 1
+            host.ledger.release(lease_id)
+            zone.note(host)

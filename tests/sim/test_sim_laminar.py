@@ -1,0 +1,144 @@
+"""Laminar's decentralized placement in the simulator: the agents' ledgers decide.
+
+No overcommit (every host's ledger and CPU stay within capacity), deterministic per
+seed, messages counted, zones and forwarding, and the fill-up experiment's report.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from laminar_sim import fgd
+from laminar_sim.laminar import Ask, LaminarCluster, SimHost
+from laminar_sim.policies import PodShape
+from laminar_zone.placement import Need
+from laminar_zone.view import ProbeLimits
+
+
+def cluster(hosts: int, gpus: int = 4, zone_hosts: int = 8, seed: int = 1) -> LaminarCluster:
+    return LaminarCluster(
+        [SimHost(f"n{i}", "V100", gpus, 32000, 128000) for i in range(hosts)],
+        zone_hosts=zone_hosts,
+        limits=ProbeLimits(),
+        gamma=1.0,
+        seed=seed,
+    )
+
+
+asks = st.lists(
+    st.one_of(
+        st.builds(lambda m: Ask(Need(gpu_milli=m), 1000, 1000), st.sampled_from([100, 250, 500])),
+        st.builds(lambda g: Ask(Need(gpus=g), 2000, 2000), st.sampled_from([1, 2, 4])),
+        st.just(Ask(Need(), 4000, 4000)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(asks)
+def test_no_host_is_ever_overcommitted(tasks: list[Ask]) -> None:
+    sim = cluster(12)
+    hosts = [h for z in sim.zones for h in z.hosts.values()]
+    for ask in tasks:
+        placed = sim.place(ask)
+        if placed is not None:
+            _, gpus = placed
+            assert len(gpus) == max(ask.need.gpus, 1 if ask.need.gpu_milli else 0)
+    for host in hosts:
+        assert host.cpu_left_milli >= 0 and host.memory_left_mib >= 0
+        for slice_id in host.ledger.slices:
+            milli_committed, _, _, _ = host.ledger.usage(slice_id)
+            assert 0 <= milli_committed <= 1000
+        assert not [lease for lease in host.ledger.leases() if not lease.committed]
+    c = sim.counters
+    assert c.placements + c.failures == len(tasks)
+    assert c.commits == c.placements
+
+
+def test_same_seed_same_placements() -> None:
+    tasks = [Ask(Need(gpu_milli=300), 1000, 1000)] * 30 + [Ask(Need(gpus=2), 1000, 1000)] * 10
+    runs = []
+    for _ in range(2):
+        sim = cluster(10, seed=7)
+        runs.append([sim.place(t) for t in tasks])
+    assert runs[0] == runs[1]
+    other = cluster(10, seed=8)
+    assert [other.place(t) for t in tasks] != runs[0]
+
+
+def test_a_full_cluster_fails_without_probing_and_counts_messages() -> None:
+    sim = cluster(2, gpus=1, zone_hosts=2)
+    assert sim.place(Ask(Need(gpus=1))) is not None
+    assert sim.place(Ask(Need(gpus=1))) is not None
+    probes = sim.counters.probes
+    assert sim.place(Ask(Need(gpus=1))) is None  # the view shows no room: no probe is sent
+    assert sim.counters.probes == probes
+    assert sim.counters.failures == 1
+    per = sim.counters.per_placement()
+    assert per["messages_per_placement"] >= 2 * (2 / 3)  # at least a commit per placement
+
+
+def test_node_local_choice_is_the_ledgers_best_fit() -> None:
+    sim = cluster(1, gpus=2, zone_hosts=1)
+    assert sim.place(Ask(Need(gpu_milli=600))) == (0, (0,))
+    # 300 fits both GPUs; the agent's ledger packs it next to the 600 (less left over).
+    assert sim.place(Ask(Need(gpu_milli=300))) == (0, (0,))
+    assert sim.place(Ask(Need(gpu_milli=300))) == (0, (1,))
+
+
+def test_cpu_the_ledger_does_not_see_bounces_at_the_host() -> None:
+    sim = LaminarCluster(
+        [SimHost("n0", "V100", 2, 1000, 1000)],
+        zone_hosts=1,
+        limits=ProbeLimits(),
+        gamma=1.0,
+        seed=1,
+    )
+    assert sim.place(Ask(Need(gpu_milli=100), 800, 10)) is not None
+    assert sim.place(Ask(Need(gpu_milli=100), 800, 10)) is None
+    assert sim.counters.bounces >= 1
+
+
+def test_forwarding_spreads_jobs_over_zones() -> None:
+    sim = cluster(40, gpus=8, zone_hosts=10, seed=3)
+    used: set[str] = set()
+    for _ in range(200):
+        placed = sim.place(Ask(Need(gpu_milli=500), 100, 100))
+        assert placed is not None
+        used.add(sim.zones[placed[0] // 10].name)
+    assert used == {"z0", "z1", "z2", "z3"}
+    assert sim.counters.forwards > 0
+
+
+def test_fgd_report_has_laminar_messages(tmp_path: object, make_trace: object) -> None:
+    from pathlib import Path
+
+    folder = make_trace(  # type: ignore[operator]
+        Path(str(tmp_path)) / "t",
+        [f"n{i},32000,131072,2,V100\n" for i in range(6)],
+        [f"p{i},500,1024,1,{(i % 4 + 1) * 50},,LS,Running,0,,\n" for i in range(200)],
+    )
+    report = fgd.run_experiment(folder, "tiny", ["bestfit", "laminar"], [42, 43])
+    laminar = report["policies"]["laminar"]
+    assert laminar["unallocated_pct_at_100"]["median"] >= 0
+    assert laminar["messages_per_placement"] > 0
+    assert "messages_per_placement" not in report["policies"]["bestfit"]
+
+
+def test_laminar_has_no_mig_mode(tmp_path: object, make_trace: object) -> None:
+    from pathlib import Path
+
+    folder = make_trace(  # type: ignore[operator]
+        Path(str(tmp_path)) / "t", ["n0,32000,131072,1,A100\n"], ["p0,1000,10,1,300,,LS,R,0,,\n"]
+    )
+    with pytest.raises(ValueError, match="no --mig mode"):
+        fgd.run_experiment(folder, "tiny", ["laminar"], [42], mig=True)
+
+
+def test_laminar_ask_maps_pod_shapes() -> None:
+    assert fgd.laminar_ask(PodShape(1000, 10, 1, 300)).need == Need(gpu_milli=300)
+    assert fgd.laminar_ask(PodShape(1000, 10, 2, 1000)).need == Need(gpus=2)
+    assert fgd.laminar_ask(PodShape(1000, 10, 0, 0)).need == Need()
