@@ -20,6 +20,7 @@ from rich.table import Table
 
 from laminar_agent.errors import FailedPrecondition, InvalidArgument
 from laminar_sim import fgd, traces
+from laminar_sim.load import LoadSpec, run_load
 from laminar_sim.policies import POLICIES
 
 EXPECTED_RESULTS_DIR_NAME = "fgd-atc23-expected-results"
@@ -73,6 +74,39 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     exp.add_argument("-o", "--output", choices=["table", "json"], default="table")
     exp.add_argument("--plot", type=Path, help="save the unallocated-GPU curves to this PNG")
     exp.set_defaults(func=cmd_fgd)
+
+    ld = experiments.add_parser(
+        "load",
+        help="the placement hot path at scale: Laminar's routers against one central queue",
+        description=(
+            "Open-loop Poisson arrivals of small transient and large rigid tasks on equal "
+            "hosts at a given load; Laminar (zones, sampled probing, agents' ledgers, network "
+            "delay/loss, stale views) and a central best-fit queue run on the same arrivals."
+        ),
+    )
+    ld.add_argument("--hosts", type=int, required=True, help="hosts (1,000 to 32,000)")
+    ld.add_argument("--load", type=float, required=True, help="offered load, 0.4-0.9")
+    ld.add_argument("--seed", type=int, default=1)
+    ld.add_argument("--jobs", type=int, default=0, help="tasks (default: --window-seconds of them)")
+    ld.add_argument(
+        "--window-seconds", type=float, default=10.0, help="arrival window (default 10 s)"
+    )
+    ld.add_argument("--zone-hosts", type=int, default=1000, help="hosts per zone (default 1000)")
+    ld.add_argument(
+        "--net-delay-ms", type=float, default=0.5, help="one-way message delay (default 0.5 ms)"
+    )
+    ld.add_argument("--loss", type=float, default=0.0, help="message loss ratio (default 0)")
+    ld.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=1.0,
+        help="agents' heartbeat period: how stale the routers' views get (default 1 s)",
+    )
+    ld.add_argument(
+        "--policies", default="laminar,central", help="laminar, central or both (default)"
+    )
+    ld.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    ld.set_defaults(func=cmd_load)
 
 
 def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
@@ -297,3 +331,89 @@ def _seed_text(seeds: list[int]) -> str:
     if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
         return f"{seeds[0]}-{seeds[-1]}"
     return ",".join(str(s) for s in seeds)
+
+
+def cmd_load(args: argparse.Namespace, console: Console) -> int:
+    """Run the ``load`` experiment and print a table or JSON."""
+    spec = LoadSpec(
+        hosts=args.hosts,
+        load=args.load,
+        seed=args.seed,
+        jobs=args.jobs,
+        window_seconds=args.window_seconds,
+        zone_hosts=args.zone_hosts,
+        net_delay_seconds=args.net_delay_ms / 1000.0,
+        loss_ratio=args.loss,
+        heartbeat_seconds=args.heartbeat_seconds,
+        policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+    )
+    try:
+        spec.validate()
+    except ValueError as exc:
+        flag, _, message = str(exc).partition(": ")
+        raise InvalidArgument(message, field=flag) from None
+    progress = Progress(
+        TextColumn("[bold]sim load[/bold] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    )
+    with progress:
+        task = progress.add_task("arrivals", total=spec.task_count)
+
+        def advance(policy: str, done: int, total: int) -> None:
+            progress.update(task, description=policy, completed=done, total=total)
+
+        report = run_load(spec, advance)
+    if args.output == "json":
+        console.out(json.dumps(report, indent=2), highlight=False)
+    else:
+        render_load(report, console)
+    return 0
+
+
+def render_load(report: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=(
+            f"load {report['load']:g} on {report['hosts']} hosts x {report['gpus_per_host']} GPUs "
+            f"({report['zones']} zones), {report['measured_tasks']} measured tasks at "
+            f"{report['arrival_rate_per_second']:.0f}/s, seed {report['seed']}"
+        )
+    )
+    rows = [
+        ("start success", "start_success_ratio", "{:.4f}"),
+        ("large tasks started", "large_start_success_ratio", "{:.4f}"),
+        ("latency p50 (ms)", "latency_p50_ms", "{:.2f}"),
+        ("latency p99 (ms)", "latency_p99_ms", "{:.2f}"),
+        ("probes / placement", "probes_per_placement", "{:.2f}"),
+        ("bounces / placement", "bounces_per_placement", "{:.3f}"),
+        ("messages / placement", "messages_per_placement", "{:.2f}"),
+        ("view lookups / placement", "view_lookups_per_placement", "{:.2f}"),
+        ("hosts scanned / placement", "hosts_scanned_per_placement", "{:.0f}"),
+        ("router CPU / placement (us)", "router_seconds_per_placement", "{:.1f}"),
+        ("simulated events / s", "events_per_second", "{:.0f}"),
+    ]
+    policies = report["policies"]
+    table.add_column("figure")
+    for name in policies:
+        table.add_column(name, justify="right")
+    for label, key, fmt in rows:
+        cells = []
+        for figures in policies.values():
+            value = figures.get(key)
+            if key == "router_seconds_per_placement" and value is not None:
+                value = value * 1e6
+            cells.append("-" if value is None else fmt.format(value))
+        table.add_row(label, *cells)
+    console.print(table)
+    console.print(f"mix: {report['mix']['small']}; {report['mix']['large']}", highlight=False)
+    if "central" in policies:
+        cost = policies["central"]["decision_seconds_measured"] * 1e6
+        console.print(
+            f"central: one best-fit decision over {report['hosts']} hosts measured at "
+            f"{cost:.1f} us on this machine; its decisions are serialized",
+            highlight=False,
+        )

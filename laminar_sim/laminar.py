@@ -164,6 +164,8 @@ class SimZone:
     view: ZoneView
     #: Peers' zone summaries as of the last exchange: zone name -> shapes.
     peer_shapes: dict[str, dict[str, ShapeCap]] = field(default_factory=dict)
+    #: This zone's own totals as of its last exchange (the router caches them too).
+    local_shapes: dict[str, ShapeCap] = field(default_factory=dict)
 
     def note(self, host: SimHost) -> None:
         """A reply's fresh summary folded into the view (not a heartbeat)."""
@@ -206,6 +208,7 @@ class LaminarCluster:
         totals = {z.name: z.view.shape_totals()[1] for z in self.zones}
         for zone in self.zones:
             zone.peer_shapes = {name: t for name, t in totals.items() if name != zone.name}
+            zone.local_shapes = totals[zone.name]
         pairs = len(self.zones) * (len(self.zones) - 1)
         self.counters.exchange_messages += MESSAGES_PER_CALL * pairs  # each zone calls each peer
         self._since_exchange = 0
@@ -228,11 +231,11 @@ class LaminarCluster:
             for model in ask.gpu_models
         ]
 
-    def _route(self, entry: SimZone, ask: Ask) -> SimZone:
+    def route(self, entry: SimZone, ask: Ask) -> SimZone:
         """Flow splitting at the entry zone: keep the job or forward it once."""
         if len(self.zones) == 1:
             return entry
-        _, local = entry.view.shape_totals()
+        local = entry.local_shapes
         weights = [(entry.name, flow_weight(members_fitting(ask.need, local), 0, self.gamma))]
         for name, shapes in sorted(entry.peer_shapes.items()):
             weights.append((name, flow_weight(members_fitting(ask.need, shapes), 0, self.gamma)))
@@ -247,7 +250,7 @@ class LaminarCluster:
         self._since_exchange += 1
         if self._since_exchange >= self.exchange_every:
             self.exchange()
-        zone = self._route(self.rng.choice(self.zones), ask)
+        zone = self.route(self.rng.choice(self.zones), ask)
         for one in self._needs(ask):
             placed = self._place_in(zone, one, now)
             if placed is not None:

@@ -1,0 +1,755 @@
+"""Experiment ``load``: the placement hot path at cluster scale, Laminar against a central queue.
+
+Open-loop Poisson arrivals of a mix of small transient tasks (a share of one GPU, short)
+and large rigid tasks (several whole GPUs on one host, long) on ``hosts`` equal hosts;
+the arrival rate gives the offered ``load`` (GPU-seconds asked per GPU-second of the
+cluster). Every task has a start deadline; a task not started by then is dropped and
+counts in the latency percentiles at its deadline.
+
+**laminar**: zones of ``zone_hosts`` hosts, one router each. A task arrives at a random
+zone, which keeps it or forwards it once by flow splitting (peer summaries refreshed
+every ``exchange_seconds``). The router draws candidates from its view with the
+router's own :class:`~laminar_zone.view.ProbePlan`, probes them in parallel over the
+network model, binds late (:func:`~laminar_zone.view.choose_offers`), commits, and
+releases the losers; every reply refreshes the view. Hosts are the agent's own
+:class:`~laminar_agent.ledger.Ledger`, so a probe is judged against ground truth at the
+moment it arrives, leases hold capacity until they are committed or released, and a
+commit or release can be late or lost. When a task finds no room it waits in its zone's
+queue, which is retried when a host's heartbeat shows freed capacity (a departure is
+seen by the router only at that host's next heartbeat: view staleness) and on a tick.
+
+**central**: one global FIFO queue and one scheduler that knows every host exactly and
+picks the best fit over all of them. Its decisions are serialized, and each one takes the
+time this machine needs to run the decision function on ``hosts`` hosts (measured at
+start, reported), so its decision cost grows with the cluster as it does in our code.
+A queue pass on each departure tries at most ``central_queue_depth`` waiting tasks (as
+Slurm's ``default_queue_depth`` bounds its passes), skipping a shape once one task of it
+did not fit in that pass.
+
+Both policies see the same arrivals (same seed) in the same invocation.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from laminar_agent.ledger import Granted
+from laminar_sim.engine import Engine, LossyDelay
+from laminar_sim.laminar import Ask, LaminarCluster, SimHost, SimZone
+from laminar_zone.placement import Need, Offer
+from laminar_zone.view import ProbeLimits, ProbePlan, choose_offers
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    hosts: int = 1000
+    load: float = 0.7
+    seed: int = 1
+    #: Tasks to arrive; 0 = as many as arrive in ``window_seconds``.
+    jobs: int = 0
+    window_seconds: float = 10.0
+    gpus_per_host: int = 8
+    small_ratio: float = 0.9
+    small_milli: int = 500
+    small_mean_seconds: float = 1.0
+    small_deadline_seconds: float = 2.0
+    large_gpus: int = 4
+    large_mean_seconds: float = 10.0
+    large_deadline_seconds: float = 20.0
+    #: Tasks arriving before this are run but not measured (the cluster starts pre-filled
+    #: to ``load`` with tasks of the same mix, so the warm-up can be short).
+    warmup_seconds: float = 2.0
+    zone_hosts: int = 1000
+    heartbeat_seconds: float = 1.0
+    exchange_seconds: float = 1.0
+    net_delay_seconds: float = 0.0005
+    net_jitter_seconds: float = 0.0002
+    loss_ratio: float = 0.0
+    rpc_timeout_seconds: float = 0.5
+    central_queue_depth: int = 100
+    #: The central scheduler's cost per decision; 0 = measure it on this machine at start
+    #: (then runs are reproducible only given that figure, which the report carries).
+    central_decision_seconds: float = 0.0
+    policies: tuple[str, ...] = ("laminar", "central")
+
+    def validate(self) -> None:
+        checks = [
+            (1 <= self.hosts <= 200_000, "--hosts", f"must be in 1..200000, got {self.hosts}"),
+            (0 < self.load <= 2.0, "--load", f"must be in (0, 2], got {self.load}"),
+            (0 <= self.jobs <= 2_000_000, "--jobs", f"must be in 0..2000000, got {self.jobs}"),
+            (
+                0 < self.window_seconds <= 86400,
+                "--window-seconds",
+                f"must be in (0, 86400], got {self.window_seconds}",
+            ),
+            (
+                0 <= self.loss_ratio < 0.5,
+                "--loss",
+                f"must be in [0, 0.5), got {self.loss_ratio}",
+            ),
+            (
+                self.net_delay_seconds >= 0,
+                "--net-delay-ms",
+                f"must be >= 0, got {self.net_delay_seconds}",
+            ),
+            (
+                self.heartbeat_seconds > 0,
+                "--heartbeat-seconds",
+                f"must be > 0, got {self.heartbeat_seconds}",
+            ),
+            (self.zone_hosts >= 1, "--zone-hosts", f"must be >= 1, got {self.zone_hosts}"),
+        ]
+        for ok, flag, message in checks:
+            if not ok:
+                raise ValueError(f"{flag}: {message}")
+        for policy in self.policies:
+            if policy not in ("laminar", "central"):
+                raise ValueError(f"--policies: unknown policy {policy!r} (laminar, central)")
+
+    @property
+    def mean_gpu_seconds(self) -> float:
+        small = self.small_ratio * self.small_milli / 1000 * self.small_mean_seconds
+        large = (1 - self.small_ratio) * self.large_gpus * self.large_mean_seconds
+        return small + large
+
+    @property
+    def task_count(self) -> int:
+        return self.jobs or max(1, round(self.arrival_rate * self.window_seconds))
+
+    @property
+    def arrival_rate(self) -> float:
+        """Tasks per second that offer ``load`` of the cluster's GPUs."""
+        return self.load * self.hosts * self.gpus_per_host / self.mean_gpu_seconds
+
+
+@dataclass(frozen=True)
+class Task:
+    index: int
+    arrival: float
+    ask: Ask
+    duration: float
+    deadline: float
+    large: bool
+
+
+def make_tasks(spec: LoadSpec) -> list[Task]:
+    """The arrivals, a pure function of the seed (shared by every policy)."""
+    rng = np.random.default_rng([spec.seed, 0x6C6F6164])  # "load"
+    count = spec.task_count
+    gaps = rng.exponential(1.0 / spec.arrival_rate, count)
+    large = rng.random(count) >= spec.small_ratio
+    tasks = []
+    now = 0.0
+    small_ask = Ask(Need(gpu_milli=spec.small_milli))
+    large_ask = Ask(Need(gpus=spec.large_gpus))
+    for i in range(count):
+        now += float(gaps[i])
+        big = bool(large[i])
+        mean = spec.large_mean_seconds if big else spec.small_mean_seconds
+        tasks.append(
+            Task(
+                i,
+                now,
+                large_ask if big else small_ask,
+                float(rng.exponential(mean)),
+                spec.large_deadline_seconds if big else spec.small_deadline_seconds,
+                big,
+            )
+        )
+    return tasks
+
+
+def make_hosts(spec: LoadSpec) -> list[SimHost]:
+    return [SimHost(f"h{i}", "H100", spec.gpus_per_host, 10**9, 10**9) for i in range(spec.hosts)]
+
+
+def prefill(spec: LoadSpec, hosts: list[SimHost]) -> list[tuple[SimHost, str, float]]:
+    """Fill every host to about ``load`` with tasks of the mix (the same for every policy).
+
+    Tasks are drawn by their share of GPU-time, so the running mix matches the steady
+    state; durations are exponential, so a pre-filled task's remaining time has the same
+    distribution as a new one's. Returns (host, lease, remaining seconds) to schedule.
+    """
+    rng = np.random.default_rng([spec.seed, 0x66696C6C])  # "fill"
+    small_gpu_s = spec.small_ratio * spec.small_milli / 1000 * spec.small_mean_seconds
+    large_share = 1.0 - small_gpu_s / spec.mean_gpu_seconds
+    kinds = [
+        (Ask(Need(gpus=spec.large_gpus)), float(spec.large_gpus), spec.large_mean_seconds),
+        (Ask(Need(gpu_milli=spec.small_milli)), spec.small_milli / 1000, spec.small_mean_seconds),
+    ]
+    running = []
+    target = spec.load * spec.gpus_per_host
+    for host in hosts:
+        used = 0.0
+        while used < target:
+            first = 0 if rng.random() < large_share else 1
+            for ask, gpus, mean in (kinds[first], kinds[1 - first]):
+                if used + gpus > target + 0.5:
+                    continue
+                reply = host.probe(ask, 0.0)
+                if isinstance(reply, Granted):
+                    host.ledger.commit(reply.lease.lease_id, reply.lease.lease_id, 0.0)
+                    running.append((host, reply.lease.lease_id, float(rng.exponential(mean))))
+                    used += gpus
+                    break
+            else:
+                break
+    return running
+
+
+@dataclass
+class Outcome:
+    """Per-policy accounting."""
+
+    started: int = 0
+    #: Every task started, warm-up included: the denominator of the per-placement figures.
+    placements: int = 0
+    dropped: int = 0
+    latencies: list[float] = field(default_factory=list)
+    large_started: int = 0
+    large_total: int = 0
+    probes: int = 0
+    bounces: int = 0
+    view_lookups: int = 0
+    hosts_scanned: int = 0
+    decision_seconds: float = 0.0
+    events: int = 0
+    wall_seconds: float = 0.0
+    sim_seconds: float = 0.0
+    messages: int = 0
+    messages_lost: int = 0
+    forwards: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def report(self, tasks: int) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+        placed = max(1, self.placements)
+
+        def pct(q: float) -> float:
+            if not lat:
+                return 0.0
+            return round(1000 * lat[min(len(lat) - 1, max(0, math.ceil(q * len(lat)) - 1))], 3)
+
+        return {
+            "measured_tasks": tasks,
+            "started": self.started,
+            "dropped": self.dropped,
+            "start_success_ratio": round(self.started / tasks, 4) if tasks else 0.0,
+            "large_start_success_ratio": round(self.large_started / self.large_total, 4)
+            if self.large_total
+            else None,
+            "latency_p50_ms": pct(0.50),
+            "latency_p99_ms": pct(0.99),
+            "latency_mean_ms": round(1000 * statistics.fmean(lat), 3) if lat else 0.0,
+            "probes_per_placement": round(self.probes / placed, 3),
+            "bounces_per_placement": round(self.bounces / placed, 3),
+            "view_lookups_per_placement": round(self.view_lookups / placed, 3),
+            "hosts_scanned_per_placement": round(self.hosts_scanned / placed, 3),
+            "router_seconds_per_placement": round(self.decision_seconds / placed, 9),
+            "messages_per_placement": round(self.messages / placed, 3),
+            "messages_lost": self.messages_lost,
+            "forwards_per_placement": round(self.forwards / placed, 4),
+            "events_processed": self.events,
+            "events_per_second": round(self.events / self.wall_seconds) if self.wall_seconds else 0,
+            "wall_seconds": round(self.wall_seconds, 2),
+            "simulated_seconds": round(self.sim_seconds, 1),
+            **self.extra,
+        }
+
+
+class _Base:
+    def __init__(self, spec: LoadSpec, tasks: list[Task]) -> None:
+        self.spec = spec
+        self.tasks = tasks
+        network = LossyDelay(spec.net_delay_seconds, spec.net_jitter_seconds, spec.loss_ratio)
+        self.engine = Engine(spec.seed, network)
+        self.out = Outcome(
+            large_total=sum(1 for t in tasks if t.large and t.arrival >= spec.warmup_seconds)
+        )
+        self.done: set[int] = set()
+        self.hosts = make_hosts(spec)
+        for host, lease_id, remaining in prefill(spec, self.hosts):
+            self.engine.schedule(remaining, partial(self.finish_prefilled, host, lease_id))
+
+    def finish_prefilled(self, host: SimHost, lease_id: str) -> None:
+        host.ledger.release(lease_id)
+        self.freed(host)
+
+    def start(self, task: Task, host: SimHost, lease_id: str) -> None:
+        """The commit reached the host: the task runs from now."""
+        now = self.engine.now
+        if task.index in self.done or self.drop(task):
+            host.ledger.release(lease_id)  # past its deadline: dropped, the room given back
+            self.freed(host)
+            return
+        self.done.add(task.index)
+        self.out.placements += 1
+        if self.measured(task):
+            self.out.started += 1
+            self.out.large_started += int(task.large)
+            self.out.latencies.append(now - task.arrival)
+        self.engine.schedule(task.duration, lambda: self.finish(task, host, lease_id))
+
+    def finish(self, task: Task, host: SimHost, lease_id: str) -> None:
+        host.ledger.release(lease_id)
+        self.freed(host)
+
+    def freed(self, host: SimHost) -> None:
+        raise NotImplementedError
+
+    def drop(self, task: Task) -> bool:
+        """Drop ``task`` if its deadline passed (counted at the deadline); True if dropped."""
+        if task.index in self.done:
+            return True
+        if self.engine.now < task.arrival + task.deadline:
+            return False
+        self.done.add(task.index)
+        if self.measured(task):
+            self.out.dropped += 1
+            self.out.latencies.append(task.deadline)
+        return True
+
+    def measured(self, task: Task) -> bool:
+        return task.arrival >= self.spec.warmup_seconds
+
+    def run(self, progress: ProgressFn | None, name: str) -> Outcome:
+        for task in self.tasks:
+            self.engine.schedule_at(task.arrival, partial(self.arrive, task))
+        started = time.perf_counter()
+        processed = 0
+        while self.engine.pending and len(self.done) < len(self.tasks):
+            stats = self.engine.run(max_events=5000)
+            processed += stats.events_processed
+            if progress is not None:
+                progress(name, min(len(self.tasks), len(self.done)), len(self.tasks))
+            if stats.events_processed == 0:
+                break
+        self.out.events = processed
+        self.out.wall_seconds = time.perf_counter() - started
+        self.out.sim_seconds = self.engine.now
+        self.out.messages += self.engine.messages_sent
+        self.out.messages_lost = self.engine.messages_lost
+        for task in self.tasks:
+            if task.index not in self.done:
+                self.done.add(task.index)
+                if self.measured(task):
+                    self.out.dropped += 1
+                    self.out.latencies.append(task.deadline)
+        return self.out
+
+    def arrive(self, task: Task) -> None:
+        raise NotImplementedError
+
+
+class LaminarRun(_Base):
+    """Routers probing agents over the network model (see the module docstring)."""
+
+    def __init__(self, spec: LoadSpec, tasks: list[Task]) -> None:
+        super().__init__(spec, tasks)
+        self.cluster = LaminarCluster(
+            self.hosts,
+            zone_hosts=spec.zone_hosts,
+            limits=ProbeLimits(),
+            gamma=1.0,
+            seed=spec.seed,
+            exchange_every=1 << 62,  # exchanges run on the simulated clock below
+        )
+        self.zone_of = {h.agent_id: z for z in self.cluster.zones for h in z.hosts.values()}
+        #: Waiting tasks per (zone, shape), in arrival order; one placement per key at a time.
+        self.queues: dict[tuple[str, Need], deque[Task]] = {}
+        self.chains: set[tuple[str, Need]] = set()
+        self.ticking: set[tuple[str, Need]] = set()
+        self.zones = {z.name: z for z in self.cluster.zones}
+        self.phase = {h.agent_id: (i * 0.6180339887) % 1.0 for i, h in enumerate(self.hosts)}
+        if len(self.cluster.zones) > 1:
+            self.engine.schedule(spec.exchange_seconds, self.exchange)
+
+    def exchange(self) -> None:
+        before = self.cluster.counters.exchange_messages
+        self.cluster.exchange()
+        self.out.messages += self.cluster.counters.exchange_messages - before
+        if len(self.done) < len(self.tasks):
+            self.engine.schedule(self.spec.exchange_seconds, self.exchange)
+
+    def arrive(self, task: Task) -> None:
+        entry = self.cluster.zones[int(self.engine.rng.integers(len(self.cluster.zones)))]
+        t0 = time.perf_counter()
+        zone = self.cluster.route(entry, task.ask)  # the router's own flow splitting
+        self.out.decision_seconds += time.perf_counter() - t0
+        if zone is not entry:
+            self.out.forwards += 1
+            self.engine.send(entry.name, zone.name, partial(self.submit, zone, task))
+        else:
+            self.submit(zone, task)
+
+    def submit(self, zone: SimZone, task: Task) -> None:
+        """A task at its router: placed at once, or behind the tasks of its shape that wait."""
+        key = (zone.name, task.ask.need)
+        queue = self.queues.setdefault(key, deque())
+        if queue or key in self.chains:
+            queue.append(task)
+            self._tick_later(key)
+            return
+        self.place(zone, task, None)
+
+    def place(self, zone: SimZone, task: Task, key: tuple[str, Need] | None) -> None:
+        """One placement try; ``key`` is set when it runs for the queue of that shape."""
+        if self.drop(task):
+            self.placed(key, None)
+            return
+        t0 = time.perf_counter()
+        plan = ProbePlan(zone.view, task.ask.need, self.cluster.limits, self.cluster.rng)
+        self.out.decision_seconds += time.perf_counter() - t0
+        _Attempt(self, zone, task, plan, key).next()
+
+    def placed(self, key: tuple[str, Need] | None, failed: Task | None) -> None:
+        """A try ended (``failed`` is the task that found no room): run the queue on."""
+        if failed is not None:
+            assert key is not None  # a failed try always names its queue
+            self.queues.setdefault(key, deque()).appendleft(failed)
+            self.chains.discard(key)
+            self._tick_later(key)
+            return
+        if key is not None:
+            self._next_in_chain(key)
+
+    def _next_in_chain(self, key: tuple[str, Need]) -> None:
+        queue = self.queues.get(key)
+        while queue:
+            task = queue.popleft()
+            if not self.drop(task):
+                self.chains.add(key)
+                self.place(self.zones[key[0]], task, key)
+                return
+        self.chains.discard(key)
+
+    def _tick_later(self, key: tuple[str, Need]) -> None:
+        if key not in self.ticking:
+            self.ticking.add(key)
+            self.engine.schedule(self.spec.heartbeat_seconds, partial(self._tick, key))
+
+    def _tick(self, key: tuple[str, Need]) -> None:
+        self.ticking.discard(key)
+        if key not in self.chains:
+            self._next_in_chain(key)
+
+    def queue_pass(self, zone: SimZone) -> None:
+        """Freed capacity seen: every waiting shape of the zone gets a try."""
+        for key, queue in self.queues.items():
+            if key[0] == zone.name and queue and key not in self.chains:
+                self._next_in_chain(key)
+
+    def freed(self, host: SimHost) -> None:
+        # The router hears of it at the host's next heartbeat.
+        hb = self.spec.heartbeat_seconds
+        now = self.engine.now
+        phase = self.phase[host.agent_id] * hb
+        due = math.floor((now - phase) / hb + 1) * hb + phase
+        zone = self.zone_of[host.agent_id]
+
+        def heartbeat() -> None:
+            zone.note(host)
+            self.queue_pass(zone)
+
+        self.engine.schedule_at(max(now, due), heartbeat)
+
+
+class _Attempt:
+    """One placement try of one task: attempts of parallel probes, then commit."""
+
+    def __init__(
+        self,
+        run: LaminarRun,
+        zone: SimZone,
+        task: Task,
+        plan: ProbePlan,
+        key: tuple[str, Need] | None,
+    ) -> None:
+        self.run = run
+        self.key = key
+        self.zone = zone
+        self.task = task
+        self.plan = plan
+        self.offers: dict[str, tuple[SimHost, Offer]] = {}
+        self.waiting = 0
+        self.timer: Any = None
+        self.round = 0
+        self.open = False
+
+    def next(self) -> None:
+        run = self.run
+        batch = self.plan.next_batch()
+        run.out.view_lookups += len(batch)
+        if not batch:
+            self._release_all()
+            run.placed(self.key or (self.zone.name, self.task.ask.need), self.task)
+            return
+        self.round += 1
+        self.open = True
+        this_round = self.round
+        self.waiting = len(batch)
+        for record in batch:
+            host = self.zone.hosts[record.agent_id]
+            run.out.probes += 1
+            run.engine.send(self.zone.name, host.agent_id, partial(self._at_host, host, this_round))
+        self.timer = run.engine.schedule(
+            run.spec.rpc_timeout_seconds, lambda: self._round_done(this_round)
+        )
+
+    def _at_host(self, host: SimHost, round_: int) -> None:
+        reply = host.probe(self.task.ask, self.run.engine.now)
+        self.run.engine.send(
+            host.agent_id, self.zone.name, lambda: self._reply(host, reply, round_)
+        )
+
+    def _reply(self, host: SimHost, reply: Any, round_: int) -> None:
+        self.zone.note(host)
+        current = round_ == self.round and self.open
+        if isinstance(reply, Granted):
+            if not current:  # late: the router moved on, give the lease back
+                self._release(host, reply.lease.lease_id)
+                return
+            lease = reply.lease
+            offer = Offer(lease.lease_id, host.agent_id, 0, lease.score)
+            self.offers[lease.lease_id] = (host, offer)
+        else:
+            self.run.out.bounces += 1
+        if current:
+            self.waiting -= 1
+            if self.waiting == 0:
+                self._round_done(round_)
+
+    def _round_done(self, round_: int) -> None:
+        if round_ != self.round or not self.open:
+            return
+        self.open = False
+        if self.timer is not None:
+            self.run.engine.cancel(self.timer)
+            self.timer = None
+        picked = choose_offers([o for _, o in self.offers.values()], 1)
+        if picked is None:
+            self.next()
+            return
+        best = picked[0]
+        host = self.offers.pop(best.lease_id)[0]
+        self._release_all()
+        self._commit(host, best.lease_id, tries=3)
+        self.run.placed(self.key, None)
+
+    def _commit(self, host: SimHost, lease_id: str, tries: int) -> None:
+        run = self.run
+
+        def at_host() -> None:
+            lease = host.ledger.lease(lease_id)
+            if lease is None or (not lease.committed and lease.expires_at <= run.engine.now):
+                # Lapsed before the commit arrived: the router must start over.
+                run.engine.send(
+                    host.agent_id, self.zone.name, partial(run.submit, self.zone, self.task)
+                )
+                return
+            if not lease.committed:
+                host.ledger.commit(lease_id, f"t{self.task.index}", run.engine.now)
+                run.start(self.task, host, lease_id)
+            run.engine.send(host.agent_id, self.zone.name, lambda: self.zone.note(host))
+
+        if run.engine.send(self.zone.name, host.agent_id, at_host) is None and tries > 1:
+            run.engine.schedule(
+                run.spec.rpc_timeout_seconds, lambda: self._commit(host, lease_id, tries - 1)
+            )
+
+    def _release(self, host: SimHost, lease_id: str) -> None:
+        def at_host() -> None:
+            host.ledger.release(lease_id)
+
+        self.run.engine.send(self.zone.name, host.agent_id, at_host)
+
+    def _release_all(self) -> None:
+        for lease_id, (host, _) in list(self.offers.items()):
+            self._release(host, lease_id)
+        self.offers.clear()
+
+
+class CentralRun(_Base):
+    """One global FIFO queue and one exact best-fit scheduler with a measured decision cost."""
+
+    def __init__(self, spec: LoadSpec, tasks: list[Task], decision_seconds: float) -> None:
+        super().__init__(spec, tasks)
+        self.free = np.full((spec.hosts, spec.gpus_per_host), 1000, dtype=np.int64)
+        for index in range(spec.hosts):
+            self._refresh_row(index)
+        self.queue: deque[Task] = deque()
+        self.busy_until = 0.0
+        self.decision_cost = decision_seconds
+        self.pass_pending = False
+
+    def arrive(self, task: Task) -> None:
+        self.queue.append(task)
+        self._schedule_pass()
+
+    def freed(self, host: SimHost) -> None:
+        index = int(host.agent_id[1:])
+        self.engine.send(host.agent_id, "central", lambda: self._refresh(index))
+
+    def _refresh(self, index: int) -> None:
+        self._refresh_row(index)
+        self._schedule_pass()
+
+    def _refresh_row(self, index: int) -> None:
+        """The scheduler's exact copy of one host's free milli per GPU."""
+        host = self.hosts[index]
+        for g, slice_id in enumerate(host.ledger.slices):
+            milli, leased, _, _ = host.ledger.usage(slice_id)
+            self.free[index, g] = 1000 - milli - leased
+
+    def _schedule_pass(self) -> None:
+        if not self.pass_pending:
+            self.pass_pending = True
+            self.engine.schedule_at(max(self.engine.now, self.busy_until), self.queue_pass)
+
+    def queue_pass(self) -> None:
+        """Try up to ``central_queue_depth`` waiting tasks in order; each try costs a decision."""
+        self.pass_pending = False
+        now = self.engine.now
+        tried = 0
+        kept: deque[Task] = deque()
+        blocked: set[Need] = set()  # a shape that did not fit fails again in this pass
+        while self.queue and tried < self.spec.central_queue_depth:
+            task = self.queue.popleft()
+            if self.drop(task):
+                continue
+            if task.ask.need in blocked:
+                kept.append(task)
+                continue
+            tried += 1
+            now += self.decision_cost
+            self.out.decision_seconds += self.decision_cost
+            self.out.hosts_scanned += self.spec.hosts
+            choice = best_fit(self.free, task.ask.need)
+            if choice is None:
+                blocked.add(task.ask.need)
+                kept.append(task)
+                continue
+            host_index, _ = choice
+            host = self.hosts[host_index]
+            self._reserve(host_index, task.ask.need)
+            self.engine.schedule_at(now, partial(self._send_commit, task, host))
+        kept.extend(self.queue)
+        self.queue = kept
+        self.busy_until = now
+        if self.queue and tried:
+            self.engine.schedule_at(
+                max(self.engine.now + self.spec.heartbeat_seconds, now), self._schedule_pass
+            )
+
+    def _reserve(self, index: int, need: Need) -> None:
+        row = self.free[index]
+        if need.gpus:
+            for g in np.flatnonzero(row == 1000)[: need.gpus]:
+                row[g] = 0
+        else:
+            fits = np.flatnonzero(row >= need.gpu_milli)
+            g = fits[np.argmin(row[fits])]
+            row[g] -= need.gpu_milli
+
+    def _send_commit(self, task: Task, host: SimHost) -> None:
+        def at_host() -> None:
+            reply = host.probe(task.ask, self.engine.now)  # the agent's own arbitration
+            if isinstance(reply, Granted):
+                host.ledger.commit(reply.lease.lease_id, f"t{task.index}", self.engine.now)
+                self.start(task, host, reply.lease.lease_id)
+            else:
+                self.out.bounces += 1
+                self.engine.send(host.agent_id, "central", lambda: self.arrive(task))
+            index = int(host.agent_id[1:])
+            self.engine.send(host.agent_id, "central", lambda: self._refresh(index))
+
+        self.out.probes += 1
+        self.engine.send("central", host.agent_id, at_host)
+
+
+def best_fit(free: npt.NDArray[np.int64], need: Need) -> tuple[int, int] | None:
+    """Exact best fit over every host: the host (and GPU) left with the least room."""
+    if need.gpus:
+        whole = (free == 1000).sum(axis=1)
+        ok = np.flatnonzero(whole >= need.gpus)
+        if ok.size == 0:
+            return None
+        left = free[ok].sum(axis=1)
+        best = int(ok[int(np.argmin(left))])
+        return best, -1
+    fits = free >= need.gpu_milli
+    slack = np.where(fits, free - need.gpu_milli, 10**9)
+    flat = int(np.argmin(slack))
+    if slack.flat[flat] >= 10**9:
+        return None
+    width = int(free.shape[1])
+    return flat // width, flat % width
+
+
+def measure_decision_seconds(hosts: int, gpus_per_host: int, repeats: int = 200) -> float:
+    """Median wall time of one :func:`best_fit` over ``hosts`` half-full hosts on this machine."""
+    rng = np.random.default_rng(0)
+    free = rng.choice([0, 250, 500, 750, 1000], size=(hosts, gpus_per_host)).astype(np.int64)
+    samples = []
+    needs = [Need(gpu_milli=500), Need(gpus=4)]
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        best_fit(free, needs[i % 2])
+        samples.append(time.perf_counter() - t0)
+    return float(statistics.median(samples))
+
+
+def run_load(spec: LoadSpec, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Both policies on the same arrivals; the JSON-ready report of ``laminar sim load``."""
+    spec.validate()
+    tasks = make_tasks(spec)
+    report: dict[str, Any] = {
+        "experiment": "load",
+        "hosts": spec.hosts,
+        "gpus_per_host": spec.gpus_per_host,
+        "load": spec.load,
+        "seed": spec.seed,
+        "tasks": len(tasks),
+        "arrival_rate_per_second": round(spec.arrival_rate, 3),
+        "mix": {
+            "small": f"{spec.small_ratio:.0%} of arrivals, {spec.small_milli} milli of one GPU, "
+            f"mean {spec.small_mean_seconds:g} s, start deadline {spec.small_deadline_seconds:g} s",
+            "large": f"{spec.large_gpus} whole GPUs on one host, mean "
+            f"{spec.large_mean_seconds:g} s, start deadline {spec.large_deadline_seconds:g} s",
+        },
+        "network": {
+            "delay_ms": spec.net_delay_seconds * 1000,
+            "jitter_ms": spec.net_jitter_seconds * 1000,
+            "loss_ratio": spec.loss_ratio,
+            "heartbeat_seconds": spec.heartbeat_seconds,
+            "exchange_seconds": spec.exchange_seconds,
+        },
+        "zones": math.ceil(spec.hosts / spec.zone_hosts),
+        "policies": {},
+    }
+    measured = sum(1 for t in tasks if t.arrival >= spec.warmup_seconds)
+    report["measured_tasks"] = measured
+    report["warmup_seconds"] = spec.warmup_seconds
+    if "laminar" in spec.policies:
+        laminar = LaminarRun(spec, tasks).run(progress, "laminar")
+        report["policies"]["laminar"] = laminar.report(measured)
+    if "central" in spec.policies:
+        cost = spec.central_decision_seconds or measure_decision_seconds(
+            spec.hosts, spec.gpus_per_host
+        )
+        central = CentralRun(spec, tasks, cost).run(progress, "central").report(measured)
+        central["decision_seconds_measured"] = cost
+        report["policies"]["central"] = central
+    return report

@@ -1,0 +1,122 @@
+"""The ``load`` experiment on small clusters: both policies on the same arrivals."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from laminar_agent.errors import InvalidArgument
+from laminar_sim.cli import register
+from laminar_sim.load import LaminarRun, LoadSpec, best_fit, make_tasks, prefill, run_load
+from laminar_zone.placement import Need
+
+SMALL = LoadSpec(
+    hosts=40,
+    load=0.6,
+    seed=3,
+    window_seconds=4.0,
+    warmup_seconds=1.0,
+    central_decision_seconds=2e-5,
+)
+
+
+def test_same_seed_same_arrivals_and_report() -> None:
+    assert make_tasks(SMALL) == make_tasks(SMALL)
+    first, second = run_load(SMALL), run_load(SMALL)
+    for report in (first, second):
+        report["policies"]["laminar"].pop("wall_seconds")
+        report["policies"]["central"].pop("wall_seconds")
+        for figures in report["policies"].values():
+            for key in ("events_per_second",):
+                figures.pop(key)
+        report["policies"]["laminar"].pop("router_seconds_per_placement")  # measured wall time
+    assert first == second
+
+
+def test_every_measured_task_starts_or_is_dropped_and_drops_count_at_the_deadline() -> None:
+    spec = LoadSpec(hosts=10, load=2.0, seed=5, window_seconds=40.0, warmup_seconds=5.0)
+    report = run_load(spec)
+    for name, figures in report["policies"].items():
+        assert figures["started"] + figures["dropped"] == report["measured_tasks"], name
+        assert figures["dropped"] > 0, name  # offered more than the cluster holds
+        deadline_ms = 1000 * max(spec.small_deadline_seconds, spec.large_deadline_seconds)
+        assert figures["latency_p99_ms"] <= deadline_ms + 1e-6
+
+
+def test_success_falls_as_load_rises_past_capacity() -> None:
+    low = run_load(LoadSpec(hosts=10, load=0.4, seed=2, window_seconds=40, warmup_seconds=5))
+    high = run_load(LoadSpec(hosts=10, load=2.0, seed=2, window_seconds=40, warmup_seconds=5))
+    for policy in ("laminar", "central"):
+        assert (
+            high["policies"][policy]["start_success_ratio"]
+            < low["policies"][policy]["start_success_ratio"]
+        )
+    assert low["policies"]["laminar"]["start_success_ratio"] > 0.95
+
+
+def test_laminar_probes_d_hosts_and_never_overcommits() -> None:
+    run = LaminarRun(SMALL, make_tasks(SMALL))
+    out = run.run(None, "laminar")
+    assert out.placements > 0
+    assert 1.0 <= out.probes / out.placements <= 2.0 * 4  # d=2 per attempt, at most 4 attempts
+    for host in run.hosts:
+        for slice_id in host.ledger.slices:
+            committed, leased, _, _ = host.ledger.usage(slice_id)
+            assert 0 <= committed + leased <= 1000
+
+
+def test_prefill_reaches_the_load_on_every_host() -> None:
+    spec = LoadSpec(hosts=10, load=0.5, seed=1)
+    hosts = LaminarRun(spec, []).hosts  # built and pre-filled by the run
+    fresh = [h for h in hosts]
+    assert fresh
+    running = prefill(LoadSpec(hosts=10, load=0.5, seed=1), [h for h in fresh])
+    assert running  # a second fill on full hosts adds little, but the first one filled them
+    for host in hosts:
+        used = sum(host.ledger.usage(s)[0] for s in host.ledger.slices) / 1000
+        assert used >= 0.5 * spec.gpus_per_host - 0.5
+
+
+def test_best_fit_picks_the_tightest_host() -> None:
+    free = np.array([[1000, 1000, 1000, 1000], [500, 0, 0, 0], [700, 300, 0, 0]], dtype=np.int64)
+    assert best_fit(free, Need(gpu_milli=300)) == (2, 1)
+    assert best_fit(free, Need(gpus=4)) == (0, -1)
+    assert best_fit(free, Need(gpus=4)) is not None
+    assert best_fit(free[1:], Need(gpus=1)) is None
+
+
+def _cli(argv: list[str]) -> str:
+    parser = argparse.ArgumentParser(prog="laminar")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    assert args.func(args, Console(file=out, width=200)) == 0
+    return out.getvalue()
+
+
+def test_cli_json_fields_and_bad_input() -> None:
+    report = json.loads(
+        _cli(
+            ["sim", "load", "--hosts", "20", "--load", "0.5", "--window-seconds", "3", "-o", "json"]
+        )
+    )
+    for figures in report["policies"].values():
+        for key in (
+            "start_success_ratio",
+            "latency_p50_ms",
+            "latency_p99_ms",
+            "probes_per_placement",
+            "bounces_per_placement",
+            "router_seconds_per_placement",
+            "events_per_second",
+        ):
+            assert key in figures
+    assert report["policies"]["central"]["decision_seconds_measured"] > 0
+    with pytest.raises(InvalidArgument) as err:
+        _cli(["sim", "load", "--hosts", "20", "--load", "3"])
+    assert err.value.field == "--load"
