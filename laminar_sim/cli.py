@@ -22,6 +22,7 @@ from laminar_agent.errors import FailedPrecondition, InvalidArgument
 from laminar_sim import fgd, traces
 from laminar_sim.load import LoadSpec, run_load
 from laminar_sim.policies import POLICIES
+from laminar_sim.replay import ReplaySpec, run_replay
 
 EXPECTED_RESULTS_DIR_NAME = "fgd-atc23-expected-results"
 SUMMARY_LEVELS = (75, 90, 100, 110, 120, 130)
@@ -107,6 +108,29 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     ld.add_argument("-o", "--output", choices=["table", "json"], default="table")
     ld.set_defaults(func=cmd_load)
+
+    rp = experiments.add_parser(
+        "replay",
+        help="time-based replay of the Philly trace: queue time, JCT, utilization, fragmentation",
+        description=(
+            "Replay philly_jobs_pollux.csv (arrivals, GPU counts, durations) on equal 8-GPU "
+            "hosts under Laminar's zone queue (EASY backfill, probe path, agents' ledgers) and "
+            "a strict FIFO baseline, on the same jobs."
+        ),
+    )
+    rp.add_argument(
+        "--trace", type=Path, required=True, help="philly-pollux folder or its CSV file"
+    )
+    rp.add_argument("--cluster", default="", help="one of the trace's clusters (default: all)")
+    rp.add_argument("--limit-jobs", type=int, default=2000, help="first N jobs (0 = all)")
+    rp.add_argument("--hosts", type=int, default=16, help="hosts of 8 GPUs (default 16)")
+    rp.add_argument(
+        "--speedup", type=float, default=1.0, help="divide arrival times by this (default 1)"
+    )
+    rp.add_argument("--mode", choices=["rigid"], default="rigid", help="rigid (atomized: issue 6)")
+    rp.add_argument("--seed", type=int, default=1)
+    rp.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    rp.set_defaults(func=cmd_replay)
 
 
 def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
@@ -417,3 +441,74 @@ def render_load(report: dict[str, Any], console: Console) -> None:
             f"{cost:.1f} us on this machine; its decisions are serialized",
             highlight=False,
         )
+
+
+def cmd_replay(args: argparse.Namespace, console: Console) -> int:
+    """Run the ``replay`` experiment and print a table or JSON."""
+    if not args.trace.exists():
+        raise InvalidArgument(f"{args.trace} does not exist", field="--trace")
+    if not 1 <= args.hosts <= 100_000:
+        raise InvalidArgument(f"must be in 1..100000, got {args.hosts}", field="--hosts")
+    if not 0 < args.speedup <= 10_000:
+        raise InvalidArgument(f"must be in (0, 10000], got {args.speedup}", field="--speedup")
+    if args.limit_jobs < 0:
+        raise InvalidArgument(f"must be >= 0, got {args.limit_jobs}", field="--limit-jobs")
+    spec = ReplaySpec(
+        trace=args.trace,
+        cluster=args.cluster,
+        limit_jobs=args.limit_jobs,
+        hosts=args.hosts,
+        speedup=args.speedup,
+        seed=args.seed,
+    )
+    progress = Progress(
+        TextColumn("[bold]sim replay[/bold] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    )
+    with progress:
+        task = progress.add_task("jobs", total=None)
+
+        def advance(policy: str, done: int, total: int) -> None:
+            progress.update(task, description=policy, completed=done, total=total)
+
+        try:
+            report = run_replay(spec, advance)
+        except (ValueError, KeyError, OSError) as exc:
+            raise InvalidArgument(str(exc).removeprefix("--trace: "), field="--trace") from None
+    if args.output == "json":
+        console.out(json.dumps(report, indent=2), highlight=False)
+        return 0
+    table = Table(
+        title=(
+            f"replay of {report['jobs']} jobs ({report['cluster']}) on {report['hosts']} hosts x "
+            f"{report['gpus_per_host']} GPUs, offered load {report['offered_load']:.2f}"
+        )
+    )
+    table.add_column("figure")
+    for name in report["policies"]:
+        table.add_column(name, justify="right")
+    rows = [
+        ("queue time mean / p50 / p99 (s)", "queue_seconds"),
+        ("JCT mean / p50 / p99 (s)", "jct_seconds"),
+    ]
+    for label, key in rows:
+        table.add_row(
+            label,
+            *(
+                f"{f[key]['mean']:.0f} / {f[key]['p50']:.0f} / {f[key]['p99']:.0f}"
+                for f in report["policies"].values()
+            ),
+        )
+    for label, key in (
+        ("GPU utilization", "gpu_utilization_ratio"),
+        ("fragmentation (share of GPUs)", "fragmentation_ratio"),
+        ("simulated events / s", "events_per_second"),
+    ):
+        table.add_row(label, *(f"{f[key]:.4g}" for f in report["policies"].values()))
+    console.print(table)
+    return 0

@@ -1,0 +1,142 @@
+"""``sim replay`` on small synthetic Philly-format traces, and a slice of the real one."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from laminar_agent.errors import InvalidArgument
+from laminar_sim.cli import register
+from laminar_sim.replay import FifoReplay, LaminarReplay, ReplaySpec, read_jobs, run_replay
+
+HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+
+
+def trace(tmp_path: Path, rows: list[tuple[str, float, int]], cluster: str = "c1") -> Path:
+    path = tmp_path / "philly_jobs_pollux.csv"
+    body = "".join(f"{t},{d},{g},{d * g},{cluster}\n" for t, d, g in rows)
+    path.write_text(HEADER + body)
+    return path
+
+
+def test_backfill_runs_a_short_job_ahead_of_a_blocked_gang_without_delaying_it(
+    tmp_path: Path,
+) -> None:
+    # 2 hosts x 8 GPUs. A: one host for 100 s. B (gang of 2 full hosts) waits for A.
+    # C: 1 GPU for 10 s fits on the other host and ends before B can start: backfilled.
+    # D: 1 GPU for 500 s would delay B: it waits.
+    path = trace(
+        tmp_path,
+        [
+            ("2017-10-01 00:00:00", 100, 8),
+            ("2017-10-01 00:00:01", 50, 16),
+            ("2017-10-01 00:00:02", 10, 1),
+            ("2017-10-01 00:00:03", 500, 1),
+        ],
+    )
+    spec = ReplaySpec(path, hosts=2)
+    jobs = read_jobs(spec)
+    laminar = LaminarReplay(spec, jobs)
+    laminar_report = laminar.run("laminar", None)
+    fifo = FifoReplay(spec, jobs)
+    fifo_report = fifo.run("fifo", None)
+    # Queue times in start order. Laminar: A 0, C 0 (backfilled), B 99 (when A ends, not
+    # later), D 147 (after B). FIFO: A 0, B 99, C 148, D 147.
+    assert sorted(laminar.stats.queue) == [0.0, 0.0, 99.0, 147.0]
+    assert sorted(fifo.stats.queue) == [0.0, 99.0, 147.0, 148.0]
+    assert fifo_report["queue_seconds"]["mean"] > laminar_report["queue_seconds"]["mean"]
+    assert laminar_report["finished"] == fifo_report["finished"] == 4
+
+
+def test_free_gpus_split_across_hosts_count_as_fragmentation(tmp_path: Path) -> None:
+    # Two 6-GPU jobs leave 2 + 2 GPUs free; a 4-GPU job needs them on one host and waits.
+    path = trace(
+        tmp_path,
+        [
+            ("2017-10-01 00:00:00", 100, 6),
+            ("2017-10-01 00:00:00", 100, 6),
+            ("2017-10-01 00:00:10", 10, 4),
+            ("2017-10-01 00:00:50", 10, 1),
+        ],
+    )
+    report = run_replay(ReplaySpec(path, hosts=2))
+    for figures in report["policies"].values():
+        # 4 of 16 GPUs free but useless to the head from 10 s to the last arrival at 50 s.
+        assert figures["fragmentation_ratio"] == pytest.approx(4 * 40 / (16 * 50))
+        assert figures["queue_seconds"]["p99"] == 90.0  # it waited for a 6-GPU job to end
+
+
+def test_every_job_ends_and_no_host_is_overcommitted(tmp_path: Path) -> None:
+    rows = [
+        (f"2017-10-01 00:{i // 60:02d}:{i % 60:02d}", 30 + (i * 7) % 90, [1, 2, 4, 8, 16][i % 5])
+        for i in range(120)
+    ]
+    spec = ReplaySpec(trace(tmp_path, rows), hosts=3)
+    report = run_replay(spec)
+    for figures in report["policies"].values():
+        assert figures["finished"] == report["jobs"] == 120
+        assert 0 < figures["gpu_utilization_ratio"] <= 1.0
+        assert 0 <= figures["fragmentation_ratio"] <= 1.0
+    again = run_replay(spec)
+    for name in report["policies"]:
+        report["policies"][name].pop("events_per_second")
+        again["policies"][name].pop("events_per_second")
+    assert report == again
+
+
+def test_jobs_bigger_than_the_cluster_are_left_out(tmp_path: Path) -> None:
+    spec = ReplaySpec(
+        trace(tmp_path, [("2017-10-01 00:00:00", 10, 64), ("2017-10-01 00:00:05", 10, 2)]), hosts=2
+    )
+    assert [j.gpus for j in read_jobs(spec)] == [2]
+
+
+def _cli(argv: list[str]) -> str:
+    parser = argparse.ArgumentParser(prog="laminar")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    assert args.func(args, Console(file=out, width=200)) == 0
+    return out.getvalue()
+
+
+def test_real_trace_slice_json(traces_dir: Path) -> None:
+    folder = traces_dir / "philly-pollux"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is not present")
+    report = json.loads(
+        _cli(
+            [
+                "sim",
+                "replay",
+                "--trace",
+                str(folder),
+                "--cluster",
+                "103959",
+                "--limit-jobs",
+                "300",
+                "--hosts",
+                "4",
+                "-o",
+                "json",
+            ]
+        )
+    )
+    assert report["jobs"] == 300
+    for figures in report["policies"].values():
+        assert figures["finished"] == 300
+        assert set(figures["queue_seconds"]) == {"mean", "p50", "p99"}
+
+
+def test_cli_bad_input_names_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        _cli(["sim", "replay", "--trace", str(tmp_path / "missing.csv")])
+    assert err.value.field == "--trace"
+    with pytest.raises(InvalidArgument) as err:
+        _cli(["sim", "replay", "--trace", str(tmp_path), "--hosts", "0"])
+    assert err.value.field == "--hosts"
