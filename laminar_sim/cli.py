@@ -92,6 +92,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     ld.add_argument(
         "--window-seconds", type=float, default=10.0, help="arrival window (default 10 s)"
     )
+    ld.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=2.0,
+        help="arrivals before this are run but not measured (default 2 s)",
+    )
     ld.add_argument("--zone-hosts", type=int, default=1000, help="hosts per zone (default 1000)")
     ld.add_argument(
         "--net-delay-ms", type=float, default=0.5, help="one-way message delay (default 0.5 ms)"
@@ -365,6 +371,7 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
         seed=args.seed,
         jobs=args.jobs,
         window_seconds=args.window_seconds,
+        warmup_seconds=args.warmup_seconds,
         zone_hosts=args.zone_hosts,
         net_delay_seconds=args.net_delay_ms / 1000.0,
         loss_ratio=args.loss,
