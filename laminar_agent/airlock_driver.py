@@ -270,7 +270,13 @@ class AirlockDriver:
             priority=int(spec.priority) or common_pb2.BATCH,
             lifecycle=int(spec.lifecycle) or common_pb2.LONG,
             declared_bytes=int(spec.resources.gpu_memory_bytes),
-            free_mode="release_signal" if spec.supports_release_signal else "checkpoint",
+            free_mode=(
+                "release_signal"
+                if spec.supports_release_signal
+                else "checkpoint"
+                if self.node.backend.frees_memory_on_suspend
+                else "none"
+            ),
             restartable=spec.restartable,
             started_unix=row.started_unix,
             readdress_count=_readdress_count(spec),

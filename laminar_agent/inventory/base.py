@@ -39,6 +39,10 @@ class GpuBackend(Protocol):
     """What the agent needs from a GPU inventory source."""
 
     name: str
+    #: Whether stopping a subjob's processes frees their GPU memory on this backend
+    #: (cuda-checkpoint, or the fake backend's emulation of it). When False, Airlock does
+    #: not count a plain stop as relief: a victim without the release signal is reclaimed.
+    frees_memory_on_suspend: bool
 
     def gpus(self) -> tuple[GpuInfo, ...]: ...
 

@@ -123,6 +123,8 @@ class FakeGpuBackend:
     """GpuBackend over GPUs described by a spec string; thread-safe."""
 
     name = "fake"
+    #: A suspended fake subjob's memory is detached, as cuda-checkpoint would free it.
+    frees_memory_on_suspend = True
 
     def __init__(
         self,

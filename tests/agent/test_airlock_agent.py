@@ -420,3 +420,43 @@ def test_release_memory_is_sent_once_then_reclaimed_with_slice_names(
         assert [s.slice_id for s in state.slices] == ["gpu0"]
     signals = usr1.read_text() if usr1.exists() else ""
     assert signals == "x", f"SIGUSR1 sent {len(signals)} times, once expected"
+
+
+# ---- a backend where a stop frees nothing (NVML without cuda-checkpoint) ----
+
+
+async def test_without_checkpoint_a_stop_is_not_relief_so_the_victim_is_reclaimed(
+    tmp_path: Path,
+) -> None:
+    host = ModelHost(base_bytes=10 * GIB, total_bytes=100 * GIB)
+    share = common_pb2.Resources(gpu_milli=400, gpu_memory_bytes=20 * GIB)
+    async with in_process_agent(
+        tmp_path, "1xA100-80GB:shared", host, reclaim_grace_seconds=0.5
+    ) as server:
+        assert server.state is not None
+        server.state.backend.frees_memory_on_suspend = False  # type: ignore[misc]
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            spec = _spec("opp", common_pb2.OPPORTUNISTIC, share, tmp_path / "gate")
+            reply = await stub.Probe(
+                agent_pb2.ProbeRequest(
+                    job_id=spec.job_id, resources=share, commit_if_fits=True, spec=spec
+                ),
+                timeout=10,
+            )
+            assert reply.subjob.state == common_pb2.RUNNING
+            await stub.InjectLoad(
+                agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=60 * GIB), timeout=10
+            )
+            terminal = {common_pb2.KILLED, common_pb2.FAILED, common_pb2.SUCCEEDED}
+            node = server.state.node
+
+            def ended() -> bool:
+                return "opp" not in node.live_states
+
+            await until(ended)
+            subjob = await stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id="opp"), timeout=10)
+            assert subjob.state in terminal and subjob.state == common_pb2.KILLED
+            assert "a stop frees nothing, so it is reclaimed" in subjob.reason
+            state = await stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=10), timeout=10)
+            assert [a.step for a in state.recent_actions] == ["reclaim"]
