@@ -1,0 +1,138 @@
+"""Submitter authentication: a table of per-tenant bearer tokens, stored only as SHA-256 hashes.
+
+The table is pure data (no gRPC): the server's interceptor asks :meth:`TokenTable.authenticate`
+for the caller and the servicer asks :func:`check_tenant_access` before touching a job. A bad
+file raises :class:`ConfigError` naming the entry, so a SIGHUP reload can keep the old table.
+Not covered here: router<->agent and peer trust (shared secret / mTLS).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import tomllib
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from laminar_agent.errors import ConfigError, PermissionDenied, Unauthenticated
+
+TOKEN_PREFIX = "sha256:"
+
+
+class Role(StrEnum):
+    TENANT = "tenant"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a tenant name and its role."""
+
+    tenant: str
+    role: Role
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN
+
+
+def hash_token(token: str) -> str:
+    """The stored form of a token; tokens are random, so a plain SHA-256 needs no salt."""
+    return TOKEN_PREFIX + hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh random bearer token (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+class TokenTable:
+    """Token hash -> principal; lookups compare hashes, never plaintext."""
+
+    def __init__(self, entries: dict[str, Principal]) -> None:
+        self._by_hash = dict(entries)
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+    @classmethod
+    def load(cls, path: Path) -> TokenTable:
+        """Read a TOML file of ``[[token]]`` tables with ``tenant``, ``role`` and ``hash``."""
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"tokens file {path}: {exc}", field="auth.tokens_file") from exc
+        rows = data.get("token", [])
+        if not isinstance(rows, list):
+            raise ConfigError(
+                f"tokens file {path}: 'token' must be an array of tables", field="token"
+            )
+        entries: dict[str, Principal] = {}
+        for i, row in enumerate(rows):
+            where = f"token[{i}]"
+            if not isinstance(row, dict):
+                raise ConfigError(f"{where} must be a table", field=where)
+            tenant = row.get("tenant")
+            if not isinstance(tenant, str) or not tenant:
+                raise ConfigError(
+                    f"{where}.tenant must be a non-empty string", field=f"{where}.tenant"
+                )
+            try:
+                role = Role(row.get("role", "tenant"))
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{where}.role must be tenant or admin", field=f"{where}.role"
+                ) from exc
+            digest = row.get("hash")
+            if (
+                not isinstance(digest, str)
+                or not digest.startswith(TOKEN_PREFIX)
+                or len(digest) != len(TOKEN_PREFIX) + 64
+            ):
+                raise ConfigError(
+                    f"{where}.hash must be 'sha256:' + 64 hex digits (plaintext is refused)",
+                    field=f"{where}.hash",
+                )
+            if digest in entries:
+                raise ConfigError(f"{where}.hash repeats an earlier entry", field=f"{where}.hash")
+            entries[digest] = Principal(tenant=tenant, role=role)
+        return cls(entries)
+
+    def authenticate(self, token: str | None) -> Principal:
+        """The caller behind a bearer token; UNAUTHENTICATED when missing or unknown."""
+        if not token:
+            raise Unauthenticated("missing bearer token (set LAMINAR_TOKEN)")
+        digest = hash_token(token)
+        for known, principal in self._by_hash.items():
+            if hmac.compare_digest(known, digest):
+                return principal
+        raise Unauthenticated("unknown bearer token")
+
+
+def bearer_from_metadata(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | None:
+    """The token from an ``authorization: Bearer <token>`` header, if any."""
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def check_tenant_access(principal: Principal | None, job_tenant: str) -> None:
+    """Refuse a tenant acting on another tenant's job; admins and auth-off (None) pass."""
+    if principal is None or principal.is_admin:
+        return
+    if principal.tenant != job_tenant:
+        raise PermissionDenied(f"tenant {principal.tenant!r} may not act on jobs of another tenant")
+
+
+def require_admin(principal: Principal | None, action: str) -> None:
+    """Refuse administrative actions (drain, pressure injection, all-tenant usage) to tenants."""
+    if principal is not None and not principal.is_admin:
+        raise PermissionDenied(
+            f"{action} needs the admin role; caller is tenant {principal.tenant!r}"
+        )

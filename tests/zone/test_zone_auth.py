@@ -1,0 +1,78 @@
+"""Token table and access checks (pure part of submitter auth; the server wiring is still to come)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from laminar_agent.errors import ConfigError, PermissionDenied, Unauthenticated
+from laminar_zone.auth import (
+    Principal,
+    Role,
+    TokenTable,
+    bearer_from_metadata,
+    check_tenant_access,
+    hash_token,
+    new_token,
+    require_admin,
+)
+
+
+def write_tokens(path: Path, rows: list[tuple[str, str, str]]) -> None:
+    body = "".join(f'[[token]]\ntenant = "{t}"\nrole = "{r}"\nhash = "{h}"\n\n' for t, r, h in rows)
+    path.write_text(body)
+
+
+def test_known_token_maps_to_its_tenant_and_others_are_refused(tmp_path: Path) -> None:
+    alice, root = new_token(), new_token()
+    path = tmp_path / "tokens.toml"
+    write_tokens(path, [("alice", "tenant", hash_token(alice)), ("ops", "admin", hash_token(root))])
+    table = TokenTable.load(path)
+    assert alice not in path.read_text()
+    assert table.authenticate(alice) == Principal("alice", Role.TENANT)
+    assert table.authenticate(root).is_admin
+    with pytest.raises(Unauthenticated):
+        table.authenticate("wrong")
+    with pytest.raises(Unauthenticated):
+        table.authenticate(None)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('[[token]]\ntenant = "a"\nhash = "plaintext"\n', "token[0].hash"),
+        ('[[token]]\ntenant = ""\nhash = "sha256:' + "0" * 64 + '"\n', "token[0].tenant"),
+        (
+            '[[token]]\ntenant = "a"\nrole = "root"\nhash = "sha256:' + "0" * 64 + '"\n',
+            "token[0].role",
+        ),
+        ("not toml [", "auth.tokens_file"),
+    ],
+)
+def test_bad_tokens_file_names_the_field(tmp_path: Path, body: str, field: str) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as info:
+        TokenTable.load(path)
+    assert info.value.field == field
+
+
+def test_access_rules() -> None:
+    alice = Principal("alice", Role.TENANT)
+    admin = Principal("ops", Role.ADMIN)
+    check_tenant_access(alice, "alice")
+    check_tenant_access(admin, "bob")
+    check_tenant_access(None, "bob")
+    with pytest.raises(PermissionDenied):
+        check_tenant_access(alice, "bob")
+    require_admin(admin, "drain")
+    with pytest.raises(PermissionDenied):
+        require_admin(alice, "drain")
+
+
+def test_bearer_header_parsing() -> None:
+    assert bearer_from_metadata((("authorization", "Bearer abc"),)) == "abc"
+    assert bearer_from_metadata((("authorization", b"bearer xyz"),)) == "xyz"
+    assert bearer_from_metadata((("authorization", "Basic abc"),)) is None
+    assert bearer_from_metadata(None) is None
