@@ -113,6 +113,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--policies", default="laminar,central", help="laminar, central or both (default)"
     )
     ld.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    ld.add_argument("--plot", type=Path, help="save the latency CDF of each policy to this PNG")
     ld.set_defaults(func=cmd_load)
 
     rp = experiments.add_parser(
@@ -136,6 +137,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     rp.add_argument("--mode", choices=["rigid"], default="rigid", help="rigid (atomized: issue 6)")
     rp.add_argument("--seed", type=int, default=1)
     rp.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    rp.add_argument("--plot", type=Path, help="save the queue-time CDF of each policy to this PNG")
     rp.set_defaults(func=cmd_replay)
 
 
@@ -293,6 +295,33 @@ def save_plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def save_cdf(report: dict[str, Any], key: str, xlabel: str, title: str, path: Path) -> None:
+    """The CDF of each policy's ``key`` percentiles (1..100), log x axis."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is in the dev and plots extras
+        raise FailedPrecondition(
+            "--plot needs matplotlib (pip install 'laminar[plots]')", field="--plot"
+        ) from None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for policy, figures in report["policies"].items():
+        values = figures.get(key) or []
+        if values:
+            ax.plot([max(v, 1e-3) for v in values], list(range(1, len(values) + 1)), label=policy)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("percentile")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _trace_dirs(args: argparse.Namespace) -> tuple[Path, Path | None]:
     if args.trace_dir is None:
         if args.workload != "default":
@@ -383,6 +412,8 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         flag, _, message = str(exc).partition(": ")
         raise InvalidArgument(message, field=flag) from None
+    if args.plot is not None:
+        _check_plot_target(args.plot)
     progress = Progress(
         TextColumn("[bold]sim load[/bold] {task.description}"),
         BarColumn(),
@@ -399,6 +430,10 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
             progress.update(task, description=policy, completed=done, total=total)
 
         report = run_load(spec, advance)
+    if args.plot is not None:
+        title = f"sim load: {report['hosts']} hosts, load {report['load']:g}, seed {report['seed']}"
+        save_cdf(report, "latency_percentiles_ms", "arrival to start (ms, log)", title, args.plot)
+        report["plot"] = str(args.plot)
     if args.output == "json":
         console.out(json.dumps(report, indent=2), highlight=False)
     else:
@@ -460,6 +495,8 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
         raise InvalidArgument(f"must be in (0, 10000], got {args.speedup}", field="--speedup")
     if args.limit_jobs < 0:
         raise InvalidArgument(f"must be >= 0, got {args.limit_jobs}", field="--limit-jobs")
+    if args.plot is not None:
+        _check_plot_target(args.plot)
     spec = ReplaySpec(
         trace=args.trace,
         cluster=args.cluster,
@@ -487,6 +524,12 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
             report = run_replay(spec, advance)
         except (ValueError, KeyError, OSError) as exc:
             raise InvalidArgument(str(exc).removeprefix("--trace: "), field="--trace") from None
+    if args.plot is not None:
+        title = (
+            f"sim replay: {report['jobs']} jobs ({report['cluster']}) on {report['hosts']} hosts"
+        )
+        save_cdf(report, "queue_percentiles_seconds", "queue time (s, log)", title, args.plot)
+        report["plot"] = str(args.plot)
     if args.output == "json":
         console.out(json.dumps(report, indent=2), highlight=False)
         return 0

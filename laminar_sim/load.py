@@ -253,6 +253,8 @@ class Outcome:
             "latency_p50_ms": pct(0.50),
             "latency_p99_ms": pct(0.99),
             "latency_mean_ms": round(1000 * statistics.fmean(lat), 3) if lat else 0.0,
+            #: Latency at each percentile 1..100, for plots (drops at their deadline).
+            "latency_percentiles_ms": [pct(q / 100) for q in range(1, 101)],
             "probes_per_placement": round(self.probes / placed, 3),
             "bounces_per_placement": round(self.bounces / placed, 3),
             "view_lookups_per_placement": round(self.view_lookups / placed, 3),

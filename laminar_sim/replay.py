@@ -132,6 +132,7 @@ class _Stats:
             "finished": len(self.jct),
             "queue_seconds": summary(self.queue),
             "jct_seconds": summary(self.jct),
+            "queue_percentiles_seconds": _percentiles(self.queue),
             "gpu_utilization_ratio": round(self.busy_gpu_seconds / (capacity * span), 4),
             "fragmentation_ratio": round(self.frag_gpu_seconds / (capacity * span), 4),
             "makespan_seconds": round(self.makespan, 1),
@@ -140,6 +141,17 @@ class _Stats:
             "events_processed": self.events,
             "events_per_second": round(self.events / self.wall_seconds) if self.wall_seconds else 0,
         }
+
+
+def _percentiles(values: list[float]) -> list[float]:
+    """Each percentile 1..100 of ``values`` (nearest rank), for plots."""
+    if not values:
+        return []
+    ordered = sorted(values)
+    return [
+        round(ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))], 1)
+        for q in range(1, 101)
+    ]
 
 
 class _Replay:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,3 +121,29 @@ def test_cli_json_fields_and_bad_input() -> None:
     with pytest.raises(InvalidArgument) as err:
         _cli(["sim", "load", "--hosts", "20", "--load", "3"])
     assert err.value.field == "--load"
+
+
+def test_cli_plot_writes_a_png(tmp_path: Path) -> None:
+    png = tmp_path / "load.png"
+    report = json.loads(
+        _cli(
+            [
+                "sim",
+                "load",
+                "--hosts",
+                "20",
+                "--load",
+                "0.5",
+                "--window-seconds",
+                "3",
+                "--plot",
+                str(png),
+                "-o",
+                "json",
+            ]
+        )
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for figures in report["policies"].values():
+        cdf = figures["latency_percentiles_ms"]
+        assert len(cdf) == 100 and cdf == sorted(cdf)

@@ -140,3 +140,26 @@ def test_cli_bad_input_names_the_flag(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument) as err:
         _cli(["sim", "replay", "--trace", str(tmp_path), "--hosts", "0"])
     assert err.value.field == "--hosts"
+
+
+def test_cli_plot_writes_a_png(tmp_path: Path) -> None:
+    rows = [(f"2017-10-01 00:00:{i:02d}", 20 + i, [1, 2, 8][i % 3]) for i in range(30)]
+    png = tmp_path / "replay.png"
+    report = json.loads(
+        _cli(
+            [
+                "sim",
+                "replay",
+                "--trace",
+                str(trace(tmp_path, rows)),
+                "--hosts",
+                "2",
+                "--plot",
+                str(png),
+                "-o",
+                "json",
+            ]
+        )
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert all(len(f["queue_percentiles_seconds"]) == 100 for f in report["policies"].values())
