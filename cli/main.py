@@ -22,7 +22,13 @@ import grpc
 from rich.console import Console
 
 from cli import agents, demo, jobs, up
-from cli.zoneclient import DEFAULT_ZONE, ZONE_ENV, resolve_zone_address
+from cli.zoneclient import (
+    DEFAULT_ZONE,
+    ZONE_ENV,
+    resolve_token,
+    resolve_zone_address,
+    set_token,
+)
 from laminar_agent.errors import InvalidArgument, LaminarError
 
 EXIT_OK = 0
@@ -94,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     address = DEFAULT_ZONE
     try:
         args = build_parser().parse_args(argv)
+        set_token(resolve_token(env))
         address = resolve_zone_address(getattr(args, "zone", None), env)
         args.zone_address = address
         address = getattr(args, "agent", None) or address  # commands that bypass the router

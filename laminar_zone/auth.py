@@ -17,6 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from laminar_agent.errors import ConfigError, PermissionDenied, Unauthenticated
+from laminar_zone.limits import RateLimiter
 
 TOKEN_PREFIX = "sha256:"
 
@@ -136,3 +137,66 @@ def require_admin(principal: Principal | None, action: str) -> None:
         raise PermissionDenied(
             f"{action} needs the admin role; caller is tenant {principal.tenant!r}"
         )
+
+
+class Guard:
+    """What the router's servicer asks before acting: who calls, and may they now.
+
+    ``table`` is None when no tokens file is configured (every caller passes, as one
+    anonymous principal ``None``). :meth:`reload` rereads the file and keeps the old
+    table when the new one is bad, so a SIGHUP never locks everyone out.
+    """
+
+    def __init__(
+        self,
+        tokens_file: str,
+        *,
+        submit_limiter: RateLimiter,
+        probe_limiter: RateLimiter,
+        max_queued_per_tenant: int = 0,
+    ) -> None:
+        self.tokens_file = tokens_file
+        self.table: TokenTable | None = TokenTable.load(Path(tokens_file)) if tokens_file else None
+        self.submit_limiter = submit_limiter
+        self.probe_limiter = probe_limiter
+        self.max_queued_per_tenant = max_queued_per_tenant
+
+    @property
+    def enabled(self) -> bool:
+        return self.table is not None
+
+    def reload(self) -> str:
+        """Reread the tokens file; a line for the log saying what happened."""
+        if not self.tokens_file:
+            return "no auth.tokens_file configured; nothing to reload"
+        try:
+            table = TokenTable.load(Path(self.tokens_file))
+        except ConfigError as exc:
+            return f"tokens file not reloaded, the old table stays: {exc.message}"
+        self.table = table
+        return f"tokens file reloaded: {len(table)} token(s)"
+
+    def caller(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> Principal | None:
+        """The authenticated caller, or None with auth off; UNAUTHENTICATED otherwise."""
+        if self.table is None:
+            return None
+        return self.table.authenticate(bearer_from_metadata(metadata))
+
+    def submit_tenant(self, principal: Principal | None, tenant: str) -> str:
+        """The tenant a new job belongs to: the caller's; another one only for an admin."""
+        if principal is None:
+            return tenant
+        if tenant and tenant != principal.tenant and not principal.is_admin:
+            raise PermissionDenied(
+                f"tenant {principal.tenant!r} may not submit for tenant {tenant!r}"
+            )
+        return tenant or principal.tenant
+
+
+def open_guard() -> Guard:
+    """No authentication and no limits (tests and embedded use)."""
+    return Guard(
+        "",
+        submit_limiter=RateLimiter("Submit", 0.0, 1),
+        probe_limiter=RateLimiter("ProbeJob", 0.0, 1),
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from laminar_agent.configlib import doc
 from laminar_agent.errors import ConfigError, InvalidArgument
@@ -82,6 +83,31 @@ class PlacementSettings:
 
 
 @dataclass(frozen=True)
+class AuthSettings:
+    tokens_file: str = field(
+        default="",
+        metadata=doc(
+            "TOML file of per-tenant bearer tokens, stored as sha256 hashes; reread on SIGHUP. "
+            "Empty: submitters are not authenticated (the router warns at start)"
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class LimitsSettings:
+    submit_per_second: float = field(
+        default=0.0, metadata=doc("Submit calls per tenant per second; 0 = no limit [1/s]")
+    )
+    probe_per_second: float = field(
+        default=0.0, metadata=doc("ProbeJob calls per tenant per second; 0 = no limit [1/s]")
+    )
+    burst: int = field(default=20, metadata=doc("calls a tenant may make at once [count]"))
+    max_queued_per_tenant: int = field(
+        default=0, metadata=doc("unfinished jobs one tenant may have; 0 = no cap [count]")
+    )
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     tenant_shares: str = field(
         default="",
@@ -130,6 +156,8 @@ class ZoneConfig:
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
     peers: PeerSettings = field(default_factory=PeerSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
 
     def validate(self) -> None:
         for key, value in (
@@ -174,6 +202,18 @@ class ZoneConfig:
             raise ConfigError("must be >= 0", field="placement.regenerations")
         if self.peers.gamma < 0:
             raise ConfigError("must be >= 0", field="peers.gamma")
+        for key, rate in (
+            ("limits.submit_per_second", self.limits.submit_per_second),
+            ("limits.probe_per_second", self.limits.probe_per_second),
+        ):
+            if not 0 <= rate <= 1e6:
+                raise ConfigError(f"must be in 0..1000000, got {rate}", field=key)
+        if self.limits.burst < 1:
+            raise ConfigError(f"must be >= 1, got {self.limits.burst}", field="limits.burst")
+        if self.limits.max_queued_per_tenant < 0:
+            raise ConfigError("must be >= 0", field="limits.max_queued_per_tenant")
+        if self.auth.tokens_file and not Path(self.auth.tokens_file).is_file():
+            raise ConfigError(f"no such file {self.auth.tokens_file!r}", field="auth.tokens_file")
         self.shares()
         self.quotas()
 

@@ -10,10 +10,12 @@ the journal; running subjobs are untouched (agents own them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,10 @@ from laminar_agent.daemon import serve_until_signalled
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.sdnotify import Notifier
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_zone.auth import Guard, open_guard
 from laminar_zone.config import ZoneConfig
 from laminar_zone.jobs import ZoneState
+from laminar_zone.limits import RateLimiter
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.peers import PeerRouter
 from laminar_zone.service import ZoneControlService, ZoneService
@@ -58,6 +62,7 @@ class ZoneServer:
         self.metrics_address = ""
         self.state: ZoneState | None = None
         self.peers: PeerRouter | None = None
+        self.guard: Guard = open_guard()
         self._server: grpc.aio.Server | None = None
         self._metrics_http: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -74,8 +79,27 @@ class ZoneServer:
         log.info("journal recovery: %d live job(s) reloaded from %s", recovered, store.path)
         self.peers = PeerRouter(self.state, cfg.peers)
         self.state.forwarder = self.peers.forward
+        self.guard = Guard(
+            cfg.auth.tokens_file,
+            submit_limiter=RateLimiter("Submit", cfg.limits.submit_per_second, cfg.limits.burst),
+            probe_limiter=RateLimiter("ProbeJob", cfg.limits.probe_per_second, cfg.limits.burst),
+            max_queued_per_tenant=cfg.limits.max_queued_per_tenant,
+        )
+        if self.guard.table is None:
+            log.warning(
+                "no auth.tokens_file: submitters are not authenticated; any caller may act on "
+                "any job (fine for a local cluster, not for a shared fleet)"
+            )
+        else:
+            log.info(
+                "submitter auth on: %d token(s) from %s",
+                len(self.guard.table),
+                cfg.auth.tokens_file,
+            )
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tokens)
         server = grpc.aio.server(options=server_options())
-        zone_pb2_grpc.add_ZoneServicer_to_server(ZoneService(self.state), server)
+        zone_pb2_grpc.add_ZoneServicer_to_server(ZoneService(self.state, self.guard), server)
         zone_pb2_grpc.add_ZoneControlServicer_to_server(
             ZoneControlService(self.state, self.peers), server
         )
@@ -141,6 +165,10 @@ class ZoneServer:
                 await asyncio.wait_for(self.stop_event.wait(), period)
             except TimeoutError:
                 pass
+
+    def reload_tokens(self) -> None:
+        """SIGHUP: reread the tokens file; running work and connections are untouched."""
+        log.info("SIGHUP: %s", self.guard.reload())
 
     async def stop(self) -> None:
         self.status = Status.DRAINING

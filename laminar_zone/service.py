@@ -11,39 +11,77 @@ import grpc
 from laminar_agent.errors import InvalidArgument, Unavailable
 from laminar_agent.grpcutil import check_str, map_errors
 from laminar_api.v1 import agent_pb2, zone_pb2, zone_pb2_grpc
+from laminar_zone.auth import Guard, Principal, check_tenant_access, open_guard, require_admin
 from laminar_zone.jobs import ZoneState
+from laminar_zone.limits import check_queued
 from laminar_zone.peers import PeerRouter
+from laminar_zone.store import TERMINAL_JOB_STATES
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
 class ZoneService(zone_pb2_grpc.ZoneServicer):
-    def __init__(self, state: ZoneState) -> None:
+    """The submitter API. With auth on, every call names its caller (a bearer token);
+    tenants act on their own jobs only, and administrative calls need the admin role."""
+
+    def __init__(self, state: ZoneState, guard: Guard | None = None) -> None:
         self._state = state
+        self._guard = guard if guard is not None else open_guard()
+
+    def _caller(self, context: Ctx) -> Principal | None:
+        metadata = context.invocation_metadata() or ()
+        return self._guard.caller(tuple((str(k), v) for k, v in metadata))
+
+    def _own_job(self, context: Ctx, job_id: str) -> None:
+        principal = self._caller(context)
+        if principal is not None and not principal.is_admin:
+            check_tenant_access(principal, self._state.get(job_id).spec.tenant)
+
+    def _admit(self, principal: Principal | None, spec: zone_pb2.JobSpec) -> None:
+        """Tenant, rate limit and queued-job cap of a new job (Submit and CommitJob)."""
+        spec.tenant = self._guard.submit_tenant(principal, spec.tenant)
+        self._guard.submit_limiter.take(spec.tenant)
+        cap = self._guard.max_queued_per_tenant
+        if cap:
+            queued = sum(
+                1
+                for e in self._state.entries.values()
+                if e.job.spec.tenant == spec.tenant and e.job.state not in TERMINAL_JOB_STATES
+            )
+            check_queued(spec.tenant, queued, cap)
 
     @map_errors
     async def Submit(self, request: zone_pb2.SubmitRequest, context: Ctx) -> zone_pb2.Job:
+        self._admit(self._caller(context), request.spec)
         return await self._state.submit(request.spec, request.client_request_id)
 
     @map_errors
     async def GetJob(self, request: zone_pb2.GetJobRequest, context: Ctx) -> zone_pb2.Job:
+        self._own_job(context, request.job_id)
         return self._state.get(request.job_id)
 
     @map_errors
     async def ListJobs(
         self, request: zone_pb2.ListJobsRequest, context: Ctx
     ) -> zone_pb2.ListJobsReply:
-        jobs = self._state.list(request.tenant, list(request.states), request.limit)
+        principal = self._caller(context)
+        tenant = request.tenant
+        if principal is not None and not principal.is_admin:
+            check_tenant_access(principal, tenant or principal.tenant)
+            tenant = principal.tenant
+        jobs = self._state.list(tenant, list(request.states), request.limit)
         return zone_pb2.ListJobsReply(jobs=jobs)
 
     @map_errors
     async def CancelJob(self, request: zone_pb2.CancelJobRequest, context: Ctx) -> zone_pb2.Job:
+        self._own_job(context, request.job_id)
         return await self._state.cancel(request.job_id, request.reason)
 
     @map_errors
     async def WatchJob(
         self, request: zone_pb2.WatchJobRequest, context: Ctx
     ) -> AsyncIterator[zone_pb2.JobEvent]:
+        self._own_job(context, request.job_id)
         async for job in self._state.watch(request.job_id):
             yield zone_pb2.JobEvent(job=job, at_unix=time.time())
 
@@ -51,6 +89,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     async def GetLogs(
         self, request: zone_pb2.GetLogsRequest, context: Ctx
     ) -> zone_pb2.GetLogsReply:
+        self._own_job(context, request.job_id)
         return await self._state.logs(
             request.job_id, request.subjob_id, request.stream, request.offset, request.max_bytes
         )
@@ -59,16 +98,21 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     async def ProbeJob(
         self, request: zone_pb2.ProbeJobRequest, context: Ctx
     ) -> zone_pb2.ProbeJobReply:
+        principal = self._caller(context)
+        request.spec.tenant = self._guard.submit_tenant(principal, request.spec.tenant)
+        self._guard.probe_limiter.take(request.spec.tenant)
         return await self._state.probe(request)
 
     @map_errors
     async def CommitJob(self, request: zone_pb2.CommitJobRequest, context: Ctx) -> zone_pb2.Job:
+        self._admit(self._caller(context), request.spec)
         return await self._state.commit_leases(request)
 
     @map_errors
     async def ListAgents(
         self, request: zone_pb2.ListAgentsRequest, context: Ctx
     ) -> zone_pb2.ListAgentsReply:
+        self._caller(context)
         records = sorted(self._state.view.agents.values(), key=lambda r: r.agent_id)
         return zone_pb2.ListAgentsReply(agents=[self._state.agent_info(r) for r in records])
 
@@ -76,18 +120,21 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     async def DrainAgent(
         self, request: zone_pb2.DrainAgentRequest, context: Ctx
     ) -> zone_pb2.AgentInfo:
+        require_admin(self._caller(context), "drain")
         return await self._state.drain(request.agent, request.reason, True)
 
     @map_errors
     async def UndrainAgent(
         self, request: zone_pb2.DrainAgentRequest, context: Ctx
     ) -> zone_pb2.AgentInfo:
+        require_admin(self._caller(context), "undrain")
         return await self._state.drain(request.agent, request.reason, False)
 
     @map_errors
     async def GetAgentAirlock(
         self, request: zone_pb2.GetAgentAirlockRequest, context: Ctx
     ) -> agent_pb2.AirlockState:
+        self._caller(context)
         record = self._state.resolve_agent(request.agent)
         stub = self._state.clients.stub(record.address)
         try:
@@ -101,6 +148,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     async def InjectPressure(
         self, request: zone_pb2.InjectPressureRequest, context: Ctx
     ) -> agent_pb2.InjectLoadReply:
+        require_admin(self._caller(context), "pressure injection")
         record = self._state.resolve_agent(request.agent)
         stub = self._state.clients.stub(record.address)
         try:
@@ -118,7 +166,12 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     async def GetUsage(
         self, request: zone_pb2.GetUsageRequest, context: Ctx
     ) -> zone_pb2.GetUsageReply:
-        return self._state.usage(request.tenant, request.since_unix)
+        principal = self._caller(context)
+        tenant = request.tenant
+        if principal is not None and not principal.is_admin:
+            check_tenant_access(principal, tenant or principal.tenant)
+            tenant = principal.tenant
+        return self._state.usage(tenant, request.since_unix)
 
     async def Bid(
         self, request_iterator: AsyncIterator[zone_pb2.BidMessage], context: Ctx
