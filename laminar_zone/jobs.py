@@ -34,6 +34,7 @@ from laminar_agent.errors import (
 from laminar_agent.grpcutil import check_number, check_str
 from laminar_agent.node import demand_from
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_zone.audit import AuditLog
 from laminar_zone.config import ZoneConfig
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import Need, expected_start
@@ -149,6 +150,8 @@ class ZoneState:
         self.zone_name = config.server.zone_name
         self.store = store
         self.metrics = metrics
+        #: Append-only audit log (the server sets it; None in embedded use).
+        self.audit: AuditLog | None = None
         self.rng = rng or random.Random()
         stale = config.membership.heartbeat_seconds * config.membership.stale_after_periods
         self.view = ZoneView(stale)
@@ -717,6 +720,14 @@ class ZoneState:
         acked_actions = 0
         for action in request.airlock_actions:
             acked_actions = max(acked_actions, action.seq)
+            if action.step == "reclaim" and not action.dry_run and self.audit is not None:
+                self.audit.append(
+                    f"airlock@{agent_id}",
+                    "preemption" if action.reason.startswith("preempted:") else "reclamation",
+                    f"{action.job_id}/{action.subjob_id}",
+                    action.reason,
+                    agent_seq=action.seq,
+                )
             log.info(
                 "airlock on %s: %s%s subjob %s on %s: %s (freed %d bytes)",
                 agent_id,

@@ -26,6 +26,7 @@ from laminar_agent.daemon import serve_until_signalled
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.sdnotify import Notifier
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import Guard, open_guard
 from laminar_zone.config import ZoneConfig
 from laminar_zone.jobs import ZoneState
@@ -75,6 +76,7 @@ class ZoneServer:
         store = JobStore(state_dir / "zone.db")
         metrics = ZoneMetrics()
         self.state = ZoneState(cfg, store, metrics)
+        self.state.audit = AuditLog(state_dir / AUDIT_FILE)
         recovered = self.state.recover()
         log.info("journal recovery: %d live job(s) reloaded from %s", recovered, store.path)
         self.peers = PeerRouter(self.state, cfg.peers)

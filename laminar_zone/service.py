@@ -32,6 +32,11 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         metadata = context.invocation_metadata() or ()
         return self._guard.caller(tuple((str(k), v) for k, v in metadata))
 
+    def _audit(self, principal: Principal | None, action: str, target: str, reason: str) -> None:
+        if self._state.audit is not None:
+            actor = "anonymous" if principal is None else f"{principal.tenant} ({principal.role})"
+            self._state.audit.append(actor, action, target, reason)
+
     def _own_job(self, context: Ctx, job_id: str) -> None:
         principal = self._caller(context)
         if principal is not None and not principal.is_admin:
@@ -75,7 +80,9 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     @map_errors
     async def CancelJob(self, request: zone_pb2.CancelJobRequest, context: Ctx) -> zone_pb2.Job:
         self._own_job(context, request.job_id)
-        return await self._state.cancel(request.job_id, request.reason)
+        job = await self._state.cancel(request.job_id, request.reason)
+        self._audit(self._caller(context), "cancel", request.job_id, request.reason)
+        return job
 
     @map_errors
     async def WatchJob(
@@ -120,15 +127,21 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     async def DrainAgent(
         self, request: zone_pb2.DrainAgentRequest, context: Ctx
     ) -> zone_pb2.AgentInfo:
-        require_admin(self._caller(context), "drain")
-        return await self._state.drain(request.agent, request.reason, True)
+        principal = self._caller(context)
+        require_admin(principal, "drain")
+        info = await self._state.drain(request.agent, request.reason, True)
+        self._audit(principal, "drain", info.agent_id, request.reason)
+        return info
 
     @map_errors
     async def UndrainAgent(
         self, request: zone_pb2.DrainAgentRequest, context: Ctx
     ) -> zone_pb2.AgentInfo:
-        require_admin(self._caller(context), "undrain")
-        return await self._state.drain(request.agent, request.reason, False)
+        principal = self._caller(context)
+        require_admin(principal, "undrain")
+        info = await self._state.drain(request.agent, request.reason, False)
+        self._audit(principal, "undrain", info.agent_id, request.reason)
+        return info
 
     @map_errors
     async def GetAgentAirlock(
@@ -148,8 +161,15 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     async def InjectPressure(
         self, request: zone_pb2.InjectPressureRequest, context: Ctx
     ) -> agent_pb2.InjectLoadReply:
-        require_admin(self._caller(context), "pressure injection")
+        principal = self._caller(context)
+        require_admin(principal, "pressure injection")
         record = self._state.resolve_agent(request.agent)
+        self._audit(
+            principal,
+            "inject_pressure",
+            record.agent_id,
+            f"gpu {request.load.gpu_index} used_bytes {request.load.used_bytes}",
+        )
         stub = self._state.clients.stub(record.address)
         try:
             return await stub.InjectLoad(request.load, timeout=10)

@@ -23,6 +23,7 @@ from zonekit import HEARTBEAT_SECONDS, TERMINAL, Zone, open_zone
 from airlock.traces import choose_sharing_group, load_memory_curves
 from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2
+from laminar_zone.audit import AUDIT_FILE, AuditLog
 
 GIB = 1024**3
 GPU = "1xA100-80GB:shared"
@@ -145,6 +146,14 @@ def test_injected_pressure_walks_the_ladder_and_spares_critical_and_resident(
     # Lowest class first: every relief round on h1 names opp before batch.
     relief = [a.job_id for a in h1_actions if a.step == "suspend"]
     assert relief == [opp, batch, opp, batch], relief
+    audit = AuditLog(Path(cluster.root) / "zone-a" / AUDIT_FILE)
+
+    def reclamations_audited() -> bool:
+        rows = [a for a in audit.read() if a["action"] == "reclamation"]
+        return {r["target"].split("/")[0] for r in rows} == {batch, opp}
+
+    wait_for(reclamations_audited)
+    assert all(a["actor"] == "airlock@h2" for a in audit.read() if a["action"] == "reclamation")
     h2_steps = [(a.step, a.job_id) for a in _actions(h2)]
     assert h2_steps[:2] == [("suspend", opp), ("suspend", batch)], h2_steps
     gate.write_text("go")

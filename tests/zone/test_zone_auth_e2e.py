@@ -22,6 +22,7 @@ from zonekit import HEARTBEAT_SECONDS
 
 from cli.cluster import LocalCluster, ZoneProcess
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import hash_token
 
 TOKENS = {"alice": "alice-secret-token", "bob": "bob-secret-token", "ops": "ops-admin-token"}
@@ -152,6 +153,11 @@ def test_tokens_roles_and_tenant_isolation_on_every_submitter_rpc(
         for name in ("DrainAgent", "UndrainAgent", "GetJob", "ListAgents", "GetUsage"):
             got = code_of(lambda name=name: calls[name](meta("ops")))  # type: ignore[misc]
             assert got == grpc.StatusCode.OK, (name, got)
+        audit = AuditLog(zone.state_dir / AUDIT_FILE).read()
+        assert [(a["actor"], a["action"], a["target"]) for a in audit] == [
+            ("ops (admin)", "drain", "h1"),
+            ("ops (admin)", "undrain", "h1"),
+        ]
         own = stub.ListJobs(zone_pb2.ListJobsRequest(), metadata=meta("alice"), timeout=10)
         assert [j.job_id for j in own.jobs] == [job_id]
 
