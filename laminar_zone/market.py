@@ -1,0 +1,358 @@
+"""The atomization market as pure code: contracts, feasibility, bids, clearing, calibration.
+
+A job that declares an atomization contract is run as a sequence of subjobs, each sized
+to a window of free capacity an agent advertised. This module decides, without I/O:
+
+* **Contract validation** (:func:`contract_from`): every field checked, errors name it.
+* **Feasibility** (:func:`feasibility`): P(peak memory <= window memory and
+  units x seconds-per-unit + checkpoint overhead <= window length), read from the
+  profile's quantiles (piecewise-linear CDF). Memory and time are taken as independent;
+  the time of ``n`` units is ``n`` times one draw of seconds-per-unit (fully correlated
+  units: conservative for long subjobs).
+* **Bidding** (:func:`best_bid`): the most units (within min/max and what is left) whose
+  feasibility is at least ``1 - epsilon`` (binary search: feasibility falls with units).
+* **Clearing** (:func:`clear`): each window goes to at most one bid and each job wins at
+  most one window per round, greedily by the policy's score; ties break on (job id,
+  agent id, slice id), so a round is a pure function of its bids.
+  Policies: ``utilization`` (capacity x time the subjob fills), ``fair`` (the tenant's
+  deficit against its weighted share), ``responsive`` (how long the job has waited),
+  and ``blend`` (the default: a weighted sum of the three).
+* **Calibration** (:class:`Calibrator`): observed seconds-per-unit and peak memory of
+  finished subjobs feed a conformal-style inflation factor per resource, so that the
+  share of subjobs that overrun their ``1 - epsilon`` prediction tracks ``epsilon``. An
+  overrun also widens the profile at once (:meth:`Calibrator.overran`).
+
+No dual prices: contention is priced only through the clearing scores. Documented in
+docs/atomization.md when the market is wired into the router.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from laminar_agent.errors import InvalidArgument
+
+POLICIES = ("utilization", "fair", "responsive", "blend")
+DEFAULT_EPSILON = 0.05
+#: ``blend`` weights (utilization, fair, responsive).
+DEFAULT_BLEND = (0.5, 0.25, 0.25)
+#: Waiting time at which ``responsive`` gives half its maximum score.
+RESPONSIVE_HALF_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """A distribution given by (probability, value) points, increasing in both."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def value_at(self, q: float) -> float:
+        """The q-quantile (linear between points, flat beyond the ends)."""
+        qs = [p for p, _ in self.points]
+        i = bisect.bisect_left(qs, q)
+        if i == 0:
+            return self.points[0][1]
+        if i >= len(self.points):
+            return self.points[-1][1]
+        (q0, v0), (q1, v1) = self.points[i - 1], self.points[i]
+        return v0 + (v1 - v0) * (q - q0) / (q1 - q0) if q1 > q0 else v1
+
+    def cdf(self, x: float) -> float:
+        """P(X <= x): 0 below the first point's value... 1 at and above the last point's."""
+        first_q, first_v = self.points[0]
+        last_q, last_v = self.points[-1]
+        if x >= last_v:
+            return 1.0 if last_q >= 0.999 or x > last_v else last_q
+        if x < first_v:
+            return 0.0
+        for (q0, v0), (q1, v1) in zip(self.points, self.points[1:], strict=False):
+            if v0 <= x <= v1:
+                return q0 + (q1 - q0) * ((x - v0) / (v1 - v0) if v1 > v0 else 1.0)
+        return first_q
+
+    def scaled(self, factor: float) -> Quantiles:
+        return Quantiles(tuple((q, v * factor) for q, v in self.points))
+
+
+@dataclass(frozen=True)
+class Profile:
+    seconds_per_unit: Quantiles
+    peak_memory_bytes: Quantiles
+
+
+@dataclass(frozen=True)
+class Contract:
+    total_units: int
+    profile: Profile
+    checkpoint_overhead_seconds: float
+    min_units: int
+    max_units: int
+    epsilon: float
+
+
+def quantiles_from(rows: Sequence[tuple[float, float]], field_name: str) -> Quantiles:
+    """Validated quantile points; InvalidArgument names ``field_name``."""
+    if not rows:
+        raise InvalidArgument("at least one quantile is required", field=field_name)
+    points = sorted((float(q), float(v)) for q, v in rows)
+    for i, (q, v) in enumerate(points):
+        if not 0.0 < q <= 1.0 or not math.isfinite(v) or v < 0:
+            raise InvalidArgument(
+                f"quantile {q} of value {v}: q must be in (0, 1] and the value >= 0",
+                field=f"{field_name}[{i}]",
+            )
+        if i and (q == points[i - 1][0] or v < points[i - 1][1]):
+            raise InvalidArgument(
+                "quantiles must have distinct q and values that do not decrease",
+                field=f"{field_name}[{i}]",
+            )
+    return Quantiles(tuple(points))
+
+
+def contract_from(
+    *,
+    total_units: int,
+    seconds_per_unit: Sequence[tuple[float, float]],
+    peak_memory_bytes: Sequence[tuple[float, float]],
+    checkpoint_overhead_seconds: float = 0.0,
+    min_units: int = 0,
+    max_units: int = 0,
+    epsilon: float = 0.0,
+    prefix: str = "spec.atomization",
+) -> Contract:
+    """A checked contract (the router's Submit path); 0 means the default where allowed."""
+    if not 1 <= total_units <= 10**12:
+        raise InvalidArgument(
+            f"must be in 1..10^12, got {total_units}", field=f"{prefix}.total_units"
+        )
+    low = min_units or 1
+    high = max_units or total_units
+    if low > high:
+        raise InvalidArgument(f"{low} > max_units {high}", field=f"{prefix}.min_units")
+    if high > total_units:
+        raise InvalidArgument(f"{high} > total_units {total_units}", field=f"{prefix}.max_units")
+    if not 0 <= checkpoint_overhead_seconds <= 86400:
+        raise InvalidArgument(
+            f"must be in 0..86400 s, got {checkpoint_overhead_seconds}",
+            field=f"{prefix}.checkpoint_overhead_seconds",
+        )
+    eps = epsilon or DEFAULT_EPSILON
+    if not 0 < eps < 0.5:
+        raise InvalidArgument(f"must be in (0, 0.5), got {eps}", field=f"{prefix}.epsilon")
+    profile = Profile(
+        quantiles_from(seconds_per_unit, f"{prefix}.seconds_per_unit"),
+        quantiles_from(peak_memory_bytes, f"{prefix}.peak_memory_bytes"),
+    )
+    return Contract(total_units, profile, checkpoint_overhead_seconds, low, high, eps)
+
+
+@dataclass(frozen=True)
+class MarketWindow:
+    """A slice's free capacity for a while (``laminar.v1.Window``, reduced)."""
+
+    agent_id: str
+    slice_id: str
+    memory_bytes: int
+    gpu_milli: int
+    length_seconds: float  # math.inf when open-ended
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.agent_id, self.slice_id)
+
+
+def feasibility(profile: Profile, units: int, window: MarketWindow, overhead: float) -> float:
+    """P(peak memory fits the window and the units plus the checkpoint end in time)."""
+    memory_ok = profile.peak_memory_bytes.cdf(float(window.memory_bytes))
+    if math.isinf(window.length_seconds):
+        return memory_ok
+    budget = window.length_seconds - overhead
+    if budget <= 0 or units <= 0:
+        return 0.0
+    time_ok = profile.seconds_per_unit.cdf(budget / units)
+    return memory_ok * time_ok
+
+
+@dataclass(frozen=True)
+class Bid:
+    job_id: str
+    tenant: str
+    window: MarketWindow
+    unit_start: int
+    unit_count: int
+    feasibility: float
+    expected_seconds: float
+    waited_seconds: float
+
+
+def best_bid(
+    job_id: str,
+    tenant: str,
+    contract: Contract,
+    profile: Profile,
+    window: MarketWindow,
+    next_unit: int,
+    waited_seconds: float,
+) -> Bid | None:
+    """The largest subjob for ``window`` that fits with probability >= 1 - epsilon."""
+    left = contract.total_units - next_unit
+    if left <= 0:
+        return None
+    low = min(contract.min_units, left)
+    high = min(contract.max_units, left)
+    target = 1.0 - contract.epsilon
+    overhead = contract.checkpoint_overhead_seconds
+    if feasibility(profile, low, window, overhead) < target:
+        return None
+    while low < high:  # feasibility does not grow with units
+        mid = (low + high + 1) // 2
+        if feasibility(profile, mid, window, overhead) >= target:
+            low = mid
+        else:
+            high = mid - 1
+    median = profile.seconds_per_unit.value_at(0.5)
+    return Bid(
+        job_id,
+        tenant,
+        window,
+        next_unit,
+        low,
+        feasibility(profile, low, window, overhead),
+        low * median + overhead,
+        waited_seconds,
+    )
+
+
+@dataclass(frozen=True)
+class ClearingContext:
+    """What the fair and blend scores need about tenants."""
+
+    #: Tenant -> GPU-seconds it ran recently (its usage).
+    usage: Mapping[str, float] = field(default_factory=dict)
+    #: Tenant -> weight of its fair share (unlisted: 1).
+    shares: Mapping[str, float] = field(default_factory=dict)
+    blend: tuple[float, float, float] = DEFAULT_BLEND
+
+
+def utilization_score(bid: Bid) -> float:
+    """Capacity x time the subjob fills: its share of the window (1 = fills it)."""
+    w = bid.window
+    if math.isinf(w.length_seconds) or w.length_seconds <= 0:
+        return min(1.0, bid.expected_seconds / 3600.0)  # open window: longer work is better
+    return min(1.0, bid.expected_seconds / w.length_seconds)
+
+
+def fair_score(bid: Bid, ctx: ClearingContext) -> float:
+    """The tenant's deficit: 1 for a tenant that ran nothing, falling with usage per share."""
+    used = ctx.usage.get(bid.tenant, 0.0) / max(ctx.shares.get(bid.tenant, 1.0), 1e-9)
+    total = sum(ctx.usage.values()) or 1.0
+    return 1.0 - min(1.0, used / total)
+
+
+def responsive_score(bid: Bid) -> float:
+    """Waiting time, saturating: 0.5 at RESPONSIVE_HALF_SECONDS."""
+    return bid.waited_seconds / (bid.waited_seconds + RESPONSIVE_HALF_SECONDS)
+
+
+def score(bid: Bid, policy: str, ctx: ClearingContext) -> float:
+    if policy == "utilization":
+        return utilization_score(bid)
+    if policy == "fair":
+        return fair_score(bid, ctx)
+    if policy == "responsive":
+        return responsive_score(bid)
+    if policy == "blend":
+        wu, wf, wr = ctx.blend
+        return wu * utilization_score(bid) + wf * fair_score(bid, ctx) + wr * responsive_score(bid)
+    raise InvalidArgument(f"unknown clearing policy {policy!r}", field="market.policy")
+
+
+@dataclass(frozen=True)
+class Award:
+    bid: Bid
+    score: float
+
+
+def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) -> list[Award]:
+    """One round: windows to the best bids, one window per job, deterministic ties."""
+    context = ctx or ClearingContext()
+    scored = sorted(
+        ((score(b, policy, context), b) for b in bids),
+        key=lambda sb: (-sb[0], sb[1].job_id, sb[1].window.agent_id, sb[1].window.slice_id),
+    )
+    taken_windows: set[tuple[str, str]] = set()
+    taken_jobs: set[str] = set()
+    awards = []
+    for value, bid in scored:
+        if bid.window.key in taken_windows or bid.job_id in taken_jobs:
+            continue
+        taken_windows.add(bid.window.key)
+        taken_jobs.add(bid.job_id)
+        awards.append(Award(bid, value))
+    return awards
+
+
+class Calibrator:
+    """Conformal-style inflation of a job's profile from its finished subjobs.
+
+    For each resource it keeps the ratios observed / declared (1 - epsilon)-quantile. The
+    inflation factor is the finite-sample-corrected (1 - epsilon) quantile of those ratios
+    (never below 1 before ``min_samples`` observations, so a new job is not trusted to be
+    faster than declared), which makes the share of future overruns track epsilon.
+    """
+
+    def __init__(self, declared: Profile, epsilon: float, min_samples: int = 5) -> None:
+        self.declared = declared
+        self.epsilon = epsilon
+        self.min_samples = min_samples
+        self.time_ratios: list[float] = []
+        self.memory_ratios: list[float] = []
+        self.widen = 1.0
+        self.observed = 0
+        self.violations = 0
+
+    def _factor(self, ratios: list[float]) -> float:
+        if not ratios:
+            return self.widen
+        ordered = sorted(ratios)
+        n = len(ordered)
+        rank = min(n, math.ceil((n + 1) * (1.0 - self.epsilon)))
+        conformal = ordered[rank - 1]
+        if n < self.min_samples:
+            conformal = max(1.0, conformal)
+        return max(conformal, 1e-6) * self.widen
+
+    def profile(self) -> Profile:
+        """The declared profile scaled by the current inflation factors."""
+        return Profile(
+            self.declared.seconds_per_unit.scaled(self._factor(self.time_ratios)),
+            self.declared.peak_memory_bytes.scaled(self._factor(self.memory_ratios)),
+        )
+
+    def observe(self, seconds_per_unit: float, peak_memory_bytes: float) -> bool:
+        """A finished subjob's figures; True if it overran the current prediction."""
+        current = self.profile()
+        q = 1.0 - self.epsilon
+        overran = seconds_per_unit > current.seconds_per_unit.value_at(q) or (
+            peak_memory_bytes > current.peak_memory_bytes.value_at(q)
+        )
+        self.observed += 1
+        self.violations += int(overran)
+        base_time = max(self.declared.seconds_per_unit.value_at(q), 1e-12)
+        base_memory = max(self.declared.peak_memory_bytes.value_at(q), 1e-12)
+        self.time_ratios.append(seconds_per_unit / base_time)
+        self.memory_ratios.append(peak_memory_bytes / base_memory)
+        self.widen = 1.0  # the overrun's real figures are in the ratios now
+        return overran
+
+    def overran(self, factor: float = 1.5) -> None:
+        """A subjob ran out of its window or memory (it restarts from its checkpoint):
+        widen every prediction at once, until its figures are observed."""
+        self.widen *= factor
+
+    @property
+    def violation_rate(self) -> float:
+        return self.violations / self.observed if self.observed else 0.0
