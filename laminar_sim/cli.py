@@ -162,15 +162,7 @@ def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
         _check_plot_target(args.plot)
 
     total = len(policies) * len(seeds)
-    progress = Progress(
-        TextColumn("[bold]sim fgd[/bold] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not sys.stderr.isatty(),
-    )
+    progress = _progress("sim fgd")
     with progress:
         task = progress.add_task(f"{args.workload}", total=total)
 
@@ -414,15 +406,7 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
         raise InvalidArgument(message, field=flag) from None
     if args.plot is not None:
         _check_plot_target(args.plot)
-    progress = Progress(
-        TextColumn("[bold]sim load[/bold] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not sys.stderr.isatty(),
-    )
+    progress = _progress("sim load")
     with progress:
         task = progress.add_task("arrivals", total=spec.task_count)
 
@@ -505,15 +489,7 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
         speedup=args.speedup,
         seed=args.seed,
     )
-    progress = Progress(
-        TextColumn("[bold]sim replay[/bold] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not sys.stderr.isatty(),
-    )
+    progress = _progress("sim replay")
     with progress:
         task = progress.add_task("jobs", total=None)
 
@@ -562,3 +538,16 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
         table.add_row(label, *(f"{f[key]:.4g}" for f in report["policies"].values()))
     console.print(table)
     return 0
+
+
+def _progress(title: str) -> Progress:
+    """A transient progress bar on stderr, shown only on a terminal."""
+    return Progress(
+        TextColumn(f"[bold]{title}[/bold] {{task.description}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    )
