@@ -107,7 +107,7 @@ class ResourcePhase(_message.Message):
     def __init__(self, name: _Optional[str] = ..., units: _Optional[int] = ..., seconds_per_unit: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ..., peak_memory_bytes: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ...) -> None: ...
 
 class AtomizationContract(_message.Message):
-    __slots__ = ("total_units", "seconds_per_unit", "peak_memory_bytes", "phases", "checkpoint_overhead_seconds", "min_units", "max_units", "epsilon")
+    __slots__ = ("total_units", "seconds_per_unit", "peak_memory_bytes", "phases", "checkpoint_overhead_seconds", "min_units", "max_units", "epsilon", "checkpoint_dir")
     TOTAL_UNITS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_PER_UNIT_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,7 @@ class AtomizationContract(_message.Message):
     MIN_UNITS_FIELD_NUMBER: _ClassVar[int]
     MAX_UNITS_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     total_units: int
     seconds_per_unit: _containers.RepeatedCompositeFieldContainer[Quantile]
     peak_memory_bytes: _containers.RepeatedCompositeFieldContainer[Quantile]
@@ -124,7 +125,8 @@ class AtomizationContract(_message.Message):
     min_units: int
     max_units: int
     epsilon: float
-    def __init__(self, total_units: _Optional[int] = ..., seconds_per_unit: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ..., peak_memory_bytes: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ..., phases: _Optional[_Iterable[_Union[ResourcePhase, _Mapping]]] = ..., checkpoint_overhead_seconds: _Optional[float] = ..., min_units: _Optional[int] = ..., max_units: _Optional[int] = ..., epsilon: _Optional[float] = ...) -> None: ...
+    checkpoint_dir: str
+    def __init__(self, total_units: _Optional[int] = ..., seconds_per_unit: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ..., peak_memory_bytes: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ..., phases: _Optional[_Iterable[_Union[ResourcePhase, _Mapping]]] = ..., checkpoint_overhead_seconds: _Optional[float] = ..., min_units: _Optional[int] = ..., max_units: _Optional[int] = ..., epsilon: _Optional[float] = ..., checkpoint_dir: _Optional[str] = ...) -> None: ...
 
 class Window(_message.Message):
     __slots__ = ("agent_id", "slice_id", "kind", "mig_profile", "gpu_milli", "memory_bytes", "start_unix", "end_unix", "gpu_model")
@@ -240,7 +242,7 @@ class SubjobSpec(_message.Message):
     def __init__(self, subjob_id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., lifecycle: _Optional[_Union[LifecycleClass, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., unit_start: _Optional[int] = ..., unit_count: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., grace_seconds: _Optional[float] = ..., supports_release_signal: _Optional[bool] = ..., restartable: _Optional[bool] = ..., value: _Optional[float] = ..., expected_seconds: _Optional[float] = ...) -> None: ...
 
 class Subjob(_message.Message):
-    __slots__ = ("spec", "agent_id", "slice_ids", "device_uuids", "state", "reason", "exit_code", "signal", "created_unix", "started_unix", "ended_unix", "run_seconds", "peak_rss_bytes", "peak_gpu_memory_bytes", "pid", "stdout_path", "stderr_path", "gpu_memory_used_bytes", "suspended_seconds", "lease_id")
+    __slots__ = ("spec", "agent_id", "slice_ids", "device_uuids", "state", "reason", "exit_code", "signal", "created_unix", "started_unix", "ended_unix", "run_seconds", "peak_rss_bytes", "peak_gpu_memory_bytes", "pid", "stdout_path", "stderr_path", "gpu_memory_used_bytes", "suspended_seconds", "lease_id", "units_done")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SLICE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +263,7 @@ class Subjob(_message.Message):
     GPU_MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     SUSPENDED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNITS_DONE_FIELD_NUMBER: _ClassVar[int]
     spec: SubjobSpec
     agent_id: str
     slice_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -281,7 +284,8 @@ class Subjob(_message.Message):
     gpu_memory_used_bytes: int
     suspended_seconds: float
     lease_id: str
-    def __init__(self, spec: _Optional[_Union[SubjobSpec, _Mapping]] = ..., agent_id: _Optional[str] = ..., slice_ids: _Optional[_Iterable[str]] = ..., device_uuids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[SubjobState, str]] = ..., reason: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., created_unix: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., run_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ..., pid: _Optional[int] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., gpu_memory_used_bytes: _Optional[int] = ..., suspended_seconds: _Optional[float] = ..., lease_id: _Optional[str] = ...) -> None: ...
+    units_done: int
+    def __init__(self, spec: _Optional[_Union[SubjobSpec, _Mapping]] = ..., agent_id: _Optional[str] = ..., slice_ids: _Optional[_Iterable[str]] = ..., device_uuids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[SubjobState, str]] = ..., reason: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., created_unix: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., run_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ..., pid: _Optional[int] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., gpu_memory_used_bytes: _Optional[int] = ..., suspended_seconds: _Optional[float] = ..., lease_id: _Optional[str] = ..., units_done: _Optional[int] = ...) -> None: ...
 
 class SubjobEvent(_message.Message):
     __slots__ = ("seq", "subjob", "at_unix")
