@@ -63,6 +63,10 @@ class ZoneSettings:
     heartbeat_seconds: float = field(
         default=1.0, metadata=doc("heartbeat period to the zone router", unit="seconds")
     )
+    max_windows: int = field(
+        default=16,
+        metadata=doc("most time x capacity windows advertised per heartbeat (atomization)"),
+    )
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,8 @@ class AgentConfig:
             raise ConfigError("must be in (0, 60] s", field="arbitration.lease_ttl_seconds")
         if self.zone.heartbeat_seconds <= 0:
             raise ConfigError("must be > 0", field="zone.heartbeat_seconds")
+        if not 0 <= self.zone.max_windows <= 1024:
+            raise ConfigError("must be in 0..1024", field="zone.max_windows")
         _validate_airlock(self.airlock)
 
     def replace_server(self, **changes: object) -> AgentConfig:

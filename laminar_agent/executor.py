@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 ADOPT_POLL_SECONDS = 0.2
 #: Subjob ids name a directory under the state dir, so they must be one safe path component.
 _SAFE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+PROGRESS_FILE = "progress"
 GPU_MEM_FILE = "gpu_mem"
 _RESERVED_EXACT = frozenset({"CUDA_VISIBLE_DEVICES"})
 _RESERVED_PREFIX = "LAMINAR_"
@@ -170,6 +171,7 @@ class Executor:
         env["LAMINAR_UNIT_COUNT"] = str(spec.unit_count)
         if spec.unit_count > 0:
             env["LAMINAR_CHECKPOINT_DIR"] = spec.checkpoint_dir
+            env["LAMINAR_PROGRESS_FILE"] = str(Path(spec.checkpoint_dir) / PROGRESS_FILE)
         env["LAMINAR_GPU_MEM_FILE"] = str(sdir / GPU_MEM_FILE)
         return env
 
@@ -191,6 +193,10 @@ class Executor:
             raise InvalidArgument(f"{spec.subjob_id!r} is already running", field="subjob_id")
         sdir = self.subjob_dir(spec.subjob_id)
         sdir.mkdir(parents=True, exist_ok=True)
+        if spec.unit_count > 0:
+            if not spec.checkpoint_dir:
+                raise InvalidArgument("an atomized subjob needs one", field="checkpoint_dir")
+            Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         for stale in (EXIT_FILE, "exec_error"):
             with contextlib.suppress(FileNotFoundError):
                 (sdir / stale).unlink()
@@ -373,3 +379,29 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tracked.clear()
+
+
+def units_from_checkpoint(
+    checkpoint_dir: str, unit_start: int, unit_count: int, exited_ok: bool
+) -> tuple[int, str]:
+    """Units an atomized subjob's checkpoint covers, read from ``checkpoint_dir/progress``
+    (the index of the next unit to do, written by the subjob after each checkpoint).
+
+    A subjob that exited 0 without the file did all its units (the contract: do exactly
+    your units, checkpoint, exit 0); one that was stopped without it did none that count.
+    A value outside ``unit_start..unit_start+unit_count`` (a file from an earlier subjob,
+    or garbage) counts as none. Returns the units and a note for the reason.
+    """
+    path = Path(checkpoint_dir) / PROGRESS_FILE
+    try:
+        text = path.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        return (unit_count, "") if exited_ok else (0, "no checkpoint progress")
+    try:
+        next_unit = int(text)
+    except ValueError:
+        return 0, f"unreadable checkpoint progress {text[:32]!r}"
+    done = next_unit - unit_start
+    if not 0 <= done <= unit_count:
+        return 0, f"checkpoint progress {next_unit} outside {unit_start}..{unit_start + unit_count}"
+    return done, f"checkpoint covers {done} of {unit_count} unit(s)"

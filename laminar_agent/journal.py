@@ -18,7 +18,7 @@ from typing import Any
 
 from laminar_agent.errors import InvalidArgument, NotFound
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DB_FILE = "agent.db"
 
 _SCHEMA = """
@@ -51,7 +51,8 @@ CREATE TABLE IF NOT EXISTS subjobs (
     peak_gpu_memory_bytes INTEGER NOT NULL,
     run_seconds REAL NOT NULL,
     suspended_seconds REAL NOT NULL,
-    lease_id TEXT NOT NULL
+    lease_id TEXT NOT NULL,
+    units_done INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS subjobs_job ON subjobs(job_id);
 CREATE TABLE IF NOT EXISTS events (
@@ -113,6 +114,8 @@ class SubjobRow:
     run_seconds: float = 0.0
     suspended_seconds: float = 0.0
     lease_id: str = ""
+    #: Atomized subjobs: units covered by its checkpoint when it ended.
+    units_done: int = 0
     #: Read-only, joined from the subjob's lease (empty once the lease is gone);
     #: recovery needs them to re-adopt the allocation. Never written by put_subjob.
     allocations_json: str = ""
@@ -187,6 +190,10 @@ class Journal:
             )
         if version < SCHEMA_VERSION:
             self._conn.execute("BEGIN IMMEDIATE")
+            if version == 1:  # v2 added subjobs.units_done
+                self._conn.execute(
+                    "ALTER TABLE subjobs ADD COLUMN units_done INTEGER NOT NULL DEFAULT 0"
+                )
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     self._conn.execute(stmt)

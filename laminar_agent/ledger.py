@@ -95,6 +95,17 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class FreeWindow:
+    """Capacity on one slice from ``start_unix`` to ``end_unix`` (0 = open-ended)."""
+
+    slice: Slice
+    milli: int
+    memory_bytes: int
+    start_unix: float
+    end_unix: float
+
+
+@dataclass(frozen=True)
 class Demand:
     """One gang member's needs on this host; at most one GPU shape is set."""
 
@@ -302,6 +313,54 @@ class Ledger:
             )
             for shape, rows in sorted(groups.items())
         ]
+
+    def windows(
+        self,
+        now_unix: float,
+        busy_until: Mapping[str, float],
+        max_windows: int,
+        reserved_until: Mapping[str, float] | None = None,
+    ) -> list[FreeWindow]:
+        """Time x capacity windows for atomized work, at most ``max_windows``.
+
+        * a slice with no demand on it: its whole capacity from now, open-ended
+          (``end_unix`` 0), or until a reservation on it begins (``reserved_until``);
+        * a shared GPU with room left: the free share and memory from now;
+        * a busy slice whose holders declared when they end (``busy_until``: slice id
+          -> the latest expected end): its whole capacity from then, open-ended.
+
+        A reserved slice (held for a preemption) advertises nothing. Windows that
+        start now come first, larger memory first, then by slice id, so the cut at
+        ``max_windows`` keeps what can be used at once and the order is deterministic.
+        """
+        held = reserved_until or {}
+        out: list[FreeWindow] = []
+        for s in self.slices.values():
+            if s.slice_id in self._reserved:
+                continue
+            free_milli, free_memory = self._free(s)
+            if self._unused(s):
+                out.append(
+                    FreeWindow(
+                        s,
+                        s.capacity_milli,
+                        s.memory_total_bytes,
+                        now_unix,
+                        held.get(s.slice_id, 0.0),
+                    )
+                )
+            elif s.kind is SliceKind.SHARED_GPU and free_milli > 0 and free_memory > 0:
+                out.append(FreeWindow(s, free_milli, free_memory, now_unix, 0.0))
+            elif busy_until.get(s.slice_id, 0.0) > now_unix:
+                out.append(
+                    FreeWindow(
+                        s, s.capacity_milli, s.memory_total_bytes, busy_until[s.slice_id], 0.0
+                    )
+                )
+        out.sort(
+            key=lambda w: (w.start_unix > now_unix, w.start_unix, -w.memory_bytes, w.slice.slice_id)
+        )
+        return out[: max(0, max_windows)]
 
     # ------------------------------------------------------------------- fits
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from airlock.policy import PRIORITY_NAMES
 from laminar_agent.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
-from laminar_agent.executor import Executor, ExitInfo, LaunchSpec
+from laminar_agent.executor import Executor, ExitInfo, LaunchSpec, units_from_checkpoint
 from laminar_agent.grpcutil import check_number, check_str
 from laminar_agent.inventory import GpuBackend, GpuInfo
 from laminar_agent.inventory.fake import FakeGpuBackend
@@ -148,8 +148,11 @@ class Node:
         preempt_grace_seconds: float = 5.0,
         airlock_dry_run: bool = False,
         metrics: AgentMetrics | None = None,
+        max_windows: int = 16,
     ) -> None:
         self.agent_id = agent_id
+        #: Bound on the windows advertised in one summary (atomization).
+        self.max_windows = max_windows
         self.backend = backend
         self.state_dir = state_dir
         self.batch_seconds = batch_seconds
@@ -642,12 +645,20 @@ class Node:
             )
         if context:
             reason = f"{reason}; {context}"
+        spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
+        units_done = 0
+        if spec.unit_count > 0:
+            units_done, note = units_from_checkpoint(
+                spec.checkpoint_dir, spec.unit_start, spec.unit_count, state == "SUCCEEDED"
+            )
+            reason = f"{reason}; {note}" if note else reason
         self.journal.update_subjob(
             row.subjob_id,
             exit_code=info.exit_code if info.exit_code is not None else -1,
             signal=info.signal or 0,
             peak_rss_bytes=info.peak_rss_bytes,
             run_seconds=info.run_seconds,
+            units_done=units_done,
         )
         self._finish(row.subjob_id, state, reason, info.ended_unix)
 
@@ -740,6 +751,7 @@ class Node:
             stdout_path=str(directory / "stdout"),
             stderr_path=str(directory / "stderr"),
             lease_id=row.lease_id,
+            units_done=row.units_done,
         )
 
     def slice_name(self, device_uuid: str) -> str:
@@ -811,7 +823,9 @@ class Node:
             data=data, next_offset=offset + len(data), eof=ended and offset + len(data) >= size
         )
 
-    def summary(self) -> common_pb2.AgentSummary:
+    def summary(self, *, with_windows: bool = False) -> common_pb2.AgentSummary:
+        """Free capacity per shape; with ``with_windows`` (heartbeats) also the windows
+        atomized jobs bid for. Probe replies skip the windows: they are on the hot path."""
         summary = common_pb2.AgentSummary(
             agent_id=self.agent_id,
             pending_probes=self.pending_probes,
@@ -832,7 +846,39 @@ class Node:
         states = list(self.live_states.values())
         summary.running_subjobs = states.count("RUNNING") + states.count("STARTING")
         summary.suspended_subjobs = states.count("SUSPENDED")
+        if with_windows:
+            self._fill_windows(summary, summary.generated_unix)
         return summary
+
+    def _fill_windows(self, summary: common_pb2.AgentSummary, now_unix: float) -> None:
+        """Windows from the ledger; busy slices open when their holders are expected to end
+        (started + declared expected_seconds, the latest holder on a shared slice)."""
+        busy_until: dict[str, float] = {}
+        if self.live_states:
+            for row in self.journal.subjobs(states=sorted(set(self.live_states.values()))):
+                spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
+                if spec.expected_seconds <= 0 or row.started_unix <= 0:
+                    continue
+                end = row.started_unix + spec.expected_seconds
+                for slice_id in json.loads(row.slice_ids_json):
+                    busy_until[slice_id] = max(busy_until.get(slice_id, 0.0), end)
+        kinds = {
+            SliceKind.WHOLE_GPU: common_pb2.WHOLE_GPU,
+            SliceKind.MIG: common_pb2.MIG,
+            SliceKind.SHARED_GPU: common_pb2.SHARED_GPU,
+        }
+        for w in self.ledger.windows(now_unix, busy_until, self.max_windows):
+            summary.windows.add(
+                agent_id=self.agent_id,
+                slice_id=w.slice.slice_id,
+                kind=kinds[w.slice.kind],
+                mig_profile=w.slice.mig_profile,
+                gpu_milli=w.milli,
+                memory_bytes=w.memory_bytes,
+                start_unix=w.start_unix,
+                end_unix=w.end_unix,
+                gpu_model=w.slice.gpu_model,
+            )
 
     async def close(self) -> None:
         for task in list(self._background):

@@ -92,6 +92,7 @@ class AgentServer:
             lease_ttl_seconds=cfg.arbitration.lease_ttl_seconds,
             airlock=cfg.airlock,
             host_memory=self._host_memory,
+            max_windows=cfg.zone.max_windows,
         )
         adopted, lost = self.state.node.recover()
         log.info("journal recovery: %d subjob(s) re-adopted, %d ended while down", adopted, lost)
@@ -130,10 +131,11 @@ class AgentServer:
         self._tasks.append(asyncio.create_task(self._tick(), name="agent-tick"))
         if cfg.zone.zone:
             node = self.state.node
+            state = self.state
             self.heartbeat = HeartbeatClient(
                 cfg.zone.zone,
                 cfg.zone.heartbeat_seconds,
-                self.state.summary_message,
+                lambda: state.summary_message(with_windows=True),
                 node.journal,
                 node.event_message,
                 readdress_ids=self.state.airlock.readdress_ids,

@@ -72,7 +72,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def GetSummary(
         self, request: agent_pb2.GetSummaryRequest, context: Ctx
     ) -> common_pb2.AgentSummary:
-        return self._state.summary_message()
+        return self._state.summary_message(with_windows=True)
 
     @map_errors
     async def ListSubjobs(

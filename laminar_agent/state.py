@@ -44,6 +44,7 @@ class AgentState:
         lease_ttl_seconds: float = 0.2,
         airlock: AirlockSettings | None = None,
         host_memory: HostMemorySource | None = None,
+        max_windows: int = 16,
     ) -> None:
         """``host_memory`` replaces psutil as the host signal (tests, simulation)."""
         self.agent_id = agent_id
@@ -63,6 +64,7 @@ class AgentState:
             preempt_grace_seconds=settings.reclaim_grace_seconds,
             airlock_dry_run=settings.dry_run,
             metrics=metrics,
+            max_windows=max_windows,
         )
         #: Pressure levels per device with hysteresis (Airlock's signal stage).
         self.levels = LevelTracker(settings.slice_marks())
@@ -209,8 +211,8 @@ class AgentState:
         summary.hostname = self.hostname
         summary.generation = self.generation
 
-    def summary_message(self) -> common_pb2.AgentSummary:
-        summary = self.node.summary()
+    def summary_message(self, *, with_windows: bool = False) -> common_pb2.AgentSummary:
+        summary = self.node.summary(with_windows=with_windows)
         self.fill_summary(summary)
         return summary
 
