@@ -211,6 +211,8 @@ class AirlockDriver:
                 since = now
                 self._suspended_since[subjob_id] = now
             pid = self.node.executor.pid_of(subjob_id) if want_rss else None
+            observed = self._observed_bytes(subjob_id, static.declared_bytes) if devices else 0
+            self.node.note_gpu_memory(subjob_id, observed)
             views.append(
                 SubjobView(
                     subjob_id=subjob_id,
@@ -219,9 +221,7 @@ class AirlockDriver:
                     priority=static.priority,
                     lifecycle=static.lifecycle,
                     declared_bytes=static.declared_bytes,
-                    observed_bytes=self._observed_bytes(subjob_id, static.declared_bytes)
-                    if devices
-                    else 0,
+                    observed_bytes=observed,
                     started_at=static.started_unix,
                     work_since_checkpoint_seconds=max(0.0, time.time() - static.started_unix)
                     if static.started_unix

@@ -175,6 +175,8 @@ class Node:
         self.is_draining = False
         #: Live (non-terminal) subjob states, kept in memory so summaries stay off the journal.
         self.live_states: dict[str, str] = {}
+        #: Live subjobs' peak GPU memory as Airlock's poll saw it (journaled at exit).
+        self._peak_gpu: dict[str, int] = {}
         #: Live subjobs the agent is stopping (TERMINATE sent): never chosen as victims again.
         self.terminating: set[str] = set()
         self.preempt_grace_seconds = preempt_grace_seconds
@@ -659,6 +661,9 @@ class Node:
             peak_rss_bytes=info.peak_rss_bytes,
             run_seconds=info.run_seconds,
             units_done=units_done,
+            peak_gpu_memory_bytes=max(
+                row.peak_gpu_memory_bytes, self._peak_gpu.pop(row.subjob_id, 0)
+            ),
         )
         self._finish(row.subjob_id, state, reason, info.ended_unix)
 
@@ -746,13 +751,20 @@ class Node:
             ended_unix=row.ended_unix,
             run_seconds=row.run_seconds,
             peak_rss_bytes=row.peak_rss_bytes,
-            peak_gpu_memory_bytes=row.peak_gpu_memory_bytes,
+            peak_gpu_memory_bytes=max(
+                row.peak_gpu_memory_bytes, self._peak_gpu.get(row.subjob_id, 0)
+            ),
             pid=row.pid,
             stdout_path=str(directory / "stdout"),
             stderr_path=str(directory / "stderr"),
             lease_id=row.lease_id,
             units_done=row.units_done,
         )
+
+    def note_gpu_memory(self, subjob_id: str, used_bytes: int) -> None:
+        """A poll's reading of a live subjob's GPU memory; the peak is kept."""
+        if subjob_id in self.live_states and used_bytes > self._peak_gpu.get(subjob_id, 0):
+            self._peak_gpu[subjob_id] = used_bytes
 
     def slice_name(self, device_uuid: str) -> str:
         """The slice name the API uses for a device (``gpu0``, ``gpu1/3g.40gb@0``); a device
@@ -823,9 +835,13 @@ class Node:
             data=data, next_offset=offset + len(data), eof=ended and offset + len(data) >= size
         )
 
-    def summary(self, *, with_windows: bool = False) -> common_pb2.AgentSummary:
+    def summary(
+        self, *, with_windows: bool = False, pressured: frozenset[str] = frozenset()
+    ) -> common_pb2.AgentSummary:
         """Free capacity per shape; with ``with_windows`` (heartbeats) also the windows
-        atomized jobs bid for. Probe replies skip the windows: they are on the hot path."""
+        atomized jobs bid for. Probe replies skip the windows: they are on the hot path.
+        Slices under memory pressure (``pressured``: slice or GPU names) advertise none:
+        new work there would only be Airlock's next victim."""
         summary = common_pb2.AgentSummary(
             agent_id=self.agent_id,
             pending_probes=self.pending_probes,
@@ -847,10 +863,12 @@ class Node:
         summary.running_subjobs = states.count("RUNNING") + states.count("STARTING")
         summary.suspended_subjobs = states.count("SUSPENDED")
         if with_windows:
-            self._fill_windows(summary, summary.generated_unix)
+            self._fill_windows(summary, summary.generated_unix, pressured)
         return summary
 
-    def _fill_windows(self, summary: common_pb2.AgentSummary, now_unix: float) -> None:
+    def _fill_windows(
+        self, summary: common_pb2.AgentSummary, now_unix: float, pressured: frozenset[str]
+    ) -> None:
         """Windows from the ledger; busy slices open when their holders are expected to end
         (started + declared expected_seconds, the latest holder on a shared slice)."""
         busy_until: dict[str, float] = {}
@@ -868,6 +886,9 @@ class Node:
             SliceKind.SHARED_GPU: common_pb2.SHARED_GPU,
         }
         for w in self.ledger.windows(now_unix, busy_until, self.max_windows):
+            sid = w.slice.slice_id
+            if sid in pressured or sid.split("/", 1)[0] in pressured:
+                continue
             summary.windows.add(
                 agent_id=self.agent_id,
                 slice_id=w.slice.slice_id,

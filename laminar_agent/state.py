@@ -212,7 +212,12 @@ class AgentState:
         summary.generation = self.generation
 
     def summary_message(self, *, with_windows: bool = False) -> common_pb2.AgentSummary:
-        summary = self.node.summary(with_windows=with_windows)
+        pressured = frozenset(
+            self.node.slice_name(uuid)
+            for uuid, level in self.level_by_device.items()
+            if level != Level.NORMAL
+        )
+        summary = self.node.summary(with_windows=with_windows, pressured=pressured)
         self.fill_summary(summary)
         return summary
 

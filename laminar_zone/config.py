@@ -8,6 +8,7 @@ from pathlib import Path
 from laminar_agent.configlib import doc
 from laminar_agent.errors import ConfigError, InvalidArgument
 from laminar_agent.units import parse_size
+from laminar_zone.market import POLICIES
 from laminar_zone.view import ProbeLimits
 
 
@@ -144,6 +145,47 @@ class PeerSettings:
 
 
 @dataclass(frozen=True)
+class MarketSettings:
+    """The atomization market (docs/atomization.md)."""
+
+    policy: str = field(
+        default="blend",
+        metadata=doc("clearing policy: utilization, fair, responsive or blend"),
+    )
+    blend_weights: str = field(
+        default="0.5,0.25,0.25",
+        metadata=doc("blend weights of utilization,fair,responsive"),
+    )
+    round_seconds: float = field(
+        default=1.0,
+        metadata=doc("clearing round period besides new windows", unit="seconds"),
+    )
+    max_window_seconds: float = field(
+        default=600.0,
+        metadata=doc(
+            "an open-ended window is offered for at most this long; a subjob still running "
+            "at its window's end is stopped and resumes from its checkpoint",
+            unit="seconds",
+        ),
+    )
+    overrun_grace_seconds: float = field(
+        default=5.0,
+        metadata=doc("how long past its window's end a subjob may run", unit="seconds"),
+    )
+    bid_timeout_seconds: float = field(
+        default=0.5,
+        metadata=doc("how long a round waits for a client's bids", unit="seconds"),
+    )
+    checkpoint_root: str = field(
+        default="",
+        metadata=doc(
+            "checkpoint directories of atomized jobs without their own, ROOT/<job id>; must be "
+            "shared storage that every host reaches; empty = STATE_DIR/checkpoints"
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class Quota:
     max_gpus: float = 0.0  # 0 = unlimited
     max_gpu_memory_bytes: int = 0
@@ -158,6 +200,7 @@ class ZoneConfig:
     peers: PeerSettings = field(default_factory=PeerSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
+    market: MarketSettings = field(default_factory=MarketSettings)
 
     def validate(self) -> None:
         for key, value in (
@@ -181,6 +224,9 @@ class ZoneConfig:
             ("queue.retry_seconds", self.queue.retry_seconds),
             ("peers.exchange_seconds", self.peers.exchange_seconds),
             ("peers.stale_after_periods", self.peers.stale_after_periods),
+            ("market.round_seconds", self.market.round_seconds),
+            ("market.max_window_seconds", self.market.max_window_seconds),
+            ("market.bid_timeout_seconds", self.market.bid_timeout_seconds),
         )
         for key, number in positive:
             if not number > 0:
@@ -214,8 +260,29 @@ class ZoneConfig:
             raise ConfigError("must be >= 0", field="limits.max_queued_per_tenant")
         if self.auth.tokens_file and not Path(self.auth.tokens_file).is_file():
             raise ConfigError(f"no such file {self.auth.tokens_file!r}", field="auth.tokens_file")
+        if self.market.overrun_grace_seconds < 0:
+            raise ConfigError("must be >= 0", field="market.overrun_grace_seconds")
+        if self.market.policy not in POLICIES:
+            raise ConfigError(
+                f"must be one of {', '.join(POLICIES)}, got {self.market.policy!r}",
+                field="market.policy",
+            )
         self.shares()
         self.quotas()
+        self.blend()
+
+    def blend(self) -> tuple[float, float, float]:
+        """``market.blend_weights`` as (utilization, fair, responsive)."""
+        try:
+            weights = tuple(float(x) for x in self.market.blend_weights.split(","))
+        except ValueError:
+            weights = ()
+        if len(weights) != 3 or any(not 0 <= w <= 1e6 for w in weights) or not sum(weights) > 0:
+            raise ConfigError(
+                f"expected three weights >= 0, not all 0, got {self.market.blend_weights!r}",
+                field="market.blend_weights",
+            )
+        return weights[0], weights[1], weights[2]
 
     def shares(self) -> dict[str, float]:
         """Tenant fair-share weights from ``queue.tenant_shares``."""

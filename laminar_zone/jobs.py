@@ -34,6 +34,7 @@ from laminar_agent.errors import (
 from laminar_agent.grpcutil import check_number, check_str
 from laminar_agent.node import demand_from
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
 from laminar_zone.audit import AuditLog
 from laminar_zone.config import ZoneConfig
 from laminar_zone.metrics import ZoneMetrics
@@ -134,6 +135,8 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Need:
         raise InvalidArgument(
             exc.message.split(": ", 1)[-1], field=f"spec.{exc.field or 'resources'}"
         ) from None
+    if is_atomized(spec):
+        validate_contract(spec)
     return need_from(spec.resources)
 
 
@@ -170,6 +173,15 @@ class ZoneState:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.forwarder: Callable[[Entry], Coroutine[Any, Any, bool]] | None = None
         self.started_mono = time.monotonic()
+        self.heartbeat_seconds = config.membership.heartbeat_seconds
+        #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
+        self.atomizer = Atomizer(self)
+
+    copy_subjob = staticmethod(lambda p, subjob: _copy_subjob(p, subjob))
+
+    def track(self, entry: Entry, agent_id: str) -> None:
+        """The job has (or is about to have) a live subjob on this agent."""
+        self.by_agent.setdefault(agent_id, set()).add(entry.job.job_id)
 
     # ================================================================ recovery
 
@@ -179,6 +191,8 @@ class ZoneState:
         for job in self.store.live():
             entry = Entry(job=job, need=need_from(job.spec.resources), submitted_mono=now)
             self.entries[job.job_id] = entry
+            if is_atomized(job.spec):
+                self.atomizer.admit(job, now=now)
             for p in entry.current():
                 if p.state in LIVE_SUBJOB:
                     self.view.add_placeholder(p.agent_id, p.agent_address, now)
@@ -188,7 +202,10 @@ class ZoneState:
             if job.state == zone_pb2.PENDING and not any(
                 p.state in LIVE_SUBJOB for p in entry.current()
             ):
-                self._spawn(self._place(entry), f"place-{job.job_id}")
+                if job.job_id in self.atomizer.atoms:
+                    job.state = zone_pb2.QUEUED  # it waits for the next window
+                else:
+                    self._spawn(self._place(entry), f"place-{job.job_id}")
             elif job.state in (zone_pb2.QUEUED, zone_pb2.WAITING):
                 entry.queued_at = now
         self._queue_wake.set()
@@ -218,8 +235,8 @@ class ZoneState:
                     p.ended_unix = time.time()
                 else:
                     _copy_subjob(p, subjob)
-            self._evaluate(entry)
-            self._save(entry)
+            self.evaluate(entry)
+            self.save(entry)
 
     # ================================================================ admission
 
@@ -267,6 +284,9 @@ class ZoneState:
         )
         entry = Entry(job=job, need=need, submitted_mono=time.monotonic())
         self.entries[job.job_id] = entry
+        if is_atomized(spec):
+            self.atomizer.admit(job)
+            allow_forward = False  # its windows are this zone's; flow splitting is for rigid jobs
         self._route(entry, allow_forward)
         try:
             self.store.put(job)
@@ -289,6 +309,12 @@ class ZoneState:
         if blocked:
             job.state, job.reason = zone_pb2.WAITING, blocked
             entry.queued_at = time.monotonic()
+            return
+        if job.job_id in self.atomizer.atoms:
+            job.state = zone_pb2.QUEUED
+            job.reason = f"waiting for a window; 0 of {job.spec.atomization.total_units} units done"
+            entry.queued_at = time.monotonic()
+            self.atomizer.wake.set()
             return
         gang = max(1, job.spec.gang_size)
         if gang > 1 and self.view.counts(entry.need).members_total < gang:
@@ -331,7 +357,7 @@ class ZoneState:
             return f"waiting for {', '.join(pending)} to succeed"
         return ""
 
-    def _tenant_usage(self) -> tuple[dict[str, float], dict[str, int]]:
+    def tenant_usage(self) -> tuple[dict[str, float], dict[str, int]]:
         units: dict[str, float] = {}
         memory: dict[str, int] = {}
         for e in self.entries.values():
@@ -345,7 +371,7 @@ class ZoneState:
         quota = self.quotas.get(entry.job.spec.tenant)
         if quota is None:
             return ""
-        units, memory = self._tenant_usage()
+        units, memory = self.tenant_usage()
         tenant = entry.job.spec.tenant
         return quota_block(entry.item, quota, units.get(tenant, 0.0), memory.get(tenant, 0))
 
@@ -430,7 +456,7 @@ class ZoneState:
             self.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
         job.state = zone_pb2.PENDING
         job.reason = "committing leases"
-        self._save(entry)
+        self.save(entry)
         outcomes = await asyncio.gather(
             *(
                 self._commit_one(entry, member, record, lease)
@@ -446,20 +472,20 @@ class ZoneState:
                 job.started_unix = job.started_unix or time.time()
                 job.queue_position = 0
                 job.expected_start_unix = 0
-            self._save(entry)
+            self.save(entry)
             return True
         why = "; ".join(_rpc_reason(f) for f in failures)
         log.warning("job %s: commit failed (%s); rolling back all members", job.job_id, why)
         for p in entry.current():
             if p.state in LIVE_SUBJOB and p.reason != COMMITTING:
-                await self._terminate(p, f"gang rollback: another member failed to commit ({why})")
+                await self.terminate(p, f"gang rollback: another member failed to commit ({why})")
             if p.state in LIVE_SUBJOB:
                 p.state = common_pb2.FAILED
                 p.reason = f"commit failed: {why}"
                 p.ended_unix = time.time()
         job.attempts += 1
         job.reason = f"commit failed: {why}"
-        self._save(entry)
+        self.save(entry)
         return False
 
     async def _commit_one(
@@ -475,8 +501,19 @@ class ZoneState:
         lease: agent_pb2.Lease,
         env: dict[str, str] | None = None,
     ) -> None:
+        spec = self.subjob_spec(entry, placement, env)
+        subjob = await self.clients.stub(placement.agent_address).Commit(
+            agent_pb2.CommitRequest(lease_id=lease.lease_id, spec=spec),
+            timeout=self.config.placement.rpc_timeout_seconds,
+        )
+        _copy_subjob(placement, subjob)
+
+    def subjob_spec(
+        self, entry: Entry, placement: zone_pb2.Placement, env: dict[str, str] | None = None
+    ) -> common_pb2.SubjobSpec:
+        """How the agent should run this placement of the job."""
         job = entry.job
-        spec = common_pb2.SubjobSpec(
+        return common_pb2.SubjobSpec(
             subjob_id=placement.subjob_id,
             job_id=job.job_id,
             tenant=job.spec.tenant,
@@ -492,11 +529,6 @@ class ZoneState:
             value=job.spec.value,
             expected_seconds=job.spec.expected_seconds,
         )
-        subjob = await self.clients.stub(placement.agent_address).Commit(
-            agent_pb2.CommitRequest(lease_id=lease.lease_id, spec=spec),
-            timeout=self.config.placement.rpc_timeout_seconds,
-        )
-        _copy_subjob(placement, subjob)
 
     def _enqueue(self, entry: Entry, reasons: list[str]) -> None:
         job = entry.job
@@ -508,7 +540,7 @@ class ZoneState:
         entry.queued_at = time.monotonic()
         self._explain_one(entry)
         self._blocked_families.setdefault(entry.need.family, job.spec.priority or common_pb2.BATCH)
-        self._save(entry)
+        self.save(entry)
         self._queue_wake.set()
 
     def _explain_one(self, entry: Entry) -> None:
@@ -562,7 +594,7 @@ class ZoneState:
             self._blocked_families.clear()
             self._update_gauges()
             return
-        units, memory = self._tenant_usage()
+        units, memory = self.tenant_usage()
         waiting.sort(key=lambda e: order_key(e.item, units, self.shares))
         heads: dict[str, tuple[str, float | None]] = {}
         units_ahead: dict[str, float] = {}
@@ -574,6 +606,13 @@ class ZoneState:
             if job.state in TERMINAL_JOB_STATES or entry.placing:
                 continue
             if job.state == zone_pb2.WAITING and self._dependency_block(entry):
+                continue
+            if job.job_id in self.atomizer.atoms:  # placed by the market, not by this queue
+                if job.state == zone_pb2.WAITING:
+                    job.state = zone_pb2.QUEUED
+                    job.reason = "dependencies succeeded; waiting for a window"
+                    changed.append(entry)
+                    self.atomizer.wake.set()
                 continue
             tenant = job.spec.tenant
             item = entry.item
@@ -641,7 +680,7 @@ class ZoneState:
             if job_id in self.entries
         }
         for entry in changed:
-            self._save(entry)
+            self.save(entry)
         self._update_gauges()
 
     def _expected_start(self, entry: Entry, units_ahead: float, now_unix: float) -> float | None:
@@ -664,8 +703,8 @@ class ZoneState:
                 continue
             block = self._dependency_block(entry)
             if block.startswith("!"):
-                self._finish(entry, zone_pb2.JOB_FAILED, block[1:])
-                self._save(entry)
+                self.finish(entry, zone_pb2.JOB_FAILED, block[1:])
+                self.save(entry)
             elif not block and entry.job.reason.startswith("waiting for j-"):
                 entry.job.reason = "dependencies succeeded"
 
@@ -697,6 +736,7 @@ class ZoneState:
                 address,
                 summary.total_gpus,
             )
+        self.atomizer.note_windows(agent_id, summary.windows)
         if agent_id in self._unconfirmed:
             self._spawn(self._verify_unconfirmed(update.record), f"verify-{agent_id}")
         touched: dict[str, Entry] = {}
@@ -707,7 +747,7 @@ class ZoneState:
             if entry is not None:
                 touched[entry.job.job_id] = entry
         for entry in touched.values():
-            self._evaluate(entry)
+            self.evaluate(entry)
         if touched:
             self.store.put_many([e.job for e in touched.values()])
             for entry in touched.values():
@@ -748,8 +788,12 @@ class ZoneState:
 
     def _start_readdress(self, agent_id: str, subjob_id: str) -> None:
         """Airlock asks to move a long-suspended subjob: place a copy, then stop the old one."""
-        job_id = subjob_id.rsplit("-a", 1)[0]
-        entry = self.entries.get(check_str(job_id, "readdress_subjob_ids"))
+        check_str(subjob_id, "readdress_subjob_ids")
+        # Subjob ids start with their job's id: JOB-aN-mM (rigid), JOB-uN-sM (atomized).
+        job_id = next(
+            (j for j in self.by_agent.get(agent_id, ()) if subjob_id.startswith(f"{j}-")), ""
+        )
+        entry = self.entries.get(job_id)
         if entry is None or subjob_id in self._readdressing:
             return
         placement = next((p for p in entry.current() if p.subjob_id == subjob_id), None)
@@ -757,6 +801,10 @@ class ZoneState:
             return
         if max(1, entry.job.spec.gang_size) > 1:
             log.info("not re-addressing %s: gang members move together only by retry", subjob_id)
+            return
+        if job_id in self.atomizer.atoms:  # back to the market: it resumes from its checkpoint
+            why = f"{READDRESSED} Airlock suspended it too long on {agent_id}; back to the market"
+            self._spawn(self.terminate(placement, why), f"readdress-{subjob_id}")
             return
         self._readdressing.add(subjob_id)
         self._spawn(self._readdress(entry, placement, agent_id), f"readdress-{subjob_id}")
@@ -798,7 +846,7 @@ class ZoneState:
             )
             job.placements.append(new)
             self.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
-            self._save(entry)
+            self.save(entry)
             placement = job.placements[-1]
             try:
                 await self._commit_placement(
@@ -807,7 +855,7 @@ class ZoneState:
             except grpc.aio.AioRpcError as exc:
                 placement.state = common_pb2.FAILED
                 placement.reason = f"{READDRESSED} commit of the copy failed: {exc.details()}"
-                self._save(entry)
+                self.save(entry)
                 return
             why = (
                 f"{READDRESSED} moved to {record.agent_id} after Airlock suspended it on {agent_id}"
@@ -815,12 +863,12 @@ class ZoneState:
             old.state = common_pb2.KILLED
             old.reason = why
             old.ended_unix = time.time()
-            self._save(entry)
+            self.save(entry)
             self.metrics.readdressed.inc()
             log.info(
                 "job %s: subjob %s %s as %s", job.job_id, old.subjob_id, why, placement.subjob_id
             )
-            await self._terminate(old, why)
+            await self.terminate(old, why)
         finally:
             self._readdressing.discard(old.subjob_id)
 
@@ -835,19 +883,25 @@ class ZoneState:
             if p.state in ENDED_SUBJOB:
                 if subjob.state in LIVE_SUBJOB and p.attempt != entry.job.attempts:
                     # The router already gave up on this copy (agent was lost): stop it.
-                    self._spawn(self._terminate(p, "superseded: the job moved on"), "supersede")
+                    self._spawn(self.terminate(p, "superseded: the job moved on"), "supersede")
                 return None
             _copy_subjob(p, subjob)
             moved_on = p.attempt != entry.job.attempts or entry.job.state in TERMINAL_JOB_STATES
             if moved_on and subjob.state in LIVE_SUBJOB:
-                self._spawn(self._terminate(p, "superseded: the job moved on"), "supersede")
+                self._spawn(self.terminate(p, "superseded: the job moved on"), "supersede")
             return entry
         return None
 
-    def _evaluate(self, entry: Entry) -> None:
+    def evaluate(self, entry: Entry) -> None:
         """Derive the job's state from its current attempt's subjobs; retry or finish."""
         job = entry.job
         if job.state in TERMINAL_JOB_STATES:
+            return
+        if job.job_id in self.atomizer.atoms:
+            self.atomizer.evaluate(entry)
+            progress = self.atomizer.progress(job)
+            if progress is not None:
+                job.atomization.CopyFrom(progress)
             return
         current = entry.current()
         gang = max(1, job.spec.gang_size)
@@ -859,7 +913,7 @@ class ZoneState:
             family = entry.need.family
             old = self._mean_run_seconds.get(family)
             self._mean_run_seconds[family] = run if old is None else 0.8 * old + 0.2 * run
-            self._finish(entry, zone_pb2.JOB_SUCCEEDED, "all subjobs succeeded")
+            self.finish(entry, zone_pb2.JOB_SUCCEEDED, "all subjobs succeeded")
             return
         failed = [
             p for p in current if p.state in (common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST)
@@ -869,7 +923,7 @@ class ZoneState:
             for p in current:
                 if p.state in LIVE_SUBJOB:
                     self._spawn(
-                        self._terminate(p, f"gang member {first.member} ended: {first.reason}"),
+                        self.terminate(p, f"gang member {first.member} ended: {first.reason}"),
                         "gang-stop",
                     )
             what = f"subjob {first.subjob_id} on {first.agent_id} ended {_state_name(first.state)}: {first.reason}"
@@ -886,7 +940,7 @@ class ZoneState:
                 self.metrics.retries.inc()
                 self._spawn(self._place(entry), f"retry-{job.job_id}")
             else:
-                self._finish(entry, zone_pb2.JOB_FAILED, what)
+                self.finish(entry, zone_pb2.JOB_FAILED, what)
             return
         if all(
             s in (common_pb2.RUNNING, common_pb2.SUSPENDED, common_pb2.SUCCEEDED) for s in states
@@ -897,7 +951,7 @@ class ZoneState:
             suspended = states.count(common_pb2.SUSPENDED)
             job.reason = f"{suspended} subjob(s) suspended by Airlock" if suspended else ""
 
-    def _finish(self, entry: Entry, state: int, reason: str) -> None:
+    def finish(self, entry: Entry, state: int, reason: str) -> None:
         job = entry.job
         job.state = state  # type: ignore[assignment]
         job.reason = reason
@@ -920,6 +974,7 @@ class ZoneState:
                 jobs.discard(job.job_id)
         # Keep it in memory while dependents may ask; the journal has it anyway.
         self.entries.pop(job.job_id, None)
+        self.atomizer.forget(job.job_id)
 
     # ================================================================ membership tick
 
@@ -954,8 +1009,8 @@ class ZoneState:
                         )
                         p.ended_unix = time.time()
                 job_ids.discard(job_id)
-                self._evaluate(entry)
-                self._save(entry)
+                self.evaluate(entry)
+                self.save(entry)
                 self._forget_if_done(entry)
         self._update_gauges()
 
@@ -995,16 +1050,16 @@ class ZoneState:
                 field="job_id",
             )
         why = f"cancelled: {reason or 'by request'}"
-        self._finish(entry, zone_pb2.JOB_CANCELLED, why)
-        self._save(entry)
+        self.finish(entry, zone_pb2.JOB_CANCELLED, why)
+        self.save(entry)
         await asyncio.gather(
-            *(self._terminate(p, why) for p in entry.current() if p.state in LIVE_SUBJOB),
+            *(self.terminate(p, why) for p in entry.current() if p.state in LIVE_SUBJOB),
             return_exceptions=True,
         )
         self._forget_if_done(entry)
         return self._fresh(entry.job)
 
-    async def _terminate(self, placement: zone_pb2.Placement, reason: str) -> None:
+    async def terminate(self, placement: zone_pb2.Placement, reason: str) -> None:
         address = placement.agent_address
         record = self.view.agents.get(placement.agent_id)
         if record is not None:
@@ -1176,8 +1231,8 @@ class ZoneState:
         finally:
             entry.placing = False
         if not ok:
-            self._finish(entry, zone_pb2.JOB_FAILED, job.reason)
-            self._save(entry)
+            self.finish(entry, zone_pb2.JOB_FAILED, job.reason)
+            self.save(entry)
             raise FailedPrecondition(
                 f"{job.reason} (leases expire after their TTL; probe again)", field="leases"
             )
@@ -1274,7 +1329,7 @@ class ZoneState:
 
     # ================================================================ plumbing
 
-    def _save(self, entry: Entry) -> None:
+    def save(self, entry: Entry) -> None:
         self.store.put(entry.job)
         self._publish(entry)
         self._forget_if_done(entry)
@@ -1340,6 +1395,7 @@ def _copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
     p.peak_gpu_memory_bytes = subjob.peak_gpu_memory_bytes
     p.unit_start = subjob.spec.unit_start
     p.unit_count = subjob.spec.unit_count
+    p.units_done = subjob.units_done
 
 
 def _slice_kind(need: Need) -> str:

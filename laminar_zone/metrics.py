@@ -77,3 +77,32 @@ class ZoneMetrics:
             "Jobs sent to a peer zone by flow splitting",
             registry=r,
         )
+        self.clearing_round_seconds = Histogram(
+            "laminar_zone_clearing_round_duration_seconds",
+            "Time of one atomization clearing round (bids, clearing, materialization)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.atomized_subjobs = Histogram(
+            "laminar_zone_atomized_job_subjobs",
+            "Subjobs an atomized job ran, observed when it succeeds",
+            buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.window_fill = Histogram(
+            "laminar_zone_window_fill_ratio",
+            "Expected run time of a started atomized subjob over its window's length",
+            buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0),
+            registry=r,
+        )
+        self.atomized_observations = Counter(
+            "laminar_zone_atomized_subjobs_observed_total",
+            "Ended atomized subjobs whose time and memory fed the calibration",
+            registry=r,
+        )
+        self.atomized_violations = Counter(
+            "laminar_zone_atomized_violations_total",
+            "Observed atomized subjobs that overran their predicted time or memory "
+            "(violation rate = this / laminar_zone_atomized_subjobs_observed_total)",
+            registry=r,
+        )

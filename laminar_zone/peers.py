@@ -171,7 +171,7 @@ class PeerRouter:
         )
         job.ended_unix = time.time()
         self.state.metrics.forwarded.inc()
-        self.state._save(entry)
+        self.state.save(entry)
         return True
 
     async def close(self) -> None:

@@ -132,6 +132,7 @@ class ZoneServer:
         self._tasks = [
             asyncio.create_task(self._tick(), name="zone-tick"),
             asyncio.create_task(self.state.run_queue(self.stop_event), name="zone-queue"),
+            asyncio.create_task(self.state.atomizer.run(self.stop_event), name="zone-market"),
             asyncio.create_task(self.peers.run(self.stop_event), name="zone-peers"),
         ]
         self.status = Status.RUNNING

@@ -193,14 +193,19 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
             tenant = principal.tenant
         return self._state.usage(tenant, request.since_unix)
 
+    @map_errors
     async def Bid(
         self, request_iterator: AsyncIterator[zone_pb2.BidMessage], context: Ctx
     ) -> AsyncIterator[zone_pb2.AnnounceMessage]:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "client-side bidding needs the atomization market, not in this version",
-        )
-        yield zone_pb2.AnnounceMessage()  # pragma: no cover - abort raises
+        """The first message names the job (no bids); then announce -> bids -> result."""
+        messages = aiter(request_iterator)
+        try:
+            first = await anext(messages)
+        except StopAsyncIteration:
+            return
+        self._own_job(context, first.job_id)
+        async for announce in self._state.atomizer.bid_stream(first, messages):
+            yield announce
 
 
 class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):

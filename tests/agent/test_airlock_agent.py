@@ -410,7 +410,7 @@ def test_release_memory_is_sent_once_then_reclaimed_with_slice_names(
         stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=50 * GIB), timeout=10)
         wait_for(lambda: _subjob(stub, "stub").state in TERMINAL)
         subjob = _subjob(stub, "stub")
-        assert subjob.state == common_pb2.KILLED
+        assert subjob.state == common_pb2.KILLED, subjob.reason
         assert subjob.reason.startswith("airlock_reclaimed: ")
         assert "asked to release memory" in subjob.reason
         steps = [(a.step, a.slice_id, a.job_id) for a in _actions(stub) if a.subjob_id == "stub"]

@@ -1,0 +1,781 @@
+"""The atomization market in the router: windows, clearing rounds, bidders, feedback.
+
+An atomized job never goes through the rigid queue. While it has no live subjob it
+waits for a window; each round (on new windows, and every ``market.round_seconds``)
+the router
+
+1. **announces** the windows agents advertised with their heartbeats that can be used
+   now (fresh, ready agents; not claimed by a subjob this router just started there),
+   each offered for at most ``market.max_window_seconds``;
+2. collects **bids**: the router bids for a job itself (``market.best_bid`` on every
+   window the job's constraints allow, from its calibrated profile) unless a client
+   has attached to the job's ``Bid`` stream, in which case the client's bids are used;
+3. **clears** them with the configured policy (``market.clear``);
+4. **materializes** each winner: one subjob of exactly the bid's units, committed on
+   that slice through the agent's normal probe path (``slice_id`` + commit-if-fits).
+
+When a subjob ends, the units its checkpoint covers are added (the agent reads them
+from ``LAMINAR_CHECKPOINT_DIR/progress``), its observed time per unit and peak memory
+feed the job's :class:`~laminar_zone.market.Calibrator`, and a subjob that overran its
+window (stopped here) or its memory (reclaimed by Airlock) widens the profile and the
+job resumes from its checkpoint in a later window. All policy is in
+:mod:`laminar_zone.market`; this module is the I/O around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from laminar_agent.errors import FailedPrecondition, InvalidArgument
+from laminar_agent.grpcutil import check_str
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_zone.market import (
+    Bid,
+    Calibrator,
+    ClearingContext,
+    Contract,
+    MarketWindow,
+    Profile,
+    best_bid,
+    clear,
+    contract_from,
+    quantiles_from,
+)
+
+if TYPE_CHECKING:
+    from laminar_zone.jobs import Entry, ZoneState
+
+log = logging.getLogger("laminar.zone.atomizer")
+
+LIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUSPENDED})
+ENDED = frozenset({common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST})
+COMMITTING = "committing"
+OVERRAN = "overran:"
+#: Ends that are nobody's fault: no retry is used and the profile is left alone.
+FREE_ENDS = ("preempted:", "readdressed:", "commit unconfirmed", "superseded", "cancelled")
+#: Ends that show the profile was too tight: the profile is widened.
+WIDENING_ENDS = (OVERRAN, "airlock_reclaimed:")
+#: A window that starts within this many seconds counts as open now.
+START_TOLERANCE_SECONDS = 0.5
+MAX_PHASES = 64
+
+
+def is_atomized(spec: zone_pb2.JobSpec) -> bool:
+    return spec.HasField("atomization") and spec.atomization.total_units > 0
+
+
+def _points(rows: Iterable[common_pb2.Quantile]) -> list[tuple[float, float]]:
+    return [(q.q, q.value) for q in rows]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Units ``[start, end)`` of a job and their declared profile."""
+
+    start: int
+    end: int
+    profile: Profile
+    name: str = ""
+
+
+def validate_contract(spec: zone_pb2.JobSpec) -> tuple[Contract, tuple[Phase, ...]]:
+    """The contract and its phases; InvalidArgument names the field."""
+    a = spec.atomization
+    if spec.gang_size > 1:
+        raise InvalidArgument("an atomized job runs one subjob at a time", field="spec.gang_size")
+    r = spec.resources
+    if r.gpus > 1 or r.gpu_milli:
+        raise InvalidArgument(
+            "an atomized job is sized to each window; only gpus=1, mig_profile or gpu_model "
+            "may constrain which windows it takes",
+            field="spec.resources",
+        )
+    check_str(a.checkpoint_dir, "spec.atomization.checkpoint_dir", max_chars=4096)
+    if a.checkpoint_dir and not Path(a.checkpoint_dir).is_absolute():
+        raise InvalidArgument("must be an absolute path", field="spec.atomization.checkpoint_dir")
+    contract = contract_from(
+        total_units=a.total_units,
+        seconds_per_unit=_points(a.seconds_per_unit),
+        peak_memory_bytes=_points(a.peak_memory_bytes),
+        checkpoint_overhead_seconds=a.checkpoint_overhead_seconds,
+        min_units=a.min_units,
+        max_units=a.max_units,
+        epsilon=a.epsilon,
+    )
+    if len(a.phases) > MAX_PHASES:
+        raise InvalidArgument(f"at most {MAX_PHASES}", field="spec.atomization.phases")
+    phases: list[Phase] = []
+    start = 0
+    for i, ph in enumerate(a.phases):
+        label = f"spec.atomization.phases[{i}]"
+        check_str(ph.name, f"{label}.name", max_chars=64)
+        if ph.units < 1 or start + ph.units > contract.total_units:
+            raise InvalidArgument(
+                f"must be >= 1 and end by total_units {contract.total_units}",
+                field=f"{label}.units",
+            )
+        profile = Profile(
+            quantiles_from(_points(ph.seconds_per_unit), f"{label}.seconds_per_unit")
+            if ph.seconds_per_unit
+            else contract.profile.seconds_per_unit,
+            quantiles_from(_points(ph.peak_memory_bytes), f"{label}.peak_memory_bytes")
+            if ph.peak_memory_bytes
+            else contract.profile.peak_memory_bytes,
+        )
+        phases.append(Phase(start, start + ph.units, profile, ph.name))
+        start += ph.units
+    if start < contract.total_units:
+        phases.append(
+            Phase(start, contract.total_units, contract.profile, "rest" if phases else "")
+        )
+    return contract, tuple(phases)
+
+
+@dataclass
+class ClientBidder:
+    """A client bidding for its own job over the ``Bid`` stream."""
+
+    job_id: str
+    announces: asyncio.Queue[zone_pb2.AnnounceMessage] = field(default_factory=asyncio.Queue)
+    bids: asyncio.Queue[zone_pb2.BidMessage] = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class Atom:
+    """Market state of one atomized job (rebuilt from its placements after a restart)."""
+
+    contract: Contract
+    phases: tuple[Phase, ...]
+    calibrators: list[Calibrator]
+    ready_since: float  # monotonic: when it last started waiting for a window
+    observed: set[str] = field(default_factory=set)
+    last_losing_score: float = 0.0
+    violations: int = 0
+    client: ClientBidder | None = None
+    #: The last round's result for a client bidder, sent with the next announcement.
+    result: zone_pb2.AnnounceMessage | None = None
+
+    def phase_at(self, unit: int) -> int:
+        for i, ph in enumerate(self.phases):
+            if ph.start <= unit < ph.end:
+                return i
+        return len(self.phases) - 1
+
+
+def units_done(job: zone_pb2.Job) -> int:
+    """The next unit to do: the furthest any ended subjob's checkpoint reached."""
+    return max(
+        (p.unit_start + p.units_done for p in job.placements if p.state in ENDED),
+        default=0,
+    )
+
+
+class Atomizer:
+    def __init__(self, zone: ZoneState) -> None:
+        self.zone = zone
+        self.config = zone.config.market
+        self.atoms: dict[str, Atom] = {}
+        #: agent id -> the windows of its last heartbeat.
+        self.windows: dict[str, list[common_pb2.Window]] = {}
+        #: (agent id, slice id) -> monotonic time until which a window is taken by us.
+        self._claimed: dict[tuple[str, str], float] = {}
+        self.wake = asyncio.Event()
+        self.round_number = 0
+        self._blend = zone.config.blend()
+        root = self.config.checkpoint_root or str(
+            Path(zone.config.server.state_dir) / "checkpoints"
+        )
+        self._checkpoint_root = Path(root)
+
+    # ------------------------------------------------------------------ jobs
+
+    def admit(self, job: zone_pb2.Job, *, now: float | None = None) -> None:
+        """Start (or, after a restart, rebuild) the market state of an atomized job."""
+        contract, phases = validate_contract(job.spec)
+        atom = Atom(
+            contract=contract,
+            phases=phases,
+            calibrators=[Calibrator(ph.profile, contract.epsilon) for ph in phases],
+            ready_since=time.monotonic() if now is None else now,
+        )
+        self.atoms[job.job_id] = atom
+        for p in job.placements:  # a restart: replay what was observed, in order
+            if p.state in ENDED:
+                self._observe(job, atom, p, replay=True)
+
+    def forget(self, job_id: str) -> None:
+        self.atoms.pop(job_id, None)
+
+    def checkpoint_dir(self, job: zone_pb2.Job) -> str:
+        return job.spec.atomization.checkpoint_dir or str(self._checkpoint_root / job.job_id)
+
+    def progress(self, job: zone_pb2.Job) -> zone_pb2.AtomizationProgress | None:
+        atom = self.atoms.get(job.job_id)
+        if atom is None:
+            return None
+        done = units_done(job)
+        calibrator = atom.calibrators[atom.phase_at(done)]
+        profile = calibrator.profile()
+        observed = sum(c.observed for c in atom.calibrators) + atom.violations
+        violations = sum(c.violations for c in atom.calibrators) + atom.violations
+        out = zone_pb2.AtomizationProgress(
+            units_done=done,
+            units_total=atom.contract.total_units,
+            violation_rate=violations / observed if observed else 0.0,
+            subjobs=len(job.placements),
+            last_losing_score=atom.last_losing_score,
+        )
+        for q, v in profile.seconds_per_unit.points:
+            out.seconds_per_unit.add(q=q, value=v)
+        for q, v in profile.peak_memory_bytes.points:
+            out.peak_memory_bytes.add(q=q, value=v)
+        return out
+
+    def evaluate(self, entry: Entry) -> None:
+        """The job's state from its subjobs: running, waiting for a window, done or failed."""
+        job = entry.job
+        atom = self.atoms.get(job.job_id)
+        if atom is None or job.state in (
+            zone_pb2.JOB_SUCCEEDED,
+            zone_pb2.JOB_FAILED,
+            zone_pb2.JOB_CANCELLED,
+        ):
+            return
+        if any(p.state in LIVE and p.reason == COMMITTING for p in job.placements):
+            return
+        for p in job.placements:
+            if p.state in ENDED and p.subjob_id not in atom.observed:
+                failure = self._observe(job, atom, p, replay=False)
+                if failure:
+                    self.zone.finish(entry, zone_pb2.JOB_FAILED, failure)
+                    return
+        live = [p for p in job.placements if p.state in LIVE]
+        done = units_done(job)
+        total = atom.contract.total_units
+        if live:
+            p = live[-1]
+            job.state = zone_pb2.JOB_RUNNING
+            job.started_unix = job.started_unix or time.time()
+            what = "suspended by Airlock" if p.state == common_pb2.SUSPENDED else "running"
+            job.reason = (
+                f"units {p.unit_start}..{p.unit_start + p.unit_count - 1} {what} on "
+                f"{p.agent_id}/{','.join(p.slice_ids)}; {done} of {total} done"
+            )
+            return
+        if done >= total:
+            self.zone.metrics.atomized_subjobs.observe(len(job.placements))
+            self.zone.finish(
+                entry,
+                zone_pb2.JOB_SUCCEEDED,
+                f"all {total} units done in {len(job.placements)} subjob(s)",
+            )
+            return
+        if job.state != zone_pb2.QUEUED:
+            atom.ready_since = time.monotonic()
+        job.state = zone_pb2.QUEUED
+        job.reason = f"waiting for a window; {done} of {total} units done"
+
+    def _observe(
+        self, job: zone_pb2.Job, atom: Atom, p: zone_pb2.Placement, *, replay: bool
+    ) -> str:
+        """Feed one ended subjob to the calibration; returns a failure that ends the job."""
+        atom.observed.add(p.subjob_id)
+        calibrator = atom.calibrators[atom.phase_at(p.unit_start)]
+        metrics = self.zone.metrics
+        if p.state == common_pb2.SUCCEEDED and p.units_done > 0:
+            q = 1.0 - atom.contract.epsilon
+            declared = calibrator.declared.peak_memory_bytes.value_at(q)
+            overran = calibrator.observe(
+                p.run_seconds / p.units_done, float(p.peak_gpu_memory_bytes) or declared
+            )
+            if not replay:
+                metrics.atomized_observations.inc()
+                if overran:
+                    metrics.atomized_violations.inc()
+            return ""
+        if p.state == common_pb2.KILLED and p.reason.startswith(WIDENING_ENDS):
+            calibrator.overran()
+            atom.violations += 1
+            if not replay:
+                metrics.atomized_observations.inc()
+                metrics.atomized_violations.inc()
+                log.info(
+                    "job %s: subjob %s overran (%s); profile widened, resuming at unit %d",
+                    job.job_id,
+                    p.subjob_id,
+                    p.reason,
+                    p.unit_start + p.units_done,
+                )
+            return ""
+        if p.state != common_pb2.FAILED or p.reason.startswith(FREE_ENDS):
+            return ""  # killed by us or lost: resumes from its checkpoint, no retry used
+        if replay:
+            return ""  # retries_used is journaled with the job
+        what = f"subjob {p.subjob_id} on {p.agent_id} failed: {p.reason}"
+        if job.retries_used >= job.spec.max_retries:
+            return what
+        job.retries_used += 1
+        self.zone.metrics.retries.inc()
+        log.info("job %s: %s; retry %d", job.job_id, what, job.retries_used)
+        return ""
+
+    # ------------------------------------------------------------------ windows
+
+    def note_windows(self, agent_id: str, windows: Iterable[common_pb2.Window]) -> None:
+        """An agent's heartbeat: its current windows; wakes a round if they changed."""
+        fresh = list(windows)[:1024]
+        old = self.windows.get(agent_id, [])
+        keys = [(w.slice_id, w.memory_bytes, w.gpu_milli, w.end_unix) for w in fresh]
+        if keys != [(w.slice_id, w.memory_bytes, w.gpu_milli, w.end_unix) for w in old]:
+            self.wake.set()
+        self.windows[agent_id] = fresh
+
+    def open_windows(
+        self, now_unix: float, now: float
+    ) -> list[tuple[common_pb2.Window, str, float]]:
+        """(window, agent address, offered length in seconds) of windows usable now."""
+        out = []
+        for key, until in list(self._claimed.items()):
+            if until <= now:
+                del self._claimed[key]
+        cap = self.config.max_window_seconds
+        for agent_id, windows in sorted(self.windows.items()):
+            record = self.zone.view.agents.get(agent_id)
+            if record is None or not record.is_ready:
+                continue
+            for w in windows:
+                if w.start_unix > now_unix + START_TOLERANCE_SECONDS:
+                    continue  # a future window: shown to users, not cleared yet
+                if (agent_id, w.slice_id) in self._claimed:
+                    continue
+                length = cap if w.end_unix <= 0 else min(cap, w.end_unix - now_unix)
+                if length <= 0:
+                    continue
+                out.append((w, record.address, length))
+        return out
+
+    # ------------------------------------------------------------------ rounds
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self.wake.wait(), self.config.round_seconds)
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            try:
+                await self.enforce_windows()
+                await self.clear_round()
+            except Exception:
+                log.exception("clearing round failed")
+
+    def _waiting(self) -> list[Entry]:
+        out = []
+        for job_id, atom in self.atoms.items():
+            del atom
+            entry = self.zone.entries.get(job_id)
+            if entry is None or entry.placing or entry.job.state != zone_pb2.QUEUED:
+                continue
+            out.append(entry)
+        return sorted(out, key=lambda e: e.job.job_id)
+
+    @staticmethod
+    def _allows(spec: zone_pb2.JobSpec, w: common_pb2.Window) -> bool:
+        r = spec.resources
+        if r.gpu_model and w.gpu_model != r.gpu_model:
+            return False
+        if r.mig_profile:
+            return w.kind == common_pb2.MIG and w.mig_profile == r.mig_profile
+        if r.gpus == 1:
+            return w.kind == common_pb2.WHOLE_GPU
+        return True
+
+    async def clear_round(self) -> list[Bid]:
+        """One round; returns the winning bids (tests and benchmarks read them)."""
+        waiting = self._waiting()
+        if not waiting:
+            return []
+        started = time.perf_counter()
+        now, now_unix = time.monotonic(), time.time()
+        self.round_number += 1
+        offered = self.open_windows(now_unix, now)
+        by_key = {(w.agent_id, w.slice_id): (w, address, length) for w, address, length in offered}
+        markets = {
+            key: MarketWindow(w.agent_id, w.slice_id, w.memory_bytes, w.gpu_milli, length)
+            for key, (w, _, length) in by_key.items()
+        }
+        bids: list[Bid] = []
+        clients: list[tuple[Entry, Atom]] = []
+        for entry in waiting:
+            atom = self.atoms[entry.job.job_id]
+            if atom.client is not None:
+                clients.append((entry, atom))
+                continue
+            bids.extend(self._router_bids(entry, atom, by_key, markets, now))
+        if clients:
+            replies = await asyncio.gather(
+                *(self._client_bids(e, a, by_key, markets, now) for e, a in clients)
+            )
+            for got in replies:
+                bids.extend(got)
+        units, _ = self.zone.tenant_usage()
+        ctx = ClearingContext(usage=units, shares=self.zone.shares, blend=self._blend)
+        awards = clear(bids, self.config.policy, ctx)
+        winning = {a.bid.window.key: a.score for a in awards}
+        winners = {a.bid.job_id for a in awards}
+        for bid in bids:  # losers learn the score that beat them
+            loser = self.atoms.get(bid.job_id)
+            if loser is not None and bid.job_id not in winners and bid.window.key in winning:
+                loser.last_losing_score = max(loser.last_losing_score, winning[bid.window.key])
+        for entry, atom in clients:
+            award = next((a for a in awards if a.bid.job_id == entry.job.job_id), None)
+            atom.result = zone_pb2.AnnounceMessage(
+                won=award is not None,
+                winning_score=award.score if award else atom.last_losing_score,
+                winning_bid=_bid_message(award.bid, award.score) if award else None,
+            )
+        for entry in waiting:
+            if entry.job.job_id not in winners and not offered:
+                entry.job.reason = (
+                    f"waiting for a window; {units_done(entry.job)} of "
+                    f"{self.atoms[entry.job.job_id].contract.total_units} units done; "
+                    "no free slice is advertised now"
+                )
+        results = await asyncio.gather(
+            *(
+                self._materialize(self.zone.entries[a.bid.job_id], a.bid, a.score, by_key)
+                for a in awards
+                if a.bid.job_id in self.zone.entries
+            )
+        )
+        self.zone.metrics.clearing_round_seconds.observe(time.perf_counter() - started)
+        if awards:
+            log.info(
+                "clearing round %d (%s): %d window(s), %d bid(s), %d award(s), %d started",
+                self.round_number,
+                self.config.policy,
+                len(offered),
+                len(bids),
+                len(awards),
+                sum(results),
+            )
+        return [a.bid for a in awards]
+
+    def _router_bids(
+        self,
+        entry: Entry,
+        atom: Atom,
+        by_key: dict[tuple[str, str], tuple[common_pb2.Window, str, float]],
+        markets: dict[tuple[str, str], MarketWindow],
+        now: float,
+    ) -> list[Bid]:
+        job = entry.job
+        next_unit = units_done(job)
+        phase = atom.phase_at(next_unit)
+        profile = atom.calibrators[phase].profile()
+        # A subjob stays within one phase: its profile is that phase's.
+        limit = atom.phases[phase].end - next_unit
+        contract = atom.contract
+        if limit < contract.total_units - next_unit:
+            contract = Contract(
+                contract.total_units,
+                contract.profile,
+                contract.checkpoint_overhead_seconds,
+                min(contract.min_units, limit),
+                min(contract.max_units, limit),
+                contract.epsilon,
+            )
+        out = []
+        for key, (w, _, _) in by_key.items():
+            if not self._allows(job.spec, w):
+                continue
+            bid = best_bid(
+                job.job_id,
+                job.spec.tenant,
+                contract,
+                profile,
+                markets[key],
+                next_unit,
+                now - atom.ready_since,
+            )
+            if bid is not None:
+                out.append(bid)
+        return out
+
+    async def _client_bids(
+        self,
+        entry: Entry,
+        atom: Atom,
+        by_key: dict[tuple[str, str], tuple[common_pb2.Window, str, float]],
+        markets: dict[tuple[str, str], MarketWindow],
+        now: float,
+    ) -> list[Bid]:
+        """Announce to a client bidder and take its bids for this round (bounded wait)."""
+        client = atom.client
+        assert client is not None
+        job = entry.job
+        announce = zone_pb2.AnnounceMessage(round=self.round_number)
+        if atom.result is not None:
+            announce.MergeFrom(atom.result)
+            atom.result = None
+        for w, _, length in by_key.values():
+            if self._allows(job.spec, w):
+                copy = announce.windows.add()
+                copy.CopyFrom(w)
+                if w.end_unix <= 0 or w.end_unix - time.time() > length:
+                    copy.end_unix = time.time() + length
+        client.announces.put_nowait(announce)
+        deadline = time.monotonic() + self.config.bid_timeout_seconds
+        message: zone_pb2.BidMessage | None = None
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                got = await asyncio.wait_for(client.bids.get(), left)
+            except TimeoutError:
+                break
+            if got.round == self.round_number:
+                message = got
+                break
+        if message is None:
+            return []
+        next_unit = units_done(job)
+        contract = atom.contract
+        out = []
+        for i, b in enumerate(message.bids[:256]):
+            key = (b.agent_id, b.slice_id)
+            label = f"bids[{i}]"
+            if key not in markets:
+                log.info("job %s: client bid %s names no window of this round", job.job_id, label)
+                continue
+            left = contract.total_units - next_unit
+            if b.unit_start != next_unit or not 1 <= b.unit_count <= min(contract.max_units, left):
+                log.info(
+                    "job %s: client bid %s refused: units %d+%d, next unit %d, at most %d",
+                    job.job_id,
+                    label,
+                    b.unit_start,
+                    b.unit_count,
+                    next_unit,
+                    min(contract.max_units, left),
+                )
+                continue
+            window = markets[key]
+            if b.memory_bytes > window.memory_bytes:
+                continue
+            seconds = (
+                b.seconds if b.seconds > 0 and math.isfinite(b.seconds) else window.length_seconds
+            )
+            out.append(
+                Bid(
+                    job.job_id,
+                    job.spec.tenant,
+                    window,
+                    next_unit,
+                    int(b.unit_count),
+                    min(1.0, max(0.0, b.feasibility)),
+                    min(seconds, window.length_seconds),
+                    now - atom.ready_since,
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------------ materialize
+
+    async def _materialize(
+        self,
+        entry: Entry,
+        bid: Bid,
+        score: float,
+        by_key: dict[tuple[str, str], tuple[common_pb2.Window, str, float]],
+    ) -> bool:
+        """Start the winner's subjob on its window's slice; False if the window is gone."""
+        job = entry.job
+        atom = self.atoms.get(job.job_id)
+        if atom is None or job.state != zone_pb2.QUEUED or entry.placing:
+            return False
+        w, address, length = by_key[bid.window.key]
+        self._claimed[bid.window.key] = time.monotonic() + 2 * self.zone.heartbeat_seconds
+        profile = atom.calibrators[atom.phase_at(bid.unit_start)].profile()
+        memory = int(
+            min(
+                w.memory_bytes,
+                profile.peak_memory_bytes.value_at(1.0 - atom.contract.epsilon),
+            )
+        )
+        resources = common_pb2.Resources(gpu_memory_bytes=memory, gpu_model=w.gpu_model)
+        if w.kind == common_pb2.MIG:
+            resources.mig_profile = w.mig_profile
+        elif w.kind == common_pb2.SHARED_GPU:
+            resources.gpu_milli = w.gpu_milli
+        else:
+            resources.gpus = 1
+        placement = job.placements.add(
+            subjob_id=f"{job.job_id}-u{bid.unit_start}-s{len(job.placements)}",
+            agent_id=w.agent_id,
+            agent_address=address,
+            slice_ids=[w.slice_id],
+            state=common_pb2.STARTING,
+            reason=COMMITTING,
+            attempt=job.attempts,
+            unit_start=bid.unit_start,
+            unit_count=bid.unit_count,
+            window_end_unix=time.time() + length if math.isfinite(length) else 0.0,
+        )
+        job.state = zone_pb2.PENDING
+        job.reason = (
+            f"starting units {bid.unit_start}..{bid.unit_start + bid.unit_count - 1} on "
+            f"{w.agent_id}/{w.slice_id} (score {score:.3f}, P(fits) {bid.feasibility:.3f})"
+        )
+        self.zone.track(entry, w.agent_id)
+        self.zone.save(entry)
+        spec = self.zone.subjob_spec(entry, placement)
+        spec.resources.CopyFrom(resources)
+        spec.unit_start = bid.unit_start
+        spec.unit_count = bid.unit_count
+        spec.checkpoint_dir = self.checkpoint_dir(job)
+        spec.expected_seconds = bid.expected_seconds
+        entry.placing = True
+        try:
+            reply = await self.zone.clients.stub(address).Probe(
+                agent_pb2.ProbeRequest(
+                    probe_id=f"{placement.subjob_id}-r{self.round_number}",
+                    job_id=job.job_id,
+                    resources=resources,
+                    priority=spec.priority,
+                    value=spec.value,
+                    slice_id=w.slice_id,
+                    tenant=job.spec.tenant,
+                    commit_if_fits=True,
+                    spec=spec,
+                ),
+                timeout=self.zone.config.placement.rpc_timeout_seconds,
+            )
+        except grpc.aio.AioRpcError as exc:
+            placement.state = common_pb2.FAILED
+            placement.reason = f"commit unconfirmed: {exc.code().name}: {exc.details()}"
+            placement.ended_unix = time.time()
+            started = False
+        else:
+            self.zone.placer.note_summary(reply.summary)
+            started = reply.HasField("subjob")
+            if started:
+                self.zone.copy_subjob(placement, reply.subjob)
+                self.zone.metrics.window_fill.observe(
+                    min(1.0, bid.expected_seconds / length) if math.isfinite(length) else 0.0
+                )
+                log.info(
+                    "job %s: subjob %s units %d+%d on %s/%s for a %.1f s window "
+                    "(expected %.1f s, P(fits) %.3f, score %.3f)",
+                    job.job_id,
+                    placement.subjob_id,
+                    bid.unit_start,
+                    bid.unit_count,
+                    w.agent_id,
+                    w.slice_id,
+                    length,
+                    bid.expected_seconds,
+                    bid.feasibility,
+                    score,
+                )
+            else:  # the window was gone: that subjob never existed
+                del job.placements[-1]
+                job.state = zone_pb2.QUEUED
+                job.reason = (
+                    f"window on {w.agent_id}/{w.slice_id} was gone ({reply.bounce.reason}); "
+                    "waiting for the next"
+                )
+        finally:
+            entry.placing = False
+        self.zone.evaluate(entry)
+        self.zone.save(entry)
+        return started
+
+    async def enforce_windows(self) -> None:
+        """Stop subjobs still running past their window's end (plus grace): they resume
+        from their checkpoint later, and their profile is widened."""
+        now_unix = time.time()
+        grace = self.config.overrun_grace_seconds
+        for job_id in list(self.atoms):
+            entry = self.zone.entries.get(job_id)
+            if entry is None:
+                continue
+            for p in entry.job.placements:
+                if (
+                    p.state in LIVE
+                    and p.reason != COMMITTING
+                    and p.window_end_unix > 0
+                    and now_unix > p.window_end_unix + grace
+                    and not p.reason.startswith(OVERRAN)
+                ):
+                    why = (
+                        f"{OVERRAN} window ended at {p.window_end_unix:.0f} "
+                        f"({now_unix - p.window_end_unix:.1f} s ago, grace {grace:g} s)"
+                    )
+                    p.reason = why
+                    await self.zone.terminate(p, why)
+
+    # ------------------------------------------------------------------ client bidding
+
+    async def bid_stream(
+        self, first: zone_pb2.BidMessage, messages: AsyncIterator[zone_pb2.BidMessage]
+    ) -> AsyncIterator[zone_pb2.AnnounceMessage]:
+        """Attach a client bidder to its job until the stream or the job ends."""
+        job_id = check_str(first.job_id, "job_id", required=True)
+        atom = self.atoms.get(job_id)
+        if atom is None:
+            raise FailedPrecondition(f"job {job_id} is not a live atomized job", field="job_id")
+        if atom.client is not None:
+            raise FailedPrecondition(f"job {job_id} already has a client bidder", field="job_id")
+        client = ClientBidder(job_id)
+        atom.client = client
+        self.wake.set()
+
+        async def pump() -> None:
+            async for message in messages:
+                if message.job_id and message.job_id != job_id:
+                    continue
+                client.bids.put_nowait(message)
+
+        reader = asyncio.create_task(pump(), name=f"bid-reader-{job_id}")
+        try:
+            while True:
+                if job_id not in self.atoms:
+                    yield zone_pb2.AnnounceMessage(round=self.round_number, done=True)
+                    return
+                getter = asyncio.ensure_future(client.announces.get())
+                done, _ = await asyncio.wait(
+                    {getter, reader},
+                    timeout=self.config.round_seconds,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if getter in done:
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                if reader in done:
+                    return  # the client closed its side
+        finally:
+            reader.cancel()
+            if atom.client is client:
+                atom.client = None
+            log.info("job %s: client bidder detached; the router bids for it again", job_id)
+
+
+def _bid_message(bid: Bid, score: float) -> zone_pb2.SubjobBid:
+    return zone_pb2.SubjobBid(
+        slice_id=bid.window.slice_id,
+        agent_id=bid.window.agent_id,
+        unit_start=bid.unit_start,
+        unit_count=bid.unit_count,
+        score=score,
+        feasibility=bid.feasibility,
+        seconds=bid.expected_seconds,
+    )

@@ -1,0 +1,169 @@
+"""Atomization end to end: real router, real agents, real subjob processes that checkpoint.
+
+An atomized job runs as a sequence of subjobs sized to advertised windows. Pressure on
+the GPU where one runs makes Airlock stop it mid-way; the job resumes from its
+checkpoint on another slice, and in the end every unit was done exactly once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from waiting import wait_for
+from zonekit import HEARTBEAT_SECONDS, TERMINAL, Zone, open_zone
+
+from cli.cluster import AgentProcess, LocalCluster
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2
+
+GIB = 1024**3
+WORKER = Path(__file__).parents[1] / "atomize" / "unit_worker.py"
+UNIT_SECONDS = 0.25
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    monkeypatch.setenv("LAMINAR_AIRLOCK_HOLD_SECONDS", "0.3")
+    monkeypatch.setenv("LAMINAR_AIRLOCK_READDRESS_AFTER_SECONDS", "1")
+    monkeypatch.setenv("LAMINAR_AIRLOCK_MAX_READDRESS", "1")
+    monkeypatch.setenv("LAMINAR_AIRLOCK_RECLAIM_GRACE_SECONDS", "1")
+    with LocalCluster(tmp_path) as c:
+        yield c
+
+
+def _market_zone(cluster: LocalCluster, root: Path, window_seconds: float) -> Zone:
+    config = root / "zone.toml"
+    config.write_text(
+        f"[market]\nmax_window_seconds = {window_seconds}\nround_seconds = 0.2\n"
+        "overrun_grace_seconds = 0.5\n"
+    )
+    return open_zone(cluster, root, extra_args=["--config", str(config)])
+
+
+def _agent(cluster: LocalCluster, zone: Zone, name: str, gpus: str) -> AgentProcess:
+    return cluster.start_agent(name, gpus, zone=zone.address, heartbeat_seconds=HEARTBEAT_SECONDS)
+
+
+def _contract(units: int, max_units: int, checkpoint: Path) -> common_pb2.AtomizationContract:
+    return common_pb2.AtomizationContract(
+        total_units=units,
+        seconds_per_unit=[
+            common_pb2.Quantile(q=0.5, value=UNIT_SECONDS),
+            common_pb2.Quantile(q=0.95, value=UNIT_SECONDS * 1.4),
+        ],
+        peak_memory_bytes=[
+            common_pb2.Quantile(q=0.5, value=2 * GIB),
+            common_pb2.Quantile(q=0.95, value=4 * GIB),
+        ],
+        checkpoint_overhead_seconds=0.1,
+        max_units=max_units,
+        checkpoint_dir=str(checkpoint),
+    )
+
+
+def _units_log(checkpoint: Path) -> Counter[int]:
+    path = checkpoint / "units.log"
+    lines = path.read_text().split("\n") if path.exists() else []
+    return Counter(int(line.split()[0]) for line in lines if line)
+
+
+def test_atomized_job_survives_airlock_and_does_every_unit_exactly_once(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    zone = _market_zone(cluster, tmp_path, window_seconds=30.0)
+    a = _agent(cluster, zone, "a", "1xH100-80GB")
+    _agent(cluster, zone, "b", "H100-80GB:mig=3g.40gb+2g.20gb+1g.10gb")
+    cluster.wait_registered()
+    checkpoint = tmp_path / "ckpt"
+    job = zone.stub.Submit(
+        zone_pb2.SubmitRequest(
+            spec=zone_pb2.JobSpec(
+                name="atomized",
+                command=[sys.executable, str(WORKER), str(UNIT_SECONDS)],
+                priority=common_pb2.OPPORTUNISTIC,
+                lifecycle=common_pb2.TRANSIENT,
+                restartable=True,
+                atomization=_contract(24, 12, checkpoint),
+            )
+        ),
+        timeout=10,
+    )
+    job_id = job.job_id
+    # The whole GPU on agent a is the largest window: the first subjob goes there.
+    first = zone.wait_state(job_id, zone_pb2.JOB_RUNNING).placements[0]
+    assert (first.agent_id, list(first.slice_ids)) == ("a", ["gpu0"])
+    assert (first.unit_start, first.unit_count) == (0, 12)
+    wait_for(lambda: sum(_units_log(checkpoint).values()) >= 2)
+
+    # Memory pressure on that GPU: Airlock suspends the opportunistic subjob, then
+    # (re-address after 1 s) hands it back; it stops mid-way with its checkpoint.
+    with grpc.insecure_channel(a.address) as channel:
+        agent_pb2_grpc.AgentStub(channel).InjectLoad(
+            agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=79 * GIB), timeout=10
+        )
+    done = zone.wait_state(job_id, *TERMINAL, timeout_seconds=90)
+    assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
+
+    units = _units_log(checkpoint)
+    assert sorted(units) == list(range(24))
+    assert set(units.values()) == {1}, f"units redone: {[u for u, n in units.items() if n > 1]}"
+    placements = list(done.placements)
+    stopped = placements[0]
+    assert stopped.state == common_pb2.KILLED
+    assert stopped.reason.startswith(("readdressed:", "airlock_reclaimed:")), stopped.reason
+    assert 0 < stopped.units_done < stopped.unit_count
+    # Every later subjob starts where the previous one's checkpoint ended, elsewhere.
+    for before, after in itertools.pairwise(placements):
+        assert after.unit_start == before.unit_start + before.units_done
+    assert all(p.agent_id == "b" for p in placements[1:])
+    assert len({(p.agent_id, tuple(p.slice_ids)) for p in placements}) >= 2
+    progress = done.atomization
+    assert (progress.units_done, progress.units_total) == (24, 24)
+    assert progress.subjobs == len(placements)
+    # Moved for someone else's memory: not a violation of this job's profile.
+    assert progress.violation_rate == 0.0
+    assert progress.seconds_per_unit  # the calibrated profile is reported
+
+
+def test_windows_size_subjobs_and_an_overrun_resumes_from_the_checkpoint(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # 2 s windows: a subjob gets only the units that fit (P >= 0.95). The declared
+    # profile says 0.1 s a unit; the work takes 0.25 s, so the first subjob overruns
+    # its window, is stopped, and the job goes on from its checkpoint, wider.
+    zone = _market_zone(cluster, tmp_path, window_seconds=2.0)
+    _agent(cluster, zone, "a", "1xH100-80GB")
+    cluster.wait_registered()
+    checkpoint = tmp_path / "ckpt"
+    contract = _contract(16, 16, checkpoint)
+    del contract.seconds_per_unit[:]
+    contract.seconds_per_unit.extend(
+        [common_pb2.Quantile(q=0.5, value=0.08), common_pb2.Quantile(q=0.95, value=0.1)]
+    )
+    job = zone.stub.Submit(
+        zone_pb2.SubmitRequest(
+            spec=zone_pb2.JobSpec(
+                command=[sys.executable, str(WORKER), str(UNIT_SECONDS)],
+                atomization=contract,
+            )
+        ),
+        timeout=10,
+    )
+    done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=90)
+    assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
+    units = _units_log(checkpoint)
+    assert sorted(units) == list(range(16)) and set(units.values()) == {1}
+    first = done.placements[0]
+    # (2 s - 0.1 s overhead) / 0.1 s a unit at the 95th percentile: 19 > 16 left, so 16.
+    assert first.unit_count == 16
+    assert first.state == common_pb2.KILLED and first.reason.startswith("overran:")
+    later = done.placements[1:]
+    assert later, "the job resumed after the overrun"
+    # After the overrun the profile is wider: later subjobs bid for fewer units.
+    assert all(p.unit_count < first.unit_count for p in later)
+    assert done.atomization.violation_rate > 0
