@@ -389,6 +389,7 @@ _STUBBORN = (
     "def on_usr1(*_):\n"
     "    with open(count,'a') as f: f.write('x')\n"
     "signal.signal(signal.SIGUSR1,on_usr1)\n"
+    "open(count + '.ready','w').close()\n"
     "while True: time.sleep(0.05)\n"
 )
 
@@ -407,6 +408,9 @@ def test_release_memory_is_sent_once_then_reclaimed_with_slice_names(
     with grpc.insecure_channel(agent.address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
         _run_now(stub, spec)
+        # Pressure only once its handler is installed: SIGUSR1 before that would kill it.
+        ready = Path(agent.state_dir) / "subjobs" / "stub" / "usr1.ready"
+        wait_for(ready.exists)
         stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=50 * GIB), timeout=10)
         wait_for(lambda: _subjob(stub, "stub").state in TERMINAL)
         subjob = _subjob(stub, "stub")
