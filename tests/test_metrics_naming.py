@@ -58,7 +58,7 @@ def naming_problems(text: str) -> list[str]:
             problems.append(f"{name}: a time not in _seconds")
         # Memory x time is one compound base unit (byte-seconds), like Prometheus' joules.
         if {"bytes", "memory"} & set(words) and not name.endswith(
-            ("_bytes", "_bytes_total", "_byte_seconds_total")
+            ("_bytes", "_bytes_total", "_byte_seconds", "_byte_seconds_total")
         ):
             problems.append(f"{name}: a size not in _bytes")
     return problems
