@@ -244,12 +244,11 @@ class UsageLedger:
 
     def _backfill(self, store: JobStore) -> None:
         """Rows for subjobs that ended before this table existed (an upgraded journal)."""
-        rows = 0
         now = time.time()
-        for job in store.iter_all():
-            rows += len(self._insert(self._rows(job, _ENDED, now)))
+        rows = [u for job in store.iter_all() for u in self._rows(job, _ENDED, now)]
         if rows:
-            log.info("usage: backfilled %d subjob row(s) from the job journal", rows)
+            written = self._insert(rows)  # one transaction, however long the journal
+            log.info("usage: backfilled %d subjob row(s) from the job journal", len(written))
 
     def record(self, job: zone_pb2.Job, now_unix: float) -> int:
         """Write a row for each subjob of ``job`` that ended and is not written yet.
@@ -274,7 +273,8 @@ class UsageLedger:
         for p in job.placements:
             if p.state not in states:
                 continue
-            need = need or need_from(job.spec.resources)
+            if need is None:
+                need = need_from(job.spec.resources)
             usage = usage_of(
                 p,
                 job_id=job.job_id,
