@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from rich.console import Console
 
-from cli import agents, demo, jobs, up
+from cli import agents, demo, jobs, up, usage
 from cli.zoneclient import (
     DEFAULT_ZONE,
     ZONE_ENV,
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="subcommand", metavar="COMMAND", required=True, parser_class=_Parser
     )
     jobs.register(sub)
+    usage.register(sub)
     agents.register(sub)
     up.register(sub)
     demo.register(sub)

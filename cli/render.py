@@ -421,3 +421,50 @@ def airlock_view(agent: str, state: agent_pb2.AirlockState, now_unix: float) -> 
         )
     parts.append(actions)
     return Group(*parts)
+
+
+#: Seconds per hour and bytes per GiB, for the usage table's human units.
+_HOUR_SECONDS = 3600.0
+_GIB_BYTES = float(1 << 30)
+
+
+def usage_table(
+    records: Sequence[zone_pb2.UsageRecord], since_unix: float, now_unix: float
+) -> Table:
+    """GPU-hours per tenant and slice kind, with a total row when there is more than one."""
+    window = "all time" if since_unix <= 0 else f"since {clock(since_unix, now_unix)}"
+    table = Table(title=f"usage ({window})", title_justify="left")
+    table.add_column("tenant")
+    table.add_column("slice kind")
+    for name in ("subjobs", "GPU-hours", "GPU-mem GiB-hours", "lost GPU-hours"):
+        table.add_column(name, justify="right")
+
+    def cells(subjobs: int, gpu_s: float, mem_bs: float, lost_s: float) -> list[str]:
+        return [
+            str(subjobs),
+            f"{gpu_s / _HOUR_SECONDS:.3f}",
+            f"{mem_bs / _GIB_BYTES / _HOUR_SECONDS:.3f}",
+            f"{lost_s / _HOUR_SECONDS:.3f}",
+        ]
+
+    for r in records:
+        table.add_row(
+            r.tenant,
+            r.slice_kind,
+            *cells(r.subjobs, r.gpu_seconds, r.gpu_memory_byte_seconds, r.lost_gpu_seconds),
+        )
+    if len(records) > 1:
+        table.add_section()
+        table.add_row(
+            "total",
+            "",
+            *cells(
+                sum(r.subjobs for r in records),
+                sum(r.gpu_seconds for r in records),
+                sum(r.gpu_memory_byte_seconds for r in records),
+                sum(r.lost_gpu_seconds for r in records),
+            ),
+        )
+    if not records:
+        table.caption = "no usage recorded in this window"
+    return table

@@ -628,6 +628,7 @@ class Atomizer:
             unit_start=bid.unit_start,
             unit_count=bid.unit_count,
             window_end_unix=time.time() + length if math.isfinite(length) else 0.0,
+            resources=resources,
         )
         job.state = zone_pb2.PENDING
         job.reason = (

@@ -49,6 +49,7 @@ from laminar_zone.queue import (
     quota_never_fits,
 )
 from laminar_zone.store import TERMINAL_JOB_STATES, JobStore
+from laminar_zone.usage import UsageLedger
 from laminar_zone.view import AgentRecord, HostCounts, ZoneView
 
 log = logging.getLogger("laminar.zone.jobs")
@@ -158,6 +159,8 @@ class ZoneState:
         self.rng = rng or random.Random()
         stale = config.membership.heartbeat_seconds * config.membership.stale_after_periods
         self.view = ZoneView(stale)
+        #: Per-tenant usage rows, written as subjobs end (before the job row that says so).
+        self.usage_ledger = UsageLedger(store, metrics, self.view.agents)
         self.clients = AgentClients()
         self.placer = Placer(self.view, self.clients, config.placement, self.rng)
         self.shares = config.shares()
@@ -749,6 +752,8 @@ class ZoneState:
         for entry in touched.values():
             self.evaluate(entry)
         if touched:
+            for entry in touched.values():
+                self.usage_ledger.record(entry.job, time.time())
             self.store.put_many([e.job for e in touched.values()])
             for entry in touched.values():
                 self._publish(entry)
@@ -1239,30 +1244,12 @@ class ZoneState:
         return self._fresh(job)
 
     def usage(self, tenant: str, since_unix: float) -> zone_pb2.GetUsageReply:
-        """GPU-seconds and GPU-memory-byte-seconds per tenant and slice kind, from the journal."""
+        """Usage per tenant and slice kind since ``since_unix``: ended subjobs and running ones."""
         check_str(tenant, "tenant")
         check_number(since_unix, "since_unix", high=1e11)
-        rows: dict[tuple[str, str], zone_pb2.UsageRecord] = {}
-        for job in self.store.iter_all():
-            if tenant and job.spec.tenant != tenant:
-                continue
-            need = need_from(job.spec.resources)
-            kind = _slice_kind(need)
-            for p in job.placements:
-                if p.started_unix <= 0 or (p.ended_unix and p.ended_unix < since_unix):
-                    continue
-                end = p.ended_unix or time.time()
-                seconds = max(0.0, end - max(p.started_unix, since_unix))
-                row = rows.setdefault(
-                    (job.spec.tenant, kind),
-                    zone_pb2.UsageRecord(tenant=job.spec.tenant, slice_kind=kind),
-                )
-                row.gpu_seconds += seconds * need.gpu_units
-                row.gpu_memory_byte_seconds += seconds * need.memory_bytes
-                row.subjobs += 1
-                if p.reason.startswith(("airlock_reclaimed:", "preempted:")):
-                    row.lost_gpu_seconds += seconds * need.gpu_units
-        return zone_pb2.GetUsageReply(records=[rows[k] for k in sorted(rows)])
+        live = (e.job for e in self.entries.values())
+        records = self.usage_ledger.report(tenant, since_unix, live, time.time())
+        return zone_pb2.GetUsageReply(records=records)
 
     # ================================================================ agents
 
@@ -1330,6 +1317,7 @@ class ZoneState:
     # ================================================================ plumbing
 
     def save(self, entry: Entry) -> None:
+        self.usage_ledger.record(entry.job, time.time())
         self.store.put(entry.job)
         self._publish(entry)
         self._forget_if_done(entry)
@@ -1396,17 +1384,6 @@ def _copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
     p.unit_start = subjob.spec.unit_start
     p.unit_count = subjob.spec.unit_count
     p.units_done = subjob.units_done
-
-
-def _slice_kind(need: Need) -> str:
-    model = need.gpu_model or "any"
-    if need.mig_profile:
-        return f"mig:{need.mig_profile}"
-    if need.gpu_milli:
-        return f"share:{model}"
-    if need.gpus:
-        return f"gpu:{model}"
-    return "cpu"
 
 
 def _state_name(state: int) -> str:

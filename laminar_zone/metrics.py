@@ -7,6 +7,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _COUNT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 _QUEUE_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400, 86400)
+#: Distinct tenant label values on the usage counters; later tenants share ``OTHER_TENANT``.
+#: Tenants come from the tokens file (auth on) or from submissions (auth off), hence the cut.
+MAX_TENANT_LABELS = 256
+OTHER_TENANT = "_other"
+_USAGE_BOUND = (
+    f"; by tenant (at most {MAX_TENANT_LABELS} distinct, later ones as {OTHER_TENANT})"
+    " and slice_kind (gpu:MODEL, mig:PROFILE, share:MODEL, cpu); counted when a subjob ends"
+)
 
 
 class ZoneMetrics:
@@ -104,5 +112,25 @@ class ZoneMetrics:
             "laminar_zone_atomized_violations_total",
             "Observed atomized subjobs that overran their predicted time or memory "
             "(violation rate = this / laminar_zone_atomized_subjobs_observed_total)",
+            registry=r,
+        )
+        self.usage_gpu_seconds = Counter(
+            "laminar_zone_usage_gpu_seconds_total",
+            "GPU-seconds used by ended subjobs (GPU-equivalents x run seconds)" + _USAGE_BOUND,
+            ["tenant", "slice_kind"],
+            registry=r,
+        )
+        self.usage_gpu_memory_byte_seconds = Counter(
+            "laminar_zone_usage_gpu_memory_byte_seconds_total",
+            "GPU memory held by ended subjobs x run seconds (observed peak, else declared)"
+            + _USAGE_BOUND,
+            ["tenant", "slice_kind"],
+            registry=r,
+        )
+        self.usage_lost_gpu_seconds = Counter(
+            "laminar_zone_usage_work_lost_gpu_seconds_total",
+            "GPU-seconds of work lost to Airlock (reclaimed, preempted, re-addressed subjobs)"
+            + _USAGE_BOUND,
+            ["tenant", "slice_kind"],
             registry=r,
         )

@@ -46,6 +46,11 @@ class JobStore:
     def close(self) -> None:
         self._db.close()
 
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The journal's connection, for tables kept beside the jobs (``laminar_zone.usage``)."""
+        return self._db
+
     def put(self, job: zone_pb2.Job) -> None:
         self.put_many([job])
 

@@ -56,7 +56,10 @@ def naming_problems(text: str) -> list[str]:
             ("_seconds", "_seconds_total")
         ):
             problems.append(f"{name}: a time not in _seconds")
-        if {"bytes", "memory"} & set(words) and not name.endswith(("_bytes", "_bytes_total")):
+        # Memory x time is one compound base unit (byte-seconds), like Prometheus' joules.
+        if {"bytes", "memory"} & set(words) and not name.endswith(
+            ("_bytes", "_bytes_total", "_byte_seconds", "_byte_seconds_total")
+        ):
             problems.append(f"{name}: a size not in _bytes")
     return problems
 

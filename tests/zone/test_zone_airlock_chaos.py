@@ -163,6 +163,18 @@ def test_injected_pressure_walks_the_ladder_and_spares_critical_and_resident(
         assert len(job.placements) == 1
     wait_for(lambda: _no_subjob_processes_left(gate))
 
+    # Showback: every copy Airlock moved or reclaimed is work lost (no checkpoint times on
+    # the wire yet, so whole runs); the critical and resident work lost nothing.
+    def held(p: zone_pb2.Placement) -> float:
+        return 0.2 * (p.run_seconds or p.ended_unix - p.started_unix)
+
+    (row,) = zone.stub.GetUsage(zone_pb2.GetUsageRequest(), timeout=10).records
+    assert (row.tenant, row.slice_kind, row.subjobs) == ("default", "share:A100-80GB", 6)
+    placements = [p for j in (crit, prod, batch, opp) for p in zone.get(j).placements]
+    assert row.gpu_seconds == pytest.approx(sum(held(p) for p in placements), rel=1e-6)
+    lost = [p for j in (batch, opp) for p in zone.get(j).placements]
+    assert row.lost_gpu_seconds == pytest.approx(sum(held(p) for p in lost), rel=1e-6)
+
 
 def test_genai_memory_curves_on_one_gpu_keep_the_guarantees(
     cluster: LocalCluster, tmp_path: Path, traces_dir: Path, monkeypatch: pytest.MonkeyPatch

@@ -122,6 +122,11 @@ def test_atomized_job_survives_airlock_and_does_every_unit_exactly_once(
         assert after.unit_start == before.unit_start + before.units_done
     assert all(p.agent_id == "b" for p in placements[1:])
     assert len({(p.agent_id, tuple(p.slice_ids)) for p in placements}) >= 2
+    # Usage is accounted by the slice each subjob was sized to, not the job's (empty) shape.
+    usage = zone.stub.GetUsage(zone_pb2.GetUsageRequest(), timeout=10).records
+    kinds = {r.slice_kind: r.gpu_seconds for r in usage}
+    assert kinds.get("gpu:H100-80GB", 0) > 0
+    assert any(k.startswith("mig:") and v > 0 for k, v in kinds.items()), kinds
     progress = done.atomization
     assert (progress.units_done, progress.units_total) == (24, 24)
     assert progress.subjobs == len(placements)
