@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from laminar_agent.config import ControlSettings, TlsSettings, validate_security
 from laminar_agent.configlib import doc
 from laminar_agent.errors import ConfigError, InvalidArgument
 from laminar_agent.units import parse_size
@@ -158,6 +159,8 @@ class ZoneConfig:
     peers: PeerSettings = field(default_factory=PeerSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    control: ControlSettings = field(default_factory=ControlSettings)
 
     def validate(self) -> None:
         for key, value in (
@@ -214,6 +217,7 @@ class ZoneConfig:
             raise ConfigError("must be >= 0", field="limits.max_queued_per_tenant")
         if self.auth.tokens_file and not Path(self.auth.tokens_file).is_file():
             raise ConfigError(f"no such file {self.auth.tokens_file!r}", field="auth.tokens_file")
+        validate_security(self.tls, self.control)
         self.shares()
         self.quotas()
 

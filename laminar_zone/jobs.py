@@ -33,6 +33,7 @@ from laminar_agent.errors import (
 )
 from laminar_agent.grpcutil import check_number, check_str
 from laminar_agent.node import demand_from
+from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_zone.audit import AuditLog
 from laminar_zone.config import ZoneConfig
@@ -145,7 +146,9 @@ class ZoneState:
         metrics: ZoneMetrics,
         *,
         rng: random.Random | None = None,
+        trust: Trust = INSECURE,
     ) -> None:
+        """``trust`` authenticates the router's calls to agents (mTLS, shared secret, none)."""
         self.config = config
         self.zone_name = config.server.zone_name
         self.store = store
@@ -155,7 +158,7 @@ class ZoneState:
         self.rng = rng or random.Random()
         stale = config.membership.heartbeat_seconds * config.membership.stale_after_periods
         self.view = ZoneView(stale)
-        self.clients = AgentClients()
+        self.clients = AgentClients(trust)
         self.placer = Placer(self.view, self.clients, config.placement, self.rng)
         self.shares = config.shares()
         self.quotas = config.quotas()
