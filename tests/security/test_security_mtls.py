@@ -19,6 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from seckit import HEARTBEAT_SECONDS, HOSTS, failure, run_job, tls_args, trust_for
+from waiting import wait_for
 
 from cli.certs import init_certs
 from cli.cluster import AgentProcess, LocalCluster, ZoneProcess
@@ -147,3 +148,59 @@ def test_a_lease_is_committed_and_released_only_by_the_identity_that_probed(
         assert released.released == 0
         released = as_ops.Release(agent_pb2.ReleaseRequest(lease_ids=[lease_id]), timeout=10)
         assert released.released == 1
+
+
+def test_peer_routers_exchange_and_forward_over_mtls_and_refuse_a_plaintext_peer(
+    tmp_path: Path,
+) -> None:
+    certs = tmp_path / "certs"
+    init_certs(certs, HOSTS)
+    with LocalCluster(tmp_path / "run", trust=trust_for(certs, "ops")) as cluster:
+        a = cluster.start_zone(
+            "a", heartbeat_seconds=HEARTBEAT_SECONDS, extra_args=tls_args(certs, "router")
+        )
+        b = cluster.start_zone(
+            "b",
+            peers=[a.address],
+            heartbeat_seconds=HEARTBEAT_SECONDS,
+            extra_args=tls_args(certs, "router"),
+        )
+        cluster.start_agent(
+            "hb",
+            "4xH100-80GB",
+            zone=b.address,
+            heartbeat_seconds=HEARTBEAT_SECONDS,
+            extra_args=tls_args(certs, "agent"),
+        )
+        cluster.wait_registered()
+        # A plaintext router (started after wait_registered, which speaks TLS) cannot peer.
+        plain = cluster.start_zone("plain", peers=[a.address], heartbeat_seconds=HEARTBEAT_SECONDS)
+        wait_for(lambda: "summary exchange with peer" in plain.log_path.read_text())
+        trust = trust_for(certs, "ops")
+        with trust.channel(a.address) as ca, trust.channel(b.address) as cb:
+            za, zb = zone_pb2_grpc.ZoneStub(ca), zone_pb2_grpc.ZoneStub(cb)
+            spec = zone_pb2.JobSpec(
+                command=[sys.executable, "-c", "pass"], resources=common_pb2.Resources(gpus=1)
+            )
+            forwarded: list[zone_pb2.Job] = []
+
+            def forwarded_one() -> bool:
+                # Zone a has no agents: once b's summary (4 free GPUs) arrived over mTLS, a
+                # new job goes to b with probability 5/6; the others wait in a's queue.
+                job = za.Submit(zone_pb2.SubmitRequest(spec=spec), timeout=10)
+                got = za.GetJob(zone_pb2.GetJobRequest(job_id=job.job_id), timeout=10)
+                if got.state == zone_pb2.FORWARDED:
+                    forwarded.append(got)
+                return bool(forwarded)
+
+            wait_for(forwarded_one)
+            remote_id = forwarded[0].forwarded_to.rpartition("/")[2]
+            assert forwarded[0].forwarded_to.startswith("b@")
+
+            def remote_done() -> bool:
+                remote = zb.GetJob(zone_pb2.GetJobRequest(job_id=remote_id), timeout=10)
+                return remote.state == zone_pb2.JOB_SUCCEEDED
+
+            wait_for(remote_done)
+        log = a.log_path.read_text()
+        assert "peer zone b" in log and "peer zone plain" not in log
