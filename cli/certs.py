@@ -230,4 +230,4 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     init.add_argument(
         "--days", type=int, default=365, help="validity of new certificates (default 365)"
     )
-    init.set_defaults(func=cmd_certs_init)
+    init.set_defaults(func=cmd_certs_init, is_offline=True)

@@ -117,9 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         set_token(resolve_token(env))
-        tls, control = security_settings(args, env)
-        set_trust(load_trust(tls, control))
-        args.security_env = security_env(tls, control)
+        if not getattr(args, "is_offline", False):  # certs init may create the files named
+            tls, control = security_settings(args, env)
+            set_trust(load_trust(tls, control))
+            args.security_env = security_env(tls, control)
         address = resolve_zone_address(getattr(args, "zone", None), env)
         args.zone_address = address
         address = getattr(args, "agent", None) or address  # commands that bypass the router
@@ -138,6 +139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         code_enum = exc.code() if hasattr(exc, "code") else None
         details = _one_line((exc.details() if hasattr(exc, "details") else None) or str(exc))
         name = code_enum.name if code_enum is not None else "ERROR"
+        if code_enum in _UNREACHABLE_CODES and "handshake" in details.lower():
+            print(
+                f"laminar: TLS handshake with {address} failed; check --ca-file, --cert-file "
+                f"and --key-file (or LAMINAR_TLS_*) against the daemon's [tls] ({details})",
+                file=sys.stderr,
+            )
+            return EXIT_UNREACHABLE
         if code_enum in _UNREACHABLE_CODES and "connect" in details.lower():
             print(
                 f"laminar: cannot reach {address} ({details}); is a router running there? "

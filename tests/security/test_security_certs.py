@@ -55,7 +55,7 @@ def test_certs_init_writes_a_ca_and_one_certificate_per_host(
 
 
 def test_certs_init_again_reuses_the_ca_and_refuses_bad_names(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "pki"
     assert main(["certs", "init", "--dir", str(out), "--hosts", "a"]) == 0
@@ -64,6 +64,9 @@ def test_certs_init_again_reuses_the_ca_and_refuses_bad_names(
     assert "(reused)" in capsys.readouterr().out
     assert (out / "ca.pem").read_bytes() == ca_before
     load(out / "b.pem").verify_directly_issued_by(load(out / "ca.pem"))
+    # Files named in the environment may not exist yet: certs init is what makes them.
+    monkeypatch.setenv("LAMINAR_TLS_CA_FILE", str(tmp_path / "later" / "ca.pem"))
+    assert main(["certs", "init", "--dir", str(tmp_path / "later"), "--hosts", "c"]) == 0
     for hosts in ("bad host!", ",", "ca"):
         assert main(["certs", "init", "--dir", str(out), "--hosts", hosts]) == 2
         assert "--hosts" in capsys.readouterr().err

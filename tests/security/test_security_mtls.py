@@ -23,6 +23,7 @@ from waiting import wait_for
 
 from cli.certs import init_certs
 from cli.cluster import AgentProcess, LocalCluster, ZoneProcess
+from cli.main import main
 from laminar_agent.grpcutil import channel_options
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 
@@ -115,6 +116,27 @@ def test_a_certificate_from_another_ca_and_no_certificate_are_refused(tls: TlsCl
             )
         )
     assert code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_cli_talks_to_an_mtls_agent_with_its_files_and_explains_a_failed_handshake(
+    tls: TlsCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def files(folder: Path) -> list[str]:
+        return [
+            "--ca-file",
+            str(folder / "ca.pem"),
+            "--cert-file",
+            str(folder / "ops.pem"),
+            "--key-file",
+            str(folder / "ops-key.pem"),
+        ]
+
+    address = tls.agent.address
+    assert main([*files(tls.certs), "inventory", "--agent", address]) == 0
+    assert "H100-80GB" in capsys.readouterr().out
+    assert main([*files(tls.other_ca), "inventory", "--agent", address]) == 3
+    err = capsys.readouterr().err
+    assert f"TLS handshake with {address} failed" in err and "--ca-file" in err
 
 
 def test_a_lease_is_committed_and_released_only_by_the_identity_that_probed(
