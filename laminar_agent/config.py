@@ -246,6 +246,13 @@ class TlsSettings:
     key_file: str = field(
         default="", metadata=doc("PEM private key of tls.cert_file (not readable by others)")
     )
+    allowed_names: tuple[str, ...] = field(
+        default=(),
+        metadata=doc(
+            "certificate names (CN or SAN) allowed to make control calls, 'router-1,gpu-01'; "
+            "empty = any certificate the CA signed"
+        ),
+    )
 
     @property
     def is_enabled(self) -> bool:
@@ -280,6 +287,10 @@ def validate_security(tls: TlsSettings, control: ControlSettings) -> None:
                 )
             if not Path(value).is_file():
                 raise ConfigError(f"no such file {value!r}", field=f"tls.{key}")
+    elif tls.allowed_names:
+        raise ConfigError(
+            "needs mTLS: set tls.ca_file, tls.cert_file, tls.key_file", field="tls.allowed_names"
+        )
     if control.shared_secret_file and not Path(control.shared_secret_file).is_file():
         raise ConfigError(
             f"no such file {control.shared_secret_file!r}", field="control.shared_secret_file"

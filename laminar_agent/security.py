@@ -14,8 +14,9 @@ of two ways:
   reflection are exempt.
 
 Without either, control calls are unauthenticated (the daemons warn at start).
-Not covered: per-name authorization (any certificate the CA signed is trusted),
-certificate revocation, and secret rotation without a restart.
+With ``tls.allowed_names``, only certificates carrying one of those names may make
+control calls (:class:`NamesInterceptor`); otherwise any certificate the CA signed
+may. Not covered: certificate revocation, and rotation without a restart.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import argparse
 import hmac
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,10 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert-file", help="PEM certificate of this daemon (tls.cert_file)")
     parser.add_argument("--tls-key-file", help="PEM private key (tls.key_file)")
     parser.add_argument(
+        "--tls-allowed-names",
+        help="certificate names allowed to make control calls, comma-separated (tls.allowed_names)",
+    )
+    parser.add_argument(
         "--shared-secret-file",
         help="file with the secret control calls carry (control.shared_secret_file)",
     )
@@ -57,6 +62,7 @@ def security_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "tls.ca_file": args.tls_ca_file,
         "tls.cert_file": args.tls_cert_file,
         "tls.key_file": args.tls_key_file,
+        "tls.allowed_names": args.tls_allowed_names,
         "control.shared_secret_file": args.shared_secret_file,
     }
 
@@ -69,6 +75,8 @@ class Trust:
     cert: bytes | None = None
     key: bytes | None = None
     secret: str | None = None
+    #: Certificate names allowed to make control calls to us; empty = any the CA signed.
+    allowed_names: frozenset[str] = frozenset()
 
     @property
     def is_tls(self) -> bool:
@@ -181,6 +189,7 @@ def load_trust(tls: TlsSettings, control: ControlSettings) -> Trust:
         cert=_read_pem(tls.cert_file, "tls.cert_file"),
         key=_read_pem(tls.key_file, "tls.key_file", private=True),
         secret=secret,
+        allowed_names=frozenset(tls.allowed_names),
     )
 
 
@@ -200,15 +209,20 @@ def log_trust(log: logging.Logger, trust: Trust, daemon: str, address: str) -> N
     )
 
 
+def _peer_names(context: Any) -> list[str]:
+    """The caller's certificate names, common name first, then every SAN; [] without mTLS."""
+    auth = context.auth_context() or {}
+    return [
+        value.decode() if isinstance(value, bytes) else str(value)
+        for key in ("x509_common_name", "x509_subject_alternative_name")
+        for value in auth.get(key) or []
+    ]
+
+
 def peer_identity(context: Any) -> str:
     """The caller's certificate name (common name, else first SAN); "" without mTLS."""
-    auth = context.auth_context() or {}
-    for key in ("x509_common_name", "x509_subject_alternative_name"):
-        values = auth.get(key) or []
-        if values:
-            value = values[0]
-            return value.decode() if isinstance(value, bytes) else str(value)
-    return ""
+    names = _peer_names(context)
+    return names[0] if names else ""
 
 
 if TYPE_CHECKING:  # the stubs make these generic; at run time they are plain classes
@@ -229,31 +243,60 @@ else:
 # ----------------------------------------------------------------------------- server side
 
 
-def _deny_handler(handler: Handler, message: str) -> Handler:
-    """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED."""
+Ctx = grpc.aio.ServicerContext[Any, Any]
 
-    async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
+def _handler_like(handler: Handler, behavior: Callable[..., Any]) -> Handler:
+    """A handler of the same shape and (de)serializers as ``handler`` running ``behavior``."""
     kwargs: dict[str, Any] = {
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny, **kwargs)
+        return grpc.stream_stream_rpc_method_handler(behavior, **kwargs)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny, **kwargs)
+        return grpc.stream_unary_rpc_method_handler(behavior, **kwargs)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny, **kwargs)
-    return grpc.unary_unary_rpc_method_handler(deny, **kwargs)
+        return grpc.unary_stream_rpc_method_handler(behavior, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(behavior, **kwargs)
 
 
-class SecretInterceptor(_ServerBase):
-    """Refuse calls to ``services`` that lack the shared secret; other services pass."""
+def _deny_handler(handler: Handler, message: str) -> Handler:
+    """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED."""
+
+    async def deny(request: Any, context: Ctx) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return _handler_like(handler, deny)
+
+
+class _ControlInterceptor(_ServerBase):
+    """Applies :meth:`guard` to calls of ``services``; health, reflection and others pass."""
+
+    def __init__(self, services: Iterable[str]) -> None:
+        self._prefixes = tuple(f"/{name}/" for name in services)
+
+    def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method or ""
+        if handler is None or not method.startswith(self._prefixes):
+            return handler
+        return self.guard(handler, handler_call_details)
+
+
+class SecretInterceptor(_ControlInterceptor):
+    """Refuse calls to ``services`` that lack the shared secret (UNAUTHENTICATED)."""
 
     def __init__(self, secret: str, services: Iterable[str]) -> None:
+        super().__init__(services)
         self._secret = secret.encode()
-        self._prefixes = tuple(f"/{name}/" for name in services)
 
     def check(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
         """None when the secret is right, else what is wrong (the UNAUTHENTICATED message)."""
@@ -268,21 +311,63 @@ class SecretInterceptor(_ServerBase):
             "(set control.shared_secret_file on the caller)"
         )
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Handler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method or ""
-        if handler is None or not method.startswith(self._prefixes):
-            return handler
-        problem = self.check(handler_call_details.invocation_metadata)
-        return handler if problem is None else _deny_handler(handler, f"{method}: {problem}")
+    def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        problem = self.check(details.invocation_metadata)
+        return (
+            handler if problem is None else _deny_handler(handler, f"{details.method}: {problem}")
+        )
+
+
+class NamesInterceptor(_ControlInterceptor):
+    """Let only certificates naming one of ``names`` call ``services`` (PERMISSION_DENIED).
+
+    The peer certificate is known only inside the call, so the handler is wrapped.
+    """
+
+    def __init__(self, names: Iterable[str], services: Iterable[str]) -> None:
+        super().__init__(services)
+        self._names = frozenset(names)
+
+    async def _check(self, context: Ctx, method: str) -> None:
+        names = _peer_names(context)
+        if not self._names.intersection(names):
+            who = f"certificate {names[0]!r}" if names else "a caller without a certificate"
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method}: {who} may not make control calls (tls.allowed_names)",
+            )
+
+    def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        method = details.method or ""
+        if handler.request_streaming:  # no control call streams requests
+            return _deny_handler(handler, f"{method}: client streaming is not a control call")
+        if handler.response_streaming:
+            inner_stream: Any = handler.unary_stream
+
+            async def stream(request: Any, context: Ctx) -> AsyncIterator[Any]:
+                await self._check(context, method)
+                async for item in inner_stream(request, context):
+                    yield item
+
+            return _handler_like(handler, stream)
+        inner: Any = handler.unary_unary
+
+        async def unary(request: Any, context: Ctx) -> Any:
+            await self._check(context, method)
+            return await inner(request, context)
+
+        return _handler_like(handler, unary)
 
 
 def server_interceptors(trust: Trust, services: Iterable[str]) -> list[_ServerBase]:
-    return [SecretInterceptor(trust.secret, services)] if trust.secret else []
+    """The secret check and the allowed-names check, each only where configured."""
+    services = list(services)
+    out: list[_ServerBase] = []
+    if trust.secret:
+        out.append(SecretInterceptor(trust.secret, services))
+    if trust.allowed_names:
+        out.append(NamesInterceptor(trust.allowed_names, services))
+    return out
 
 
 # ----------------------------------------------------------------------------- client side

@@ -150,6 +150,7 @@ def test_bad_security_config_exits_2_naming_the_key(
             "tls.key_file",
         ),
         (zone_main, ["--shared-secret-file", str(tmp_path / "nosecret")], "shared_secret_file"),
+        (zone_main, ["--tls-allowed-names", "router"], "tls.allowed_names"),
     ]
     for module, argv, key in cases:
         assert module.main([*base, *argv]) == 2, argv

@@ -45,14 +45,16 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster]:
     init_certs(other, ["ops"])  # same names, another CA
     with LocalCluster(root / "run", trust=trust_for(certs, "ops")) as cluster:
         zone = cluster.start_zone(
-            "a", heartbeat_seconds=HEARTBEAT_SECONDS, extra_args=tls_args(certs, "router")
+            "a",
+            heartbeat_seconds=HEARTBEAT_SECONDS,
+            extra_args=[*tls_args(certs, "router"), "--tls-allowed-names", "agent,router"],
         )
         agent = cluster.start_agent(
             "agent",
             "2xH100-80GB",
             zone=zone.address,
             heartbeat_seconds=HEARTBEAT_SECONDS,
-            extra_args=tls_args(certs, "agent"),
+            extra_args=[*tls_args(certs, "agent"), "--tls-allowed-names", "router,ops,intruder"],
         )
         cluster.wait_registered()
         yield TlsCluster(cluster, zone, agent, certs, other)
@@ -137,6 +139,35 @@ def test_the_cli_talks_to_an_mtls_agent_with_its_files_and_explains_a_failed_han
     assert main([*files(tls.other_ca), "inventory", "--agent", address]) == 3
     err = capsys.readouterr().err
     assert f"TLS handshake with {address} failed" in err and "--ca-file" in err
+
+
+def test_allowed_names_limit_control_calls_to_the_named_certificates(tls: TlsCluster) -> None:
+    # The router takes control calls only from "agent" and "router": ops is refused there,
+    # though its Zone calls (submitters) work. The agent does not list "agent" itself.
+    with trust_for(tls.certs, "ops").channel(tls.zone.address) as channel:
+        code, details = failure(
+            lambda: zone_pb2_grpc.ZoneControlStub(channel).Heartbeat(
+                zone_pb2.HeartbeatRequest(summary=common_pb2.AgentSummary(agent_id="x")),
+                timeout=5,
+            )
+        )
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        assert "'ops'" in details and "tls.allowed_names" in details
+        agents = zone_pb2_grpc.ZoneStub(channel).ListAgents(zone_pb2.ListAgentsRequest(), timeout=5)
+        assert [a.agent_id for a in agents.agents] == ["agent"]
+    with trust_for(tls.certs, "agent").channel(tls.agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        for call in (
+            lambda: stub.GetInventory(agent_pb2.GetInventoryRequest(), timeout=5),
+            lambda: stub.WatchSubjobs(agent_pb2.WatchSubjobsRequest(), timeout=5),
+        ):
+            code, details = failure(call)
+            assert code == grpc.StatusCode.PERMISSION_DENIED
+            assert "'agent'" in details and "tls.allowed_names" in details
+        health = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_a_lease_is_committed_and_released_only_by_the_identity_that_probed(
