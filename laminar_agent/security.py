@@ -88,7 +88,12 @@ class Trust:
 
     def describe(self) -> str:
         """How control calls are authenticated, for the start-up log line."""
-        parts = (["mTLS"] if self.is_tls else []) + (["shared secret"] if self.secret else [])
+        tls = "mTLS" + (
+            f" (allowed names: {', '.join(sorted(self.allowed_names))})"
+            if self.allowed_names
+            else ""
+        )
+        parts = ([tls] if self.is_tls else []) + (["shared secret"] if self.secret else [])
         return " + ".join(parts) or "none"
 
     def server_credentials(self) -> grpc.ServerCredentials:
@@ -177,11 +182,15 @@ def load_trust(tls: TlsSettings, control: ControlSettings) -> Trust:
     secret: str | None = None
     if control.shared_secret_file:
         key = "control.shared_secret_file"
-        secret = _read(control.shared_secret_file, key, private=True).decode().strip() or None
+        raw = _read(control.shared_secret_file, key, private=True)
+        secret = raw.decode(errors="replace").strip() or None
         if secret is None:
             raise ConfigError(f"{control.shared_secret_file} is empty", field=key)
-        if not secret.isprintable() or len(secret) > 1024:
-            raise ConfigError("must be one printable line of at most 1024 characters", field=key)
+        if not (secret.isascii() and secret.isprintable()) or len(secret) > 1024:
+            # gRPC metadata values are printable ASCII; base64 or hex of random bytes is.
+            raise ConfigError(
+                "must be one line of at most 1024 printable ASCII characters", field=key
+            )
     if not tls.is_enabled:
         return Trust(secret=secret)
     return Trust(

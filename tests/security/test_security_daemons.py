@@ -168,6 +168,10 @@ async def test_a_secret_readable_by_others_or_a_non_pem_file_is_refused_at_start
     server = AgentServer(agent_config(tmp_path, **{"control.shared_secret_file": str(secret)}))
     with pytest.raises(ConfigError, match=r"control\.shared_secret_file: .*readable by others"):
         await server.start()
+    write_file(secret, b"\xff\xfe binary\n", 0o600)  # metadata must be printable ASCII
+    server = AgentServer(agent_config(tmp_path, **{"control.shared_secret_file": str(secret)}))
+    with pytest.raises(ConfigError, match=r"control\.shared_secret_file: .*printable ASCII"):
+        await server.start()
     not_pem = tmp_path / "ca.txt"
     not_pem.write_text("not a certificate\n")
     certs = tmp_path / "certs"
