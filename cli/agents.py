@@ -16,15 +16,20 @@ from rich.console import Console
 from rich.table import Table
 
 from cli import render
-from cli.zoneclient import RPC_TIMEOUT_SECONDS, output_options, zone_options, zone_stub
+from cli.zoneclient import (
+    RPC_TIMEOUT_SECONDS,
+    agent_channel,
+    output_options,
+    zone_options,
+    zone_stub,
+)
 from laminar_agent.errors import InvalidArgument
-from laminar_agent.grpcutil import channel_options
 from laminar_agent.units import format_size, parse_duration, parse_size
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, zone_pb2
 
 
 def _agent_stub(address: str) -> tuple[grpc.Channel, agent_pb2_grpc.AgentStub]:
-    channel = grpc.insecure_channel(address, options=channel_options())
+    channel = agent_channel(address)
     return channel, agent_pb2_grpc.AgentStub(channel)
 
 

@@ -31,6 +31,7 @@ import psutil
 
 from laminar_agent.errors import Unavailable
 from laminar_agent.grpcutil import channel_options
+from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 
 #: Subjob states that still hold a process.
@@ -90,6 +91,8 @@ class LocalCluster:
     zones: list[ZoneProcess] = field(default_factory=list)
     #: Extra environment for every daemon (e.g. ``LAMINAR_ZONE_HEARTBEAT_SECONDS``).
     env: dict[str, str] = field(default_factory=dict)
+    #: How this process calls the daemons (give them the same files through ``env``).
+    trust: Trust = INSECURE
 
     def start_zone(
         self,
@@ -133,6 +136,8 @@ class LocalCluster:
         *,
         zone: str = "",
         heartbeat_seconds: float | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
         timeout_seconds: float = 30.0,
     ) -> AgentProcess:
         """Start ``laminar_agent`` on fake GPUs (joined to ``zone`` when given) and wait for it."""
@@ -153,13 +158,12 @@ class LocalCluster:
             "--fake-gpus",
             fake_gpus,
             *(["--zone", zone] if zone else []),
+            *extra_args,
         ]
-        env = (
-            {"LAMINAR_ZONE_HEARTBEAT_SECONDS": f"{heartbeat_seconds:g}"}
-            if heartbeat_seconds
-            else {}
-        )
-        proc = self._spawn(argv, state_dir, "agent.json", AgentProcess.LOG_NAME, env)
+        child_env = dict(env or {})
+        if heartbeat_seconds:
+            child_env["LAMINAR_ZONE_HEARTBEAT_SECONDS"] = f"{heartbeat_seconds:g}"
+        proc = self._spawn(argv, state_dir, "agent.json", AgentProcess.LOG_NAME, child_env)
         agent = AgentProcess(agent_id, state_dir, proc, zone=zone, fake_gpus=fake_gpus)
         self.agents.append(agent)
         info = self._wait_info(agent, "agent.json", timeout_seconds)
@@ -221,7 +225,7 @@ class LocalCluster:
             expected = {
                 a.agent_id for a in self.agents if a.zone == zone.address and a.is_running()
             }
-            with grpc.insecure_channel(zone.address, options=channel_options()) as channel:
+            with self.trust.channel(zone.address, channel_options()) as channel:
                 stub = zone_pb2_grpc.ZoneStub(channel)
                 while True:
                     ready = {
@@ -256,7 +260,7 @@ class LocalCluster:
         codes = [code for _, code in _terminate(self.zones, timeout_seconds)]
         leftovers: list[tuple[int, float]] = []
         if stop_subjobs:
-            leftovers = _stop_subjobs([a for a in self.agents if a.is_running()])
+            leftovers = _stop_subjobs([a for a in self.agents if a.is_running()], self.trust)
         codes += [code for _, code in _terminate(self.agents, timeout_seconds)]
         _kill_process_groups(leftovers)
         return codes
@@ -291,14 +295,14 @@ def _terminate(daemons: Iterable[DaemonProcess], timeout_seconds: float) -> list
     return out
 
 
-def _stop_subjobs(agents: Sequence[AgentProcess]) -> list[tuple[int, float]]:
+def _stop_subjobs(agents: Sequence[AgentProcess], trust: Trust) -> list[tuple[int, float]]:
     """Terminate every live subjob through its agent; returns (pid, create_time) to sweep later."""
     leftovers: list[tuple[int, float]] = []
     pending: list[grpc.Future] = []  # type: ignore[type-arg]
     channels = []
     try:
         for agent in agents:
-            channel = grpc.insecure_channel(agent.address, options=channel_options())
+            channel = trust.channel(agent.address, channel_options())
             channels.append(channel)
             stub = agent_pb2_grpc.AgentStub(channel)
             try:

@@ -28,8 +28,7 @@ from cli import render
 from cli.cluster import LocalCluster
 from cli.jobspec import describe_resources
 from cli.up import DEFAULT_FAKE_GPUS, launch
-from cli.zoneclient import RPC_TIMEOUT_SECONDS
-from laminar_agent.grpcutil import channel_options
+from cli.zoneclient import RPC_TIMEOUT_SECONDS, current_trust, zone_stub
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
 
 #: Give up on the workload after this long (it normally takes well under 15 s).
@@ -170,7 +169,10 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     """Start a router and agents, run the workload through the router, stop everything."""
     with tempfile.TemporaryDirectory(prefix="laminar-demo-", ignore_cleanup_errors=True) as tmp:
         root = Path(args.state_dir) if args.state_dir else Path(tmp)
-        cluster = LocalCluster(root)
+        # Daemons inherit the environment, so they get any LAMINAR_TLS_* the CLI has too.
+        cluster = LocalCluster(
+            root, env=dict(getattr(args, "security_env", {})), trust=current_trust()
+        )
         try:
             launch(cluster, agents=3, fake_gpus=DEFAULT_FAKE_GPUS, listen="127.0.0.1:0")
             zone = cluster.zones[0]
@@ -193,8 +195,7 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
 def _run_workload(console: Console, address: str) -> bool:
     deadline = time.monotonic() + DEMO_DEADLINE_SECONDS
-    with grpc.insecure_channel(address, options=channel_options()) as channel:
-        stub = zone_pb2_grpc.ZoneStub(channel)
+    with zone_stub(address) as stub:
         progress = Progress(console, stub)
         submitted = {job.name: _submit(stub, job) for job in WAVE_ONE}
         for job in submitted.values():

@@ -21,15 +21,23 @@ from typing import Any
 import grpc
 from rich.console import Console
 
-from cli import agents, demo, jobs, up, usage
+from cli import agents, certs, demo, jobs, up, usage
 from cli.zoneclient import (
+    CA_FILE_ENV,
+    CERT_FILE_ENV,
     DEFAULT_ZONE,
+    KEY_FILE_ENV,
+    SECRET_FILE_ENV,
     ZONE_ENV,
     resolve_token,
     resolve_zone_address,
+    security_env,
+    security_settings,
     set_token,
+    set_trust,
 )
 from laminar_agent.errors import InvalidArgument, LaminarError
+from laminar_agent.security import load_trust
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -77,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help=f"zone router address (default ${ZONE_ENV} or {DEFAULT_ZONE})",
     )
+    for flag, env_name, text in (
+        ("--ca-file", CA_FILE_ENV, "PEM CA of the daemons' certificates (TLS)"),
+        ("--cert-file", CERT_FILE_ENV, "PEM client certificate signed by that CA"),
+        ("--key-file", KEY_FILE_ENV, "PEM key of --cert-file"),
+        ("--secret-file", SECRET_FILE_ENV, "shared secret for calls straight to agents"),
+    ):
+        parser.add_argument(flag, metavar="FILE", help=f"{text} (default ${env_name})")
     sub = parser.add_subparsers(
         dest="subcommand", metavar="COMMAND", required=True, parser_class=_Parser
     )
@@ -85,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     agents.register(sub)
     up.register(sub)
     demo.register(sub)
+    certs.register(sub)
     _register_plugins(sub)
     return parser
 
@@ -102,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         set_token(resolve_token(env))
+        if not getattr(args, "is_offline", False):  # certs init may create the files named
+            tls, control = security_settings(args, env)
+            set_trust(load_trust(tls, control))
+            args.security_env = security_env(tls, control)
         address = resolve_zone_address(getattr(args, "zone", None), env)
         args.zone_address = address
         address = getattr(args, "agent", None) or address  # commands that bypass the router
@@ -120,6 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         code_enum = exc.code() if hasattr(exc, "code") else None
         details = _one_line((exc.details() if hasattr(exc, "details") else None) or str(exc))
         name = code_enum.name if code_enum is not None else "ERROR"
+        if code_enum in _UNREACHABLE_CODES and "handshake" in details.lower():
+            print(
+                f"laminar: TLS handshake with {address} failed; check --ca-file, --cert-file "
+                f"and --key-file (or LAMINAR_TLS_*) against the daemon's [tls] ({details})",
+                file=sys.stderr,
+            )
+            return EXIT_UNREACHABLE
         if code_enum in _UNREACHABLE_CODES and "connect" in details.lower():
             print(
                 f"laminar: cannot reach {address} ({details}); is a router running there? "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import secrets
 import signal
 import tempfile
 import threading
@@ -15,8 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.cluster import LocalCluster
-from cli.zoneclient import DEFAULT_ZONE, ZONE_ENV
+from cli.zoneclient import DEFAULT_ZONE, SECRET_FILE_ENV, ZONE_ENV, current_trust
 from laminar_agent.errors import InvalidArgument
+from laminar_agent.security import write_file
 
 #: A varied mix of hosts: MIG and whole H100s, a pair of A100s, one shared A100.
 DEFAULT_FAKE_GPUS = (
@@ -26,6 +29,8 @@ DEFAULT_FAKE_GPUS = (
 )
 MAX_AGENTS = 256
 MAX_ZONES = 16
+#: Where `laminar up --shared-secret` writes the secret, inside the state folder.
+SECRET_FILE_NAME = "shared-secret"
 #: How often the foreground loop checks that every daemon is still alive.
 SUPERVISE_SECONDS = 0.5
 
@@ -59,6 +64,14 @@ def launch(
             heartbeat_seconds=heartbeat_seconds,
         )
     cluster.wait_registered()
+
+
+def write_secret(path: Path) -> str:
+    """A fresh random shared secret in ``path`` (mode 0600); returns it."""
+    secret = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_file(path, (secret + "\n").encode(), 0o600)
+    return secret
 
 
 def cluster_table(cluster: LocalCluster) -> Table:
@@ -106,7 +119,14 @@ def cmd_up(args: argparse.Namespace, console: Console) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="laminar-up-", ignore_cleanup_errors=True) as tmp:
             root = Path(args.state_dir) if args.state_dir else Path(tmp)
-            cluster = LocalCluster(root)
+            env = dict(getattr(args, "security_env", {}))
+            trust = current_trust()
+            if args.shared_secret:
+                secret_file = root / SECRET_FILE_NAME
+                secret = write_secret(secret_file)
+                env[SECRET_FILE_ENV] = str(secret_file.resolve())
+                trust = dataclasses.replace(trust, secret=secret)
+            cluster = LocalCluster(root, env=env, trust=trust)
             clusters.append(cluster)
             try:
                 launch(
@@ -165,5 +185,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=DEFAULT_ZONE,
         metavar="HOST:PORT",
         help=f"first router's address (default {DEFAULT_ZONE}; port 0 picks a free port)",
+    )
+    up.add_argument(
+        "--shared-secret",
+        action="store_true",
+        help=f"authenticate control calls with a fresh random secret (STATE_DIR/{SECRET_FILE_NAME})",
     )
     up.set_defaults(func=cmd_up)

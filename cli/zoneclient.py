@@ -1,21 +1,26 @@
 """Talking to a zone router from the command line: where it is, one stub, shared options.
 
 The router address comes from ``--zone`` or ``LAMINAR_ZONE`` (read once by
-:func:`cli.main.main`), else :data:`DEFAULT_ZONE`.
+:func:`cli.main.main`), else :data:`DEFAULT_ZONE`. With TLS configured on the
+daemons, ``--ca-file``/``--cert-file``/``--key-file`` (or the daemons' own
+``LAMINAR_TLS_*`` variables) give the CLI its certificate; ``--secret-file`` (or
+``LAMINAR_CONTROL_SHARED_SECRET_FILE``) the shared secret for calls to agents.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from laminar_agent.config import ControlSettings, TlsSettings
 from laminar_agent.errors import InvalidArgument
 from laminar_agent.grpcutil import channel_options
+from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import zone_pb2_grpc
 
 DEFAULT_ZONE = "127.0.0.1:7400"
@@ -66,38 +71,66 @@ def resolve_token(env: Mapping[str, str]) -> str | None:
     return path.read_text().strip() or None
 
 
-if TYPE_CHECKING:  # the stubs make these generic; at run time they are plain classes
-    _UnaryBase = grpc.UnaryUnaryClientInterceptor[Any, Any]
-    _StreamBase = grpc.UnaryStreamClientInterceptor[Any, Any]
-else:
-    _UnaryBase = grpc.UnaryUnaryClientInterceptor
-    _StreamBase = grpc.UnaryStreamClientInterceptor
+#: How the CLI authenticates to daemons (mTLS, shared secret), set once by :func:`cli.main.main`.
+_trust: Trust = INSECURE
 
 
-class _BearerAuth(_UnaryBase, _StreamBase):
-    """Adds ``authorization: Bearer <token>`` to every call."""
+def set_trust(trust: Trust) -> None:
+    global _trust
+    _trust = trust
 
-    def __init__(self, token: str) -> None:
-        self._header = ("authorization", f"Bearer {token}")
 
-    def _details(self, details: Any) -> Any:
-        metadata = [*(details.metadata or []), self._header]
-        return details._replace(metadata=metadata)
+def current_trust() -> Trust:
+    return _trust
 
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
 
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
+#: Environment names of the CLI's security settings: the daemons' own config keys.
+CA_FILE_ENV = "LAMINAR_TLS_CA_FILE"
+CERT_FILE_ENV = "LAMINAR_TLS_CERT_FILE"
+KEY_FILE_ENV = "LAMINAR_TLS_KEY_FILE"
+SECRET_FILE_ENV = "LAMINAR_CONTROL_SHARED_SECRET_FILE"
+
+
+def security_settings(
+    args: argparse.Namespace, env: Mapping[str, str]
+) -> tuple[TlsSettings, ControlSettings]:
+    """``--ca-file``/``--cert-file``/``--key-file``/``--secret-file``, else the environment."""
+
+    def pick(flag: str, name: str) -> str:
+        value = getattr(args, flag, None)
+        return str(value) if value else env.get(name, "").strip()
+
+    tls = TlsSettings(
+        ca_file=pick("ca_file", CA_FILE_ENV),
+        cert_file=pick("cert_file", CERT_FILE_ENV),
+        key_file=pick("key_file", KEY_FILE_ENV),
+    )
+    return tls, ControlSettings(shared_secret_file=pick("secret_file", SECRET_FILE_ENV))
+
+
+def security_env(tls: TlsSettings, control: ControlSettings) -> dict[str, str]:
+    """The same settings as environment for daemons the CLI starts (``laminar up``)."""
+    pairs = (
+        (CA_FILE_ENV, tls.ca_file),
+        (CERT_FILE_ENV, tls.cert_file),
+        (KEY_FILE_ENV, tls.key_file),
+        (SECRET_FILE_ENV, control.shared_secret_file),
+    )
+    return {name: str(Path(value).resolve()) for name, value in pairs if value}
+
+
+def agent_channel(address: str) -> grpc.Channel:
+    """A channel to an agent, carrying the control credentials (mTLS and/or shared secret)."""
+    return _trust.channel(address, channel_options())
 
 
 @contextlib.contextmanager
 def zone_stub(address: str) -> Iterator[zone_pb2_grpc.ZoneStub]:
-    with grpc.insecure_channel(address, options=channel_options()) as channel:
-        if _token:
-            yield zone_pb2_grpc.ZoneStub(grpc.intercept_channel(channel, _BearerAuth(_token)))
-        else:
-            yield zone_pb2_grpc.ZoneStub(channel)
+    """The submitter API: TLS when configured and the bearer token; never the shared secret."""
+    bearer = (("authorization", f"Bearer {_token}"),) if _token else ()
+    transport = dataclasses.replace(_trust, secret=None)
+    with transport.channel(address, channel_options(), extra_headers=bearer) as channel:
+        yield zone_pb2_grpc.ZoneStub(channel)
 
 
 def zone_options() -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ from laminar_agent.configlib import load_config
 from laminar_agent.daemon import run_daemon, setup_logging
 from laminar_agent.errors import LaminarError
 from laminar_agent.sdnotify import Notifier
+from laminar_agent.security import add_security_flags, security_overrides
 from laminar_agent.server import AgentServer
 
 
@@ -31,6 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Airlock records its decisions without acting (airlock.dry_run)",
     )
+    p.add_argument(
+        "--debug-rpcs",
+        action="store_true",
+        default=None,
+        help="serve fault-injection calls on a real GPU backend (server.debug_rpcs)",
+    )
+    add_security_flags(p)
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     return p
 
@@ -53,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                 "inventory.fake_gpus": args.fake_gpus,
                 "inventory.shared_gpus": args.shared_gpus,
                 "airlock.dry_run": args.airlock_dry_run,
+                "server.debug_rpcs": args.debug_rpcs,
+                **security_overrides(args),
             },
         )
     except LaminarError as exc:

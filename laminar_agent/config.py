@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from airlock.levels import Marks
 from airlock.policy import PolicyConfig
@@ -28,6 +29,13 @@ class ServerSettings:
     )
     grace_seconds: float = field(
         default=5.0, metadata=doc("shutdown grace for in-flight RPCs", unit="seconds")
+    )
+    debug_rpcs: bool = field(
+        default=False,
+        metadata=doc(
+            "serve debug and fault-injection calls (InjectLoad) on a real GPU backend; "
+            "the fake backend always serves them"
+        ),
     )
 
 
@@ -229,12 +237,79 @@ class AirlockSettings:
 
 
 @dataclass(frozen=True)
+class TlsSettings:
+    """mTLS for control traffic; all three files or none (``laminar certs init`` makes them)."""
+
+    ca_file: str = field(
+        default="",
+        metadata=doc("PEM CA certificate that signed every router and agent; empty = TLS off"),
+    )
+    cert_file: str = field(
+        default="", metadata=doc("PEM certificate of this daemon, signed by tls.ca_file")
+    )
+    key_file: str = field(
+        default="", metadata=doc("PEM private key of tls.cert_file (not readable by others)")
+    )
+    allowed_names: tuple[str, ...] = field(
+        default=(),
+        metadata=doc(
+            "certificate names (CN or SAN) allowed to make control calls, 'router-1,gpu-01'; "
+            "empty = any certificate the CA signed"
+        ),
+    )
+
+    @property
+    def is_enabled(self) -> bool:
+        return bool(self.ca_file or self.cert_file or self.key_file)
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    """Shared-secret authentication of control calls where TLS is not configured."""
+
+    shared_secret_file: str = field(
+        default="",
+        metadata=doc(
+            "file holding the secret every control call carries (x-laminar-secret); "
+            "empty with TLS off = control calls unauthenticated (warned at start)"
+        ),
+    )
+
+
+def validate_security(tls: TlsSettings, control: ControlSettings) -> None:
+    """Raise one ConfigError naming the key: partial TLS, or a file that does not exist."""
+    if tls.is_enabled:
+        for key, value in (
+            ("ca_file", tls.ca_file),
+            ("cert_file", tls.cert_file),
+            ("key_file", tls.key_file),
+        ):
+            if not value:
+                raise ConfigError(
+                    "is required when any of tls.ca_file, tls.cert_file, tls.key_file is set",
+                    field=f"tls.{key}",
+                )
+            if not Path(value).is_file():
+                raise ConfigError(f"no such file {value!r}", field=f"tls.{key}")
+    elif tls.allowed_names:
+        raise ConfigError(
+            "needs mTLS: set tls.ca_file, tls.cert_file, tls.key_file", field="tls.allowed_names"
+        )
+    if control.shared_secret_file and not Path(control.shared_secret_file).is_file():
+        raise ConfigError(
+            f"no such file {control.shared_secret_file!r}", field="control.shared_secret_file"
+        )
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     server: ServerSettings = field(default_factory=ServerSettings)
     inventory: InventorySettings = field(default_factory=InventorySettings)
     zone: ZoneSettings = field(default_factory=ZoneSettings)
     arbitration: ArbitrationSettings = field(default_factory=ArbitrationSettings)
     airlock: AirlockSettings = field(default_factory=AirlockSettings)
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    control: ControlSettings = field(default_factory=ControlSettings)
 
     def validate(self) -> None:
         if self.inventory.gpu_backend not in ("nvml", "fake"):
@@ -259,6 +334,7 @@ class AgentConfig:
         if not 0 <= self.zone.max_windows <= 1024:
             raise ConfigError("must be in 0..1024", field="zone.max_windows")
         _validate_airlock(self.airlock)
+        validate_security(self.tls, self.control)
 
     def replace_server(self, **changes: object) -> AgentConfig:
         return dataclasses.replace(self, server=dataclasses.replace(self.server, **changes))  # type: ignore[arg-type]

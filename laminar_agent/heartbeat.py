@@ -21,6 +21,7 @@ import grpc
 
 from laminar_agent.grpcutil import channel_options
 from laminar_agent.journal import ActionRow, Journal
+from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 
 log = logging.getLogger("laminar.agent.heartbeat")
@@ -40,8 +41,10 @@ class HeartbeatClient:
         to_event: Callable[[int, str, str, str, float], common_pb2.SubjobEvent | None],
         *,
         readdress_ids: Callable[[], list[str]] | None = None,
+        trust: Trust = INSECURE,
     ) -> None:
         self.zone_address = zone_address
+        self._trust = trust
         self.period_seconds = period_seconds
         self._summary = summary
         self._journal = journal
@@ -55,9 +58,7 @@ class HeartbeatClient:
         self.failures = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with grpc.aio.insecure_channel(
-            self.zone_address, options=channel_options()
-        ) as channel:
+        async with self._trust.aio_channel(self.zone_address, channel_options()) as channel:
             stub = zone_pb2_grpc.ZoneControlStub(channel)
             while not stop.is_set():
                 await self._beat(stub)
@@ -92,10 +93,11 @@ class HeartbeatClient:
             self.failures += 1
             if self.failures in (1, 10) or self.failures % 100 == 0:
                 log.warning(
-                    "heartbeat to zone %s failed (%d in a row): %s",
+                    "heartbeat to zone %s failed (%d in a row): %s %s",
                     self.zone_address,
                     self.failures,
                     exc.code().name,
+                    exc.details(),
                 )
             return
         if self.failures:

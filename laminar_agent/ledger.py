@@ -67,6 +67,7 @@ from laminar_agent.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
 )
 
 MILLI_PER_GPU = 1000
@@ -137,6 +138,8 @@ class ProbeOrder:
     subjob_id: str = ""
     #: Reservation owner; reserved slices are placed only for probes of the same owner.
     owner: str = ""
+    #: Authenticated identity of the prober (certificate name); "" without mTLS.
+    caller: str = ""
 
 
 @dataclass
@@ -150,6 +153,8 @@ class LeaseRecord:
     priority: int
     committed: bool = False
     subjob_id: str = ""
+    #: Authenticated identity the lease was issued to; only it may commit the lease.
+    caller: str = ""
 
 
 @dataclass(frozen=True)
@@ -647,16 +652,26 @@ class Ledger:
             expires_at=now + probe.ttl_seconds,
             priority=probe.priority,
             subjob_id=probe.subjob_id,
+            caller=probe.caller,
         )
         self._leases[lease.lease_id] = lease
         self._add(lease, +1)
         return Granted(probe.probe_id, lease)
 
-    def commit(self, lease_id: str, subjob_id: str, now: float) -> LeaseRecord:
-        """Turn a lease into a committed one (never expires); Aborted if it already lapsed."""
+    def commit(self, lease_id: str, subjob_id: str, now: float, caller: str = "") -> LeaseRecord:
+        """Turn a lease into a committed one (never expires); Aborted if it already lapsed.
+
+        Only the identity the lease was issued to (``caller`` at probe time) may commit it.
+        """
         lease = self._leases.get(lease_id)
         if lease is None:
             raise NotFound(f"unknown lease {lease_id!r}", field="lease_id")
+        if lease.caller != caller:
+            raise PermissionDenied(
+                f"lease {lease_id!r} was issued to {lease.caller or 'an anonymous caller'!r}, "
+                f"not to {caller or 'an anonymous caller'!r}",
+                field="lease_id",
+            )
         if lease.committed:
             if lease.subjob_id == subjob_id:
                 return lease

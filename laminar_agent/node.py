@@ -227,7 +227,10 @@ class Node:
 
     # -- probing and arbitration ----------------------------------------------------------
 
-    async def probe(self, request: agent_pb2.ProbeRequest) -> agent_pb2.ProbeReply:
+    async def probe(
+        self, request: agent_pb2.ProbeRequest, caller: str = ""
+    ) -> agent_pb2.ProbeReply:
+        """Settle one probe; a lease granted is bound to ``caller`` (the mTLS identity)."""
         check_str(request.probe_id, "probe_id")
         check_str(request.job_id, "job_id")
         check_str(request.slice_id, "slice_id")
@@ -265,6 +268,7 @@ class Node:
             arrival_seq=next(self._arrivals),
             ttl_seconds=ttl or self.lease_ttl_seconds,
             slice_id=request.slice_id,
+            caller=caller,
         )
         result = await self._settle(order)
         preempted: list[str] = []
@@ -292,7 +296,7 @@ class Node:
             if not spec.HasField("resources"):
                 spec.resources.CopyFrom(request.resources)
             spec.priority = spec.priority or request.priority
-            reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec))
+            reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec, caller))
         return reply
 
     # -- priority preemption ---------------------------------------------------------------
@@ -532,12 +536,13 @@ class Node:
             member=lease.member,
         )
 
-    def release(self, lease_ids: Sequence[str]) -> int:
+    def release(self, lease_ids: Sequence[str], caller: str = "") -> int:
+        """Give back uncommitted leases issued to ``caller``; others are skipped, not counted."""
         released = 0
         for lease_id in lease_ids:
             check_str(lease_id, "lease_ids")
             lease = self.ledger.lease(lease_id)
-            if lease is None or lease.committed:
+            if lease is None or lease.committed or lease.caller != caller:
                 continue
             self.ledger.release(lease_id)
             self.journal.delete_lease(lease_id)
@@ -546,7 +551,9 @@ class Node:
 
     # -- commit, launch and exit ----------------------------------------------------------
 
-    async def commit(self, lease_id: str, spec: common_pb2.SubjobSpec) -> common_pb2.Subjob:
+    async def commit(
+        self, lease_id: str, spec: common_pb2.SubjobSpec, caller: str = ""
+    ) -> common_pb2.Subjob:
         check_str(lease_id, "lease_id", required=True)
         validate_spec(spec)
         if not spec.subjob_id:
@@ -556,7 +563,7 @@ class Node:
                 f"subjob {spec.subjob_id} already exists", field="spec.subjob_id"
             )
         self._expire()
-        lease = self.ledger.commit(lease_id, spec.subjob_id, time.monotonic())
+        lease = self.ledger.commit(lease_id, spec.subjob_id, time.monotonic(), caller)
         by_id = {s.slice_id: s for s in self.slices}
         slice_ids = [a.slice_id for a in lease.allocations]
         devices = [by_id[s].device_uuid for s in slice_ids]

@@ -27,8 +27,10 @@ from laminar_agent.daemon import serve_until_signalled
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.inventory import open_backend
+from laminar_agent.inventory.base import GpuBackend
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.sdnotify import Notifier
+from laminar_agent.security import Trust, load_trust, log_trust, server_interceptors
 from laminar_agent.service import AgentService
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc
@@ -54,10 +56,13 @@ class AgentServer:
         *,
         notifier: Notifier | None = None,
         host_memory: HostMemorySource | None = None,
+        backend: GpuBackend | None = None,
     ) -> None:
-        """``host_memory`` replaces psutil as Airlock's host signal (tests, simulation)."""
+        """``host_memory`` replaces psutil as Airlock's host signal and ``backend`` the
+        configured GPU backend (tests, simulation)."""
         self.config = config
         self._host_memory = host_memory
+        self._backend = backend
         self.notifier = notifier or Notifier(None)
         self.status = Status.CREATED
         self.stop_event = asyncio.Event()
@@ -69,14 +74,16 @@ class AgentServer:
         self._airlock_task: asyncio.Task[None] | None = None
         self.state: AgentState | None = None
         self.heartbeat: HeartbeatClient | None = None
+        self.trust: Trust | None = None
 
     async def start(self) -> None:
         self.status = Status.STARTING
         cfg = self.config
+        trust = self.trust = load_trust(cfg.tls, cfg.control)
         agent_id = cfg.server.agent_id or socket.gethostname()
         state_dir = Path(cfg.server.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
-        backend = open_backend(
+        backend = self._backend or open_backend(
             cfg.inventory.gpu_backend,
             fake_spec=cfg.inventory.fake_gpus,
             agent_id=agent_id,
@@ -103,10 +110,13 @@ class AgentServer:
             len(backend.gpus()),
             ", ".join(f"{g.index}:{g.model}" for g in backend.gpus()),
         )
-        server = grpc.aio.server(options=server_options())
-        agent_pb2_grpc.add_AgentServicer_to_server(AgentService(self.state), server)
+        server = grpc.aio.server(
+            options=server_options(), interceptors=server_interceptors(trust, [SERVICE_NAME])
+        )
+        service = AgentService(self.state, debug_rpcs=cfg.server.debug_rpcs)
+        agent_pb2_grpc.add_AgentServicer_to_server(service, server)
         health = add_health_and_reflection(server, [SERVICE_NAME])
-        port = server.add_insecure_port(cfg.server.listen)
+        port = trust.bind(server, cfg.server.listen)
         if port == 0:
             raise OSError(f"cannot bind gRPC address {cfg.server.listen}")
         host = cfg.server.listen.rpartition(":")[0]
@@ -128,6 +138,9 @@ class AgentServer:
             self.address,
             self.metrics_address or "off",
         )
+        log_trust(log, trust, "agent", self.address)
+        if cfg.server.debug_rpcs:
+            log.warning("server.debug_rpcs is on: fault-injection calls (InjectLoad) are served")
         self._tasks.append(asyncio.create_task(self._tick(), name="agent-tick"))
         if cfg.zone.zone:
             node = self.state.node
@@ -139,6 +152,7 @@ class AgentServer:
                 node.journal,
                 node.event_message,
                 readdress_ids=self.state.airlock.readdress_ids,
+                trust=trust,
             )
             node.add_event_waiter(self.heartbeat.wake)
             self._tasks.append(

@@ -10,6 +10,7 @@ import grpc
 
 from laminar_agent.errors import FailedPrecondition, NotFound
 from laminar_agent.grpcutil import check_number, check_str, map_errors
+from laminar_agent.security import peer_identity
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
@@ -20,14 +21,19 @@ MAX_BATCH = 256
 
 
 class AgentService(agent_pb2_grpc.AgentServicer):
-    def __init__(self, state: AgentState) -> None:
+    """Leases are bound to the caller's mTLS identity (:func:`peer_identity`, "" without TLS):
+    only the identity that probed may commit or release them. Debug calls (InjectLoad) are
+    served only on the fake backend or with ``server.debug_rpcs``."""
+
+    def __init__(self, state: AgentState, *, debug_rpcs: bool = False) -> None:
         self._state = state
         self._node = state.node
+        self._debug_rpcs = debug_rpcs
 
     @map_errors
     async def Probe(self, request: agent_pb2.ProbeRequest, context: Ctx) -> agent_pb2.ProbeReply:
         with self._state.metrics.rpc_seconds.labels("Probe").time():
-            reply = await self._node.probe(request)
+            reply = await self._node.probe(request, peer_identity(context))
             self._state.fill_summary(reply.summary)
             self._count_probe(reply)
         return reply
@@ -44,7 +50,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             raise FailedPrecondition(
                 f"{len(request.probes)} probes, at most {MAX_BATCH}", field="probes"
             )
-        replies = await asyncio.gather(*(self._node.probe(p) for p in request.probes))
+        caller = peer_identity(context)
+        replies = await asyncio.gather(*(self._node.probe(p, caller) for p in request.probes))
         for reply in replies:
             self._state.fill_summary(reply.summary)
             self._count_probe(reply)
@@ -53,13 +60,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     @map_errors
     async def Commit(self, request: agent_pb2.CommitRequest, context: Ctx) -> common_pb2.Subjob:
         with self._state.metrics.rpc_seconds.labels("Commit").time():
-            return await self._node.commit(request.lease_id, request.spec)
+            return await self._node.commit(
+                request.lease_id, request.spec, peer_identity(context)
+            )
 
     @map_errors
     async def Release(
         self, request: agent_pb2.ReleaseRequest, context: Ctx
     ) -> agent_pb2.ReleaseReply:
-        released = self._node.release(list(request.lease_ids))
+        released = self._node.release(list(request.lease_ids), peer_identity(context))
         return agent_pb2.ReleaseReply(released=released, summary=self._state.summary_message())
 
     @map_errors
@@ -135,9 +144,17 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, request: agent_pb2.InjectLoadRequest, context: Ctx
     ) -> agent_pb2.InjectLoadReply:
         fake = self._state.fake_backend
+        if fake is None and not self._debug_rpcs:
+            raise FailedPrecondition(
+                "InjectLoad is a debug call, served only with inventory.gpu_backend = fake "
+                "or server.debug_rpcs = true (--debug-rpcs)",
+                field="server.debug_rpcs",
+            )
         if fake is None:
             raise FailedPrecondition(
-                "fault injection exists only with --gpu-backend fake", field="gpu_backend"
+                f"the {self._state.backend.name} backend cannot simulate load; InjectLoad "
+                "needs inventory.gpu_backend = fake",
+                field="inventory.gpu_backend",
             )
         check_str(request.slice_id, "slice_id")
         check_number(request.duration_seconds, "duration_seconds", high=7 * 86400)

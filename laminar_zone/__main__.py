@@ -10,6 +10,7 @@ from laminar_agent.configlib import load_config
 from laminar_agent.daemon import run_daemon, setup_logging
 from laminar_agent.errors import LaminarError
 from laminar_agent.sdnotify import Notifier
+from laminar_agent.security import add_security_flags, security_overrides
 from laminar_zone.config import ZoneConfig
 from laminar_zone.server import ZoneServer
 
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", help="peer zone routers HOST:PORT,...")
     p.add_argument("--metrics-listen", help="Prometheus HTTP HOST:PORT")
     p.add_argument("--heartbeat-seconds", help="heartbeat period asked of agents, e.g. 1s")
+    add_security_flags(p)
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     return p
 
@@ -42,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                 "server.metrics_listen": args.metrics_listen,
                 "peers.peers": args.peers,
                 "membership.heartbeat_seconds": args.heartbeat_seconds,
+                **security_overrides(args),
             },
         )
     except LaminarError as exc:

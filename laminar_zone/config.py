@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from laminar_agent.config import ControlSettings, TlsSettings, validate_security
 from laminar_agent.configlib import doc
 from laminar_agent.errors import ConfigError, InvalidArgument
 from laminar_agent.units import parse_size
@@ -201,6 +202,8 @@ class ZoneConfig:
     auth: AuthSettings = field(default_factory=AuthSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     market: MarketSettings = field(default_factory=MarketSettings)
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    control: ControlSettings = field(default_factory=ControlSettings)
 
     def validate(self) -> None:
         for key, value in (
@@ -267,6 +270,7 @@ class ZoneConfig:
                 f"must be one of {', '.join(POLICIES)}, got {self.market.policy!r}",
                 field="market.policy",
             )
+        validate_security(self.tls, self.control)
         self.shares()
         self.quotas()
         self.blend()

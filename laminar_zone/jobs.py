@@ -33,6 +33,7 @@ from laminar_agent.errors import (
 )
 from laminar_agent.grpcutil import check_number, check_str
 from laminar_agent.node import demand_from
+from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
 from laminar_zone.audit import AuditLog
@@ -149,7 +150,9 @@ class ZoneState:
         metrics: ZoneMetrics,
         *,
         rng: random.Random | None = None,
+        trust: Trust = INSECURE,
     ) -> None:
+        """``trust`` authenticates the router's calls to agents (mTLS, shared secret, none)."""
         self.config = config
         self.zone_name = config.server.zone_name
         self.store = store
@@ -161,7 +164,7 @@ class ZoneState:
         self.view = ZoneView(stale)
         #: Per-tenant usage rows, written as subjobs end (before the job row that says so).
         self.usage_ledger = UsageLedger(store, metrics, self.view.agents)
-        self.clients = AgentClients()
+        self.clients = AgentClients(trust)
         self.placer = Placer(self.view, self.clients, config.placement, self.rng)
         self.shares = config.shares()
         self.quotas = config.quotas()

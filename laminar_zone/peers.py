@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_zone.config import PeerSettings
 from laminar_zone.jobs import Entry, ZoneState
@@ -38,13 +39,13 @@ class Peer:
 
 
 class PeerRouter:
-    def __init__(self, state: ZoneState, settings: PeerSettings) -> None:
+    def __init__(self, state: ZoneState, settings: PeerSettings, trust: Trust = INSECURE) -> None:
         self.state = state
         self.settings = settings
         self.address = ""
         self.peers: dict[str, Peer] = {a: Peer(a) for a in settings.peers}
         self._stubs: StubCache[zone_pb2_grpc.ZoneControlAsyncStub] = StubCache(
-            zone_pb2_grpc.ZoneControlStub
+            zone_pb2_grpc.ZoneControlStub, trust
         )
         self._local: dict[str, ShapeCap] = {}
 

@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 import grpc
 
 from laminar_agent.grpcutil import channel_options
+from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_zone.config import PlacementSettings
 from laminar_zone.placement import Need, Offer, ShapeCap, members_fitting
@@ -31,16 +32,19 @@ S = TypeVar("S")
 
 
 class StubCache(Generic[S]):
-    """One channel per address, opened on first use and kept (agents and peer routers)."""
+    """One channel per address, opened on first use and kept (agents and peer routers).
 
-    def __init__(self, factory: Callable[[grpc.aio.Channel], S]) -> None:
+    Channels authenticate the way ``trust`` says (mTLS, shared secret, or neither)."""
+
+    def __init__(self, factory: Callable[[grpc.aio.Channel], S], trust: Trust = INSECURE) -> None:
         self._factory = factory
+        self._trust = trust
         self._stubs: dict[str, tuple[grpc.aio.Channel, S]] = {}
 
     def stub(self, address: str) -> S:
         entry = self._stubs.get(address)
         if entry is None:
-            channel = grpc.aio.insecure_channel(address, options=channel_options())
+            channel = self._trust.aio_channel(address, channel_options())
             entry = (channel, self._factory(channel))
             self._stubs[address] = entry
         return entry[1]
@@ -52,8 +56,8 @@ class StubCache(Generic[S]):
 
 
 class AgentClients(StubCache["agent_pb2_grpc.AgentAsyncStub"]):
-    def __init__(self) -> None:
-        super().__init__(agent_pb2_grpc.AgentStub)
+    def __init__(self, trust: Trust = INSECURE) -> None:
+        super().__init__(agent_pb2_grpc.AgentStub, trust)
 
 
 def shapes_from(summary: common_pb2.AgentSummary) -> dict[str, ShapeCap]:

@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 from laminar_agent.daemon import serve_until_signalled
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.sdnotify import Notifier
+from laminar_agent.security import load_trust, log_trust, server_interceptors
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import Guard, open_guard
@@ -38,10 +39,8 @@ from laminar_zone.store import JobStore
 
 log = logging.getLogger("laminar.zone")
 
-SERVICE_NAMES = [
-    zone_pb2.DESCRIPTOR.services_by_name["Zone"].full_name,
-    zone_pb2.DESCRIPTOR.services_by_name["ZoneControl"].full_name,
-]
+CONTROL_SERVICE = zone_pb2.DESCRIPTOR.services_by_name["ZoneControl"].full_name
+SERVICE_NAMES = [zone_pb2.DESCRIPTOR.services_by_name["Zone"].full_name, CONTROL_SERVICE]
 
 
 class Status(enum.Enum):
@@ -71,15 +70,16 @@ class ZoneServer:
     async def start(self) -> None:
         self.status = Status.STARTING
         cfg = self.config
+        trust = load_trust(cfg.tls, cfg.control)
         state_dir = Path(cfg.server.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         store = JobStore(state_dir / "zone.db")
         metrics = ZoneMetrics()
-        self.state = ZoneState(cfg, store, metrics)
+        self.state = ZoneState(cfg, store, metrics, trust=trust)
         self.state.audit = AuditLog(state_dir / AUDIT_FILE)
         recovered = self.state.recover()
         log.info("journal recovery: %d live job(s) reloaded from %s", recovered, store.path)
-        self.peers = PeerRouter(self.state, cfg.peers)
+        self.peers = PeerRouter(self.state, cfg.peers, trust)
         self.state.forwarder = self.peers.forward
         self.guard = Guard(
             cfg.auth.tokens_file,
@@ -100,13 +100,17 @@ class ZoneServer:
             )
             with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
                 asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tokens)
-        server = grpc.aio.server(options=server_options())
+        # With mTLS every caller needs a CA-signed certificate, submitters included; the
+        # shared secret guards ZoneControl only (submitters use bearer tokens).
+        server = grpc.aio.server(
+            options=server_options(), interceptors=server_interceptors(trust, [CONTROL_SERVICE])
+        )
         zone_pb2_grpc.add_ZoneServicer_to_server(ZoneService(self.state, self.guard), server)
         zone_pb2_grpc.add_ZoneControlServicer_to_server(
             ZoneControlService(self.state, self.peers), server
         )
         health = add_health_and_reflection(server, SERVICE_NAMES)
-        port = server.add_insecure_port(cfg.server.listen)
+        port = trust.bind(server, cfg.server.listen)
         if port == 0:
             raise OSError(f"cannot bind gRPC address {cfg.server.listen}")
         host = cfg.server.listen.rpartition(":")[0]
@@ -129,6 +133,7 @@ class ZoneServer:
             self.metrics_address or "off",
             ",".join(cfg.peers.peers) or "none",
         )
+        log_trust(log, trust, "zone router", self.address)
         self._tasks = [
             asyncio.create_task(self._tick(), name="zone-tick"),
             asyncio.create_task(self.state.run_queue(self.stop_event), name="zone-queue"),

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 
 def wait_for(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
     """Return once ``predicate()`` is true; fail the test at the deadline."""
@@ -15,6 +17,14 @@ def wait_for(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> No
             return
         time.sleep(0.05)
     raise AssertionError(f"condition not met within {timeout_seconds:.0f} s")
+
+
+def is_gone(pid: int) -> bool:
+    """Whether a process has exited (a zombie awaiting its parent counts as gone)."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
 
 
 def gate_code(gate: Path, exit_code: int = 0) -> str:

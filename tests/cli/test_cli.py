@@ -13,16 +13,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from waiting import gate_code, wait_for
+from waiting import gate_code, is_gone, wait_for
 
 from cli.main import main
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_up_serves_and_stops_cleanly_on_sigterm(
@@ -76,7 +69,7 @@ def test_up_serves_and_stops_cleanly_on_sigterm(
         if up.poll() is None:
             up.kill()
             up.wait()
-    wait_for(lambda: all(_gone(p.pid) for p in descendants), timeout_seconds=10)
+    wait_for(lambda: all(is_gone(p.pid) for p in descendants), timeout_seconds=10)
     assert "all 3 daemons stopped cleanly" in log.read_text()
 
 

@@ -1,0 +1,419 @@
+"""Router-agent trust, shared by both daemons and the CLI: mTLS or a shared secret.
+
+Control traffic (router -> agent Probe/Commit/Release/Signal/..., agent -> router
+Heartbeat, router <-> router ExchangeSummary/ForwardJob) is authenticated in one
+of two ways:
+
+* **mTLS** (``[tls]`` ``ca_file``, ``cert_file``, ``key_file``): every daemon
+  serves with its certificate, requires a client certificate signed by the CA,
+  and calls others with its own. The caller's identity is the certificate's
+  common name (or first SAN), read by :func:`peer_identity`.
+* **shared secret** (``[control] shared_secret_file``): every control call
+  carries ``x-laminar-secret``; :class:`SecretInterceptor` compares it with
+  :func:`hmac.compare_digest` and answers UNAUTHENTICATED otherwise. Health and
+  reflection are exempt.
+
+Without either, control calls are unauthenticated (the daemons warn at start).
+With ``tls.allowed_names``, only certificates carrying one of those names may make
+control calls (:class:`NamesInterceptor`); otherwise any certificate the CA signed
+may. Not covered: certificate revocation, and rotation without a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from laminar_agent.config import ControlSettings, TlsSettings, validate_security
+from laminar_agent.errors import ConfigError
+
+#: Metadata key that carries the shared secret on control calls.
+SECRET_HEADER = "x-laminar-secret"
+#: File mode bits that must be clear on a secret or private key (readable by others).
+_OTHERS_BITS = 0o007
+
+
+def add_security_flags(parser: argparse.ArgumentParser) -> None:
+    """The daemons' flags for ``[tls]`` and ``[control]`` (they override TOML and environment)."""
+    parser.add_argument("--tls-ca-file", help="PEM CA certificate (tls.ca_file); turns on mTLS")
+    parser.add_argument("--tls-cert-file", help="PEM certificate of this daemon (tls.cert_file)")
+    parser.add_argument("--tls-key-file", help="PEM private key (tls.key_file)")
+    parser.add_argument(
+        "--tls-allowed-names",
+        help="certificate names allowed to make control calls, comma-separated (tls.allowed_names)",
+    )
+    parser.add_argument(
+        "--shared-secret-file",
+        help="file with the secret control calls carry (control.shared_secret_file)",
+    )
+
+
+def security_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Flag values for :func:`~laminar_agent.configlib.load_config` overrides."""
+    return {
+        "tls.ca_file": args.tls_ca_file,
+        "tls.cert_file": args.tls_cert_file,
+        "tls.key_file": args.tls_key_file,
+        "tls.allowed_names": args.tls_allowed_names,
+        "control.shared_secret_file": args.shared_secret_file,
+    }
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The loaded credentials a daemon (or the CLI) serves and calls with; empty = insecure."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+    secret: str | None = None
+    #: Certificate names allowed to make control calls to us; empty = any the CA signed.
+    allowed_names: frozenset[str] = frozenset()
+
+    @property
+    def is_tls(self) -> bool:
+        return self.ca is not None
+
+    @property
+    def is_authenticated(self) -> bool:
+        return self.is_tls or self.secret is not None
+
+    def describe(self) -> str:
+        """How control calls are authenticated, for the start-up log line."""
+        tls = "mTLS" + (
+            f" (allowed names: {', '.join(sorted(self.allowed_names))})"
+            if self.allowed_names
+            else ""
+        )
+        parts = ([tls] if self.is_tls else []) + (["shared secret"] if self.secret else [])
+        return " + ".join(parts) or "none"
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """Serve with our certificate and require a client certificate signed by the CA."""
+        assert self.ca is not None and self.cert is not None and self.key is not None
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        assert self.is_tls
+        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        return ((SECRET_HEADER, self.secret),) if self.secret else ()
+
+    def bind(self, server: grpc.aio.Server, address: str) -> int:
+        """Bind ``address`` with TLS when configured; the real port (0: could not bind)."""
+        if self.is_tls:
+            return server.add_secure_port(address, self.server_credentials())
+        return server.add_insecure_port(address)
+
+    def aio_channel(
+        self, address: str, options: list[tuple[str, Any]] | None = None
+    ) -> grpc.aio.Channel:
+        """An asyncio channel that authenticates every call the way this trust says."""
+        interceptors: Any = [AioHeaders(self.headers())] if self.secret else None
+        if self.is_tls:
+            return grpc.aio.secure_channel(
+                address, self.channel_credentials(), options=options, interceptors=interceptors
+            )
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+    def channel(
+        self,
+        address: str,
+        options: list[tuple[str, Any]] | None = None,
+        extra_headers: Iterable[tuple[str, str]] = (),
+    ) -> grpc.Channel:
+        """A blocking channel (the CLI) that sends our headers plus ``extra_headers``."""
+        if self.is_tls:
+            channel = grpc.secure_channel(address, self.channel_credentials(), options=options)
+        else:
+            channel = grpc.insecure_channel(address, options=options)
+        headers = (*self.headers(), *extra_headers)
+        if not headers:
+            return channel
+        return grpc.intercept_channel(channel, Headers(headers))
+
+
+INSECURE = Trust()
+
+
+def write_file(path: Path, data: bytes, mode: int) -> None:
+    """Write with ``mode`` from the first byte, so a key or secret is never briefly readable."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), mode)
+        out.write(data)
+
+
+def _read(path: str, key: str, *, private: bool = False) -> bytes:
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+        mode = file.stat().st_mode & 0o777
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", field=key) from None
+    if private and mode & _OTHERS_BITS:
+        raise ConfigError(
+            f"{path} is readable by others (mode {mode:03o}); run chmod 600 {path}", field=key
+        )
+    return data
+
+
+def _read_pem(path: str, key: str, *, private: bool = False) -> bytes:
+    data = _read(path, key, private=private)
+    if b"-----BEGIN " not in data:
+        raise ConfigError(f"{path} is not a PEM file", field=key)
+    return data
+
+
+def load_trust(tls: TlsSettings, control: ControlSettings) -> Trust:
+    """Read the configured files once at start; errors name the key."""
+    validate_security(tls, control)
+    secret: str | None = None
+    if control.shared_secret_file:
+        key = "control.shared_secret_file"
+        raw = _read(control.shared_secret_file, key, private=True)
+        secret = raw.decode(errors="replace").strip() or None
+        if secret is None:
+            raise ConfigError(f"{control.shared_secret_file} is empty", field=key)
+        if not (secret.isascii() and secret.isprintable()) or len(secret) > 1024:
+            # gRPC metadata values are printable ASCII; base64 or hex of random bytes is.
+            raise ConfigError(
+                "must be one line of at most 1024 printable ASCII characters", field=key
+            )
+    if not tls.is_enabled:
+        return Trust(secret=secret)
+    return Trust(
+        ca=_read_pem(tls.ca_file, "tls.ca_file"),
+        cert=_read_pem(tls.cert_file, "tls.cert_file"),
+        key=_read_pem(tls.key_file, "tls.key_file", private=True),
+        secret=secret,
+        allowed_names=frozenset(tls.allowed_names),
+    )
+
+
+def log_trust(log: logging.Logger, trust: Trust, daemon: str, address: str) -> None:
+    """One start-up line saying how control calls are authenticated (a WARNING when not)."""
+    if trust.is_authenticated:
+        log.info(
+            "%s control calls on %s are authenticated by %s", daemon, address, trust.describe()
+        )
+        return
+    log.warning(
+        "control calls are unauthenticated: any process that can reach %s may act as a "
+        "router or agent (%s); set tls.ca_file, tls.cert_file and tls.key_file "
+        "(laminar certs init) or control.shared_secret_file",
+        address,
+        daemon,
+    )
+
+
+def _peer_names(context: Any) -> list[str]:
+    """The caller's certificate names, common name first, then every SAN; [] without mTLS."""
+    auth = context.auth_context() or {}
+    return [
+        value.decode() if isinstance(value, bytes) else str(value)
+        for key in ("x509_common_name", "x509_subject_alternative_name")
+        for value in auth.get(key) or []
+    ]
+
+
+def peer_identity(context: Any) -> str:
+    """The caller's certificate name (common name, else first SAN); "" without mTLS."""
+    names = _peer_names(context)
+    return names[0] if names else ""
+
+
+if TYPE_CHECKING:  # the stubs make these generic; at run time they are plain classes
+    Handler = grpc.RpcMethodHandler[Any, Any]
+    _ServerBase = grpc.aio.ServerInterceptor[Any, Any]
+    _UnaryBase = grpc.UnaryUnaryClientInterceptor[Any, Any]
+    _StreamBase = grpc.UnaryStreamClientInterceptor[Any, Any]
+    _AioUnaryBase = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
+    _AioStreamBase = grpc.aio.UnaryStreamClientInterceptor[Any, Any]
+else:
+    Handler = grpc.RpcMethodHandler
+    _ServerBase = grpc.aio.ServerInterceptor
+    _UnaryBase = grpc.UnaryUnaryClientInterceptor
+    _StreamBase = grpc.UnaryStreamClientInterceptor
+    _AioUnaryBase = grpc.aio.UnaryUnaryClientInterceptor
+    _AioStreamBase = grpc.aio.UnaryStreamClientInterceptor
+
+# ----------------------------------------------------------------------------- server side
+
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+def _handler_like(handler: Handler, behavior: Callable[..., Any]) -> Handler:
+    """A handler of the same shape and (de)serializers as ``handler`` running ``behavior``."""
+    kwargs: dict[str, Any] = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(behavior, **kwargs)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(behavior, **kwargs)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(behavior, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(behavior, **kwargs)
+
+
+def _deny_handler(handler: Handler, message: str) -> Handler:
+    """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED."""
+
+    async def deny(request: Any, context: Ctx) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return _handler_like(handler, deny)
+
+
+class _ControlInterceptor(_ServerBase):
+    """Applies :meth:`guard` to calls of ``services``; health, reflection and others pass."""
+
+    def __init__(self, services: Iterable[str]) -> None:
+        self._prefixes = tuple(f"/{name}/" for name in services)
+
+    def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method or ""
+        if handler is None or not method.startswith(self._prefixes):
+            return handler
+        return self.guard(handler, handler_call_details)
+
+
+class SecretInterceptor(_ControlInterceptor):
+    """Refuse calls to ``services`` that lack the shared secret (UNAUTHENTICATED)."""
+
+    def __init__(self, secret: str, services: Iterable[str]) -> None:
+        super().__init__(services)
+        self._secret = secret.encode()
+
+    def check(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+        """None when the secret is right, else what is wrong (the UNAUTHENTICATED message)."""
+        for key, value in metadata or ():
+            if key.lower() == SECRET_HEADER:
+                given = value if isinstance(value, bytes) else value.encode()
+                if hmac.compare_digest(given, self._secret):
+                    return None
+                return f"wrong {SECRET_HEADER} (check control.shared_secret_file on the caller)"
+        return (
+            f"missing {SECRET_HEADER} metadata: control calls need the shared secret "
+            "(set control.shared_secret_file on the caller)"
+        )
+
+    def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        problem = self.check(details.invocation_metadata)
+        return (
+            handler if problem is None else _deny_handler(handler, f"{details.method}: {problem}")
+        )
+
+
+class NamesInterceptor(_ControlInterceptor):
+    """Let only certificates naming one of ``names`` call ``services`` (PERMISSION_DENIED).
+
+    The peer certificate is known only inside the call, so the handler is wrapped.
+    """
+
+    def __init__(self, names: Iterable[str], services: Iterable[str]) -> None:
+        super().__init__(services)
+        self._names = frozenset(names)
+
+    async def _check(self, context: Ctx, method: str) -> None:
+        names = _peer_names(context)
+        if not self._names.intersection(names):
+            who = f"certificate {names[0]!r}" if names else "a caller without a certificate"
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method}: {who} may not make control calls (tls.allowed_names)",
+            )
+
+    def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        method = details.method or ""
+        if handler.request_streaming:  # no control call streams requests
+            return _deny_handler(handler, f"{method}: client streaming is not a control call")
+        if handler.response_streaming:
+            inner_stream: Any = handler.unary_stream
+
+            async def stream(request: Any, context: Ctx) -> AsyncIterator[Any]:
+                await self._check(context, method)
+                async for item in inner_stream(request, context):
+                    yield item
+
+            return _handler_like(handler, stream)
+        inner: Any = handler.unary_unary
+
+        async def unary(request: Any, context: Ctx) -> Any:
+            await self._check(context, method)
+            return await inner(request, context)
+
+        return _handler_like(handler, unary)
+
+
+def server_interceptors(trust: Trust, services: Iterable[str]) -> list[_ServerBase]:
+    """The secret check and the allowed-names check, each only where configured."""
+    services = list(services)
+    out: list[_ServerBase] = []
+    if trust.secret:
+        out.append(SecretInterceptor(trust.secret, services))
+    if trust.allowed_names:
+        out.append(NamesInterceptor(trust.allowed_names, services))
+    return out
+
+
+# ----------------------------------------------------------------------------- client side
+
+
+class Headers(_UnaryBase, _StreamBase):
+    """Blocking-channel interceptor that adds fixed metadata (secret, bearer token) to calls."""
+
+    def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
+        self._headers = tuple(headers)
+
+    def _details(self, details: Any) -> Any:
+        return details._replace(metadata=[*(details.metadata or []), *self._headers])
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+
+class AioHeaders(_AioUnaryBase, _AioStreamBase):
+    """Asyncio-channel interceptor that adds fixed metadata to every call."""
+
+    def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
+        self._headers = tuple(headers)
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._headers)
+        return details._replace(metadata=metadata)  # type: ignore[attr-defined,no-any-return]
+
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_unary_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(self._details(client_call_details), request)

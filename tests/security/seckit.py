@@ -1,0 +1,72 @@
+"""Helpers for security tests: certificates per name, TLS flags, status codes of real calls."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from waiting import wait_for
+
+from laminar_agent.config import ControlSettings, TlsSettings
+from laminar_agent.security import Trust, load_trust
+from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+
+HEARTBEAT_SECONDS = 0.2
+#: Names the test CA issues certificates for: the two daemons, an operator, an intruder.
+HOSTS = ["router", "agent", "ops", "intruder"]
+
+
+def tls_settings(certs: Path, name: str) -> TlsSettings:
+    return TlsSettings(
+        ca_file=str(certs / "ca.pem"),
+        cert_file=str(certs / f"{name}.pem"),
+        key_file=str(certs / f"{name}-key.pem"),
+    )
+
+
+def tls_args(certs: Path, name: str) -> list[str]:
+    """Daemon flags that turn on mTLS with ``name``'s certificate."""
+    tls = tls_settings(certs, name)
+    return [
+        "--tls-ca-file",
+        tls.ca_file,
+        "--tls-cert-file",
+        tls.cert_file,
+        "--tls-key-file",
+        tls.key_file,
+    ]
+
+
+def trust_for(certs: Path, name: str) -> Trust:
+    return load_trust(tls_settings(certs, name), ControlSettings())
+
+
+def run_job(channel: grpc.Channel, text: str) -> None:
+    """Submit a one-GPU job printing ``text`` through a router; return once it succeeded."""
+    stub = zone_pb2_grpc.ZoneStub(channel)
+    spec = zone_pb2.JobSpec(
+        command=[sys.executable, "-c", f"print({text!r})"],
+        resources=common_pb2.Resources(gpus=1),
+    )
+    job = stub.Submit(zone_pb2.SubmitRequest(spec=spec), timeout=10)
+
+    def done() -> bool:
+        state = stub.GetJob(zone_pb2.GetJobRequest(job_id=job.job_id), timeout=10).state
+        assert state not in (zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED)
+        return state == zone_pb2.JOB_SUCCEEDED
+
+    wait_for(done)
+
+
+def failure(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:
+    """Run a call that must fail; its status code and details (server streams are drained)."""
+    try:
+        result = call()
+        if hasattr(result, "__iter__") and not hasattr(result, "ListFields"):
+            list(result)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    raise AssertionError("the call succeeded")
