@@ -74,6 +74,7 @@ ATOMIZATION_KEYS = frozenset(
         "max_units",
         "epsilon",
         "phases",
+        "checkpoint_dir",
     }
 )
 PHASE_KEYS = frozenset({"name", "units", "seconds_per_unit", "peak_memory"})
@@ -249,6 +250,10 @@ def _atomization(v: Value) -> common_pb2.AtomizationContract:
         contract.max_units = _int(hi, max(1, contract.min_units), contract.total_units)
     if (eps := item("epsilon")) is not None:
         contract.epsilon = _float(eps, 1e-9, 0.5)
+    if (ckpt := item("checkpoint_dir")) is not None:
+        if not isinstance(ckpt.raw, str) or not ckpt.raw.startswith("/"):
+            raise InvalidArgument("expected an absolute path", field=ckpt.label)
+        contract.checkpoint_dir = ckpt.raw
     if (phases := item("phases")) is not None:
         if not isinstance(phases.raw, list):
             raise InvalidArgument(

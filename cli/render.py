@@ -249,22 +249,40 @@ def job_detail(job: zone_pb2.Job, now_unix: float) -> RenderableType:
         grid.add_row("zone", Text(job.zone))
     if job.client_request_id:
         grid.add_row("request id", Text(job.client_request_id))
-    if spec.HasField("atomization") and spec.atomization.total_units:
+    atomized = spec.HasField("atomization") and spec.atomization.total_units > 0
+    if atomized:
         progress = job.atomization
         grid.add_row(
-            "atomization",
-            f"{progress.units_done} of {spec.atomization.total_units} units in "
-            f"{progress.subjobs} subjob(s)",
+            "units",
+            f"{progress.units_done} of {spec.atomization.total_units} done in "
+            f"{progress.subjobs} subjob(s); violation rate {progress.violation_rate:.1%}",
         )
+        grid.add_row("profile", Text(profile_text(progress)))
+        if progress.last_losing_score:
+            grid.add_row("last outbid by", f"a score of {progress.last_losing_score:.3f}")
     parts: list[RenderableType] = [grid]
     if job.placements:
-        parts.append(placements_table(job.placements, now_unix))
+        parts.append(placements_table(job.placements, now_unix, units=atomized))
     return Group(*parts)
 
 
-def placements_table(placements: Iterable[zone_pb2.Placement], now_unix: float) -> Table:
+def profile_text(progress: zone_pb2.AtomizationProgress) -> str:
+    """The calibrated profile: time per unit and peak memory at each quantile."""
+    time_part = ", ".join(f"p{q.q * 100:g} {span(q.value)}" for q in progress.seconds_per_unit)
+    memory = ", ".join(
+        f"p{q.q * 100:g} {format_size(int(q.value))}" for q in progress.peak_memory_bytes
+    )
+    return f"per unit {time_part or '-'}; peak memory {memory or '-'}"
+
+
+def placements_table(
+    placements: Iterable[zone_pb2.Placement], now_unix: float, *, units: bool = False
+) -> Table:
+    """One row per subjob; ``units`` (atomized jobs) shows its units and what its checkpoint
+    covered instead of the gang member and try."""
     table = Table(title="subjobs", title_justify="left")
-    for column in ("subjob", "member", "try", "agent", "slices", "state", "exit", "started", "ran"):
+    middle = ("units", "done") if units else ("member", "try")
+    for column in ("subjob", *middle, "agent", "slices", "state", "exit", "started", "ran"):
         table.add_column(column, no_wrap=column in ("subjob", "slices"))
     table.add_column("reason", overflow="fold")
     for placement in placements:
@@ -278,10 +296,17 @@ def placements_table(placements: Iterable[zone_pb2.Placement], now_unix: float) 
             common_pb2.KILLED,
             common_pb2.LOST,
         )
+        first = (
+            (
+                f"{placement.unit_start}..{placement.unit_start + placement.unit_count - 1}",
+                str(placement.units_done) if ended else "-",
+            )
+            if units
+            else (str(placement.member), str(placement.attempt))
+        )
         table.add_row(
             placement.subjob_id,
-            str(placement.member),
-            str(placement.attempt),
+            *first,
             placement.agent_id,
             ",".join(placement.slice_ids) or "cpu",
             subjob_state_name(placement.state),

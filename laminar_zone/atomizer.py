@@ -748,8 +748,11 @@ class Atomizer:
         reader = asyncio.create_task(pump(), name=f"bid-reader-{job_id}")
         try:
             while True:
-                if job_id not in self.atoms:
-                    yield zone_pb2.AnnounceMessage(round=self.round_number, done=True)
+                if job_id not in self.atoms:  # the job ended: the last result, and done
+                    last = zone_pb2.AnnounceMessage(round=self.round_number, done=True)
+                    if atom.result is not None:
+                        last.MergeFrom(atom.result)
+                    yield last
                     return
                 getter = asyncio.ensure_future(client.announces.get())
                 done, _ = await asyncio.wait(

@@ -196,3 +196,54 @@ def test_agents_probe_and_airlock_tables() -> None:
     assert "critical" in text and "97.5" in text
     assert "suspended subjobs (1)" in text and "opportunistic" in text and "12 s" in text
     assert "recent actions (1)" in text and "suspend" in text and "78 of 80" in text
+
+
+def test_job_detail_of_an_atomized_job_shows_units_profile_and_where_each_subjob_ran() -> None:
+    gib = 1 << 30
+    job = zone_pb2.Job(
+        job_id="j-9",
+        spec=zone_pb2.JobSpec(
+            command=["x"],
+            atomization=common_pb2.AtomizationContract(total_units=100),
+        ),
+        state=zone_pb2.JOB_RUNNING,
+        atomization=zone_pb2.AtomizationProgress(
+            units_done=40,
+            units_total=100,
+            subjobs=3,
+            violation_rate=0.25,
+            last_losing_score=0.61,
+            seconds_per_unit=[
+                common_pb2.Quantile(q=0.5, value=2),
+                common_pb2.Quantile(q=0.95, value=3),
+            ],
+            peak_memory_bytes=[common_pb2.Quantile(q=0.95, value=12 * gib)],
+        ),
+        placements=[
+            zone_pb2.Placement(
+                subjob_id="j-9-u0-s0",
+                agent_id="host-1",
+                slice_ids=["gpu0"],
+                state=common_pb2.KILLED,
+                unit_start=0,
+                unit_count=30,
+                units_done=12,
+                reason="readdressed: back to the market",
+            ),
+            zone_pb2.Placement(
+                subjob_id="j-9-u12-s1",
+                agent_id="host-2",
+                slice_ids=["gpu1/3g.40gb@0"],
+                state=common_pb2.SUCCEEDED,
+                unit_start=12,
+                unit_count=28,
+                units_done=28,
+            ),
+        ],
+    )
+    text = _text(render.job_detail(job, NOW))
+    assert "40 of 100 done in 3 subjob(s); violation rate 25.0%" in text
+    assert "per unit p50 2.0 s, p95 3.0 s; peak memory p95 12.0GiB" in text
+    assert "a score of 0.610" in text
+    assert "0..29" in text and "12..39" in text
+    assert "host-2" in text and "gpu1/3g.40gb@0" in text and "back to the market" in text

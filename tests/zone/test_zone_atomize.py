@@ -8,6 +8,7 @@ checkpoint on another slice, and in the end every unit was done exactly once.
 from __future__ import annotations
 
 import itertools
+import queue
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from waiting import wait_for
+from waiting import gate_code, wait_for
 from zonekit import HEARTBEAT_SECONDS, TERMINAL, Zone, open_zone
 
 from cli.cluster import AgentProcess, LocalCluster
@@ -172,3 +173,70 @@ def test_windows_size_subjobs_and_an_overrun_resumes_from_the_checkpoint(
     # After the overrun the profile is wider: later subjobs bid for fewer units.
     assert all(p.unit_count < first.unit_count for p in later)
     assert done.atomization.violation_rate > 0
+
+
+def test_a_client_bids_for_its_own_job_over_the_bid_stream(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    zone = _market_zone(cluster, tmp_path, window_seconds=30.0)
+    _agent(cluster, zone, "a", "1xH100-80GB")
+    cluster.wait_registered()
+    gate = tmp_path / "gate"
+    blocker = zone.submit(gate_code(gate))
+    checkpoint = tmp_path / "ckpt"
+    job = zone.stub.Submit(
+        zone_pb2.SubmitRequest(
+            spec=zone_pb2.JobSpec(
+                command=[sys.executable, str(WORKER), "0.05"],
+                after=[blocker.job_id],  # waits, so the client attaches before any round
+                atomization=_contract(9, 9, checkpoint),
+            )
+        ),
+        timeout=10,
+    )
+    requests: queue.Queue[zone_pb2.BidMessage | None] = queue.Queue()
+    requests.put(zone_pb2.BidMessage(job_id=job.job_id))
+
+    def outgoing() -> Iterator[zone_pb2.BidMessage]:
+        while (message := requests.get()) is not None:
+            yield message
+
+    stream = zone.stub.Bid(outgoing(), timeout=60)
+    gate.touch()
+    won: list[zone_pb2.SubjobBid] = []
+    rounds = 0
+    try:
+        for announce in stream:
+            if announce.won:
+                won.append(announce.winning_bid)
+            if announce.done:
+                break
+            if not announce.windows:
+                continue
+            rounds += 1
+            next_unit = zone.get(job.job_id).atomization.units_done
+            window = announce.windows[0]
+            assert window.end_unix > 0  # open windows are announced with the router's cap
+            requests.put(
+                zone_pb2.BidMessage(
+                    job_id=job.job_id,
+                    round=announce.round,
+                    bids=[
+                        zone_pb2.SubjobBid(
+                            agent_id=window.agent_id,
+                            slice_id=window.slice_id,
+                            unit_start=next_unit,
+                            unit_count=min(3, 9 - next_unit),  # the client's own sizing
+                            seconds=1.0,
+                            feasibility=0.99,
+                        )
+                    ],
+                )
+            )
+    finally:
+        requests.put(None)
+    done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=30)
+    assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
+    assert [p.unit_count for p in done.placements] == [3, 3, 3]
+    assert [b.unit_start for b in won] == [0, 3, 6] and rounds >= 3
+    assert sorted(_units_log(checkpoint)) == list(range(9))
