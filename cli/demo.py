@@ -3,7 +3,8 @@
 Three agents on simulated GPUs (one H100 split by MIG plus two whole H100s,
 two A100s, one shared A100) behind one router. The workload has rigid
 whole-GPU jobs, MIG-sized jobs, two fractional shares of one GPU, a
-two-member gang of whole GPUs, and a job that must queue: it is submitted
+two-member gang of whole GPUs, an atomized job run as checkpointed pieces sized
+to the windows agents advertise, and a job that must queue: it is submitted
 once the two-GPU job and the gang run, when no host has two whole GPUs free,
 and runs when one of them finishes. Progress is printed as state
 changes; the end is a table of what ran where, how long it waited and ran.
@@ -63,6 +64,44 @@ WAVE_ONE = (
 #: Submitted once train-a and gang-pair run: then no host has two whole GPUs free (host-0 and
 #: host-1 have two each, the shared A100 counts as one), so it has to queue until one ends.
 LATE_JOB = DemoJob("finetune-late", common_pb2.Resources(gpus=2), 1.5)
+
+
+#: An atomized job: 12 units of 0.2 s, at most 4 a piece, checkpointing after each unit.
+ATOMIZED_UNITS = 12
+ATOMIZED_CODE = (
+    "import os, time\n"
+    "start, count = int(os.environ['LAMINAR_UNIT_START']), int(os.environ['LAMINAR_UNIT_COUNT'])\n"
+    "progress = os.environ['LAMINAR_PROGRESS_FILE']\n"
+    "for unit in range(start, start + count):\n"
+    "    time.sleep(0.2)\n"
+    "    with open(progress + '.tmp', 'w') as f: f.write(str(unit + 1))\n"
+    "    os.replace(progress + '.tmp', progress)\n"
+    "print('units', start, 'to', start + count - 1, 'on', os.environ['CUDA_VISIBLE_DEVICES'])\n"
+)
+
+
+def _submit_atomized(stub: zone_pb2_grpc.ZoneStub) -> zone_pb2.Job:
+    gib = 1024**3
+    spec = zone_pb2.JobSpec(
+        name="sweep-atomized",
+        command=[sys.executable, "-c", ATOMIZED_CODE],
+        priority=common_pb2.OPPORTUNISTIC,
+        lifecycle=common_pb2.TRANSIENT,
+        tenant="demo",
+        atomization=common_pb2.AtomizationContract(
+            total_units=ATOMIZED_UNITS,
+            seconds_per_unit=[
+                common_pb2.Quantile(q=0.5, value=0.2),
+                common_pb2.Quantile(q=0.95, value=0.3),
+            ],
+            peak_memory_bytes=[common_pb2.Quantile(q=0.95, value=8 * gib)],
+            max_units=4,
+        ),
+    )
+    return stub.Submit(
+        zone_pb2.SubmitRequest(spec=spec, client_request_id="demo-sweep-atomized"),
+        timeout=RPC_TIMEOUT_SECONDS,
+    )
 
 
 def demo_command(name: str, seconds: float) -> list[str]:
@@ -151,6 +190,11 @@ def summary_table(stub: zone_pb2_grpc.ZoneStub, jobs: list[zone_pb2.Job], now: f
         table.add_column(column, no_wrap=column in ("job", "state"))
     for job in sorted(jobs, key=lambda j: j.submitted_unix):
         resources = describe_resources(job.spec.resources)
+        if job.spec.atomization.total_units:
+            resources = (
+                f"atomized: {job.atomization.units_done}/{job.spec.atomization.total_units} "
+                f"units in {len(job.placements)} pieces"
+            )
         if job.spec.gang_size > 1:
             resources = f"{job.spec.gang_size} x ({resources})"
         table.add_row(
@@ -198,6 +242,7 @@ def _run_workload(console: Console, address: str) -> bool:
     with zone_stub(address) as stub:
         progress = Progress(console, stub)
         submitted = {job.name: _submit(stub, job) for job in WAVE_ONE}
+        submitted["sweep-atomized"] = _submit_atomized(stub)
         for job in submitted.values():
             progress.track(job)
         big = [submitted["train-a"].job_id, submitted["gang-pair"].job_id]
