@@ -89,6 +89,7 @@ from laminar_zone.market import (
     ClearingContext,
     Contract,
     MarketWindow,
+    Profile,
     best_bid,
     clear,
     contract_from,
@@ -324,6 +325,7 @@ class _Totals:
     subjob_violations: int = 0
     fills: list[float] = field(default_factory=list)
     rounds: int = 0
+    widen_resets: int = 0
     bids: int = 0
 
 
@@ -408,7 +410,9 @@ class MigReplay:
 
     def _atom_need(self, state: _JobState) -> int:
         assert state.calibrator is not None
-        return int(state.calibrator.profile().peak_memory_bytes.value_at(1 - self.spec.epsilon))
+        return int(
+            self.believed(state.calibrator).peak_memory_bytes.value_at(1 - self.spec.epsilon)
+        )
 
     # ------------------------------------------------------------------ events
 
@@ -617,6 +621,20 @@ class MigReplay:
             length = min(length, max(0.0, head[1] - self.engine.now))
         return length
 
+    def believed(self, calibrator: Calibrator) -> Profile:
+        """The calibrated profile, unless an overrun's widening (``Calibrator.overran`` widens
+        memory and time alike, even after a time cut) has pushed the memory it predicts above
+        every slice of the cluster: such a job could never win a window again, so would never
+        be observed, so would never lose the widening. The widening is dropped then, and
+        counted (``widen_resets``): the router needs the same guard."""
+        profile = calibrator.profile()
+        need = profile.peak_memory_bytes.value_at(1.0 - self.spec.epsilon)
+        if calibrator.widen > 1.0 and need > self.largest_bytes:
+            calibrator.widen = 1.0
+            self.totals.widen_resets += 1
+            profile = calibrator.profile()
+        return profile
+
     def clear_round(self) -> None:
         now = self.engine.now
         self.totals.rounds += 1
@@ -639,7 +657,7 @@ class MigReplay:
             assert state.contract is not None and state.calibrator is not None
             job_id = f"j{state.job.index:07d}"
             by_job[job_id] = state
-            believed = state.calibrator.profile()
+            believed = self.believed(state.calibrator)
             for windows in classes.values():
                 bid = best_bid(
                     job_id,
@@ -771,13 +789,12 @@ class MigReplay:
         t = self.totals
         span = max(self.window_end, 1e-9)
         if self.mode == "atomized":
-            violations = t.subjob_violations
-            violation_ratio = violations / t.subjobs if t.subjobs else 0.0
+            violations, population = t.subjob_violations, t.subjobs
             violation_basis = "subjobs"
         else:
-            violations = sum(1 for s in states if s.violations)
-            violation_ratio = violations / len(states) if states else 0.0
+            violations, population = sum(1 for s in states if s.violations), len(states)
             violation_basis = "jobs"
+        violation_ratio = violations / population if population else 0.0
         rigid_runs = sum(s.runs for s in states if s.contract is None)
         rigid_jobs = sum(1 for s in states if s.contract is None)
         return {
@@ -795,6 +812,7 @@ class MigReplay:
             "violation_ratio": round(violation_ratio, 4),
             "violations": violations,
             "violation_basis": violation_basis,
+            "violation_population": population,
             "subjobs": t.subjobs + rigid_runs,
             "subjobs_per_job": round((t.subjobs + rigid_runs) / max(1, len(states)), 3),
             "subjobs_per_atomized_job": round(t.subjobs / max(1, len(atomized)), 3),
@@ -802,6 +820,7 @@ class MigReplay:
             "lost_gpu_seconds": round(t.lost / COMPUTE_SLICES, 1),
             "checkpoint_gpu_seconds": round(t.overhead / COMPUTE_SLICES, 1),
             "clearing_rounds": t.rounds,
+            "widen_resets": t.widen_resets,
             "bids": t.bids,
             "makespan_seconds": round(self.engine.now, 1),
             "events_processed": events,

@@ -669,9 +669,18 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
             jobs = read_jobs(trace_spec)
             largest = max(s.memory_total_bytes for s in hosts[0].ledger.slices.values())
             profiles = atomized.load_profiles(genai, args.memory_scale, largest)
-            body = atomized.run_experiment(spec, jobs, profiles, advance)
         except (ValueError, KeyError, OSError) as exc:
             raise InvalidArgument(str(exc).removeprefix("--trace: "), field="--trace") from None
+        if not profiles:
+            raise InvalidArgument(
+                f"no pod curve of {genai} has 5 hours of samples peaking within "
+                f"{largest / 2**30:.0f} GiB at --memory-scale {args.memory_scale:g}",
+                field="--genai-trace",
+            )
+        try:
+            body = atomized.run_experiment(spec, jobs, profiles, advance)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), field="--trace") from None
     report: dict[str, Any] = {
         "experiment": "replay",
         "mode": ",".join(modes),
