@@ -43,7 +43,9 @@ expected start of a blocked gang that could use the slice (the known commitment)
 waiting job bids on every window with :func:`laminar_zone.market.best_bid` (its profile as
 its :class:`~laminar_zone.market.Calibrator` has inflated it) and
 :func:`laminar_zone.market.clear` awards them with the ``blend`` policy (tenant usage, for
-the fair share, decays with a one-hour time constant). A winner runs a subjob of exactly
+the fair share, decays with a one-hour time constant; a bid's waiting time, for the
+responsive score, is the time since the job arrived, so a job that has started keeps its
+place rather than going round robin with newcomers). A winner runs a subjob of exactly
 the bid's units plus the checkpoint. A subjob whose run is longer than its window is cut at
 the window's end, and one whose peak exceeds the slice is killed; either is a safety
 violation: its units go back to the job (its last checkpoint is the previous subjob's
@@ -136,6 +138,8 @@ class AtomizeSpec:
     memory_scale: float = 0.5
     #: Clearing policy of laminar_zone.market (``blend`` is the router's default).
     clearing_policy: str = "blend"
+    #: ``Calibrator(min_samples=...)``: observations before it may shrink a profile.
+    calibrator_min_samples: int = 5
     modes: tuple[str, ...] = MODES
 
 
@@ -303,7 +307,6 @@ class _JobState:
     contract: Contract | None = None
     calibrator: Calibrator | None = None
     next_unit: int = 0
-    ready_since: float = 0.0
     first_start: float | None = None
     end: float | None = None
     runs: int = 0
@@ -323,6 +326,8 @@ class _Totals:
     lost: float = 0.0
     subjobs: int = 0
     subjob_violations: int = 0
+    #: Violations by cause: "memory" (killed: peak above the slice), "time" (cut at the window).
+    causes: dict[str, int] = field(default_factory=lambda: {"memory": 0, "time": 0})
     fills: list[float] = field(default_factory=list)
     rounds: int = 0
     widen_resets: int = 0
@@ -376,10 +381,12 @@ class MigReplay:
     def _state(self, job: SimJob) -> _JobState:
         q = 1.0 - self.spec.epsilon
         need = job.memory.quantile(q)
-        state = _JobState(job, need_bytes=need, ready_since=job.arrival)
+        state = _JobState(job, need_bytes=need)
         if self.mode == "atomized" and job.gpus == 1:
             state.contract = contract_for(job, self.spec)
-            state.calibrator = Calibrator(state.contract.profile, state.contract.epsilon)
+            state.calibrator = Calibrator(
+                state.contract.profile, state.contract.epsilon, self.spec.calibrator_min_samples
+            )
         return state
 
     def rng(self, state: _JobState) -> random.Random:
@@ -583,6 +590,7 @@ class MigReplay:
             else:
                 self.totals.lost += length * compute
                 state.violations += 1
+                self.totals.causes["memory"] += 1
                 state.need_bytes = max(state.need_bytes, peak)
                 self.rigid_queue.append(state)
             self.schedule()
@@ -732,7 +740,6 @@ class MigReplay:
             del self.running[key]
             self.totals.held += length * compute
             self.totals.fills.append(length / window_seconds)
-            state.ready_since = self.engine.now
             if outcome == "ok":
                 self.totals.useful += work * compute
                 self.totals.overhead += contract.checkpoint_overhead_seconds * compute
@@ -742,6 +749,7 @@ class MigReplay:
             else:
                 self.totals.lost += length * compute
                 self.totals.subjob_violations += 1
+                self.totals.causes["memory" if outcome == "oom" else "time"] += 1
                 state.violations += 1
                 calibrator.overran()
             if state.next_unit >= contract.total_units:
@@ -813,6 +821,7 @@ class MigReplay:
             "violations": violations,
             "violation_basis": violation_basis,
             "violation_population": population,
+            "violations_by_cause": dict(t.causes),
             "subjobs": t.subjobs + rigid_runs,
             "subjobs_per_job": round((t.subjobs + rigid_runs) / max(1, len(states)), 3),
             "subjobs_per_atomized_job": round(t.subjobs / max(1, len(atomized)), 3),
@@ -893,6 +902,7 @@ def run_experiment(
         "unit_seconds": spec.unit_seconds,
         "memory_scale": spec.memory_scale,
         "clearing_policy": spec.clearing_policy,
+        "calibrator_min_samples": spec.calibrator_min_samples,
         "arrival_span_seconds": round(jobs[-1].arrival, 1),
         "offered_gpu_load": round(offered, 3),
         "offered_compute_load": round(offered_compute, 3),

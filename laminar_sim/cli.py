@@ -169,6 +169,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=30.0,
         help="with atomized: checkpoint overhead per subjob (default 30 s)",
     )
+    rp.add_argument(
+        "--calibrator-min-samples",
+        type=int,
+        default=5,
+        help="with atomized: subjobs a job's calibrator observes before it may shrink the "
+        "declared profile (default 5, the market's)",
+    )
     rp.add_argument("--epsilon", type=float, default=0.05, help="with atomized: contract epsilon")
     rp.add_argument(
         "--clearing-policy",
@@ -631,6 +638,11 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
             f"must be in [0, --horizon-seconds), got {args.checkpoint_seconds}",
             field="--checkpoint-seconds",
         )
+    if not 1 <= args.calibrator_min_samples <= 10_000:
+        raise InvalidArgument(
+            f"must be in 1..10000, got {args.calibrator_min_samples}",
+            field="--calibrator-min-samples",
+        )
     genai = _genai_trace(args)
     spec = atomized.AtomizeSpec(
         hosts=args.hosts,
@@ -641,6 +653,7 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         horizon_seconds=args.horizon_seconds,
         memory_scale=args.memory_scale,
         clearing_policy=args.clearing_policy,
+        calibrator_min_samples=args.calibrator_min_samples,
         modes=modes,
     )
     try:
@@ -756,7 +769,8 @@ def render_replay_mig(report: dict[str, Any], console: Console) -> None:
     console.print(
         f"{report['single_gpu_jobs']} of {report['jobs']} jobs use one GPU (atomizable); "
         f"epsilon {report['epsilon']}, checkpoint {report['checkpoint_overhead_seconds']:g} s, "
-        f"horizon {report['horizon_seconds']:g} s, clearing {report['clearing_policy']}",
+        f"horizon {report['horizon_seconds']:g} s, clearing {report['clearing_policy']}, "
+        f"calibrator min samples {report['calibrator_min_samples']}",
         highlight=False,
     )
 
