@@ -39,7 +39,8 @@ raised to the peak seen, and starts again from zero.
 and epsilon. Gangs (more than one GPU) stay rigid, placed as above and first: a gang needs
 all its slices at once and cannot be cut into single-slice subjobs. After every event one
 clearing round runs: each free slice is a window whose length is the horizon, cut at the
-expected start of a blocked gang that could use the slice (the known commitment); every
+expected start of the blocked gang of the slice's family, if any (the known commitment,
+as EASY backfill treats rigid jobs of that family); every
 waiting job bids on every window with :func:`laminar_zone.market.best_bid` (its profile as
 its :class:`~laminar_zone.market.Calibrator` has inflated it) and
 :func:`laminar_zone.market.clear` awards them with the ``blend`` policy (tenant usage, for
@@ -717,10 +718,18 @@ class MigReplay:
         work = count * per_unit
         wanted = work + contract.checkpoint_overhead_seconds
         peaks = state.job.memory.peaks_bytes
-        peak = peaks[rng.randrange(len(peaks))]
         window_seconds = window.length_seconds
-        if peak > memory:
-            length = min(wanted, window_seconds) * rng.random()
+        span = min(wanted, window_seconds)
+        killed_at: float | None = None
+        peak = 0
+        for hour in range(max(1, math.ceil(span / PEAK_WINDOW_SECONDS))):
+            peak = max(peak, peaks[rng.randrange(len(peaks))])
+            if peak > memory:
+                begin = hour * PEAK_WINDOW_SECONDS
+                killed_at = begin + rng.random() * (min(span, begin + PEAK_WINDOW_SECONDS) - begin)
+                break
+        if killed_at is not None:
+            length = killed_at
             outcome = "oom"
         elif wanted > window_seconds:
             length = window_seconds

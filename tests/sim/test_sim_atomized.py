@@ -89,6 +89,8 @@ def test_atomized_runs_every_unit_of_every_job_exactly_once() -> None:
     # A horizon shorter than most jobs cuts them into several subjobs.
     assert report["subjobs_per_atomized_job"] > 1.5
     assert not sim.running and not sim.waiting and not sim.rigid_queue
+    assert all(not host.ledger.leases() for host in sim.hosts)
+    assert len(sim.free) == sum(len(host.ledger.slices) for host in sim.hosts)
 
 
 def test_violations_are_counted_and_bounded() -> None:
