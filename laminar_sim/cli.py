@@ -124,7 +124,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description=(
             "Replay philly_jobs_pollux.csv (arrivals, GPU counts, durations) on equal 8-GPU "
             "hosts under Laminar's zone queue (EASY backfill, probe path, agents' ledgers) and "
-            "a strict FIFO baseline, on the same jobs."
+            "a strict FIFO baseline, on the same jobs. With --mode rigid,atomized: the same "
+            "jobs on MIG-partitioned hosts, with GenAI memory profiles, placed rigidly or run "
+            "as subjobs the atomization market clears."
         ),
     )
     rp.add_argument(
@@ -132,7 +134,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     rp.add_argument("--cluster", default="", help="one of the trace's clusters (default: all)")
     rp.add_argument("--limit-jobs", type=int, default=2000, help="first N jobs (0 = all)")
-    rp.add_argument("--hosts", type=int, default=16, help="hosts of 8 GPUs (default 16)")
+    rp.add_argument(
+        "--hosts",
+        type=int,
+        default=16,
+        help="hosts of 8 GPUs (with atomized: of --mig-layout) (default 16)",
+    )
     rp.add_argument(
         "--speedup", type=float, default=1.0, help="divide arrival times by this (default 1)"
     )
@@ -185,7 +192,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     rp.add_argument("--seed", type=int, default=1)
     rp.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    rp.add_argument("--plot", type=Path, help="save the queue-time CDF of each policy to this PNG")
+    rp.add_argument(
+        "--plot",
+        type=Path,
+        help="save the queue-time CDF of each policy (with atomized: the JCT CDF of each mode) "
+        "to this PNG",
+    )
     rp.set_defaults(func=cmd_replay)
 
 
