@@ -645,6 +645,10 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         )
     if not 0 < args.epsilon < 0.5:
         raise InvalidArgument(f"must be in (0, 0.5), got {args.epsilon}", field="--epsilon")
+    if not 60 <= args.horizon_seconds <= 30 * 86400:
+        raise InvalidArgument(
+            f"must be in 60..2592000 s, got {args.horizon_seconds}", field="--horizon-seconds"
+        )
     if not 0 <= args.checkpoint_seconds < args.horizon_seconds:
         raise InvalidArgument(
             f"must be in [0, --horizon-seconds), got {args.checkpoint_seconds}",

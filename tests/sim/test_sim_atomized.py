@@ -200,6 +200,12 @@ def test_cli_bad_mode_and_layout_name_the_flag(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument) as err:
         cli([*base, "--mode", "atomized", "--genai-trace", str(tmp_path / "nowhere")])
     assert err.value.field == "--genai-trace"
+    with pytest.raises(InvalidArgument) as err:
+        cli([*base, "--mode", "atomized", "--horizon-seconds", "inf"])
+    assert err.value.field == "--horizon-seconds"
+    with pytest.raises(InvalidArgument) as err:
+        cli([*base, "--mode", "atomized", "--epsilon", "0.5"])
+    assert err.value.field == "--epsilon"
 
 
 def test_real_traces_slice(traces_dir: Path) -> None:
