@@ -18,11 +18,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from airlock import traces as airlock_traces
 from laminar_agent.errors import FailedPrecondition, InvalidArgument
-from laminar_sim import fgd, traces
+from laminar_sim import atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
 from laminar_sim.policies import POLICIES
-from laminar_sim.replay import ReplaySpec, run_replay
+from laminar_sim.replay import ReplaySpec, read_jobs, run_replay
+from laminar_zone.market import POLICIES as MARKET_POLICIES
 
 EXPECTED_RESULTS_DIR_NAME = "fgd-atc23-expected-results"
 SUMMARY_LEVELS = (75, 90, 100, 110, 120, 130)
@@ -122,7 +124,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description=(
             "Replay philly_jobs_pollux.csv (arrivals, GPU counts, durations) on equal 8-GPU "
             "hosts under Laminar's zone queue (EASY backfill, probe path, agents' ledgers) and "
-            "a strict FIFO baseline, on the same jobs."
+            "a strict FIFO baseline, on the same jobs. With --mode rigid,atomized: the same "
+            "jobs on MIG-partitioned hosts, with GenAI memory profiles, placed rigidly or run "
+            "as subjobs the atomization market clears."
         ),
     )
     rp.add_argument(
@@ -130,14 +134,70 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     rp.add_argument("--cluster", default="", help="one of the trace's clusters (default: all)")
     rp.add_argument("--limit-jobs", type=int, default=2000, help="first N jobs (0 = all)")
-    rp.add_argument("--hosts", type=int, default=16, help="hosts of 8 GPUs (default 16)")
+    rp.add_argument(
+        "--hosts",
+        type=int,
+        default=16,
+        help="hosts of 8 GPUs (with atomized: of --mig-layout) (default 16)",
+    )
     rp.add_argument(
         "--speedup", type=float, default=1.0, help="divide arrival times by this (default 1)"
     )
-    rp.add_argument("--mode", choices=["rigid"], default="rigid", help="rigid (atomized: issue 6)")
+    rp.add_argument(
+        "--mode",
+        default="rigid",
+        help="rigid (default: laminar against fifo on whole GPUs), or rigid,atomized / atomized: "
+        "rigid placement against the atomization market on MIG hosts, same jobs",
+    )
+    rp.add_argument(
+        "--genai-trace",
+        type=Path,
+        help="with atomized: alibaba-genai-v2026 folder or its memory CSV (default: beside "
+        "--trace's folder)",
+    )
+    rp.add_argument(
+        "--mig-layout",
+        default=atomized.DEFAULT_MIG_LAYOUT,
+        help="with atomized: one host's GPUs in the agent's fake_gpus syntax "
+        "(default: a mix of H100-80GB MIG layouts)",
+    )
+    rp.add_argument(
+        "--memory-scale",
+        type=float,
+        default=0.5,
+        help="with atomized: factor on the GenAI memory curves (default 0.5: 48 GB GPUs to 24 GB)",
+    )
+    rp.add_argument(
+        "--horizon-seconds", type=float, default=3600.0, help="with atomized: longest window"
+    )
+    rp.add_argument(
+        "--checkpoint-seconds",
+        type=float,
+        default=30.0,
+        help="with atomized: checkpoint overhead per subjob (default 30 s)",
+    )
+    rp.add_argument(
+        "--calibrator-min-samples",
+        type=int,
+        default=5,
+        help="with atomized: subjobs a job's calibrator observes before it may shrink the "
+        "declared profile (default 5, the market's)",
+    )
+    rp.add_argument("--epsilon", type=float, default=0.05, help="with atomized: contract epsilon")
+    rp.add_argument(
+        "--clearing-policy",
+        default="blend",
+        choices=list(MARKET_POLICIES),
+        help="with atomized: the market's clearing policy (default blend)",
+    )
     rp.add_argument("--seed", type=int, default=1)
     rp.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    rp.add_argument("--plot", type=Path, help="save the queue-time CDF of each policy to this PNG")
+    rp.add_argument(
+        "--plot",
+        type=Path,
+        help="save the queue-time CDF of each policy (with atomized: the JCT CDF of each mode) "
+        "to this PNG",
+    )
     rp.set_defaults(func=cmd_replay)
 
 
@@ -287,8 +347,15 @@ def save_plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def save_cdf(report: dict[str, Any], key: str, xlabel: str, title: str, path: Path) -> None:
-    """The CDF of each policy's ``key`` percentiles (1..100), log x axis."""
+def save_cdf(
+    report: dict[str, Any],
+    key: str,
+    xlabel: str,
+    title: str,
+    path: Path,
+    group: str = "policies",
+) -> None:
+    """The CDF of ``key`` percentiles (1..100) of each entry of ``report[group]``, log x axis."""
     try:
         import matplotlib
 
@@ -299,7 +366,7 @@ def save_cdf(report: dict[str, Any], key: str, xlabel: str, title: str, path: Pa
             "--plot needs matplotlib (pip install 'laminar[plots]')", field="--plot"
         ) from None
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for policy, figures in report["policies"].items():
+    for policy, figures in report[group].items():
         values = figures.get(key) or []
         if values:
             ax.plot([max(v, 1e-3) for v in values], list(range(1, len(values) + 1)), label=policy)
@@ -481,6 +548,9 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
         raise InvalidArgument(f"must be >= 0, got {args.limit_jobs}", field="--limit-jobs")
     if args.plot is not None:
         _check_plot_target(args.plot)
+    modes = _modes(args.mode)
+    if "atomized" in modes:
+        return cmd_replay_mig(args, modes, console)
     spec = ReplaySpec(
         trace=args.trace,
         cluster=args.cluster,
@@ -538,6 +608,187 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
         table.add_row(label, *(f"{f[key]:.4g}" for f in report["policies"].values()))
     console.print(table)
     return 0
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    names = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not names:
+        raise InvalidArgument("no mode given", field="--mode")
+    for name in names:
+        if name not in atomized.MODES:
+            raise InvalidArgument(
+                f"unknown mode {name!r} (known: {', '.join(atomized.MODES)})", field="--mode"
+            )
+    if len(set(names)) != len(names):
+        raise InvalidArgument("a mode is listed twice", field="--mode")
+    return names
+
+
+def _genai_trace(args: argparse.Namespace) -> Path:
+    if args.genai_trace is not None:
+        path = Path(args.genai_trace)
+    else:
+        folder = args.trace if args.trace.is_dir() else args.trace.parent
+        path = folder.resolve().parent / "alibaba-genai-v2026"
+    if not airlock_traces.trace_file(path).is_file():
+        raise InvalidArgument(
+            f"no {airlock_traces.GENAI_MEMORY_FILE} at {path}", field="--genai-trace"
+        )
+    return path
+
+
+def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Console) -> int:
+    """Rigid against atomized on MIG hosts: the same Philly jobs, GenAI memory profiles."""
+    if not 0 < args.memory_scale <= 10:
+        raise InvalidArgument(
+            f"must be in (0, 10], got {args.memory_scale}", field="--memory-scale"
+        )
+    if not 0 < args.epsilon < 0.5:
+        raise InvalidArgument(f"must be in (0, 0.5), got {args.epsilon}", field="--epsilon")
+    if not 60 <= args.horizon_seconds <= 30 * 86400:
+        raise InvalidArgument(
+            f"must be in 60..2592000 s, got {args.horizon_seconds}", field="--horizon-seconds"
+        )
+    if not 0 <= args.checkpoint_seconds < args.horizon_seconds:
+        raise InvalidArgument(
+            f"must be in [0, --horizon-seconds), got {args.checkpoint_seconds}",
+            field="--checkpoint-seconds",
+        )
+    if not 1 <= args.calibrator_min_samples <= 10_000:
+        raise InvalidArgument(
+            f"must be in 1..10000, got {args.calibrator_min_samples}",
+            field="--calibrator-min-samples",
+        )
+    genai = _genai_trace(args)
+    spec = atomized.AtomizeSpec(
+        hosts=args.hosts,
+        mig_layout=args.mig_layout,
+        seed=args.seed,
+        epsilon=args.epsilon,
+        checkpoint_overhead_seconds=args.checkpoint_seconds,
+        horizon_seconds=args.horizon_seconds,
+        memory_scale=args.memory_scale,
+        clearing_policy=args.clearing_policy,
+        calibrator_min_samples=args.calibrator_min_samples,
+        modes=modes,
+    )
+    try:
+        hosts = atomized.build_hosts(atomized.AtomizeSpec(hosts=1, mig_layout=args.mig_layout))
+    except (InvalidArgument, ValueError) as exc:
+        message = exc.message if isinstance(exc, InvalidArgument) else str(exc)
+        raise InvalidArgument(message, field="--mig-layout") from None
+    gpus = len({s.gpu_index for s in hosts[0].ledger.slices.values()})
+    trace_spec = ReplaySpec(
+        trace=args.trace,
+        cluster=args.cluster,
+        limit_jobs=args.limit_jobs,
+        hosts=args.hosts,
+        gpus_per_host=gpus,
+        speedup=args.speedup,
+        seed=args.seed,
+    )
+    progress = _progress("sim replay")
+    with progress:
+        task = progress.add_task("jobs", total=None)
+
+        def advance(mode: str, done: int, total: int) -> None:
+            progress.update(task, description=mode, completed=done, total=total)
+
+        try:
+            jobs = read_jobs(trace_spec)
+            largest = max(s.memory_total_bytes for s in hosts[0].ledger.slices.values())
+            profiles = atomized.load_profiles(genai, args.memory_scale, largest)
+        except (ValueError, KeyError, OSError) as exc:
+            raise InvalidArgument(str(exc).removeprefix("--trace: "), field="--trace") from None
+        if not profiles:
+            raise InvalidArgument(
+                f"no pod curve of {genai} has 5 hours of samples peaking within "
+                f"{largest / 2**30:.0f} GiB at --memory-scale {args.memory_scale:g}",
+                field="--genai-trace",
+            )
+        try:
+            body = atomized.run_experiment(spec, jobs, profiles, advance)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), field="--trace") from None
+    report: dict[str, Any] = {
+        "experiment": "replay",
+        "mode": ",".join(modes),
+        "trace": str(args.trace),
+        "genai_trace": str(genai),
+        "cluster": args.cluster or "all",
+        "speedup": args.speedup,
+        "seed": args.seed,
+        **body,
+    }
+    if args.plot is not None:
+        title = (
+            f"sim replay: {report['jobs']} jobs ({report['cluster']}), "
+            f"{report['hosts']} MIG hosts, rigid vs atomized"
+        )
+        save_cdf(
+            report,
+            "jct_percentiles_seconds",
+            "job completion time (s, log)",
+            title,
+            args.plot,
+            group="modes",
+        )
+        report["plot"] = str(args.plot)
+    if args.output == "json":
+        console.out(json.dumps(report, indent=2), highlight=False)
+    else:
+        render_replay_mig(report, console)
+    return 0
+
+
+def render_replay_mig(report: dict[str, Any], console: Console) -> None:
+    """The human summary of rigid against atomized."""
+    modes = report["modes"]
+    table = Table(
+        title=(
+            f"replay of {report['jobs']} jobs ({report['cluster']}, speedup {report['speedup']:g}) "
+            f"on {report['hosts']} MIG hosts ({report['compute_slices']} compute slices), "
+            f"offered compute load {report['offered_compute_load']:.2f}, seed {report['seed']}"
+        )
+    )
+    table.add_column("figure")
+    for name in modes:
+        table.add_column(name, justify="right")
+
+    def triple(figures: dict[str, float]) -> str:
+        return f"{figures['mean']:,.0f} / {figures['p50']:,.0f} / {figures['p99']:,.0f}"
+
+    table.add_row("JCT mean / p50 / p99 (s)", *(triple(f["jct_seconds"]) for f in modes.values()))
+    table.add_row(
+        "queue mean / p50 / p99 (s)", *(triple(f["queue_seconds"]) for f in modes.values())
+    )
+    for klass, _, _ in atomized.CLASSES:
+        table.add_row(
+            f"queue {klass} mean / p99 (s)",
+            *(
+                f"{f['queue_by_class_seconds'][klass]['mean']:,.0f} / "
+                f"{f['queue_by_class_seconds'][klass]['p99']:,.0f}"
+                for f in modes.values()
+            ),
+        )
+    for label, key in (
+        ("GPU utilization", "gpu_utilization_ratio"),
+        ("useful share of busy time", "useful_work_ratio"),
+        ("fragmentation (share of free)", "fragmentation_ratio"),
+        ("safety violations", "violation_ratio"),
+        ("subjobs per job", "subjobs_per_job"),
+        ("window fill", "window_fill_ratio"),
+    ):
+        table.add_row(label, *("-" if f[key] is None else f"{f[key]:.4g}" for f in modes.values()))
+    table.add_row("violations counted over", *(str(f["violation_basis"]) for f in modes.values()))
+    console.print(table)
+    console.print(
+        f"{report['single_gpu_jobs']} of {report['jobs']} jobs use one GPU (atomizable); "
+        f"epsilon {report['epsilon']}, checkpoint {report['checkpoint_overhead_seconds']:g} s, "
+        f"horizon {report['horizon_seconds']:g} s, clearing {report['clearing_policy']}, "
+        f"calibrator min samples {report['calibrator_min_samples']}",
+        highlight=False,
+    )
 
 
 def _progress(title: str) -> Progress:

@@ -1,0 +1,935 @@
+"""Rigid placement against atomization, on MIG-partitioned hosts (``sim replay --mode``).
+
+The same jobs run twice, once per mode, on equal hosts whose GPUs are cut into a mix of MIG
+instances. Hosts are the agent's own: a :class:`~laminar_agent.inventory.fake.FakeGpuBackend`
+built from a ``fake_gpus`` spec (the real MIG tables and placement rules) turned into ledger
+slices as the agent does, held in a :class:`~laminar_agent.ledger.Ledger` that arbitrates
+every probe and commit.
+
+**Jobs.** Arrivals, GPU counts and durations come from the Philly trace (read by
+:func:`laminar_sim.replay.read_jobs`). Each job gets, by seed: a priority class
+(production, batch or opportunistic), a tenant, the memory profile of one pod of the
+Alibaba GenAI 2026 trace, and a spread of its speed. A memory profile is the set of that
+pod's peaks over consecutive windows of about an hour (``PEAK_WINDOW_SECONDS``), scaled by
+``memory_scale`` (the GenAI pods ran on GPUs of about 48 GB, Philly's on 12-24 GB), so a
+job's "peak memory over an hour of running" has a real distribution. Its speed is
+lognormal around the Philly duration: ``seconds_per_unit`` has median ``duration / units``
+and sigma ``time_sigma``; a unit is ``unit_seconds`` of work at the median.
+
+**What happens at run time.** Every run draws from the job's own seeded stream: one speed
+draw per run (a rigid job, or one subjob: the market's model, where ``n`` units take ``n``
+times one draw), one peak draw per started hour of running. A peak above the slice's memory
+kills the run at that hour; the work since the last checkpoint is lost.
+
+**rigid.** A job of ``g`` GPUs is a gang of ``g`` members, each on one MIG slice with at
+least its declared memory: the ``1 - epsilon`` quantile of its peaks (the same figure the
+atomization contract declares). The smallest profile that fits is tried first, then larger
+ones (all members on one profile). Queue order is the router's
+(:func:`laminar_zone.queue.order_key`: priority class, tenant usage, arrival), with EASY
+backfill (:func:`~laminar_zone.queue.may_backfill`) behind the first blocked job of each
+family (the smallest profile it fits), whose start is estimated by
+:func:`~laminar_zone.placement.expected_start`. Offers come from every host with a free
+slice of the profile (the ledger's MIG packing score) and are bound by
+:func:`~laminar_zone.view.choose_offers`: with a few hosts the probe set is all of them. A
+rigid job has no checkpoint: killed by a peak, it is requeued with its declared memory
+raised to the peak seen, and starts again from zero.
+
+**atomized.** Jobs of one GPU declare a contract (:func:`laminar_zone.market.contract_from`):
+``units = round(duration / unit_seconds)``, the quantiles above, the checkpoint overhead
+and epsilon. Gangs (more than one GPU) stay rigid, placed as above and first: a gang needs
+all its slices at once and cannot be cut into single-slice subjobs. After every event one
+clearing round runs: each free slice is a window whose length is the horizon, cut at the
+expected start of the blocked gang of the slice's family, if any (the known commitment,
+as EASY backfill treats rigid jobs of that family); every
+waiting job bids on every window with :func:`laminar_zone.market.best_bid` (its profile as
+its :class:`~laminar_zone.market.Calibrator` has inflated it) and
+:func:`laminar_zone.market.clear` awards them with the ``blend`` policy (tenant usage, for
+the fair share, decays with a one-hour time constant; a bid's waiting time, for the
+responsive score, is the time since the job arrived, so a job that has started keeps its
+place rather than going round robin with newcomers). A winner runs a subjob of exactly
+the bid's units plus the checkpoint. A subjob whose run is longer than its window is cut at
+the window's end, and one whose peak exceeds the slice is killed; either is a safety
+violation: its units go back to the job (its last checkpoint is the previous subjob's
+end) and its calibrator is told (``overran``). A subjob that ends in time reports its
+speed and peak (``observe``). One round per event is enough: a job wins at most one
+window per round and runs one subjob at a time, so a window left over had no bidder.
+
+**What is not modelled.** A job runs as fast on a small MIG slice as on a large one (the
+Philly durations were measured on whole GPUs, and no trace says how each job scales), MIG
+layouts are fixed (no repartitioning), and the network and placement delays (milliseconds)
+do not show at these time scales.
+
+Reported per mode: GPU utilization (busy MIG compute slices over those partitioned, over
+the arrival window), useful work (busy time that was not checkpoint overhead or lost
+work), job completion time and queue time (arrival to first start) overall and by class,
+fragmentation (the share of free compute slices that no waiting job could use because
+its declared memory exceeds them, while a job waited), the safety-violation rate (rigid:
+share of jobs killed at least once; atomized: share of subjobs that overran), subjobs per
+job, and the window fill ratio (the share of its window a subjob used).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from airlock.traces import MemoryCurve, load_memory_curves
+from laminar_agent.inventory.fake import FakeGpuBackend
+from laminar_agent.inventory.mig import COMPUTE_SLICES
+from laminar_agent.ledger import Demand, Granted, Ledger, ProbeOrder, Slice, SliceKind
+from laminar_sim.engine import Engine
+from laminar_sim.replay import TraceJob
+from laminar_zone.market import (
+    Bid,
+    Calibrator,
+    ClearingContext,
+    Contract,
+    MarketWindow,
+    Profile,
+    best_bid,
+    clear,
+    contract_from,
+)
+from laminar_zone.placement import Need, Offer, expected_start
+from laminar_zone.queue import QueueItem, may_backfill, order_key
+from laminar_zone.view import choose_offers
+
+ProgressFn = Callable[[str, int, int], None]
+MODES = ("rigid", "atomized")
+#: One 8-GPU H100 host: two GPUs in halves, two 4+2+1, two 2+2+2+1, one in sevenths, one whole.
+DEFAULT_MIG_LAYOUT = (
+    "2xH100-80GB:mig=3g.40gb+3g.40gb,"
+    "2xH100-80GB:mig=4g.40gb+2g.20gb+1g.10gb,"
+    "2xH100-80GB:mig=2g.20gb+2g.20gb+2g.20gb+1g.10gb,"
+    "1xH100-80GB:mig=1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb,"
+    "1xH100-80GB:mig=7g.80gb"
+)
+#: (class, priority as in laminar.v1.PriorityClass, share of jobs).
+CLASSES = (("production", 2, 0.2), ("batch", 3, 0.5), ("opportunistic", 4, 0.3))
+TENANTS = 6
+#: A memory profile's peaks are taken over windows of this length (about an hour).
+PEAK_WINDOW_SECONDS = 3600.0
+#: Lognormal sigma of a job's speed is drawn uniformly from this range.
+TIME_SIGMA_RANGE = (0.05, 0.25)
+#: Quantile levels declared in a contract.
+QUANTILE_LEVELS = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
+#: Time constant of the tenants' decaying usage (the fair score's "recently").
+USAGE_DECAY_SECONDS = 3600.0
+LEASE_TTL_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class AtomizeSpec:
+    """Everything a run of both modes depends on besides the jobs and the profiles."""
+
+    hosts: int = 4
+    mig_layout: str = DEFAULT_MIG_LAYOUT
+    seed: int = 1
+    epsilon: float = 0.05
+    checkpoint_overhead_seconds: float = 30.0
+    horizon_seconds: float = 3600.0
+    unit_seconds: float = 60.0
+    memory_scale: float = 0.5
+    #: Clearing policy of laminar_zone.market (``blend`` is the router's default).
+    clearing_policy: str = "blend"
+    #: ``Calibrator(min_samples=...)``: observations before it may shrink a profile.
+    calibrator_min_samples: int = 5
+    modes: tuple[str, ...] = MODES
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """One GenAI pod's peaks per window of about an hour (scaled), sorted."""
+
+    pod: str
+    peaks_bytes: tuple[int, ...]
+
+    def quantile(self, q: float) -> int:
+        """Nearest-rank q-quantile of the peaks."""
+        ordered = self.peaks_bytes
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@dataclass(frozen=True)
+class SimJob:
+    index: int
+    arrival: float
+    duration: float
+    gpus: int
+    klass: str
+    priority: int
+    tenant: str
+    memory: MemoryProfile
+    time_sigma: float
+
+
+def profiles_from_curves(
+    curves: Sequence[MemoryCurve], memory_scale: float, max_bytes: int
+) -> list[MemoryProfile]:
+    """Peaks per window of each curve (windows with no sample skipped), scaled; curves with
+    fewer than 5 windows or a peak above ``max_bytes`` (no slice could hold it) are left out."""
+    out: list[MemoryProfile] = []
+    for curve in curves:
+        per_window = max(1, round(PEAK_WINDOW_SECONDS / curve.step_seconds))
+        peaks: list[int] = []
+        for start in range(0, len(curve.used_bytes), per_window):
+            values = [v for v in curve.used_bytes[start : start + per_window] if v]
+            if values:
+                peaks.append(int(max(values) * memory_scale))
+        if len(peaks) >= 5 and max(peaks) <= max_bytes:
+            out.append(MemoryProfile(curve.pod, tuple(sorted(peaks))))
+    return out
+
+
+def load_profiles(genai_trace: Path, memory_scale: float, max_bytes: int) -> list[MemoryProfile]:
+    """Memory profiles from the GenAI trace's per-pod GPU-memory curves."""
+    return profiles_from_curves(load_memory_curves(genai_trace), memory_scale, max_bytes)
+
+
+def make_jobs(
+    trace_jobs: Sequence[TraceJob], profiles: Sequence[MemoryProfile], seed: int
+) -> list[SimJob]:
+    """Class, tenant, memory profile and speed spread of each job: a pure function of the seed."""
+    if not profiles:
+        raise ValueError("no memory profile to draw from")
+    rng = random.Random(f"jobs/{seed}")
+    weights = [share for _, _, share in CLASSES]
+    jobs = []
+    for job in trace_jobs:
+        klass, priority, _ = rng.choices(CLASSES, weights)[0]
+        jobs.append(
+            SimJob(
+                index=job.index,
+                arrival=job.arrival,
+                duration=job.duration,
+                gpus=job.gpus,
+                klass=klass,
+                priority=priority,
+                tenant=f"t{rng.randrange(TENANTS)}",
+                memory=profiles[rng.randrange(len(profiles))],
+                time_sigma=rng.uniform(*TIME_SIGMA_RANGE),
+            )
+        )
+    return jobs
+
+
+def _normal_z(q: float) -> float:
+    return statistics.NormalDist().inv_cdf(min(max(q, 1e-6), 1 - 1e-6))
+
+
+def contract_for(job: SimJob, spec: AtomizeSpec) -> Contract:
+    """The job's declared contract: speed quantiles (lognormal) and peak quantiles (trace)."""
+    units = max(1, round(job.duration / spec.unit_seconds))
+    median = job.duration / units
+    time_levels = (0.001, 0.05, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
+    return contract_from(
+        total_units=units,
+        seconds_per_unit=[
+            (q, median * math.exp(job.time_sigma * _normal_z(q))) for q in time_levels
+        ],
+        peak_memory_bytes=[(q, float(job.memory.quantile(q))) for q in QUANTILE_LEVELS],
+        checkpoint_overhead_seconds=spec.checkpoint_overhead_seconds,
+        epsilon=spec.epsilon,
+    )
+
+
+@dataclass
+class MigHost:
+    """One agent: its MIG slices from the fake backend, in the agent's real ledger."""
+
+    agent_id: str
+    ledger: Ledger
+
+
+def build_hosts(spec: AtomizeSpec) -> list[MigHost]:
+    """``spec.hosts`` equal hosts with the MIG layout; InvalidArgument if the layout is not
+    legal on the model (the MIG tables' placement rules), or has a GPU without MIG."""
+    hosts = []
+    for i in range(spec.hosts):
+        agent_id = f"h{i}"
+        backend = FakeGpuBackend(spec.mig_layout, agent_id=agent_id)
+        slices = []
+        for gpu in backend.gpus():
+            if not gpu.mig_enabled:
+                raise ValueError(f"GPU {gpu.index} of {spec.mig_layout!r} has no MIG layout")
+            for mig in gpu.mig_instances:  # as laminar_agent.node.slices_from_gpus names them
+                slices.append(
+                    Slice(
+                        slice_id=f"gpu{gpu.index}/{mig.profile}@{mig.start}",
+                        kind=SliceKind.MIG,
+                        gpu_index=gpu.index,
+                        device_uuid=mig.uuid,
+                        gpu_model=gpu.model,
+                        memory_total_bytes=mig.memory_total_bytes,
+                        mig_profile=mig.profile,
+                    )
+                )
+        hosts.append(MigHost(agent_id, Ledger(slices, lease_prefix=f"{agent_id}-")))
+    return hosts
+
+
+def compute_of(profile: str) -> int:
+    """Compute slices of a MIG profile (``3g.40gb`` -> 3)."""
+    return int(profile.split("g.", 1)[0])
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    return {
+        "mean": round(statistics.fmean(values), 1),
+        "p50": round(_pct(sorted(values), 0.5), 1),
+        "p99": round(_pct(sorted(values), 0.99), 1),
+    }
+
+
+def _pct(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _percentiles(values: list[float]) -> list[float]:
+    if not values:
+        return []
+    ordered = sorted(values)
+    return [round(_pct(ordered, q / 100), 1) for q in range(1, 101)]
+
+
+@dataclass
+class _JobState:
+    job: SimJob
+    need_bytes: int
+    contract: Contract | None = None
+    calibrator: Calibrator | None = None
+    next_unit: int = 0
+    first_start: float | None = None
+    end: float | None = None
+    runs: int = 0
+    violations: int = 0
+    #: The calibrated profile and the calibrator's (observed, widen) it was computed at.
+    believed: tuple[tuple[int, float], Profile] | None = None
+    #: Units completed, as (start, count), in completion order.
+    done: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Totals:
+    busy: float = 0.0  # compute-slice seconds held, over the arrival window
+    free: float = 0.0  # compute-slice seconds free, over the arrival window
+    frag: float = 0.0  # of which no waiting job could use
+    useful: float = 0.0  # compute-slice seconds of work kept (whole run)
+    held: float = 0.0  # compute-slice seconds held (whole run)
+    overhead: float = 0.0
+    lost: float = 0.0
+    subjobs: int = 0
+    subjob_violations: int = 0
+    #: Violations by cause: "memory" (killed: peak above the slice), "time" (cut at the window).
+    causes: dict[str, int] = field(default_factory=lambda: {"memory": 0, "time": 0})
+    fills: list[float] = field(default_factory=list)
+    rounds: int = 0
+    widen_resets: int = 0
+    bids: int = 0
+
+
+class MigReplay:
+    """One mode over the jobs: events, ledgers, the queue, and (atomized) the market."""
+
+    def __init__(self, spec: AtomizeSpec, jobs: Sequence[SimJob], mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+        self.spec = spec
+        self.mode = mode
+        self.engine = Engine(spec.seed)
+        self.hosts = build_hosts(spec)
+        self.by_id = {h.agent_id: h for h in self.hosts}
+        first = self.hosts[0].ledger.slices.values()
+        #: Profiles by memory, smallest first.
+        self.profiles = sorted(
+            {(s.memory_total_bytes, s.mig_profile) for s in first}, key=lambda p: (p[0], p[1])
+        )
+        self.memory_of = {p: m for m, p in self.profiles}
+        self.largest_bytes = self.profiles[-1][0]
+        self.capacity = sum(
+            compute_of(s.mig_profile) for h in self.hosts for s in h.ledger.slices.values()
+        )
+        #: Free slices: (agent, slice id) -> (profile, memory).
+        self.free: dict[tuple[str, str], tuple[str, int]] = {
+            (h.agent_id, s.slice_id): (s.mig_profile, s.memory_total_bytes)
+            for h in self.hosts
+            for s in h.ledger.slices.values()
+        }
+        self.free_compute = self.capacity
+        self.states = [self._state(job) for job in jobs]
+        self.rigid_queue: list[_JobState] = []
+        self.waiting: list[_JobState] = []  # atomized jobs without a running subjob
+        #: Running work: key -> (expected end, compute units of GPU-equivalents, memory).
+        self.running: dict[str, tuple[float, float, int]] = {}
+        self.usage: dict[str, float] = {}
+        self.usage_at = 0.0
+        self.totals = _Totals()
+        self.last = 0.0
+        self.frag_now = 0
+        self.window_end = jobs[-1].arrival if jobs else 0.0
+        self.heads: dict[str, tuple[int, float | None]] = {}
+        self.next_key = 0
+
+    # ----------------------------------------------------------------- set-up
+
+    def _state(self, job: SimJob) -> _JobState:
+        q = 1.0 - self.spec.epsilon
+        need = job.memory.quantile(q)
+        state = _JobState(job, need_bytes=need)
+        if self.mode == "atomized" and job.gpus == 1:
+            state.contract = contract_for(job, self.spec)
+            state.calibrator = Calibrator(
+                state.contract.profile, state.contract.epsilon, self.spec.calibrator_min_samples
+            )
+        return state
+
+    def rng(self, state: _JobState) -> random.Random:
+        """The job's stream for its run number ``state.runs``: the same in both modes."""
+        return random.Random(f"{self.spec.seed}/{state.job.index}/{state.runs}")
+
+    # ------------------------------------------------------------------ clocks
+
+    def clock(self) -> None:
+        """Integrate busy, free and fragmented compute over the arrival window."""
+        now = self.engine.now
+        span = max(0.0, min(now, self.window_end) - min(self.last, self.window_end))
+        self.totals.busy += span * (self.capacity - self.free_compute)
+        self.totals.free += span * self.free_compute
+        self.totals.frag += span * self.frag_now
+        self.last = now
+
+    def measure_fragmentation(self) -> None:
+        """Free compute on slices smaller than every waiting job's declared memory."""
+        needs = [s.need_bytes for s in self.rigid_queue] + [
+            self._atom_need(s) for s in self.waiting
+        ]
+        if not needs:
+            self.frag_now = 0
+            return
+        smallest = min(needs)
+        self.frag_now = sum(compute_of(p) for p, mem in self.free.values() if mem < smallest)
+
+    def _atom_need(self, state: _JobState) -> int:
+        assert state.calibrator is not None
+        return int(self.believed(state).peak_memory_bytes.value_at(1 - self.spec.epsilon))
+
+    # ------------------------------------------------------------------ events
+
+    def arrive(self, state: _JobState) -> None:
+        self.clock()
+        if state.contract is not None:
+            self.waiting.append(state)
+        else:
+            self.rigid_queue.append(state)
+        self.schedule()
+
+    def schedule(self) -> None:
+        self.schedule_rigid()
+        if self.mode == "atomized" and self.waiting and self.free:
+            self.clear_round()
+        self.measure_fragmentation()
+
+    # ------------------------------------------------------------------- rigid
+
+    def item(self, state: _JobState) -> QueueItem:
+        job = state.job
+        return QueueItem(
+            f"j{job.index}",
+            job.priority,
+            job.tenant,
+            job.arrival,
+            Need(mig_profile=self.family(state)),
+            job.gpus,
+            job.duration,
+        )
+
+    def family(self, state: _JobState) -> str:
+        for memory, profile in self.profiles:
+            if memory >= state.need_bytes:
+                return profile
+        return self.profiles[-1][1]
+
+    def schedule_rigid(self) -> None:
+        now = self.engine.now
+        self.rigid_queue.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
+        self.heads = {}
+        kept: list[_JobState] = []
+        for state in self.rigid_queue:
+            family = self.family(state)
+            head = self.heads.get(family)
+            if head is not None and not may_backfill(self.item(state), now, head[1]):
+                kept.append(state)
+                continue
+            leases = self.place(state)
+            if leases is not None:
+                self.start_rigid(state, leases)
+                continue
+            kept.append(state)
+            if head is None:
+                memory = self.memory_of[family]
+                free_units = sum(
+                    compute_of(p) / COMPUTE_SLICES for p, m in self.free.values() if m >= memory
+                )
+                releases = [
+                    (end, units) for end, units, mem in self.running.values() if mem >= memory
+                ]
+                units = state.job.gpus * compute_of(family) / COMPUTE_SLICES
+                self.heads[family] = (
+                    memory,
+                    expected_start(now, free_units, releases, 0.0, units),
+                )
+        self.rigid_queue = kept
+
+    def place(self, state: _JobState) -> list[tuple[MigHost, str, str]] | None:
+        """All members on free slices of one profile (smallest that fits first), or None."""
+        gang = state.job.gpus
+        now = self.engine.now
+        for memory, profile in self.profiles:
+            if memory < state.need_bytes:
+                continue
+            per_host: dict[str, int] = {}
+            for (agent, _), (p, _) in self.free.items():
+                if p == profile:
+                    per_host[agent] = per_host.get(agent, 0) + 1
+            if sum(per_host.values()) < gang:
+                continue
+            offers: dict[str, tuple[MigHost, Offer]] = {}
+            demand = Demand(mig_profile=profile, gpu_memory_bytes=state.need_bytes)
+            for agent in sorted(per_host):
+                host = self.by_id[agent]
+                orders = [
+                    ProbeOrder(
+                        f"{state.job.index}/{m}",
+                        f"j{state.job.index}",
+                        m,
+                        demand,
+                        state.job.priority,
+                        0.0,
+                        m,
+                        LEASE_TTL_SECONDS,
+                    )
+                    for m in range(min(gang, per_host[agent]))
+                ]
+                for reply in host.ledger.arbitrate(orders, now):
+                    if isinstance(reply, Granted):
+                        lease = reply.lease
+                        offers[lease.lease_id] = (
+                            host,
+                            Offer(lease.lease_id, agent, lease.member, lease.score),
+                        )
+            picked = choose_offers([o for _, o in offers.values()], gang)
+            keep = {o.lease_id for o in picked} if picked is not None else set()
+            chosen = []
+            for lease_id, (host, _) in offers.items():
+                if lease_id in keep:
+                    lease = host.ledger.commit(lease_id, f"j{state.job.index}", now)
+                    chosen.append((host, lease_id, lease.allocations[0].slice_id))
+                else:
+                    host.ledger.release(lease_id)
+            if picked is not None:
+                return chosen
+        return None
+
+    def take(self, host: MigHost, slice_id: str) -> tuple[str, int]:
+        profile, memory = self.free.pop((host.agent_id, slice_id))
+        self.free_compute -= compute_of(profile)
+        return profile, memory
+
+    def give_back(self, host: MigHost, lease_id: str) -> None:
+        lease = host.ledger.release(lease_id)
+        assert lease is not None
+        s = host.ledger.slices[lease.allocations[0].slice_id]
+        self.free[(host.agent_id, s.slice_id)] = (s.mig_profile, s.memory_total_bytes)
+        self.free_compute += compute_of(s.mig_profile)
+
+    def start_rigid(self, state: _JobState, leases: list[tuple[MigHost, str, str]]) -> None:
+        now = self.engine.now
+        if state.first_start is None:
+            state.first_start = now
+        rng = self.rng(state)
+        state.runs += 1
+        run = state.job.duration * math.exp(state.job.time_sigma * rng.gauss(0.0, 1.0))
+        slices = [self.take(host, sid) for host, _, sid in leases]
+        smallest = min(memory for _, memory in slices)
+        compute = sum(compute_of(p) for p, _ in slices)
+        killed_at: float | None = None
+        peak = 0
+        for hour in range(max(1, math.ceil(run / PEAK_WINDOW_SECONDS))):
+            peak = max(
+                state.job.memory.peaks_bytes[rng.randrange(len(state.job.memory.peaks_bytes))]
+                for _ in range(len(slices))
+            )
+            if peak > smallest:
+                killed_at = min(
+                    run, hour * PEAK_WINDOW_SECONDS + rng.random() * PEAK_WINDOW_SECONDS
+                )
+                break
+        length = run if killed_at is None else killed_at
+        key = self.new_key()
+        self.running[key] = (now + state.job.duration, compute / COMPUTE_SLICES, smallest)
+        self.charge(state.job.tenant, compute / COMPUTE_SLICES * state.job.duration)
+
+        def end() -> None:
+            self.clock()
+            for host, lease_id, _ in leases:
+                self.give_back(host, lease_id)
+            del self.running[key]
+            self.totals.held += length * compute
+            if killed_at is None:
+                self.totals.useful += length * compute
+                state.done.append((0, 1))
+                self.finish(state)
+            else:
+                self.totals.lost += length * compute
+                state.violations += 1
+                self.totals.causes["memory"] += 1
+                state.need_bytes = max(state.need_bytes, peak)
+                self.rigid_queue.append(state)
+            self.schedule()
+
+        self.engine.schedule(length, end)
+
+    def finish(self, state: _JobState) -> None:
+        state.end = self.engine.now
+
+    def new_key(self) -> str:
+        self.next_key += 1
+        return f"r{self.next_key}"
+
+    def decay_usage(self) -> None:
+        """Tenants' usage decays with USAGE_DECAY_SECONDS (the fair score's "recently")."""
+        now = self.engine.now
+        if now > self.usage_at:
+            decay = math.exp(-(now - self.usage_at) / USAGE_DECAY_SECONDS)
+            for name in self.usage:
+                self.usage[name] *= decay
+            self.usage_at = now
+
+    def charge(self, tenant: str, gpu_seconds: float) -> None:
+        """Add a start's expected GPU-seconds to its tenant's usage."""
+        self.decay_usage()
+        self.usage[tenant] = self.usage.get(tenant, 0.0) + gpu_seconds
+
+    # ----------------------------------------------------------------- market
+
+    def window_length(self, profile: str) -> float:
+        """The horizon, cut at the expected start of the blocked gang of the slice's family
+        (the gang that fits this profile best), as EASY backfill treats rigid jobs."""
+        length = self.spec.horizon_seconds
+        head = self.heads.get(profile)
+        if head is not None and head[1] is not None:
+            length = min(length, max(0.0, head[1] - self.engine.now))
+        return length
+
+    def believed(self, state: _JobState) -> Profile:
+        """The calibrated profile, unless an overrun's widening (``Calibrator.overran`` widens
+        memory and time alike, even after a time cut) has pushed the memory it predicts above
+        every slice of the cluster: such a job could never win a window again, so would never
+        be observed, so would never lose the widening. The widening is dropped then, and
+        counted (``widen_resets``): the router needs the same guard."""
+        calibrator = state.calibrator
+        assert calibrator is not None
+        # The calibrated profile changes only when the calibrator observes or widens.
+        key = (calibrator.observed, calibrator.widen)
+        if state.believed is not None and state.believed[0] == key:
+            return state.believed[1]
+        profile = calibrator.profile()
+        need = profile.peak_memory_bytes.value_at(1.0 - self.spec.epsilon)
+        if calibrator.widen > 1.0 and need > self.largest_bytes:
+            calibrator.widen = 1.0
+            self.totals.widen_resets += 1
+            profile = calibrator.profile()
+        state.believed = ((calibrator.observed, calibrator.widen), profile)
+        return profile
+
+    def clear_round(self) -> None:
+        now = self.engine.now
+        self.totals.rounds += 1
+        classes: dict[tuple[int, int, float], list[MarketWindow]] = {}
+        for (agent, sid), (profile, memory) in sorted(self.free.items()):
+            length = self.window_length(profile)
+            if length <= self.spec.checkpoint_overhead_seconds:
+                continue
+            milli = compute_of(profile) * 1000 // COMPUTE_SLICES
+            classes.setdefault((memory, milli, length), []).append(
+                MarketWindow(agent, sid, memory, milli, length)
+            )
+        if not classes:
+            return
+        self.decay_usage()
+        ctx = ClearingContext(usage=dict(self.usage))
+        per_class: dict[tuple[int, int, float], list[Bid]] = {key: [] for key in classes}
+        by_job: dict[str, _JobState] = {}
+        for state in self.waiting:
+            assert state.contract is not None and state.calibrator is not None
+            job_id = f"j{state.job.index:07d}"
+            by_job[job_id] = state
+            believed = self.believed(state)
+            for key, windows in classes.items():
+                bid = best_bid(
+                    job_id,
+                    state.job.tenant,
+                    state.contract,
+                    believed,
+                    windows[0],
+                    state.next_unit,
+                    now - state.job.arrival,
+                )
+                if bid is not None:
+                    per_class[key].append(bid)
+        # Windows of a class are alike, so a job's bids on them score the same and clear()
+        # gives each winner the first free one in (agent, slice) order: with n bidders only
+        # the first n windows of the class can be awarded. Offering just those gives the
+        # same awards as offering all of them, with far fewer bids.
+        bids = [
+            _on_window(bid, window)
+            for key, class_bids in per_class.items()
+            for bid in class_bids
+            for window in classes[key][: len(class_bids)]
+        ]
+        self.totals.bids += len(bids)
+        for award in clear(bids, self.spec.clearing_policy, ctx):
+            state = by_job[award.bid.job_id]
+            self.waiting.remove(state)
+            self.start_subjob(state, award.bid.window, award.bid.unit_start, award.bid.unit_count)
+
+    def start_subjob(self, state: _JobState, window: MarketWindow, start: int, count: int) -> None:
+        now = self.engine.now
+        host = self.by_id[window.agent_id]
+        profile, memory = self.free[window.key]
+        order = ProbeOrder(
+            f"{state.job.index}/{state.runs}",
+            f"j{state.job.index}",
+            0,
+            Demand(mig_profile=profile),
+            state.job.priority,
+            0.0,
+            0,
+            LEASE_TTL_SECONDS,
+            slice_id=window.slice_id,
+        )
+        reply = host.ledger.arbitrate([order], now)[0]
+        assert isinstance(reply, Granted), reply
+        lease_id = reply.lease.lease_id
+        host.ledger.commit(lease_id, f"j{state.job.index}/s{state.runs}", now)
+        self.take(host, window.slice_id)
+        if state.first_start is None:
+            state.first_start = now
+        rng = self.rng(state)
+        state.runs += 1
+        contract = state.contract
+        calibrator = state.calibrator
+        assert contract is not None and calibrator is not None
+        median = state.job.duration / contract.total_units
+        per_unit = median * math.exp(state.job.time_sigma * rng.gauss(0.0, 1.0))
+        work = count * per_unit
+        wanted = work + contract.checkpoint_overhead_seconds
+        peaks = state.job.memory.peaks_bytes
+        window_seconds = window.length_seconds
+        span = min(wanted, window_seconds)
+        killed_at: float | None = None
+        peak = 0
+        for hour in range(max(1, math.ceil(span / PEAK_WINDOW_SECONDS))):
+            peak = max(peak, peaks[rng.randrange(len(peaks))])
+            if peak > memory:
+                begin = hour * PEAK_WINDOW_SECONDS
+                killed_at = begin + rng.random() * (min(span, begin + PEAK_WINDOW_SECONDS) - begin)
+                break
+        if killed_at is not None:
+            length = killed_at
+            outcome = "oom"
+        elif wanted > window_seconds:
+            length = window_seconds
+            outcome = "cut"
+        else:
+            length = wanted
+            outcome = "ok"
+        compute = compute_of(profile)
+        key = self.new_key()
+        self.running[key] = (now + min(wanted, window_seconds), compute / COMPUTE_SLICES, memory)
+        self.charge(state.job.tenant, compute / COMPUTE_SLICES * min(wanted, window_seconds))
+        self.totals.subjobs += 1
+
+        def end() -> None:
+            self.clock()
+            self.give_back(host, lease_id)
+            del self.running[key]
+            self.totals.held += length * compute
+            self.totals.fills.append(length / window_seconds)
+            if outcome == "ok":
+                self.totals.useful += work * compute
+                self.totals.overhead += contract.checkpoint_overhead_seconds * compute
+                calibrator.observe(per_unit, float(peak))
+                state.done.append((start, count))
+                state.next_unit = start + count
+            else:
+                self.totals.lost += length * compute
+                self.totals.subjob_violations += 1
+                self.totals.causes["memory" if outcome == "oom" else "time"] += 1
+                state.violations += 1
+                calibrator.overran()
+            if state.next_unit >= contract.total_units:
+                self.finish(state)
+            else:
+                self.waiting.append(state)
+            self.schedule()
+
+        self.engine.schedule(length, end)
+
+    # -------------------------------------------------------------------- run
+
+    def run(self, progress: ProgressFn | None = None) -> dict[str, Any]:
+        for state in self.states:
+            self.engine.schedule_at(state.job.arrival, partial(self.arrive, state))
+        started = time.perf_counter()
+        events = 0
+        while self.engine.pending:
+            stats = self.engine.run(max_events=2000)
+            events += stats.events_processed
+            if progress is not None:
+                done = sum(1 for s in self.states if s.end is not None)
+                progress(self.mode, done, len(self.states))
+            if stats.events_processed == 0:
+                break
+        self.clock()
+        for host in self.hosts:
+            host.ledger.check_invariant()
+        return self.report(events, time.perf_counter() - started)
+
+    def report(self, events: int, wall: float) -> dict[str, Any]:
+        states = self.states
+        finished = [s for s in states if s.end is not None]
+        jct = [s.end - s.job.arrival for s in finished if s.end is not None]
+        queue = [s.first_start - s.job.arrival for s in states if s.first_start is not None]
+        by_class: dict[str, dict[str, float]] = {}
+        for klass, _, _ in CLASSES:
+            waits = [
+                s.first_start - s.job.arrival
+                for s in states
+                if s.job.klass == klass and s.first_start is not None
+            ]
+            by_class[klass] = {"jobs": len(waits), **_summary(waits)}
+        atomized = [s for s in states if s.contract is not None]
+        t = self.totals
+        span = max(self.window_end, 1e-9)
+        if self.mode == "atomized":
+            violations, population = t.subjob_violations, t.subjobs
+            violation_basis = "subjobs"
+        else:
+            violations, population = sum(1 for s in states if s.violations), len(states)
+            violation_basis = "jobs"
+        violation_ratio = violations / population if population else 0.0
+        rigid_runs = sum(s.runs for s in states if s.contract is None)
+        rigid_jobs = sum(1 for s in states if s.contract is None)
+        return {
+            "jobs": len(states),
+            "finished": len(finished),
+            "atomized_jobs": len(atomized),
+            "rigid_jobs": rigid_jobs,
+            "jct_seconds": _summary(jct),
+            "jct_percentiles_seconds": _percentiles(jct),
+            "queue_seconds": _summary(queue),
+            "queue_by_class_seconds": by_class,
+            "gpu_utilization_ratio": round(t.busy / (self.capacity * span), 4),
+            "useful_work_ratio": round(t.useful / t.held, 4) if t.held else 0.0,
+            "fragmentation_ratio": round(t.frag / t.free, 4) if t.free else 0.0,
+            "violation_ratio": round(violation_ratio, 4),
+            "violations": violations,
+            "violation_basis": violation_basis,
+            "violation_population": population,
+            "violations_by_cause": dict(t.causes),
+            "subjobs": t.subjobs + rigid_runs,
+            "subjobs_per_job": round((t.subjobs + rigid_runs) / max(1, len(states)), 3),
+            "subjobs_per_atomized_job": round(t.subjobs / max(1, len(atomized)), 3),
+            "window_fill_ratio": round(statistics.fmean(t.fills), 4) if t.fills else None,
+            "lost_gpu_seconds": round(t.lost / COMPUTE_SLICES, 1),
+            "checkpoint_gpu_seconds": round(t.overhead / COMPUTE_SLICES, 1),
+            "clearing_rounds": t.rounds,
+            "widen_resets": t.widen_resets,
+            "bids": t.bids,
+            "makespan_seconds": round(self.engine.now, 1),
+            "events_processed": events,
+            "wall_seconds": round(wall, 2),
+        }
+
+
+def _on_window(bid: Bid, window: MarketWindow) -> Bid:
+    """The same bid on another window of the same class (identical figures)."""
+    return bid if bid.window == window else replace(bid, window=window)
+
+
+def run_modes(
+    spec: AtomizeSpec, jobs: Sequence[SimJob], progress: ProgressFn | None = None
+) -> dict[str, Any]:
+    """Each mode of ``spec.modes`` over the same jobs; a JSON-ready dict per mode."""
+    return {mode: MigReplay(spec, jobs, mode).run(progress) for mode in spec.modes}
+
+
+def placeable(job: SimJob, hosts: Sequence[MigHost]) -> bool:
+    """Some profile holds the job's largest peak and has a slice for each member."""
+    peak = max(job.memory.peaks_bytes)
+    counts: dict[str, int] = {}
+    for host in hosts:
+        for s in host.ledger.slices.values():
+            if s.memory_total_bytes >= peak:
+                counts[s.mig_profile] = counts.get(s.mig_profile, 0) + 1
+    return any(n >= job.gpus for n in counts.values())
+
+
+def run_experiment(
+    spec: AtomizeSpec,
+    trace_jobs: Sequence[TraceJob],
+    profiles: Sequence[MemoryProfile],
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """The modes on the same jobs: the ``modes`` part of the report, plus what they ran on."""
+    hosts = build_hosts(spec)
+    largest = max(s.memory_total_bytes for s in hosts[0].ledger.slices.values())
+    usable = [p for p in profiles if max(p.peaks_bytes) <= largest]
+    all_jobs = make_jobs(trace_jobs, usable, spec.seed)
+    jobs = [j for j in all_jobs if placeable(j, hosts)]
+    if not jobs:
+        raise ValueError("no job fits the MIG hosts")
+    slices = list(hosts[0].ledger.slices.values())
+    capacity = spec.hosts * sum(compute_of(s.mig_profile) for s in slices)
+    span = max(jobs[-1].arrival, 1.0)
+    gpus = spec.hosts * len({s.gpu_index for s in slices})
+    offered = sum(j.gpus * j.duration for j in jobs) / (gpus * span)
+    sizing = MigReplay(spec, jobs[:1], "rigid")
+    offered_compute = sum(
+        j.gpus * j.duration * compute_of(sizing.family(sizing._state(j))) for j in jobs
+    ) / (capacity * span)
+    profile_counts: dict[str, int] = {}
+    for s in slices:
+        profile_counts[s.mig_profile] = profile_counts.get(s.mig_profile, 0) + 1
+    return {
+        "jobs": len(jobs),
+        "left_out_jobs": len(all_jobs) - len(jobs),
+        "single_gpu_jobs": sum(1 for j in jobs if j.gpus == 1),
+        "classes": {name: sum(1 for j in jobs if j.klass == name) for name, _, _ in CLASSES},
+        "memory_profiles": len(usable),
+        "hosts": spec.hosts,
+        "mig_layout": spec.mig_layout,
+        "slices_per_host": dict(sorted(profile_counts.items())),
+        "compute_slices": capacity,
+        "epsilon": spec.epsilon,
+        "checkpoint_overhead_seconds": spec.checkpoint_overhead_seconds,
+        "horizon_seconds": spec.horizon_seconds,
+        "unit_seconds": spec.unit_seconds,
+        "memory_scale": spec.memory_scale,
+        "clearing_policy": spec.clearing_policy,
+        "calibrator_min_samples": spec.calibrator_min_samples,
+        "arrival_span_seconds": round(jobs[-1].arrival, 1),
+        "offered_gpu_load": round(offered, 3),
+        "offered_compute_load": round(offered_compute, 3),
+        "modes": run_modes(spec, jobs, progress),
+    }
