@@ -96,6 +96,7 @@ from laminar_zone.market import (
     best_bid,
     clear,
     contract_from,
+    default_min_samples,
 )
 from laminar_zone.placement import Need, Offer, expected_start
 from laminar_zone.queue import QueueItem, may_backfill, order_key
@@ -139,8 +140,9 @@ class AtomizeSpec:
     memory_scale: float = 0.5
     #: Clearing policy of laminar_zone.market (``blend`` is the router's default).
     clearing_policy: str = "blend"
-    #: ``Calibrator(min_samples=...)``: observations before it may shrink a profile.
-    calibrator_min_samples: int = 5
+    #: ``Calibrator(min_samples=...)``: observations before it may shrink a profile;
+    #: None = the market's default, ceil(1 / epsilon) - 1.
+    calibrator_min_samples: int | None = None
     modes: tuple[str, ...] = MODES
 
 
@@ -313,7 +315,7 @@ class _JobState:
     runs: int = 0
     violations: int = 0
     #: The calibrated profile and the calibrator's (observed, widen) it was computed at.
-    believed: tuple[tuple[int, float], Profile] | None = None
+    believed: tuple[tuple[int, float, float], Profile] | None = None
     #: Units completed, as (start, count), in completion order.
     done: list[tuple[int, int]] = field(default_factory=list)
 
@@ -631,24 +633,26 @@ class MigReplay:
         return length
 
     def believed(self, state: _JobState) -> Profile:
-        """The calibrated profile, unless an overrun's widening (``Calibrator.overran`` widens
-        memory and time alike, even after a time cut) has pushed the memory it predicts above
-        every slice of the cluster: such a job could never win a window again, so would never
-        be observed, so would never lose the widening. The widening is dropped then, and
-        counted (``widen_resets``): the router needs the same guard."""
+        """The calibrated profile, unless memory overruns' widening has pushed the memory it
+        predicts above every slice of the cluster: such a job could never win a window again,
+        so would never be observed, so would never lose the widening. The widening is dropped
+        then, and counted (``widen_resets``). (A time cut widens only time.)"""
         calibrator = state.calibrator
         assert calibrator is not None
         # The calibrated profile changes only when the calibrator observes or widens.
-        key = (calibrator.observed, calibrator.widen)
+        key = (calibrator.observed, calibrator.widen_time, calibrator.widen_memory)
         if state.believed is not None and state.believed[0] == key:
             return state.believed[1]
         profile = calibrator.profile()
         need = profile.peak_memory_bytes.value_at(1.0 - self.spec.epsilon)
-        if calibrator.widen > 1.0 and need > self.largest_bytes:
-            calibrator.widen = 1.0
+        if calibrator.widen_memory > 1.0 and need > self.largest_bytes:
+            calibrator.widen_memory = 1.0
             self.totals.widen_resets += 1
             profile = calibrator.profile()
-        state.believed = ((calibrator.observed, calibrator.widen), profile)
+        state.believed = (
+            (calibrator.observed, calibrator.widen_time, calibrator.widen_memory),
+            profile,
+        )
         return profile
 
     def clear_round(self) -> None:
@@ -683,6 +687,7 @@ class MigReplay:
                     windows[0],
                     state.next_unit,
                     now - state.job.arrival,
+                    state.job.priority,
                 )
                 if bid is not None:
                     per_class[key].append(bid)
@@ -776,7 +781,7 @@ class MigReplay:
                 self.totals.subjob_violations += 1
                 self.totals.causes["memory" if outcome == "oom" else "time"] += 1
                 state.violations += 1
-                calibrator.overran()
+                calibrator.overran(time=outcome != "oom", memory=outcome == "oom")
             if state.next_unit >= contract.total_units:
                 self.finish(state)
             else:
@@ -927,7 +932,7 @@ def run_experiment(
         "unit_seconds": spec.unit_seconds,
         "memory_scale": spec.memory_scale,
         "clearing_policy": spec.clearing_policy,
-        "calibrator_min_samples": spec.calibrator_min_samples,
+        "calibrator_min_samples": spec.calibrator_min_samples or default_min_samples(spec.epsilon),
         "arrival_span_seconds": round(jobs[-1].arrival, 1),
         "offered_gpu_load": round(offered, 3),
         "offered_compute_load": round(offered_compute, 3),

@@ -179,9 +179,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     rp.add_argument(
         "--calibrator-min-samples",
         type=int,
-        default=5,
+        default=None,
         help="with atomized: subjobs a job's calibrator observes before it may shrink the "
-        "declared profile (default 5, the market's)",
+        "declared profile (default: the market's, ceil(1/epsilon) - 1)",
     )
     rp.add_argument("--epsilon", type=float, default=0.05, help="with atomized: contract epsilon")
     rp.add_argument(
@@ -654,7 +654,7 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
             f"must be in [0, --horizon-seconds), got {args.checkpoint_seconds}",
             field="--checkpoint-seconds",
         )
-    if not 1 <= args.calibrator_min_samples <= 10_000:
+    if args.calibrator_min_samples is not None and not 1 <= args.calibrator_min_samples <= 10_000:
         raise InvalidArgument(
             f"must be in 1..10000, got {args.calibrator_min_samples}",
             field="--calibrator-min-samples",

@@ -303,7 +303,8 @@ class Atomizer:
                     metrics.atomized_violations.inc()
             return ""
         if p.state == common_pb2.KILLED and p.reason.startswith(WIDENING_ENDS):
-            calibrator.overran()
+            over_time = p.reason.startswith(OVERRAN)
+            calibrator.overran(time=over_time, memory=not over_time)
             atom.violations += 1
             if not replay:
                 metrics.atomized_observations.inc()
@@ -506,6 +507,7 @@ class Atomizer:
                 markets[key],
                 next_unit,
                 now - atom.ready_since,
+                job.spec.priority or common_pb2.BATCH,
             )
             if bid is not None:
                 out.append(bid)
@@ -583,6 +585,7 @@ class Atomizer:
                     min(1.0, max(0.0, b.feasibility)),
                     min(seconds, window.length_seconds),
                     now - atom.ready_since,
+                    job.spec.priority or common_pb2.BATCH,
                 )
             )
         return out

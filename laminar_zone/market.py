@@ -12,15 +12,17 @@ to a window of free capacity an agent advertised. This module decides, without I
 * **Bidding** (:func:`best_bid`): the most units (within min/max and what is left) whose
   feasibility is at least ``1 - epsilon`` (binary search: feasibility falls with units).
 * **Clearing** (:func:`clear`): each window goes to at most one bid and each job wins at
-  most one window per round, greedily by the policy's score; ties break on (job id,
-  agent id, slice id), so a round is a pure function of its bids.
+  most one window per round, greedily by priority class first (as everywhere in Laminar:
+  a production job is never outbid by an opportunistic one), then by the policy's score;
+  ties break on (job id, agent id, slice id), so a round is a pure function of its bids.
   Policies: ``utilization`` (capacity x time the subjob fills), ``fair`` (the tenant's
   deficit against its weighted share), ``responsive`` (how long the job has waited),
   and ``blend`` (the default: a weighted sum of the three).
 * **Calibration** (:class:`Calibrator`): observed seconds-per-unit and peak memory of
   finished subjobs feed a conformal-style inflation factor per resource, so that the
   share of subjobs that overrun their ``1 - epsilon`` prediction tracks ``epsilon``. An
-  overrun also widens the profile at once (:meth:`Calibrator.overran`).
+  overrun also widens the resource it overran at once (:meth:`Calibrator.overran`: time
+  for a window cut, memory for a memory kill), never the other.
 
 No dual prices: contention is priced only through the clearing scores. Documented in
 docs/atomization.md when the market is wired into the router.
@@ -186,6 +188,8 @@ class Bid:
     feasibility: float
     expected_seconds: float
     waited_seconds: float
+    #: ``laminar.v1.PriorityClass``: lower clears first (1 critical .. 4 opportunistic).
+    priority: int = 3
 
 
 def best_bid(
@@ -196,6 +200,7 @@ def best_bid(
     window: MarketWindow,
     next_unit: int,
     waited_seconds: float,
+    priority: int = 3,
 ) -> Bid | None:
     """The largest subjob for ``window`` that fits with probability >= 1 - epsilon."""
     left = contract.total_units - next_unit
@@ -223,6 +228,7 @@ def best_bid(
         feasibility(profile, low, window, overhead),
         low * median + overhead,
         waited_seconds,
+        priority,
     )
 
 
@@ -277,11 +283,18 @@ class Award:
 
 
 def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) -> list[Award]:
-    """One round: windows to the best bids, one window per job, deterministic ties."""
+    """One round: windows to the best bids (priority class first, then score), one window
+    per job, deterministic ties."""
     context = ctx or ClearingContext()
     scored = sorted(
         ((score(b, policy, context), b) for b in bids),
-        key=lambda sb: (-sb[0], sb[1].job_id, sb[1].window.agent_id, sb[1].window.slice_id),
+        key=lambda sb: (
+            sb[1].priority,
+            -sb[0],
+            sb[1].job_id,
+            sb[1].window.agent_id,
+            sb[1].window.slice_id,
+        ),
     )
     taken_windows: set[tuple[str, str]] = set()
     taken_jobs: set[str] = set()
@@ -295,41 +308,53 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
     return awards
 
 
+def default_min_samples(epsilon: float) -> int:
+    """Observations before a calibrator may shrink a profile: ceil(1 / epsilon) - 1."""
+    return max(1, math.ceil(1.0 / epsilon - 1e-9) - 1)
+
+
 class Calibrator:
     """Conformal-style inflation of a job's profile from its finished subjobs.
 
     For each resource it keeps the ratios observed / declared (1 - epsilon)-quantile. The
-    inflation factor is the finite-sample-corrected (1 - epsilon) quantile of those ratios
-    (never below 1 before ``min_samples`` observations, so a new job is not trusted to be
-    faster than declared), which makes the share of future overruns track epsilon.
+    inflation factor is the finite-sample-corrected (1 - epsilon) quantile of those ratios,
+    never below 1 before ``min_samples`` observations: a new job is not trusted to be faster
+    than declared. The default, ``ceil(1 / epsilon) - 1`` (19 at epsilon 0.05), is the
+    smallest n at which the split-conformal rank ``ceil((n + 1)(1 - epsilon))`` stays within
+    the n samples, i.e. where the empirical quantile really covers 1 - epsilon; below it
+    the coverage is only n / (n + 1) (the simulator's replay measured 5.9% overruns at
+    min_samples 5 against 3.4% at 19, epsilon 0.05).
     """
 
-    def __init__(self, declared: Profile, epsilon: float, min_samples: int = 5) -> None:
+    def __init__(self, declared: Profile, epsilon: float, min_samples: int | None = None) -> None:
         self.declared = declared
         self.epsilon = epsilon
-        self.min_samples = min_samples
+        self.min_samples = min_samples if min_samples is not None else default_min_samples(epsilon)
         self.time_ratios: list[float] = []
         self.memory_ratios: list[float] = []
-        self.widen = 1.0
+        self.widen_time = 1.0
+        self.widen_memory = 1.0
         self.observed = 0
         self.violations = 0
 
-    def _factor(self, ratios: list[float]) -> float:
+    def _factor(self, ratios: list[float], widen: float) -> float:
         if not ratios:
-            return self.widen
+            return widen
         ordered = sorted(ratios)
         n = len(ordered)
         rank = min(n, math.ceil((n + 1) * (1.0 - self.epsilon)))
         conformal = ordered[rank - 1]
         if n < self.min_samples:
             conformal = max(1.0, conformal)
-        return max(conformal, 1e-6) * self.widen
+        return max(conformal, 1e-6) * widen
 
     def profile(self) -> Profile:
         """The declared profile scaled by the current inflation factors."""
         return Profile(
-            self.declared.seconds_per_unit.scaled(self._factor(self.time_ratios)),
-            self.declared.peak_memory_bytes.scaled(self._factor(self.memory_ratios)),
+            self.declared.seconds_per_unit.scaled(self._factor(self.time_ratios, self.widen_time)),
+            self.declared.peak_memory_bytes.scaled(
+                self._factor(self.memory_ratios, self.widen_memory)
+            ),
         )
 
     def observe(self, seconds_per_unit: float, peak_memory_bytes: float) -> bool:
@@ -345,13 +370,18 @@ class Calibrator:
         base_memory = max(self.declared.peak_memory_bytes.value_at(q), 1e-12)
         self.time_ratios.append(seconds_per_unit / base_time)
         self.memory_ratios.append(peak_memory_bytes / base_memory)
-        self.widen = 1.0  # the overrun's real figures are in the ratios now
+        self.widen_time = self.widen_memory = 1.0  # real figures are in the ratios now
         return overran
 
-    def overran(self, factor: float = 1.5) -> None:
-        """A subjob ran out of its window or memory (it restarts from its checkpoint):
-        widen every prediction at once, until its figures are observed."""
-        self.widen *= factor
+    def overran(self, factor: float = 1.5, *, time: bool = True, memory: bool = True) -> None:
+        """A subjob ran out of its window (``time``) or its memory (``memory``) and restarts
+        from its checkpoint: widen that prediction at once, until real figures are observed.
+        A window cut says nothing about memory: widening memory on it could push a job's
+        predicted peak above every slice, and a job that never runs is never observed."""
+        if time:
+            self.widen_time *= factor
+        if memory:
+            self.widen_memory *= factor
 
     @property
     def violation_rate(self) -> float:

@@ -173,3 +173,28 @@ def test_an_overrun_widens_at_once_and_the_next_observation_takes_over() -> None
     assert cal.observe(3.0, GIB / 2) is True  # beyond even the widened prediction
     assert cal.violation_rate == 1.0
     assert cal.profile().seconds_per_unit.value_at(0.95) == pytest.approx(3.0)
+
+
+def test_priority_class_clears_before_score_and_ties_stay_deterministic() -> None:
+    from dataclasses import replace
+
+    rich = replace(bid("opp", "a", expected=95.0, waited=900.0), priority=4)
+    prod = replace(bid("prod", "b", expected=5.0, waited=0.0), priority=2)
+    for policy in ("utilization", "fair", "responsive", "blend"):
+        awards = clear([rich, prod], policy)
+        assert [a.bid.job_id for a in awards] == ["prod"], policy  # one window: prod takes it
+    two = [rich, replace(prod, window=window(100.0, slice_id="gpu1"))]
+    assert {a.bid.job_id for a in clear(two, "blend")} == {"opp", "prod"}
+
+
+def test_a_window_cut_widens_time_only_and_a_memory_kill_memory_only() -> None:
+    declared = Profile(Quantiles(((0.95, 1.0),)), Quantiles(((0.95, GIB),)))
+    cal = Calibrator(declared, epsilon=0.05)
+    cal.overran(2.0, time=True, memory=False)
+    assert cal.profile().seconds_per_unit.value_at(0.95) == pytest.approx(2.0)
+    assert cal.profile().peak_memory_bytes.value_at(0.95) == pytest.approx(GIB)
+    cal.overran(1.5, time=False, memory=True)
+    assert cal.profile().peak_memory_bytes.value_at(0.95) == pytest.approx(1.5 * GIB)
+    assert cal.profile().seconds_per_unit.value_at(0.95) == pytest.approx(2.0)
+    # The default keeps the empirical quantile's coverage: ceil(1 / epsilon) - 1 samples.
+    assert cal.min_samples == 19

@@ -151,7 +151,9 @@ def test_no_node_is_ever_overcommitted_and_failures_fit_nowhere(
         run.apply(node, pod, gpus)
         _check_no_overcommit(run, nodes)
     # The incrementally kept cluster fragmentation equals a fresh sum over nodes.
-    assert run.frag_total == pytest.approx(sum(ctx.frag(s) for s in run.states))
+    assert run.frag_total == pytest.approx(
+        sum(ctx.frag(s) for s in run.states), abs=1e-6
+    )  # float drift of the incremental sum, in GPU-milli units
 
 
 def test_ties_go_to_the_lowest_node_rank() -> None:
