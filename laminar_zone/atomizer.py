@@ -50,6 +50,7 @@ from laminar_zone.market import (
     contract_from,
     quantiles_from,
 )
+from laminar_zone.placement import Need
 
 if TYPE_CHECKING:
     from laminar_zone.jobs import Entry, ZoneState
@@ -359,6 +360,11 @@ class Atomizer:
                 if (agent_id, w.slice_id) in self._claimed:
                     continue
                 length = cap if w.end_unix <= 0 else min(cap, w.end_unix - now_unix)
+                mig = w.mig_profile if w.kind == common_pb2.MIG else ""
+                family = Need(gpus=0 if mig else 1, mig_profile=mig).family
+                head_start = self.zone.blocked_starts.get(family)
+                if head_start is not None:  # a queued rigid job expects this capacity then
+                    length = min(length, head_start - now_unix)
                 if length <= 0:
                     continue
                 out.append((w, record.address, length))

@@ -174,6 +174,7 @@ class ZoneState:
         self._readdressing: set[str] = set()
         self._queue_wake = asyncio.Event()
         self._blocked_families: dict[str, int] = {}  # family -> priority of its blocked head
+        self.blocked_starts: dict[str, float] = {}  # family -> its blocked head's expected start
         self._mean_run_seconds: dict[str, float] = {}
         self._semaphore = asyncio.Semaphore(config.placement.concurrency)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -598,6 +599,7 @@ class ZoneState:
         ]
         if not waiting:
             self._blocked_families.clear()
+            self.blocked_starts.clear()
             self._update_gauges()
             return
         units, memory = self.tenant_usage()
@@ -684,6 +686,11 @@ class ZoneState:
             family: self.entries[job_id].job.spec.priority or common_pb2.BATCH
             for family, (job_id, _) in heads.items()
             if job_id in self.entries
+        }
+        #: When each family's blocked head is expected to start: windows of that family
+        #: end there, so atomized work backfills it without delaying it (EASY).
+        self.blocked_starts = {
+            family: start for family, (_, start) in heads.items() if start is not None
         }
         for entry in changed:
             self.save(entry)

@@ -240,3 +240,40 @@ def test_a_client_bids_for_its_own_job_over_the_bid_stream(
     assert [p.unit_count for p in done.placements] == [3, 3, 3]
     assert [b.unit_start for b in won] == [0, 3, 6] and rounds >= 3
     assert sorted(_units_log(checkpoint)) == list(range(9))
+
+
+def test_a_window_ends_where_a_blocked_rigid_job_expects_its_capacity(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    zone = _market_zone(cluster, tmp_path, window_seconds=600.0)
+    _agent(cluster, zone, "a", "3xH100-80GB")
+    cluster.wait_registered()
+    gate = tmp_path / "gate"
+    # Two GPUs busy with jobs declared to run 8 s; a 2-GPU job then has to wait for them.
+    for _ in range(2):
+        busy = zone.submit(gate_code(gate), expected_seconds=8.0)
+        zone.wait_state(busy.job_id, zone_pb2.JOB_RUNNING)
+    big = zone.submit("print('big')", resources=common_pb2.Resources(gpus=2))
+    queued = zone.wait_state(big.job_id, zone_pb2.QUEUED)
+    wait_for(lambda: zone.get(big.job_id).expected_start_unix > 0)
+    head_start = zone.get(big.job_id).expected_start_unix
+    job = zone.stub.Submit(
+        zone_pb2.SubmitRequest(
+            spec=zone_pb2.JobSpec(
+                command=[sys.executable, str(WORKER), "0.05"],
+                atomization=_contract(400, 400, tmp_path / "ckpt"),
+            )
+        ),
+        timeout=10,
+    )
+    running = zone.wait_state(job.job_id, zone_pb2.JOB_RUNNING)
+    piece = running.placements[0]
+    assert len(piece.slice_ids) == 1
+    # The free GPU is offered only until the blocked job's expected start, not for 600 s,
+    # and the piece is sized to that: 400 units of 0.25-0.35 s would need minutes.
+    assert 0 < piece.window_end_unix <= head_start + 0.5, (piece.window_end_unix, head_start)
+    assert piece.unit_count < 40
+    assert queued.state == zone_pb2.QUEUED
+    gate.touch()
+    zone.stub.CancelJob(zone_pb2.CancelJobRequest(job_id=job.job_id), timeout=10)
+    assert zone.wait_state(big.job_id, *TERMINAL).state == zone_pb2.JOB_SUCCEEDED
