@@ -27,6 +27,35 @@ T = TypeVar("T")
 
 ENV_PREFIX = "LAMINAR_"
 
+#: Default largest message either daemon accepts or sends (``server.max_message_bytes``);
+#: larger ones get RESOURCE_EXHAUSTED from gRPC before any handler runs.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Bounds of ``server.max_message_bytes``: below 64 KiB a full inventory or job list no
+#: longer fits; above 64 MiB one caller can make a daemon hold too much memory per call.
+MIN_MESSAGE_BYTES_LIMIT = 64 * 1024
+MAX_MESSAGE_BYTES_LIMIT = 64 * 1024 * 1024
+
+
+def max_message_bytes_field() -> Any:
+    """``server.max_message_bytes``, the same key with the same default in both daemons."""
+    return dataclasses.field(
+        default=MAX_MESSAGE_BYTES,
+        metadata=doc(
+            "largest gRPC message received or sent; larger ones get RESOURCE_EXHAUSTED",
+            unit="bytes",
+        ),
+    )
+
+
+def check_message_bytes(value: int, key: str) -> None:
+    """Validate a ``server.max_message_bytes`` setting (raises ConfigError naming ``key``)."""
+    if not MIN_MESSAGE_BYTES_LIMIT <= value <= MAX_MESSAGE_BYTES_LIMIT:
+        raise ConfigError(
+            f"must be between {MIN_MESSAGE_BYTES_LIMIT} and {MAX_MESSAGE_BYTES_LIMIT} bytes, "
+            f"got {value}",
+            field=key,
+        )
+
 
 def doc(text: str, *, unit: str | None = None) -> dict[str, str]:
     """Field metadata helper: ``field(default=1.0, metadata=doc("lease TTL", unit="seconds"))``."""

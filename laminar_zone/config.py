@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from laminar_agent.configlib import doc
+from laminar_agent.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_agent.errors import ConfigError, InvalidArgument
 from laminar_agent.units import parse_size
 from laminar_zone.view import ProbeLimits
@@ -26,6 +26,7 @@ class ServerSettings:
     grace_seconds: float = field(
         default=5.0, metadata=doc("shutdown grace for in-flight RPCs", unit="seconds")
     )
+    max_message_bytes: int = max_message_bytes_field()
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,7 @@ class ZoneConfig:
             raise ConfigError("must be >= 0", field="limits.max_queued_per_tenant")
         if self.auth.tokens_file and not Path(self.auth.tokens_file).is_file():
             raise ConfigError(f"no such file {self.auth.tokens_file!r}", field="auth.tokens_file")
+        check_message_bytes(self.server.max_message_bytes, "server.max_message_bytes")
         self.shares()
         self.quotas()
 

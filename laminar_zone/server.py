@@ -100,7 +100,7 @@ class ZoneServer:
             )
             with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
                 asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tokens)
-        server = grpc.aio.server(options=server_options())
+        server = grpc.aio.server(options=server_options(cfg.server.max_message_bytes))
         zone_pb2_grpc.add_ZoneServicer_to_server(ZoneService(self.state, self.guard), server)
         zone_pb2_grpc.add_ZoneControlServicer_to_server(
             ZoneControlService(self.state, self.peers), server
