@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from airlock.levels import Marks
 from airlock.policy import PolicyConfig
-from laminar_agent.configlib import doc
+from laminar_agent.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_agent.errors import ConfigError
 
 #: ``airlock.policy`` values: the ladder, or the OOM-killer baseline for comparisons.
@@ -28,6 +28,19 @@ class ServerSettings:
     )
     grace_seconds: float = field(
         default=5.0, metadata=doc("shutdown grace for in-flight RPCs", unit="seconds")
+    )
+    max_message_bytes: int = max_message_bytes_field()
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    run_as_user: str = field(
+        default="nobody",
+        metadata=doc(
+            "user (name or uid) subjob commands run as when the agent runs as root, with that "
+            "user's group and supplementary groups; empty = as the agent itself. An agent that "
+            "is not root always runs subjobs as itself"
+        ),
     )
 
 
@@ -231,6 +244,7 @@ class AgentConfig:
     zone: ZoneSettings = field(default_factory=ZoneSettings)
     arbitration: ArbitrationSettings = field(default_factory=ArbitrationSettings)
     airlock: AirlockSettings = field(default_factory=AirlockSettings)
+    executor: ExecutorSettings = field(default_factory=ExecutorSettings)
 
     def validate(self) -> None:
         if self.inventory.gpu_backend not in ("nvml", "fake"):
@@ -253,6 +267,9 @@ class AgentConfig:
         if self.zone.heartbeat_seconds <= 0:
             raise ConfigError("must be > 0", field="zone.heartbeat_seconds")
         _validate_airlock(self.airlock)
+        check_message_bytes(self.server.max_message_bytes, "server.max_message_bytes")
+        if len(self.executor.run_as_user) > 64 or "\x00" in self.executor.run_as_user:
+            raise ConfigError("must be a user name or uid", field="executor.run_as_user")
 
     def replace_server(self, **changes: object) -> AgentConfig:
         return dataclasses.replace(self, server=dataclasses.replace(self.server, **changes))  # type: ignore[arg-type]

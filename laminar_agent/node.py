@@ -28,8 +28,8 @@ from typing import Any
 
 from airlock.policy import PRIORITY_NAMES
 from laminar_agent.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
-from laminar_agent.executor import Executor, ExitInfo, LaunchSpec
-from laminar_agent.grpcutil import check_number, check_str
+from laminar_agent.executor import Executor, ExitInfo, LaunchSpec, RunAs
+from laminar_agent.grpcutil import check_count, check_number, check_str
 from laminar_agent.inventory import GpuBackend, GpuInfo
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.journal import Journal, SubjobRow
@@ -57,6 +57,10 @@ DEFAULT_LEASE_TTL_SECONDS = 0.2
 MAX_LEASE_TTL_SECONDS = 60.0
 MAX_COMMAND_ARGS = 4096
 MAX_ENV_VARS = 256
+#: Most lease ids one Release may name.
+MAX_RELEASE_IDS = 4096
+#: Largest integer SQLite (and a file offset) holds; uint64 fields above it are refused.
+MAX_SQLITE_INT = 2**63 - 1
 #: Journal reason prefix of a subjob the agent is stopping; its end is KILLED.
 TERMINATING = "terminating: "
 #: How long a preemption waits for its victims beyond their grace period.
@@ -148,6 +152,7 @@ class Node:
         preempt_grace_seconds: float = 5.0,
         airlock_dry_run: bool = False,
         metrics: AgentMetrics | None = None,
+        run_as: RunAs | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.backend = backend
@@ -163,7 +168,7 @@ class Node:
         for gpu in backend.gpus():
             self._slice_names.setdefault(gpu.uuid, f"gpu{gpu.index}")
         self.ledger = Ledger(self.slices, lease_prefix=f"{agent_id}-r{restarts}-")
-        self.executor = Executor(state_dir, on_exit=self._on_exit)
+        self.executor = Executor(state_dir, on_exit=self._on_exit, run_as=run_as)
         self._arrivals = itertools.count()
         self._pending: list[tuple[ProbeOrder, asyncio.Future[Granted | Bounced]]] = []
         self._batch_task: asyncio.Task[None] | None = None
@@ -528,6 +533,7 @@ class Node:
         )
 
     def release(self, lease_ids: Sequence[str]) -> int:
+        check_count(lease_ids, "lease_ids", max_items=MAX_RELEASE_IDS)
         released = 0
         for lease_id in lease_ids:
             check_str(lease_id, "lease_ids")
@@ -583,7 +589,7 @@ class Node:
                 spec.subjob_id,
                 devices,
                 spec.resources.gpu_memory_bytes,
-                self.executor.subjob_dir(spec.subjob_id) / "gpu_mem",
+                self.executor.gpu_mem_file(spec.subjob_id),
             )
         try:
             pid = await self.executor.launch(
@@ -751,6 +757,10 @@ class Node:
         self, job_id: str, states: Sequence[int], limit: int
     ) -> list[common_pb2.Subjob]:
         check_str(job_id, "job_id")
+        check_count(states, "states", max_items=64)
+        for state in states:
+            if state not in common_pb2.SubjobState.values():
+                raise InvalidArgument(f"unknown subjob state {state}", field="states")
         names = [common_pb2.SubjobState.Name(s) for s in states] if states else None
         rows = self.journal.subjobs(states=names, job_id=job_id or None)
         if limit:
@@ -759,6 +769,8 @@ class Node:
 
     async def watch(self, after_seq: int, job_id: str) -> AsyncIterator[common_pb2.SubjobEvent]:
         check_str(job_id, "job_id")
+        if after_seq > MAX_SQLITE_INT:
+            raise InvalidArgument(f"must be <= {MAX_SQLITE_INT}, got {after_seq}", field="after_seq")
         seq = after_seq
         waiter = asyncio.Event()
         self._event_waiters.add(waiter)
@@ -798,6 +810,8 @@ class Node:
         row = self._row(subjob_id)
         if stream not in ("", "stdout", "stderr"):
             raise InvalidArgument("must be stdout or stderr", field="stream")
+        if offset > MAX_SQLITE_INT:
+            raise InvalidArgument(f"must be <= {MAX_SQLITE_INT}, got {offset}", field="offset")
         path = self.executor.subjob_dir(subjob_id) / (stream or "stdout")
         limit = min(max_bytes or 1024 * 1024, 4 * 1024 * 1024 - 1024)
         data = b""
