@@ -23,7 +23,8 @@ from test_executor import Recorder, make_spec, poll_until
 from laminar_agent.config import AgentConfig
 from laminar_agent.configlib import load_config
 from laminar_agent.errors import ConfigError
-from laminar_agent.executor import Executor, resolve_run_as
+from laminar_agent.executor import Executor, RunAs, resolve_run_as
+from laminar_agent.server import log_subjob_user
 
 IS_ROOT = os.geteuid() == 0
 
@@ -149,3 +150,19 @@ async def test_a_subjob_that_may_not_enter_its_workdir_fails_with_a_reason(
     assert rec.exits["u2"].exit_code == 127
     assert "Permission denied" in rec.exits["u2"].error
     await ex.close()
+
+
+def test_the_agent_says_at_start_who_subjobs_run_as(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level("INFO", logger="laminar.agent")
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    log_subjob_user(None, "nobody")
+    assert "not root: subjobs run as the agent's own user" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    log_subjob_user(None, "")
+    assert "subjobs run as root" in caplog.text
+    caplog.clear()
+    log_subjob_user(RunAs("nobody", 65534, 65534, (65534,), "/nonexistent"), "nobody")
+    assert "subjobs run as user nobody (uid 65534" in caplog.text
