@@ -138,6 +138,15 @@ def validate_spec(spec: common_pb2.SubjobSpec) -> None:
         check_str(key, "spec.env", max_chars=256, required=True)
         check_str(value, f"spec.env[{key}]", max_chars=65536)
     check_number(spec.grace_seconds, "spec.grace_seconds", high=3600)
+    # Airlock and preemption order victims by these classes: an unknown one is bad input.
+    if spec.priority not in common_pb2.PriorityClass.values():
+        raise InvalidArgument(f"unknown priority class {spec.priority}", field="spec.priority")
+    if spec.lifecycle not in common_pb2.LifecycleClass.values():
+        raise InvalidArgument(f"unknown lifecycle class {spec.lifecycle}", field="spec.lifecycle")
+    check_str(spec.resources.mig_profile, "spec.resources.mig_profile", max_chars=32)
+    check_str(spec.resources.gpu_model, "spec.resources.gpu_model", max_chars=64)
+    check_number(spec.value, "spec.value", low=-1e12, high=1e12)
+    check_number(spec.expected_seconds, "spec.expected_seconds", high=10 * 365 * 86400)
 
 
 class Node:

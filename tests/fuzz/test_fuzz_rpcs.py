@@ -5,7 +5,8 @@ example picks one RPC of the Agent, Zone or ZoneControl service and sends a
 request built at random from its descriptor (see ``protofuzz``). Every answer
 must be OK or a proper status code with a message; UNKNOWN, INTERNAL, or a
 traceback on the wire is a daemon bug. Streaming RPCs get a bounded read.
-Afterwards both daemons answer health checks, their SQLite journals pass
+Afterwards both daemons answer health checks and logged no traceback (background
+tasks fail into the log), their SQLite journals pass
 ``PRAGMA integrity_check``, every journaled job and subjob decodes, and the
 agent's inventory shows no slice over its capacity.
 
@@ -34,9 +35,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from protofuzz import fill_message
+from waiting import wait_for
 
 from cli.cluster import AgentProcess, LocalCluster, ZoneProcess
-from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 
 FUZZ_EXAMPLES = int(os.environ.get("LAMINAR_FUZZ_EXAMPLES", "300"))
 #: Deadline of one unary call; the daemons answer in milliseconds.
@@ -133,9 +135,58 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "print(1)",
             str(root),
         ]
+        realistic += _seed_work(channels[zone.address], channels[agent.address])
         yield Fleet(cluster, zone, agent, channels, targets, realistic)
         for channel in channels.values():
             channel.close()
+
+
+#: A subjob that runs until it is stopped, so signals, logs and cancels find something alive.
+_SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)"
+
+
+def _seed_work(zone: grpc.Channel, agent: grpc.Channel) -> list[str]:
+    """Live work for the fuzzer to poke at: a job through the router and a subjob committed
+    on the agent directly. Returns their ids."""
+    zone_stub = zone_pb2_grpc.ZoneStub(zone)
+    job = zone_stub.Submit(
+        zone_pb2.SubmitRequest(
+            spec=zone_pb2.JobSpec(
+                command=[sys.executable, "-c", _SLEEPER],
+                resources=common_pb2.Resources(gpus=1),
+                restartable=True,
+            )
+        ),
+        timeout=CALL_TIMEOUT_SECONDS,
+    )
+    agent_stub = agent_pb2_grpc.AgentStub(agent)
+
+    def probe(subjob_id: str, **spec_fields: Any) -> agent_pb2.ProbeReply:
+        return agent_stub.Probe(
+            agent_pb2.ProbeRequest(
+                probe_id=subjob_id,
+                job_id="j-seed",
+                resources=common_pb2.Resources(mig_profile="1g.10gb"),
+                commit_if_fits=True,
+                spec=common_pb2.SubjobSpec(
+                    subjob_id=subjob_id,
+                    job_id="j-seed",
+                    command=[sys.executable, "-c", _SLEEPER],
+                    **spec_fields,
+                ),
+            ),
+            timeout=CALL_TIMEOUT_SECONDS,
+        )
+
+    # Classes outside their enums once reached Airlock's victim order unchecked.
+    for bad in ({"priority": 37}, {"lifecycle": 29}):
+        with pytest.raises(grpc.RpcError) as info:
+            probe("s-bad", **bad)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert f"spec.{next(iter(bad))}" in info.value.details()  # type: ignore[attr-defined]
+    reply = probe("s-seed", priority=common_pb2.OPPORTUNISTIC, unit_count=3)
+    assert reply.subjob.spec.subjob_id == "s-seed", reply
+    return [job.job_id, "s-seed", "j-seed"]
 
 
 def _request(draw: Any, fleet: Fleet, method: MethodDescriptor) -> Message:
@@ -218,6 +269,38 @@ def _serving(address: str) -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
+def test_a_job_the_agent_refuses_fails_once_instead_of_retrying(fleet: Fleet) -> None:
+    """Found by this fuzzer: a job whose workdir the agent does not have was committed,
+    refused with INVALID_ARGUMENT, and placed again several times a second for ever.
+    Runs before the fuzzing, which may drain the agent or fill its GPUs."""
+    zone = zone_pb2_grpc.ZoneStub(fleet.channels[fleet.zone.address])
+    job = zone.Submit(
+        zone_pb2.SubmitRequest(
+            spec=zone_pb2.JobSpec(
+                command=[sys.executable, "-c", "print(1)"],
+                workdir="/nonexistent/laminar-fuzz",
+                resources=common_pb2.Resources(gpus=1),
+            )
+        ),
+        timeout=CALL_TIMEOUT_SECONDS,
+    )
+    wait_for(
+        lambda: zone.GetJob(zone_pb2.GetJobRequest(job_id=job.job_id), timeout=10).state
+        in (zone_pb2.JOB_FAILED, zone_pb2.JOB_SUCCEEDED)
+    )
+    done = zone.GetJob(zone_pb2.GetJobRequest(job_id=job.job_id), timeout=10)
+    assert done.state == zone_pb2.JOB_FAILED and "workdir" in done.reason, done.reason
+    agent = agent_pb2_grpc.AgentStub(fleet.channels[fleet.agent.address])
+    subjobs = agent.ListSubjobs(agent_pb2.ListSubjobsRequest(job_id=job.job_id), timeout=10)
+    assert len(subjobs.subjobs) == 1, [s.reason for s in subjobs.subjobs]
+    with pytest.raises(grpc.RpcError) as info:
+        zone.Submit(
+            zone_pb2.SubmitRequest(spec=zone_pb2.JobSpec(command=["", "x"])), timeout=10
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert "spec.command" in info.value.details()  # type: ignore[attr-defined]
+
+
 def test_random_messages_to_every_rpc_get_proper_answers(fleet: Fleet) -> None:
     @settings(
         max_examples=FUZZ_EXAMPLES,
@@ -239,6 +322,9 @@ def test_random_messages_to_every_rpc_get_proper_answers(fleet: Fleet) -> None:
     for daemon in (fleet.zone, fleet.agent):
         assert daemon.is_running(), f"{daemon.name} exited; see {daemon.log_path}"
         assert _serving(daemon.address), f"{daemon.name} no longer answers health checks"
+        # Background work (placement, Airlock, heartbeats) fails into the log, not the wire.
+        log_text = daemon.log_path.read_text(errors="replace")
+        assert "Traceback" not in log_text, f"{daemon.name} logged a traceback: {daemon.log_path}"
     assert not fleet.failures, "\n".join(fleet.failures)
     # UNAVAILABLE is a proper answer only from a daemon that is up (checked just above)
     # about something else that is not (an agent address the fuzzer made up).
@@ -282,3 +368,4 @@ def _check_journals(fleet: Fleet) -> None:
             assert spec.subjob_id == subjob_id, f"subjob {subjob_id} decodes as {spec.subjob_id}"
             assert state in state_names, f"subjob {subjob_id}: state {state}"
     assert Path(fleet.agent.state_dir / "agent.json").exists()
+
