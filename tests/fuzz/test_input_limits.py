@@ -21,6 +21,7 @@ from laminar_agent.configlib import load_config
 from laminar_agent.errors import ConfigError
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_zone.config import ZoneConfig
+from laminar_zone.peers import MAX_PEERS
 
 LIMIT_BYTES = 64 * 1024
 
@@ -136,6 +137,20 @@ def test_lists_and_numbers_past_their_bounds_are_refused_naming_the_field(
         assert code == grpc.StatusCode.INVALID_ARGUMENT, details
         assert field in details, details
     assert all(_serving(channel) for channel in daemons.channels)
+
+
+def test_a_router_learns_at_most_max_peers_peer_zones(daemons: Daemons) -> None:
+    codes = []
+    for port in range(20000, 20000 + MAX_PEERS + 2):
+        summary = zone_pb2.ZoneSummary(zone="p", address=f"127.0.0.1:{port}")
+        try:
+            daemons.control.ExchangeSummary(summary, timeout=10)
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())  # type: ignore[attr-defined]
+            assert "address" in exc.details()  # type: ignore[attr-defined]
+    assert codes.count(grpc.StatusCode.OK) == MAX_PEERS
+    assert codes[-1] == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_max_message_bytes_is_validated_naming_the_key(tmp_path: Path) -> None:
