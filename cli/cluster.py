@@ -30,6 +30,7 @@ import grpc
 import psutil
 
 from laminar_agent.errors import Unavailable
+from laminar_agent.executor import local_run_as_env
 from laminar_agent.grpcutil import channel_options
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 
@@ -37,8 +38,6 @@ from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone
 LIVE_SUBJOB_STATES = (common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUSPENDED)
 #: How long a subjob gets between SIGTERM and SIGKILL when the cluster stops.
 STOP_GRACE_SECONDS = 2.0
-#: The agent setting that picks the subjobs' user (``executor.run_as_user``).
-RUN_AS_KEY = "LAMINAR_EXECUTOR_RUN_AS_USER"
 #: Poll period while waiting for a child to write its info file.
 _POLL_SECONDS = 0.02
 
@@ -161,10 +160,7 @@ class LocalCluster:
             if heartbeat_seconds
             else {}
         )
-        if RUN_AS_KEY not in os.environ and RUN_AS_KEY not in self.env:
-            # A local cluster runs subjobs as whoever started it, root included, unless
-            # the environment names another user (an installed agent defaults to nobody).
-            env[RUN_AS_KEY] = ""
+        env.update(local_run_as_env(os.environ, self.env))
         proc = self._spawn(argv, state_dir, "agent.json", AgentProcess.LOG_NAME, env)
         agent = AgentProcess(agent_id, state_dir, proc, zone=zone, fake_gpus=fake_gpus)
         self.agents.append(agent)

@@ -71,6 +71,19 @@ class RunAs:
         return f"{self.uid}:{self.gid}:{','.join(str(g) for g in self.groups)}"
 
 
+#: The environment variable of ``executor.run_as_user``.
+RUN_AS_ENV = "LAMINAR_EXECUTOR_RUN_AS_USER"
+
+
+def local_run_as_env(*environments: Mapping[str, str]) -> dict[str, str]:
+    """Environment for an agent a local tool starts (``laminar up``, benches): it runs
+    subjobs as whoever runs the tool, root included, unless one of ``environments``
+    already names a user (an installed agent defaults to nobody)."""
+    if any(RUN_AS_ENV in env for env in environments):
+        return {}
+    return {RUN_AS_ENV: ""}
+
+
 def resolve_run_as(user: str, *, euid: int | None = None) -> RunAs | None:
     """Who subjobs run as: ``user`` (name or uid) when the agent is root, else None (the
     agent's own identity). An empty ``user`` or ``root`` keeps root, which is only for
