@@ -5,14 +5,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/laminar_api/v1/*.proto)
 
-.PHONY: help venv proto proto-check lint test test-fast demo bench install clean
+.PHONY: help venv proto proto-check lint test test-fast demo bench install install-config install-units etc clean
 
 help:
 	@echo "make demo     run a local cluster on simulated GPUs doing real work"
 	@echo "make test     proto check, lint (ruff, mypy --strict, import contracts), tests"
 	@echo "make bench    benchmarks (numbers are reported, never asserted)"
 	@echo "make proto    regenerate laminar_api/v1 from proto/"
-	@echo "make install  install into the current Python (pip install .)"
+	@echo "make install  install into the current Python (pip install .; PREFIX=, DESTDIR=)"
+	@echo "make install-config install-units   example configs and systemd units (DESTDIR=)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,8 +66,32 @@ bench: $(STAMP)
 	$(VENV)/bin/laminar bench airlock --trials 20 -o json > bench-out/airlock.json
 	$(PY) bench/fgd_reproduce.py --workloads default --mig -o bench-out/fgd_default.json --plot bench-out/fgd_default.png
 
+# Install the package into the current Python (PREFIX=/usr/local puts it in a prefix, and
+# DESTDIR=/tmp/stage stages it for packaging). Config and units are separate steps, so
+# nothing lands in /etc unless asked: `make install-config install-units`.
+PREFIX ?=
+DESTDIR ?=
+SYSCONFDIR ?= /etc
+SYSTEMDDIR ?= /etc/systemd/system
 install:
-	$(PYTHON) -m pip install .
+	$(PYTHON) -m pip install $(if $(PREFIX),--prefix $(PREFIX)) $(if $(DESTDIR),--root $(DESTDIR)) .
+
+# Example configs with every key at its default; an installed file is never overwritten.
+install-config:
+	for f in etc/laminar/agent.toml etc/laminar/zone.toml; do \
+	  dest=$(DESTDIR)$(SYSCONFDIR)/laminar/$$(basename $$f); \
+	  if [ -e "$$dest" ]; then echo "keeping $$dest"; \
+	  else install -D -m 0644 $$f "$$dest" && echo "installed $$dest"; fi; \
+	done
+
+install-units:
+	install -D -m 0644 systemd/laminar-agent.service $(DESTDIR)$(SYSTEMDDIR)/laminar-agent.service
+	install -D -m 0644 systemd/laminar-zone.service $(DESTDIR)$(SYSTEMDDIR)/laminar-zone.service
+
+# Regenerate etc/laminar/*.toml from the config dataclasses (a test checks they match).
+etc: $(STAMP)
+	$(PY) -c 'from laminar_agent.configlib import render_example as r; from laminar_agent.config import AgentConfig as A; print(r(A, "laminar-agent: /etc/laminar/agent.toml"), end="")' > etc/laminar/agent.toml
+	$(PY) -c 'from laminar_agent.configlib import render_example as r; from laminar_zone.config import ZoneConfig as Z; print(r(Z, "laminar-zone: /etc/laminar/zone.toml"), end="")' > etc/laminar/zone.toml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

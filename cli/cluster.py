@@ -30,6 +30,7 @@ import grpc
 import psutil
 
 from laminar_agent.errors import Unavailable
+from laminar_agent.executor import local_run_as_env
 from laminar_agent.grpcutil import channel_options
 from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
@@ -163,6 +164,7 @@ class LocalCluster:
         child_env = dict(env or {})
         if heartbeat_seconds:
             child_env["LAMINAR_ZONE_HEARTBEAT_SECONDS"] = f"{heartbeat_seconds:g}"
+        child_env.update(local_run_as_env(os.environ, self.env))
         proc = self._spawn(argv, state_dir, "agent.json", AgentProcess.LOG_NAME, child_env)
         agent = AgentProcess(agent_id, state_dir, proc, zone=zone, fake_gpus=fake_gpus)
         self.agents.append(agent)

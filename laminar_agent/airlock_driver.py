@@ -287,7 +287,7 @@ class AirlockDriver:
 
     def _observed_bytes(self, subjob_id: str, declared_bytes: int) -> int:
         """What the subjob reports in its usage file; the declaration if absent or bad."""
-        return read_usage_file(self.node.executor.subjob_dir(subjob_id) / "gpu_mem", declared_bytes)
+        return read_usage_file(self.node.executor.gpu_mem_file(subjob_id), declared_bytes)
 
     async def step_logged(
         self,
@@ -416,7 +416,7 @@ class AirlockDriver:
                     action.subjob_id,
                     list(static.devices),
                     view.declared_bytes,
-                    self.node.executor.subjob_dir(action.subjob_id) / "gpu_mem",
+                    self.node.executor.gpu_mem_file(action.subjob_id),
                 )
         elif action.step == STEP_RELEASE_MEMORY:
             self._release_sent[action.subjob_id] = now

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from airlock.levels import Marks
 from airlock.policy import PolicyConfig
-from laminar_agent.configlib import doc
+from laminar_agent.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_agent.errors import ConfigError
 
 #: ``airlock.policy`` values: the ladder, or the OOM-killer baseline for comparisons.
@@ -35,6 +35,19 @@ class ServerSettings:
         metadata=doc(
             "serve debug and fault-injection calls (InjectLoad) on a real GPU backend; "
             "the fake backend always serves them"
+        ),
+    )
+    max_message_bytes: int = max_message_bytes_field()
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    run_as_user: str = field(
+        default="nobody",
+        metadata=doc(
+            "user (name or uid) subjob commands run as when the agent runs as root, with that "
+            "user's group and supplementary groups; empty = as the agent itself. An agent that "
+            "is not root always runs subjobs as itself"
         ),
     )
 
@@ -310,6 +323,7 @@ class AgentConfig:
     airlock: AirlockSettings = field(default_factory=AirlockSettings)
     tls: TlsSettings = field(default_factory=TlsSettings)
     control: ControlSettings = field(default_factory=ControlSettings)
+    executor: ExecutorSettings = field(default_factory=ExecutorSettings)
 
     def validate(self) -> None:
         if self.inventory.gpu_backend not in ("nvml", "fake"):
@@ -335,6 +349,9 @@ class AgentConfig:
             raise ConfigError("must be in 0..1024", field="zone.max_windows")
         _validate_airlock(self.airlock)
         validate_security(self.tls, self.control)
+        check_message_bytes(self.server.max_message_bytes, "server.max_message_bytes")
+        if len(self.executor.run_as_user) > 64 or "\x00" in self.executor.run_as_user:
+            raise ConfigError("must be a user name or uid", field="executor.run_as_user")
 
     def replace_server(self, **changes: object) -> AgentConfig:
         return dataclasses.replace(self, server=dataclasses.replace(self.server, **changes))  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ import inspect
 import json
 import logging
 import os
+import pwd
 import re
 import signal
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from laminar_agent.errors import InvalidArgument, NotFound
+from laminar_agent.errors import ConfigError, InvalidArgument, NotFound
 from laminar_agent.shim import EXIT_FILE
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,49 @@ class LaunchSpec:
     unit_count: int = 0
     checkpoint_dir: str = ""
     grace_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The unprivileged identity subjob commands run as (the agent itself stays root)."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    def shim_arg(self) -> str:
+        """``UID:GID:G1,G2`` for the shim's ``--user`` option."""
+        return f"{self.uid}:{self.gid}:{','.join(str(g) for g in self.groups)}"
+
+
+#: The environment variable of ``executor.run_as_user``.
+RUN_AS_ENV = "LAMINAR_EXECUTOR_RUN_AS_USER"
+
+
+def local_run_as_env(*environments: Mapping[str, str]) -> dict[str, str]:
+    """Environment for an agent a local tool starts (``laminar up``, benches): it runs
+    subjobs as whoever runs the tool, root included, unless one of ``environments``
+    already names a user (an installed agent defaults to nobody)."""
+    if any(RUN_AS_ENV in env for env in environments):
+        return {}
+    return {RUN_AS_ENV: ""}
+
+
+def resolve_run_as(user: str, *, euid: int | None = None) -> RunAs | None:
+    """Who subjobs run as: ``user`` (name or uid) when the agent is root, else None (the
+    agent's own identity). An empty ``user`` or ``root`` keeps root, which is only for
+    single-tenant hosts. Raises ConfigError naming ``executor.run_as_user`` for an
+    unknown user."""
+    if (os.geteuid() if euid is None else euid) != 0 or user in ("", "root", "0"):
+        return None
+    try:
+        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except (KeyError, OverflowError):
+        raise ConfigError(f"no user {user!r} on this host", field="executor.run_as_user") from None
+    groups = tuple(sorted(set(os.getgrouplist(entry.pw_name, entry.pw_gid))))
+    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
 
 
 @dataclass
@@ -151,7 +195,11 @@ class Executor:
         python: str = sys.executable,
         base_env: Mapping[str, str] | None = None,
         on_exit: ExitCallback,
+        run_as: RunAs | None = None,
     ) -> None:
+        """``run_as``: the identity subjob commands take (see :func:`resolve_run_as`);
+        None runs them as the agent's own user."""
+        self.run_as = run_as
         self._state_dir = Path(state_dir)
         self._python = python
         self._base_env = dict(os.environ if base_env is None else base_env)
@@ -161,8 +209,24 @@ class Executor:
     def subjob_dir(self, subjob_id: str) -> Path:
         return self._state_dir / "subjobs" / subjob_id
 
+    def scratch_dir(self, subjob_id: str) -> Path:
+        """Where the subjob itself may write (its usage file, progress notes).
+
+        Without ``run_as`` that is the subjob directory. With it, a ``scratch`` folder the
+        subjob's user owns: the subjob directory stays root's, so a subjob cannot swap its
+        ``stdout`` or ``exit.json`` for a link to a file only root may read or write."""
+        sdir = self.subjob_dir(subjob_id)
+        return sdir if self.run_as is None else sdir / "scratch"
+
+    def gpu_mem_file(self, subjob_id: str) -> Path:
+        """``$LAMINAR_GPU_MEM_FILE``: where a subjob on the fake backend reports its usage."""
+        return self.scratch_dir(subjob_id) / GPU_MEM_FILE
+
     def _build_env(self, spec: LaunchSpec, sdir: Path) -> dict[str, str]:
         env = dict(self._base_env)
+        if self.run_as is not None:
+            user = self.run_as
+            env.update(USER=user.user, LOGNAME=user.user, HOME=user.home)
         env.update(filter_user_env(spec.env))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_uuids)
         env["LAMINAR_JOB_ID"] = spec.job_id
@@ -172,7 +236,7 @@ class Executor:
         if spec.unit_count > 0:
             env["LAMINAR_CHECKPOINT_DIR"] = spec.checkpoint_dir
             env["LAMINAR_PROGRESS_FILE"] = str(Path(spec.checkpoint_dir) / PROGRESS_FILE)
-        env["LAMINAR_GPU_MEM_FILE"] = str(sdir / GPU_MEM_FILE)
+        env["LAMINAR_GPU_MEM_FILE"] = str(self.gpu_mem_file(spec.subjob_id))
         return env
 
     async def launch(self, spec: LaunchSpec) -> int:
@@ -196,13 +260,20 @@ class Executor:
         if spec.unit_count > 0:
             if not spec.checkpoint_dir:
                 raise InvalidArgument("an atomized subjob needs one", field="checkpoint_dir")
-            Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            if self.run_as is None:  # else the shim creates it as the subjob's user
+                Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         for stale in (EXIT_FILE, "exec_error"):
             with contextlib.suppress(FileNotFoundError):
                 (sdir / stale).unlink()
         env = self._build_env(spec, sdir)
-        argv = [self._python, "-m", "laminar_agent.shim", str(sdir)]
-        argv += ["--cwd", spec.workdir, "--", *spec.command]
+        argv = [self._python, "-m", "laminar_agent.shim", str(sdir), "--cwd", spec.workdir]
+        if self.run_as is not None:
+            self._hand_over(sdir)
+            argv += ["--user", self.run_as.shim_arg()]
+            if spec.unit_count > 0 and spec.checkpoint_dir:
+                # Created by the subjob's user, so it is theirs; never chowned by root.
+                argv += ["--mkdir", spec.checkpoint_dir]
+        argv += ["--", *spec.command]
         pid = _spawn(self._python, argv, env, sdir)
         tracked = _Tracked(pid=pid, grace_seconds=spec.grace_seconds)
         self._tracked[spec.subjob_id] = tracked
@@ -218,6 +289,22 @@ class Executor:
             spec.unit_count,
         )
         return pid
+
+    def _hand_over(self, sdir: Path) -> None:
+        """Give the subjob's user its output files and a scratch folder; the subjob
+        directory itself stays root's (see :meth:`scratch_dir`)."""
+        assert self.run_as is not None
+        uid, gid = self.run_as.uid, self.run_as.gid
+        os.chmod(sdir, 0o755)
+        scratch = sdir / "scratch"
+        scratch.mkdir(mode=0o750, exist_ok=True)
+        os.chown(scratch, uid, gid, follow_symlinks=False)
+        for name in ("stdout", "stderr"):
+            fd = os.open(sdir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
+            try:
+                os.fchown(fd, uid, gid)
+            finally:
+                os.close(fd)
 
     async def _watch_child(self, subjob_id: str, tracked: _Tracked) -> None:
         status = await _wait_child(tracked.pid)

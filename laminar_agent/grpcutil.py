@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sized
 from typing import Any, TypeVar
 
 import grpc
@@ -19,14 +19,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from laminar_agent.configlib import MAX_MESSAGE_BYTES
 from laminar_agent.errors import InvalidArgument, LaminarError, ResourceExhausted
 
 log = logging.getLogger("laminar.grpc")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Largest message either daemon accepts (bytes); larger ones get RESOURCE_EXHAUSTED from gRPC.
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Default limit for an identifier-like string field.
 MAX_ID_CHARS = 128
 #: Default limit for free text (reasons, names).
@@ -95,6 +94,12 @@ def check_str(
     return value
 
 
+def check_count(items: Sized, field: str, *, max_items: int) -> None:
+    """Validate the length of a repeated or map field."""
+    if len(items) > max_items:
+        raise InvalidArgument(f"has {len(items)} entries, at most {max_items} allowed", field=field)
+
+
 def check_number(value: float, field: str, *, low: float = 0.0, high: float | None = None) -> float:
     """Validate a finite number in [low, high]."""
     if value != value or value in (float("inf"), float("-inf")):
@@ -106,10 +111,11 @@ def check_number(value: float, field: str, *, low: float = 0.0, high: float | No
     return value
 
 
-def server_options() -> list[tuple[str, Any]]:
+def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """Server options: messages over ``max_message_bytes`` either way get RESOURCE_EXHAUSTED."""
     return [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from airlock.policy import PRIORITY_NAMES
 from laminar_agent.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
-from laminar_agent.executor import Executor, ExitInfo, LaunchSpec, units_from_checkpoint
-from laminar_agent.grpcutil import check_number, check_str
+from laminar_agent.executor import Executor, ExitInfo, LaunchSpec, RunAs, units_from_checkpoint
+from laminar_agent.grpcutil import check_count, check_number, check_str
 from laminar_agent.inventory import GpuBackend, GpuInfo
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.journal import Journal, SubjobRow
@@ -57,6 +57,10 @@ DEFAULT_LEASE_TTL_SECONDS = 0.2
 MAX_LEASE_TTL_SECONDS = 60.0
 MAX_COMMAND_ARGS = 4096
 MAX_ENV_VARS = 256
+#: Most lease ids one Release may name.
+MAX_RELEASE_IDS = 4096
+#: Largest integer SQLite (and a file offset) holds; uint64 fields above it are refused.
+MAX_SQLITE_INT = 2**63 - 1
 #: Journal reason prefix of a subjob the agent is stopping; its end is KILLED.
 TERMINATING = "terminating: "
 #: How long a preemption waits for its victims beyond their grace period.
@@ -118,6 +122,11 @@ def validate_spec(spec: common_pb2.SubjobSpec) -> None:
     check_str(spec.tenant, "spec.tenant")
     check_str(spec.workdir, "spec.workdir", max_chars=4096)
     check_str(spec.checkpoint_dir, "spec.checkpoint_dir", max_chars=4096)
+    if spec.unit_count > 0 and not spec.checkpoint_dir.startswith("/"):
+        raise InvalidArgument(
+            "an atomized subjob (unit_count > 0) needs an absolute checkpoint directory",
+            field="spec.checkpoint_dir",
+        )
     if not spec.command:
         raise InvalidArgument("must not be empty", field="spec.command")
     if len(spec.command) > MAX_COMMAND_ARGS:
@@ -134,6 +143,15 @@ def validate_spec(spec: common_pb2.SubjobSpec) -> None:
         check_str(key, "spec.env", max_chars=256, required=True)
         check_str(value, f"spec.env[{key}]", max_chars=65536)
     check_number(spec.grace_seconds, "spec.grace_seconds", high=3600)
+    # Airlock and preemption order victims by these classes: an unknown one is bad input.
+    if spec.priority not in common_pb2.PriorityClass.values():
+        raise InvalidArgument(f"unknown priority class {spec.priority}", field="spec.priority")
+    if spec.lifecycle not in common_pb2.LifecycleClass.values():
+        raise InvalidArgument(f"unknown lifecycle class {spec.lifecycle}", field="spec.lifecycle")
+    check_str(spec.resources.mig_profile, "spec.resources.mig_profile", max_chars=32)
+    check_str(spec.resources.gpu_model, "spec.resources.gpu_model", max_chars=64)
+    check_number(spec.value, "spec.value", low=-1e12, high=1e12)
+    check_number(spec.expected_seconds, "spec.expected_seconds", high=10 * 365 * 86400)
 
 
 class Node:
@@ -149,6 +167,7 @@ class Node:
         airlock_dry_run: bool = False,
         metrics: AgentMetrics | None = None,
         max_windows: int = 16,
+        run_as: RunAs | None = None,
     ) -> None:
         self.agent_id = agent_id
         #: Bound on the windows advertised in one summary (atomization).
@@ -166,7 +185,7 @@ class Node:
         for gpu in backend.gpus():
             self._slice_names.setdefault(gpu.uuid, f"gpu{gpu.index}")
         self.ledger = Ledger(self.slices, lease_prefix=f"{agent_id}-r{restarts}-")
-        self.executor = Executor(state_dir, on_exit=self._on_exit)
+        self.executor = Executor(state_dir, on_exit=self._on_exit, run_as=run_as)
         self._arrivals = itertools.count()
         self._pending: list[tuple[ProbeOrder, asyncio.Future[Granted | Bounced]]] = []
         self._batch_task: asyncio.Task[None] | None = None
@@ -538,6 +557,7 @@ class Node:
 
     def release(self, lease_ids: Sequence[str], caller: str = "") -> int:
         """Give back uncommitted leases issued to ``caller``; others are skipped, not counted."""
+        check_count(lease_ids, "lease_ids", max_items=MAX_RELEASE_IDS)
         released = 0
         for lease_id in lease_ids:
             check_str(lease_id, "lease_ids")
@@ -595,7 +615,7 @@ class Node:
                 spec.subjob_id,
                 devices,
                 spec.resources.gpu_memory_bytes,
-                self.executor.subjob_dir(spec.subjob_id) / "gpu_mem",
+                self.executor.gpu_mem_file(spec.subjob_id),
             )
         try:
             pid = await self.executor.launch(
@@ -782,6 +802,10 @@ class Node:
         self, job_id: str, states: Sequence[int], limit: int
     ) -> list[common_pb2.Subjob]:
         check_str(job_id, "job_id")
+        check_count(states, "states", max_items=64)
+        for state in states:
+            if state not in common_pb2.SubjobState.values():
+                raise InvalidArgument(f"unknown subjob state {state}", field="states")
         names = [common_pb2.SubjobState.Name(s) for s in states] if states else None
         rows = self.journal.subjobs(states=names, job_id=job_id or None)
         if limit:
@@ -790,6 +814,8 @@ class Node:
 
     async def watch(self, after_seq: int, job_id: str) -> AsyncIterator[common_pb2.SubjobEvent]:
         check_str(job_id, "job_id")
+        if after_seq > MAX_SQLITE_INT:
+            raise InvalidArgument(f"must be <= {MAX_SQLITE_INT}, got {after_seq}", field="after_seq")
         seq = after_seq
         waiter = asyncio.Event()
         self._event_waiters.add(waiter)
@@ -829,6 +855,8 @@ class Node:
         row = self._row(subjob_id)
         if stream not in ("", "stdout", "stderr"):
             raise InvalidArgument("must be stdout or stderr", field="stream")
+        if offset > MAX_SQLITE_INT:
+            raise InvalidArgument(f"must be <= {MAX_SQLITE_INT}, got {offset}", field="offset")
         path = self.executor.subjob_dir(subjob_id) / (stream or "stdout")
         limit = min(max_bytes or 1024 * 1024, 4 * 1024 * 1024 - 1024)
         data = b""

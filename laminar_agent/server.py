@@ -14,6 +14,7 @@ import enum
 import json
 import logging
 import os
+import pwd
 import socket
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from prometheus_client import start_http_server
 from airlock.signals import HostMemorySource
 from laminar_agent.config import AgentConfig
 from laminar_agent.daemon import serve_until_signalled
+from laminar_agent.executor import RunAs, resolve_run_as
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.inventory import open_backend
@@ -47,6 +49,39 @@ class Status(enum.Enum):
     DRAINING = "draining"
     STOPPED = "stopped"
     FAILED = "failed"
+
+
+def log_subjob_user(run_as: RunAs | None, configured: str) -> None:
+    """Say at start who subjob commands run as, and why."""
+    me = pwd.getpwuid(os.geteuid()).pw_name if _has_user(os.geteuid()) else str(os.geteuid())
+    if run_as is not None:
+        log.info(
+            "subjobs run as user %s (uid %d, gid %d, groups %s): executor.run_as_user",
+            run_as.user,
+            run_as.uid,
+            run_as.gid,
+            ",".join(str(g) for g in run_as.groups) or "none",
+        )
+    elif os.geteuid() == 0:
+        log.warning(
+            "subjobs run as root: executor.run_as_user is %r; set a user for shared hosts",
+            configured,
+        )
+    else:
+        log.info(
+            "the agent is not root: subjobs run as the agent's own user %s (uid %d); "
+            "executor.run_as_user applies only to an agent running as root",
+            me,
+            os.geteuid(),
+        )
+
+
+def _has_user(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
 
 
 class AgentServer:
@@ -90,6 +125,8 @@ class AgentServer:
             shared_gpus=cfg.inventory.shared_gpus,
         )
         metrics = AgentMetrics()
+        run_as = resolve_run_as(cfg.executor.run_as_user)
+        log_subjob_user(run_as, cfg.executor.run_as_user)
         self.state = AgentState(
             agent_id,
             backend,
@@ -100,6 +137,7 @@ class AgentServer:
             airlock=cfg.airlock,
             host_memory=self._host_memory,
             max_windows=cfg.zone.max_windows,
+            run_as=run_as,
         )
         adopted, lost = self.state.node.recover()
         log.info("journal recovery: %d subjob(s) re-adopted, %d ended while down", adopted, lost)
@@ -111,7 +149,8 @@ class AgentServer:
             ", ".join(f"{g.index}:{g.model}" for g in backend.gpus()),
         )
         server = grpc.aio.server(
-            options=server_options(), interceptors=server_interceptors(trust, [SERVICE_NAME])
+            options=server_options(cfg.server.max_message_bytes),
+            interceptors=server_interceptors(trust, [SERVICE_NAME]),
         )
         service = AgentService(self.state, debug_rpcs=cfg.server.debug_rpcs)
         agent_pb2_grpc.add_AgentServicer_to_server(service, server)

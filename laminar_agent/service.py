@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from laminar_agent.errors import FailedPrecondition, NotFound
+from laminar_agent.errors import FailedPrecondition, InvalidArgument, NotFound
 from laminar_agent.grpcutil import check_number, check_str, map_errors
 from laminar_agent.security import peer_identity
 from laminar_agent.state import AgentState
@@ -47,8 +47,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, request: agent_pb2.ProbeBatchRequest, context: Ctx
     ) -> agent_pb2.ProbeBatchReply:
         if len(request.probes) > MAX_BATCH:
-            raise FailedPrecondition(
-                f"{len(request.probes)} probes, at most {MAX_BATCH}", field="probes"
+            raise InvalidArgument(
+                f"has {len(request.probes)} probes, at most {MAX_BATCH}", field="probes"
             )
         caller = peer_identity(context)
         replies = await asyncio.gather(*(self._node.probe(p, caller) for p in request.probes))

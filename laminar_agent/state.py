@@ -17,6 +17,7 @@ from airlock.levels import Level, LevelTracker, Marks
 from airlock.signals import HostMemory, HostMemorySource, PsutilHostMemory
 from laminar_agent.airlock_driver import AirlockDriver
 from laminar_agent.config import AirlockSettings
+from laminar_agent.executor import RunAs
 from laminar_agent.heartbeat import action_message
 from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
@@ -45,8 +46,10 @@ class AgentState:
         airlock: AirlockSettings | None = None,
         host_memory: HostMemorySource | None = None,
         max_windows: int = 16,
+        run_as: RunAs | None = None,
     ) -> None:
-        """``host_memory`` replaces psutil as the host signal (tests, simulation)."""
+        """``host_memory`` replaces psutil as the host signal (tests, simulation); ``run_as``
+        is the identity subjob commands take (None: the agent's own)."""
         self.agent_id = agent_id
         self.hostname = socket.gethostname()
         self.backend = backend
@@ -65,6 +68,7 @@ class AgentState:
             airlock_dry_run=settings.dry_run,
             metrics=metrics,
             max_windows=max_windows,
+            run_as=run_as,
         )
         #: Pressure levels per device with hysteresis (Airlock's signal stage).
         self.levels = LevelTracker(settings.slice_marks())
@@ -201,7 +205,41 @@ class AgentState:
                     start=mig.start,
                     size=mig.size,
                 )
+        self._add_slice_status(inv, readings)
         return inv
+
+    def _add_slice_status(
+        self, inv: agent_pb2.Inventory, readings: dict[str, tuple[int, int]]
+    ) -> None:
+        """What the ledger holds per slice, so an operator (or a test) can see that no slice
+        is committed or leased past its capacity."""
+        ledger = self.node.ledger
+        holders: dict[str, list[str]] = {}
+        for lease in ledger.leases():
+            if lease.committed and lease.subjob_id:
+                for allocation in lease.allocations:
+                    holders.setdefault(allocation.slice_id, []).append(lease.subjob_id)
+        for s in self.node.slices:
+            committed_milli, leased_milli, committed_bytes, leased_bytes = ledger.usage(s.slice_id)
+            used, _ = readings.get(s.device_uuid, (0, s.memory_total_bytes))
+            level = self.level_by_device.get(s.device_uuid, Level.NORMAL)
+            inv.slices.add(
+                slice_id=s.slice_id,
+                kind=s.kind.value,
+                gpu_index=s.gpu_index,
+                device_uuid=s.device_uuid,
+                mig_profile=s.mig_profile,
+                gpu_model=s.gpu_model,
+                memory_total_bytes=s.memory_total_bytes,
+                memory_used_bytes=used,
+                capacity_milli=s.capacity_milli,
+                committed_milli=committed_milli,
+                leased_milli=leased_milli,
+                committed_memory_bytes=committed_bytes,
+                leased_memory_bytes=leased_bytes,
+                pressure=int(level),
+                subjob_ids=sorted(holders.get(s.slice_id, [])),
+            )
 
     def fill_summary(self, summary: common_pb2.AgentSummary) -> None:
         """Add what only the daemon knows (address, hostname, generation) to a node summary."""

@@ -76,6 +76,7 @@ def agent_config(spec: PoolSpec, agent_id: str) -> AgentConfig:
         "zone.zone": spec.zone,
         "inventory.gpu_backend": "fake",
         "inventory.fake_gpus": spec.fake_gpus,
+        "executor.run_as_user": "",  # a local pool runs subjobs as whoever runs the bench
     }
     if spec.airlock_poll_seconds is not None:
         overrides["airlock.poll_seconds"] = spec.airlock_poll_seconds

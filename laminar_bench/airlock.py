@@ -39,6 +39,7 @@ import grpc
 from airlock.policy import PRIORITY_NAMES
 from airlock.traces import choose_sharing_group, load_memory_curves
 from laminar_agent.errors import InvalidArgument, Unavailable
+from laminar_agent.executor import local_run_as_env
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_bench.placement import environment, percentile
 
@@ -104,6 +105,7 @@ class BenchAgent:
             "LAMINAR_AIRLOCK_POLL_SECONDS": f"{poll_seconds:g}",
             "LAMINAR_AIRLOCK_HOLD_SECONDS": "0.3",
             "LAMINAR_AIRLOCK_RECLAIM_GRACE_SECONDS": "1",
+            **local_run_as_env(os.environ),  # its subjobs write usage files in our tmp dirs
         }
         argv = [sys.executable, "-m", "laminar_agent", "--listen", "127.0.0.1:0"]
         argv += ["--agent-id", f"bench-{policy}", "--state-dir", str(self.state_dir)]

@@ -61,6 +61,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from laminar_agent.errors import InvalidArgument, Unavailable
+from laminar_agent.executor import local_run_as_env
 from laminar_agent.grpcutil import channel_options
 from laminar_agent.inventory.fake import parse_fake_spec
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
@@ -222,7 +223,11 @@ class BenchCluster:
     def _spawn(self, name: str, argv: list[str], state_dir: Path, info_name: str) -> Child:
         state_dir.mkdir(parents=True, exist_ok=True)
         (state_dir / info_name).unlink(missing_ok=True)
-        env = {**os.environ, "LAMINAR_AIRLOCK_POLL_SECONDS": f"{self.spec.agent_poll_seconds:g}"}
+        env = {
+            **os.environ,
+            "LAMINAR_AIRLOCK_POLL_SECONDS": f"{self.spec.agent_poll_seconds:g}",
+            **local_run_as_env(os.environ),
+        }
         if self.spec.heartbeat_seconds:
             env["LAMINAR_ZONE_HEARTBEAT_SECONDS"] = f"{self.spec.heartbeat_seconds:g}"
         log_path = state_dir.parent / f"{state_dir.name}.log"

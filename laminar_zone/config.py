@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from laminar_agent.config import ControlSettings, TlsSettings, validate_security
-from laminar_agent.configlib import doc
+from laminar_agent.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_agent.errors import ConfigError, InvalidArgument
 from laminar_agent.units import parse_size
 from laminar_zone.market import POLICIES
@@ -28,6 +28,7 @@ class ServerSettings:
     grace_seconds: float = field(
         default=5.0, metadata=doc("shutdown grace for in-flight RPCs", unit="seconds")
     )
+    max_message_bytes: int = max_message_bytes_field()
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,7 @@ class ZoneConfig:
                 field="market.policy",
             )
         validate_security(self.tls, self.control)
+        check_message_bytes(self.server.max_message_bytes, "server.max_message_bytes")
         self.shares()
         self.quotas()
         self.blend()

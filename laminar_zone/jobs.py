@@ -113,6 +113,8 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Need:
         raise InvalidArgument(f"has more than {MAX_COMMAND_ARGS} arguments", field="spec.command")
     for arg in spec.command:
         check_str(arg, "spec.command", max_chars=65536)
+    if not spec.command[0]:
+        raise InvalidArgument("must start with a program, not an empty string", field="spec.command")
     if len(spec.env) > 256:
         raise InvalidArgument("has more than 256 variables", field="spec.env")
     for key, value in spec.env.items():
@@ -426,6 +428,8 @@ class ZoneState:
         ok = await self._commit_all(entry, gathered.chosen)
         if not ok:
             self.metrics.placements.labels("commit_failed").inc()
+            if job.state in TERMINAL_JOB_STATES:
+                return False
             if not retry_commit:
                 self._enqueue(entry, [job.reason])
                 return False
@@ -492,6 +496,11 @@ class ZoneState:
                 p.ended_unix = time.time()
         job.attempts += 1
         job.reason = f"commit failed: {why}"
+        if any(_is_refused_input(f) for f in failures):
+            # The agent refused the spec itself (a workdir or command it cannot use). Hosts
+            # are meant to be alike, and each retry left one more failed subjob on the agent
+            # (a retry storm of several a second): the job fails for good, saying why.
+            self.finish(entry, zone_pb2.JOB_FAILED, f"the agent refused the job: {why}")
         self.save(entry)
         return False
 
@@ -1398,6 +1407,13 @@ def _copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
 
 def _state_name(state: int) -> str:
     return common_pb2.SubjobState.Name(state).lower()
+
+
+def _is_refused_input(exc: BaseException) -> bool:
+    """A commit the agent refused as bad input: retrying the same spec cannot help."""
+    return (
+        isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    )
 
 
 def _rpc_reason(exc: BaseException) -> str:

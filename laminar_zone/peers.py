@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from laminar_agent.errors import ResourceExhausted
 from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_zone.config import PeerSettings
@@ -26,6 +27,9 @@ from laminar_zone.placement import ShapeCap, choose_weighted, flow_weight, membe
 from laminar_zone.placer import StubCache, shapes_from
 
 log = logging.getLogger("laminar.zone.peers")
+
+#: Most peer zones one router exchanges summaries with (configured and learnt).
+MAX_PEERS = 64
 
 LOCAL = "local"
 
@@ -78,6 +82,13 @@ class PeerRouter:
     def accept(self, summary: zone_pb2.ZoneSummary) -> zone_pb2.ZoneSummary:
         """ExchangeSummary from a peer: remember it (learning new peers) and answer with ours."""
         if summary.address and summary.address != self.address:
+            if summary.address not in self.peers and len(self.peers) >= MAX_PEERS:
+                # Every peer is dialled each exchange period: a caller must not grow the set.
+                raise ResourceExhausted(
+                    f"this router already exchanges with {len(self.peers)} peer zones, "
+                    f"at most {MAX_PEERS}",
+                    field="address",
+                )
             peer = self.peers.setdefault(summary.address, Peer(summary.address))
             if peer.summary is None:
                 log.info("peer zone %s at %s joined", summary.zone, summary.address)

@@ -103,7 +103,8 @@ class ZoneServer:
         # With mTLS every caller needs a CA-signed certificate, submitters included; the
         # shared secret guards ZoneControl only (submitters use bearer tokens).
         server = grpc.aio.server(
-            options=server_options(), interceptors=server_interceptors(trust, [CONTROL_SERVICE])
+            options=server_options(cfg.server.max_message_bytes),
+            interceptors=server_interceptors(trust, [CONTROL_SERVICE]),
         )
         zone_pb2_grpc.add_ZoneServicer_to_server(ZoneService(self.state, self.guard), server)
         zone_pb2_grpc.add_ZoneControlServicer_to_server(

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
 
 from laminar_agent.errors import InvalidArgument, Unavailable
-from laminar_agent.grpcutil import check_str, map_errors
-from laminar_api.v1 import agent_pb2, zone_pb2, zone_pb2_grpc
+from laminar_agent.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
+from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_zone.auth import Guard, Principal, check_tenant_access, open_guard, require_admin
+from laminar_zone.config import is_host_port
 from laminar_zone.jobs import ZoneState
 from laminar_zone.limits import check_queued
 from laminar_zone.peers import PeerRouter
@@ -74,6 +76,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         if principal is not None and not principal.is_admin:
             check_tenant_access(principal, tenant or principal.tenant)
             tenant = principal.tenant
+        check_count(request.states, "states", max_items=MAX_STATE_FILTERS)
         jobs = self._state.list(tenant, list(request.states), request.limit)
         return zone_pb2.ListJobsReply(jobs=jobs)
 
@@ -97,6 +100,10 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self, request: zone_pb2.GetLogsRequest, context: Ctx
     ) -> zone_pb2.GetLogsReply:
         self._own_job(context, request.job_id)
+        if request.offset > MAX_LOG_OFFSET:
+            raise InvalidArgument(
+                f"must be <= {MAX_LOG_OFFSET}, got {request.offset}", field="offset"
+            )
         return await self._state.logs(
             request.job_id, request.subjob_id, request.stream, request.offset, request.max_bytes
         )
@@ -208,6 +215,49 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
             yield announce
 
 
+#: Most shapes (GPU models, MIG profiles, shares) one summary may list.
+MAX_SHAPES = 256
+#: Most windows one agent summary may advertise.
+MAX_WINDOWS = 1024
+#: Most re-address requests one heartbeat may carry.
+MAX_READDRESS = 256
+#: Most job states one ListJobs filter may name.
+MAX_STATE_FILTERS = 64
+#: Largest log offset (a signed 64-bit file offset).
+MAX_LOG_OFFSET = 2**63 - 1
+
+
+def check_shapes(shapes: Sequence[common_pb2.ShapeCapacity], field: str) -> None:
+    check_count(shapes, field, max_items=MAX_SHAPES)
+    for shape in shapes:
+        check_str(shape.shape, f"{field}.shape")
+
+
+def check_heartbeat(request: zone_pb2.HeartbeatRequest) -> None:
+    """Every string and list a heartbeat carries is bounded before the router keeps any of
+    it (the agent sends at most MAX_EVENTS_PER_HEARTBEAT events and
+    MAX_ACTIONS_PER_HEARTBEAT actions, so a well-behaved agent never trips these)."""
+    summary = request.summary
+    check_str(summary.hostname, "summary.hostname", max_chars=253)
+    check_shapes(summary.shapes, "summary.shapes")
+    check_count(summary.windows, "summary.windows", max_items=MAX_WINDOWS)
+    check_count(request.events, "events", max_items=MAX_EVENTS_PER_HEARTBEAT)
+    check_count(request.airlock_actions, "airlock_actions", max_items=MAX_ACTIONS_PER_HEARTBEAT)
+    check_count(request.readdress_subjob_ids, "readdress_subjob_ids", max_items=MAX_READDRESS)
+    for subjob_id in request.readdress_subjob_ids:
+        check_str(subjob_id, "readdress_subjob_ids")
+    for event in request.events:
+        check_str(event.subjob.spec.subjob_id, "events.subjob.spec.subjob_id")
+        check_str(event.subjob.spec.job_id, "events.subjob.spec.job_id")
+        check_str(event.subjob.reason, "events.subjob.reason", max_chars=MAX_TEXT_CHARS)
+    for action in request.airlock_actions:
+        check_str(action.step, "airlock_actions.step", max_chars=32)
+        check_str(action.subjob_id, "airlock_actions.subjob_id")
+        check_str(action.job_id, "airlock_actions.job_id")
+        check_str(action.slice_id, "airlock_actions.slice_id")
+        check_str(action.reason, "airlock_actions.reason", max_chars=MAX_TEXT_CHARS)
+
+
 class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
     def __init__(self, state: ZoneState, peers: PeerRouter) -> None:
         self._state = state
@@ -217,6 +267,7 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
     async def Heartbeat(
         self, request: zone_pb2.HeartbeatRequest, context: Ctx
     ) -> zone_pb2.HeartbeatReply:
+        check_heartbeat(request)
         return self._state.on_heartbeat(request)
 
     @map_errors
@@ -225,6 +276,9 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
     ) -> zone_pb2.ZoneSummary:
         check_str(request.zone, "zone", max_chars=64)
         check_str(request.address, "address")
+        if request.address and not is_host_port(request.address):
+            raise InvalidArgument(f"expected HOST:PORT, got {request.address!r}", field="address")
+        check_shapes(request.shapes, "shapes")
         return self._peers.accept(request)
 
     @map_errors

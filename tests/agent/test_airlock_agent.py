@@ -304,6 +304,7 @@ async def in_process_agent(
         "server.agent_id": "inproc",
         "inventory.gpu_backend": "fake",
         "inventory.fake_gpus": fake_gpus,
+        "executor.run_as_user": "",  # subjobs write into tmp_path, which only root may enter
     }
     overrides.update({f"airlock.{k}": v for k, v in airlock.items()})
     server = AgentServer(load_config(AgentConfig, overrides=overrides), host_memory=host)
