@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(VENV)/bin/laminar bench placement --agents 32 --jobs 300 -o json > bench-out/placement_n32.json
 	$(VENV)/bin/laminar bench airlock --trials 20 -o json > bench-out/airlock.json
 	$(PY) bench/fgd_reproduce.py --workloads default --mig -o bench-out/fgd_default.json --plot bench-out/fgd_default.png
+	$(PY) bench/clearing_round.py -o json > bench-out/clearing_round.json
 
 # Install the package into the current Python (PREFIX=/usr/local puts it in a prefix, and
 # DESTDIR=/tmp/stage stages it for packaging). Config and units are separate steps, so

@@ -75,7 +75,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -87,16 +87,16 @@ from laminar_agent.ledger import Demand, Granted, Ledger, ProbeOrder, Slice, Sli
 from laminar_sim.engine import Engine
 from laminar_sim.replay import TraceJob
 from laminar_zone.market import (
-    Bid,
+    Bidder,
     Calibrator,
     ClearingContext,
     Contract,
     MarketWindow,
     Profile,
-    best_bid,
     clear,
     contract_from,
     default_min_samples,
+    round_bids,
 )
 from laminar_zone.placement import Need, Offer, expected_start
 from laminar_zone.queue import QueueItem, may_backfill, order_key
@@ -658,49 +658,36 @@ class MigReplay:
     def clear_round(self) -> None:
         now = self.engine.now
         self.totals.rounds += 1
-        classes: dict[tuple[int, int, float], list[MarketWindow]] = {}
+        windows: list[MarketWindow] = []
         for (agent, sid), (profile, memory) in sorted(self.free.items()):
             length = self.window_length(profile)
             if length <= self.spec.checkpoint_overhead_seconds:
                 continue
             milli = compute_of(profile) * 1000 // COMPUTE_SLICES
-            classes.setdefault((memory, milli, length), []).append(
-                MarketWindow(agent, sid, memory, milli, length)
-            )
-        if not classes:
+            windows.append(MarketWindow(agent, sid, memory, milli, length))
+        if not windows:
             return
         self.decay_usage()
         ctx = ClearingContext(usage=dict(self.usage))
-        per_class: dict[tuple[int, int, float], list[Bid]] = {key: [] for key in classes}
         by_job: dict[str, _JobState] = {}
+        bidders: list[Bidder] = []
         for state in self.waiting:
             assert state.contract is not None and state.calibrator is not None
             job_id = f"j{state.job.index:07d}"
             by_job[job_id] = state
-            believed = self.believed(state)
-            for key, windows in classes.items():
-                bid = best_bid(
+            bidders.append(
+                Bidder(
                     job_id,
                     state.job.tenant,
                     state.contract,
-                    believed,
-                    windows[0],
+                    self.believed(state),
                     state.next_unit,
                     now - state.job.arrival,
                     state.job.priority,
                 )
-                if bid is not None:
-                    per_class[key].append(bid)
-        # Windows of a class are alike, so a job's bids on them score the same and clear()
-        # gives each winner the first free one in (agent, slice) order: with n bidders only
-        # the first n windows of the class can be awarded. Offering just those gives the
-        # same awards as offering all of them, with far fewer bids.
-        bids = [
-            _on_window(bid, window)
-            for key, class_bids in per_class.items()
-            for bid in class_bids
-            for window in classes[key][: len(class_bids)]
-        ]
+            )
+        # The router's own round: alike windows are priced once per bidder (round_bids).
+        bids = round_bids(bidders, windows)
         self.totals.bids += len(bids)
         for award in clear(bids, self.spec.clearing_policy, ctx):
             state = by_job[award.bid.job_id]
@@ -865,11 +852,6 @@ class MigReplay:
             "events_processed": events,
             "wall_seconds": round(wall, 2),
         }
-
-
-def _on_window(bid: Bid, window: MarketWindow) -> Bid:
-    """The same bid on another window of the same class (identical figures)."""
-    return bid if bid.window == window else replace(bid, window=window)
 
 
 def run_modes(

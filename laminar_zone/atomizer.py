@@ -40,15 +40,16 @@ from laminar_agent.grpcutil import check_str
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_zone.market import (
     Bid,
+    Bidder,
     Calibrator,
     ClearingContext,
     Contract,
     MarketWindow,
     Profile,
-    best_bid,
     clear,
     contract_from,
     quantiles_from,
+    round_bids,
 )
 from laminar_zone.placement import Need
 
@@ -417,17 +418,31 @@ class Atomizer:
         offered = self.open_windows(now_unix, now)
         by_key = {(w.agent_id, w.slice_id): (w, address, length) for w, address, length in offered}
         markets = {
-            key: MarketWindow(w.agent_id, w.slice_id, w.memory_bytes, w.gpu_milli, length)
+            key: MarketWindow(
+                w.agent_id,
+                w.slice_id,
+                w.memory_bytes,
+                w.gpu_milli,
+                length,
+                f"{w.kind}:{w.mig_profile}:{w.gpu_model}",
+            )
             for key, (w, _, length) in by_key.items()
         }
-        bids: list[Bid] = []
+        bidders: list[Bidder] = []
+        specs: dict[str, zone_pb2.JobSpec] = {}
         clients: list[tuple[Entry, Atom]] = []
         for entry in waiting:
             atom = self.atoms[entry.job.job_id]
             if atom.client is not None:
                 clients.append((entry, atom))
                 continue
-            bids.extend(self._router_bids(entry, atom, by_key, markets, now))
+            bidders.append(self._bidder(entry, atom, now))
+            specs[entry.job.job_id] = entry.job.spec
+        bids = round_bids(
+            bidders,
+            markets.values(),
+            lambda b, w: self._allows(specs[b.job_id], by_key[w.key][0]),
+        )
         if clients:
             replies = await asyncio.gather(
                 *(self._client_bids(e, a, by_key, markets, now) for e, a in clients)
@@ -477,19 +492,13 @@ class Atomizer:
             )
         return [a.bid for a in awards]
 
-    def _router_bids(
-        self,
-        entry: Entry,
-        atom: Atom,
-        by_key: dict[tuple[str, str], tuple[common_pb2.Window, str, float]],
-        markets: dict[tuple[str, str], MarketWindow],
-        now: float,
-    ) -> list[Bid]:
+    @staticmethod
+    def _bidder(entry: Entry, atom: Atom, now: float) -> Bidder:
+        """The router bidding for a job: its calibrated profile, within its current phase
+        (a subjob never crosses a phase boundary, so each bid has one phase's profile)."""
         job = entry.job
         next_unit = units_done(job)
         phase = atom.phase_at(next_unit)
-        profile = atom.calibrators[phase].profile()
-        # A subjob stays within one phase: its profile is that phase's.
         limit = atom.phases[phase].end - next_unit
         contract = atom.contract
         if limit < contract.total_units - next_unit:
@@ -501,23 +510,15 @@ class Atomizer:
                 min(contract.max_units, limit),
                 contract.epsilon,
             )
-        out = []
-        for key, (w, _, _) in by_key.items():
-            if not self._allows(job.spec, w):
-                continue
-            bid = best_bid(
-                job.job_id,
-                job.spec.tenant,
-                contract,
-                profile,
-                markets[key],
-                next_unit,
-                now - atom.ready_since,
-                job.spec.priority or common_pb2.BATCH,
-            )
-            if bid is not None:
-                out.append(bid)
-        return out
+        return Bidder(
+            job.job_id,
+            job.spec.tenant,
+            contract,
+            atom.calibrators[phase].profile(),
+            next_unit,
+            now - atom.ready_since,
+            job.spec.priority or common_pb2.BATCH,
+        )
 
     async def _client_bids(
         self,

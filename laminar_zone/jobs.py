@@ -114,7 +114,9 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Need:
     for arg in spec.command:
         check_str(arg, "spec.command", max_chars=65536)
     if not spec.command[0]:
-        raise InvalidArgument("must start with a program, not an empty string", field="spec.command")
+        raise InvalidArgument(
+            "must start with a program, not an empty string", field="spec.command"
+        )
     if len(spec.env) > 256:
         raise InvalidArgument("has more than 256 variables", field="spec.env")
     for key, value in spec.env.items():
@@ -1411,9 +1413,7 @@ def _state_name(state: int) -> str:
 
 def _is_refused_input(exc: BaseException) -> bool:
     """A commit the agent refused as bad input: retrying the same spec cannot help."""
-    return (
-        isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-    )
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def _rpc_reason(exc: BaseException) -> str:

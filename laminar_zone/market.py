@@ -31,9 +31,10 @@ docs/atomization.md when the market is wired into the router.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from laminar_agent.errors import InvalidArgument
 
@@ -160,10 +161,18 @@ class MarketWindow:
     memory_bytes: int
     gpu_milli: int
     length_seconds: float  # math.inf when open-ended
+    #: What else a bidder may care about (slice kind, MIG profile, GPU model): windows of
+    #: one tag and the same figures are interchangeable.
+    tag: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.agent_id, self.slice_id)
+
+    @property
+    def alike(self) -> tuple[int, int, float, str]:
+        """Windows with equal ``alike`` get identical bids from any bidder."""
+        return (self.memory_bytes, self.gpu_milli, self.length_seconds, self.tag)
 
 
 def feasibility(profile: Profile, units: int, window: MarketWindow, overhead: float) -> float:
@@ -190,6 +199,9 @@ class Bid:
     waited_seconds: float
     #: ``laminar.v1.PriorityClass``: lower clears first (1 critical .. 4 opportunistic).
     priority: int = 3
+    #: Alike windows (``window`` first, in key order) the bid is equally good on: it wins
+    #: the first of them still free. Empty: ``window`` only.
+    pool: tuple[MarketWindow, ...] = ()
 
 
 def best_bid(
@@ -230,6 +242,57 @@ def best_bid(
         waited_seconds,
         priority,
     )
+
+
+@dataclass(frozen=True)
+class Bidder:
+    """A waiting atomized job as one round sees it."""
+
+    job_id: str
+    tenant: str
+    contract: Contract
+    profile: Profile  # the calibrated one
+    next_unit: int
+    waited_seconds: float
+    priority: int = 3
+
+
+def round_bids(
+    bidders: Iterable[Bidder],
+    windows: Iterable[MarketWindow],
+    eligible: Callable[[Bidder, MarketWindow], bool] | None = None,
+) -> list[Bid]:
+    """Every bidder's best bid on the windows it may use (``eligible``), for :func:`clear`.
+
+    Windows that are alike (:attr:`MarketWindow.alike`) get identical bids, so each bidder
+    is priced once per class of windows, not once per window, and bids on the whole class
+    (:attr:`Bid.pool`): :func:`clear` gives it the first window of the class still free,
+    which is what bidding on every window of the class would give. The work is bidders x
+    classes, not bidders x windows.
+    """
+    pool_of: dict[tuple[int, int, float, str], list[MarketWindow]] = {}
+    for w in sorted(windows, key=lambda w: w.key):
+        pool_of.setdefault(w.alike, []).append(w)
+    pools = [tuple(members) for members in pool_of.values()]
+    out: list[Bid] = []
+    for b in bidders:
+        for members in pools:
+            first = members[0]
+            if eligible is not None and not eligible(b, first):
+                continue
+            bid = best_bid(
+                b.job_id,
+                b.tenant,
+                b.contract,
+                b.profile,
+                first,
+                b.next_unit,
+                b.waited_seconds,
+                b.priority,
+            )
+            if bid is not None:
+                out.append(replace(bid, pool=members) if len(members) > 1 else bid)
+    return out
 
 
 @dataclass(frozen=True)
@@ -284,27 +347,39 @@ class Award:
 
 def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) -> list[Award]:
     """One round: windows to the best bids (priority class first, then score), one window
-    per job, deterministic ties."""
+    per job; ties go to the lower job id, then the lower (agent, slice). A pool bid stands
+    for one bid per window of its pool, so it is queued under its first window still free
+    and re-queued under the next one when that is taken: the awards are exactly those of
+    the expanded bids, at the cost of the pools' sizes only where windows are contested."""
     context = ctx or ClearingContext()
-    scored = sorted(
-        ((score(b, policy, context), b) for b in bids),
-        key=lambda sb: (
-            sb[1].priority,
-            -sb[0],
-            sb[1].job_id,
-            sb[1].window.agent_id,
-            sb[1].window.slice_id,
-        ),
-    )
+    heap: list[tuple[int, float, str, str, str, int, int, float, Bid]] = []
+    for seq, bid in enumerate(bids):
+        value = score(bid, policy, context)
+        w = bid.window
+        heap.append((bid.priority, -value, bid.job_id, w.agent_id, w.slice_id, seq, 0, value, bid))
+    heapq.heapify(heap)
     taken_windows: set[tuple[str, str]] = set()
     taken_jobs: set[str] = set()
     awards = []
-    for value, bid in scored:
-        if bid.window.key in taken_windows or bid.job_id in taken_jobs:
+    while heap:
+        prio, neg, job_id, _, _, seq, at, value, bid = heapq.heappop(heap)
+        if job_id in taken_jobs:
             continue
-        taken_windows.add(bid.window.key)
-        taken_jobs.add(bid.job_id)
-        awards.append(Award(bid, value))
+        pool = bid.pool or (bid.window,)
+        while at < len(pool) and pool[at].key in taken_windows:
+            at += 1
+        if at == len(pool):
+            continue
+        window = pool[at]
+        if at and (heap and heap[0][:5] < (prio, neg, job_id, window.agent_id, window.slice_id)):
+            # Its next free window sorts after bids still queued: wait for its turn.
+            item = (prio, neg, job_id, window.agent_id, window.slice_id, seq, at, value, bid)
+            heapq.heappush(heap, item)
+            continue
+        taken_windows.add(window.key)
+        taken_jobs.add(job_id)
+        won = bid if window == bid.window and not bid.pool else replace(bid, window=window, pool=())
+        awards.append(Award(won, value))
     return awards
 
 

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from laminar_agent.errors import InvalidArgument
 from laminar_zone.market import (
     Bid,
+    Bidder,
     Calibrator,
     ClearingContext,
+    Contract,
     MarketWindow,
     Profile,
     Quantiles,
@@ -21,6 +23,7 @@ from laminar_zone.market import (
     clear,
     contract_from,
     feasibility,
+    round_bids,
 )
 
 GIB = 1024**3
@@ -198,3 +201,65 @@ def test_a_window_cut_widens_time_only_and_a_memory_kill_memory_only() -> None:
     assert cal.profile().seconds_per_unit.value_at(0.95) == pytest.approx(2.0)
     # The default keeps the empirical quantile's coverage: ceil(1 / epsilon) - 1 samples.
     assert cal.min_samples == 19
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    jobs=st.lists(
+        st.tuples(
+            st.integers(0, 95),  # next unit
+            st.floats(0.0, 600.0),  # waited
+            st.sampled_from([1, 2, 3, 4]),  # priority
+            st.sampled_from(["a", "b", "c"]),  # tenant
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    windows=st.lists(
+        st.tuples(
+            st.sampled_from([10 * GIB, 20 * GIB, 40 * GIB]),
+            st.sampled_from([30.0, 60.0, 200.0, math.inf]),
+            st.sampled_from(["mig", "gpu"]),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    policy=st.sampled_from(["utilization", "fair", "responsive", "blend"]),
+)
+def test_pricing_alike_windows_once_gives_the_same_awards_as_bidding_on_each(
+    jobs: list[tuple[int, float, int, str]],
+    windows: list[tuple[int, float, str]],
+    policy: str,
+) -> None:
+    c = contract()
+    assert isinstance(c, Contract)
+    bidders = [
+        Bidder(f"j{i}", tenant, c, c.profile, unit, waited, prio)
+        for i, (unit, waited, prio, tenant) in enumerate(jobs)
+    ]
+    offered = [
+        MarketWindow(f"h{i % 3}", f"s{i}", mem, 1000, length, tag)
+        for i, (mem, length, tag) in enumerate(windows)
+    ]
+
+    def only_gpu_for_even(b: Bidder, w: MarketWindow) -> bool:
+        return w.tag == "gpu" or int(b.job_id[1:]) % 2 == 1
+
+    naive = [
+        bid
+        for b in bidders
+        for w in offered
+        if only_gpu_for_even(b, w)
+        and (
+            bid := best_bid(
+                b.job_id, b.tenant, c, b.profile, w, b.next_unit, b.waited_seconds, b.priority
+            )
+        )
+        is not None
+    ]
+    ctx = ClearingContext(usage={"a": 50.0, "b": 10.0})
+    grouped = round_bids(bidders, offered, only_gpu_for_even)
+    assert len(grouped) <= len(naive)
+    expected = [(a.bid.job_id, a.bid.window.key, a.score) for a in clear(naive, policy, ctx)]
+    got = [(a.bid.job_id, a.bid.window.key, a.score) for a in clear(grouped, policy, ctx)]
+    assert got == expected
