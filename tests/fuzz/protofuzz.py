@@ -76,9 +76,7 @@ def _mix(
     )
 
 
-def _scalar(
-    field: FieldDescriptor, realistic: Sequence[str], wild: bool
-) -> st.SearchStrategy[Any]:
+def _scalar(field: FieldDescriptor, realistic: Sequence[str], wild: bool) -> st.SearchStrategy[Any]:
     odd_in_ten = 5 if wild else 1
     cpp = field.cpp_type
     if cpp in _INT_EDGES:

@@ -21,7 +21,6 @@ import os
 import re
 import sqlite3
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,7 +135,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "print(1)",
             str(root),
         ]
-        realistic += _seed_work(channels[zone.address], channels[agent.address])
+        realistic += _seed_work(channels[zone.address], channels[agent.address], root / "ckpt")
         yield Fleet(cluster, zone, agent, channels, targets, realistic)
         for channel in channels.values():
             channel.close()
@@ -146,7 +145,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 _SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)"
 
 
-def _seed_work(zone: grpc.Channel, agent: grpc.Channel) -> list[str]:
+def _seed_work(zone: grpc.Channel, agent: grpc.Channel, checkpoint: Path) -> list[str]:
     """Live work for the fuzzer to poke at: a job through the router and a subjob committed
     on the agent directly. Returns their ids."""
     zone_stub = zone_pb2_grpc.ZoneStub(zone)
@@ -189,7 +188,7 @@ def _seed_work(zone: grpc.Channel, agent: grpc.Channel) -> list[str]:
         "s-seed",
         priority=common_pb2.OPPORTUNISTIC,
         unit_count=3,
-        checkpoint_dir=tempfile.mkdtemp(prefix="laminar-fuzz-ckpt-"),
+        checkpoint_dir=str(checkpoint),
     )
     assert reply.subjob.spec.subjob_id == "s-seed", reply
     return [job.job_id, "s-seed", "j-seed"]
@@ -291,8 +290,10 @@ def test_a_job_the_agent_refuses_fails_once_instead_of_retrying(fleet: Fleet) ->
         timeout=CALL_TIMEOUT_SECONDS,
     )
     wait_for(
-        lambda: zone.GetJob(zone_pb2.GetJobRequest(job_id=job.job_id), timeout=10).state
-        in (zone_pb2.JOB_FAILED, zone_pb2.JOB_SUCCEEDED)
+        lambda: (
+            zone.GetJob(zone_pb2.GetJobRequest(job_id=job.job_id), timeout=10).state
+            in (zone_pb2.JOB_FAILED, zone_pb2.JOB_SUCCEEDED)
+        )
     )
     done = zone.GetJob(zone_pb2.GetJobRequest(job_id=job.job_id), timeout=10)
     assert done.state == zone_pb2.JOB_FAILED and "workdir" in done.reason, done.reason
@@ -300,9 +301,7 @@ def test_a_job_the_agent_refuses_fails_once_instead_of_retrying(fleet: Fleet) ->
     subjobs = agent.ListSubjobs(agent_pb2.ListSubjobsRequest(job_id=job.job_id), timeout=10)
     assert len(subjobs.subjobs) == 1, [s.reason for s in subjobs.subjobs]
     with pytest.raises(grpc.RpcError) as info:
-        zone.Submit(
-            zone_pb2.SubmitRequest(spec=zone_pb2.JobSpec(command=["", "x"])), timeout=10
-        )
+        zone.Submit(zone_pb2.SubmitRequest(spec=zone_pb2.JobSpec(command=["", "x"])), timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert "spec.command" in info.value.details()  # type: ignore[attr-defined]
 
@@ -319,7 +318,11 @@ def test_random_messages_to_every_rpc_get_proper_answers(fleet: Fleet) -> None:
     @given(data=st.data())
     def fuzz(data: st.DataObject) -> None:
         target = data.draw(st.sampled_from(fleet.targets), label="rpc")
-        count = data.draw(st.integers(min_value=1, max_value=3)) if target.method.client_streaming else 1
+        count = (
+            data.draw(st.integers(min_value=1, max_value=3))
+            if target.method.client_streaming
+            else 1
+        )
         requests = [_request(data.draw, fleet, target.method) for _ in range(count)]
         _call(fleet, target, requests)
 
@@ -374,4 +377,3 @@ def _check_journals(fleet: Fleet) -> None:
             assert spec.subjob_id == subjob_id, f"subjob {subjob_id} decodes as {spec.subjob_id}"
             assert state in state_names, f"subjob {subjob_id}: state {state}"
     assert Path(fleet.agent.state_dir / "agent.json").exists()
-
