@@ -280,3 +280,17 @@ def test_forwarded_job_is_followed_to_the_peer_zone(
         assert f"{origin_id} was forwarded by zone zone-2" in cli.ok("job", origin_id)
         assert cli.ok("logs", origin_id) == "ran in the other zone\n"
         assert working.address != empty.address
+
+
+def test_the_example_atomized_job_file_runs_in_pieces(cli: Cli) -> None:
+    repo = Path(__file__).parents[2]
+    job_id = cli.submit(
+        "-f", str(repo / "docs" / "examples" / "atomized.toml"), "--workdir", str(repo)
+    )
+    code, out, _ = cli("watch", job_id)
+    assert code == 0, out
+    job = cli.json("job", job_id)
+    assert job["atomization"]["units_done"] == "24"
+    pieces = job["placements"]
+    assert len(pieces) == 3 and all(p["unit_count"] == "8" for p in pieces)
+    assert "24 of 24 done in 3 subjob(s)" in cli.ok("job", job_id)

@@ -23,7 +23,7 @@ from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2
 
 GIB = 1024**3
-WORKER = Path(__file__).parents[1] / "atomize" / "unit_worker.py"
+WORKER = Path(__file__).parents[2] / "docs" / "examples" / "atomized_worker.py"
 UNIT_SECONDS = 0.25
 
 

@@ -1,4 +1,7 @@
-"""An atomized subjob for the tests: does its units, checkpointing after each one.
+"""An atomized subjob, as a template: does its units, checkpointing after each one.
+
+Run by Laminar as one piece of an atomized job (docs/atomization.md); the tests use it
+to check that every unit is done exactly once across pieces.
 
 For each unit ``u`` in ``LAMINAR_UNIT_START .. +LAMINAR_UNIT_COUNT``: work for
 ``seconds`` (argv[1]), then, with SIGTERM held off so the two writes are one step,
