@@ -267,6 +267,7 @@ class Atomizer:
             p = live[-1]
             job.state = zone_pb2.JOB_RUNNING
             job.started_unix = job.started_unix or time.time()
+            job.expected_start_unix = 0.0
             what = "suspended by Airlock" if p.state == common_pb2.SUSPENDED else "running"
             job.reason = (
                 f"units {p.unit_start}..{p.unit_start + p.unit_count - 1} {what} on "
@@ -466,12 +467,8 @@ class Atomizer:
                 winning_bid=_bid_message(award.bid, award.score) if award else None,
             )
         for entry in waiting:
-            if entry.job.job_id not in winners and not offered:
-                entry.job.reason = (
-                    f"waiting for a window; {units_done(entry.job)} of "
-                    f"{self.atoms[entry.job.job_id].contract.total_units} units done; "
-                    "no free slice is advertised now"
-                )
+            if entry.job.job_id not in winners:
+                self._explain_wait(entry, bool(offered), now_unix)
         results = await asyncio.gather(
             *(
                 self._materialize(self.zone.entries[a.bid.job_id], a.bid, a.score, by_key)
@@ -491,6 +488,42 @@ class Atomizer:
                 sum(results),
             )
         return [a.bid for a in awards]
+
+    def _explain_wait(self, entry: Entry, any_offered: bool, now_unix: float) -> None:
+        """Why a job got no window this round, and when the next one it fits opens: the
+        earliest advertised window (a busy slice's holders' expected end) of a kind it may
+        use with room for its predicted peak memory."""
+        job = entry.job
+        atom = self.atoms[job.job_id]
+        done = units_done(job)
+        profile = atom.calibrators[atom.phase_at(done)].profile()
+        need = profile.peak_memory_bytes.value_at(1.0 - atom.contract.epsilon)
+        soonest: tuple[float, str] | None = None
+        for agent_id, windows in self.windows.items():
+            record = self.zone.view.agents.get(agent_id)
+            if record is None or not record.is_ready:
+                continue
+            for w in windows:
+                if (
+                    w.start_unix > now_unix
+                    and w.memory_bytes >= need
+                    and self._allows(job.spec, w)
+                    and (soonest is None or w.start_unix < soonest[0])
+                ):
+                    soonest = (w.start_unix, f"{agent_id}/{w.slice_id}")
+        why = (
+            f"outbid (a score of {atom.last_losing_score:.3f} won)"
+            if any_offered and atom.last_losing_score
+            else "no free slice fits it now"
+            if any_offered
+            else "no free slice is advertised now"
+        )
+        job.reason = (
+            f"waiting for a window; {done} of {atom.contract.total_units} units done; {why}"
+        )
+        job.expected_start_unix = soonest[0] if soonest else 0.0
+        if soonest:
+            job.reason += f"; the next window it fits opens in about {soonest[0] - now_unix:.0f} s on {soonest[1]}"
 
     @staticmethod
     def _bidder(entry: Entry, atom: Atom, now: float) -> Bidder:

@@ -277,3 +277,32 @@ def test_a_window_ends_where_a_blocked_rigid_job_expects_its_capacity(
     gate.touch()
     zone.stub.CancelJob(zone_pb2.CancelJobRequest(job_id=job.job_id), timeout=10)
     assert zone.wait_state(big.job_id, *TERMINAL).state == zone_pb2.JOB_SUCCEEDED
+
+
+def test_a_waiting_atomized_job_says_when_the_next_window_it_fits_opens(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    zone = _market_zone(cluster, tmp_path, window_seconds=600.0)
+    _agent(cluster, zone, "a", "1xH100-80GB")
+    cluster.wait_registered()
+    gate = tmp_path / "gate"
+    busy = zone.submit(gate_code(gate), expected_seconds=30.0)
+    started = zone.wait_state(busy.job_id, zone_pb2.JOB_RUNNING).placements[0].started_unix
+    job = zone.stub.Submit(
+        zone_pb2.SubmitRequest(
+            spec=zone_pb2.JobSpec(
+                command=[sys.executable, str(WORKER), "0.05"],
+                atomization=_contract(4, 4, tmp_path / "ckpt"),
+            )
+        ),
+        timeout=10,
+    )
+    wait_for(lambda: "opens in about" in zone.get(job.job_id).reason)
+    waiting = zone.get(job.job_id)
+    assert waiting.state == zone_pb2.QUEUED
+    assert "a/gpu0" in waiting.reason and "0 of 4 units done" in waiting.reason
+    # The busy job declared 30 s: the GPU's window opens then (agent clock, same host).
+    assert abs(waiting.expected_start_unix - (started + 30.0)) < 2.0
+    gate.touch()
+    done = zone.wait_state(job.job_id, *TERMINAL)
+    assert done.state == zone_pb2.JOB_SUCCEEDED and done.expected_start_unix == 0
