@@ -470,11 +470,12 @@ class Node:
                         dry_run=self.airlock_dry_run,
                     )
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``coro`` to completion even if the RPC that started it is cancelled."""
         task = asyncio.create_task(coro, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _reclaim(self, subjob_id: str, reason: str) -> None:
         try:
@@ -747,7 +748,12 @@ class Node:
         elif signal == agent_pb2.TERMINATE:
             self.terminating.add(subjob_id)
             self.journal.update_subjob(subjob_id, reason=f"{TERMINATING}{why}")
-            await self.executor.terminate(subjob_id, grace_seconds or None)
+            # The caller waits for the end, but a caller that gives up (an RPC deadline)
+            # must not cancel the escalation to SIGKILL: that would leave it running.
+            stop = self._spawn(
+                self.executor.terminate(subjob_id, grace_seconds or None), f"stop-{subjob_id}"
+            )
+            await asyncio.shield(stop)
         else:
             raise InvalidArgument(f"unknown signal {signal}", field="signal")
         return self.subjob_message(subjob_id)

@@ -72,8 +72,14 @@ def run(
     they are its own (a folder it may not create is reported on its stderr and left to
     the command), then execs. A failed identity change or exec is reported through a
     pipe and recorded in ``exit.json`` with exit code 127."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
+    # A stop can arrive before the command exists, and would find only the shim. So the
+    # stop signals are blocked (held pending, not lost) until the fork: the parent then
+    # ignores them and passes on any that came early; the child restores the defaults and
+    # unblocks, so a pending stop ends it before it execs. (Python-level handlers cannot
+    # do this: CPython drops a child's tripped-but-unrun handlers at fork.)
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     started = time.monotonic()
     errors_r, errors_w = os.pipe()
     os.set_inheritable(errors_w, False)
@@ -86,6 +92,7 @@ def run(
         os.close(errors_r)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a pending stop ends it here
         step = "user"
         try:
             if identity is not None:
@@ -102,6 +109,12 @@ def run(
                 os.write(errors_w, f"{step}: {exc.strerror}".encode(errors="replace"))
             finally:
                 os._exit(EXEC_FAILED_CODE)
+    early = signal.sigpending() & stops
+    for sig in stops:  # from now on a stop sent to the group reaches the child itself
+        signal.signal(sig, signal.SIG_IGN)
+    for sig in sorted(early):
+        os.kill(pid, sig)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     os.close(errors_w)
     error = _read_all(errors_r).decode(errors="replace")
     while True:

@@ -230,3 +230,20 @@ async def test_terminate_sweeps_stragglers_in_the_group(tmp_path: Path) -> None:
         "grandchild killed",
     )
     await ex.close()
+
+
+async def test_a_stop_sent_while_the_shim_starts_is_not_lost(tmp_path: Path) -> None:
+    # SIGTERM right after launch can reach the shim before it has forked the command;
+    # it must still end the command by SIGTERM, not hang until the grace runs out.
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    for i in range(40):  # stops 0-78 ms after launch cover the shim's start-up
+        subjob_id = f"early-{i}"
+        await ex.launch(make_spec(tmp_path, subjob_id, "import time; time.sleep(120)"))
+        await asyncio.sleep(i * 0.002)
+        started = time.monotonic()
+        await ex.terminate(subjob_id, grace_seconds=5.0)
+        await poll_until(lambda s=subjob_id: s in rec.exits, "the exit record")
+        assert rec.exits[subjob_id].signal == 15, rec.exits[subjob_id]
+        assert time.monotonic() - started < 4.0  # SIGTERM, not the 5 s grace and SIGKILL
+    await ex.close()
