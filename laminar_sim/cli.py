@@ -20,7 +20,7 @@ from rich.table import Table
 
 from airlock import traces as airlock_traces
 from laminar_agent.errors import FailedPrecondition, InvalidArgument
-from laminar_sim import atomized, fgd, traces
+from laminar_sim import airlock_sim, atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
 from laminar_sim.policies import POLICIES
 from laminar_sim.replay import ReplaySpec, read_jobs, run_replay
@@ -200,6 +200,70 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     rp.set_defaults(func=cmd_replay)
 
+    al = experiments.add_parser(
+        "airlock",
+        help="the Airlock ladder against an OOM killer on many shared GPUs (GenAI curves)",
+        description=(
+            "Each GPU hosts a sharing group of subjobs replaying real GenAI memory curves "
+            "that cross the critical mark; the ladder (airlock.policy.decide on "
+            "airlock.levels) and the OOM-killer baseline run on the same GPUs, curves, "
+            "classes and seed, polled every --poll-seconds of simulated time."
+        ),
+    )
+    al.add_argument(
+        "--trace-dir",
+        type=Path,
+        required=True,
+        help="alibaba-genai-v2026 folder or its pod_gpu_memory_used_bytes_anon.csv",
+    )
+    al.add_argument("--gpus", type=int, default=1000, help="shared 80 GiB GPUs (default 1000)")
+    al.add_argument("--seed", type=int, default=1)
+    al.add_argument(
+        "--poll-seconds", type=float, default=0.1, help="Airlock poll per GPU (default 0.1 s)"
+    )
+    al.add_argument("--members", type=int, default=3, help="subjobs per GPU (default 3)")
+    al.add_argument(
+        "--window", type=int, default=60, help="trace samples per group, 57 s each (default 60)"
+    )
+    al.add_argument(
+        "--peak-above-ratio",
+        type=float,
+        default=airlock_sim.AirlockSimSpec.peak_above_ratio,
+        help="a group's summed curve must exceed this share of the GPU (default: the critical "
+        "mark, 0.95)",
+    )
+    al.add_argument(
+        "--ramp-seconds",
+        type=float,
+        default=5.0,
+        help="time memory takes between two trace samples (default 5 s)",
+    )
+    al.add_argument(
+        "--oom-grace-seconds",
+        type=float,
+        default=0.2,
+        help="an allocation that does not fit stalls this long, then the process dies of "
+        "CUDA OOM (default 0.2 s)",
+    )
+    al.add_argument(
+        "--readdress-delay-seconds",
+        type=float,
+        default=5.0,
+        help="router delay before a readdressed subjob restarts elsewhere (default 5 s)",
+    )
+    al.add_argument(
+        "--checkpoint-seconds",
+        type=float,
+        default=600.0,
+        help="checkpoint period of restartable subjobs (default 600 s)",
+    )
+    al.add_argument(
+        "--policies", default="ladder,oom-killer", help="ladder, oom-killer or both (default)"
+    )
+    al.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    al.add_argument("--plot", type=Path, help="save work lost and kills by class to this PNG")
+    al.set_defaults(func=cmd_airlock)
+
 
 def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
     """Run the ``fgd`` experiment and print a table or JSON."""
@@ -308,15 +372,7 @@ def render_fgd(report: dict[str, Any], console: Console) -> None:
 
 def save_plot(report: dict[str, Any], path: Path) -> None:
     """Unallocated GPU % against arrived GPU %, ours solid and the paper's dashed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover - matplotlib is in the dev and plots extras
-        raise FailedPrecondition(
-            "--plot needs matplotlib (pip install 'laminar[plots]')", field="--plot"
-        ) from None
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     paper = report.get("paper_unallocated_pct_curve") or {}
     for index, (policy, summary) in enumerate(report["policies"].items()):
@@ -347,15 +403,8 @@ def save_plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def save_cdf(
-    report: dict[str, Any],
-    key: str,
-    xlabel: str,
-    title: str,
-    path: Path,
-    group: str = "policies",
-) -> None:
-    """The CDF of ``key`` percentiles (1..100) of each entry of ``report[group]``, log x axis."""
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, or a FailedPrecondition naming --plot."""
     try:
         import matplotlib
 
@@ -365,6 +414,19 @@ def save_cdf(
         raise FailedPrecondition(
             "--plot needs matplotlib (pip install 'laminar[plots]')", field="--plot"
         ) from None
+    return plt
+
+
+def save_cdf(
+    report: dict[str, Any],
+    key: str,
+    xlabel: str,
+    title: str,
+    path: Path,
+    group: str = "policies",
+) -> None:
+    """The CDF of ``key`` percentiles (1..100) of each entry of ``report[group]``, log x axis."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for policy, figures in report[group].items():
         values = figures.get(key) or []
@@ -608,6 +670,145 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
         table.add_row(label, *(f"{f[key]:.4g}" for f in report["policies"].values()))
     console.print(table)
     return 0
+
+
+def cmd_airlock(args: argparse.Namespace, console: Console) -> int:
+    """Run the ``airlock`` experiment and print a table or JSON."""
+    spec = airlock_sim.AirlockSimSpec(
+        gpus=args.gpus,
+        seed=args.seed,
+        poll_seconds=args.poll_seconds,
+        members=args.members,
+        window=args.window,
+        peak_above_ratio=args.peak_above_ratio,
+        ramp_seconds=args.ramp_seconds,
+        oom_grace_seconds=args.oom_grace_seconds,
+        readdress_delay_seconds=args.readdress_delay_seconds,
+        checkpoint_seconds=args.checkpoint_seconds,
+        policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+    )
+    try:
+        spec.validate()
+    except ValueError as exc:
+        flag, _, message = str(exc).partition(": ")
+        raise InvalidArgument(message, field=flag) from None
+    if not airlock_traces.trace_file(args.trace_dir).is_file():
+        raise InvalidArgument(
+            f"no {airlock_traces.GENAI_MEMORY_FILE} at {args.trace_dir}", field="--trace-dir"
+        )
+    if args.plot is not None:
+        _check_plot_target(args.plot)
+    progress = _progress("sim airlock")
+    with progress:
+        task = progress.add_task("groups", total=spec.gpus)
+
+        def advance(stage: str, done: int, total: int) -> None:
+            progress.update(task, description=stage, completed=done, total=total)
+
+        try:
+            curves = airlock_traces.load_memory_curves(args.trace_dir)
+            plans = airlock_sim.build_workload(curves, spec, advance)
+        except (ValueError, OSError) as exc:
+            raise InvalidArgument(str(exc), field="--trace-dir") from None
+        report = airlock_sim.run_airlock_sim(spec, plans, advance)
+    report["trace"] = str(args.trace_dir)
+    if args.plot is not None:
+        save_airlock_plot(report, args.plot)
+        report["plot"] = str(args.plot)
+    if args.output == "json":
+        console.out(json.dumps(report, indent=2), highlight=False)
+    else:
+        render_airlock(report, console)
+    return 0
+
+
+def render_airlock(report: dict[str, Any], console: Console) -> None:
+    """The human summary: one column per policy."""
+    policies = report["policies"]
+    table = Table(
+        title=(
+            f"Airlock on {report['gpus']} shared {report['gpu_total_gib']:.0f} GiB GPUs, "
+            f"{report['subjobs']} subjobs ({report['members_per_gpu']} per GPU), "
+            f"poll {report['poll_seconds']:g} s, seed {report['seed']}"
+        )
+    )
+    table.add_column("figure")
+    for name in policies:
+        table.add_column(name, justify="right")
+
+    def row(label: str, cell: Any) -> None:
+        table.add_row(label, *(cell(f) for f in policies.values()))
+
+    row("completion ratio", lambda f: f"{f['completion_ratio']:.4f}")
+    row(
+        "killed (reclaimed + OOM)",
+        lambda f: (
+            f"{f['killed']} ("
+            + f"{sum(k['reclaimed'] for k in f['killed_by_class'].values())} + "
+            + f"{sum(k['oom'] for k in f['killed_by_class'].values())})"
+        ),
+    )
+    for cls in airlock_sim.CLASS_NAMES:
+        row(
+            f"  {cls} killed (reclaimed + OOM)",
+            lambda f, c=cls: (
+                f"{f['killed_by_class'][c]['reclaimed']} + {f['killed_by_class'][c]['oom']}"
+            ),
+        )
+    row(
+        "high-priority work lost (GPU-s)",
+        lambda f: f"{f['high_priority_work_lost_gpu_seconds']:,.0f}",
+    )
+    row("all work lost (GPU-s)", lambda f: f"{f['work_lost_gpu_seconds']:,.0f}")
+    for cls in airlock_sim.CLASS_NAMES:
+        row(
+            f"  {cls} work lost (GPU-s)",
+            lambda f, c=cls: f"{f['work_lost_gpu_seconds_by_class'][c]:,.0f}",
+        )
+    for cls in airlock_sim.CLASS_NAMES:
+        row(
+            f"{cls} suspended (s)",
+            lambda f, c=cls: f"{f['suspended_seconds_by_class'][c]:,.0f}",
+        )
+    row(
+        "actions susp/rel/res/readdr/recl",
+        lambda f: "/".join(str(v) for v in f["actions_by_step"].values()),
+    )
+    row("moved / requeued", lambda f: f"{f['moved']} / {f['terminal_states']['requeued']}")
+    row("GPU-s above critical mark", lambda f: f"{f['above_critical_gpu_seconds']:,.0f}")
+    row("polls run", lambda f: f"{f['polls']:,}")
+    row("simulated events / s", lambda f: f"{f['events_per_second'] or 0:,.0f}")
+    console.print(table)
+
+
+def save_airlock_plot(report: dict[str, Any], path: Path) -> None:
+    """Work lost and subjobs killed by class, one bar per policy."""
+    plt = _pyplot()
+    classes = list(airlock_sim.CLASS_NAMES)
+    policies = report["policies"]
+    width = 0.8 / max(1, len(policies))
+    fig, (lost_ax, killed_ax) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for n, (name, figures) in enumerate(policies.items()):
+        xs = [i + n * width for i in range(len(classes))]
+        lost = [figures["work_lost_gpu_seconds_by_class"][c] / 3600.0 for c in classes]
+        killed = [
+            figures["killed_by_class"][c]["reclaimed"] + figures["killed_by_class"][c]["oom"]
+            for c in classes
+        ]
+        lost_ax.bar(xs, lost, width, label=name)
+        killed_ax.bar(xs, killed, width, label=name)
+    for ax, ylabel in ((lost_ax, "work lost (GPU-hours)"), (killed_ax, "subjobs killed")):
+        ax.set_xticks([i + width * (len(policies) - 1) / 2 for i in range(len(classes))])
+        ax.set_xticklabels(classes)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"sim airlock: {report['gpus']} GPUs, {report['subjobs']} subjobs, seed {report['seed']}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _modes(text: str) -> tuple[str, ...]:

@@ -1,0 +1,834 @@
+"""``laminar sim airlock``: the Airlock ladder against an OOM killer on a simulated cluster.
+
+Every GPU (80 GiB by default) hosts a *sharing group*: a few subjobs replaying real
+GPU-memory curves of the Alibaba GenAI trace, chosen by
+:func:`airlock.traces.choose_sharing_group` so that their sum starts below 75 % and later
+crosses the critical mark. The same GPUs, curves and classes run twice, once per policy:
+
+* ``ladder``: :func:`airlock.policy.decide` with ``PolicyConfig()`` defaults, on levels from
+  :class:`airlock.levels.LevelTracker` (the agent's hysteresis code, default marks);
+* ``oom-killer``: :func:`airlock.policy.decide_oom_killer`.
+
+Each GPU is polled every ``poll_seconds`` of simulated time, like the agent's tick. A poll
+that provably cannot act is skipped: for the ladder, a GPU at NORMAL with nothing suspended,
+stalled or asked to release and memory below the elevated mark until its next change (the
+tracker and ``decide`` are both no-ops there); for the OOM killer, a GPU that is not full.
+Skipped polls are not events; the report counts the polls that ran.
+
+How the world is modelled (choices, stated because the figures depend on them):
+
+* **Memory** of a subjob is a function of its *progress* (seconds of work done, which
+  stops while it is suspended or stalled): sample ``i`` of its curve is reached at
+  ``i * step_seconds``, moving linearly from sample ``i - 1`` over ``ramp_seconds`` (the
+  trace samples every 57 s; how fast memory moves between samples is not in the trace).
+* **CUDA OOM**: when the summed memory reaches the GPU's capacity, the subjobs still
+  allocating *stall* (the caching allocator frees its cache and retries) for
+  ``oom_grace_seconds``; if no room has been made by then, each staller dies of CUDA OOM
+  (the process that allocated last). A restore (resume or a moved copy) that does not fit
+  fails at once the same way. So used memory never exceeds capacity: the excess is what
+  kills. With a grace of 0 the OOM killer never sees a full GPU.
+* **suspend** frees all the subjob's GPU memory (cuda-checkpoint) and pauses its
+  progress; **resume** allocates it again at once. **release_memory** (only subjobs with
+  ``free_mode="release_signal"``) frees ``release_ratio`` of its memory after
+  ``release_delay_seconds`` and runs on that much below its curve for the rest of its
+  run (it may be asked again in a later episode, which starts when its GPU is NORMAL).
+* **readdress** (restartable subjobs only, as the policy decides): after
+  ``readdress_delay_seconds`` (the router's probe path) the subjob restarts from its last
+  checkpoint on the GPU of the same cluster with the most free memory, if the copy leaves
+  that GPU at or below the ladder's ``target_ratio`` and its level is NORMAL; otherwise it
+  ends as *requeued* (it would wait in the zone queue; the simulation does not run it
+  again). Either way the work since its checkpoint is lost.
+* **reclaim** and **OOM** end the subjob. Work lost is its progress since its last
+  checkpoint (restartable subjobs checkpoint every ``checkpoint_seconds`` of progress) or
+  since its start (not restartable), times its GPU share (1 / group size). A killed
+  subjob is not run again.
+* No host-memory pressure, no new arrivals: each GPU runs its group once, to the end.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airlock.levels import Level, LevelTracker, Marks
+from airlock.policy import (
+    PRIORITY_NAMES,
+    STEP_READDRESS,
+    STEP_RECLAIM,
+    STEP_RELEASE_MEMORY,
+    STEP_RESUME,
+    STEP_SUSPEND,
+    Action,
+    PolicyConfig,
+    SliceSignal,
+    Snapshot,
+    SubjobView,
+    decide,
+    decide_oom_killer,
+)
+from airlock.traces import MemoryCurve, choose_sharing_group
+from laminar_sim.engine import Engine, EventHandle
+
+GIB = 1024**3
+GPU_TOTAL_BYTES = 80 * GIB
+POLICIES = ("ladder", "oom-killer")
+CLASS_NAMES = tuple(PRIORITY_NAMES[p] for p in sorted(PRIORITY_NAMES))
+HIGH_PRIORITY = (1, 2)
+#: Seeded class mix: (priority, share, lifecycle choices).
+CLASS_MIX: tuple[tuple[int, float, tuple[int, ...]], ...] = (
+    (1, 0.10, (1,)),
+    (2, 0.30, (1, 2)),
+    (3, 0.30, (2,)),
+    (4, 0.30, (3,)),
+)
+STATE_COMPLETED = "completed"
+STATE_RECLAIMED = "reclaimed"
+STATE_OOM = "oom"
+STATE_REQUEUED = "requeued"
+TERMINAL_STATES = (STATE_COMPLETED, STATE_RECLAIMED, STATE_OOM, STATE_REQUEUED)
+ACTION_STEPS = (STEP_SUSPEND, STEP_RELEASE_MEMORY, STEP_RESUME, STEP_READDRESS, STEP_RECLAIM)
+_EPS = 1e-9
+#: Bytes within which a GPU counts as at a mark (crossing times are computed in floats).
+_SLACK = 1024**2
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class AirlockSimSpec:
+    """One experiment; every duration in simulated seconds."""
+
+    gpus: int = 1000
+    seed: int = 1
+    #: Period of each GPU's Airlock poll.
+    poll_seconds: float = 0.1
+    #: Subjobs per GPU (members of a sharing group).
+    members: int = 3
+    #: Trace samples per group (57 s each in the GenAI trace).
+    window: int = 60
+    gpu_total_bytes: int = GPU_TOTAL_BYTES
+    #: A group's summed curve starts below this share of the GPU ...
+    start_below_ratio: float = 0.75
+    #: ... and later exceeds this one (default: the critical mark).
+    peak_above_ratio: float = Marks().critical_ratio
+    #: Time memory takes to move from one trace sample to the next.
+    ramp_seconds: float = 5.0
+    #: How long an allocation that does not fit stalls before it fails (CUDA OOM).
+    oom_grace_seconds: float = 0.2
+    #: Router delay between a readdress request and the copy starting elsewhere.
+    readdress_delay_seconds: float = 5.0
+    #: Delay before a subjob asked to release memory has released it.
+    release_delay_seconds: float = 1.0
+    #: Share of its memory a cooperative subjob releases.
+    release_ratio: float = 0.5
+    #: Share of subjobs that support the release signal (the rest use cuda-checkpoint).
+    release_share: float = 0.2
+    #: Share of subjobs that are restartable.
+    restartable_share: float = 0.5
+    #: Checkpoint period (of progress) of restartable subjobs.
+    checkpoint_seconds: float = 600.0
+    policies: tuple[str, ...] = POLICIES
+
+    def validate(self) -> None:
+        """Raise ``ValueError("--flag: why")`` for the first bad field."""
+        checks: list[tuple[bool, str, str]] = [
+            (1 <= self.gpus <= 100_000, "--gpus", f"must be in 1..100000, got {self.gpus}"),
+            (0.001 <= self.poll_seconds <= 60, "--poll-seconds", "must be in [0.001, 60]"),
+            (1 <= self.members <= 16, "--members", f"must be in 1..16, got {self.members}"),
+            (2 <= self.window <= 1440, "--window", f"must be in 2..1440, got {self.window}"),
+            (self.ramp_seconds > 0, "--ramp-seconds", "must be > 0"),
+            (self.oom_grace_seconds >= 0, "--oom-grace-seconds", "must be >= 0"),
+            (self.readdress_delay_seconds >= 0, "--readdress-delay-seconds", "must be >= 0"),
+            (self.release_delay_seconds >= 0, "--release-delay-seconds", "must be >= 0"),
+            (0 < self.release_ratio <= 1, "--release-ratio", "must be in (0, 1]"),
+            (0 <= self.release_share <= 1, "--release-share", "must be in [0, 1]"),
+            (0 <= self.restartable_share <= 1, "--restartable-share", "must be in [0, 1]"),
+            (self.checkpoint_seconds > 0, "--checkpoint-seconds", "must be > 0"),
+            (
+                0 < self.start_below_ratio < self.peak_above_ratio,
+                "--peak-above-ratio",
+                "must be above the start ratio",
+            ),
+        ]
+        for ok, flag, message in checks:
+            if not ok:
+                raise ValueError(f"{flag}: {message}")
+        if not self.policies or any(p not in POLICIES for p in self.policies):
+            raise ValueError(f"--policies: choose from {', '.join(POLICIES)}")
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError("--policies: a policy is listed twice")
+
+
+@dataclass(frozen=True)
+class MemberPlan:
+    """One subjob of a GPU's group: its curve and what Airlock knows about it."""
+
+    subjob_id: str
+    curve: tuple[int, ...]
+    step_seconds: float
+    priority: int
+    lifecycle: int
+    free_mode: str
+    restartable: bool
+
+    @property
+    def run_seconds(self) -> float:
+        return len(self.curve) * self.step_seconds
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    index: int
+    members: tuple[MemberPlan, ...]
+    pods: tuple[str, ...] = ()
+
+
+def draw_class(rng: random.Random) -> tuple[int, int]:
+    """A seeded (priority, lifecycle) from :data:`CLASS_MIX`."""
+    pick = rng.random()
+    acc = 0.0
+    for priority, share, lifecycles in CLASS_MIX:
+        acc += share
+        if pick < acc:
+            return priority, rng.choice(lifecycles)
+    priority, _, lifecycles = CLASS_MIX[-1]
+    return priority, rng.choice(lifecycles)
+
+
+def build_workload(
+    curves: Sequence[MemoryCurve], spec: AirlockSimSpec, progress: ProgressFn | None = None
+) -> list[GpuPlan]:
+    """One sharing group per GPU (seed ``spec.seed`` and the GPU index), classes, free modes
+    and restartability drawn from the same seed. Each member runs its curve cut to a seeded
+    length between half the window and all of it."""
+    plans: list[GpuPlan] = []
+    for index in range(spec.gpus):
+        group = choose_sharing_group(
+            curves,
+            members=spec.members,
+            gpu_total_bytes=spec.gpu_total_bytes,
+            window=spec.window,
+            seed=spec.seed * 1_000_003 + index,
+            start_below_ratio=spec.start_below_ratio,
+            peak_above_ratio=spec.peak_above_ratio,
+        )
+        rng = random.Random(f"airlock-sim/{spec.seed}/{index}")
+        members = []
+        for slot, curve in enumerate(group.curves):
+            priority, lifecycle = draw_class(rng)
+            length = rng.randint(max(2, spec.window // 2), spec.window)
+            members.append(
+                MemberPlan(
+                    subjob_id=f"g{index}-s{slot}",
+                    curve=curve[:length],
+                    step_seconds=group.step_seconds,
+                    priority=priority,
+                    lifecycle=lifecycle,
+                    free_mode="release_signal"
+                    if rng.random() < spec.release_share
+                    else "checkpoint",
+                    restartable=rng.random() < spec.restartable_share,
+                )
+            )
+        plans.append(GpuPlan(index, tuple(members), group.pods))
+        if progress is not None and (index + 1) % 100 == 0:
+            progress("groups", index + 1, spec.gpus)
+    return plans
+
+
+@dataclass
+class SubjobOutcome:
+    """How one subjob ended (every subjob gets one)."""
+
+    subjob_id: str
+    priority: int
+    state: str
+    reason: str
+    lost_gpu_seconds: float
+    suspended_seconds: float
+
+
+class _Sub:
+    __slots__ = (
+        "done",
+        "gpu",
+        "lost_before",
+        "move",
+        "plan",
+        "progress",
+        "ramp",
+        "readdress_count",
+        "readdress_requested",
+        "release_since",
+        "released_bytes",
+        "share",
+        "stall_bytes",
+        "stalled_until",
+        "suspended",
+        "suspended_since",
+        "suspended_total",
+    )  # fmt: skip
+
+    def __init__(self, plan: MemberPlan, share: float, gpu: int, ramp_seconds: float) -> None:
+        self.plan = plan
+        self.ramp = ramp_seconds
+        #: GPU-seconds lost by earlier moves (a copy restarts from its checkpoint).
+        self.lost_before = 0.0
+        self.share = share
+        self.gpu = gpu
+        self.progress = 0.0
+        self.suspended = False
+        self.suspended_since: float | None = None
+        self.suspended_total = 0.0
+        self.stalled_until: float | None = None
+        self.stall_bytes = 0
+        self.release_since: float | None = None
+        self.released_bytes = 0
+        self.readdress_requested = False
+        self.readdress_count = 0
+        self.move: EventHandle | None = None
+        self.done = False
+
+    # -- memory as a function of progress -------------------------------------------------
+    def _curve_at(self, p: float) -> float:
+        curve, step = self.plan.curve, self.plan.step_seconds
+        i = min(int(p // step), len(curve) - 1)
+        if i == 0:
+            return float(curve[0])
+        frac = min(1.0, (p - i * step) / self.ramp)
+        return curve[i - 1] + (curve[i] - curve[i - 1]) * frac
+
+    def demand(self) -> float:
+        """Bytes on the GPU now (0 when suspended)."""
+        if self.suspended or self.done:
+            return 0.0
+        if self.stalled_until is not None:
+            return float(self.stall_bytes)
+        return max(0.0, self._curve_at(self.progress) - self.released_bytes)
+
+    def restore_bytes(self) -> float:
+        return max(0.0, self._curve_at(self.progress) - self.released_bytes)
+
+    def is_running(self) -> bool:
+        return not (self.done or self.suspended or self.stalled_until is not None)
+
+    def rate(self) -> float:
+        """Bytes per second of growth now (running subjobs only)."""
+        if not self.is_running():
+            return 0.0
+        curve, step = self.plan.curve, self.plan.step_seconds
+        i = min(int(self.progress // step), len(curve) - 1)
+        if i == 0 or self.progress - i * step >= self.ramp - _EPS:
+            return 0.0
+        return (curve[i] - curve[i - 1]) / self.ramp
+
+    def next_breakpoint(self) -> float:
+        """Progress still to go until its rate changes or it completes (never ~0, so that
+        simulated time always moves on)."""
+        step = self.plan.step_seconds
+        p = self.progress
+        i = int(p // step)
+        points = [(i + 1) * step, (i + 2) * step, self.plan.run_seconds]
+        if i > 0:
+            points.append(i * step + self.ramp)
+        nxt = min((x for x in points if x > p + 1e-7), default=self.plan.run_seconds)
+        return max(0.0, min(nxt, self.plan.run_seconds) - p)
+
+    def work_since_checkpoint(self, checkpoint_seconds: float) -> float:
+        if self.plan.restartable:
+            return self.progress - checkpoint_seconds * math.floor(
+                self.progress / checkpoint_seconds
+            )
+        return self.progress
+
+
+class _Gpu:
+    __slots__ = ("above_critical", "handle", "index", "last", "name", "phase", "subs")
+
+    def __init__(self, index: int, poll_seconds: float) -> None:
+        self.index = index
+        self.name = f"gpu{index}"
+        self.subs: list[_Sub] = []
+        self.last = 0.0
+        # Agents are not synchronised: a fixed, spread phase within the poll period.
+        self.phase = ((index * 0.6180339887498949) % 1.0) * poll_seconds
+        self.handle: EventHandle | None = None
+        self.above_critical = 0.0
+
+
+@dataclass
+class PolicyResult:
+    """Everything one policy's run produced; :meth:`figures` is its part of the report."""
+
+    policy: str
+    outcomes: dict[str, SubjobOutcome]
+    actions: Counter[str]
+    polls: int
+    events: int
+    wall_seconds: float
+    simulated_seconds: float
+    above_critical_gpu_seconds: float
+    overcapacity_after_poll: int
+    max_used_ratio_after_poll: float
+    moved: int
+
+    def figures(self) -> dict[str, Any]:
+        killed: dict[str, dict[str, int]] = {c: {"reclaimed": 0, "oom": 0} for c in CLASS_NAMES}
+        lost: dict[str, float] = dict.fromkeys(CLASS_NAMES, 0.0)
+        suspended: dict[str, float] = dict.fromkeys(CLASS_NAMES, 0.0)
+        states: Counter[str] = Counter()
+        for out in self.outcomes.values():
+            cls = PRIORITY_NAMES[out.priority]
+            states[out.state] += 1
+            if out.state in (STATE_RECLAIMED, STATE_OOM):
+                killed[cls]["reclaimed" if out.state == STATE_RECLAIMED else "oom"] += 1
+            lost[cls] += out.lost_gpu_seconds
+            suspended[cls] += out.suspended_seconds
+        total = len(self.outcomes)
+        return {
+            "subjobs": total,
+            "terminal_states": {s: states.get(s, 0) for s in TERMINAL_STATES},
+            "completion_ratio": round(states[STATE_COMPLETED] / total, 4) if total else None,
+            "killed": sum(k["reclaimed"] + k["oom"] for k in killed.values()),
+            "killed_by_class": killed,
+            "work_lost_gpu_seconds_by_class": {c: round(v, 1) for c, v in lost.items()},
+            "work_lost_gpu_seconds": round(sum(lost.values()), 1),
+            "high_priority_work_lost_gpu_seconds": round(
+                sum(lost[PRIORITY_NAMES[p]] for p in HIGH_PRIORITY), 1
+            ),
+            "suspended_seconds_by_class": {c: round(v, 1) for c, v in suspended.items()},
+            "actions_by_step": {s: self.actions.get(s, 0) for s in ACTION_STEPS},
+            "moved": self.moved,
+            "above_critical_gpu_seconds": round(self.above_critical_gpu_seconds, 1),
+            "overcapacity_after_poll": self.overcapacity_after_poll,
+            "max_used_ratio_after_poll": round(self.max_used_ratio_after_poll, 4),
+            "polls": self.polls,
+            "events": self.events,
+            "simulated_seconds": round(self.simulated_seconds, 1),
+            "wall_seconds": round(self.wall_seconds, 2),
+            "events_per_second": round(self.events / self.wall_seconds)
+            if self.wall_seconds > 0
+            else None,
+        }
+
+
+class _Run:
+    """One policy over the whole cluster, on a fresh engine."""
+
+    def __init__(
+        self,
+        spec: AirlockSimSpec,
+        plans: Sequence[GpuPlan],
+        policy: str,
+        progress: ProgressFn | None,
+    ) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.is_ladder = policy == "ladder"
+        self.config = PolicyConfig()
+        self.tracker = LevelTracker()
+        marks = self.tracker.marks
+        total = spec.gpu_total_bytes
+        self.total = total
+        self.elevated_bytes = marks.elevated_ratio * total
+        self.critical_bytes = marks.critical_ratio * total
+        self.engine = Engine(spec.seed)
+        self.progress = progress
+        self.gpus = [_Gpu(p.index, spec.poll_seconds) for p in plans]
+        self.subs: dict[str, _Sub] = {}
+        for plan, gpu in zip(plans, self.gpus, strict=True):
+            share = 1.0 / max(1, len(plan.members))
+            for member in plan.members:
+                sub = _Sub(member, share, gpu.index, spec.ramp_seconds)
+                gpu.subs.append(sub)
+                self.subs[member.subjob_id] = sub
+        self.outcomes: dict[str, SubjobOutcome] = {}
+        self.actions: Counter[str] = Counter()
+        self.polls = 0
+        self.overcapacity = 0
+        self.max_after = 0.0
+        self.moved = 0
+        self.tick_every = max(1, len(self.subs) // 200)
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def _end(self, sub: _Sub, state: str, reason: str, now: float) -> None:
+        if sub.done:
+            return
+        if sub.suspended and sub.suspended_since is not None:
+            sub.suspended_total += now - sub.suspended_since
+        lost = sub.lost_before
+        if state != STATE_COMPLETED:
+            lost += sub.work_since_checkpoint(self.spec.checkpoint_seconds) * sub.share
+        sub.done = True
+        sub.suspended = False
+        sub.stalled_until = None
+        if sub.move is not None:
+            self.engine.cancel(sub.move)
+            sub.move = None
+        self.outcomes[sub.plan.subjob_id] = SubjobOutcome(
+            sub.plan.subjob_id, sub.plan.priority, state, reason, lost, sub.suspended_total
+        )
+        done = len(self.outcomes)
+        if self.progress is not None and (done % self.tick_every == 0 or done == len(self.subs)):
+            self.progress(self.policy, done, len(self.subs))
+
+    def _advance(self, gpu: _Gpu, now: float) -> None:
+        dt = now - gpu.last
+        if dt > 0:
+            used = self._used(gpu)
+            if used >= self.critical_bytes - _SLACK:
+                gpu.above_critical += dt
+            for sub in gpu.subs:
+                if sub.is_running():
+                    sub.progress += dt
+        gpu.last = now
+        for sub in gpu.subs:
+            if sub.is_running() and sub.progress >= sub.plan.run_seconds - 1e-6:
+                self._end(sub, STATE_COMPLETED, "ran its whole curve", now)
+        gpu.subs = [s for s in gpu.subs if not s.done]
+
+    @staticmethod
+    def _used(gpu: _Gpu) -> float:
+        return sum(s.demand() for s in gpu.subs)
+
+    # -- one GPU wake-up ------------------------------------------------------------------
+    def wake(self, gpu: _Gpu, is_poll: bool) -> None:
+        now = self.engine.now
+        self._advance(gpu, now)
+        self._resolve_stalls(gpu, now)
+        self._stall_if_full(gpu, now)
+        if is_poll:
+            self._poll(gpu, now)
+        self._schedule(gpu)
+
+    def _resolve_stalls(self, gpu: _Gpu, now: float) -> None:
+        for sub in list(gpu.subs):
+            if sub.stalled_until is None or sub.stalled_until > now + _EPS:
+                continue
+            others = sum(s.demand() for s in gpu.subs if s is not sub)
+            if others + sub.stall_bytes < self.total - _SLACK:
+                sub.stalled_until = None  # room was made: the retry succeeds
+                continue
+            self._end(
+                sub,
+                STATE_OOM,
+                f"CUDA OOM: {gpu.name} full at {others / GIB + sub.stall_bytes / GIB:.1f} of "
+                f"{self.total / GIB:.0f} GiB for {self.spec.oom_grace_seconds:g}s while it "
+                "allocated",
+                now,
+            )
+        gpu.subs = [s for s in gpu.subs if not s.done]
+
+    def _stall_if_full(self, gpu: _Gpu, now: float) -> None:
+        used = self._used(gpu)
+        if used < self.total - _SLACK:
+            return
+        for sub in gpu.subs:
+            if sub.rate() > 0:
+                sub.stall_bytes = int(sub.demand())
+                sub.stalled_until = now + self.spec.oom_grace_seconds
+        if self.spec.oom_grace_seconds <= 0:
+            self._resolve_stalls(gpu, now)
+
+    def _fail_restore(self, gpu: _Gpu, sub: _Sub, now: float, what: str) -> None:
+        used = self._used(gpu)
+        if used <= self.total:
+            return
+        self._end(
+            sub,
+            STATE_OOM,
+            f"CUDA OOM: {what} on {gpu.name} needed {sub.restore_bytes() / GIB:.1f} GiB with "
+            f"{(used - sub.demand()) / GIB:.1f} of {self.total / GIB:.0f} GiB in use",
+            now,
+        )
+        gpu.subs = [s for s in gpu.subs if not s.done]
+
+    def _view(self, sub: _Sub, now: float) -> SubjobView:
+        observed = sub.restore_bytes() if sub.suspended else sub.demand()
+        return SubjobView(
+            subjob_id=sub.plan.subjob_id,
+            job_id=sub.plan.subjob_id,
+            slice_ids=(f"gpu{sub.gpu}",),
+            priority=sub.plan.priority,
+            lifecycle=sub.plan.lifecycle,
+            declared_bytes=min(sub.plan.curve),
+            observed_bytes=int(observed),
+            started_at=0.0,
+            work_since_checkpoint_seconds=sub.work_since_checkpoint(self.spec.checkpoint_seconds),
+            suspended=sub.suspended,
+            suspended_since=sub.suspended_since,
+            readdress_count=sub.readdress_count,
+            free_mode=sub.plan.free_mode,
+            restartable=sub.plan.restartable,
+            readdress_requested=sub.readdress_requested,
+            release_requested_since=sub.release_since,
+        )
+
+    def _poll(self, gpu: _Gpu, now: float) -> None:
+        self.polls += 1
+        used = int(self._used(gpu))
+        if self.is_ladder:
+            level = self.tracker.update(gpu.name, used, self.total, now)
+            if level == Level.NORMAL:
+                for sub in gpu.subs:  # the pressure episode is over (as the driver does)
+                    sub.release_since = None
+        else:
+            level = Level.NORMAL
+        if gpu.subs:
+            snap = Snapshot(
+                now=now,
+                slices=(SliceSignal(gpu.name, used, self.total, level),),
+                subjobs=tuple(self._view(s, now) for s in gpu.subs),
+            )
+            actions = decide(snap, self.config) if self.is_ladder else decide_oom_killer(snap)
+            for action in actions:
+                self._apply(gpu, action, now)
+        after = self._used(gpu)
+        self.max_after = max(self.max_after, after / self.total)
+        if after > self.total + 1:
+            self.overcapacity += 1
+
+    def _apply(self, gpu: _Gpu, action: Action, now: float) -> None:
+        sub = self.subs.get(action.subjob_id)
+        if sub is None or sub.done:
+            return
+        self.actions[action.step] += 1
+        if action.step == STEP_SUSPEND:
+            sub.suspended = True
+            sub.suspended_since = now
+            sub.stalled_until = None
+        elif action.step == STEP_RESUME:
+            if sub.suspended_since is not None:
+                sub.suspended_total += now - sub.suspended_since
+            sub.suspended = False
+            sub.suspended_since = None
+            self._fail_restore(gpu, sub, now, "resume")
+        elif action.step == STEP_RELEASE_MEMORY:
+            sub.release_since = now
+            self.engine.schedule(
+                self.spec.release_delay_seconds, lambda: self._release(sub, gpu.index)
+            )
+        elif action.step == STEP_READDRESS:
+            sub.readdress_requested = True
+            sub.move = self.engine.schedule(
+                self.spec.readdress_delay_seconds, lambda: self._move(sub)
+            )
+        elif action.step == STEP_RECLAIM:
+            self._end(sub, STATE_RECLAIMED, f"airlock_reclaimed: {action.reason}", now)
+            gpu.subs = [s for s in gpu.subs if not s.done]
+
+    def _release(self, sub: _Sub, index: int) -> None:
+        if sub.done or sub.gpu != index or sub.release_since is None or sub.suspended:
+            return
+        gpu = self.gpus[index]
+        self._advance(gpu, self.engine.now)
+        if sub.done:
+            self._schedule(gpu)
+            return
+        freed = int(sub.demand() * self.spec.release_ratio)
+        sub.released_bytes += freed
+        if sub.stalled_until is not None:
+            sub.stall_bytes -= freed
+        self._schedule(gpu)
+
+    def _move(self, sub: _Sub) -> None:
+        sub.move = None
+        if sub.done:
+            return
+        now = self.engine.now
+        old = self.gpus[sub.gpu]
+        self._advance(old, now)
+        if sub.done:
+            self._schedule(old)
+            return
+        lost = sub.work_since_checkpoint(self.spec.checkpoint_seconds)
+        restart = sub.progress - lost
+        need = sub._curve_at(restart)
+        limit = self.config.target_ratio * self.total
+        best: _Gpu | None = None
+        best_free = -1.0
+        for cand in self.gpus:
+            if cand is old:
+                continue
+            if self.is_ladder and self.tracker.level(cand.name) != Level.NORMAL:
+                continue
+            used = sum(s.demand() for s in cand.subs)
+            if used + need <= limit and self.total - used > best_free:
+                best, best_free = cand, self.total - used
+        if best is None:
+            self._end(
+                sub,
+                STATE_REQUEUED,
+                f"readdressed: no GPU could take {need / GIB:.1f} GiB at or below "
+                f"{100 * self.config.target_ratio:.0f}%; re-queued",
+                now,
+            )
+            old.subs = [s for s in old.subs if not s.done]
+            self._schedule(old)
+            return
+        # The copy restarts from its checkpoint on ``best``; this one ends.
+        if sub.suspended_since is not None:
+            sub.suspended_total += now - sub.suspended_since
+        old.subs = [s for s in old.subs if s is not sub]
+        self._schedule(old)
+        self._advance(best, now)
+        sub.lost_before += lost * sub.share
+        sub.progress = restart
+        sub.suspended = False
+        sub.suspended_since = None
+        sub.readdress_requested = False
+        sub.readdress_count += 1
+        sub.release_since = None
+        sub.released_bytes = 0
+        sub.gpu = best.index
+        best.subs.append(sub)
+        best.subs.sort(key=lambda s: s.plan.subjob_id)
+        self.moved += 1
+        self._fail_restore(best, sub, now, "moved copy")
+        self._schedule(best)
+
+    # -- scheduling -----------------------------------------------------------------------
+    def _poll_at_or_after(self, gpu: _Gpu, at: float) -> float:
+        period = self.spec.poll_seconds
+        k = math.ceil((at - gpu.phase) / period - 1e-7)
+        return gpu.phase + max(0, k) * period
+
+    def _poll_after(self, gpu: _Gpu, now: float) -> float:
+        period = self.spec.poll_seconds
+        k = math.floor((now - gpu.phase) / period + 1e-7) + 1
+        return gpu.phase + max(0, k) * period
+
+    def _is_active(self, gpu: _Gpu, used: float) -> bool:
+        if any(s.stalled_until is not None for s in gpu.subs):
+            return True
+        if not self.is_ladder:
+            return False
+        return (
+            used >= self.elevated_bytes - _SLACK
+            or self.tracker.level(gpu.name) != Level.NORMAL
+            or any(s.suspended or s.release_since is not None for s in gpu.subs)
+        )
+
+    def _schedule(self, gpu: _Gpu) -> None:
+        if gpu.handle is not None:
+            self.engine.cancel(gpu.handle)
+            gpu.handle = None
+        if not gpu.subs:
+            return
+        now = self.engine.now
+        used = self._used(gpu)
+        rate = sum(s.rate() for s in gpu.subs)
+        times: list[float] = []
+        for sub in gpu.subs:
+            if sub.is_running():
+                times.append(now + sub.next_breakpoint())
+            if sub.stalled_until is not None:
+                times.append(sub.stalled_until)
+        if rate > 0:
+            for mark in (self.critical_bytes, float(self.total)):
+                if used < mark - _SLACK:
+                    times.append(now + (mark - used) / rate)
+        poll_at: float | None = None
+        if self._is_active(gpu, used):
+            poll_at = self._poll_after(gpu, now)
+        elif self.is_ladder and rate > 0:
+            poll_at = self._poll_at_or_after(gpu, now + (self.elevated_bytes - used) / rate)
+        if poll_at is not None:
+            times.append(poll_at)
+        if not times:
+            return
+        at = max(now, min(times))
+        is_poll = poll_at is not None and abs(at - poll_at) <= 1e-9
+        gpu.handle = self.engine.schedule_at(at, lambda: self.wake(gpu, is_poll))
+
+    def run(self) -> PolicyResult:
+        for gpu in self.gpus:
+            self._schedule(gpu)
+        started = time.perf_counter()
+        stats = self.engine.run()
+        wall = time.perf_counter() - started
+        for sub in self.subs.values():  # nothing should be left; say so if it is
+            if not sub.done:
+                self._end(
+                    sub, STATE_REQUEUED, "simulation ended with it still live", self.engine.now
+                )
+        for gpu in self.gpus:
+            self._advance(gpu, self.engine.now)
+        return PolicyResult(
+            policy=self.policy,
+            outcomes=dict(sorted(self.outcomes.items())),
+            actions=self.actions,
+            polls=self.polls,
+            events=stats.events_processed,
+            wall_seconds=wall,
+            simulated_seconds=stats.simulated_seconds,
+            above_critical_gpu_seconds=sum(g.above_critical for g in self.gpus),
+            overcapacity_after_poll=self.overcapacity,
+            max_used_ratio_after_poll=self.max_after,
+            moved=self.moved,
+        )
+
+
+def run_policy(
+    spec: AirlockSimSpec,
+    plans: Sequence[GpuPlan],
+    policy: str,
+    progress: ProgressFn | None = None,
+) -> PolicyResult:
+    """Run one policy on ``plans`` (the same plans give the same result)."""
+    if policy not in POLICIES:
+        raise ValueError(f"--policies: unknown policy {policy!r}")
+    return _Run(spec, plans, policy, progress).run()
+
+
+def run_airlock_sim(
+    spec: AirlockSimSpec, plans: Sequence[GpuPlan], progress: ProgressFn | None = None
+) -> dict[str, Any]:
+    """Every policy of ``spec`` on the same plans; the JSON report."""
+    spec.validate()
+    results = {p: run_policy(spec, plans, p, progress) for p in spec.policies}
+    members = [m for plan in plans for m in plan.members]
+    classes = Counter(PRIORITY_NAMES[m.priority] for m in members)
+    config = PolicyConfig()
+    marks = Marks()
+    return {
+        "experiment": "airlock",
+        "gpus": len(plans),
+        "gpu_total_gib": spec.gpu_total_bytes / GIB,
+        "seed": spec.seed,
+        "members_per_gpu": spec.members,
+        "window_samples": spec.window,
+        "poll_seconds": spec.poll_seconds,
+        "ramp_seconds": spec.ramp_seconds,
+        "oom_grace_seconds": spec.oom_grace_seconds,
+        "readdress_delay_seconds": spec.readdress_delay_seconds,
+        "release_delay_seconds": spec.release_delay_seconds,
+        "checkpoint_seconds": spec.checkpoint_seconds,
+        "subjobs": len(members),
+        "subjobs_by_class": {c: classes.get(c, 0) for c in CLASS_NAMES},
+        "restartable": sum(m.restartable for m in members),
+        "release_signal": sum(m.free_mode == "release_signal" for m in members),
+        "ladder_config": {
+            "target_ratio": config.target_ratio,
+            "resume_ratio": config.resume_ratio,
+            "readdress_after_seconds": config.readdress_after_seconds,
+            "max_readdress": config.max_readdress,
+            "reclaim_after_seconds": config.reclaim_after_seconds,
+            "release_wait_seconds": config.release_wait_seconds,
+            "elevated_ratio": marks.elevated_ratio,
+            "critical_ratio": marks.critical_ratio,
+            "clear_ratio": marks.clear_ratio,
+            "hold_seconds": marks.hold_seconds,
+        },
+        "policies": {name: result.figures() for name, result in results.items()},
+        "work_lost_definition": (
+            "progress since the last checkpoint (restartable) or since start, times the GPU "
+            "share (1 / group size), of subjobs reclaimed, killed by CUDA OOM, re-queued or "
+            "moved; high priority = critical + production"
+        ),
+    }

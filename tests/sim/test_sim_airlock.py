@@ -1,0 +1,203 @@
+"""``laminar sim airlock``: the ladder against the OOM killer on synthetic and real curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_sim_cli import run_cli
+
+from airlock.traces import MemoryCurve
+from laminar_agent.errors import InvalidArgument
+from laminar_sim.airlock_sim import (
+    ACTION_STEPS,
+    GIB,
+    TERMINAL_STATES,
+    AirlockSimSpec,
+    GpuPlan,
+    MemberPlan,
+    build_workload,
+    run_airlock_sim,
+    run_policy,
+)
+
+STEP = 10.0
+
+
+def synthetic_curves(pods: int = 12, samples: int = 16) -> list[MemoryCurve]:
+    """Flat starts and late rises: many triples start below 75 % and cross 95 % of 80 GiB."""
+    curves = []
+    for n in range(pods):
+        base = (12 + 2 * (n % 5)) * GIB
+        rise = (10 + 5 * (n % 4)) * GIB
+        values = tuple(base + (rise * max(0, i - 4)) // (samples - 5) for i in range(samples))
+        curves.append(MemoryCurve(f"pod{n:02d}", STEP, values))
+    return curves
+
+
+def small_spec(**more: Any) -> AirlockSimSpec:
+    fields: dict[str, Any] = {"gpus": 8, "seed": 3, "window": 12}
+    fields.update(more)
+    return AirlockSimSpec(**fields)
+
+
+def without_timings(report: dict[str, Any]) -> dict[str, Any]:
+    for figures in report["policies"].values():
+        for key in ("wall_seconds", "events_per_second"):
+            figures.pop(key)
+    return report
+
+
+def test_same_seed_same_report() -> None:
+    spec = small_spec()
+    plans = build_workload(synthetic_curves(), spec)
+    assert plans == build_workload(synthetic_curves(), spec)
+    first = without_timings(run_airlock_sim(spec, plans))
+    again = without_timings(run_airlock_sim(spec, build_workload(synthetic_curves(), spec)))
+    assert first == again
+    assert first["policies"]["ladder"]["polls"] > 0
+    other = build_workload(synthetic_curves(), small_spec(seed=4))
+    assert other != plans
+
+
+def flat(gib: float, samples: int = 12) -> tuple[int, ...]:
+    return tuple(int(gib * GIB) for _ in range(samples))
+
+
+def rising(start_gib: float, end_gib: float, samples: int = 12) -> tuple[int, ...]:
+    """Flat for four samples, then a rise to ``end_gib``."""
+    return tuple(
+        int((start_gib + (end_gib - start_gib) * max(0, i - 3) / (samples - 4)) * GIB)
+        for i in range(samples)
+    )
+
+
+def crowded_gpus(count: int) -> list[GpuPlan]:
+    """The critical subjob grows to 50 GiB next to production and opportunistic work: the sum
+    goes from 70 to 90 GiB, and suspending the opportunistic subjob alone makes room."""
+    plans = []
+    for index in range(count):
+        members = (
+            MemberPlan(f"g{index}-crit", rising(30, 50), STEP, 1, 1, "checkpoint", False),
+            MemberPlan(f"g{index}-prod", flat(20), STEP, 2, 1, "checkpoint", False),
+            MemberPlan(f"g{index}-opp", flat(20), STEP, 4, 3, "checkpoint", True),
+        )
+        plans.append(GpuPlan(index, members))
+    return plans
+
+
+def test_ladder_spares_high_priority_work_the_oom_killer_loses() -> None:
+    spec = small_spec(gpus=4)
+    plans = crowded_gpus(4)
+    ladder = run_policy(spec, plans, "ladder")
+    oom = run_policy(spec, plans, "oom-killer")
+    for result in (ladder, oom):
+        assert len(result.outcomes) == 12
+    high = [o for o in ladder.outcomes.values() if o.priority <= 2]
+    assert all(o.state == "completed" and o.lost_gpu_seconds == 0 for o in high)
+    assert ladder.actions["suspend"] >= 4
+    opp = [o for o in ladder.outcomes.values() if o.priority == 4]
+    assert all(o.suspended_seconds > 0 for o in opp)  # what the ladder costs
+    killed_high = [o for o in oom.outcomes.values() if o.priority <= 2 and o.state != "completed"]
+    assert len(killed_high) == 4 and all(o.lost_gpu_seconds > 0 for o in killed_high)
+    figures = oom.figures()
+    assert figures["high_priority_work_lost_gpu_seconds"] > 0
+    assert ladder.figures()["high_priority_work_lost_gpu_seconds"] == 0
+
+
+def test_without_a_grace_the_allocator_dies_of_cuda_oom() -> None:
+    spec = small_spec(gpus=2, oom_grace_seconds=0.0)
+    result = run_policy(spec, crowded_gpus(2), "oom-killer")
+    dead = [o for o in result.outcomes.values() if o.state == "oom"]
+    assert [o.subjob_id.split("-")[1] for o in dead] == ["crit", "crit"]
+    assert all(o.reason.startswith("CUDA OOM") for o in dead)
+
+
+@pytest.mark.parametrize("policy", ["ladder", "oom-killer"])
+def test_every_subjob_ends_with_a_reason_and_no_gpu_is_over_capacity(policy: str) -> None:
+    spec = small_spec(gpus=12, release_share=0.5, window=30, seed=5)
+    plans = build_workload(synthetic_curves(samples=40), spec)
+    result = run_policy(spec, plans, policy)
+    if policy == "ladder":  # the scenario exercises every step of the ladder
+        assert all(result.actions[step] > 0 for step in ACTION_STEPS)
+        assert result.moved > 0
+    ids = {m.subjob_id for plan in plans for m in plan.members}
+    assert set(result.outcomes) == ids
+    for outcome in result.outcomes.values():
+        assert outcome.state in TERMINAL_STATES and outcome.reason
+        if outcome.state == "reclaimed":
+            assert outcome.reason.startswith("airlock_reclaimed: ")
+    assert result.overcapacity_after_poll == 0
+    assert result.max_used_ratio_after_poll <= 1.0 + 1e-6
+    figures = result.figures()
+    assert sum(figures["terminal_states"].values()) == len(ids)
+
+
+def write_genai_csv(folder: Path) -> Path:
+    folder.mkdir()
+    rows = ["timestamp_anon,value,container_ip\n"]
+    for curve in synthetic_curves():
+        repeated = curve.used_bytes * 8  # the loader keeps pods with >= 100 samples
+        for i, value in enumerate(repeated):
+            rows.append(f"{i * STEP},{value},{curve.pod}\n")
+    (folder / "pod_gpu_memory_used_bytes_anon.csv").write_text("".join(rows))
+    return folder
+
+
+def test_cli_json_table_and_plot(tmp_path: Path) -> None:
+    trace = write_genai_csv(tmp_path / "genai")
+    argv = ["sim", "airlock", "--trace-dir", str(trace), "--gpus", "4", "--window", "12"]
+    code, out = run_cli([*argv, "-o", "json"])
+    assert code == 0
+    report = json.loads(out)
+    assert report["experiment"] == "airlock" and set(report["policies"]) == {
+        "ladder",
+        "oom-killer",
+    }
+    assert report["subjobs"] == 12
+    plot = tmp_path / "lost.png"
+    code, out = run_cli([*argv, "--plot", str(plot)])
+    assert code == 0 and "high-priority work lost" in out and "oom-killer" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--gpus", "0"], "--gpus"),
+        (["--policies", "ladder,fifo"], "--policies"),
+        (["--poll-seconds", "0"], "--poll-seconds"),
+        (["--plot", "x.pdf"], "--plot"),
+    ],
+)
+def test_bad_input_names_the_flag(tmp_path: Path, argv: list[str], flag: str) -> None:
+    trace = write_genai_csv(tmp_path / "genai")
+    with pytest.raises(InvalidArgument) as err:
+        run_cli(["sim", "airlock", "--trace-dir", str(trace), *argv])
+    assert err.value.field == flag
+
+
+def test_missing_trace_names_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        run_cli(["sim", "airlock", "--trace-dir", str(tmp_path / "none")])
+    assert err.value.field == "--trace-dir"
+
+
+def test_on_the_genai_trace(traces_dir: Path) -> None:
+    """A few GPUs on the real curves (skips with a reason when ../shared/traces is absent)."""
+    from airlock.traces import load_memory_curves
+
+    trace = traces_dir / "alibaba-genai-v2026"
+    if not trace.is_dir():
+        pytest.skip(f"{trace} is not present")
+    spec = AirlockSimSpec(gpus=6, seed=1, window=30)
+    plans = build_workload(load_memory_curves(trace), spec)
+    report = run_airlock_sim(spec, plans)
+    ladder, oom = report["policies"]["ladder"], report["policies"]["oom-killer"]
+    assert ladder["subjobs"] == oom["subjobs"] == 18
+    assert ladder["overcapacity_after_poll"] == 0
+    assert (
+        ladder["high_priority_work_lost_gpu_seconds"] <= oom["high_priority_work_lost_gpu_seconds"]
+    )
