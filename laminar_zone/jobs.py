@@ -29,6 +29,7 @@ from laminar_agent.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     Unavailable,
 )
 from laminar_agent.grpcutil import check_number, check_str
@@ -734,10 +735,22 @@ class ZoneState:
 
     # ================================================================ agent events
 
-    def on_heartbeat(self, request: zone_pb2.HeartbeatRequest) -> zone_pb2.HeartbeatReply:
+    def on_heartbeat(
+        self, request: zone_pb2.HeartbeatRequest, caller: str = ""
+    ) -> zone_pb2.HeartbeatReply:
+        """An agent's heartbeat. ``caller`` is its mTLS certificate name: an agent id is
+        bound to the certificate of its first heartbeat (for this router's lifetime), so
+        another certificate the CA signed cannot speak for it."""
         summary = request.summary
         agent_id = check_str(summary.agent_id, "summary.agent_id", required=True)
         address = check_str(summary.address, "summary.address", required=True)
+        known = self.view.agents.get(agent_id)
+        if caller and known is not None and known.identity and known.identity != caller:
+            raise PermissionDenied(
+                f"agent {agent_id} heartbeats with certificate {known.identity!r}, "
+                f"not {caller!r}",
+                field="summary.agent_id",
+            )
         update = self.view.update(
             agent_id,
             address,
@@ -760,6 +773,8 @@ class ZoneState:
                 address,
                 summary.total_gpus,
             )
+        if caller and not update.record.identity:
+            update.record.identity = caller
         self.atomizer.note_windows(agent_id, summary.windows)
         if agent_id in self._unconfirmed:
             self._spawn(self._verify_unconfirmed(update.record), f"verify-{agent_id}")

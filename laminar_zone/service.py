@@ -11,6 +11,7 @@ import grpc
 from laminar_agent.errors import InvalidArgument, Unavailable
 from laminar_agent.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
+from laminar_agent.security import peer_identity
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_zone.auth import Guard, Principal, check_tenant_access, open_guard, require_admin
 from laminar_zone.config import is_host_port
@@ -268,7 +269,7 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
         self, request: zone_pb2.HeartbeatRequest, context: Ctx
     ) -> zone_pb2.HeartbeatReply:
         check_heartbeat(request)
-        return self._state.on_heartbeat(request)
+        return self._state.on_heartbeat(request, peer_identity(context))
 
     @map_errors
     async def ExchangeSummary(

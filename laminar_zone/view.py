@@ -36,6 +36,8 @@ class AgentRecord:
     last_heartbeat_unix: float = 0.0
     is_stale: bool = False
     generation: int = 0
+    #: mTLS: the certificate name its first heartbeat came with ("" without TLS).
+    identity: str = ""
 
     @property
     def status(self) -> AgentStatus:

@@ -170,6 +170,25 @@ def test_allowed_names_limit_control_calls_to_the_named_certificates(tls: TlsClu
         assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_an_agent_id_is_bound_to_the_certificate_of_its_first_heartbeat(tls: TlsCluster) -> None:
+    # "router" may make control calls (allowed names), but it cannot speak for agent
+    # "agent", whose heartbeats come with the "agent" certificate.
+    with trust_for(tls.certs, "router").channel(tls.zone.address) as channel:
+        code, details = failure(
+            lambda: zone_pb2_grpc.ZoneControlStub(channel).Heartbeat(
+                zone_pb2.HeartbeatRequest(
+                    summary=common_pb2.AgentSummary(agent_id="agent", address="127.0.0.1:9")
+                ),
+                timeout=5,
+            )
+        )
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert "summary.agent_id" in details and "'agent'" in details and "'router'" in details
+    with trust_for(tls.certs, "ops").channel(tls.zone.address) as channel:
+        agents = zone_pb2_grpc.ZoneStub(channel).ListAgents(zone_pb2.ListAgentsRequest(), timeout=5)
+    assert [a.address for a in agents.agents] == [tls.agent.address]  # the view is untouched
+
+
 def test_a_lease_is_committed_and_released_only_by_the_identity_that_probed(
     tls: TlsCluster,
 ) -> None:
