@@ -60,6 +60,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from laminar_agent.errors import (
     Aborted,
@@ -69,6 +70,9 @@ from laminar_agent.errors import (
     NotFound,
     PermissionDenied,
 )
+
+if TYPE_CHECKING:
+    from laminar_agent.inventory import GpuInfo
 
 MILLI_PER_GPU = 1000
 PRIORITY_MIN = 1
@@ -93,6 +97,37 @@ class Slice:
     memory_total_bytes: int
     mig_profile: str = ""
     capacity_milli: int = MILLI_PER_GPU
+
+
+def slices_from_gpus(gpus: Sequence[GpuInfo]) -> list[Slice]:
+    """Whole GPUs, MIG instances, and shared GPUs as ledger slices."""
+    out: list[Slice] = []
+    for gpu in gpus:
+        if gpu.mig_enabled:
+            for mig in gpu.mig_instances:
+                out.append(
+                    Slice(
+                        slice_id=f"gpu{gpu.index}/{mig.profile}@{mig.start}",
+                        kind=SliceKind.MIG,
+                        gpu_index=gpu.index,
+                        device_uuid=mig.uuid,
+                        gpu_model=gpu.model,
+                        memory_total_bytes=mig.memory_total_bytes,
+                        mig_profile=mig.profile,
+                    )
+                )
+        else:
+            out.append(
+                Slice(
+                    slice_id=f"gpu{gpu.index}",
+                    kind=SliceKind.SHARED_GPU if gpu.shared else SliceKind.WHOLE_GPU,
+                    gpu_index=gpu.index,
+                    device_uuid=gpu.uuid,
+                    gpu_model=gpu.model,
+                    memory_total_bytes=gpu.memory_total_bytes,
+                )
+            )
+    return out
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from airlock.policy import PRIORITY_NAMES
 from laminar_agent.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
 from laminar_agent.executor import Executor, ExitInfo, LaunchSpec, RunAs, units_from_checkpoint
 from laminar_agent.grpcutil import check_count, check_number, check_str
-from laminar_agent.inventory import GpuBackend, GpuInfo
+from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.journal import Journal, SubjobRow
 from laminar_agent.ledger import (
@@ -41,8 +41,8 @@ from laminar_agent.ledger import (
     LeaseRecord,
     Ledger,
     ProbeOrder,
-    Slice,
     SliceKind,
+    slices_from_gpus,
     validate_demand,
 )
 from laminar_agent.metrics import AgentMetrics
@@ -65,37 +65,6 @@ MAX_SQLITE_INT = 2**63 - 1
 TERMINATING = "terminating: "
 #: How long a preemption waits for its victims beyond their grace period.
 PREEMPT_MARGIN_SECONDS = 10.0
-
-
-def slices_from_gpus(gpus: Sequence[GpuInfo]) -> list[Slice]:
-    """Whole GPUs, MIG instances, and shared GPUs as ledger slices."""
-    out: list[Slice] = []
-    for gpu in gpus:
-        if gpu.mig_enabled:
-            for mig in gpu.mig_instances:
-                out.append(
-                    Slice(
-                        slice_id=f"gpu{gpu.index}/{mig.profile}@{mig.start}",
-                        kind=SliceKind.MIG,
-                        gpu_index=gpu.index,
-                        device_uuid=mig.uuid,
-                        gpu_model=gpu.model,
-                        memory_total_bytes=mig.memory_total_bytes,
-                        mig_profile=mig.profile,
-                    )
-                )
-        else:
-            out.append(
-                Slice(
-                    slice_id=f"gpu{gpu.index}",
-                    kind=SliceKind.SHARED_GPU if gpu.shared else SliceKind.WHOLE_GPU,
-                    gpu_index=gpu.index,
-                    device_uuid=gpu.uuid,
-                    gpu_model=gpu.model,
-                    memory_total_bytes=gpu.memory_total_bytes,
-                )
-            )
-    return out
 
 
 def demand_from(resources: common_pb2.Resources) -> Demand:
@@ -821,7 +790,9 @@ class Node:
     async def watch(self, after_seq: int, job_id: str) -> AsyncIterator[common_pb2.SubjobEvent]:
         check_str(job_id, "job_id")
         if after_seq > MAX_SQLITE_INT:
-            raise InvalidArgument(f"must be <= {MAX_SQLITE_INT}, got {after_seq}", field="after_seq")
+            raise InvalidArgument(
+                f"must be <= {MAX_SQLITE_INT}, got {after_seq}", field="after_seq"
+            )
         seq = after_seq
         waiter = asyncio.Event()
         self._event_waiters.add(waiter)

@@ -83,7 +83,13 @@ from typing import Any
 from airlock.traces import MemoryCurve, load_memory_curves
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.inventory.mig import COMPUTE_SLICES
-from laminar_agent.ledger import Demand, Granted, Ledger, ProbeOrder, Slice, SliceKind
+from laminar_agent.ledger import (
+    Demand,
+    Granted,
+    Ledger,
+    ProbeOrder,
+    slices_from_gpus,
+)
 from laminar_sim.engine import Engine
 from laminar_sim.replay import TraceJob
 from laminar_zone.market import (
@@ -257,22 +263,10 @@ def build_hosts(spec: AtomizeSpec) -> list[MigHost]:
     for i in range(spec.hosts):
         agent_id = f"h{i}"
         backend = FakeGpuBackend(spec.mig_layout, agent_id=agent_id)
-        slices = []
         for gpu in backend.gpus():
             if not gpu.mig_enabled:
                 raise ValueError(f"GPU {gpu.index} of {spec.mig_layout!r} has no MIG layout")
-            for mig in gpu.mig_instances:  # as laminar_agent.node.slices_from_gpus names them
-                slices.append(
-                    Slice(
-                        slice_id=f"gpu{gpu.index}/{mig.profile}@{mig.start}",
-                        kind=SliceKind.MIG,
-                        gpu_index=gpu.index,
-                        device_uuid=mig.uuid,
-                        gpu_model=gpu.model,
-                        memory_total_bytes=mig.memory_total_bytes,
-                        mig_profile=mig.profile,
-                    )
-                )
+        slices = slices_from_gpus(backend.gpus())
         hosts.append(MigHost(agent_id, Ledger(slices, lease_prefix=f"{agent_id}-")))
     return hosts
 
