@@ -466,9 +466,10 @@ class Atomizer:
                 winning_score=award.score if award else atom.last_losing_score,
                 winning_bid=_bid_message(award.bid, award.score) if award else None,
             )
+        future = self.future_windows(now_unix)
         for entry in waiting:
             if entry.job.job_id not in winners:
-                self._explain_wait(entry, bool(offered), now_unix)
+                self._explain_wait(entry, bool(offered), now_unix, future)
         results = await asyncio.gather(
             *(
                 self._materialize(self.zone.entries[a.bid.job_id], a.bid, a.score, by_key)
@@ -489,7 +490,24 @@ class Atomizer:
             )
         return [a.bid for a in awards]
 
-    def _explain_wait(self, entry: Entry, any_offered: bool, now_unix: float) -> None:
+    def future_windows(self, now_unix: float) -> list[tuple[float, str, common_pb2.Window]]:
+        """Windows of ready agents that open later, soonest first (computed once a round)."""
+        out: list[tuple[float, str, common_pb2.Window]] = []
+        for agent_id, windows in self.windows.items():
+            record = self.zone.view.agents.get(agent_id)
+            if record is None or not record.is_ready:
+                continue
+            out.extend((w.start_unix, agent_id, w) for w in windows if w.start_unix > now_unix)
+        out.sort(key=lambda item: (item[0], item[1], item[2].slice_id))
+        return out
+
+    def _explain_wait(
+        self,
+        entry: Entry,
+        any_offered: bool,
+        now_unix: float,
+        future: list[tuple[float, str, common_pb2.Window]],
+    ) -> None:
         """Why a job got no window this round, and when the next one it fits opens: the
         earliest advertised window (a busy slice's holders' expected end) of a kind it may
         use with room for its predicted peak memory."""
@@ -498,19 +516,14 @@ class Atomizer:
         done = units_done(job)
         profile = atom.calibrators[atom.phase_at(done)].profile()
         need = profile.peak_memory_bytes.value_at(1.0 - atom.contract.epsilon)
-        soonest: tuple[float, str] | None = None
-        for agent_id, windows in self.windows.items():
-            record = self.zone.view.agents.get(agent_id)
-            if record is None or not record.is_ready:
-                continue
-            for w in windows:
-                if (
-                    w.start_unix > now_unix
-                    and w.memory_bytes >= need
-                    and self._allows(job.spec, w)
-                    and (soonest is None or w.start_unix < soonest[0])
-                ):
-                    soonest = (w.start_unix, f"{agent_id}/{w.slice_id}")
+        soonest = next(
+            (
+                (start, f"{agent_id}/{w.slice_id}")
+                for start, agent_id, w in future
+                if w.memory_bytes >= need and self._allows(job.spec, w)
+            ),
+            None,
+        )
         why = (
             f"outbid (a score of {atom.last_losing_score:.3f} won)"
             if any_offered and atom.last_losing_score
