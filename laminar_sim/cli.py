@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -304,14 +305,7 @@ def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
             progress=advance,
         )
     report["trace_dir"] = str(trace_dir)
-    if args.plot is not None:
-        save_plot(report, args.plot)
-        report["plot"] = str(args.plot)
-    if args.output == "json":
-        console.out(json.dumps(report, indent=2, sort_keys=False), highlight=False)
-    else:
-        render_fgd(report, console)
-    return 0
+    return emit(report, args, console, render_fgd, lambda path: save_plot(report, path))
 
 
 def render_fgd(report: dict[str, Any], console: Console) -> None:
@@ -543,15 +537,16 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
             progress.update(task, description=policy, completed=done, total=total)
 
         report = run_load(spec, advance)
-    if args.plot is not None:
-        title = f"sim load: {report['hosts']} hosts, load {report['load']:g}, seed {report['seed']}"
-        save_cdf(report, "latency_percentiles_ms", "arrival to start (ms, log)", title, args.plot)
-        report["plot"] = str(args.plot)
-    if args.output == "json":
-        console.out(json.dumps(report, indent=2), highlight=False)
-    else:
-        render_load(report, console)
-    return 0
+    title = f"sim load: {report['hosts']} hosts, load {report['load']:g}, seed {report['seed']}"
+    return emit(
+        report,
+        args,
+        console,
+        render_load,
+        lambda path: save_cdf(
+            report, "latency_percentiles_ms", "arrival to start (ms, log)", title, path
+        ),
+    )
 
 
 def render_load(report: dict[str, Any], console: Console) -> None:
@@ -598,6 +593,25 @@ def render_load(report: dict[str, Any], console: Console) -> None:
         )
 
 
+def emit(
+    report: dict[str, Any],
+    args: argparse.Namespace,
+    console: Console,
+    render: Callable[[dict[str, Any], Console], None],
+    plot: Callable[[Path], None] | None = None,
+) -> int:
+    """The end of every experiment: the plot when asked (its path goes into the report),
+    then the report as JSON or as the human summary."""
+    if args.plot is not None and plot is not None:
+        plot(args.plot)
+        report["plot"] = str(args.plot)
+    if args.output == "json":
+        console.out(json.dumps(report, indent=2), highlight=False)
+    else:
+        render(report, console)
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     """Run the ``replay`` experiment and print a table or JSON."""
     if not args.trace.exists():
@@ -632,15 +646,20 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
             report = run_replay(spec, advance)
         except (ValueError, KeyError, OSError) as exc:
             raise InvalidArgument(str(exc).removeprefix("--trace: "), field="--trace") from None
-    if args.plot is not None:
-        title = (
-            f"sim replay: {report['jobs']} jobs ({report['cluster']}) on {report['hosts']} hosts"
-        )
-        save_cdf(report, "queue_percentiles_seconds", "queue time (s, log)", title, args.plot)
-        report["plot"] = str(args.plot)
-    if args.output == "json":
-        console.out(json.dumps(report, indent=2), highlight=False)
-        return 0
+    title = f"sim replay: {report['jobs']} jobs ({report['cluster']}) on {report['hosts']} hosts"
+    return emit(
+        report,
+        args,
+        console,
+        render_replay,
+        lambda path: save_cdf(
+            report, "queue_percentiles_seconds", "queue time (s, log)", title, path
+        ),
+    )
+
+
+def render_replay(report: dict[str, Any], console: Console) -> None:
+    """The human summary of the whole-GPU replay: one column per policy."""
     table = Table(
         title=(
             f"replay of {report['jobs']} jobs ({report['cluster']}) on {report['hosts']} hosts x "
@@ -669,7 +688,6 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     ):
         table.add_row(label, *(f"{f[key]:.4g}" for f in report["policies"].values()))
     console.print(table)
-    return 0
 
 
 def cmd_airlock(args: argparse.Namespace, console: Console) -> int:
@@ -712,14 +730,7 @@ def cmd_airlock(args: argparse.Namespace, console: Console) -> int:
             raise InvalidArgument(str(exc), field="--trace-dir") from None
         report = airlock_sim.run_airlock_sim(spec, plans, advance)
     report["trace"] = str(args.trace_dir)
-    if args.plot is not None:
-        save_airlock_plot(report, args.plot)
-        report["plot"] = str(args.plot)
-    if args.output == "json":
-        console.out(json.dumps(report, indent=2), highlight=False)
-    else:
-        render_airlock(report, console)
-    return 0
+    return emit(report, args, console, render_airlock, lambda p: save_airlock_plot(report, p))
 
 
 def render_airlock(report: dict[str, Any], console: Console) -> None:
@@ -921,25 +932,24 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         "seed": args.seed,
         **body,
     }
-    if args.plot is not None:
-        title = (
-            f"sim replay: {report['jobs']} jobs ({report['cluster']}), "
-            f"{report['hosts']} MIG hosts, rigid vs atomized"
-        )
-        save_cdf(
+    title = (
+        f"sim replay: {report['jobs']} jobs ({report['cluster']}), "
+        f"{report['hosts']} MIG hosts, rigid vs atomized"
+    )
+    return emit(
+        report,
+        args,
+        console,
+        render_replay_mig,
+        lambda path: save_cdf(
             report,
             "jct_percentiles_seconds",
             "job completion time (s, log)",
             title,
-            args.plot,
+            path,
             group="modes",
-        )
-        report["plot"] = str(args.plot)
-    if args.output == "json":
-        console.out(json.dumps(report, indent=2), highlight=False)
-    else:
-        render_replay_mig(report, console)
-    return 0
+        ),
+    )
 
 
 def render_replay_mig(report: dict[str, Any], console: Console) -> None:

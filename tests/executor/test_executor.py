@@ -241,9 +241,8 @@ async def test_a_stop_sent_while_the_shim_starts_is_not_lost(tmp_path: Path) -> 
         subjob_id = f"early-{i}"
         await ex.launch(make_spec(tmp_path, subjob_id, "import time; time.sleep(120)"))
         await asyncio.sleep(i * 0.002)
-        started = time.monotonic()
         await ex.terminate(subjob_id, grace_seconds=5.0)
         await poll_until(lambda s=subjob_id: s in rec.exits, "the exit record")
+        # Ended by the SIGTERM itself: a lost stop shows as SIGKILL (9) after the grace.
         assert rec.exits[subjob_id].signal == 15, rec.exits[subjob_id]
-        assert time.monotonic() - started < 4.0  # SIGTERM, not the 5 s grace and SIGKILL
     await ex.close()

@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -67,6 +68,16 @@ def _contract(units: int, max_units: int, checkpoint: Path) -> common_pb2.Atomiz
     )
 
 
+def _submit(
+    zone: Zone, contract: common_pb2.AtomizationContract, unit_seconds: object, **fields: Any
+) -> zone_pb2.Job:
+    """Submit an atomized job whose pieces run the example worker at ``unit_seconds`` a unit."""
+    spec = zone_pb2.JobSpec(
+        command=[sys.executable, str(WORKER), str(unit_seconds)], atomization=contract, **fields
+    )
+    return zone.stub.Submit(zone_pb2.SubmitRequest(spec=spec), timeout=10)
+
+
 def _units_log(checkpoint: Path) -> Counter[int]:
     path = checkpoint / "units.log"
     lines = path.read_text().split("\n") if path.exists() else []
@@ -81,18 +92,14 @@ def test_atomized_job_survives_airlock_and_does_every_unit_exactly_once(
     _agent(cluster, zone, "b", "H100-80GB:mig=3g.40gb+2g.20gb+1g.10gb")
     cluster.wait_registered()
     checkpoint = tmp_path / "ckpt"
-    job = zone.stub.Submit(
-        zone_pb2.SubmitRequest(
-            spec=zone_pb2.JobSpec(
-                name="atomized",
-                command=[sys.executable, str(WORKER), str(UNIT_SECONDS)],
-                priority=common_pb2.OPPORTUNISTIC,
-                lifecycle=common_pb2.TRANSIENT,
-                restartable=True,
-                atomization=_contract(24, 12, checkpoint),
-            )
-        ),
-        timeout=10,
+    job = _submit(
+        zone,
+        _contract(24, 12, checkpoint),
+        UNIT_SECONDS,
+        name="atomized",
+        priority=common_pb2.OPPORTUNISTIC,
+        lifecycle=common_pb2.TRANSIENT,
+        restartable=True,
     )
     job_id = job.job_id
     # The whole GPU on agent a is the largest window: the first subjob goes there.
@@ -151,15 +158,7 @@ def test_windows_size_subjobs_and_an_overrun_resumes_from_the_checkpoint(
     contract.seconds_per_unit.extend(
         [common_pb2.Quantile(q=0.5, value=0.08), common_pb2.Quantile(q=0.95, value=0.1)]
     )
-    job = zone.stub.Submit(
-        zone_pb2.SubmitRequest(
-            spec=zone_pb2.JobSpec(
-                command=[sys.executable, str(WORKER), str(UNIT_SECONDS)],
-                atomization=contract,
-            )
-        ),
-        timeout=10,
-    )
+    job = _submit(zone, contract, UNIT_SECONDS)
     done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=90)
     assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
     units = _units_log(checkpoint)
@@ -184,16 +183,8 @@ def test_a_client_bids_for_its_own_job_over_the_bid_stream(
     gate = tmp_path / "gate"
     blocker = zone.submit(gate_code(gate))
     checkpoint = tmp_path / "ckpt"
-    job = zone.stub.Submit(
-        zone_pb2.SubmitRequest(
-            spec=zone_pb2.JobSpec(
-                command=[sys.executable, str(WORKER), "0.05"],
-                after=[blocker.job_id],  # waits, so the client attaches before any round
-                atomization=_contract(9, 9, checkpoint),
-            )
-        ),
-        timeout=10,
-    )
+    # It waits for the blocker, so the client attaches before any round.
+    job = _submit(zone, _contract(9, 9, checkpoint), "0.05", after=[blocker.job_id])
     requests: queue.Queue[zone_pb2.BidMessage | None] = queue.Queue()
     requests.put(zone_pb2.BidMessage(job_id=job.job_id))
 
@@ -257,15 +248,7 @@ def test_a_window_ends_where_a_blocked_rigid_job_expects_its_capacity(
     queued = zone.wait_state(big.job_id, zone_pb2.QUEUED)
     wait_for(lambda: zone.get(big.job_id).expected_start_unix > 0)
     head_start = zone.get(big.job_id).expected_start_unix
-    job = zone.stub.Submit(
-        zone_pb2.SubmitRequest(
-            spec=zone_pb2.JobSpec(
-                command=[sys.executable, str(WORKER), "0.05"],
-                atomization=_contract(400, 400, tmp_path / "ckpt"),
-            )
-        ),
-        timeout=10,
-    )
+    job = _submit(zone, _contract(400, 400, tmp_path / "ckpt"), "0.05")
     running = zone.wait_state(job.job_id, zone_pb2.JOB_RUNNING)
     piece = running.placements[0]
     assert len(piece.slice_ids) == 1
@@ -288,15 +271,7 @@ def test_a_waiting_atomized_job_says_when_the_next_window_it_fits_opens(
     gate = tmp_path / "gate"
     busy = zone.submit(gate_code(gate), expected_seconds=30.0)
     started = zone.wait_state(busy.job_id, zone_pb2.JOB_RUNNING).placements[0].started_unix
-    job = zone.stub.Submit(
-        zone_pb2.SubmitRequest(
-            spec=zone_pb2.JobSpec(
-                command=[sys.executable, str(WORKER), "0.05"],
-                atomization=_contract(4, 4, tmp_path / "ckpt"),
-            )
-        ),
-        timeout=10,
-    )
+    job = _submit(zone, _contract(4, 4, tmp_path / "ckpt"), "0.05")
     wait_for(lambda: "opens in about" in zone.get(job.job_id).reason)
     waiting = zone.get(job.job_id)
     assert waiting.state == zone_pb2.QUEUED
