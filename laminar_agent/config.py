@@ -10,6 +10,7 @@ from airlock.levels import Marks
 from airlock.policy import PolicyConfig
 from laminar_agent.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_agent.errors import ConfigError
+from laminar_agent.executor import parse_uid_pool
 
 #: ``airlock.policy`` values: the ladder, or the OOM-killer baseline for comparisons.
 AIRLOCK_POLICIES = ("ladder", "oom-killer")
@@ -47,7 +48,30 @@ class ExecutorSettings:
         metadata=doc(
             "user (name or uid) subjob commands run as when the agent runs as root, with that "
             "user's group and supplementary groups; empty = as the agent itself. An agent that "
-            "is not root always runs subjobs as itself"
+            "is not root always runs subjobs as itself. With uid_pool or tenant_users set, "
+            "only tenants they do not cover run as this user"
+        ),
+    )
+    uid_pool: str = field(
+        default="3000000-3009999",
+        metadata=doc(
+            "uids FIRST-LAST given out one per tenant (kept for good, journaled) so that "
+            "tenants cannot signal or read each other's subjobs; uids this host's passwd "
+            "knows are skipped; empty = every tenant runs as run_as_user"
+        ),
+    )
+    tenant_users: str = field(
+        default="",
+        metadata=doc(
+            "tenants that run as an account of this host, 'tenant=user,tenant2=uid' (for "
+            "shared file systems); these win over uid_pool"
+        ),
+    )
+    cgroup_root: str = field(
+        default="auto",
+        metadata=doc(
+            "where each subjob gets its own cgroup (v2): 'auto' = under the agent's own "
+            "cgroup (systemd Delegate=yes), a path, or empty for process groups only"
         ),
     )
 
@@ -352,6 +376,7 @@ class AgentConfig:
         check_message_bytes(self.server.max_message_bytes, "server.max_message_bytes")
         if len(self.executor.run_as_user) > 64 or "\x00" in self.executor.run_as_user:
             raise ConfigError("must be a user name or uid", field="executor.run_as_user")
+        parse_uid_pool(self.executor.uid_pool)
 
     def replace_server(self, **changes: object) -> AgentConfig:
         return dataclasses.replace(self, server=dataclasses.replace(self.server, **changes))  # type: ignore[arg-type]

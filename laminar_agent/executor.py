@@ -1,10 +1,17 @@
 """Starts, signals and watches subjob processes.
 
 Each subjob runs under :mod:`laminar_agent.shim` in its own session, so the
-shim's pid is also the process group id and every signal goes to the whole
-group. Subjobs outlive the agent: :meth:`Executor.close` stops watching but
-never kills, and a restarted agent re-attaches with :meth:`Executor.adopt` and
+shim's pid is also the process group id; where cgroups are available each subjob
+also has its own cgroup (:mod:`laminar_agent.cgroups`), and signals go to every
+process in it. Subjobs outlive the agent: :meth:`Executor.close` stops watching
+but never kills, and a restarted agent re-attaches with :meth:`Executor.adopt` and
 learns the exit status from the shim's ``exit.json``.
+
+Trust boundary: the shim is started with a fixed clean environment and ``python -I
+-S`` (see the shim's docstring); the job's command, environment and working
+directory travel in ``launch.json``, in a folder only root may write, and are
+applied by the shim's child after it has dropped privileges. Each tenant runs as
+its own user (:class:`TenantIdentities`).
 """
 
 from __future__ import annotations
@@ -20,14 +27,19 @@ import re
 import signal
 import sys
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
+from laminar_agent import shim
+from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.errors import ConfigError, InvalidArgument, NotFound
-from laminar_agent.shim import EXIT_FILE
+from laminar_agent.jobfiles import UnsafeJobFile, read_job_file
+from laminar_agent.shim import EXIT_FILE, LAUNCH_FILE
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +67,24 @@ class LaunchSpec:
     unit_count: int = 0
     checkpoint_dir: str = ""
     grace_seconds: float = 10.0
+    #: Whose subjob this is: chooses the user it runs as (:class:`TenantIdentities`).
+    tenant: str = ""
+    #: Stopped by its shim when the agent's fence expires (a job that chose to run on
+    #: through a partition launches with False).
+    fenced: bool = True
+
+
+#: The only environment the shim (root) starts with; nothing of the job's is in it.
+SHIM_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+}
+#: The shim as a file: run with ``-I -S`` it imports nothing from site-packages.
+SHIM_PATH = str(Path(shim.__file__).resolve())
+#: Bounds on the job files the agent reads (progress, usage reports).
+JOB_FILE_MAX_BYTES = 64
+#: What an agent strips from the environment it passes on: systemd's per-unit variables.
+_AGENT_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 
 
 @dataclass(frozen=True)
@@ -100,6 +130,116 @@ def resolve_run_as(user: str, *, euid: int | None = None) -> RunAs | None:
     return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
 
 
+def parse_uid_pool(text: str) -> range | None:
+    """``executor.uid_pool`` ("FIRST-LAST", inclusive) as a range; None when empty."""
+    if not text:
+        return None
+    first, sep, last = text.partition("-")
+    try:
+        pool = range(int(first), int(last) + 1) if sep else range(0)
+    except ValueError:
+        pool = range(0)
+    if len(pool) == 0 or pool.start < 1000 or pool.stop > 2**31 - 1:
+        raise ConfigError(
+            f"must be FIRST-LAST with 1000 <= FIRST <= LAST < 2^31, got {text!r}",
+            field="executor.uid_pool",
+        )
+    return pool
+
+
+def parse_tenant_users(text: str) -> dict[str, RunAs]:
+    """``executor.tenant_users`` ("tenant=user,tenant2=uid") resolved against this host."""
+    users: dict[str, RunAs] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        tenant, sep, user = item.partition("=")
+        if not sep or not tenant.strip() or not user.strip() or user.strip() in ("root", "0"):
+            raise ConfigError(
+                f"{item!r} must be tenant=user (a user that is not root)",
+                field="executor.tenant_users",
+            )
+        run_as = resolve_run_as(user.strip(), euid=0)
+        if run_as is None:  # pragma: no cover - root excluded above
+            continue
+        users[tenant.strip()] = run_as
+    return users
+
+
+class UidStore(Protocol):
+    """Durable tenant -> uid assignments of the pool (the agent's journal)."""
+
+    def tenant_uids(self) -> dict[str, int]: ...
+
+    def put_tenant_uid(self, tenant: str, uid: int) -> None: ...
+
+
+class TenantIdentities:
+    """Who each tenant's subjobs run as when the agent is root, so that one tenant's
+    subjob can neither signal another's nor read its files or ``/proc/PID/environ``.
+
+    In order: ``executor.tenant_users`` (tenant -> an account of this host, for shared
+    file systems), then a uid of ``executor.uid_pool`` kept for that tenant for good (the
+    first free uid from a hash of the tenant's name, so hosts mostly agree; journaled, so
+    a restart never gives a live tenant's uid to another; uids this host's passwd knows
+    are skipped), then ``executor.run_as_user`` for every tenant. ``None`` everywhere
+    means the agent's own identity (an agent that is not root, or ``run_as_user = ""``).
+    """
+
+    def __init__(
+        self,
+        default: RunAs | None,
+        *,
+        users: Mapping[str, RunAs] | None = None,
+        pool: range | None = None,
+        store: UidStore | None = None,
+    ) -> None:
+        self.default = default
+        self.users = dict(users or {})
+        self.pool = pool if default is not None else None
+        self._store = store
+        self._assigned: dict[str, int] = dict(store.tenant_uids()) if store else {}
+
+    @property
+    def is_isolating(self) -> bool:
+        return self.default is not None and (self.pool is not None or bool(self.users))
+
+    def for_tenant(self, tenant: str) -> RunAs | None:
+        if self.default is None:
+            return None
+        if tenant in self.users:
+            return self.users[tenant]
+        if self.pool is None:
+            return self.default
+        uid = self._assigned.get(tenant)
+        if uid is None:
+            uid = self._allocate(tenant)
+        return RunAs(f"laminar-{uid}", uid, uid, (uid,), "")
+
+    def _allocate(self, tenant: str) -> int:
+        assert self.pool is not None
+        taken = set(self._assigned.values())
+        size = len(self.pool)
+        first = zlib.crc32(tenant.encode()) % size
+        for step in range(size):
+            uid = self.pool[(first + step) % size]
+            if uid in taken or _uid_known(uid):
+                continue
+            self._assigned[tenant] = uid
+            if self._store is not None:
+                self._store.put_tenant_uid(tenant, uid)
+            return uid
+        raise InvalidArgument(
+            f"no free uid left in executor.uid_pool for tenant {tenant!r}", field="tenant"
+        )
+
+
+def _uid_known(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
 @dataclass
 class ExitInfo:
     exit_code: int | None
@@ -108,6 +248,8 @@ class ExitInfo:
     ended_unix: float
     run_seconds: float
     error: str = ""
+    #: Stopped by its shim because the agent's fence expired (out of touch with its router).
+    fenced: bool = False
 
 
 @dataclass
@@ -158,21 +300,23 @@ async def _wait_child(pid: int) -> int | None:
             os.close(pidfd)
 
 
-def _spawn(python: str, argv: list[str], env: Mapping[str, str], sdir: Path) -> int:
-    """Start the shim in a new session with stdout/stderr appended to files in ``sdir``.
+def _spawn(python: str, argv: list[str], sdir: Path) -> int:
+    """Start the shim in a new session, with the clean :data:`SHIM_ENV` and with
+    stdout/stderr appended to files in ``sdir`` (a folder only the agent may write;
+    the subjob writes them only through the descriptors it inherits).
 
     posix_spawn rather than asyncio subprocesses: the agent must be able to stop
     watching (close) without a transport killing the subjob or warning about it.
     """
-    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
     return os.posix_spawn(
         python,
         argv,
-        env,
+        SHIM_ENV,
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(sdir / "stdout"), append, 0o644),
-            (os.POSIX_SPAWN_OPEN, 2, str(sdir / "stderr"), append, 0o644),
+            (os.POSIX_SPAWN_OPEN, 1, str(sdir / "stdout"), append, 0o600),
+            (os.POSIX_SPAWN_OPEN, 2, str(sdir / "stderr"), append, 0o600),
         ],
         setsid=True,
     )
@@ -196,15 +340,30 @@ class Executor:
         base_env: Mapping[str, str] | None = None,
         on_exit: ExitCallback,
         run_as: RunAs | None = None,
+        identities: TenantIdentities | None = None,
+        cgroups: SubjobCgroups | None = None,
+        fence_file: Path | None = None,
     ) -> None:
-        """``run_as``: the identity subjob commands take (see :func:`resolve_run_as`);
-        None runs them as the agent's own user."""
-        self.run_as = run_as
+        """``identities``: who each tenant's subjobs run as (default: every tenant as
+        ``run_as``, see :func:`resolve_run_as`; None runs them as the agent's own user).
+        ``cgroups``: one cgroup per subjob, or None for process groups only.
+        ``fence_file``: the agent's fence (see the shim), or None for no fencing."""
+        self.identities = identities or TenantIdentities(run_as)
+        self.cgroups = cgroups
+        self.fence_file = fence_file
         self._state_dir = Path(state_dir)
         self._python = python
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        base = dict(os.environ if base_env is None else base_env)
+        for key in _AGENT_ONLY_ENV:
+            base.pop(key, None)
+        self._base_env = base
         self._on_exit = on_exit
         self._tracked: dict[str, _Tracked] = {}
+
+    @property
+    def run_as(self) -> RunAs | None:
+        """The identity of tenants without a user of their own (None: the agent's)."""
+        return self.identities.default
 
     def subjob_dir(self, subjob_id: str) -> Path:
         return self._state_dir / "subjobs" / subjob_id
@@ -222,11 +381,17 @@ class Executor:
         """``$LAMINAR_GPU_MEM_FILE``: where a subjob on the fake backend reports its usage."""
         return self.scratch_dir(subjob_id) / GPU_MEM_FILE
 
-    def _build_env(self, spec: LaunchSpec, sdir: Path) -> dict[str, str]:
+    def owner_uid(self, tenant: str) -> int | None:
+        """The uid whose files of a tenant's subjob the agent may read; None = any (the
+        agent runs subjobs as itself, so they hold nothing it could not read anyway)."""
+        user = self.identities.for_tenant(tenant)
+        return None if user is None else user.uid
+
+    def _build_env(self, spec: LaunchSpec, user: RunAs | None) -> dict[str, str]:
         env = dict(self._base_env)
-        if self.run_as is not None:
-            user = self.run_as
-            env.update(USER=user.user, LOGNAME=user.user, HOME=user.home)
+        if user is not None:
+            home = user.home or str(self.scratch_dir(spec.subjob_id))
+            env.update(USER=user.user, LOGNAME=user.user, HOME=home)
         env.update(filter_user_env(spec.env))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_uuids)
         env["LAMINAR_JOB_ID"] = spec.job_id
@@ -251,60 +416,73 @@ class Executor:
             or not all(isinstance(a, str) for a in spec.command)
         ):
             raise InvalidArgument("must be a non-empty list of strings", field="command")
-        if not spec.workdir or not Path(spec.workdir).is_dir():
-            raise InvalidArgument(f"directory {spec.workdir!r} does not exist", field="workdir")
+        if spec.workdir and not Path(spec.workdir).is_absolute():
+            raise InvalidArgument(f"{spec.workdir!r} must be absolute", field="workdir")
         if spec.subjob_id in self._tracked and not self._tracked[spec.subjob_id].done.is_set():
             raise InvalidArgument(f"{spec.subjob_id!r} is already running", field="subjob_id")
+        user = self.identities.for_tenant(spec.tenant)
         sdir = self.subjob_dir(spec.subjob_id)
-        sdir.mkdir(parents=True, exist_ok=True)
-        if spec.unit_count > 0:
-            if not spec.checkpoint_dir:
-                raise InvalidArgument("an atomized subjob needs one", field="checkpoint_dir")
-            if self.run_as is None:  # else the shim creates it as the subjob's user
-                Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        sdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if spec.unit_count > 0 and not spec.checkpoint_dir:
+            raise InvalidArgument("an atomized subjob needs one", field="checkpoint_dir")
         for stale in (EXIT_FILE, "exec_error"):
             with contextlib.suppress(FileNotFoundError):
                 (sdir / stale).unlink()
-        env = self._build_env(spec, sdir)
-        argv = [self._python, "-m", "laminar_agent.shim", str(sdir), "--cwd", spec.workdir]
-        if self.run_as is not None:
-            self._hand_over(sdir)
-            argv += ["--user", self.run_as.shim_arg()]
-            if spec.unit_count > 0 and spec.checkpoint_dir:
-                # Created by the subjob's user, so it is theirs; never chowned by root.
-                argv += ["--mkdir", spec.checkpoint_dir]
-        argv += ["--", *spec.command]
-        pid = _spawn(self._python, argv, env, sdir)
+        make_dirs: list[str] = []
+        if user is not None:
+            self._hand_over(sdir, user)
+        if spec.unit_count > 0:
+            # Created by the subjob's own user in its child, so it is theirs; never
+            # created or chowned by root at a path the job chose.
+            make_dirs.append(spec.checkpoint_dir)
+        cgroup = ""
+        if self.cgroups is not None:
+            try:
+                cgroup = str(self.cgroups.create(spec.subjob_id))
+            except OSError as exc:
+                log.warning("subjob %s without a cgroup: %s", spec.subjob_id, exc)
+        launch = {
+            "command": list(spec.command),
+            "env": self._build_env(spec, user),
+            "cwd": spec.workdir or str(self.scratch_dir(spec.subjob_id)),
+            "mkdirs": make_dirs,
+            "user": None
+            if user is None
+            else {"uid": user.uid, "gid": user.gid, "groups": list(user.groups)},
+            "cgroup": cgroup,
+            "fence": str(self.fence_file) if self.fence_file else "",
+            "fenced": spec.fenced,
+            "grace_seconds": spec.grace_seconds,
+        }
+        _write_private(sdir / LAUNCH_FILE, json.dumps(launch))
+        argv = [self._python, "-I", "-S", SHIM_PATH, str(sdir)]
+        pid = _spawn(self._python, argv, sdir)
         tracked = _Tracked(pid=pid, grace_seconds=spec.grace_seconds)
         self._tracked[spec.subjob_id] = tracked
         tracked.task = asyncio.create_task(
             self._watch_child(spec.subjob_id, tracked), name=f"watch-{spec.subjob_id}"
         )
         log.info(
-            "launched subjob %s pid=%d devices=%s units=%d+%d",
+            "launched subjob %s pid=%d devices=%s units=%d+%d as %s%s",
             spec.subjob_id,
             pid,
             ",".join(spec.device_uuids),
             spec.unit_start,
             spec.unit_count,
+            "the agent's user" if user is None else f"uid {user.uid}",
+            f" in cgroup {cgroup}" if cgroup else "",
         )
         return pid
 
-    def _hand_over(self, sdir: Path) -> None:
-        """Give the subjob's user its output files and a scratch folder; the subjob
-        directory itself stays root's (see :meth:`scratch_dir`)."""
-        assert self.run_as is not None
-        uid, gid = self.run_as.uid, self.run_as.gid
-        os.chmod(sdir, 0o755)
+    def _hand_over(self, sdir: Path, user: RunAs) -> None:
+        """Give the subjob's user a scratch folder it alone owns; the subjob directory
+        stays root's (traverse only), and its logs root's (the subjob writes them through
+        inherited descriptors), so it cannot swap them for links."""
+        os.chmod(sdir, 0o711)
         scratch = sdir / "scratch"
-        scratch.mkdir(mode=0o750, exist_ok=True)
-        os.chown(scratch, uid, gid, follow_symlinks=False)
-        for name in ("stdout", "stderr"):
-            fd = os.open(sdir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
-            try:
-                os.fchown(fd, uid, gid)
-            finally:
-                os.close(fd)
+        scratch.mkdir(mode=0o700, exist_ok=True)
+        os.chown(scratch, user.uid, user.gid, follow_symlinks=False)
+        os.chmod(scratch, 0o700, follow_symlinks=False)
 
     async def _watch_child(self, subjob_id: str, tracked: _Tracked) -> None:
         status = await _wait_child(tracked.pid)
@@ -326,13 +504,18 @@ class Executor:
 
     async def _finish(self, subjob_id: str, tracked: _Tracked, info: ExitInfo) -> None:
         tracked.done.set()
+        if self.cgroups is not None:  # the shim removes it; a killed shim cannot
+            if self.cgroups.pids(subjob_id):
+                self.cgroups.kill(subjob_id)
+            self.cgroups.remove(subjob_id)
         log.info(
-            "subjob %s ended exit_code=%s signal=%s peak_rss_bytes=%d run_seconds=%.3f",
+            "subjob %s ended exit_code=%s signal=%s peak_rss_bytes=%d run_seconds=%.3f%s",
             subjob_id,
             info.exit_code,
             info.signal,
             info.peak_rss_bytes,
             info.run_seconds,
+            " (fenced)" if info.fenced else "",
         )
         try:
             result = self._on_exit(subjob_id, info)
@@ -349,7 +532,7 @@ class Executor:
             p = psutil.Process(pid)
             alive = (
                 abs(p.create_time() - started_unix) <= 1.0
-                and any("laminar_agent.shim" in a for a in p.cmdline())
+                and _is_shim(p.cmdline())
                 and p.status() != psutil.STATUS_ZOMBIE
             )
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -389,8 +572,13 @@ class Executor:
     def read_exit(self, subjob_id: str) -> ExitInfo | None:
         """Read the shim's ``exit.json``; None when absent or unreadable."""
         try:
-            raw = json.loads((self.subjob_dir(subjob_id) / EXIT_FILE).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            data = read_job_file(
+                self.subjob_dir(subjob_id) / EXIT_FILE, max_bytes=1 << 16, owner_uid=os.geteuid()
+            )
+            raw = json.loads(data)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(raw, dict):
             return None
         return ExitInfo(
             exit_code=raw.get("exit_code"),
@@ -399,6 +587,7 @@ class Executor:
             ended_unix=float(raw.get("ended_unix", 0.0)),
             run_seconds=float(raw.get("run_seconds", 0.0)),
             error=str(raw.get("error", "")),
+            fenced=bool(raw.get("fenced", False)),
         )
 
     def _get(self, subjob_id: str) -> _Tracked:
@@ -408,12 +597,24 @@ class Executor:
             raise NotFound(f"unknown subjob {subjob_id!r}", field="subjob_id") from None
 
     def _signal_group(self, subjob_id: str, sig: int) -> None:
+        """``sig`` to every process of the subjob: those in its cgroup where it has one
+        (which holds the descendants that left the process group, and not the shim),
+        else its process group (the shim ignores the stop signals)."""
         tracked = self._get(subjob_id)
+        if self.cgroups is not None:
+            pids = self.cgroups.pids(subjob_id)
+            if sig == signal.SIGKILL and pids and self.cgroups.kill(subjob_id):
+                return  # the shim is outside the cgroup: it lives on to record the exit
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            if pids:
+                return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(tracked.pid, sig)
 
     def kill(self, subjob_id: str) -> None:
-        """SIGKILL the whole process group at once (capacity that cannot be accounted for)."""
+        """SIGKILL the whole subjob at once (capacity that cannot be accounted for)."""
         self._signal_group(subjob_id, signal.SIGKILL)
 
     def suspend(self, subjob_id: str) -> None:
@@ -468,8 +669,29 @@ class Executor:
         self._tracked.clear()
 
 
+def _is_shim(cmdline: Sequence[str]) -> bool:
+    """A shim's command line: this version's (``shim.py``) or an older agent's (``-m``)."""
+    return any(a.endswith("laminar_agent/shim.py") or a == "laminar_agent.shim" for a in cmdline)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a root-only file atomically (tmp + rename), refusing links."""
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def units_from_checkpoint(
-    checkpoint_dir: str, unit_start: int, unit_count: int, exited_ok: bool
+    checkpoint_dir: str,
+    unit_start: int,
+    unit_count: int,
+    exited_ok: bool,
+    *,
+    owner_uid: int | None = None,
 ) -> tuple[int, str]:
     """Units an atomized subjob's checkpoint covers, read from ``checkpoint_dir/progress``
     (the index of the next unit to do, written by the subjob after each checkpoint).
@@ -477,17 +699,23 @@ def units_from_checkpoint(
     A subjob that exited 0 without the file did all its units (the contract: do exactly
     your units, checkpoint, exit 0); one that was stopped without it did none that count.
     A value outside ``unit_start..unit_start+unit_count`` (a file from an earlier subjob,
-    or garbage) counts as none. Returns the units and a note for the reason.
+    or garbage) counts as none. The file is the job's: it is read as
+    :func:`~laminar_agent.jobfiles.read_job_file` reads, owned by ``owner_uid`` (links,
+    FIFOs and other users' files are refused), and its content never reaches the reason.
+    Returns the units and a note for the reason.
     """
     path = Path(checkpoint_dir) / PROGRESS_FILE
     try:
-        text = path.read_text(encoding="ascii", errors="replace").strip()
+        raw = read_job_file(path, max_bytes=JOB_FILE_MAX_BYTES, owner_uid=owner_uid)
+    except UnsafeJobFile as exc:
+        return 0, f"checkpoint progress refused: {exc}"
     except OSError:
         return (unit_count, "") if exited_ok else (0, "no checkpoint progress")
+    text = raw.decode("ascii", errors="replace").strip()
     try:
         next_unit = int(text)
     except ValueError:
-        return 0, f"unreadable checkpoint progress {text[:32]!r}"
+        return 0, "unreadable checkpoint progress"
     done = next_unit - unit_start
     if not 0 <= done <= unit_count:
         return 0, f"checkpoint progress {next_unit} outside {unit_start}..{unit_start + unit_count}"

@@ -8,7 +8,9 @@ so it does not depend on protobuf.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
@@ -18,7 +20,7 @@ from typing import Any
 
 from laminar_agent.errors import InvalidArgument, NotFound
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_FILE = "agent.db"
 
 _SCHEMA = """
@@ -72,6 +74,10 @@ CREATE TABLE IF NOT EXISTS airlock_actions (
     reason TEXT NOT NULL,
     bytes_freed INTEGER NOT NULL,
     dry_run INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tenant_uids (
+    tenant TEXT PRIMARY KEY,
+    uid INTEGER NOT NULL UNIQUE
 );
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
@@ -174,10 +180,19 @@ class Journal:
         """``path`` is the state directory or the ``.db`` file itself."""
         path = Path(path)
         self.path = path if path.suffix == ".db" else path / DB_FILE
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, isolation_level=None)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Every tenant's job specs (commands, environments) are in here: owner only,
+        # and so are the -wal and -shm files SQLite creates beside it.
+        old_umask = os.umask(0o077)
+        try:
+            self._conn = sqlite3.connect(self.path, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+        finally:
+            os.umask(old_umask)
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f"{self.path}{suffix}", 0o600)
         self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._migrate()
 
@@ -225,6 +240,14 @@ class Journal:
 
     def set_meta(self, key: str, value: str) -> None:
         self._write("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    # -- tenant uids (executor.uid_pool) ---------------------------------------
+    def tenant_uids(self) -> dict[str, int]:
+        rows = self._conn.execute("SELECT tenant, uid FROM tenant_uids").fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    def put_tenant_uid(self, tenant: str, uid: int) -> None:
+        self._write("INSERT INTO tenant_uids(tenant, uid) VALUES (?, ?)", (tenant, uid))
 
     # -- leases ---------------------------------------------------------------
     def put_lease(

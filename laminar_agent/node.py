@@ -21,14 +21,22 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from airlock.policy import PRIORITY_NAMES
+from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
-from laminar_agent.executor import Executor, ExitInfo, LaunchSpec, RunAs, units_from_checkpoint
+from laminar_agent.executor import (
+    Executor,
+    ExitInfo,
+    LaunchSpec,
+    RunAs,
+    TenantIdentities,
+    units_from_checkpoint,
+)
 from laminar_agent.grpcutil import check_count, check_number, check_str
 from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
@@ -47,6 +55,7 @@ from laminar_agent.ledger import (
 )
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
+from laminar_agent.shim import FENCE_FILE
 from laminar_api.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger("laminar.agent.node")
@@ -137,6 +146,9 @@ class Node:
         metrics: AgentMetrics | None = None,
         max_windows: int = 16,
         run_as: RunAs | None = None,
+        tenant_users: Mapping[str, RunAs] | None = None,
+        uid_pool: range | None = None,
+        cgroups: SubjobCgroups | None = None,
     ) -> None:
         self.agent_id = agent_id
         #: Bound on the windows advertised in one summary (atomization).
@@ -154,7 +166,16 @@ class Node:
         for gpu in backend.gpus():
             self._slice_names.setdefault(gpu.uuid, f"gpu{gpu.index}")
         self.ledger = Ledger(self.slices, lease_prefix=f"{agent_id}-r{restarts}-")
-        self.executor = Executor(state_dir, on_exit=self._on_exit, run_as=run_as)
+        identities = TenantIdentities(
+            run_as, users=tenant_users, pool=uid_pool, store=self.journal
+        )
+        self.executor = Executor(
+            state_dir,
+            on_exit=self._on_exit,
+            identities=identities,
+            cgroups=cgroups,
+            fence_file=state_dir / FENCE_FILE,
+        )
         self._arrivals = itertools.count()
         self._pending: list[tuple[ProbeOrder, asyncio.Future[Granted | Bounced]]] = []
         self._batch_task: asyncio.Task[None] | None = None
@@ -594,7 +615,8 @@ class Node:
                     job_id=row.job_id,
                     command=list(spec.command),
                     env=dict(spec.env),
-                    workdir=spec.workdir or str(self.state_dir),
+                    workdir=spec.workdir,
+                    tenant=spec.tenant,
                     device_uuids=devices,
                     unit_start=spec.unit_start,
                     unit_count=spec.unit_count,
@@ -648,7 +670,11 @@ class Node:
         units_done = 0
         if spec.unit_count > 0:
             units_done, note = units_from_checkpoint(
-                spec.checkpoint_dir, spec.unit_start, spec.unit_count, state == "SUCCEEDED"
+                spec.checkpoint_dir,
+                spec.unit_start,
+                spec.unit_count,
+                state == "SUCCEEDED",
+                owner_uid=self.executor.owner_uid(spec.tenant),
             )
             reason = f"{reason}; {note}" if note else reason
         self.journal.update_subjob(

@@ -23,9 +23,10 @@ import grpc
 from prometheus_client import start_http_server
 
 from airlock.signals import HostMemorySource
+from laminar_agent.cgroups import open_cgroups
 from laminar_agent.config import AgentConfig
 from laminar_agent.daemon import serve_until_signalled
-from laminar_agent.executor import RunAs, resolve_run_as
+from laminar_agent.executor import RunAs, parse_tenant_users, parse_uid_pool, resolve_run_as
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.inventory import open_backend
@@ -51,10 +52,40 @@ class Status(enum.Enum):
     FAILED = "failed"
 
 
-def log_subjob_user(run_as: RunAs | None, configured: str) -> None:
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create the state directory owner-only. A root agent's subjobs run as other users
+    and must reach their own scratch folder below it, so there it is traverse-only for
+    others (0711: nothing can be listed or read; the journal and logs inside are 0600)."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o711 if os.geteuid() == 0 else 0o700)
+    subjobs = state_dir / "subjobs"
+    subjobs.mkdir(mode=0o711, exist_ok=True)
+    os.chmod(subjobs, 0o711 if os.geteuid() == 0 else 0o700)
+
+
+def log_subjob_user(
+    run_as: RunAs | None,
+    configured: str,
+    uid_pool: range | None = None,
+    tenant_users: dict[str, RunAs] | None = None,
+) -> None:
     """Say at start who subjob commands run as, and why."""
     me = pwd.getpwuid(os.geteuid()).pw_name if _has_user(os.geteuid()) else str(os.geteuid())
-    if run_as is not None:
+    if run_as is not None and (uid_pool is not None or tenant_users):
+        log.info(
+            "each tenant's subjobs run as a user of their own: %s%s; others as %s "
+            "(executor.uid_pool, executor.tenant_users, executor.run_as_user)",
+            f"uids {uid_pool.start}-{uid_pool.stop - 1}" if uid_pool is not None else "",
+            (", " if uid_pool is not None else "")
+            + ", ".join(f"{t}={u.user}" for t, u in sorted((tenant_users or {}).items())),
+            run_as.user,
+        )
+    elif run_as is not None:
+        log.warning(
+            "every tenant's subjobs run as the one user %s: tenants on this host can signal "
+            "and read each other's subjobs; set executor.uid_pool or executor.tenant_users",
+            run_as.user,
+        )
         log.info(
             "subjobs run as user %s (uid %d, gid %d, groups %s): executor.run_as_user",
             run_as.user,
@@ -116,8 +147,8 @@ class AgentServer:
         cfg = self.config
         trust = self.trust = load_trust(cfg.tls, cfg.control)
         agent_id = cfg.server.agent_id or socket.gethostname()
-        state_dir = Path(cfg.server.state_dir)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir = Path(cfg.server.state_dir).absolute()
+        prepare_state_dir(state_dir)
         backend = self._backend or open_backend(
             cfg.inventory.gpu_backend,
             fake_spec=cfg.inventory.fake_gpus,
@@ -126,7 +157,10 @@ class AgentServer:
         )
         metrics = AgentMetrics()
         run_as = resolve_run_as(cfg.executor.run_as_user)
-        log_subjob_user(run_as, cfg.executor.run_as_user)
+        tenant_users = parse_tenant_users(cfg.executor.tenant_users) if run_as else {}
+        uid_pool = parse_uid_pool(cfg.executor.uid_pool) if run_as else None
+        log_subjob_user(run_as, cfg.executor.run_as_user, uid_pool, tenant_users)
+        cgroups = open_cgroups(cfg.executor.cgroup_root, agent_id) if os.geteuid() == 0 else None
         self.state = AgentState(
             agent_id,
             backend,
@@ -138,6 +172,9 @@ class AgentServer:
             host_memory=self._host_memory,
             max_windows=cfg.zone.max_windows,
             run_as=run_as,
+            tenant_users=tenant_users,
+            uid_pool=uid_pool,
+            cgroups=cgroups,
         )
         adopted, lost = self.state.node.recover()
         log.info("journal recovery: %d subjob(s) re-adopted, %d ended while down", adopted, lost)

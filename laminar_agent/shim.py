@@ -1,77 +1,215 @@
 """Subjob shim: runs one command and records how it ended in ``<subjob_dir>/exit.json``.
 
-The agent starts the shim in a new session, so the shim is the process group
-leader and the command shares its group. Signals are sent to the whole group and
-the command decides how to react; the shim ignores them and only waits. The shim
-exists because after an agent restart the subjob is no longer the agent's child:
-``exit.json`` is how a re-adopting agent learns the exit status.
+The agent starts the shim in a new session, so the shim is the process group leader.
+The shim exists because after an agent restart the subjob is no longer the agent's
+child: ``exit.json`` is how a re-adopting agent learns the exit status. It is also what
+supervises the subjob outside the agent process: it enforces the agent's fence (a
+subjob whose agent lost touch with its router is stopped, see ``FENCE_FILE``) and, with
+cgroups, stops whatever the command left behind.
 
-When the agent runs as root, the shim stays root (so it can write ``exit.json`` in
-a directory the subjob cannot touch) and only the command takes the unprivileged
-identity given by ``--user``.
+Trust boundary: when the agent is root the shim stays root (it writes ``exit.json`` in
+a folder the subjob cannot touch), so it must never run anything of the job's. It is
+started as ``python -I -S shim.py <subjob_dir>`` with a fixed clean environment: ``-I``
+ignores every ``PYTHON*`` variable and the user site, ``-S`` skips ``site``, and the job's
+environment never reaches the shim's own process (no ``LD_PRELOAD``,
+``LD_LIBRARY_PATH``, ``PYTHONPATH``, ``PYTHONSTARTUP``). What to run comes from
+``<subjob_dir>/launch.json``, which the agent wrote in a folder only root can write. The
+child joins the subjob's cgroup, drops privileges (groups, gid, uid), and only then
+applies anything of the job: its working directory, the folders it creates, and its
+environment, which goes straight to ``execve``.
 
-Usage: ``python -m laminar_agent.shim <subjob_dir> [--cwd DIR] [--user UID:GID:GROUPS]
-[--mkdir DIR]... -- cmd args...``
+It imports the standard library only, and little of it: its start-up is on every
+launch's path.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 EXIT_FILE = "exit.json"
+LAUNCH_FILE = "launch.json"
+#: The agent's fence, in its state directory: a CLOCK_MONOTONIC deadline the agent moves
+#: forward while its router hears from it. Past it, fenced subjobs are stopped.
+FENCE_FILE = "fence"
 EXEC_FAILED_CODE = 127
+#: How often a fenced subjob's shim looks at the fence file (issue: at least every 0.5 s).
+FENCE_POLL_SECONDS = 0.5
+#: How long the shim waits for a cgroup to empty after ``cgroup.kill``.
+CGROUP_DRAIN_SECONDS = 5.0
 
 
-def write_exit(subjob_dir: Path, record: dict[str, Any]) -> None:
+def write_exit(subjob_dir: str, record: dict[str, object]) -> None:
     """Write ``exit.json`` atomically (tmp + rename) so readers never see half a file."""
-    tmp = subjob_dir / (EXIT_FILE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    tmp = os.path.join(subjob_dir, EXIT_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, subjob_dir / EXIT_FILE)
+    os.replace(tmp, os.path.join(subjob_dir, EXIT_FILE))
 
 
-@dataclass(frozen=True)
-class Identity:
-    """Who the command runs as (``--user UID:GID:G1,G2``); the shim itself stays root."""
+def fence_expired(path: str, now: float) -> bool:
+    """True once the agent's fence deadline (a CLOCK_MONOTONIC float) has passed.
 
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
+    No file means no fencing. A file that is present but unreadable or garbled counts as
+    expired: when in doubt, the copy stops rather than risk running twice."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        text = os.read(fd, 64)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    try:
+        return now > float(text.strip())
+    except ValueError:
+        return True
 
-    @classmethod
-    def parse(cls, text: str) -> Identity:
-        uid, gid, groups = text.split(":")
-        return cls(int(uid), int(gid), tuple(int(g) for g in groups.split(",") if g))
 
-    def become(self) -> None:
-        """Drop to this identity for good: groups first, then gid, then uid."""
-        os.setgroups(list(self.groups))
-        os.setgid(self.gid)
-        os.setuid(self.uid)
+def cgroup_pids(cgroup: str) -> list[int]:
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs"), encoding="ascii") as f:
+            return [int(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
 
 
-def run(
-    subjob_dir: Path,
-    command: list[str],
-    *,
-    identity: Identity | None = None,
-    make_dirs: tuple[str, ...] = (),
-) -> int:
-    """Run ``command``, wait for it, write ``exit.json``; return the shim's own exit code.
+def signal_subjob(cgroup: str, pgid: int, child: int, sig: int) -> None:
+    """Send ``sig`` to every process of the subjob but the shim itself: the whole cgroup
+    where there is one (descendants that left the process group too), else the group."""
+    if cgroup:
+        if sig == signal.SIGKILL:
+            try:
+                with open(os.path.join(cgroup, "cgroup.kill"), "w", encoding="ascii") as f:
+                    f.write("1")
+                return
+            except OSError:
+                pass
+        for pid in cgroup_pids(cgroup):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return
+    if sig == signal.SIGKILL:
+        try:  # the group minus the shim: the child, then any process left in the group
+            os.kill(child, sig)
+        except ProcessLookupError:
+            pass
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    if os.getpgid(int(name)) == pgid:
+                        os.kill(int(name), sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
-    The child takes ``identity`` (if any), then creates ``make_dirs`` as that identity so
-    they are its own (a folder it may not create is reported on its stderr and left to
-    the command), then execs. A failed identity change or exec is reported through a
-    pipe and recorded in ``exit.json`` with exit code 127."""
+
+def finish_cgroup(cgroup: str) -> int:
+    """Stop what the command left in its cgroup, remove it; the cgroup's peak memory."""
+    peak = 0
+    try:
+        with open(os.path.join(cgroup, "memory.peak"), encoding="ascii") as f:
+            peak = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        pass
+    if cgroup_pids(cgroup):
+        signal_subjob(cgroup, 0, 0, signal.SIGKILL)
+    deadline = time.monotonic() + CGROUP_DRAIN_SECONDS
+    while True:
+        try:
+            os.rmdir(cgroup)
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+    return peak
+
+
+def _child(spec: dict[str, object], errors_w: int, stops: set[signal.Signals]) -> None:
+    """In the forked child: join the cgroup, drop privileges, then apply the job."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a pending stop ends it here
+    step = "cgroup"
+    try:
+        cgroup = str(spec.get("cgroup") or "")
+        if cgroup:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w", encoding="ascii") as f:
+                f.write("0")
+        user = spec.get("user")
+        if isinstance(user, dict):
+            step = "user"
+            os.setgroups([int(g) for g in user["groups"]])
+            os.setgid(int(user["gid"]))
+            os.setuid(int(user["uid"]))
+        # From here on the process has the job's identity; only now is anything of the
+        # job's applied.
+        step = "workdir " + str(spec["cwd"])
+        os.chdir(str(spec["cwd"]))
+        for directory in spec.get("mkdirs") or ():  # type: ignore[attr-defined]
+            try:
+                os.makedirs(str(directory), exist_ok=True)
+            except OSError as exc:
+                os.write(2, f"laminar: cannot create {directory}: {exc.strerror}\n".encode())
+        command = [str(a) for a in spec["command"]]  # type: ignore[attr-defined]
+        env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
+        step = command[0]
+        os.execvpe(command[0], command, env)
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        try:
+            os.write(errors_w, f"{step}: {text}".encode(errors="replace"))
+        finally:
+            os._exit(EXEC_FAILED_CODE)
+
+
+def _wait(pid: int, fence: str, cgroup: str, grace_seconds: float) -> tuple[int, object, bool]:
+    """Wait for the child; stop it when the fence expires. (status, rusage, fenced)."""
+    if not fence:
+        _, status, rusage = os.wait4(pid, 0)
+        return status, rusage, False
+    pidfd = os.pidfd_open(pid)
+    fenced_at = 0.0
+    try:
+        while True:
+            select.select([pidfd], [], [], FENCE_POLL_SECONDS)
+            done, status, rusage = os.wait4(pid, os.WNOHANG)
+            if done == pid:
+                return status, rusage, fenced_at > 0
+            now = time.monotonic()
+            if fenced_at == 0.0 and fence_expired(fence, now):
+                fenced_at = now
+                os.write(2, b"laminar: fence expired (agent out of touch); stopping subjob\n")
+                signal_subjob(cgroup, os.getpgid(0), pid, signal.SIGCONT)
+                signal_subjob(cgroup, os.getpgid(0), pid, signal.SIGTERM)
+            elif fenced_at and now - fenced_at > grace_seconds:
+                signal_subjob(cgroup, os.getpgid(0), pid, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+
+
+def run(subjob_dir: str, spec: dict[str, object]) -> int:
+    """Run the command ``spec`` describes, wait for it, write ``exit.json``."""
     # A stop can arrive before the command exists, and would find only the shim. So the
     # stop signals are blocked (held pending, not lost) until the fork: the parent then
     # ignores them and passes on any that came early; the child restores the defaults and
@@ -81,6 +219,7 @@ def run(
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     started = time.monotonic()
+    cgroup = str(spec.get("cgroup") or "")
     errors_r, errors_w = os.pipe()
     os.set_inheritable(errors_w, False)
     try:
@@ -88,27 +227,9 @@ def run(
     except OSError as exc:
         write_exit(subjob_dir, _failed_record(started, f"fork failed: {exc}"))
         return EXEC_FAILED_CODE
-    if pid == 0:  # child: restore default dispositions, take the identity, then exec
+    if pid == 0:
         os.close(errors_r)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a pending stop ends it here
-        step = "user"
-        try:
-            if identity is not None:
-                identity.become()
-            for directory in make_dirs:
-                try:
-                    os.makedirs(directory, exist_ok=True)
-                except OSError as exc:
-                    os.write(2, f"laminar: cannot create {directory}: {exc.strerror}\n".encode())
-            step = command[0]
-            os.execvp(command[0], command)
-        except OSError as exc:
-            try:
-                os.write(errors_w, f"{step}: {exc.strerror}".encode(errors="replace"))
-            finally:
-                os._exit(EXEC_FAILED_CODE)
+        _child(spec, errors_w, stops)
     early = signal.sigpending() & stops
     for sig in stops:  # from now on a stop sent to the group reaches the child itself
         signal.signal(sig, signal.SIG_IGN)
@@ -117,22 +238,24 @@ def run(
     signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     os.close(errors_w)
     error = _read_all(errors_r).decode(errors="replace")
-    while True:
-        try:
-            _, status, rusage = os.wait4(pid, 0)
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for safety
-            continue
+    fence = str(spec.get("fence") or "") if spec.get("fenced", True) else ""
+    grace = float(spec.get("grace_seconds") or 10.0)  # type: ignore[arg-type]
+    status, rusage, fenced = _wait(pid, fence, cgroup, grace)
     run_seconds = time.monotonic() - started
-    record: dict[str, Any] = {
+    peak = int(rusage.ru_maxrss) * 1024  # type: ignore[attr-defined]
+    if cgroup:
+        peak = max(peak, finish_cgroup(cgroup))
+    record: dict[str, object] = {
         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-        "peak_rss_bytes": int(rusage.ru_maxrss) * 1024,
+        "peak_rss_bytes": peak,
         "ended_unix": time.time(),
         "run_seconds": run_seconds,
     }
     if error:
         record["error"] = error
+    if fenced:
+        record["fenced"] = True
     write_exit(subjob_dir, record)
     return 0
 
@@ -148,7 +271,7 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _failed_record(started: float, error: str) -> dict[str, Any]:
+def _failed_record(started: float, error: str) -> dict[str, object]:
     return {
         "exit_code": EXEC_FAILED_CODE,
         "signal": None,
@@ -159,40 +282,25 @@ def _failed_record(started: float, error: str) -> dict[str, Any]:
     }
 
 
-USAGE = (
-    "usage: python -m laminar_agent.shim <subjob_dir> [--cwd DIR] [--user UID:GID:GROUPS] "
-    "[--mkdir DIR]... -- cmd args..."
-)
+USAGE = "usage: python -I -S shim.py <subjob_dir>   (reads <subjob_dir>/launch.json)"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if not args:
+    if len(args) != 1:
         print(USAGE, file=sys.stderr)
         return 2
-    subjob_dir, rest = Path(args[0]), args[1:]
-    identity: Identity | None = None
-    make_dirs: list[str] = []
-    while len(rest) >= 2 and rest[0] in ("--cwd", "--user", "--mkdir"):
-        option, value, rest = rest[0], rest[1], rest[2:]
-        if option == "--cwd":
-            try:
-                os.chdir(value)  # posix_spawn cannot chdir, so the shim does it
-            except OSError as exc:
-                write_exit(subjob_dir, _failed_record(time.monotonic(), f"cwd {value}: {exc}"))
-                return EXEC_FAILED_CODE
-        elif option == "--user":
-            try:
-                identity = Identity.parse(value)
-            except ValueError:
-                print(f"shim: bad --user {value!r}", file=sys.stderr)
-                return 2
-        else:
-            make_dirs.append(value)
-    if len(rest) < 2 or rest[0] != "--":
-        print(USAGE, file=sys.stderr)
-        return 2
-    return run(subjob_dir, rest[1:], identity=identity, make_dirs=tuple(make_dirs))
+    subjob_dir = args[0]
+    try:
+        fd = os.open(os.path.join(subjob_dir, LAUNCH_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            spec = json.load(f)
+        if not isinstance(spec, dict) or not spec.get("command"):
+            raise ValueError("no command")
+    except (OSError, ValueError) as exc:
+        write_exit(subjob_dir, _failed_record(time.monotonic(), f"bad {LAUNCH_FILE}: {exc}"))
+        return EXEC_FAILED_CODE
+    return run(subjob_dir, spec)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
@@ -16,6 +17,7 @@ import psutil
 from airlock.levels import Level, LevelTracker, Marks
 from airlock.signals import HostMemory, HostMemorySource, PsutilHostMemory
 from laminar_agent.airlock_driver import AirlockDriver
+from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.config import AirlockSettings
 from laminar_agent.executor import RunAs
 from laminar_agent.heartbeat import action_message
@@ -47,9 +49,14 @@ class AgentState:
         host_memory: HostMemorySource | None = None,
         max_windows: int = 16,
         run_as: RunAs | None = None,
+        tenant_users: Mapping[str, RunAs] | None = None,
+        uid_pool: range | None = None,
+        cgroups: SubjobCgroups | None = None,
     ) -> None:
         """``host_memory`` replaces psutil as the host signal (tests, simulation); ``run_as``
-        is the identity subjob commands take (None: the agent's own)."""
+        is the identity subjob commands take (None: the agent's own), ``tenant_users`` and
+        ``uid_pool`` give tenants users of their own (see
+        :class:`~laminar_agent.executor.TenantIdentities`), ``cgroups`` a cgroup per subjob."""
         self.agent_id = agent_id
         self.hostname = socket.gethostname()
         self.backend = backend
@@ -69,6 +76,9 @@ class AgentState:
             metrics=metrics,
             max_windows=max_windows,
             run_as=run_as,
+            tenant_users=tenant_users,
+            uid_pool=uid_pool,
+            cgroups=cgroups,
         )
         #: Pressure levels per device with hysteresis (Airlock's signal stage).
         self.levels = LevelTracker(settings.slice_marks())

@@ -19,6 +19,7 @@ from pathlib import Path
 from laminar_agent.errors import InvalidArgument, NotFound
 from laminar_agent.inventory.base import GpuInfo, MigInstanceInfo
 from laminar_agent.inventory.mig import FIELD, GIB, lookup_profile, place_profiles
+from laminar_agent.jobfiles import read_job_file
 
 #: Known fake models -> memory in GiB (the number in the name).
 FAKE_MODELS: dict[str, int] = {
@@ -98,10 +99,12 @@ def _derive_uuid(prefix: str, *parts: object) -> str:
 
 def read_usage_file(usage_file: Path | None, declared_bytes: int) -> int:
     """Bytes a subjob says it uses now (``$LAMINAR_GPU_MEM_FILE``); the declared size if the
-    file is absent, unreadable or negative."""
+    file is absent, unreadable, negative, or anything but a small regular file (the subjob
+    controls it: a FIFO or a link must not wedge or inform the agent, see
+    :mod:`laminar_agent.jobfiles`)."""
     if usage_file is not None:
         try:
-            value = int(usage_file.read_text().strip())
+            value = int(read_job_file(usage_file, max_bytes=32, owner_uid=None).strip())
         except (OSError, ValueError):
             return declared_bytes
         if value >= 0:

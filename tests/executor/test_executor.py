@@ -101,6 +101,20 @@ async def test_bad_command_records_127(tmp_path: Path) -> None:
     await ex.close()
 
 
+async def test_missing_workdir_is_found_by_the_subjob_not_the_agent(tmp_path: Path) -> None:
+    """The working directory is the job's path: it is entered by the child after it took
+    the job's identity, so a missing one ends the subjob with an error naming it."""
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    spec = make_spec(tmp_path, "wd", "pass")
+    spec.workdir = str(tmp_path / "missing")
+    await ex.launch(spec)
+    await poll_until(lambda: "wd" in rec.exits, "exit of wd")
+    assert rec.exits["wd"].exit_code == 127
+    assert "missing" in rec.exits["wd"].error
+    await ex.close()
+
+
 async def test_invalid_specs_name_the_field(tmp_path: Path) -> None:
     ex = Executor(tmp_path / "state", on_exit=Recorder())
     spec = make_spec(tmp_path, "e", "")
@@ -109,7 +123,7 @@ async def test_invalid_specs_name_the_field(tmp_path: Path) -> None:
         await ex.launch(spec)
     assert ei.value.field == "command"
     spec = make_spec(tmp_path, "e", "pass")
-    spec.workdir = str(tmp_path / "missing")
+    spec.workdir = "relative/dir"
     with pytest.raises(InvalidArgument) as ei:
         await ex.launch(spec)
     assert ei.value.field == "workdir"

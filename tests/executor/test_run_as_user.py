@@ -124,11 +124,14 @@ async def test_root_agent_runs_subjobs_as_the_configured_user(open_dir: Path) ->
     assert 0 not in seen["groups"]
     assert seen["user"] == "nobody" and seen["home"] == "/override"
     assert (sdir / "stderr").read_text() == "to stderr\n"
-    # Output files and the checkpoint folder are the subjob's; exit.json and the folder
-    # holding it stay root's, so a subjob cannot swap them for links.
-    for path in (sdir / "stdout", sdir / "stderr", checkpoint, checkpoint / "step"):
+    # The checkpoint folder is the subjob's; its logs, exit.json and the folder holding
+    # them stay root's and private (the subjob writes its logs through inherited
+    # descriptors), so a subjob can neither swap them for links nor another read them.
+    for path in (checkpoint, checkpoint / "step"):
         assert path.stat().st_uid == nobody.pw_uid, path
-    assert (sdir / "exit.json").stat().st_uid == 0
+    for path in (sdir / "stdout", sdir / "stderr", sdir / "exit.json", sdir / "launch.json"):
+        assert path.stat().st_uid == 0, path
+        assert path.stat().st_mode & 0o077 == 0, path
     assert sdir.stat().st_uid == 0
     assert ex.gpu_mem_file("u1").read_text() == "123"
     assert ex.gpu_mem_file("u1").parent != sdir

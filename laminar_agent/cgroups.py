@@ -1,0 +1,137 @@
+"""One cgroup (v2) per subjob, so a stop reaches every process a subjob started.
+
+A process group is not enough: a subjob's grandchild may call ``setsid`` and leave the
+group, then survive a cancel and keep holding GPU memory. A cgroup cannot be left by an
+unprivileged process, ``cgroup.kill`` ends all of it at once, and its ``memory.peak``
+(where the memory controller is enabled) is the subjob's own accounting.
+
+Layout: ``<root>/<agent>/<subjob_id>``, where ``root`` is ``executor.cgroup_root``
+(``auto``: the agent's own cgroup on the cgroup2 mount, which is what systemd hands a
+unit with ``Delegate=yes``) and ``<agent>`` keeps agents that share a root apart. The
+shim's child joins its cgroup before it drops privileges; the shim itself stays out, so
+``cgroup.kill`` never takes the process that records the exit status.
+
+Where there is no writable cgroup2 hierarchy (an unprivileged agent, a container without
+one), :func:`open_cgroups` returns None, the agent says so once at start, and subjobs are
+stopped through their process group as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+#: Controllers enabled for subjob cgroups where the parent offers them.
+CONTROLLERS = ("cpu", "memory", "pids")
+
+
+def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Path | None:
+    """Where the cgroup2 hierarchy is mounted, or None."""
+    try:
+        with open(mountinfo, encoding="utf-8") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    return Path(left.split(" ")[4])
+    except OSError:
+        return None
+    return None
+
+
+def own_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str:
+    """This process's cgroup2 path (the ``0::`` line), e.g. ``/system.slice/x.service``."""
+    try:
+        with open(proc_cgroup, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return "/"
+
+
+class SubjobCgroups:
+    """Creates and removes the subjobs' cgroups under one agent's folder."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+
+    def path(self, subjob_id: str) -> Path:
+        return self.base / subjob_id
+
+    def create(self, subjob_id: str) -> Path:
+        path = self.path(subjob_id)
+        path.mkdir(mode=0o755, exist_ok=True)
+        return path
+
+    def pids(self, subjob_id: str) -> list[int]:
+        try:
+            text = (self.path(subjob_id) / "cgroup.procs").read_text(encoding="ascii")
+        except OSError:
+            return []
+        return [int(line) for line in text.split() if line.isdigit()]
+
+    def kill(self, subjob_id: str) -> bool:
+        """SIGKILL every process in the subjob's cgroup; False if there is none."""
+        try:
+            (self.path(subjob_id) / "cgroup.kill").write_text("1", encoding="ascii")
+        except OSError:
+            return False
+        return True
+
+    def remove(self, subjob_id: str) -> None:
+        with contextlib.suppress(OSError):
+            self.path(subjob_id).rmdir()
+
+
+def open_cgroups(setting: str, agent_name: str) -> SubjobCgroups | None:
+    """The subjob cgroups for ``executor.cgroup_root`` (``auto``, a path, or empty for
+    none); None, logged with the reason, where they cannot be used."""
+    if not setting:
+        log.info("subjob cgroups off (executor.cgroup_root is empty): stops use process groups")
+        return None
+    if setting == "auto":
+        mount = cgroup2_mount()
+        if mount is None:
+            log.warning("no cgroup2 hierarchy mounted: subjob stops use process groups")
+            return None
+        root = mount / own_cgroup().lstrip("/")
+    else:
+        root = Path(setting)
+    base = root / ("laminar." + _UNSAFE.sub("_", agent_name))
+    try:
+        base.mkdir(mode=0o755, exist_ok=True)
+        probe = base / ".probe"
+        probe.mkdir(exist_ok=True)
+        probe.rmdir()
+    except OSError as exc:
+        log.warning(
+            "cannot create subjob cgroups under %s (%s; executor.cgroup_root): "
+            "subjob stops use process groups",
+            root,
+            exc.strerror or exc,
+        )
+        return None
+    _enable_controllers(base)
+    log.info("subjob cgroups under %s", base)
+    return SubjobCgroups(base)
+
+
+def _enable_controllers(base: Path) -> None:
+    """Best effort: offer cpu/memory/pids to subjob cgroups where the parent has them."""
+    try:
+        available = set((base / "cgroup.controllers").read_text().split())
+    except OSError:
+        return
+    wanted = [c for c in CONTROLLERS if c in available]
+    if not wanted:
+        return
+    try:
+        (base / "cgroup.subtree_control").write_text(" ".join("+" + c for c in wanted))
+    except OSError as exc:
+        log.info("subjob cgroups without %s accounting (%s)", ",".join(wanted), exc.strerror)
