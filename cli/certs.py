@@ -6,6 +6,13 @@ names the host plus ``localhost`` and ``127.0.0.1``. Keys are EC P-256, written
 mode 0600. An existing ``ca.pem``/``ca-key.pem`` in the folder is reused, so
 running it again with new names adds hosts to the same fleet.
 
+Each certificate carries the roles its holder plays (``--hosts NAME=ROLE[+ROLE]``),
+written as SAN URIs ``urn:laminar:role:ROLE``: ``router`` (places work on agents),
+``agent`` (heartbeats to its router), ``peer`` (a zone that exchanges summaries and
+forwards jobs), ``admin`` (an operator: reads, drains, signals). Under mTLS every control
+call checks the caller's role (docs/security.md); a certificate without a role makes
+no control call.
+
 Not covered: revocation lists, intermediate CAs, renewal reminders. A fleet with
 its own PKI should issue certificates there and only point ``[tls]`` at them.
 """
@@ -27,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from laminar_agent.errors import InvalidArgument
-from laminar_agent.security import write_file
+from laminar_agent.security import ROLE_URI_PREFIX, ROLES, write_file
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
@@ -101,15 +108,33 @@ def _general_name(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
+def split_roles(item: str) -> tuple[str, tuple[str, ...]]:
+    """``NAME=ROLE+ROLE`` as (name, roles); a bare name has no role."""
+    name, sep, roles_text = item.partition("=")
+    roles = tuple(r.strip() for r in roles_text.split("+") if r.strip()) if sep else ()
+    for role in roles:
+        if role not in ROLES:
+            raise InvalidArgument(
+                f"{item!r}: role {role!r} is not one of {', '.join(ROLES)}", field="--hosts"
+            )
+    if sep and not roles:
+        raise InvalidArgument(f"{item!r}: name a role after '='", field="--hosts")
+    return name.strip(), roles
+
+
 def parse_hosts(text: str) -> list[str]:
-    """Comma-separated host names or IP addresses, deduplicated in order."""
+    """Comma-separated ``NAME[=ROLE[+ROLE]]`` items (host names or IP addresses),
+    deduplicated in order by name."""
     hosts: list[str] = []
+    names: set[str] = set()
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
-        if not _HOST_RE.match(item):
-            raise InvalidArgument(f"{item!r} is not a host name or IP address", field="--hosts")
-        if item not in hosts:
+        name, _ = split_roles(item)
+        if not _HOST_RE.match(name):
+            raise InvalidArgument(f"{name!r} is not a host name or IP address", field="--hosts")
+        if name not in names:
+            names.add(name)
             hosts.append(item)
     if not hosts:
         raise InvalidArgument("name at least one host", field="--hosts")
@@ -146,10 +171,14 @@ def issue_host(
     ca_key: ec.EllipticCurvePrivateKey,
     days: int,
     now: datetime.datetime,
+    roles: tuple[str, ...] = (),
 ) -> tuple[bytes, bytes]:
-    """(certificate PEM, key PEM) for ``host``: CN and SAN name it, plus loopback names."""
+    """(certificate PEM, key PEM) for ``host``: CN and SAN name it, plus loopback names,
+    and its ``roles`` as SAN URIs."""
     key = ec.generate_private_key(ec.SECP256R1())
     names = [host, *(n for n in LOOPBACK_NAMES if n != host)]
+    general: list[x509.GeneralName] = [_general_name(n) for n in names]
+    general += [x509.UniformResourceIdentifier(ROLE_URI_PREFIX + r) for r in roles]
     cert = (
         _builder(_name(host), ca_cert.subject, key, days, now)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -161,7 +190,7 @@ def issue_host(
             critical=False,
         )
         .add_extension(
-            x509.SubjectAlternativeName([_general_name(n) for n in names]), critical=False
+            x509.SubjectAlternativeName(general), critical=False
         )
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
@@ -173,20 +202,22 @@ def issue_host(
 
 
 def init_certs(folder: Path, hosts: list[str], days: int = 365) -> list[tuple[str, Path, Path]]:
-    """Create (or reuse) the CA in ``folder`` and write ``HOST.pem``/``HOST-key.pem`` per host.
+    """Create (or reuse) the CA in ``folder`` and write ``HOST.pem``/``HOST-key.pem`` per host
+    (``hosts`` items are ``NAME[=ROLE[+ROLE]]``).
 
     Returns (host, certificate path, key path) rows, the CA first as host ``ca``.
     """
+    named = [split_roles(h) for h in hosts]
     if not 1 <= days <= MAX_DAYS:
         raise InvalidArgument(f"must be between 1 and {MAX_DAYS}", field="--days")
-    if CA_CERT.removesuffix(".pem") in hosts:
+    if CA_CERT.removesuffix(".pem") in [name for name, _ in named]:
         raise InvalidArgument("'ca' is reserved for the CA's own files", field="--hosts")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     now = datetime.datetime.now(datetime.UTC)
     ca_cert, ca_key, _ = _load_or_create_ca(folder, days, now)
     rows = [("ca", folder / CA_CERT, folder / CA_KEY)]
-    for host in hosts:
-        cert_pem, key_pem = issue_host(host, ca_cert, ca_key, days, now)
+    for host, roles in named:
+        cert_pem, key_pem = issue_host(host, ca_cert, ca_key, days, now, roles)
         cert_path, key_path = folder / f"{host}.pem", folder / f"{host}-key.pem"
         write_file(key_path, key_pem, 0o600)
         write_file(cert_path, cert_pem, 0o644)
@@ -205,7 +236,7 @@ def cmd_certs_init(args: argparse.Namespace, console: Console) -> int:
     for host, cert, key in rows:
         table.add_row(host + (" (reused)" if host == "ca" and reused else ""), str(cert), str(key))
     console.print(table)
-    first = hosts[0]
+    first = split_roles(hosts[0])[0]
     console.print(
         "on each host, in laminar-agent.toml and laminar-zone.toml:\n"
         f'  [tls]\n  ca_file = "{folder / CA_CERT}"\n'
@@ -225,7 +256,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     init.add_argument("--dir", required=True, help="output folder (created mode 0700)")
     init.add_argument(
-        "--hosts", required=True, help="host names or IPs, comma-separated: h1,h2,10.0.0.3"
+        "--hosts",
+        required=True,
+        help="NAME=ROLE[+ROLE] per host, comma-separated, roles router, agent, peer, admin: "
+        "router-1=router+peer,gpu-01=agent,ops=admin (a bare name gets no role)",
     )
     init.add_argument(
         "--days", type=int, default=365, help="validity of new certificates (default 365)"

@@ -311,6 +311,13 @@ class ControlSettings:
             "empty with TLS off = control calls unauthenticated (warned at start)"
         ),
     )
+    insecure: bool = field(
+        default=False,
+        metadata=doc(
+            "serve on a non-loopback address without authentication (no TLS, no shared "
+            "secret; on a router also no auth.tokens_file); without it such a start is refused"
+        ),
+    )
 
 
 def validate_security(tls: TlsSettings, control: ControlSettings) -> None:

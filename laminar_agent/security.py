@@ -22,10 +22,12 @@ may. Not covered: certificate revocation, and rotation without a restart.
 from __future__ import annotations
 
 import argparse
+import functools
 import hmac
+import ipaddress
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +56,12 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
         "--shared-secret-file",
         help="file with the secret control calls carry (control.shared_secret_file)",
     )
+    parser.add_argument(
+        "--insecure",
+        action="store_const",
+        const=True,
+        help="allow serving a non-loopback address without authentication (control.insecure)",
+    )
 
 
 def security_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -64,6 +72,7 @@ def security_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "tls.key_file": args.tls_key_file,
         "tls.allowed_names": args.tls_allowed_names,
         "control.shared_secret_file": args.shared_secret_file,
+        "control.insecure": args.insecure,
     }
 
 
@@ -202,6 +211,47 @@ def load_trust(tls: TlsSettings, control: ControlSettings) -> Trust:
     )
 
 
+def is_loopback(listen: str) -> bool:
+    """Whether a ``HOST:PORT`` listen address is reachable from this host only."""
+    host = listen.rpartition(":")[0].strip("[]").lower()
+    if host == "localhost" or host == "::1":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(
+    trust: Trust,
+    listen: str,
+    *,
+    insecure: bool,
+    listen_key: str = "server.listen",
+    tokens_file: str | None = None,
+) -> None:
+    """Refuse to serve a non-loopback address unauthenticated unless ``control.insecure``.
+
+    Control calls need mTLS or the shared secret there; on a router (``tokens_file`` given)
+    submitter calls need ``auth.tokens_file`` too. Loopback stays open so that ``laminar
+    up``, the demo and tests need no set-up. Raises one ConfigError naming the keys."""
+    if insecure or is_loopback(listen):
+        return
+    if not trust.is_authenticated:
+        raise ConfigError(
+            f"{listen} is not a loopback address and control calls would be unauthenticated: "
+            "set tls.ca_file, tls.cert_file, tls.key_file (laminar certs init) or "
+            "control.shared_secret_file, or say control.insecure (--insecure)",
+            field=listen_key,
+        )
+    if tokens_file is not None and not tokens_file:
+        raise ConfigError(
+            f"{listen} is not a loopback address and submitters would be unauthenticated: "
+            "set auth.tokens_file, or say control.insecure (--insecure)",
+            field="auth.tokens_file",
+        )
+
+
 def log_trust(log: logging.Logger, trust: Trust, daemon: str, address: str) -> None:
     """One start-up line saying how control calls are authenticated (a WARNING when not)."""
     if trust.is_authenticated:
@@ -226,6 +276,43 @@ def _peer_names(context: Any) -> list[str]:
         for key in ("x509_common_name", "x509_subject_alternative_name")
         for value in auth.get(key) or []
     ]
+
+
+#: Roles a certificate may carry, as SAN URIs ``urn:laminar:role:<role>``.
+ROLES = ("router", "agent", "peer", "admin")
+ROLE_URI_PREFIX = "urn:laminar:role:"
+
+
+@functools.lru_cache(maxsize=1024)
+def roles_of_certificate(pem: bytes) -> frozenset[str]:
+    """The Laminar roles a PEM certificate's SAN URIs carry (``urn:laminar:role:agent``)."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return frozenset()
+    return frozenset(
+        uri[len(ROLE_URI_PREFIX) :]
+        for uri in sans.get_values_for_type(x509.UniformResourceIdentifier)
+        if uri.startswith(ROLE_URI_PREFIX) and uri[len(ROLE_URI_PREFIX) :] in ROLES
+    )
+
+
+def peer_roles(context: Any) -> frozenset[str]:
+    """The caller's roles from its client certificate; empty without mTLS or roles."""
+    auth = context.auth_context() or {}
+    pems = auth.get("x509_pem_cert") or []
+    if not pems:
+        return frozenset()
+    pem = pems[0] if isinstance(pems[0], bytes) else str(pems[0]).encode()
+    return roles_of_certificate(pem)
+
+
+def peer_names(context: Any) -> list[str]:
+    """The caller's certificate names, common name first, then every SAN; [] without mTLS."""
+    return _peer_names(context)
 
 
 def peer_identity(context: Any) -> str:
@@ -327,24 +414,18 @@ class SecretInterceptor(_ControlInterceptor):
         )
 
 
-class NamesInterceptor(_ControlInterceptor):
-    """Let only certificates naming one of ``names`` call ``services`` (PERMISSION_DENIED).
+class _CallerCheck(_ControlInterceptor):
+    """Checks the caller inside each call (the peer certificate is known only there)."""
 
-    The peer certificate is known only inside the call, so the handler is wrapped.
-    """
+    code = grpc.StatusCode.PERMISSION_DENIED
 
-    def __init__(self, names: Iterable[str], services: Iterable[str]) -> None:
-        super().__init__(services)
-        self._names = frozenset(names)
+    def problem(self, context: Ctx, method: str) -> str | None:
+        raise NotImplementedError
 
     async def _check(self, context: Ctx, method: str) -> None:
-        names = _peer_names(context)
-        if not self._names.intersection(names):
-            who = f"certificate {names[0]!r}" if names else "a caller without a certificate"
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{method}: {who} may not make control calls (tls.allowed_names)",
-            )
+        problem = self.problem(context, method)
+        if problem is not None:
+            await context.abort(self.code, f"{method}: {problem}")
 
     def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
         method = details.method or ""
@@ -368,14 +449,60 @@ class NamesInterceptor(_ControlInterceptor):
         return _handler_like(handler, unary)
 
 
-def server_interceptors(trust: Trust, services: Iterable[str]) -> list[_ServerBase]:
-    """The secret check and the allowed-names check, each only where configured."""
+class NamesInterceptor(_CallerCheck):
+    """Let only certificates naming one of ``names`` call ``services`` (PERMISSION_DENIED)."""
+
+    def __init__(self, names: Iterable[str], services: Iterable[str]) -> None:
+        super().__init__(services)
+        self._names = frozenset(names)
+
+    def problem(self, context: Ctx, method: str) -> str | None:
+        names = _peer_names(context)
+        if self._names.intersection(names):
+            return None
+        who = f"certificate {names[0]!r}" if names else "a caller without a certificate"
+        return f"{who} may not make control calls (tls.allowed_names)"
+
+
+class RolesInterceptor(_CallerCheck):
+    """Each control method answers only certificates carrying one of its roles.
+
+    ``rules`` maps a full method name (``/laminar.v1.Agent/Probe``) to the roles that may
+    call it; a method of ``services`` that has no rule is refused to every role, so a new
+    RPC is closed until someone decides who may call it."""
+
+    def __init__(self, rules: Mapping[str, Iterable[str]], services: Iterable[str]) -> None:
+        super().__init__(services)
+        self._rules = {method: frozenset(roles) for method, roles in rules.items()}
+
+    def problem(self, context: Ctx, method: str) -> str | None:
+        allowed = self._rules.get(method, frozenset())
+        roles = peer_roles(context)
+        if roles & allowed:
+            return None
+        names = _peer_names(context)
+        who = f"certificate {names[0]!r}" if names else "a caller without a certificate"
+        has = f"roles {', '.join(sorted(roles))}" if roles else "no Laminar role"
+        need = " or ".join(sorted(allowed)) or "no role (not a control call)"
+        return (
+            f"{who} has {has}; this call needs {need} "
+            "(laminar certs init --hosts NAME=ROLE writes the role)"
+        )
+
+
+def server_interceptors(
+    trust: Trust, services: Iterable[str], roles: Mapping[str, Iterable[str]] | None = None
+) -> list[_ServerBase]:
+    """The secret check, the allowed-names check and (under mTLS) the role of each control
+    method's caller (``roles``: full method name -> roles), each only where configured."""
     services = list(services)
     out: list[_ServerBase] = []
     if trust.secret:
         out.append(SecretInterceptor(trust.secret, services))
     if trust.allowed_names:
         out.append(NamesInterceptor(trust.allowed_names, services))
+    if trust.is_tls and roles is not None:
+        out.append(RolesInterceptor(roles, services))
     return out
 
 

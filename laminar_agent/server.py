@@ -33,7 +33,13 @@ from laminar_agent.inventory import open_backend
 from laminar_agent.inventory.base import GpuBackend
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.sdnotify import Notifier
-from laminar_agent.security import Trust, load_trust, log_trust, server_interceptors
+from laminar_agent.security import (
+    Trust,
+    check_exposure,
+    load_trust,
+    log_trust,
+    server_interceptors,
+)
 from laminar_agent.service import AgentService
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc
@@ -41,6 +47,26 @@ from laminar_api.v1 import agent_pb2, agent_pb2_grpc
 log = logging.getLogger("laminar.agent")
 
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
+#: Under mTLS, who may call what (certificate roles, see docs/security.md): routers place
+#: and stop work; an operator's admin certificate reads, drains and signals; an agent or
+#: a peer zone's certificate calls nothing here.
+_ADMIN_METHODS = {
+    "GetInventory",
+    "GetSummary",
+    "ListSubjobs",
+    "GetSubjob",
+    "WatchSubjobs",
+    "ReadLogs",
+    "GetAirlock",
+    "Drain",
+    "Undrain",
+    "SignalSubjob",
+    "InjectLoad",
+}
+AGENT_ROLES = {
+    f"/{SERVICE_NAME}/{m.name}": {"router", "admin"} if m.name in _ADMIN_METHODS else {"router"}
+    for m in agent_pb2.DESCRIPTOR.services_by_name["Agent"].methods
+}
 
 
 class Status(enum.Enum):
@@ -146,6 +172,7 @@ class AgentServer:
         self.status = Status.STARTING
         cfg = self.config
         trust = self.trust = load_trust(cfg.tls, cfg.control)
+        check_exposure(trust, cfg.server.listen, insecure=cfg.control.insecure)
         agent_id = cfg.server.agent_id or socket.gethostname()
         state_dir = Path(cfg.server.state_dir).absolute()
         prepare_state_dir(state_dir)
@@ -187,7 +214,7 @@ class AgentServer:
         )
         server = grpc.aio.server(
             options=server_options(cfg.server.max_message_bytes),
-            interceptors=server_interceptors(trust, [SERVICE_NAME]),
+            interceptors=server_interceptors(trust, [SERVICE_NAME], AGENT_ROLES),
         )
         service = AgentService(self.state, debug_rpcs=cfg.server.debug_rpcs)
         agent_pb2_grpc.add_AgentServicer_to_server(service, server)

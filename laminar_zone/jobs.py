@@ -18,7 +18,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,9 @@ class Entry:
     queued_at: float = 0.0  # monotonic, when it last entered the queue
     submitted_mono: float = 0.0
     watchers: list[asyncio.Queue[zone_pb2.Job]] = field(default_factory=list)
+    #: The submitter's bearer token, in memory only: a peer zone that takes the job by
+    #: flow splitting authenticates the tenant with it, as its own Submit would.
+    bearer: str = ""
 
     @property
     def item(self) -> QueueItem:
@@ -259,6 +262,7 @@ class ZoneState:
         *,
         forwarded_from: str = "",
         allow_forward: bool = True,
+        bearer: str = "",
     ) -> zone_pb2.Job:
         check_str(client_request_id, "client_request_id")
         if not spec.tenant:
@@ -294,7 +298,7 @@ class ZoneState:
             client_request_id=client_request_id,
             attempts=1,
         )
-        entry = Entry(job=job, need=need, submitted_mono=time.monotonic())
+        entry = Entry(job=job, need=need, submitted_mono=time.monotonic(), bearer=bearer)
         self.entries[job.job_id] = entry
         if is_atomized(spec):
             self.atomizer.admit(job)
@@ -736,14 +740,24 @@ class ZoneState:
     # ================================================================ agent events
 
     def on_heartbeat(
-        self, request: zone_pb2.HeartbeatRequest, caller: str = ""
+        self,
+        request: zone_pb2.HeartbeatRequest,
+        caller: str = "",
+        caller_names: Sequence[str] = (),
     ) -> zone_pb2.HeartbeatReply:
-        """An agent's heartbeat. ``caller`` is its mTLS certificate name: an agent id is
-        bound to the certificate of its first heartbeat (for this router's lifetime), so
-        another certificate the CA signed cannot speak for it."""
+        """An agent's heartbeat. ``caller`` is its mTLS certificate name and
+        ``caller_names`` every name the certificate carries: an agent id must be one of
+        them, and is bound to the certificate of its first heartbeat (for this router's
+        lifetime), so another certificate the CA signed cannot speak for it."""
         summary = request.summary
         agent_id = check_str(summary.agent_id, "summary.agent_id", required=True)
         address = check_str(summary.address, "summary.address", required=True)
+        if caller_names and agent_id not in caller_names:
+            raise PermissionDenied(
+                f"certificate {caller!r} does not name agent {agent_id!r}: an agent "
+                "heartbeats with a certificate issued for its agent id",
+                field="summary.agent_id",
+            )
         known = self.view.agents.get(agent_id)
         if caller and known is not None and known.identity and known.identity != caller:
             raise PermissionDenied(
@@ -778,6 +792,12 @@ class ZoneState:
         self.atomizer.note_windows(agent_id, summary.windows)
         if agent_id in self._unconfirmed:
             self._spawn(self._verify_unconfirmed(update.record), f"verify-{agent_id}")
+        # Decided before the events apply, which may end and forget a job.
+        own_actions = {
+            a.seq
+            for a in request.airlock_actions
+            if self._holds(agent_id, a.job_id, a.subjob_id)
+        }
         touched: dict[str, Entry] = {}
         acked = 0
         for event in request.events:
@@ -801,6 +821,13 @@ class ZoneState:
         acked_actions = 0
         for action in request.airlock_actions:
             acked_actions = max(acked_actions, action.seq)
+            if action.seq not in own_actions:
+                log.warning(
+                    "ignoring an Airlock action on subjob %s from agent %s: not placed there",
+                    action.subjob_id,
+                    agent_id,
+                )
+                continue
             if action.step == "reclaim" and not action.dry_run and self.audit is not None:
                 self.audit.append(
                     f"airlock@{agent_id}",
@@ -825,6 +852,13 @@ class ZoneState:
             period_seconds=self.config.membership.heartbeat_seconds,
             zone=self.zone_name,
             acked_action_seq=acked_actions,
+        )
+
+    def _holds(self, agent_id: str, job_id: str, subjob_id: str) -> bool:
+        """Whether ``agent_id`` holds (or held) the placement of ``subjob_id`` of ``job_id``."""
+        entry = self.entries.get(job_id)
+        return entry is not None and any(
+            p.subjob_id == subjob_id and p.agent_id == agent_id for p in entry.job.placements
         )
 
     def _start_readdress(self, agent_id: str, subjob_id: str) -> None:
@@ -921,6 +955,16 @@ class ZoneState:
         for p in entry.job.placements:
             if p.subjob_id != subjob.spec.subjob_id:
                 continue
+            if p.agent_id != agent_id:
+                # Only the agent that holds a placement reports on it: another agent (a
+                # rogue or a confused one) cannot end, charge or preempt someone's job.
+                log.warning(
+                    "ignoring an event for subjob %s from agent %s: it is placed on %s",
+                    p.subjob_id,
+                    agent_id,
+                    p.agent_id,
+                )
+                return None
             if p.state in ENDED_SUBJOB:
                 if subjob.state in LIVE_SUBJOB and p.attempt != entry.job.attempts:
                     # The router already gave up on this copy (agent was lost): stop it.

@@ -164,6 +164,7 @@ class PeerRouter:
                     origin_job_id=job.job_id,
                 ),
                 timeout=self.state.config.placement.rpc_timeout_seconds,
+                metadata=(("authorization", f"Bearer {entry.bearer}"),) if entry.bearer else None,
             )
         except grpc.aio.AioRpcError as exc:
             log.warning(

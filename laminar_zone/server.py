@@ -25,7 +25,7 @@ from prometheus_client import start_http_server
 from laminar_agent.daemon import serve_until_signalled
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.sdnotify import Notifier
-from laminar_agent.security import load_trust, log_trust, server_interceptors
+from laminar_agent.security import check_exposure, load_trust, log_trust, server_interceptors
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import Guard, open_guard
@@ -41,6 +41,13 @@ log = logging.getLogger("laminar.zone")
 
 CONTROL_SERVICE = zone_pb2.DESCRIPTOR.services_by_name["ZoneControl"].full_name
 SERVICE_NAMES = [zone_pb2.DESCRIPTOR.services_by_name["Zone"].full_name, CONTROL_SERVICE]
+#: Under mTLS, who may make which control call (certificate roles, docs/security.md): only
+#: an agent heartbeats; only a peer zone exchanges summaries and forwards jobs.
+CONTROL_ROLES = {
+    f"/{CONTROL_SERVICE}/Heartbeat": {"agent"},
+    f"/{CONTROL_SERVICE}/ExchangeSummary": {"peer"},
+    f"/{CONTROL_SERVICE}/ForwardJob": {"peer"},
+}
 
 
 class Status(enum.Enum):
@@ -71,8 +78,14 @@ class ZoneServer:
         self.status = Status.STARTING
         cfg = self.config
         trust = load_trust(cfg.tls, cfg.control)
-        state_dir = Path(cfg.server.state_dir)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        check_exposure(
+            trust,
+            cfg.server.listen,
+            insecure=cfg.control.insecure,
+            tokens_file=cfg.auth.tokens_file,
+        )
+        state_dir = Path(cfg.server.state_dir).absolute()
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         store = JobStore(state_dir / "zone.db")
         metrics = ZoneMetrics()
         self.state = ZoneState(cfg, store, metrics, trust=trust)
@@ -104,11 +117,12 @@ class ZoneServer:
         # shared secret guards ZoneControl only (submitters use bearer tokens).
         server = grpc.aio.server(
             options=server_options(cfg.server.max_message_bytes),
-            interceptors=server_interceptors(trust, [CONTROL_SERVICE]),
+            interceptors=server_interceptors(trust, [CONTROL_SERVICE], CONTROL_ROLES),
         )
-        zone_pb2_grpc.add_ZoneServicer_to_server(ZoneService(self.state, self.guard), server)
+        submitters = ZoneService(self.state, self.guard)
+        zone_pb2_grpc.add_ZoneServicer_to_server(submitters, server)
         zone_pb2_grpc.add_ZoneControlServicer_to_server(
-            ZoneControlService(self.state, self.peers), server
+            ZoneControlService(self.state, self.peers, submitters), server
         )
         health = add_health_and_reflection(server, SERVICE_NAMES)
         port = trust.bind(server, cfg.server.listen)

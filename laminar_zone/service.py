@@ -11,9 +11,16 @@ import grpc
 from laminar_agent.errors import InvalidArgument, Unavailable
 from laminar_agent.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
-from laminar_agent.security import peer_identity
+from laminar_agent.security import peer_identity, peer_names
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
-from laminar_zone.auth import Guard, Principal, check_tenant_access, open_guard, require_admin
+from laminar_zone.auth import (
+    Guard,
+    Principal,
+    bearer_from_metadata,
+    check_tenant_access,
+    open_guard,
+    require_admin,
+)
 from laminar_zone.config import is_host_port
 from laminar_zone.jobs import ZoneState
 from laminar_zone.limits import check_queued
@@ -61,7 +68,14 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     @map_errors
     async def Submit(self, request: zone_pb2.SubmitRequest, context: Ctx) -> zone_pb2.Job:
         self._admit(self._caller(context), request.spec)
-        return await self._state.submit(request.spec, request.client_request_id)
+        return await self._state.submit(
+            request.spec,
+            request.client_request_id,
+            bearer=bearer_from_metadata(
+                tuple((str(k), v) for k, v in context.invocation_metadata() or ())
+            )
+            or "",
+        )
 
     @map_errors
     async def GetJob(self, request: zone_pb2.GetJobRequest, context: Ctx) -> zone_pb2.Job:
@@ -260,16 +274,20 @@ def check_heartbeat(request: zone_pb2.HeartbeatRequest) -> None:
 
 
 class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
-    def __init__(self, state: ZoneState, peers: PeerRouter) -> None:
+    def __init__(
+        self, state: ZoneState, peers: PeerRouter, submitters: ZoneService | None = None
+    ) -> None:
+        """``submitters``: the Zone service whose tenant checks ForwardJob applies."""
         self._state = state
         self._peers = peers
+        self._submitters = submitters if submitters is not None else ZoneService(state)
 
     @map_errors
     async def Heartbeat(
         self, request: zone_pb2.HeartbeatRequest, context: Ctx
     ) -> zone_pb2.HeartbeatReply:
         check_heartbeat(request)
-        return self._state.on_heartbeat(request, peer_identity(context))
+        return self._state.on_heartbeat(request, peer_identity(context), peer_names(context))
 
     @map_errors
     async def ExchangeSummary(
@@ -287,6 +305,10 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
         check_str(request.from_zone, "from_zone", max_chars=64, required=True)
         if request.from_zone == self._state.zone_name:
             raise InvalidArgument("a zone cannot forward to itself", field="from_zone")
+        # The job is the submitter's, not the forwarding router's: the same tenant
+        # authentication, quota and limits as Submit (the router passes the token on).
+        submitters = self._submitters
+        submitters._admit(submitters._caller(context), request.spec)
         return await self._state.submit(
             request.spec,
             request.client_request_id,

@@ -15,8 +15,9 @@ from laminar_agent.security import Trust, load_trust
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
 
 HEARTBEAT_SECONDS = 0.2
-#: Names the test CA issues certificates for: the two daemons, an operator, an intruder.
-HOSTS = ["router", "agent", "ops", "intruder"]
+#: Certificates the test CA issues, with their roles: the two daemons, an operator, and an
+#: intruder holding a valid certificate with broad roles (so identity checks are what stop it).
+HOSTS = ["router=router+peer", "agent=agent", "ops=admin", "intruder=router+agent"]
 
 
 def tls_settings(certs: Path, name: str) -> TlsSettings:

@@ -47,7 +47,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster]:
         zone = cluster.start_zone(
             "a",
             heartbeat_seconds=HEARTBEAT_SECONDS,
-            extra_args=[*tls_args(certs, "router"), "--tls-allowed-names", "agent,router"],
+            extra_args=[*tls_args(certs, "router"), "--tls-allowed-names", "agent,router,intruder"],
         )
         agent = cluster.start_agent(
             "agent",
@@ -170,10 +170,10 @@ def test_allowed_names_limit_control_calls_to_the_named_certificates(tls: TlsClu
         assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_an_agent_id_is_bound_to_the_certificate_of_its_first_heartbeat(tls: TlsCluster) -> None:
-    # "router" may make control calls (allowed names), but it cannot speak for agent
-    # "agent", whose heartbeats come with the "agent" certificate.
-    with trust_for(tls.certs, "router").channel(tls.zone.address) as channel:
+def test_an_agent_id_is_bound_to_the_certificate_naming_it(tls: TlsCluster) -> None:
+    # "intruder" has the agent role and may make control calls (allowed names), but it
+    # cannot speak for agent "agent": its certificate does not name it.
+    with trust_for(tls.certs, "intruder").channel(tls.zone.address) as channel:
         code, details = failure(
             lambda: zone_pb2_grpc.ZoneControlStub(channel).Heartbeat(
                 zone_pb2.HeartbeatRequest(
@@ -183,7 +183,7 @@ def test_an_agent_id_is_bound_to_the_certificate_of_its_first_heartbeat(tls: Tls
             )
         )
     assert code == grpc.StatusCode.PERMISSION_DENIED
-    assert "summary.agent_id" in details and "'agent'" in details and "'router'" in details
+    assert "summary.agent_id" in details and "'agent'" in details and "intruder" in details
     with trust_for(tls.certs, "ops").channel(tls.zone.address) as channel:
         agents = zone_pb2_grpc.ZoneStub(channel).ListAgents(zone_pb2.ListAgentsRequest(), timeout=5)
     assert [a.address for a in agents.agents] == [tls.agent.address]  # the view is untouched
@@ -192,7 +192,8 @@ def test_an_agent_id_is_bound_to_the_certificate_of_its_first_heartbeat(tls: Tls
 def test_a_lease_is_committed_and_released_only_by_the_identity_that_probed(
     tls: TlsCluster,
 ) -> None:
-    ops = trust_for(tls.certs, "ops").channel(tls.agent.address)
+    # Both certificates carry the router role; the lease is still only the prober's.
+    ops = trust_for(tls.certs, "router").channel(tls.agent.address)
     intruder = trust_for(tls.certs, "intruder").channel(tls.agent.address)
     with ops, intruder:
         as_ops, as_intruder = agent_pb2_grpc.AgentStub(ops), agent_pb2_grpc.AgentStub(intruder)
@@ -215,7 +216,7 @@ def test_a_lease_is_committed_and_released_only_by_the_identity_that_probed(
             )
         )
         assert code == grpc.StatusCode.PERMISSION_DENIED
-        assert "'ops'" in details and "'intruder'" in details and "lease_id" in details
+        assert "'router'" in details and "'intruder'" in details and "lease_id" in details
         released = as_intruder.Release(agent_pb2.ReleaseRequest(lease_ids=[lease_id]), timeout=10)
         assert released.released == 0
         released = as_ops.Release(agent_pb2.ReleaseRequest(lease_ids=[lease_id]), timeout=10)
@@ -238,7 +239,7 @@ def test_peer_routers_exchange_and_forward_over_mtls_and_refuse_a_plaintext_peer
             extra_args=tls_args(certs, "router"),
         )
         cluster.start_agent(
-            "hb",
+            "agent",  # its certificate names it: an agent id another certificate names is refused
             "4xH100-80GB",
             zone=b.address,
             heartbeat_seconds=HEARTBEAT_SECONDS,
