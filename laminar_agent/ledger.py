@@ -56,8 +56,10 @@ itself and never affects the over-commit invariant.
 from __future__ import annotations
 
 import enum
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -263,10 +265,24 @@ def _memory_fit(demand_bytes: int, total_bytes: int) -> float:
     return min(1.0, demand_bytes / total_bytes)
 
 
+def counter_ids() -> Callable[[], str]:
+    """Lease ids 1, 2, 3...: for simulations, which must be deterministic; the agent's
+    are random (see :class:`Ledger`)."""
+    counter = itertools.count(1)
+    return lambda: str(next(counter))
+
+
 class Ledger:
     """Tracks leased and committed capacity per slice and settles probe batches."""
 
-    def __init__(self, slices: Sequence[Slice], lease_prefix: str = "") -> None:
+    def __init__(
+        self,
+        slices: Sequence[Slice],
+        lease_prefix: str = "",
+        lease_ids: Callable[[], str] | None = None,
+    ) -> None:
+        """``lease_ids`` makes the random part of lease ids: by default 128 random bits
+        (``secrets``), so a lease cannot be guessed; a simulation passes a counter."""
         by_id: dict[str, Slice] = {}
         for s in slices:
             if s.slice_id in by_id:
@@ -280,7 +296,7 @@ class Ledger:
             by_id[s.slice_id] = s
         self.slices: Mapping[str, Slice] = MappingProxyType(dict(sorted(by_id.items())))
         self._lease_prefix = lease_prefix
-        self._next_lease = 1
+        self._lease_ids: Callable[[], str] = lease_ids or (lambda: secrets.token_hex(16))
         self._leases: dict[str, LeaseRecord] = {}
         # Per slice: [committed_milli, leased_milli, committed_memory, leased_memory].
         self._usage: dict[str, list[int]] = {sid: [0, 0, 0, 0] for sid in self.slices}
@@ -636,8 +652,7 @@ class Ledger:
 
     def _new_lease_id(self) -> str:
         while True:
-            lease_id = f"{self._lease_prefix}l-{self._next_lease}"
-            self._next_lease += 1
+            lease_id = f"{self._lease_prefix}l-{self._lease_ids()}"
             if lease_id not in self._leases:
                 return lease_id
 

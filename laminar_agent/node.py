@@ -528,6 +528,10 @@ class Node:
             if not future.done():
                 future.set_result(result)
 
+    def expire_leases(self) -> None:
+        """Drop the uncommitted leases whose TTL has passed (the agent's tick calls it)."""
+        self._expire()
+
     def _expire(self) -> None:
         for lease in self.ledger.expire(time.monotonic()):
             self.journal.delete_lease(lease.lease_id)
@@ -880,6 +884,7 @@ class Node:
         atomized jobs bid for. Probe replies skip the windows: they are on the hot path.
         Slices under memory pressure (``pressured``: slice or GPU names) advertise none:
         new work there would only be Airlock's next victim."""
+        self._expire()  # a summary never counts a lease that has already lapsed
         summary = common_pb2.AgentSummary(
             agent_id=self.agent_id,
             pending_probes=self.pending_probes,

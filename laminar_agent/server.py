@@ -284,6 +284,9 @@ class AgentServer:
         loop = asyncio.get_running_loop()
         interval = self.notifier.watchdog_interval_seconds
         while not self.stop_event.is_set():
+            # Leases lapse on the agent's own clock, not only when a probe comes by: an
+            # expired lease never holds capacity nor shows in a summary.
+            self.state.node.expire_leases()
             readings = self.state.poll_memory()
             airlock = self.state.airlock
             if self.state.node.live_states and not airlock.is_busy:

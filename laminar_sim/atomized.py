@@ -88,6 +88,7 @@ from laminar_agent.ledger import (
     Granted,
     Ledger,
     ProbeOrder,
+    counter_ids,
     slices_from_gpus,
 )
 from laminar_sim.engine import Engine
@@ -267,7 +268,9 @@ def build_hosts(spec: AtomizeSpec) -> list[MigHost]:
             if not gpu.mig_enabled:
                 raise ValueError(f"GPU {gpu.index} of {spec.mig_layout!r} has no MIG layout")
         slices = slices_from_gpus(backend.gpus())
-        hosts.append(MigHost(agent_id, Ledger(slices, lease_prefix=f"{agent_id}-")))
+        hosts.append(
+            MigHost(agent_id, Ledger(slices, lease_prefix=f"{agent_id}-", lease_ids=counter_ids()))
+        )
     return hosts
 
 

@@ -36,6 +36,7 @@ from laminar_agent.ledger import (
     ProbeOrder,
     Slice,
     SliceKind,
+    counter_ids,
 )
 from laminar_zone.placement import (
     Need,
@@ -115,7 +116,7 @@ class SimHost:
             )
             for i in range(num_gpu)
         ]
-        self.ledger = Ledger(slices, lease_prefix=f"{agent_id}-")
+        self.ledger = Ledger(slices, lease_prefix=f"{agent_id}-", lease_ids=counter_ids())
         self._seq = 0
 
     def shapes(self) -> dict[str, ShapeCap]:

@@ -102,7 +102,11 @@ class LimitsSettings:
         default=0.0, metadata=doc("Submit calls per tenant per second; 0 = no limit [1/s]")
     )
     probe_per_second: float = field(
-        default=0.0, metadata=doc("ProbeJob calls per tenant per second; 0 = no limit [1/s]")
+        default=20.0,
+        metadata=doc(
+            "ProbeJob calls per tenant per second (each may hold leases on hosts); "
+            "0 = no limit [1/s]"
+        ),
     )
     burst: int = field(default=20, metadata=doc("calls a tenant may make at once [count]"))
     max_queued_per_tenant: int = field(

@@ -70,6 +70,16 @@ MAX_RETRIES = 100
 MAX_COMMAND_ARGS = 4096
 
 
+@dataclass(frozen=True)
+class KeptLease:
+    """A lease a tenant holds through ProbeJob(keep_leases), until it commits or expires."""
+
+    tenant: str
+    resources: bytes
+    gang_size: int
+    expires_mono: float
+
+
 @dataclass
 class Entry:
     """A live job in memory: the journaled message plus what placement needs."""
@@ -187,6 +197,9 @@ class ZoneState:
         self._semaphore = asyncio.Semaphore(config.placement.concurrency)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.forwarder: Callable[[Entry], Coroutine[Any, Any, bool]] | None = None
+        #: Leases ProbeJob(keep_leases) handed to a tenant, until CommitJob or their TTL:
+        #: CommitJob takes only these, for that tenant and the resources probed.
+        self._kept_leases: dict[str, KeptLease] = {}
         self.started_mono = time.monotonic()
         self.heartbeat_seconds = config.membership.heartbeat_seconds
         #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
@@ -1242,7 +1255,15 @@ class ZoneState:
                 ),
                 lease_ttl_seconds=request.lease_ttl_seconds or 10.0,
             )
+            ttl = request.lease_ttl_seconds or 10.0
+            self._sweep_kept_leases()
             for record, lease in gathered.chosen or []:
+                self._kept_leases[lease.lease_id] = KeptLease(
+                    tenant=spec.tenant or "default",  # as CommitJob names an unnamed tenant
+                    resources=spec.resources.SerializeToString(deterministic=True),
+                    gang_size=max(1, spec.gang_size),
+                    expires_mono=time.monotonic() + ttl,
+                )
                 reply.hosts.add(
                     agent_id=record.agent_id,
                     address=record.address,
@@ -1292,12 +1313,51 @@ class ZoneState:
             existing = self.store.by_request(spec.tenant, request.client_request_id)
             if existing is not None:
                 return self._fresh(existing)
+        self._sweep_kept_leases()
+        resources = spec.resources.SerializeToString(deterministic=True)
         chosen = []
         for i, lease in enumerate(request.leases):
+            kept = self._kept_leases.get(lease.lease_id)
+            if kept is None or kept.tenant != spec.tenant:
+                # Unknown, expired, or probed for another tenant: the same answer for all
+                # three, so a guess learns nothing.
+                raise PermissionDenied(
+                    f"lease {lease.lease_id!r} was not probed for tenant {spec.tenant!r} "
+                    "or has expired; probe again",
+                    field=f"leases[{i}]",
+                )
+            if kept.resources != resources or kept.gang_size != gang:
+                raise InvalidArgument(
+                    "must ask for the resources and gang size the leases were probed for",
+                    field="spec.resources",
+                )
             record = self.view.agents.get(lease.agent_id)
             if record is None:
                 raise InvalidArgument(f"unknown agent {lease.agent_id!r}", field=f"leases[{i}]")
             chosen.append((record, lease))
+        item = QueueItem(
+            job_id="",
+            priority=spec.priority or common_pb2.BATCH,
+            tenant=spec.tenant,
+            submitted_unix=0.0,
+            need=need,
+            gang_size=gang,
+            expected_seconds=spec.expected_seconds,
+        )
+        # The same quota as Submit: a job that can never fit is refused, and one that does
+        # not fit beside the tenant's running work now is refused too (it holds leases, it
+        # cannot wait in the queue).
+        quota = self.quotas.get(spec.tenant)
+        refusal = quota_never_fits(item, quota)
+        if not refusal and quota is not None:
+            units, memory = self.tenant_usage()
+            refusal = quota_block(
+                item, quota, units.get(spec.tenant, 0.0), memory.get(spec.tenant, 0)
+            )
+        if refusal:
+            raise FailedPrecondition(refusal, field="spec.resources")
+        for lease in request.leases:
+            self._kept_leases.pop(lease.lease_id, None)
         job = zone_pb2.Job(
             job_id=f"j-{uuid.uuid4().hex[:10]}",
             spec=spec,
@@ -1322,6 +1382,11 @@ class ZoneState:
                 f"{job.reason} (leases expire after their TTL; probe again)", field="leases"
             )
         return self._fresh(job)
+
+    def _sweep_kept_leases(self) -> None:
+        now = time.monotonic()
+        for lease_id in [k for k, v in self._kept_leases.items() if v.expires_mono <= now]:
+            del self._kept_leases[lease_id]
 
     def usage(self, tenant: str, since_unix: float) -> zone_pb2.GetUsageReply:
         """Usage per tenant and slice kind since ``since_unix``: ended subjobs and running ones."""

@@ -10,7 +10,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from laminar_agent.errors import Aborted, FailedPrecondition, InvalidArgument
-from laminar_agent.ledger import Bounced, Demand, Granted, Ledger, ProbeOrder, Slice, SliceKind
+from laminar_agent.ledger import (
+    Bounced,
+    Demand,
+    Granted,
+    Ledger,
+    ProbeOrder,
+    Slice,
+    SliceKind,
+    counter_ids,
+)
 from laminar_agent.preemption import HolderFacts, plan_preemption
 
 GIB = 1 << 30
@@ -80,7 +89,7 @@ preempt_specs = st.tuples(
 class LedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.ledger = Ledger(SLICES, lease_prefix="t-")
+        self.ledger = Ledger(SLICES, lease_prefix="t-", lease_ids=counter_ids())
         self.now = 0.0
         self.seq = 0
         self.committed: set[str] = set()
