@@ -180,14 +180,26 @@ def _parse_states(text: str | None) -> list[zone_pb2.JobState]:
     return states
 
 
+#: Jobs `laminar jobs` shows without --limit (newest first).
+DEFAULT_JOBS_SHOWN = 1000
+
+
 def cmd_jobs(args: argparse.Namespace, console: Console) -> int:
     if args.limit is not None and args.limit < 0:
         raise InvalidArgument("must not be negative", field="--limit")
+    wanted = args.limit or DEFAULT_JOBS_SHOWN
     request = zone_pb2.ListJobsRequest(
-        tenant=args.tenant or "", states=_parse_states(args.state), limit=args.limit or 0
+        tenant=args.tenant or "", states=_parse_states(args.state), limit=wanted
     )
+    reply = zone_pb2.ListJobsReply()
     with zone_stub(args.zone_address) as stub:
-        reply = stub.ListJobs(request, timeout=RPC_TIMEOUT_SECONDS)
+        while True:  # pages stay under the message size limit; follow them to --limit
+            page = stub.ListJobs(request, timeout=RPC_TIMEOUT_SECONDS)
+            reply.jobs.extend(page.jobs[: wanted - len(reply.jobs)])
+            if not page.next_page_token or len(reply.jobs) >= wanted:
+                break
+            request.page_token = page.next_page_token
+            request.limit = wanted - len(reply.jobs)
     if args.output == "json":
         print(render.to_json(reply))
     else:
@@ -267,6 +279,7 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
 
 
 def _event_line(job: zone_pb2.Job, at_unix: float) -> str:
+    job = render.printable(job)
     now = time.time()
     state = render.job_state_name(job.state)
     line = f"{render.clock(at_unix or now, now)}  {job.job_id}  {state}"

@@ -6,8 +6,10 @@ passed in (``now_unix``) so the output can be tested exactly.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -162,7 +164,57 @@ def where(job: zone_pb2.Job) -> str:
     return " ".join(parts)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+M = TypeVar("M", bound=Message)
+
+
+def printable(message: M) -> M:
+    """A copy of ``message`` whose strings show control characters as ``\\xNN``.
+
+    Job names, commands, reasons and the rest are whoever submitted them: an escape
+    sequence in them must not reach an operator's terminal (retitle it, clear it, forge
+    lines). Tables and lines the CLI prints go through this; ``-o json`` escapes by itself.
+    """
+    copy = type(message)()
+    copy.CopyFrom(message)
+    _scrub(copy)
+    return copy
+
+
+def _escape(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _scrub(message: Message) -> None:
+    for field, value in message.ListFields():
+        if isinstance(value, str):
+            setattr(message, field.name, _escape(value))
+        elif isinstance(value, Message):
+            _scrub(value)
+        elif hasattr(value, "items"):  # a map
+            items = dict(value.items())
+            value.clear()
+            for key, item in items.items():
+                key = _escape(key) if isinstance(key, str) else key
+                if isinstance(item, Message):
+                    _scrub(item)
+                    value[key].CopyFrom(item)
+                else:
+                    value[key] = _escape(item) if isinstance(item, str) else item
+        elif isinstance(value, (int, float, bytes)):  # scalars other than text
+            continue
+        else:  # a repeated field
+            elements = list(value)
+            if elements and isinstance(elements[0], str):
+                value[:] = [_escape(e) for e in elements]
+            else:
+                for item in elements:
+                    if isinstance(item, Message):
+                        _scrub(item)
+
+
 def jobs_table(jobs: Sequence[zone_pb2.Job], now_unix: float) -> Table:
+    jobs = [printable(j) for j in jobs]
     table = Table(title=f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}", title_justify="left")
     for column in ("job", "name", "tenant", "state", "class", "resources", "where", "age"):
         table.add_column(column, no_wrap=column in ("job", "state"))
@@ -197,6 +249,7 @@ def _grid() -> Table:
 
 def job_detail(job: zone_pb2.Job, now_unix: float) -> RenderableType:
     """Everything `laminar job ID` shows: a key/value block, then the placements."""
+    job = printable(job)
     spec = job.spec
     grid = _grid()
     grid.add_row("job", Text(f"{job.job_id}  {spec.name}"))
@@ -330,6 +383,7 @@ def shapes_text(summary: common_pb2.AgentSummary) -> str:
 
 
 def agents_table(agents: Sequence[zone_pb2.AgentInfo], now_unix: float) -> Table:
+    agents = [printable(a) for a in agents]
     table = Table(
         title=f"{len(agents)} agent{'s' if len(agents) != 1 else ''}", title_justify="left"
     )
@@ -369,6 +423,7 @@ def pressure_name(level: int) -> str:
 def probe_table(
     reply: zone_pb2.ProbeJobReply, *, show_leases: bool, now_unix: float
 ) -> RenderableType:
+    reply = printable(reply)
     fitting = sum(1 for host in reply.hosts if host.fits)
     header = Text(
         f"{fitting} of {len(reply.hosts)} probed host(s) could take it now; "
@@ -401,6 +456,7 @@ def probe_table(
 
 
 def airlock_view(agent: str, state: agent_pb2.AirlockState, now_unix: float) -> RenderableType:
+    state = printable(state)
     header = Text(
         f"{agent}: host pressure {pressure_name(state.host_level)}, host memory "
         f"{format_size(state.host_memory_used_bytes)} of {format_size(state.host_memory_total_bytes)}"
@@ -457,6 +513,7 @@ def usage_table(
     records: Sequence[zone_pb2.UsageRecord], since_unix: float, now_unix: float
 ) -> Table:
     """GPU-hours per tenant and slice kind, with a total row when there is more than one."""
+    records = [printable(r) for r in records]
     window = "all time" if since_unix <= 0 else f"since {clock(since_unix, now_unix)}"
     table = Table(title=f"usage ({window})", title_justify="left")
     table.add_column("tenant")

@@ -406,10 +406,7 @@ class Executor:
 
     async def launch(self, spec: LaunchSpec) -> int:
         """Start the subjob under the shim; return the shim pid (== process group id)."""
-        if not _SAFE_ID.fullmatch(spec.subjob_id) or spec.subjob_id in (".", ".."):
-            raise InvalidArgument(
-                f"{spec.subjob_id!r} must be 1-128 of [A-Za-z0-9._-]", field="subjob_id"
-            )
+        check_subjob_id(spec.subjob_id, "subjob_id")
         if (
             not spec.command
             or not spec.command[0]
@@ -667,6 +664,16 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tracked.clear()
+
+
+def check_subjob_id(subjob_id: str, field: str, *, required: bool = True) -> str:
+    """A subjob id names a folder under the state dir: one safe path component, never a
+    path (``..``, ``/``). Raises InvalidArgument naming ``field``."""
+    if not subjob_id and not required:
+        return subjob_id
+    if not _SAFE_ID.fullmatch(subjob_id) or subjob_id in (".", ".."):
+        raise InvalidArgument(f"{subjob_id[:64]!r} must be 1-128 of [A-Za-z0-9._-]", field=field)
+    return subjob_id
 
 
 def _is_shim(cmdline: Sequence[str]) -> bool:

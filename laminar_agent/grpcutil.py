@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Sized
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence, Sized
 from typing import Any, TypeVar
 
 import grpc
@@ -92,6 +92,41 @@ def check_str(
     if "\x00" in value:
         raise InvalidArgument("contains a NUL character", field=field)
     return value
+
+
+#: What one subjob's command line and environment may add up to, in bytes as execve counts
+#: them (each string plus its NUL, ``KEY=VALUE`` per variable): well under Linux's ARG_MAX
+#: (2 MiB with an 8 MiB stack), leaving room for the agent's own variables.
+MAX_EXEC_BYTES = 512 * 1024
+#: Linux refuses any single argument or variable longer than this (MAX_ARG_STRLEN).
+MAX_EXEC_STRING_BYTES = 128 * 1024 - 1
+
+
+def check_exec_size(command: Sequence[str], env: Mapping[str, str], field: str) -> None:
+    """Refuse, naming the field, a command and environment execve would refuse (E2BIG):
+    such a job can never start, and each retry would only carry it around again."""
+    total = 0
+    for i, arg in enumerate(command):
+        size = len(arg.encode()) + 1
+        if size > MAX_EXEC_STRING_BYTES:
+            raise InvalidArgument(
+                f"argument {i} is {size - 1} bytes, at most {MAX_EXEC_STRING_BYTES - 1}",
+                field=f"{field}.command",
+            )
+        total += size
+    for key, value in env.items():
+        size = len(key.encode()) + len(value.encode()) + 2
+        if size > MAX_EXEC_STRING_BYTES:
+            raise InvalidArgument(
+                f"{key} is {size - 2} bytes, at most {MAX_EXEC_STRING_BYTES - 2}",
+                field=f"{field}.env",
+            )
+        total += size
+    if total > MAX_EXEC_BYTES:
+        raise InvalidArgument(
+            f"command and environment add up to {total} bytes, at most {MAX_EXEC_BYTES}",
+            field=f"{field}.command",
+        )
 
 
 def check_count(items: Sized, field: str, *, max_items: int) -> None:

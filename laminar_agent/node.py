@@ -16,9 +16,11 @@ capacity is released in the ledger. Preemptions run one at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
@@ -35,9 +37,10 @@ from laminar_agent.executor import (
     LaunchSpec,
     RunAs,
     TenantIdentities,
+    check_subjob_id,
     units_from_checkpoint,
 )
-from laminar_agent.grpcutil import check_count, check_number, check_str
+from laminar_agent.grpcutil import check_count, check_exec_size, check_number, check_str
 from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.journal import Journal, SubjobRow
@@ -95,7 +98,7 @@ def demand_from(resources: common_pb2.Resources) -> Demand:
 
 
 def validate_spec(spec: common_pb2.SubjobSpec) -> None:
-    check_str(spec.subjob_id, "spec.subjob_id")
+    check_subjob_id(spec.subjob_id, "spec.subjob_id", required=False)
     check_str(spec.job_id, "spec.job_id")
     check_str(spec.tenant, "spec.tenant")
     check_str(spec.workdir, "spec.workdir", max_chars=4096)
@@ -120,6 +123,7 @@ def validate_spec(spec: common_pb2.SubjobSpec) -> None:
     for key, value in spec.env.items():
         check_str(key, "spec.env", max_chars=256, required=True)
         check_str(value, f"spec.env[{key}]", max_chars=65536)
+    check_exec_size(spec.command, spec.env, "spec")
     check_number(spec.grace_seconds, "spec.grace_seconds", high=3600)
     # Airlock and preemption order victims by these classes: an unknown one is bad input.
     if spec.priority not in common_pb2.PriorityClass.values():
@@ -859,6 +863,7 @@ class Node:
     def read_logs(
         self, subjob_id: str, stream: str, offset: int, max_bytes: int
     ) -> agent_pb2.ReadLogsReply:
+        check_subjob_id(subjob_id, "subjob_id")  # an id, never a path
         row = self._row(subjob_id)
         if stream not in ("", "stdout", "stderr"):
             raise InvalidArgument("must be stdout or stderr", field="stream")
@@ -867,12 +872,14 @@ class Node:
         path = self.executor.subjob_dir(subjob_id) / (stream or "stdout")
         limit = min(max_bytes or 1024 * 1024, 4 * 1024 * 1024 - 1024)
         data = b""
-        if path.exists():
-            with path.open("rb") as handle:
+        size = 0
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as handle:
+                size = os.fstat(fd).st_size
                 handle.seek(offset)
                 data = handle.read(limit)
         ended = row.state in TERMINAL_STATES
-        size = path.stat().st_size if path.exists() else 0
         return agent_pb2.ReadLogsReply(
             data=data, next_offset=offset + len(data), eof=ended and offset + len(data) >= size
         )

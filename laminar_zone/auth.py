@@ -8,6 +8,7 @@ Not covered here: router<->agent and peer trust (shared secret / mTLS).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -99,6 +100,12 @@ class TokenTable:
             if digest in entries:
                 raise ConfigError(f"{where}.hash repeats an earlier entry", field=f"{where}.hash")
             entries[digest] = Principal(tenant=tenant, role=role)
+        if not entries:
+            # An empty table would refuse every caller, the admin included.
+            raise ConfigError(
+                f"tokens file {path} has no [[token]] entry: it would lock every caller out",
+                field="auth.tokens_file",
+            )
         return cls(entries)
 
     def authenticate(self, token: str | None) -> Principal:
@@ -160,21 +167,30 @@ class Guard:
         self.submit_limiter = submit_limiter
         self.probe_limiter = probe_limiter
         self.max_queued_per_tenant = max_queued_per_tenant
+        #: Set (and replaced) whenever the table changes: open streams recheck their caller.
+        self._reloaded = asyncio.Event()
 
     @property
     def enabled(self) -> bool:
         return self.table is not None
 
-    def reload(self) -> str:
-        """Reread the tokens file; a line for the log saying what happened."""
+    def reload(self) -> tuple[bool, str]:
+        """Reread the tokens file; (applied, a line for the log saying what happened). A
+        broken or empty file is refused and the old table stays."""
         if not self.tokens_file:
-            return "no auth.tokens_file configured; nothing to reload"
+            return False, "no auth.tokens_file configured; nothing to reload"
         try:
             table = TokenTable.load(Path(self.tokens_file))
         except ConfigError as exc:
-            return f"tokens file not reloaded, the old table stays: {exc.message}"
+            return False, f"tokens file not reloaded, the old table stays: {exc.message}"
         self.table = table
-        return f"tokens file reloaded: {len(table)} token(s)"
+        changed, self._reloaded = self._reloaded, asyncio.Event()
+        changed.set()
+        return True, f"tokens file reloaded: {len(table)} token(s)"
+
+    async def wait_reloaded(self) -> None:
+        """Return once the token table has been replaced (SIGHUP)."""
+        await self._reloaded.wait()
 
     def caller(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> Principal | None:
         """The authenticated caller, or None with auth off; UNAUTHENTICATED otherwise."""

@@ -14,6 +14,7 @@ by :mod:`laminar_zone.queue`; candidate choice by :mod:`laminar_zone.placement`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import random
 import time
@@ -32,7 +33,7 @@ from laminar_agent.errors import (
     PermissionDenied,
     Unavailable,
 )
-from laminar_agent.grpcutil import check_number, check_str
+from laminar_agent.grpcutil import check_exec_size, check_number, check_str
 from laminar_agent.node import demand_from
 from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
@@ -68,6 +69,24 @@ MAX_GANG = 64
 MAX_AFTER = 64
 MAX_RETRIES = 100
 MAX_COMMAND_ARGS = 4096
+
+
+#: Most jobs one ListJobs page holds, and the bytes a page stays under (replies must fit
+#: the default 4 MiB gRPC message limit with room to spare).
+MAX_LIST_PAGE = 1000
+LIST_PAGE_BYTES = 3 * 1024 * 1024
+
+
+def _encode_page_token(submitted_unix: float, job_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{submitted_unix!r}|{job_id}".encode()).decode()
+
+
+def _decode_page_token(token: str) -> tuple[float, str]:
+    try:
+        when, _, job_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
+        return float(when), job_id
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument("is not a token ListJobs returned", field="page_token") from None
 
 
 @dataclass(frozen=True)
@@ -136,6 +155,7 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Need:
     for key, value in spec.env.items():
         check_str(key, "spec.env", max_chars=256, required=True)
         check_str(value, f"spec.env[{key}]", max_chars=65536)
+    check_exec_size(spec.command, spec.env, "spec")
     if spec.priority not in common_pb2.PriorityClass.values():
         raise InvalidArgument(f"unknown priority class {spec.priority}", field="spec.priority")
     if spec.lifecycle not in common_pb2.LifecycleClass.values():
@@ -1127,16 +1147,33 @@ class ZoneState:
             raise NotFound(f"no job {job_id!r}", field="job_id")
         return self._fresh(job)
 
-    def list(self, tenant: str, states: list[int], limit: int) -> list[zone_pb2.Job]:
+    def list(
+        self, tenant: str, states: list[int], limit: int, page_token: str = ""
+    ) -> zone_pb2.ListJobsReply:
+        """One page of jobs, newest first, at most ``limit`` (1000) and never more than
+        :data:`LIST_PAGE_BYTES` of them, with the token of the next page."""
         check_str(tenant, "tenant")
+        check_str(page_token, "page_token", max_chars=256)
         for s in states:
             if s not in zone_pb2.JobState.values() or s == 0:
                 raise InvalidArgument(f"unknown job state {s}", field="states")
+        limit = min(limit or MAX_LIST_PAGE, MAX_LIST_PAGE)
+        before = _decode_page_token(page_token) if page_token else None
         # Live jobs change in memory first; the journal has everything else.
-        out = self.store.query(tenant, states, limit or 1000)
-        return [
-            self._fresh(self.entries[j.job_id].job if j.job_id in self.entries else j) for j in out
-        ]
+        out = self.store.query(tenant, states, limit + 1, before)
+        reply = zone_pb2.ListJobsReply()
+        size = 0
+        for i, stored in enumerate(out):
+            job = self._fresh(
+                self.entries[stored.job_id].job if stored.job_id in self.entries else stored
+            )
+            size += job.ByteSize() + 8
+            if i == limit or (reply.jobs and size > LIST_PAGE_BYTES):
+                last = reply.jobs[-1]
+                reply.next_page_token = _encode_page_token(last.submitted_unix, last.job_id)
+                break
+            reply.jobs.append(job)
+        return reply
 
     async def cancel(self, job_id: str, reason: str) -> zone_pb2.Job:
         check_str(reason, "reason", max_chars=1024)

@@ -191,7 +191,8 @@ class ZoneServer:
 
     def reload_tokens(self) -> None:
         """SIGHUP: reread the tokens file; running work and connections are untouched."""
-        log.info("SIGHUP: %s", self.guard.reload())
+        applied, what = self.guard.reload()
+        (log.info if applied else log.warning)("SIGHUP: %s", what)
 
     async def stop(self) -> None:
         self.status = Status.DRAINING

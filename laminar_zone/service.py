@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -30,6 +32,9 @@ from laminar_zone.store import TERMINAL_JOB_STATES
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
+T = TypeVar("T")
+
+
 class ZoneService(zone_pb2_grpc.ZoneServicer):
     """The submitter API. With auth on, every call names its caller (a bearer token);
     tenants act on their own jobs only, and administrative calls need the admin role."""
@@ -41,6 +46,41 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     def _caller(self, context: Ctx) -> Principal | None:
         metadata = context.invocation_metadata() or ()
         return self._guard.caller(tuple((str(k), v) for k, v in metadata))
+
+    async def _while_authorized(
+        self, context: Ctx, source: AsyncIterator[T]
+    ) -> AsyncIterator[T]:
+        """``source``'s items while the caller's token stays valid: when the token table is
+        reloaded (SIGHUP) the caller is checked again, and a revoked token ends the stream
+        with UNAUTHENTICATED (or PERMISSION_DENIED if its tenant changed)."""
+        items = aiter(source)
+        if not self._guard.enabled:
+            async for item in items:
+                yield item
+            return
+        nxt: asyncio.Future[T] = asyncio.ensure_future(anext(items))
+        changed: asyncio.Future[None] = asyncio.ensure_future(self._guard.wait_reloaded())
+        try:
+            while True:
+                pending: list[asyncio.Future[Any]] = [nxt, changed]
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if changed.done():
+                    self._caller(context)  # raises when the token was revoked
+                    changed = asyncio.ensure_future(self._guard.wait_reloaded())
+                if nxt.done():
+                    try:
+                        item = nxt.result()
+                    except StopAsyncIteration:
+                        return
+                    yield item
+                    nxt = asyncio.ensure_future(anext(items))
+        finally:
+            nxt.cancel()
+            changed.cancel()
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
 
     def _audit(self, principal: Principal | None, action: str, target: str, reason: str) -> None:
         if self._state.audit is not None:
@@ -92,8 +132,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
             check_tenant_access(principal, tenant or principal.tenant)
             tenant = principal.tenant
         check_count(request.states, "states", max_items=MAX_STATE_FILTERS)
-        jobs = self._state.list(tenant, list(request.states), request.limit)
-        return zone_pb2.ListJobsReply(jobs=jobs)
+        return self._state.list(tenant, list(request.states), request.limit, request.page_token)
 
     @map_errors
     async def CancelJob(self, request: zone_pb2.CancelJobRequest, context: Ctx) -> zone_pb2.Job:
@@ -107,7 +146,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self, request: zone_pb2.WatchJobRequest, context: Ctx
     ) -> AsyncIterator[zone_pb2.JobEvent]:
         self._own_job(context, request.job_id)
-        async for job in self._state.watch(request.job_id):
+        async for job in self._while_authorized(context, self._state.watch(request.job_id)):
             yield zone_pb2.JobEvent(job=job, at_unix=time.time())
 
     @map_errors
@@ -226,7 +265,8 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         except StopAsyncIteration:
             return
         self._own_job(context, first.job_id)
-        async for announce in self._state.atomizer.bid_stream(first, messages):
+        stream = self._state.atomizer.bid_stream(first, messages)
+        async for announce in self._while_authorized(context, stream):
             yield announce
 
 

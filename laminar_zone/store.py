@@ -97,9 +97,20 @@ class JobStore:
         ).fetchall()
         return [_decode(r[0]) for r in rows]
 
-    def query(self, tenant: str, states: Sequence[int], limit: int) -> list[zone_pb2.Job]:
+    def query(
+        self,
+        tenant: str,
+        states: Sequence[int],
+        limit: int,
+        before: tuple[float, str] | None = None,
+    ) -> list[zone_pb2.Job]:
+        """Jobs newest first; ``before`` = (submitted_unix, job_id) of the last job of the
+        previous page (keyset paging: stable while jobs are added)."""
         sql = "SELECT body FROM jobs WHERE 1=1"
         args: list[object] = []
+        if before is not None:
+            sql += " AND (submitted_unix < ? OR (submitted_unix = ? AND job_id < ?))"
+            args.extend([before[0], before[0], before[1]])
         if tenant:
             sql += " AND tenant = ?"
             args.append(tenant)
