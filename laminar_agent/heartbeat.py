@@ -27,6 +27,9 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 log = logging.getLogger("laminar.agent.heartbeat")
 
 MAX_EVENTS_PER_HEARTBEAT = 500
+#: Bytes of events one heartbeat carries at most (the rest wait for the next, sent at once):
+#: a heartbeat must stay far below the router's message size limit, whatever the jobs.
+MAX_EVENT_BYTES_PER_HEARTBEAT = 1024 * 1024
 MAX_ACTIONS_PER_HEARTBEAT = 200
 ACKED_ACTION_META = "acked_action_seq"
 
@@ -56,6 +59,8 @@ class HeartbeatClient:
         self.wake = asyncio.Event()
         self.sent = 0
         self.failures = 0
+        #: The last heartbeat left events behind (size bound): send the next one at once.
+        self.more_events = False
 
     async def run(self, stop: asyncio.Event) -> None:
         async with self._trust.aio_channel(self.zone_address, channel_options()) as channel:
@@ -63,6 +68,8 @@ class HeartbeatClient:
             while not stop.is_set():
                 await self._beat(stub)
                 self.wake.clear()
+                if self.more_events and not self.failures:
+                    continue
                 waiters = [
                     asyncio.create_task(stop.wait(), name="heartbeat-stop"),
                     asyncio.create_task(self.wake.wait(), name="heartbeat-wake"),
@@ -75,10 +82,21 @@ class HeartbeatClient:
 
     async def _beat(self, stub: zone_pb2_grpc.ZoneControlStub) -> None:
         request = zone_pb2.HeartbeatRequest(summary=self._summary())
+        self.more_events = False
+        size = 0
         for row in self._journal.unacked_events(MAX_EVENTS_PER_HEARTBEAT):
             event = self._to_event(row.seq, row.subjob_id, row.state, row.reason, row.at_unix)
-            if event is not None:
-                request.events.append(event)
+            if event is None:
+                continue
+            # The router has the job's spec: the command and environment are not sent
+            # again with every transition.
+            event.subjob.spec.ClearField("command")
+            event.subjob.spec.ClearField("env")
+            size += event.ByteSize()
+            if request.events and size > MAX_EVENT_BYTES_PER_HEARTBEAT:
+                self.more_events = True  # the rest go in the next heartbeat, sent at once
+                break
+            request.events.append(event)
         acked_actions = int(self._journal.get_meta(ACKED_ACTION_META) or "0")
         cursor = acked_actions if self._router_acks_actions else self._sent_action_seq
         for action in self._journal.actions_after(

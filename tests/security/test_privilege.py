@@ -47,9 +47,7 @@ def _python_for_others() -> str:
     """A Python another user may execute (ours may sit under a root-only folder)."""
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         path = Path(candidate).resolve()
-        if path.exists() and all(
-            p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents)
-        ):
+        if path.exists() and all(p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents)):
             return candidate
     _skip(f"no Python that another user may run ({sys.executable} is root's only)")
     raise AssertionError("unreachable")
@@ -141,9 +139,9 @@ def _compile_preload(open_dir: Path, marks: Path) -> Path | None:
     source.write_text(
         "#include <stdio.h>\n#include <unistd.h>\n"
         "__attribute__((constructor)) static void hit(void) {\n"
-        "  char p[512]; snprintf(p, sizeof p, \"%s/so-%d-%d\", "
+        '  char p[512]; snprintf(p, sizeof p, "%s/so-%d-%d", '
         f'"{marks}", (int)getuid(), (int)getpid());\n'
-        "  FILE *f = fopen(p, \"w\"); if (f) fclose(f);\n}\n"
+        '  FILE *f = fopen(p, "w"); if (f) fclose(f);\n}\n'
     )
     library = open_dir / "payload.so"
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
@@ -298,9 +296,7 @@ def test_tenants_cannot_signal_or_read_each_other(agent: AgentProcess, open_dir:
     assert _healthy(stub)
 
 
-def test_the_journal_logs_and_state_folder_are_private(
-    agent: AgentProcess, open_dir: Path
-) -> None:
+def test_the_journal_logs_and_state_folder_are_private(agent: AgentProcess, open_dir: Path) -> None:
     python = _python_for_others()
     stub = _stub(agent)
     _start(stub, "quiet", [python, "-c", "print('hello')"], env={"TOKEN": "s3cret"})
