@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -259,4 +260,42 @@ async def test_a_stop_sent_while_the_shim_starts_is_not_lost(tmp_path: Path) -> 
         await poll_until(lambda s=subjob_id: s in rec.exits, "the exit record")
         # Ended by the SIGTERM itself: a lost stop shows as SIGKILL (9) after the grace.
         assert rec.exits[subjob_id].signal == 15, rec.exits[subjob_id]
+    await ex.close()
+
+
+async def test_the_shim_stops_a_fenced_subjob_once_the_fence_deadline_passes(
+    tmp_path: Path,
+) -> None:
+    """The agent's fence file holds a CLOCK_MONOTONIC deadline; past it the shim (outside
+    the agent) stops fenced subjobs and says so, and leaves unfenced ones alone."""
+    rec = Recorder()
+    fence = tmp_path / "fence"
+    ex = Executor(tmp_path / "state", on_exit=rec, fence_file=fence)
+    fence.write_text(f"{time.monotonic() + 600}\n")
+    sleeper = "import time\ntime.sleep(120)\n"
+    await ex.launch(make_spec(tmp_path, "fenced", sleeper, grace_seconds=1.0))
+    await ex.launch(make_spec(tmp_path, "free", sleeper, fenced=False))
+    await poll_until(lambda: ex.pid_of("fenced") is not None, "fenced started")
+    assert "fenced" not in rec.exits  # a deadline ahead keeps it running
+    fence.write_text(f"{time.monotonic() - 1}\n")
+    await poll_until(lambda: "fenced" in rec.exits, "fenced stopped")
+    info = rec.exits["fenced"]
+    assert info.fenced and info.signal == signal.SIGTERM
+    assert ex.is_running("free")
+    await ex.terminate("free", grace_seconds=1.0)
+    assert not rec.exits["free"].fenced
+    await ex.close()
+
+
+async def test_a_garbled_fence_counts_as_expired_and_no_fence_as_none(tmp_path: Path) -> None:
+    rec = Recorder()
+    fence = tmp_path / "fence"
+    ex = Executor(tmp_path / "state", on_exit=rec, fence_file=fence)
+    await ex.launch(make_spec(tmp_path, "quick", "print('done')"))
+    await poll_until(lambda: "quick" in rec.exits, "quick done")
+    assert rec.exits["quick"].exit_code == 0 and not rec.exits["quick"].fenced
+    fence.write_text("not a number")
+    await ex.launch(make_spec(tmp_path, "g", "import time\ntime.sleep(120)\n", grace_seconds=1.0))
+    await poll_until(lambda: "g" in rec.exits, "garbled fence stops it")
+    assert rec.exits["g"].fenced
     await ex.close()
