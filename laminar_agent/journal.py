@@ -173,6 +173,24 @@ def _subjob_from_db(row: sqlite3.Row) -> SubjobRow:
     return SubjobRow(**values)
 
 
+def connect_private(path: Path, **kwargs: Any) -> sqlite3.Connection:
+    """A WAL-mode SQLite connection to a file only its owner may read or write.
+
+    A journal holds every tenant's job specs (commands, environments, secrets in them):
+    the database and the ``-wal`` and ``-shm`` files SQLite creates beside it are 0600,
+    whatever the process umask, and an older file with wider modes is narrowed."""
+    old_umask = os.umask(0o077)
+    try:
+        conn: sqlite3.Connection = sqlite3.connect(path, isolation_level=None, **kwargs)
+        conn.execute("PRAGMA journal_mode=WAL")
+    finally:
+        os.umask(old_umask)
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{path}{suffix}", 0o600)
+    return conn
+
+
 class Journal:
     """One SQLite connection; use it from a single thread (the agent's event loop)."""
 
@@ -181,17 +199,7 @@ class Journal:
         path = Path(path)
         self.path = path if path.suffix == ".db" else path / DB_FILE
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Every tenant's job specs (commands, environments) are in here: owner only,
-        # and so are the -wal and -shm files SQLite creates beside it.
-        old_umask = os.umask(0o077)
-        try:
-            self._conn = sqlite3.connect(self.path, isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-        finally:
-            os.umask(old_umask)
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(f"{self.path}{suffix}", 0o600)
+        self._conn = connect_private(self.path)
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._migrate()

@@ -37,7 +37,8 @@ class AuditLog:
             },
             sort_keys=True,
         )
-        with self._lock, self.path.open("a", encoding="utf-8") as handle:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with self._lock, os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())

@@ -13,6 +13,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from laminar_agent.journal import connect_private
 from laminar_api.v1 import zone_pb2
 
 SCHEMA = """
@@ -38,8 +39,7 @@ TERMINAL_JOB_STATES = frozenset(
 class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = connect_private(path, check_same_thread=False)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
 

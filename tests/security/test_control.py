@@ -374,3 +374,17 @@ def test_escape_sequences_in_job_text_never_reach_the_terminal(
         out = capsys.readouterr().out
         assert "\x1b]0;" not in out and "\x1b[2J" not in out and "\x07" not in out
         assert "\\x1b]0;pwned" in out
+
+
+def test_the_routers_journal_and_audit_log_are_private(cluster: LocalCluster) -> None:
+    zone = cluster.start_zone("a")
+    with grpc.insecure_channel(zone.address) as channel:
+        stub = zone_pb2_grpc.ZoneStub(channel)
+        spec = zone_pb2.JobSpec(command=["true"], env={"API_KEY": "s3cret"})
+        job = stub.Submit(zone_pb2.SubmitRequest(spec=spec), timeout=10)
+        stub.CancelJob(zone_pb2.CancelJobRequest(job_id=job.job_id), timeout=10)
+    for name in ("zone.db", "zone.db-wal", AUDIT_FILE):
+        path = zone.state_dir / name
+        if path.exists():
+            assert path.stat().st_mode & 0o077 == 0, name
+    assert (zone.state_dir / "zone.db").exists()
