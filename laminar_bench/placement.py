@@ -41,6 +41,7 @@ import math
 import os
 import platform
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -395,6 +396,40 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def children_cpu_seconds(pids: list[int]) -> float:
+    """CPU time of the reaped descendants of these processes (for agents: the shims
+    and the commands they ran, each counted once its parent waited for it)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.children_user + times.children_system
+    return total
+
+
+def spawn_floor(command: list[str], count: int = 200) -> dict[str, float]:
+    """This machine's floor for launching ``command``: spawn and reap it ``count`` times
+    back to back from this process; the rate and the CPU each costs (spawner + child)."""
+    path = shutil.which(command[0]) or command[0]
+    before_self = sum(psutil.Process().cpu_times()[:2])
+    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    for _ in range(count):
+        pid = os.posix_spawn(path, command, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        os.waitpid(pid, 0)
+    seconds = time.monotonic() - t0
+    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children = (after_children.ru_utime - before_children.ru_utime) + (
+        after_children.ru_stime - before_children.ru_stime
+    )
+    own = sum(psutil.Process().cpu_times()[:2]) - before_self
+    return {
+        "spawns": count,
+        "per_second": count / seconds if seconds > 0 else 0.0,
+        "cpu_ms_per_spawn": 1000 * (own + children) / count,
+    }
+
+
 def scrape_probes(addresses: list[str]) -> dict[str, float]:
     """Sum ``laminar_agent_probes_total`` by outcome over the agents' metrics endpoints."""
 
@@ -684,6 +719,7 @@ async def _measure(
         client_cpu0 = sum(me.cpu_times()[:2])
         router_cpu0 = cpu_seconds([cluster.router_pid])
         agents_cpu0 = cpu_seconds(cluster.agent_pids())
+        launch_cpu0 = children_cpu_seconds(cluster.agent_pids())
         machine0 = psutil.cpu_times()
         t0 = time.monotonic()
         driver.deadline = t0 + spec.timeout_seconds
@@ -700,6 +736,9 @@ async def _measure(
         client_cpu = sum(me.cpu_times()[:2]) - client_cpu0
         machine_busy = _busy_ratio(machine0, psutil.cpu_times())
         await driver.close()  # releases (placement) and watches to the terminal state (launch)
+        # After close: every launched process has ended and been reaped by then.
+        launch_cpu = children_cpu_seconds(cluster.agent_pids()) - launch_cpu0
+        floor = spawn_floor(["true"]) if spec.launch else None
         probes_after = await asyncio.to_thread(scrape_probes, metrics_addresses)
         health_after = await _health_p50(channel, HEALTH_SAMPLES)
 
@@ -781,6 +820,15 @@ async def _measure(
         "agents_cpu_seconds_per_placement": agents_cpu / n_placed if n_placed else 0.0,
         "agents_idle_cpu_ratio": agents_idle_ratio,
         "client_cpu_seconds": client_cpu,
+        "cpu_ms_per_job": _cpu_ms_per_job(
+            n_placed, router_cpu, agents_cpu, launch_cpu if spec.launch else 0.0, client_cpu
+        ),
+        "spawn_floor": floor,
+        "launch_rate_to_floor_ratio": (
+            (n_placed / window) / floor["per_second"]
+            if floor and window > 0 and floor["per_second"]
+            else None
+        ),
         "machine_cpu_busy_ratio": machine_busy,
         "measured_seconds": measured_seconds,
         "window_seconds": window,
@@ -803,6 +851,23 @@ async def _measure(
         "environment": environment(),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def _cpu_ms_per_job(
+    jobs: int, router: float, agents: float, launch: float, client: float
+) -> dict[str, float]:
+    """CPU milliseconds per placed job by process group; total = router + agents + launch
+    (launch: whatever starts subjobs, i.e. the shims, plus the commands they ran)."""
+    if not jobs:
+        return {"router": 0.0, "agents": 0.0, "launch": 0.0, "client": 0.0, "total": 0.0}
+    ms = {
+        "router": 1000 * router / jobs,
+        "agents": 1000 * agents / jobs,
+        "launch": 1000 * launch / jobs,
+        "client": 1000 * client / jobs,
+    }
+    ms["total"] = ms["router"] + ms["agents"] + ms["launch"]
+    return ms
 
 
 def _busy_ratio(before: Any, after: Any) -> float:
