@@ -45,6 +45,7 @@ _SPEC_FLAGS = (
     ("expected", "--expected"),
     ("grace", "--grace"),
     ("restartable", "--restartable"),
+    ("run_through_partitions", "--run-through-partitions"),
 )
 
 
@@ -86,6 +87,14 @@ def add_spec_flags(parser: argparse.ArgumentParser, *, full: bool) -> None:
         const=True,
         default=None,
         help="can restart from its checkpoint",
+    )
+    parser.add_argument(
+        "--run-through-partitions",
+        action="store_const",
+        const=True,
+        default=None,
+        help="keep running while the host is out of touch with the router (needs "
+        "--restartable; a retry elsewhere may then overlap it: at-least-once)",
     )
 
 

@@ -55,6 +55,7 @@ TOP_KEYS = frozenset(
         "workdir",
         "expected",
         "restartable",
+        "run_through_partitions",
         "grace",
         "value",
         "release_signal",
@@ -385,6 +386,8 @@ def build_spec(data: SpecInput, *, require_command: bool = True) -> zone_pb2.Job
         spec.grace_seconds = _duration(values["grace"])
     if "restartable" in values:
         spec.restartable = _bool(values["restartable"])
+    if "run_through_partitions" in values:
+        spec.run_through_partitions = _bool(values["run_through_partitions"])
     if "release_signal" in values:
         spec.supports_release_signal = _bool(values["release_signal"])
     if "value" in values:

@@ -298,6 +298,12 @@ def job_detail(job: zone_pb2.Job, now_unix: float) -> RenderableType:
         f"{job.attempts} attempt(s), {job.probes} probe(s), {job.bounces} bounce(s)",
     )
     grid.add_row("retries", f"{job.retries_used} of {spec.max_retries} used")
+    grid.add_row(
+        "copies",
+        "at least once: runs on through partitions, a retry may overlap it"
+        if spec.run_through_partitions
+        else "at most one at a time: stopped by its host's fence when out of touch",
+    )
     if job.zone:
         grid.add_row("zone", Text(job.zone))
     if job.client_request_id:

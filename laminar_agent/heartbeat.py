@@ -14,8 +14,12 @@ loop at once instead of waiting for the next period.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 
@@ -34,6 +38,23 @@ MAX_ACTIONS_PER_HEARTBEAT = 200
 ACKED_ACTION_META = "acked_action_seq"
 
 
+#: Most live subjob ids one heartbeat lists (an agent runs far fewer).
+MAX_LIVE_IDS = 4096
+
+
+def write_fence(path: Path, deadline_mono: float) -> None:
+    """Write the fence deadline atomically (temp file, fsync, rename), root-only."""
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(f"{deadline_mono:.3f}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class HeartbeatClient:
     def __init__(
         self,
@@ -45,7 +66,11 @@ class HeartbeatClient:
         *,
         readdress_ids: Callable[[], list[str]] | None = None,
         trust: Trust = INSECURE,
+        fence_file: Path | None = None,
+        live_ids: Callable[[], list[str]] | None = None,
     ) -> None:
+        """``fence_file``: where the fence deadline goes (the shims read it); ``live_ids``:
+        the live subjob ids, sent on the first heartbeat and whenever the router asks."""
         self.zone_address = zone_address
         self._trust = trust
         self.period_seconds = period_seconds
@@ -53,6 +78,10 @@ class HeartbeatClient:
         self._journal = journal
         self._to_event = to_event
         self._readdress_ids = readdress_ids
+        self._fence_file = fence_file
+        self._live_ids = live_ids
+        #: Send the live subjob ids with the next heartbeat (first one, or asked).
+        self._send_live_ids = live_ids is not None
         #: Highest action seq sent so far, and whether the router acknowledges actions.
         self._sent_action_seq = 0
         self._router_acks_actions = True
@@ -80,6 +109,20 @@ class HeartbeatClient:
                 for task in waiters:
                     task.cancel()
 
+    def _renew_fence(self, sent_mono: float, lease_seconds: float) -> None:
+        """After an acknowledged heartbeat, running subjobs may go on until ``sent_mono``
+        (when the heartbeat left, so the router heard from us after it) plus the lease the
+        router gives; a router that gives none turns fencing off."""
+        if self._fence_file is None:
+            return
+        try:
+            if lease_seconds > 0:
+                write_fence(self._fence_file, sent_mono + lease_seconds)
+            else:
+                self._fence_file.unlink(missing_ok=True)
+        except OSError as exc:  # the fence then lapses: subjobs stop rather than run twice
+            log.error("cannot renew the fence %s: %s", self._fence_file, exc)
+
     async def _beat(self, stub: zone_pb2_grpc.ZoneControlStub) -> None:
         request = zone_pb2.HeartbeatRequest(summary=self._summary())
         self.more_events = False
@@ -105,6 +148,10 @@ class HeartbeatClient:
             request.airlock_actions.append(action_message(action))
         if self._readdress_ids is not None:
             request.readdress_subjob_ids.extend(self._readdress_ids())
+        if self._send_live_ids and self._live_ids is not None:
+            request.live_subjob_ids.extend(self._live_ids()[:MAX_LIVE_IDS])
+            request.has_live_subjob_ids = True
+        sent_mono = time.monotonic()
         try:
             reply = await stub.Heartbeat(request, timeout=max(1.0, self.period_seconds))  # type: ignore[misc]
         except grpc.aio.AioRpcError as exc:
@@ -124,6 +171,12 @@ class HeartbeatClient:
             )
         self.failures = 0
         self.sent += 1
+        if request.has_live_subjob_ids:
+            self._send_live_ids = False
+        if reply.want_live_subjobs and self._live_ids is not None:
+            self._send_live_ids = True
+            self.more_events = True  # answer at once
+        self._renew_fence(sent_mono, reply.fence_lease_seconds)
         if reply.acked_seq:
             self._journal.ack_events(reply.acked_seq)
         sent_max = max((a.seq for a in request.airlock_actions), default=0)

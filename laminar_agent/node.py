@@ -62,6 +62,8 @@ from laminar_agent.shim import FENCE_FILE
 from laminar_api.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger("laminar.agent.node")
+#: Reason prefix of a subjob its shim stopped because the agent's fence expired.
+FENCED = "fenced:"
 
 #: Journal state names a subjob never leaves.
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "KILLED", "LOST"})
@@ -625,6 +627,7 @@ class Node:
                     env=dict(spec.env),
                     workdir=spec.workdir,
                     tenant=spec.tenant,
+                    fenced=not spec.run_through_partitions,
                     device_uuids=devices,
                     unit_start=spec.unit_start,
                     unit_count=spec.unit_count,
@@ -659,7 +662,14 @@ class Node:
         exited, with the stop's reason first (``preempted: ...``, ``airlock_reclaimed: ...``,
         ``readdressed: ...``) so routers can tell why by its prefix."""
         killed_by_us = row.reason.startswith(TERMINATING.strip())
-        if killed_by_us:
+        if info.fenced:
+            how = f"ended by signal {info.signal}" if info.signal else f"exited {info.exit_code}"
+            state, reason = (
+                "KILLED",
+                f"{FENCED} the agent was out of touch with its router past the fence lease, "
+                f"so the router may run this work elsewhere; {how}",
+            )
+        elif killed_by_us:
             why = row.reason[len(TERMINATING) :] if row.reason.startswith(TERMINATING) else ""
             how = f"ended by signal {info.signal}" if info.signal else f"exited {info.exit_code}"
             state, reason = "KILLED", f"{why}; {how}" if why else how

@@ -41,6 +41,7 @@ from laminar_agent.security import (
     server_interceptors,
 )
 from laminar_agent.service import AgentService
+from laminar_agent.shim import FENCE_FILE
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc
 
@@ -256,6 +257,8 @@ class AgentServer:
                 node.event_message,
                 readdress_ids=self.state.airlock.readdress_ids,
                 trust=trust,
+                fence_file=state_dir / FENCE_FILE,
+                live_ids=lambda: sorted(node.live_states),
             )
             node.add_event_waiter(self.heartbeat.wake)
             self._tasks.append(

@@ -160,9 +160,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         check_number(request.duration_seconds, "duration_seconds", high=7 * 86400)
         if request.gpu_index >= len(fake.gpus()):
             raise NotFound(f"no GPU with index {request.gpu_index}", field="gpu_index")
+        # A slice id (``gpu0/3g.40gb@0``, as `laminar airlock` shows) or a device UUID.
+        by_name = {s.slice_id: s.device_uuid for s in self._state.node.slices}
+        device = by_name.get(request.slice_id, request.slice_id)
         injected = fake.inject(
             gpu_index=request.gpu_index,
-            device_uuid=request.slice_id or None,
+            device_uuid=device or None,
             used_bytes=request.used_bytes,
             add=request.add,
             duration_seconds=request.duration_seconds,

@@ -39,6 +39,9 @@ FENCE_FILE = "fence"
 EXEC_FAILED_CODE = 127
 #: How often a fenced subjob's shim looks at the fence file (issue: at least every 0.5 s).
 FENCE_POLL_SECONDS = 0.5
+#: SIGTERM -> SIGKILL under an expired fence, at most (the job's own grace if shorter):
+#: the router counts on a fenced copy being gone within about 2 s of the deadline.
+FENCE_GRACE_SECONDS = 1.0
 #: How long the shim waits for a cgroup to empty after ``cgroup.kill``.
 CGROUP_DRAIN_SECONDS = 5.0
 
@@ -192,7 +195,9 @@ def _wait(pid: int, fence: str, cgroup: str, grace_seconds: float) -> tuple[int,
     fenced_at = 0.0
     try:
         while True:
-            select.select([pidfd], [], [], FENCE_POLL_SECONDS)
+            select.select(
+                [pidfd], [], [], FENCE_POLL_SECONDS / 2 if fenced_at else FENCE_POLL_SECONDS
+            )
             done, status, rusage = os.wait4(pid, os.WNOHANG)
             if done == pid:
                 return status, rusage, fenced_at > 0
@@ -202,7 +207,7 @@ def _wait(pid: int, fence: str, cgroup: str, grace_seconds: float) -> tuple[int,
                 os.write(2, b"laminar: fence expired (agent out of touch); stopping subjob\n")
                 signal_subjob(cgroup, os.getpgid(0), pid, signal.SIGCONT)
                 signal_subjob(cgroup, os.getpgid(0), pid, signal.SIGTERM)
-            elif fenced_at and now - fenced_at > grace_seconds:
+            elif fenced_at and now - fenced_at > min(grace_seconds, FENCE_GRACE_SECONDS):
                 signal_subjob(cgroup, os.getpgid(0), pid, signal.SIGKILL)
     finally:
         os.close(pidfd)

@@ -31,6 +31,13 @@ class ServerSettings:
     max_message_bytes: int = max_message_bytes_field()
 
 
+#: How much slower an agent's clock may run than the router's over one fence lease.
+FENCE_CLOCK_MARGIN_RATIO = 0.05
+#: After the fence deadline: the shim notices within 0.5 s, gives SIGTERM at most 1 s
+#: before SIGKILL, and the kill and reap take well under the remaining 0.5 s.
+FENCE_STOP_SECONDS = 2.0
+
+
 @dataclass(frozen=True)
 class MembershipSettings:
     heartbeat_seconds: float = field(
@@ -42,9 +49,27 @@ class MembershipSettings:
     lost_after_seconds: float = field(
         default=30.0,
         metadata=doc(
-            "an agent silent this long has its running subjobs declared lost", unit="seconds"
+            "an agent silent this long has its running subjobs declared lost; its fence "
+            "(lost_after / 1.05 - 2 s) stops them first, so a retry never overlaps them",
+            unit="seconds",
         ),
     )
+    fence: bool = field(
+        default=True,
+        metadata=doc(
+            "fence agents: their subjobs stop when the agent loses touch with this router "
+            "for longer than the fence lease (off: a LOST subjob may still be running)"
+        ),
+    )
+
+    def fence_lease_seconds(self) -> float:
+        """How long an agent's subjobs may run on after the last heartbeat this router
+        acknowledged: lost_after less a clock-rate margin (the agent's clock may run
+        FENCE_CLOCK_MARGIN_RATIO slower than ours) and the time the shim needs to notice
+        and stop a subjob (poll, SIGTERM, SIGKILL). 0 with fencing off."""
+        if not self.fence:
+            return 0.0
+        return self.lost_after_seconds / (1 + FENCE_CLOCK_MARGIN_RATIO) - FENCE_STOP_SECONDS
 
 
 @dataclass(frozen=True)
@@ -236,6 +261,19 @@ class ZoneConfig:
             ("market.max_window_seconds", self.market.max_window_seconds),
             ("market.bid_timeout_seconds", self.market.bid_timeout_seconds),
         )
+        membership = self.membership
+        if membership.fence and membership.fence_lease_seconds() < max(
+            0.5, 2 * membership.heartbeat_seconds
+        ):
+            least = (FENCE_STOP_SECONDS + max(0.5, 2 * membership.heartbeat_seconds)) * (
+                1 + FENCE_CLOCK_MARGIN_RATIO
+            )
+            raise ConfigError(
+                f"must be at least {least:.2f} s with heartbeat_seconds="
+                f"{membership.heartbeat_seconds:g}, so that the fence leaves agents two "
+                "heartbeats (or set membership.fence = false)",
+                field="membership.lost_after_seconds",
+            )
         for key, number in positive:
             if not number > 0:
                 raise ConfigError(f"must be > 0, got {number}", field=key)

@@ -62,6 +62,10 @@ ENDED_SUBJOB = frozenset(
     {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}
 )
 #: Reasons that end a subjob without it being the job's fault: retried without using a retry.
+#: A restarted router lists journaled agents heard from within this long.
+KNOWN_AGENT_SECONDS = 86400.0
+#: Most live subjob ids of one heartbeat the router reconciles.
+MAX_LIVE_IDS = 4096
 FREE_RETRY_PREFIXES = ("preempted:", "readdressed:", "commit unconfirmed")
 COMMITTING = "committing"
 READDRESSED = "readdressed:"
@@ -156,6 +160,12 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Need:
         check_str(key, "spec.env", max_chars=256, required=True)
         check_str(value, f"spec.env[{key}]", max_chars=65536)
     check_exec_size(spec.command, spec.env, "spec")
+    if spec.run_through_partitions and not spec.restartable:
+        raise InvalidArgument(
+            "needs restartable: a job that runs through partitions may run twice at once, "
+            "so it must be safe to restart from its checkpoint",
+            field="spec.run_through_partitions",
+        )
     if spec.priority not in common_pb2.PriorityClass.values():
         raise InvalidArgument(f"unknown priority class {spec.priority}", field="spec.priority")
     if spec.lifecycle not in common_pb2.LifecycleClass.values():
@@ -217,6 +227,8 @@ class ZoneState:
         self._semaphore = asyncio.Semaphore(config.placement.concurrency)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.forwarder: Callable[[Entry], Coroutine[Any, Any, bool]] | None = None
+        #: Jobs whose forward to a peer was unanswered at a restart (the server resumes them).
+        self._resume_forwards: list[Entry] = []
         #: Leases ProbeJob(keep_leases) handed to a tenant, until CommitJob or their TTL:
         #: CommitJob takes only these, for that tenant and the resources probed.
         self._kept_leases: dict[str, KeptLease] = {}
@@ -250,14 +262,42 @@ class ZoneState:
             if job.state == zone_pb2.PENDING and not any(
                 p.state in LIVE_SUBJOB for p in entry.current()
             ):
-                if job.job_id in self.atomizer.atoms:
+                if job.forwarded_to.startswith("pending:"):
+                    # A forward was in flight at the crash: only the peer may say whether
+                    # it took the job, so ask it again (same idempotency key).
+                    self._resume_forwards.append(entry)
+                elif job.job_id in self.atomizer.atoms:
                     job.state = zone_pb2.QUEUED  # it waits for the next window
                 else:
                     self._spawn(self._place(entry), f"place-{job.job_id}")
             elif job.state in (zone_pb2.QUEUED, zone_pb2.WAITING):
                 entry.queued_at = now
+        # Agents heard from lately, idle ones too, so drain, undrain and pressure reach an
+        # agent that has not heartbeated since this restart (frozen, partitioned).
+        for agent_id, (address, seen_unix) in self.store.known_agents().items():
+            if time.time() - seen_unix < KNOWN_AGENT_SECONDS:
+                self.view.add_placeholder(agent_id, address, now)
         self._queue_wake.set()
         return len(self.entries)
+
+    def resume_forwards(
+        self, resume: Callable[[Entry, str], Coroutine[Any, Any, bool]]
+    ) -> None:
+        """Resend the forwards that were unanswered at a restart; a definite refusal places
+        the job here."""
+        pending, self._resume_forwards = self._resume_forwards, []
+        for entry in pending:
+            target = entry.job.forwarded_to.removeprefix("pending:")
+            self._spawn(self._resume_forward(entry, target, resume), f"fwd-{entry.job.job_id}")
+
+    async def _resume_forward(
+        self,
+        entry: Entry,
+        target: str,
+        resume: Callable[[Entry, str], Coroutine[Any, Any, bool]],
+    ) -> None:
+        if not await resume(entry, target):
+            await self._place(entry)
 
     async def _verify_unconfirmed(self, record: AgentRecord) -> None:
         """After a restart: did commits in flight at the crash happen? Ask the agent."""
@@ -584,6 +624,7 @@ class ZoneState:
             restartable=job.spec.restartable,
             value=job.spec.value,
             expected_seconds=job.spec.expected_seconds,
+            run_through_partitions=job.spec.run_through_partitions,
         )
 
     def _enqueue(self, entry: Entry, reasons: list[str]) -> None:
@@ -794,8 +835,7 @@ class ZoneState:
         known = self.view.agents.get(agent_id)
         if caller and known is not None and known.identity and known.identity != caller:
             raise PermissionDenied(
-                f"agent {agent_id} heartbeats with certificate {known.identity!r}, "
-                f"not {caller!r}",
+                f"agent {agent_id} heartbeats with certificate {known.identity!r}, not {caller!r}",
                 field="summary.agent_id",
             )
         update = self.view.update(
@@ -813,6 +853,7 @@ class ZoneState:
             generation=summary.generation,
         )
         if update.is_new or update.came_back:
+            self.store.note_agent(agent_id, address, time.time())
             log.info(
                 "agent %s %s at %s (%d GPUs)",
                 agent_id,
@@ -827,9 +868,7 @@ class ZoneState:
             self._spawn(self._verify_unconfirmed(update.record), f"verify-{agent_id}")
         # Decided before the events apply, which may end and forget a job.
         own_actions = {
-            a.seq
-            for a in request.airlock_actions
-            if self._holds(agent_id, a.job_id, a.subjob_id)
+            a.seq for a in request.airlock_actions if self._holds(agent_id, a.job_id, a.subjob_id)
         }
         touched: dict[str, Entry] = {}
         acked = 0
@@ -879,13 +918,55 @@ class ZoneState:
                 action.reason,
                 action.bytes_freed,
             )
+        if request.has_live_subjob_ids:
+            self._reconcile(agent_id, list(request.live_subjob_ids))
         self.metrics.heartbeats.inc()
         return zone_pb2.HeartbeatReply(
             acked_seq=acked,
             period_seconds=self.config.membership.heartbeat_seconds,
             zone=self.zone_name,
             acked_action_seq=acked_actions,
+            fence_lease_seconds=self.config.membership.fence_lease_seconds(),
+            # After a gap (or a restart of either side) compare live subjobs.
+            want_live_subjobs=(update.is_new or update.came_back)
+            and not request.has_live_subjob_ids,
         )
+
+    def _reconcile(self, agent_id: str, live_ids: list[str]) -> None:
+        """The agent lists the subjobs it runs: stop each copy this router no longer
+        counts on (declared lost and retried, superseded, of an ended or unknown job)."""
+        record = self.view.agents.get(agent_id)
+        address = record.address if record is not None else ""
+        for subjob_id in live_ids[:MAX_LIVE_IDS]:
+            if not isinstance(subjob_id, str) or len(subjob_id) > 256:
+                continue
+            job_id = subjob_id.rsplit("-", 2)[0]
+            entry = self.entries.get(job_id)
+            placement = None
+            if entry is not None:
+                placement = next(
+                    (p for p in entry.job.placements if p.subjob_id == subjob_id), None
+                )
+            if placement is not None and placement.agent_id != agent_id:
+                continue  # not this agent's to report on
+            if placement is not None and placement.state in LIVE_SUBJOB:
+                assert entry is not None
+                moved_on = placement.attempt != entry.job.attempts
+                if not moved_on and entry.job.state not in TERMINAL_JOB_STATES:
+                    continue  # a copy the router still counts on
+            why = (
+                f"superseded: the router replaced this copy ({placement.reason})"
+                if placement is not None and placement.state in ENDED_SUBJOB
+                else "superseded: the job moved on or is unknown to the router"
+            )
+            log.warning(
+                "reconciling agent %s: stopping subjob %s it still runs: %s",
+                agent_id,
+                subjob_id,
+                why,
+            )
+            stop = zone_pb2.Placement(subjob_id=subjob_id, agent_id=agent_id, agent_address=address)
+            self._spawn(self.terminate(stop, why), f"reconcile-{subjob_id}")
 
     def _holds(self, agent_id: str, job_id: str, subjob_id: str) -> bool:
         """Whether ``agent_id`` holds (or held) the placement of ``subjob_id`` of ``job_id``."""
@@ -984,6 +1065,7 @@ class ZoneState:
         job_id = subjob.spec.job_id
         entry = self.entries.get(job_id)
         if entry is None:
+            self._record_late_end(agent_id, job_id, subjob)
             return None
         for p in entry.job.placements:
             if p.subjob_id != subjob.spec.subjob_id:
@@ -1002,6 +1084,9 @@ class ZoneState:
                 if subjob.state in LIVE_SUBJOB and p.attempt != entry.job.attempts:
                     # The router already gave up on this copy (agent was lost): stop it.
                     self._spawn(self.terminate(p, "superseded: the job moved on"), "supersede")
+                if p.state == common_pb2.LOST and subjob.state in ENDED_SUBJOB:
+                    self._record_true_end(entry, p, subjob)
+                    return entry
                 return None
             _copy_subjob(p, subjob)
             moved_on = p.attempt != entry.job.attempts or entry.job.state in TERMINAL_JOB_STATES
@@ -1009,6 +1094,62 @@ class ZoneState:
                 self._spawn(self.terminate(p, "superseded: the job moved on"), "supersede")
             return entry
         return None
+
+    def _record_late_end(self, agent_id: str, job_id: str, subjob: common_pb2.Subjob) -> None:
+        """The end of a copy declared lost, for a job that has ended since: fix its record."""
+        if subjob.state not in ENDED_SUBJOB or not job_id:
+            return
+        job = self.store.get(job_id)
+        if job is None:
+            return
+        for p in job.placements:
+            if (
+                p.subjob_id == subjob.spec.subjob_id
+                and p.agent_id == agent_id
+                and p.state == common_pb2.LOST
+            ):
+                lost_reason = p.reason
+                _copy_subjob(p, subjob)
+                p.reason = f"{subjob.reason} (reported after the agent came back; declared lost: {lost_reason})"
+                self.store.put(job)
+                return
+
+    def _record_true_end(
+        self, entry: Entry, p: zone_pb2.Placement, subjob: common_pb2.Subjob
+    ) -> None:
+        """A copy declared LOST while its agent was out of touch reports how it really
+        ended: the record says so. If it succeeded and the job has not ended, it wins:
+        the retry still running is stopped, the retry spent on it is given back, and the
+        job succeeds (first finisher wins; gangs, which retry as a whole, excepted)."""
+        lost_reason = p.reason
+        _copy_subjob(p, subjob)
+        p.reason = (
+            f"{subjob.reason} (reported after the agent came back; declared lost: {lost_reason})"
+        )
+        job = entry.job
+        log.info(
+            "subjob %s of job %s declared lost ended %s on %s",
+            p.subjob_id,
+            job.job_id,
+            _state_name(subjob.state),
+            p.agent_id,
+        )
+        if (
+            subjob.state != common_pb2.SUCCEEDED
+            or job.state in TERMINAL_JOB_STATES
+            or max(1, job.spec.gang_size) > 1
+            or job.job_id in self.atomizer.atoms
+        ):
+            return
+        why = f"superseded: copy {p.subjob_id} on {p.agent_id} succeeded first"
+        for other in job.placements:
+            if other is not p and other.state in LIVE_SUBJOB:
+                self._spawn(self.terminate(other, why), "first-finisher")
+        if job.retries_used > 0 and p.attempt < job.attempts:
+            job.retries_used -= 1
+        self.finish(
+            entry, zone_pb2.JOB_SUCCEEDED, f"subjob {p.subjob_id} succeeded (reported late)"
+        )
 
     def evaluate(self, entry: Entry) -> None:
         """Derive the job's state from its current attempt's subjobs; retry or finish."""

@@ -6,7 +6,7 @@ every period and keeps theirs. A new job goes to zone z with probability
 proportional to ``W_z = (1 + S_z) / (1 + H_z)^gamma``, where S_z is the free
 capacity of z that fits the job's shape; a summary older than
 ``stale_after_periods`` periods weighs 0. A forwarded job is never forwarded
-again; if the peer cannot be reached the job is placed here.
+again, and forwarding is exactly once: see :meth:`PeerRouter.forward`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,33 @@ log = logging.getLogger("laminar.zone.peers")
 MAX_PEERS = 64
 
 LOCAL = "local"
+#: ``Job.forwarded_to`` of a forward sent but not yet answered: ``pending:ADDRESS``.
+PENDING_FORWARD = "pending:"
+FORWARD_RETRY_FIRST_SECONDS = 0.2
+FORWARD_RETRY_MAX_SECONDS = 5.0
+
+
+def _is_ambiguous(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether the peer may have taken the job although the call failed. A refusal is a
+    definite answer; UNAVAILABLE before any connection means the request never left."""
+    code = exc.code()
+    if code in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.NOT_FOUND,
+    ):
+        return False
+    if code == grpc.StatusCode.UNAVAILABLE:
+        details = (exc.details() or "").lower()
+        return not any(
+            hint in details
+            for hint in ("failed to connect", "connection refused", "connect failed", "dns")
+        )
+    return True
 
 
 @dataclass
@@ -147,7 +174,14 @@ class PeerRouter:
         return out
 
     async def forward(self, entry: Entry) -> bool:
-        """Maybe send a fresh job to a peer; True when a peer took it (recorded FORWARDED)."""
+        """Maybe send a fresh job to a peer; True when a peer took it (recorded FORWARDED).
+
+        Exactly once: the request carries an idempotency key (``fwd:ZONE:JOB``) that the
+        peer journals with the job, so resending it can never make a second job. Only the
+        peer's answer decides: a definite refusal, or a connection that never opened,
+        places the job here; an ambiguous failure (a deadline, a connection lost mid-call)
+        is retried with the same key until the peer answers, and the pending target is
+        journaled first so a router restart resumes the forward instead of placing it."""
         if not self.peers:
             return False
         weights = self.weights(entry)
@@ -155,32 +189,69 @@ class PeerRouter:
         if target == LOCAL:
             return False
         job = entry.job
-        try:
-            remote = await self._stub(target).ForwardJob(
-                zone_pb2.ForwardJobRequest(
-                    spec=job.spec,
-                    client_request_id=f"fwd:{self.state.zone_name}:{job.job_id}",
-                    from_zone=self.state.zone_name,
-                    origin_job_id=job.job_id,
-                ),
-                timeout=self.state.config.placement.rpc_timeout_seconds,
-                metadata=(("authorization", f"Bearer {entry.bearer}"),) if entry.bearer else None,
-            )
-        except grpc.aio.AioRpcError as exc:
-            log.warning(
-                "forwarding job %s to %s failed (%s); placing it here",
-                job.job_id,
-                target,
-                exc.code().name,
-            )
-            return False
-        peer = self.peers[target]
-        zone = peer.summary.zone if peer.summary else target
+        job.forwarded_to = PENDING_FORWARD + target
+        job.reason = f"forwarding to zone at {target}"
+        self.state.save(entry)
+        return await self.resume_forward(entry, target, weights)
+
+    async def resume_forward(
+        self,
+        entry: Entry,
+        target: str,
+        weights: list[tuple[str, float]] | None = None,
+    ) -> bool:
+        """Send (again) the forward of ``entry`` to ``target`` until the peer answers."""
+        job = entry.job
+        request = zone_pb2.ForwardJobRequest(
+            spec=job.spec,
+            client_request_id=f"fwd:{self.state.zone_name}:{job.job_id}",
+            from_zone=self.state.zone_name,
+            origin_job_id=job.job_id,
+        )
+        metadata = (("authorization", f"Bearer {entry.bearer}"),) if entry.bearer else None
+        delay = FORWARD_RETRY_FIRST_SECONDS
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                remote = await self._stub(target).ForwardJob(
+                    request,
+                    timeout=self.state.config.placement.rpc_timeout_seconds,
+                    metadata=metadata,
+                )
+                break
+            except grpc.aio.AioRpcError as exc:
+                if not _is_ambiguous(exc):
+                    log.warning(
+                        "forwarding job %s to %s refused or never sent (%s); placing it here",
+                        job.job_id,
+                        target,
+                        exc.code().name,
+                    )
+                    job.forwarded_to = ""
+                    job.reason = "placing"
+                    self.state.save(entry)
+                    return False
+                if tries in (1, 10) or tries % 100 == 0:
+                    log.warning(
+                        "forwarding job %s to %s unconfirmed (%s, try %d): retrying with the "
+                        "same idempotency key",
+                        job.job_id,
+                        target,
+                        exc.code().name,
+                        tries,
+                    )
+                job.reason = (
+                    f"forwarding to zone at {target} unconfirmed ({exc.code().name}); retrying"
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, FORWARD_RETRY_MAX_SECONDS)
+        peer = self.peers.get(target)
+        zone = peer.summary.zone if peer is not None and peer.summary else target
         job.state = zone_pb2.FORWARDED
         job.forwarded_to = f"{zone}@{target}/{remote.job_id}"
-        job.reason = (
-            f"forwarded to zone {zone} at {target} as job {remote.job_id} "
-            f"(weights {', '.join(f'{k}={w:.2f}' for k, w in weights)})"
+        job.reason = f"forwarded to zone {zone} at {target} as job {remote.job_id}" + (
+            f" (weights {', '.join(f'{k}={w:.2f}' for k, w in weights)})" if weights else ""
         )
         job.ended_unix = time.time()
         self.state.metrics.forwarded.inc()

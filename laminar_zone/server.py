@@ -94,6 +94,7 @@ class ZoneServer:
         log.info("journal recovery: %d live job(s) reloaded from %s", recovered, store.path)
         self.peers = PeerRouter(self.state, cfg.peers, trust)
         self.state.forwarder = self.peers.forward
+        self.state.resume_forwards(self.peers.resume_forward)
         self.guard = Guard(
             cfg.auth.tokens_file,
             submit_limiter=RateLimiter("Submit", cfg.limits.submit_per_second, cfg.limits.burst),

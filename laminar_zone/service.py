@@ -239,6 +239,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 grpc.StatusCode.PERMISSION_DENIED,
+                grpc.StatusCode.NOT_FOUND,
             ):
                 await context.abort(exc.code(), f"agent {record.agent_id}: {exc.details()}")
             raise Unavailable(f"agent {record.agent_id}: {exc.details()}") from None
@@ -347,6 +348,14 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
             raise InvalidArgument("a zone cannot forward to itself", field="from_zone")
         # The job is the submitter's, not the forwarding router's: the same tenant
         # authentication, quota and limits as Submit (the router passes the token on).
+        # The idempotency key decides first: the router that forwarded this job asks again
+        # (after a lost answer or its own restart, when it may no longer hold the
+        # submitter's token) and gets the job it already created, never a second one.
+        if request.client_request_id.startswith(f"fwd:{request.from_zone}:"):
+            tenant = request.spec.tenant or "default"
+            existing = self._state.store.by_request(tenant, request.client_request_id)
+            if existing is not None:
+                return self._state.get(existing.job_id)
         submitters = self._submitters
         submitters._admit(submitters._caller(context), request.spec)
         return await self._state.submit(

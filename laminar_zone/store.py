@@ -9,6 +9,7 @@ of the host, which would need FULL at a cost of an fsync per submit).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -122,6 +123,21 @@ class JobStore:
             sql += " LIMIT ?"
             args.append(limit)
         return [_decode(r[0]) for r in self._db.execute(sql, args).fetchall()]
+
+    def note_agent(self, agent_id: str, address: str, seen_unix: float) -> None:
+        """Remember an agent (it joined or came back), for a restarted router's view."""
+        self.set_meta(f"agent:{agent_id}", json.dumps([address, seen_unix]))
+
+    def known_agents(self) -> dict[str, tuple[str, float]]:
+        rows = self._db.execute("SELECT key, value FROM meta WHERE key LIKE 'agent:%'").fetchall()
+        out: dict[str, tuple[str, float]] = {}
+        for key, value in rows:
+            try:
+                address, seen = json.loads(value)
+                out[str(key)[len("agent:") :]] = (str(address), float(seen))
+            except (ValueError, TypeError):
+                continue
+        return out
 
     def count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])

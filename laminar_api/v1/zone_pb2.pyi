@@ -42,7 +42,7 @@ AGENT_STALE: AgentState
 AGENT_DRAINING: AgentState
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "command", "env", "workdir", "resources", "priority", "lifecycle", "tenant", "gang_size", "after", "max_retries", "value", "restartable", "atomization", "supports_release_signal", "expected_seconds", "grace_seconds")
+    __slots__ = ("name", "command", "env", "workdir", "resources", "priority", "lifecycle", "tenant", "gang_size", "after", "max_retries", "value", "restartable", "atomization", "supports_release_signal", "expected_seconds", "grace_seconds", "run_through_partitions")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class JobSpec(_message.Message):
     SUPPORTS_RELEASE_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUN_THROUGH_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -84,7 +85,8 @@ class JobSpec(_message.Message):
     supports_release_signal: bool
     expected_seconds: float
     grace_seconds: float
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., priority: _Optional[_Union[_common_pb2.PriorityClass, str]] = ..., lifecycle: _Optional[_Union[_common_pb2.LifecycleClass, str]] = ..., tenant: _Optional[str] = ..., gang_size: _Optional[int] = ..., after: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., value: _Optional[float] = ..., restartable: _Optional[bool] = ..., atomization: _Optional[_Union[_common_pb2.AtomizationContract, _Mapping]] = ..., supports_release_signal: _Optional[bool] = ..., expected_seconds: _Optional[float] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+    run_through_partitions: bool
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., priority: _Optional[_Union[_common_pb2.PriorityClass, str]] = ..., lifecycle: _Optional[_Union[_common_pb2.LifecycleClass, str]] = ..., tenant: _Optional[str] = ..., gang_size: _Optional[int] = ..., after: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., value: _Optional[float] = ..., restartable: _Optional[bool] = ..., atomization: _Optional[_Union[_common_pb2.AtomizationContract, _Mapping]] = ..., supports_release_signal: _Optional[bool] = ..., expected_seconds: _Optional[float] = ..., grace_seconds: _Optional[float] = ..., run_through_partitions: _Optional[bool] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("subjob_id", "agent_id", "agent_address", "slice_ids", "member", "state", "reason", "exit_code", "started_unix", "ended_unix", "unit_start", "unit_count", "attempt", "peak_gpu_memory_bytes", "run_seconds", "units_done", "window_end_unix", "resources")
@@ -395,28 +397,36 @@ class GetUsageReply(_message.Message):
     def __init__(self, records: _Optional[_Iterable[_Union[UsageRecord, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("summary", "events", "airlock_actions", "readdress_subjob_ids")
+    __slots__ = ("summary", "events", "airlock_actions", "readdress_subjob_ids", "live_subjob_ids", "has_live_subjob_ids")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     AIRLOCK_ACTIONS_FIELD_NUMBER: _ClassVar[int]
     READDRESS_SUBJOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SUBJOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    HAS_LIVE_SUBJOB_IDS_FIELD_NUMBER: _ClassVar[int]
     summary: _common_pb2.AgentSummary
     events: _containers.RepeatedCompositeFieldContainer[_common_pb2.SubjobEvent]
     airlock_actions: _containers.RepeatedCompositeFieldContainer[_agent_pb2.AirlockAction]
     readdress_subjob_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, summary: _Optional[_Union[_common_pb2.AgentSummary, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.SubjobEvent, _Mapping]]] = ..., airlock_actions: _Optional[_Iterable[_Union[_agent_pb2.AirlockAction, _Mapping]]] = ..., readdress_subjob_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    live_subjob_ids: _containers.RepeatedScalarFieldContainer[str]
+    has_live_subjob_ids: bool
+    def __init__(self, summary: _Optional[_Union[_common_pb2.AgentSummary, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.SubjobEvent, _Mapping]]] = ..., airlock_actions: _Optional[_Iterable[_Union[_agent_pb2.AirlockAction, _Mapping]]] = ..., readdress_subjob_ids: _Optional[_Iterable[str]] = ..., live_subjob_ids: _Optional[_Iterable[str]] = ..., has_live_subjob_ids: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("acked_seq", "period_seconds", "zone", "acked_action_seq")
+    __slots__ = ("acked_seq", "period_seconds", "zone", "acked_action_seq", "fence_lease_seconds", "want_live_subjobs")
     ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
     ACKED_ACTION_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FENCE_LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WANT_LIVE_SUBJOBS_FIELD_NUMBER: _ClassVar[int]
     acked_seq: int
     period_seconds: float
     zone: str
     acked_action_seq: int
-    def __init__(self, acked_seq: _Optional[int] = ..., period_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., acked_action_seq: _Optional[int] = ...) -> None: ...
+    fence_lease_seconds: float
+    want_live_subjobs: bool
+    def __init__(self, acked_seq: _Optional[int] = ..., period_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., acked_action_seq: _Optional[int] = ..., fence_lease_seconds: _Optional[float] = ..., want_live_subjobs: _Optional[bool] = ...) -> None: ...
 
 class ZoneSummary(_message.Message):
     __slots__ = ("zone", "address", "shapes", "heat", "agents", "queued_jobs", "generated_unix")
