@@ -319,3 +319,35 @@ def test_an_agent_killed_mid_job_leaves_no_orphan_running_beside_the_retry(
     assert done.state == zone_pb2.JOB_SUCCEEDED
     seen = assert_no_overlap(out)
     assert not seen[done.placements[0].subjob_id][2]  # the orphan was fenced, not finished
+
+
+def test_an_agent_back_from_a_partition_stops_the_copy_the_router_replaced(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Reconciliation: an unfenced copy still runs when its agent returns; the retry runs
+    elsewhere; the router lists the agent's live subjobs and stops the superseded one."""
+    zone = Zone(cluster)
+    proxy = Proxy(zone.address)
+    try:
+        cut_off = _agent(cluster, "gpu-a", proxy.address)
+        cluster.wait_registered()
+        out = tmp_path / "reconcile.log"
+        job = _submit(zone, out, seconds=60, restartable=True, run_through_partitions=True)
+        _holder(zone, job.job_id, [cut_off])
+        _agent(cluster, "gpu-b", zone.address)
+        cluster.wait_registered()
+        wait_for(lambda: _started(out))
+        proxy.cut()
+        wait_for(lambda: zone.get(job.job_id).attempts == 2, timeout_seconds=30)
+        retry = zone.wait_state(job.job_id, zone_pb2.JOB_RUNNING).placements[-1]
+        assert retry.agent_id == "gpu-b"
+        first = zone.get(job.job_id).placements[0].subjob_id
+        proxy.heal()
+        wait_for(lambda: zone.get(job.job_id).placements[0].state == common_pb2.KILLED)
+        stopped = zone.get(job.job_id).placements[0]
+        assert "superseded" in stopped.reason, stopped.reason
+        assert not copies(out)[first][2]  # stopped, not run to its end
+        assert "reconciling agent gpu-a" in (cluster.zones[0].log_path.read_text())
+        zone.stub.CancelJob(zone_pb2.CancelJobRequest(job_id=job.job_id), timeout=10)
+    finally:
+        proxy.close()
