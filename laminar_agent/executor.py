@@ -81,6 +81,8 @@ SHIM_ENV = {
 }
 #: The shim as a file: run with ``-I -S`` it imports nothing from site-packages.
 SHIM_PATH = str(Path(shim.__file__).resolve())
+#: How long the launcher may take to answer a launch before the agent gives up on it.
+LAUNCHER_TIMEOUT_SECONDS = 10.0
 #: Bounds on the job files the agent reads (progress, usage reports).
 JOB_FILE_MAX_BYTES = 64
 #: What an agent strips from the environment it passes on: systemd's per-unit variables.
@@ -272,7 +274,9 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 async def _wait_child(pid: int) -> int | None:
-    """Reap our child ``pid`` without blocking the loop; its wait status, None if reaped elsewhere."""
+    """Wait for ``pid`` to end without blocking the loop; its wait status when it is our
+    child (reaped here), None when it is not (a supervisor the launcher forked, or one
+    reaped elsewhere): then its pidfd, or a poll, tells when it has ended."""
     loop = asyncio.get_running_loop()
     try:
         pidfd = os.pidfd_open(pid)
@@ -283,7 +287,9 @@ async def _wait_child(pid: int) -> int | None:
             try:
                 status = _reap(pid)
             except ChildProcessError:
-                return None
+                status = None
+                if not psutil.pid_exists(pid) or _is_zombie(pid):
+                    return None
             if status is not None:
                 return status
             if pidfd < 0:
@@ -298,6 +304,125 @@ async def _wait_child(pid: int) -> int | None:
     finally:
         if pidfd >= 0:
             os.close(pidfd)
+
+
+def _kill_group_but_leader(pgid: int) -> None:
+    """SIGKILL every process of process group ``pgid`` except its leader."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == pgid:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(int(name)) == pgid:
+                os.kill(int(name), signal.SIGKILL)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+class Launcher:
+    """The pre-forked launcher (``shim.py --serve``): a long-lived clean-environment
+    process that forks one supervisor per subjob, so a launch costs a fork instead of a
+    Python start-up. Started on first use over two plain pipes (its stdin and stdout);
+    if it cannot start, dies, or does not answer, launches fall back to starting the
+    shim directly (:func:`_spawn`) and the launcher is not used again."""
+
+    def __init__(self, python: str) -> None:
+        self._python = python
+        self._pid = 0
+        self._to = -1  # our end of its stdin
+        self._from = -1  # our end of its stdout
+        self._buffer = b""
+        self._lock = asyncio.Lock()
+        self.is_broken = False
+
+    async def launch(self, sdir: Path) -> int | None:
+        """The supervisor's pid, or None when the launcher is unusable (use the shim)."""
+        if self.is_broken:
+            return None
+        async with self._lock:  # one request, one answer, in order
+            try:
+                if self._pid == 0:
+                    self._start()
+                os.write(self._to, f"{sdir}\n".encode())
+                line = await asyncio.wait_for(self._readline(), LAUNCHER_TIMEOUT_SECONDS)
+            except (OSError, TimeoutError, EOFError) as exc:
+                log.warning("launcher unusable (%r); starting shims directly", exc)
+                self._stop()
+                self.is_broken = True
+                return None
+            text = line.strip()
+            if not text.isdigit():
+                log.warning("launcher answered %r; starting this shim directly", text)
+                return None
+            return int(text)
+
+    def _start(self) -> None:
+        child_in, self._to = os.pipe()
+        self._from, child_out = os.pipe()
+        for fd in (self._to, self._from):
+            os.set_inheritable(fd, False)
+        os.set_blocking(self._from, False)
+        try:
+            self._pid = os.posix_spawn(
+                self._python,
+                [self._python, "-I", "-S", SHIM_PATH, "--serve"],
+                SHIM_ENV,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, child_in, 0),
+                    (os.POSIX_SPAWN_DUP2, child_out, 1),
+                    (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                ],
+                setsid=True,
+            )
+        finally:
+            os.close(child_in)
+            os.close(child_out)
+        log.info("launcher started as pid %d", self._pid)
+
+    async def _readline(self) -> str:
+        loop = asyncio.get_running_loop()
+        while b"\n" not in self._buffer:
+            ready = loop.create_future()
+            loop.add_reader(self._from, _resolve, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(self._from)
+            try:
+                chunk = os.read(self._from, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise EOFError("the launcher ended")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace")
+
+    def _stop(self) -> None:
+        """Close its stdin (EOF ends it; supervisors go on) and reap it."""
+        for fd in (self._to, self._from):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._to = self._from = -1
+        if self._pid:
+            pid, self._pid = self._pid, 0
+            with contextlib.suppress(ChildProcessError):
+                deadline = time.monotonic() + 5.0
+                while os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    if time.monotonic() > deadline:
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                        break
+                    time.sleep(0.005)
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._stop()
 
 
 def _spawn(python: str, argv: list[str], sdir: Path) -> int:
@@ -343,8 +468,10 @@ class Executor:
         identities: TenantIdentities | None = None,
         cgroups: SubjobCgroups | None = None,
         fence_file: Path | None = None,
+        use_launcher: bool = True,
     ) -> None:
-        """``identities``: who each tenant's subjobs run as (default: every tenant as
+        """``use_launcher``: fork supervisors from the pre-forked launcher (else start
+        ``python -I -S shim.py`` for each subjob). ``identities``: who each tenant's subjobs run as (default: every tenant as
         ``run_as``, see :func:`resolve_run_as`; None runs them as the agent's own user).
         ``cgroups``: one cgroup per subjob, or None for process groups only.
         ``fence_file``: the agent's fence (see the shim), or None for no fencing."""
@@ -359,6 +486,7 @@ class Executor:
         self._base_env = base
         self._on_exit = on_exit
         self._tracked: dict[str, _Tracked] = {}
+        self._launcher = Launcher(python) if use_launcher else None
 
     @property
     def run_as(self) -> RunAs | None:
@@ -452,8 +580,10 @@ class Executor:
             "grace_seconds": spec.grace_seconds,
         }
         _write_private(sdir / LAUNCH_FILE, json.dumps(launch))
-        argv = [self._python, "-I", "-S", SHIM_PATH, str(sdir)]
-        pid = _spawn(self._python, argv, sdir)
+        pid = await self._launcher.launch(sdir) if self._launcher is not None else None
+        if pid is None:
+            argv = [self._python, "-I", "-S", SHIM_PATH, str(sdir)]
+            pid = _spawn(self._python, argv, sdir)
         tracked = _Tracked(pid=pid, grace_seconds=spec.grace_seconds)
         self._tracked[spec.subjob_id] = tracked
         tracked.task = asyncio.create_task(
@@ -607,6 +737,11 @@ class Executor:
                     os.kill(pid, sig)
             if pids:
                 return
+        if sig == signal.SIGKILL:
+            # Everyone in the group but its leader, the shim: it lives on to record how
+            # the subjob ended (it is not our child to wait for when the launcher forked it).
+            _kill_group_but_leader(tracked.pid)
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(tracked.pid, sig)
 
@@ -656,7 +791,10 @@ class Executor:
         return tracked is not None and not tracked.done.is_set()
 
     async def close(self) -> None:
-        """Stop watchers; subjobs keep running so a restarted agent can adopt them."""
+        """Stop watchers and the launcher; subjobs keep running so a restarted agent can
+        adopt them."""
+        if self._launcher is not None:
+            await self._launcher.close()
         tasks = [t.task for t in self._tracked.values() if t.task is not None]
         for t in tasks:
             t.cancel()

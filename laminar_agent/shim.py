@@ -287,11 +287,78 @@ def _failed_record(started: float, error: str) -> dict[str, object]:
     }
 
 
-USAGE = "usage: python -I -S shim.py <subjob_dir>   (reads <subjob_dir>/launch.json)"
+USAGE = (
+    "usage: python -I -S shim.py <subjob_dir>   (reads <subjob_dir>/launch.json)\n"
+    "       python -I -S shim.py --serve        (launcher: subjob dirs on stdin, pids out)"
+)
+
+
+def serve() -> int:
+    """The pre-forked launcher: one long-lived copy of this module, started by the agent
+    with the same clean environment, that forks a supervisor per subjob instead of the
+    agent starting a new interpreter for each (the interpreter's start-up was most of a
+    launch's CPU). It reads one subjob folder per line on stdin and answers the
+    supervisor's pid (or ``error ...``) per line on stdout. The supervisor is exactly the
+    shim above: a new session, logs on fds 1 and 2, ``run()``, ``exit.json``. It does not
+    depend on the launcher: if the launcher ends (its agent died: stdin reaches EOF),
+    running supervisors go on and a restarted agent re-adopts them as before."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while line := stdin.readline():
+        subjob_dir = line.decode(errors="replace").strip()
+        ready_r, ready_w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(ready_r)
+            os.close(ready_w)
+            stdout.write(f"error fork failed: {exc}\n".encode())
+            stdout.flush()
+            continue
+        if pid == 0:
+            os.close(ready_r)
+            os._exit(_supervise(subjob_dir, ready_w))
+        os.close(ready_w)
+        # Answer only once the supervisor leads its own session with the stop signals
+        # held: a stop the agent sends to the group right away is then never lost.
+        os.read(ready_r, 1)
+        os.close(ready_r)
+        stdout.write(f"{pid}\n".encode())
+        stdout.flush()
+    return 0
+
+
+def _supervise(subjob_dir: str, ready_w: int) -> int:
+    """In a forked supervisor: become what ``python -I -S shim.py DIR`` would have been."""
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it waits for its own child
+        os.setsid()
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        append = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            log = os.open(os.path.join(subjob_dir, name), append, 0o600)
+            os.dup2(log, fd)
+            os.close(log)
+        os.close(null)
+        return main([subjob_dir])
+    except BaseException as exc:  # never return into the launcher's loop
+        try:
+            write_exit(subjob_dir, _failed_record(time.monotonic(), f"supervisor: {exc}"))
+        except OSError:
+            pass
+        return EXEC_FAILED_CODE
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--serve"]:
+        return serve()
     if len(args) != 1:
         print(USAGE, file=sys.stderr)
         return 2
