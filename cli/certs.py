@@ -189,9 +189,7 @@ def issue_host(
             ),
             critical=False,
         )
-        .add_extension(
-            x509.SubjectAlternativeName(general), critical=False
-        )
+        .add_extension(x509.SubjectAlternativeName(general), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
             critical=False,
