@@ -119,6 +119,14 @@ class AuthSettings:
             "Empty: submitters are not authenticated (the router warns at start)"
         ),
     )
+    agent_ids: tuple[str, ...] = field(
+        default=(),
+        metadata=doc(
+            "agent ids allowed to heartbeat (comma-separated); empty = any id. Under mTLS "
+            "the certificate must also name the id; with a shared secret this list is what "
+            "keeps a secret holder from joining under a new id"
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         metadata = context.invocation_metadata() or ()
         return self._guard.caller(tuple((str(k), v) for k, v in metadata))
 
-    async def _while_authorized(
-        self, context: Ctx, source: AsyncIterator[T]
-    ) -> AsyncIterator[T]:
+    async def _while_authorized(self, context: Ctx, source: AsyncIterator[T]) -> AsyncIterator[T]:
         """``source``'s items while the caller's token stays valid: when the token table is
         reloaded (SIGHUP) the caller is checked again, and a revoked token ends the stream
         with UNAUTHENTICATED (or PERMISSION_DENIED if its tenant changed)."""

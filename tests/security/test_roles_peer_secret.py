@@ -18,11 +18,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from seckit import HEARTBEAT_SECONDS, failure, run_job
+from seckit import HEARTBEAT_SECONDS, failure, run_job, secret_cluster
 from waiting import wait_for
 
-from cli.cluster import LocalCluster, ZoneProcess
-from cli.zoneclient import SECRET_FILE_ENV
+from cli.cluster import ZoneProcess
 from laminar_agent.config import ControlSettings, TlsSettings
 from laminar_agent.errors import ConfigError
 from laminar_agent.security import PEER_SECRET_HEADER, SECRET_HEADER, Trust, load_trust, write_file
@@ -42,25 +41,15 @@ class PeerCluster:
 @pytest.fixture(scope="module")
 def peered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerCluster]:
     root = tmp_path_factory.mktemp("peersecret")
-    secret_file, peer_secret_file = root / "secret", root / "peer-secret"
-    write_file(secret_file, f"{SECRET}\n".encode(), 0o600)
+    peer_secret_file = root / "peer-secret"
     write_file(peer_secret_file, f"{PEER_SECRET}\n".encode(), 0o600)
-    config = root / "zone.toml"
-    config.write_text(f'[control]\npeer_secret_file = "{peer_secret_file}"\n')
-    env = {SECRET_FILE_ENV: str(secret_file)}
-    with LocalCluster(root / "run", env=env, trust=Trust(secret=SECRET)) as cluster:
-        zone = cluster.start_zone(
-            "a", heartbeat_seconds=HEARTBEAT_SECONDS, extra_args=["--config", str(config)]
-        )
-        cluster.start_agent(
-            "gpu-01", "1xH100-80GB", zone=zone.address, heartbeat_seconds=HEARTBEAT_SECONDS
-        )
-        cluster.wait_registered()
+    zone_toml = f'[control]\npeer_secret_file = "{peer_secret_file}"\n'
+    with secret_cluster(root, SECRET, zone_toml) as (cluster, zone):
         peer = cluster.start_zone(
             "b",
             peers=[zone.address],
             heartbeat_seconds=HEARTBEAT_SECONDS,
-            extra_args=["--config", str(config)],
+            extra_args=["--config", str(root / "zone.toml")],
         )
         yield PeerCluster(zone, peer, peer_secret_file)
 
