@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import grpc
 
 from laminar_agent.errors import InvalidArgument, Unavailable
+from laminar_agent.executor import check_subjob_id
 from laminar_agent.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
 from laminar_agent.security import peer_identity, peer_names
@@ -152,6 +153,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self, request: zone_pb2.GetLogsRequest, context: Ctx
     ) -> zone_pb2.GetLogsReply:
         self._own_job(context, request.job_id)
+        check_subjob_id(request.subjob_id, "subjob_id", required=False)  # an id, never a path
         if request.offset > MAX_LOG_OFFSET:
             raise InvalidArgument(
                 f"must be <= {MAX_LOG_OFFSET}, got {request.offset}", field="offset"
