@@ -127,6 +127,14 @@ class AuthSettings:
             "keeps a secret holder from joining under a new id"
         ),
     )
+    peer_names: tuple[str, ...] = field(
+        default=(),
+        metadata=doc(
+            "under mTLS, certificate names (CN or SAN) of the peer routers allowed to call "
+            "ExchangeSummary and ForwardJob (comma-separated); empty = any certificate with "
+            "the peer role"
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from laminar_agent.errors import InvalidArgument, Unavailable
+from laminar_agent.errors import InvalidArgument, PermissionDenied, Unavailable
 from laminar_agent.executor import check_subjob_id
 from laminar_agent.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
@@ -330,10 +330,20 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
         check_heartbeat(request)
         return self._state.on_heartbeat(request, peer_identity(context), peer_names(context))
 
+    def _check_peer(self, context: Ctx) -> None:
+        """With ``auth.peer_names``, only those certificates act as peer zones (the role
+        check already ran: this narrows it to the routers the operator listed)."""
+        allowed = self._state.config.auth.peer_names
+        names = peer_names(context)
+        if allowed and not set(allowed).intersection(names):
+            who = f"certificate {names[0]!r}" if names else "a caller without a certificate"
+            raise PermissionDenied(f"{who} is not listed", field="auth.peer_names")
+
     @map_errors
     async def ExchangeSummary(
         self, request: zone_pb2.ZoneSummary, context: Ctx
     ) -> zone_pb2.ZoneSummary:
+        self._check_peer(context)
         check_str(request.zone, "zone", max_chars=64)
         check_str(request.address, "address")
         if request.address and not is_host_port(request.address):
@@ -343,6 +353,7 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
 
     @map_errors
     async def ForwardJob(self, request: zone_pb2.ForwardJobRequest, context: Ctx) -> zone_pb2.Job:
+        self._check_peer(context)
         check_str(request.from_zone, "from_zone", max_chars=64, required=True)
         if request.from_zone == self._state.zone_name:
             raise InvalidArgument("a zone cannot forward to itself", field="from_zone")
