@@ -122,6 +122,16 @@ def split_roles(item: str) -> tuple[str, tuple[str, ...]]:
     return name.strip(), roles
 
 
+def with_default_roles(hosts: list[str], roles_text: str) -> list[str]:
+    """``hosts`` with each bare name given ``roles_text`` (``--role agent``): the short way to
+    issue many certificates of one role. Names that say their own roles keep them."""
+    try:
+        _, roles = split_roles(f"x={roles_text}")
+    except InvalidArgument as exc:
+        raise InvalidArgument(exc.message.split(": ", 1)[-1], field="--role") from None
+    return [h if "=" in h else f"{h}={'+'.join(roles)}" for h in hosts]
+
+
 def parse_hosts(text: str) -> list[str]:
     """Comma-separated ``NAME[=ROLE[+ROLE]]`` items (host names or IP addresses),
     deduplicated in order by name."""
@@ -189,9 +199,7 @@ def issue_host(
             ),
             critical=False,
         )
-        .add_extension(
-            x509.SubjectAlternativeName(general), critical=False
-        )
+        .add_extension(x509.SubjectAlternativeName(general), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
             critical=False,
@@ -227,6 +235,8 @@ def init_certs(folder: Path, hosts: list[str], days: int = 365) -> list[tuple[st
 
 def cmd_certs_init(args: argparse.Namespace, console: Console) -> int:
     hosts = parse_hosts(args.hosts)
+    if args.role:
+        hosts = with_default_roles(hosts, args.role)
     folder = Path(args.dir)
     reused = (folder / CA_CERT).is_file() and (folder / CA_KEY).is_file()
     rows = init_certs(folder, hosts, args.days)
@@ -236,6 +246,13 @@ def cmd_certs_init(args: argparse.Namespace, console: Console) -> int:
     for host, cert, key in rows:
         table.add_row(host + (" (reused)" if host == "ca" and reused else ""), str(cert), str(key))
     console.print(table)
+    for host in hosts:
+        if "=" not in host:
+            console.print(
+                f"{host}: no role, so this certificate may make no control call "
+                "(give one with NAME=ROLE or --role)",
+                highlight=False,
+            )
     first = split_roles(hosts[0])[0]
     console.print(
         "on each host, in laminar-agent.toml and laminar-zone.toml:\n"
@@ -259,7 +276,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--hosts",
         required=True,
         help="NAME=ROLE[+ROLE] per host, comma-separated, roles router, agent, peer, admin: "
-        "router-1=router+peer,gpu-01=agent,ops=admin (a bare name gets no role)",
+        "router-1=router+peer,gpu-01=agent,ops=admin (a bare name gets --role, else none)",
+    )
+    init.add_argument(
+        "--role",
+        help="ROLE[+ROLE] for every bare name in --hosts: --role agent --hosts gpu-01,gpu-02",
     )
     init.add_argument(
         "--days", type=int, default=365, help="validity of new certificates (default 365)"

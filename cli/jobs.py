@@ -16,7 +16,13 @@ from rich.console import Console
 
 from cli import render
 from cli.jobspec import SpecInput, apply_flags, build_spec, read_job_file
-from cli.zoneclient import RPC_TIMEOUT_SECONDS, output_options, zone_options, zone_stub
+from cli.zoneclient import (
+    RPC_TIMEOUT_SECONDS,
+    list_jobs,
+    output_options,
+    zone_options,
+    zone_stub,
+)
 from laminar_agent.errors import InvalidArgument
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 
@@ -200,15 +206,8 @@ def cmd_jobs(args: argparse.Namespace, console: Console) -> int:
     request = zone_pb2.ListJobsRequest(
         tenant=args.tenant or "", states=_parse_states(args.state), limit=wanted
     )
-    reply = zone_pb2.ListJobsReply()
     with zone_stub(args.zone_address) as stub:
-        while True:  # pages stay under the message size limit; follow them to --limit
-            page = stub.ListJobs(request, timeout=RPC_TIMEOUT_SECONDS)
-            reply.jobs.extend(page.jobs[: wanted - len(reply.jobs)])
-            if not page.next_page_token or len(reply.jobs) >= wanted:
-                break
-            request.page_token = page.next_page_token
-            request.limit = wanted - len(reply.jobs)
+        reply = zone_pb2.ListJobsReply(jobs=list_jobs(stub, request, wanted))
     if args.output == "json":
         print(render.to_json(reply))
     else:

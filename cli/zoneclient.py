@@ -21,7 +21,7 @@ from laminar_agent.config import ControlSettings, TlsSettings
 from laminar_agent.errors import InvalidArgument
 from laminar_agent.grpcutil import channel_options
 from laminar_agent.security import INSECURE, Trust
-from laminar_api.v1 import zone_pb2_grpc
+from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 
 DEFAULT_ZONE = "127.0.0.1:7400"
 ZONE_ENV = "LAMINAR_ZONE"
@@ -131,6 +131,27 @@ def zone_stub(address: str) -> Iterator[zone_pb2_grpc.ZoneStub]:
     transport = dataclasses.replace(_trust, secret=None)
     with transport.channel(address, channel_options(), extra_headers=bearer) as channel:
         yield zone_pb2_grpc.ZoneStub(channel)
+
+
+def list_jobs(
+    stub: zone_pb2_grpc.ZoneStub, request: zone_pb2.ListJobsRequest, wanted: int
+) -> list[zone_pb2.Job]:
+    """Up to ``wanted`` jobs matching ``request``, following the router's page tokens.
+
+    Each reply stays under the gRPC message limit (the router cuts pages by size), so a
+    listing of any length arrives in several calls; ``request`` is not changed."""
+    page_request = zone_pb2.ListJobsRequest()
+    page_request.CopyFrom(request)
+    page_request.limit = wanted
+    jobs: list[zone_pb2.Job] = []
+    while len(jobs) < wanted:
+        page = stub.ListJobs(page_request, timeout=RPC_TIMEOUT_SECONDS)
+        jobs.extend(page.jobs[: wanted - len(jobs)])
+        if not page.next_page_token:
+            break
+        page_request.page_token = page.next_page_token
+        page_request.limit = wanted - len(jobs)
+    return jobs
 
 
 def zone_options() -> argparse.ArgumentParser:

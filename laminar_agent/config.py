@@ -311,6 +311,14 @@ class ControlSettings:
             "empty with TLS off = control calls unauthenticated (warned at start)"
         ),
     )
+    peer_secret_file: str = field(
+        default="",
+        metadata=doc(
+            "routers only: file holding a second secret that peer zones carry on "
+            "ExchangeSummary and ForwardJob (x-laminar-peer-secret); agents never hold it, so "
+            "an agent host cannot pose as a peer zone; empty = the control secret suffices"
+        ),
+    )
     insecure: bool = field(
         default=False,
         metadata=doc(

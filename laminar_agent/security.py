@@ -22,6 +22,7 @@ may. Not covered: certificate revocation, and rotation without a restart.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hmac
 import ipaddress
@@ -39,6 +40,8 @@ from laminar_agent.errors import ConfigError
 
 #: Metadata key that carries the shared secret on control calls.
 SECRET_HEADER = "x-laminar-secret"
+#: Metadata key that carries the peer-zone secret (routers only) on peer calls.
+PEER_SECRET_HEADER = "x-laminar-peer-secret"
 #: File mode bits that must be clear on a secret or private key (readable by others).
 _OTHERS_BITS = 0o007
 
@@ -86,6 +89,15 @@ class Trust:
     secret: str | None = None
     #: Certificate names allowed to make control calls to us; empty = any the CA signed.
     allowed_names: frozenset[str] = frozenset()
+    #: The peer-zone secret (routers only): required on peer calls to us when set.
+    peer_secret: str | None = None
+    #: Whether calls made with this trust carry :attr:`peer_secret` (only calls to peers).
+    sends_peer_secret: bool = False
+
+    def for_peers(self) -> Trust:
+        """This trust for calls to peer zones: they also carry the peer secret, which
+        calls to agents never do (an agent must not learn it)."""
+        return dataclasses.replace(self, sends_peer_secret=True)
 
     @property
     def is_tls(self) -> bool:
@@ -102,7 +114,11 @@ class Trust:
             if self.allowed_names
             else ""
         )
-        parts = ([tls] if self.is_tls else []) + (["shared secret"] if self.secret else [])
+        parts = (
+            ([tls] if self.is_tls else [])
+            + (["shared secret"] if self.secret else [])
+            + (["peer secret on peer calls"] if self.peer_secret else [])
+        )
         return " + ".join(parts) or "none"
 
     def server_credentials(self) -> grpc.ServerCredentials:
@@ -117,7 +133,10 @@ class Trust:
         return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
 
     def headers(self) -> tuple[tuple[str, str], ...]:
-        return ((SECRET_HEADER, self.secret),) if self.secret else ()
+        out = ((SECRET_HEADER, self.secret),) if self.secret else ()
+        if self.sends_peer_secret and self.peer_secret:
+            out = (*out, (PEER_SECRET_HEADER, self.peer_secret))
+        return out
 
     def bind(self, server: grpc.aio.Server, address: str) -> int:
         """Bind ``address`` with TLS when configured; the real port (0: could not bind)."""
@@ -129,7 +148,7 @@ class Trust:
         self, address: str, options: list[tuple[str, Any]] | None = None
     ) -> grpc.aio.Channel:
         """An asyncio channel that authenticates every call the way this trust says."""
-        interceptors: Any = [AioHeaders(self.headers())] if self.secret else None
+        interceptors: Any = [AioHeaders(self.headers())] if self.headers() else None
         if self.is_tls:
             return grpc.aio.secure_channel(
                 address, self.channel_credentials(), options=options, interceptors=interceptors
@@ -185,29 +204,33 @@ def _read_pem(path: str, key: str, *, private: bool = False) -> bytes:
     return data
 
 
+def _read_secret(path: str, key: str) -> str | None:
+    """A secret file's one line (None when ``path`` is empty): private, non-empty, ASCII."""
+    if not path:
+        return None
+    secret = _read(path, key, private=True).decode(errors="replace").strip()
+    if not secret:
+        raise ConfigError(f"{path} is empty", field=key)
+    if not (secret.isascii() and secret.isprintable()) or len(secret) > 1024:
+        # gRPC metadata values are printable ASCII; base64 or hex of random bytes is.
+        raise ConfigError("must be one line of at most 1024 printable ASCII characters", field=key)
+    return secret
+
+
 def load_trust(tls: TlsSettings, control: ControlSettings) -> Trust:
     """Read the configured files once at start; errors name the key."""
     validate_security(tls, control)
-    secret: str | None = None
-    if control.shared_secret_file:
-        key = "control.shared_secret_file"
-        raw = _read(control.shared_secret_file, key, private=True)
-        secret = raw.decode(errors="replace").strip() or None
-        if secret is None:
-            raise ConfigError(f"{control.shared_secret_file} is empty", field=key)
-        if not (secret.isascii() and secret.isprintable()) or len(secret) > 1024:
-            # gRPC metadata values are printable ASCII; base64 or hex of random bytes is.
-            raise ConfigError(
-                "must be one line of at most 1024 printable ASCII characters", field=key
-            )
+    secret = _read_secret(control.shared_secret_file, "control.shared_secret_file")
+    peer_secret = _read_secret(control.peer_secret_file, "control.peer_secret_file")
     if not tls.is_enabled:
-        return Trust(secret=secret)
+        return Trust(secret=secret, peer_secret=peer_secret)
     return Trust(
         ca=_read_pem(tls.ca_file, "tls.ca_file"),
         cert=_read_pem(tls.cert_file, "tls.cert_file"),
         key=_read_pem(tls.key_file, "tls.key_file", private=True),
         secret=secret,
         allowed_names=frozenset(tls.allowed_names),
+        peer_secret=peer_secret,
     )
 
 
@@ -388,26 +411,39 @@ class _ControlInterceptor(_ServerBase):
 
 
 class SecretInterceptor(_ControlInterceptor):
-    """Refuse calls to ``services`` that lack the shared secret (UNAUTHENTICATED)."""
+    """Refuse calls to ``services`` that lack the shared secret (UNAUTHENTICATED).
 
-    def __init__(self, secret: str, services: Iterable[str]) -> None:
+    With ``methods``, only those full method names are checked (the peer secret guards
+    ExchangeSummary and ForwardJob, not every control call)."""
+
+    def __init__(
+        self,
+        secret: str,
+        services: Iterable[str],
+        *,
+        header: str = SECRET_HEADER,
+        key: str = "control.shared_secret_file",
+        methods: Iterable[str] | None = None,
+    ) -> None:
         super().__init__(services)
         self._secret = secret.encode()
+        self._header = header
+        self._key = key
+        self._methods = frozenset(methods) if methods is not None else None
 
     def check(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
         """None when the secret is right, else what is wrong (the UNAUTHENTICATED message)."""
         for key, value in metadata or ():
-            if key.lower() == SECRET_HEADER:
+            if key.lower() == self._header:
                 given = value if isinstance(value, bytes) else value.encode()
                 if hmac.compare_digest(given, self._secret):
                     return None
-                return f"wrong {SECRET_HEADER} (check control.shared_secret_file on the caller)"
-        return (
-            f"missing {SECRET_HEADER} metadata: control calls need the shared secret "
-            "(set control.shared_secret_file on the caller)"
-        )
+                return f"wrong {self._header} (check {self._key} on the caller)"
+        return f"missing {self._header} metadata: this call needs {self._key} on the caller"
 
     def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        if self._methods is not None and details.method not in self._methods:
+            return handler
         problem = self.check(details.invocation_metadata)
         return (
             handler if problem is None else _deny_handler(handler, f"{details.method}: {problem}")
@@ -491,14 +527,28 @@ class RolesInterceptor(_CallerCheck):
 
 
 def server_interceptors(
-    trust: Trust, services: Iterable[str], roles: Mapping[str, Iterable[str]] | None = None
+    trust: Trust,
+    services: Iterable[str],
+    roles: Mapping[str, Iterable[str]] | None = None,
+    peer_methods: Iterable[str] = (),
 ) -> list[_ServerBase]:
-    """The secret check, the allowed-names check and (under mTLS) the role of each control
-    method's caller (``roles``: full method name -> roles), each only where configured."""
+    """The secret check, the allowed-names check, (under mTLS) the role of each control
+    method's caller (``roles``: full method name -> roles) and the peer secret on
+    ``peer_methods``, each only where configured."""
     services = list(services)
     out: list[_ServerBase] = []
     if trust.secret:
         out.append(SecretInterceptor(trust.secret, services))
+    if trust.peer_secret and peer_methods:
+        out.append(
+            SecretInterceptor(
+                trust.peer_secret,
+                services,
+                header=PEER_SECRET_HEADER,
+                key="control.peer_secret_file",
+                methods=peer_methods,
+            )
+        )
     if trust.allowed_names:
         out.append(NamesInterceptor(trust.allowed_names, services))
     if trust.is_tls and roles is not None:

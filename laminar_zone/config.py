@@ -119,6 +119,22 @@ class AuthSettings:
             "Empty: submitters are not authenticated (the router warns at start)"
         ),
     )
+    agent_ids: tuple[str, ...] = field(
+        default=(),
+        metadata=doc(
+            "agent ids allowed to heartbeat (comma-separated); empty = any id. Under mTLS "
+            "the certificate must also name the id; with a shared secret this list is what "
+            "keeps a secret holder from joining under a new id"
+        ),
+    )
+    peer_names: tuple[str, ...] = field(
+        default=(),
+        metadata=doc(
+            "under mTLS, certificate names (CN or SAN) of the peer routers allowed to call "
+            "ExchangeSummary and ForwardJob (comma-separated); empty = any certificate with "
+            "the peer role"
+        ),
+    )
 
 
 @dataclass(frozen=True)

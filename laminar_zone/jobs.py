@@ -826,6 +826,11 @@ class ZoneState:
         summary = request.summary
         agent_id = check_str(summary.agent_id, "summary.agent_id", required=True)
         address = check_str(summary.address, "summary.address", required=True)
+        allowed = self.config.auth.agent_ids
+        if allowed and agent_id not in allowed:
+            raise PermissionDenied(
+                f"agent id {agent_id!r} is not in auth.agent_ids", field="summary.agent_id"
+            )
         if caller_names and agent_id not in caller_names:
             raise PermissionDenied(
                 f"certificate {caller!r} does not name agent {agent_id!r}: an agent "

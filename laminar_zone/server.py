@@ -48,6 +48,8 @@ CONTROL_ROLES = {
     f"/{CONTROL_SERVICE}/ExchangeSummary": {"peer"},
     f"/{CONTROL_SERVICE}/ForwardJob": {"peer"},
 }
+#: The calls only a peer zone makes: with control.peer_secret_file they need that secret.
+PEER_METHODS = [m for m, roles in CONTROL_ROLES.items() if roles == {"peer"}]
 
 
 class Status(enum.Enum):
@@ -92,7 +94,7 @@ class ZoneServer:
         self.state.audit = AuditLog(state_dir / AUDIT_FILE)
         recovered = self.state.recover()
         log.info("journal recovery: %d live job(s) reloaded from %s", recovered, store.path)
-        self.peers = PeerRouter(self.state, cfg.peers, trust)
+        self.peers = PeerRouter(self.state, cfg.peers, trust.for_peers())
         self.state.forwarder = self.peers.forward
         self.state.resume_forwards(self.peers.resume_forward)
         self.guard = Guard(
@@ -118,7 +120,7 @@ class ZoneServer:
         # shared secret guards ZoneControl only (submitters use bearer tokens).
         server = grpc.aio.server(
             options=server_options(cfg.server.max_message_bytes),
-            interceptors=server_interceptors(trust, [CONTROL_SERVICE], CONTROL_ROLES),
+            interceptors=server_interceptors(trust, [CONTROL_SERVICE], CONTROL_ROLES, PEER_METHODS),
         )
         submitters = ZoneService(self.state, self.guard)
         zone_pb2_grpc.add_ZoneServicer_to_server(submitters, server)

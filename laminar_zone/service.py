@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from laminar_agent.errors import InvalidArgument, Unavailable
+from laminar_agent.errors import InvalidArgument, PermissionDenied, Unavailable
+from laminar_agent.executor import check_subjob_id
 from laminar_agent.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
 from laminar_agent.security import peer_identity, peer_names
@@ -47,9 +48,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         metadata = context.invocation_metadata() or ()
         return self._guard.caller(tuple((str(k), v) for k, v in metadata))
 
-    async def _while_authorized(
-        self, context: Ctx, source: AsyncIterator[T]
-    ) -> AsyncIterator[T]:
+    async def _while_authorized(self, context: Ctx, source: AsyncIterator[T]) -> AsyncIterator[T]:
         """``source``'s items while the caller's token stays valid: when the token table is
         reloaded (SIGHUP) the caller is checked again, and a revoked token ends the stream
         with UNAUTHENTICATED (or PERMISSION_DENIED if its tenant changed)."""
@@ -154,6 +153,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self, request: zone_pb2.GetLogsRequest, context: Ctx
     ) -> zone_pb2.GetLogsReply:
         self._own_job(context, request.job_id)
+        check_subjob_id(request.subjob_id, "subjob_id", required=False)  # an id, never a path
         if request.offset > MAX_LOG_OFFSET:
             raise InvalidArgument(
                 f"must be <= {MAX_LOG_OFFSET}, got {request.offset}", field="offset"
@@ -330,10 +330,20 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
         check_heartbeat(request)
         return self._state.on_heartbeat(request, peer_identity(context), peer_names(context))
 
+    def _check_peer(self, context: Ctx) -> None:
+        """With ``auth.peer_names``, only those certificates act as peer zones (the role
+        check already ran: this narrows it to the routers the operator listed)."""
+        allowed = self._state.config.auth.peer_names
+        names = peer_names(context)
+        if allowed and not set(allowed).intersection(names):
+            who = f"certificate {names[0]!r}" if names else "a caller without a certificate"
+            raise PermissionDenied(f"{who} is not listed", field="auth.peer_names")
+
     @map_errors
     async def ExchangeSummary(
         self, request: zone_pb2.ZoneSummary, context: Ctx
     ) -> zone_pb2.ZoneSummary:
+        self._check_peer(context)
         check_str(request.zone, "zone", max_chars=64)
         check_str(request.address, "address")
         if request.address and not is_host_port(request.address):
@@ -343,6 +353,7 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
 
     @map_errors
     async def ForwardJob(self, request: zone_pb2.ForwardJobRequest, context: Ctx) -> zone_pb2.Job:
+        self._check_peer(context)
         check_str(request.from_zone, "from_zone", max_chars=64, required=True)
         if request.from_zone == self._state.zone_name:
             raise InvalidArgument("a zone cannot forward to itself", field="from_zone")

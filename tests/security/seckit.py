@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 from waiting import wait_for
 
+from cli.cluster import LocalCluster, ZoneProcess
+from cli.zoneclient import SECRET_FILE_ENV
 from laminar_agent.config import ControlSettings, TlsSettings
-from laminar_agent.security import Trust, load_trust
+from laminar_agent.security import Trust, load_trust, write_file
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
 
 HEARTBEAT_SECONDS = 0.2
@@ -71,3 +74,25 @@ def failure(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:
     except grpc.RpcError as exc:
         return exc.code(), exc.details() or ""
     raise AssertionError("the call succeeded")
+
+
+@contextlib.contextmanager
+def secret_cluster(
+    root: Path, secret: str, zone_toml: str
+) -> Iterator[tuple[LocalCluster, ZoneProcess]]:
+    """A router (configured by ``zone_toml``) and agent ``gpu-01``, both holding the
+    shared ``secret``; the cluster's own calls carry it too."""
+    secret_file = root / "secret"
+    write_file(secret_file, f"{secret}\n".encode(), 0o600)
+    config = root / "zone.toml"
+    config.write_text(zone_toml)
+    env = {SECRET_FILE_ENV: str(secret_file)}
+    with LocalCluster(root / "run", env=env, trust=Trust(secret=secret)) as cluster:
+        zone = cluster.start_zone(
+            "a", heartbeat_seconds=HEARTBEAT_SECONDS, extra_args=["--config", str(config)]
+        )
+        cluster.start_agent(
+            "gpu-01", "1xH100-80GB", zone=zone.address, heartbeat_seconds=HEARTBEAT_SECONDS
+        )
+        cluster.wait_registered()
+        yield cluster, zone

@@ -209,10 +209,16 @@ def test_each_control_call_checks_the_callers_role(
         summary=common_pb2.AgentSummary(agent_id="router", address="127.0.0.1:9")
     )
     probe = agent_pb2.ProbeRequest(job_id="j", resources=common_pb2.Resources(gpus=1))
+    forward = zone_pb2.ForwardJobRequest(
+        from_zone="evil",
+        spec=zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1)),
+    )
     for who in ("agent", "ops", "norole"):  # not peers: no summaries, no forwarded jobs
         with trust_for(certs, who).channel(zone.address) as channel:
             control = zone_pb2_grpc.ZoneControlStub(channel)
             code, details = failure(lambda c=control: c.ExchangeSummary(summary, timeout=5))  # type: ignore[misc]
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "peer" in details, who
+            code, details = failure(lambda c=control: c.ForwardJob(forward, timeout=5))  # type: ignore[misc]
             assert code == grpc.StatusCode.PERMISSION_DENIED and "peer" in details, who
     for who in ("router", "ops", "norole"):  # not agents: no heartbeats
         with trust_for(certs, who).channel(zone.address) as channel:
