@@ -302,7 +302,9 @@ def serve() -> int:
     shim above: a new session, logs on fds 1 and 2, ``run()``, ``exit.json``. It does not
     depend on the launcher: if the launcher ends (its agent died: stdin reaches EOF),
     running supervisors go on and a restarted agent re-adopts them as before."""
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+    # Reap supervisors as they end (waiting, not ignoring SIGCHLD, so their CPU time
+    # counts in this process's children's time, where a benchmark can see it).
+    signal.signal(signal.SIGCHLD, _reap_supervisors)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -328,6 +330,14 @@ def serve() -> int:
         stdout.write(f"{pid}\n".encode())
         stdout.flush()
     return 0
+
+
+def _reap_supervisors(signum: int, frame: object) -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
 
 
 def _supervise(subjob_dir: str, ready_w: int) -> int:

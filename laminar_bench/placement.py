@@ -397,13 +397,20 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def children_cpu_seconds(pids: list[int]) -> float:
-    """CPU time of the reaped descendants of these processes (for agents: the shims
-    and the commands they ran, each counted once its parent waited for it)."""
+    """CPU time of whatever starts subjobs for these agent processes: their reaped
+    descendants (shims started directly, and the commands they ran) plus each agent's
+    launcher process, itself and its reaped supervisors and commands."""
     total = 0.0
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            times = psutil.Process(pid).cpu_times()
+            agent = psutil.Process(pid)
+            times = agent.cpu_times()
             total += times.children_user + times.children_system
+            for child in agent.children():
+                with contextlib.suppress(psutil.Error):
+                    if "--serve" in child.cmdline():
+                        t = child.cpu_times()
+                        total += t.user + t.system + t.children_user + t.children_system
     return total
 
 
