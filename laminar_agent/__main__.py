@@ -46,11 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
-    try:
-        config = load_config(
+
+    env = dict(os.environ)  # read once: a reload reads the file again, not the environment
+
+    def load() -> AgentConfig:
+        return load_config(
             AgentConfig,
             toml_path=args.config,
-            env=os.environ,
+            env=env,
             overrides={
                 "server.listen": args.listen,
                 "server.state_dir": args.state_dir,
@@ -65,11 +68,15 @@ def main(argv: list[str] | None = None) -> int:
                 **security_overrides(args),
             },
         )
+
+    try:
+        config = load()
     except LaminarError as exc:
         print(f"laminar-agent: {exc.message}", file=sys.stderr)
         return 2
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"), os.environ.get("WATCHDOG_USEC"))
-    return run_daemon("laminar-agent", AgentServer(config, notifier=notifier).run_until_signalled())
+    server = AgentServer(config, notifier=notifier, reloader=load)
+    return run_daemon("laminar-agent", server.run_until_signalled())
 
 
 if __name__ == "__main__":

@@ -10,12 +10,16 @@ STOPPING=1 -> health NOT_SERVING -> stop accepting (grace) -> cancel root tasks
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import enum
 import json
 import logging
 import os
 import pwd
+import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,7 @@ from airlock.signals import HostMemorySource
 from laminar_agent.cgroups import open_cgroups
 from laminar_agent.config import AgentConfig
 from laminar_agent.daemon import serve_until_signalled
+from laminar_agent.errors import LaminarError
 from laminar_agent.executor import RunAs, parse_tenant_users, parse_uid_pool, resolve_run_as
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.heartbeat import HeartbeatClient
@@ -48,6 +53,35 @@ from laminar_api.v1 import agent_pb2, agent_pb2_grpc
 log = logging.getLogger("laminar.agent")
 
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
+#: Keys SIGHUP applies to a running agent; the others need a restart.
+RELOADABLE_KEYS = frozenset(
+    {
+        "airlock.target_ratio",
+        "airlock.resume_ratio",
+        "airlock.readdress_after_seconds",
+        "airlock.max_readdress",
+        "airlock.readdress_deadline_seconds",
+        "airlock.dry_run",
+        "airlock.host_target_ratio",
+        "airlock.release_wait_seconds",
+        "executor.tenant_users",
+    }
+)
+
+
+def _changed_keys(old: Any, new: Any) -> list[str]:
+    """``section.key`` of every setting that differs between two configs."""
+    out = []
+    for section in dataclasses.fields(old):
+        a, b = getattr(old, section.name), getattr(new, section.name)
+        if not dataclasses.is_dataclass(a):
+            continue
+        for f in dataclasses.fields(a):
+            if getattr(a, f.name) != getattr(b, f.name):
+                out.append(f"{section.name}.{f.name}")
+    return out
+
+
 #: Under mTLS, who may call what (certificate roles, see docs/security.md): routers place
 #: and stop work; an operator's admin certificate reads, drains and signals; an agent or
 #: a peer zone's certificate calls nothing here.
@@ -150,10 +184,13 @@ class AgentServer:
         notifier: Notifier | None = None,
         host_memory: HostMemorySource | None = None,
         backend: GpuBackend | None = None,
+        reloader: Callable[[], AgentConfig] | None = None,
     ) -> None:
         """``host_memory`` replaces psutil as Airlock's host signal and ``backend`` the
-        configured GPU backend (tests, simulation)."""
+        configured GPU backend (tests, simulation); ``reloader`` loads the config again
+        the way it was loaded at start (SIGHUP)."""
         self.config = config
+        self._reloader = reloader
         self._host_memory = host_memory
         self._backend = backend
         self.notifier = notifier or Notifier(None)
@@ -327,6 +364,50 @@ class AgentServer:
         log.info("agent stopped")
 
     async def run_until_signalled(self) -> None:
+        async def start() -> None:
+            await self.start()
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not main thread
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
+
         await serve_until_signalled(
-            self.start, self.stop, self.stop_event, log, "running subjobs keep running"
+            start, self.stop, self.stop_event, log, "running subjobs keep running"
+        )
+
+    def reload(self) -> None:
+        """SIGHUP (``systemctl reload``): read the config again, apply the keys that can
+        change while subjobs run (the Airlock ladder's policy keys, ``airlock.dry_run``,
+        ``executor.tenant_users``) and name the ones that need a restart. A config that
+        does not load is refused with a warning; the running one stays."""
+        if self._reloader is None or self.state is None:
+            log.info("SIGHUP: nothing to reload (no config loader)")
+            return
+        try:
+            new = self._reloader()
+            users = (
+                parse_tenant_users(new.executor.tenant_users)
+                if self.state.node.executor.run_as is not None
+                else {}
+            )
+        except LaminarError as exc:
+            log.warning("SIGHUP: config not reloaded, the running one stays: %s", exc.message)
+            return
+        changed = _changed_keys(self.config, new)
+        applied = [k for k in changed if k in RELOADABLE_KEYS]
+        if any(k.startswith("airlock.") for k in applied):
+            self.state.airlock.config = new.airlock.policy_config()
+            self.state.node.airlock_dry_run = new.airlock.dry_run
+        if "executor.tenant_users" in applied:
+            self.state.node.executor.identities.users = users
+        restart = [k for k in changed if k not in RELOADABLE_KEYS]
+        self.config = dataclasses.replace(
+            self.config,
+            airlock=new.airlock if applied else self.config.airlock,
+            executor=dataclasses.replace(
+                self.config.executor, tenant_users=new.executor.tenant_users
+            ),
+        )
+        log.info(
+            "SIGHUP: config reloaded; applied %s; need a restart: %s",
+            ", ".join(applied) or "nothing",
+            ", ".join(restart) or "nothing",
         )
