@@ -34,6 +34,7 @@ from laminar_agent.errors import (
     Unavailable,
 )
 from laminar_agent.grpcutil import check_exec_size, check_number, check_str
+from laminar_agent.inventory.mig import MIG_PROFILES
 from laminar_agent.node import demand_from
 from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
@@ -185,6 +186,21 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Need:
         raise InvalidArgument(
             exc.message.split(": ", 1)[-1], field=f"spec.{exc.field or 'resources'}"
         ) from None
+    profile = spec.resources.mig_profile
+    if profile:
+        models = [m for m, table in MIG_PROFILES.items() if profile in table]
+        if not models:
+            known = sorted({p for table in MIG_PROFILES.values() for p in table})
+            raise InvalidArgument(
+                f"no GPU Laminar knows has a MIG profile {profile!r} (known: {', '.join(known)})",
+                field="spec.resources.mig_profile",
+            )
+        model = spec.resources.gpu_model
+        if model and model not in models:
+            raise InvalidArgument(
+                f"{model} has no MIG profile {profile!r} (it is on {', '.join(models)})",
+                field="spec.resources.mig_profile",
+            )
     if is_atomized(spec):
         validate_contract(spec)
     return need_from(spec.resources)

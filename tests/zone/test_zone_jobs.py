@@ -205,6 +205,23 @@ def test_probe_dry_run_and_two_phase_commit(zone: Zone) -> None:
         (zone_pb2.JobSpec(command=["true"], gang_size=1000), "spec.gang_size"),
         (zone_pb2.JobSpec(command=["true"], priority=42), "spec.priority"),  # type: ignore[arg-type]
         (zone_pb2.JobSpec(command=["true"], expected_seconds=-1), "spec.expected_seconds"),
+        (  # no GPU has it: refused at once instead of waiting for ever
+            zone_pb2.JobSpec(
+                command=["true"], resources=common_pb2.Resources(mig_profile="9g.99gb")
+            ),
+            "spec.resources.mig_profile",
+        ),
+        (
+            zone_pb2.JobSpec(
+                command=["true"],
+                resources=common_pb2.Resources(mig_profile="7g.80gb", gpu_model="A100-40GB"),
+            ),
+            "spec.resources.mig_profile",
+        ),
+        (
+            zone_pb2.JobSpec(command=["true"], run_through_partitions=True),
+            "spec.run_through_partitions",
+        ),
     ],
 )
 def test_bad_submissions_are_refused_naming_the_field(
