@@ -3,13 +3,39 @@ bounded labels, injectable registry)."""
 
 from __future__ import annotations
 
+import platform
+from importlib import metadata
+
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# A `_created` series per counter and histogram doubles the series count and is read by
+# nobody here; Prometheus' own created-timestamp handling does not need it.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def laminar_version() -> str:
+    try:
+        return metadata.version("laminar")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def add_build_info(registry: CollectorRegistry, subsystem: str) -> None:
+    """``laminar_<subsystem>_build_info{version, python}`` = 1, to join dashboards on."""
+    Gauge(
+        f"laminar_{subsystem}_build_info",
+        "Always 1; labels say which Laminar and Python this daemon runs",
+        ["version", "python"],
+        registry=registry,
+    ).labels(laminar_version(), platform.python_version()).set(1)
 
 
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        add_build_info(r, "agent")
         self.gpu_memory_used_bytes = Gauge(
             "laminar_agent_gpu_memory_used_bytes",
             "GPU memory in use per device (GPU or MIG instance)",

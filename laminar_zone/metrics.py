@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from laminar_agent.metrics import add_build_info
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _COUNT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 _QUEUE_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400, 86400)
@@ -21,6 +23,7 @@ class ZoneMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        add_build_info(r, "zone")
         self.submitted = Counter(
             "laminar_zone_jobs_submitted_total", "Jobs accepted by Submit", registry=r
         )
