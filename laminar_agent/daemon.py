@@ -12,9 +12,10 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
-from laminar_agent.errors import LaminarError
+from laminar_agent.errors import ConfigError, LaminarError
 
 
 async def serve_until_signalled(
@@ -61,6 +62,24 @@ def run_daemon(prog: str, main: Coroutine[Any, Any, None]) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def prepare_state_dir(state_dir: Path, mode: int = 0o700) -> Path:
+    """Create the state directory (absolute) with ``mode``; one ConfigError naming
+    ``server.state_dir`` when it cannot be (a file in the way, no permission)."""
+    state_dir = state_dir.absolute()
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(state_dir, mode)
+        probe = state_dir / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot use {state_dir} as the state directory: {exc.strerror or exc}",
+            field="server.state_dir",
+        ) from None
+    return state_dir
 
 
 def setup_logging(level: str) -> None:

@@ -140,9 +140,16 @@ class Trust:
 
     def bind(self, server: grpc.aio.Server, address: str) -> int:
         """Bind ``address`` with TLS when configured; the real port (0: could not bind)."""
-        if self.is_tls:
-            return server.add_secure_port(address, self.server_credentials())
-        return server.add_insecure_port(address)
+        try:
+            if self.is_tls:
+                return server.add_secure_port(address, self.server_credentials())
+            return server.add_insecure_port(address)
+        except RuntimeError:  # grpc's "Failed to bind to address ..."
+            raise ConfigError(
+                f"cannot listen on {address}: the port is in use or the address is not "
+                "on this host",
+                field="server.listen",
+            ) from None
 
     def aio_channel(
         self, address: str, options: list[tuple[str, Any]] | None = None

@@ -29,7 +29,7 @@ from prometheus_client import start_http_server
 from airlock.signals import HostMemorySource
 from laminar_agent.cgroups import open_cgroups
 from laminar_agent.config import AgentConfig
-from laminar_agent.daemon import serve_until_signalled
+from laminar_agent.daemon import prepare_state_dir, serve_until_signalled
 from laminar_agent.errors import LaminarError
 from laminar_agent.executor import RunAs, parse_tenant_users, parse_uid_pool, resolve_run_as
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
@@ -113,12 +113,11 @@ class Status(enum.Enum):
     FAILED = "failed"
 
 
-def prepare_state_dir(state_dir: Path) -> None:
+def prepare_agent_state_dir(state_dir: Path) -> None:
     """Create the state directory owner-only. A root agent's subjobs run as other users
     and must reach their own scratch folder below it, so there it is traverse-only for
     others (0711: nothing can be listed or read; the journal and logs inside are 0600)."""
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(state_dir, 0o711 if os.geteuid() == 0 else 0o700)
+    prepare_state_dir(state_dir, 0o711 if os.geteuid() == 0 else 0o700)
     subjobs = state_dir / "subjobs"
     subjobs.mkdir(mode=0o711, exist_ok=True)
     os.chmod(subjobs, 0o711 if os.geteuid() == 0 else 0o700)
@@ -213,7 +212,7 @@ class AgentServer:
         check_exposure(trust, cfg.server.listen, insecure=cfg.control.insecure)
         agent_id = cfg.server.agent_id or socket.gethostname()
         state_dir = Path(cfg.server.state_dir).absolute()
-        prepare_state_dir(state_dir)
+        prepare_agent_state_dir(state_dir)
         backend = self._backend or open_backend(
             cfg.inventory.gpu_backend,
             fake_spec=cfg.inventory.fake_gpus,

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 from prometheus_client import start_http_server
 
-from laminar_agent.daemon import serve_until_signalled
+from laminar_agent.daemon import prepare_state_dir, serve_until_signalled
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.sdnotify import Notifier
 from laminar_agent.security import check_exposure, load_trust, log_trust, server_interceptors
@@ -86,8 +86,7 @@ class ZoneServer:
             insecure=cfg.control.insecure,
             tokens_file=cfg.auth.tokens_file,
         )
-        state_dir = Path(cfg.server.state_dir).absolute()
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        state_dir = prepare_state_dir(Path(cfg.server.state_dir))
         store = JobStore(state_dir / "zone.db")
         metrics = ZoneMetrics()
         self.state = ZoneState(cfg, store, metrics, trust=trust)
