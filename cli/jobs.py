@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -25,6 +26,8 @@ from cli.zoneclient import (
 )
 from laminar_agent.errors import InvalidArgument
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+
+T = TypeVar("T")
 
 #: How often `logs -f` asks for more output when there was none.
 FOLLOW_POLL_SECONDS = 0.5
@@ -166,14 +169,37 @@ def _forwarded_line(origin: zone_pb2.Job, located: Located) -> str:
 # ---------------------------------------------------------------- commands
 
 
+#: How long `laminar submit` keeps resending while the router is unreachable.
+SUBMIT_RETRY_SECONDS = 30.0
+
+
+def call_with_retries(call: Callable[[], T], budget_seconds: float = SUBMIT_RETRY_SECONDS) -> T:
+    """``call()``, again with backoff (0.2 s doubling to 2 s) while it fails UNAVAILABLE
+    (a router restarting), for at most ``budget_seconds``; other errors pass at once."""
+    deadline = time.monotonic() + budget_seconds
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)  # backoff between resends to a router that is not answering
+        delay = min(2 * delay, 2.0)
+
+
 def cmd_submit(args: argparse.Namespace, console: Console) -> int:
     spec = spec_from_args(args, require_command=True)
+    if not spec.workdir:
+        # Like sbatch: the command runs where it was submitted from (relative paths in it
+        # then mean what they meant here), unless --workdir says otherwise.
+        spec.workdir = os.getcwd()
     request_id = args.request_id or str(uuid.uuid4())
+    request = zone_pb2.SubmitRequest(spec=spec, client_request_id=request_id)
     with zone_stub(args.zone_address) as stub:
-        job = stub.Submit(
-            zone_pb2.SubmitRequest(spec=spec, client_request_id=request_id),
-            timeout=RPC_TIMEOUT_SECONDS,
-        )
+        # The request id makes a resend safe: a router that took the first one (and then
+        # restarted before answering) returns the same job.
+        job = call_with_retries(lambda: stub.Submit(request, timeout=RPC_TIMEOUT_SECONDS))
     if args.output == "json":
         print(render.to_json(job))
     else:

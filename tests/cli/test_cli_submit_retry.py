@@ -1,0 +1,56 @@
+"""`laminar submit` rides out a router restart (the request id makes a resend safe) and
+runs the command where it was submitted from."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from waiting import wait_for
+
+from cli.cluster import LocalCluster
+from cli.main import main as cli_main
+from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_submit_retries_while_the_router_restarts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address = f"127.0.0.1:{_free_port()}"
+    with LocalCluster(tmp_path / "run") as cluster:
+        zone = cluster.start_zone("a", listen=address)
+        zone.process.send_signal(signal.SIGKILL)
+        zone.process.wait(10)
+        codes: list[int] = []
+        monkeypatch.chdir(tmp_path)
+        submitter = threading.Thread(
+            target=lambda: codes.append(cli_main(["--zone", address, "submit", "--", "true"]))
+        )
+        submitter.start()
+        cluster.start_zone("a", listen=address)  # back while the CLI is retrying
+        submitter.join(60)
+        assert codes == [0]
+        job_id = capsys.readouterr().out.strip().splitlines()[-1]
+        with grpc.insecure_channel(address) as channel:
+            stub = zone_pb2_grpc.ZoneStub(channel)
+            wait_for(lambda: bool(stub.ListJobs(zone_pb2.ListJobsRequest(), timeout=5).jobs))
+            job = stub.GetJob(zone_pb2.GetJobRequest(job_id=job_id), timeout=5)
+        assert job.spec.workdir == str(tmp_path)
+        assert len(stub_jobs(address)) == 1
+
+
+def stub_jobs(address: str) -> list[zone_pb2.Job]:
+    with grpc.insecure_channel(address) as channel:
+        return list(
+            zone_pb2_grpc.ZoneStub(channel).ListJobs(zone_pb2.ListJobsRequest(), timeout=5).jobs
+        )
