@@ -24,6 +24,7 @@ launch's path.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -307,6 +308,11 @@ def serve() -> int:
     signal.signal(signal.SIGCHLD, _reap_supervisors)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    # Every object of the start-up into the permanent generation: the collector then
+    # never walks them, in here or in a supervisor, whose collections would otherwise
+    # touch (and so copy-on-write) all their pages. Measured: ~0.45 ms less CPU per
+    # launch (5.4 -> 5.0 ms for launcher, supervisor and `true`, 300 launches).
+    gc.freeze()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while line := stdin.readline():
         subjob_dir = line.decode(errors="replace").strip()
