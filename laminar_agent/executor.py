@@ -83,6 +83,9 @@ SHIM_ENV = {
 SHIM_PATH = str(Path(shim.__file__).resolve())
 #: How long the launcher may take to answer a launch before the agent gives up on it.
 LAUNCHER_TIMEOUT_SECONDS = 10.0
+#: After the launcher fails, launches start the shim directly for this long, then a
+#: fresh launcher is tried.
+LAUNCHER_RETRY_SECONDS = 5.0
 #: Bounds on the job files the agent reads (progress, usage reports).
 JOB_FILE_MAX_BYTES = 64
 #: What an agent strips from the environment it passes on: systemd's per-unit variables.
@@ -327,8 +330,11 @@ class Launcher:
     """The pre-forked launcher (``shim.py --serve``): a long-lived clean-environment
     process that forks one supervisor per subjob, so a launch costs a fork instead of a
     Python start-up. Started on first use over two plain pipes (its stdin and stdout);
-    if it cannot start, dies, or does not answer, launches fall back to starting the
-    shim directly (:func:`_spawn`) and the launcher is not used again."""
+    if it cannot start, dies, or does not answer, that launch falls back to starting the
+    shim directly (:func:`_spawn`), and so do the next ones until
+    :data:`LAUNCHER_RETRY_SECONDS` have passed; then a fresh launcher is started (one
+    killed by the OOM killer or by mistake does not leave the host on the slow path for
+    good, and one that cannot start costs one try per period)."""
 
     def __init__(self, python: str) -> None:
         self._python = python
@@ -337,7 +343,17 @@ class Launcher:
         self._from = -1  # our end of its stdout
         self._buffer = b""
         self._lock = asyncio.Lock()
-        self.is_broken = False
+        self._broken_until = 0.0  # monotonic: no launcher (direct shims) until then
+        self.starts = 0
+
+    @property
+    def is_broken(self) -> bool:
+        return time.monotonic() < self._broken_until
+
+    @property
+    def pid(self) -> int:
+        """The running launcher's pid, 0 when none is running."""
+        return self._pid
 
     async def launch(self, sdir: Path) -> int | None:
         """The supervisor's pid, or None when the launcher is unusable (use the shim)."""
@@ -350,9 +366,13 @@ class Launcher:
                 os.write(self._to, f"{sdir}\n".encode())
                 line = await asyncio.wait_for(self._readline(), LAUNCHER_TIMEOUT_SECONDS)
             except (OSError, TimeoutError, EOFError) as exc:
-                log.warning("launcher unusable (%r); starting shims directly", exc)
+                log.warning(
+                    "launcher unusable (%r); starting shims directly for %.0f s",
+                    exc,
+                    LAUNCHER_RETRY_SECONDS,
+                )
                 self._stop()
-                self.is_broken = True
+                self._broken_until = time.monotonic() + LAUNCHER_RETRY_SECONDS
                 return None
             text = line.strip()
             if not text.isdigit():
@@ -381,6 +401,7 @@ class Launcher:
         finally:
             os.close(child_in)
             os.close(child_out)
+        self.starts += 1
         log.info("launcher started as pid %d", self._pid)
 
     async def _readline(self) -> str:

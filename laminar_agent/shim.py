@@ -24,6 +24,7 @@ launch's path.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -44,6 +45,7 @@ FENCE_POLL_SECONDS = 0.5
 FENCE_GRACE_SECONDS = 1.0
 #: How long the shim waits for a cgroup to empty after ``cgroup.kill``.
 CGROUP_DRAIN_SECONDS = 5.0
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def write_exit(subjob_dir: str, record: dict[str, object]) -> None:
@@ -88,6 +90,68 @@ def cgroup_pids(cgroup: str) -> list[int]:
         return []
 
 
+def become_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (Linux ``prctl``), so a
+    ``setsid`` grandchild whose parent exits is re-parented here, not to init, and can be
+    found and stopped without cgroups. False where ``prctl`` is unavailable."""
+    try:
+        import ctypes  # only without cgroups; the launcher imports it once up front
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """Every live descendant of ``root`` (a /proc scan of parent pids)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    found: list[int] = []
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def has_children() -> bool:
+    """Whether this process still has a child (live or unreaped); reaps none."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def kill_leftovers() -> None:
+    """Without cgroups: SIGKILL what the command left behind (descendants re-parented
+    here as subreaper, ``setsid`` ones included) and reap them, as a cgroup's
+    ``cgroup.kill`` would."""
+    deadline = time.monotonic() + CGROUP_DRAIN_SECONDS
+    while has_children() and time.monotonic() < deadline:
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+
+
 def signal_subjob(cgroup: str, pgid: int, child: int, sig: int) -> None:
     """Send ``sig`` to every process of the subjob but the shim itself: the whole cgroup
     where there is one (descendants that left the process group too), else the group."""
@@ -117,11 +181,16 @@ def signal_subjob(cgroup: str, pgid: int, child: int, sig: int) -> None:
                         os.kill(int(name), sig)
                 except (ProcessLookupError, PermissionError):
                     pass
-        return
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
+    else:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+    for pid in descendants(os.getpid()):  # those that left the group (setsid)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def finish_cgroup(cgroup: str) -> int:
@@ -225,6 +294,9 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     started = time.monotonic()
     cgroup = str(spec.get("cgroup") or "")
+    # Without a cgroup, descendants that leave the process group (setsid) are found as
+    # this process's re-parented children instead.
+    reaper = not cgroup and become_subreaper()
     errors_r, errors_w = os.pipe()
     os.set_inheritable(errors_w, False)
     try:
@@ -250,6 +322,8 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
     peak = int(rusage.ru_maxrss) * 1024  # type: ignore[attr-defined]
     if cgroup:
         peak = max(peak, finish_cgroup(cgroup))
+    elif reaper:
+        kill_leftovers()
     record: dict[str, object] = {
         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
@@ -305,8 +379,15 @@ def serve() -> int:
     # Reap supervisors as they end (waiting, not ignoring SIGCHLD, so their CPU time
     # counts in this process's children's time, where a benchmark can see it).
     signal.signal(signal.SIGCHLD, _reap_supervisors)
+    import ctypes  # noqa: F401 - once here, not in each supervisor (become_subreaper)
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    # Every object of the start-up into the permanent generation: the collector then
+    # never walks them, in here or in a supervisor, whose collections would otherwise
+    # touch (and so copy-on-write) all their pages. Measured: ~0.45 ms less CPU per
+    # launch (5.4 -> 5.0 ms for launcher, supervisor and `true`, 300 launches).
+    gc.freeze()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while line := stdin.readline():
         subjob_dir = line.decode(errors="replace").strip()

@@ -266,8 +266,10 @@ def test_tenants_cannot_signal_or_read_each_other(agent: AgentProcess, open_dir:
     marks = _world_writable(open_dir / "marks")
     alice_pid = marks / "alice.pid"
     gate = marks / "gate"
+    alice_log = str(Path(agent.state_dir) / "subjobs" / "alice" / "stdout")
     alice = (
         "import os, time\n"
+        "print('alice-private', flush=True)\n"
         f"open({str(alice_pid)!r}, 'w').write(str(os.getpid()))\n"
         f"while not os.path.exists({str(gate)!r}): time.sleep(0.02)\n"
     )
@@ -280,6 +282,8 @@ def test_tenants_cannot_signal_or_read_each_other(agent: AgentProcess, open_dir:
         "except PermissionError: out['kill'] = 'denied'\n"
         "try:\n    open('/proc/%d/environ' % pid).read(); out['environ'] = 'read'\n"
         "except PermissionError: out['environ'] = 'denied'\n"
+        f"try:\n    open({alice_log!r}).read(); out['log'] = 'read'\n"
+        "except PermissionError: out['log'] = 'denied'\n"
         "print(json.dumps(out))\n"
     )
     stub = _stub(agent)
@@ -289,7 +293,7 @@ def test_tenants_cannot_signal_or_read_each_other(agent: AgentProcess, open_dir:
     assert bob_end.state == common_pb2.SUCCEEDED, bob_end.reason
     out = stub.ReadLogs(agent_pb2.ReadLogsRequest(subjob_id="bob", stream="stdout"), timeout=10)
     seen = json.loads(out.data)
-    assert seen == {"uid": seen["uid"], "kill": "denied", "environ": "denied"}
+    assert seen == {"uid": seen["uid"], "kill": "denied", "environ": "denied", "log": "denied"}
     assert seen["uid"] not in (0, os.stat(alice_pid).st_uid)
     gate.write_text("")
     assert _final(stub, "alice").state == common_pb2.SUCCEEDED
