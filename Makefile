@@ -75,6 +75,7 @@ PREFIX ?=
 DESTDIR ?=
 SYSCONFDIR ?= /etc
 SYSTEMDDIR ?= /etc/systemd/system
+DOCDIR ?= /usr/share/doc/laminar
 install:
 	$(PYTHON) -m pip install $(if $(PREFIX),--prefix $(PREFIX)) $(if $(DESTDIR),--root $(DESTDIR)) .
 
@@ -89,6 +90,8 @@ install-config:
 install-units:
 	install -D -m 0644 systemd/laminar-agent.service $(DESTDIR)$(SYSTEMDDIR)/laminar-agent.service
 	install -D -m 0644 systemd/laminar-zone.service $(DESTDIR)$(SYSTEMDDIR)/laminar-zone.service
+	# Documentation= in the units points here.
+	for f in docs/*.md; do install -D -m 0644 $$f $(DESTDIR)$(DOCDIR)/$$(basename $$f); done
 
 # Regenerate etc/laminar/*.toml from the config dataclasses (a test checks they match).
 etc: $(STAMP)

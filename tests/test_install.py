@@ -51,6 +51,11 @@ def test_install_config_and_units_write_under_destdir_and_keep_edited_files(
         assert config.read_text() == (REPO / "etc" / "laminar" / f"{name}.toml").read_text()
         unit = tmp_path / "etc" / "systemd" / "system" / f"{daemon}.service"
         assert unit.read_text() == (REPO / "systemd" / f"{daemon}.service").read_text()
+        # Documentation= names a file the same step installed.
+        docs = [line for line in unit.read_text().splitlines() if line.startswith("Documentation=")]
+        for doc in docs:
+            path = doc.removeprefix("Documentation=file://")
+            assert (tmp_path / path.lstrip("/")).is_file(), doc
     edited = tmp_path / "etc" / "laminar" / "agent.toml"
     edited.write_text('[zone]\nzone = "router:7400"\n')
     result = _make("install-config", f"DESTDIR={tmp_path}")
