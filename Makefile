@@ -15,10 +15,12 @@ help:
 	@echo "make install  install into the current Python (pip install .; PREFIX=, DESTDIR=)"
 	@echo "make install-config install-units   example configs and systemd units (DESTDIR=)"
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every package (reproducible CI); pyproject.toml keeps compatible
+# ranges so an installed Laminar fits beside other stacks.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
