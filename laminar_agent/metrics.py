@@ -48,6 +48,17 @@ class AgentMetrics:
             ["device"],
             registry=r,
         )
+        self.allocated_ratio = Gauge(
+            "laminar_agent_gpu_allocated_ratio",
+            "Share of this host's GPU capacity committed to subjobs (0..1)",
+            registry=r,
+        )
+        self.stranded_ratio = Gauge(
+            "laminar_agent_gpu_stranded_ratio",
+            "Share of this host's GPU capacity left free on partly used slices (0..1): "
+            "capacity a whole-slice job cannot use, the fragmentation signal",
+            registry=r,
+        )
         self.draining = Gauge(
             "laminar_agent_draining", "1 while the agent accepts no new work", registry=r
         )

@@ -534,6 +534,20 @@ class Node:
             if not future.done():
                 future.set_result(result)
 
+    def _set_capacity_gauges(self) -> None:
+        """Allocated and stranded shares of the host's GPU capacity (each summary)."""
+        if self.metrics is None:
+            return
+        total = committed = stranded = 0
+        for s in self.slices:
+            used = self.ledger.usage(s.slice_id)[0]
+            total += s.capacity_milli
+            committed += used
+            if 0 < used < s.capacity_milli:
+                stranded += s.capacity_milli - used
+        self.metrics.allocated_ratio.set(committed / total if total else 0.0)
+        self.metrics.stranded_ratio.set(stranded / total if total else 0.0)
+
     def expire_leases(self) -> None:
         """Drop the uncommitted leases whose TTL has passed (the agent's tick calls it)."""
         self._expire()
@@ -902,6 +916,7 @@ class Node:
         Slices under memory pressure (``pressured``: slice or GPU names) advertise none:
         new work there would only be Airlock's next victim."""
         self._expire()  # a summary never counts a lease that has already lapsed
+        self._set_capacity_gauges()
         summary = common_pb2.AgentSummary(
             agent_id=self.agent_id,
             pending_probes=self.pending_probes,
