@@ -317,7 +317,7 @@ def _event_line(job: zone_pb2.Job, at_unix: float) -> str:
     now = time.time()
     state = render.job_state_name(job.state)
     line = f"{render.clock(at_unix or now, now)}  {job.job_id}  {state}"
-    if job.state == zone_pb2.JOB_RUNNING:
+    if job.state in (zone_pb2.JOB_RUNNING, zone_pb2.JOB_SUSPENDED):
         line += f" on {render.where(job)}"
     if job.state in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING):
         if job.reason:

@@ -265,7 +265,9 @@ class Atomizer:
         total = atom.contract.total_units
         if live:
             p = live[-1]
-            job.state = zone_pb2.JOB_RUNNING
+            job.state = (
+                zone_pb2.JOB_SUSPENDED if p.state == common_pb2.SUSPENDED else zone_pb2.JOB_RUNNING
+            )
             job.started_unix = job.started_unix or time.time()
             job.expected_start_unix = 0.0
             what = "suspended by Airlock" if p.state == common_pb2.SUSPENDED else "running"

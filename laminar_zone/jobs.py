@@ -52,7 +52,7 @@ from laminar_zone.queue import (
     quota_block,
     quota_never_fits,
 )
-from laminar_zone.store import TERMINAL_JOB_STATES, JobStore
+from laminar_zone.store import RUNNING_JOB_STATES, TERMINAL_JOB_STATES, JobStore
 from laminar_zone.usage import UsageLedger
 from laminar_zone.view import AgentRecord, HostCounts, ZoneView
 
@@ -296,9 +296,7 @@ class ZoneState:
         self._queue_wake.set()
         return len(self.entries)
 
-    def resume_forwards(
-        self, resume: Callable[[Entry, str], Coroutine[Any, Any, bool]]
-    ) -> None:
+    def resume_forwards(self, resume: Callable[[Entry, str], Coroutine[Any, Any, bool]]) -> None:
         """Resend the forwards that were unanswered at a restart; a definite refusal places
         the job here."""
         pending, self._resume_forwards = self._resume_forwards, []
@@ -466,7 +464,7 @@ class ZoneState:
         units: dict[str, float] = {}
         memory: dict[str, int] = {}
         for e in self.entries.values():
-            if e.job.state == zone_pb2.JOB_RUNNING or e.placing:
+            if e.job.state in RUNNING_JOB_STATES or e.placing:
                 tenant = e.job.spec.tenant
                 units[tenant] = units.get(tenant, 0.0) + e.item.units
                 memory[tenant] = memory.get(tenant, 0) + e.need.memory_bytes * e.item.gang_size
@@ -807,7 +805,7 @@ class ZoneState:
         releases: list[tuple[float, float]] = []
         mean = self._mean_run_seconds.get(family, 0.0)
         for other in self.entries.values():
-            if other.job.state != zone_pb2.JOB_RUNNING or other.need.family != family:
+            if other.job.state not in RUNNING_JOB_STATES or other.need.family != family:
                 continue
             run = other.job.spec.expected_seconds or mean
             if run <= 0:
@@ -1225,11 +1223,15 @@ class ZoneState:
         if all(
             s in (common_pb2.RUNNING, common_pb2.SUSPENDED, common_pb2.SUCCEEDED) for s in states
         ):
-            if job.state != zone_pb2.JOB_RUNNING:
-                job.state = zone_pb2.JOB_RUNNING
-                job.started_unix = job.started_unix or time.time()
             suspended = states.count(common_pb2.SUSPENDED)
-            job.reason = f"{suspended} subjob(s) suspended by Airlock" if suspended else ""
+            job.state = zone_pb2.JOB_SUSPENDED if suspended else zone_pb2.JOB_RUNNING
+            job.started_unix = job.started_unix or time.time()
+            job.reason = (
+                f"{suspended} subjob(s) suspended by Airlock (GPU memory pressure on "
+                f"{', '.join(sorted({p.agent_id for p in current if p.state == common_pb2.SUSPENDED}))})"
+                if suspended
+                else ""
+            )
 
     def finish(self, entry: Entry, state: int, reason: str) -> None:
         job = entry.job
@@ -1697,7 +1699,7 @@ class ZoneState:
             if e.job.state == zone_pb2.QUEUED:
                 p = common_pb2.PriorityClass.Name(e.job.spec.priority or common_pb2.BATCH).lower()
                 queued[p] = queued.get(p, 0) + 1
-        for state in ("pending", "queued", "waiting", "job_running"):
+        for state in ("pending", "queued", "waiting", "job_running", "job_suspended"):
             self.metrics.jobs.labels(state).set(counts.get(state, 0))
         for p in ("critical", "production", "batch", "opportunistic"):
             self.metrics.queue_length.labels(p).set(queued.get(p, 0))

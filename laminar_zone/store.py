@@ -32,6 +32,8 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
+#: A job holding slices: running, or running with a subjob Airlock suspended.
+RUNNING_JOB_STATES = frozenset({zone_pb2.JOB_RUNNING, zone_pb2.JOB_SUSPENDED})
 TERMINAL_JOB_STATES = frozenset(
     {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED, zone_pb2.FORWARDED}
 )

@@ -20,6 +20,7 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_FAILED: _ClassVar[JobState]
     JOB_CANCELLED: _ClassVar[JobState]
     FORWARDED: _ClassVar[JobState]
+    JOB_SUSPENDED: _ClassVar[JobState]
 
 class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -36,6 +37,7 @@ JOB_SUCCEEDED: JobState
 JOB_FAILED: JobState
 JOB_CANCELLED: JobState
 FORWARDED: JobState
+JOB_SUSPENDED: JobState
 AGENT_STATE_UNSPECIFIED: AgentState
 AGENT_READY: AgentState
 AGENT_STALE: AgentState

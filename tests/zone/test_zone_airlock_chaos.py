@@ -107,6 +107,8 @@ def test_injected_pressure_walks_the_ladder_and_spares_critical_and_resident(
     _inject(h1, 30 * GIB)
     wait_for(lambda: all(_subjob_states(zone, j) == [common_pb2.SUSPENDED] for j in (batch, opp)))
     assert "suspended by Airlock" in zone.get(opp).reason  # the router was told
+    # ...and says so in the job's state, not only in its reason
+    wait_for(lambda: zone.get(opp).state == zone_pb2.JOB_SUSPENDED)
     _inject(h1, 0)
     wait_for(lambda: all(_subjob_states(zone, j) == [common_pb2.RUNNING] for j in (batch, opp)))
 
