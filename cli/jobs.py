@@ -221,6 +221,17 @@ def _parse_states(text: str | None) -> list[zone_pb2.JobState]:
     return states
 
 
+#: `laminar jobs --sort FIELD`: ascending; the default is newest first (as listed).
+SORT_KEYS: dict[str, Callable[[zone_pb2.Job], Any]] = {
+    "job": lambda j: j.job_id,
+    "name": lambda j: (j.spec.name, j.job_id),
+    "tenant": lambda j: (j.spec.tenant, j.job_id),
+    "state": lambda j: (render.job_state_name(j.state), j.job_id),
+    "class": lambda j: (j.spec.priority or 3, j.job_id),
+    "age": lambda j: -j.submitted_unix,
+    "submitted": lambda j: j.submitted_unix,
+}
+
 #: Jobs `laminar jobs` shows without --limit (newest first).
 DEFAULT_JOBS_SHOWN = 1000
 
@@ -232,13 +243,35 @@ def cmd_jobs(args: argparse.Namespace, console: Console) -> int:
     request = zone_pb2.ListJobsRequest(
         tenant=args.tenant or "", states=_parse_states(args.state), limit=wanted
     )
+    if args.sort and args.sort not in SORT_KEYS:
+        raise InvalidArgument(f"must be one of {', '.join(SORT_KEYS)}", field="--sort")
+    if args.watch is not None and not 0.2 <= args.watch <= 3600:
+        raise InvalidArgument("must be between 0.2 and 3600 seconds", field="--watch")
     with zone_stub(args.zone_address) as stub:
-        reply = zone_pb2.ListJobsReply(jobs=list_jobs(stub, request, wanted))
-    if args.output == "json":
-        print(render.to_json(reply))
-    else:
-        console.print(render.jobs_table(list(reply.jobs), time.time()))
-    return 0
+        while True:
+            jobs = list_jobs(stub, request, wanted)
+            if args.sort:
+                jobs.sort(key=SORT_KEYS[args.sort])
+            reply = zone_pb2.ListJobsReply(jobs=jobs)
+            if args.output == "json":
+                print(render.to_json(reply), flush=True)
+            else:
+                if args.watch is not None and console.is_terminal:
+                    console.clear()
+                wide = args.output == "wide"
+                table = render.jobs_table(
+                    jobs,
+                    time.time(),
+                    wide=wide,
+                    headers=not args.no_headers,
+                    width=console.width,
+                )
+                # -o wide: whole cells, however long the lines get (as kubectl's)
+                out = Console(width=10_000, no_color=console.no_color) if wide else console
+                out.print(table)
+            if args.watch is None:
+                return 0
+            time.sleep(args.watch)  # --watch: list again every N seconds until Ctrl-C
 
 
 def cmd_job(args: argparse.Namespace, console: Console) -> int:
@@ -442,6 +475,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     jobs.add_argument("--tenant")
     jobs.add_argument("--state", metavar="S[,S]", help="e.g. running,queued")
     jobs.add_argument("--limit", type=int, metavar="N")
+    jobs.add_argument("--sort", metavar="FIELD", help=f"one of {', '.join(SORT_KEYS)}")
+    jobs.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="list again every SECONDS (default 2) until Ctrl-C",
+    )
+    jobs.add_argument("--no-headers", action="store_true", help="rows only, for scripts")
     jobs.set_defaults(func=cmd_jobs)
 
     job = sub.add_parser(

@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -215,31 +216,110 @@ def _scrub(message: Message) -> None:
                         _scrub(item)
 
 
-def jobs_table(jobs: Sequence[zone_pb2.Job], now_unix: float) -> Table:
+def jobs_table(
+    jobs: Sequence[zone_pb2.Job],
+    now_unix: float,
+    *,
+    wide: bool = False,
+    headers: bool = True,
+    width: int = 0,
+) -> Table:
+    """One line per job. By default the table fits ``width`` (the terminal): job ids,
+    states and ages stay whole, the text columns are cut with an ellipsis, the reason
+    getting what is left (the full text is in `laminar job ID`). ``wide`` keeps every
+    column whole and adds retries and expected start. ``headers=False`` prints rows
+    only (for scripts)."""
     jobs = [printable(j) for j in jobs]
-    table = Table(title=f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}", title_justify="left")
-    for column in ("job", "name", "tenant", "state", "class", "resources", "where", "age"):
-        table.add_column(column, no_wrap=column in ("job", "state"))
-    table.add_column("reason", overflow="fold")
-    for job in jobs:
-        resources = describe_resources(job.spec.resources)
-        if job.spec.gang_size > 1:
-            resources = f"{job.spec.gang_size} x ({resources})"
-        reason = job.reason
-        if job.state == zone_pb2.QUEUED and job.queue_position:
-            reason = f"#{job.queue_position}: {reason}"
-        table.add_row(
-            job.job_id,
-            job.spec.name,
-            job.spec.tenant or "-",
-            state_text(job.state),
-            priority_name(job.spec.priority),
-            resources,
-            where(job) or "-",
-            span(now_unix - job.submitted_unix) if job.submitted_unix else "-",
-            reason,
-        )
+    title = f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}" if headers else None
+    table = Table(
+        title=title,
+        title_justify="left",
+        show_header=headers,
+        box=None if not headers else box.HEAVY_HEAD,
+    )
+    rows = [_job_row(job, now_unix, wide) for job in jobs]
+    columns = ["job", "name", "tenant", "state", "class", "resources", "where", "age"]
+    if wide:
+        columns += ["retries", "expected start"]
+    columns.append("reason")
+    if not wide and width:
+        columns, rows = _fit(columns, rows, width)
+    for column in columns:
+        table.add_column(column, no_wrap=not wide or column in ("job", "state"), overflow="fold")
+    for row in rows:
+        table.add_row(*(state_text(cell) if isinstance(cell, int) else cell for cell in row))
     return table
+
+
+def _job_row(job: zone_pb2.Job, now_unix: float, wide: bool) -> list[Any]:
+    resources = describe_resources(job.spec.resources)
+    if job.spec.gang_size > 1:
+        resources = f"{job.spec.gang_size} x ({resources})"
+    reason = job.reason
+    if job.state == zone_pb2.QUEUED and job.queue_position:
+        reason = f"#{job.queue_position}: {reason}"
+    row: list[Any] = [
+        job.job_id,
+        job.spec.name,
+        job.spec.tenant or "-",
+        int(job.state),
+        priority_name(job.spec.priority),
+        resources,
+        where(job) or "-",
+        span(now_unix - job.submitted_unix) if job.submitted_unix else "-",
+    ]
+    if wide:
+        waiting = job.state in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING)
+        row += [
+            f"{job.retries_used}/{job.spec.max_retries}",
+            expected_start(job, now_unix) if waiting else "-",
+        ]
+    return [*row, reason]
+
+
+#: Columns cut to fit a terminal, in the order they give way, and how narrow each may get.
+_GIVES_WAY = (("where", 10), ("resources", 10), ("tenant", 8), ("name", 16), ("reason", 16))
+#: Columns dropped, in this order, when cutting is not enough.
+_DROPPED = ("where", "tenant", "class", "name")
+
+
+def _fit(
+    columns: list[str], rows: list[list[Any]], width: int
+) -> tuple[list[str], list[list[Any]]]:
+    """Cut text cells (then drop columns) so the table is at most ``width`` wide: 3
+    characters of border and padding a column, plus one. Job ids, states and ages stay
+    whole."""
+
+    def shown(cell: Any) -> int:
+        return len(job_state_name(cell)) if isinstance(cell, int) else len(str(cell))
+
+    widths = {c: max([len(c)] + [shown(r[i]) for r in rows]) for i, c in enumerate(columns)}
+
+    def excess() -> int:
+        return sum(widths.values()) + 3 * len(widths) + 1 - width
+
+    for name, floor in _GIVES_WAY:
+        give = min(excess(), max(0, widths[name] - max(floor, len(name))))
+        if give > 0:
+            widths[name] -= give
+    for name in _DROPPED:
+        if excess() <= 0:
+            break
+        del widths[name]
+    if excess() > 0:  # still too narrow: the reason takes what is left, down to 1
+        widths["reason"] = max(1, widths["reason"] - excess())
+    keep = [i for i, c in enumerate(columns) if c in widths]
+    return [columns[i] for i in keep], [
+        [row[i] if isinstance(row[i], int) else _cut(str(row[i]), widths[columns[i]]) for i in keep]
+        for row in rows
+    ]
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, an ellipsis marking a cut."""
+    if len(text) <= width:
+        return text
+    return text[: width - 1] + "…" if width > 1 else text[:width]
 
 
 def _grid() -> Table:

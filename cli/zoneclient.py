@@ -172,8 +172,9 @@ def output_options() -> argparse.ArgumentParser:
     parent.add_argument(
         "-o",
         "--output",
-        choices=["table", "json"],
+        choices=["table", "wide", "json"],
         default="table",
-        help="human table (default) or protobuf JSON",
+        help="human table (default; cut to the terminal), wide (every column, full text) "
+        "or protobuf JSON",
     )
     return parent

@@ -294,3 +294,26 @@ def test_the_example_atomized_job_file_runs_in_pieces(cli: Cli) -> None:
     pieces = job["placements"]
     assert len(pieces) == 3 and all(p["unit_count"] == "8" for p in pieces)
     assert "24 of 24 done in 3 subjob(s)" in cli.ok("job", job_id)
+
+
+def test_jobs_sorts_fits_the_terminal_goes_wide_and_drops_headers(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    long_reason = "x" * 300
+    first = cli.submit("--name", "b-job", "--gpus", "8", *_py("pass"))  # never fits: queued
+    second = cli.submit("--name", "a-job", "--gpus", "8", *_py(long_reason))
+    wait_for(lambda: _state(cli.address, second).state == zone_pb2.QUEUED)
+    table = cli.ok("jobs", "--state", "queued")
+    assert max(len(line) for line in table.splitlines()) <= 100, table  # cut, not wrapped
+    assert "…" in table  # with an ellipsis
+    rows = cli.ok("jobs", "--state", "queued", "--no-headers", "--sort", "name")
+    ids = [line.split()[0] for line in rows.splitlines() if line.strip()]
+    assert ids.index(second) < ids.index(first)  # a-job before b-job
+    assert "job" not in rows.split()[0]  # no header row
+    wide = cli.ok("jobs", "--state", "queued", "-o", "wide")
+    assert "retries" in wide and "expected start" in wide
+    code, _, err = cli("jobs", "--sort", "colour")
+    assert code == 2 and "--sort" in err and len(err.strip().splitlines()) == 1
+    for job_id in (first, second):
+        cli.ok("cancel", job_id)
