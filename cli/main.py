@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from rich.console import Console
 
-from cli import agents, certs, demo, jobs, token, up, usage
+from cli import agents, certs, completion, demo, jobs, token, up, usage
 from cli.zoneclient import (
     CA_FILE_ENV,
     CERT_FILE_ENV,
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register(sub)
     certs.register(sub)
     token.register(sub)
+    completion.register(sub)
     _register_plugins(sub)
     return parser
 
