@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import json_format
 from rich.console import Console
 
 from cli import render
@@ -418,7 +417,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
         last = job
         if args.output == "json":
             print(
-                json_format.MessageToJson(
+                _json_format().MessageToJson(
                     zone_pb2.JobEvent(job=job, at_unix=at_unix),
                     preserving_proto_field_name=True,
                     indent=None,
@@ -524,3 +523,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="two-phase form: keep and print the leases (they expire on their own)",
     )
     probe.set_defaults(func=cmd_probe)
+
+
+def _json_format() -> Any:
+    """protobuf's JSON printer, imported on first use (only -o json needs it)."""
+    from google.protobuf import json_format
+
+    return json_format

@@ -21,7 +21,6 @@ from typing import Any
 import grpc
 from rich.console import Console
 
-from cli import agents, certs, completion, demo, jobs, token, up, usage
 from cli.zoneclient import (
     CA_FILE_ENV,
     CERT_FILE_ENV,
@@ -73,7 +72,8 @@ def _register_plugins(sub: argparse._SubParsersAction[Any]) -> None:
             register(sub)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; with ``command``, only that command's module is imported."""
     parser = _Parser(
         prog="laminar",
         description="Laminar GPU-cluster scheduler: submit and follow jobs, run a local cluster.",
@@ -95,16 +95,44 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="subcommand", metavar="COMMAND", required=True, parser_class=_Parser
     )
-    jobs.register(sub)
-    usage.register(sub)
-    agents.register(sub)
-    up.register(sub)
-    demo.register(sub)
-    certs.register(sub)
-    token.register(sub)
-    completion.register(sub)
+    if command in COMMAND_MODULES:  # only what this command needs: start-up time
+        importlib.import_module(COMMAND_MODULES[command]).register(sub)
+        return parser
+    for module in dict.fromkeys(COMMAND_MODULES.values()):
+        importlib.import_module(module).register(sub)
     _register_plugins(sub)
     return parser
+
+
+#: The module that registers each command: `laminar CMD` imports that one alone, so a
+#: submit does not pay for certificates, the simulator or the local-cluster code.
+COMMAND_MODULES = {
+    **dict.fromkeys(("submit", "jobs", "job", "cancel", "logs", "watch", "probe"), "cli.jobs"),
+    **dict.fromkeys(
+        ("agents", "drain", "undrain", "airlock", "inventory", "pressure"), "cli.agents"
+    ),
+    "usage": "cli.usage",
+    "up": "cli.up",
+    "demo": "cli.demo",
+    "certs": "cli.certs",
+    "token": "cli.token",
+    "completion": "cli.completion",
+}
+#: Global options that take a value (skipped when looking for the command).
+_VALUE_OPTIONS = ("--zone", "--ca-file", "--cert-file", "--key-file", "--secret-file")
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command word of ``argv`` (after the global options), or None."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in _VALUE_OPTIONS:
+            skip = True
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def _one_line(text: str) -> str:
@@ -118,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.width = PIPE_WIDTH  # piped or captured: do not squeeze tables into 80 columns
     address = DEFAULT_ZONE
     try:
-        args = build_parser().parse_args(argv)
+        words = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser(command_of(words)).parse_args(words)
         set_token(resolve_token(env))
         if not getattr(args, "is_offline", False):  # certs init may create the files named
             tls, control = security_settings(args, env)

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich import box
 from rich.console import Group, RenderableType
@@ -52,11 +51,13 @@ _STATE_STYLE: dict[int, str] = {
 
 def to_json(message: Message) -> str:
     """Protobuf JSON with the .proto field names and every field, zeros included."""
-    return json_format.MessageToJson(
-        message,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-        indent=2,
+    return str(
+        _json_format().MessageToJson(
+            message,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+            indent=2,
+        )
     )
 
 
@@ -638,3 +639,10 @@ def usage_table(
     if not records:
         table.caption = "no usage recorded in this window"
     return table
+
+
+def _json_format() -> Any:
+    """protobuf's JSON printer, imported on first use (only -o json needs it)."""
+    from google.protobuf import json_format
+
+    return json_format

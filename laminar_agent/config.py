@@ -10,10 +10,27 @@ from airlock.levels import Marks
 from airlock.policy import PolicyConfig
 from laminar_agent.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_agent.errors import ConfigError
-from laminar_agent.executor import parse_uid_pool
 
 #: ``airlock.policy`` values: the ladder, or the OOM-killer baseline for comparisons.
 AIRLOCK_POLICIES = ("ladder", "oom-killer")
+
+
+def parse_uid_pool(text: str) -> range | None:
+    """``executor.uid_pool`` ("FIRST-LAST", inclusive) as a range; None when empty."""
+    if not text:
+        return None
+    first, sep, last = text.partition("-")
+    try:
+        pool = range(int(first), int(last) + 1) if sep else range(0)
+    except ValueError:
+        pool = range(0)
+    if len(pool) == 0 or pool.start < 1000 or pool.stop > 2**31 - 1:
+        raise ConfigError(
+            f"must be FIRST-LAST with 1000 <= FIRST <= LAST < 2^31, got {text!r}",
+            field="executor.uid_pool",
+        )
+    return pool
+
 
 
 @dataclass(frozen=True)

@@ -135,23 +135,6 @@ def resolve_run_as(user: str, *, euid: int | None = None) -> RunAs | None:
     return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
 
 
-def parse_uid_pool(text: str) -> range | None:
-    """``executor.uid_pool`` ("FIRST-LAST", inclusive) as a range; None when empty."""
-    if not text:
-        return None
-    first, sep, last = text.partition("-")
-    try:
-        pool = range(int(first), int(last) + 1) if sep else range(0)
-    except ValueError:
-        pool = range(0)
-    if len(pool) == 0 or pool.start < 1000 or pool.stop > 2**31 - 1:
-        raise ConfigError(
-            f"must be FIRST-LAST with 1000 <= FIRST <= LAST < 2^31, got {text!r}",
-            field="executor.uid_pool",
-        )
-    return pool
-
-
 def parse_tenant_users(text: str) -> dict[str, RunAs]:
     """``executor.tenant_users`` ("tenant=user,tenant2=uid") resolved against this host."""
     users: dict[str, RunAs] = {}

@@ -12,14 +12,14 @@ import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence, Sized
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from laminar_agent.configlib import MAX_MESSAGE_BYTES
+
+if TYPE_CHECKING:
+    from grpc_health.v1._async import HealthServicer
 from laminar_agent.errors import InvalidArgument, LaminarError, ResourceExhausted
 
 log = logging.getLogger("laminar.grpc")
@@ -166,7 +166,14 @@ def channel_options() -> list[tuple[str, Any]]:
 def add_health_and_reflection(
     server: grpc.aio.Server, service_names: Iterable[str]
 ) -> HealthServicer:
-    """Serve grpc.health.v1 and reflection; returns the health servicer (starts NOT_SERVING)."""
+    """Serve grpc.health.v1 and reflection; returns the health servicer (starts NOT_SERVING).
+
+    Imported here, not at the top: the CLI imports this module for its channel options
+    and should not pay for the server side."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1._async import HealthServicer
+    from grpc_reflection.v1alpha import reflection
+
     servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     names = [
@@ -181,6 +188,8 @@ def add_health_and_reflection(
 async def set_serving(
     servicer: HealthServicer, service_names: Iterable[str], serving: bool
 ) -> None:
+    from grpc_health.v1 import health_pb2
+
     status = (
         health_pb2.HealthCheckResponse.SERVING
         if serving

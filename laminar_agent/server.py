@@ -28,10 +28,10 @@ from prometheus_client import start_http_server
 
 from airlock.signals import HostMemorySource
 from laminar_agent.cgroups import open_cgroups
-from laminar_agent.config import AgentConfig
+from laminar_agent.config import AgentConfig, parse_uid_pool
 from laminar_agent.daemon import prepare_state_dir, serve_until_signalled
 from laminar_agent.errors import LaminarError
-from laminar_agent.executor import RunAs, parse_tenant_users, parse_uid_pool, resolve_run_as
+from laminar_agent.executor import RunAs, parse_tenant_users, resolve_run_as
 from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.inventory import open_backend

@@ -110,3 +110,18 @@ def test_demo_runs_through_the_router_and_leaves_nothing_running() -> None:
     assert "finetune-late" in out and "queued" in out  # the job that had to wait
     assert "what ran where" in out and "gang-pair" in out
     assert "nothing is left running" in out
+
+
+def test_each_command_is_found_where_the_lazy_parser_looks_for_it() -> None:
+    """`laminar CMD` imports only COMMAND_MODULES[CMD] (start-up time): every command of
+    the full parser must be there and come from that module."""
+    from cli.completion import _subparsers
+    from cli.main import COMMAND_MODULES, build_parser, command_of
+
+    full = _subparsers(build_parser())
+    plugins = {"sim", "bench"}
+    assert set(full) - plugins == set(COMMAND_MODULES)
+    for command in COMMAND_MODULES:
+        assert command in _subparsers(build_parser(command)), command
+    assert command_of(["--zone", "h:1", "--ca-file", "x", "submit", "--gpus", "1"]) == "submit"
+    assert command_of(["--help"]) is None
