@@ -21,7 +21,6 @@ Numbers are reported, never asserted. Not part of `make test`:
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import random
@@ -40,21 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_bench.joblog import JOB, copies, overlapping
 
-JOB = """
-import os, sys, time
-out, seconds = sys.argv[1], float(sys.argv[2])
-me = os.environ["LAMINAR_SUBJOB_ID"]
-def note(what):
-    with open(out, "a") as f:
-        f.write(f"{me} {time.time():.3f} {what}\\n")
-note("start")
-end = time.time() + seconds
-while time.time() < end:
-    time.sleep(0.1)
-    note("tick")
-note("end")
-"""
 TERMINAL = {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED}
 HEARTBEAT_SECONDS = 0.2
 LOST_AFTER_SECONDS = 4.0
@@ -65,28 +51,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def spans(path: Path) -> dict[str, tuple[float, float, bool]]:
-    seen: dict[str, list[float]] = {}
-    ended: set[str] = set()
-    if not path.exists():
-        return {}
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) != 3:
-            continue
-        seen.setdefault(parts[0], []).append(float(parts[1]))
-        if parts[2] == "end":
-            ended.add(parts[0])
-    return {s: (min(t), max(t), s in ended) for s, t in seen.items()}
-
-
-def overlaps(path: Path) -> int:
-    ordered = sorted((a, b) for a, b, _ in spans(path).values())
-    return sum(
-        1 for (_, last), (first, _) in itertools.pairwise(ordered) if first <= last
-    )
 
 
 class Soak:
@@ -249,7 +213,7 @@ class Soak:
         channel.close()
         misrecorded = 0
         for j, job in records.items():
-            seen = spans(jobs[j])
+            seen = copies(jobs[j])
             for p in job.placements:
                 if seen.get(p.subjob_id, (0.0, 0.0, False))[2] and p.state != common_pb2.SUCCEEDED:
                     misrecorded += 1
@@ -270,9 +234,9 @@ class Soak:
             "succeeded": sum(1 for s in final if s == zone_pb2.JOB_SUCCEEDED),
             "failed": sum(1 for s in final if s == zone_pb2.JOB_FAILED),
             "lost_jobs": len(jobs) - sum(1 for s in final if s in TERMINAL),
-            "jobs_with_overlapping_copies": sum(1 for p in jobs.values() if overlaps(p)),
+            "jobs_with_overlapping_copies": sum(1 for p in jobs.values() if overlapping(p)),
             "copies_run_to_end_not_recorded_succeeded": misrecorded,
-            "copies_run": sum(len(spans(p)) for p in jobs.values()),
+            "copies_run": sum(len(copies(p)) for p in jobs.values()),
             "overcommit_samples": self.overcommit_samples,
             "overcommitted_slices": sorted(set(self.overcommits)),
             "journal_integrity": integrity,

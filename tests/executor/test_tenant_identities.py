@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from laminar_agent.config import parse_uid_pool
 from laminar_agent.errors import ConfigError, InvalidArgument
-from laminar_agent.executor import RunAs, TenantIdentities, parse_uid_pool
+from laminar_agent.executor import RunAs, TenantIdentities
 from laminar_agent.journal import Journal
 
 NOBODY = RunAs("nobody", 65534, 65534, (65534,), "/")

@@ -9,7 +9,6 @@ lost after 4 s (its fence: 4 / 1.05 - 2 = 1.8 s), heartbeats every 0.2 s.
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ from waiting import wait_for
 
 from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_bench.joblog import JOB, copies, overlapping
 
 LOST_AFTER_SECONDS = 4.0
 HEARTBEAT_SECONDS = 0.2
@@ -46,41 +46,10 @@ class Zone:
         return self.get(job_id)
 
 
-#: A job that logs its life to $OUT (its subjob id on every line) for SECONDS.
-JOB = """
-import os, sys, time
-out, seconds = sys.argv[1], float(sys.argv[2])
-me = os.environ["LAMINAR_SUBJOB_ID"]
-def note(what):
-    with open(out, "a") as f:
-        f.write(f"{me} {time.time():.3f} {what}\\n")
-note("start")
-end = time.time() + seconds
-while time.time() < end:
-    time.sleep(0.05)
-    note("tick")
-note("end")
-"""
-
-
-def copies(out: Path) -> dict[str, tuple[float, float, bool]]:
-    """subjob id -> (first line, last line, ran to its end) from a job's own file."""
-    spans: dict[str, list[float]] = {}
-    ended: set[str] = set()
-    for line in out.read_text().splitlines():
-        subjob, at, what = line.split()
-        spans.setdefault(subjob, []).append(float(at))
-        if what == "end":
-            ended.add(subjob)
-    return {s: (min(t), max(t), s in ended) for s, t in spans.items()}
-
-
 def assert_no_overlap(out: Path) -> dict[str, tuple[float, float, bool]]:
-    seen = copies(out)
-    spans = sorted((first, last, s) for s, (first, last, _) in seen.items())
-    for (_, last, a), (first, _, b) in itertools.pairwise(spans):
-        assert first > last, f"copies {a} and {b} overlap: {a} ran until {last}, {b} from {first}"
-    return seen
+    pairs = overlapping(out)
+    assert not pairs, f"copies ran at the same time: {pairs}"
+    return copies(out)
 
 
 class Proxy:
