@@ -146,14 +146,20 @@ def forwarded_target(job: zone_pb2.Job) -> tuple[str, str, str] | None:
 
 def locate_job(address: str, job_id: str) -> Located:
     """Read a job, following it to the peer zone when its router forwarded it."""
+    request = zone_pb2.GetJobRequest(job_id=job_id)
     with zone_stub(address) as stub:
-        job = stub.GetJob(zone_pb2.GetJobRequest(job_id=job_id), timeout=RPC_TIMEOUT_SECONDS)
+        job = call_with_retries(
+            lambda: stub.GetJob(request, timeout=RPC_TIMEOUT_SECONDS), READ_RETRY_SECONDS
+        )
     target = forwarded_target(job)
     if target is None:
         return Located(address, job)
     _, peer, remote_id = target
+    remote_request = zone_pb2.GetJobRequest(job_id=remote_id)
     with zone_stub(peer) as stub:
-        remote = stub.GetJob(zone_pb2.GetJobRequest(job_id=remote_id), timeout=RPC_TIMEOUT_SECONDS)
+        remote = call_with_retries(
+            lambda: stub.GetJob(remote_request, timeout=RPC_TIMEOUT_SECONDS), READ_RETRY_SECONDS
+        )
     return Located(peer, remote, origin=job)
 
 
@@ -170,6 +176,8 @@ def _forwarded_line(origin: zone_pb2.Job, located: Located) -> str:
 
 #: How long `laminar submit` keeps resending while the router is unreachable.
 SUBMIT_RETRY_SECONDS = 30.0
+#: How long `laminar job` and `laminar cancel` (idempotent calls) keep resending.
+READ_RETRY_SECONDS = 15.0
 
 
 def call_with_retries(call: Callable[[], T], budget_seconds: float = SUBMIT_RETRY_SECONDS) -> T:
@@ -286,10 +294,11 @@ def cmd_job(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_cancel(args: argparse.Namespace, console: Console) -> int:
     located = locate_job(args.zone_address, args.job_id)
+    request = zone_pb2.CancelJobRequest(job_id=located.job.job_id, reason=args.reason or "")
     with zone_stub(located.address) as stub:
-        job = stub.CancelJob(
-            zone_pb2.CancelJobRequest(job_id=located.job.job_id, reason=args.reason or ""),
-            timeout=RPC_TIMEOUT_SECONDS,
+        # Cancelling twice is harmless (an ended job stays as it ended), so a resend is safe.
+        job = call_with_retries(
+            lambda: stub.CancelJob(request, timeout=RPC_TIMEOUT_SECONDS), READ_RETRY_SECONDS
         )
     if args.output == "json":
         print(render.to_json(job))

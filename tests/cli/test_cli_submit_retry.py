@@ -54,3 +54,30 @@ def stub_jobs(address: str) -> list[zone_pb2.Job]:
         return list(
             zone_pb2_grpc.ZoneStub(channel).ListJobs(zone_pb2.ListJobsRequest(), timeout=5).jobs
         )
+
+
+def test_job_and_cancel_retry_while_the_router_restarts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a job and cancelling it are idempotent, so they resend while the router is down."""
+    address = f"127.0.0.1:{_free_port()}"
+    monkeypatch.chdir(tmp_path)
+    with LocalCluster(tmp_path / "run") as cluster:
+        zone = cluster.start_zone("a", listen=address)
+        assert cli_main(["--zone", address, "submit", "--", "sleep", "600"]) == 0
+        job_id = capsys.readouterr().out.strip().splitlines()[-1]
+        zone.process.send_signal(signal.SIGKILL)
+        zone.process.wait(10)
+        codes: list[int] = []
+
+        def job_then_cancel() -> None:
+            codes.append(cli_main(["--zone", address, "job", job_id, "-o", "json"]))
+            codes.append(cli_main(["--zone", address, "cancel", job_id]))
+
+        client = threading.Thread(target=job_then_cancel)
+        client.start()
+        cluster.start_zone("a", listen=address)  # back while the CLI is retrying
+        client.join(60)
+        assert codes == [0, 0]
+        out = capsys.readouterr().out
+        assert job_id in out and f"{job_id}: cancelled" in out
