@@ -211,12 +211,13 @@ class Soak:
             except grpc.RpcError:
                 pass
         channel.close()
-        misrecorded = 0
+        misrecorded: list[str] = []  # "job subjob STATE reason", to diagnose each one
         for j, job in records.items():
             seen = copies(jobs[j])
             for p in job.placements:
                 if seen.get(p.subjob_id, (0.0, 0.0, False))[2] and p.state != common_pb2.SUCCEEDED:
-                    misrecorded += 1
+                    state = common_pb2.SubjobState.Name(p.state)
+                    misrecorded.append(f"{j} {p.subjob_id} {state} {p.reason}")
         self.cluster.stop()
         integrity = {}
         for db in sorted(self.root.glob("cluster/*/*.db")):
@@ -235,7 +236,8 @@ class Soak:
             "failed": sum(1 for s in final if s == zone_pb2.JOB_FAILED),
             "lost_jobs": len(jobs) - sum(1 for s in final if s in TERMINAL),
             "jobs_with_overlapping_copies": sum(1 for p in jobs.values() if overlapping(p)),
-            "copies_run_to_end_not_recorded_succeeded": misrecorded,
+            "copies_run_to_end_not_recorded_succeeded": len(misrecorded),
+            "misrecorded_copies": misrecorded,
             "copies_run": sum(len(copies(p)) for p in jobs.values()),
             "overcommit_samples": self.overcommit_samples,
             "overcommitted_slices": sorted(set(self.overcommits)),

@@ -320,3 +320,30 @@ def test_an_agent_back_from_a_partition_stops_the_copy_the_router_replaced(
         zone.stub.CancelJob(zone_pb2.CancelJobRequest(job_id=job.job_id), timeout=10)
     finally:
         proxy.close()
+
+
+def test_a_router_killed_mid_job_and_restarted_leaves_one_copy_at_a_time(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The router dies (SIGKILL) while a job runs and comes back on the same address and
+    journal. Whether the fence stopped the copy meanwhile or it ran on, the job ends
+    once, no two copies overlap, and each copy's record matches what it did."""
+    zone = Zone(cluster)
+    agents = _agents(cluster, zone)
+    cluster.wait_registered()
+    out = tmp_path / "router-killed.log"
+    job = _submit(zone, out, seconds=6)
+    _holder(zone, job.job_id, agents)
+    wait_for(lambda: _started(out))
+    router = cluster.zones[0]
+    router.process.send_signal(signal.SIGKILL)
+    router.process.wait(10)
+    again = cluster.start_zone("a", listen=zone.address, heartbeat_seconds=HEARTBEAT_SECONDS)
+    assert again.address == zone.address
+    done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=60)
+    assert done.state == zone_pb2.JOB_SUCCEEDED
+    seen = assert_no_overlap(out)
+    for placement in done.placements:
+        ran_to_end = seen.get(placement.subjob_id, (0.0, 0.0, False))[2]
+        recorded = placement.state == common_pb2.SUCCEEDED
+        assert ran_to_end == recorded, (placement.subjob_id, placement.state, placement.reason)
