@@ -38,7 +38,7 @@ import psutil
 from laminar_agent import shim
 from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.errors import ConfigError, InvalidArgument, NotFound
-from laminar_agent.jobfiles import UnsafeJobFile, read_job_file
+from laminar_agent.jobfiles import UnsafeJobFile, read_job_file, write_private
 from laminar_agent.shim import EXIT_FILE, LAUNCH_FILE
 
 log = logging.getLogger(__name__)
@@ -583,7 +583,7 @@ class Executor:
             "fenced": spec.fenced,
             "grace_seconds": spec.grace_seconds,
         }
-        _write_private(sdir / LAUNCH_FILE, json.dumps(launch))
+        write_private(sdir / LAUNCH_FILE, json.dumps(launch))
         pid = await self._launcher.launch(sdir) if self._launcher is not None else None
         if pid is None:
             argv = [self._python, "-I", "-S", SHIM_PATH, str(sdir)]
@@ -821,17 +821,6 @@ def check_subjob_id(subjob_id: str, field: str, *, required: bool = True) -> str
 def _is_shim(cmdline: Sequence[str]) -> bool:
     """A shim's command line: this version's (``shim.py``) or an older agent's (``-m``)."""
     return any(a.endswith("laminar_agent/shim.py") or a == "laminar_agent.shim" for a in cmdline)
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write a root-only file atomically (tmp + rename), refusing links."""
-    tmp = path.with_name(path.name + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def units_from_checkpoint(

@@ -14,9 +14,7 @@ loop at once instead of waiting for the next period.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import grpc
 
 from laminar_agent.grpcutil import channel_options
+from laminar_agent.jobfiles import write_private
 from laminar_agent.journal import ActionRow, Journal
 from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
@@ -43,16 +42,8 @@ MAX_LIVE_IDS = 4096
 
 
 def write_fence(path: Path, deadline_mono: float) -> None:
-    """Write the fence deadline atomically (temp file, fsync, rename), root-only."""
-    tmp = path.with_name(path.name + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as f:
-        f.write(f"{deadline_mono:.3f}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write the fence deadline (root-only, atomic, fsynced)."""
+    write_private(path, f"{deadline_mono:.3f}\n", durable=True)
 
 
 class HeartbeatClient:

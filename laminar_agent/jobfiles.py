@@ -1,4 +1,5 @@
-"""Reading files a job controls, from a process that may be root.
+"""Reading files a job controls, from a process that may be root; and writing the
+agent's own private files (launch records, the fence) so that nothing else can read them.
 
 A subjob may replace any file in a folder it can write (its checkpoint folder, its
 scratch folder) with a symbolic link to a file only root may read, a FIFO that blocks
@@ -20,8 +21,10 @@ reads; larger job output (logs) is written by the agent into root-only folders i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from pathlib import Path
 
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
@@ -48,3 +51,19 @@ def read_job_file(path: str | os.PathLike[str], *, max_bytes: int, owner_uid: in
         return os.read(fd, max_bytes)
     finally:
         os.close(fd)
+
+
+def write_private(path: Path, text: str, *, durable: bool = False) -> None:
+    """Write an owner-only (0600) file atomically: a fresh temp file beside it (links
+    refused), then a rename, so readers never see half of it. ``durable`` fsyncs first
+    (the fence: a shim must never read an older deadline after a crash)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
