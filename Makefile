@@ -97,8 +97,8 @@ install-units:
 
 # Regenerate etc/laminar/*.toml from the config dataclasses (a test checks they match).
 etc: $(STAMP)
-	$(PY) -c 'from laminar_agent.configlib import render_example as r; from laminar_agent.config import AgentConfig as A; print(r(A, "laminar-agent: /etc/laminar/agent.toml"), end="")' > etc/laminar/agent.toml
-	$(PY) -c 'from laminar_agent.configlib import render_example as r; from laminar_zone.config import ZoneConfig as Z; print(r(Z, "laminar-zone: /etc/laminar/zone.toml"), end="")' > etc/laminar/zone.toml
+	$(PY) -c 'from laminar_base.configlib import render_example as r; from laminar_agent.config import AgentConfig as A; print(r(A, "laminar-agent: /etc/laminar/agent.toml"), end="")' > etc/laminar/agent.toml
+	$(PY) -c 'from laminar_base.configlib import render_example as r; from laminar_zone.config import ZoneConfig as Z; print(r(Z, "laminar-zone: /etc/laminar/zone.toml"), end="")' > etc/laminar/zone.toml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -23,9 +23,9 @@ from cli.zoneclient import (
     zone_options,
     zone_stub,
 )
-from laminar_agent.errors import InvalidArgument
-from laminar_agent.units import format_size, parse_duration, parse_size
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, zone_pb2
+from laminar_base.errors import InvalidArgument
+from laminar_base.units import format_size, parse_duration, parse_size
 
 
 def _agent_stub(address: str) -> tuple[grpc.Channel, agent_pb2_grpc.AgentStub]:

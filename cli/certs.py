@@ -33,8 +33,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rich.console import Console
 from rich.table import Table
 
-from laminar_agent.errors import InvalidArgument
-from laminar_agent.security import ROLE_URI_PREFIX, ROLES, write_file
+from laminar_base.errors import InvalidArgument
+from laminar_base.security import ROLE_URI_PREFIX, ROLES, write_file
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"

@@ -29,11 +29,11 @@ from typing import ClassVar
 import grpc
 import psutil
 
-from laminar_agent.errors import Unavailable
 from laminar_agent.executor import local_run_as_env
-from laminar_agent.grpcutil import channel_options
-from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.errors import Unavailable
+from laminar_base.grpcutil import channel_options
+from laminar_base.security import INSECURE, Trust
 
 #: Subjob states that still hold a process.
 LIVE_SUBJOB_STATES = (common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUSPENDED)

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

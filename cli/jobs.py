@@ -23,8 +23,8 @@ from cli.zoneclient import (
     zone_options,
     zone_stub,
 )
-from laminar_agent.errors import InvalidArgument
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_base.errors import InvalidArgument
 
 T = TypeVar("T")
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laminar_agent.errors import InvalidArgument
-from laminar_agent.units import format_size, parse_duration, parse_size
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.errors import InvalidArgument
+from laminar_base.units import format_size, parse_duration, parse_size
 
 PRIORITIES: dict[str, common_pb2.PriorityClass] = {
     "critical": common_pb2.CRITICAL,

@@ -35,8 +35,8 @@ from cli.zoneclient import (
     set_token,
     set_trust,
 )
-from laminar_agent.errors import InvalidArgument, LaminarError
-from laminar_agent.security import load_trust
+from laminar_base.errors import InvalidArgument, LaminarError
+from laminar_base.security import load_trust
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -18,8 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.jobspec import describe_resources
-from laminar_agent.units import format_size
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.units import format_size
 
 TERMINAL_JOB_STATES = frozenset(
     {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED}

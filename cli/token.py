@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 from laminar_zone.auth import hash_token, new_token
 
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

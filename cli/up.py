@@ -18,8 +18,8 @@ from rich.table import Table
 
 from cli.cluster import LocalCluster
 from cli.zoneclient import DEFAULT_ZONE, SECRET_FILE_ENV, ZONE_ENV, current_trust
-from laminar_agent.errors import InvalidArgument
-from laminar_agent.security import write_file
+from laminar_base.errors import InvalidArgument
+from laminar_base.security import write_file
 
 #: A varied mix of hosts: MIG and whole H100s, a pair of A100s, one shared A100.
 DEFAULT_FAKE_GPUS = (

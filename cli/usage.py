@@ -15,9 +15,9 @@ from rich.console import Console
 
 from cli import render
 from cli.zoneclient import RPC_TIMEOUT_SECONDS, output_options, zone_options, zone_stub
-from laminar_agent.errors import InvalidArgument
-from laminar_agent.units import parse_duration
 from laminar_api.v1 import zone_pb2
+from laminar_base.errors import InvalidArgument
+from laminar_base.units import parse_duration
 
 
 def parse_since(text: str | None, now_unix: float) -> float:

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import grpc
 
-from laminar_agent.config import ControlSettings, TlsSettings
-from laminar_agent.errors import InvalidArgument
-from laminar_agent.grpcutil import channel_options
-from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_base.errors import InvalidArgument
+from laminar_base.grpcutil import channel_options
+from laminar_base.security import INSECURE, Trust
+from laminar_base.settings import ControlSettings, TlsSettings
 
 DEFAULT_ZONE = "127.0.0.1:7400"
 ZONE_ENV = "LAMINAR_ZONE"

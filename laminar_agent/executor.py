@@ -37,9 +37,9 @@ import psutil
 
 from laminar_agent import shim
 from laminar_agent.cgroups import SubjobCgroups
-from laminar_agent.errors import ConfigError, InvalidArgument, NotFound
 from laminar_agent.jobfiles import UnsafeJobFile, read_job_file, write_private
 from laminar_agent.shim import EXIT_FILE, LAUNCH_FILE
+from laminar_base.errors import ConfigError, InvalidArgument, NotFound
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import grpc
 
-from laminar_agent.grpcutil import channel_options
 from laminar_agent.jobfiles import write_private
 from laminar_agent.journal import ActionRow, Journal
-from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.grpcutil import channel_options
+from laminar_base.security import INSECURE, Trust
 
 log = logging.getLogger("laminar.agent.heartbeat")
 

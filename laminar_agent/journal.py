@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laminar_agent.errors import InvalidArgument, NotFound
+from laminar_base.errors import InvalidArgument, NotFound
 
 SCHEMA_VERSION = 3
 DB_FILE = "agent.db"

@@ -64,7 +64,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from laminar_agent.errors import (
+from laminar_base.errors import (
     Aborted,
     AlreadyExists,
     FailedPrecondition,

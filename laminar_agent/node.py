@@ -30,7 +30,6 @@ from typing import Any
 
 from airlock.policy import PRIORITY_NAMES
 from laminar_agent.cgroups import SubjobCgroups
-from laminar_agent.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
 from laminar_agent.executor import (
     Executor,
     ExitInfo,
@@ -40,7 +39,6 @@ from laminar_agent.executor import (
     check_subjob_id,
     units_from_checkpoint,
 )
-from laminar_agent.grpcutil import check_count, check_exec_size, check_number, check_str
 from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.journal import Journal, SubjobRow
@@ -60,6 +58,8 @@ from laminar_agent.metrics import AgentMetrics
 from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
 from laminar_agent.shim import FENCE_FILE
 from laminar_api.v1 import agent_pb2, common_pb2
+from laminar_base.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
+from laminar_base.grpcutil import check_count, check_exec_size, check_number, check_str
 
 log = logging.getLogger("laminar.agent.node")
 #: Reason prefix of a subjob its shim stopped because the agent's fence expired.

@@ -29,26 +29,26 @@ from prometheus_client import start_http_server
 from airlock.signals import HostMemorySource
 from laminar_agent.cgroups import open_cgroups
 from laminar_agent.config import AgentConfig, parse_uid_pool
-from laminar_agent.daemon import prepare_state_dir, serve_until_signalled
-from laminar_agent.errors import LaminarError
 from laminar_agent.executor import RunAs, parse_tenant_users, resolve_run_as
-from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.inventory import open_backend
 from laminar_agent.inventory.base import GpuBackend
 from laminar_agent.metrics import AgentMetrics
-from laminar_agent.sdnotify import Notifier
-from laminar_agent.security import (
+from laminar_agent.service import AgentService
+from laminar_agent.shim import FENCE_FILE
+from laminar_agent.state import AgentState
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc
+from laminar_base.daemon import prepare_state_dir, serve_until_signalled
+from laminar_base.errors import LaminarError
+from laminar_base.grpcutil import add_health_and_reflection, server_options, set_serving
+from laminar_base.sdnotify import Notifier
+from laminar_base.security import (
     Trust,
     check_exposure,
     load_trust,
     log_trust,
     server_interceptors,
 )
-from laminar_agent.service import AgentService
-from laminar_agent.shim import FENCE_FILE
-from laminar_agent.state import AgentState
-from laminar_api.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("laminar.agent")
 

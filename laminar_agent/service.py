@@ -8,11 +8,11 @@ from typing import Any
 
 import grpc
 
-from laminar_agent.errors import FailedPrecondition, InvalidArgument, NotFound
-from laminar_agent.grpcutil import check_number, check_str, map_errors
-from laminar_agent.security import peer_identity
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.errors import FailedPrecondition, InvalidArgument, NotFound
+from laminar_base.grpcutil import check_number, check_str, map_errors
+from laminar_base.security import peer_identity
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 

@@ -10,7 +10,7 @@ import sys
 
 from rich.console import Console
 
-from laminar_agent.errors import LaminarError
+from laminar_base.errors import LaminarError
 from laminar_bench.cli import register
 
 

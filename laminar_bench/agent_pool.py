@@ -38,10 +38,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from laminar_agent.config import AgentConfig
-from laminar_agent.configlib import load_config
-from laminar_agent.daemon import run_daemon, serve_until_signalled, setup_logging
-from laminar_agent.errors import InvalidArgument, LaminarError
 from laminar_agent.server import AgentServer
+from laminar_base.configlib import load_config
+from laminar_base.daemon import run_daemon, serve_until_signalled, setup_logging
+from laminar_base.errors import InvalidArgument, LaminarError
 
 log = logging.getLogger("laminar.bench.pool")
 

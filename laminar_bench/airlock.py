@@ -38,9 +38,9 @@ import grpc
 
 from airlock.policy import PRIORITY_NAMES
 from airlock.traces import choose_sharing_group, load_memory_curves
-from laminar_agent.errors import InvalidArgument, Unavailable
 from laminar_agent.executor import local_run_as_env
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.errors import InvalidArgument, Unavailable
 from laminar_bench.placement import environment, percentile
 
 GIB = 1024**3

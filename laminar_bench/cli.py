@@ -2,7 +2,7 @@
 
 :func:`register` adds the ``bench`` command to the ``laminar`` parser. Each
 leaf parser sets ``func`` to a handler ``(args, console) -> exit code``. Bad
-input raises :class:`~laminar_agent.errors.InvalidArgument` naming the flag;
+input raises :class:`~laminar_base.errors.InvalidArgument` naming the flag;
 the ``laminar`` entry point prints it as one line and exits 2. A benchmark
 never fails on a number: it reports (exit 0), and fails (exit 1) only when
 its cluster cannot be started.

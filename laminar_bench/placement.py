@@ -61,11 +61,11 @@ import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from laminar_agent.errors import InvalidArgument, Unavailable
 from laminar_agent.executor import local_run_as_env
-from laminar_agent.grpcutil import channel_options
 from laminar_agent.inventory.fake import parse_fake_spec
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.errors import InvalidArgument, Unavailable
+from laminar_base.grpcutil import channel_options
 from laminar_bench.agent_pool import POOL_INFO
 
 #: Above this many agents, agents share processes (pools); at or below, one process each.

@@ -2,7 +2,7 @@
 
 :func:`register` adds the ``sim`` command to the ``laminar`` parser. Each leaf
 parser sets ``func`` to a handler ``(args, console) -> exit code``. Bad input
-raises :class:`~laminar_agent.errors.InvalidArgument` naming the flag; the
+raises :class:`~laminar_base.errors.InvalidArgument` naming the flag; the
 ``laminar`` entry point prints it as one line and exits 2.
 """
 
@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from airlock import traces as airlock_traces
-from laminar_agent.errors import FailedPrecondition, InvalidArgument
+from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_sim import airlock_sim, atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
 from laminar_sim.policies import POLICIES

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 from laminar_sim.policies import MILLI, PodShape
 
 NODE_LIST_FILE = "openb_node_list_gpu_node.csv"

@@ -6,11 +6,11 @@ import argparse
 import os
 import sys
 
-from laminar_agent.configlib import load_config
-from laminar_agent.daemon import run_daemon, setup_logging
-from laminar_agent.errors import LaminarError
-from laminar_agent.sdnotify import Notifier
-from laminar_agent.security import add_security_flags, security_overrides
+from laminar_base.configlib import load_config
+from laminar_base.daemon import run_daemon, setup_logging
+from laminar_base.errors import LaminarError
+from laminar_base.sdnotify import Notifier
+from laminar_base.security import add_security_flags, security_overrides
 from laminar_zone.config import ZoneConfig
 from laminar_zone.server import ZoneServer
 

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from laminar_agent.errors import FailedPrecondition, InvalidArgument
-from laminar_agent.grpcutil import check_str
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.errors import FailedPrecondition, InvalidArgument
+from laminar_base.grpcutil import check_str
 from laminar_zone.market import (
     Bid,
     Bidder,

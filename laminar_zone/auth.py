@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from laminar_agent.errors import ConfigError, PermissionDenied, Unauthenticated
+from laminar_base.errors import ConfigError, PermissionDenied, Unauthenticated
 from laminar_zone.limits import RateLimiter
 
 TOKEN_PREFIX = "sha256:"

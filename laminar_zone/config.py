@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from laminar_agent.config import ControlSettings, TlsSettings, validate_security
-from laminar_agent.configlib import check_message_bytes, doc, max_message_bytes_field
-from laminar_agent.errors import ConfigError, InvalidArgument
-from laminar_agent.units import parse_size
+from laminar_base.configlib import check_message_bytes, doc, max_message_bytes_field
+from laminar_base.errors import ConfigError, InvalidArgument
+from laminar_base.settings import ControlSettings, TlsSettings, validate_security
+from laminar_base.units import parse_size
 from laminar_zone.market import POLICIES
 from laminar_zone.view import ProbeLimits
 

@@ -25,7 +25,10 @@ from typing import Any
 
 import grpc
 
-from laminar_agent.errors import (
+from laminar_agent.inventory.mig import MIG_PROFILES
+from laminar_agent.node import demand_from
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
@@ -33,11 +36,8 @@ from laminar_agent.errors import (
     PermissionDenied,
     Unavailable,
 )
-from laminar_agent.grpcutil import check_exec_size, check_number, check_str
-from laminar_agent.inventory.mig import MIG_PROFILES
-from laminar_agent.node import demand_from
-from laminar_agent.security import INSECURE, Trust
-from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.grpcutil import check_exec_size, check_number, check_str
+from laminar_base.security import INSECURE, Trust
 from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
 from laminar_zone.audit import AuditLog
 from laminar_zone.config import ZoneConfig

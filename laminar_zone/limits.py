@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from laminar_agent.errors import ResourceExhausted
+from laminar_base.errors import ResourceExhausted
 
 
 @dataclass

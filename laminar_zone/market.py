@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 
 POLICIES = ("utilization", "fair", "responsive", "blend")
 DEFAULT_EPSILON = 0.05

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from laminar_agent.errors import ResourceExhausted
-from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_base.errors import ResourceExhausted
+from laminar_base.security import INSECURE, Trust
 from laminar_zone.config import PeerSettings
 from laminar_zone.jobs import Entry, ZoneState
 from laminar_zone.placement import ShapeCap, choose_weighted, flow_weight, members_fitting

@@ -19,9 +19,9 @@ from typing import Generic, TypeVar
 
 import grpc
 
-from laminar_agent.grpcutil import channel_options
-from laminar_agent.security import INSECURE, Trust
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.grpcutil import channel_options
+from laminar_base.security import INSECURE, Trust
 from laminar_zone.config import PlacementSettings
 from laminar_zone.placement import Need, Offer, ShapeCap, members_fitting
 from laminar_zone.view import AgentRecord, ProbePlan, ZoneView, choose_offers

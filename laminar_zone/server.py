@@ -22,11 +22,11 @@ from typing import Any
 import grpc
 from prometheus_client import start_http_server
 
-from laminar_agent.daemon import prepare_state_dir, serve_until_signalled
-from laminar_agent.grpcutil import add_health_and_reflection, server_options, set_serving
-from laminar_agent.sdnotify import Notifier
-from laminar_agent.security import check_exposure, load_trust, log_trust, server_interceptors
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_base.daemon import prepare_state_dir, serve_until_signalled
+from laminar_base.grpcutil import add_health_and_reflection, server_options, set_serving
+from laminar_base.sdnotify import Notifier
+from laminar_base.security import check_exposure, load_trust, log_trust, server_interceptors
 from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import Guard, open_guard
 from laminar_zone.config import ZoneConfig

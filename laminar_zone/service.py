@@ -10,12 +10,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from laminar_agent.errors import InvalidArgument, PermissionDenied, Unavailable
 from laminar_agent.executor import check_subjob_id
-from laminar_agent.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
-from laminar_agent.security import peer_identity, peer_names
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.errors import InvalidArgument, PermissionDenied, Unavailable
+from laminar_base.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
+from laminar_base.security import peer_identity, peer_names
 from laminar_zone.auth import (
     Guard,
     Principal,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from laminar_agent.config import AgentConfig
-from laminar_agent.configlib import load_config, render_example
+from laminar_base.configlib import load_config, render_example
 from laminar_zone.config import ZoneConfig
 
 REPO = Path(__file__).resolve().parent.parent

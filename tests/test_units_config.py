@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from laminar_agent.configlib import doc, load_config
-from laminar_agent.errors import ConfigError, InvalidArgument
-from laminar_agent.units import format_size, parse_duration, parse_size
+from laminar_base.configlib import doc, load_config
+from laminar_base.errors import ConfigError, InvalidArgument
+from laminar_base.units import format_size, parse_duration, parse_size
 
 
 def test_parse_size_units() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from laminar_agent.errors import InvalidArgument
 from laminar_agent.inventory.base import GpuBackend, GpuInfo, MigInstanceInfo
+from laminar_base.errors import InvalidArgument
 
 __all__ = ["GpuBackend", "GpuInfo", "MigInstanceInfo", "open_backend", "parse_shared_gpus"]
 

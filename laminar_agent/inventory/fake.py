@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from laminar_agent.errors import InvalidArgument, NotFound
 from laminar_agent.inventory.base import GpuInfo, MigInstanceInfo
 from laminar_agent.inventory.mig import FIELD, GIB, lookup_profile, place_profiles
 from laminar_agent.jobfiles import read_job_file
+from laminar_base.errors import InvalidArgument, NotFound
 
 #: Known fake models -> memory in GiB (the number in the name).
 FAKE_MODELS: dict[str, int] = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 
 GIB = 1024**3
 MEMORY_SLICES = 8

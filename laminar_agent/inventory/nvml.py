@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from laminar_agent.errors import Unavailable
 from laminar_agent.inventory.base import GpuInfo, MigInstanceInfo
+from laminar_base.errors import Unavailable
 
 
 def _text(value: Any) -> str:

@@ -24,9 +24,9 @@ from waiting import gate_code, wait_for
 from airlock.signals import HostMemory
 from cli.cluster import AgentProcess, LocalCluster
 from laminar_agent.config import AgentConfig
-from laminar_agent.configlib import load_config
 from laminar_agent.server import AgentServer
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.configlib import load_config
 
 GIB = 1024**3
 TERMINAL = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_agent.errors import InvalidArgument
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.errors import InvalidArgument
 from laminar_zone.atomizer import units_done, validate_contract
 
 GIB = 1 << 30

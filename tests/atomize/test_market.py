@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 from laminar_zone.market import (
     Bid,
     Bidder,

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from rich.console import Console
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 from laminar_bench.cli import register
 
 REQUIRED = (

@@ -11,8 +11,8 @@ from rich.console import Console, RenderableType
 from cli import render
 from cli.main import main
 from cli.usage import parse_since
-from laminar_agent.errors import InvalidArgument
 from laminar_api.v1 import zone_pb2
+from laminar_base.errors import InvalidArgument
 
 NOW = 1_800_000_000.0
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from laminar_agent.errors import InvalidArgument, NotFound
 from laminar_agent.executor import Executor, ExitInfo, LaunchSpec
+from laminar_base.errors import InvalidArgument, NotFound
 
 DEADLINE_SECONDS = 20.0
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from laminar_agent.errors import InvalidArgument, NotFound
 from laminar_agent.journal import SCHEMA_VERSION, Journal, SubjobRow
+from laminar_base.errors import InvalidArgument, NotFound
 
 
 def test_subjob_round_trip_and_update(tmp_path: Path) -> None:

@@ -21,10 +21,10 @@ import pytest
 from test_executor import Recorder, make_spec, poll_until
 
 from laminar_agent.config import AgentConfig
-from laminar_agent.configlib import load_config
-from laminar_agent.errors import ConfigError
 from laminar_agent.executor import Executor, RunAs, resolve_run_as
 from laminar_agent.server import log_subjob_user
+from laminar_base.configlib import load_config
+from laminar_base.errors import ConfigError
 
 IS_ROOT = os.geteuid() == 0
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from laminar_agent.config import parse_uid_pool
-from laminar_agent.errors import ConfigError, InvalidArgument
 from laminar_agent.executor import RunAs, TenantIdentities
 from laminar_agent.journal import Journal
+from laminar_base.errors import ConfigError, InvalidArgument
 
 NOBODY = RunAs("nobody", 65534, 65534, (65534,), "/")
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from laminar_agent.errors import InvalidArgument, NotFound
 from laminar_agent.inventory import open_backend
 from laminar_agent.inventory.fake import FakeGpuBackend, FakeGpuSpec, parse_fake_spec
+from laminar_base.errors import InvalidArgument, NotFound
 
 GIB = 1024**3
 

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_agent.errors import InvalidArgument
 from laminar_agent.inventory.mig import (
     COMPUTE_SLICES,
     MEMORY_SLICES,
@@ -14,6 +13,7 @@ from laminar_agent.inventory.mig import (
     lookup_profile,
     place_profiles,
 )
+from laminar_base.errors import InvalidArgument
 
 
 def assert_legal(model: str, layout: tuple[tuple[str, int, int], ...]) -> None:

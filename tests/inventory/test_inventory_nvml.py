@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_agent.errors import Unavailable
 from laminar_agent.inventory import open_backend
 from laminar_agent.inventory.nvml import NvmlBackend
+from laminar_base.errors import Unavailable
 
 
 def _nvml_or_reason() -> NvmlBackend | str:

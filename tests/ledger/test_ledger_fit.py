@@ -4,13 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_agent.errors import (
-    Aborted,
-    AlreadyExists,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-)
 from laminar_agent.ledger import (
     Allocation,
     Bounced,
@@ -20,6 +13,13 @@ from laminar_agent.ledger import (
     ProbeOrder,
     Slice,
     SliceKind,
+)
+from laminar_base.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
 )
 
 GIB = 1 << 30

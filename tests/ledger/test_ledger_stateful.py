@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from laminar_agent.errors import Aborted, FailedPrecondition, InvalidArgument
 from laminar_agent.ledger import (
     Bounced,
     Demand,
@@ -21,6 +20,7 @@ from laminar_agent.ledger import (
     counter_ids,
 )
 from laminar_agent.preemption import HolderFacts, plan_preemption
+from laminar_base.errors import Aborted, FailedPrecondition, InvalidArgument
 
 GIB = 1 << 30
 

@@ -13,9 +13,9 @@ from waiting import wait_for
 
 from cli.cluster import LocalCluster, ZoneProcess
 from cli.zoneclient import SECRET_FILE_ENV
-from laminar_agent.config import ControlSettings, TlsSettings
-from laminar_agent.security import Trust, load_trust, write_file
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.security import Trust, load_trust, write_file
+from laminar_base.settings import ControlSettings, TlsSettings
 
 HEARTBEAT_SECONDS = 0.2
 #: Certificates the test CA issues, with their roles: the two daemons, an operator, and an

@@ -26,10 +26,10 @@ from cli.certs import init_certs
 from cli.cluster import LocalCluster, ZoneProcess
 from cli.main import main as cli_main
 from laminar_agent import __main__ as agent_main
-from laminar_agent.config import ControlSettings, TlsSettings
-from laminar_agent.errors import ConfigError
-from laminar_agent.security import check_exposure, is_loopback, load_trust
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.errors import ConfigError
+from laminar_base.security import check_exposure, is_loopback, load_trust
+from laminar_base.settings import ControlSettings, TlsSettings
 from laminar_zone import __main__ as zone_main
 from laminar_zone.audit import AUDIT_FILE
 from laminar_zone.auth import hash_token

@@ -14,9 +14,9 @@ import pytest
 
 from laminar_agent import __main__ as agent_main
 from laminar_agent.config import AgentConfig
-from laminar_agent.configlib import load_config
-from laminar_agent.errors import ConfigError
-from laminar_agent.security import check_exposure, load_trust, security_overrides, write_file
+from laminar_base.configlib import load_config
+from laminar_base.errors import ConfigError
+from laminar_base.security import check_exposure, load_trust, security_overrides, write_file
 from laminar_zone import __main__ as zone_main
 from laminar_zone.config import ZoneConfig
 

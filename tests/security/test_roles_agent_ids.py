@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 from seckit import failure, run_job, secret_cluster
 
-from laminar_agent.security import Trust
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.security import Trust
 
 SECRET = "control-secret-held-by-every-host"
 

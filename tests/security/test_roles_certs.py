@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from laminar_agent.security import roles_of_certificate
+from laminar_base.security import roles_of_certificate
 
 
 def test_role_flag_gives_bare_names_their_role(

@@ -22,10 +22,10 @@ from seckit import HEARTBEAT_SECONDS, failure, secret_cluster
 from waiting import wait_for
 
 from cli.cluster import ZoneProcess
-from laminar_agent.config import ControlSettings, TlsSettings
-from laminar_agent.errors import ConfigError
-from laminar_agent.security import PEER_SECRET_HEADER, SECRET_HEADER, Trust, load_trust, write_file
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.errors import ConfigError
+from laminar_base.security import PEER_SECRET_HEADER, SECRET_HEADER, Trust, load_trust, write_file
+from laminar_base.settings import ControlSettings, TlsSettings
 
 SECRET = "control-secret-held-by-every-host"
 PEER_SECRET = "peer-secret-held-by-routers-only"

@@ -13,12 +13,12 @@ import pytest
 from cli.certs import init_certs
 from laminar_agent import __main__ as agent_main
 from laminar_agent.config import AgentConfig
-from laminar_agent.configlib import load_config
 from laminar_agent.inventory.base import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
-from laminar_agent.security import write_file
 from laminar_agent.server import AgentServer
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc
+from laminar_base.configlib import load_config
+from laminar_base.security import write_file
 from laminar_zone import __main__ as zone_main
 from laminar_zone.config import ZoneConfig
 from laminar_zone.server import ZoneServer
@@ -161,7 +161,7 @@ def test_bad_security_config_exits_2_naming_the_key(
 async def test_a_secret_readable_by_others_or_a_non_pem_file_is_refused_at_start(
     tmp_path: Path,
 ) -> None:
-    from laminar_agent.errors import ConfigError
+    from laminar_base.errors import ConfigError
 
     secret = tmp_path / "secret"
     write_file(secret, b"s\n", 0o644)

@@ -24,8 +24,8 @@ from waiting import wait_for
 from cli.certs import init_certs
 from cli.cluster import AgentProcess, LocalCluster, ZoneProcess
 from cli.main import main
-from laminar_agent.grpcutil import channel_options
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.grpcutil import channel_options
 
 
 @dataclass

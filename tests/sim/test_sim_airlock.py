@@ -10,7 +10,7 @@ import pytest
 from test_sim_cli import run_cli
 
 from airlock.traces import MemoryCurve
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 from laminar_sim.airlock_sim import (
     ACTION_STEPS,
     GIB,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 from laminar_sim.atomized import (
     AtomizeSpec,
     MemoryProfile,

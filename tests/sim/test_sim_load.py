@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 from laminar_sim.cli import register
 from laminar_sim.load import LaminarRun, LoadSpec, best_fit, make_tasks, prefill, run_load
 from laminar_zone.placement import Need

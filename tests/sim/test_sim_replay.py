@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 from laminar_sim.cli import register
 from laminar_sim.replay import FifoReplay, LaminarReplay, ReplaySpec, read_jobs, run_replay
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar_agent.errors import ConfigError, PermissionDenied, Unauthenticated
+from laminar_base.errors import ConfigError, PermissionDenied, Unauthenticated
 from laminar_zone.auth import (
     Principal,
     Role,

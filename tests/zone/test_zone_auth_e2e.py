@@ -161,6 +161,11 @@ def test_tokens_roles_and_tenant_isolation_on_every_submitter_rpc(
         own = stub.ListJobs(zone_pb2.ListJobsRequest(), metadata=meta("alice"), timeout=10)
         assert [j.job_id for j in own.jobs] == [job_id]
 
+        def running_now() -> bool:
+            got = stub.GetJob(zone_pb2.GetJobRequest(job_id=job_id), metadata=meta("ops"))
+            return got.state == zone_pb2.JOB_RUNNING
+
+        wait_for(running_now)  # the process reports running asynchronously after Submit
         # SIGHUP: a new token works, a removed one stops working, the job runs on.
         write_tokens(tokens, ["bob", "ops"])
         os.kill(zone.process.pid, signal.SIGHUP)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_agent.errors import ResourceExhausted
+from laminar_base.errors import ResourceExhausted
 from laminar_zone.limits import RateLimiter, check_queued
 
 

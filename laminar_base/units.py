@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from laminar_agent.errors import InvalidArgument
+from laminar_base.errors import InvalidArgument
 
 _SIZE_UNITS = {
     "": 1,

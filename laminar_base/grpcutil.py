@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from laminar_agent.configlib import MAX_MESSAGE_BYTES
+from laminar_base.configlib import MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
     from grpc_health.v1._async import HealthServicer
-from laminar_agent.errors import InvalidArgument, LaminarError, ResourceExhausted
+from laminar_base.errors import InvalidArgument, LaminarError, ResourceExhausted
 
 log = logging.getLogger("laminar.grpc")
 

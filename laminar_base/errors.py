@@ -1,6 +1,6 @@
 """One exception hierarchy for Laminar; each class says what happened and whether a retry helps.
 
-Servicers never leak tracebacks: :mod:`laminar_agent.grpcutil` maps these to
+Servicers never leak tracebacks: :mod:`laminar_base.grpcutil` maps these to
 gRPC status codes, and the CLI turns them into one readable line.
 """
 

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from laminar_agent.config import ControlSettings, TlsSettings, validate_security
-from laminar_agent.errors import ConfigError
+from laminar_base.errors import ConfigError
+from laminar_base.settings import ControlSettings, TlsSettings, validate_security
 
 #: Metadata key that carries the shared secret on control calls.
 SECRET_HEADER = "x-laminar-secret"
@@ -68,7 +68,7 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def security_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """Flag values for :func:`~laminar_agent.configlib.load_config` overrides."""
+    """Flag values for :func:`~laminar_base.configlib.load_config` overrides."""
     return {
         "tls.ca_file": args.tls_ca_file,
         "tls.cert_file": args.tls_cert_file,

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from laminar_agent.errors import ConfigError, InvalidArgument
-from laminar_agent.units import parse_duration, parse_size
+from laminar_base.errors import ConfigError, InvalidArgument
+from laminar_base.units import parse_duration, parse_size
 
 T = TypeVar("T")
 

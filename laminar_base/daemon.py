@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from laminar_agent.errors import ConfigError, LaminarError
+from laminar_base.errors import ConfigError, LaminarError
 
 
 async def serve_until_signalled(
