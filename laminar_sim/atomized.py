@@ -25,12 +25,13 @@ kills the run at that hour; the work since the last checkpoint is lost.
 least its declared memory: the ``1 - epsilon`` quantile of its peaks (the same figure the
 atomization contract declares). The smallest profile that fits is tried first, then larger
 ones (all members on one profile). Queue order is the router's
-(:func:`laminar_zone.queue.order_key`: priority class, tenant usage, arrival), with EASY
-backfill (:func:`~laminar_zone.queue.may_backfill`) behind the first blocked job of each
-family (the smallest profile it fits), whose start is estimated by
-:func:`~laminar_zone.placement.expected_start`. Offers come from every host with a free
-slice of the profile (the ledger's MIG packing score) and are bound by
-:func:`~laminar_zone.view.choose_offers`: with a few hosts the probe set is all of them. A
+(:func:`laminar_zone.queue.order_key`: priority class, tenant usage, arrival), walked by the
+router's :class:`~laminar_zone.queue.QueueWalk` (EASY backfill behind the first blocked job
+of each family, the smallest profile it fits, whose start is estimated by
+:func:`~laminar_zone.placement.expected_start`). Each try is the router's
+:class:`~laminar_zone.gather.Gather` over every host with a free slice of the profile (a
+:class:`~laminar_zone.gather.FixedPlan`: with a few hosts the probe set is all of them),
+offers scored by the ledger's MIG packing score. A
 rigid job has no checkpoint: killed by a peak, it is requeued with its declared memory
 raised to the peak seen, and starts again from zero.
 
@@ -92,7 +93,9 @@ from laminar_agent.ledger import (
     slices_from_gpus,
 )
 from laminar_sim.engine import Engine
+from laminar_sim.laminar import settle
 from laminar_sim.replay import TraceJob
+from laminar_zone.gather import Bind, FixedPlan, Gather, ProbeHost
 from laminar_zone.market import (
     Bidder,
     Calibrator,
@@ -106,8 +109,8 @@ from laminar_zone.market import (
     round_bids,
 )
 from laminar_zone.placement import Need, Offer, expected_start
-from laminar_zone.queue import QueueItem, may_backfill, order_key
-from laminar_zone.view import choose_offers
+from laminar_zone.queue import QueueItem, QueueWalk, order_key, walk_queue
+from laminar_zone.view import AgentRecord
 
 ProgressFn = Callable[[str, int, int], None]
 MODES = ("rigid", "atomized")
@@ -458,40 +461,38 @@ class MigReplay:
         return self.profiles[-1][1]
 
     def schedule_rigid(self) -> None:
+        """The router's queue walk (:class:`QueueWalk`) over rigid gangs, per MIG family."""
         now = self.engine.now
         self.rigid_queue.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
-        self.heads = {}
-        kept: list[_JobState] = []
-        for state in self.rigid_queue:
-            family = self.family(state)
-            head = self.heads.get(family)
-            if head is not None and not may_backfill(self.item(state), now, head[1]):
-                kept.append(state)
-                continue
-            leases = self.place(state)
-            if leases is not None:
-                self.start_rigid(state, leases)
-                continue
-            kept.append(state)
-            if head is None:
-                memory = self.memory_of[family]
-                free_units = sum(
-                    compute_of(p) / COMPUTE_SLICES for p, m in self.free.values() if m >= memory
-                )
-                releases = [
-                    (end, units) for end, units, mem in self.running.values() if mem >= memory
-                ]
-                units = state.job.gpus * compute_of(family) / COMPUTE_SLICES
-                self.heads[family] = (
-                    memory,
-                    expected_start(now, free_units, releases, 0.0, units),
-                )
+        walk = QueueWalk(now)
+        kept = walk_queue(walk, self.rigid_queue, self.item, self.try_start, self.head_start)
+        profiles = {family: family.removeprefix("mig:") for family in walk.heads}
+        self.heads = {
+            profiles[family]: (self.memory_of[profiles[family]], head.expected_start)
+            for family, head in walk.heads.items()
+        }
         self.rigid_queue = kept
+
+    def try_start(self, state: _JobState) -> bool:
+        leases = self.place(state)
+        if leases is not None:
+            self.start_rigid(state, leases)
+        return leases is not None
+
+    def head_start(self, state: _JobState, units_ahead: float) -> float | None:
+        """When a blocked gang of this family may start: free slices that hold it, then ends."""
+        family = self.family(state)
+        memory = self.memory_of[family]
+        free_units = sum(
+            compute_of(p) / COMPUTE_SLICES for p, m in self.free.values() if m >= memory
+        )
+        releases = [(end, units) for end, units, mem in self.running.values() if mem >= memory]
+        units = state.job.gpus * compute_of(family) / COMPUTE_SLICES
+        return expected_start(self.engine.now, free_units, releases, units_ahead, units)
 
     def place(self, state: _JobState) -> list[tuple[MigHost, str, str]] | None:
         """All members on free slices of one profile (smallest that fits first), or None."""
         gang = state.job.gpus
-        now = self.engine.now
         for memory, profile in self.profiles:
             if memory < state.need_bytes:
                 continue
@@ -501,42 +502,59 @@ class MigReplay:
                     per_host[agent] = per_host.get(agent, 0) + 1
             if sum(per_host.values()) < gang:
                 continue
-            offers: dict[str, tuple[MigHost, Offer]] = {}
-            demand = Demand(mig_profile=profile, gpu_memory_bytes=state.need_bytes)
-            for agent in sorted(per_host):
-                host = self.by_id[agent]
-                orders = [
-                    ProbeOrder(
-                        f"{state.job.index}/{m}",
-                        f"j{state.job.index}",
-                        m,
-                        demand,
-                        state.job.priority,
-                        0.0,
-                        m,
-                        LEASE_TTL_SECONDS,
-                    )
-                    for m in range(min(gang, per_host[agent]))
-                ]
-                for reply in host.ledger.arbitrate(orders, now):
-                    if isinstance(reply, Granted):
-                        lease = reply.lease
-                        offers[lease.lease_id] = (
-                            host,
-                            Offer(lease.lease_id, agent, lease.member, lease.score),
-                        )
-            picked = choose_offers([o for _, o in offers.values()], gang)
-            keep = {o.lease_id for o in picked} if picked is not None else set()
-            chosen = []
-            for lease_id, (host, _) in offers.items():
-                if lease_id in keep:
-                    lease = host.ledger.commit(lease_id, f"j{state.job.index}", now)
-                    chosen.append((host, lease_id, lease.allocations[0].slice_id))
-                else:
-                    host.ledger.release(lease_id)
-            if picked is not None:
+            chosen = self._place_on(state, profile, per_host)
+            if chosen is not None:
                 return chosen
         return None
+
+    def _place_on(
+        self, state: _JobState, profile: str, per_host: dict[str, int]
+    ) -> list[tuple[MigHost, str, str]] | None:
+        """One placement try on the hosts with free ``profile`` slices (the router's Gather)."""
+        gang = state.job.gpus
+        now = self.engine.now
+        demand = Demand(mig_profile=profile, gpu_memory_bytes=state.need_bytes)
+        need = Need(mig_profile=profile, gpu_memory_bytes=state.need_bytes)
+        plan = FixedPlan([AgentRecord(agent, "") for agent in sorted(per_host)], need)
+        machine = Gather(plan, gang, members=lambda r: min(gang, per_host[r.agent_id]))
+
+        def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
+            host = self.by_id[step.record.agent_id]
+            orders = [
+                ProbeOrder(
+                    f"{state.job.index}/{m}",
+                    f"j{state.job.index}",
+                    m,
+                    demand,
+                    state.job.priority,
+                    0.0,
+                    m,
+                    LEASE_TTL_SECONDS,
+                )
+                for m in range(step.members)
+            ]
+            grants: list[Offer] = []
+            bounces: list[str] = []
+            for reply in host.ledger.arbitrate(orders, now):
+                if isinstance(reply, Granted):
+                    lease = reply.lease
+                    grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
+                else:
+                    bounces.append(reply.reason)
+            return grants, bounces
+
+        def release(offer: Offer) -> None:
+            self.by_id[offer.agent_id].ledger.release(offer.lease_id)
+
+        outcome = settle(machine, probe, release, now)
+        if not isinstance(outcome, Bind):
+            return None
+        chosen = []
+        for offer in outcome.offers:
+            host = self.by_id[offer.agent_id]
+            lease = host.ledger.commit(offer.lease_id, f"j{state.job.index}", now)
+            chosen.append((host, offer.lease_id, lease.allocations[0].slice_id))
+        return chosen
 
     def take(self, host: MigHost, slice_id: str) -> tuple[str, int]:
         profile, memory = self.free.pop((host.agent_id, slice_id))

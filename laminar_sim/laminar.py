@@ -26,6 +26,7 @@ request and a reply (2 messages); summary exchanges between zones are counted ap
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from laminar_agent.ledger import (
@@ -38,6 +39,7 @@ from laminar_agent.ledger import (
     SliceKind,
     counter_ids,
 )
+from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release
 from laminar_zone.placement import (
     Need,
     Offer,
@@ -46,7 +48,7 @@ from laminar_zone.placement import (
     flow_weight,
     members_fitting,
 )
-from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView, choose_offers
+from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView
 
 #: Nominal GPU memory of a simulated device (the FGD pod lists declare none).
 SIM_GPU_MEMORY_BYTES = 80 * 1024**3
@@ -261,42 +263,58 @@ class LaminarCluster:
         return None
 
     def _place_in(self, zone: SimZone, ask: Ask, now: float) -> tuple[int, tuple[int, ...]] | None:
-        plan = ProbePlan(zone.view, ask.need, self.limits, self.rng)
-        offers: dict[str, tuple[SimHost, Offer]] = {}
-        while True:
-            batch = plan.next_batch()
-            self.counters.view_lookups += len(batch)
-            if not batch:
-                break
-            for record in batch:
-                host = zone.hosts[record.agent_id]
-                self.counters.probes += 1
-                reply = host.probe(ask, now)
-                zone.note(host)
-                if isinstance(reply, Granted):
-                    lease = reply.lease
-                    offers[lease.lease_id] = (
-                        host,
-                        Offer(lease.lease_id, host.agent_id, 0, lease.score),
-                    )
-                else:
-                    self.counters.bounces += 1
-            picked = choose_offers([o for _, o in offers.values()], 1)
-            if picked is not None:
-                best = picked[0]
-                host = offers[best.lease_id][0]
-                self.counters.commits += 1
-                gpus = host.commit(ask, best.lease_id, now)
-                zone.note(host)
-                self._release(zone, offers, keep=best.lease_id)
-                return self.host_index[host.agent_id], gpus
-        self._release(zone, offers, keep="")
-        return None
+        machine = Gather(ProbePlan(zone.view, ask.need, self.limits, self.rng))
 
-    def _release(self, zone: SimZone, offers: dict[str, tuple[SimHost, Offer]], keep: str) -> None:
-        for lease_id, (host, _) in offers.items():
-            if lease_id == keep:
-                continue
-            self.counters.releases += 1
-            host.ledger.release(lease_id)
+        def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
+            host = zone.hosts[step.record.agent_id]
+            self.counters.view_lookups += 1
+            self.counters.probes += 1
+            reply = host.probe(ask, now)
             zone.note(host)
+            if isinstance(reply, Granted):
+                lease = reply.lease
+                return [Offer(lease.lease_id, host.agent_id, 0, lease.score)], []
+            self.counters.bounces += 1
+            return [], [reply.reason]
+
+        def release(offer: Offer) -> None:
+            host = zone.hosts[offer.agent_id]
+            self.counters.releases += 1
+            host.ledger.release(offer.lease_id)
+            zone.note(host)
+
+        outcome = settle(machine, probe, release, now)
+        if not isinstance(outcome, Bind):
+            return None
+        best = outcome.offers[0]
+        host = zone.hosts[best.agent_id]
+        self.counters.commits += 1
+        gpus = host.commit(ask, best.lease_id, now)
+        zone.note(host)
+        return self.host_index[host.agent_id], gpus
+
+
+def settle(
+    machine: Gather,
+    probe: Callable[[ProbeHost], tuple[list[Offer], list[str]]],
+    release: Callable[[Offer], None],
+    now: float,
+) -> Bind | GiveUp:
+    """Drive one placement try where a probe is answered at once (no network in between).
+
+    ``probe`` answers one :class:`ProbeHost` with the leases granted and bounce reasons;
+    ``release`` gives one lease back. The caller commits what :class:`Bind` names.
+    """
+    todo = machine.start(now)
+    while True:
+        answers: list[Instruction] = []
+        for step in todo:
+            if isinstance(step, Release):
+                for offer in step.offers:
+                    release(offer)
+            elif isinstance(step, ProbeHost):
+                grants, bounces = probe(step)
+                answers += machine.answered(step.record.agent_id, step.round, grants, bounces, now)
+        if machine.outcome is not None and not answers:
+            return machine.outcome
+        todo = answers

@@ -46,8 +46,9 @@ import numpy.typing as npt
 from laminar_agent.ledger import Granted
 from laminar_sim.engine import Engine, LossyDelay
 from laminar_sim.laminar import Ask, LaminarCluster, SimHost, SimZone
+from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release
 from laminar_zone.placement import Need, Offer
-from laminar_zone.view import ProbeLimits, ProbePlan, choose_offers
+from laminar_zone.view import ProbeLimits, ProbePlan
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -414,7 +415,7 @@ class LaminarRun(_Base):
         t0 = time.perf_counter()
         plan = ProbePlan(zone.view, task.ask.need, self.cluster.limits, self.cluster.rng)
         self.out.decision_seconds += time.perf_counter() - t0
-        _Attempt(self, zone, task, plan, key).next()
+        _Attempt(self, zone, task, Gather(plan), key).start()
 
     def placed(self, key: tuple[str, Need] | None, failed: Task | None) -> None:
         """A try ended (``failed`` is the task that found no room): run the queue on."""
@@ -469,46 +470,55 @@ class LaminarRun(_Base):
 
 
 class _Attempt:
-    """One placement try of one task: attempts of parallel probes, then commit."""
+    """One placement try of one task: the router's :class:`Gather` driven over the network model."""
 
     def __init__(
         self,
         run: LaminarRun,
         zone: SimZone,
         task: Task,
-        plan: ProbePlan,
+        machine: Gather,
         key: tuple[str, Need] | None,
     ) -> None:
         self.run = run
         self.key = key
         self.zone = zone
         self.task = task
-        self.plan = plan
-        self.offers: dict[str, tuple[SimHost, Offer]] = {}
-        self.waiting = 0
+        self.machine = machine
         self.timer: Any = None
-        self.round = 0
-        self.open = False
 
-    def next(self) -> None:
+    def start(self) -> None:
+        self._carry(self.machine.start(self.run.engine.now))
+
+    def _carry(self, steps: list[Instruction]) -> None:
         run = self.run
-        batch = self.plan.next_batch()
-        run.out.view_lookups += len(batch)
-        if not batch:
-            self._release_all()
-            run.placed(self.key or (self.zone.name, self.task.ask.need), self.task)
-            return
-        self.round += 1
-        self.open = True
-        this_round = self.round
-        self.waiting = len(batch)
-        for record in batch:
-            host = self.zone.hosts[record.agent_id]
-            run.out.probes += 1
-            run.engine.send(self.zone.name, host.agent_id, partial(self._at_host, host, this_round))
-        self.timer = run.engine.schedule(
-            run.spec.rpc_timeout_seconds, lambda: self._round_done(this_round)
-        )
+        probes = [step for step in steps if isinstance(step, ProbeHost)]
+        if (probes or self.machine.is_done) and self.timer is not None:
+            run.engine.cancel(self.timer)
+            self.timer = None
+        for step in steps:
+            if isinstance(step, ProbeHost):
+                host = self.zone.hosts[step.record.agent_id]
+                run.out.probes += 1
+                run.out.view_lookups += 1
+                run.engine.send(
+                    self.zone.name, host.agent_id, partial(self._at_host, host, step.round)
+                )
+            elif isinstance(step, Release):
+                for offer in step.offers:
+                    self._release(self.zone.hosts[offer.agent_id], offer.lease_id)
+            elif isinstance(step, Bind):
+                best = step.offers[0]
+                self._commit(self.zone.hosts[best.agent_id], best.lease_id, tries=3)
+                run.placed(self.key, None)
+            elif isinstance(step, GiveUp):
+                run.placed(self.key or (self.zone.name, self.task.ask.need), self.task)
+        if probes:
+            round_ = probes[0].round
+            self.timer = run.engine.schedule(
+                run.spec.rpc_timeout_seconds,
+                lambda: self._carry(self.machine.timed_out(round_, self.run.engine.now)),
+            )
 
     def _at_host(self, host: SimHost, round_: int) -> None:
         reply = host.probe(self.task.ask, self.run.engine.now)
@@ -518,37 +528,16 @@ class _Attempt:
 
     def _reply(self, host: SimHost, reply: Any, round_: int) -> None:
         self.zone.note(host)
-        current = round_ == self.round and self.open
+        grants: list[Offer] = []
+        bounces: list[str] = []
         if isinstance(reply, Granted):
-            if not current:  # late: the router moved on, give the lease back
-                self._release(host, reply.lease.lease_id)
-                return
             lease = reply.lease
-            offer = Offer(lease.lease_id, host.agent_id, 0, lease.score)
-            self.offers[lease.lease_id] = (host, offer)
+            grants.append(Offer(lease.lease_id, host.agent_id, 0, lease.score))
         else:
             self.run.out.bounces += 1
-        if current:
-            self.waiting -= 1
-            if self.waiting == 0:
-                self._round_done(round_)
-
-    def _round_done(self, round_: int) -> None:
-        if round_ != self.round or not self.open:
-            return
-        self.open = False
-        if self.timer is not None:
-            self.run.engine.cancel(self.timer)
-            self.timer = None
-        picked = choose_offers([o for _, o in self.offers.values()], 1)
-        if picked is None:
-            self.next()
-            return
-        best = picked[0]
-        host = self.offers.pop(best.lease_id)[0]
-        self._release_all()
-        self._commit(host, best.lease_id, tries=3)
-        self.run.placed(self.key, None)
+            bounces.append(reply.reason)
+        now = self.run.engine.now
+        self._carry(self.machine.answered(host.agent_id, round_, grants, bounces, now))
 
     def _commit(self, host: SimHost, lease_id: str, tries: int) -> None:
         run = self.run
@@ -576,11 +565,6 @@ class _Attempt:
             host.ledger.release(lease_id)
 
         self.run.engine.send(self.zone.name, host.agent_id, at_host)
-
-    def _release_all(self) -> None:
-        for lease_id, (host, _) in list(self.offers.items()):
-            self._release(host, lease_id)
-        self.offers.clear()
 
 
 class CentralRun(_Base):

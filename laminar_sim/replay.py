@@ -5,13 +5,13 @@ cluster``) arrives at its time and runs for its duration on whole GPUs: up to
 ``gpus_per_host`` GPUs on one host, or a gang of full hosts (``ceil(n / gpus_per_host)``
 members placed all or nothing) for bigger jobs.
 
-**laminar** runs the router's own queue: order by :func:`laminar_zone.queue.order_key`,
-EASY backfill by :func:`laminar_zone.queue.may_backfill` against the blocked head's
-expected start from :func:`laminar_zone.placement.expected_start` (run times are the
-trace's, given to the router as the jobs' declared ``expected_seconds``), and placement
-through the router's :class:`~laminar_zone.view.ProbePlan` and late binding
-(:func:`~laminar_zone.view.choose_offers`, gangs by ``assign_gang``) over hosts that are
-the agent's own :class:`~laminar_agent.ledger.Ledger`.
+**laminar** drives the router's own decisions: the queue walk
+(:class:`laminar_zone.queue.QueueWalk`: order by ``order_key`` with the tenant's running
+GPUs as fair share, per-family blocked heads, EASY backfill against the head's expected
+start from :func:`laminar_zone.placement.expected_start`; run times are the trace's, given
+to the router as the jobs' declared ``expected_seconds``), and each placement try through
+the router's :class:`laminar_zone.gather.Gather` (probe plan, late binding, gangs) over
+hosts that are the agent's own :class:`~laminar_agent.ledger.Ledger`.
 
 **fifo** is the baseline: one queue served strictly in arrival order (no backfill), each
 job on the first hosts that fit, with exact knowledge of every host.
@@ -42,10 +42,11 @@ from typing import Any
 
 from laminar_agent.ledger import Demand, Granted, ProbeOrder
 from laminar_sim.engine import Engine
-from laminar_sim.laminar import SimHost
-from laminar_zone.placement import Need, Offer, expected_start, members_fitting
-from laminar_zone.queue import QueueItem, may_backfill, order_key
-from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView, choose_offers
+from laminar_sim.laminar import SimHost, settle
+from laminar_zone.gather import Bind, Gather, ProbeHost
+from laminar_zone.placement import Need, Offer, expected_start
+from laminar_zone.queue import QueueItem, QueueWalk, order_key, walk_queue
+from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView
 
 ProgressFn = Callable[[str, int, int], None]
 POLICIES = ("laminar", "fifo")
@@ -257,29 +258,30 @@ class LaminarReplay(_Replay):
         return QueueItem(f"j{job.index}", 3, "philly", job.arrival, need, gang, job.duration)
 
     def schedule(self) -> None:
-        self.queue.sort(key=lambda j: order_key(self.item(j), {}, {}))
+        """The router's queue walk (:class:`QueueWalk`): order, per-family heads, EASY backfill."""
+        usage = self.running_units()
+        self.queue.sort(key=lambda j: order_key(self.item(j), usage, {}))
         now = self.engine.now
-        head_start: float | None = None
-        kept: list[TraceJob] = []
-        blocked = False
-        for job in self.queue:
-            item = self.item(job)
-            if blocked and not may_backfill(item, now, head_start):
-                kept.append(job)
-                continue
-            leases = self.place(job)
-            if leases is not None:
-                self.started(job, leases)
-                continue
-            kept.append(job)
-            if not blocked:
-                blocked = True
-                self.head_blocked(job)
-                releases = [(end, float(gpus)) for end, gpus in self.ends.values()]
-                head_start = expected_start(now, float(self.free), releases, 0.0, job.gpus)
-        if not blocked:
+        walk = QueueWalk(now)
+        self.queue = walk_queue(walk, self.queue, self.item, self.try_start, self.head_start)
+        if not walk.heads:
             self.frag_now = 0
-        self.queue = kept
+
+    def try_start(self, job: TraceJob) -> bool:
+        leases = self.place(job)
+        if leases is not None:
+            self.started(job, leases)
+        return leases is not None
+
+    def head_start(self, job: TraceJob, units_ahead: float) -> float | None:
+        """``job`` became the blocked head (fragmentation is measured now): its expected start."""
+        self.head_blocked(job)
+        releases = [(end, float(gpus)) for end, gpus in self.ends.values()]
+        return expected_start(self.engine.now, float(self.free), releases, units_ahead, job.gpus)
+
+    def running_units(self) -> dict[str, float]:
+        """GPU-equivalents each tenant runs now: the fair-share term of the queue order."""
+        return {"philly": float(sum(gpus for _, gpus in self.ends.values()))}
 
     def started(self, job: TraceJob, leases: list[tuple[SimHost, str]]) -> None:
         super().started(job, leases)
@@ -291,47 +293,44 @@ class LaminarReplay(_Replay):
 
     def place(self, job: TraceJob) -> list[tuple[SimHost, str]] | None:
         need, gang = _shape(job, self.spec.gpus_per_host)
-        plan = ProbePlan(self.view, need, self.limits, self.rng)
-        offers: dict[str, tuple[SimHost, Offer]] = {}
-        while True:
-            batch = plan.next_batch()
-            if not batch:
-                break
-            for record in batch:
-                host = self.by_id[record.agent_id]
-                members = max(1, min(gang, members_fitting(need, record.shapes)))
-                demand = Demand(gpus=need.gpus)
-                orders = [
-                    ProbeOrder(f"{job.index}/{m}", f"j{job.index}", m, demand, 3, 0.0, m, 60.0)
-                    for m in range(members)
-                ]
-                for reply in host.ledger.arbitrate(orders, self.engine.now):
-                    self.stats.probes += 1
-                    if isinstance(reply, Granted):
-                        lease = reply.lease
-                        offers[lease.lease_id] = (
-                            host,
-                            Offer(lease.lease_id, host.agent_id, lease.member, lease.score),
-                        )
-                    else:
-                        self.stats.bounces += 1
-                self.note(host)
-            picked = choose_offers([o for _, o in offers.values()], gang)
-            if picked is not None:
-                keep = {o.lease_id for o in picked}
-                chosen = []
-                for lease_id, (host, _) in offers.items():
-                    if lease_id in keep:
-                        host.ledger.commit(lease_id, f"j{job.index}", self.engine.now)
-                        chosen.append((host, lease_id))
-                    else:
-                        host.ledger.release(lease_id)
-                    self.note(host)
-                return chosen
-        for lease_id, (host, _) in offers.items():
-            host.ledger.release(lease_id)
+        machine = Gather(ProbePlan(self.view, need, self.limits, self.rng), gang)
+        demand = Demand(gpus=need.gpus)
+        now = self.engine.now
+
+        def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
+            host = self.by_id[step.record.agent_id]
+            orders = [
+                ProbeOrder(f"{job.index}/{m}", f"j{job.index}", m, demand, 3, 0.0, m, 60.0)
+                for m in range(step.members)
+            ]
+            grants: list[Offer] = []
+            bounces: list[str] = []
+            for reply in host.ledger.arbitrate(orders, now):
+                self.stats.probes += 1
+                if isinstance(reply, Granted):
+                    lease = reply.lease
+                    grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
+                else:
+                    self.stats.bounces += 1
+                    bounces.append(reply.reason)
             self.note(host)
-        return None
+            return grants, bounces
+
+        def release(offer: Offer) -> None:
+            host = self.by_id[offer.agent_id]
+            host.ledger.release(offer.lease_id)
+            self.note(host)
+
+        outcome = settle(machine, probe, release, now)
+        if not isinstance(outcome, Bind):
+            return None
+        chosen = []
+        for offer in outcome.offers:
+            host = self.by_id[offer.agent_id]
+            host.ledger.commit(offer.lease_id, f"j{job.index}", now)
+            chosen.append((host, offer.lease_id))
+            self.note(host)
+        return chosen
 
 
 class FifoReplay(_Replay):

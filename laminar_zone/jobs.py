@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import grpc
@@ -46,8 +47,8 @@ from laminar_zone.placement import Need, expected_start
 from laminar_zone.placer import AgentClients, Ask, Placer, need_from, shapes_from
 from laminar_zone.queue import (
     QueueItem,
+    QueueWalk,
     explain,
-    may_backfill,
     order_key,
     quota_block,
     quota_never_fits,
@@ -708,9 +709,7 @@ class ZoneState:
             return
         units, memory = self.tenant_usage()
         waiting.sort(key=lambda e: order_key(e.item, units, self.shares))
-        heads: dict[str, tuple[str, float | None]] = {}
-        units_ahead: dict[str, float] = {}
-        positions: dict[str, int] = {}
+        walk = QueueWalk(now_unix, backfill=self.config.queue.backfill)
         changed: list[Entry] = []
         counts: dict[Need, HostCounts] = {}
         for entry in waiting:
@@ -736,17 +735,12 @@ class ZoneState:
                     job.state, job.reason = zone_pb2.WAITING, blocked
                     changed.append(entry)
                 continue
-            family = entry.need.family
-            head = heads.get(family)
             if entry.need not in counts:
                 counts[entry.need] = self.view.counts(entry.need)
             hosts = counts[entry.need]
+            # A job the zone cannot hold even when idle blocks nobody.
             never = hosts.members_total < item.gang_size
-            may_run = not never and (
-                head is None
-                or (self.config.queue.backfill and may_backfill(item, now_unix, head[1]))
-            )
-            if may_run and self.view.any_fits(entry.need, self.rng):
+            if walk.may_try(item, never=never) and self.view.any_fits(entry.need, self.rng):
                 job.state = zone_pb2.PENDING
                 job.reason = "placing from the queue"
                 if await self._place(entry, from_queue=True):
@@ -756,45 +750,44 @@ class ZoneState:
                     continue
                 counts[entry.need] = self.view.counts(entry.need)
                 hosts = counts[entry.need]
-            positions[family] = positions.get(family, 0) + 1
-            ahead = units_ahead.get(family, 0.0)
-            start = None if never else self._expected_start(entry, ahead, now_unix)
-            if not never:
-                # A job the zone cannot hold even when idle blocks nobody.
-                units_ahead[family] = ahead + item.units
-                if head is None:
-                    heads[family] = (job.job_id, start)
+            wait = walk.waits(
+                item,
+                partial(self._expected_start, entry, now_unix=now_unix),
+                never=never,
+            )
             reason = explain(
                 entry.need,
                 gang_size=item.gang_size,
                 hosts_ready=hosts.ready,
                 hosts_matching=hosts.matching,
                 hosts_fitting=hosts.fitting,
-                position=positions[family],
-                expected_start=start,
+                position=wait.position,
+                expected_start=wait.expected_start,
                 now=now_unix,
-                blocked_by=head[0] if head is not None and hosts.fitting else "",
+                blocked_by=wait.blocked_by if hosts.fitting else "",
                 members_total=hosts.members_total,
             )
             if (
                 job.state != zone_pb2.QUEUED
                 or job.reason != reason
-                or job.queue_position != positions[family]
+                or job.queue_position != wait.position
             ):
                 job.state = zone_pb2.QUEUED
                 job.reason = reason
-                job.queue_position = positions[family]
-                job.expected_start_unix = start or 0.0
+                job.queue_position = wait.position
+                job.expected_start_unix = wait.expected_start or 0.0
                 changed.append(entry)
         self._blocked_families = {
-            family: self.entries[job_id].job.spec.priority or common_pb2.BATCH
-            for family, (job_id, _) in heads.items()
-            if job_id in self.entries
+            family: self.entries[head.job_id].job.spec.priority or common_pb2.BATCH
+            for family, head in walk.heads.items()
+            if head.job_id in self.entries
         }
         #: When each family's blocked head is expected to start: windows of that family
         #: end there, so atomized work backfills it without delaying it (EASY).
         self.blocked_starts = {
-            family: start for family, (_, start) in heads.items() if start is not None
+            family: head.expected_start
+            for family, head in walk.heads.items()
+            if head.expected_start is not None
         }
         for entry in changed:
             self.save(entry)

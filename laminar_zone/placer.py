@@ -23,8 +23,9 @@ from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_base.grpcutil import channel_options
 from laminar_base.security import INSECURE, Trust
 from laminar_zone.config import PlacementSettings
-from laminar_zone.placement import Need, Offer, ShapeCap, members_fitting
-from laminar_zone.view import AgentRecord, ProbePlan, ZoneView, choose_offers
+from laminar_zone.gather import Bind, Gather, ProbeHost, Release
+from laminar_zone.placement import Need, Offer, ShapeCap
+from laminar_zone.view import AgentRecord, ProbePlan, ZoneView
 
 log = logging.getLogger("laminar.zone.placer")
 
@@ -133,69 +134,67 @@ class Placer:
     async def gather(
         self, ask: Ask, *, lease_ttl_seconds: float = 0.0, exclude: set[str] | None = None
     ) -> Gathered:
-        """Collect one lease per gang member within the budget; release everything unused."""
+        """Drive one :class:`~laminar_zone.gather.Gather`: probe rounds over gRPC, bind late."""
         s = self.settings
         need = need_from(ask.resources)
         gang = max(1, ask.gang_size)
         ttl = lease_ttl_seconds or s.lease_ttl_seconds
-        deadline = time.monotonic() + s.budget_seconds
+        machine = Gather(
+            ProbePlan(self.view, need, s.limits(), self.rng, exclude),
+            gang,
+            deadline=time.monotonic() + s.budget_seconds,
+            budget_seconds=s.budget_seconds,
+        )
         result = Gathered(chosen=None)
-        offers: dict[str, tuple[AgentRecord, agent_pb2.Lease]] = {}
-        plan = ProbePlan(self.view, need, s.limits(), self.rng, exclude)
+        leases: dict[str, tuple[AgentRecord, agent_pb2.Lease]] = {}
         self.in_flight += 1
         try:
+            todo = machine.start(time.monotonic())
             while True:
-                if time.monotonic() >= deadline:
-                    result.reasons.append(f"probe budget of {s.budget_seconds:g} s spent")
-                    break
-                batch = plan.next_batch()
-                if not batch:
-                    if plan.reason:
-                        result.reasons.append(plan.reason)
+                probes = [i for i in todo if isinstance(i, ProbeHost)]
+                for step in todo:
+                    if isinstance(step, Release):
+                        await self.release([leases.pop(o.lease_id) for o in step.offers])
+                    elif isinstance(step, Bind):
+                        result.chosen = [leases.pop(o.lease_id) for o in step.offers]
+                if machine.is_done:
                     break
                 replies = await asyncio.gather(
-                    *(self._probe(r, ask, need, gang, ttl) for r in batch),
+                    *(self._probe(p.record, ask, p.members, ttl) for p in probes),
                     return_exceptions=True,
                 )
-                for record, reply in zip(batch, replies, strict=True):
+                todo = []
+                for p, reply in zip(probes, replies, strict=True):
+                    agent_id = p.record.agent_id
                     if isinstance(reply, BaseException):
-                        result.reasons.append(f"{record.agent_id}: {_rpc_reason(reply)}")
+                        todo += machine.failed(
+                            agent_id, p.round, _rpc_reason(reply), time.monotonic()
+                        )
                         continue
+                    grants: list[Offer] = []
+                    bounces: list[str] = []
                     for one in reply:
-                        result.probes += 1
                         self.note_summary(one.summary)
                         result.preempted.extend(one.preempted_subjob_ids)
                         if one.WhichOneof("outcome") == "lease":
-                            offers[one.lease.lease_id] = (record, one.lease)
+                            lease = one.lease
+                            leases[lease.lease_id] = (p.record, lease)
+                            grants.append(
+                                Offer(lease.lease_id, agent_id, lease.member, lease.score)
+                            )
                         else:
-                            result.bounces += 1
-                            result.reasons.append(f"{record.agent_id}: {one.bounce.reason}")
-                chosen = self._choose(offers, gang)
-                if chosen is not None:
-                    keep = {lease.lease_id for _, lease in chosen}
-                    await self.release([v for k, v in offers.items() if k not in keep])
-                    result.chosen = chosen
-                    return result
-            await self.release(list(offers.values()))
+                            bounces.append(one.bounce.reason)
+                    todo += machine.answered(agent_id, p.round, grants, bounces, time.monotonic())
+            result.probes = machine.probes
+            result.bounces = machine.bounces
+            result.reasons = list(machine.reasons)
             return result
         finally:
             self.in_flight -= 1
 
-    def _choose(
-        self, offers: dict[str, tuple[AgentRecord, agent_pb2.Lease]], gang: int
-    ) -> list[tuple[AgentRecord, agent_pb2.Lease]] | None:
-        flat = [
-            Offer(lease.lease_id, record.agent_id, lease.member, lease.score)
-            for record, lease in offers.values()
-        ]
-        picked = choose_offers(flat, gang)
-        return None if picked is None else [offers[o.lease_id] for o in picked]
-
     async def _probe(
-        self, record: AgentRecord, ask: Ask, need: Need, gang: int, ttl: float
+        self, record: AgentRecord, ask: Ask, members: int, ttl: float
     ) -> list[agent_pb2.ProbeReply]:
-        # Ask a host for as many members as its summary says it can hold (at least one).
-        members = max(1, min(gang, members_fitting(need, record.shapes)))
         probes = [
             agent_pb2.ProbeRequest(
                 probe_id=f"{ask.job_id}/{m}/{uuid.uuid4().hex[:6]}",

@@ -11,8 +11,10 @@ job is never delayed by it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 from laminar_zone.config import Quota
 from laminar_zone.placement import Need
@@ -87,6 +89,104 @@ def may_backfill(item: QueueItem, now: float, head_expected_start: float | None)
     if head_expected_start is None or item.expected_seconds <= 0:
         return False
     return now + item.expected_seconds <= head_expected_start
+
+
+@dataclass(frozen=True)
+class Head:
+    """A family's blocked head: the first job of that family in order that could not start."""
+
+    job_id: str
+    expected_start: float | None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Where a job that did not start stands in its family's line."""
+
+    position: int
+    expected_start: float | None
+    #: The family's blocked head ahead of it ("" when it is the head, or blocks nobody).
+    blocked_by: str
+    is_head: bool
+
+
+@dataclass
+class QueueWalk:
+    """One pass over waiting jobs in :func:`order_key` order, shared by router and simulators.
+
+    The caller walks its jobs in order and, for each, asks :meth:`may_try`; a job that
+    may try and does not start (or may not try) is reported to :meth:`waits`. Per family,
+    the first job that waits becomes the family's blocked head; every later job of that
+    family may try only as an EASY backfill (:func:`may_backfill`), so the head is never
+    delayed. A job the zone could never hold (``never``) blocks nobody.
+    """
+
+    now: float
+    backfill: bool = True
+    heads: dict[str, Head] = field(default_factory=dict)
+    _units_ahead: dict[str, float] = field(default_factory=dict)
+    _positions: dict[str, int] = field(default_factory=dict)
+
+    def may_try(self, item: QueueItem, *, never: bool = False) -> bool:
+        if never:
+            return False
+        head = self.heads.get(item.need.family)
+        if head is None:
+            return True
+        return self.backfill and may_backfill(item, self.now, head.expected_start)
+
+    def waits(
+        self,
+        item: QueueItem,
+        estimate: Callable[[float], float | None],
+        *,
+        never: bool = False,
+        estimate_all: bool = True,
+    ) -> Waiting:
+        """``item`` did not start; ``estimate(units_ahead)`` is its expected start.
+
+        The estimate is asked for the head always, for the others only with
+        ``estimate_all`` (a router explains every waiting job; a simulator need not).
+        """
+        family = item.need.family
+        position = self._positions.get(family, 0) + 1
+        self._positions[family] = position
+        head = self.heads.get(family)
+        if never:
+            return Waiting(position, None, head.job_id if head else "", False)
+        ahead = self._units_ahead.get(family, 0.0)
+        self._units_ahead[family] = ahead + item.units
+        start = estimate(ahead) if head is None or estimate_all else None
+        if head is None:
+            self.heads[family] = Head(item.job_id, start)
+            return Waiting(position, start, "", True)
+        return Waiting(position, start, head.job_id, False)
+
+
+T = TypeVar("T")
+
+
+def walk_queue(
+    walk: QueueWalk,
+    jobs: Sequence[T],
+    item_of: Callable[[T], QueueItem],
+    start: Callable[[T], bool],
+    estimate: Callable[[T, float], float | None],
+) -> list[T]:
+    """A whole pass where a start is answered at once (a simulator); the jobs left waiting.
+
+    ``jobs`` are in queue order; ``start(job)`` tries to place one and says whether it
+    started; ``estimate(job, units_ahead)`` is a blocked head's expected start. The router
+    walks the same :class:`QueueWalk` step by step, awaiting each placement.
+    """
+    kept: list[T] = []
+    for job in jobs:
+        item = item_of(job)
+        if walk.may_try(item) and start(job):
+            continue
+        kept.append(job)
+        walk.waits(item, partial(estimate, job), estimate_all=False)
+    return kept
 
 
 def explain(

@@ -1,0 +1,45 @@
+"""The simulator drives the daemons' decision code; it holds no placement loop of its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import laminar_sim
+
+#: Names only a placement loop or a queue walk touches: probe rounds and late binding belong
+#: to laminar_zone.gather.Gather, blocked heads and EASY backfill to
+#: laminar_zone.queue.QueueWalk; the router and every simulator drive those.
+PLACEMENT_LOOP_NAMES = frozenset(
+    {"choose_offers", "assign_gang", "best_offers", "next_batch", "may_backfill"}
+)
+
+
+def names_used(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.alias):
+            found.add(node.name.rsplit(".", 1)[-1])
+    return found
+
+
+def test_no_simulator_module_strings_probes_and_late_binding_together() -> None:
+    package = Path(laminar_sim.__file__).parent
+    offenders = {
+        str(path.relative_to(package)): sorted(names_used(path) & PLACEMENT_LOOP_NAMES)
+        for path in sorted(package.rglob("*.py"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    assert len(offenders) > 5  # the scan read the package
+
+
+def test_the_scan_sees_a_loop_when_there_is_one(tmp_path: Path) -> None:
+    sample = tmp_path / "loop.py"
+    sample.write_text(
+        "def f(plan, offers):\n    while plan.next_batch():\n        choose_offers(offers, 1)\n"
+    )
+    assert names_used(sample) & PLACEMENT_LOOP_NAMES == {"next_batch", "choose_offers"}
