@@ -26,7 +26,7 @@ request and a reply (2 messages); summary exchanges between zones are counted ap
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from laminar_agent.ledger import (
@@ -45,8 +45,7 @@ from laminar_zone.placement import (
     Offer,
     ShapeCap,
     choose_weighted,
-    flow_weight,
-    members_fitting,
+    split_weights,
 )
 from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView
 
@@ -165,16 +164,29 @@ class SimZone:
     name: str
     hosts: dict[str, SimHost]
     view: ZoneView
-    #: Peers' zone summaries as of the last exchange: zone name -> shapes.
-    peer_shapes: dict[str, dict[str, ShapeCap]] = field(default_factory=dict)
+    #: Peers' zone summaries as of the last exchange: zone name -> (shapes, heat).
+    peer_shapes: dict[str, tuple[dict[str, ShapeCap], float]] = field(default_factory=dict)
     #: This zone's own totals as of its last exchange (the router caches them too).
     local_shapes: dict[str, ShapeCap] = field(default_factory=dict)
+    #: Placement tries under way at this router (the ``in_flight`` of its Placer).
+    in_flight: int = 0
 
     def note(self, host: SimHost) -> None:
-        """A reply's fresh summary folded into the view (not a heartbeat)."""
+        """A reply's fresh summary folded into the view (not a heartbeat): its heat is the
+        host's leases not yet committed, as an agent's summary reports them."""
         self.view.update(
-            host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0, is_heartbeat=False
+            host.agent_id,
+            "",
+            host.shapes(),
+            heat=host.ledger.pending_leases(),
+            draining=False,
+            now=0.0,
+            is_heartbeat=False,
         )
+
+    def heat(self) -> float:
+        """The zone's heat as its router sends it to peers."""
+        return float(self.view.heat() + self.in_flight)
 
 
 class LaminarCluster:
@@ -208,10 +220,10 @@ class LaminarCluster:
 
     def exchange(self) -> None:
         """Every zone learns every other zone's summary (ExchangeSummary, both ways)."""
-        totals = {z.name: z.view.shape_totals()[1] for z in self.zones}
+        totals = {z.name: (z.view.shape_totals()[1], z.heat()) for z in self.zones}
         for zone in self.zones:
             zone.peer_shapes = {name: t for name, t in totals.items() if name != zone.name}
-            zone.local_shapes = totals[zone.name]
+            zone.local_shapes = totals[zone.name][0]
         pairs = len(self.zones) * (len(self.zones) - 1)
         self.counters.exchange_messages += MESSAGES_PER_CALL * pairs  # each zone calls each peer
         self._since_exchange = 0
@@ -238,11 +250,12 @@ class LaminarCluster:
         """Flow splitting at the entry zone: keep the job or forward it once."""
         if len(self.zones) == 1:
             return entry
-        local = entry.local_shapes
-        weights = [(entry.name, flow_weight(members_fitting(ask.need, local), 0, self.gamma))]
-        for name, shapes in sorted(entry.peer_shapes.items()):
-            weights.append((name, flow_weight(members_fitting(ask.need, shapes), 0, self.gamma)))
-        target = choose_weighted(weights, self.rng)
+        zones: list[tuple[str, Mapping[str, ShapeCap] | None, float]] = [
+            (entry.name, entry.local_shapes, entry.heat())
+        ]
+        for name, (shapes, heat) in sorted(entry.peer_shapes.items()):
+            zones.append((name, shapes, heat))
+        target = choose_weighted(split_weights(ask.need, zones, self.gamma), self.rng)
         if target == entry.name:
             return entry
         self.counters.forwards += 1

@@ -15,8 +15,9 @@ releases the losers; every reply refreshes the view. Hosts are the agent's own
 :class:`~laminar_agent.ledger.Ledger`, so a probe is judged against ground truth at the
 moment it arrives, leases hold capacity until they are committed or released, and a
 commit or release can be late or lost. When a task finds no room it waits in its zone's
-queue, which is retried when a host's heartbeat shows freed capacity (a departure is
-seen by the router only at that host's next heartbeat: view staleness) and on a tick.
+queue, which is retried when a host's heartbeat shows freed capacity (the agent sends one
+at once when a subjob ends, as the real agent's heartbeat loop wakes on a subjob event) and
+on a tick.
 
 **central**: one global FIFO queue and one scheduler that knows every host exactly and
 picks the best fit over all of them. Its decisions are serialized, and each one takes the
@@ -375,7 +376,6 @@ class LaminarRun(_Base):
         self.chains: set[tuple[str, Need]] = set()
         self.ticking: set[tuple[str, Need]] = set()
         self.zones = {z.name: z for z in self.cluster.zones}
-        self.phase = {h.agent_id: (i * 0.6180339887) % 1.0 for i, h in enumerate(self.hosts)}
         if len(self.cluster.zones) > 1:
             self.engine.schedule(spec.exchange_seconds, self.exchange)
 
@@ -455,18 +455,16 @@ class LaminarRun(_Base):
                 self._next_in_chain(key)
 
     def freed(self, host: SimHost) -> None:
-        # The router hears of it at the host's next heartbeat.
-        hb = self.spec.heartbeat_seconds
-        now = self.engine.now
-        phase = self.phase[host.agent_id] * hb
-        due = math.floor((now - phase) / hb + 1) * hb + phase
+        """A task ended or gave its room back: like the agent, whose heartbeat a subjob event
+        wakes at once, the host sends a heartbeat now; the router sees it one network delay
+        later (or never, when the message is lost: then at the next tick)."""
         zone = self.zone_of[host.agent_id]
 
         def heartbeat() -> None:
             zone.note(host)
             self.queue_pass(zone)
 
-        self.engine.schedule_at(max(now, due), heartbeat)
+        self.engine.send(host.agent_id, zone.name, heartbeat)
 
 
 class _Attempt:
@@ -488,6 +486,7 @@ class _Attempt:
         self.timer: Any = None
 
     def start(self) -> None:
+        self.zone.in_flight += 1  # as the router's Placer counts tries under way
         self._carry(self.machine.start(self.run.engine.now))
 
     def _carry(self, steps: list[Instruction]) -> None:
@@ -508,10 +507,12 @@ class _Attempt:
                 for offer in step.offers:
                     self._release(self.zone.hosts[offer.agent_id], offer.lease_id)
             elif isinstance(step, Bind):
+                self.zone.in_flight -= 1
                 best = step.offers[0]
                 self._commit(self.zone.hosts[best.agent_id], best.lease_id, tries=3)
                 run.placed(self.key, None)
             elif isinstance(step, GiveUp):
+                self.zone.in_flight -= 1
                 run.placed(self.key or (self.zone.name, self.task.ask.need), self.task)
         if probes:
             round_ = probes[0].round

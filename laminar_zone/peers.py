@@ -23,7 +23,7 @@ from laminar_base.errors import ResourceExhausted
 from laminar_base.security import INSECURE, Trust
 from laminar_zone.config import PeerSettings
 from laminar_zone.jobs import Entry, ZoneState
-from laminar_zone.placement import ShapeCap, choose_weighted, flow_weight, members_fitting
+from laminar_zone.placement import ShapeCap, choose_weighted, split_weights
 from laminar_zone.placer import StubCache, shapes_from
 
 log = logging.getLogger("laminar.zone.peers")
@@ -164,14 +164,15 @@ class PeerRouter:
         fresh_for = self.settings.exchange_seconds * self.settings.stale_after_periods
         now = time.monotonic()
         local_heat = self.state.view.heat() + self.state.placer.in_flight
-        out = [(LOCAL, flow_weight(members_fitting(need, self._local), local_heat, gamma))]
+        zones: list[tuple[str, dict[str, ShapeCap] | None, float]] = [
+            (LOCAL, self._local, local_heat)
+        ]
         for peer in self.peers.values():
             if peer.summary is None or now - peer.received > fresh_for:
-                out.append((peer.address, 0.0))
-                continue
-            free = members_fitting(need, shapes_from_zone(peer.summary))
-            out.append((peer.address, flow_weight(free, peer.summary.heat, gamma)))
-        return out
+                zones.append((peer.address, None, 0.0))
+            else:
+                zones.append((peer.address, shapes_from_zone(peer.summary), peer.summary.heat))
+        return split_weights(need, zones, gamma)
 
     async def forward(self, entry: Entry) -> bool:
         """Maybe send a fresh job to a peer; True when a peer took it (recorded FORWARDED).

@@ -128,6 +128,23 @@ def flow_weight(free: float, heat: float, gamma: float) -> float:
     return float((1.0 + max(0.0, free)) / (1.0 + max(0.0, heat)) ** gamma)
 
 
+def split_weights(
+    need: Need,
+    zones: Iterable[tuple[str, Mapping[str, ShapeCap] | None, float]],
+    gamma: float,
+) -> list[tuple[str, float]]:
+    """Flow splitting over (key, free shapes, heat) per zone: ``W_z`` each, in order.
+
+    The first zone is the router's own; a peer whose summary is stale comes with no
+    shapes and weighs 0 (it is never chosen). Heat is the zone's pending probes, live
+    leases and placements in flight, so a zone busy placing draws less new work.
+    """
+    return [
+        (key, 0.0 if shapes is None else flow_weight(members_fitting(need, shapes), heat, gamma))
+        for key, shapes, heat in zones
+    ]
+
+
 def choose_weighted(weights: Sequence[tuple[str, float]], rng: random.Random) -> str:
     """Draw a key with probability proportional to its weight; zero weights never win."""
     total = sum(w for _, w in weights if w > 0)
