@@ -64,6 +64,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from laminar_base.demand import MILLI_PER_GPU, Demand, validate_demand
 from laminar_base.errors import (
     Aborted,
     AlreadyExists,
@@ -76,7 +77,6 @@ from laminar_base.errors import (
 if TYPE_CHECKING:
     from laminar_agent.inventory import GpuInfo
 
-MILLI_PER_GPU = 1000
 PRIORITY_MIN = 1
 PRIORITY_MAX = 4
 
@@ -141,17 +141,6 @@ class FreeWindow:
     memory_bytes: int
     start_unix: float
     end_unix: float
-
-
-@dataclass(frozen=True)
-class Demand:
-    """One gang member's needs on this host; at most one GPU shape is set."""
-
-    gpus: int = 0
-    mig_profile: str = ""
-    gpu_milli: int = 0
-    gpu_memory_bytes: int = 0
-    gpu_model: str = ""
 
 
 @dataclass(frozen=True)
@@ -229,34 +218,6 @@ class _NoFit:
 
 
 _Fit = tuple[tuple[Allocation, ...], float]
-
-
-def validate_demand(demand: Demand) -> None:
-    """Reject nonsense demands with InvalidArgument naming the field."""
-    if demand.gpus < 0:
-        raise InvalidArgument(f"must be >= 0, got {demand.gpus}", field="resources.gpus")
-    if demand.gpu_milli < 0 or demand.gpu_milli > MILLI_PER_GPU:
-        raise InvalidArgument(
-            f"must be in 0..{MILLI_PER_GPU}, got {demand.gpu_milli}", field="resources.gpu_milli"
-        )
-    if demand.gpu_memory_bytes < 0:
-        raise InvalidArgument(
-            f"must be >= 0, got {demand.gpu_memory_bytes}", field="resources.gpu_memory_bytes"
-        )
-    if demand.gpus > 0 and demand.mig_profile:
-        raise InvalidArgument("cannot be combined with gpus", field="resources.mig_profile")
-    if demand.gpus > 0 and demand.gpu_milli > 0:
-        raise InvalidArgument("cannot be combined with gpus", field="resources.gpu_milli")
-    if demand.mig_profile and demand.gpu_milli > 0:
-        raise InvalidArgument("cannot be combined with mig_profile", field="resources.gpu_milli")
-    if _is_cpu_only(demand) and demand.gpu_memory_bytes > 0:
-        raise InvalidArgument(
-            "needs gpus, mig_profile or gpu_milli", field="resources.gpu_memory_bytes"
-        )
-
-
-def _is_cpu_only(demand: Demand) -> bool:
-    return demand.gpus == 0 and not demand.mig_profile and demand.gpu_milli == 0
 
 
 def _memory_fit(demand_bytes: int, total_bytes: int) -> float:
@@ -457,7 +418,7 @@ class Ledger:
         """Slices whose shape and size could hold ``demand`` if they were empty (use ignored,
         reservations of other owners excluded), in slice id order; [] for CPU-only."""
         validate_demand(demand)
-        if _is_cpu_only(demand):
+        if demand.family == "cpu":
             return []
         if slice_id:
             candidates = [self.slices[slice_id]] if slice_id in self.slices else []
@@ -511,7 +472,7 @@ class Ledger:
 
     def _fit(self, demand: Demand, slice_id: str, owner: str = "") -> _Fit | _NoFit:
         validate_demand(demand)
-        if _is_cpu_only(demand):
+        if demand.family == "cpu":
             return (), 1.0
         if slice_id:
             if slice_id not in self.slices:

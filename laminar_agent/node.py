@@ -45,21 +45,20 @@ from laminar_agent.journal import Journal, SubjobRow
 from laminar_agent.ledger import (
     Allocation,
     Bounced,
-    Demand,
     Granted,
     LeaseRecord,
     Ledger,
     ProbeOrder,
     SliceKind,
     slices_from_gpus,
-    validate_demand,
 )
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
 from laminar_agent.shim import FENCE_FILE
 from laminar_api.v1 import agent_pb2, common_pb2
 from laminar_base.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
-from laminar_base.grpcutil import check_count, check_exec_size, check_number, check_str
+from laminar_base.grpcutil import check_count, check_number, check_str
+from laminar_base.wire import check_spec, parse_demand
 
 log = logging.getLogger("laminar.agent.node")
 #: Reason prefix of a subjob its shim stopped because the agent's fence expired.
@@ -69,8 +68,6 @@ FENCED = "fenced:"
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "KILLED", "LOST"})
 DEFAULT_LEASE_TTL_SECONDS = 0.2
 MAX_LEASE_TTL_SECONDS = 60.0
-MAX_COMMAND_ARGS = 4096
-MAX_ENV_VARS = 256
 #: Most lease ids one Release may name.
 MAX_RELEASE_IDS = 4096
 #: Largest integer SQLite (and a file offset) holds; uint64 fields above it are refused.
@@ -81,61 +78,16 @@ TERMINATING = "terminating: "
 PREEMPT_MARGIN_SECONDS = 10.0
 
 
-def demand_from(resources: common_pb2.Resources) -> Demand:
-    check_str(resources.mig_profile, "resources.mig_profile", max_chars=32)
-    check_str(resources.gpu_model, "resources.gpu_model", max_chars=64)
-    if resources.gpus > 64:
-        raise InvalidArgument(
-            f"{resources.gpus} GPUs on one host is more than 64", field="resources.gpus"
-        )
-    demand = Demand(
-        gpus=resources.gpus,
-        mig_profile=resources.mig_profile,
-        gpu_milli=resources.gpu_milli,
-        gpu_memory_bytes=resources.gpu_memory_bytes,
-        gpu_model=resources.gpu_model,
-    )
-    validate_demand(demand)
-    return demand
-
-
 def validate_spec(spec: common_pb2.SubjobSpec) -> None:
     check_subjob_id(spec.subjob_id, "spec.subjob_id", required=False)
     check_str(spec.job_id, "spec.job_id")
-    check_str(spec.tenant, "spec.tenant")
-    check_str(spec.workdir, "spec.workdir", max_chars=4096)
     check_str(spec.checkpoint_dir, "spec.checkpoint_dir", max_chars=4096)
     if spec.unit_count > 0 and not spec.checkpoint_dir.startswith("/"):
         raise InvalidArgument(
             "an atomized subjob (unit_count > 0) needs an absolute checkpoint directory",
             field="spec.checkpoint_dir",
         )
-    if not spec.command:
-        raise InvalidArgument("must not be empty", field="spec.command")
-    if len(spec.command) > MAX_COMMAND_ARGS:
-        raise InvalidArgument(
-            f"has {len(spec.command)} arguments, at most {MAX_COMMAND_ARGS}", field="spec.command"
-        )
-    for arg in spec.command:
-        check_str(arg, "spec.command", max_chars=65536)
-    if len(spec.env) > MAX_ENV_VARS:
-        raise InvalidArgument(
-            f"has {len(spec.env)} variables, at most {MAX_ENV_VARS}", field="spec.env"
-        )
-    for key, value in spec.env.items():
-        check_str(key, "spec.env", max_chars=256, required=True)
-        check_str(value, f"spec.env[{key}]", max_chars=65536)
-    check_exec_size(spec.command, spec.env, "spec")
-    check_number(spec.grace_seconds, "spec.grace_seconds", high=3600)
-    # Airlock and preemption order victims by these classes: an unknown one is bad input.
-    if spec.priority not in common_pb2.PriorityClass.values():
-        raise InvalidArgument(f"unknown priority class {spec.priority}", field="spec.priority")
-    if spec.lifecycle not in common_pb2.LifecycleClass.values():
-        raise InvalidArgument(f"unknown lifecycle class {spec.lifecycle}", field="spec.lifecycle")
-    check_str(spec.resources.mig_profile, "spec.resources.mig_profile", max_chars=32)
-    check_str(spec.resources.gpu_model, "spec.resources.gpu_model", max_chars=64)
-    check_number(spec.value, "spec.value", low=-1e12, high=1e12)
-    check_number(spec.expected_seconds, "spec.expected_seconds", high=10 * 365 * 86400)
+    check_spec(spec)
 
 
 class Node:
@@ -172,9 +124,7 @@ class Node:
         for gpu in backend.gpus():
             self._slice_names.setdefault(gpu.uuid, f"gpu{gpu.index}")
         self.ledger = Ledger(self.slices, lease_prefix=f"{agent_id}-r{restarts}-")
-        identities = TenantIdentities(
-            run_as, users=tenant_users, pool=uid_pool, store=self.journal
-        )
+        identities = TenantIdentities(run_as, users=tenant_users, pool=uid_pool, store=self.journal)
         self.executor = Executor(
             state_dir,
             on_exit=self._on_exit,
@@ -254,7 +204,7 @@ class Node:
         ttl = check_number(
             request.lease_ttl_seconds, "lease_ttl_seconds", high=MAX_LEASE_TTL_SECONDS
         )
-        demand = demand_from(request.resources)
+        demand = parse_demand(request.resources)
         if request.commit_if_fits:
             validate_spec(request.spec)
         if request.dry_run:

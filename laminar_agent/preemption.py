@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from airlock.levels import Level
 from airlock.policy import Action, PolicyConfig, SliceSignal, Snapshot, SubjobView, plan_room
-from laminar_agent.ledger import Demand, Ledger, Slice
+from laminar_agent.ledger import Ledger, Slice
+from laminar_base.demand import Demand
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     @map_errors
     async def Commit(self, request: agent_pb2.CommitRequest, context: Ctx) -> common_pb2.Subjob:
         with self._state.metrics.rpc_seconds.labels("Commit").time():
-            return await self._node.commit(
-                request.lease_id, request.spec, peer_identity(context)
-            )
+            return await self._node.commit(request.lease_id, request.spec, peer_identity(context))
 
     @map_errors
     async def Release(

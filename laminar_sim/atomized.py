@@ -84,14 +84,8 @@ from typing import Any
 from airlock.traces import MemoryCurve, load_memory_curves
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.inventory.mig import COMPUTE_SLICES
-from laminar_agent.ledger import (
-    Demand,
-    Granted,
-    Ledger,
-    ProbeOrder,
-    counter_ids,
-    slices_from_gpus,
-)
+from laminar_agent.ledger import Granted, Ledger, ProbeOrder, counter_ids, slices_from_gpus
+from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import settle
 from laminar_sim.replay import TraceJob
@@ -108,7 +102,7 @@ from laminar_zone.market import (
     default_min_samples,
     round_bids,
 )
-from laminar_zone.placement import Need, Offer, expected_start
+from laminar_zone.placement import Offer, expected_start
 from laminar_zone.queue import QueueItem, QueueWalk, order_key, walk_queue
 from laminar_zone.view import AgentRecord
 
@@ -449,7 +443,7 @@ class MigReplay:
             job.priority,
             job.tenant,
             job.arrival,
-            Need(mig_profile=self.family(state)),
+            Demand(mig_profile=self.family(state)),
             job.gpus,
             job.duration,
         )
@@ -514,8 +508,7 @@ class MigReplay:
         gang = state.job.gpus
         now = self.engine.now
         demand = Demand(mig_profile=profile, gpu_memory_bytes=state.need_bytes)
-        need = Need(mig_profile=profile, gpu_memory_bytes=state.need_bytes)
-        plan = FixedPlan([AgentRecord(agent, "") for agent in sorted(per_host)], need)
+        plan = FixedPlan([AgentRecord(agent, "") for agent in sorted(per_host)], demand)
         machine = Gather(plan, gang, members=lambda r: min(gang, per_host[r.agent_id]))
 
         def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from laminar_base.demand import Demand
 from laminar_sim import traces
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import Ask, LaminarCluster, SimHost
@@ -64,7 +65,6 @@ from laminar_sim.policies import (
     random_gpu,
     score_node,
 )
-from laminar_zone.placement import Need
 from laminar_zone.view import ProbeLimits
 
 TUNE_RATIO = 1.3
@@ -352,11 +352,11 @@ class FillRun:
 def laminar_ask(pod: PodShape) -> Ask:
     """A pod as Laminar's router sees it: a share, whole GPUs on one host, or CPU only."""
     if pod.num_gpu == 0:
-        need = Need()
+        need = Demand()
     elif pod.is_shared:
-        need = Need(gpu_milli=pod.gpu_milli)
+        need = Demand(gpu_milli=pod.gpu_milli)
     else:
-        need = Need(gpus=pod.num_gpu)
+        need = Demand(gpus=pod.num_gpu)
     return Ask(need, pod.cpu_milli, pod.memory_mib, pod.gpu_models)
 
 

@@ -29,24 +29,10 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from laminar_agent.ledger import (
-    Bounced,
-    Demand,
-    Granted,
-    Ledger,
-    ProbeOrder,
-    Slice,
-    SliceKind,
-    counter_ids,
-)
+from laminar_agent.ledger import Bounced, Granted, Ledger, ProbeOrder, Slice, SliceKind, counter_ids
+from laminar_base.demand import Demand
 from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release
-from laminar_zone.placement import (
-    Need,
-    Offer,
-    ShapeCap,
-    choose_weighted,
-    split_weights,
-)
+from laminar_zone.placement import Offer, ShapeCap, choose_weighted, split_weights
 from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView
 
 #: Nominal GPU memory of a simulated device (the FGD pod lists declare none).
@@ -61,7 +47,7 @@ MESSAGES_PER_CALL = 2
 class Ask:
     """One task as the router sees it (a single member; whole GPUs on one host)."""
 
-    need: Need
+    need: Demand
     cpu_milli: int = 0
     memory_mib: int = 0
     #: GPU models the task accepts; empty = any.
@@ -132,18 +118,11 @@ class SimHost:
             return Bounced("", "host CPU or memory", True)
         self._seq += 1
         need = ask.need
-        demand = Demand(
-            gpus=need.gpus,
-            mig_profile=need.mig_profile,
-            gpu_milli=need.gpu_milli,
-            gpu_memory_bytes=need.gpu_memory_bytes,
-            gpu_model=need.gpu_model,
-        )
         order = ProbeOrder(
             probe_id=str(self._seq),
             job_id="sim",
             member=0,
-            demand=demand,
+            demand=need,
             priority=3,
             value=0.0,
             arrival_seq=self._seq,
@@ -234,7 +213,7 @@ class LaminarCluster:
             return [ask]
         return [
             Ask(
-                Need(
+                Demand(
                     gpus=ask.need.gpus,
                     gpu_milli=ask.need.gpu_milli,
                     gpu_memory_bytes=ask.need.gpu_memory_bytes,

@@ -45,10 +45,11 @@ import numpy as np
 import numpy.typing as npt
 
 from laminar_agent.ledger import Granted
+from laminar_base.demand import Demand
 from laminar_sim.engine import Engine, LossyDelay
 from laminar_sim.laminar import Ask, LaminarCluster, SimHost, SimZone
 from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release
-from laminar_zone.placement import Need, Offer
+from laminar_zone.placement import Offer
 from laminar_zone.view import ProbeLimits, ProbePlan
 
 ProgressFn = Callable[[str, int, int], None]
@@ -154,8 +155,8 @@ def make_tasks(spec: LoadSpec) -> list[Task]:
     large = rng.random(count) >= spec.small_ratio
     tasks = []
     now = 0.0
-    small_ask = Ask(Need(gpu_milli=spec.small_milli))
-    large_ask = Ask(Need(gpus=spec.large_gpus))
+    small_ask = Ask(Demand(gpu_milli=spec.small_milli))
+    large_ask = Ask(Demand(gpus=spec.large_gpus))
     for i in range(count):
         now += float(gaps[i])
         big = bool(large[i])
@@ -188,8 +189,8 @@ def prefill(spec: LoadSpec, hosts: list[SimHost]) -> list[tuple[SimHost, str, fl
     small_gpu_s = spec.small_ratio * spec.small_milli / 1000 * spec.small_mean_seconds
     large_share = 1.0 - small_gpu_s / spec.mean_gpu_seconds
     kinds = [
-        (Ask(Need(gpus=spec.large_gpus)), float(spec.large_gpus), spec.large_mean_seconds),
-        (Ask(Need(gpu_milli=spec.small_milli)), spec.small_milli / 1000, spec.small_mean_seconds),
+        (Ask(Demand(gpus=spec.large_gpus)), float(spec.large_gpus), spec.large_mean_seconds),
+        (Ask(Demand(gpu_milli=spec.small_milli)), spec.small_milli / 1000, spec.small_mean_seconds),
     ]
     running = []
     target = spec.load * spec.gpus_per_host
@@ -372,9 +373,9 @@ class LaminarRun(_Base):
         )
         self.zone_of = {h.agent_id: z for z in self.cluster.zones for h in z.hosts.values()}
         #: Waiting tasks per (zone, shape), in arrival order; one placement per key at a time.
-        self.queues: dict[tuple[str, Need], deque[Task]] = {}
-        self.chains: set[tuple[str, Need]] = set()
-        self.ticking: set[tuple[str, Need]] = set()
+        self.queues: dict[tuple[str, Demand], deque[Task]] = {}
+        self.chains: set[tuple[str, Demand]] = set()
+        self.ticking: set[tuple[str, Demand]] = set()
         self.zones = {z.name: z for z in self.cluster.zones}
         if len(self.cluster.zones) > 1:
             self.engine.schedule(spec.exchange_seconds, self.exchange)
@@ -407,7 +408,7 @@ class LaminarRun(_Base):
             return
         self.place(zone, task, None)
 
-    def place(self, zone: SimZone, task: Task, key: tuple[str, Need] | None) -> None:
+    def place(self, zone: SimZone, task: Task, key: tuple[str, Demand] | None) -> None:
         """One placement try; ``key`` is set when it runs for the queue of that shape."""
         if self.drop(task):
             self.placed(key, None)
@@ -417,7 +418,7 @@ class LaminarRun(_Base):
         self.out.decision_seconds += time.perf_counter() - t0
         _Attempt(self, zone, task, Gather(plan), key).start()
 
-    def placed(self, key: tuple[str, Need] | None, failed: Task | None) -> None:
+    def placed(self, key: tuple[str, Demand] | None, failed: Task | None) -> None:
         """A try ended (``failed`` is the task that found no room): run the queue on."""
         if failed is not None:
             assert key is not None  # a failed try always names its queue
@@ -428,7 +429,7 @@ class LaminarRun(_Base):
         if key is not None:
             self._next_in_chain(key)
 
-    def _next_in_chain(self, key: tuple[str, Need]) -> None:
+    def _next_in_chain(self, key: tuple[str, Demand]) -> None:
         queue = self.queues.get(key)
         while queue:
             task = queue.popleft()
@@ -438,12 +439,12 @@ class LaminarRun(_Base):
                 return
         self.chains.discard(key)
 
-    def _tick_later(self, key: tuple[str, Need]) -> None:
+    def _tick_later(self, key: tuple[str, Demand]) -> None:
         if key not in self.ticking:
             self.ticking.add(key)
             self.engine.schedule(self.spec.heartbeat_seconds, partial(self._tick, key))
 
-    def _tick(self, key: tuple[str, Need]) -> None:
+    def _tick(self, key: tuple[str, Demand]) -> None:
         self.ticking.discard(key)
         if key not in self.chains:
             self._next_in_chain(key)
@@ -476,7 +477,7 @@ class _Attempt:
         zone: SimZone,
         task: Task,
         machine: Gather,
-        key: tuple[str, Need] | None,
+        key: tuple[str, Demand] | None,
     ) -> None:
         self.run = run
         self.key = key
@@ -611,7 +612,7 @@ class CentralRun(_Base):
         now = self.engine.now
         tried = 0
         kept: deque[Task] = deque()
-        blocked: set[Need] = set()  # a shape that did not fit fails again in this pass
+        blocked: set[Demand] = set()  # a shape that did not fit fails again in this pass
         while self.queue and tried < self.spec.central_queue_depth:
             task = self.queue.popleft()
             if self.drop(task):
@@ -640,7 +641,7 @@ class CentralRun(_Base):
                 max(self.engine.now + self.spec.heartbeat_seconds, now), self._schedule_pass
             )
 
-    def _reserve(self, index: int, need: Need) -> None:
+    def _reserve(self, index: int, need: Demand) -> None:
         row = self.free[index]
         if need.gpus:
             for g in np.flatnonzero(row == 1000)[: need.gpus]:
@@ -666,7 +667,7 @@ class CentralRun(_Base):
         self.engine.send("central", host.agent_id, at_host)
 
 
-def best_fit(free: npt.NDArray[np.int64], need: Need) -> tuple[int, int] | None:
+def best_fit(free: npt.NDArray[np.int64], need: Demand) -> tuple[int, int] | None:
     """Exact best fit over every host: the host (and GPU) left with the least room."""
     if need.gpus:
         whole = (free == 1000).sum(axis=1)
@@ -690,7 +691,7 @@ def measure_decision_seconds(hosts: int, gpus_per_host: int, repeats: int = 200)
     rng = np.random.default_rng(0)
     free = rng.choice([0, 250, 500, 750, 1000], size=(hosts, gpus_per_host)).astype(np.int64)
     samples = []
-    needs = [Need(gpu_milli=500), Need(gpus=4)]
+    needs = [Demand(gpu_milli=500), Demand(gpus=4)]
     for i in range(repeats):
         t0 = time.perf_counter()
         best_fit(free, needs[i % 2])

@@ -40,11 +40,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from laminar_agent.ledger import Demand, Granted, ProbeOrder
+from laminar_agent.ledger import Granted, ProbeOrder
+from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import SimHost, settle
 from laminar_zone.gather import Bind, Gather, ProbeHost
-from laminar_zone.placement import Need, Offer, expected_start
+from laminar_zone.placement import Offer, expected_start
 from laminar_zone.queue import QueueItem, QueueWalk, order_key, walk_queue
 from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView
 
@@ -94,10 +95,10 @@ def read_jobs(spec: ReplaySpec) -> list[TraceJob]:
     return [TraceJob(i, (at - first) / spec.speedup, d, g) for i, (at, d, g) in enumerate(rows)]
 
 
-def _shape(job: TraceJob, per_host: int) -> tuple[Need, int]:
+def _shape(job: TraceJob, per_host: int) -> tuple[Demand, int]:
     if job.gpus <= per_host:
-        return Need(gpus=job.gpus), 1
-    return Need(gpus=per_host), math.ceil(job.gpus / per_host)
+        return Demand(gpus=job.gpus), 1
+    return Demand(gpus=per_host), math.ceil(job.gpus / per_host)
 
 
 @dataclass
@@ -294,13 +295,12 @@ class LaminarReplay(_Replay):
     def place(self, job: TraceJob) -> list[tuple[SimHost, str]] | None:
         need, gang = _shape(job, self.spec.gpus_per_host)
         machine = Gather(ProbePlan(self.view, need, self.limits, self.rng), gang)
-        demand = Demand(gpus=need.gpus)
         now = self.engine.now
 
         def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
             host = self.by_id[step.record.agent_id]
             orders = [
-                ProbeOrder(f"{job.index}/{m}", f"j{job.index}", m, demand, 3, 0.0, m, 60.0)
+                ProbeOrder(f"{job.index}/{m}", f"j{job.index}", m, need, 3, 0.0, m, 60.0)
                 for m in range(step.members)
             ]
             grants: list[Offer] = []
@@ -349,12 +349,11 @@ class FifoReplay(_Replay):
 
     def place(self, job: TraceJob) -> list[tuple[SimHost, str]] | None:
         need, gang = _shape(job, self.spec.gpus_per_host)
-        demand = Demand(gpus=need.gpus)
         chosen: list[tuple[SimHost, str]] = []
         for host in self.hosts:
             if len(chosen) == gang:
                 break
-            order = ProbeOrder(f"{job.index}", f"j{job.index}", 0, demand, 3, 0.0, 0, 60.0)
+            order = ProbeOrder(f"{job.index}", f"j{job.index}", 0, need, 3, 0.0, 0, 60.0)
             self.stats.probes += 1
             reply = host.ledger.arbitrate([order], self.engine.now)[0]
             if isinstance(reply, Granted):

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.demand import Demand
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_str
 from laminar_zone.market import (
@@ -51,7 +52,6 @@ from laminar_zone.market import (
     quantiles_from,
     round_bids,
 )
-from laminar_zone.placement import Need
 
 if TYPE_CHECKING:
     from laminar_zone.jobs import Entry, ZoneState
@@ -365,7 +365,7 @@ class Atomizer:
                     continue
                 length = cap if w.end_unix <= 0 else min(cap, w.end_unix - now_unix)
                 mig = w.mig_profile if w.kind == common_pb2.MIG else ""
-                family = Need(gpus=0 if mig else 1, mig_profile=mig).family
+                family = Demand(gpus=0 if mig else 1, mig_profile=mig).family
                 head_start = self.zone.blocked_starts.get(family)
                 if head_start is not None:  # a queued rigid job expects this capacity then
                     length = min(length, head_start - now_unix)

@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from laminar_zone.placement import Need, Offer, members_fitting
+from laminar_base.demand import Demand
+from laminar_zone.placement import Offer, members_fitting
 from laminar_zone.view import AgentRecord, choose_offers
 
 
@@ -67,7 +68,7 @@ Instruction = ProbeHost | Release | Bind | GiveUp
 class Plan(Protocol):
     """Which hosts each round probes (:class:`~laminar_zone.view.ProbePlan`, or fixed)."""
 
-    need: Need
+    need: Demand
     reason: str
 
     def next_batch(self) -> list[AgentRecord]: ...
@@ -78,7 +79,7 @@ class FixedPlan:
     """One round over hosts the caller already knows fit (a simulator with exact state)."""
 
     records: list[AgentRecord]
-    need: Need
+    need: Demand
     reason: str = ""
 
     def next_batch(self) -> list[AgentRecord]:
@@ -86,7 +87,7 @@ class FixedPlan:
         return batch
 
 
-def members_to_ask(need: Need, gang: int) -> Callable[[AgentRecord], int]:
+def members_to_ask(need: Demand, gang: int) -> Callable[[AgentRecord], int]:
     """Ask a host for as many members as its summary says it can hold (at least one)."""
 
     def members(record: AgentRecord) -> int:

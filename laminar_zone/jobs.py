@@ -27,8 +27,8 @@ from typing import Any
 import grpc
 
 from laminar_agent.inventory.mig import MIG_PROFILES
-from laminar_agent.node import demand_from
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.demand import Demand
 from laminar_base.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -37,14 +37,15 @@ from laminar_base.errors import (
     PermissionDenied,
     Unavailable,
 )
-from laminar_base.grpcutil import check_exec_size, check_number, check_str
+from laminar_base.grpcutil import check_number, check_str
 from laminar_base.security import INSECURE, Trust
+from laminar_base.wire import check_spec, demand_of
 from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
 from laminar_zone.audit import AuditLog
 from laminar_zone.config import ZoneConfig
 from laminar_zone.metrics import ZoneMetrics
-from laminar_zone.placement import Need, expected_start
-from laminar_zone.placer import AgentClients, Ask, Placer, need_from, shapes_from
+from laminar_zone.placement import expected_start
+from laminar_zone.placer import AgentClients, Ask, Placer, shapes_from
 from laminar_zone.queue import (
     QueueItem,
     QueueWalk,
@@ -110,7 +111,7 @@ class Entry:
     """A live job in memory: the journaled message plus what placement needs."""
 
     job: zone_pb2.Job
-    need: Need
+    need: Demand
     placing: bool = False
     queued_at: float = 0.0  # monotonic, when it last entered the queue
     submitted_mono: float = 0.0
@@ -141,52 +142,22 @@ class Entry:
         ]
 
 
-def validate_spec(spec: zone_pb2.JobSpec) -> Need:
+def validate_spec(spec: zone_pb2.JobSpec) -> Demand:
     """Refuse bad input naming the field; returns the per-member need."""
     check_str(spec.name, "spec.name")
-    check_str(spec.tenant, "spec.tenant")
-    check_str(spec.workdir, "spec.workdir", max_chars=4096)
-    if not spec.command:
-        raise InvalidArgument("must not be empty", field="spec.command")
-    if len(spec.command) > MAX_COMMAND_ARGS:
-        raise InvalidArgument(f"has more than {MAX_COMMAND_ARGS} arguments", field="spec.command")
-    for arg in spec.command:
-        check_str(arg, "spec.command", max_chars=65536)
-    if not spec.command[0]:
-        raise InvalidArgument(
-            "must start with a program, not an empty string", field="spec.command"
-        )
-    if len(spec.env) > 256:
-        raise InvalidArgument("has more than 256 variables", field="spec.env")
-    for key, value in spec.env.items():
-        check_str(key, "spec.env", max_chars=256, required=True)
-        check_str(value, f"spec.env[{key}]", max_chars=65536)
-    check_exec_size(spec.command, spec.env, "spec")
+    need = check_spec(spec)
     if spec.run_through_partitions and not spec.restartable:
         raise InvalidArgument(
             "needs restartable: a job that runs through partitions may run twice at once, "
             "so it must be safe to restart from its checkpoint",
             field="spec.run_through_partitions",
         )
-    if spec.priority not in common_pb2.PriorityClass.values():
-        raise InvalidArgument(f"unknown priority class {spec.priority}", field="spec.priority")
-    if spec.lifecycle not in common_pb2.LifecycleClass.values():
-        raise InvalidArgument(f"unknown lifecycle class {spec.lifecycle}", field="spec.lifecycle")
     if spec.gang_size > MAX_GANG:
         raise InvalidArgument(f"must be <= {MAX_GANG}", field="spec.gang_size")
     if len(spec.after) > MAX_AFTER:
         raise InvalidArgument(f"at most {MAX_AFTER} dependencies", field="spec.after")
     if spec.max_retries > MAX_RETRIES:
         raise InvalidArgument(f"must be <= {MAX_RETRIES}", field="spec.max_retries")
-    check_number(spec.value, "spec.value", low=-1e12, high=1e12)
-    check_number(spec.expected_seconds, "spec.expected_seconds", high=10 * 365 * 86400)
-    check_number(spec.grace_seconds, "spec.grace_seconds", high=3600)
-    try:
-        demand_from(spec.resources)
-    except InvalidArgument as exc:
-        raise InvalidArgument(
-            exc.message.split(": ", 1)[-1], field=f"spec.{exc.field or 'resources'}"
-        ) from None
     profile = spec.resources.mig_profile
     if profile:
         models = [m for m, table in MIG_PROFILES.items() if profile in table]
@@ -204,7 +175,7 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Need:
             )
     if is_atomized(spec):
         validate_contract(spec)
-    return need_from(spec.resources)
+    return need
 
 
 class ZoneState:
@@ -266,7 +237,7 @@ class ZoneState:
         """Reload live jobs from the journal; returns how many."""
         now = time.monotonic()
         for job in self.store.live():
-            entry = Entry(job=job, need=need_from(job.spec.resources), submitted_mono=now)
+            entry = Entry(job=job, need=demand_of(job.spec.resources), submitted_mono=now)
             self.entries[job.job_id] = entry
             if is_atomized(job.spec):
                 self.atomizer.admit(job, now=now)
@@ -711,7 +682,7 @@ class ZoneState:
         waiting.sort(key=lambda e: order_key(e.item, units, self.shares))
         walk = QueueWalk(now_unix, backfill=self.config.queue.backfill)
         changed: list[Entry] = []
-        counts: dict[Need, HostCounts] = {}
+        counts: dict[Demand, HostCounts] = {}
         for entry in waiting:
             job = entry.job
             if job.state in TERMINAL_JOB_STATES or entry.placing:

@@ -1,6 +1,6 @@
 """Pure placement policy shared by the router and the simulator: no I/O, no gRPC calls.
 
-What a job needs is one :class:`Need` (per gang member). Agents advertise free
+What a job needs is one :class:`Demand` (per gang member). Agents advertise free
 capacity per shape (``gpu:<model>``, ``mig:<profile>``, ``share:<model>``);
 :func:`members_fitting` reads an advertisement the way the agent's ledger
 would decide, so a probe sent on its strength usually lands. The agent stays
@@ -17,59 +17,10 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-MILLI_PER_GPU = 1000
-MIG_COMPUTE_SLICES = 7
+from laminar_base.demand import MILLI_PER_GPU, Demand
+
 #: Stand-in for "any number" of CPU-only members on one host.
 CPU_ONLY_CAPACITY = 1_000_000
-
-
-@dataclass(frozen=True)
-class Need:
-    """One gang member's needs, mirroring ``laminar.v1.Resources``."""
-
-    gpus: int = 0
-    mig_profile: str = ""
-    gpu_milli: int = 0
-    gpu_memory_bytes: int = 0
-    gpu_model: str = ""
-
-    @property
-    def family(self) -> str:
-        """Jobs of one family compete for the same physical slices (queue blocking, backfill)."""
-        if self.mig_profile:
-            return f"mig:{self.mig_profile}"
-        if self.gpus or self.gpu_milli:
-            return "gpu"
-        return "cpu"
-
-    @property
-    def gpu_units(self) -> float:
-        """GPU-equivalents: the currency of quotas and fair share."""
-        if self.mig_profile:
-            head = self.mig_profile.split("g.", 1)[0]
-            compute = int(head) if head.isdigit() else MIG_COMPUTE_SLICES
-            return compute / MIG_COMPUTE_SLICES
-        if self.gpu_milli:
-            return self.gpu_milli / MILLI_PER_GPU
-        return float(self.gpus)
-
-    @property
-    def memory_bytes(self) -> int:
-        """Declared GPU memory across the member's slices."""
-        return self.gpu_memory_bytes * max(1, self.gpus)
-
-    def label(self) -> str:
-        """Human words for the shape, used in waiting explanations."""
-        model = f" {self.gpu_model}" if self.gpu_model else ""
-        if self.mig_profile:
-            return f"{self.mig_profile} slice"
-        if self.gpu_milli:
-            return f"{self.gpu_milli}-milli share of a{model} GPU"
-        if self.gpus == 1:
-            return f"whole{model} GPU"
-        if self.gpus > 1:
-            return f"{self.gpus} whole{model} GPUs on one host"
-        return "CPU-only slot"
 
 
 @dataclass(frozen=True)
@@ -86,7 +37,7 @@ def _model_of(shape: str) -> str:
     return shape.split(":", 1)[1] if ":" in shape else ""
 
 
-def _shapes_for(need: Need, shapes: Mapping[str, ShapeCap]) -> Iterable[tuple[str, ShapeCap]]:
+def _shapes_for(need: Demand, shapes: Mapping[str, ShapeCap]) -> Iterable[tuple[str, ShapeCap]]:
     for shape, cap in shapes.items():
         kind = shape.split(":", 1)[0]
         if need.mig_profile:
@@ -98,7 +49,7 @@ def _shapes_for(need: Need, shapes: Mapping[str, ShapeCap]) -> Iterable[tuple[st
             yield shape, cap
 
 
-def members_fitting(need: Need, shapes: Mapping[str, ShapeCap], *, total: bool = False) -> int:
+def members_fitting(need: Demand, shapes: Mapping[str, ShapeCap], *, total: bool = False) -> int:
     """How many members of ``need`` this host could take now (or ever, with ``total``)."""
     if need.family == "cpu":
         return CPU_ONLY_CAPACITY
@@ -118,7 +69,7 @@ def members_fitting(need: Need, shapes: Mapping[str, ShapeCap], *, total: bool =
     return count
 
 
-def free_units(shapes: Mapping[str, ShapeCap], need: Need) -> float:
+def free_units(shapes: Mapping[str, ShapeCap], need: Demand) -> float:
     """S in the flow-splitting weight: free capacity that fits the job's shape."""
     return float(min(members_fitting(need, shapes), CPU_ONLY_CAPACITY))
 
@@ -129,7 +80,7 @@ def flow_weight(free: float, heat: float, gamma: float) -> float:
 
 
 def split_weights(
-    need: Need,
+    need: Demand,
     zones: Iterable[tuple[str, Mapping[str, ShapeCap] | None, float]],
     gamma: float,
 ) -> list[tuple[str, float]]:

@@ -22,9 +22,10 @@ import grpc
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_base.grpcutil import channel_options
 from laminar_base.security import INSECURE, Trust
+from laminar_base.wire import demand_of
 from laminar_zone.config import PlacementSettings
 from laminar_zone.gather import Bind, Gather, ProbeHost, Release
-from laminar_zone.placement import Need, Offer, ShapeCap
+from laminar_zone.placement import Offer, ShapeCap
 from laminar_zone.view import AgentRecord, ProbePlan, ZoneView
 
 log = logging.getLogger("laminar.zone.placer")
@@ -66,16 +67,6 @@ def shapes_from(summary: common_pb2.AgentSummary) -> dict[str, ShapeCap]:
         s.shape: ShapeCap(s.free, s.total, s.max_free_milli, s.max_free_memory_bytes)
         for s in summary.shapes
     }
-
-
-def need_from(resources: common_pb2.Resources) -> Need:
-    return Need(
-        gpus=resources.gpus,
-        mig_profile=resources.mig_profile,
-        gpu_milli=resources.gpu_milli,
-        gpu_memory_bytes=resources.gpu_memory_bytes,
-        gpu_model=resources.gpu_model,
-    )
 
 
 @dataclass
@@ -136,7 +127,7 @@ class Placer:
     ) -> Gathered:
         """Drive one :class:`~laminar_zone.gather.Gather`: probe rounds over gRPC, bind late."""
         s = self.settings
-        need = need_from(ask.resources)
+        need = demand_of(ask.resources)
         gang = max(1, ask.gang_size)
         ttl = lease_ttl_seconds or s.lease_ttl_seconds
         machine = Gather(
@@ -237,7 +228,7 @@ class Placer:
         self, resources: common_pb2.Resources, max_hosts: int, priority: int
     ) -> list[tuple[AgentRecord, agent_pb2.ProbeReply | BaseException]]:
         """Ask up to ``max_hosts`` matching hosts whether they could take one member now."""
-        need = need_from(resources)
+        need = demand_of(resources)
         records = self.view.sample(need, max_hosts, self.rng)
         calls = [
             self.clients.stub(r.address).Probe(

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
+from laminar_base.demand import Demand
 from laminar_zone.config import Quota
-from laminar_zone.placement import Need
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class QueueItem:
     priority: int
     tenant: str
     submitted_unix: float
-    need: Need
+    need: Demand
     gang_size: int
     expected_seconds: float
 
@@ -190,7 +190,7 @@ def walk_queue(
 
 
 def explain(
-    need: Need,
+    need: Demand,
     *,
     gang_size: int,
     hosts_ready: int,

@@ -40,9 +40,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.demand import Demand
+from laminar_base.wire import demand_of
 from laminar_zone.metrics import MAX_TENANT_LABELS, OTHER_TENANT, ZoneMetrics
-from laminar_zone.placement import Need
-from laminar_zone.placer import need_from
 from laminar_zone.store import TERMINAL_JOB_STATES, JobStore
 from laminar_zone.view import AgentRecord
 
@@ -138,7 +138,7 @@ class SubjobUsage:
         )
 
 
-def slice_kind(need: Need, agent_shapes: Iterable[str]) -> str:
+def slice_kind(need: Demand, agent_shapes: Iterable[str]) -> str:
     """``gpu:<model>``, ``mig:<profile>``, ``share:<model>`` or ``cpu``.
 
     The model is the one the job asked for, else the agent's only model of that
@@ -168,7 +168,7 @@ def usage_of(
     *,
     job_id: str,
     tenant: str,
-    need: Need,
+    need: Demand,
     kind: str,
     now_unix: float,
     checkpoint_unix: float = 0.0,
@@ -269,15 +269,15 @@ class UsageLedger:
         self, job: zone_pb2.Job, states: frozenset[int], now_unix: float
     ) -> Iterator[SubjobUsage]:
         """Usage of the job's subjobs in ``states`` that ran (running ones up to now)."""
-        job_need: Need | None = None
+        job_need: Demand | None = None
         for p in job.placements:
             if p.state not in states:
                 continue
             if p.HasField("resources"):  # an atomized subjob, sized to its window
-                need = need_from(p.resources)
+                need = demand_of(p.resources)
             else:
                 if job_need is None:
-                    job_need = need_from(job.spec.resources)
+                    job_need = demand_of(job.spec.resources)
                 need = job_need
             usage = usage_of(
                 p,

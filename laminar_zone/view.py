@@ -12,7 +12,8 @@ import enum
 import random
 from dataclasses import dataclass, field
 
-from laminar_zone.placement import Need, Offer, ShapeCap, assign_gang, best_offers, members_fitting
+from laminar_base.demand import Demand
+from laminar_zone.placement import Offer, ShapeCap, assign_gang, best_offers, members_fitting
 
 
 class AgentStatus(enum.Enum):
@@ -194,7 +195,7 @@ class ZoneView:
     # -------------------------------------------------------------- queries
 
     def sample(
-        self, need: Need, k: int, rng: random.Random, *, exclude: set[str] | None = None
+        self, need: Demand, k: int, rng: random.Random, *, exclude: set[str] | None = None
     ) -> list[AgentRecord]:
         """Up to k ready agents whose summary fits ``need``, drawn at random in O(k) expected.
 
@@ -226,7 +227,7 @@ class ZoneView:
                 chosen[agent_id] = record
         return list(chosen.values())
 
-    def _pools(self, need: Need) -> list[_IndexedSet]:
+    def _pools(self, need: Demand) -> list[_IndexedSet]:
         if need.family == "cpu":
             return [self._cpu_ready]
         if need.mig_profile:
@@ -239,10 +240,10 @@ class ZoneView:
             if s.startswith(kind) and (not need.gpu_model or s == kind + need.gpu_model) and len(p)
         ]
 
-    def any_fits(self, need: Need, rng: random.Random) -> bool:
+    def any_fits(self, need: Demand, rng: random.Random) -> bool:
         return bool(self.sample(need, 1, rng))
 
-    def counts(self, need: Need) -> HostCounts:
+    def counts(self, need: Demand) -> HostCounts:
         """How many ready hosts match ``need`` ever and now: O(agents), off the hot path."""
         ready = matching = now = members = 0
         for record in self.agents.values():
@@ -257,7 +258,7 @@ class ZoneView:
                     now += 1
         return HostCounts(ready, matching, now, members)
 
-    def free_for(self, need: Need) -> int:
+    def free_for(self, need: Demand) -> int:
         """Free members of ``need`` summed over ready agents (flow splitting's S)."""
         return sum(
             min(members_fitting(need, r.shapes), 1_000_000)
@@ -308,7 +309,7 @@ class ProbePlan:
     def __init__(
         self,
         view: ZoneView,
-        need: Need,
+        need: Demand,
         limits: ProbeLimits,
         rng: random.Random,
         exclude: set[str] | None = None,

@@ -35,9 +35,7 @@ def _promtool() -> str:
 
 
 def _exposition() -> str:
-    return b"".join(
-        generate_latest(m.registry) for m in (AgentMetrics(), ZoneMetrics())
-    ).decode()
+    return b"".join(generate_latest(m.registry) for m in (AgentMetrics(), ZoneMetrics())).decode()
 
 
 def test_every_metric_the_rules_use_exists() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from laminar_agent.executor import units_from_checkpoint
-from laminar_agent.ledger import Demand, Granted, Ledger, ProbeOrder, Slice, SliceKind
+from laminar_agent.ledger import Granted, Ledger, ProbeOrder, Slice, SliceKind
+from laminar_base.demand import Demand
 
 GIB = 1 << 30
 NOW = 1000.0

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_agent.ledger import (
-    Allocation,
-    Bounced,
-    Demand,
-    Granted,
-    Ledger,
-    ProbeOrder,
-    Slice,
-    SliceKind,
-)
+from laminar_agent.ledger import Allocation, Bounced, Granted, Ledger, ProbeOrder, Slice, SliceKind
+from laminar_base.demand import Demand
 from laminar_base.errors import (
     Aborted,
     AlreadyExists,

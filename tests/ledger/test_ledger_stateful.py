@@ -9,17 +9,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from laminar_agent.ledger import (
-    Bounced,
-    Demand,
-    Granted,
-    Ledger,
-    ProbeOrder,
-    Slice,
-    SliceKind,
-    counter_ids,
-)
+from laminar_agent.ledger import Bounced, Granted, Ledger, ProbeOrder, Slice, SliceKind, counter_ids
 from laminar_agent.preemption import HolderFacts, plan_preemption
+from laminar_base.demand import Demand
 from laminar_base.errors import Aborted, FailedPrecondition, InvalidArgument
 
 GIB = 1 << 30

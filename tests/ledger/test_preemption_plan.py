@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_agent.ledger import Bounced, Demand, Granted, Ledger, ProbeOrder, Slice, SliceKind
+from laminar_agent.ledger import Bounced, Granted, Ledger, ProbeOrder, Slice, SliceKind
 from laminar_agent.preemption import HolderFacts, plan_preemption
+from laminar_base.demand import Demand
 from laminar_base.errors import FailedPrecondition
 
 GIB = 1 << 30

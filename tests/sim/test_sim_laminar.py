@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from laminar_base.demand import Demand
 from laminar_sim import fgd
 from laminar_sim.laminar import Ask, LaminarCluster, SimHost
 from laminar_sim.policies import PodShape
-from laminar_zone.placement import Need
 from laminar_zone.view import ProbeLimits
 
 
@@ -29,9 +29,9 @@ def cluster(hosts: int, gpus: int = 4, zone_hosts: int = 8, seed: int = 1) -> La
 
 asks = st.lists(
     st.one_of(
-        st.builds(lambda m: Ask(Need(gpu_milli=m), 1000, 1000), st.sampled_from([100, 250, 500])),
-        st.builds(lambda g: Ask(Need(gpus=g), 2000, 2000), st.sampled_from([1, 2, 4])),
-        st.just(Ask(Need(), 4000, 4000)),
+        st.builds(lambda m: Ask(Demand(gpu_milli=m), 1000, 1000), st.sampled_from([100, 250, 500])),
+        st.builds(lambda g: Ask(Demand(gpus=g), 2000, 2000), st.sampled_from([1, 2, 4])),
+        st.just(Ask(Demand(), 4000, 4000)),
     ),
     max_size=120,
 )
@@ -59,7 +59,7 @@ def test_no_host_is_ever_overcommitted(tasks: list[Ask]) -> None:
 
 
 def test_same_seed_same_placements() -> None:
-    tasks = [Ask(Need(gpu_milli=300), 1000, 1000)] * 30 + [Ask(Need(gpus=2), 1000, 1000)] * 10
+    tasks = [Ask(Demand(gpu_milli=300), 1000, 1000)] * 30 + [Ask(Demand(gpus=2), 1000, 1000)] * 10
     runs = []
     for _ in range(2):
         sim = cluster(10, seed=7)
@@ -71,10 +71,10 @@ def test_same_seed_same_placements() -> None:
 
 def test_a_full_cluster_fails_without_probing_and_counts_messages() -> None:
     sim = cluster(2, gpus=1, zone_hosts=2)
-    assert sim.place(Ask(Need(gpus=1))) is not None
-    assert sim.place(Ask(Need(gpus=1))) is not None
+    assert sim.place(Ask(Demand(gpus=1))) is not None
+    assert sim.place(Ask(Demand(gpus=1))) is not None
     probes = sim.counters.probes
-    assert sim.place(Ask(Need(gpus=1))) is None  # the view shows no room: no probe is sent
+    assert sim.place(Ask(Demand(gpus=1))) is None  # the view shows no room: no probe is sent
     assert sim.counters.probes == probes
     assert sim.counters.failures == 1
     per = sim.counters.per_placement()
@@ -83,10 +83,10 @@ def test_a_full_cluster_fails_without_probing_and_counts_messages() -> None:
 
 def test_node_local_choice_is_the_ledgers_best_fit() -> None:
     sim = cluster(1, gpus=2, zone_hosts=1)
-    assert sim.place(Ask(Need(gpu_milli=600))) == (0, (0,))
+    assert sim.place(Ask(Demand(gpu_milli=600))) == (0, (0,))
     # 300 fits both GPUs; the agent's ledger packs it next to the 600 (less left over).
-    assert sim.place(Ask(Need(gpu_milli=300))) == (0, (0,))
-    assert sim.place(Ask(Need(gpu_milli=300))) == (0, (1,))
+    assert sim.place(Ask(Demand(gpu_milli=300))) == (0, (0,))
+    assert sim.place(Ask(Demand(gpu_milli=300))) == (0, (1,))
 
 
 def test_cpu_the_ledger_does_not_see_bounces_at_the_host() -> None:
@@ -97,8 +97,8 @@ def test_cpu_the_ledger_does_not_see_bounces_at_the_host() -> None:
         gamma=1.0,
         seed=1,
     )
-    assert sim.place(Ask(Need(gpu_milli=100), 800, 10)) is not None
-    assert sim.place(Ask(Need(gpu_milli=100), 800, 10)) is None
+    assert sim.place(Ask(Demand(gpu_milli=100), 800, 10)) is not None
+    assert sim.place(Ask(Demand(gpu_milli=100), 800, 10)) is None
     assert sim.counters.bounces >= 1
 
 
@@ -106,7 +106,7 @@ def test_forwarding_spreads_jobs_over_zones() -> None:
     sim = cluster(40, gpus=8, zone_hosts=10, seed=3)
     used: set[str] = set()
     for _ in range(200):
-        placed = sim.place(Ask(Need(gpu_milli=500), 100, 100))
+        placed = sim.place(Ask(Demand(gpu_milli=500), 100, 100))
         assert placed is not None
         used.add(sim.zones[placed[0] // 10].name)
     assert used == {"z0", "z1", "z2", "z3"}
@@ -139,6 +139,6 @@ def test_laminar_has_no_mig_mode(tmp_path: object, make_trace: object) -> None:
 
 
 def test_laminar_ask_maps_pod_shapes() -> None:
-    assert fgd.laminar_ask(PodShape(1000, 10, 1, 300)).need == Need(gpu_milli=300)
-    assert fgd.laminar_ask(PodShape(1000, 10, 2, 1000)).need == Need(gpus=2)
-    assert fgd.laminar_ask(PodShape(1000, 10, 0, 0)).need == Need()
+    assert fgd.laminar_ask(PodShape(1000, 10, 1, 300)).need == Demand(gpu_milli=300)
+    assert fgd.laminar_ask(PodShape(1000, 10, 2, 1000)).need == Demand(gpus=2)
+    assert fgd.laminar_ask(PodShape(1000, 10, 0, 0)).need == Demand()

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from laminar_base.demand import Demand
 from laminar_base.errors import InvalidArgument
 from laminar_sim.cli import register
 from laminar_sim.load import LaminarRun, LoadSpec, best_fit, make_tasks, prefill, run_load
-from laminar_zone.placement import Need
 
 SMALL = LoadSpec(
     hosts=40,
@@ -85,10 +85,10 @@ def test_prefill_reaches_the_load_on_every_host() -> None:
 
 def test_best_fit_picks_the_tightest_host() -> None:
     free = np.array([[1000, 1000, 1000, 1000], [500, 0, 0, 0], [700, 300, 0, 0]], dtype=np.int64)
-    assert best_fit(free, Need(gpu_milli=300)) == (2, 1)
-    assert best_fit(free, Need(gpus=4)) == (0, -1)
-    assert best_fit(free, Need(gpus=4)) is not None
-    assert best_fit(free[1:], Need(gpus=1)) is None
+    assert best_fit(free, Demand(gpu_milli=300)) == (2, 1)
+    assert best_fit(free, Demand(gpus=4)) == (0, -1)
+    assert best_fit(free, Demand(gpus=4)) is not None
+    assert best_fit(free[1:], Demand(gpus=1)) is None
 
 
 def _cli(argv: list[str]) -> str:

@@ -8,8 +8,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from laminar_base.demand import Demand
 from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release
-from laminar_zone.placement import Need, Offer, ShapeCap
+from laminar_zone.placement import Offer, ShapeCap
 from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView
 
 
@@ -22,7 +23,7 @@ def make_view(free: list[int]) -> ZoneView:
 
 
 def machine(free: list[int], gang: int, seed: int, **kw: object) -> Gather:
-    plan = ProbePlan(make_view(free), Need(gpus=1), ProbeLimits(), random.Random(seed))
+    plan = ProbePlan(make_view(free), Demand(gpus=1), ProbeLimits(), random.Random(seed))
     return Gather(plan, gang, **kw)  # type: ignore[arg-type]
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_zone.placement import Need
+from laminar_base.demand import Demand
 from laminar_zone.queue import QueueItem, QueueWalk
 
 #: Three families: whole GPUs and shares compete for the same GPUs, MIG slices and CPU do not.
-FAMILIES = (Need(gpus=1), Need(mig_profile="1g.10gb"), Need())
+FAMILIES = (Demand(gpus=1), Demand(mig_profile="1g.10gb"), Demand())
 
 
 def item(i: int, family: int, expected: float) -> QueueItem:

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from laminar_base.demand import Demand
 from laminar_zone.config import Quota
 from laminar_zone.placement import (
-    Need,
     Offer,
     ShapeCap,
     assign_gang,
@@ -34,15 +34,15 @@ def test_members_fitting_reads_summaries_like_the_ledger() -> None:
             free=1, total=1, max_free_milli=400, max_free_memory_bytes=30 * GIB
         ),
     }
-    assert members_fitting(Need(gpus=1), shapes) == 3
-    assert members_fitting(Need(gpus=2), shapes) == 1
-    assert members_fitting(Need(gpus=2), shapes, total=True) == 2
-    assert members_fitting(Need(gpus=1, gpu_model="A100-80GB"), shapes) == 0
-    assert members_fitting(Need(mig_profile="3g.40gb"), shapes) == 1
-    assert members_fitting(Need(mig_profile="3g.40gb", gpu_memory_bytes=50 * GIB), shapes) == 0
-    assert members_fitting(Need(gpu_milli=400, gpu_memory_bytes=30 * GIB), shapes) == 1
-    assert members_fitting(Need(gpu_milli=500), shapes) == 0
-    assert members_fitting(Need(), shapes) > 1000  # CPU-only fits anywhere
+    assert members_fitting(Demand(gpus=1), shapes) == 3
+    assert members_fitting(Demand(gpus=2), shapes) == 1
+    assert members_fitting(Demand(gpus=2), shapes, total=True) == 2
+    assert members_fitting(Demand(gpus=1, gpu_model="A100-80GB"), shapes) == 0
+    assert members_fitting(Demand(mig_profile="3g.40gb"), shapes) == 1
+    assert members_fitting(Demand(mig_profile="3g.40gb", gpu_memory_bytes=50 * GIB), shapes) == 0
+    assert members_fitting(Demand(gpu_milli=400, gpu_memory_bytes=30 * GIB), shapes) == 1
+    assert members_fitting(Demand(gpu_milli=500), shapes) == 0
+    assert members_fitting(Demand(), shapes) > 1000  # CPU-only fits anywhere
 
 
 def test_gang_prefers_fewest_hosts_and_needs_every_member() -> None:
@@ -102,7 +102,7 @@ def test_expected_start_accumulates_releases_in_time_order() -> None:
 def _item(
     job: str, priority: int = 3, tenant: str = "t", submitted: float = 0.0, **need: int
 ) -> QueueItem:
-    return QueueItem(job, priority, tenant, submitted, Need(**need or {"gpus": 1}), 1, 0.0)
+    return QueueItem(job, priority, tenant, submitted, Demand(**need or {"gpus": 1}), 1, 0.0)
 
 
 def test_queue_order_is_priority_then_fair_share_then_age() -> None:
@@ -120,8 +120,8 @@ def test_queue_order_is_priority_then_fair_share_then_age() -> None:
 
 
 def test_backfill_only_when_it_ends_before_the_blocked_head_starts() -> None:
-    quick = QueueItem("q", 3, "t", 0.0, Need(gpus=1), 1, expected_seconds=30)
-    unknown = QueueItem("u", 3, "t", 0.0, Need(gpus=1), 1, expected_seconds=0)
+    quick = QueueItem("q", 3, "t", 0.0, Demand(gpus=1), 1, expected_seconds=30)
+    unknown = QueueItem("u", 3, "t", 0.0, Demand(gpus=1), 1, expected_seconds=0)
     assert may_backfill(quick, now=100.0, head_expected_start=140.0)
     assert not may_backfill(quick, now=100.0, head_expected_start=120.0)
     assert not may_backfill(unknown, now=100.0, head_expected_start=1e9)
@@ -129,7 +129,7 @@ def test_backfill_only_when_it_ends_before_the_blocked_head_starts() -> None:
 
 
 def test_quota_block_names_tenant_and_numbers() -> None:
-    item = QueueItem("j", 3, "alice", 0.0, Need(gpus=1, gpu_memory_bytes=40 * GIB), 2, 0.0)
+    item = QueueItem("j", 3, "alice", 0.0, Demand(gpus=1, gpu_memory_bytes=40 * GIB), 2, 0.0)
     assert quota_block(item, None, 10.0, 0) == ""
     assert quota_block(item, Quota(max_gpus=4), 2.0, 0) == ""
     text = quota_block(item, Quota(max_gpus=4), 3.0, 0)
@@ -139,7 +139,7 @@ def test_quota_block_names_tenant_and_numbers() -> None:
 
 def test_explanation_reads_like_the_issue_example() -> None:
     text = explain(
-        Need(mig_profile="3g.40gb"),
+        Demand(mig_profile="3g.40gb"),
         gang_size=1,
         hosts_ready=12,
         hosts_matching=2,
@@ -172,14 +172,14 @@ def _view_with(n: int, free_every: int) -> ZoneView:
 def test_sampling_returns_only_fitting_ready_agents_and_excludes() -> None:
     view = _view_with(100, free_every=10)
     rng = random.Random(1)
-    got = view.sample(Need(gpus=1), 4, rng)
+    got = view.sample(Demand(gpus=1), 4, rng)
     assert len(got) == 4
-    assert all(members_fitting(Need(gpus=1), r.shapes) for r in got)
+    assert all(members_fitting(Demand(gpus=1), r.shapes) for r in got)
     assert len({r.agent_id for r in got}) == 4
-    rest = view.sample(Need(gpus=1), 20, rng, exclude={r.agent_id for r in got})
+    rest = view.sample(Demand(gpus=1), 20, rng, exclude={r.agent_id for r in got})
     assert len(rest) == 6 and not {r.agent_id for r in rest} & {r.agent_id for r in got}
     view.set_draining("a0", True)
-    assert "a0" not in {r.agent_id for r in view.sample(Need(gpus=1), 10, rng)}
+    assert "a0" not in {r.agent_id for r in view.sample(Demand(gpus=1), 10, rng)}
 
 
 def test_sampling_work_does_not_grow_with_zone_size() -> None:
@@ -197,14 +197,14 @@ def test_sampling_work_does_not_grow_with_zone_size() -> None:
         view = _view_with(n, free_every=2)
         calls = 0
         view.agents = Counting(view.agents)  # type: ignore[assignment]
-        assert len(view.sample(Need(gpus=1), 4, rng)) == 4
+        assert len(view.sample(Demand(gpus=1), 4, rng)) == 4
         assert calls <= 8 * 4 + 16
 
 
 def test_stale_agents_drop_out_and_come_back() -> None:
     view = _view_with(3, free_every=1)
     assert [r.agent_id for r in view.sweep(now=10.0)] == ["a0", "a1", "a2"]
-    assert view.sample(Need(gpus=1), 3, random.Random(0)) == []
+    assert view.sample(Demand(gpus=1), 3, random.Random(0)) == []
     update = view.update(
         "a1",
         "127.0.0.1:1",
@@ -214,4 +214,4 @@ def test_stale_agents_drop_out_and_come_back() -> None:
         now=11.0,
     )
     assert update.came_back
-    assert [r.agent_id for r in view.sample(Need(gpus=1), 3, random.Random(0))] == ["a1"]
+    assert [r.agent_id for r in view.sample(Demand(gpus=1), 3, random.Random(0))] == ["a1"]

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.demand import Demand
 from laminar_zone.metrics import MAX_TENANT_LABELS, OTHER_TENANT, ZoneMetrics
-from laminar_zone.placement import Need
 from laminar_zone.store import JobStore
 from laminar_zone.usage import SubjobUsage, UsageLedger, slice_kind, usage_of
 from laminar_zone.view import AgentRecord, ShapeCap
@@ -47,12 +47,12 @@ def placement(
     )
 
 
-def one(p: zone_pb2.Placement, need: Need | None = None, now: float = T0 + 1000) -> SubjobUsage:
+def one(p: zone_pb2.Placement, need: Demand | None = None, now: float = T0 + 1000) -> SubjobUsage:
     usage = usage_of(
         p,
         job_id="j-1",
         tenant="alice",
-        need=need or Need(gpus=1, gpu_memory_bytes=10 * GIB),
+        need=need or Demand(gpus=1, gpu_memory_bytes=10 * GIB),
         kind="gpu:H100-80GB",
         now_unix=now,
     )
@@ -65,21 +65,21 @@ def one(p: zone_pb2.Placement, need: Need | None = None, now: float = T0 + 1000)
 
 def test_slice_kind_names_the_model_asked_for_else_the_agents_only_model() -> None:
     h100 = ["gpu:H100-80GB", "mig:3g.40gb"]
-    assert slice_kind(Need(gpus=1), h100) == "gpu:H100-80GB"
-    assert slice_kind(Need(gpus=1, gpu_model="A100-80GB"), h100) == "gpu:A100-80GB"
-    assert slice_kind(Need(gpus=1), ["gpu:H100-80GB", "gpu:A100-80GB"]) == "gpu:any"
-    assert slice_kind(Need(gpus=1), []) == "gpu:any"  # agent unknown (gone)
-    assert slice_kind(Need(mig_profile="3g.40gb"), h100) == "mig:3g.40gb"
-    assert slice_kind(Need(gpu_milli=250), ["share:A100-80GB"]) == "share:A100-80GB"
-    assert slice_kind(Need(gpu_milli=250), h100) == "share:any"
-    assert slice_kind(Need(), h100) == "cpu"
+    assert slice_kind(Demand(gpus=1), h100) == "gpu:H100-80GB"
+    assert slice_kind(Demand(gpus=1, gpu_model="A100-80GB"), h100) == "gpu:A100-80GB"
+    assert slice_kind(Demand(gpus=1), ["gpu:H100-80GB", "gpu:A100-80GB"]) == "gpu:any"
+    assert slice_kind(Demand(gpus=1), []) == "gpu:any"  # agent unknown (gone)
+    assert slice_kind(Demand(mig_profile="3g.40gb"), h100) == "mig:3g.40gb"
+    assert slice_kind(Demand(gpu_milli=250), ["share:A100-80GB"]) == "share:A100-80GB"
+    assert slice_kind(Demand(gpu_milli=250), h100) == "share:any"
+    assert slice_kind(Demand(), h100) == "cpu"
 
 
 # ---------------------------------------------------------------- one row
 
 
 def test_an_ended_subjob_counts_the_agents_run_time_and_declared_memory() -> None:
-    usage = one(placement(ended=T0 + 100.4, run=99.5), Need(gpus=2, gpu_memory_bytes=10 * GIB))
+    usage = one(placement(ended=T0 + 100.4, run=99.5), Demand(gpus=2, gpu_memory_bytes=10 * GIB))
     assert usage.run_seconds == pytest.approx(99.5)
     assert usage.ended_unix == T0 + 100.4
     figures = usage.clipped(0.0)
@@ -96,15 +96,17 @@ def test_observed_peak_memory_replaces_the_declaration() -> None:
 
 
 def test_mig_and_share_slices_count_gpu_equivalents() -> None:
-    mig = one(placement(), Need(mig_profile="3g.40gb"))
+    mig = one(placement(), Demand(mig_profile="3g.40gb"))
     assert mig.clipped(0.0).gpu_seconds == pytest.approx(100.0 * 3 / 7)
-    share = one(placement(), Need(gpu_milli=250))
+    share = one(placement(), Demand(gpu_milli=250))
     assert share.clipped(0.0).gpu_seconds == pytest.approx(25.0)
 
 
 def test_a_subjob_that_never_started_has_no_row() -> None:
     never = placement(state=common_pb2.FAILED, started=0.0, ended=T0, run=0.0)
-    usage = usage_of(never, job_id="j", tenant="t", need=Need(gpus=1), kind="gpu:any", now_unix=T0)
+    usage = usage_of(
+        never, job_id="j", tenant="t", need=Demand(gpus=1), kind="gpu:any", now_unix=T0
+    )
     assert usage is None
 
 
@@ -131,7 +133,7 @@ def test_router_ended_subjob_without_run_time_uses_the_wall_clock_interval() -> 
     ],
 )
 def test_airlock_losses_count_the_whole_run_without_checkpoint_info(reason: str) -> None:
-    usage = one(placement(state=common_pb2.KILLED, reason=reason), Need(gpus=2))
+    usage = one(placement(state=common_pb2.KILLED, reason=reason), Demand(gpus=2))
     assert usage.clipped(0.0).lost_gpu_seconds == pytest.approx(2 * 100.0)
 
 
@@ -141,7 +143,7 @@ def test_airlock_loss_starts_at_the_last_checkpoint_when_known() -> None:
         reclaimed,
         job_id="j",
         tenant="t",
-        need=Need(gpus=1),
+        need=Demand(gpus=1),
         kind="gpu:any",
         now_unix=T0 + 1000,
         checkpoint_unix=T0 + 70.0,
@@ -162,7 +164,7 @@ def test_failed_and_cancelled_subjobs_lose_nothing_to_airlock() -> None:
 
 
 def test_clipping_keeps_only_the_part_after_since() -> None:
-    usage = one(placement(state=common_pb2.KILLED, reason="preempted: x"), Need(gpus=1))
+    usage = one(placement(state=common_pb2.KILLED, reason="preempted: x"), Demand(gpus=1))
     assert usage.clipped(T0 - 5).gpu_seconds == pytest.approx(100.0)
     middle = usage.clipped(T0 + 25.0)
     assert middle.subjobs == 1

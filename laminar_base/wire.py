@@ -1,0 +1,80 @@
+"""Plain values of the decision code read from protobuf messages, at the edge."""
+
+from __future__ import annotations
+
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.demand import Demand, validate_demand
+from laminar_base.errors import InvalidArgument
+from laminar_base.grpcutil import check_exec_size, check_number, check_str
+
+#: Most whole GPUs one member may ask for on one host.
+MAX_GPUS_PER_MEMBER = 64
+MAX_COMMAND_ARGS = 4096
+MAX_ENV_VARS = 256
+
+
+def demand_of(resources: common_pb2.Resources) -> Demand:
+    """The demand a stored (already validated) ``Resources`` message describes."""
+    return Demand(
+        gpus=resources.gpus,
+        mig_profile=resources.mig_profile,
+        gpu_milli=resources.gpu_milli,
+        gpu_memory_bytes=resources.gpu_memory_bytes,
+        gpu_model=resources.gpu_model,
+    )
+
+
+def parse_demand(resources: common_pb2.Resources) -> Demand:
+    """The demand of a request's ``resources``; bad input raises InvalidArgument naming the
+    field (``resources.<name>``)."""
+    check_str(resources.mig_profile, "resources.mig_profile", max_chars=32)
+    check_str(resources.gpu_model, "resources.gpu_model", max_chars=64)
+    if resources.gpus > MAX_GPUS_PER_MEMBER:
+        raise InvalidArgument(
+            f"{resources.gpus} GPUs on one host is more than {MAX_GPUS_PER_MEMBER}",
+            field="resources.gpus",
+        )
+    demand = demand_of(resources)
+    validate_demand(demand)
+    return demand
+
+
+def check_spec(spec: zone_pb2.JobSpec | common_pb2.SubjobSpec) -> Demand:
+    """What a job (router) and a subjob (agent) share, checked one way with one set of
+    messages, each naming its field (``spec.<name>``); returns the per-member demand."""
+    check_str(spec.tenant, "spec.tenant")
+    check_str(spec.workdir, "spec.workdir", max_chars=4096)
+    if not spec.command:
+        raise InvalidArgument("must not be empty", field="spec.command")
+    if len(spec.command) > MAX_COMMAND_ARGS:
+        raise InvalidArgument(
+            f"has {len(spec.command)} arguments, at most {MAX_COMMAND_ARGS}", field="spec.command"
+        )
+    for arg in spec.command:
+        check_str(arg, "spec.command", max_chars=65536)
+    if not spec.command[0]:
+        raise InvalidArgument(
+            "must start with a program, not an empty string", field="spec.command"
+        )
+    if len(spec.env) > MAX_ENV_VARS:
+        raise InvalidArgument(
+            f"has {len(spec.env)} variables, at most {MAX_ENV_VARS}", field="spec.env"
+        )
+    for key, value in spec.env.items():
+        check_str(key, "spec.env", max_chars=256, required=True)
+        check_str(value, f"spec.env[{key}]", max_chars=65536)
+    check_exec_size(spec.command, spec.env, "spec")
+    check_number(spec.grace_seconds, "spec.grace_seconds", high=3600)
+    # Queue order, Airlock and preemption rank by these classes: an unknown one is bad input.
+    if spec.priority not in common_pb2.PriorityClass.values():
+        raise InvalidArgument(f"unknown priority class {spec.priority}", field="spec.priority")
+    if spec.lifecycle not in common_pb2.LifecycleClass.values():
+        raise InvalidArgument(f"unknown lifecycle class {spec.lifecycle}", field="spec.lifecycle")
+    check_number(spec.value, "spec.value", low=-1e12, high=1e12)
+    check_number(spec.expected_seconds, "spec.expected_seconds", high=10 * 365 * 86400)
+    try:
+        return parse_demand(spec.resources)
+    except InvalidArgument as exc:
+        raise InvalidArgument(
+            exc.message.split(": ", 1)[-1], field=f"spec.{exc.field or 'resources'}"
+        ) from None
