@@ -264,16 +264,18 @@ class WatchSubjobsRequest(_message.Message):
     def __init__(self, after_seq: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class SignalSubjobRequest(_message.Message):
-    __slots__ = ("subjob_id", "signal", "reason", "grace_seconds")
+    __slots__ = ("subjob_id", "signal", "reason", "grace_seconds", "end_cause")
     SUBJOB_ID_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    END_CAUSE_FIELD_NUMBER: _ClassVar[int]
     subjob_id: str
     signal: SubjobSignal
     reason: str
     grace_seconds: float
-    def __init__(self, subjob_id: _Optional[str] = ..., signal: _Optional[_Union[SubjobSignal, str]] = ..., reason: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+    end_cause: _common_pb2.EndCause
+    def __init__(self, subjob_id: _Optional[str] = ..., signal: _Optional[_Union[SubjobSignal, str]] = ..., reason: _Optional[str] = ..., grace_seconds: _Optional[float] = ..., end_cause: _Optional[_Union[_common_pb2.EndCause, str]] = ...) -> None: ...
 
 class ReadLogsRequest(_message.Message):
     __slots__ = ("subjob_id", "stream", "offset", "max_bytes")
