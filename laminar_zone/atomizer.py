@@ -36,6 +36,14 @@ from typing import TYPE_CHECKING
 import grpc
 
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.causes import (
+    ENDED_SUBJOB_STATES,
+    LIVE_SUBJOB_STATES,
+    EndCause,
+    end_cause,
+    is_free_retry,
+    widens_profile,
+)
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_str
 from laminar_zone.market import (
@@ -58,14 +66,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("laminar.zone.atomizer")
 
-LIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUSPENDED})
-ENDED = frozenset({common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST})
+LIVE = LIVE_SUBJOB_STATES
+ENDED = ENDED_SUBJOB_STATES
 COMMITTING = "committing"
+#: Reason prefix, for people, of a subjob stopped at its window's end (EndCause.OVERRAN).
+#: Which ends are free and which widen the profile: laminar_base.causes.
 OVERRAN = "overran:"
-#: Ends that are nobody's fault: no retry is used and the profile is left alone.
-FREE_ENDS = ("preempted:", "readdressed:", "commit unconfirmed", "superseded", "cancelled")
-#: Ends that show the profile was too tight: the profile is widened.
-WIDENING_ENDS = (OVERRAN, "airlock_reclaimed:")
 #: A window that starts within this many seconds counts as open now.
 START_TOLERANCE_SECONDS = 0.5
 MAX_PHASES = 64
@@ -197,6 +203,8 @@ class Atomizer:
             Path(zone.config.server.state_dir) / "checkpoints"
         )
         self._checkpoint_root = Path(root)
+        #: Subjobs asked to stop at their window's end, so each is asked once.
+        self._overrunning: set[str] = set()
 
     # ------------------------------------------------------------------ jobs
 
@@ -307,8 +315,9 @@ class Atomizer:
                 if overran:
                     metrics.atomized_violations.inc()
             return ""
-        if p.state == common_pb2.KILLED and p.reason.startswith(WIDENING_ENDS):
-            over_time = p.reason.startswith(OVERRAN)
+        cause = end_cause(p.end_cause)
+        if p.state == common_pb2.KILLED and widens_profile(cause):
+            over_time = cause is EndCause.OVERRAN
             calibrator.overran(time=over_time, memory=not over_time)
             atom.violations += 1
             if not replay:
@@ -322,7 +331,7 @@ class Atomizer:
                     p.unit_start + p.units_done,
                 )
             return ""
-        if p.state != common_pb2.FAILED or p.reason.startswith(FREE_ENDS):
+        if p.state != common_pb2.FAILED or is_free_retry(cause):
             return ""  # killed by us or lost: resumes from its checkpoint, no retry used
         if replay:
             return ""  # retries_used is journaled with the job
@@ -719,6 +728,7 @@ class Atomizer:
             )
         except grpc.aio.AioRpcError as exc:
             placement.state = common_pb2.FAILED
+            placement.end_cause = EndCause.COMMIT_UNCONFIRMED.wire
             placement.reason = f"commit unconfirmed: {exc.code().name}: {exc.details()}"
             placement.ended_unix = time.time()
             started = False
@@ -762,24 +772,30 @@ class Atomizer:
         from their checkpoint later, and their profile is widened."""
         now_unix = time.time()
         grace = self.config.overrun_grace_seconds
+        live: set[str] = set()
         for job_id in list(self.atoms):
             entry = self.zone.entries.get(job_id)
             if entry is None:
                 continue
             for p in entry.job.placements:
+                if p.state in LIVE:
+                    live.add(p.subjob_id)
                 if (
                     p.state in LIVE
                     and p.reason != COMMITTING
                     and p.window_end_unix > 0
                     and now_unix > p.window_end_unix + grace
-                    and not p.reason.startswith(OVERRAN)
+                    and p.subjob_id not in self._overrunning
                 ):
                     why = (
                         f"{OVERRAN} window ended at {p.window_end_unix:.0f} "
                         f"({now_unix - p.window_end_unix:.1f} s ago, grace {grace:g} s)"
                     )
                     p.reason = why
-                    await self.zone.terminate(p, why)
+                    self._overrunning.add(p.subjob_id)
+                    live.add(p.subjob_id)
+                    await self.zone.terminate(p, why, EndCause.OVERRAN)
+        self._overrunning &= live
 
     # ------------------------------------------------------------------ client bidding
 
