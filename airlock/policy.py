@@ -159,6 +159,9 @@ class Action:
     slice_id: str
     reason: str
     expected_bytes_freed: int
+    #: Taken because a suspension outlived its deadline, not for memory pressure now (a
+    #: reclaim after ``reclaim_after_seconds``, or with the readdress budget spent).
+    is_deadline: bool = False
 
 
 def _gib(n: int) -> str:
@@ -319,6 +322,7 @@ def _recover(
                         f"{config.reclaim_after_seconds:.1f}s; re-addressing attempt "
                         f"{sub.readdress_count + 1}/{config.max_readdress} did not complete",
                         freed_per_slice(sub),
+                        is_deadline=True,
                     )
                 )
             continue
@@ -363,7 +367,14 @@ def _recover(
                 f"({sub.readdress_count}/{config.max_readdress})"
             )
             actions.append(
-                Action(STEP_RECLAIM, sub.subjob_id, first_slice, why, freed_per_slice(sub))
+                Action(
+                    STEP_RECLAIM,
+                    sub.subjob_id,
+                    first_slice,
+                    why,
+                    freed_per_slice(sub),
+                    is_deadline=True,
+                )
             )
         elif waited > config.readdress_after_seconds and sub.restartable:
             actions.append(

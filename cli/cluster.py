@@ -30,13 +30,14 @@ import grpc
 import psutil
 
 from laminar_agent.executor import local_run_as_env
-from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, zone_pb2, zone_pb2_grpc
+from laminar_base import causes
 from laminar_base.errors import Unavailable
 from laminar_base.grpcutil import channel_options
 from laminar_base.security import INSECURE, Trust
 
 #: Subjob states that still hold a process.
-LIVE_SUBJOB_STATES = (common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUSPENDED)
+LIVE_SUBJOB_STATES = sorted(causes.LIVE_SUBJOB_STATES)
 #: How long a subjob gets between SIGTERM and SIGKILL when the cluster stops.
 STOP_GRACE_SECONDS = 2.0
 #: Poll period while waiting for a child to write its info file.

@@ -24,6 +24,7 @@ from cli.zoneclient import (
     zone_stub,
 )
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import InvalidArgument
 
 T = TypeVar("T")
@@ -401,7 +402,7 @@ def _watch_one(stub: zone_pb2_grpc.ZoneStub, job_id: str) -> Iterator[tuple[zone
 
 
 #: States after which a router sends no more events for a job.
-_ENDS_HERE = render.TERMINAL_JOB_STATES | {zone_pb2.FORWARDED}
+_ENDS_HERE = TERMINAL_JOB_STATES
 
 
 def watch_events(address: str, job_id: str) -> Iterator[tuple[zone_pb2.Job, float]]:

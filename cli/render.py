@@ -19,11 +19,11 @@ from rich.text import Text
 
 from cli.jobspec import describe_resources
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.causes import ENDED_SUBJOB_STATES, FINISHED_JOB_STATES, end_cause
 from laminar_base.units import format_size
 
-TERMINAL_JOB_STATES = frozenset(
-    {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED}
-)
+#: A job's own end (a forwarded job ends in the zone it went to).
+TERMINAL_JOB_STATES = FINISHED_JOB_STATES
 #: Job state names as users type and read them (``--state running,queued``).
 JOB_STATE_NAMES: dict[str, zone_pb2.JobState] = {
     "pending": zone_pb2.PENDING,
@@ -66,6 +66,11 @@ def job_state_name(state: int) -> str:
         if value == state:
             return name
     return "unknown"
+
+
+def end_cause_name(cause: int) -> str:
+    """The cause token users read (``readdressed``); ``-`` when there is none."""
+    return end_cause(cause).token or "-"
 
 
 def subjob_state_name(state: int) -> str:
@@ -424,7 +429,8 @@ def placements_table(
     covered instead of the gang member and try."""
     table = Table(title="subjobs", title_justify="left")
     middle = ("units", "done") if units else ("member", "try")
-    for column in ("subjob", *middle, "agent", "slices", "state", "exit", "started", "ran"):
+    columns = ("subjob", *middle, "agent", "slices", "state", "cause", "exit", "started", "ran")
+    for column in columns:
         table.add_column(column, no_wrap=column in ("subjob", "slices"))
     table.add_column("reason", overflow="fold")
     for placement in placements:
@@ -432,12 +438,7 @@ def placements_table(
         if not ran and placement.started_unix:
             end = placement.ended_unix or now_unix
             ran = end - placement.started_unix
-        ended = placement.state in (
-            common_pb2.SUCCEEDED,
-            common_pb2.FAILED,
-            common_pb2.KILLED,
-            common_pb2.LOST,
-        )
+        ended = placement.state in ENDED_SUBJOB_STATES
         first = (
             (
                 f"{placement.unit_start}..{placement.unit_start + placement.unit_count - 1}",
@@ -452,6 +453,7 @@ def placements_table(
             placement.agent_id,
             ",".join(placement.slice_ids) or "cpu",
             subjob_state_name(placement.state),
+            end_cause_name(placement.end_cause),
             str(placement.exit_code) if ended else "-",
             clock(placement.started_unix, now_unix),
             span(ran) if placement.started_unix else "-",

@@ -53,12 +53,14 @@ from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.node import Node
 from laminar_api.v1 import agent_pb2, common_pb2
+from laminar_base.causes import EndCause
 
 log = logging.getLogger("laminar.agent.airlock")
 
 #: Env key of a subjob spec: how many times its job was already re-addressed (set by the router).
 READDRESS_COUNT_ENV = "LAMINAR_READDRESS_COUNT"
-#: Reason prefixes the agent writes; the zone router's own end of a moved copy uses "readdressed:".
+#: Reason prefixes, for people, the agent writes (the cause is ``EndCause.RECLAIMED``); the
+#: zone router's own end of a moved copy uses "readdressed:".
 RECLAIMED_PREFIX = "airlock_reclaimed: "
 READDRESSED_PREFIX = "readdressed:"
 
@@ -91,7 +93,7 @@ def reason_class(action: Action) -> str:
         return "cleared"
     if action.step == STEP_READDRESS:
         return "suspended_too_long"
-    if action.step == STEP_RECLAIM and action.reason.startswith("suspended"):
+    if action.step == STEP_RECLAIM and action.is_deadline:
         return "deadline"
     return "gpu_pressure"
 
@@ -357,6 +359,7 @@ class AirlockDriver:
             action.reason,
             max(0, action.expected_bytes_freed),
             dry_run,
+            end_cause=EndCause.RECLAIMED.token if action.step == STEP_RECLAIM else "",
         )
         if self.metrics is None:
             return
@@ -393,7 +396,8 @@ class AirlockDriver:
         else:
             reason, grace = f"airlock: {action.reason}", 0.0
         try:
-            await self.node.signal(action.subjob_id, signal, reason, grace)
+            cause = EndCause.RECLAIMED if action.step == STEP_RECLAIM else EndCause.TERMINATED
+            await self.node.signal(action.subjob_id, signal, reason, grace, cause=cause)
         except Exception as exc:  # the subjob may have ended since the snapshot
             log.warning("airlock %s of %s failed: %s", action.step, action.subjob_id, exc)
             return

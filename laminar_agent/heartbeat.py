@@ -24,6 +24,7 @@ import grpc
 from laminar_agent.jobfiles import write_private
 from laminar_agent.journal import ActionRow, Journal
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.causes import cause_from_token
 from laminar_base.grpcutil import channel_options
 from laminar_base.security import INSECURE, Trust
 
@@ -195,4 +196,5 @@ def action_message(row: ActionRow) -> agent_pb2.AirlockAction:
         reason=row.reason,
         bytes_freed=row.bytes_freed,
         dry_run=row.dry_run,
+        end_cause=cause_from_token(row.end_cause).wire,
     )

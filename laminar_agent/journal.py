@@ -20,7 +20,7 @@ from typing import Any
 
 from laminar_base.errors import InvalidArgument, NotFound
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DB_FILE = "agent.db"
 
 _SCHEMA = """
@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS subjobs (
     run_seconds REAL NOT NULL,
     suspended_seconds REAL NOT NULL,
     lease_id TEXT NOT NULL,
-    units_done INTEGER NOT NULL DEFAULT 0
+    units_done INTEGER NOT NULL DEFAULT 0,
+    end_cause TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS subjobs_job ON subjobs(job_id);
 CREATE TABLE IF NOT EXISTS events (
@@ -73,7 +74,8 @@ CREATE TABLE IF NOT EXISTS airlock_actions (
     slice_id TEXT NOT NULL,
     reason TEXT NOT NULL,
     bytes_freed INTEGER NOT NULL,
-    dry_run INTEGER NOT NULL
+    dry_run INTEGER NOT NULL,
+    end_cause TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS tenant_uids (
     tenant TEXT PRIMARY KEY,
@@ -122,6 +124,10 @@ class SubjobRow:
     lease_id: str = ""
     #: Atomized subjobs: units covered by its checkpoint when it ended.
     units_done: int = 0
+    #: Why it ended, as a ``laminar_base.causes.EndCause`` token (``readdressed``). A stop the
+    #: agent carries out writes its cause here as the stop begins, so the end records it
+    #: however the process exits, after an agent restart too; empty while live otherwise.
+    end_cause: str = ""
     #: Read-only, joined from the subjob's lease (empty once the lease is gone);
     #: recovery needs them to re-adopt the allocation. Never written by put_subjob.
     allocations_json: str = ""
@@ -148,6 +154,8 @@ class ActionRow:
     reason: str
     bytes_freed: int
     dry_run: bool
+    #: Reclaims: the end cause token the subjob's end records (``reclaimed``, ``preempted``).
+    end_cause: str = ""
     #: The subjob's job, from the subjobs table ("" if the subjob row is gone).
     job_id: str = ""
 
@@ -216,6 +224,18 @@ class Journal:
             if version == 1:  # v2 added subjobs.units_done
                 self._conn.execute(
                     "ALTER TABLE subjobs ADD COLUMN units_done INTEGER NOT NULL DEFAULT 0"
+                )
+            if 1 <= version < 4:  # v4 added end_cause to subjobs and actions; older have none
+                for table in ("subjobs", "airlock_actions"):
+                    self._conn.execute(
+                        f"ALTER TABLE {table} ADD COLUMN end_cause TEXT NOT NULL DEFAULT ''"
+                    )
+                # A stop under way at the upgrade was marked only in its reason text (read
+                # here once, for the data's sake): it must still end KILLED, so it gets the
+                # generic cause. Ended rows keep none; their reason says what happened.
+                self._conn.execute(
+                    "UPDATE subjobs SET end_cause='terminated' WHERE reason LIKE 'terminating:%' "
+                    "AND state IN ('STARTING', 'RUNNING', 'SUSPENDED')"
                 )
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
@@ -392,10 +412,11 @@ class Journal:
         bytes_freed: int,
         dry_run: bool,
         at_unix: float | None = None,
+        end_cause: str = "",
     ) -> int:
         cur = self._write(
             "INSERT INTO airlock_actions(at_unix, step, subjob_id, slice_id, reason, "
-            "bytes_freed, dry_run) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "bytes_freed, dry_run, end_cause) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 time.time() if at_unix is None else at_unix,
                 step,
@@ -404,6 +425,7 @@ class Journal:
                 reason,
                 bytes_freed,
                 int(dry_run),
+                end_cause,
             ),
         )
         return int(cur.lastrowid or 0)
@@ -448,5 +470,6 @@ def _action(r: sqlite3.Row) -> ActionRow:
         reason=r["reason"],
         bytes_freed=r["bytes_freed"],
         dry_run=bool(r["dry_run"]),
+        end_cause=r["end_cause"],
         job_id=r["job_id"],
     )

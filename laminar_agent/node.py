@@ -56,23 +56,26 @@ from laminar_agent.metrics import AgentMetrics
 from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
 from laminar_agent.shim import FENCE_FILE
 from laminar_api.v1 import agent_pb2, common_pb2
+from laminar_base.causes import ENDED_SUBJOB_STATE_NAMES, EndCause, cause_from_token
 from laminar_base.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
 from laminar_base.grpcutil import check_count, check_number, check_str
 from laminar_base.wire import check_spec, parse_demand
 
 log = logging.getLogger("laminar.agent.node")
-#: Reason prefix of a subjob its shim stopped because the agent's fence expired.
+#: Reason prefix, for people, of a subjob its shim stopped because the agent's fence
+#: expired; its cause is ``EndCause.FENCED``.
 FENCED = "fenced:"
 
 #: Journal state names a subjob never leaves.
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "KILLED", "LOST"})
+TERMINAL_STATES = ENDED_SUBJOB_STATE_NAMES
 DEFAULT_LEASE_TTL_SECONDS = 0.2
 MAX_LEASE_TTL_SECONDS = 60.0
 #: Most lease ids one Release may name.
 MAX_RELEASE_IDS = 4096
 #: Largest integer SQLite (and a file offset) holds; uint64 fields above it are refused.
 MAX_SQLITE_INT = 2**63 - 1
-#: Journal reason prefix of a subjob the agent is stopping; its end is KILLED.
+#: Journal reason prefix, for people, of a subjob the agent is stopping; whether it is being
+#: stopped (and why) is its journaled end cause, set as the stop begins.
 TERMINATING = "terminating: "
 #: How long a preemption waits for its victims beyond their grace period.
 PREEMPT_MARGIN_SECONDS = 10.0
@@ -172,7 +175,9 @@ class Node:
                     # overcommit the slice. Stop it and say why.
                     log.error("cannot re-adopt subjob %s: %s; stopping it", row.subjob_id, exc)
                     self.journal.update_subjob(
-                        row.subjob_id, reason=f"{TERMINATING}cannot re-adopt its capacity ({exc})"
+                        row.subjob_id,
+                        reason=f"{TERMINATING}cannot re-adopt its capacity ({exc})",
+                        end_cause=EndCause.TERMINATED.token,
                     )
                     self.executor.kill(row.subjob_id)
                     lost += 1
@@ -185,7 +190,10 @@ class Node:
                 self._record_exit(row, info, "ended while the agent was down")
             else:
                 self._set_state(
-                    row.subjob_id, "LOST", "process gone after agent restart; no exit record"
+                    row.subjob_id,
+                    "LOST",
+                    "process gone after agent restart; no exit record",
+                    EndCause.LOST,
                 )
             lost += 1
         return adopted, lost
@@ -394,6 +402,7 @@ class Node:
                     reason,
                     max(0, action.expected_bytes_freed),
                     self.airlock_dry_run,
+                    end_cause=EndCause.PREEMPTED.token,
                 )
                 log.info(
                     "airlock %sreclaim subjob %s on %s: %s",
@@ -425,7 +434,13 @@ class Node:
 
     async def _reclaim(self, subjob_id: str, reason: str) -> None:
         try:
-            await self.signal(subjob_id, agent_pb2.TERMINATE, reason, self.preempt_grace_seconds)
+            await self.signal(
+                subjob_id,
+                agent_pb2.TERMINATE,
+                reason,
+                self.preempt_grace_seconds,
+                cause=EndCause.PREEMPTED,
+            )
         except LaminarError as exc:  # it ended on its own meanwhile
             log.info("reclaim of %s: %s", subjob_id, exc.message)
 
@@ -600,7 +615,9 @@ class Node:
                 )
             )
         except Exception as exc:
-            self._finish(spec.subjob_id, "FAILED", f"could not start: {exc}", None)
+            self._finish(
+                spec.subjob_id, "FAILED", f"could not start: {exc}", None, EndCause.LAUNCH_FAILED
+            )
             raise
         self.journal.update_subjob(spec.subjob_id, pid=pid, started_unix=time.time())
         self._set_state(
@@ -622,28 +639,30 @@ class Node:
         self._record_exit(row, info, "")
 
     def _record_exit(self, row: SubjobRow, info: ExitInfo, context: str) -> None:
-        """Terminal state and reason. A subjob the agent was stopping ends KILLED however it
-        exited, with the stop's reason first (``preempted: ...``, ``airlock_reclaimed: ...``,
-        ``readdressed: ...``) so routers can tell why by its prefix."""
-        killed_by_us = row.reason.startswith(TERMINATING.strip())
+        """Terminal state, cause and reason. A subjob the agent was stopping (its stop's
+        cause is journaled) ends KILLED with that cause however it exited; its reason starts
+        with the stop's reason, for people."""
+        stop_cause = cause_from_token(row.end_cause)
         if info.fenced:
             how = f"ended by signal {info.signal}" if info.signal else f"exited {info.exit_code}"
-            state, reason = (
+            state, cause, reason = (
                 "KILLED",
+                EndCause.FENCED,
                 f"{FENCED} the agent was out of touch with its router past the fence lease, "
                 f"so the router may run this work elsewhere; {how}",
             )
-        elif killed_by_us:
-            why = row.reason[len(TERMINATING) :] if row.reason.startswith(TERMINATING) else ""
+        elif stop_cause is not EndCause.UNSPECIFIED:
+            why = row.reason.removeprefix(TERMINATING)
             how = f"ended by signal {info.signal}" if info.signal else f"exited {info.exit_code}"
-            state, reason = "KILLED", f"{why}; {how}" if why else how
+            state, cause, reason = "KILLED", stop_cause, f"{why}; {how}" if why else how
         elif info.exit_code == 0:
-            state, reason = "SUCCEEDED", "exited 0"
+            state, cause, reason = "SUCCEEDED", EndCause.EXITED, "exited 0"
         elif info.signal:
-            state, reason = "FAILED", f"ended by signal {info.signal}"
+            state, cause, reason = "FAILED", EndCause.EXITED, f"ended by signal {info.signal}"
         else:
-            state, reason = (
+            state, cause, reason = (
                 "FAILED",
+                EndCause.EXITED,
                 f"exited {info.exit_code}" + (f": {info.error}" if info.error else ""),
             )
         if context:
@@ -670,9 +689,16 @@ class Node:
                 row.peak_gpu_memory_bytes, self._peak_gpu.pop(row.subjob_id, 0)
             ),
         )
-        self._finish(row.subjob_id, state, reason, info.ended_unix)
+        self._finish(row.subjob_id, state, reason, info.ended_unix, cause)
 
-    def _finish(self, subjob_id: str, state: str, reason: str, ended_unix: float | None) -> None:
+    def _finish(
+        self,
+        subjob_id: str,
+        state: str,
+        reason: str,
+        ended_unix: float | None,
+        cause: EndCause,
+    ) -> None:
         row = self.journal.get_subjob(subjob_id)
         if row is None:
             return
@@ -683,15 +709,21 @@ class Node:
             self.journal.delete_lease(row.lease_id)
         self.terminating.discard(subjob_id)
         self.journal.update_subjob(subjob_id, ended_unix=ended_unix or time.time())
-        self._set_state(subjob_id, state, reason)
-        log.info("subjob %s %s: %s", subjob_id, state.lower(), reason)
+        self._set_state(subjob_id, state, reason, cause)
+        log.info("subjob %s %s (%s): %s", subjob_id, state.lower(), cause.token, reason)
 
-    def _set_state(self, subjob_id: str, state: str, reason: str) -> None:
+    def _set_state(
+        self, subjob_id: str, state: str, reason: str, cause: EndCause | None = None
+    ) -> None:
+        """Journal a transition; an end (``cause`` given) journals its cause with it."""
         if state in TERMINAL_STATES:
             self.live_states.pop(subjob_id, None)
         else:
             self.live_states[subjob_id] = state
-        self.journal.update_subjob(subjob_id, state=state, reason=reason)
+        if cause is None:
+            self.journal.update_subjob(subjob_id, state=state, reason=reason)
+        else:
+            self.journal.update_subjob(subjob_id, state=state, reason=reason, end_cause=cause.token)
         self.journal.append_event(subjob_id, state, reason, time.time())
         for waiter in list(self._event_waiters):
             waiter.set()
@@ -699,8 +731,16 @@ class Node:
     # -- signals, queries, events ---------------------------------------------------------
 
     async def signal(
-        self, subjob_id: str, signal: int, reason: str, grace_seconds: float
+        self,
+        subjob_id: str,
+        signal: int,
+        reason: str,
+        grace_seconds: float,
+        cause: EndCause = EndCause.TERMINATED,
     ) -> common_pb2.Subjob:
+        """Carry out a signal; a TERMINATE journals ``cause`` at once, so the subjob's end
+        records it whenever and however the process exits (``UNSPECIFIED`` is
+        ``TERMINATED``)."""
         check_str(subjob_id, "subjob_id", required=True)
         check_str(reason, "reason", max_chars=1024)
         check_number(grace_seconds, "grace_seconds", high=3600)
@@ -724,7 +764,10 @@ class Node:
             self.executor.release_memory(subjob_id)
         elif signal == agent_pb2.TERMINATE:
             self.terminating.add(subjob_id)
-            self.journal.update_subjob(subjob_id, reason=f"{TERMINATING}{why}")
+            cause = cause if cause is not EndCause.UNSPECIFIED else EndCause.TERMINATED
+            self.journal.update_subjob(
+                subjob_id, reason=f"{TERMINATING}{why}", end_cause=cause.token
+            )
             # The caller waits for the end, but a caller that gives up (an RPC deadline)
             # must not cancel the escalation to SIGKILL: that would leave it running.
             stop = self._spawn(
@@ -754,6 +797,12 @@ class Node:
             device_uuids=json.loads(row.device_uuids_json),
             state=common_pb2.SubjobState.Value(row.state),  # type: ignore[arg-type]
             reason=row.reason,
+            # A live row may hold the cause of a stop under way: only an end reports one.
+            end_cause=(
+                cause_from_token(row.end_cause).wire
+                if row.state in TERMINAL_STATES
+                else EndCause.UNSPECIFIED.wire
+            ),
             exit_code=row.exit_code or 0,
             signal=row.signal or 0,
             created_unix=row.created_unix,
@@ -828,6 +877,8 @@ class Node:
         message = self._to_message(row)
         message.state = common_pb2.SubjobState.Value(state)  # type: ignore[assignment]
         message.reason = reason
+        if state not in TERMINAL_STATES:  # the row may have ended since this transition
+            message.end_cause = EndCause.UNSPECIFIED.wire
         return common_pb2.SubjobEvent(seq=seq, subjob=message, at_unix=at_unix)
 
     def add_event_waiter(self, waiter: asyncio.Event) -> None:

@@ -10,6 +10,7 @@ import grpc
 
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.causes import end_cause
 from laminar_base.errors import FailedPrecondition, InvalidArgument, NotFound
 from laminar_base.grpcutil import check_number, check_str, map_errors
 from laminar_base.security import peer_identity
@@ -107,7 +108,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, request: agent_pb2.SignalSubjobRequest, context: Ctx
     ) -> common_pb2.Subjob:
         return await self._node.signal(
-            request.subjob_id, request.signal, request.reason, request.grace_seconds
+            request.subjob_id,
+            request.signal,
+            request.reason,
+            request.grace_seconds,
+            cause=end_cause(request.end_cause),
         )
 
     @map_errors

@@ -40,6 +40,7 @@ from airlock.policy import PRIORITY_NAMES
 from airlock.traces import choose_sharing_group, load_memory_curves
 from laminar_agent.executor import local_run_as_env
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.causes import ENDED_SUBJOB_STATES, EndCause, end_cause
 from laminar_base.errors import InvalidArgument, Unavailable
 from laminar_bench.placement import environment, percentile
 
@@ -48,7 +49,7 @@ GPU_TOTAL_BYTES = 80 * GIB
 FAKE_GPUS = "1xA100-80GB:shared"
 POLICIES = ("ladder", "oom-killer")
 HIGH_PRIORITY = (common_pb2.CRITICAL, common_pb2.PRODUCTION)
-TERMINAL = (common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST)
+TERMINAL = ENDED_SUBJOB_STATES
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -216,8 +217,9 @@ class Tally:
         self.suspended += len({a.subjob_id for a in actions if a.step == "suspend"})
         for subjob_id, member in members.items():
             subjob = agent.subjob(subjob_id)
-            if subjob.state != common_pb2.KILLED or not subjob.reason.startswith(
-                "airlock_reclaimed"
+            if (
+                subjob.state != common_pb2.KILLED
+                or end_cause(subjob.end_cause) is not EndCause.RECLAIMED
             ):
                 continue
             name = PRIORITY_NAMES.get(member.priority, str(member.priority))

@@ -64,6 +64,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from laminar_agent.executor import local_run_as_env
 from laminar_agent.inventory.fake import parse_fake_spec
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.causes import FINISHED_JOB_STATES
 from laminar_base.errors import InvalidArgument, Unavailable
 from laminar_base.grpcutil import channel_options
 from laminar_bench.agent_pool import POOL_INFO
@@ -79,9 +80,7 @@ DEFAULT_GPU_MILLI = 100
 DEFAULT_AGENT_POLL_SECONDS = 1.0
 HEALTH_SAMPLES = 200
 IDLE_WINDOW_SECONDS = 1.0
-TERMINAL_JOB_STATES = frozenset(
-    {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED}
-)
+TERMINAL_JOB_STATES = FINISHED_JOB_STATES
 _POLL_SECONDS = 0.02
 
 ProgressFn = Callable[[str, int, int], None]

@@ -31,14 +31,24 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.causes import (
+    ENDED_SUBJOB_STATES,
+    LIVE_SUBJOB_STATES,
+    EndCause,
+    end_cause,
+    is_free_retry,
+    widens_profile,
+)
 from laminar_base.demand import Demand
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_str
+from laminar_zone.config import ZoneConfig
+from laminar_zone.entry import Entry
 from laminar_zone.market import (
     Bid,
     Bidder,
@@ -52,20 +62,46 @@ from laminar_zone.market import (
     quantiles_from,
     round_bids,
 )
+from laminar_zone.metrics import ZoneMetrics
+from laminar_zone.placer import AgentClients, Placer
+from laminar_zone.view import ZoneView
 
-if TYPE_CHECKING:
-    from laminar_zone.jobs import Entry, ZoneState
+
+class Zone(Protocol):
+    """What the atomizer needs of the router's job state (:class:`laminar_zone.jobs.ZoneState`)."""
+
+    config: ZoneConfig
+    metrics: ZoneMetrics
+    view: ZoneView
+    clients: AgentClients
+    placer: Placer
+    entries: dict[str, Entry]
+    shares: dict[str, float]
+    blocked_starts: dict[str, float]
+    heartbeat_seconds: float
+
+    def copy_subjob(self, placement: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None: ...
+    def evaluate(self, entry: Entry) -> None: ...
+    def finish(self, entry: Entry, state: int, reason: str) -> None: ...
+    def save(self, entry: Entry) -> None: ...
+    def track(self, entry: Entry, agent_id: str) -> None: ...
+    def tenant_usage(self) -> tuple[dict[str, float], dict[str, int]]: ...
+    def subjob_spec(
+        self, entry: Entry, placement: zone_pb2.Placement, env: dict[str, str] | None = None
+    ) -> common_pb2.SubjobSpec: ...
+    async def terminate(
+        self, placement: zone_pb2.Placement, reason: str, cause: EndCause
+    ) -> None: ...
+
 
 log = logging.getLogger("laminar.zone.atomizer")
 
-LIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUSPENDED})
-ENDED = frozenset({common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST})
+LIVE = LIVE_SUBJOB_STATES
+ENDED = ENDED_SUBJOB_STATES
 COMMITTING = "committing"
+#: Reason prefix, for people, of a subjob stopped at its window's end (EndCause.OVERRAN).
+#: Which ends are free and which widen the profile: laminar_base.causes.
 OVERRAN = "overran:"
-#: Ends that are nobody's fault: no retry is used and the profile is left alone.
-FREE_ENDS = ("preempted:", "readdressed:", "commit unconfirmed", "superseded", "cancelled")
-#: Ends that show the profile was too tight: the profile is widened.
-WIDENING_ENDS = (OVERRAN, "airlock_reclaimed:")
 #: A window that starts within this many seconds counts as open now.
 START_TOLERANCE_SECONDS = 0.5
 MAX_PHASES = 64
@@ -182,7 +218,7 @@ def units_done(job: zone_pb2.Job) -> int:
 
 
 class Atomizer:
-    def __init__(self, zone: ZoneState) -> None:
+    def __init__(self, zone: Zone) -> None:
         self.zone = zone
         self.config = zone.config.market
         self.atoms: dict[str, Atom] = {}
@@ -197,6 +233,8 @@ class Atomizer:
             Path(zone.config.server.state_dir) / "checkpoints"
         )
         self._checkpoint_root = Path(root)
+        #: Subjobs asked to stop at their window's end, so each is asked once.
+        self._overrunning: set[str] = set()
 
     # ------------------------------------------------------------------ jobs
 
@@ -307,8 +345,9 @@ class Atomizer:
                 if overran:
                     metrics.atomized_violations.inc()
             return ""
-        if p.state == common_pb2.KILLED and p.reason.startswith(WIDENING_ENDS):
-            over_time = p.reason.startswith(OVERRAN)
+        cause = end_cause(p.end_cause)
+        if p.state == common_pb2.KILLED and widens_profile(cause):
+            over_time = cause is EndCause.OVERRAN
             calibrator.overran(time=over_time, memory=not over_time)
             atom.violations += 1
             if not replay:
@@ -322,7 +361,7 @@ class Atomizer:
                     p.unit_start + p.units_done,
                 )
             return ""
-        if p.state != common_pb2.FAILED or p.reason.startswith(FREE_ENDS):
+        if p.state != common_pb2.FAILED or is_free_retry(cause):
             return ""  # killed by us or lost: resumes from its checkpoint, no retry used
         if replay:
             return ""  # retries_used is journaled with the job
@@ -719,6 +758,7 @@ class Atomizer:
             )
         except grpc.aio.AioRpcError as exc:
             placement.state = common_pb2.FAILED
+            placement.end_cause = EndCause.COMMIT_UNCONFIRMED.wire
             placement.reason = f"commit unconfirmed: {exc.code().name}: {exc.details()}"
             placement.ended_unix = time.time()
             started = False
@@ -762,24 +802,30 @@ class Atomizer:
         from their checkpoint later, and their profile is widened."""
         now_unix = time.time()
         grace = self.config.overrun_grace_seconds
+        live: set[str] = set()
         for job_id in list(self.atoms):
             entry = self.zone.entries.get(job_id)
             if entry is None:
                 continue
             for p in entry.job.placements:
+                if p.state in LIVE:
+                    live.add(p.subjob_id)
                 if (
                     p.state in LIVE
                     and p.reason != COMMITTING
                     and p.window_end_unix > 0
                     and now_unix > p.window_end_unix + grace
-                    and not p.reason.startswith(OVERRAN)
+                    and p.subjob_id not in self._overrunning
                 ):
                     why = (
                         f"{OVERRAN} window ended at {p.window_end_unix:.0f} "
                         f"({now_unix - p.window_end_unix:.1f} s ago, grace {grace:g} s)"
                     )
                     p.reason = why
-                    await self.zone.terminate(p, why)
+                    self._overrunning.add(p.subjob_id)
+                    live.add(p.subjob_id)
+                    await self.zone.terminate(p, why, EndCause.OVERRAN)
+        self._overrunning &= live
 
     # ------------------------------------------------------------------ client bidding
 

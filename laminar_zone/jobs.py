@@ -20,7 +20,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -28,6 +28,16 @@ import grpc
 
 from laminar_agent.inventory.mig import MIG_PROFILES
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.causes import (
+    ENDED_SUBJOB_STATES,
+    FAILED_SUBJOB_STATES,
+    LIVE_SUBJOB_STATES,
+    RUNNING_JOB_STATES,
+    TERMINAL_JOB_STATES,
+    EndCause,
+    end_cause,
+    is_free_retry,
+)
 from laminar_base.demand import Demand
 from laminar_base.errors import (
     AlreadyExists,
@@ -43,6 +53,7 @@ from laminar_base.wire import check_spec, demand_of
 from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
 from laminar_zone.audit import AuditLog
 from laminar_zone.config import ZoneConfig
+from laminar_zone.entry import Entry
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
 from laminar_zone.placer import AgentClients, Ask, Placer, shapes_from
@@ -54,23 +65,20 @@ from laminar_zone.queue import (
     quota_block,
     quota_never_fits,
 )
-from laminar_zone.store import RUNNING_JOB_STATES, TERMINAL_JOB_STATES, JobStore
+from laminar_zone.store import JobStore
 from laminar_zone.usage import UsageLedger
 from laminar_zone.view import AgentRecord, HostCounts, ZoneView
 
 log = logging.getLogger("laminar.zone.jobs")
 
-LIVE_SUBJOB = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUSPENDED})
-ENDED_SUBJOB = frozenset(
-    {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}
-)
-#: Reasons that end a subjob without it being the job's fault: retried without using a retry.
+LIVE_SUBJOB = LIVE_SUBJOB_STATES
+ENDED_SUBJOB = ENDED_SUBJOB_STATES
 #: A restarted router lists journaled agents heard from within this long.
 KNOWN_AGENT_SECONDS = 86400.0
 #: Most live subjob ids of one heartbeat the router reconciles.
 MAX_LIVE_IDS = 4096
-FREE_RETRY_PREFIXES = ("preempted:", "readdressed:", "commit unconfirmed")
 COMMITTING = "committing"
+#: Reason prefix, for people, of a copy moved elsewhere; its cause is EndCause.READDRESSED.
 READDRESSED = "readdressed:"
 MAX_GANG = 64
 MAX_AFTER = 64
@@ -104,42 +112,6 @@ class KeptLease:
     resources: bytes
     gang_size: int
     expires_mono: float
-
-
-@dataclass
-class Entry:
-    """A live job in memory: the journaled message plus what placement needs."""
-
-    job: zone_pb2.Job
-    need: Demand
-    placing: bool = False
-    queued_at: float = 0.0  # monotonic, when it last entered the queue
-    submitted_mono: float = 0.0
-    watchers: list[asyncio.Queue[zone_pb2.Job]] = field(default_factory=list)
-    #: The submitter's bearer token, in memory only: a peer zone that takes the job by
-    #: flow splitting authenticates the tenant with it, as its own Submit would.
-    bearer: str = ""
-
-    @property
-    def item(self) -> QueueItem:
-        spec = self.job.spec
-        return QueueItem(
-            job_id=self.job.job_id,
-            priority=spec.priority or common_pb2.BATCH,
-            tenant=spec.tenant,
-            submitted_unix=self.job.submitted_unix,
-            need=self.need,
-            gang_size=max(1, spec.gang_size),
-            expected_seconds=spec.expected_seconds,
-        )
-
-    def current(self) -> list[zone_pb2.Placement]:
-        """This attempt's subjobs, without copies that were moved elsewhere (re-addressed)."""
-        return [
-            p
-            for p in self.job.placements
-            if p.attempt == self.job.attempts and not p.reason.startswith(READDRESSED)
-        ]
 
 
 def validate_spec(spec: zone_pb2.JobSpec) -> Demand:
@@ -305,6 +277,7 @@ class ZoneState:
                         self._unconfirmed.setdefault(record.agent_id, set()).add(job_id)
                         continue
                     p.state = common_pb2.FAILED
+                    p.end_cause = EndCause.COMMIT_UNCONFIRMED.wire
                     p.reason = "commit unconfirmed: the agent never started it"
                     p.ended_unix = time.time()
                 else:
@@ -555,9 +528,14 @@ class ZoneState:
         log.warning("job %s: commit failed (%s); rolling back all members", job.job_id, why)
         for p in entry.current():
             if p.state in LIVE_SUBJOB and p.reason != COMMITTING:
-                await self.terminate(p, f"gang rollback: another member failed to commit ({why})")
+                await self.terminate(
+                    p,
+                    f"gang rollback: another member failed to commit ({why})",
+                    EndCause.COMMIT_FAILED,
+                )
             if p.state in LIVE_SUBJOB:
                 p.state = common_pb2.FAILED
+                p.end_cause = EndCause.COMMIT_FAILED.wire
                 p.reason = f"commit failed: {why}"
                 p.ended_unix = time.time()
         job.attempts += 1
@@ -886,7 +864,9 @@ class ZoneState:
             if action.step == "reclaim" and not action.dry_run and self.audit is not None:
                 self.audit.append(
                     f"airlock@{agent_id}",
-                    "preemption" if action.reason.startswith("preempted:") else "reclamation",
+                    "preemption"
+                    if end_cause(action.end_cause) is EndCause.PREEMPTED
+                    else "reclamation",
                     f"{action.job_id}/{action.subjob_id}",
                     action.reason,
                     agent_seq=action.seq,
@@ -949,7 +929,7 @@ class ZoneState:
                 why,
             )
             stop = zone_pb2.Placement(subjob_id=subjob_id, agent_id=agent_id, agent_address=address)
-            self._spawn(self.terminate(stop, why), f"reconcile-{subjob_id}")
+            self._spawn(self.terminate(stop, why, EndCause.SUPERSEDED), f"reconcile-{subjob_id}")
 
     def _holds(self, agent_id: str, job_id: str, subjob_id: str) -> bool:
         """Whether ``agent_id`` holds (or held) the placement of ``subjob_id`` of ``job_id``."""
@@ -976,7 +956,9 @@ class ZoneState:
             return
         if job_id in self.atomizer.atoms:  # back to the market: it resumes from its checkpoint
             why = f"{READDRESSED} Airlock suspended it too long on {agent_id}; back to the market"
-            self._spawn(self.terminate(placement, why), f"readdress-{subjob_id}")
+            self._spawn(
+                self.terminate(placement, why, EndCause.READDRESSED), f"readdress-{subjob_id}"
+            )
             return
         self._readdressing.add(subjob_id)
         self._spawn(self._readdress(entry, placement, agent_id), f"readdress-{subjob_id}")
@@ -1026,6 +1008,7 @@ class ZoneState:
                 )
             except grpc.aio.AioRpcError as exc:
                 placement.state = common_pb2.FAILED
+                placement.end_cause = EndCause.READDRESSED.wire
                 placement.reason = f"{READDRESSED} commit of the copy failed: {exc.details()}"
                 self.save(entry)
                 return
@@ -1033,6 +1016,7 @@ class ZoneState:
                 f"{READDRESSED} moved to {record.agent_id} after Airlock suspended it on {agent_id}"
             )
             old.state = common_pb2.KILLED
+            old.end_cause = EndCause.READDRESSED.wire
             old.reason = why
             old.ended_unix = time.time()
             self.save(entry)
@@ -1040,7 +1024,7 @@ class ZoneState:
             log.info(
                 "job %s: subjob %s %s as %s", job.job_id, old.subjob_id, why, placement.subjob_id
             )
-            await self.terminate(old, why)
+            await self.terminate(old, why, EndCause.READDRESSED)
         finally:
             self._readdressing.discard(old.subjob_id)
 
@@ -1066,7 +1050,10 @@ class ZoneState:
             if p.state in ENDED_SUBJOB:
                 if subjob.state in LIVE_SUBJOB and p.attempt != entry.job.attempts:
                     # The router already gave up on this copy (agent was lost): stop it.
-                    self._spawn(self.terminate(p, "superseded: the job moved on"), "supersede")
+                    self._spawn(
+                        self.terminate(p, "superseded: the job moved on", EndCause.SUPERSEDED),
+                        "supersede",
+                    )
                 if p.state == common_pb2.LOST and subjob.state in ENDED_SUBJOB:
                     self._record_true_end(entry, p, subjob)
                     return entry
@@ -1074,7 +1061,10 @@ class ZoneState:
             _copy_subjob(p, subjob)
             moved_on = p.attempt != entry.job.attempts or entry.job.state in TERMINAL_JOB_STATES
             if moved_on and subjob.state in LIVE_SUBJOB:
-                self._spawn(self.terminate(p, "superseded: the job moved on"), "supersede")
+                self._spawn(
+                    self.terminate(p, "superseded: the job moved on", EndCause.SUPERSEDED),
+                    "supersede",
+                )
             return entry
         return None
 
@@ -1127,7 +1117,7 @@ class ZoneState:
         why = f"superseded: copy {p.subjob_id} on {p.agent_id} succeeded first"
         for other in job.placements:
             if other is not p and other.state in LIVE_SUBJOB:
-                self._spawn(self.terminate(other, why), "first-finisher")
+                self._spawn(self.terminate(other, why, EndCause.SUPERSEDED), "first-finisher")
         if job.retries_used > 0 and p.attempt < job.attempts:
             job.retries_used -= 1
         self.finish(
@@ -1157,19 +1147,21 @@ class ZoneState:
             self._mean_run_seconds[family] = run if old is None else 0.8 * old + 0.2 * run
             self.finish(entry, zone_pb2.JOB_SUCCEEDED, "all subjobs succeeded")
             return
-        failed = [
-            p for p in current if p.state in (common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST)
-        ]
+        failed = [p for p in current if p.state in FAILED_SUBJOB_STATES]
         if failed:
             first = failed[0]
             for p in current:
                 if p.state in LIVE_SUBJOB:
                     self._spawn(
-                        self.terminate(p, f"gang member {first.member} ended: {first.reason}"),
+                        self.terminate(
+                            p,
+                            f"gang member {first.member} ended: {first.reason}",
+                            EndCause.GANG_STOPPED,
+                        ),
                         "gang-stop",
                     )
             what = f"subjob {first.subjob_id} on {first.agent_id} ended {_state_name(first.state)}: {first.reason}"
-            free = first.reason.startswith(FREE_RETRY_PREFIXES)
+            free = is_free_retry(first.end_cause)
             if free or job.retries_used < job.spec.max_retries:
                 if not free:
                     job.retries_used += 1
@@ -1249,6 +1241,7 @@ class ZoneState:
                 for p in entry.job.placements:
                     if p.agent_id == agent_id and p.state in LIVE_SUBJOB:
                         p.state = common_pb2.LOST
+                        p.end_cause = EndCause.LOST.wire
                         p.reason = (
                             f"agent {agent_id} silent for {silent:.0f} s "
                             f"(membership.lost_after_seconds={lost_after:g})"
@@ -1316,13 +1309,19 @@ class ZoneState:
         self.finish(entry, zone_pb2.JOB_CANCELLED, why)
         self.save(entry)
         await asyncio.gather(
-            *(self.terminate(p, why) for p in entry.current() if p.state in LIVE_SUBJOB),
+            *(
+                self.terminate(p, why, EndCause.CANCELLED)
+                for p in entry.current()
+                if p.state in LIVE_SUBJOB
+            ),
             return_exceptions=True,
         )
         self._forget_if_done(entry)
         return self._fresh(entry.job)
 
-    async def terminate(self, placement: zone_pb2.Placement, reason: str) -> None:
+    async def terminate(self, placement: zone_pb2.Placement, reason: str, cause: EndCause) -> None:
+        """Ask the placement's agent to stop it; its end records ``cause`` (the reason is
+        for people)."""
         address = placement.agent_address
         record = self.view.agents.get(placement.agent_id)
         if record is not None:
@@ -1330,7 +1329,10 @@ class ZoneState:
         try:
             await self.clients.stub(address).SignalSubjob(
                 agent_pb2.SignalSubjobRequest(
-                    subjob_id=placement.subjob_id, signal=agent_pb2.TERMINATE, reason=reason
+                    subjob_id=placement.subjob_id,
+                    signal=agent_pb2.TERMINATE,
+                    reason=reason,
+                    end_cause=cause.wire,
                 ),
                 timeout=self.config.placement.rpc_timeout_seconds,
             )
@@ -1683,6 +1685,8 @@ class ZoneState:
 def _copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
     p.state = subjob.state
     p.reason = subjob.reason
+    ended = subjob.state in ENDED_SUBJOB
+    p.end_cause = (end_cause(subjob.end_cause) if ended else EndCause.UNSPECIFIED).wire
     p.exit_code = subjob.exit_code
     if subjob.slice_ids:
         del p.slice_ids[:]

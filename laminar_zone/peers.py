@@ -22,7 +22,8 @@ from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_base.errors import ResourceExhausted
 from laminar_base.security import INSECURE, Trust
 from laminar_zone.config import PeerSettings
-from laminar_zone.jobs import Entry, ZoneState
+from laminar_zone.entry import Entry
+from laminar_zone.jobs import ZoneState
 from laminar_zone.placement import ShapeCap, choose_weighted, split_weights
 from laminar_zone.placer import StubCache, shapes_from
 

@@ -13,6 +13,7 @@ import grpc
 from laminar_agent.executor import check_subjob_id
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import InvalidArgument, PermissionDenied, Unavailable
 from laminar_base.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
 from laminar_base.security import peer_identity, peer_names
@@ -28,7 +29,6 @@ from laminar_zone.config import is_host_port
 from laminar_zone.jobs import ZoneState
 from laminar_zone.limits import check_queued
 from laminar_zone.peers import PeerRouter
-from laminar_zone.store import TERMINAL_JOB_STATES
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 

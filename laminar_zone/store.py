@@ -16,6 +16,7 @@ from pathlib import Path
 
 from laminar_agent.journal import connect_private
 from laminar_api.v1 import zone_pb2
+from laminar_base.causes import TERMINAL_JOB_STATES
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -31,12 +32,6 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_request
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-
-#: A job holding slices: running, or running with a subjob Airlock suspended.
-RUNNING_JOB_STATES = frozenset({zone_pb2.JOB_RUNNING, zone_pb2.JOB_SUSPENDED})
-TERMINAL_JOB_STATES = frozenset(
-    {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED, zone_pb2.FORWARDED}
-)
 
 
 class JobStore:

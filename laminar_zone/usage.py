@@ -39,11 +39,17 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_api.v1 import zone_pb2
+from laminar_base.causes import (
+    ENDED_SUBJOB_STATES,
+    LIVE_SUBJOB_STATES,
+    TERMINAL_JOB_STATES,
+    is_airlock_loss,
+)
 from laminar_base.demand import Demand
 from laminar_base.wire import demand_of
 from laminar_zone.metrics import MAX_TENANT_LABELS, OTHER_TENANT, ZoneMetrics
-from laminar_zone.store import TERMINAL_JOB_STATES, JobStore
+from laminar_zone.store import JobStore
 from laminar_zone.view import AgentRecord
 
 log = logging.getLogger("laminar.zone.usage")
@@ -69,11 +75,8 @@ CREATE INDEX IF NOT EXISTS usage_tenant ON usage(tenant, ended_unix);
 
 #: Journal meta key: set once the rows of jobs journaled before this table existed are in.
 BACKFILLED_KEY = "usage_backfilled"
-#: Subjob end reasons that mean Airlock (or a preemption for a higher class) took the work.
-AIRLOCK_LOSS_PREFIXES = ("airlock_reclaimed:", "preempted:", "readdressed:")
-
-_ENDED = frozenset({common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST})
-_LIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUSPENDED})
+_ENDED = ENDED_SUBJOB_STATES
+_LIVE = LIVE_SUBJOB_STATES
 
 _AGGREGATE = """
 SELECT tenant, slice_kind, COUNT(*),
@@ -159,10 +162,6 @@ def slice_kind(need: Demand, agent_shapes: Iterable[str]) -> str:
     return f"{prefix}{model}"
 
 
-def is_airlock_loss(reason: str) -> bool:
-    return reason.startswith(AIRLOCK_LOSS_PREFIXES)
-
-
 def usage_of(
     placement: zone_pb2.Placement,
     *,
@@ -187,7 +186,7 @@ def usage_of(
     run = p.run_seconds if ended and p.run_seconds > 0 else max(0.0, end - p.started_unix)
     start = end - run
     lost_from = end
-    if ended and is_airlock_loss(p.reason):
+    if ended and is_airlock_loss(p.end_cause):
         lost_from = min(end, max(start, checkpoint_unix))
     return SubjobUsage(
         subjob_id=p.subjob_id,

@@ -264,16 +264,18 @@ class WatchSubjobsRequest(_message.Message):
     def __init__(self, after_seq: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class SignalSubjobRequest(_message.Message):
-    __slots__ = ("subjob_id", "signal", "reason", "grace_seconds")
+    __slots__ = ("subjob_id", "signal", "reason", "grace_seconds", "end_cause")
     SUBJOB_ID_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    END_CAUSE_FIELD_NUMBER: _ClassVar[int]
     subjob_id: str
     signal: SubjobSignal
     reason: str
     grace_seconds: float
-    def __init__(self, subjob_id: _Optional[str] = ..., signal: _Optional[_Union[SubjobSignal, str]] = ..., reason: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+    end_cause: _common_pb2.EndCause
+    def __init__(self, subjob_id: _Optional[str] = ..., signal: _Optional[_Union[SubjobSignal, str]] = ..., reason: _Optional[str] = ..., grace_seconds: _Optional[float] = ..., end_cause: _Optional[_Union[_common_pb2.EndCause, str]] = ...) -> None: ...
 
 class ReadLogsRequest(_message.Message):
     __slots__ = ("subjob_id", "stream", "offset", "max_bytes")
@@ -312,7 +314,7 @@ class DrainReply(_message.Message):
     def __init__(self, draining: _Optional[bool] = ..., running_subjobs: _Optional[int] = ...) -> None: ...
 
 class AirlockAction(_message.Message):
-    __slots__ = ("seq", "at_unix", "step", "subjob_id", "slice_id", "reason", "bytes_freed", "dry_run", "job_id")
+    __slots__ = ("seq", "at_unix", "step", "subjob_id", "slice_id", "reason", "bytes_freed", "dry_run", "job_id", "end_cause")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +324,7 @@ class AirlockAction(_message.Message):
     BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    END_CAUSE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     at_unix: float
     step: str
@@ -331,7 +334,8 @@ class AirlockAction(_message.Message):
     bytes_freed: int
     dry_run: bool
     job_id: str
-    def __init__(self, seq: _Optional[int] = ..., at_unix: _Optional[float] = ..., step: _Optional[str] = ..., subjob_id: _Optional[str] = ..., slice_id: _Optional[str] = ..., reason: _Optional[str] = ..., bytes_freed: _Optional[int] = ..., dry_run: _Optional[bool] = ..., job_id: _Optional[str] = ...) -> None: ...
+    end_cause: _common_pb2.EndCause
+    def __init__(self, seq: _Optional[int] = ..., at_unix: _Optional[float] = ..., step: _Optional[str] = ..., subjob_id: _Optional[str] = ..., slice_id: _Optional[str] = ..., reason: _Optional[str] = ..., bytes_freed: _Optional[int] = ..., dry_run: _Optional[bool] = ..., job_id: _Optional[str] = ..., end_cause: _Optional[_Union[_common_pb2.EndCause, str]] = ...) -> None: ...
 
 class SliceLevel(_message.Message):
     __slots__ = ("slice_id", "level", "used_bytes", "total_bytes")

@@ -46,6 +46,24 @@ class SubjobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILED: _ClassVar[SubjobState]
     KILLED: _ClassVar[SubjobState]
     LOST: _ClassVar[SubjobState]
+
+class EndCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    END_CAUSE_UNSPECIFIED: _ClassVar[EndCause]
+    END_CAUSE_EXITED: _ClassVar[EndCause]
+    END_CAUSE_LAUNCH_FAILED: _ClassVar[EndCause]
+    END_CAUSE_CANCELLED: _ClassVar[EndCause]
+    END_CAUSE_PREEMPTED: _ClassVar[EndCause]
+    END_CAUSE_RECLAIMED: _ClassVar[EndCause]
+    END_CAUSE_READDRESSED: _ClassVar[EndCause]
+    END_CAUSE_SUPERSEDED: _ClassVar[EndCause]
+    END_CAUSE_GANG_STOPPED: _ClassVar[EndCause]
+    END_CAUSE_COMMIT_FAILED: _ClassVar[EndCause]
+    END_CAUSE_COMMIT_UNCONFIRMED: _ClassVar[EndCause]
+    END_CAUSE_OVERRAN: _ClassVar[EndCause]
+    END_CAUSE_FENCED: _ClassVar[EndCause]
+    END_CAUSE_LOST: _ClassVar[EndCause]
+    END_CAUSE_TERMINATED: _ClassVar[EndCause]
 PRIORITY_CLASS_UNSPECIFIED: PriorityClass
 CRITICAL: PriorityClass
 PRODUCTION: PriorityClass
@@ -71,6 +89,21 @@ SUCCEEDED: SubjobState
 FAILED: SubjobState
 KILLED: SubjobState
 LOST: SubjobState
+END_CAUSE_UNSPECIFIED: EndCause
+END_CAUSE_EXITED: EndCause
+END_CAUSE_LAUNCH_FAILED: EndCause
+END_CAUSE_CANCELLED: EndCause
+END_CAUSE_PREEMPTED: EndCause
+END_CAUSE_RECLAIMED: EndCause
+END_CAUSE_READDRESSED: EndCause
+END_CAUSE_SUPERSEDED: EndCause
+END_CAUSE_GANG_STOPPED: EndCause
+END_CAUSE_COMMIT_FAILED: EndCause
+END_CAUSE_COMMIT_UNCONFIRMED: EndCause
+END_CAUSE_OVERRAN: EndCause
+END_CAUSE_FENCED: EndCause
+END_CAUSE_LOST: EndCause
+END_CAUSE_TERMINATED: EndCause
 
 class Resources(_message.Message):
     __slots__ = ("gpus", "mig_profile", "gpu_milli", "gpu_memory_bytes", "gpu_model")
@@ -244,7 +277,7 @@ class SubjobSpec(_message.Message):
     def __init__(self, subjob_id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., lifecycle: _Optional[_Union[LifecycleClass, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., unit_start: _Optional[int] = ..., unit_count: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., grace_seconds: _Optional[float] = ..., supports_release_signal: _Optional[bool] = ..., restartable: _Optional[bool] = ..., value: _Optional[float] = ..., expected_seconds: _Optional[float] = ..., run_through_partitions: _Optional[bool] = ...) -> None: ...
 
 class Subjob(_message.Message):
-    __slots__ = ("spec", "agent_id", "slice_ids", "device_uuids", "state", "reason", "exit_code", "signal", "created_unix", "started_unix", "ended_unix", "run_seconds", "peak_rss_bytes", "peak_gpu_memory_bytes", "pid", "stdout_path", "stderr_path", "gpu_memory_used_bytes", "suspended_seconds", "lease_id", "units_done")
+    __slots__ = ("spec", "agent_id", "slice_ids", "device_uuids", "state", "reason", "exit_code", "signal", "created_unix", "started_unix", "ended_unix", "run_seconds", "peak_rss_bytes", "peak_gpu_memory_bytes", "pid", "stdout_path", "stderr_path", "gpu_memory_used_bytes", "suspended_seconds", "lease_id", "units_done", "end_cause")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SLICE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +299,7 @@ class Subjob(_message.Message):
     SUSPENDED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     UNITS_DONE_FIELD_NUMBER: _ClassVar[int]
+    END_CAUSE_FIELD_NUMBER: _ClassVar[int]
     spec: SubjobSpec
     agent_id: str
     slice_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -287,7 +321,8 @@ class Subjob(_message.Message):
     suspended_seconds: float
     lease_id: str
     units_done: int
-    def __init__(self, spec: _Optional[_Union[SubjobSpec, _Mapping]] = ..., agent_id: _Optional[str] = ..., slice_ids: _Optional[_Iterable[str]] = ..., device_uuids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[SubjobState, str]] = ..., reason: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., created_unix: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., run_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ..., pid: _Optional[int] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., gpu_memory_used_bytes: _Optional[int] = ..., suspended_seconds: _Optional[float] = ..., lease_id: _Optional[str] = ..., units_done: _Optional[int] = ...) -> None: ...
+    end_cause: EndCause
+    def __init__(self, spec: _Optional[_Union[SubjobSpec, _Mapping]] = ..., agent_id: _Optional[str] = ..., slice_ids: _Optional[_Iterable[str]] = ..., device_uuids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[SubjobState, str]] = ..., reason: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., created_unix: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., run_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ..., pid: _Optional[int] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., gpu_memory_used_bytes: _Optional[int] = ..., suspended_seconds: _Optional[float] = ..., lease_id: _Optional[str] = ..., units_done: _Optional[int] = ..., end_cause: _Optional[_Union[EndCause, str]] = ...) -> None: ...
 
 class SubjobEvent(_message.Message):
     __slots__ = ("seq", "subjob", "at_unix")

@@ -91,7 +91,7 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., priority: _Optional[_Union[_common_pb2.PriorityClass, str]] = ..., lifecycle: _Optional[_Union[_common_pb2.LifecycleClass, str]] = ..., tenant: _Optional[str] = ..., gang_size: _Optional[int] = ..., after: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., value: _Optional[float] = ..., restartable: _Optional[bool] = ..., atomization: _Optional[_Union[_common_pb2.AtomizationContract, _Mapping]] = ..., supports_release_signal: _Optional[bool] = ..., expected_seconds: _Optional[float] = ..., grace_seconds: _Optional[float] = ..., run_through_partitions: _Optional[bool] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("subjob_id", "agent_id", "agent_address", "slice_ids", "member", "state", "reason", "exit_code", "started_unix", "ended_unix", "unit_start", "unit_count", "attempt", "peak_gpu_memory_bytes", "run_seconds", "units_done", "window_end_unix", "resources")
+    __slots__ = ("subjob_id", "agent_id", "agent_address", "slice_ids", "member", "state", "reason", "exit_code", "started_unix", "ended_unix", "unit_start", "unit_count", "attempt", "peak_gpu_memory_bytes", "run_seconds", "units_done", "window_end_unix", "resources", "end_cause")
     SUBJOB_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class Placement(_message.Message):
     UNITS_DONE_FIELD_NUMBER: _ClassVar[int]
     WINDOW_END_UNIX_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    END_CAUSE_FIELD_NUMBER: _ClassVar[int]
     subjob_id: str
     agent_id: str
     agent_address: str
@@ -128,7 +129,8 @@ class Placement(_message.Message):
     units_done: int
     window_end_unix: float
     resources: _common_pb2.Resources
-    def __init__(self, subjob_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., agent_address: _Optional[str] = ..., slice_ids: _Optional[_Iterable[str]] = ..., member: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.SubjobState, str]] = ..., reason: _Optional[str] = ..., exit_code: _Optional[int] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., unit_start: _Optional[int] = ..., unit_count: _Optional[int] = ..., attempt: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ..., run_seconds: _Optional[float] = ..., units_done: _Optional[int] = ..., window_end_unix: _Optional[float] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ...) -> None: ...
+    end_cause: _common_pb2.EndCause
+    def __init__(self, subjob_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., agent_address: _Optional[str] = ..., slice_ids: _Optional[_Iterable[str]] = ..., member: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.SubjobState, str]] = ..., reason: _Optional[str] = ..., exit_code: _Optional[int] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., unit_start: _Optional[int] = ..., unit_count: _Optional[int] = ..., attempt: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ..., run_seconds: _Optional[float] = ..., units_done: _Optional[int] = ..., window_end_unix: _Optional[float] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., end_cause: _Optional[_Union[_common_pb2.EndCause, str]] = ...) -> None: ...
 
 class AtomizationProgress(_message.Message):
     __slots__ = ("units_done", "units_total", "seconds_per_unit", "peak_memory_bytes", "violation_rate", "subjobs", "last_losing_score")

@@ -244,12 +244,56 @@ def test_kill_9_and_restart_readopts_running_subjob(cluster: LocalCluster, tmp_p
         assert kept.state == common_pb2.RUNNING
         ended = _final(stub, "dies")
         assert ended.state == common_pb2.SUCCEEDED and "agent was down" in ended.reason
+        assert ended.end_cause == common_pb2.END_CAUSE_EXITED
         # The re-adopted subjob still holds its GPU: only one of two is free.
         summary = stub.GetSummary(agent_pb2.GetSummaryRequest(), timeout=10)
         assert {s.shape: s.free for s in summary.shapes}["gpu:A100-40GB"] == 1
         gate.write_text("go")
         final = _final(stub, "keep")
         assert final.state == common_pb2.FAILED and final.exit_code == 7
+        assert final.end_cause == common_pb2.END_CAUSE_EXITED
+
+
+def test_a_stops_cause_survives_an_agent_restart(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The router asks to stop a subjob with a cause; the agent dies before the subjob ends.
+    The restarted agent reports the end with the cause the stop was given (journaled as the
+    stop began), and the reason for people keeps the stop's own words first."""
+    agent = cluster.start_agent("h", "1xA100-40GB")
+    gate = tmp_path / "gate"
+    ready = tmp_path / "ready"
+    code = (
+        "import signal, pathlib\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"pathlib.Path({str(ready)!r}).write_text('up')\n{gate_code(gate)}"
+    )
+    channel, stub = _stub(agent)
+    with channel:
+        assert _run_now(stub, "moved", common_pb2.Resources(gpus=1), code).subjob.pid
+        wait_for(ready.exists)
+        with pytest.raises(grpc.RpcError) as info:  # it ignores SIGTERM: the stop waits
+            stub.SignalSubjob(
+                agent_pb2.SignalSubjobRequest(
+                    subjob_id="moved",
+                    signal=agent_pb2.TERMINATE,
+                    reason="readdressed: moved to h2",
+                    grace_seconds=120,
+                    end_cause=common_pb2.END_CAUSE_READDRESSED,
+                ),
+                timeout=1,
+            )
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        live = stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id="moved"), timeout=10)
+        assert live.state == common_pb2.RUNNING
+        assert live.end_cause == common_pb2.END_CAUSE_UNSPECIFIED  # not ended yet
+    agent.process.send_signal(signal.SIGKILL)
+    agent.process.wait(10)
+    restarted = cluster.start_agent("h", "1xA100-40GB")
+    channel, stub = _stub(restarted)
+    with channel:
+        gate.write_text("go")  # it exits 0 on its own, re-adopted by the new agent
+        final = _final(stub, "moved")
+        assert final.state == common_pb2.KILLED
+        assert final.end_cause == common_pb2.END_CAUSE_READDRESSED
+        assert final.reason.startswith("readdressed: moved to h2; exited 0"), final.reason
 
 
 def test_declared_memory_shows_on_the_fake_gpu(cluster: LocalCluster, tmp_path: Path) -> None:

@@ -267,6 +267,7 @@ def test_spent_readdress_budget_is_reclaimed_with_the_numbers(
         ended = _subjob(stub, "moved")
         assert ended.state == common_pb2.KILLED
         assert ended.reason.startswith("airlock_reclaimed: suspended ")
+        assert ended.end_cause == common_pb2.END_CAUSE_RECLAIMED
         assert "readdress budget spent (2/2)" in ended.reason
         steps = [a.step for a in _actions(stub) if a.subjob_id == "moved"]
         assert steps == ["suspend", "reclaim"]
@@ -417,6 +418,7 @@ def test_release_memory_is_sent_once_then_reclaimed_with_slice_names(
         subjob = _subjob(stub, "stub")
         assert subjob.state == common_pb2.KILLED, subjob.reason
         assert subjob.reason.startswith("airlock_reclaimed: ")
+        assert subjob.end_cause == common_pb2.END_CAUSE_RECLAIMED
         assert "asked to release memory" in subjob.reason
         steps = [(a.step, a.slice_id, a.job_id) for a in _actions(stub) if a.subjob_id == "stub"]
         assert steps == [("release_memory", "gpu0", "job-stub"), ("reclaim", "gpu0", "job-stub")]

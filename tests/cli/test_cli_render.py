@@ -247,3 +247,43 @@ def test_job_detail_of_an_atomized_job_shows_units_profile_and_where_each_subjob
     assert "a score of 0.610" in text
     assert "0..29" in text and "12..39" in text
     assert "host-2" in text and "gpu1/3g.40gb@0" in text and "back to the market" in text
+
+
+def test_job_detail_and_json_show_each_subjobs_end_cause() -> None:
+    job = zone_pb2.Job(
+        job_id="j-8",
+        spec=zone_pb2.JobSpec(name="train", command=["x"], resources=common_pb2.Resources(gpus=1)),
+        state=zone_pb2.JOB_RUNNING,
+        submitted_unix=NOW - 100,
+        started_unix=NOW - 90,
+        attempts=1,
+        placements=[
+            zone_pb2.Placement(
+                subjob_id="j-8-a1-m0",
+                agent_id="host-1",
+                state=common_pb2.KILLED,
+                end_cause=common_pb2.END_CAUSE_READDRESSED,
+                started_unix=NOW - 90,
+                ended_unix=NOW - 30,
+                attempt=1,
+                reason="readdressed: moved to host-2 after Airlock suspended it on host-1",
+            ),
+            zone_pb2.Placement(
+                subjob_id="j-8-a1-m0-r1",
+                agent_id="host-2",
+                state=common_pb2.RUNNING,
+                started_unix=NOW - 29,
+                attempt=1,
+            ),
+        ],
+    )
+    text = _text(render.job_detail(job, NOW))
+    assert "cause" in text
+    ended, live = (line for line in text.splitlines() if "j-8-a1-m0" in line)
+    assert " readdressed " in ended and "readdressed:" in ended  # the token, then the reason
+    assert " running " in live and " - " in live
+    data = json.loads(render.to_json(job))
+    assert [p["end_cause"] for p in data["placements"]] == [
+        "END_CAUSE_READDRESSED",
+        "END_CAUSE_UNSPECIFIED",
+    ]

@@ -116,3 +116,65 @@ def test_kill_9_leaves_no_half_written_rows(tmp_path: Path) -> None:
     assert all(r.spec_blob == b"x" * 4096 and r.slice_ids_json == "[1]" * 50 for r in rows)
     assert len(j.events_after(0, 100_000)) in (len(rows), len(rows) - 1)
     j.close()
+
+
+def _old_journal(path: Path, version: int) -> None:
+    """A journal as an older build wrote it: no end_cause column (v3), nor units_done (v1)."""
+    import sqlite3
+
+    from laminar_agent import journal as journal_module
+
+    schema = journal_module._SCHEMA.replace(",\n    end_cause TEXT NOT NULL DEFAULT ''", "")
+    if version < 2:
+        schema = schema.replace(",\n    units_done INTEGER NOT NULL DEFAULT 0", "")
+    assert "end_cause" not in schema
+    conn = sqlite3.connect(path / "agent.db")
+    conn.executescript(schema)
+    columns = "subjob_id, job_id, spec_blob, state, reason, pid, slice_ids_json, "
+    columns += "device_uuids_json, created_unix, started_unix, ended_unix, peak_rss_bytes, "
+    columns += "peak_gpu_memory_bytes, run_seconds, suspended_seconds, lease_id"
+    conn.execute(
+        f"INSERT INTO subjobs ({columns}) VALUES "
+        "('s1', 'j1', x'00', 'KILLED', 'readdressed: moved; exited 0', 0, '[]', '[]', "
+        "1.0, 2.0, 3.0, 0, 0, 1.0, 0.0, ''), "
+        "('s0', 'j0', x'00', 'RUNNING', 'terminating: cancelled: by request', 7, '[]', '[]', "
+        "1.0, 2.0, 0.0, 0, 0, 0.0, 0.0, '')"
+    )
+    conn.execute(f"PRAGMA user_version={version}")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_migration_adds_end_cause(tmp_path: Path, version: int) -> None:
+    """An older journal gains the end_cause column; its ends read as without a cause (the
+    reason text is kept, never parsed into one), and new ends persist theirs."""
+    _old_journal(tmp_path, version)
+    j = Journal(tmp_path)
+    assert j.schema_version == SCHEMA_VERSION == 4
+    old = j.get_subjob("s1")
+    assert old is not None
+    assert (old.state, old.end_cause, old.units_done) == ("KILLED", "", 0)
+    assert old.reason == "readdressed: moved; exited 0"
+    stopping = j.get_subjob("s0")  # a stop under way at the upgrade still ends KILLED
+    assert stopping is not None and stopping.end_cause == "terminated"
+    j.put_subjob(SubjobRow("s2", "j1", b"", "RUNNING", created_unix=4.0))
+    j.update_subjob("s2", state="KILLED", end_cause="readdressed")
+    j.close()
+    reopened = Journal(tmp_path)
+    again = reopened.get_subjob("s2")
+    assert again is not None and again.end_cause == "readdressed"
+    reopened.close()
+
+
+def test_actions_keep_their_end_cause(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    j.append_action(
+        "reclaim", "s1", "gpu0", "preempted: by job j-2", 10, False, end_cause="preempted"
+    )
+    j.append_action("suspend", "s1", "gpu0", "gpu0 at 79 GiB", 0, False)
+    assert [(a.step, a.end_cause) for a in j.recent_actions()] == [
+        ("reclaim", "preempted"),
+        ("suspend", ""),
+    ]
+    j.close()

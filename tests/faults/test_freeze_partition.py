@@ -315,6 +315,7 @@ def test_an_agent_back_from_a_partition_stops_the_copy_the_router_replaced(
         wait_for(lambda: zone.get(job.job_id).placements[0].state == common_pb2.KILLED)
         stopped = zone.get(job.job_id).placements[0]
         assert "superseded" in stopped.reason, stopped.reason
+        assert stopped.end_cause == common_pb2.END_CAUSE_SUPERSEDED, stopped.end_cause
         assert not copies(out)[first][2]  # stopped, not run to its end
         assert "reconciling agent gpu-a" in (cluster.zones[0].log_path.read_text())
         zone.stub.CancelJob(zone_pb2.CancelJobRequest(job_id=job.job_id), timeout=10)

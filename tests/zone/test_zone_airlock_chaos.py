@@ -137,6 +137,7 @@ def test_injected_pressure_walks_the_ladder_and_spares_critical_and_resident(
         job = zone.wait_state(job_id, zone_pb2.JOB_FAILED, timeout_seconds=60)
         assert "airlock_reclaimed: " in job.reason, job.reason
         assert job.placements[1].reason.startswith("airlock_reclaimed: suspended ")
+        assert job.placements[1].end_cause == common_pb2.END_CAUSE_RECLAIMED
 
     # Critical and resident work was never touched and finishes normally.
     h1_actions = _actions(h1)

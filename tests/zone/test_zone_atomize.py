@@ -124,6 +124,10 @@ def test_atomized_job_survives_airlock_and_does_every_unit_exactly_once(
     stopped = placements[0]
     assert stopped.state == common_pb2.KILLED
     assert stopped.reason.startswith(("readdressed:", "airlock_reclaimed:")), stopped.reason
+    assert stopped.end_cause in (
+        common_pb2.END_CAUSE_READDRESSED,
+        common_pb2.END_CAUSE_RECLAIMED,
+    ), stopped.end_cause
     assert 0 < stopped.units_done < stopped.unit_count
     # Every later subjob starts where the previous one's checkpoint ended, elsewhere.
     for before, after in itertools.pairwise(placements):

@@ -312,6 +312,7 @@ def test_readdress_request_moves_the_subjob_and_stops_the_old_copy(
     moved_job = zone.get(job.job_id)
     first, copy = moved_job.placements
     assert first.reason.startswith("readdressed: moved to ") and first.state == common_pb2.KILLED
+    assert first.end_cause == common_pb2.END_CAUSE_READDRESSED
     assert copy.agent_id != old.agent_id and copy.subjob_id.endswith("-r1")
     assert moved_job.retries_used == 0 and moved_job.state == zone_pb2.JOB_RUNNING
     gate.touch()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
 from laminar_zone.metrics import MAX_TENANT_LABELS, OTHER_TENANT, ZoneMetrics
 from laminar_zone.store import JobStore
@@ -32,6 +33,7 @@ def placement(
     ended: float = T0 + 100.0,
     run: float = 100.0,
     reason: str = "",
+    cause: EndCause = EndCause.UNSPECIFIED,
     peak: int = 0,
     agent: str = "h1",
 ) -> zone_pb2.Placement:
@@ -43,6 +45,7 @@ def placement(
         ended_unix=ended,
         run_seconds=run,
         reason=reason,
+        end_cause=cause.wire,
         peak_gpu_memory_bytes=peak,
     )
 
@@ -118,27 +121,37 @@ def test_a_running_subjob_counts_up_to_now() -> None:
 
 
 def test_router_ended_subjob_without_run_time_uses_the_wall_clock_interval() -> None:
-    lost = placement(state=common_pb2.LOST, ended=T0 + 30.0, run=0.0, reason="agent h1 silent")
+    lost = placement(
+        state=common_pb2.LOST,
+        ended=T0 + 30.0,
+        run=0.0,
+        reason="agent h1 silent",
+        cause=EndCause.LOST,
+    )
     usage = one(lost)
     assert usage.clipped(0.0).gpu_seconds == pytest.approx(30.0)
     assert usage.clipped(0.0).lost_gpu_seconds == 0.0  # a dead host is not Airlock's doing
 
 
 @pytest.mark.parametrize(
-    "reason",
+    ("cause", "reason"),
     [
-        "airlock_reclaimed: gpu0 at 79.0 of 80.0 GiB",
-        "preempted: room for critical job j-9",
-        "readdressed: moved to h2 after Airlock suspended it on h1",
+        (EndCause.RECLAIMED, "airlock_reclaimed: gpu0 at 79.0 of 80.0 GiB"),
+        (EndCause.PREEMPTED, "preempted: room for critical job j-9"),
+        (EndCause.READDRESSED, "readdressed: moved to h2 after Airlock suspended it on h1"),
     ],
 )
-def test_airlock_losses_count_the_whole_run_without_checkpoint_info(reason: str) -> None:
-    usage = one(placement(state=common_pb2.KILLED, reason=reason), Demand(gpus=2))
+def test_airlock_losses_count_the_whole_run_without_checkpoint_info(
+    cause: EndCause, reason: str
+) -> None:
+    usage = one(placement(state=common_pb2.KILLED, reason=reason, cause=cause), Demand(gpus=2))
     assert usage.clipped(0.0).lost_gpu_seconds == pytest.approx(2 * 100.0)
 
 
 def test_airlock_loss_starts_at_the_last_checkpoint_when_known() -> None:
-    reclaimed = placement(state=common_pb2.KILLED, reason="airlock_reclaimed: x")
+    reclaimed = placement(
+        state=common_pb2.KILLED, reason="airlock_reclaimed: x", cause=EndCause.RECLAIMED
+    )
     usage = usage_of(
         reclaimed,
         job_id="j",
@@ -154,8 +167,10 @@ def test_airlock_loss_starts_at_the_last_checkpoint_when_known() -> None:
 
 
 def test_failed_and_cancelled_subjobs_lose_nothing_to_airlock() -> None:
-    failed = one(placement(state=common_pb2.FAILED, reason="exit code 1"))
-    killed = one(placement(state=common_pb2.KILLED, reason="cancelled: by request"))
+    failed = one(placement(state=common_pb2.FAILED, reason="exit code 1", cause=EndCause.EXITED))
+    killed = one(
+        placement(state=common_pb2.KILLED, reason="cancelled: by request", cause=EndCause.CANCELLED)
+    )
     assert failed.clipped(0.0).lost_gpu_seconds == 0.0
     assert killed.clipped(0.0).lost_gpu_seconds == 0.0
 
@@ -164,7 +179,10 @@ def test_failed_and_cancelled_subjobs_lose_nothing_to_airlock() -> None:
 
 
 def test_clipping_keeps_only_the_part_after_since() -> None:
-    usage = one(placement(state=common_pb2.KILLED, reason="preempted: x"), Demand(gpus=1))
+    usage = one(
+        placement(state=common_pb2.KILLED, reason="preempted: x", cause=EndCause.PREEMPTED),
+        Demand(gpus=1),
+    )
     assert usage.clipped(T0 - 5).gpu_seconds == pytest.approx(100.0)
     middle = usage.clipped(T0 + 25.0)
     assert middle.subjobs == 1
