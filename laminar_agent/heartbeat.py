@@ -83,10 +83,12 @@ class HeartbeatClient:
         #: The last heartbeat left events behind (size bound): send the next one at once.
         self.more_events = False
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
+        """Heartbeat until ``stop``; ``beat`` is called once per pass (root-loop progress)."""
         async with self._trust.aio_channel(self.zone_address, channel_options()) as channel:
             stub = zone_pb2_grpc.ZoneControlStub(channel)
             while not stop.is_set():
+                beat()
                 await self._beat(stub)
                 self.wake.clear()
                 if self.more_events and not self.failures:

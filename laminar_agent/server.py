@@ -1,6 +1,10 @@
 """laminar-agent lifecycle: inventory -> journal recovery -> Airlock -> bind gRPC -> health
-SERVING -> READY=1 -> tick loop (memory signals and the Airlock ladder every
-``airlock.poll_seconds``).
+SERVING -> READY=1 -> root loops: the tick (memory signals and the Airlock ladder every
+``airlock.poll_seconds``) and, with a zone, the heartbeat.
+
+Root loops are guarded (:mod:`laminar_base.supervise`): one that raises is logged and
+restarted with backoff; while one is down or quiet, gRPC health is NOT_SERVING and
+WATCHDOG=1 is held back.
 
 Signal handlers only set an event; a second signal forces exit. Shutdown:
 STOPPING=1 -> health NOT_SERVING -> stop accepting (grace) -> cancel root tasks
@@ -49,6 +53,7 @@ from laminar_base.security import (
     log_trust,
     server_interceptors,
 )
+from laminar_base.supervise import RootLoopFailed, Supervisor
 
 log = logging.getLogger("laminar.agent")
 
@@ -111,6 +116,13 @@ class Status(enum.Enum):
     DRAINING = "draining"
     STOPPED = "stopped"
     FAILED = "failed"
+
+
+#: A root loop may go this long without progress before the agent counts as unhealthy
+#: (longer, for a loop whose own period is longer: three periods).
+QUIET_FLOOR_SECONDS = 30.0
+#: How often the supervisor checks the loops, flips health and feeds the watchdog.
+HEALTH_CHECK_SECONDS = 1.0
 
 
 def prepare_agent_state_dir(state_dir: Path) -> None:
@@ -199,8 +211,14 @@ class AgentServer:
         self.metrics_address = ""
         self._server: grpc.aio.Server | None = None
         self._metrics_http: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor(
+            log,
+            on_fatal=self._on_fatal,
+            watchdog_interval_seconds=self.notifier.watchdog_interval_seconds,
+        )
         self._airlock_task: asyncio.Task[None] | None = None
+        #: Run as the daemon (run_until_signalled): SIGHUP reloads the config.
+        self._handles_sighup = False
         self.state: AgentState | None = None
         self.heartbeat: HeartbeatClient | None = None
         self.trust: Trust | None = None
@@ -271,6 +289,10 @@ class AgentServer:
             httpd, _thread = start_http_server(int(mport), addr=mhost, registry=metrics.registry)
             self._metrics_http = httpd
             self.metrics_address = f"{mhost}:{httpd.server_port}"
+        if self._handles_sighup:
+            # Before agent.json appears: whoever waits for that file may reload at once.
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not main thread
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
         self._write_addresses(state_dir, agent_id)
         log.info(
             "agent %s listening on %s (metrics %s)",
@@ -281,7 +303,11 @@ class AgentServer:
         log_trust(log, trust, "agent", self.address)
         if cfg.server.debug_rpcs:
             log.warning("server.debug_rpcs is on: fault-injection calls (InjectLoad) are served")
-        self._tasks.append(asyncio.create_task(self._tick(), name="agent-tick"))
+        self.supervisor.add(
+            "agent-tick",
+            self._tick,
+            quiet_seconds=max(QUIET_FLOOR_SECONDS, 3 * cfg.airlock.poll_seconds),
+        )
         if cfg.zone.zone:
             node = self.state.node
             state = self.state
@@ -297,11 +323,25 @@ class AgentServer:
                 live_ids=lambda: sorted(node.live_states),
             )
             node.add_event_waiter(self.heartbeat.wake)
-            self._tasks.append(
-                asyncio.create_task(self.heartbeat.run(self.stop_event), name="agent-heartbeat")
+            heartbeat = self.heartbeat
+            self.supervisor.add(
+                "agent-heartbeat",
+                lambda beat: heartbeat.run(self.stop_event, beat),
+                # A pass waits a period and then a call of at most a period (1 s least).
+                quiet_seconds=max(QUIET_FLOOR_SECONDS, 3 * cfg.zone.heartbeat_seconds + 1),
             )
         else:
             log.info("no zone router configured: running standalone")
+        self.supervisor.start()
+        self.supervisor.start_watch(
+            "agent-health",
+            min(
+                HEALTH_CHECK_SECONDS,
+                self.notifier.watchdog_interval_seconds or HEALTH_CHECK_SECONDS,
+            ),
+            self._set_health,
+            lambda: self.notifier.notify("WATCHDOG=1"),
+        )
         self.status = Status.RUNNING
         self.notifier.notify("READY=1", f"STATUS=serving on {self.address}")
 
@@ -316,13 +356,20 @@ class AgentServer:
         tmp.write_text(json.dumps(info, indent=2) + "\n")
         tmp.replace(state_dir / "agent.json")
 
-    async def _tick(self) -> None:
-        """One loop: poll memory signals and ping the systemd watchdog from the event loop."""
+    async def _set_health(self, serving: bool) -> None:
+        await set_serving(self._health, [SERVICE_NAME], serving)
+
+    def _on_fatal(self, why: str) -> None:
+        """A fatal root loop failed: stop the way a signal does; the exit code says it."""
+        log.critical("%s: the agent stops (running subjobs keep running)", why)
+        self.stop_event.set()
+
+    async def _tick(self, beat: Callable[[], None]) -> None:
+        """One loop: expire leases, poll memory signals, start an Airlock step; the
+        supervisor feeds the systemd watchdog while this and the heartbeat make progress."""
         assert self.state is not None
-        last_watchdog = 0.0
-        loop = asyncio.get_running_loop()
-        interval = self.notifier.watchdog_interval_seconds
         while not self.stop_event.is_set():
+            beat()
             # Leases lapse on the agent's own clock, not only when a probe comes by: an
             # expired lease never holds capacity nor shows in a summary.
             self.state.node.expire_leases()
@@ -333,9 +380,6 @@ class AgentServer:
                     airlock.step_logged(readings, self.state.host_sample, self.state.host_level),
                     name="airlock-step",
                 )
-            if interval is not None and loop.time() - last_watchdog >= interval:
-                self.notifier.notify("WATCHDOG=1")
-                last_watchdog = loop.time()
             try:
                 await asyncio.wait_for(self.stop_event.wait(), self.config.airlock.poll_seconds)
             except TimeoutError:
@@ -344,13 +388,12 @@ class AgentServer:
     async def stop(self) -> None:
         self.status = Status.DRAINING
         self.notifier.notify("STOPPING=1")
+        self.supervisor.begin_stop()
         if self._server is not None:
             await set_serving(self._health, [SERVICE_NAME], False)
             await self._server.stop(self.config.server.grace_seconds)
         self.stop_event.set()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop()
         if self._airlock_task is not None:
             self._airlock_task.cancel()
             await asyncio.gather(self._airlock_task, return_exceptions=True)
@@ -359,18 +402,16 @@ class AgentServer:
         if self.state is not None:
             await self.state.node.close()
             self.state.backend.close()
-        self.status = Status.STOPPED
+        self.status = Status.FAILED if self.supervisor.failure else Status.STOPPED
         log.info("agent stopped")
 
     async def run_until_signalled(self) -> None:
-        async def start() -> None:
-            await self.start()
-            with contextlib.suppress(NotImplementedError, RuntimeError):  # not main thread
-                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
-
+        self._handles_sighup = True
         await serve_until_signalled(
-            start, self.stop, self.stop_event, log, "running subjobs keep running"
+            self.start, self.stop, self.stop_event, log, "running subjobs keep running"
         )
+        if self.supervisor.failure is not None:
+            raise RootLoopFailed(f"{self.supervisor.failure} (its traceback is in the log)")
 
     def reload(self) -> None:
         """SIGHUP (``systemctl reload``): read the config again, apply the keys that can

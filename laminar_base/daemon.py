@@ -1,7 +1,8 @@
 """What both daemons share around their lifecycle: signal handling and the event-loop runner.
 
 Signal handlers only set the stop event; a second signal forces exit. Exit
-codes: 0 clean, 2 bad configuration or input, 1 any other failure to run.
+codes: 0 clean, 2 bad configuration or input, 1 any other failure to run
+(a fatal root loop included, see :mod:`laminar_base.supervise`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from laminar_base.errors import ConfigError, LaminarError
+from laminar_base.supervise import RootLoopFailed
 
 
 async def serve_until_signalled(
@@ -58,7 +60,7 @@ def run_daemon(prog: str, main: Coroutine[Any, Any, None]) -> int:
     except LaminarError as exc:
         print(f"{prog}: {exc.message}", file=sys.stderr)
         return 2
-    except OSError as exc:
+    except (OSError, RootLoopFailed) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -415,18 +415,18 @@ class Atomizer:
 
     # ------------------------------------------------------------------ rounds
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
+        """The market's root loop; a round that raises ends it and its supervisor
+        restarts it (laminar_base.supervise)."""
         while not stop.is_set():
+            beat()
             try:
                 await asyncio.wait_for(self.wake.wait(), self.config.round_seconds)
             except TimeoutError:
                 pass
             self.wake.clear()
-            try:
-                await self.enforce_windows()
-                await self.clear_round()
-            except Exception:
-                log.exception("clearing round failed")
+            await self.enforce_windows()
+            await self.clear_round()
 
     def _waiting(self) -> list[Entry]:
         out = []

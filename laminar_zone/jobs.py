@@ -629,18 +629,18 @@ class ZoneState:
 
     # ================================================================ the queue
 
-    async def run_queue(self, stop: asyncio.Event) -> None:
+    async def run_queue(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
+        """The queue's root loop: a pass per wake or period. A pass that raises ends the
+        loop; its supervisor logs it and restarts it (laminar_base.supervise)."""
         period = self.config.queue.retry_seconds
         while not stop.is_set():
+            beat()
             try:
                 await asyncio.wait_for(self._queue_wake.wait(), period)
             except TimeoutError:
                 pass
             self._queue_wake.clear()
-            try:
-                await self.queue_pass()
-            except Exception:
-                log.exception("queue pass failed")
+            await self.queue_pass()
 
     async def queue_pass(self) -> None:
         """Walk waiting jobs in order; place what fits without delaying a blocked head."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -124,8 +125,10 @@ class PeerRouter:
             peer.received = time.monotonic()
         return self.local_summary()
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
+        """Exchange summaries with every peer each period; ``beat`` once per pass."""
         while not stop.is_set():
+            beat()
             mine = self.local_summary()
             await asyncio.gather(
                 *(self._exchange(peer, mine) for peer in list(self.peers.values())),

@@ -1,8 +1,10 @@
 """laminar-zone lifecycle: journal recovery -> bind gRPC -> health SERVING -> READY=1 -> root tasks.
 
-Root tasks: the tick (staleness sweep, watchdog), the queue pass loop and the
-peer summary exchange. Signal handlers only set an event; a second signal
-forces exit. Shutdown: STOPPING=1 -> health NOT_SERVING -> stop accepting
+Root loops: the tick (staleness sweep), the queue pass loop, the market's
+clearing rounds and the peer summary exchange. They are guarded
+(:mod:`laminar_base.supervise`): one that raises is logged and restarted with
+backoff; while one is down or quiet, gRPC health is NOT_SERVING and WATCHDOG=1
+is held back. Signal handlers only set an event; a second signal forces exit. Shutdown: STOPPING=1 -> health NOT_SERVING -> stop accepting
 (grace) -> cancel root tasks -> close the journal. Jobs and the queue stay in
 the journal; running subjobs are untouched (agents own them).
 """
@@ -16,6 +18,7 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from laminar_base.daemon import prepare_state_dir, serve_until_signalled
 from laminar_base.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_base.sdnotify import Notifier
 from laminar_base.security import check_exposure, load_trust, log_trust, server_interceptors
+from laminar_base.supervise import RootLoopFailed, Supervisor
 from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import Guard, open_guard
 from laminar_zone.config import ZoneConfig
@@ -61,6 +65,16 @@ class Status(enum.Enum):
     FAILED = "failed"
 
 
+#: A root loop may go this long without progress before the router counts as unhealthy
+#: (longer, for a loop whose own period is longer: three periods).
+QUIET_FLOOR_SECONDS = 30.0
+#: A queue pass places jobs one after another, each bounded by its RPC timeouts: a long
+#: queue behind slow agents may take minutes, which is not a wedge.
+QUEUE_QUIET_SECONDS = 300.0
+#: How often the supervisor checks the loops, flips health and feeds the watchdog.
+HEALTH_CHECK_SECONDS = 1.0
+
+
 class ZoneServer:
     def __init__(self, config: ZoneConfig, *, notifier: Notifier | None = None) -> None:
         self.config = config
@@ -74,7 +88,11 @@ class ZoneServer:
         self.guard: Guard = open_guard()
         self._server: grpc.aio.Server | None = None
         self._metrics_http: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor(
+            log,
+            on_fatal=self._on_fatal,
+            watchdog_interval_seconds=self.notifier.watchdog_interval_seconds,
+        )
 
     async def start(self) -> None:
         self.status = Status.STARTING
@@ -151,12 +169,17 @@ class ZoneServer:
             ",".join(cfg.peers.peers) or "none",
         )
         log_trust(log, trust, "zone router", self.address)
-        self._tasks = [
-            asyncio.create_task(self._tick(), name="zone-tick"),
-            asyncio.create_task(self.state.run_queue(self.stop_event), name="zone-queue"),
-            asyncio.create_task(self.state.atomizer.run(self.stop_event), name="zone-market"),
-            asyncio.create_task(self.peers.run(self.stop_event), name="zone-peers"),
-        ]
+        self._add_root_loops()
+        self.supervisor.start()
+        self.supervisor.start_watch(
+            "zone-health",
+            min(
+                HEALTH_CHECK_SECONDS,
+                self.notifier.watchdog_interval_seconds or HEALTH_CHECK_SECONDS,
+            ),
+            self._set_health,
+            lambda: self.notifier.notify("WATCHDOG=1"),
+        )
         self.status = Status.RUNNING
         self.notifier.notify("READY=1", f"STATUS=serving on {self.address}")
 
@@ -171,21 +194,43 @@ class ZoneServer:
         tmp.write_text(json.dumps(info, indent=2) + "\n")
         tmp.replace(state_dir / "zone.json")
 
-    async def _tick(self) -> None:
-        """Staleness sweep once per heartbeat period; systemd watchdog from the event loop."""
+    def _add_root_loops(self) -> None:
+        assert self.state is not None and self.peers is not None
+        cfg, state, peers, stop = self.config, self.state, self.peers, self.stop_event
+        add = self.supervisor.add
+        add("zone-tick", self._tick, quiet_seconds=QUIET_FLOOR_SECONDS)
+        add(
+            "zone-queue",
+            lambda beat: state.run_queue(stop, beat),
+            quiet_seconds=max(QUEUE_QUIET_SECONDS, 3 * cfg.queue.retry_seconds),
+        )
+        add(
+            "zone-market",
+            lambda beat: state.atomizer.run(stop, beat),
+            quiet_seconds=max(QUEUE_QUIET_SECONDS, 3 * cfg.market.round_seconds),
+        )
+        add(
+            "zone-peers",
+            lambda beat: peers.run(stop, beat),
+            # A pass waits a period after calls bounded by a period.
+            quiet_seconds=max(QUIET_FLOOR_SECONDS, 3 * cfg.peers.exchange_seconds),
+        )
+
+    async def _set_health(self, serving: bool) -> None:
+        await set_serving(self._health, SERVICE_NAMES, serving)
+
+    def _on_fatal(self, why: str) -> None:
+        """A fatal root loop failed: stop the way a signal does; the exit code says it."""
+        log.critical("%s: the zone router stops (jobs stay in the journal)", why)
+        self.stop_event.set()
+
+    async def _tick(self, beat: Callable[[], None]) -> None:
+        """Staleness sweep once per heartbeat period (at most 1 s)."""
         assert self.state is not None
-        loop = asyncio.get_running_loop()
-        interval = self.notifier.watchdog_interval_seconds
         period = min(self.config.membership.heartbeat_seconds, 1.0)
-        last_watchdog = 0.0
         while not self.stop_event.is_set():
-            try:
-                self.state.sweep()
-            except Exception:
-                log.exception("membership sweep failed")
-            if interval is not None and loop.time() - last_watchdog >= interval:
-                self.notifier.notify("WATCHDOG=1")
-                last_watchdog = loop.time()
+            beat()
+            self.state.sweep()
             try:
                 await asyncio.wait_for(self.stop_event.wait(), period)
             except TimeoutError:
@@ -199,13 +244,12 @@ class ZoneServer:
     async def stop(self) -> None:
         self.status = Status.DRAINING
         self.notifier.notify("STOPPING=1")
+        self.supervisor.begin_stop()
         if self._server is not None:
             await set_serving(self._health, SERVICE_NAMES, False)
             await self._server.stop(self.config.server.grace_seconds)
         self.stop_event.set()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop()
         if self.state is not None:
             await self.state.close()
             self.state.store.close()
@@ -213,10 +257,12 @@ class ZoneServer:
             await self.peers.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
-        self.status = Status.STOPPED
+        self.status = Status.FAILED if self.supervisor.failure else Status.STOPPED
         log.info("zone stopped")
 
     async def run_until_signalled(self) -> None:
         await serve_until_signalled(
             self.start, self.stop, self.stop_event, log, "jobs stay in the journal"
         )
+        if self.supervisor.failure is not None:
+            raise RootLoopFailed(f"{self.supervisor.failure} (its traceback is in the log)")
