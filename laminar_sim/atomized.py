@@ -641,22 +641,16 @@ class MigReplay:
         return length
 
     def believed(self, state: _JobState) -> Profile:
-        """The calibrated profile, unless memory overruns' widening has pushed the memory it
-        predicts above every slice of the cluster: such a job could never win a window again,
-        so would never be observed, so would never lose the widening. The widening is dropped
-        then, and counted (``widen_resets``). (A time cut widens only time.)"""
+        """The router's :meth:`Calibrator.believed` profile (a memory widening past every
+        slice is dropped, counted in ``widen_resets``), cached until the calibrator changes."""
         calibrator = state.calibrator
         assert calibrator is not None
         # The calibrated profile changes only when the calibrator observes or widens.
         key = (calibrator.observed, calibrator.widen_time, calibrator.widen_memory)
         if state.believed is not None and state.believed[0] == key:
             return state.believed[1]
-        profile = calibrator.profile()
-        need = profile.peak_memory_bytes.value_at(1.0 - self.spec.epsilon)
-        if calibrator.widen_memory > 1.0 and need > self.largest_bytes:
-            calibrator.widen_memory = 1.0
-            self.totals.widen_resets += 1
-            profile = calibrator.profile()
+        profile, reset = calibrator.believed(self.largest_bytes)
+        self.totals.widen_resets += int(reset)
         state.believed = (
             (calibrator.observed, calibrator.widen_time, calibrator.widen_memory),
             profile,

@@ -471,6 +471,7 @@ class Atomizer:
             for key, (w, _, length) in by_key.items()
         }
         bidders: list[Bidder] = []
+        largest = self.largest_slice_bytes()
         specs: dict[str, zone_pb2.JobSpec] = {}
         clients: list[tuple[Entry, Atom]] = []
         for entry in waiting:
@@ -478,7 +479,7 @@ class Atomizer:
             if atom.client is not None:
                 clients.append((entry, atom))
                 continue
-            bidders.append(self._bidder(entry, atom, now))
+            bidders.append(self._bidder(entry, atom, now, largest))
             specs[entry.job.job_id] = entry.job.spec
         bids = round_bids(
             bidders,
@@ -579,8 +580,11 @@ class Atomizer:
         if soonest:
             job.reason += f"; the next window it fits opens in about {soonest[0] - now_unix:.0f} s on {soonest[1]}"
 
-    @staticmethod
-    def _bidder(entry: Entry, atom: Atom, now: float) -> Bidder:
+    def largest_slice_bytes(self) -> int:
+        """The largest slice any agent advertises a window on (0 before any window)."""
+        return max((w.memory_bytes for ws in self.windows.values() for w in ws), default=0)
+
+    def _bidder(self, entry: Entry, atom: Atom, now: float, largest_bytes: int) -> Bidder:
         """The router bidding for a job: its calibrated profile, within its current phase
         (a subjob never crosses a phase boundary, so each bid has one phase's profile)."""
         job = entry.job
@@ -601,11 +605,23 @@ class Atomizer:
             job.job_id,
             job.spec.tenant,
             contract,
-            atom.calibrators[phase].profile(),
+            self._believed(entry, atom.calibrators[phase], largest_bytes),
             next_unit,
             now - atom.ready_since,
             job.spec.priority or common_pb2.BATCH,
         )
+
+    @staticmethod
+    def _believed(entry: Entry, calibrator: Calibrator, largest_bytes: int) -> Profile:
+        profile, reset = calibrator.believed(largest_bytes)
+        if reset:
+            log.info(
+                "job %s: its memory widening predicted more than the largest slice (%d bytes); "
+                "dropped, so it can win a window and be observed",
+                entry.job.job_id,
+                largest_bytes,
+            )
+        return profile
 
     async def _client_bids(
         self,

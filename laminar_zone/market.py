@@ -458,6 +458,22 @@ class Calibrator:
         if memory:
             self.widen_memory *= factor
 
+    def believed(self, largest_slice_bytes: int) -> tuple[Profile, bool]:
+        """The profile bids use, and whether a memory widening was just dropped.
+
+        A memory widening that pushes the predicted peak (at ``1 - epsilon``) above the
+        largest slice there is would leave the job unable to win any window, so it would
+        never be observed and never lose the widening: it is dropped then (the router and
+        the simulator alike). A time widening is kept. ``largest_slice_bytes`` 0 means
+        unknown (no window seen yet): nothing is dropped."""
+        profile = self.profile()
+        if self.widen_memory <= 1.0 or largest_slice_bytes <= 0:
+            return profile, False
+        if profile.peak_memory_bytes.value_at(1.0 - self.epsilon) <= largest_slice_bytes:
+            return profile, False
+        self.widen_memory = 1.0
+        return self.profile(), True
+
     @property
     def violation_rate(self) -> float:
         return self.violations / self.observed if self.observed else 0.0

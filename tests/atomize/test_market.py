@@ -203,6 +203,20 @@ def test_a_window_cut_widens_time_only_and_a_memory_kill_memory_only() -> None:
     assert cal.min_samples == 19
 
 
+def test_a_memory_widening_past_every_slice_is_dropped_so_the_job_can_run_again() -> None:
+    declared = Profile(Quantiles(((0.95, 1.0),)), Quantiles(((0.95, 8 * GIB),)))
+    cal = Calibrator(declared, epsilon=0.05)
+    cal.overran(1.5, time=True, memory=True)  # 12 GiB predicted: fits a 16 GiB slice
+    profile, reset = cal.believed(16 * GIB)
+    assert not reset and profile.peak_memory_bytes.value_at(0.95) == pytest.approx(12 * GIB)
+    assert cal.believed(0) == (cal.profile(), False)  # no slice known yet: kept
+    cal.overran(1.5, time=False, memory=True)  # 18 GiB: above every slice
+    profile, reset = cal.believed(16 * GIB)
+    assert reset and profile.peak_memory_bytes.value_at(0.95) == pytest.approx(8 * GIB)
+    assert profile.seconds_per_unit.value_at(0.95) == pytest.approx(1.5)  # time stays widened
+    assert cal.believed(16 * GIB) == (profile, False)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     jobs=st.lists(
