@@ -732,6 +732,12 @@ class Executor:
         (which holds the descendants that left the process group, and not the shim),
         else its process group (the shim ignores the stop signals)."""
         tracked = self._get(subjob_id)
+        if sig == signal.SIGCONT:
+            # A stop sent before the child joined its cgroup went to the whole group, the
+            # shim included (SIGSTOP cannot be ignored): a continue must reach the group too,
+            # or the shim stays stopped and never records the subjob's end.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(tracked.pid, sig)
         if self.cgroups is not None:
             pids = self.cgroups.pids(subjob_id)
             if sig == signal.SIGKILL and pids and self.cgroups.kill(subjob_id):

@@ -299,3 +299,42 @@ async def test_a_garbled_fence_counts_as_expired_and_no_fence_as_none(tmp_path: 
     await poll_until(lambda: "g" in rec.exits, "garbled fence stops it")
     assert rec.exits["g"].fenced
     await ex.close()
+
+
+class LateCgroup:
+    """A subjob cgroup the child has not joined yet, then has (``pids`` set by the test)."""
+
+    def __init__(self) -> None:
+        self.pids_now: list[int] = []
+
+    def pids(self, subjob_id: str) -> list[int]:
+        return list(self.pids_now)
+
+    def kill(self, subjob_id: str) -> bool:
+        return False
+
+
+async def test_a_resume_reaches_a_shim_stopped_before_its_child_joined_the_cgroup(
+    tmp_path: Path,
+) -> None:
+    """Airlock may suspend a subjob milliseconds after launch, before the child is in its
+    cgroup: the stop then goes to the whole process group, shim included. The resume, sent
+    when the cgroup lists the child, must continue the shim too, or the shim never records
+    the subjob's end (seen as a subjob RUNNING for ever in `laminar bench airlock`)."""
+    rec = Recorder()
+    cgroup = LateCgroup()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    pid = await ex.launch(make_spec(tmp_path, "s4", SLEEPER))
+    await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
+    shim, child = psutil.Process(pid), child_of(pid)
+    ex.cgroups = cgroup  # type: ignore[assignment]  # signals go the cgroup way from here
+    ex.suspend("s4")  # the cgroup lists nobody yet: the group is stopped, shim included
+    await poll_until(lambda: shim.status() == psutil.STATUS_STOPPED, "shim stopped")
+    cgroup.pids_now = [child.pid]
+    ex.resume("s4")
+    await poll_until(lambda: shim.status() != psutil.STATUS_STOPPED, "shim continued")
+    await poll_until(lambda: child.status() != psutil.STATUS_STOPPED, "child continued")
+    ex.cgroups = None
+    await ex.terminate("s4", grace_seconds=5)
+    assert "s4" in rec.exits
+    await ex.close()
