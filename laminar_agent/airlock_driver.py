@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from airlock.episodes import Episodes
 from airlock.levels import Level, LevelTracker
 from airlock.policy import (
     HOST_SLICE_ID,
@@ -147,13 +148,10 @@ class AirlockDriver:
         #: Run the OOM-killer baseline (``decide_oom_killer``, SIGKILL) instead of the ladder.
         self.oom_killer_baseline = oom_killer_baseline
         self._lock = asyncio.Lock()
-        #: Monotonic time each subjob was suspended by Airlock (for readdress/reclaim age).
-        self._suspended_since: dict[str, float] = {}
-        #: Subjobs handed to the zone router for re-addressing -> monotonic time of the request.
-        self._readdress_pending: dict[str, float] = {}
+        #: Airlock's memory of each subjob between polls (suspended since, release asked in
+        #: this episode, handed over for re-addressing), kept as ``sim airlock`` keeps it.
+        self.episodes = Episodes()
         self._static: dict[str, _StaticView] = {}
-        #: Subjobs asked to release memory in the current pressure episode -> monotonic time.
-        self._release_sent: dict[str, float] = {}
         #: Dry run: decisions already journaled and still being made.
         self._dry_seen: set[tuple[str, str, str]] = set()
 
@@ -167,9 +165,8 @@ class AirlockDriver:
 
     def readdress_ids(self) -> list[str]:
         """Ids the heartbeat asks the zone router to re-place; each stays until it ends."""
-        for subjob_id in [s for s in self._readdress_pending if s not in self.node.live_states]:
-            del self._readdress_pending[subjob_id]
-        return sorted(self._readdress_pending)
+        self.episodes.prune(self.node.live_states)
+        return sorted(self.episodes.readdress_pending)
 
     def snapshot(
         self,
@@ -187,31 +184,21 @@ class AirlockDriver:
         for subjob_id in list(self._static):
             if subjob_id not in live:
                 del self._static[subjob_id]
-        for subjob_id in list(self._suspended_since):
-            if live.get(subjob_id) != "SUSPENDED":
-                del self._suspended_since[subjob_id]
+        self.episodes.prune(live)
         want_rss = host is not None and host_level != Level.NORMAL
-        for subjob_id in list(self._release_sent):
-            static = self._static.get(subjob_id)
-            if (
-                subjob_id not in live
-                or static is None
-                or all(self.levels.level(d) == Level.NORMAL for d in static.devices)
-            ):
-                del self._release_sent[subjob_id]  # episode over: may be asked again next time
         for subjob_id in sorted(live):
+            static = self._static_of(subjob_id)
+            suspended = live[subjob_id] == "SUSPENDED"
+            calm = static is None or all(
+                self.levels.level(d) == Level.NORMAL for d in static.devices
+            )
+            memory = self.episodes.poll(subjob_id, suspended=suspended, calm=calm, now=now)
             if subjob_id in self.node.terminating:
                 continue  # already on its way out; its memory leaves with it
-            static = self._static_of(subjob_id)
             if static is None or (not static.devices and not want_rss):
                 continue
             devices = static.devices
             device_ids.update(devices)
-            suspended = live[subjob_id] == "SUSPENDED"
-            since = self._suspended_since.get(subjob_id)
-            if suspended and since is None:
-                since = now
-                self._suspended_since[subjob_id] = now
             pid = self.node.executor.pid_of(subjob_id) if want_rss else None
             observed = self._observed_bytes(subjob_id, static.declared_bytes) if devices else 0
             self.node.note_gpu_memory(subjob_id, observed)
@@ -229,14 +216,14 @@ class AirlockDriver:
                     if static.started_unix
                     else 0.0,
                     suspended=suspended,
-                    suspended_since=since if suspended else None,
+                    suspended_since=memory.suspended_since,
                     readdress_count=static.readdress_count,
                     free_mode=static.free_mode,
                     restartable=static.restartable,
                     gpu_count=max(1, len(devices)),
                     host_rss_bytes=process_group_rss_bytes(pid) if pid else 0,
-                    readdress_requested=subjob_id in self._readdress_pending,
-                    release_requested_since=self._release_sent.get(subjob_id),
+                    readdress_requested=memory.readdress_requested,
+                    release_requested_since=memory.release_requested_since,
                 )
             )
         if not views:
@@ -379,7 +366,7 @@ class AirlockDriver:
 
     async def _execute(self, action: Action, snap: Snapshot, now: float) -> None:
         if action.step == STEP_READDRESS:
-            self._readdress_pending[action.subjob_id] = now
+            self.episodes.applied(action, now)
             log.info(
                 "airlock: subjob %s handed to the zone router for re-addressing: %s",
                 action.subjob_id,
@@ -407,13 +394,12 @@ class AirlockDriver:
         backend = self.node.backend
         fake = backend if isinstance(backend, FakeGpuBackend) else None
         view = next((s for s in snap.subjobs if s.subjob_id == action.subjob_id), None)
+        self.episodes.applied(action, now)
         if action.step == STEP_SUSPEND:
-            self._suspended_since[action.subjob_id] = now
             if fake is not None:
                 # A suspended fake subjob gives its memory back, as cuda-checkpoint would.
                 fake.detach_subjob(action.subjob_id)
         elif action.step == STEP_RESUME:
-            self._suspended_since.pop(action.subjob_id, None)
             static = self._static.get(action.subjob_id)
             if fake is not None and view is not None and static is not None and static.devices:
                 fake.attach_subjob(
@@ -422,8 +408,3 @@ class AirlockDriver:
                     view.declared_bytes,
                     self.node.executor.gpu_mem_file(action.subjob_id),
                 )
-        elif action.step == STEP_RELEASE_MEMORY:
-            self._release_sent[action.subjob_id] = now
-        elif action.step == STEP_RECLAIM:
-            self._suspended_since.pop(action.subjob_id, None)
-            self._readdress_pending.pop(action.subjob_id, None)

@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airlock.episodes import Episodes, Memory
 from airlock.levels import Level, LevelTracker, Marks
 from airlock.policy import (
     PRIORITY_NAMES,
@@ -263,14 +264,11 @@ class _Sub:
         "progress",
         "ramp",
         "readdress_count",
-        "readdress_requested",
-        "release_since",
         "released_bytes",
         "share",
         "stall_bytes",
         "stalled_until",
         "suspended",
-        "suspended_since",
         "suspended_total",
     )  # fmt: skip
 
@@ -283,13 +281,10 @@ class _Sub:
         self.gpu = gpu
         self.progress = 0.0
         self.suspended = False
-        self.suspended_since: float | None = None
         self.suspended_total = 0.0
         self.stalled_until: float | None = None
         self.stall_bytes = 0
-        self.release_since: float | None = None
         self.released_bytes = 0
-        self.readdress_requested = False
         self.readdress_count = 0
         self.move: EventHandle | None = None
         self.done = False
@@ -432,6 +427,8 @@ class _Run:
         self.is_ladder = policy == "ladder"
         self.config = PolicyConfig()
         self.tracker = LevelTracker()
+        #: Airlock's memory of each subjob between polls, kept as the agent's driver keeps it.
+        self.episodes = Episodes()
         marks = self.tracker.marks
         total = spec.gpu_total_bytes
         self.total = total
@@ -459,8 +456,10 @@ class _Run:
     def _end(self, sub: _Sub, state: str, reason: str, now: float) -> None:
         if sub.done:
             return
-        if sub.suspended and sub.suspended_since is not None:
-            sub.suspended_total += now - sub.suspended_since
+        since = self.episodes.suspended_since.get(sub.plan.subjob_id)
+        if sub.suspended and since is not None:
+            sub.suspended_total += now - since
+        self.episodes.forget(sub.plan.subjob_id)
         lost = sub.lost_before
         if state != STATE_COMPLETED:
             lost += sub.work_since_checkpoint(self.spec.checkpoint_seconds) * sub.share
@@ -548,7 +547,7 @@ class _Run:
         )
         gpu.subs = [s for s in gpu.subs if not s.done]
 
-    def _view(self, sub: _Sub, now: float) -> SubjobView:
+    def _view(self, sub: _Sub, now: float, memory: Memory) -> SubjobView:
         observed = sub.restore_bytes() if sub.suspended else sub.demand()
         return SubjobView(
             subjob_id=sub.plan.subjob_id,
@@ -561,29 +560,32 @@ class _Run:
             started_at=0.0,
             work_since_checkpoint_seconds=sub.work_since_checkpoint(self.spec.checkpoint_seconds),
             suspended=sub.suspended,
-            suspended_since=sub.suspended_since,
+            suspended_since=memory.suspended_since,
             readdress_count=sub.readdress_count,
             free_mode=sub.plan.free_mode,
             restartable=sub.plan.restartable,
-            readdress_requested=sub.readdress_requested,
-            release_requested_since=sub.release_since,
+            readdress_requested=memory.readdress_requested,
+            release_requested_since=memory.release_requested_since,
         )
 
     def _poll(self, gpu: _Gpu, now: float) -> None:
         self.polls += 1
         used = int(self._used(gpu))
-        if self.is_ladder:
-            level = self.tracker.update(gpu.name, used, self.total, now)
-            if level == Level.NORMAL:
-                for sub in gpu.subs:  # the pressure episode is over (as the driver does)
-                    sub.release_since = None
-        else:
-            level = Level.NORMAL
+        level = (
+            self.tracker.update(gpu.name, used, self.total, now) if self.is_ladder else Level.NORMAL
+        )
         if gpu.subs:
+            calm = level == Level.NORMAL  # the pressure episode is over (Episodes.poll)
+            views = []
+            for s in gpu.subs:
+                memory = self.episodes.poll(
+                    s.plan.subjob_id, suspended=s.suspended, calm=calm, now=now
+                )
+                views.append(self._view(s, now, memory))
             snap = Snapshot(
                 now=now,
                 slices=(SliceSignal(gpu.name, used, self.total, level),),
-                subjobs=tuple(self._view(s, now) for s in gpu.subs),
+                subjobs=tuple(views),
             )
             actions = decide(snap, self.config) if self.is_ladder else decide_oom_killer(snap)
             for action in actions:
@@ -598,23 +600,22 @@ class _Run:
         if sub is None or sub.done:
             return
         self.actions[action.step] += 1
+        since = self.episodes.suspended_since.get(sub.plan.subjob_id)
+        if action.step != STEP_RECLAIM:
+            self.episodes.applied(action, now)
         if action.step == STEP_SUSPEND:
             sub.suspended = True
-            sub.suspended_since = now
             sub.stalled_until = None
         elif action.step == STEP_RESUME:
-            if sub.suspended_since is not None:
-                sub.suspended_total += now - sub.suspended_since
+            if since is not None:
+                sub.suspended_total += now - since
             sub.suspended = False
-            sub.suspended_since = None
             self._fail_restore(gpu, sub, now, "resume")
         elif action.step == STEP_RELEASE_MEMORY:
-            sub.release_since = now
             self.engine.schedule(
                 self.spec.release_delay_seconds, lambda: self._release(sub, gpu.index)
             )
         elif action.step == STEP_READDRESS:
-            sub.readdress_requested = True
             sub.move = self.engine.schedule(
                 self.spec.readdress_delay_seconds, lambda: self._move(sub)
             )
@@ -623,7 +624,8 @@ class _Run:
             gpu.subs = [s for s in gpu.subs if not s.done]
 
     def _release(self, sub: _Sub, index: int) -> None:
-        if sub.done or sub.gpu != index or sub.release_since is None or sub.suspended:
+        released = self.episodes.release_sent.get(sub.plan.subjob_id)
+        if sub.done or sub.gpu != index or released is None or sub.suspended:
             return
         gpu = self.gpus[index]
         self._advance(gpu, self.engine.now)
@@ -672,18 +674,17 @@ class _Run:
             self._schedule(old)
             return
         # The copy restarts from its checkpoint on ``best``; this one ends.
-        if sub.suspended_since is not None:
-            sub.suspended_total += now - sub.suspended_since
+        since = self.episodes.suspended_since.get(sub.plan.subjob_id)
+        if since is not None:
+            sub.suspended_total += now - since
+        self.episodes.forget(sub.plan.subjob_id)  # the new copy starts afresh
         old.subs = [s for s in old.subs if s is not sub]
         self._schedule(old)
         self._advance(best, now)
         sub.lost_before += lost * sub.share
         sub.progress = restart
         sub.suspended = False
-        sub.suspended_since = None
-        sub.readdress_requested = False
         sub.readdress_count += 1
-        sub.release_since = None
         sub.released_bytes = 0
         sub.gpu = best.index
         best.subs.append(sub)
@@ -711,7 +712,7 @@ class _Run:
         return (
             used >= self.elevated_bytes - _SLACK
             or self.tracker.level(gpu.name) != Level.NORMAL
-            or any(s.suspended or s.release_since is not None for s in gpu.subs)
+            or any(s.suspended or s.plan.subjob_id in self.episodes.release_sent for s in gpu.subs)
         )
 
     def _schedule(self, gpu: _Gpu) -> None:
