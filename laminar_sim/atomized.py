@@ -97,10 +97,10 @@ from laminar_zone.market import (
     Contract,
     MarketWindow,
     Profile,
-    clear,
+    clearing_round,
     contract_from,
     default_min_samples,
-    round_bids,
+    offer_seconds,
 )
 from laminar_zone.placement import Offer, expected_start
 from laminar_zone.queue import QueueItem, QueueWalk, order_key, walk_queue
@@ -634,11 +634,10 @@ class MigReplay:
     def window_length(self, profile: str) -> float:
         """The horizon, cut at the expected start of the blocked gang of the slice's family
         (the gang that fits this profile best), as EASY backfill treats rigid jobs."""
-        length = self.spec.horizon_seconds
         head = self.heads.get(profile)
-        if head is not None and head[1] is not None:
-            length = min(length, max(0.0, head[1] - self.engine.now))
-        return length
+        head_start = head[1] if head is not None else None
+        length = offer_seconds(self.engine.now, 0.0, self.spec.horizon_seconds, head_start)
+        return max(0.0, length)
 
     def believed(self, state: _JobState) -> Profile:
         """The router's :meth:`Calibrator.believed` profile (a memory widening past every
@@ -689,9 +688,9 @@ class MigReplay:
                 )
             )
         # The router's own round: alike windows are priced once per bidder (round_bids).
-        bids = round_bids(bidders, windows)
+        bids, awards = clearing_round(bidders, windows, self.spec.clearing_policy, ctx)
         self.totals.bids += len(bids)
-        for award in clear(bids, self.spec.clearing_policy, ctx):
+        for award in awards:
             state = by_job[award.bid.job_id]
             self.waiting.remove(state)
             self.start_subjob(state, award.bid.window, award.bid.unit_start, award.bid.unit_count)

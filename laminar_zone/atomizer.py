@@ -57,10 +57,10 @@ from laminar_zone.market import (
     Contract,
     MarketWindow,
     Profile,
-    clear,
+    clearing_round,
     contract_from,
+    offer_seconds,
     quantiles_from,
-    round_bids,
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
@@ -402,12 +402,10 @@ class Atomizer:
                     continue  # a future window: shown to users, not cleared yet
                 if (agent_id, w.slice_id) in self._claimed:
                     continue
-                length = cap if w.end_unix <= 0 else min(cap, w.end_unix - now_unix)
                 mig = w.mig_profile if w.kind == common_pb2.MIG else ""
                 family = Demand(gpus=0 if mig else 1, mig_profile=mig).family
                 head_start = self.zone.blocked_starts.get(family)
-                if head_start is not None:  # a queued rigid job expects this capacity then
-                    length = min(length, head_start - now_unix)
+                length = offer_seconds(now_unix, w.end_unix, cap, head_start)
                 if length <= 0:
                     continue
                 out.append((w, record.address, length))
@@ -481,20 +479,23 @@ class Atomizer:
                 continue
             bidders.append(self._bidder(entry, atom, now, largest))
             specs[entry.job.job_id] = entry.job.spec
-        bids = round_bids(
-            bidders,
-            markets.values(),
-            lambda b, w: self._allows(specs[b.job_id], by_key[w.key][0]),
-        )
+        client_bids: list[Bid] = []
         if clients:
             replies = await asyncio.gather(
                 *(self._client_bids(e, a, by_key, markets, now) for e, a in clients)
             )
             for got in replies:
-                bids.extend(got)
+                client_bids.extend(got)
         units, _ = self.zone.tenant_usage()
         ctx = ClearingContext(usage=units, shares=self.zone.shares, blend=self._blend)
-        awards = clear(bids, self.config.policy, ctx)
+        bids, awards = clearing_round(
+            bidders,
+            markets.values(),
+            self.config.policy,
+            ctx,
+            eligible=lambda b, w: self._allows(specs[b.job_id], by_key[w.key][0]),
+            extra_bids=client_bids,
+        )
         winning = {a.bid.window.key: a.score for a in awards}
         winners = {a.bid.job_id for a in awards}
         for bid in bids:  # losers learn the score that beat them

@@ -345,6 +345,33 @@ class Award:
     score: float
 
 
+def offer_seconds(now: float, end: float, cap: float, head_start: float | None) -> float:
+    """How long a window is offered in a round: to its end (``end`` <= 0: open-ended), at
+    most ``cap``, and never past the expected start of the blocked rigid job of its family
+    (EASY: atomized work backfills it without delaying it). <= 0: not offered."""
+    length = cap if end <= 0 else min(cap, end - now)
+    if head_start is not None:
+        length = min(length, head_start - now)
+    return length
+
+
+def clearing_round(
+    bidders: Iterable[Bidder],
+    windows: Iterable[MarketWindow],
+    policy: str,
+    ctx: ClearingContext,
+    *,
+    eligible: Callable[[Bidder, MarketWindow], bool] | None = None,
+    extra_bids: Iterable[Bid] = (),
+) -> tuple[list[Bid], list[Award]]:
+    """One clearing round, the router's and the simulator's: every bidder's best bid on the
+    windows it may use (:func:`round_bids`), plus bids made elsewhere (a client bidding over
+    ``Bid``), cleared by ``policy`` (:func:`clear`). Returns (all bids, awards)."""
+    bids = round_bids(bidders, windows, eligible)
+    bids.extend(extra_bids)
+    return bids, clear(bids, policy, ctx)
+
+
 def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) -> list[Award]:
     """One round: windows to the best bids (priority class first, then score), one window
     per job; ties go to the lower job id, then the lower (agent, slice). A pool bid stands

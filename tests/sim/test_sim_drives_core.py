@@ -9,9 +9,10 @@ import laminar_sim
 
 #: Names only a placement loop or a queue walk touches: probe rounds and late binding belong
 #: to laminar_zone.gather.Gather, blocked heads and EASY backfill to
-#: laminar_zone.queue.QueueWalk; the router and every simulator drive those.
+#: laminar_zone.queue.QueueWalk, a clearing round to laminar_zone.market.clearing_round;
+#: the router and every simulator drive those.
 PLACEMENT_LOOP_NAMES = frozenset(
-    {"choose_offers", "assign_gang", "best_offers", "next_batch", "may_backfill"}
+    {"choose_offers", "assign_gang", "best_offers", "next_batch", "may_backfill", "round_bids"}
 )
 
 
