@@ -45,7 +45,8 @@ as EASY backfill treats rigid jobs of that family); every
 waiting job bids on every window with :func:`laminar_zone.market.best_bid` (its profile as
 its :class:`~laminar_zone.market.Calibrator` has inflated it) and
 :func:`laminar_zone.market.clear` awards them with the ``blend`` policy (tenant usage, for
-the fair share, decays with a one-hour time constant; a bid's waiting time, for the
+the fair share, is the GPU-equivalents the tenant runs now, as the router counts it; a
+bid's waiting time, for the
 responsive score, is the time since the job arrived, so a job that has started keeps its
 place rather than going round robin with newcomers). A winner runs a subjob of exactly
 the bid's units plus the checkpoint. A subjob whose run is longer than its window is cut at
@@ -125,8 +126,6 @@ PEAK_WINDOW_SECONDS = 3600.0
 TIME_SIGMA_RANGE = (0.05, 0.25)
 #: Quantile levels declared in a contract.
 QUANTILE_LEVELS = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
-#: Time constant of the tenants' decaying usage (the fair score's "recently").
-USAGE_DECAY_SECONDS = 3600.0
 LEASE_TTL_SECONDS = 60.0
 
 
@@ -366,8 +365,10 @@ class MigReplay:
         self.waiting: list[_JobState] = []  # atomized jobs without a running subjob
         #: Running work: key -> (expected end, compute units of GPU-equivalents, memory).
         self.running: dict[str, tuple[float, float, int]] = {}
+        #: GPU-equivalents each tenant runs now: the router's fair-share usage
+        #: (``ZoneState.tenant_usage``), for the queue order and the market alike.
         self.usage: dict[str, float] = {}
-        self.usage_at = 0.0
+        self.tenant_of: dict[str, str] = {}
         self.totals = _Totals()
         self.last = 0.0
         self.frag_now = 0
@@ -586,13 +587,13 @@ class MigReplay:
         length = run if killed_at is None else killed_at
         key = self.new_key()
         self.running[key] = (now + state.job.duration, compute / COMPUTE_SLICES, smallest)
-        self.charge(state.job.tenant, compute / COMPUTE_SLICES * state.job.duration)
+        self.charge(key, state.job.tenant)
 
         def end() -> None:
             self.clock()
             for host, lease_id, _ in leases:
                 self.give_back(host, lease_id)
-            del self.running[key]
+            self.discharge(key)
             self.totals.held += length * compute
             if killed_at is None:
                 self.totals.useful += length * compute
@@ -615,19 +616,16 @@ class MigReplay:
         self.next_key += 1
         return f"r{self.next_key}"
 
-    def decay_usage(self) -> None:
-        """Tenants' usage decays with USAGE_DECAY_SECONDS (the fair score's "recently")."""
-        now = self.engine.now
-        if now > self.usage_at:
-            decay = math.exp(-(now - self.usage_at) / USAGE_DECAY_SECONDS)
-            for name in self.usage:
-                self.usage[name] *= decay
-            self.usage_at = now
+    def charge(self, key: str, tenant: str) -> None:
+        """Work ``key`` of ``tenant`` started: its GPU-equivalents count towards the tenant's
+        usage while it runs, as the router counts its running jobs."""
+        self.tenant_of[key] = tenant
+        self.usage[tenant] = self.usage.get(tenant, 0.0) + self.running[key][1]
 
-    def charge(self, tenant: str, gpu_seconds: float) -> None:
-        """Add a start's expected GPU-seconds to its tenant's usage."""
-        self.decay_usage()
-        self.usage[tenant] = self.usage.get(tenant, 0.0) + gpu_seconds
+    def discharge(self, key: str) -> None:
+        """Work ``key`` ended: its slices no longer count."""
+        tenant = self.tenant_of.pop(key)
+        self.usage[tenant] = max(0.0, self.usage[tenant] - self.running.pop(key)[1])
 
     # ----------------------------------------------------------------- market
 
@@ -668,7 +666,6 @@ class MigReplay:
             windows.append(MarketWindow(agent, sid, memory, milli, length))
         if not windows:
             return
-        self.decay_usage()
         ctx = ClearingContext(usage=dict(self.usage))
         by_job: dict[str, _JobState] = {}
         bidders: list[Bidder] = []
@@ -749,13 +746,13 @@ class MigReplay:
         compute = compute_of(profile)
         key = self.new_key()
         self.running[key] = (now + min(wanted, window_seconds), compute / COMPUTE_SLICES, memory)
-        self.charge(state.job.tenant, compute / COMPUTE_SLICES * min(wanted, window_seconds))
+        self.charge(key, state.job.tenant)
         self.totals.subjobs += 1
 
         def end() -> None:
             self.clock()
             self.give_back(host, lease_id)
-            del self.running[key]
+            self.discharge(key)
             self.totals.held += length * compute
             self.totals.fills.append(length / window_seconds)
             if outcome == "ok":
