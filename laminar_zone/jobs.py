@@ -30,13 +30,11 @@ from laminar_agent.inventory.mig import MIG_PROFILES
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import (
     ENDED_SUBJOB_STATES,
-    FAILED_SUBJOB_STATES,
     LIVE_SUBJOB_STATES,
     RUNNING_JOB_STATES,
     TERMINAL_JOB_STATES,
     EndCause,
     end_cause,
-    is_free_retry,
 )
 from laminar_base.demand import Demand
 from laminar_base.errors import (
@@ -54,6 +52,7 @@ from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
 from laminar_zone.audit import AuditLog
 from laminar_zone.config import ZoneConfig
 from laminar_zone.entry import Entry
+from laminar_zone.lifecycle import MemberState, Outcome, judge_attempt
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
 from laminar_zone.placer import AgentClients, Ask, Placer, shapes_from
@@ -1136,50 +1135,44 @@ class ZoneState:
                 job.atomization.CopyFrom(progress)
             return
         current = entry.current()
-        gang = max(1, job.spec.gang_size)
-        if not current or any(p.reason == COMMITTING for p in current):
-            return
-        states = [p.state for p in current]
-        if len(current) == gang and all(s == common_pb2.SUCCEEDED for s in states):
+        verdict = judge_attempt(
+            [MemberState(p.state, p.end_cause, p.reason == COMMITTING) for p in current],
+            job.spec.gang_size,
+            job.retries_used,
+            job.spec.max_retries,
+        )
+        if verdict.outcome is Outcome.SUCCEEDED:
             run = max(p.run_seconds for p in current)
             family = entry.need.family
             old = self._mean_run_seconds.get(family)
             self._mean_run_seconds[family] = run if old is None else 0.8 * old + 0.2 * run
             self.finish(entry, zone_pb2.JOB_SUCCEEDED, "all subjobs succeeded")
-            return
-        failed = [p for p in current if p.state in FAILED_SUBJOB_STATES]
-        if failed:
-            first = failed[0]
-            for p in current:
-                if p.state in LIVE_SUBJOB:
-                    self._spawn(
-                        self.terminate(
-                            p,
-                            f"gang member {first.member} ended: {first.reason}",
-                            EndCause.GANG_STOPPED,
-                        ),
-                        "gang-stop",
-                    )
-            what = f"subjob {first.subjob_id} on {first.agent_id} ended {_state_name(first.state)}: {first.reason}"
-            free = is_free_retry(first.end_cause)
-            if free or job.retries_used < job.spec.max_retries:
-                if not free:
-                    job.retries_used += 1
-                job.attempts += 1
-                job.state = zone_pb2.PENDING
-                job.reason = (
-                    f"retrying ({'not counted' if free else f'retry {job.retries_used} of {job.spec.max_retries}'})"
-                    f" after {what}"
+        elif verdict.outcome in (Outcome.RETRY, Outcome.FAILED):
+            assert verdict.failed_member is not None
+            first = current[verdict.failed_member]
+            for index in verdict.stop:
+                self._spawn(
+                    self.terminate(
+                        current[index],
+                        f"gang member {first.member} ended: {first.reason}",
+                        EndCause.GANG_STOPPED,
+                    ),
+                    "gang-stop",
                 )
-                self.metrics.retries.inc()
-                self._spawn(self._place(entry), f"retry-{job.job_id}")
-            else:
+            what = f"subjob {first.subjob_id} on {first.agent_id} ended {_state_name(first.state)}: {first.reason}"
+            if verdict.outcome is Outcome.FAILED:
                 self.finish(entry, zone_pb2.JOB_FAILED, what)
-            return
-        if all(
-            s in (common_pb2.RUNNING, common_pb2.SUSPENDED, common_pb2.SUCCEEDED) for s in states
-        ):
-            suspended = states.count(common_pb2.SUSPENDED)
+                return
+            if verdict.counted:
+                job.retries_used += 1
+            job.attempts += 1
+            job.state = zone_pb2.PENDING
+            counted = f"retry {job.retries_used} of {job.spec.max_retries}"
+            job.reason = f"retrying ({counted if verdict.counted else 'not counted'}) after {what}"
+            self.metrics.retries.inc()
+            self._spawn(self._place(entry), f"retry-{job.job_id}")
+        elif verdict.outcome is Outcome.RUNNING:
+            suspended = verdict.suspended
             job.state = zone_pb2.JOB_SUSPENDED if suspended else zone_pb2.JOB_RUNNING
             job.started_unix = job.started_unix or time.time()
             job.reason = (

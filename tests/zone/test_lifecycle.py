@@ -1,0 +1,138 @@
+"""The router's verdict on a job's attempt, with no sockets: random member states and random
+event orders, checked against the gang and retry promises the router makes."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from laminar_api.v1 import common_pb2
+from laminar_base.causes import (
+    FAILED_SUBJOB_STATES,
+    LIVE_SUBJOB_STATES,
+    EndCause,
+    is_free_retry,
+)
+from laminar_zone.lifecycle import MemberState, Outcome, judge_attempt
+
+STATES = (
+    common_pb2.STARTING,
+    common_pb2.RUNNING,
+    common_pb2.SUSPENDED,
+    common_pb2.SUCCEEDED,
+    common_pb2.FAILED,
+    common_pb2.KILLED,
+    common_pb2.LOST,
+)
+ENDS = (common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST)
+
+members_st = st.lists(
+    st.builds(
+        MemberState,
+        st.sampled_from(STATES),
+        st.sampled_from(list(EndCause)).map(int),
+        st.booleans(),
+    ),
+    max_size=6,
+)
+
+
+def test_a_gang_succeeds_only_with_every_member() -> None:
+    done = MemberState(common_pb2.SUCCEEDED, EndCause.EXITED)
+    assert judge_attempt([done, done], 2, 0, 0).outcome is Outcome.SUCCEEDED
+    # One member has not been placed yet: the gang is not done.
+    assert judge_attempt([done], 2, 0, 0).outcome is not Outcome.SUCCEEDED
+
+
+def test_one_failure_stops_the_live_members_and_retries() -> None:
+    running = MemberState(common_pb2.RUNNING)
+    failed = MemberState(common_pb2.FAILED, EndCause.EXITED)
+    verdict = judge_attempt([running, failed, running], 3, 0, 2)
+    assert verdict.outcome is Outcome.RETRY and verdict.counted
+    assert verdict.failed_member == 1 and verdict.stop == (0, 2)
+
+
+def test_a_free_end_retries_even_with_no_retries_left() -> None:
+    moved = MemberState(common_pb2.KILLED, EndCause.READDRESSED)
+    verdict = judge_attempt([moved], 1, 3, 3)
+    assert verdict.outcome is Outcome.RETRY and not verdict.counted
+    spent = judge_attempt([MemberState(common_pb2.FAILED, EndCause.EXITED)], 1, 3, 3)
+    assert spent.outcome is Outcome.FAILED
+
+
+def test_a_commit_under_way_decides_nothing() -> None:
+    failed = MemberState(common_pb2.FAILED, EndCause.EXITED)
+    committing = MemberState(common_pb2.STARTING, committing=True)
+    assert judge_attempt([failed, committing], 2, 0, 5).outcome is Outcome.WAIT
+    assert judge_attempt([], 1, 0, 5).outcome is Outcome.WAIT
+
+
+@settings(max_examples=500, deadline=None)
+@given(members=members_st, gang=st.integers(0, 6), used=st.integers(0, 4), most=st.integers(0, 4))
+def test_every_verdict_keeps_the_promises(
+    members: list[MemberState], gang: int, used: int, most: int
+) -> None:
+    verdict = judge_attempt(members, gang, used, most)
+    states = [m.state for m in members]
+    if not members or any(m.committing for m in members):
+        assert verdict.outcome is Outcome.WAIT
+        return
+    failed = [i for i, s in enumerate(states) if s in FAILED_SUBJOB_STATES]
+    if verdict.outcome is Outcome.SUCCEEDED:
+        assert len(members) == max(1, gang) and set(states) == {common_pb2.SUCCEEDED}
+    if failed:
+        # All-or-nothing: the first failure decides, every live member is stopped.
+        assert verdict.outcome in (Outcome.RETRY, Outcome.FAILED)
+        assert verdict.failed_member == failed[0]
+        assert set(verdict.stop) == {i for i, s in enumerate(states) if s in LIVE_SUBJOB_STATES}
+        free = is_free_retry(members[failed[0]].end_cause)
+        assert (verdict.outcome is Outcome.FAILED) == (not free and used >= most)
+        if verdict.outcome is Outcome.RETRY:
+            assert verdict.counted == (not free)
+    else:
+        assert verdict.outcome not in (Outcome.RETRY, Outcome.FAILED) and not verdict.stop
+    if verdict.outcome is Outcome.RUNNING:
+        assert verdict.suspended == states.count(common_pb2.SUSPENDED)
+        assert common_pb2.STARTING not in states
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    gang=st.integers(1, 4),
+    most=st.integers(0, 3),
+    script=st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from(ENDS), st.sampled_from(list(EndCause))),
+        max_size=60,
+    ),
+)
+def test_a_job_driven_by_random_ends_finishes_once_within_its_retries(
+    gang: int, most: int, script: list[tuple[int, int, EndCause]]
+) -> None:
+    """Drive one job as the router does: each event ends one live member of the current
+    attempt; the verdict is carried out (stop the rest, place a new attempt, or finish).
+    The job finishes at most once, never uses more retries than it has, and a finished job
+    takes no more events."""
+    used, attempts, finished = 0, 1, None
+    members = [MemberState(common_pb2.RUNNING) for _ in range(gang)]
+    for index, state, cause in script:
+        if finished is not None:
+            break
+        live = [i for i, m in enumerate(members) if m.state in LIVE_SUBJOB_STATES]
+        if not live:
+            break
+        i = live[index % len(live)]
+        members[i] = MemberState(state, int(cause))
+        verdict = judge_attempt(members, gang, used, most)
+        if verdict.outcome is Outcome.SUCCEEDED:
+            finished = Outcome.SUCCEEDED
+        elif verdict.outcome is Outcome.FAILED:
+            finished = Outcome.FAILED
+        elif verdict.outcome is Outcome.RETRY:
+            used += verdict.counted
+            attempts += 1
+            members = [MemberState(common_pb2.RUNNING) for _ in range(gang)]
+        assert used <= most
+    if finished is Outcome.SUCCEEDED:
+        assert all(m.state == common_pb2.SUCCEEDED for m in members)
+    if finished is Outcome.FAILED:
+        assert used == most
