@@ -49,6 +49,7 @@ from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_str
 from laminar_zone.config import ZoneConfig
 from laminar_zone.entry import Entry
+from laminar_zone.lifecycle import atomized_subjob_id
 from laminar_zone.market import (
     Bid,
     Bidder,
@@ -732,7 +733,7 @@ class Atomizer:
         else:
             resources.gpus = 1
         placement = job.placements.add(
-            subjob_id=f"{job.job_id}-u{bid.unit_start}-s{len(job.placements)}",
+            subjob_id=atomized_subjob_id(job.job_id, bid.unit_start, len(job.placements)),
             agent_id=w.agent_id,
             agent_address=address,
             slice_ids=[w.slice_id],

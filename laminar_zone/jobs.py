@@ -52,7 +52,16 @@ from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
 from laminar_zone.audit import AuditLog
 from laminar_zone.config import ZoneConfig
 from laminar_zone.entry import Entry
-from laminar_zone.lifecycle import MemberState, Outcome, judge_attempt
+from laminar_zone.lifecycle import (
+    MemberState,
+    Outcome,
+    Record,
+    Report,
+    job_of,
+    judge_attempt,
+    judge_report,
+    rigid_subjob_id,
+)
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
 from laminar_zone.placer import AgentClients, Ask, Placer, shapes_from
@@ -158,8 +167,10 @@ class ZoneState:
         *,
         rng: random.Random | None = None,
         trust: Trust = INSECURE,
+        clients: AgentClients | None = None,
     ) -> None:
-        """``trust`` authenticates the router's calls to agents (mTLS, shared secret, none)."""
+        """``trust`` authenticates the router's calls to agents (mTLS, shared secret, none);
+        ``clients`` replaces the gRPC stubs to agents (tests drive the router in-process)."""
         self.config = config
         self.zone_name = config.server.zone_name
         self.store = store
@@ -171,7 +182,7 @@ class ZoneState:
         self.view = ZoneView(stale)
         #: Per-tenant usage rows, written as subjobs end (before the job row that says so).
         self.usage_ledger = UsageLedger(store, metrics, self.view.agents)
-        self.clients = AgentClients(trust)
+        self.clients = clients or AgentClients(trust)
         self.placer = Placer(self.view, self.clients, config.placement, self.rng)
         self.shares = config.shares()
         self.quotas = config.quotas()
@@ -179,6 +190,9 @@ class ZoneState:
         self.by_agent: dict[str, set[str]] = {}  # agent id -> job ids with live placements
         self._unconfirmed: dict[str, set[str]] = {}  # agent id -> job ids to verify
         self._readdressing: set[str] = set()
+        #: Stops the agent has not taken yet (it did not answer): subjob id -> the copy to
+        #: stop, why, and the cause. Each sweep asks again while the agent is reachable.
+        self._owed_stops: dict[str, tuple[zone_pb2.Placement, str, EndCause]] = {}
         self._queue_wake = asyncio.Event()
         self._blocked_families: dict[str, int] = {}  # family -> priority of its blocked head
         self.blocked_starts: dict[str, float] = {}  # family -> its blocked head's expected start
@@ -212,7 +226,7 @@ class ZoneState:
             self.entries[job.job_id] = entry
             if is_atomized(job.spec):
                 self.atomizer.admit(job, now=now)
-            for p in entry.current():
+            for p in job.placements:  # earlier attempts too: a copy may still run
                 if p.state in LIVE_SUBJOB:
                     self.view.add_placeholder(p.agent_id, p.agent_address, now)
                     self.by_agent.setdefault(p.agent_id, set()).add(job.job_id)
@@ -257,15 +271,21 @@ class ZoneState:
             await self._place(entry)
 
     async def _verify_unconfirmed(self, record: AgentRecord) -> None:
-        """After a restart: did commits in flight at the crash happen? Ask the agent."""
+        """Commits whose outcome is unknown (in flight at a crash, or unanswered): did the
+        agent start them? Ask it; a copy the job no longer counts on is stopped."""
         job_ids = self._unconfirmed.pop(record.agent_id, set())
         stub = self.clients.stub(record.address)
         for job_id in job_ids:
             entry = self.entries.get(job_id)
             if entry is None:
                 continue
-            for p in entry.current():
-                if p.agent_id != record.agent_id or p.reason != COMMITTING:
+            job = entry.job
+            for p in job.placements:
+                if (
+                    p.agent_id != record.agent_id
+                    or p.reason != COMMITTING
+                    or p.state not in LIVE_SUBJOB
+                ):
                     continue
                 try:
                     subjob = await stub.GetSubjob(
@@ -281,8 +301,13 @@ class ZoneState:
                     p.ended_unix = time.time()
                 else:
                     _copy_subjob(p, subjob)
+                    moved_on = p.attempt != job.attempts or job.state in TERMINAL_JOB_STATES
+                    if moved_on and p.state in LIVE_SUBJOB:
+                        self._stop_copy(p.agent_id, p.subjob_id, "superseded: the job moved on")
             self.evaluate(entry)
             self.save(entry)
+            self._forget_if_done(entry)
+        self._queue_wake.set()
 
     # ================================================================ admission
 
@@ -440,6 +465,8 @@ class ZoneState:
         self, entry: Entry, started: float, from_queue: bool, *, retry_commit: bool = True
     ) -> bool:
         job = entry.job
+        if self._wait_for_old_copy(entry):
+            return False
         gang = max(1, job.spec.gang_size)
         ask = Ask(
             job_id=job.job_id,
@@ -492,7 +519,7 @@ class ZoneState:
         for member, (record, lease) in enumerate(chosen):
             job.placements.append(
                 zone_pb2.Placement(
-                    subjob_id=f"{job.job_id}-a{attempt}-m{member}",
+                    subjob_id=rigid_subjob_id(job.job_id, attempt, member),
                     agent_id=record.agent_id,
                     agent_address=record.address,
                     slice_ids=list(lease.slice_ids),
@@ -525,14 +552,28 @@ class ZoneState:
             return True
         why = "; ".join(_rpc_reason(f) for f in failures)
         log.warning("job %s: commit failed (%s); rolling back all members", job.job_id, why)
-        for p in entry.current():
-            if p.state in LIVE_SUBJOB and p.reason != COMMITTING:
+        current = entry.current()
+        unknown = {
+            current[member].subjob_id
+            for member, outcome in enumerate(outcomes)
+            if isinstance(outcome, BaseException) and _outcome_unknown(outcome)
+        }
+        for p in current:
+            if p.state not in LIVE_SUBJOB:
+                continue
+            if p.reason != COMMITTING:
+                # Started: stop it. Its record stays live until the agent reports the end,
+                # and the job is not placed again before that (nothing runs twice).
                 await self.terminate(
                     p,
                     f"gang rollback: another member failed to commit ({why})",
                     EndCause.COMMIT_FAILED,
                 )
-            if p.state in LIVE_SUBJOB:
+            elif p.subjob_id in unknown:
+                # No answer: the agent may have started it. Ask it (at its next heartbeat)
+                # before placing the job again; a silent agent is declared lost in time.
+                self._unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
+            else:
                 p.state = common_pb2.FAILED
                 p.end_cause = EndCause.COMMIT_FAILED.wire
                 p.reason = f"commit failed: {why}"
@@ -589,6 +630,31 @@ class ZoneState:
             expected_seconds=job.spec.expected_seconds,
             run_through_partitions=job.spec.run_through_partitions,
         )
+
+    def _wait_for_old_copy(self, entry: Entry) -> bool:
+        """A copy from an earlier attempt may still run (being stopped, or its commit went
+        unanswered): the job waits in the queue until its agent reports the end, confirms
+        it never started, or is declared lost. Returns whether the job waits."""
+        job = entry.job
+        old = next(
+            (p for p in job.placements if p.state in LIVE_SUBJOB and p.attempt != job.attempts),
+            None,
+        )
+        if old is None:
+            return False
+        reason = (
+            f"waiting for agent {old.agent_id} to confirm whether it started subjob "
+            f"{old.subjob_id} (its commit went unanswered) before placing the job again"
+            if old.reason == COMMITTING
+            else f"waiting for subjob {old.subjob_id} of an earlier attempt to stop on "
+            f"{old.agent_id} before placing the job again"
+        )
+        if job.state != zone_pb2.QUEUED or job.reason != reason:
+            job.state, job.reason = zone_pb2.QUEUED, reason
+            entry.queued_at = time.monotonic()
+            self.save(entry)
+            self._publish(entry)
+        return True
 
     def _enqueue(self, entry: Entry, reasons: list[str]) -> None:
         job = entry.job
@@ -665,6 +731,8 @@ class ZoneState:
             if job.state in TERMINAL_JOB_STATES or entry.placing:
                 continue
             if job.state == zone_pb2.WAITING and self._dependency_block(entry):
+                continue
+            if self._wait_for_old_copy(entry):
                 continue
             if job.job_id in self.atomizer.atoms:  # placed by the market, not by this queue
                 if job.state == zone_pb2.WAITING:
@@ -896,39 +964,29 @@ class ZoneState:
 
     def _reconcile(self, agent_id: str, live_ids: list[str]) -> None:
         """The agent lists the subjobs it runs: stop each copy this router no longer
-        counts on (declared lost and retried, superseded, of an ended or unknown job)."""
-        record = self.view.agents.get(agent_id)
-        address = record.address if record is not None else ""
+        counts on (declared lost and retried, superseded, of an ended or unknown job),
+        as :func:`~laminar_zone.lifecycle.judge_report` decides for a live report."""
         for subjob_id in live_ids[:MAX_LIVE_IDS]:
             if not isinstance(subjob_id, str) or len(subjob_id) > 256:
                 continue
-            job_id = subjob_id.rsplit("-", 2)[0]
-            entry = self.entries.get(job_id)
-            placement = None
+            entry = self.entries.get(job_of(subjob_id))
+            p = None
             if entry is not None:
-                placement = next(
-                    (p for p in entry.job.placements if p.subjob_id == subjob_id), None
-                )
-            if placement is not None and placement.agent_id != agent_id:
-                continue  # not this agent's to report on
-            if placement is not None and placement.state in LIVE_SUBJOB:
-                assert entry is not None
-                moved_on = placement.attempt != entry.job.attempts
-                if not moved_on and entry.job.state not in TERMINAL_JOB_STATES:
-                    continue  # a copy the router still counts on
-            why = (
-                f"superseded: the router replaced this copy ({placement.reason})"
-                if placement is not None and placement.state in ENDED_SUBJOB
-                else "superseded: the job moved on or is unknown to the router"
-            )
-            log.warning(
-                "reconciling agent %s: stopping subjob %s it still runs: %s",
+                p = next((p for p in entry.job.placements if p.subjob_id == subjob_id), None)
+            verdict = judge_report(
+                Record(p.agent_id, p.state, p.attempt) if p is not None else None,
                 agent_id,
-                subjob_id,
-                why,
+                entry.job.attempts if entry is not None else 0,
+                entry is None or entry.job.state in TERMINAL_JOB_STATES,
+                common_pb2.RUNNING,
             )
-            stop = zone_pb2.Placement(subjob_id=subjob_id, agent_id=agent_id, agent_address=address)
-            self._spawn(self.terminate(stop, why, EndCause.SUPERSEDED), f"reconcile-{subjob_id}")
+            if verdict in (Report.STOP, Report.APPLY_AND_STOP):
+                why = (
+                    f"superseded: the router replaced this copy ({p.reason})"
+                    if p is not None and p.state in ENDED_SUBJOB
+                    else "superseded: the job moved on or is unknown to the router"
+                )
+                self._stop_copy(agent_id, subjob_id, why, f"reconciling agent {agent_id}")
 
     def _holds(self, agent_id: str, job_id: str, subjob_id: str) -> bool:
         """Whether ``agent_id`` holds (or held) the placement of ``subjob_id`` of ``job_id``."""
@@ -940,15 +998,14 @@ class ZoneState:
     def _start_readdress(self, agent_id: str, subjob_id: str) -> None:
         """Airlock asks to move a long-suspended subjob: place a copy, then stop the old one."""
         check_str(subjob_id, "readdress_subjob_ids")
-        # Subjob ids start with their job's id: JOB-aN-mM (rigid), JOB-uN-sM (atomized).
-        job_id = next(
-            (j for j in self.by_agent.get(agent_id, ()) if subjob_id.startswith(f"{j}-")), ""
-        )
+        job_id = job_of(subjob_id)
         entry = self.entries.get(job_id)
         if entry is None or subjob_id in self._readdressing:
             return
         placement = next((p for p in entry.current() if p.subjob_id == subjob_id), None)
-        if placement is None or placement.state not in LIVE_SUBJOB:
+        if placement is None or placement.agent_id != agent_id:
+            return
+        if placement.state not in LIVE_SUBJOB:
             return
         if max(1, entry.job.spec.gang_size) > 1:
             log.info("not re-addressing %s: gang members move together only by retry", subjob_id)
@@ -988,7 +1045,7 @@ class ZoneState:
                 1 for p in job.placements if p.member == old.member and p.attempt == old.attempt
             )
             new = zone_pb2.Placement(
-                subjob_id=f"{job.job_id}-a{old.attempt}-m{old.member}-r{moves}",
+                subjob_id=rigid_subjob_id(job.job_id, old.attempt, old.member, moves),
                 agent_id=record.agent_id,
                 agent_address=record.address,
                 slice_ids=list(lease.slice_ids),
@@ -1028,63 +1085,70 @@ class ZoneState:
             self._readdressing.discard(old.subjob_id)
 
     def _apply_event(self, agent_id: str, subjob: common_pb2.Subjob) -> Entry | None:
-        job_id = subjob.spec.job_id
+        """Carry out :func:`~laminar_zone.lifecycle.judge_report` on one subjob event;
+        returns the job's entry when its record changed (the caller evaluates it)."""
+        subjob_id = subjob.spec.subjob_id
+        job_id = subjob.spec.job_id or job_of(subjob_id)
         entry = self.entries.get(job_id)
-        if entry is None:
-            self._record_late_end(agent_id, job_id, subjob)
-            return None
-        for p in entry.job.placements:
-            if p.subjob_id != subjob.spec.subjob_id:
-                continue
-            if p.agent_id != agent_id:
-                # Only the agent that holds a placement reports on it: another agent (a
-                # rogue or a confused one) cannot end, charge or preempt someone's job.
+        # A job no longer in memory has ended: its journal record decides.
+        job = entry.job if entry is not None else self.store.get(job_id) if job_id else None
+        p = None
+        if job is not None:
+            p = next((p for p in job.placements if p.subjob_id == subjob_id), None)
+        verdict = judge_report(
+            Record(p.agent_id, p.state, p.attempt) if p is not None else None,
+            agent_id,
+            job.attempts if job is not None else 0,
+            job is None or job.state in TERMINAL_JOB_STATES,
+            subjob.state,
+        )
+        if verdict is Report.IGNORE:
+            if p is not None and p.agent_id != agent_id:
                 log.warning(
                     "ignoring an event for subjob %s from agent %s: it is placed on %s",
-                    p.subjob_id,
+                    subjob_id,
                     agent_id,
                     p.agent_id,
                 )
-                return None
-            if p.state in ENDED_SUBJOB:
-                if subjob.state in LIVE_SUBJOB and p.attempt != entry.job.attempts:
-                    # The router already gave up on this copy (agent was lost): stop it.
-                    self._spawn(
-                        self.terminate(p, "superseded: the job moved on", EndCause.SUPERSEDED),
-                        "supersede",
-                    )
-                if p.state == common_pb2.LOST and subjob.state in ENDED_SUBJOB:
-                    self._record_true_end(entry, p, subjob)
-                    return entry
-                return None
+            return None
+        if verdict is Report.STOP:
+            why = (
+                f"superseded: the router replaced this copy ({p.reason})"
+                if p is not None
+                else "superseded: its job has ended or is unknown to the router"
+            )
+            self._stop_copy(agent_id, subjob_id, why)
+            return None
+        assert job is not None and p is not None
+        if verdict is Report.TRUE_END:
+            if entry is None:
+                _note_true_end(p, subjob)
+            else:
+                self._record_true_end(entry, p, subjob)
+        else:
             _copy_subjob(p, subjob)
-            moved_on = p.attempt != entry.job.attempts or entry.job.state in TERMINAL_JOB_STATES
-            if moved_on and subjob.state in LIVE_SUBJOB:
-                self._spawn(
-                    self.terminate(p, "superseded: the job moved on", EndCause.SUPERSEDED),
-                    "supersede",
-                )
-            return entry
-        return None
+            if verdict is Report.APPLY_AND_STOP:
+                self._stop_copy(agent_id, subjob_id, "superseded: the job moved on")
+        if entry is None:
+            self.store.put(job)  # an ended job: only its record changes
+        return entry
 
-    def _record_late_end(self, agent_id: str, job_id: str, subjob: common_pb2.Subjob) -> None:
-        """The end of a copy declared lost, for a job that has ended since: fix its record."""
-        if subjob.state not in ENDED_SUBJOB or not job_id:
-            return
-        job = self.store.get(job_id)
-        if job is None:
-            return
-        for p in job.placements:
-            if (
-                p.subjob_id == subjob.spec.subjob_id
-                and p.agent_id == agent_id
-                and p.state == common_pb2.LOST
-            ):
-                lost_reason = p.reason
-                _copy_subjob(p, subjob)
-                p.reason = f"{subjob.reason} (reported after the agent came back; declared lost: {lost_reason})"
-                self.store.put(job)
-                return
+    def _stop_copy(self, agent_id: str, subjob_id: str, why: str, context: str = "") -> None:
+        """Stop a copy of a subjob on ``agent_id`` that the router does not count on."""
+        log.warning(
+            "%sstopping subjob %s on agent %s: %s",
+            f"{context}: " if context else "",
+            subjob_id,
+            agent_id,
+            why,
+        )
+        record = self.view.agents.get(agent_id)
+        stop = zone_pb2.Placement(
+            subjob_id=subjob_id,
+            agent_id=agent_id,
+            agent_address=record.address if record is not None else "",
+        )
+        self._spawn(self.terminate(stop, why, EndCause.SUPERSEDED), f"supersede-{subjob_id}")
 
     def _record_true_end(
         self, entry: Entry, p: zone_pb2.Placement, subjob: common_pb2.Subjob
@@ -1093,11 +1157,7 @@ class ZoneState:
         ended: the record says so. If it succeeded and the job has not ended, it wins:
         the retry still running is stopped, the retry spent on it is given back, and the
         job succeeds (first finisher wins; gangs, which retry as a whole, excepted)."""
-        lost_reason = p.reason
-        _copy_subjob(p, subjob)
-        p.reason = (
-            f"{subjob.reason} (reported after the agent came back; declared lost: {lost_reason})"
-        )
+        _note_true_end(p, subjob)
         job = entry.job
         log.info(
             "subjob %s of job %s declared lost ended %s on %s",
@@ -1218,6 +1278,12 @@ class ZoneState:
                 stale.agent_id,
                 now - stale.last_heartbeat,
             )
+        for subjob_id, (stop, why, cause) in list(self._owed_stops.items()):
+            record = self.view.agents.get(stop.agent_id)
+            if record is not None and not record.is_stale:
+                # A stale agent's fence stops its work; when it is back, reconciling does.
+                del self._owed_stops[subjob_id]
+                self._spawn(self.terminate(stop, why, cause), f"stop-again-{subjob_id}")
         lost_after = self.config.membership.lost_after_seconds
         for agent_id, job_ids in list(self.by_agent.items()):
             record = self.view.agents.get(agent_id)
@@ -1332,11 +1398,20 @@ class ZoneState:
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                 log.warning(
-                    "could not stop subjob %s on %s: %s",
+                    "could not stop subjob %s on %s (asking again at the next sweep): %s",
                     placement.subjob_id,
                     placement.agent_id,
                     exc.details(),
                 )
+                stop = zone_pb2.Placement(
+                    subjob_id=placement.subjob_id,
+                    agent_id=placement.agent_id,
+                    agent_address=address,
+                )
+                self._owed_stops[placement.subjob_id] = (stop, reason, cause)
+                return
+        # Taken, ended already, or unknown to the agent: nothing more is owed.
+        self._owed_stops.pop(placement.subjob_id, None)
 
     async def watch(self, job_id: str) -> AsyncIterator[zone_pb2.Job]:
         job = self.get(job_id)
@@ -1644,6 +1719,10 @@ class ZoneState:
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
+    def pending_tasks(self) -> set[asyncio.Task[Any]]:
+        """The background tasks under way (placements, commits, stops)."""
+        return set(self._tasks)
+
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
@@ -1693,8 +1772,38 @@ def _copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
     p.units_done = subjob.units_done
 
 
+def _note_true_end(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
+    """Record how a copy declared LOST really ended, keeping why it was declared lost."""
+    lost_reason = p.reason
+    _copy_subjob(p, subjob)
+    p.reason = f"{subjob.reason} (reported after the agent came back; declared lost: {lost_reason})"
+
+
 def _state_name(state: int) -> str:
     return common_pb2.SubjobState.Name(state).lower()
+
+
+#: Answers after which the agent surely did not take the call (it refused, or never saw it
+#: authenticated); any other failure (no answer in time, a dropped connection) may have
+#: come after the agent acted.
+_REFUSALS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+def _outcome_unknown(exc: BaseException) -> bool:
+    """Whether a failed call may still have been carried out by the agent."""
+    return not (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSALS)
 
 
 def _is_refused_input(exc: BaseException) -> bool:

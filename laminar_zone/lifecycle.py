@@ -11,6 +11,7 @@ Whether a retry counts against ``max_retries`` comes from the failed member's en
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,3 +70,68 @@ def judge_attempt(
     if all(s in (common_pb2.RUNNING, common_pb2.SUSPENDED, common_pb2.SUCCEEDED) for s in states):
         return Verdict(Outcome.RUNNING, suspended=states.count(common_pb2.SUSPENDED))
     return Verdict(Outcome.WAIT)
+
+
+# -- subjob ids ------------------------------------------------------------------------
+
+#: Rigid: JOB-aN-mM (attempt, member), JOB-aN-mM-rK after K Airlock moves; atomized:
+#: JOB-uN-sM (first unit, subjob number).
+_SUBJOB_ID = re.compile(r"^(?P<job>.+?)-(?:a\d+-m\d+(?:-r\d+)?|u\d+-s\d+)$")
+
+
+def rigid_subjob_id(job_id: str, attempt: int, member: int, moves: int = 0) -> str:
+    """The id of a rigid job's member in an attempt (``moves``: Airlock re-addresses)."""
+    return f"{job_id}-a{attempt}-m{member}" + (f"-r{moves}" if moves else "")
+
+
+def atomized_subjob_id(job_id: str, unit_start: int, number: int) -> str:
+    """The id of an atomized job's piece starting at ``unit_start``."""
+    return f"{job_id}-u{unit_start}-s{number}"
+
+
+def job_of(subjob_id: str) -> str:
+    """The job a router-made subjob id belongs to; ``""`` for an id no router made."""
+    match = _SUBJOB_ID.match(subjob_id)
+    return match.group("job") if match else ""
+
+
+# -- what an agent's report on a subjob means ---------------------------------------------
+
+
+class Report(enum.Enum):
+    IGNORE = "ignore"  # not the reporter's placement, or nothing the router records
+    APPLY = "apply"  # record the report
+    APPLY_AND_STOP = "apply-and-stop"  # record it, and stop the copy: its job moved on
+    STOP = "stop"  # a live copy the router does not count on: stop it
+    TRUE_END = "true-end"  # a copy declared lost reports how it really ended
+
+
+@dataclass(frozen=True)
+class Record:
+    """The router's record of one placement."""
+
+    agent_id: str
+    state: int
+    attempt: int
+
+
+def judge_report(
+    record: Record | None, reporter: str, attempts: int, job_ended: bool, reported: int
+) -> Report:
+    """What the router does with ``reporter``'s report that a subjob is in state
+    ``reported``, given its record of that placement (None: no job or no such subjob),
+    the job's current attempt and whether the job has ended. The router counts on a copy
+    only while its record is live, in the current attempt, of a job that has not ended;
+    any other live copy is stopped, so nothing runs twice. Only the agent a placement is
+    on may report on it (another agent cannot end, charge or stop someone's job)."""
+    live = reported in LIVE_SUBJOB_STATES
+    if record is None:
+        return Report.STOP if live else Report.IGNORE
+    if record.agent_id != reporter:
+        return Report.IGNORE
+    if record.state not in LIVE_SUBJOB_STATES:
+        if live:
+            return Report.STOP
+        return Report.TRUE_END if record.state == common_pb2.LOST else Report.IGNORE
+    moved_on = record.attempt != attempts or job_ended
+    return Report.APPLY_AND_STOP if moved_on and live else Report.APPLY

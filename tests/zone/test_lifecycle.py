@@ -13,7 +13,17 @@ from laminar_base.causes import (
     EndCause,
     is_free_retry,
 )
-from laminar_zone.lifecycle import MemberState, Outcome, judge_attempt
+from laminar_zone.lifecycle import (
+    MemberState,
+    Outcome,
+    Record,
+    Report,
+    atomized_subjob_id,
+    job_of,
+    judge_attempt,
+    judge_report,
+    rigid_subjob_id,
+)
 
 STATES = (
     common_pb2.STARTING,
@@ -136,3 +146,45 @@ def test_a_job_driven_by_random_ends_finishes_once_within_its_retries(
         assert all(m.state == common_pb2.SUCCEEDED for m in members)
     if finished is Outcome.FAILED:
         assert used == most
+
+
+def test_subjob_ids_name_their_job() -> None:
+    job = "j-0123456789"
+    for subjob_id in (
+        rigid_subjob_id(job, 1, 0),
+        rigid_subjob_id(job, 3, 2, moves=4),
+        atomized_subjob_id(job, 120, 7),
+    ):
+        assert job_of(subjob_id) == job
+    assert job_of("s-123") == "" and job_of(job) == ""
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    record=st.none()
+    | st.builds(Record, st.sampled_from(["a", "b"]), st.sampled_from(STATES), st.integers(1, 3)),
+    attempts=st.integers(1, 3),
+    ended=st.booleans(),
+    reported=st.sampled_from(STATES),
+)
+def test_a_report_never_leaves_an_uncounted_copy_running(
+    record: Record | None, attempts: int, ended: bool, reported: int
+) -> None:
+    verdict = judge_report(record, "a", attempts, ended, reported)
+    counted = (
+        record is not None
+        and record.state in LIVE_SUBJOB_STATES
+        and record.attempt == attempts
+        and not ended
+    )
+    if record is not None and record.agent_id != "a":
+        assert verdict is Report.IGNORE  # another agent's placement: hands off
+    elif reported in LIVE_SUBJOB_STATES:
+        stops = verdict in (Report.STOP, Report.APPLY_AND_STOP)
+        assert stops == (not counted)
+    else:
+        assert verdict not in (Report.STOP, Report.APPLY_AND_STOP)
+        if record is not None and record.state == common_pb2.LOST:
+            assert verdict is Report.TRUE_END
+    if record is not None and record.state not in LIVE_SUBJOB_STATES:
+        assert verdict is not Report.APPLY  # an ended record is never overwritten

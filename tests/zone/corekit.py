@@ -1,0 +1,288 @@
+"""The router's state driven with no sockets: in-process agents answer the calls a router
+makes (Probe, ProbeBatch, Commit, Release, SignalSubjob, GetSubjob) with the agent's real
+:class:`~laminar_agent.ledger.Ledger` deciding, and heartbeat the router directly.
+
+An agent here does only what the router can observe of a real one: its subjobs start on
+Commit and run until the test ends them (an exit), the router stops them (a signal), or
+its fence stops them; a silent agent answers no call; a crashed agent comes back with its
+subjobs LOST. Everything a test checks is the router's own code reacting to that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from laminar_agent.ledger import Bounced, Ledger, ProbeOrder, Slice, SliceKind
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.causes import LIVE_SUBJOB_STATES, EndCause
+from laminar_base.wire import parse_demand
+
+GPU_MEMORY_BYTES = 80 << 30
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+@dataclass
+class FakeAgent:
+    agent_id: str
+    gpus: int
+    #: Answers no call and sends no heartbeat (partitioned or frozen).
+    silent: bool = False
+    generation: int = 1
+    subjobs: dict[str, common_pb2.Subjob] = field(default_factory=dict)
+    #: Subjob id -> times it was started here (a subjob id starts at most once).
+    starts: dict[str, int] = field(default_factory=dict)
+    events: list[common_pb2.SubjobEvent] = field(default_factory=list)
+    acked: int = 0
+    want_live: bool = True
+    #: The next Commit applies on the agent but its reply never reaches the router.
+    lose_next_commit_reply: bool = False
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        self.ledger = self._new_ledger()
+
+    def _new_ledger(self) -> Ledger:
+        slices = [
+            Slice(
+                slice_id=f"gpu{i}",
+                kind=SliceKind.WHOLE_GPU,
+                gpu_index=i,
+                device_uuid=f"{self.agent_id}-gpu{i}",
+                gpu_model="H100-80GB",
+                memory_total_bytes=GPU_MEMORY_BYTES,
+            )
+            for i in range(self.gpus)
+        ]
+        return Ledger(slices, lease_prefix=f"{self.agent_id}-")
+
+    @property
+    def address(self) -> str:
+        return f"{self.agent_id}.test:1"
+
+    # ------------------------------------------------------------- what the agent does
+
+    def summary(self) -> common_pb2.AgentSummary:
+        summary = common_pb2.AgentSummary(
+            agent_id=self.agent_id,
+            address=self.address,
+            generation=self.generation,
+            total_gpus=self.gpus,
+            active_leases=self.ledger.pending_leases(),
+            running_subjobs=len(self.live()),
+        )
+        for s in self.ledger.shapes():
+            summary.shapes.add(
+                shape=s.shape,
+                free=s.free,
+                total=s.total,
+                max_free_milli=s.max_free_milli,
+                max_free_memory_bytes=s.max_free_memory_bytes,
+            )
+        return summary
+
+    def live(self) -> list[common_pb2.Subjob]:
+        return [s for s in self.subjobs.values() if s.state in LIVE_SUBJOB_STATES]
+
+    def end(self, subjob_id: str, state: int, cause: EndCause, reason: str) -> None:
+        """The subjob ends (exit, signal, fence): its capacity is free and an event waits
+        for the next heartbeat."""
+        subjob = self.subjobs[subjob_id]
+        if subjob.state not in LIVE_SUBJOB_STATES:
+            return
+        subjob.state = state  # type: ignore[assignment]
+        subjob.end_cause = cause.wire
+        subjob.reason = reason
+        subjob.ended_unix = time.time()
+        self.ledger.release(subjob.lease_id)
+        self._event(subjob)
+
+    def _event(self, subjob: common_pb2.Subjob) -> None:
+        event = common_pb2.SubjobEvent(seq=next(self._seq), at_unix=time.time())
+        event.subjob.CopyFrom(subjob)
+        self.events.append(event)
+
+    def crash_and_restart(self) -> None:
+        """The agent's host rebooted: every process is gone, leases with it; the journal
+        still holds the subjobs, which come back LOST."""
+        for subjob_id, subjob in self.subjobs.items():
+            if subjob.state in LIVE_SUBJOB_STATES:
+                self.end(subjob_id, common_pb2.LOST, EndCause.LOST, "gone after a restart")
+        self.ledger = self._new_ledger()
+        self.generation += 1
+        self.want_live = True
+        self.silent = False
+
+    def fence(self) -> None:
+        """The agent lost touch with the router for the fence lease: it stops its work."""
+        for subjob in self.live():
+            self.end(subjob.spec.subjob_id, common_pb2.KILLED, EndCause.FENCED, "fenced")
+
+    def heartbeat(self) -> zone_pb2.HeartbeatRequest:
+        request = zone_pb2.HeartbeatRequest(
+            summary=self.summary(), events=[e for e in self.events if e.seq > self.acked]
+        )
+        if self.want_live:
+            request.live_subjob_ids.extend(s.spec.subjob_id for s in self.live())
+            request.has_live_subjob_ids = True
+        return request
+
+    def heard(self, reply: zone_pb2.HeartbeatReply, sent_live: bool) -> None:
+        self.acked = max(self.acked, reply.acked_seq)
+        self.want_live = reply.want_live_subjobs or (self.want_live and not sent_live)
+
+    # ------------------------------------------------------------- the agent's RPCs
+
+    def _reachable(self) -> None:
+        if self.silent:
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.agent_id} does not answer")
+
+    async def Probe(
+        self, request: agent_pb2.ProbeRequest, timeout: float = 0
+    ) -> agent_pb2.ProbeReply:
+        (reply,) = self._settle([request])
+        return reply
+
+    async def ProbeBatch(
+        self, request: agent_pb2.ProbeBatchRequest, timeout: float = 0
+    ) -> agent_pb2.ProbeBatchReply:
+        return agent_pb2.ProbeBatchReply(replies=self._settle(list(request.probes)))
+
+    def _settle(self, requests: list[agent_pb2.ProbeRequest]) -> list[agent_pb2.ProbeReply]:
+        self._reachable()
+        now = time.monotonic()
+        self.ledger.expire(now)
+        orders = [
+            ProbeOrder(
+                probe_id=r.probe_id,
+                job_id=r.job_id,
+                member=r.member,
+                demand=parse_demand(r.resources),
+                priority=r.priority or common_pb2.BATCH,
+                value=r.value,
+                arrival_seq=i,
+                ttl_seconds=r.lease_ttl_seconds or 5.0,
+            )
+            for i, r in enumerate(requests)
+        ]
+        replies = []
+        for outcome in self.ledger.arbitrate(orders, now):
+            if isinstance(outcome, Bounced):
+                reply = agent_pb2.ProbeReply(
+                    bounce=agent_pb2.Bounce(reason=outcome.reason, retryable=outcome.retryable)
+                )
+            else:
+                lease = outcome.lease
+                reply = agent_pb2.ProbeReply(
+                    lease=agent_pb2.Lease(
+                        lease_id=lease.lease_id,
+                        agent_id=self.agent_id,
+                        slice_ids=[a.slice_id for a in lease.allocations],
+                        score=lease.score,
+                        job_id=lease.job_id,
+                        member=lease.member,
+                    )
+                )
+            reply.summary.CopyFrom(self.summary())
+            replies.append(reply)
+        return replies
+
+    async def Release(
+        self, request: agent_pb2.ReleaseRequest, timeout: float = 0
+    ) -> agent_pb2.ReleaseReply:
+        self._reachable()
+        released = 0
+        for lease_id in request.lease_ids:
+            lease = self.ledger.lease(lease_id)
+            if lease is not None and not lease.committed:
+                self.ledger.release(lease_id)
+                released += 1
+        return agent_pb2.ReleaseReply(released=released, summary=self.summary())
+
+    async def Commit(
+        self, request: agent_pb2.CommitRequest, timeout: float = 0
+    ) -> common_pb2.Subjob:
+        self._reachable()
+        spec = request.spec
+        if spec.subjob_id in self.subjobs:
+            raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, f"{spec.subjob_id} exists")
+        try:
+            lease = self.ledger.commit(request.lease_id, spec.subjob_id, time.monotonic())
+        except Exception as exc:  # the ledger refuses an unknown or lapsed lease
+            raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
+        subjob = common_pb2.Subjob(
+            agent_id=self.agent_id,
+            slice_ids=[a.slice_id for a in lease.allocations],
+            state=common_pb2.RUNNING,
+            reason="started",
+            lease_id=request.lease_id,
+            started_unix=time.time(),
+        )
+        subjob.spec.CopyFrom(spec)
+        self.subjobs[spec.subjob_id] = subjob
+        self.starts[spec.subjob_id] = self.starts.get(spec.subjob_id, 0) + 1
+        self._event(subjob)
+        if self.lose_next_commit_reply:
+            self.lose_next_commit_reply = False
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "the reply was lost")
+        return common_pb2.Subjob.FromString(subjob.SerializeToString())
+
+    async def SignalSubjob(
+        self, request: agent_pb2.SignalSubjobRequest, timeout: float = 0
+    ) -> common_pb2.Subjob:
+        subjob = self._known(request.subjob_id)
+        if request.signal == agent_pb2.TERMINATE:
+            cause = EndCause(request.end_cause) if request.end_cause else EndCause.TERMINATED
+            self.end(request.subjob_id, common_pb2.KILLED, cause, request.reason)
+        return subjob
+
+    async def GetSubjob(
+        self, request: agent_pb2.GetSubjobRequest, timeout: float = 0
+    ) -> common_pb2.Subjob:
+        return self._known(request.subjob_id)
+
+    def _known(self, subjob_id: str) -> common_pb2.Subjob:
+        self._reachable()
+        subjob = self.subjobs.get(subjob_id)
+        if subjob is None:
+            raise rpc_error(grpc.StatusCode.NOT_FOUND, f"no subjob {subjob_id}")
+        return subjob
+
+
+class FakeClients:
+    """What the router's :class:`~laminar_zone.placer.AgentClients` gives it: a stub per
+    address, here the in-process agent itself."""
+
+    def __init__(self, agents: dict[str, FakeAgent]) -> None:
+        self._by_address = {a.address: a for a in agents.values()}
+
+    def stub(self, address: str) -> FakeAgent:
+        agent = self._by_address.get(address)
+        if agent is None:
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"nothing at {address}")
+        return agent
+
+    async def close(self) -> None:
+        return None
+
+
+async def settle(tasks: Callable[[], set[asyncio.Task[Any]]]) -> list[BaseException]:
+    """Run the router's background tasks (and those they start) to completion; returns the
+    exceptions any of them raised."""
+    failures: list[BaseException] = []
+    while pending := set(tasks()):
+        for outcome in await asyncio.gather(*pending, return_exceptions=True):
+            if isinstance(outcome, BaseException) and not isinstance(
+                outcome, asyncio.CancelledError
+            ):
+                failures.append(outcome)
+    return failures

@@ -1,0 +1,326 @@
+"""The router's whole job-handling state (``ZoneState``: submit, placement, commits, the
+queue, subjob events, reconciliation, loss, retries, cancel, restart from the journal),
+driven with no sockets by random interleavings of what agents, users and time do, and
+checked against the promises the router makes:
+
+- no GPU ever holds two subjobs (whole GPUs here);
+- a subjob id starts at most once, and one job member never runs in two places once every
+  reachable agent has reported;
+- nothing runs that the router does not count on (copies of ended, retried or unknown
+  jobs are stopped once their agent reports);
+- every ended subjob the router records has a cause; retries never exceed max_retries;
+  a job succeeds only when every member of one attempt succeeded;
+- no job is lost: once agents are healthy and work ends, every submitted job ends.
+
+The agents are in-process (tests/zone/corekit.py) with the agent's real ledger deciding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+from pathlib import Path
+from typing import cast
+
+from corekit import FakeAgent, FakeClients, settle
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import (
+    ENDED_SUBJOB_STATES,
+    LIVE_SUBJOB_STATES,
+    TERMINAL_JOB_STATES,
+    EndCause,
+)
+from laminar_base.errors import FailedPrecondition
+from laminar_zone.config import PlacementSettings, ZoneConfig
+from laminar_zone.jobs import ZoneState
+from laminar_zone.metrics import ZoneMetrics
+from laminar_zone.placer import AgentClients
+from laminar_zone.store import JobStore
+
+AGENTS = 3
+GPUS_PER_AGENT = 2
+CONFIG = ZoneConfig(placement=PlacementSettings(lease_ttl_seconds=30.0))
+
+agent_st = st.integers(0, AGENTS - 1)
+op_st = st.one_of(
+    st.tuples(
+        st.just("submit"),
+        st.integers(1, 2),  # GPUs per member
+        st.integers(1, 2),  # gang size
+        st.integers(0, 2),  # max retries
+        st.sampled_from([common_pb2.PRODUCTION, common_pb2.BATCH, common_pb2.OPPORTUNISTIC]),
+    ),
+    st.tuples(st.just("cancel"), st.integers(0, 50)),
+    st.tuples(st.just("exit"), agent_st, st.integers(0, 10), st.booleans()),
+    st.tuples(st.just("heartbeat"), agent_st),
+    st.tuples(st.just("silence"), agent_st),
+    st.tuples(st.just("lost"), agent_st),
+    st.tuples(st.just("heal"), agent_st),
+    st.tuples(st.just("crash_agent"), agent_st),
+    st.tuples(st.just("lose_commit_reply"), agent_st),
+    st.tuples(st.just("queue")),
+    st.tuples(st.just("sweep")),
+    st.tuples(st.just("flush")),
+    st.tuples(st.just("restart_router")),
+)
+
+
+class Harness:
+    def __init__(self, root: Path) -> None:
+        self.db = root / "zone.db"
+        self.agents = {f"a{i}": FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(AGENTS)}
+        self.job_ids: list[str] = []
+        self.failures: list[BaseException] = []
+        self.zone = self._open()
+
+    def _open(self) -> ZoneState:
+        self.store = JobStore(self.db)
+        zone = ZoneState(
+            CONFIG,
+            self.store,
+            ZoneMetrics(),
+            rng=random.Random(7),
+            clients=cast(AgentClients, FakeClients(self.agents)),
+        )
+        zone.recover()
+        return zone
+
+    def agent(self, index: int) -> FakeAgent:
+        return self.agents[f"a{index}"]
+
+    async def settle(self) -> None:
+        self.failures += await settle(self.zone.pending_tasks)
+
+    def heartbeat(self, agent: FakeAgent) -> None:
+        if agent.silent:
+            return
+        request = agent.heartbeat()
+        agent.heard(self.zone.on_heartbeat(request), request.has_live_subjob_ids)
+
+    async def flush(self) -> None:
+        """A period passes: the router's tick (which asks again for stops it still owes),
+        then every reachable agent reports and the router acts on it, until nothing
+        changes."""
+        self.zone.sweep()
+        for _ in range(4):
+            for agent in self.agents.values():
+                self.heartbeat(agent)
+            await self.settle()
+            reachable = [a for a in self.agents.values() if not a.silent]
+            if all(a.acked >= len(a.events) and not a.want_live for a in reachable):
+                return
+
+    async def do(self, op: tuple[object, ...]) -> None:
+        kind = op[0]
+        if kind == "submit":
+            _, gpus, gang, retries, priority = op
+            spec = zone_pb2.JobSpec(
+                command=["true"],
+                resources=common_pb2.Resources(gpus=cast(int, gpus)),
+                gang_size=cast(int, gang),
+                max_retries=cast(int, retries),
+                priority=cast(common_pb2.PriorityClass, priority),
+            )
+            job = await self.zone.submit(spec, "")
+            self.job_ids.append(job.job_id)
+        elif kind == "cancel" and self.job_ids:
+            job_id = self.job_ids[cast(int, op[1]) % len(self.job_ids)]
+            try:
+                await self.zone.cancel(job_id, "test")
+            except FailedPrecondition:
+                assert self.zone.get(job_id).state in TERMINAL_JOB_STATES
+        elif kind == "exit":
+            agent = self.agent(cast(int, op[1]))
+            live = sorted(s.spec.subjob_id for s in agent.live())
+            if live:
+                ok = cast(bool, op[3])
+                subjob_id = live[cast(int, op[2]) % len(live)]
+                agent.end(
+                    subjob_id,
+                    common_pb2.SUCCEEDED if ok else common_pb2.FAILED,
+                    EndCause.EXITED,
+                    "exited 0" if ok else "exited 1",
+                )
+        elif kind == "heartbeat":
+            self.heartbeat(self.agent(cast(int, op[1])))
+        elif kind == "silence":
+            self.agent(cast(int, op[1])).silent = True
+        elif kind == "lost":
+            agent = self.agent(cast(int, op[1]))
+            record = self.zone.view.agents.get(agent.agent_id)
+            if agent.silent and record is not None:
+                # Silent past membership.lost_after_seconds: its fence stopped its work
+                # first (the fence lease is shorter), then the router declares it lost.
+                agent.fence()
+                record.last_heartbeat -= CONFIG.membership.lost_after_seconds + 1
+                self.zone.sweep()
+        elif kind == "heal":
+            agent = self.agent(cast(int, op[1]))
+            agent.silent = False
+            self.heartbeat(agent)
+        elif kind == "crash_agent":
+            agent = self.agent(cast(int, op[1]))
+            agent.crash_and_restart()
+            self.heartbeat(agent)
+        elif kind == "lose_commit_reply":
+            self.agent(cast(int, op[1])).lose_next_commit_reply = True
+        elif kind == "queue":
+            await self.zone.queue_pass()
+        elif kind == "sweep":
+            self.zone.sweep()
+        elif kind == "flush":
+            await self.flush()
+            self.check_reported()
+        elif kind == "restart_router":
+            await self.zone.close()
+            self.store.close()
+            self.zone = self._open()
+        await self.settle()
+        self.check_always()
+
+    # ------------------------------------------------------------------ invariants
+
+    def jobs(self) -> list[zone_pb2.Job]:
+        return [self.zone.get(job_id) for job_id in self.job_ids]
+
+    def check_always(self) -> None:
+        assert not self.failures, self.failures
+        for agent in self.agents.values():
+            holders: dict[str, int] = {}
+            for subjob in agent.live():
+                for slice_id in subjob.slice_ids:
+                    holders[slice_id] = holders.get(slice_id, 0) + 1
+            assert all(n <= 1 for n in holders.values()), (agent.agent_id, holders)
+            assert all(n == 1 for n in agent.starts.values())
+        for job in self.jobs():
+            assert job.retries_used <= job.spec.max_retries, job
+            for p in job.placements:
+                if p.state in ENDED_SUBJOB_STATES:
+                    assert p.end_cause != common_pb2.END_CAUSE_UNSPECIFIED, p
+            if job.state == zone_pb2.JOB_SUCCEEDED:
+                gang = max(1, job.spec.gang_size)
+                attempts = {p.attempt for p in job.placements}
+                assert any(
+                    {
+                        p.member
+                        for p in job.placements
+                        if p.attempt == a and p.state == common_pb2.SUCCEEDED
+                    }
+                    == set(range(gang))
+                    for a in attempts
+                ), job
+
+    def check_reported(self) -> None:
+        """Once every reachable agent has reported: nothing runs that the router does not
+        count on, and no member runs twice."""
+        jobs = {job.job_id: job for job in self.jobs()}
+        copies: dict[tuple[str, int], int] = {}
+        for agent in self.agents.values():
+            for subjob in agent.live():
+                job = jobs[subjob.spec.job_id]
+                member = next(
+                    p.member for p in job.placements if p.subjob_id == subjob.spec.subjob_id
+                )
+                copies[(job.job_id, member)] = copies.get((job.job_id, member), 0) + 1
+                if agent.silent:
+                    continue
+                assert job.state not in TERMINAL_JOB_STATES, (subjob.spec.subjob_id, job)
+                counted = [
+                    p
+                    for p in job.placements
+                    if p.subjob_id == subjob.spec.subjob_id
+                    and p.attempt == job.attempts
+                    and p.state in LIVE_SUBJOB_STATES
+                ]
+                assert counted, (subjob.spec.subjob_id, job)
+        assert all(n <= 1 for n in copies.values()), copies
+
+    async def finish(self) -> None:
+        """Heal everything and let all work succeed: every job must end."""
+        for agent in self.agents.values():
+            agent.silent = False
+            agent.lose_next_commit_reply = False
+        for _ in range(12):
+            await self.flush()
+            self.check_reported()
+            await self.zone.queue_pass()
+            await self.settle()
+            for agent in self.agents.values():
+                for subjob in agent.live():
+                    agent.end(subjob.spec.subjob_id, common_pb2.SUCCEEDED, EndCause.EXITED, "ok")
+            self.check_always()
+            if all(job.state in TERMINAL_JOB_STATES for job in self.jobs()):
+                break
+        stuck = [j for j in self.jobs() if j.state not in TERMINAL_JOB_STATES]
+        assert not stuck, stuck
+        assert all(not a.live() for a in self.agents.values())
+
+    async def close(self) -> None:
+        await self.zone.close()
+        self.store.close()
+
+
+async def scenario(ops: list[tuple[object, ...]]) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        harness = Harness(Path(root))
+        try:
+            await harness.flush()
+            for op in ops:
+                await harness.do(op)
+            await harness.finish()
+        finally:
+            await harness.close()
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(ops=st.lists(op_st, max_size=60))
+def test_random_interleavings_keep_the_routers_promises(ops: list[tuple[object, ...]]) -> None:
+    asyncio.run(scenario(ops))
+
+
+def test_a_lost_commit_reply_is_stopped_when_its_agent_reports() -> None:
+    """The agent started a member whose Commit reply was lost: the router rolled back and
+    retried, and the copy it gave up on is stopped at the agent's next report."""
+    ops: list[tuple[object, ...]] = [
+        ("lose_commit_reply", 0),
+        ("lose_commit_reply", 1),
+        ("lose_commit_reply", 2),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("flush",),
+    ]
+    asyncio.run(scenario(ops))
+
+
+def test_a_router_restart_recovers_running_and_queued_jobs() -> None:
+    ops: list[tuple[object, ...]] = [("submit", 2, 1, 1, common_pb2.BATCH) for _ in range(5)]
+    ops += [("restart_router",), ("flush",), ("exit", 0, 0, True), ("queue",), ("flush",)]
+    asyncio.run(scenario(ops))
+
+
+def test_a_stop_the_agent_did_not_take_is_asked_again() -> None:
+    """A cancel while the job's agent does not answer: once it answers again (without
+    ever going stale, so no reconciliation), the router's tick stops the copy."""
+    ops: list[tuple[object, ...]] = [("submit", 1, 1, 0, common_pb2.BATCH), ("flush",)]
+    ops += [("silence", i) for i in range(AGENTS)]
+    ops += [("cancel", 0)]
+    ops += [("heal", i) for i in range(AGENTS)]
+    ops += [("flush",)]
+    asyncio.run(scenario(ops))
+
+
+def test_a_copy_of_a_job_that_ended_and_was_forgotten_is_stopped() -> None:
+    """A Commit reply was lost (the router rolled back and placed the job elsewhere), then
+    the job was cancelled and dropped from memory: the forgotten copy's next report stops
+    it, from the job's record in the journal."""
+    ops: list[tuple[object, ...]] = [("silence", 0), ("lose_commit_reply", 1)]
+    ops += [("lose_commit_reply", 2), ("submit", 1, 1, 0, common_pb2.BATCH), ("cancel", 0)]
+    ops += [("heartbeat", 1), ("heartbeat", 2), ("flush",)]
+    asyncio.run(scenario(ops))
