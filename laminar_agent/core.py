@@ -508,23 +508,19 @@ class AgentCore:
     ) -> list[Instruction]:
         """A restored subjob's process still runs: hold its capacity again. Capacity that
         cannot be accounted for must not keep running (that would overcommit a slice): it
-        is stopped, and its end is recorded when the journal next sees it gone."""
+        is killed, holding nothing, and its exit ends it KILLED (terminated) as any stop."""
         live = self._require(subjob_id)
         lease_id = live.lease_id or f"adopted-{subjob_id}"
         try:
             self.ledger.adopt(lease_id, live.job_id, 0, subjob_id, allocations, lease_priority)
         except LaminarError as exc:
-            del self._live[subjob_id]
-            return [
-                WriteRow(
-                    subjob_id,
-                    {
-                        "reason": f"{TERMINATING}cannot re-adopt its capacity ({exc})",
-                        "end_cause": EndCause.TERMINATED.token,
-                    },
-                ),
-                Kill(subjob_id),
-            ]
+            instructions = self.stop(
+                subjob_id, f"cannot re-adopt its capacity ({exc})", EndCause.TERMINATED
+            )
+            if live.lease_id and self.ledger.lease(live.lease_id) is None:
+                instructions.append(DropLease(live.lease_id, live.job_id, "not re-adopted"))
+            live.lease_id = ""  # whatever holds that id now is not this subjob's
+            return [*instructions, Kill(subjob_id)]
         live.lease_id = lease_id
         return []
 

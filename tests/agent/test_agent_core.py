@@ -668,6 +668,26 @@ def test_capacity_that_cannot_be_readopted_is_killed_not_held() -> None:
         core.restore(RestoredSubjob(sid, "j", RUNNING, "", f"l-{sid}", ("gpu0",), 3, 2, 1.0))
     assert core.adopt("s1", [Allocation("gpu0", 1000, 80 * GIB)], 3) == []
     refused = core.adopt("s2", [Allocation("gpu0", 1000, 80 * GIB)], 3)
+    assert DropLease("l-s2", "j", "not re-adopted") in refused
     assert refused[-1] == Kill("s2")
-    assert core.live_states == {"s1": RUNNING}
+    assert core.stopping == {"s2"}
     core.ledger.check_invariant()
+    # Its exit ends it as a stop, and gives back nothing it does not hold.
+    ended = core.end("s2", core.decide_exit("s2", Exit(exit_code=None, signal=9)), 2.0)
+    last = ended[-1]
+    assert isinstance(last, Ended) and (last.state, last.cause) == (KILLED, EndCause.TERMINATED)
+    assert last.reason.startswith("cannot re-adopt its capacity (")
+    assert not any(isinstance(i, DropLease) for i in ended)
+    assert core.live_states == {"s1": RUNNING}
+    assert core.ledger.lease("l-s1") is not None
+
+
+def test_a_readopted_lease_id_held_by_another_is_not_released_by_the_refused_one() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    for sid in ("s1", "s2"):
+        core.restore(RestoredSubjob(sid, "j", RUNNING, "", "same", ("gpu1",), 3, 2, 1.0))
+    assert core.adopt("s1", [Allocation("gpu1", 300, GIB)], 3) == []
+    refused = core.adopt("s2", [Allocation("gpu1", 300, GIB)], 3)
+    assert not any(isinstance(i, DropLease) for i in refused)
+    core.end("s2", core.decide_exit("s2", Exit(exit_code=0, signal=None)), 2.0)
+    assert core.ledger.usage("gpu1") == (300, 0, GIB, 0)
