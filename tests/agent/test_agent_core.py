@@ -9,9 +9,9 @@ its own instructions journaled), and checks after every step that:
 * no subjob is committed or started twice;
 * every ended subjob has exactly one end, recorded with one EndCause, and its end event is
   its last: nothing leaves an ended state;
-* every lease is settled at most once: committed (and released with its subjob's end),
-  released by its prober, expired, or (uncommitted) forgotten by an agent restart; the
-  journaled leases are the ledger's;
+* every lease is settled exactly once when it leaves the ledger, and not before:
+  committed (then released with its subjob's end), released by its prober, expired, or
+  (uncommitted) forgotten by an agent restart; the journaled leases are the ledger's;
 * the core's live subjobs are exactly the journal's live rows, in the same states.
 
 Unit tests below pin the refusals of illegal transitions one by one.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -35,6 +35,7 @@ from laminar_agent.core import (
     KILLED,
     LIVE_STATES,
     LOST,
+    PREEMPT_MARGIN_SECONDS,
     RUNNING,
     STARTING,
     SUCCEEDED,
@@ -96,6 +97,15 @@ probes = st.tuples(
     st.sampled_from(["", "", "gpu1"]),  # slice asked for
     st.sampled_from(["", "A"]),  # caller
 )
+#: Probes of the two most important classes, which lower-priority holders must make room for.
+preempting_probes = st.tuples(
+    demands,
+    st.integers(1, 2),
+    st.floats(0.0, 10.0),
+    st.floats(0.5, 5.0),
+    st.sampled_from(["", "gpu0", "gpu1"]),
+    st.sampled_from(["", "A"]),
+)
 causes = st.sampled_from(
     [EndCause.UNSPECIFIED, EndCause.TERMINATED, EndCause.CANCELLED, EndCause.READDRESSED]
 )
@@ -131,7 +141,9 @@ class Journal:
         self.ends: dict[str, list[EndCause]] = {}
         self.killed: list[str] = []
         self.reclaims: list[RecordReclaim] = []
-        #: Lease id -> how it was settled (committed, released, expired, ended).
+        #: Every lease ever journaled, and how each was settled (committed, released,
+        #: expired, forgotten at a restart; a committed one ended with its subjob).
+        self.granted: set[str] = set()
         self.settled: dict[str, list[str]] = {}
 
     def apply(self, instructions: Iterable[Instruction]) -> None:
@@ -154,8 +166,8 @@ class Journal:
             elif isinstance(ins, RecordEvent):
                 self.events.append((ins.subjob_id, ins.state))
             elif isinstance(ins, KeepLease):
-                committed = bool(ins.subjob_id)
-                if committed:
+                self.granted.add(ins.lease.lease_id)
+                if ins.subjob_id:
                     self.settled.setdefault(ins.lease.lease_id, []).append("committed")
                 self.leases[ins.lease.lease_id] = (
                     ins.subjob_id,
@@ -196,8 +208,10 @@ class CoreMachine(RuleBasedStateMachine):
         return EPOCH_UNIX + self.now
 
     def _known(self, data: st.DataObject) -> str:
-        """A subjob id the journal knows (live or ended), or one nobody knows."""
-        return data.draw(st.sampled_from([*sorted(self.journal.rows), "nobody"]))
+        """Mostly a live subjob; else one the journal knows (ended too), or one nobody knows."""
+        live = sorted(self.core.live_states)
+        anyone = st.sampled_from([*sorted(self.journal.rows), "nobody"])
+        return data.draw(st.one_of(st.sampled_from(live), anyone) if live else anyone)
 
     def _order(
         self, spec: tuple[Demand, int, float, float, str, str], owner: str = ""
@@ -249,6 +263,32 @@ class CoreMachine(RuleBasedStateMachine):
         assert count == len(pending)
         assert all(self.core.ledger.lease(lid) is None for lid in pending)
 
+    @rule(spec=probes, launch=st.booleans())
+    def probe_and_commit(
+        self, spec: tuple[Demand, int, float, float, str, str], launch: bool
+    ) -> None:
+        """The common path (commit-if-fits): a probe, its commit, and mostly its launch."""
+        (result,) = self._arbitrate([self._order(spec)])
+        if isinstance(result, Bounced):
+            return
+        subjob_id = f"s{next(self.ids)}"
+        self.journal.apply(
+            self.core.commit(
+                result.lease.lease_id,
+                subjob_id,
+                "",
+                caller=result.lease.caller,
+                priority=0,
+                lifecycle=2,
+                now=self.now,
+                now_unix=self.now_unix,
+            )
+        )
+        if launch:
+            self.journal.apply(self.core.launched(subjob_id, 100, self.now_unix))
+            self.launches[subjob_id] += 1
+            event("subjob launched")
+
     @rule(data=st.data(), caller=st.sampled_from(["", "A"]), reuse=st.booleans())
     def commit(self, data: st.DataObject, caller: str, reuse: bool) -> None:
         lease_id = data.draw(st.sampled_from([*sorted(self.journal.leases), "nope"]))
@@ -293,6 +333,7 @@ class CoreMachine(RuleBasedStateMachine):
             return
         assert before == STARTING
         self.launches[subjob_id] += 1
+        event("subjob launched")
         self.journal.apply(instructions)
         assert self.core.live_states[subjob_id] == RUNNING
 
@@ -322,6 +363,7 @@ class CoreMachine(RuleBasedStateMachine):
         assert live is not None
         self.journal.apply(self.core.end(subjob_id, decision, self.now_unix))
         row = self.journal.rows[subjob_id]
+        event(f"exit ended {row['state']} ({row['end_cause']})")
         if info.fenced:
             assert (row["state"], row["end_cause"]) == (KILLED, "fenced")
         elif stop is not EndCause.UNSPECIFIED:
@@ -370,7 +412,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     # -- priority preemption
 
-    @rule(spec=probes, dry_run=st.booleans())
+    @rule(spec=preempting_probes, dry_run=st.booleans())
     def preempting_probe(
         self, spec: tuple[Demand, int, float, float, str, str], dry_run: bool
     ) -> None:
@@ -386,6 +428,7 @@ class CoreMachine(RuleBasedStateMachine):
             assert not choice.victims
             return
         assert choice.victims and set(choice.reasons) == set(choice.victims)
+        event("preemption reclaimed victims")
         for victim in choice.victims:
             live = self.core.subjob(victim)
             assert live is not None and not live.is_stopping
@@ -429,6 +472,7 @@ class CoreMachine(RuleBasedStateMachine):
                 )
             )
             fate = data.draw(st.sampled_from(["adopt", "exited", "lost"]), label=subjob_id)
+            event(f"restart: {fate}")
             if fate == "adopt":
                 _, allocations, lease_priority = self.journal.leases[str(row["lease_id"])]
                 refused = self.core.adopt(subjob_id, allocations, lease_priority)
@@ -489,7 +533,17 @@ class CoreMachine(RuleBasedStateMachine):
                 )
         # The journal's leases are the ledger's (rows of restored subjobs not yet adopted
         # never linger: every restore is settled within the restart step).
-        assert set(self.journal.leases) == {lease.lease_id for lease in self.core.ledger.leases()}
+        held = {lease.lease_id: lease for lease in self.core.ledger.leases()}
+        assert set(self.journal.leases) == set(held)
+        # Exactly once: a lease gone from the ledger was settled, one still pending was not.
+        for lease_id in self.journal.granted:
+            outcomes = self.journal.settled.get(lease_id, [])
+            if lease_id not in held:
+                assert outcomes and outcomes[-1] != "committed", (lease_id, outcomes)
+            elif held[lease_id].committed:
+                assert outcomes == ["committed"], (lease_id, outcomes)
+            else:
+                assert outcomes == [], (lease_id, outcomes)
 
     @invariant()
     def core_agrees_with_the_journal(self) -> None:
@@ -507,8 +561,8 @@ class CoreMachine(RuleBasedStateMachine):
 
 
 CoreMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=40,
+    max_examples=300,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -615,9 +669,9 @@ def test_a_starting_subjob_cannot_be_suspended() -> None:
 def test_a_stopping_subjob_refuses_suspend_and_resume_and_ends_killed_with_the_stop_cause() -> None:
     core, _ = started_core()
     core.stop("s1", "make room", EndCause.PREEMPTED)
-    for event in (core.suspend, core.resume):
+    for signal in (core.suspend, core.resume):
         with pytest.raises(TransitionRefused, match="being stopped"):
-            event("s1", "why", EPOCH_UNIX)
+            signal("s1", "why", EPOCH_UNIX)
     decision = core.decide_exit("s1", Exit(exit_code=0, signal=None))
     assert decision == EndDecision(KILLED, EndCause.PREEMPTED, "make room; exited 0")
 
@@ -691,3 +745,69 @@ def test_a_readopted_lease_id_held_by_another_is_not_released_by_the_refused_one
     assert not any(isinstance(i, DropLease) for i in refused)
     core.end("s2", core.decide_exit("s2", Exit(exit_code=0, signal=None)), 2.0)
     assert core.ledger.usage("gpu1") == (300, 0, GIB, 0)
+
+
+# -- preemption choice ----------------------------------------------------------------------------
+
+
+def two_low_priority_holders() -> AgentCore:
+    """gpu0 and gpu1 each held by a running opportunistic subjob (s0, s1)."""
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    for i, slice_id in enumerate(["gpu0", "gpu1"]):
+        order = ProbeOrder(f"p{i}", "low", 0, Demand(gpus=1), 4, 1.0, i, 5.0, slice_id)
+        (granted,), _ = core.arbitrate([order], 0.0, EPOCH_UNIX)
+        assert isinstance(granted, Granted)
+        commit(core, granted.lease.lease_id, f"s{i}")
+        core.launched(f"s{i}", 42 + i, EPOCH_UNIX)
+    return core
+
+
+def bounced_probe(core: AgentCore, priority: int) -> tuple[ProbeOrder, Bounced]:
+    """A one-GPU probe of class ``priority`` that finds no free GPU."""
+    order = ProbeOrder("hi", "high", 0, Demand(gpus=1), priority, 1.0, 9, 5.0)
+    (bounce,), _ = core.arbitrate([order], 0.0, EPOCH_UNIX)
+    assert isinstance(bounce, Bounced) and bounce.retryable
+    return order, bounce
+
+
+def test_a_preemption_takes_the_cheapest_lower_priority_holder_and_says_why() -> None:
+    core = two_low_priority_holders()
+    order, bounce = bounced_probe(core, 1)
+    choice = core.choose_preemption(order, bounce, EPOCH_UNIX + 100, dry_run=False, grace_seconds=5)
+    assert choice.bounce is None
+    assert (choice.victims, choice.slice_ids) == (("s0",), ("gpu0",))  # WHOLE_GPU first
+    assert choice.reasons["s0"].startswith("preempted: by job high (critical) needing gpu0")
+    (action,) = choice.actions
+    assert (action.subjob_id, action.cause, action.dry_run) == ("s0", EndCause.PREEMPTED, False)
+    assert action.work_lost_gpu_seconds == 100.0  # one GPU for 100 s
+    assert choice.budget_seconds == 5 + PREEMPT_MARGIN_SECONDS
+    # The room is reserved for the preempting probe: another probe does not get it.
+    core.reserve("owner", choice, 0.0)
+    core.end("s0", core.decide_exit("s0", Exit(exit_code=None, signal=15)), EPOCH_UNIX)
+    other = ProbeOrder("other", "j", 0, Demand(gpus=1), 1, 9.0, 10, 5.0)
+    mine = replace(order, arrival_seq=11, owner="owner")
+    (lost, won), _ = core.arbitrate([other, mine], 1.0, EPOCH_UNIX)
+    assert isinstance(lost, Bounced) and isinstance(won, Granted)
+
+
+def test_a_dry_run_preemption_records_its_choice_and_bounces() -> None:
+    core = two_low_priority_holders()
+    order, bounce = bounced_probe(core, 1)
+    choice = core.choose_preemption(order, bounce, EPOCH_UNIX, dry_run=True, grace_seconds=5)
+    assert choice.victims == ()
+    assert choice.bounce is not None and "airlock dry-run: would preempt s0" in choice.bounce.reason
+    assert [a.dry_run for a in choice.actions] == [True]
+    assert core.live_states == {"s0": RUNNING, "s1": RUNNING}
+
+
+def test_no_victim_among_equal_or_higher_classes_or_holders_being_stopped() -> None:
+    core = two_low_priority_holders()
+    order, bounce = bounced_probe(core, 4)
+    choice = core.choose_preemption(order, bounce, EPOCH_UNIX, dry_run=False, grace_seconds=5)
+    assert choice.victims == () and choice.bounce is not None
+    assert "no lower-priority work to reclaim" in choice.bounce.reason
+    core.stop("s0", "drain", EndCause.TERMINATED)
+    core.stop("s1", "drain", EndCause.TERMINATED)
+    urgent = replace(order, priority=1)
+    choice = core.choose_preemption(urgent, bounce, EPOCH_UNIX, dry_run=False, grace_seconds=5)
+    assert choice.victims == () and choice.bounce is not None
