@@ -28,7 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.core import (
@@ -204,6 +204,8 @@ class Node:
                 self.executor.kill(ins.subjob_id)
             elif isinstance(ins, RecordReclaim):
                 self._record_reclaim(ins)
+            else:
+                assert_never(ins)
         if woken:
             for waiter in list(self._event_waiters):
                 waiter.set()
