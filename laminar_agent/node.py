@@ -1,15 +1,18 @@
-"""The agent's authority over its host: ledger + arbitration batches + executor + journal.
+"""The agent's authority over its host: drives the decision core with probes, the executor
+and the journal.
 
-Probes arriving within one short batch window (``batch_seconds``, about 1 ms)
-are settled together by :meth:`Ledger.arbitrate` in a deterministic order
-(priority class, then value, then arrival). Committing a lease launches the
-subjob; its exit frees the capacity and is journaled as an event with a seq
-number that the zone router acknowledges.
+Every decision is :class:`laminar_agent.core.AgentCore`'s (lifecycle, arbitration, leases,
+preemption); this module checks requests, times the batch window, awaits, launches and
+signals processes, writes what the core says to the journal and builds the API's messages.
 
-A probe with ``allow_preemption`` that bounces asks the Airlock ladder
-(:mod:`laminar_agent.preemption`) for strictly lower-priority victims on slices
-that would then fit. The victims are reclaimed (SIGTERM, grace, SIGKILL) while
-those slices are reserved for the probe; the lease is granted only once their
+Probes arriving within one short batch window (``batch_seconds``, about 1 ms) are settled
+together by the core in a deterministic order (priority class, then value, then arrival).
+Committing a lease launches the subjob; its exit frees the capacity and is journaled as an
+event with a seq number that the zone router acknowledges.
+
+A probe with ``allow_preemption`` that bounces asks the core for strictly lower-priority
+victims on slices that would then fit. The victims are reclaimed (SIGTERM, grace, SIGKILL)
+while those slices are reserved for the probe; the lease is granted only once their
 capacity is released in the ledger. Preemptions run one at a time.
 """
 
@@ -17,19 +20,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
-from airlock.policy import PRIORITY_NAMES
 from laminar_agent.cgroups import SubjobCgroups
+from laminar_agent.core import (
+    LIVE_STATES,
+    SUCCEEDED,
+    TERMINAL_STATES,
+    AgentCore,
+    DropLease,
+    Ended,
+    Instruction,
+    KeepLease,
+    Kill,
+    NewRow,
+    RecordEvent,
+    RecordReclaim,
+    RestoredSubjob,
+    TransitionRefused,
+    WriteRow,
+)
 from laminar_agent.executor import (
     Executor,
     ExitInfo,
@@ -53,32 +71,21 @@ from laminar_agent.ledger import (
     slices_from_gpus,
 )
 from laminar_agent.metrics import AgentMetrics
-from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
 from laminar_agent.shim import FENCE_FILE
 from laminar_api.v1 import agent_pb2, common_pb2
-from laminar_base.causes import ENDED_SUBJOB_STATE_NAMES, EndCause, cause_from_token
-from laminar_base.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
+from laminar_base.causes import EndCause, cause_from_token
+from laminar_base.errors import InvalidArgument, LaminarError, NotFound
 from laminar_base.grpcutil import check_count, check_number, check_str
 from laminar_base.wire import check_spec, parse_demand
 
 log = logging.getLogger("laminar.agent.node")
-#: Reason prefix, for people, of a subjob its shim stopped because the agent's fence
-#: expired; its cause is ``EndCause.FENCED``.
-FENCED = "fenced:"
 
-#: Journal state names a subjob never leaves.
-TERMINAL_STATES = ENDED_SUBJOB_STATE_NAMES
 DEFAULT_LEASE_TTL_SECONDS = 0.2
 MAX_LEASE_TTL_SECONDS = 60.0
 #: Most lease ids one Release may name.
 MAX_RELEASE_IDS = 4096
 #: Largest integer SQLite (and a file offset) holds; uint64 fields above it are refused.
 MAX_SQLITE_INT = 2**63 - 1
-#: Journal reason prefix, for people, of a subjob the agent is stopping; whether it is being
-#: stopped (and why) is its journaled end cause, set as the stop begins.
-TERMINATING = "terminating: "
-#: How long a preemption waits for its victims beyond their grace period.
-PREEMPT_MARGIN_SECONDS = 10.0
 
 
 def validate_spec(spec: common_pb2.SubjobSpec) -> None:
@@ -122,11 +129,12 @@ class Node:
         restarts = int(self.journal.get_meta("restarts") or "0") + 1
         self.journal.set_meta("restarts", str(restarts))
         self.slices = slices_from_gpus(backend.gpus())
+        self._devices = {s.slice_id: s.device_uuid for s in self.slices}
         #: Device UUID -> slice name, for what Airlock shows (it reads memory per device).
         self._slice_names = {s.device_uuid: s.slice_id for s in self.slices}
         for gpu in backend.gpus():
             self._slice_names.setdefault(gpu.uuid, f"gpu{gpu.index}")
-        self.ledger = Ledger(self.slices, lease_prefix=f"{agent_id}-r{restarts}-")
+        self.core = AgentCore(Ledger(self.slices, lease_prefix=f"{agent_id}-r{restarts}-"))
         identities = TenantIdentities(run_as, users=tenant_users, pool=uid_pool, store=self.journal)
         self.executor = Executor(
             state_dir,
@@ -135,66 +143,168 @@ class Node:
             cgroups=cgroups,
             fence_file=state_dir / FENCE_FILE,
         )
-        self._arrivals = itertools.count()
         self._pending: list[tuple[ProbeOrder, asyncio.Future[Granted | Bounced]]] = []
         self._batch_task: asyncio.Task[None] | None = None
         self._event_waiters: set[asyncio.Event] = set()
         self.pending_probes = 0
         self.is_draining = False
-        #: Live (non-terminal) subjob states, kept in memory so summaries stay off the journal.
-        self.live_states: dict[str, str] = {}
-        #: Live subjobs' peak GPU memory as Airlock's poll saw it (journaled at exit).
-        self._peak_gpu: dict[str, int] = {}
-        #: Live subjobs the agent is stopping (TERMINATE sent): never chosen as victims again.
-        self.terminating: set[str] = set()
         self.preempt_grace_seconds = preempt_grace_seconds
         self.airlock_dry_run = airlock_dry_run
         self.metrics = metrics
         self._preempt_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
 
+    @property
+    def ledger(self) -> Ledger:
+        return self.core.ledger
+
+    @property
+    def live_states(self) -> dict[str, str]:
+        """Live (non-terminal) subjob states, kept in memory so summaries stay off the journal."""
+        return self.core.live_states
+
+    @property
+    def terminating(self) -> frozenset[str]:
+        """Live subjobs the agent is stopping (TERMINATE sent): never chosen as victims again."""
+        return self.core.stopping
+
+    # -- carrying out the core's instructions -----------------------------------------------
+
+    def _apply(
+        self, instructions: Iterable[Instruction], spec: common_pb2.SubjobSpec | None = None
+    ) -> None:
+        """Do what the core decided, in order; ``spec`` is the new subjob's, for a NewRow."""
+        woken = False
+        for ins in instructions:
+            if isinstance(ins, WriteRow):
+                self.journal.update_subjob(ins.subjob_id, **ins.fields)
+            elif isinstance(ins, RecordEvent):
+                self.journal.append_event(ins.subjob_id, ins.state, ins.reason, ins.at_unix)
+                woken = True
+            elif isinstance(ins, KeepLease):
+                self._journal_lease(ins.lease, ins.subjob_id, ins.at_unix)
+            elif isinstance(ins, DropLease):
+                self.journal.delete_lease(ins.lease_id)
+                log.debug("lease %s for job %s %s", ins.lease_id, ins.job_id, ins.why)
+            elif isinstance(ins, NewRow):
+                assert spec is not None, "a new row needs its spec"
+                self.journal.put_subjob(self._new_row(ins, spec))
+            elif isinstance(ins, Ended):
+                if isinstance(self.backend, FakeGpuBackend):
+                    self.backend.detach_subjob(ins.subjob_id)
+                log.info(
+                    "subjob %s %s (%s): %s",
+                    ins.subjob_id,
+                    ins.state.lower(),
+                    ins.cause.token,
+                    ins.reason,
+                )
+            elif isinstance(ins, Kill):
+                log.error("stopping subjob %s: its capacity cannot be re-adopted", ins.subjob_id)
+                self.executor.kill(ins.subjob_id)
+            elif isinstance(ins, RecordReclaim):
+                self._record_reclaim(ins)
+            else:
+                assert_never(ins)
+        if woken:
+            for waiter in list(self._event_waiters):
+                waiter.set()
+
+    def _new_row(self, ins: NewRow, spec: common_pb2.SubjobSpec) -> SubjobRow:
+        slice_ids = [a.slice_id for a in ins.lease.allocations]
+        return SubjobRow(
+            subjob_id=ins.subjob_id,
+            job_id=ins.job_id,
+            spec_blob=spec.SerializeToString(),
+            state=ins.state,
+            reason=ins.reason,
+            slice_ids_json=json.dumps(slice_ids),
+            device_uuids_json=json.dumps([self._devices[s] for s in slice_ids]),
+            created_unix=ins.created_unix,
+            exit_code=0,
+            signal=0,
+            lease_id=ins.lease.lease_id,
+        )
+
+    def _journal_lease(self, lease: LeaseRecord, subjob_id: str, at_unix: float) -> None:
+        self.journal.put_lease(
+            lease.lease_id,
+            lease.job_id,
+            lease.member,
+            json.dumps([a.__dict__ for a in lease.allocations]),
+            lease.score,
+            lease.priority,
+            bool(subjob_id),
+            subjob_id,
+            at_unix,
+        )
+
+    def _record_reclaim(self, ins: RecordReclaim) -> None:
+        self.journal.append_action(
+            "reclaim",
+            ins.subjob_id,
+            ins.slice_id,
+            ins.reason,
+            ins.bytes_freed,
+            ins.dry_run,
+            end_cause=ins.cause.token,
+        )
+        log.info(
+            "airlock %sreclaim subjob %s on %s: %s",
+            "(dry-run) " if ins.dry_run else "",
+            ins.subjob_id,
+            ins.slice_id,
+            ins.reason,
+        )
+        if self.metrics is not None:
+            self.metrics.record_airlock_action(
+                "reclaim",
+                "preempted",
+                resource="ledger",
+                bytes_freed=ins.bytes_freed,
+                work_lost_gpu_seconds=ins.work_lost_gpu_seconds,
+                dry_run=ins.dry_run,
+            )
+
     # -- recovery -------------------------------------------------------------------------
 
     def recover(self) -> tuple[int, int]:
         """Re-adopt subjobs still running after an agent restart; mark the rest with a reason."""
         adopted = lost = 0
-        for row in self.journal.subjobs(states=["STARTING", "RUNNING", "SUSPENDED"]):
-            allocations = [Allocation(**a) for a in json.loads(row.allocations_json or "[]")]
+        for row in self.journal.subjobs(states=list(LIVE_STATES)):
+            spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
+            self.core.restore(
+                RestoredSubjob(
+                    subjob_id=row.subjob_id,
+                    job_id=row.job_id,
+                    state=row.state,
+                    reason=row.reason,
+                    lease_id=row.lease_id,
+                    slice_ids=tuple(json.loads(row.slice_ids_json)),
+                    priority=int(spec.priority) or row.priority or common_pb2.BATCH,
+                    lifecycle=int(spec.lifecycle) or common_pb2.LONG,
+                    started_unix=row.started_unix,
+                    end_cause=row.end_cause,
+                    peak_gpu_memory_bytes=row.peak_gpu_memory_bytes,
+                )
+            )
             if row.pid and self.executor.adopt(row.subjob_id, row.pid, row.started_unix):
-                try:
-                    self.ledger.adopt(
-                        row.lease_id or f"adopted-{row.subjob_id}",
-                        row.job_id,
-                        0,
-                        row.subjob_id,
-                        allocations,
-                        row.priority or common_pb2.BATCH,
-                    )
-                except LaminarError as exc:
-                    # Capacity we cannot account for must not keep running: that would
-                    # overcommit the slice. Stop it and say why.
-                    log.error("cannot re-adopt subjob %s: %s; stopping it", row.subjob_id, exc)
-                    self.journal.update_subjob(
-                        row.subjob_id,
-                        reason=f"{TERMINATING}cannot re-adopt its capacity ({exc})",
-                        end_cause=EndCause.TERMINATED.token,
-                    )
-                    self.executor.kill(row.subjob_id)
+                allocations = [Allocation(**a) for a in json.loads(row.allocations_json or "[]")]
+                refused = self.core.adopt(
+                    row.subjob_id, allocations, row.priority or common_pb2.BATCH
+                )
+                self._apply(refused)  # its capacity cannot be held: it is stopped
+                if refused:
                     lost += 1
-                    continue
-                adopted += 1
-                log.info("re-adopted subjob %s (pid %d)", row.subjob_id, row.pid)
+                else:
+                    adopted += 1
+                    log.info("re-adopted subjob %s (pid %d)", row.subjob_id, row.pid)
                 continue
             info = self.executor.read_exit(row.subjob_id)
             if info is not None:
-                self._record_exit(row, info, "ended while the agent was down")
+                self._record_exit(row.subjob_id, info, "ended while the agent was down")
             else:
-                self._set_state(
-                    row.subjob_id,
-                    "LOST",
-                    "process gone after agent restart; no exit record",
-                    EndCause.LOST,
-                )
+                self._apply(self.core.lose(row.subjob_id, time.time()))
             lost += 1
         return adopted, lost
 
@@ -238,7 +348,7 @@ class Node:
             demand=demand,
             priority=request.priority or common_pb2.BATCH,
             value=request.value,
-            arrival_seq=next(self._arrivals),
+            arrival_seq=self.core.next_arrival(),
             ttl_seconds=ttl or self.lease_ttl_seconds,
             slice_id=request.slice_id,
             caller=caller,
@@ -246,7 +356,7 @@ class Node:
         result = await self._settle(order)
         preempted: list[str] = []
         if isinstance(result, Bounced) and request.allow_preemption and result.retryable:
-            result, preempted = await self._preempt(order, result)
+            result, preempted = await self._preempt(order)
         if isinstance(result, Bounced):
             log.debug(
                 "probe %s for job %s bounced: %s", request.probe_id, request.job_id, result.reason
@@ -257,7 +367,6 @@ class Node:
                 preempted_subjob_ids=preempted,
             )
         lease = result.lease
-        self._journal_lease(lease, "")
         reply = agent_pb2.ProbeReply(
             lease=self._lease_message(lease),
             summary=self.summary(),
@@ -272,158 +381,49 @@ class Node:
             reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec, caller))
         return reply
 
-    # -- priority preemption ---------------------------------------------------------------
-
-    def _holders(self) -> dict[str, HolderFacts]:
-        """Facts about every live subjob, for the preemption plan (read from the journal)."""
-        facts: dict[str, HolderFacts] = {}
-        for subjob_id in sorted(self.live_states):
-            row = self.journal.get_subjob(subjob_id)
-            if row is None:
-                continue
-            spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
-            facts[subjob_id] = HolderFacts(
-                job_id=row.job_id,
-                priority=int(spec.priority) or row.priority or common_pb2.BATCH,
-                lifecycle=int(spec.lifecycle) or common_pb2.LONG,
-                started_at=row.started_unix,
-                is_terminating=subjob_id in self.terminating,
-            )
-        return facts
-
-    async def _preempt(
-        self, order: ProbeOrder, bounce: Bounced
-    ) -> tuple[Granted | Bounced, list[str]]:
-        """Make room for ``order`` by reclaiming strictly lower-priority subjobs, then settle it.
+    async def _preempt(self, order: ProbeOrder) -> tuple[Granted | Bounced, list[str]]:
+        """Make room for ``order`` by reclaiming the holders the core chooses, then settle it.
 
         Returns the outcome and the victims' ids (empty when none were reclaimed).
         """
         async with self._preempt_lock:
             # Room may have appeared while an earlier preemption ran.
-            again = await self._settle(replace(order, arrival_seq=next(self._arrivals)))
+            again = await self._settle(replace(order, arrival_seq=self.core.next_arrival()))
             if isinstance(again, Granted):
                 return again, []
-            now = time.time()
-            plan = plan_preemption(
-                self.ledger,
-                order.demand,
-                order.priority,
-                self._holders(),
-                now,
-                slice_id=order.slice_id,
+            choice = self.core.choose_preemption(
+                order,
+                again,
+                time.time(),
+                dry_run=self.airlock_dry_run,
+                grace_seconds=self.preempt_grace_seconds,
             )
-            cls = PRIORITY_NAMES.get(order.priority, str(order.priority))
-            if plan is None or not plan.victims:
-                why = (
-                    "no lower-priority work to reclaim would make it fit"
-                    if plan is None
-                    else "room is free but could not be leased"
-                )
-                return (
-                    Bounced(order.probe_id, f"{again.reason}; preemption for {cls}: {why}", True),
-                    [],
-                )
-            victims = plan.victims
-            self._journal_preemption(order, plan, cls, now)
-            if self.airlock_dry_run:
-                return (
-                    Bounced(
-                        order.probe_id,
-                        f"{again.reason}; airlock dry-run: would preempt {', '.join(victims)}",
-                        True,
-                    ),
-                    [],
-                )
+            self._apply(choice.actions)
+            if choice.bounce is not None:
+                return choice.bounce, []
+            victims = list(choice.victims)
             owner = f"preempt-{uuid.uuid4().hex[:12]}"
-            budget = self.preempt_grace_seconds + PREEMPT_MARGIN_SECONDS
-            self.ledger.reserve(owner, plan.slice_ids, time.monotonic() + budget)
+            self.core.reserve(owner, choice, time.monotonic())
             try:
-                reasons = self._preemption_reasons(order, plan, cls)
                 for victim in victims:
-                    self._spawn(self._reclaim(victim, reasons[victim]), f"preempt-{victim}")
-                released = await self._wait_ended(victims, budget)
-                if not released:
-                    return (
-                        Bounced(
-                            order.probe_id,
-                            f"preempted {', '.join(victims)} but their capacity was not released "
-                            f"within {budget:.0f} s",
-                            True,
-                        ),
-                        victims,
-                    )
+                    self._spawn(self._reclaim(victim, choice.reasons[victim]), f"preempt-{victim}")
+                if not await self._wait_ended(victims, choice.budget_seconds):
+                    return self.core.preemption_timed_out(order, choice), victims
                 result = await self._settle(
-                    replace(order, arrival_seq=next(self._arrivals), owner=owner)
+                    replace(order, arrival_seq=self.core.next_arrival(), owner=owner)
                 )
             finally:
-                self.ledger.unreserve(owner)
+                self.core.unreserve(owner)
             log.info(
                 "probe %s of job %s (%s): preempted %s on %s -> %s",
                 order.probe_id,
                 order.job_id,
-                cls,
+                choice.priority_name,
                 victims,
-                plan.slice_ids,
+                list(choice.slice_ids),
                 "lease" if isinstance(result, Granted) else f"bounce ({result.reason})",
             )
             return result, victims
-
-    def _preemption_reasons(
-        self, order: ProbeOrder, plan: PreemptionPlan, cls: str
-    ) -> dict[str, str]:
-        reasons: dict[str, str] = {}
-        for room in plan.rooms:
-            need = f"{room.needed_bytes / 1024**3:.1f} GiB"
-            if room.needed_milli and room.needed_milli < room.slice.capacity_milli:
-                need += f", {room.needed_milli} milli"
-            for action in room.actions:
-                reasons.setdefault(
-                    action.subjob_id,
-                    f"preempted: by job {order.job_id} ({cls}) needing {room.slice.slice_id} "
-                    f"({need}): {action.reason}",
-                )
-        return reasons
-
-    def _journal_preemption(
-        self, order: ProbeOrder, plan: PreemptionPlan, cls: str, now: float
-    ) -> None:
-        reasons = self._preemption_reasons(order, plan, cls)
-        done: set[str] = set()
-        for room in plan.rooms:
-            for action in room.actions:
-                if action.subjob_id in done:
-                    continue
-                done.add(action.subjob_id)
-                reason = reasons[action.subjob_id]
-                self.journal.append_action(
-                    "reclaim",
-                    action.subjob_id,
-                    room.slice.slice_id,
-                    reason,
-                    max(0, action.expected_bytes_freed),
-                    self.airlock_dry_run,
-                    end_cause=EndCause.PREEMPTED.token,
-                )
-                log.info(
-                    "airlock %sreclaim subjob %s on %s: %s",
-                    "(dry-run) " if self.airlock_dry_run else "",
-                    action.subjob_id,
-                    room.slice.slice_id,
-                    reason,
-                )
-                if self.metrics is not None:
-                    row = self.journal.get_subjob(action.subjob_id)
-                    gpus = len(json.loads(row.slice_ids_json)) if row is not None else 1
-                    started = row.started_unix if row is not None else 0.0
-                    lost = max(0.0, now - started) * max(1, gpus) if started else 0.0
-                    self.metrics.record_airlock_action(
-                        "reclaim",
-                        "preempted",
-                        resource="ledger",
-                        bytes_freed=max(0, action.expected_bytes_freed),
-                        work_lost_gpu_seconds=lost,
-                        dry_run=self.airlock_dry_run,
-                    )
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``coro`` to completion even if the RPC that started it is cancelled."""
@@ -450,7 +450,7 @@ class Node:
         self._event_waiters.add(waiter)
         deadline = time.monotonic() + timeout_seconds
         try:
-            while any(s in self.live_states for s in subjob_ids):
+            while any(self.core.subjob(s) is not None for s in subjob_ids):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -462,20 +462,6 @@ class Node:
             return True
         finally:
             self._event_waiters.discard(waiter)
-
-    def _journal_lease(self, lease: LeaseRecord, subjob_id: str) -> None:
-        """Persist a lease; with a subjob id it is the committed form that recovery re-adopts."""
-        self.journal.put_lease(
-            lease.lease_id,
-            lease.job_id,
-            lease.member,
-            json.dumps([a.__dict__ for a in lease.allocations]),
-            lease.score,
-            lease.priority,
-            bool(subjob_id),
-            subjob_id,
-            time.time(),
-        )
 
     async def _settle(self, order: ProbeOrder) -> Granted | Bounced:
         future: asyncio.Future[Granted | Bounced] = asyncio.get_running_loop().create_future()
@@ -493,8 +479,10 @@ class Node:
     async def _run_batch(self) -> None:
         await asyncio.sleep(self.batch_seconds)  # collect concurrent probes into one batch
         batch, self._pending = self._pending, []
-        self._expire()
-        results = self.ledger.arbitrate([order for order, _ in batch], time.monotonic())
+        results, instructions = self.core.arbitrate(
+            [order for order, _ in batch], time.monotonic(), time.time()
+        )
+        self._apply(instructions)
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
@@ -518,17 +506,14 @@ class Node:
         self._expire()
 
     def _expire(self) -> None:
-        for lease in self.ledger.expire(time.monotonic()):
-            self.journal.delete_lease(lease.lease_id)
-            log.debug("lease %s for job %s expired", lease.lease_id, lease.job_id)
+        self._apply(self.core.expire(time.monotonic()))
 
     def _lease_message(self, lease: LeaseRecord) -> agent_pb2.Lease:
-        by_id = {s.slice_id: s for s in self.slices}
         return agent_pb2.Lease(
             lease_id=lease.lease_id,
             agent_id=self.agent_id,
             slice_ids=[a.slice_id for a in lease.allocations],
-            device_uuids=[by_id[a.slice_id].device_uuid for a in lease.allocations],
+            device_uuids=[self._devices[a.slice_id] for a in lease.allocations],
             score=lease.score,
             expires_unix=time.time() + max(0.0, lease.expires_at - time.monotonic()),
             job_id=lease.job_id,
@@ -538,15 +523,10 @@ class Node:
     def release(self, lease_ids: Sequence[str], caller: str = "") -> int:
         """Give back uncommitted leases issued to ``caller``; others are skipped, not counted."""
         check_count(lease_ids, "lease_ids", max_items=MAX_RELEASE_IDS)
-        released = 0
         for lease_id in lease_ids:
             check_str(lease_id, "lease_ids")
-            lease = self.ledger.lease(lease_id)
-            if lease is None or lease.committed or lease.caller != caller:
-                continue
-            self.ledger.release(lease_id)
-            self.journal.delete_lease(lease_id)
-            released += 1
+        released, instructions = self.core.release(lease_ids, caller)
+        self._apply(instructions)
         return released
 
     # -- commit, launch and exit ----------------------------------------------------------
@@ -558,38 +538,24 @@ class Node:
         validate_spec(spec)
         if not spec.subjob_id:
             spec.subjob_id = f"s-{uuid.uuid4().hex[:12]}"
-        if self.journal.get_subjob(spec.subjob_id) is not None:
-            raise FailedPrecondition(
+        if self.journal.get_subjob(spec.subjob_id) is not None:  # an ended one, too
+            raise TransitionRefused(
                 f"subjob {spec.subjob_id} already exists", field="spec.subjob_id"
             )
         self._expire()
-        lease = self.ledger.commit(lease_id, spec.subjob_id, time.monotonic(), caller)
-        by_id = {s.slice_id: s for s in self.slices}
-        slice_ids = [a.slice_id for a in lease.allocations]
-        devices = [by_id[s].device_uuid for s in slice_ids]
-        now = time.time()
-        row = SubjobRow(
-            subjob_id=spec.subjob_id,
-            job_id=spec.job_id or lease.job_id,
-            spec_blob=spec.SerializeToString(),
-            state="STARTING",
-            reason="lease committed",
-            pid=0,
-            slice_ids_json=json.dumps(slice_ids),
-            device_uuids_json=json.dumps(devices),
-            created_unix=now,
-            started_unix=0.0,
-            ended_unix=0.0,
-            exit_code=0,
-            signal=0,
-            peak_rss_bytes=0,
-            peak_gpu_memory_bytes=0,
-            run_seconds=0.0,
-            suspended_seconds=0.0,
-            lease_id=lease_id,
+        instructions = self.core.commit(
+            lease_id,
+            spec.subjob_id,
+            spec.job_id,
+            caller=caller,
+            priority=int(spec.priority),
+            lifecycle=int(spec.lifecycle) or common_pb2.LONG,
+            now=time.monotonic(),
+            now_unix=time.time(),
         )
-        self.journal.put_subjob(row)
-        self._journal_lease(lease, spec.subjob_id)
+        self._apply(instructions, spec)
+        row = self._row(spec.subjob_id)
+        devices: list[str] = json.loads(row.device_uuids_json)
         if isinstance(self.backend, FakeGpuBackend) and devices:
             self.backend.attach_subjob(
                 spec.subjob_id,
@@ -615,118 +581,52 @@ class Node:
                 )
             )
         except Exception as exc:
-            self._finish(
-                spec.subjob_id, "FAILED", f"could not start: {exc}", None, EndCause.LAUNCH_FAILED
-            )
+            self._apply(self.core.launch_failed(spec.subjob_id, str(exc), time.time()))
             raise
-        self.journal.update_subjob(spec.subjob_id, pid=pid, started_unix=time.time())
-        self._set_state(
-            spec.subjob_id, "RUNNING", f"started as pid {pid} on {','.join(slice_ids) or 'cpu'}"
-        )
+        self._apply(self.core.launched(spec.subjob_id, pid, time.time()))
         log.info(
             "subjob %s of job %s running as pid %d on %s",
             spec.subjob_id,
             row.job_id,
             pid,
-            slice_ids,
+            json.loads(row.slice_ids_json),
         )
         return self.subjob_message(spec.subjob_id)
 
     async def _on_exit(self, subjob_id: str, info: ExitInfo) -> None:
-        row = self.journal.get_subjob(subjob_id)
-        if row is None or row.state in TERMINAL_STATES:
-            return
-        self._record_exit(row, info, "")
+        try:
+            self._record_exit(subjob_id, info, "")
+        except TransitionRefused as exc:  # its end is recorded already
+            log.debug("exit of subjob %s not recorded: %s", subjob_id, exc.message)
 
-    def _record_exit(self, row: SubjobRow, info: ExitInfo, context: str) -> None:
-        """Terminal state, cause and reason. A subjob the agent was stopping (its stop's
-        cause is journaled) ends KILLED with that cause however it exited; its reason starts
-        with the stop's reason, for people."""
-        stop_cause = cause_from_token(row.end_cause)
-        if info.fenced:
-            how = f"ended by signal {info.signal}" if info.signal else f"exited {info.exit_code}"
-            state, cause, reason = (
-                "KILLED",
-                EndCause.FENCED,
-                f"{FENCED} the agent was out of touch with its router past the fence lease, "
-                f"so the router may run this work elsewhere; {how}",
-            )
-        elif stop_cause is not EndCause.UNSPECIFIED:
-            why = row.reason.removeprefix(TERMINATING)
-            how = f"ended by signal {info.signal}" if info.signal else f"exited {info.exit_code}"
-            state, cause, reason = "KILLED", stop_cause, f"{why}; {how}" if why else how
-        elif info.exit_code == 0:
-            state, cause, reason = "SUCCEEDED", EndCause.EXITED, "exited 0"
-        elif info.signal:
-            state, cause, reason = "FAILED", EndCause.EXITED, f"ended by signal {info.signal}"
-        else:
-            state, cause, reason = (
-                "FAILED",
-                EndCause.EXITED,
-                f"exited {info.exit_code}" + (f": {info.error}" if info.error else ""),
-            )
-        if context:
-            reason = f"{reason}; {context}"
-        spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
+    def _record_exit(self, subjob_id: str, info: ExitInfo, context: str) -> None:
+        """The core decides the end; an atomized subjob's reason also says what its
+        checkpoint covers."""
+        decision = self.core.decide_exit(subjob_id, info, context)
+        spec = common_pb2.SubjobSpec.FromString(self._row(subjob_id).spec_blob)
         units_done = 0
         if spec.unit_count > 0:
             units_done, note = units_from_checkpoint(
                 spec.checkpoint_dir,
                 spec.unit_start,
                 spec.unit_count,
-                state == "SUCCEEDED",
+                decision.state == SUCCEEDED,
                 owner_uid=self.executor.owner_uid(spec.tenant),
             )
-            reason = f"{reason}; {note}" if note else reason
-        self.journal.update_subjob(
-            row.subjob_id,
-            exit_code=info.exit_code if info.exit_code is not None else -1,
-            signal=info.signal or 0,
-            peak_rss_bytes=info.peak_rss_bytes,
-            run_seconds=info.run_seconds,
-            units_done=units_done,
-            peak_gpu_memory_bytes=max(
-                row.peak_gpu_memory_bytes, self._peak_gpu.pop(row.subjob_id, 0)
-            ),
+            if note:
+                decision = replace(decision, reason=f"{decision.reason}; {note}")
+        fields = {
+            "exit_code": info.exit_code if info.exit_code is not None else -1,
+            "signal": info.signal or 0,
+            "peak_rss_bytes": info.peak_rss_bytes,
+            "run_seconds": info.run_seconds,
+            "units_done": units_done,
+        }
+        self._apply(
+            self.core.end(
+                subjob_id, decision, time.time(), ended_unix=info.ended_unix, fields=fields
+            )
         )
-        self._finish(row.subjob_id, state, reason, info.ended_unix, cause)
-
-    def _finish(
-        self,
-        subjob_id: str,
-        state: str,
-        reason: str,
-        ended_unix: float | None,
-        cause: EndCause,
-    ) -> None:
-        row = self.journal.get_subjob(subjob_id)
-        if row is None:
-            return
-        if isinstance(self.backend, FakeGpuBackend):
-            self.backend.detach_subjob(subjob_id)
-        if row.lease_id:
-            self.ledger.release(row.lease_id)
-            self.journal.delete_lease(row.lease_id)
-        self.terminating.discard(subjob_id)
-        self.journal.update_subjob(subjob_id, ended_unix=ended_unix or time.time())
-        self._set_state(subjob_id, state, reason, cause)
-        log.info("subjob %s %s (%s): %s", subjob_id, state.lower(), cause.token, reason)
-
-    def _set_state(
-        self, subjob_id: str, state: str, reason: str, cause: EndCause | None = None
-    ) -> None:
-        """Journal a transition; an end (``cause`` given) journals its cause with it."""
-        if state in TERMINAL_STATES:
-            self.live_states.pop(subjob_id, None)
-        else:
-            self.live_states[subjob_id] = state
-        if cause is None:
-            self.journal.update_subjob(subjob_id, state=state, reason=reason)
-        else:
-            self.journal.update_subjob(subjob_id, state=state, reason=reason, end_cause=cause.token)
-        self.journal.append_event(subjob_id, state, reason, time.time())
-        for waiter in list(self._event_waiters):
-            waiter.set()
 
     # -- signals, queries, events ---------------------------------------------------------
 
@@ -738,36 +638,27 @@ class Node:
         grace_seconds: float,
         cause: EndCause = EndCause.TERMINATED,
     ) -> common_pb2.Subjob:
-        """Carry out a signal; a TERMINATE journals ``cause`` at once, so the subjob's end
-        records it whenever and however the process exits (``UNSPECIFIED`` is
+        """Carry out a signal the core allows; a TERMINATE journals ``cause`` at once, so the
+        subjob's end records it whenever and however the process exits (``UNSPECIFIED`` is
         ``TERMINATED``)."""
         check_str(subjob_id, "subjob_id", required=True)
         check_str(reason, "reason", max_chars=1024)
         check_number(grace_seconds, "grace_seconds", high=3600)
-        row = self._row(subjob_id)
-        if row.state in TERMINAL_STATES:
-            raise FailedPrecondition(
-                f"subjob {subjob_id} has ended ({row.state.lower()})", field="subjob_id"
-            )
+        self._row(subjob_id)
         why = reason or "requested"
-        if subjob_id in self.terminating and signal in (agent_pb2.SUSPEND, agent_pb2.RESUME):
-            raise FailedPrecondition(
-                f"subjob {subjob_id} is being stopped ({row.reason})", field="subjob_id"
-            )
         if signal == agent_pb2.SUSPEND:
+            self.core.check_signal(subjob_id)
             self.executor.suspend(subjob_id)
-            self._set_state(subjob_id, "SUSPENDED", f"suspended: {why}")
+            self._apply(self.core.suspend(subjob_id, why, time.time()))
         elif signal == agent_pb2.RESUME:
+            self.core.check_signal(subjob_id)
             self.executor.resume(subjob_id)
-            self._set_state(subjob_id, "RUNNING", f"resumed: {why}")
+            self._apply(self.core.resume(subjob_id, why, time.time()))
         elif signal == agent_pb2.RELEASE_MEMORY:
+            self.core.check_release_memory(subjob_id)
             self.executor.release_memory(subjob_id)
         elif signal == agent_pb2.TERMINATE:
-            self.terminating.add(subjob_id)
-            cause = cause if cause is not EndCause.UNSPECIFIED else EndCause.TERMINATED
-            self.journal.update_subjob(
-                subjob_id, reason=f"{TERMINATING}{why}", end_cause=cause.token
-            )
+            self._apply(self.core.stop(subjob_id, why, cause))
             # The caller waits for the end, but a caller that gives up (an RPC deadline)
             # must not cancel the escalation to SIGKILL: that would leave it running.
             stop = self._spawn(
@@ -775,6 +666,7 @@ class Node:
             )
             await asyncio.shield(stop)
         else:
+            self.core.check_release_memory(subjob_id)
             raise InvalidArgument(f"unknown signal {signal}", field="signal")
         return self.subjob_message(subjob_id)
 
@@ -811,7 +703,7 @@ class Node:
             run_seconds=row.run_seconds,
             peak_rss_bytes=row.peak_rss_bytes,
             peak_gpu_memory_bytes=max(
-                row.peak_gpu_memory_bytes, self._peak_gpu.get(row.subjob_id, 0)
+                row.peak_gpu_memory_bytes, self.core.peak_gpu_memory_bytes(row.subjob_id)
             ),
             pid=row.pid,
             stdout_path=str(directory / "stdout"),
@@ -822,8 +714,7 @@ class Node:
 
     def note_gpu_memory(self, subjob_id: str, used_bytes: int) -> None:
         """A poll's reading of a live subjob's GPU memory; the peak is kept."""
-        if subjob_id in self.live_states and used_bytes > self._peak_gpu.get(subjob_id, 0):
-            self._peak_gpu[subjob_id] = used_bytes
+        self.core.note_gpu_memory(subjob_id, used_bytes)
 
     def slice_name(self, device_uuid: str) -> str:
         """The slice name the API uses for a device (``gpu0``, ``gpu1/3g.40gb@0``); a device

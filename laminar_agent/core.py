@@ -1,0 +1,645 @@
+"""The agent's decisions, free of I/O: subjob lifecycle, arbitration batches, preemption, leases.
+
+:class:`AgentCore` owns the host's :class:`~laminar_agent.ledger.Ledger` and the live
+subjobs' lifecycle. The daemon (:class:`laminar_agent.node.Node`) feeds it events as method
+calls (a batch of probes, a commit, a launch, an exit, a signal, an agent restart) with the
+time passed in, and carries out the instructions it returns: journal rows and events,
+lease rows, kills, Airlock action records. The core never awaits, reads the clock, touches
+a file or a process, or draws randomness; a test drives it directly (``tests/agent/
+test_agent_core.py``).
+
+Lifecycle of a subjob on this agent::
+
+    commit -> STARTING --launched--> RUNNING <--suspend/resume--> SUSPENDED
+                  |                    |                             |
+                  +-- launch failed, exit, lost at restart (any live state) --> ended
+
+Ended states (SUCCEEDED, FAILED, KILLED, LOST) are never left, and each end carries one
+:class:`~laminar_base.causes.EndCause`. A stop (TERMINATE) marks a live subjob with its cause
+at once; however it then exits, it ends KILLED with that cause. An event its state does not
+allow (an exit after the end, a resume of an ended or a stopping subjob, a second launch) is
+refused with :class:`TransitionRefused` and changes nothing.
+
+The core keeps only live subjobs; the journal keeps every row. After an agent restart the
+core is rebuilt from the journal's live rows (:meth:`AgentCore.restore`), then each is
+re-adopted, recorded as ended while the agent was down, or lost.
+
+What this does not cover: building protobuf messages, checking request fields, checkpoint
+reading (units done) and timing the batch window; those are the driver's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from airlock.policy import PRIORITY_NAMES
+from laminar_agent.ledger import Allocation, Bounced, Granted, LeaseRecord, Ledger, ProbeOrder
+from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
+from laminar_base.causes import ENDED_SUBJOB_STATE_NAMES, EndCause, cause_from_token
+from laminar_base.errors import FailedPrecondition, LaminarError
+
+STARTING = "STARTING"
+RUNNING = "RUNNING"
+SUSPENDED = "SUSPENDED"
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+KILLED = "KILLED"
+LOST = "LOST"
+#: Journal state names of a subjob that holds capacity and may still change.
+LIVE_STATES = (STARTING, RUNNING, SUSPENDED)
+#: Journal state names a subjob never leaves.
+TERMINAL_STATES = ENDED_SUBJOB_STATE_NAMES
+#: Reason prefix, for people, of a subjob its shim stopped because the agent's fence
+#: expired; its cause is ``EndCause.FENCED``.
+FENCED = "fenced:"
+#: Journal reason prefix, for people, of a subjob the agent is stopping; whether it is being
+#: stopped (and why) is its journaled end cause, set as the stop begins.
+TERMINATING = "terminating: "
+#: How long a preemption waits for its victims beyond their grace period.
+PREEMPT_MARGIN_SECONDS = 10.0
+#: The reason journaled when a lease is committed and its subjob is about to start.
+COMMITTED_REASON = "lease committed"
+
+
+class TransitionRefused(FailedPrecondition):
+    """The subjob's state does not allow this event; nothing was changed."""
+
+
+# -- instructions: what the driver carries out, in order --------------------------------------
+
+
+@dataclass(frozen=True)
+class NewRow:
+    """Journal a new subjob row (the driver adds the spec and device ids)."""
+
+    subjob_id: str
+    job_id: str
+    state: str
+    reason: str
+    lease: LeaseRecord
+    created_unix: float
+
+
+@dataclass(frozen=True)
+class WriteRow:
+    """Update journaled fields of a subjob row."""
+
+    subjob_id: str
+    fields: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """Journal a transition as an event (the router acknowledges it) and wake the watchers."""
+
+    subjob_id: str
+    state: str
+    reason: str
+    at_unix: float
+
+
+@dataclass(frozen=True)
+class KeepLease:
+    """Journal a lease; with a subjob id it is the committed form recovery re-adopts."""
+
+    lease: LeaseRecord
+    subjob_id: str
+    at_unix: float
+
+
+@dataclass(frozen=True)
+class DropLease:
+    """Delete a lease's journal row: it expired, was released, or its subjob ended."""
+
+    lease_id: str
+    job_id: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A subjob ended (already journaled by the instructions before it): free what the
+    driver attached to it and say so."""
+
+    subjob_id: str
+    state: str
+    cause: EndCause
+    reason: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Kill a subjob's process group at once (its capacity cannot be accounted for)."""
+
+    subjob_id: str
+
+
+@dataclass(frozen=True)
+class RecordReclaim:
+    """Journal (and count) one Airlock reclaim a preemption decided."""
+
+    subjob_id: str
+    slice_id: str
+    reason: str
+    bytes_freed: int
+    dry_run: bool
+    work_lost_gpu_seconds: float
+    cause: EndCause = EndCause.PREEMPTED
+
+
+Instruction = NewRow | WriteRow | RecordEvent | KeepLease | DropLease | Ended | Kill | RecordReclaim
+
+
+# -- events' facts ----------------------------------------------------------------------------
+
+
+class ExitReport(Protocol):
+    """How a subjob's process ended (``laminar_agent.executor.ExitInfo`` is one)."""
+
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def signal(self) -> int | None: ...
+    @property
+    def fenced(self) -> bool: ...
+    @property
+    def error(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class EndDecision:
+    """The end state, its cause and the reason for people."""
+
+    state: str
+    cause: EndCause
+    reason: str
+
+
+@dataclass(frozen=True)
+class RestoredSubjob:
+    """A live journal row, as the core needs it after an agent restart."""
+
+    subjob_id: str
+    job_id: str
+    state: str
+    reason: str
+    lease_id: str
+    slice_ids: tuple[str, ...]
+    priority: int
+    lifecycle: int
+    started_unix: float
+    end_cause: str = ""
+    peak_gpu_memory_bytes: int = 0
+
+
+@dataclass
+class LiveSubjob:
+    """A subjob holding capacity on this host, as far as decisions need it."""
+
+    subjob_id: str
+    job_id: str
+    state: str
+    lease_id: str
+    slice_ids: tuple[str, ...]
+    priority: int
+    lifecycle: int
+    started_unix: float = 0.0
+    #: Cause of a stop under way (TERMINATE sent); UNSPECIFIED while none is.
+    stop_cause: EndCause = EndCause.UNSPECIFIED
+    #: Why it is being stopped, for people.
+    stop_reason: str = ""
+    #: Peak GPU memory Airlock's polls saw (journaled at the end).
+    peak_gpu_memory_bytes: int = 0
+
+    @property
+    def is_stopping(self) -> bool:
+        return self.stop_cause is not EndCause.UNSPECIFIED
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """What a preemption for one probe does: reclaim ``victims`` while ``slice_ids`` are
+    reserved for it, or nothing and ``bounce``. ``actions`` are journaled either way."""
+
+    victims: tuple[str, ...] = ()
+    slice_ids: tuple[str, ...] = ()
+    #: Victim -> the reason its stop journals, for people.
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    actions: tuple[RecordReclaim, ...] = ()
+    #: How long the victims' capacity may take to come back before the probe bounces.
+    budget_seconds: float = 0.0
+    bounce: Bounced | None = None
+    #: The probe's priority class, for people.
+    priority_name: str = ""
+
+
+# -- the core ---------------------------------------------------------------------------------
+
+
+class AgentCore:
+    """The live subjobs and the ledger of one agent, and every decision on them."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self._live: dict[str, LiveSubjob] = {}
+        self._arrivals = itertools.count()
+
+    # -- queries
+
+    @property
+    def live_states(self) -> dict[str, str]:
+        """Live subjob id -> state name (a copy)."""
+        return {sid: s.state for sid, s in self._live.items()}
+
+    @property
+    def stopping(self) -> frozenset[str]:
+        """Live subjobs being stopped (TERMINATE sent): never chosen as victims again."""
+        return frozenset(sid for sid, s in self._live.items() if s.is_stopping)
+
+    def subjob(self, subjob_id: str) -> LiveSubjob | None:
+        return self._live.get(subjob_id)
+
+    def peak_gpu_memory_bytes(self, subjob_id: str) -> int:
+        live = self._live.get(subjob_id)
+        return live.peak_gpu_memory_bytes if live is not None else 0
+
+    def _require(self, subjob_id: str, *states: str) -> LiveSubjob:
+        live = self._live.get(subjob_id)
+        if live is None:
+            raise TransitionRefused(
+                f"subjob {subjob_id} is not live on this agent (it has ended)", field="subjob_id"
+            )
+        if states and live.state not in states:
+            raise TransitionRefused(
+                f"subjob {subjob_id} is {live.state.lower()}, not {' or '.join(states).lower()}",
+                field="subjob_id",
+            )
+        return live
+
+    # -- leases and arbitration
+
+    def next_arrival(self) -> int:
+        """Arrival order of a probe: the last tie-break of a batch."""
+        return next(self._arrivals)
+
+    def expire(self, now: float) -> list[Instruction]:
+        """Drop uncommitted leases (and reservations) whose deadline (monotonic ``now``) passed."""
+        return [
+            DropLease(lease.lease_id, lease.job_id, "expired") for lease in self.ledger.expire(now)
+        ]
+
+    def arbitrate(
+        self, orders: Sequence[ProbeOrder], now: float, now_unix: float
+    ) -> tuple[list[Granted | Bounced], list[Instruction]]:
+        """Settle one batch of probes together: lapsed leases go first, then the ledger grants
+        in (priority, value, arrival) order; every lease granted is journaled."""
+        instructions = self.expire(now)
+        results = self.ledger.arbitrate(orders, now)
+        instructions += [
+            KeepLease(r.lease, "", now_unix) for r in results if isinstance(r, Granted)
+        ]
+        return results, instructions
+
+    def release(self, lease_ids: Sequence[str], caller: str) -> tuple[int, list[Instruction]]:
+        """Give back uncommitted leases issued to ``caller``; others are skipped, not counted."""
+        instructions: list[Instruction] = []
+        for lease_id in lease_ids:
+            lease = self.ledger.lease(lease_id)
+            if lease is None or lease.committed or lease.caller != caller:
+                continue
+            self.ledger.release(lease_id)
+            instructions.append(DropLease(lease_id, lease.job_id, "released"))
+        return len(instructions), instructions
+
+    # -- lifecycle
+
+    def commit(
+        self,
+        lease_id: str,
+        subjob_id: str,
+        job_id: str,
+        *,
+        caller: str,
+        priority: int,
+        lifecycle: int,
+        now: float,
+        now_unix: float,
+    ) -> list[Instruction]:
+        """Commit a lease to a new subjob, which starts as STARTING (a lapsed lease is refused:
+        :meth:`expire` first to journal the lapse). ``priority`` 0 takes the lease's; ``now``
+        is monotonic (lease deadlines), ``now_unix`` wall-clock."""
+        if subjob_id in self._live:
+            raise TransitionRefused(f"subjob {subjob_id} already exists", field="spec.subjob_id")
+        lease = self.ledger.commit(lease_id, subjob_id, now, caller)
+        slice_ids = tuple(a.slice_id for a in lease.allocations)
+        self._live[subjob_id] = LiveSubjob(
+            subjob_id,
+            job_id or lease.job_id,
+            STARTING,
+            lease_id,
+            slice_ids,
+            priority or lease.priority,
+            lifecycle,
+        )
+        return [
+            NewRow(subjob_id, job_id or lease.job_id, STARTING, COMMITTED_REASON, lease, now_unix),
+            KeepLease(lease, subjob_id, now_unix),
+        ]
+
+    def launched(self, subjob_id: str, pid: int, now_unix: float) -> list[Instruction]:
+        """Its process started: STARTING -> RUNNING (only once)."""
+        live = self._require(subjob_id, STARTING)
+        live.state = RUNNING
+        live.started_unix = now_unix
+        reason = f"started as pid {pid} on {','.join(live.slice_ids) or 'cpu'}"
+        return [
+            WriteRow(subjob_id, {"pid": pid, "started_unix": now_unix}),
+            *self._transition(live, RUNNING, reason, now_unix),
+        ]
+
+    def launch_failed(self, subjob_id: str, error: str, now_unix: float) -> list[Instruction]:
+        """Its process could not be started: STARTING -> FAILED (launch_failed)."""
+        self._require(subjob_id, STARTING)
+        decision = EndDecision(FAILED, EndCause.LAUNCH_FAILED, f"could not start: {error}")
+        return self.end(subjob_id, decision, now_unix)
+
+    def suspend(self, subjob_id: str, why: str, now_unix: float) -> list[Instruction]:
+        """RUNNING -> SUSPENDED (again from SUSPENDED: the signal is repeated, as asked)."""
+        live = self.check_signal(subjob_id)
+        return self._transition(live, SUSPENDED, f"suspended: {why}", now_unix)
+
+    def resume(self, subjob_id: str, why: str, now_unix: float) -> list[Instruction]:
+        """SUSPENDED -> RUNNING (again from RUNNING: the signal is repeated, as asked)."""
+        live = self.check_signal(subjob_id)
+        return self._transition(live, RUNNING, f"resumed: {why}", now_unix)
+
+    def check_release_memory(self, subjob_id: str) -> None:
+        """A memory release asks a live process; it changes no state."""
+        self._require(subjob_id)
+
+    def check_signal(self, subjob_id: str) -> LiveSubjob:
+        """Suspend and resume need a started subjob that is not being stopped."""
+        live = self._require(subjob_id, RUNNING, SUSPENDED)
+        if live.is_stopping:
+            raise TransitionRefused(
+                f"subjob {subjob_id} is being stopped ({TERMINATING}{live.stop_reason})",
+                field="subjob_id",
+            )
+        return live
+
+    def stop(self, subjob_id: str, why: str, cause: EndCause) -> list[Instruction]:
+        """Begin a stop (TERMINATE): its cause is journaled now, so the end records it however
+        and whenever the process exits. ``UNSPECIFIED`` is ``TERMINATED``."""
+        live = self._require(subjob_id)
+        live.stop_cause = cause if cause is not EndCause.UNSPECIFIED else EndCause.TERMINATED
+        live.stop_reason = why
+        return [
+            WriteRow(
+                subjob_id, {"reason": f"{TERMINATING}{why}", "end_cause": live.stop_cause.token}
+            )
+        ]
+
+    def note_gpu_memory(self, subjob_id: str, used_bytes: int) -> None:
+        """A poll's reading of a live subjob's GPU memory; the peak is kept."""
+        live = self._live.get(subjob_id)
+        if live is not None and used_bytes > live.peak_gpu_memory_bytes:
+            live.peak_gpu_memory_bytes = used_bytes
+
+    def decide_exit(self, subjob_id: str, info: ExitReport, context: str = "") -> EndDecision:
+        """End state, cause and reason of a live subjob whose process ended. A subjob being
+        stopped ends KILLED with its stop's cause however it exited; its reason starts with
+        the stop's reason, for people."""
+        live = self._require(subjob_id)
+        how = f"ended by signal {info.signal}" if info.signal else f"exited {info.exit_code}"
+        if info.fenced:
+            decision = EndDecision(
+                KILLED,
+                EndCause.FENCED,
+                f"{FENCED} the agent was out of touch with its router past the fence lease, "
+                f"so the router may run this work elsewhere; {how}",
+            )
+        elif live.is_stopping:
+            why = live.stop_reason
+            decision = EndDecision(KILLED, live.stop_cause, f"{why}; {how}" if why else how)
+        elif info.exit_code == 0:
+            decision = EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0")
+        elif info.signal:
+            decision = EndDecision(FAILED, EndCause.EXITED, how)
+        else:
+            error = f": {info.error}" if info.error else ""
+            decision = EndDecision(FAILED, EndCause.EXITED, f"{how}{error}")
+        if context:
+            return EndDecision(decision.state, decision.cause, f"{decision.reason}; {context}")
+        return decision
+
+    def end(
+        self,
+        subjob_id: str,
+        decision: EndDecision,
+        now_unix: float,
+        *,
+        ended_unix: float = 0.0,
+        fields: Mapping[str, object] | None = None,
+    ) -> list[Instruction]:
+        """A live subjob ends: its capacity is released and its end journaled, once.
+        ``fields`` are the exit's figures to journal with it (exit code, run time...)."""
+        if decision.state not in TERMINAL_STATES or decision.cause is EndCause.UNSPECIFIED:
+            raise ValueError(f"not an end: {decision.state} ({decision.cause.name})")
+        live = self._require(subjob_id)
+        del self._live[subjob_id]
+        instructions: list[Instruction] = []
+        lease = self.ledger.release(live.lease_id) if live.lease_id else None
+        if live.lease_id:
+            instructions.append(
+                DropLease(live.lease_id, lease.job_id if lease else live.job_id, "ended")
+            )
+        row = dict(fields or {})
+        row["peak_gpu_memory_bytes"] = live.peak_gpu_memory_bytes
+        row["ended_unix"] = ended_unix or now_unix
+        row["end_cause"] = decision.cause.token
+        instructions.append(WriteRow(subjob_id, row))
+        instructions += self._transition(live, decision.state, decision.reason, now_unix)
+        instructions.append(Ended(subjob_id, decision.state, decision.cause, decision.reason))
+        return instructions
+
+    def _transition(
+        self, live: LiveSubjob, state: str, reason: str, now_unix: float
+    ) -> list[Instruction]:
+        live.state = state
+        return [
+            WriteRow(live.subjob_id, {"state": state, "reason": reason}),
+            RecordEvent(live.subjob_id, state, reason, now_unix),
+        ]
+
+    # -- agent restart
+
+    def restore(self, row: RestoredSubjob) -> None:
+        """Take back a live journal row after an agent restart (its stop too, if one had
+        begun); then :meth:`adopt`, :meth:`end` with what the exit file says, or
+        :meth:`lose` it. Its capacity is not held until adopted."""
+        if row.state not in LIVE_STATES:
+            raise TransitionRefused(
+                f"subjob {row.subjob_id} has ended ({row.state.lower()})", field="subjob_id"
+            )
+        if row.subjob_id in self._live:
+            raise TransitionRefused(f"subjob {row.subjob_id} already restored", field="subjob_id")
+        cause = cause_from_token(row.end_cause)
+        self._live[row.subjob_id] = LiveSubjob(
+            row.subjob_id,
+            row.job_id,
+            row.state,
+            row.lease_id,
+            row.slice_ids,
+            row.priority,
+            row.lifecycle,
+            started_unix=row.started_unix,
+            stop_cause=cause,
+            stop_reason=(
+                row.reason.removeprefix(TERMINATING) if cause is not EndCause.UNSPECIFIED else ""
+            ),
+            peak_gpu_memory_bytes=row.peak_gpu_memory_bytes,
+        )
+
+    def adopt(
+        self, subjob_id: str, allocations: Sequence[Allocation], lease_priority: int
+    ) -> list[Instruction]:
+        """A restored subjob's process still runs: hold its capacity again. Capacity that
+        cannot be accounted for must not keep running (that would overcommit a slice): it
+        is killed, holding nothing, and its exit ends it KILLED (terminated) as any stop."""
+        live = self._require(subjob_id)
+        lease_id = live.lease_id or f"adopted-{subjob_id}"
+        try:
+            self.ledger.adopt(lease_id, live.job_id, 0, subjob_id, allocations, lease_priority)
+        except LaminarError as exc:
+            instructions = self.stop(
+                subjob_id, f"cannot re-adopt its capacity ({exc})", EndCause.TERMINATED
+            )
+            if live.lease_id and self.ledger.lease(live.lease_id) is None:
+                instructions.append(DropLease(live.lease_id, live.job_id, "not re-adopted"))
+            live.lease_id = ""  # whatever holds that id now is not this subjob's
+            return [*instructions, Kill(subjob_id)]
+        live.lease_id = lease_id
+        return []
+
+    def lose(self, subjob_id: str, now_unix: float) -> list[Instruction]:
+        """A restored subjob's process is gone and left no exit record."""
+        decision = EndDecision(
+            LOST, EndCause.LOST, "process gone after agent restart; no exit record"
+        )
+        return self.end(subjob_id, decision, now_unix)
+
+    # -- priority preemption
+
+    def holders(self) -> dict[str, HolderFacts]:
+        """Facts about every live subjob, for the preemption plan."""
+        return {
+            sid: HolderFacts(
+                job_id=s.job_id,
+                priority=s.priority,
+                lifecycle=s.lifecycle,
+                started_at=s.started_unix,
+                is_terminating=s.is_stopping,
+            )
+            for sid, s in sorted(self._live.items())
+        }
+
+    def choose_preemption(
+        self,
+        order: ProbeOrder,
+        bounce: Bounced,
+        now_unix: float,
+        *,
+        dry_run: bool,
+        grace_seconds: float,
+    ) -> Preemption:
+        """Which strictly lower-priority holders to reclaim so that ``order`` (which bounced
+        with ``bounce``) fits, and why; a bounce when none would, or in dry-run."""
+        cls = PRIORITY_NAMES.get(order.priority, str(order.priority))
+        plan = plan_preemption(
+            self.ledger,
+            order.demand,
+            order.priority,
+            self.holders(),
+            now_unix,
+            slice_id=order.slice_id,
+        )
+        if plan is None or not plan.victims:
+            why = (
+                "no lower-priority work to reclaim would make it fit"
+                if plan is None
+                else "room is free but could not be leased"
+            )
+            reason = f"{bounce.reason}; preemption for {cls}: {why}"
+            return Preemption(bounce=Bounced(order.probe_id, reason, True))
+        reasons = self._preemption_reasons(order, plan, cls)
+        actions = self._reclaims(plan, reasons, now_unix, dry_run)
+        victims = tuple(plan.victims)
+        if dry_run:
+            reason = f"{bounce.reason}; airlock dry-run: would preempt {', '.join(victims)}"
+            return Preemption(actions=actions, bounce=Bounced(order.probe_id, reason, True))
+        return Preemption(
+            victims=victims,
+            slice_ids=tuple(plan.slice_ids),
+            reasons=reasons,
+            actions=actions,
+            budget_seconds=grace_seconds + PREEMPT_MARGIN_SECONDS,
+            priority_name=cls,
+        )
+
+    @staticmethod
+    def preemption_timed_out(order: ProbeOrder, preemption: Preemption) -> Bounced:
+        """The victims' capacity did not come back within the budget."""
+        return Bounced(
+            order.probe_id,
+            f"preempted {', '.join(preemption.victims)} but their capacity was not released "
+            f"within {preemption.budget_seconds:.0f} s",
+            True,
+        )
+
+    @staticmethod
+    def _preemption_reasons(order: ProbeOrder, plan: PreemptionPlan, cls: str) -> dict[str, str]:
+        reasons: dict[str, str] = {}
+        for room in plan.rooms:
+            need = f"{room.needed_bytes / 1024**3:.1f} GiB"
+            if room.needed_milli and room.needed_milli < room.slice.capacity_milli:
+                need += f", {room.needed_milli} milli"
+            for action in room.actions:
+                reasons.setdefault(
+                    action.subjob_id,
+                    f"preempted: by job {order.job_id} ({cls}) needing {room.slice.slice_id} "
+                    f"({need}): {action.reason}",
+                )
+        return reasons
+
+    def _reclaims(
+        self, plan: PreemptionPlan, reasons: Mapping[str, str], now_unix: float, dry_run: bool
+    ) -> tuple[RecordReclaim, ...]:
+        """One record per victim (the first room that chose it), with the GPU time lost."""
+        records: dict[str, RecordReclaim] = {}
+        for room in plan.rooms:
+            for action in room.actions:
+                if action.subjob_id in records:
+                    continue
+                live = self._live.get(action.subjob_id)
+                gpus = len(live.slice_ids) if live is not None else 1
+                started = live.started_unix if live is not None else 0.0
+                lost = max(0.0, now_unix - started) * max(1, gpus) if started else 0.0
+                records[action.subjob_id] = RecordReclaim(
+                    action.subjob_id,
+                    room.slice.slice_id,
+                    reasons[action.subjob_id],
+                    max(0, action.expected_bytes_freed),
+                    dry_run,
+                    lost,
+                )
+        return tuple(records.values())
+
+    def reserve(self, owner: str, preemption: Preemption, now: float) -> None:
+        """Hold the preemption's slices for ``owner`` until its budget runs out (monotonic)."""
+        self.ledger.reserve(owner, preemption.slice_ids, now + preemption.budget_seconds)
+
+    def unreserve(self, owner: str) -> None:
+        self.ledger.unreserve(owner)

@@ -1,0 +1,813 @@
+"""The agent's decision core, driven directly: no sockets, no processes, no clock.
+
+A hypothesis state machine feeds :class:`AgentCore` random interleavings of probe batches,
+commits, releases, lease expiry, launches, exits (random codes, signals, fences), suspend
+and resume, stops, priority preemptions and agent restarts (the core rebuilt from the rows
+its own instructions journaled), and checks after every step that:
+
+* no slice's committed plus leased use exceeds its capacity (milli and bytes);
+* no subjob is committed or started twice;
+* every ended subjob has exactly one end, recorded with one EndCause, and its end event is
+  its last: nothing leaves an ended state;
+* every lease is settled exactly once when it leaves the ledger, and not before:
+  committed (then released with its subjob's end), released by its prober, expired, or
+  (uncommitted) forgotten by an agent restart; the journaled leases are the ledger's;
+* the core's live subjobs are exactly the journal's live rows, in the same states.
+
+Unit tests below pin the refusals of illegal transitions one by one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from laminar_agent.core import (
+    FAILED,
+    KILLED,
+    LIVE_STATES,
+    LOST,
+    PREEMPT_MARGIN_SECONDS,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+    SUSPENDED,
+    TERMINAL_STATES,
+    AgentCore,
+    DropLease,
+    EndDecision,
+    Ended,
+    Instruction,
+    KeepLease,
+    Kill,
+    NewRow,
+    RecordEvent,
+    RecordReclaim,
+    RestoredSubjob,
+    TransitionRefused,
+    WriteRow,
+)
+from laminar_agent.ledger import (
+    Allocation,
+    Bounced,
+    Granted,
+    Ledger,
+    ProbeOrder,
+    Slice,
+    SliceKind,
+    counter_ids,
+)
+from laminar_base.causes import EndCause, cause_from_token
+from laminar_base.demand import Demand
+from laminar_base.errors import LaminarError
+
+GIB = 1 << 30
+SLICES = [
+    Slice("gpu0", SliceKind.WHOLE_GPU, 0, "GPU-0", "H100", 80 * GIB),
+    Slice("gpu1", SliceKind.SHARED_GPU, 1, "GPU-1", "H100", 80 * GIB),
+    Slice("gpu2/mig-3g.40gb@0", SliceKind.MIG, 2, "MIG-0", "A100", 40 * GIB, "3g.40gb"),
+    Slice("gpu2/mig-3g.40gb@1", SliceKind.MIG, 2, "MIG-1", "A100", 40 * GIB, "3g.40gb"),
+]
+EPOCH_UNIX = 1_800_000_000.0
+
+demands = st.sampled_from(
+    [
+        Demand(),
+        Demand(gpus=1),
+        Demand(gpus=2),
+        Demand(gpus=1, gpu_memory_bytes=60 * GIB),
+        Demand(mig_profile="3g.40gb"),
+        Demand(gpu_milli=300, gpu_memory_bytes=8 * GIB),
+        Demand(gpu_milli=700, gpu_memory_bytes=30 * GIB),
+    ]
+)
+probes = st.tuples(
+    demands,
+    st.integers(1, 4),  # priority class
+    st.floats(0.0, 10.0),  # value
+    st.floats(0.5, 5.0),  # ttl seconds
+    st.sampled_from(["", "", "gpu1"]),  # slice asked for
+    st.sampled_from(["", "A"]),  # caller
+)
+#: Probes of the two most important classes, which lower-priority holders must make room for.
+preempting_probes = st.tuples(
+    demands,
+    st.integers(1, 2),
+    st.floats(0.0, 10.0),
+    st.floats(0.5, 5.0),
+    st.sampled_from(["", "gpu0", "gpu1"]),
+    st.sampled_from(["", "A"]),
+)
+causes = st.sampled_from(
+    [EndCause.UNSPECIFIED, EndCause.TERMINATED, EndCause.CANCELLED, EndCause.READDRESSED]
+)
+
+
+@dataclass(frozen=True)
+class Exit:
+    """An exit as the executor reports one (``ExitInfo``'s decision-relevant part)."""
+
+    exit_code: int | None
+    signal: int | None
+    fenced: bool = False
+    error: str = ""
+
+
+exits = st.builds(
+    Exit,
+    exit_code=st.one_of(st.none(), st.integers(0, 3)),
+    signal=st.one_of(st.none(), st.sampled_from([9, 15])),
+    fenced=st.booleans(),
+    error=st.sampled_from(["", "boom"]),
+)
+
+
+class Journal:
+    """What the daemon's journal would hold after carrying out the core's instructions."""
+
+    def __init__(self) -> None:
+        #: Subjob id -> journaled fields (loosely typed, as columns are).
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.events: list[tuple[str, str]] = []
+        self.leases: dict[str, tuple[str, tuple[Allocation, ...], int]] = {}
+        self.ends: dict[str, list[EndCause]] = {}
+        self.killed: list[str] = []
+        self.reclaims: list[RecordReclaim] = []
+        #: Every lease ever journaled, and how each was settled (committed, released,
+        #: expired, forgotten at a restart; a committed one ended with its subjob).
+        self.granted: set[str] = set()
+        self.settled: dict[str, list[str]] = {}
+
+    def apply(self, instructions: Iterable[Instruction]) -> None:
+        for ins in instructions:
+            if isinstance(ins, NewRow):
+                assert ins.subjob_id not in self.rows, f"{ins.subjob_id} committed twice"
+                self.rows[ins.subjob_id] = {
+                    "job_id": ins.job_id,
+                    "state": ins.state,
+                    "reason": ins.reason,
+                    "lease_id": ins.lease.lease_id,
+                    "slice_ids": tuple(a.slice_id for a in ins.lease.allocations),
+                    "started_unix": 0.0,
+                    "end_cause": "",
+                    "priority": ins.lease.priority,
+                }
+            elif isinstance(ins, WriteRow):
+                assert ins.subjob_id in self.rows, f"write to unknown row {ins.subjob_id}"
+                self.rows[ins.subjob_id].update(ins.fields)
+            elif isinstance(ins, RecordEvent):
+                self.events.append((ins.subjob_id, ins.state))
+            elif isinstance(ins, KeepLease):
+                self.granted.add(ins.lease.lease_id)
+                if ins.subjob_id:
+                    self.settled.setdefault(ins.lease.lease_id, []).append("committed")
+                self.leases[ins.lease.lease_id] = (
+                    ins.subjob_id,
+                    ins.lease.allocations,
+                    ins.lease.priority,
+                )
+            elif isinstance(ins, DropLease):
+                assert ins.lease_id in self.leases, f"dropped unknown lease {ins.lease_id}"
+                del self.leases[ins.lease_id]
+                self.settled.setdefault(ins.lease_id, []).append(ins.why)
+            elif isinstance(ins, Ended):
+                self.ends.setdefault(ins.subjob_id, []).append(ins.cause)
+            elif isinstance(ins, Kill):
+                self.killed.append(ins.subjob_id)
+            elif isinstance(ins, RecordReclaim):
+                self.reclaims.append(ins)
+
+
+class CoreMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.generation = 0
+        self.core = self._new_core()
+        self.journal = Journal()
+        self.now = 0.0
+        self.ids = itertools.count()
+        self.launches: Counter[str] = Counter()
+        #: Subjob id -> the priority class it was committed with.
+        self.priority: dict[str, int] = {}
+
+    def _new_core(self) -> AgentCore:
+        self.generation += 1
+        ids = counter_ids()  # deterministic ids, so hypothesis can replay a run
+        return AgentCore(Ledger(SLICES, lease_prefix=f"r{self.generation}-", lease_ids=ids))
+
+    @property
+    def now_unix(self) -> float:
+        return EPOCH_UNIX + self.now
+
+    def _known(self, data: st.DataObject) -> str:
+        """Mostly a live subjob; else one the journal knows (ended too), or one nobody knows."""
+        live = sorted(self.core.live_states)
+        anyone = st.sampled_from([*sorted(self.journal.rows), "nobody"])
+        return data.draw(st.one_of(st.sampled_from(live), anyone) if live else anyone)
+
+    def _order(
+        self, spec: tuple[Demand, int, float, float, str, str], owner: str = ""
+    ) -> ProbeOrder:
+        demand, priority, value, ttl, slice_id, caller = spec
+        return ProbeOrder(
+            probe_id=f"p{next(self.ids)}",
+            job_id=f"j{next(self.ids)}",
+            member=0,
+            demand=demand,
+            priority=priority,
+            value=value,
+            arrival_seq=self.core.next_arrival(),
+            ttl_seconds=ttl,
+            slice_id=slice_id,
+            owner=owner,
+            caller=caller,
+        )
+
+    def _arbitrate(self, orders: list[ProbeOrder]) -> list[Granted | Bounced]:
+        results, instructions = self.core.arbitrate(orders, self.now, self.now_unix)
+        assert len(results) == len(orders)
+        self.journal.apply(instructions)
+        return results
+
+    # -- leases
+
+    @rule(batch=st.lists(probes, min_size=1, max_size=4))
+    def probe_batch(self, batch: list[tuple[Demand, int, float, float, str, str]]) -> None:
+        self._arbitrate([self._order(spec) for spec in batch])
+
+    @rule(dt=st.floats(0.0, 3.0))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+        self.journal.apply(self.core.expire(self.now))
+
+    @rule(data=st.data(), caller=st.sampled_from(["", "A"]))
+    def release(self, data: st.DataObject, caller: str) -> None:
+        ids = data.draw(st.lists(st.sampled_from([*sorted(self.journal.leases), "nope"])))
+        pending = {
+            lid
+            for lid in ids
+            if (lease := self.core.ledger.lease(lid)) is not None
+            and not lease.committed
+            and lease.caller == caller
+        }
+        count, instructions = self.core.release(ids, caller)
+        self.journal.apply(instructions)
+        assert count == len(pending)
+        assert all(self.core.ledger.lease(lid) is None for lid in pending)
+
+    @rule(spec=probes, launch=st.booleans())
+    def probe_and_commit(
+        self, spec: tuple[Demand, int, float, float, str, str], launch: bool
+    ) -> None:
+        """The common path (commit-if-fits): a probe, its commit, and mostly its launch."""
+        (result,) = self._arbitrate([self._order(spec)])
+        if isinstance(result, Bounced):
+            return
+        subjob_id = f"s{next(self.ids)}"
+        self.journal.apply(
+            self.core.commit(
+                result.lease.lease_id,
+                subjob_id,
+                "",
+                caller=result.lease.caller,
+                priority=0,
+                lifecycle=2,
+                now=self.now,
+                now_unix=self.now_unix,
+            )
+        )
+        if launch:
+            self.journal.apply(self.core.launched(subjob_id, 100, self.now_unix))
+            self.launches[subjob_id] += 1
+            event("subjob launched")
+
+    @rule(data=st.data(), caller=st.sampled_from(["", "A"]), reuse=st.booleans())
+    def commit(self, data: st.DataObject, caller: str, reuse: bool) -> None:
+        lease_id = data.draw(st.sampled_from([*sorted(self.journal.leases), "nope"]))
+        live = sorted(self.core.live_states)
+        subjob_id = live[0] if reuse and live else f"s{next(self.ids)}"
+        self.journal.apply(self.core.expire(self.now))  # as the daemon does before a commit
+        lease = self.core.ledger.lease(lease_id)
+        is_pending = lease is not None and not lease.committed and lease.caller == caller
+        try:
+            instructions = self.core.commit(
+                lease_id,
+                subjob_id,
+                "",
+                caller=caller,
+                priority=0,
+                lifecycle=2,
+                now=self.now,
+                now_unix=self.now_unix,
+            )
+        except TransitionRefused:
+            assert subjob_id in live, "only a live subjob's id is refused as a duplicate"
+            return
+        except LaminarError:
+            assert not is_pending, "a pending lease of the same caller is committed"
+            return
+        assert subjob_id not in live
+        assert lease is not None and is_pending
+        self.journal.apply(instructions)
+        self.priority[subjob_id] = lease.priority
+        assert self.core.live_states[subjob_id] == STARTING
+
+    # -- lifecycle
+
+    @rule(data=st.data(), pid=st.integers(2, 99999))
+    def launched(self, data: st.DataObject, pid: int) -> None:
+        subjob_id = self._known(data)
+        before = self.core.live_states.get(subjob_id)
+        try:
+            instructions = self.core.launched(subjob_id, pid, self.now_unix)
+        except TransitionRefused:
+            assert before != STARTING
+            return
+        assert before == STARTING
+        self.launches[subjob_id] += 1
+        event("subjob launched")
+        self.journal.apply(instructions)
+        assert self.core.live_states[subjob_id] == RUNNING
+
+    @rule(data=st.data())
+    def launch_failed(self, data: st.DataObject) -> None:
+        subjob_id = self._known(data)
+        before = self.core.live_states.get(subjob_id)
+        try:
+            instructions = self.core.launch_failed(subjob_id, "no such file", self.now_unix)
+        except TransitionRefused:
+            assert before != STARTING
+            return
+        self.journal.apply(instructions)
+        assert self.journal.rows[subjob_id]["state"] == FAILED
+        assert self.journal.ends[subjob_id] == [EndCause.LAUNCH_FAILED]
+
+    @rule(data=st.data(), info=exits)
+    def exited(self, data: st.DataObject, info: Exit) -> None:
+        subjob_id = self._known(data)
+        live = self.core.subjob(subjob_id)
+        stop = live.stop_cause if live is not None else EndCause.UNSPECIFIED
+        try:
+            decision = self.core.decide_exit(subjob_id, info)
+        except TransitionRefused:
+            assert live is None, "only an exit of a subjob that is not live is refused"
+            return
+        assert live is not None
+        self.journal.apply(self.core.end(subjob_id, decision, self.now_unix))
+        row = self.journal.rows[subjob_id]
+        event(f"exit ended {row['state']} ({row['end_cause']})")
+        if info.fenced:
+            assert (row["state"], row["end_cause"]) == (KILLED, "fenced")
+        elif stop is not EndCause.UNSPECIFIED:
+            assert (row["state"], row["end_cause"]) == (KILLED, stop.token)
+        elif info.exit_code == 0:
+            assert (row["state"], row["end_cause"]) == (SUCCEEDED, "exited")
+        else:
+            assert (row["state"], row["end_cause"]) == (FAILED, "exited")
+
+    @rule(data=st.data(), resume=st.booleans())
+    def suspend_or_resume(self, data: st.DataObject, resume: bool) -> None:
+        subjob_id = self._known(data)
+        live = self.core.subjob(subjob_id)
+        allowed = live is not None and live.state in (RUNNING, SUSPENDED) and not live.is_stopping
+        transition = self.core.resume if resume else self.core.suspend
+        try:
+            instructions = transition(subjob_id, "test", self.now_unix)
+        except TransitionRefused:
+            assert not allowed
+            return
+        assert allowed
+        self.journal.apply(instructions)
+        assert self.core.live_states[subjob_id] == (RUNNING if resume else SUSPENDED)
+
+    @rule(data=st.data(), cause=causes)
+    def stop(self, data: st.DataObject, cause: EndCause) -> None:
+        subjob_id = self._known(data)
+        was_live = self.core.subjob(subjob_id) is not None
+        try:
+            instructions = self.core.stop(subjob_id, "asked", cause)
+        except TransitionRefused:
+            assert not was_live
+            return
+        self.journal.apply(instructions)
+        assert subjob_id in self.core.stopping
+        expected = EndCause.TERMINATED if cause is EndCause.UNSPECIFIED else cause
+        assert self.journal.rows[subjob_id]["end_cause"] == expected.token
+
+    @rule(data=st.data(), used=st.integers(0, 100 * GIB))
+    def gpu_memory_polled(self, data: st.DataObject, used: int) -> None:
+        subjob_id = self._known(data)
+        before = self.core.peak_gpu_memory_bytes(subjob_id)
+        self.core.note_gpu_memory(subjob_id, used)
+        if self.core.subjob(subjob_id) is not None:
+            assert self.core.peak_gpu_memory_bytes(subjob_id) == max(before, used)
+
+    # -- priority preemption
+
+    @rule(spec=preempting_probes, dry_run=st.booleans())
+    def preempting_probe(
+        self, spec: tuple[Demand, int, float, float, str, str], dry_run: bool
+    ) -> None:
+        order = self._order(spec)
+        (result,) = self._arbitrate([order])
+        if isinstance(result, Granted) or not result.retryable:
+            return
+        choice = self.core.choose_preemption(
+            order, result, self.now_unix, dry_run=dry_run, grace_seconds=5.0
+        )
+        self.journal.apply(choice.actions)
+        if choice.bounce is not None:
+            assert not choice.victims
+            return
+        assert choice.victims and set(choice.reasons) == set(choice.victims)
+        event("preemption reclaimed victims")
+        for victim in choice.victims:
+            live = self.core.subjob(victim)
+            assert live is not None and not live.is_stopping
+            assert live.priority > order.priority, "only strictly lower classes are taken"
+        owner = f"preempt-{next(self.ids)}"
+        self.core.reserve(owner, choice, self.now)
+        for victim in choice.victims:  # SIGTERM, then the process exits
+            self.journal.apply(self.core.stop(victim, choice.reasons[victim], EndCause.PREEMPTED))
+            decision = self.core.decide_exit(victim, Exit(exit_code=None, signal=15))
+            self.journal.apply(self.core.end(victim, decision, self.now_unix))
+            assert self.journal.ends[victim] == [EndCause.PREEMPTED]
+        self._arbitrate([replace(order, arrival_seq=self.core.next_arrival(), owner=owner)])
+        self.core.unreserve(owner)
+
+    # -- agent restart
+
+    @rule(data=st.data())
+    def agent_restarts(self, data: st.DataObject) -> None:
+        """The core is rebuilt from the journal's live rows; each is re-adopted (its
+        process runs), ended with the exit file it left, or lost."""
+        for lease_id, (subjob_id, _, _) in list(self.journal.leases.items()):
+            if not subjob_id:  # an uncommitted lease dies with the agent's memory
+                del self.journal.leases[lease_id]
+                self.journal.settled.setdefault(lease_id, []).append("forgotten")
+        self.core = self._new_core()
+        for subjob_id, row in sorted(self.journal.rows.items()):
+            if row["state"] not in LIVE_STATES:
+                continue
+            self.core.restore(
+                RestoredSubjob(
+                    subjob_id=subjob_id,
+                    job_id=str(row["job_id"]),
+                    state=str(row["state"]),
+                    reason=str(row["reason"]),
+                    lease_id=str(row["lease_id"]),
+                    slice_ids=tuple(row["slice_ids"]),
+                    priority=int(row["priority"]),
+                    lifecycle=2,
+                    started_unix=float(row["started_unix"]),
+                    end_cause=str(row["end_cause"]),
+                )
+            )
+            fate = data.draw(st.sampled_from(["adopt", "exited", "lost"]), label=subjob_id)
+            event(f"restart: {fate}")
+            if fate == "adopt":
+                _, allocations, lease_priority = self.journal.leases[str(row["lease_id"])]
+                refused = self.core.adopt(subjob_id, allocations, lease_priority)
+                assert refused == [], "capacity that fit before a restart fits after it"
+            elif fate == "exited":
+                decision = self.core.decide_exit(
+                    subjob_id, Exit(exit_code=1, signal=None), "ended while the agent was down"
+                )
+                self.journal.apply(self.core.end(subjob_id, decision, self.now_unix))
+            else:
+                self.journal.apply(self.core.lose(subjob_id, self.now_unix))
+                assert self.journal.rows[subjob_id]["state"] == LOST
+
+    # -- invariants
+
+    @invariant()
+    def no_slice_over_capacity(self) -> None:
+        ledger = self.core.ledger
+        ledger.check_invariant()
+        for s in SLICES:
+            committed_milli, leased_milli, committed_bytes, leased_bytes = ledger.usage(s.slice_id)
+            assert committed_milli + leased_milli <= s.capacity_milli
+            assert committed_bytes + leased_bytes <= s.memory_total_bytes
+
+    @invariant()
+    def started_at_most_once(self) -> None:
+        assert all(n == 1 for n in self.launches.values())
+        started = Counter(sid for sid, state in self.journal.events if state == RUNNING)
+        for subjob_id in self.launches:
+            assert started[subjob_id] >= 1
+
+    @invariant()
+    def one_end_each_and_none_after_it(self) -> None:
+        last_state: dict[str, str] = {}
+        for subjob_id, state in self.journal.events:
+            assert last_state.get(subjob_id) not in TERMINAL_STATES, (
+                f"{subjob_id} left its end state for {state}"
+            )
+            last_state[subjob_id] = state
+        for subjob_id, row in self.journal.rows.items():
+            ended = row["state"] in TERMINAL_STATES
+            assert ended == (subjob_id in self.journal.ends)
+            if ended:
+                (cause,) = self.journal.ends[subjob_id]
+                assert cause is not EndCause.UNSPECIFIED
+                assert cause_from_token(str(row["end_cause"])) is cause
+                assert last_state[subjob_id] == row["state"]
+
+    @invariant()
+    def leases_settle_once(self) -> None:
+        for lease_id, outcomes in self.journal.settled.items():
+            if outcomes[0] == "committed":
+                assert outcomes in (["committed"], ["committed", "ended"]), (lease_id, outcomes)
+            else:
+                assert len(outcomes) == 1 and outcomes[0] in ("released", "expired", "forgotten"), (
+                    lease_id,
+                    outcomes,
+                )
+        # The journal's leases are the ledger's (rows of restored subjobs not yet adopted
+        # never linger: every restore is settled within the restart step).
+        held = {lease.lease_id: lease for lease in self.core.ledger.leases()}
+        assert set(self.journal.leases) == set(held)
+        # Exactly once: a lease gone from the ledger was settled, one still pending was not.
+        for lease_id in self.journal.granted:
+            outcomes = self.journal.settled.get(lease_id, [])
+            if lease_id not in held:
+                assert outcomes and outcomes[-1] != "committed", (lease_id, outcomes)
+            elif held[lease_id].committed:
+                assert outcomes == ["committed"], (lease_id, outcomes)
+            else:
+                assert outcomes == [], (lease_id, outcomes)
+
+    @invariant()
+    def core_agrees_with_the_journal(self) -> None:
+        journal_live = {
+            sid: row["state"]
+            for sid, row in self.journal.rows.items()
+            if row["state"] in LIVE_STATES
+        }
+        assert self.core.live_states == journal_live
+        for subjob_id in journal_live:
+            live = self.core.subjob(subjob_id)
+            assert live is not None
+            lease = self.core.ledger.lease(live.lease_id)
+            assert lease is not None and lease.committed and lease.subjob_id == subjob_id
+
+
+CoreMachine.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestCoreMachine = CoreMachine.TestCase
+
+
+# -- refusals, one by one -------------------------------------------------------------------------
+
+
+def granted_lease(core: AgentCore, demand: Demand, slice_id: str = "") -> str:
+    order = ProbeOrder("p", "j", 0, demand, 3, 1.0, core.next_arrival(), 5.0, slice_id)
+    (granted,), _ = core.arbitrate([order], 0.0, EPOCH_UNIX)
+    assert isinstance(granted, Granted)
+    return granted.lease.lease_id
+
+
+def commit(core: AgentCore, lease_id: str, subjob_id: str) -> list[Instruction]:
+    return core.commit(
+        lease_id,
+        subjob_id,
+        "j",
+        caller="",
+        priority=0,
+        lifecycle=2,
+        now=0.0,
+        now_unix=EPOCH_UNIX,
+    )
+
+
+def started_core() -> tuple[AgentCore, str]:
+    """A core with one subjob committed on gpu0 and running."""
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    lease_id = granted_lease(core, Demand(gpus=1), "gpu0")
+    commit(core, lease_id, "s1")
+    core.launched("s1", 42, EPOCH_UNIX)
+    return core, lease_id
+
+
+def ended_core() -> AgentCore:
+    core, _ = started_core()
+    core.end("s1", core.decide_exit("s1", Exit(exit_code=0, signal=None)), EPOCH_UNIX)
+    return core
+
+
+def test_an_end_releases_the_lease_and_is_journaled_with_its_cause() -> None:
+    core, lease_id = started_core()
+    instructions = core.end("s1", core.decide_exit("s1", Exit(0, None)), EPOCH_UNIX + 5)
+    assert core.ledger.lease(lease_id) is None
+    assert core.ledger.usage("gpu0") == (0, 0, 0, 0)
+    assert DropLease(lease_id, "j", "ended") in instructions
+    (row,) = [i for i in instructions if isinstance(i, WriteRow) and "end_cause" in i.fields]
+    assert row.fields["end_cause"] == "exited"
+    assert row.fields["ended_unix"] == EPOCH_UNIX + 5
+    assert instructions[-1] == Ended("s1", SUCCEEDED, EndCause.EXITED, "exited 0")
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        lambda core: core.decide_exit("s1", Exit(exit_code=1, signal=None)),
+        lambda core: core.end("s1", EndDecision(KILLED, EndCause.TERMINATED, "x"), EPOCH_UNIX),
+        lambda core: core.resume("s1", "why", EPOCH_UNIX),
+        lambda core: core.suspend("s1", "why", EPOCH_UNIX),
+        lambda core: core.stop("s1", "why", EndCause.TERMINATED),
+        lambda core: core.launched("s1", 43, EPOCH_UNIX),
+        lambda core: core.launch_failed("s1", "boom", EPOCH_UNIX),
+        lambda core: core.lose("s1", EPOCH_UNIX),
+        lambda core: core.check_release_memory("s1"),
+    ],
+    ids=[
+        "exit",
+        "end",
+        "resume",
+        "suspend",
+        "stop",
+        "launch",
+        "launch-failed",
+        "lose",
+        "release-memory",
+    ],
+)
+def test_an_ended_subjob_refuses_every_event(event: Callable[[AgentCore], object]) -> None:
+    core = ended_core()
+    with pytest.raises(TransitionRefused, match="not live"):
+        event(core)
+    assert core.live_states == {}
+
+
+def test_a_second_launch_is_refused() -> None:
+    core, _ = started_core()
+    with pytest.raises(TransitionRefused, match="running, not starting"):
+        core.launched("s1", 43, EPOCH_UNIX)
+    assert core.live_states == {"s1": RUNNING}
+
+
+def test_a_starting_subjob_cannot_be_suspended() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    commit(core, granted_lease(core, Demand()), "s1")
+    with pytest.raises(TransitionRefused, match="starting"):
+        core.suspend("s1", "why", EPOCH_UNIX)
+    assert core.live_states == {"s1": STARTING}
+
+
+def test_a_stopping_subjob_refuses_suspend_and_resume_and_ends_killed_with_the_stop_cause() -> None:
+    core, _ = started_core()
+    core.stop("s1", "make room", EndCause.PREEMPTED)
+    for signal in (core.suspend, core.resume):
+        with pytest.raises(TransitionRefused, match="being stopped"):
+            signal("s1", "why", EPOCH_UNIX)
+    decision = core.decide_exit("s1", Exit(exit_code=0, signal=None))
+    assert decision == EndDecision(KILLED, EndCause.PREEMPTED, "make room; exited 0")
+
+
+def test_a_live_subjob_id_is_not_committed_twice() -> None:
+    core, _ = started_core()
+    lease_id = granted_lease(core, Demand())
+    with pytest.raises(TransitionRefused, match="already exists"):
+        commit(core, lease_id, "s1")
+    lease = core.ledger.lease(lease_id)
+    assert lease is not None and not lease.committed
+
+
+def test_an_end_must_name_an_end_state_and_a_cause() -> None:
+    core, _ = started_core()
+    with pytest.raises(ValueError, match="not an end"):
+        core.end("s1", EndDecision(RUNNING, EndCause.EXITED, "x"), EPOCH_UNIX)
+    with pytest.raises(ValueError, match="not an end"):
+        core.end("s1", EndDecision(KILLED, EndCause.UNSPECIFIED, "x"), EPOCH_UNIX)
+    assert core.live_states == {"s1": RUNNING}
+
+
+def test_an_ended_row_is_not_restored() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    row = RestoredSubjob("s1", "j", SUCCEEDED, "exited 0", "l", (), 3, 2, EPOCH_UNIX)
+    with pytest.raises(TransitionRefused, match="has ended"):
+        core.restore(row)
+    assert core.live_states == {}
+
+
+def test_a_restored_stop_keeps_its_cause() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    row = RestoredSubjob(
+        "s1", "j", RUNNING, "terminating: drained", "l", ("gpu0",), 3, 2, EPOCH_UNIX, "cancelled"
+    )
+    core.restore(row)
+    assert core.adopt("s1", [Allocation("gpu0", 1000, 80 * GIB)], 3) == []
+    assert core.stopping == {"s1"}
+    decision = core.decide_exit("s1", Exit(exit_code=None, signal=15), "ended while down")
+    assert decision == EndDecision(
+        KILLED, EndCause.CANCELLED, "drained; ended by signal 15; ended while down"
+    )
+
+
+def test_capacity_that_cannot_be_readopted_is_killed_not_held() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    for sid in ("s1", "s2"):
+        core.restore(RestoredSubjob(sid, "j", RUNNING, "", f"l-{sid}", ("gpu0",), 3, 2, 1.0))
+    assert core.adopt("s1", [Allocation("gpu0", 1000, 80 * GIB)], 3) == []
+    refused = core.adopt("s2", [Allocation("gpu0", 1000, 80 * GIB)], 3)
+    assert DropLease("l-s2", "j", "not re-adopted") in refused
+    assert refused[-1] == Kill("s2")
+    assert core.stopping == {"s2"}
+    core.ledger.check_invariant()
+    # Its exit ends it as a stop, and gives back nothing it does not hold.
+    ended = core.end("s2", core.decide_exit("s2", Exit(exit_code=None, signal=9)), 2.0)
+    last = ended[-1]
+    assert isinstance(last, Ended) and (last.state, last.cause) == (KILLED, EndCause.TERMINATED)
+    assert last.reason.startswith("cannot re-adopt its capacity (")
+    assert not any(isinstance(i, DropLease) for i in ended)
+    assert core.live_states == {"s1": RUNNING}
+    assert core.ledger.lease("l-s1") is not None
+
+
+def test_a_readopted_lease_id_held_by_another_is_not_released_by_the_refused_one() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    for sid in ("s1", "s2"):
+        core.restore(RestoredSubjob(sid, "j", RUNNING, "", "same", ("gpu1",), 3, 2, 1.0))
+    assert core.adopt("s1", [Allocation("gpu1", 300, GIB)], 3) == []
+    refused = core.adopt("s2", [Allocation("gpu1", 300, GIB)], 3)
+    assert not any(isinstance(i, DropLease) for i in refused)
+    core.end("s2", core.decide_exit("s2", Exit(exit_code=0, signal=None)), 2.0)
+    assert core.ledger.usage("gpu1") == (300, 0, GIB, 0)
+
+
+# -- preemption choice ----------------------------------------------------------------------------
+
+
+def two_low_priority_holders() -> AgentCore:
+    """gpu0 and gpu1 each held by a running opportunistic subjob (s0, s1)."""
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    for i, slice_id in enumerate(["gpu0", "gpu1"]):
+        order = ProbeOrder(f"p{i}", "low", 0, Demand(gpus=1), 4, 1.0, i, 5.0, slice_id)
+        (granted,), _ = core.arbitrate([order], 0.0, EPOCH_UNIX)
+        assert isinstance(granted, Granted)
+        commit(core, granted.lease.lease_id, f"s{i}")
+        core.launched(f"s{i}", 42 + i, EPOCH_UNIX)
+    return core
+
+
+def bounced_probe(core: AgentCore, priority: int) -> tuple[ProbeOrder, Bounced]:
+    """A one-GPU probe of class ``priority`` that finds no free GPU."""
+    order = ProbeOrder("hi", "high", 0, Demand(gpus=1), priority, 1.0, 9, 5.0)
+    (bounce,), _ = core.arbitrate([order], 0.0, EPOCH_UNIX)
+    assert isinstance(bounce, Bounced) and bounce.retryable
+    return order, bounce
+
+
+def test_a_preemption_takes_the_cheapest_lower_priority_holder_and_says_why() -> None:
+    core = two_low_priority_holders()
+    order, bounce = bounced_probe(core, 1)
+    choice = core.choose_preemption(order, bounce, EPOCH_UNIX + 100, dry_run=False, grace_seconds=5)
+    assert choice.bounce is None
+    assert (choice.victims, choice.slice_ids) == (("s0",), ("gpu0",))  # WHOLE_GPU first
+    assert choice.reasons["s0"].startswith("preempted: by job high (critical) needing gpu0")
+    (action,) = choice.actions
+    assert (action.subjob_id, action.cause, action.dry_run) == ("s0", EndCause.PREEMPTED, False)
+    assert action.work_lost_gpu_seconds == 100.0  # one GPU for 100 s
+    assert choice.budget_seconds == 5 + PREEMPT_MARGIN_SECONDS
+    # The room is reserved for the preempting probe: another probe does not get it.
+    core.reserve("owner", choice, 0.0)
+    core.end("s0", core.decide_exit("s0", Exit(exit_code=None, signal=15)), EPOCH_UNIX)
+    other = ProbeOrder("other", "j", 0, Demand(gpus=1), 1, 9.0, 10, 5.0)
+    mine = replace(order, arrival_seq=11, owner="owner")
+    (lost, won), _ = core.arbitrate([other, mine], 1.0, EPOCH_UNIX)
+    assert isinstance(lost, Bounced) and isinstance(won, Granted)
+
+
+def test_a_dry_run_preemption_records_its_choice_and_bounces() -> None:
+    core = two_low_priority_holders()
+    order, bounce = bounced_probe(core, 1)
+    choice = core.choose_preemption(order, bounce, EPOCH_UNIX, dry_run=True, grace_seconds=5)
+    assert choice.victims == ()
+    assert choice.bounce is not None and "airlock dry-run: would preempt s0" in choice.bounce.reason
+    assert [a.dry_run for a in choice.actions] == [True]
+    assert core.live_states == {"s0": RUNNING, "s1": RUNNING}
+
+
+def test_no_victim_among_equal_or_higher_classes_or_holders_being_stopped() -> None:
+    core = two_low_priority_holders()
+    order, bounce = bounced_probe(core, 4)
+    choice = core.choose_preemption(order, bounce, EPOCH_UNIX, dry_run=False, grace_seconds=5)
+    assert choice.victims == () and choice.bounce is not None
+    assert "no lower-priority work to reclaim" in choice.bounce.reason
+    core.stop("s0", "drain", EndCause.TERMINATED)
+    core.stop("s1", "drain", EndCause.TERMINATED)
+    urgent = replace(order, priority=1)
+    choice = core.choose_preemption(urgent, bounce, EPOCH_UNIX, dry_run=False, grace_seconds=5)
+    assert choice.victims == () and choice.bounce is not None
