@@ -15,7 +15,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -46,6 +46,12 @@ class FakeAgent:
     want_live: bool = True
     #: The next Commit applies on the agent but its reply never reaches the router.
     lose_next_commit_reply: bool = False
+    #: The next Commit applies on the agent and then never answers; ``hung`` is set then
+    #: (the test crashes the router at that moment).
+    hang_next_commit: bool = False
+    hung: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Subjobs Airlock wants moved (listed on every heartbeat while they live).
+    readdress: set[str] = field(default_factory=set)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -131,8 +137,11 @@ class FakeAgent:
         request = zone_pb2.HeartbeatRequest(
             summary=self.summary(), events=[e for e in self.events if e.seq > self.acked]
         )
+        live = {s.spec.subjob_id for s in self.live()}
+        self.readdress &= live
+        request.readdress_subjob_ids.extend(sorted(self.readdress))
         if self.want_live:
-            request.live_subjob_ids.extend(s.spec.subjob_id for s in self.live())
+            request.live_subjob_ids.extend(sorted(live))
             request.has_live_subjob_ids = True
         return request
 
@@ -234,6 +243,10 @@ class FakeAgent:
         if self.lose_next_commit_reply:
             self.lose_next_commit_reply = False
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "the reply was lost")
+        if self.hang_next_commit:
+            self.hang_next_commit = False
+            self.hung.set()
+            await asyncio.Event().wait()  # until the router that called is gone
         return common_pb2.Subjob.FromString(subjob.SerializeToString())
 
     async def SignalSubjob(
@@ -275,14 +288,19 @@ class FakeClients:
         return None
 
 
-async def settle(tasks: Callable[[], set[asyncio.Task[Any]]]) -> list[BaseException]:
-    """Run the router's background tasks (and those they start) to completion; returns the
-    exceptions any of them raised."""
+async def settle(
+    tasks: Callable[[], set[asyncio.Task[Any]]], interrupt: asyncio.Event
+) -> list[BaseException]:
+    """Run the router's background tasks (and those they start) until none is left or
+    ``interrupt`` is set; returns the exceptions any of them raised."""
     failures: list[BaseException] = []
-    while pending := set(tasks()):
-        for outcome in await asyncio.gather(*pending, return_exceptions=True):
-            if isinstance(outcome, BaseException) and not isinstance(
-                outcome, asyncio.CancelledError
-            ):
-                failures.append(outcome)
+    stop = asyncio.ensure_future(interrupt.wait())
+    try:
+        while (pending := set(tasks())) and not interrupt.is_set():
+            done, _ = await asyncio.wait(pending | {stop}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stop}:
+                if not task.cancelled() and task.exception() is not None:
+                    failures.append(cast(BaseException, task.exception()))
+    finally:
+        stop.cancel()
     return failures

@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import random
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from corekit import FakeAgent, FakeClients, settle
 from hypothesis import HealthCheck, given, settings
@@ -62,6 +63,8 @@ op_st = st.one_of(
     st.tuples(st.just("heal"), agent_st),
     st.tuples(st.just("crash_agent"), agent_st),
     st.tuples(st.just("lose_commit_reply"), agent_st),
+    st.tuples(st.just("hang_commit_then_crash_router"), agent_st),
+    st.tuples(st.just("readdress"), agent_st, st.integers(0, 10)),
     st.tuples(st.just("queue")),
     st.tuples(st.just("sweep")),
     st.tuples(st.just("flush")),
@@ -75,6 +78,7 @@ class Harness:
         self.agents = {f"a{i}": FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(AGENTS)}
         self.job_ids: list[str] = []
         self.failures: list[BaseException] = []
+        self.calls: set[asyncio.Task[Any]] = set()
         self.zone = self._open()
 
     def _open(self) -> ZoneState:
@@ -92,8 +96,41 @@ class Harness:
     def agent(self, index: int) -> FakeAgent:
         return self.agents[f"a{index}"]
 
+    def tasks(self) -> set[asyncio.Task[Any]]:
+        self.calls = {t for t in self.calls if not t.done()}
+        return self.zone.pending_tasks() | self.calls
+
+    async def call(self, coro: Coroutine[Any, Any, object]) -> None:
+        """Await a router call as a task, so a Commit that never answers inside it (a
+        queue pass places jobs itself) crashes the router instead of the test."""
+        self.calls.add(asyncio.ensure_future(coro))
+        await self.settle()
+
     async def settle(self) -> None:
-        self.failures += await settle(self.zone.pending_tasks)
+        hung = asyncio.Event()
+        watchers = [asyncio.ensure_future(a.hung.wait()) for a in self.agents.values()]
+        for watcher in watchers:
+            watcher.add_done_callback(lambda _: hung.set())
+        try:
+            self.failures += await settle(self.tasks, hung)
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+        if hung.is_set():
+            # A Commit the agent carried out never answered: the router dies right then,
+            # with the commit journaled as in flight, and comes back from its journal.
+            for agent in self.agents.values():
+                agent.hung.clear()
+            await self.restart()
+
+    async def restart(self) -> None:
+        for task in self.calls:
+            task.cancel()
+        await asyncio.gather(*self.calls, return_exceptions=True)
+        self.calls.clear()
+        await self.zone.close()
+        self.store.close()
+        self.zone = self._open()
 
     def heartbeat(self, agent: FakeAgent) -> None:
         if agent.silent:
@@ -129,10 +166,7 @@ class Harness:
             self.job_ids.append(job.job_id)
         elif kind == "cancel" and self.job_ids:
             job_id = self.job_ids[cast(int, op[1]) % len(self.job_ids)]
-            try:
-                await self.zone.cancel(job_id, "test")
-            except FailedPrecondition:
-                assert self.zone.get(job_id).state in TERMINAL_JOB_STATES
+            await self.call(self.cancel(job_id))
         elif kind == "exit":
             agent = self.agent(cast(int, op[1]))
             live = sorted(s.spec.subjob_id for s in agent.live())
@@ -168,19 +202,30 @@ class Harness:
             self.heartbeat(agent)
         elif kind == "lose_commit_reply":
             self.agent(cast(int, op[1])).lose_next_commit_reply = True
+        elif kind == "hang_commit_then_crash_router":
+            self.agent(cast(int, op[1])).hang_next_commit = True
+        elif kind == "readdress":
+            agent = self.agent(cast(int, op[1]))
+            live = sorted(s.spec.subjob_id for s in agent.live())
+            if live:
+                agent.readdress.add(live[cast(int, op[2]) % len(live)])
         elif kind == "queue":
-            await self.zone.queue_pass()
+            await self.call(self.zone.queue_pass())
         elif kind == "sweep":
             self.zone.sweep()
         elif kind == "flush":
             await self.flush()
             self.check_reported()
         elif kind == "restart_router":
-            await self.zone.close()
-            self.store.close()
-            self.zone = self._open()
+            await self.restart()
         await self.settle()
         self.check_always()
+
+    async def cancel(self, job_id: str) -> None:
+        try:
+            await self.zone.cancel(job_id, "test")
+        except FailedPrecondition:
+            assert self.zone.get(job_id).state in TERMINAL_JOB_STATES
 
     # ------------------------------------------------------------------ invariants
 
@@ -243,11 +288,12 @@ class Harness:
         """Heal everything and let all work succeed: every job must end."""
         for agent in self.agents.values():
             agent.silent = False
-            agent.lose_next_commit_reply = False
+            agent.lose_next_commit_reply = agent.hang_next_commit = False
+            agent.readdress.clear()
         for _ in range(12):
             await self.flush()
             self.check_reported()
-            await self.zone.queue_pass()
+            await self.call(self.zone.queue_pass())
             await self.settle()
             for agent in self.agents.values():
                 for subjob in agent.live():
