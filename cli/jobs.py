@@ -55,6 +55,7 @@ _SPEC_FLAGS = (
     ("grace", "--grace"),
     ("restartable", "--restartable"),
     ("run_through_partitions", "--run-through-partitions"),
+    ("array", "--array"),
 )
 
 
@@ -84,6 +85,12 @@ def add_spec_flags(parser: argparse.ArgumentParser, *, full: bool) -> None:
         "--after", action="append", metavar="ID[,ID]", help="start after these jobs succeed"
     )
     parser.add_argument("--retries", metavar="N", help="retries of failed subjobs")
+    parser.add_argument(
+        "--array",
+        metavar="SPEC",
+        help="a job array, e.g. 0-999%%50 (Slurm's syntax: indices, ranges A-B[:STEP], "
+        "%%N elements under way at once); each element JOB_INDEX sees LAMINAR_ARRAY_INDEX",
+    )
     parser.add_argument(
         "--env", action="append", default=[], metavar="K=V", help="environment variable"
     )

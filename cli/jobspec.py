@@ -23,6 +23,7 @@ from typing import Any
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.errors import InvalidArgument
 from laminar_base.units import format_size, parse_duration, parse_size
+from laminar_zone.arrays import parse_array
 
 PRIORITIES: dict[str, common_pb2.PriorityClass] = {
     "critical": common_pb2.CRITICAL,
@@ -61,6 +62,7 @@ TOP_KEYS = frozenset(
         "release_signal",
         "resources",
         "atomization",
+        "array",
     }
 )
 RESOURCE_KEYS = frozenset({"gpus", "mig", "gpu_milli", "gpu_mem", "gpu_model"})
@@ -388,6 +390,9 @@ def build_spec(data: SpecInput, *, require_command: bool = True) -> zone_pb2.Job
         spec.restartable = _bool(values["restartable"])
     if "run_through_partitions" in values:
         spec.run_through_partitions = _bool(values["run_through_partitions"])
+    if "array" in values:
+        spec.array = _str(values["array"]).strip()
+        parse_array(spec.array, values["array"].label)  # refused here, naming the flag
     if "release_signal" in values:
         spec.supports_release_signal = _bool(values["release_signal"])
     if "value" in values:

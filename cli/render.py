@@ -355,6 +355,19 @@ def job_detail(job: zone_pb2.Job, now_unix: float) -> RenderableType:
         grid.add_row("expected start", expected_start(job, now_unix))
     if job.forwarded_to:
         grid.add_row("forwarded to", Text(job.forwarded_to))
+    if spec.array:
+        a = job.array
+        limit = f", at most {a.limit} at once" if a.limit else ""
+        grid.add_row(
+            "array",
+            Text(
+                f"{spec.array}: {a.total} elements{limit}; {a.under_way} under way, "
+                f"{a.held} waiting, {a.succeeded} succeeded, {a.failed} failed, "
+                f"{a.cancelled} cancelled (elements are {job.job_id}_INDEX)"
+            ),
+        )
+    if job.array_id:
+        grid.add_row("array element", Text(f"index {job.array_index} of {job.array_id}"))
     grid.add_row(
         "tenant / class",
         Text(

@@ -20,6 +20,15 @@ class LaminarError(Exception):
         self.message = f"{field}: {message}" if field else message
         super().__init__(self.message)
 
+    def within(self, prefix: str) -> LaminarError:
+        """The same error, its field named inside ``prefix`` (``requests[3]``): for a
+        request that carries many items."""
+        had = self.field
+        self.field = f"{prefix}.{had}" if had else prefix
+        self.message = f"{prefix}.{self.message}" if had else f"{prefix}: {self.message}"
+        self.args = (self.message,)
+        return self
+
 
 class InvalidArgument(LaminarError):
     """The request is malformed; the message names the field."""

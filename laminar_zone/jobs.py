@@ -41,13 +41,21 @@ from laminar_base.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
+    LaminarError,
     NotFound,
     PermissionDenied,
     Unavailable,
 )
-from laminar_base.grpcutil import check_number, check_str
+from laminar_base.grpcutil import check_count, check_number, check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import check_spec, demand_of
+from laminar_zone.arrays import (
+    ARRAY_INDEX_ENV,
+    ARRAY_JOB_ENV,
+    ArrayProgress,
+    element_id,
+    parse_array,
+)
 from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
 from laminar_zone.audit import AuditLog
 from laminar_zone.config import ZoneConfig
@@ -92,6 +100,14 @@ MAX_GANG = 64
 MAX_AFTER = 64
 MAX_RETRIES = 100
 MAX_COMMAND_ARGS = 4096
+#: An array's end (laminar_zone.arrays) and the job state it is.
+_OUTCOME_STATES = {
+    "succeeded": zone_pb2.JOB_SUCCEEDED,
+    "failed": zone_pb2.JOB_FAILED,
+    "cancelled": zone_pb2.JOB_CANCELLED,
+}
+#: Jobs one SubmitBatch may carry.
+MAX_BATCH_JOBS = 10_000
 
 
 #: Most jobs one ListJobs page holds, and the bytes a page stays under (replies must fit
@@ -190,6 +206,8 @@ class ZoneState:
         self.by_agent: dict[str, set[str]] = {}  # agent id -> job ids with live placements
         self._unconfirmed: dict[str, set[str]] = {}  # agent id -> job ids to verify
         self._readdressing: set[str] = set()
+        #: Arrays not yet ended: array job id -> where its elements stand.
+        self.arrays: dict[str, ArrayProgress] = {}
         #: Stops the agent has not taken yet (it did not answer): subjob id -> the copy to
         #: stop, why, and the cause. Each sweep asks again while the agent is reachable.
         self._owed_stops: dict[str, tuple[zone_pb2.Placement, str, EndCause]] = {}
@@ -222,8 +240,22 @@ class ZoneState:
         """Reload live jobs from the journal; returns how many."""
         now = time.monotonic()
         for job in self.store.live():
+            if job.spec.array:  # an array's record: its counts of ended elements
+                self.arrays[job.job_id] = ArrayProgress(
+                    job.array.total,
+                    job.array.limit,
+                    succeeded=job.array.succeeded,
+                    failed=job.array.failed,
+                    cancelled=job.array.cancelled,
+                )
+                continue
             entry = Entry(job=job, need=demand_of(job.spec.resources), submitted_mono=now)
             self.entries[job.job_id] = entry
+            if job.array_id and job.state != zone_pb2.WAITING:
+                # Under way at the crash (its array's record precedes it in the journal).
+                progress = self.arrays.get(job.array_id)
+                if progress is not None:
+                    progress.active.add(job.job_id)
             if is_atomized(job.spec):
                 self.atomizer.admit(job, now=now)
             for p in job.placements:  # earlier attempts too: a copy may still run
@@ -287,6 +319,12 @@ class ZoneState:
                     or p.state not in LIVE_SUBJOB
                 ):
                     continue
+                # Live copies of the same member made before this one: it was a move.
+                older = [
+                    q
+                    for q in job.placements[: list(job.placements).index(p)]
+                    if q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB
+                ]
                 try:
                     subjob = await stub.GetSubjob(
                         agent_pb2.GetSubjobRequest(subjob_id=p.subjob_id), timeout=5
@@ -296,7 +334,9 @@ class ZoneState:
                         self._unconfirmed.setdefault(record.agent_id, set()).add(job_id)
                         continue
                     p.state = common_pb2.FAILED
-                    p.end_cause = EndCause.COMMIT_UNCONFIRMED.wire
+                    # A move's copy that never started leaves the member where it was.
+                    cause = EndCause.READDRESSED if older else EndCause.COMMIT_UNCONFIRMED
+                    p.end_cause = cause.wire
                     p.reason = "commit unconfirmed: the agent never started it"
                     p.ended_unix = time.time()
                 else:
@@ -304,6 +344,7 @@ class ZoneState:
                     moved_on = p.attempt != job.attempts or job.state in TERMINAL_JOB_STATES
                     if moved_on and p.state in LIVE_SUBJOB:
                         self._stop_copy(p.agent_id, p.subjob_id, "superseded: the job moved on")
+
             self.evaluate(entry)
             self.save(entry)
             self._forget_if_done(entry)
@@ -320,14 +361,90 @@ class ZoneState:
         allow_forward: bool = True,
         bearer: str = "",
     ) -> zone_pb2.Job:
-        check_str(client_request_id, "client_request_id")
-        if not spec.tenant:
-            spec.tenant = "default"
+        (job,) = await self.submit_many(
+            [(spec, client_request_id)],
+            forwarded_from=forwarded_from,
+            allow_forward=allow_forward,
+            bearer=bearer,
+            name_items=False,
+        )
+        return job
+
+    async def submit_many(
+        self,
+        requests: Sequence[tuple[zone_pb2.JobSpec, str]],
+        *,
+        forwarded_from: str = "",
+        allow_forward: bool = True,
+        bearer: str = "",
+        name_items: bool = True,
+    ) -> list[zone_pb2.Job]:
+        """Accept jobs (Submit, SubmitBatch): every request is checked before any is taken
+        (an error names ``requests[i]`` when ``name_items``), then all new jobs, array
+        elements included, are journaled in one write and started. A request whose
+        (tenant, client_request_id) was seen before returns that job again."""
+        check_count(requests, "requests", max_items=MAX_BATCH_JOBS)
+        answers: list[zone_pb2.Job | list[Entry]] = []
+        taken: dict[tuple[str, str], int] = {}
+        for i, (spec, request_id) in enumerate(requests):
+            try:
+                check_str(request_id, "client_request_id")
+                if not spec.tenant:
+                    spec.tenant = "default"
+                if request_id and (spec.tenant, request_id) in taken:
+                    answers.append(answers[taken[(spec.tenant, request_id)]])
+                    continue
+                existing = self.store.by_request(spec.tenant, request_id) if request_id else None
+                if existing is not None:
+                    answers.append(existing)
+                    continue
+                answers.append(self._new_entries(spec, request_id, forwarded_from, bearer))
+                if request_id:
+                    taken[(spec.tenant, request_id)] = i
+            except LaminarError as exc:
+                if name_items:
+                    raise exc.within(f"requests[{i}]") from None
+                raise
+        new: list[Entry] = []
+        seen: set[int] = set()
+        for answer in answers:
+            if isinstance(answer, list) and id(answer) not in seen:
+                seen.add(id(answer))
+                new.extend(answer)
+        for entry in new:
+            job = entry.job
+            if job.spec.array:  # the array's own record: its elements are the work
+                array = parse_array(job.spec.array)
+                self.arrays[job.job_id] = ArrayProgress(len(array.indices), array.limit)
+                self._sum_up_array(job)
+                continue
+            self.entries[job.job_id] = entry
+            if is_atomized(job.spec):
+                self.atomizer.admit(job)
+            self._route(entry, allow_forward and _may_forward(job))
+        try:
+            self.store.put_many([e.job for e in new])
+        except Exception:
+            for entry in new:
+                self.entries.pop(entry.job.job_id, None)
+                self.arrays.pop(entry.job.job_id, None)
+                self.atomizer.forget(entry.job.job_id)
+            raise
+        self.metrics.submitted.inc(len([e for e in new if not e.job.spec.array]))
+        for entry in new:
+            if not entry.job.spec.array:
+                self._kick(entry, allow_forward and _may_forward(entry.job))
+        return [
+            self._fresh(answer[0].job if isinstance(answer, list) else answer) for answer in answers
+        ]
+
+    def _new_entries(
+        self, spec: zone_pb2.JobSpec, request_id: str, forwarded_from: str, bearer: str
+    ) -> list[Entry]:
+        """Check one new job and make its record (an array: its record, then its
+        elements'); nothing is kept yet."""
         need = validate_spec(spec)
-        if client_request_id:
-            existing = self.store.by_request(spec.tenant, client_request_id)
-            if existing is not None:
-                return self._fresh(existing)
+        array = parse_array(spec.array) if spec.array else None
         for dep in spec.after:
             check_str(dep, "spec.after", required=True)
             if self._job(dep) is None:
@@ -344,35 +461,109 @@ class ZoneState:
         refusal = quota_never_fits(item, self.quotas.get(spec.tenant))
         if refusal:
             raise FailedPrecondition(refusal, field="spec.resources")
+        now, now_mono = time.time(), time.monotonic()
         job = zone_pb2.Job(
             job_id=f"j-{uuid.uuid4().hex[:10]}",
             spec=spec,
             state=zone_pb2.PENDING,
             reason="placing" if not forwarded_from else f"forwarded from zone {forwarded_from}",
-            submitted_unix=time.time(),
+            submitted_unix=now,
             zone=self.zone_name,
-            client_request_id=client_request_id,
+            client_request_id=request_id,
             attempts=1,
         )
-        entry = Entry(job=job, need=need, submitted_mono=time.monotonic(), bearer=bearer)
-        self.entries[job.job_id] = entry
-        if is_atomized(spec):
-            self.atomizer.admit(job)
-            allow_forward = False  # its windows are this zone's; flow splitting is for rigid jobs
-        self._route(entry, allow_forward)
-        try:
-            self.store.put(job)
-        except Exception:
-            self.entries.pop(job.job_id, None)
-            raise
-        self.metrics.submitted.inc()
-        self._kick(entry, allow_forward)
-        return self._fresh(job)
+        entries = [Entry(job=job, need=need, submitted_mono=now_mono, bearer=bearer)]
+        if array is None:
+            return entries
+        for order, index in enumerate(array.indices):
+            element_spec = zone_pb2.JobSpec()
+            element_spec.CopyFrom(spec)
+            element_spec.ClearField("array")
+            element_spec.env[ARRAY_INDEX_ENV] = str(index)
+            element_spec.env[ARRAY_JOB_ENV] = job.job_id
+            element = zone_pb2.Job(
+                job_id=element_id(job.job_id, index),
+                spec=element_spec,
+                state=zone_pb2.PENDING,
+                reason="placing",
+                submitted_unix=now + order * 1e-6,  # the queue takes elements in order
+                zone=self.zone_name,
+                attempts=1,
+                array_id=job.job_id,
+                array_index=index,
+            )
+            entries.append(Entry(job=element, need=need, submitted_mono=now_mono, bearer=bearer))
+        return entries
+
+    # ================================================================ job arrays
+
+    def _array_block(self, entry: Entry) -> str:
+        """Why an array element may not be under way yet (its array's %N limit), or "";
+        an element that may go counts against the limit from then on."""
+        job = entry.job
+        progress = self.arrays.get(job.array_id) if job.array_id else None
+        if progress is None or progress.may_start(job.job_id):
+            return ""
+        return (
+            f"array {job.array_id}: {progress.limit} elements under way at once "
+            f"(%{progress.limit}); this one starts when one of them ends"
+        )
+
+    def _sum_up_array(self, array_job: zone_pb2.Job) -> None:
+        """Write where the array's elements stand into its record; end it with its last."""
+        progress = self.arrays.get(array_job.job_id)
+        if progress is None:
+            return
+        array_job.array.CopyFrom(
+            zone_pb2.ArrayStatus(
+                total=progress.total,
+                limit=progress.limit,
+                under_way=len(progress.active),
+                held=progress.held,
+                succeeded=progress.succeeded,
+                failed=progress.failed,
+                cancelled=progress.cancelled,
+            )
+        )
+        if progress.done:
+            array_job.state = _OUTCOME_STATES[progress.outcome()]
+            array_job.reason = (
+                f"{progress.succeeded} of {progress.total} elements succeeded, "
+                f"{progress.failed} failed, {progress.cancelled} cancelled"
+            )
+            array_job.ended_unix = time.time()
+            del self.arrays[array_job.job_id]
+            return
+        array_job.state = (
+            zone_pb2.JOB_RUNNING
+            if progress.ended
+            or any(
+                (e := self.entries.get(element)) is not None and e.job.state in RUNNING_JOB_STATES
+                for element in progress.active
+            )
+            else zone_pb2.QUEUED
+        )
+        array_job.reason = (
+            f"{len(progress.active)} elements under way, {progress.held} waiting, "
+            f"{progress.ended} of {progress.total} ended"
+        )
+
+    def _element_ended(self, job: zone_pb2.Job) -> None:
+        """An array element reached its end: count it, and journal the array's record."""
+        progress = self.arrays.get(job.array_id)
+        if progress is None:
+            return
+        outcome = next((o for o, s in _OUTCOME_STATES.items() if s == job.state), "cancelled")
+        progress.ended_as(job.job_id, outcome)
+        array_job = self.store.get(job.array_id)
+        if array_job is not None:
+            self._sum_up_array(array_job)
+            self.store.put(array_job)
 
     def _route(self, entry: Entry, allow_forward: bool) -> None:
         """Decide the first state: waiting for dependencies or quota, queued, or placing."""
         job = entry.job
-        waiting = self._dependency_block(entry)
+        waiting = self._dependency_block(entry) or self._array_block(entry)
         if waiting:
             job.state, job.reason = zone_pb2.WAITING, waiting
             entry.queued_at = time.monotonic()
@@ -732,6 +923,12 @@ class ZoneState:
                 continue
             if job.state == zone_pb2.WAITING and self._dependency_block(entry):
                 continue
+            held = self._array_block(entry) if job.state == zone_pb2.WAITING else ""
+            if held:
+                if job.reason != held:
+                    job.reason = held
+                    changed.append(entry)
+                continue
             if self._wait_for_old_copy(entry):
                 continue
             if job.job_id in self.atomizer.atoms:  # placed by the market, not by this queue
@@ -1007,6 +1204,11 @@ class ZoneState:
             return
         if placement.state not in LIVE_SUBJOB:
             return
+        if any(
+            p is not placement and p.member == placement.member and p.state in LIVE_SUBJOB
+            for p in entry.current()
+        ):
+            return  # a move of this member is under way (or awaits its agent's word)
         if max(1, entry.job.spec.gang_size) > 1:
             log.info("not re-addressing %s: gang members move together only by retry", subjob_id)
             return
@@ -1068,21 +1270,25 @@ class ZoneState:
                 placement.reason = f"{READDRESSED} commit of the copy failed: {exc.details()}"
                 self.save(entry)
                 return
-            why = (
-                f"{READDRESSED} moved to {record.agent_id} after Airlock suspended it on {agent_id}"
-            )
-            old.state = common_pb2.KILLED
-            old.end_cause = EndCause.READDRESSED.wire
-            old.reason = why
-            old.ended_unix = time.time()
-            self.save(entry)
-            self.metrics.readdressed.inc()
-            log.info(
-                "job %s: subjob %s %s as %s", job.job_id, old.subjob_id, why, placement.subjob_id
-            )
-            await self.terminate(old, why, EndCause.READDRESSED)
+            await self._retire_moved(entry, old, placement)
         finally:
             self._readdressing.discard(old.subjob_id)
+
+    async def _retire_moved(
+        self, entry: Entry, old: zone_pb2.Placement, new: zone_pb2.Placement
+    ) -> None:
+        """The copy ``new`` runs: the one it moved away from ends (a free retry's cause)."""
+        if old.state not in LIVE_SUBJOB:
+            return  # retired already (the move's own task and an event both saw it run)
+        why = f"{READDRESSED} moved to {new.agent_id} after Airlock suspended it on {old.agent_id}"
+        old.state = common_pb2.KILLED
+        old.end_cause = EndCause.READDRESSED.wire
+        old.reason = why
+        old.ended_unix = time.time()
+        self.save(entry)
+        self.metrics.readdressed.inc()
+        log.info("job %s: subjob %s %s as %s", entry.job.job_id, old.subjob_id, why, new.subjob_id)
+        await self.terminate(old, why, EndCause.READDRESSED)
 
     def _apply_event(self, agent_id: str, subjob: common_pb2.Subjob) -> Entry | None:
         """Carry out :func:`~laminar_zone.lifecycle.judge_report` on one subjob event;
@@ -1195,6 +1401,7 @@ class ZoneState:
                 job.atomization.CopyFrom(progress)
             return
         current = entry.current()
+        self._finish_moves(entry, current)
         verdict = judge_attempt(
             [MemberState(p.state, p.end_cause, p.reason == COMMITTING) for p in current],
             job.spec.gang_size,
@@ -1242,6 +1449,16 @@ class ZoneState:
                 else ""
             )
 
+    def _finish_moves(self, entry: Entry, current: list[zone_pb2.Placement]) -> None:
+        """A move's copy runs while the copy it moved away from still lives (the move was
+        cut short by a restart, or its copy's report came first): retire the old one."""
+        for index, new in enumerate(current):
+            if new.state not in LIVE_SUBJOB or new.reason == COMMITTING:
+                continue
+            for old in current[:index]:
+                if old.member == new.member and old.state in LIVE_SUBJOB:
+                    self._spawn(self._retire_moved(entry, old, new), f"moved-{old.subjob_id}")
+
     def finish(self, entry: Entry, state: int, reason: str) -> None:
         job = entry.job
         job.state = state  # type: ignore[assignment]
@@ -1251,6 +1468,8 @@ class ZoneState:
         job.expected_start_unix = 0
         self.metrics.finished.labels(zone_pb2.JobState.Name(state).lower()).inc()
         log.info("job %s %s: %s", job.job_id, zone_pb2.JobState.Name(state).lower(), reason)
+        if job.array_id:
+            self._element_ended(job)
         self._queue_wake.set()
 
     def _forget_if_done(self, entry: Entry) -> None:
@@ -1318,7 +1537,10 @@ class ZoneState:
         entry = self.entries.get(job_id)
         if entry is not None:
             return entry.job
-        return self.store.get(job_id)
+        job = self.store.get(job_id)
+        if job is not None and job.job_id in self.arrays:
+            self._sum_up_array(job)  # an array under way: where its elements stand now
+        return job
 
     def get(self, job_id: str) -> zone_pb2.Job:
         check_str(job_id, "job_id", required=True)
@@ -1358,6 +1580,15 @@ class ZoneState:
     async def cancel(self, job_id: str, reason: str) -> zone_pb2.Job:
         check_str(reason, "reason", max_chars=1024)
         job = self.get(job_id)
+        if job_id in self.arrays:  # an array: every element not ended yet
+            elements = [
+                e.job.job_id
+                for e in list(self.entries.values())
+                if e.job.array_id == job_id and e.job.state not in TERMINAL_JOB_STATES
+            ]
+            for element in elements:
+                await self.cancel(element, reason)
+            return self.get(job_id)
         entry = self.entries.get(job_id)
         if entry is None or job.state in TERMINAL_JOB_STATES:
             raise FailedPrecondition(
@@ -1770,6 +2001,12 @@ def _copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
     p.unit_start = subjob.spec.unit_start
     p.unit_count = subjob.spec.unit_count
     p.units_done = subjob.units_done
+
+
+def _may_forward(job: zone_pb2.Job) -> bool:
+    """Flow splitting sends rigid jobs to peers; an atomized job's windows are this zone's,
+    and an array's elements stay with their array."""
+    return not is_atomized(job.spec) and not job.array_id
 
 
 def _note_true_end(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:

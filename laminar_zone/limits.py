@@ -57,11 +57,13 @@ class RateLimiter:
         )
 
 
-def check_queued(tenant: str, queued: int, max_queued: int) -> None:
-    """Refuse a new job when the tenant already has ``max_queued`` non-terminal jobs (0: no cap)."""
-    if max_queued > 0 and queued >= max_queued:
+def check_queued(tenant: str, queued: int, max_queued: int, adding: int = 1) -> None:
+    """Refuse ``adding`` new jobs (an array's elements count each) when the tenant would
+    have more than ``max_queued`` non-terminal jobs (0: no cap)."""
+    if max_queued > 0 and queued + adding > max_queued:
+        more = f" (and {adding} more asked for)" if adding > 1 else ""
         raise ResourceExhausted(
-            f"tenant {tenant!r} has {queued} unfinished jobs, limit {max_queued}",
+            f"tenant {tenant!r} has {queued} unfinished jobs{more}, limit {max_queued}",
             field="tenant",
             retry_after_seconds=1.0,
         )

@@ -14,9 +14,10 @@ from laminar_agent.executor import check_subjob_id
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.causes import TERMINAL_JOB_STATES
-from laminar_base.errors import InvalidArgument, PermissionDenied, Unavailable
+from laminar_base.errors import InvalidArgument, LaminarError, PermissionDenied, Unavailable
 from laminar_base.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
 from laminar_base.security import peer_identity, peer_names
+from laminar_zone.arrays import parse_array
 from laminar_zone.auth import (
     Guard,
     Principal,
@@ -26,7 +27,7 @@ from laminar_zone.auth import (
     require_admin,
 )
 from laminar_zone.config import is_host_port
-from laminar_zone.jobs import ZoneState
+from laminar_zone.jobs import MAX_BATCH_JOBS, ZoneState
 from laminar_zone.limits import check_queued
 from laminar_zone.peers import PeerRouter
 
@@ -91,30 +92,49 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         if principal is not None and not principal.is_admin:
             check_tenant_access(principal, self._state.get(job_id).spec.tenant)
 
-    def _admit(self, principal: Principal | None, spec: zone_pb2.JobSpec) -> None:
-        """Tenant, rate limit and queued-job cap of a new job (Submit and CommitJob)."""
-        spec.tenant = self._guard.submit_tenant(principal, spec.tenant)
-        self._guard.submit_limiter.take(spec.tenant)
+    def _admit(
+        self, principal: Principal | None, specs: Sequence[zone_pb2.JobSpec], prefix: str = ""
+    ) -> None:
+        """Tenant, rate limit and queued-job cap of new jobs (Submit, SubmitBatch and
+        CommitJob): one call spends one rate-limit token; the cap counts every job a call
+        adds (an array's elements each)."""
+        adding: dict[str, int] = {}
+        for i, spec in enumerate(specs):
+            try:
+                spec.tenant = self._guard.submit_tenant(principal, spec.tenant)
+                jobs = len(parse_array(spec.array).indices) if spec.array else 1
+            except LaminarError as exc:
+                raise exc.within(f"{prefix}[{i}]") if prefix else exc from None
+            adding[spec.tenant] = adding.get(spec.tenant, 0) + jobs
+        for tenant in adding:
+            self._guard.submit_limiter.take(tenant)
         cap = self._guard.max_queued_per_tenant
         if cap:
-            queued = sum(
-                1
-                for e in self._state.entries.values()
-                if e.job.spec.tenant == spec.tenant and e.job.state not in TERMINAL_JOB_STATES
-            )
-            check_queued(spec.tenant, queued, cap)
+            for tenant, count in adding.items():
+                queued = sum(
+                    1
+                    for e in self._state.entries.values()
+                    if e.job.spec.tenant == tenant and e.job.state not in TERMINAL_JOB_STATES
+                )
+                check_queued(tenant, queued, cap, count)
 
     @map_errors
     async def Submit(self, request: zone_pb2.SubmitRequest, context: Ctx) -> zone_pb2.Job:
-        self._admit(self._caller(context), request.spec)
+        self._admit(self._caller(context), [request.spec])
         return await self._state.submit(
-            request.spec,
-            request.client_request_id,
-            bearer=bearer_from_metadata(
-                tuple((str(k), v) for k, v in context.invocation_metadata() or ())
-            )
-            or "",
+            request.spec, request.client_request_id, bearer=_bearer(context)
         )
+
+    @map_errors
+    async def SubmitBatch(
+        self, request: zone_pb2.SubmitBatchRequest, context: Ctx
+    ) -> zone_pb2.SubmitBatchReply:
+        check_count(request.requests, "requests", max_items=MAX_BATCH_JOBS)
+        self._admit(self._caller(context), [r.spec for r in request.requests], "requests")
+        jobs = await self._state.submit_many(
+            [(r.spec, r.client_request_id) for r in request.requests], bearer=_bearer(context)
+        )
+        return zone_pb2.SubmitBatchReply(jobs=jobs)
 
     @map_errors
     async def GetJob(self, request: zone_pb2.GetJobRequest, context: Ctx) -> zone_pb2.Job:
@@ -173,7 +193,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
 
     @map_errors
     async def CommitJob(self, request: zone_pb2.CommitJobRequest, context: Ctx) -> zone_pb2.Job:
-        self._admit(self._caller(context), request.spec)
+        self._admit(self._caller(context), [request.spec])
         return await self._state.commit_leases(request)
 
     @map_errors
@@ -283,6 +303,12 @@ MAX_STATE_FILTERS = 64
 MAX_LOG_OFFSET = 2**63 - 1
 
 
+def _bearer(context: Ctx) -> str:
+    """The bearer token the caller sent (the router passes it on when it forwards)."""
+    metadata = tuple((str(k), v) for k, v in context.invocation_metadata() or ())
+    return bearer_from_metadata(metadata) or ""
+
+
 def check_shapes(shapes: Sequence[common_pb2.ShapeCapacity], field: str) -> None:
     check_count(shapes, field, max_items=MAX_SHAPES)
     for shape in shapes:
@@ -368,7 +394,7 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
             if existing is not None:
                 return self._state.get(existing.job_id)
         submitters = self._submitters
-        submitters._admit(submitters._caller(context), request.spec)
+        submitters._admit(submitters._caller(context), [request.spec])
         return await self._state.submit(
             request.spec,
             request.client_request_id,

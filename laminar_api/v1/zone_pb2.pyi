@@ -44,7 +44,7 @@ AGENT_STALE: AgentState
 AGENT_DRAINING: AgentState
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "command", "env", "workdir", "resources", "priority", "lifecycle", "tenant", "gang_size", "after", "max_retries", "value", "restartable", "atomization", "supports_release_signal", "expected_seconds", "grace_seconds", "run_through_partitions")
+    __slots__ = ("name", "command", "env", "workdir", "resources", "priority", "lifecycle", "tenant", "gang_size", "after", "max_retries", "value", "restartable", "atomization", "supports_release_signal", "expected_seconds", "grace_seconds", "run_through_partitions", "array")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class JobSpec(_message.Message):
     EXPECTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RUN_THROUGH_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -88,7 +89,8 @@ class JobSpec(_message.Message):
     expected_seconds: float
     grace_seconds: float
     run_through_partitions: bool
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., priority: _Optional[_Union[_common_pb2.PriorityClass, str]] = ..., lifecycle: _Optional[_Union[_common_pb2.LifecycleClass, str]] = ..., tenant: _Optional[str] = ..., gang_size: _Optional[int] = ..., after: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., value: _Optional[float] = ..., restartable: _Optional[bool] = ..., atomization: _Optional[_Union[_common_pb2.AtomizationContract, _Mapping]] = ..., supports_release_signal: _Optional[bool] = ..., expected_seconds: _Optional[float] = ..., grace_seconds: _Optional[float] = ..., run_through_partitions: _Optional[bool] = ...) -> None: ...
+    array: str
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., priority: _Optional[_Union[_common_pb2.PriorityClass, str]] = ..., lifecycle: _Optional[_Union[_common_pb2.LifecycleClass, str]] = ..., tenant: _Optional[str] = ..., gang_size: _Optional[int] = ..., after: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., value: _Optional[float] = ..., restartable: _Optional[bool] = ..., atomization: _Optional[_Union[_common_pb2.AtomizationContract, _Mapping]] = ..., supports_release_signal: _Optional[bool] = ..., expected_seconds: _Optional[float] = ..., grace_seconds: _Optional[float] = ..., run_through_partitions: _Optional[bool] = ..., array: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("subjob_id", "agent_id", "agent_address", "slice_ids", "member", "state", "reason", "exit_code", "started_unix", "ended_unix", "unit_start", "unit_count", "attempt", "peak_gpu_memory_bytes", "run_seconds", "units_done", "window_end_unix", "resources", "end_cause")
@@ -151,7 +153,7 @@ class AtomizationProgress(_message.Message):
     def __init__(self, units_done: _Optional[int] = ..., units_total: _Optional[int] = ..., seconds_per_unit: _Optional[_Iterable[_Union[_common_pb2.Quantile, _Mapping]]] = ..., peak_memory_bytes: _Optional[_Iterable[_Union[_common_pb2.Quantile, _Mapping]]] = ..., violation_rate: _Optional[float] = ..., subjobs: _Optional[int] = ..., last_losing_score: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "submitted_unix", "started_unix", "ended_unix", "placements", "attempts", "retries_used", "queue_position", "expected_start_unix", "zone", "forwarded_to", "atomization", "client_request_id", "probes", "bounces")
+    __slots__ = ("job_id", "spec", "state", "reason", "submitted_unix", "started_unix", "ended_unix", "placements", "attempts", "retries_used", "queue_position", "expected_start_unix", "zone", "forwarded_to", "atomization", "client_request_id", "probes", "bounces", "array_id", "array_index", "array")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +172,9 @@ class Job(_message.Message):
     CLIENT_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROBES_FIELD_NUMBER: _ClassVar[int]
     BOUNCES_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -188,7 +193,40 @@ class Job(_message.Message):
     client_request_id: str
     probes: int
     bounces: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., submitted_unix: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., queue_position: _Optional[int] = ..., expected_start_unix: _Optional[float] = ..., zone: _Optional[str] = ..., forwarded_to: _Optional[str] = ..., atomization: _Optional[_Union[AtomizationProgress, _Mapping]] = ..., client_request_id: _Optional[str] = ..., probes: _Optional[int] = ..., bounces: _Optional[int] = ...) -> None: ...
+    array_id: str
+    array_index: int
+    array: ArrayStatus
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., submitted_unix: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., queue_position: _Optional[int] = ..., expected_start_unix: _Optional[float] = ..., zone: _Optional[str] = ..., forwarded_to: _Optional[str] = ..., atomization: _Optional[_Union[AtomizationProgress, _Mapping]] = ..., client_request_id: _Optional[str] = ..., probes: _Optional[int] = ..., bounces: _Optional[int] = ..., array_id: _Optional[str] = ..., array_index: _Optional[int] = ..., array: _Optional[_Union[ArrayStatus, _Mapping]] = ...) -> None: ...
+
+class ArrayStatus(_message.Message):
+    __slots__ = ("total", "limit", "under_way", "held", "succeeded", "failed", "cancelled")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    UNDER_WAY_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    limit: int
+    under_way: int
+    held: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    def __init__(self, total: _Optional[int] = ..., limit: _Optional[int] = ..., under_way: _Optional[int] = ..., held: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
+
+class SubmitBatchRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[SubmitRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[SubmitRequest, _Mapping]]] = ...) -> None: ...
+
+class SubmitBatchReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job", "at_unix")

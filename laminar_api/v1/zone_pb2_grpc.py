@@ -40,6 +40,11 @@ class ZoneStub:
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=laminar__api_dot_v1_dot_zone__pb2.Job.FromString,
                 _registered_method=True)
+        self.SubmitBatch = channel.unary_unary(
+                '/laminar.v1.Zone/SubmitBatch',
+                request_serializer=laminar__api_dot_v1_dot_zone__pb2.SubmitBatchRequest.SerializeToString,
+                response_deserializer=laminar__api_dot_v1_dot_zone__pb2.SubmitBatchReply.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/laminar.v1.Zone/GetJob',
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.GetJobRequest.SerializeToString,
@@ -117,6 +122,14 @@ class ZoneServicer:
 
     def Submit(self, request, context):
         """Idempotent per (tenant, client_request_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitBatch(self, request, context):
+        """Many jobs in one call and one journal write: all are accepted or none (the error
+        names requests[i]). Each is idempotent per (tenant, client_request_id) as Submit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -218,6 +231,11 @@ def add_ZoneServicer_to_server(servicer, server):
                     request_deserializer=laminar__api_dot_v1_dot_zone__pb2.SubmitRequest.FromString,
                     response_serializer=laminar__api_dot_v1_dot_zone__pb2.Job.SerializeToString,
             ),
+            'SubmitBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitBatch,
+                    request_deserializer=laminar__api_dot_v1_dot_zone__pb2.SubmitBatchRequest.FromString,
+                    response_serializer=laminar__api_dot_v1_dot_zone__pb2.SubmitBatchReply.SerializeToString,
+            ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
                     request_deserializer=laminar__api_dot_v1_dot_zone__pb2.GetJobRequest.FromString,
@@ -316,6 +334,33 @@ class Zone:
             '/laminar.v1.Zone/Submit',
             laminar__api_dot_v1_dot_zone__pb2.SubmitRequest.SerializeToString,
             laminar__api_dot_v1_dot_zone__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/laminar.v1.Zone/SubmitBatch',
+            laminar__api_dot_v1_dot_zone__pb2.SubmitBatchRequest.SerializeToString,
+            laminar__api_dot_v1_dot_zone__pb2.SubmitBatchReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,10 @@ class ZoneStub:
     def __new__(cls, channel: _aio.Channel) -> ZoneAsyncStub: ...
     Submit: _grpc.UnaryUnaryMultiCallable[_zone_pb2.SubmitRequest, _zone_pb2.Job]
     """Idempotent per (tenant, client_request_id)."""
+    SubmitBatch: _grpc.UnaryUnaryMultiCallable[_zone_pb2.SubmitBatchRequest, _zone_pb2.SubmitBatchReply]
+    """Many jobs in one call and one journal write: all are accepted or none (the error
+    names requests[i]). Each is idempotent per (tenant, client_request_id) as Submit.
+    """
     GetJob: _grpc.UnaryUnaryMultiCallable[_zone_pb2.GetJobRequest, _zone_pb2.Job]
     ListJobs: _grpc.UnaryUnaryMultiCallable[_zone_pb2.ListJobsRequest, _zone_pb2.ListJobsReply]
     CancelJob: _grpc.UnaryUnaryMultiCallable[_zone_pb2.CancelJobRequest, _zone_pb2.Job]
@@ -62,6 +66,10 @@ class ZoneAsyncStub(ZoneStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Submit: _aio.UnaryUnaryMultiCallable[_zone_pb2.SubmitRequest, _zone_pb2.Job]  # type: ignore[assignment]
     """Idempotent per (tenant, client_request_id)."""
+    SubmitBatch: _aio.UnaryUnaryMultiCallable[_zone_pb2.SubmitBatchRequest, _zone_pb2.SubmitBatchReply]  # type: ignore[assignment]
+    """Many jobs in one call and one journal write: all are accepted or none (the error
+    names requests[i]). Each is idempotent per (tenant, client_request_id) as Submit.
+    """
     GetJob: _aio.UnaryUnaryMultiCallable[_zone_pb2.GetJobRequest, _zone_pb2.Job]  # type: ignore[assignment]
     ListJobs: _aio.UnaryUnaryMultiCallable[_zone_pb2.ListJobsRequest, _zone_pb2.ListJobsReply]  # type: ignore[assignment]
     CancelJob: _aio.UnaryUnaryMultiCallable[_zone_pb2.CancelJobRequest, _zone_pb2.Job]  # type: ignore[assignment]
@@ -91,6 +99,16 @@ class ZoneServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_zone_pb2.Job, _abc.Awaitable[_zone_pb2.Job]]:
         """Idempotent per (tenant, client_request_id)."""
+
+    @_abc_1.abstractmethod
+    def SubmitBatch(
+        self,
+        request: _zone_pb2.SubmitBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_zone_pb2.SubmitBatchReply, _abc.Awaitable[_zone_pb2.SubmitBatchReply]]:
+        """Many jobs in one call and one journal write: all are accepted or none (the error
+        names requests[i]). Each is idempotent per (tenant, client_request_id) as Submit.
+        """
 
     @_abc_1.abstractmethod
     def GetJob(

@@ -55,6 +55,7 @@ op_st = st.one_of(
         st.integers(0, 2),  # max retries
         st.sampled_from([common_pb2.PRODUCTION, common_pb2.BATCH, common_pb2.OPPORTUNISTIC]),
     ),
+    st.tuples(st.just("submit_array"), st.integers(0, 3)),  # 4 elements, %limit (0: none)
     st.tuples(st.just("cancel"), st.integers(0, 50)),
     st.tuples(st.just("exit"), agent_st, st.integers(0, 10), st.booleans()),
     st.tuples(st.just("heartbeat"), agent_st),
@@ -164,6 +165,16 @@ class Harness:
             )
             job = await self.zone.submit(spec, "")
             self.job_ids.append(job.job_id)
+        elif kind == "submit_array":
+            limit = cast(int, op[1])
+            spec = zone_pb2.JobSpec(
+                command=["true"],
+                resources=common_pb2.Resources(gpus=1),
+                array="0-3" + (f"%{limit}" if limit else ""),
+            )
+            array = await self.zone.submit(spec, "")
+            self.job_ids.append(array.job_id)
+            self.job_ids.extend(f"{array.job_id}_{i}" for i in range(4))
         elif kind == "cancel" and self.job_ids:
             job_id = self.job_ids[cast(int, op[1]) % len(self.job_ids)]
             await self.call(self.cancel(job_id))
@@ -241,12 +252,17 @@ class Harness:
                     holders[slice_id] = holders.get(slice_id, 0) + 1
             assert all(n <= 1 for n in holders.values()), (agent.agent_id, holders)
             assert all(n == 1 for n in agent.starts.values())
+        for progress in self.zone.arrays.values():
+            assert not progress.limit or len(progress.active) <= progress.limit
         for job in self.jobs():
             assert job.retries_used <= job.spec.max_retries, job
+            if job.spec.array and job.state in TERMINAL_JOB_STATES:
+                ended = job.array.succeeded + job.array.failed + job.array.cancelled
+                assert ended == job.array.total == 4, job
             for p in job.placements:
                 if p.state in ENDED_SUBJOB_STATES:
                     assert p.end_cause != common_pb2.END_CAUSE_UNSPECIFIED, p
-            if job.state == zone_pb2.JOB_SUCCEEDED:
+            if job.state == zone_pb2.JOB_SUCCEEDED and not job.spec.array:
                 gang = max(1, job.spec.gang_size)
                 attempts = {p.attempt for p in job.placements}
                 assert any(
