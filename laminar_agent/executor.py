@@ -72,6 +72,9 @@ class LaunchSpec:
     #: Stopped by its shim when the agent's fence expires (a job that chose to run on
     #: through a partition launches with False).
     fenced: bool = True
+    #: An element of a job array: its array's job id and its index.
+    array_job_id: str = ""
+    array_index: int = 0
 
 
 #: The only environment the shim (root) starts with; nothing of the job's is in it.
@@ -534,6 +537,9 @@ class Executor:
             env["LAMINAR_CHECKPOINT_DIR"] = spec.checkpoint_dir
             env["LAMINAR_PROGRESS_FILE"] = str(Path(spec.checkpoint_dir) / PROGRESS_FILE)
         env["LAMINAR_GPU_MEM_FILE"] = str(self.gpu_mem_file(spec.subjob_id))
+        if spec.array_job_id:
+            env["LAMINAR_ARRAY_JOB_ID"] = spec.array_job_id
+            env["LAMINAR_ARRAY_INDEX"] = str(spec.array_index)
         return env
 
     async def launch(self, spec: LaunchSpec) -> int:

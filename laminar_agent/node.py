@@ -578,6 +578,8 @@ class Node:
                     unit_count=spec.unit_count,
                     checkpoint_dir=spec.checkpoint_dir,
                     grace_seconds=spec.grace_seconds or 10.0,
+                    array_job_id=spec.array_job_id,
+                    array_index=spec.array_index,
                 )
             )
         except Exception as exc:

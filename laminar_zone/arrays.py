@@ -23,8 +23,6 @@ MAX_ARRAY_SIZE = 10_000
 #: Indices go up to this (as Slurm's default MaxArraySize bounds them too).
 MAX_ARRAY_INDEX = 1_000_000
 MAX_ARRAY_TEXT = 4096
-ARRAY_INDEX_ENV = "LAMINAR_ARRAY_INDEX"
-ARRAY_JOB_ENV = "LAMINAR_ARRAY_JOB_ID"
 
 _PART = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 FIELD = "spec.array"

@@ -50,8 +50,6 @@ from laminar_base.grpcutil import check_count, check_number, check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import check_spec, demand_of
 from laminar_zone.arrays import (
-    ARRAY_INDEX_ENV,
-    ARRAY_JOB_ENV,
     ArrayProgress,
     element_id,
     parse_array,
@@ -208,6 +206,7 @@ class ZoneState:
         self._readdressing: set[str] = set()
         #: Arrays not yet ended: array job id -> where its elements stand.
         self.arrays: dict[str, ArrayProgress] = {}
+        self._array_watchers: dict[str, list[asyncio.Queue[zone_pb2.Job]]] = {}
         #: Stops the agent has not taken yet (it did not answer): subjob id -> the copy to
         #: stop, why, and the cause. Each sweep asks again while the agent is reachable.
         self._owed_stops: dict[str, tuple[zone_pb2.Placement, str, EndCause]] = {}
@@ -479,8 +478,6 @@ class ZoneState:
             element_spec = zone_pb2.JobSpec()
             element_spec.CopyFrom(spec)
             element_spec.ClearField("array")
-            element_spec.env[ARRAY_INDEX_ENV] = str(index)
-            element_spec.env[ARRAY_JOB_ENV] = job.job_id
             element = zone_pb2.Job(
                 job_id=element_id(job.job_id, index),
                 spec=element_spec,
@@ -820,6 +817,8 @@ class ZoneState:
             value=job.spec.value,
             expected_seconds=job.spec.expected_seconds,
             run_through_partitions=job.spec.run_through_partitions,
+            array_job_id=job.array_id,
+            array_index=job.array_index,
         )
 
     def _wait_for_old_copy(self, entry: Entry) -> bool:
@@ -1647,6 +1646,10 @@ class ZoneState:
     async def watch(self, job_id: str) -> AsyncIterator[zone_pb2.Job]:
         job = self.get(job_id)
         yield job
+        if job_id in self.arrays:
+            async for update in self._watch_array(job):
+                yield update
+            return
         entry = self.entries.get(job_id)
         if entry is None or job.state in TERMINAL_JOB_STATES:
             return
@@ -1661,6 +1664,24 @@ class ZoneState:
         finally:
             if queue in entry.watchers:
                 entry.watchers.remove(queue)
+
+    async def _watch_array(self, job: zone_pb2.Job) -> AsyncIterator[zone_pb2.Job]:
+        """An array's record each time one of its elements changes, until it ends."""
+        queue: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
+        watchers = self._array_watchers.setdefault(job.job_id, [])
+        watchers.append(queue)
+        last = job
+        try:
+            while last.state not in TERMINAL_JOB_STATES:
+                await queue.get()
+                update = self.get(job.job_id)
+                if (update.state, update.reason) != (last.state, last.reason):
+                    yield update
+                last = update
+        finally:
+            watchers.remove(queue)
+            if not watchers:
+                self._array_watchers.pop(job.job_id, None)
 
     async def logs(
         self, job_id: str, subjob_id: str, stream: str, offset: int, max_bytes: int
@@ -1934,6 +1955,8 @@ class ZoneState:
         self._forget_if_done(entry)
 
     def _publish(self, entry: Entry) -> None:
+        for queue in self._array_watchers.get(entry.job.array_id, ()) if entry.job.array_id else ():
+            queue.put_nowait(entry.job)  # a wake-up: the watcher reads the array afresh
         if not entry.watchers:
             return
         snapshot = self._fresh(entry.job)

@@ -230,7 +230,7 @@ class AgentSummary(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., address: _Optional[str] = ..., shapes: _Optional[_Iterable[_Union[ShapeCapacity, _Mapping]]] = ..., pending_probes: _Optional[int] = ..., active_leases: _Optional[int] = ..., pressure: _Optional[_Union[PressureLevel, str]] = ..., draining: _Optional[bool] = ..., running_subjobs: _Optional[int] = ..., suspended_subjobs: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., generated_unix: _Optional[float] = ..., generation: _Optional[int] = ..., total_gpus: _Optional[int] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class SubjobSpec(_message.Message):
-    __slots__ = ("subjob_id", "job_id", "tenant", "command", "env", "workdir", "priority", "lifecycle", "resources", "unit_start", "unit_count", "checkpoint_dir", "grace_seconds", "supports_release_signal", "restartable", "value", "expected_seconds", "run_through_partitions")
+    __slots__ = ("subjob_id", "job_id", "tenant", "command", "env", "workdir", "priority", "lifecycle", "resources", "unit_start", "unit_count", "checkpoint_dir", "grace_seconds", "supports_release_signal", "restartable", "value", "expected_seconds", "run_through_partitions", "array_job_id", "array_index")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,8 @@ class SubjobSpec(_message.Message):
     VALUE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RUN_THROUGH_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
     subjob_id: str
     job_id: str
     tenant: str
@@ -274,7 +276,9 @@ class SubjobSpec(_message.Message):
     value: float
     expected_seconds: float
     run_through_partitions: bool
-    def __init__(self, subjob_id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., lifecycle: _Optional[_Union[LifecycleClass, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., unit_start: _Optional[int] = ..., unit_count: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., grace_seconds: _Optional[float] = ..., supports_release_signal: _Optional[bool] = ..., restartable: _Optional[bool] = ..., value: _Optional[float] = ..., expected_seconds: _Optional[float] = ..., run_through_partitions: _Optional[bool] = ...) -> None: ...
+    array_job_id: str
+    array_index: int
+    def __init__(self, subjob_id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., lifecycle: _Optional[_Union[LifecycleClass, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., unit_start: _Optional[int] = ..., unit_count: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., grace_seconds: _Optional[float] = ..., supports_release_signal: _Optional[bool] = ..., restartable: _Optional[bool] = ..., value: _Optional[float] = ..., expected_seconds: _Optional[float] = ..., run_through_partitions: _Optional[bool] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ...) -> None: ...
 
 class Subjob(_message.Message):
     __slots__ = ("spec", "agent_id", "slice_ids", "device_uuids", "state", "reason", "exit_code", "signal", "created_unix", "started_unix", "ended_unix", "run_seconds", "peak_rss_bytes", "peak_gpu_memory_bytes", "pid", "stdout_path", "stderr_path", "gpu_memory_used_bytes", "suspended_seconds", "lease_id", "units_done", "end_cause")

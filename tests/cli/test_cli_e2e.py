@@ -317,3 +317,32 @@ def test_jobs_sorts_fits_the_terminal_goes_wide_and_drops_headers(
     assert code == 2 and "--sort" in err and len(err.strip().splitlines()) == 1
     for job_id in (first, second):
         cli.ok("cancel", job_id)
+
+
+def test_an_array_runs_every_index_and_sums_up(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "array"
+    out.mkdir()
+    code = (
+        "import os, pathlib; "
+        f"pathlib.Path({str(out)!r}, os.environ['LAMINAR_ARRAY_INDEX'])"
+        ".write_text(os.environ['LAMINAR_ARRAY_JOB_ID'])"
+    )
+    array_id = cli.submit("--gpus", "1", "--array", "0-10:2%2", *_py(code))
+    status, watched, _ = cli("watch", array_id)
+    assert status == 0, watched
+    assert "succeeded" in watched.splitlines()[-1]
+    assert sorted(int(p.name) for p in out.iterdir()) == [0, 2, 4, 6, 8, 10]
+    assert {p.read_text() for p in out.iterdir()} == {array_id}
+    array = cli.json("job", array_id)
+    assert array["state"] == "JOB_SUCCEEDED"
+    assert array["array"]["total"] == 6 and array["array"]["succeeded"] == 6
+    element = cli.json("job", f"{array_id}_4")
+    assert element["array_id"] == array_id and element["array_index"] == 4
+    assert element["state"] == "JOB_SUCCEEDED"
+    assert "6 elements, at most 2 at once" in cli.ok("job", array_id)
+
+
+def test_a_bad_array_is_one_line_naming_the_flag(cli: Cli) -> None:
+    status, out, err = cli("submit", "--array", "9-1", *_py("pass"))
+    assert status == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and "--array" in err and "must go up" in err

@@ -94,7 +94,7 @@ async def _run_array(cancel_after: int | None) -> tuple[zone_pb2.Job, list[int],
                     await harness.zone.cancel(array.job_id, "enough")
                 for agent in harness.agents.values():
                     for subjob in agent.live():
-                        indices.add(subjob.spec.env["LAMINAR_ARRAY_INDEX"])
+                        indices.add(str(subjob.spec.array_index))
                         agent.end(
                             subjob.spec.subjob_id, common_pb2.SUCCEEDED, EndCause.EXITED, "ok"
                         )
