@@ -130,6 +130,25 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     a.add_argument("-o", "--output", choices=["table", "json"], default="table")
     a.set_defaults(func=cmd_airlock)
+    s = benchmarks.add_parser(
+        "submit",
+        help="jobs/s a router takes into its durable queue: Submit against SubmitBatch",
+        description=(
+            "Start a zone router with no agents on loopback; send jobs one Submit each "
+            "(baseline), then in SubmitBatch calls; report jobs/s and the router's CPU per "
+            "job for both. Reports, never fails on a number."
+        ),
+    )
+    s.add_argument("--jobs", type=int, default=10_000, help="jobs sent in batches (default 10000)")
+    s.add_argument("--batch", type=int, default=500, help="jobs per SubmitBatch (default 500)")
+    s.add_argument(
+        "--single", type=int, default=500, help="jobs sent one Submit each (default 500)"
+    )
+    s.add_argument(
+        "--work-dir", type=Path, help="keep the state dir and daemon log here (default: temporary)"
+    )
+    s.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    s.set_defaults(func=cmd_submit)
 
 
 def cmd_placement(args: argparse.Namespace, console: Console) -> int:
@@ -163,6 +182,32 @@ def cmd_placement(args: argparse.Namespace, console: Console) -> int:
         console.out(json.dumps(report, indent=2), highlight=False)
     else:
         render(report, console)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace, console: Console) -> int:
+    from laminar_bench.submit import SubmitBenchSpec, run_submit_bench
+
+    spec = SubmitBenchSpec(
+        jobs=args.jobs, batch=args.batch, single=args.single, work_dir=args.work_dir
+    )
+    spec.validate()
+    report = run_submit_bench(spec)
+    if args.output == "json":
+        print(json.dumps(report, indent=2))
+        return 0
+    table = Table(title=f"laminar bench submit ({report['cpus']} CPUs)")
+    for column in ("call", "jobs", "jobs/s", "router CPU ms/job"):
+        table.add_column(column)
+    for name, row in (("Submit", report["submit"]), ("SubmitBatch", report["submit_batch"])):
+        table.add_row(
+            name,
+            str(row["jobs"]),
+            f"{row['jobs_per_second']:g}",
+            f"{row['router_cpu_ms_per_job']:g}",
+        )
+    console.print(table)
+    console.print(f"SubmitBatch / Submit: {report['batch_over_single']}x jobs/s")
     return 0
 
 

@@ -212,6 +212,8 @@ class ZoneState:
         self._owed_stops: dict[str, tuple[zone_pb2.Placement, str, EndCause]] = {}
         self._queue_wake = asyncio.Event()
         self._blocked_families: dict[str, int] = {}  # family -> priority of its blocked head
+        #: family -> jobs waiting in it, as the last queue pass left them plus those since.
+        self._queued_per_family: dict[str, int] = {}
         self.blocked_starts: dict[str, float] = {}  # family -> its blocked head's expected start
         self._mean_run_seconds: dict[str, float] = {}
         self._semaphore = asyncio.Semaphore(config.placement.concurrency)
@@ -860,15 +862,13 @@ class ZoneState:
         self._queue_wake.set()
 
     def _explain_one(self, entry: Entry) -> None:
+        """Why a job just queued waits. Its position is behind the jobs of its family the
+        last queue pass left waiting and those queued since (the next pass places it
+        exactly): counting them here was a scan of every job, per job queued."""
         counts = self.view.counts(entry.need)
-        position = 1 + sum(
-            1
-            for e in self.entries.values()
-            if e.job.state == zone_pb2.QUEUED
-            and e is not entry
-            and e.need.family == entry.need.family
-            and e.job.submitted_unix < entry.job.submitted_unix
-        )
+        family = entry.need.family
+        position = self._queued_per_family.get(family, 0) + 1
+        self._queued_per_family[family] = position
         entry.job.queue_position = position
         entry.job.reason = explain(
             entry.need,
@@ -909,6 +909,7 @@ class ZoneState:
         if not waiting:
             self._blocked_families.clear()
             self.blocked_starts.clear()
+            self._queued_per_family.clear()
             self._update_gauges()
             return
         units, memory = self.tenant_usage()
@@ -916,6 +917,7 @@ class ZoneState:
         walk = QueueWalk(now_unix, backfill=self.config.queue.backfill)
         changed: list[Entry] = []
         counts: dict[Demand, HostCounts] = {}
+        queued_per_family: dict[str, int] = {}
         for entry in waiting:
             job = entry.job
             if job.state in TERMINAL_JOB_STATES or entry.placing:
@@ -979,6 +981,7 @@ class ZoneState:
                 blocked_by=wait.blocked_by if hosts.fitting else "",
                 members_total=hosts.members_total,
             )
+            queued_per_family[entry.need.family] = wait.position
             if (
                 job.state != zone_pb2.QUEUED
                 or job.reason != reason
@@ -989,6 +992,7 @@ class ZoneState:
                 job.queue_position = wait.position
                 job.expected_start_unix = wait.expected_start or 0.0
                 changed.append(entry)
+        self._queued_per_family = queued_per_family
         self._blocked_families = {
             family: self.entries[head.job_id].job.spec.priority or common_pb2.BATCH
             for family, head in walk.heads.items()
@@ -1001,8 +1005,7 @@ class ZoneState:
             for family, head in walk.heads.items()
             if head.expected_start is not None
         }
-        for entry in changed:
-            self.save(entry)
+        self.save_many(changed)
         self._update_gauges()
 
     def _expected_start(self, entry: Entry, units_ahead: float, now_unix: float) -> float | None:
@@ -1104,12 +1107,7 @@ class ZoneState:
         for entry in touched.values():
             self.evaluate(entry)
         if touched:
-            for entry in touched.values():
-                self.usage_ledger.record(entry.job, time.time())
-            self.store.put_many([e.job for e in touched.values()])
-            for entry in touched.values():
-                self._publish(entry)
-                self._forget_if_done(entry)
+            self.save_many(list(touched.values()))
         for subjob_id in request.readdress_subjob_ids:
             self._start_readdress(agent_id, subjob_id)
         if update.freed or touched:
@@ -1949,10 +1947,17 @@ class ZoneState:
     # ================================================================ plumbing
 
     def save(self, entry: Entry) -> None:
-        self.usage_ledger.record(entry.job, time.time())
-        self.store.put(entry.job)
-        self._publish(entry)
-        self._forget_if_done(entry)
+        self.save_many([entry])
+
+    def save_many(self, entries: Sequence[Entry]) -> None:
+        """Journal jobs in one write (usage rows first), then tell their watchers."""
+        now = time.time()
+        for entry in entries:
+            self.usage_ledger.record(entry.job, now)
+        self.store.put_many([e.job for e in entries])
+        for entry in entries:
+            self._publish(entry)
+            self._forget_if_done(entry)
 
     def _publish(self, entry: Entry) -> None:
         for queue in self._array_watchers.get(entry.job.array_id, ()) if entry.job.array_id else ():

@@ -1,0 +1,108 @@
+"""``laminar bench submit``: how fast a real router takes jobs into its durable queue.
+
+One router on loopback with no agents, so every job is accepted, journaled and queued
+(nothing runs). The same run measures ``Submit`` one job per call (the baseline) and
+``SubmitBatch`` in batches of B, and reports jobs/s and the router's CPU per job
+(psutil on the router process) for each, and their ratio. A benchmark never fails on a
+number: it reports.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+
+from cli.cluster import LocalCluster
+from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.errors import InvalidArgument
+
+#: Jobs one SubmitBatch may carry (the router's own limit).
+MAX_BATCH = 10_000
+
+
+@dataclass(frozen=True)
+class SubmitBenchSpec:
+    jobs: int = 10_000
+    batch: int = 500
+    #: Jobs sent one Submit call each, for the baseline.
+    single: int = 500
+    work_dir: Path | None = None
+
+    def validate(self) -> None:
+        if not 1 <= self.jobs <= 1_000_000:
+            raise InvalidArgument(f"must be in 1..1000000, got {self.jobs}", field="--jobs")
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise InvalidArgument(f"must be in 1..{MAX_BATCH}, got {self.batch}", field="--batch")
+        if not 0 <= self.single <= 100_000:
+            raise InvalidArgument(f"must be in 0..100000, got {self.single}", field="--single")
+
+
+def _spec(i: int) -> zone_pb2.JobSpec:
+    return zone_pb2.JobSpec(
+        name=f"bench-{i}", command=["true"], resources=common_pb2.Resources(gpus=1)
+    )
+
+
+def _measure(router: psutil.Process, jobs: int, send: Callable[[], None]) -> dict[str, float]:
+    cpu0, wall0 = sum(router.cpu_times()[:2]), time.perf_counter()
+    send()
+    wall = time.perf_counter() - wall0
+    cpu = sum(router.cpu_times()[:2]) - cpu0
+    return {
+        "jobs": jobs,
+        "wall_seconds": round(wall, 3),
+        "jobs_per_second": round(jobs / wall, 1) if wall > 0 else 0.0,
+        "router_cpu_ms_per_job": round(1000 * cpu / jobs, 3) if jobs else 0.0,
+    }
+
+
+def run_submit_bench(spec: SubmitBenchSpec) -> dict[str, Any]:
+    spec.validate()
+    with tempfile.TemporaryDirectory(prefix="laminar-bench-submit-") as tmp:
+        root = spec.work_dir or Path(tmp)
+        with LocalCluster(root) as cluster:
+            zone = cluster.start_zone("bench")
+            router = psutil.Process(zone.process.pid)
+            with grpc.insecure_channel(zone.address) as channel:
+                stub = zone_pb2_grpc.ZoneStub(channel)
+                stub.Submit(zone_pb2.SubmitRequest(spec=_spec(-1)), timeout=30)  # warm up
+
+                def singles() -> None:
+                    for i in range(spec.single):
+                        stub.Submit(zone_pb2.SubmitRequest(spec=_spec(i)), timeout=30)
+
+                def batches() -> None:
+                    for start in range(0, spec.jobs, spec.batch):
+                        count = min(spec.batch, spec.jobs - start)
+                        requests = [
+                            zone_pb2.SubmitRequest(spec=_spec(start + i)) for i in range(count)
+                        ]
+                        stub.SubmitBatch(
+                            zone_pb2.SubmitBatchRequest(requests=requests), timeout=120
+                        )
+
+                single = _measure(router, spec.single, singles)
+                batch = _measure(router, spec.jobs, batches)
+                queued = stub.ListJobs(
+                    zone_pb2.ListJobsRequest(states=[zone_pb2.QUEUED], limit=1), timeout=30
+                )
+    ratio = (
+        round(batch["jobs_per_second"] / single["jobs_per_second"], 1)
+        if single["jobs_per_second"]
+        else None
+    )
+    return {
+        "spec": {"jobs": spec.jobs, "batch": spec.batch, "single": spec.single},
+        "submit": single,
+        "submit_batch": batch,
+        "batch_over_single": ratio,
+        "some_queued": bool(queued.jobs),
+        "cpus": psutil.cpu_count(),
+    }
