@@ -9,13 +9,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from rich.console import Console
 
-from cli import render
 from cli.jobspec import SpecInput, apply_flags, build_spec, read_job_file
+from cli.lazy import lazy_module
 from cli.zoneclient import (
     RPC_TIMEOUT_SECONDS,
     list_jobs,
@@ -26,6 +25,13 @@ from cli.zoneclient import (
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from cli import render
+else:
+    render = lazy_module("cli.render")  # submit prints a job id: no rich, no tables
 
 T = TypeVar("T")
 
@@ -282,6 +288,8 @@ def cmd_jobs(args: argparse.Namespace, console: Console) -> int:
                     width=console.width,
                 )
                 # -o wide: whole cells, however long the lines get (as kubectl's)
+                from rich.console import Console
+
                 out = Console(width=10_000, no_color=console.no_color) if wide else console
                 out.print(table)
             if args.watch is None:
