@@ -18,11 +18,12 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
 from laminar_agent.jobfiles import write_private
-from laminar_agent.journal import ActionRow, Journal
+from laminar_agent.journal import ActionRow, EventRow
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.causes import cause_from_token
 from laminar_base.grpcutil import channel_options
@@ -42,6 +43,17 @@ ACKED_ACTION_META = "acked_action_seq"
 MAX_LIVE_IDS = 4096
 
 
+class HeartbeatJournal(Protocol):
+    """What heartbeats read and write in the agent's journal (:class:`Journal` is one; the
+    heartbeat benchmark's agents keep an empty one in memory)."""
+
+    def unacked_events(self, limit: int = ...) -> list[EventRow]: ...
+    def ack_events(self, up_to_seq: int) -> int: ...
+    def actions_after(self, seq: int, limit: int = ...) -> list[ActionRow]: ...
+    def get_meta(self, key: str, default: str | None = ...) -> str | None: ...
+    def set_meta(self, key: str, value: str) -> None: ...
+
+
 def write_fence(path: Path, deadline_mono: float) -> None:
     """Write the fence deadline (root-only, atomic, fsynced)."""
     write_private(path, f"{deadline_mono:.3f}\n", durable=True)
@@ -53,7 +65,7 @@ class HeartbeatClient:
         zone_address: str,
         period_seconds: float,
         summary: Callable[[], common_pb2.AgentSummary],
-        journal: Journal,
+        journal: HeartbeatJournal,
         to_event: Callable[[int, str, str, str, float], common_pb2.SubjobEvent | None],
         *,
         readdress_ids: Callable[[], list[str]] | None = None,
