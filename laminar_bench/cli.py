@@ -327,6 +327,10 @@ def render_heartbeats(report: dict[str, Any], console: Console) -> None:
     rows = [
         ("router CPU (ratio of a core)", f"{report['router_cpu_ratio']:.3f}"),
         ("router CPU per heartbeat (ms)", f"{report['router_cpu_ms_per_heartbeat']:.4f}"),
+        (
+            "agents ready at start / end",
+            f"{report['agents_ready_at_start']} / {report['agents_ready_at_end']}",
+        ),
         ("heartbeats per second seen", f"{report['heartbeats_per_second']:.0f}"),
         ("heartbeats per second, nominal", f"{report['nominal_heartbeats_per_second']:.0f}"),
         ("heartbeats with a full summary", f"{report['heartbeats_with_summary']}"),

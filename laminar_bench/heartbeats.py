@@ -22,6 +22,7 @@ Not covered: heartbeats that carry subjob events or Airlock actions, TLS.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -29,10 +30,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_base.errors import InvalidArgument
+from laminar_base.grpcutil import channel_options
 from laminar_bench.heartbeat_pool import MAX_HEARTBEAT_POOL_AGENTS, POOL_INFO
 from laminar_bench.placement import (
     AgentEndpoint,
@@ -84,6 +88,7 @@ class HeartbeatCluster(BenchCluster):
     """The router and the heartbeat pools; :meth:`stop` ends every one of them."""
 
     router_metrics_address: str = ""
+    ready_at_start: int = 0
 
     def __init__(self, root: Path, spec: HeartbeatBenchSpec) -> None:
         super().__init__(
@@ -120,7 +125,26 @@ class HeartbeatCluster(BenchCluster):
             )
             if progress is not None:
                 progress("starting agents", listed, self.spec.agents)
-        await self._wait_registered(start_timeout)
+        self.ready_at_start = await self.wait_ready(start_timeout)
+
+    async def wait_ready(self, timeout_seconds: float) -> int:
+        """Poll until the router lists every agent as ready or the deadline passes; how many
+        it lists as ready. An overloaded router (agents going stale for want of CPU) is a
+        result to report, not a failure."""
+        deadline = time.monotonic() + timeout_seconds
+        ready = 0
+        async with grpc.aio.insecure_channel(
+            self.router_address, options=channel_options()
+        ) as channel:
+            stub = zone_pb2_grpc.ZoneStub(channel)
+            while True:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    reply = await stub.ListAgents(zone_pb2.ListAgentsRequest(), timeout=30)
+                    ready = sum(a.state == zone_pb2.AGENT_READY for a in reply.agents)
+                if ready >= self.spec.agents or time.monotonic() > deadline:
+                    return ready
+                self._check_alive()
+                await asyncio.sleep(0.5)  # heartbeats arrive on their own schedule
 
 
 def scrape_heartbeats(address: str) -> dict[str, float]:
@@ -159,6 +183,7 @@ async def _measure(
     machine_busy = _busy_ratio(machine0, psutil.cpu_times())
     after = await asyncio.to_thread(scrape_heartbeats, cluster.router_metrics_address)
     cluster._check_alive()
+    ready_at_end = await cluster.wait_ready(0.0)
     beats = after["laminar_zone_heartbeats"] - before["laminar_zone_heartbeats"]
     full = after["laminar_zone_heartbeat_summaries"] - before["laminar_zone_heartbeat_summaries"]
     per_beat = router_cpu / beats if beats else 0.0
@@ -172,6 +197,8 @@ async def _measure(
         "agents_per_process": spec.agents_per_process,
         "heartbeat_seconds": spec.period_seconds,
         "start_seconds": started_seconds,
+        "agents_ready_at_start": cluster.ready_at_start,
+        "agents_ready_at_end": ready_at_end,
         "measured_seconds": wall,
         "heartbeats": int(beats),
         "heartbeats_with_summary": int(full),

@@ -24,6 +24,7 @@ def test_smoke_report_fields_and_clean_exit(tmp_path: Path) -> None:
     report: dict[str, Any] = json.loads(text)
     assert report["agents"] == 3 and report["agent_processes"] == 2
     assert report["heartbeat_seconds"] == 0.2
+    assert report["agents_ready_at_start"] == 3 and report["agents_ready_at_end"] == 3
     assert report["nominal_heartbeats_per_second"] == pytest.approx(15.0)
     assert report["heartbeats"] > 0 and report["heartbeats_per_second"] > 0
     assert 0 <= report["heartbeats_with_summary"] <= report["heartbeats"]
