@@ -28,6 +28,7 @@ from laminar_zone.auth import (
 from laminar_zone.config import is_host_port
 from laminar_zone.jobs import ZoneState
 from laminar_zone.limits import check_queued
+from laminar_zone.membership import Membership
 from laminar_zone.peers import PeerRouter
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -322,13 +323,14 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
         self._state = state
         self._peers = peers
         self._submitters = submitters if submitters is not None else ZoneService(state)
+        self._membership = Membership(state)
 
     @map_errors
     async def Heartbeat(
         self, request: zone_pb2.HeartbeatRequest, context: Ctx
     ) -> zone_pb2.HeartbeatReply:
         check_heartbeat(request)
-        return self._state.on_heartbeat(request, peer_identity(context), peer_names(context))
+        return self._membership.on_heartbeat(request, peer_identity(context), peer_names(context))
 
     def _check_peer(self, context: Ctx) -> None:
         """With ``auth.peer_names``, only those certificates act as peer zones (the role
