@@ -16,7 +16,7 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import InvalidArgument, PermissionDenied, Unavailable
 from laminar_base.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
-from laminar_base.security import peer_identity, peer_names
+from laminar_base.security import peer_names
 from laminar_zone.auth import (
     Guard,
     Principal,
@@ -329,8 +329,10 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
     async def Heartbeat(
         self, request: zone_pb2.HeartbeatRequest, context: Ctx
     ) -> zone_pb2.HeartbeatReply:
-        check_heartbeat(request)
-        return self._membership.on_heartbeat(request, peer_identity(context), peer_names(context))
+        if request.HasField("summary"):  # a delta carries nothing else (Membership checks)
+            check_heartbeat(request)
+        names = peer_names(context)  # the certificate is read once per heartbeat
+        return self._membership.on_heartbeat(request, names[0] if names else "", names)
 
     def _check_peer(self, context: Ctx) -> None:
         """With ``auth.peer_names``, only those certificates act as peer zones (the role
