@@ -12,7 +12,8 @@ cores of the benchmark machine beside the router they are meant to load.
     python -m laminar_bench.heartbeat_pool --count 512 --zone 127.0.0.1:7400 \\
         --state-dir /tmp/hb0 --prefix hb0-
 
-Agents start spread over one heartbeat period, as independent hosts would be.
+Agents start one after another, spread over ``--spread-seconds`` (default one
+heartbeat period), as hosts that boot independently would.
 The pool writes ``STATE_DIR/pool.json`` (its pid and every agent's id) once
 every client runs, and stops on SIGTERM or SIGINT (a second signal exits at
 once). Exit codes: 0 clean, 2 bad arguments, 1 any other failure.
@@ -115,7 +116,9 @@ def idle_summary(agent_id: str, address: str) -> Callable[[], common_pb2.AgentSu
 class HeartbeatPool:
     """``count`` heartbeat clients named ``PREFIX0 .. PREFIX{count-1}`` on this event loop."""
 
-    def __init__(self, count: int, zone: str, state_dir: Path, prefix: str) -> None:
+    def __init__(
+        self, count: int, zone: str, state_dir: Path, prefix: str, spread_seconds: float = 0.0
+    ) -> None:
         if not 1 <= count <= MAX_HEARTBEAT_POOL_AGENTS:
             raise InvalidArgument(
                 f"must be in 1..{MAX_HEARTBEAT_POOL_AGENTS}, got {count}", field="--count"
@@ -135,13 +138,14 @@ class HeartbeatPool:
             )
             for i, agent_id in enumerate(self.agent_ids)
         ]
+        self.spread_seconds = spread_seconds or INITIAL_PERIOD_SECONDS
         self.stop_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         count = len(self.clients)
         for i, (agent_id, client) in enumerate(zip(self.agent_ids, self.clients, strict=True)):
-            delay = INITIAL_PERIOD_SECONDS * i / count
+            delay = self.spread_seconds * i / count
             self._tasks.append(
                 asyncio.create_task(self._run(client, delay), name=f"heartbeat-{agent_id}")
             )
@@ -149,7 +153,7 @@ class HeartbeatPool:
         log.info("heartbeat pool of %d agents running (%s ..)", count, self.agent_ids[0])
 
     async def _run(self, client: HeartbeatClient, delay_seconds: float) -> None:
-        await asyncio.sleep(delay_seconds)  # spread the agents' beats over one period
+        await asyncio.sleep(delay_seconds)  # agents join one after another, as hosts boot
         await client.run(self.stop_event)
 
     async def stop(self) -> None:
@@ -177,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zone", required=True, help="zone router HOST:PORT")
     p.add_argument("--state-dir", type=Path, required=True, help="where pool.json goes")
     p.add_argument("--prefix", required=True, help="agent ids are PREFIX0, PREFIX1, ...")
+    p.add_argument(
+        "--spread-seconds",
+        type=float,
+        default=0.0,
+        help="start the agents evenly over this long (default: one period)",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     return p
 
@@ -186,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level)
 
     async def run() -> None:
-        pool = HeartbeatPool(args.count, args.zone, args.state_dir, args.prefix)
+        pool = HeartbeatPool(
+            args.count, args.zone, args.state_dir, args.prefix, args.spread_seconds
+        )
         await serve_until_signalled(
             pool.start, pool.stop, pool.stop_event, log, "nothing (heartbeats only)"
         )

@@ -2,9 +2,11 @@
 
 A zone router process and N heartbeat-only agents multiplexed in pool
 processes (:mod:`laminar_bench.heartbeat_pool`: the agent's real heartbeat
-client, an idle host's summary, nothing else of an agent). Once the router
-lists every agent as ready and a few periods have passed (every agent's first,
-full heartbeat is behind), the benchmark reads the router process's CPU time
+client, an idle host's summary, nothing else of an agent), joining at up to
+JOIN_PER_SECOND (the start-up storm of N first heartbeats in one period is
+not the idle load this measures). Once the router lists every agent as ready
+and a few periods have passed (every agent's first, full heartbeat is behind),
+the benchmark reads the router process's CPU time
 (psutil, user + system) and its heartbeat counters, waits ``seconds``, and
 reads them again. Nothing else happens: no job, no probe.
 
@@ -30,13 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import grpc
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_base.errors import InvalidArgument
-from laminar_base.grpcutil import channel_options
 from laminar_bench.heartbeat_pool import MAX_HEARTBEAT_POOL_AGENTS, POOL_INFO
 from laminar_bench.placement import (
     AgentEndpoint,
@@ -53,6 +52,9 @@ from laminar_zone.config import MembershipSettings
 
 #: Heartbeat periods waited after every agent is listed, before measuring.
 WARM_UP_PERIODS = 3.0
+#: Agents joining per second at the start: each first heartbeat carries the full summary,
+#: and a burst of N of them in one period is a start-up storm, not the idle load measured.
+JOIN_PER_SECOND = 400.0
 DEFAULT_AGENTS_PER_PROCESS = 512
 
 
@@ -95,6 +97,8 @@ class HeartbeatCluster(BenchCluster):
             root, BenchSpec(agents=spec.agents, jobs=1, heartbeat_seconds=spec.heartbeat_seconds)
         )
         self.per_process = spec.agents_per_process
+        #: Every pool starts its agents over this long, so that N / spread join per second.
+        self.spread_seconds = max(spec.period_seconds, spec.agents / JOIN_PER_SECOND)
 
     async def start(self, progress: ProgressFn | None = None) -> None:
         argv = ["-m", "laminar_zone", "--listen", "127.0.0.1:0", "--state-dir"]
@@ -113,6 +117,7 @@ class HeartbeatCluster(BenchCluster):
             argv = ["-m", "laminar_bench.heartbeat_pool", "--count", str(count)]
             argv += ["--zone", self.router_address, "--state-dir", str(self.root / name)]
             argv += ["--prefix", f"{name}-a", "--log-level", "INFO"]
+            argv += ["--spread-seconds", f"{self.spread_seconds:g}"]
             self.agent_children.append(self._spawn(name, argv, self.root / name, POOL_INFO))
         start_timeout = 60.0 + 0.05 * self.spec.agents
         listed = 0
@@ -128,28 +133,26 @@ class HeartbeatCluster(BenchCluster):
         self.ready_at_start = await self.wait_ready(start_timeout)
 
     async def wait_ready(self, timeout_seconds: float) -> int:
-        """Poll until the router lists every agent as ready or the deadline passes; how many
-        it lists as ready. An overloaded router (agents going stale for want of CPU) is a
-        result to report, not a failure."""
+        """Poll until the router counts every agent as ready or the deadline passes; how many
+        it counts. Read from its ``laminar_zone_agents{state="ready"}`` gauge (updated once a
+        period), not ListAgents, whose 4,096 entries per poll would load the router measured.
+        An overloaded router (agents going stale for want of CPU) is a result to report,
+        not a failure."""
         deadline = time.monotonic() + timeout_seconds
         ready = 0
-        async with grpc.aio.insecure_channel(
-            self.router_address, options=channel_options()
-        ) as channel:
-            stub = zone_pb2_grpc.ZoneStub(channel)
-            while True:
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    reply = await stub.ListAgents(zone_pb2.ListAgentsRequest(), timeout=30)
-                    ready = sum(a.state == zone_pb2.AGENT_READY for a in reply.agents)
-                if ready >= self.spec.agents or time.monotonic() > deadline:
-                    return ready
-                self._check_alive()
-                await asyncio.sleep(0.5)  # heartbeats arrive on their own schedule
+        while True:
+            with contextlib.suppress(OSError):
+                figures = await asyncio.to_thread(scrape_heartbeats, self.router_metrics_address)
+                ready = int(figures.get("laminar_zone_agents_ready", 0.0))
+            if ready >= self.spec.agents or time.monotonic() > deadline:
+                return ready
+            self._check_alive()
+            await asyncio.sleep(0.5)  # heartbeats arrive on their own schedule
 
 
 def scrape_heartbeats(address: str) -> dict[str, float]:
-    """The router's heartbeat counters: all heartbeats, and those with a full summary
-    (a router without that counter reports every heartbeat as full)."""
+    """The router's heartbeat counters (all heartbeats, and those with a full summary: a
+    router without that counter reports every heartbeat as full) and its ready agents."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         text = response.read().decode()
     out: dict[str, float] = {}
@@ -158,6 +161,10 @@ def scrape_heartbeats(address: str) -> dict[str, float]:
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     out[family.name] = sample.value
+        elif family.name == "laminar_zone_agents":
+            for sample in family.samples:
+                if sample.labels.get("state") == "ready":
+                    out["laminar_zone_agents_ready"] = sample.value
     out.setdefault("laminar_zone_heartbeat_summaries", out.get("laminar_zone_heartbeats", 0.0))
     return out
 
@@ -197,6 +204,7 @@ async def _measure(
         "agents_per_process": spec.agents_per_process,
         "heartbeat_seconds": spec.period_seconds,
         "start_seconds": started_seconds,
+        "join_spread_seconds": cluster.spread_seconds,
         "agents_ready_at_start": cluster.ready_at_start,
         "agents_ready_at_end": ready_at_end,
         "measured_seconds": wall,
