@@ -21,6 +21,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -170,6 +171,7 @@ def main() -> int:
     finally:
         router.terminate()
         router.wait()
+        shutil.rmtree(info.parent, ignore_errors=True)
     report = {
         "calls": args.calls,
         "router": router_figures,
