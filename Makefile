@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(PY) bench/agent_probe.py
 	$(VENV)/bin/laminar bench placement --agents 4 --jobs 300 -o json > bench-out/placement_n4.json
 	$(VENV)/bin/laminar bench placement --agents 32 --jobs 300 -o json > bench-out/placement_n32.json
+	$(VENV)/bin/laminar bench heartbeats --agents 4096 --seconds 20 -o json > bench-out/heartbeats_n4096.json
 	$(VENV)/bin/laminar bench airlock --trials 20 -o json > bench-out/airlock.json
 	$(PY) bench/fgd_reproduce.py --workloads default --mig -o bench-out/fgd_default.json --plot bench-out/fgd_default.png
 	$(PY) bench/clearing_round.py -o json > bench-out/clearing_round.json

@@ -9,6 +9,17 @@ does not keep them, so until it acknowledges one each action is sent only once.
 ``readdress_subjob_ids`` is the full current list on every heartbeat: a subjob is
 on it from Airlock's re-address decision until it ends. A subjob event wakes the
 loop at once instead of waiting for the next period.
+
+Delta heartbeats: the summary is sent only when it changed (:func:`summary_key`
+tells), on the first heartbeat after a start, and when the router's reply does
+not hold the agent's current ``summary_version`` (a router restart, an old
+router, an agent it had declared stale). Otherwise a heartbeat with nothing
+else to carry names the agent and the version only, and the router just
+refreshes its liveness. A router that refused such a delta has not heard from
+us: the fence is not renewed and the full summary goes at once. After a failed
+heartbeat that carried the summary, a router known to keep versions is assumed
+to hold it (an overloaded router answers late, and resending full summaries
+keeps it overloaded); if it does not, it refuses the next delta.
 """
 
 from __future__ import annotations
@@ -18,11 +29,12 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
 from laminar_agent.jobfiles import write_private
-from laminar_agent.journal import ActionRow, Journal
+from laminar_agent.journal import ActionRow, EventRow
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.causes import cause_from_token
 from laminar_base.grpcutil import channel_options
@@ -42,6 +54,31 @@ ACKED_ACTION_META = "acked_action_seq"
 MAX_LIVE_IDS = 4096
 
 
+class HeartbeatJournal(Protocol):
+    """What heartbeats read and write in the agent's journal (:class:`Journal` is one; the
+    heartbeat benchmark's agents keep an empty one in memory)."""
+
+    def unacked_events(self, limit: int = ...) -> list[EventRow]: ...
+    def ack_events(self, up_to_seq: int) -> int: ...
+    def actions_after(self, seq: int, limit: int = ...) -> list[ActionRow]: ...
+    def get_meta(self, key: str, default: str | None = ...) -> str | None: ...
+    def set_meta(self, key: str, value: str) -> None: ...
+
+
+def summary_key(summary: common_pb2.AgentSummary) -> bytes:
+    """What the router would learn from ``summary``: its bytes less what changes on every
+    call without news (the generation, when it was built, and the start of windows open
+    from now, which the router reads as "now" either way)."""
+    key = common_pb2.AgentSummary()
+    key.CopyFrom(summary)
+    key.ClearField("generation")
+    key.ClearField("generated_unix")
+    for window in key.windows:
+        if window.start_unix <= summary.generated_unix:
+            window.start_unix = 0.0
+    return key.SerializeToString(deterministic=True)
+
+
 def write_fence(path: Path, deadline_mono: float) -> None:
     """Write the fence deadline (root-only, atomic, fsynced)."""
     write_private(path, f"{deadline_mono:.3f}\n", durable=True)
@@ -53,7 +90,7 @@ class HeartbeatClient:
         zone_address: str,
         period_seconds: float,
         summary: Callable[[], common_pb2.AgentSummary],
-        journal: Journal,
+        journal: HeartbeatJournal,
         to_event: Callable[[int, str, str, str, float], common_pb2.SubjobEvent | None],
         *,
         readdress_ids: Callable[[], list[str]] | None = None,
@@ -77,8 +114,17 @@ class HeartbeatClient:
         #: Highest action seq sent so far, and whether the router acknowledges actions.
         self._sent_action_seq = 0
         self._router_acks_actions = True
+        #: The summary's content (summary_key) and its version, which changes with it.
+        self._summary_key = b""
+        self.summary_version = 0
+        #: The version the router's last reply said it holds (0: send the summary).
+        self._router_version = 0
+        #: The router has acknowledged a version: it understands delta heartbeats.
+        self._router_keeps_versions = False
         self.wake = asyncio.Event()
         self.sent = 0
+        #: Heartbeats sent without the summary (the router only refreshed liveness).
+        self.deltas = 0
         self.failures = 0
         #: The last heartbeat left events behind (size bound): send the next one at once.
         self.more_events = False
@@ -89,7 +135,7 @@ class HeartbeatClient:
             stub = zone_pb2_grpc.ZoneControlStub(channel)
             while not stop.is_set():
                 beat()
-                await self._beat(stub)
+                await self.beat(stub)
                 self.wake.clear()
                 if self.more_events and not self.failures:
                     continue
@@ -117,8 +163,14 @@ class HeartbeatClient:
         except OSError as exc:  # the fence then lapses: subjobs stop rather than run twice
             log.error("cannot renew the fence %s: %s", self._fence_file, exc)
 
-    async def _beat(self, stub: zone_pb2_grpc.ZoneControlStub) -> None:
-        request = zone_pb2.HeartbeatRequest(summary=self._summary())
+    async def beat(self, stub: zone_pb2_grpc.ZoneControlStub) -> None:
+        """One heartbeat and what its reply says (a pass of :meth:`run`)."""
+        summary = self._summary()
+        key = summary_key(summary)
+        if key != self._summary_key:
+            self._summary_key = key
+            self.summary_version += 1
+        request = zone_pb2.HeartbeatRequest(summary_version=self.summary_version)
         self.more_events = False
         size = 0
         for row in self._journal.unacked_events(MAX_EVENTS_PER_HEARTBEAT):
@@ -145,10 +197,26 @@ class HeartbeatClient:
         if self._send_live_ids and self._live_ids is not None:
             request.live_subjob_ids.extend(self._live_ids()[:MAX_LIVE_IDS])
             request.has_live_subjob_ids = True
+        is_delta = self._router_version == self.summary_version and not (
+            request.events
+            or request.airlock_actions
+            or request.readdress_subjob_ids
+            or request.has_live_subjob_ids
+        )
+        if is_delta:
+            request.agent_id = summary.agent_id
+        else:
+            request.summary.CopyFrom(summary)
         sent_mono = time.monotonic()
         try:
             reply = await stub.Heartbeat(request, timeout=max(1.0, self.period_seconds))  # type: ignore[misc]
         except grpc.aio.AioRpcError as exc:
+            # A router that keeps versions most likely kept this summary (an overloaded one
+            # answers past the deadline): the next heartbeat is a delta, which it refuses if
+            # not. Full summaries again and again are what an overloaded router can least
+            # afford. A router that never acknowledged a version never gets a delta.
+            if self._router_keeps_versions and request.HasField("summary"):
+                self._router_version = request.summary_version
             self.failures += 1
             if self.failures in (1, 10) or self.failures % 100 == 0:
                 log.warning(
@@ -165,6 +233,15 @@ class HeartbeatClient:
             )
         self.failures = 0
         self.sent += 1
+        self._router_version = reply.summary_version
+        self._router_keeps_versions |= reply.summary_version > 0
+        if is_delta:
+            if reply.summary_version != request.summary_version:
+                # Refused: the router holds no summary of ours to refresh. It has not
+                # counted this heartbeat, so the fence stays as it was; the summary goes now.
+                self.more_events = True
+                return
+            self.deltas += 1
         if request.has_live_subjob_ids:
             self._send_live_ids = False
         if reply.want_live_subjobs and self._live_ids is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from laminar_bench.airlock import AirlockBenchSpec, run_airlock_bench
+from laminar_bench.heartbeats import (
+    DEFAULT_AGENTS_PER_PROCESS,
+    HeartbeatBenchSpec,
+    run_heartbeat_bench,
+)
 from laminar_bench.placement import (
     DEFAULT_AGENT_POLL_SECONDS,
     DEFAULT_FAKE_GPUS,
@@ -74,12 +80,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=0,
         help="agents hosted per process (default: 1 up to 8 agents, else 32)",
     )
-    p.add_argument(
-        "--heartbeat-seconds",
-        type=float,
-        default=0.0,
-        help="heartbeat period the router asks for (default: the router's default)",
-    )
+    _add_heartbeat_flag(p)
     p.add_argument(
         "--agent-poll-seconds",
         type=float,
@@ -96,10 +97,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--timeout", type=float, default=300.0, help="measurement deadline in seconds (default 300)"
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the open-loop arrivals")
-    p.add_argument(
-        "--work-dir", type=Path, help="keep state dirs and daemon logs here (default: temporary)"
-    )
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    _add_output_flags(p)
     p.set_defaults(func=cmd_placement)
     a = benchmarks.add_parser(
         "airlock",
@@ -125,11 +123,30 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=0.1,
         help="agents' Airlock poll period (default 0.1 s, the agent's default)",
     )
-    a.add_argument(
-        "--work-dir", type=Path, help="keep state dirs and daemon logs here (default: temporary)"
-    )
-    a.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    _add_output_flags(a)
     a.set_defaults(func=cmd_airlock)
+    h = benchmarks.add_parser(
+        "heartbeats",
+        help="an idle router's CPU for membership with N agents heartbeating",
+        description=(
+            "Start a zone router and N heartbeat-only agents (the agent's heartbeat client, "
+            "multiplexed in pool processes) on loopback and read the router's CPU while "
+            "nothing but heartbeats happens. Reports, never fails on a number."
+        ),
+    )
+    h.add_argument("--agents", type=int, required=True, help="N agents")
+    h.add_argument(
+        "--seconds", type=float, default=20.0, help="measurement window in seconds (default 20)"
+    )
+    h.add_argument(
+        "--agents-per-process",
+        type=int,
+        default=DEFAULT_AGENTS_PER_PROCESS,
+        help=f"agents per pool process (default {DEFAULT_AGENTS_PER_PROCESS})",
+    )
+    _add_heartbeat_flag(h)
+    _add_output_flags(h)
+    h.set_defaults(func=cmd_heartbeats)
     s = benchmarks.add_parser(
         "submit",
         help="jobs/s a router takes into its durable queue: Submit against SubmitBatch",
@@ -144,11 +161,24 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     s.add_argument(
         "--single", type=int, default=500, help="jobs sent one Submit each (default 500)"
     )
-    s.add_argument(
-        "--work-dir", type=Path, help="keep the state dir and daemon log here (default: temporary)"
-    )
-    s.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    _add_output_flags(s)
     s.set_defaults(func=cmd_submit)
+
+
+def _add_heartbeat_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=0.0,
+        help="heartbeat period the router asks for (default: the router's default)",
+    )
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--work-dir", type=Path, help="keep state dirs and daemon logs here (default: temporary)"
+    )
+    parser.add_argument("-o", "--output", choices=["table", "json"], default="table")
 
 
 def cmd_placement(args: argparse.Namespace, console: Console) -> int:
@@ -170,19 +200,8 @@ def cmd_placement(args: argparse.Namespace, console: Console) -> int:
         work_dir=args.work_dir,
     )
     spec.validate()
-    progress = _progress("bench placement")
-    with progress:
-        task = progress.add_task("starting", total=spec.agents)
-
-        def advance(what: str, done: int, total: int) -> None:
-            progress.update(task, description=what, completed=done, total=total)
-
-        report = run_bench(spec, advance)
-    if args.output == "json":
-        console.out(json.dumps(report, indent=2), highlight=False)
-    else:
-        render(report, console)
-    return 0
+    report = _with_progress("bench placement", spec.agents, lambda p: run_bench(spec, p))
+    return _emit(report, args.output, console, render)
 
 
 def cmd_submit(args: argparse.Namespace, console: Console) -> int:
@@ -213,7 +232,6 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
 
 def render(report: dict[str, Any], console: Console) -> None:
     """The human summary: the figures, the baseline and what was measured."""
-    env = report["environment"]
     console.print(
         f"[bold]bench placement[/bold]  mode {report['mode']}, {report['arrivals']}"
         + (
@@ -225,11 +243,7 @@ def render(report: dict[str, Any], console: Console) -> None:
         f"(up to {report['agents_per_process']} per process); {report['jobs']} jobs",
         markup=True,
     )
-    console.print(
-        f"{env['machine']}, {env['cores']} cores ({env['cpu_model'] or 'unknown CPU'}), "
-        f"Python {env['python']}, grpcio {env['grpcio']}, {report['date']}",
-        highlight=False,
-    )
+    _print_environment(report, console)
     table = Table(show_header=True, header_style="bold")
     table.add_column("figure")
     table.add_column("value", justify="right")
@@ -284,34 +298,18 @@ def cmd_airlock(args: argparse.Namespace, console: Console) -> int:
         work_dir=args.work_dir,
     )
     spec.validate()
-    progress = _progress("bench airlock")
-    with progress:
-        task = progress.add_task("starting", total=None)
-
-        def advance(what: str, done: int, total: int) -> None:
-            progress.update(task, description=what, completed=done, total=total)
-
-        report = run_airlock_bench(spec, advance)
-    if args.output == "json":
-        console.out(json.dumps(report, indent=2), highlight=False)
-    else:
-        render_airlock(report, console)
-    return 0
+    report = _with_progress("bench airlock", None, lambda p: run_airlock_bench(spec, p))
+    return _emit(report, args.output, console, render_airlock)
 
 
 def render_airlock(report: dict[str, Any], console: Console) -> None:
-    env = report["environment"]
     console.print(
         f"[bold]bench airlock[/bold]  {report['trials']} injected-pressure trials"
         + (f", {len(report['genai_groups'])} GenAI replays" if report["genai_trace"] else "")
         + f" on {report['gpu']}, poll {report['poll_seconds']:g} s",
         markup=True,
     )
-    console.print(
-        f"{env['machine']}, {env['cores']} cores ({env['cpu_model'] or 'unknown CPU'}), "
-        f"Python {env['python']}, grpcio {env['grpcio']}, {report['date']}",
-        highlight=False,
-    )
+    _print_environment(report, console)
     table = Table(show_header=True, header_style="bold")
     table.add_column("scenario")
     table.add_column("policy")
@@ -340,6 +338,94 @@ def render_airlock(report: dict[str, Any], console: Console) -> None:
     console.print(table)
     console.print(f"reaction: {report['reaction_definition']}", highlight=False)
     console.print(f"work lost: {report['work_lost_definition']}", highlight=False)
+
+
+def cmd_heartbeats(args: argparse.Namespace, console: Console) -> int:
+    """Run ``bench heartbeats`` and print a table or JSON."""
+    spec = HeartbeatBenchSpec(
+        agents=args.agents,
+        seconds=args.seconds,
+        agents_per_process=args.agents_per_process,
+        heartbeat_seconds=args.heartbeat_seconds,
+        work_dir=args.work_dir,
+    )
+    spec.validate()
+    report = _with_progress("bench heartbeats", spec.agents, lambda p: run_heartbeat_bench(spec, p))
+    return _emit(report, args.output, console, render_heartbeats)
+
+
+def render_heartbeats(report: dict[str, Any], console: Console) -> None:
+    """The router's CPU for membership: per heartbeat, as a fraction of a core, nominal."""
+    console.print(
+        f"[bold]bench heartbeats[/bold]  {report['agents']} agents in "
+        f"{report['agent_processes']} process(es), period {report['heartbeat_seconds']:g} s, "
+        f"{report['measured_seconds']:.1f} s measured",
+        markup=True,
+    )
+    _print_environment(report, console)
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("router CPU (ratio of a core)", f"{report['router_cpu_ratio']:.3f}"),
+        ("router CPU per heartbeat (ms)", f"{report['router_cpu_ms_per_heartbeat']:.4f}"),
+        (
+            "agents ready at start / end",
+            f"{report['agents_ready_at_start']} / {report['agents_ready_at_end']}",
+        ),
+        ("heartbeats per second seen", f"{report['heartbeats_per_second']:.0f}"),
+        ("heartbeats per second, nominal", f"{report['nominal_heartbeats_per_second']:.0f}"),
+        ("heartbeats with a full summary", f"{report['heartbeats_with_summary']}"),
+        (
+            "router CPU at the nominal rate (ratio of a core)",
+            f"{report['router_cpu_ratio_at_nominal_rate']:.3f}",
+        ),
+        ("agent pools CPU (ratio of a core)", f"{report['agents_cpu_ratio']:.3f}"),
+        ("machine CPU busy (ratio)", f"{report['machine_cpu_busy_ratio']:.2f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    console.print(f"cpu: {report['cpu_definition']}", highlight=False)
+
+
+def _print_environment(report: dict[str, Any], console: Console) -> None:
+    env = report["environment"]
+    console.print(
+        f"{env['machine']}, {env['cores']} cores ({env['cpu_model'] or 'unknown CPU'}), "
+        f"Python {env['python']}, grpcio {env['grpcio']}, {report['date']}",
+        highlight=False,
+    )
+
+
+def _emit(
+    report: dict[str, Any],
+    output: str,
+    console: Console,
+    render_table: Callable[[dict[str, Any], Console], None],
+) -> int:
+    """Print the report as JSON or as the benchmark's table; the exit code (0)."""
+    if output == "json":
+        console.out(json.dumps(report, indent=2), highlight=False)
+    else:
+        render_table(report, console)
+    return 0
+
+
+def _with_progress(
+    title: str,
+    total: int | None,
+    run: Callable[[Callable[[str, int, int], None]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Run a benchmark with a progress bar it advances (``what, done, total``)."""
+    progress = _progress(title)
+    with progress:
+        task = progress.add_task("starting", total=total)
+
+        def advance(what: str, done: int, total: int) -> None:
+            progress.update(task, description=what, completed=done, total=total)
+
+        return run(advance)
 
 
 def _progress(title: str) -> Progress:

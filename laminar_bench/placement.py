@@ -49,12 +49,12 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import psutil
@@ -907,21 +907,38 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_bench(spec: BenchSpec, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Start the cluster, measure, stop every process (also on Ctrl-C, SIGTERM or an error)."""
-    spec.validate()
-    root = spec.work_dir or Path(tempfile.mkdtemp(prefix="laminar-bench-"))
+ClusterT = TypeVar("ClusterT", bound=BenchCluster)
+
+
+def measure_cluster(
+    work_dir: Path | None,
+    make_cluster: Callable[[Path], ClusterT],
+    measure: Callable[[ClusterT], Coroutine[Any, Any, dict[str, Any]]],
+) -> dict[str, Any]:
+    """Build a cluster in ``work_dir`` (default a temporary dir, removed after), run
+    ``measure`` on it, stop every process (also on Ctrl-C, SIGTERM or an error)."""
+    root = work_dir or Path(tempfile.mkdtemp(prefix="laminar-bench-"))
     root.mkdir(parents=True, exist_ok=True)
-    cluster = BenchCluster(root, spec)
+    cluster = make_cluster(root)
     try:
         with _terminate_as_interrupt():
             try:
-                return asyncio.run(_measure(spec, cluster, progress))
+                return asyncio.run(measure(cluster))
             finally:
                 cluster.stop()
     finally:
-        if spec.work_dir is None:
+        if work_dir is None:
             shutil.rmtree(root, ignore_errors=True)
 
 
-__all__ = ["BenchSpec", "percentile", "run_bench"]
+def run_bench(spec: BenchSpec, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Start the cluster, measure, stop every process (also on Ctrl-C, SIGTERM or an error)."""
+    spec.validate()
+    return measure_cluster(
+        spec.work_dir,
+        lambda root: BenchCluster(root, spec),
+        lambda cluster: _measure(spec, cluster, progress),
+    )
+
+
+__all__ = ["BenchSpec", "measure_cluster", "percentile", "run_bench"]

@@ -75,6 +75,11 @@ class ZoneMetrics:
         self.heartbeats = Counter(
             "laminar_zone_heartbeats_total", "Agent heartbeats received", registry=r
         )
+        self.heartbeat_summaries = Counter(
+            "laminar_zone_heartbeat_summaries_total",
+            "Agent heartbeats that carried the full summary (the others only refreshed liveness)",
+            registry=r,
+        )
         self.retries = Counter(
             "laminar_zone_job_retries_total", "Job attempts started after a failure", registry=r
         )

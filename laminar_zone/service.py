@@ -16,7 +16,7 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import InvalidArgument, LaminarError, PermissionDenied, Unavailable
 from laminar_base.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
-from laminar_base.security import peer_identity, peer_names
+from laminar_base.security import peer_names
 from laminar_zone.arrays import parse_array
 from laminar_zone.auth import (
     Guard,
@@ -29,6 +29,7 @@ from laminar_zone.auth import (
 from laminar_zone.config import is_host_port
 from laminar_zone.jobs import MAX_BATCH_JOBS, ZoneState
 from laminar_zone.limits import check_queued
+from laminar_zone.membership import Membership
 from laminar_zone.peers import PeerRouter
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -348,13 +349,16 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
         self._state = state
         self._peers = peers
         self._submitters = submitters if submitters is not None else ZoneService(state)
+        self._membership = Membership(state)
 
     @map_errors
     async def Heartbeat(
         self, request: zone_pb2.HeartbeatRequest, context: Ctx
     ) -> zone_pb2.HeartbeatReply:
-        check_heartbeat(request)
-        return self._state.on_heartbeat(request, peer_identity(context), peer_names(context))
+        if request.HasField("summary"):  # a delta carries nothing else (Membership checks)
+            check_heartbeat(request)
+        names = peer_names(context)  # the certificate is read once per heartbeat
+        return self._membership.on_heartbeat(request, names[0] if names else "", names)
 
     def _check_peer(self, context: Ctx) -> None:
         """With ``auth.peer_names``, only those certificates act as peer zones (the role

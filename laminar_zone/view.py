@@ -39,6 +39,8 @@ class AgentRecord:
     generation: int = 0
     #: mTLS: the certificate name its first heartbeat came with ("" without TLS).
     identity: str = ""
+    #: The agent's version of the summary this record holds (0: none that deltas refresh).
+    summary_version: int = 0
 
     @property
     def status(self) -> AgentStatus:
@@ -148,12 +150,38 @@ class ZoneView:
             record.last_heartbeat = now
             record.last_heartbeat_unix = now_unix
             record.is_stale = False
+        else:
+            # A probe's reply changed what this view holds: it is no longer the summary of
+            # the agent's last heartbeat, so the next delta is refused and the summary sent
+            # (a lease taken and released in between leaves the agent's summary unchanged).
+            record.summary_version = 0
         self._reindex(record)
         return Update(record, is_new, came_back, freed or came_back or is_new)
+
+    def refresh(
+        self, agent_id: str, summary_version: int, identity: str, now: float, now_unix: float
+    ) -> bool:
+        """A delta heartbeat: the agent's summary is the one this view holds, so only its
+        liveness moves, in O(1) (nothing to reindex: a ready agent stays ready). False,
+        changing nothing, when the view cannot vouch for that summary (unknown or stale
+        agent, another version or none, another certificate): the agent must send it."""
+        record = self.agents.get(agent_id)
+        if (
+            record is None
+            or record.is_stale
+            or not summary_version
+            or record.summary_version != summary_version
+            or record.identity != identity
+        ):
+            return False
+        record.last_heartbeat = now
+        record.last_heartbeat_unix = now_unix
+        return True
 
     def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
         record = self.agents[agent_id]
         record.draining = draining
+        record.summary_version = 0  # changed here, not by a heartbeat: ask for the summary
         self._reindex(record)
         return record
 

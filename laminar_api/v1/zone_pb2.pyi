@@ -439,36 +439,42 @@ class GetUsageReply(_message.Message):
     def __init__(self, records: _Optional[_Iterable[_Union[UsageRecord, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("summary", "events", "airlock_actions", "readdress_subjob_ids", "live_subjob_ids", "has_live_subjob_ids")
+    __slots__ = ("summary", "events", "airlock_actions", "readdress_subjob_ids", "live_subjob_ids", "has_live_subjob_ids", "summary_version", "agent_id")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     AIRLOCK_ACTIONS_FIELD_NUMBER: _ClassVar[int]
     READDRESS_SUBJOB_IDS_FIELD_NUMBER: _ClassVar[int]
     LIVE_SUBJOB_IDS_FIELD_NUMBER: _ClassVar[int]
     HAS_LIVE_SUBJOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     summary: _common_pb2.AgentSummary
     events: _containers.RepeatedCompositeFieldContainer[_common_pb2.SubjobEvent]
     airlock_actions: _containers.RepeatedCompositeFieldContainer[_agent_pb2.AirlockAction]
     readdress_subjob_ids: _containers.RepeatedScalarFieldContainer[str]
     live_subjob_ids: _containers.RepeatedScalarFieldContainer[str]
     has_live_subjob_ids: bool
-    def __init__(self, summary: _Optional[_Union[_common_pb2.AgentSummary, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.SubjobEvent, _Mapping]]] = ..., airlock_actions: _Optional[_Iterable[_Union[_agent_pb2.AirlockAction, _Mapping]]] = ..., readdress_subjob_ids: _Optional[_Iterable[str]] = ..., live_subjob_ids: _Optional[_Iterable[str]] = ..., has_live_subjob_ids: _Optional[bool] = ...) -> None: ...
+    summary_version: int
+    agent_id: str
+    def __init__(self, summary: _Optional[_Union[_common_pb2.AgentSummary, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.SubjobEvent, _Mapping]]] = ..., airlock_actions: _Optional[_Iterable[_Union[_agent_pb2.AirlockAction, _Mapping]]] = ..., readdress_subjob_ids: _Optional[_Iterable[str]] = ..., live_subjob_ids: _Optional[_Iterable[str]] = ..., has_live_subjob_ids: _Optional[bool] = ..., summary_version: _Optional[int] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("acked_seq", "period_seconds", "zone", "acked_action_seq", "fence_lease_seconds", "want_live_subjobs")
+    __slots__ = ("acked_seq", "period_seconds", "zone", "acked_action_seq", "fence_lease_seconds", "want_live_subjobs", "summary_version")
     ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
     ACKED_ACTION_SEQ_FIELD_NUMBER: _ClassVar[int]
     FENCE_LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WANT_LIVE_SUBJOBS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     acked_seq: int
     period_seconds: float
     zone: str
     acked_action_seq: int
     fence_lease_seconds: float
     want_live_subjobs: bool
-    def __init__(self, acked_seq: _Optional[int] = ..., period_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., acked_action_seq: _Optional[int] = ..., fence_lease_seconds: _Optional[float] = ..., want_live_subjobs: _Optional[bool] = ...) -> None: ...
+    summary_version: int
+    def __init__(self, acked_seq: _Optional[int] = ..., period_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., acked_action_seq: _Optional[int] = ..., fence_lease_seconds: _Optional[float] = ..., want_live_subjobs: _Optional[bool] = ..., summary_version: _Optional[int] = ...) -> None: ...
 
 class ZoneSummary(_message.Message):
     __slots__ = ("zone", "address", "shapes", "heat", "agents", "queued_jobs", "generated_unix")

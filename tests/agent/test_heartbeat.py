@@ -7,6 +7,7 @@ unacknowledged ones are sent again and acknowledged ones are not.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections.abc import Iterator
@@ -19,7 +20,10 @@ import pytest
 from waiting import gate_code, wait_for
 
 from cli.cluster import LocalCluster
+from laminar_agent.heartbeat import HeartbeatClient
+from laminar_agent.journal import EventRow
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_bench.heartbeat_pool import EmptyJournal, idle_summary
 
 
 class RecordingZone(zone_pb2_grpc.ZoneControlServicer):
@@ -44,15 +48,24 @@ class RecordingZone(zone_pb2_grpc.ZoneControlServicer):
             return list(self.requests)
 
 
-@pytest.fixture
-def zone() -> Iterator[tuple[str, RecordingZone]]:
+@contextlib.contextmanager
+def serving(servicer: zone_pb2_grpc.ZoneControlServicer) -> Iterator[str]:
+    """A ZoneControl server on loopback for ``servicer``; its address."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    servicer = RecordingZone()
     zone_pb2_grpc.add_ZoneControlServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield f"127.0.0.1:{port}", servicer
-    server.stop(None)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
+@pytest.fixture
+def zone() -> Iterator[tuple[str, RecordingZone]]:
+    servicer = RecordingZone()
+    with serving(servicer) as address:
+        yield address, servicer
 
 
 def test_heartbeats_carry_summary_and_events_until_acked(
@@ -186,3 +199,195 @@ def test_readdress_ids_ride_heartbeats_until_the_router_ends_the_subjob(
                     == common_pb2.SUCCEEDED
                 )
             )
+
+
+# ---------------------------------------------------------------- delta heartbeats
+# The real HeartbeatClient in this process against a ZoneControl server started in the
+# test, driven one heartbeat at a time (HeartbeatClient.beat): no sleeps, no timing.
+
+
+class VersionedZone(RecordingZone):
+    """Keeps the summary version of every full heartbeat, as the router does, and refreshes
+    deltas only for the version it holds; ``old``: a router that knows no versions."""
+
+    def __init__(self, *, old: bool = False) -> None:
+        super().__init__()
+        self.old = old
+        self.versions: dict[str, int] = {}
+
+    def Heartbeat(
+        self, request: zone_pb2.HeartbeatRequest, context: Any
+    ) -> zone_pb2.HeartbeatReply:
+        with self.lock:
+            self.requests.append(request)
+            acked = max((e.seq for e in request.events), default=0)
+            if self.old:
+                return zone_pb2.HeartbeatReply(period_seconds=0.2, acked_seq=acked)
+            if request.HasField("summary"):
+                self.versions[request.summary.agent_id] = request.summary_version
+                held = request.summary_version
+            else:
+                held = self.versions.get(request.agent_id, 0)
+                if held != request.summary_version:
+                    return zone_pb2.HeartbeatReply(period_seconds=0.2)  # send the summary
+        return zone_pb2.HeartbeatReply(
+            period_seconds=0.2, acked_seq=acked, fence_lease_seconds=25.0, summary_version=held
+        )
+
+
+class OneEventJournal(EmptyJournal):
+    """A journal holding one subjob event until the router acknowledges it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = [EventRow(1, "s-1", "SUCCEEDED", "exited 0", 1.0, False)]
+
+    def unacked_events(self, limit: int = 1000) -> list[EventRow]:
+        return list(self.pending)
+
+    def ack_events(self, up_to_seq: int) -> int:
+        self.pending = [e for e in self.pending if e.seq > up_to_seq]
+        return 1
+
+
+@pytest.fixture
+def versioned() -> Iterator[tuple[str, VersionedZone]]:
+    servicer = VersionedZone()
+    with serving(servicer) as address:
+        yield address, servicer
+
+
+def event(seq: int, subjob_id: str, state: str, reason: str, at: float) -> common_pb2.SubjobEvent:
+    return common_pb2.SubjobEvent(seq=seq, subjob=common_pb2.Subjob(state=common_pb2.SUCCEEDED))
+
+
+class Beats:
+    """A heartbeat client with a summary the test changes (``free``), and its stub."""
+
+    def __init__(self, address: str, tmp_path: Path, journal: EmptyJournal | None = None):
+        self.free = 8
+        self.fresh = idle_summary("d1", "127.0.0.1:9")  # new stamps on every call
+        self.fence = tmp_path / "fence"
+        self.client = HeartbeatClient(
+            address, 0.2, self.summary, journal or EmptyJournal(), event, fence_file=self.fence
+        )
+        self.channel = grpc.aio.insecure_channel(address)
+        self.stub = zone_pb2_grpc.ZoneControlStub(self.channel)
+
+    async def connect(self, address: str) -> None:
+        """Send the next heartbeats to ``address`` (127.0.0.1:1: nothing listens)."""
+        await self.channel.close(None)
+        self.channel = grpc.aio.insecure_channel(address)
+        self.stub = zone_pb2_grpc.ZoneControlStub(self.channel)
+
+    def summary(self) -> common_pb2.AgentSummary:
+        message = self.fresh()
+        message.shapes[0].free = self.free
+        return message
+
+    async def beat(self, times: int = 1) -> None:
+        for _ in range(times):
+            await self.client.beat(self.stub)
+
+
+async def test_an_unchanged_summary_is_sent_once_then_only_its_version(
+    tmp_path: Path, versioned: tuple[str, VersionedZone]
+) -> None:
+    address, zone = versioned
+    beats = Beats(address, tmp_path)
+    await beats.beat(4)
+    first, *rest = zone.snapshot()
+    assert first.HasField("summary") and first.summary.agent_id == "d1"
+    assert first.summary_version == 1 and not first.agent_id
+    for request in rest:  # generation, generated_unix and window starts moved on
+        assert not request.HasField("summary")
+        assert (request.agent_id, request.summary_version) == ("d1", 1)
+    assert beats.client.deltas == 3 and beats.client.sent == 4
+    assert beats.fence.exists()  # every acknowledged delta renews the fence
+    await beats.channel.close(None)
+
+
+async def test_a_changed_summary_is_sent_with_a_new_version(
+    tmp_path: Path, versioned: tuple[str, VersionedZone]
+) -> None:
+    address, zone = versioned
+    beats = Beats(address, tmp_path)
+    await beats.beat(2)
+    beats.free = 7  # a subjob took a GPU
+    await beats.beat(2)
+    requests = zone.snapshot()
+    assert [r.HasField("summary") for r in requests] == [True, False, True, False]
+    assert [r.summary_version for r in requests] == [1, 1, 2, 2]
+    assert requests[2].summary.shapes[0].free == 7
+    await beats.channel.close(None)
+
+
+async def test_a_router_that_lost_the_summary_gets_it_at_once_and_no_fence_renewal(
+    tmp_path: Path, versioned: tuple[str, VersionedZone]
+) -> None:
+    """A router restart: the delta is refused, so the fence is left as it was and the
+    heartbeat loop sends the summary next, at once."""
+    address, zone = versioned
+    beats = Beats(address, tmp_path)
+    await beats.beat(2)
+    fence_before = beats.fence.read_text()
+    zone.versions.clear()  # the router restarted
+    await beats.beat()
+    assert not zone.snapshot()[-1].HasField("summary")
+    assert beats.fence.read_text() == fence_before
+    assert beats.client.more_events  # run() beats again without waiting a period
+    await beats.beat(2)
+    last = zone.snapshot()[-2:]
+    assert last[0].HasField("summary") and last[0].summary_version == 1
+    assert not last[1].HasField("summary")  # the router holds it again
+    await beats.channel.close(None)
+
+
+async def test_an_old_router_gets_the_summary_every_time(tmp_path: Path) -> None:
+    old = VersionedZone(old=True)
+    with serving(old) as address:
+        beats = Beats(address, tmp_path)
+        await beats.beat(2)
+        await beats.connect("127.0.0.1:1")  # a failed heartbeat
+        await beats.beat()
+        await beats.connect(address)
+        await beats.beat()
+        assert len(old.snapshot()) == 3
+        assert all(r.HasField("summary") for r in old.snapshot())
+        assert beats.client.deltas == 0
+        await beats.channel.close(None)
+
+
+async def test_events_ride_with_the_summary(
+    tmp_path: Path, versioned: tuple[str, VersionedZone]
+) -> None:
+    address, zone = versioned
+    beats = Beats(address, tmp_path, OneEventJournal())
+    await beats.beat(3)  # the event (acknowledged by the first reply), then deltas
+    requests = zone.snapshot()
+    assert requests[0].events and requests[0].HasField("summary")
+    assert [r.HasField("summary") for r in requests[1:]] == [False, False]
+    await beats.channel.close(None)
+
+
+async def test_after_a_failed_summary_the_next_heartbeat_is_a_delta(
+    tmp_path: Path, versioned: tuple[str, VersionedZone]
+) -> None:
+    """An overloaded router answers past the deadline but keeps the summary: the agent
+    goes on with deltas, and a router that did not keep it refuses the delta."""
+    address, zone = versioned
+    beats = Beats(address, tmp_path)
+    await beats.beat(2)
+    beats.free = 7
+    await beats.connect("127.0.0.1:1")  # nothing listens there
+    await beats.beat()
+    assert beats.client.failures == 1
+    await beats.connect(address)
+    await beats.beat()  # a delta naming version 2, which this router never got
+    assert not zone.snapshot()[-1].HasField("summary")
+    assert zone.snapshot()[-1].summary_version == 2 and beats.client.more_events
+    await beats.beat(2)
+    last = zone.snapshot()[-2:]
+    assert last[0].HasField("summary") and last[0].summary.shapes[0].free == 7
+    assert not last[1].HasField("summary") and last[1].summary_version == 2
+    await beats.channel.close(None)
