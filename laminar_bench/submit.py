@@ -9,6 +9,7 @@ number: it reports.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,9 +20,9 @@ from typing import Any
 import grpc
 import psutil
 
-from cli.cluster import LocalCluster
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.errors import InvalidArgument
+from laminar_bench.placement import BenchCluster, BenchSpec
 
 #: Jobs one SubmitBatch may carry (the router's own limit).
 MAX_BATCH = 10_000
@@ -66,11 +67,11 @@ def _measure(router: psutil.Process, jobs: int, send: Callable[[], None]) -> dic
 def run_submit_bench(spec: SubmitBenchSpec) -> dict[str, Any]:
     spec.validate()
     with tempfile.TemporaryDirectory(prefix="laminar-bench-submit-") as tmp:
-        root = spec.work_dir or Path(tmp)
-        with LocalCluster(root) as cluster:
-            zone = cluster.start_zone("bench")
-            router = psutil.Process(zone.process.pid)
-            with grpc.insecure_channel(zone.address) as channel:
+        cluster = BenchCluster(spec.work_dir or Path(tmp), BenchSpec(agents=0, jobs=1))
+        try:
+            asyncio.run(cluster.start())  # the router alone: no agent to place on
+            router = psutil.Process(cluster.router_pid)
+            with grpc.insecure_channel(cluster.router_address) as channel:
                 stub = zone_pb2_grpc.ZoneStub(channel)
                 stub.Submit(zone_pb2.SubmitRequest(spec=_spec(-1)), timeout=30)  # warm up
 
@@ -93,6 +94,8 @@ def run_submit_bench(spec: SubmitBenchSpec) -> dict[str, Any]:
                 queued = stub.ListJobs(
                     zone_pb2.ListJobsRequest(states=[zone_pb2.QUEUED], limit=1), timeout=30
                 )
+        finally:
+            cluster.stop()
     ratio = (
         round(batch["jobs_per_second"] / single["jobs_per_second"], 1)
         if single["jobs_per_second"]
