@@ -21,6 +21,7 @@ from cli.jobspec import describe_resources
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import ENDED_SUBJOB_STATES, FINISHED_JOB_STATES, end_cause
 from laminar_base.units import format_size
+from laminar_zone.reasons import reason_of
 
 #: A job's own end (a forwarded job ends in the zone it went to).
 TERMINAL_JOB_STATES = FINISHED_JOB_STATES
@@ -262,6 +263,9 @@ def _job_row(job: zone_pb2.Job, now_unix: float, wide: bool) -> list[Any]:
     if job.spec.gang_size > 1:
         resources = f"{job.spec.gang_size} x ({resources})"
     reason = job.reason
+    code = reason_token(job.reason_code)
+    if code:
+        reason = f"[{code}] {reason}"
     if job.state == zone_pb2.QUEUED and job.queue_position:
         reason = f"#{job.queue_position}: {reason}"
     row: list[Any] = [
@@ -335,6 +339,12 @@ def _grid() -> Table:
     return grid
 
 
+def reason_token(code: int) -> str:
+    """The short name of a job's reason code (``resources``, ``dependency``), "" for none:
+    what scripts match, as squeue's ``%r``."""
+    return reason_of(code).token
+
+
 def job_detail(job: zone_pb2.Job, now_unix: float) -> RenderableType:
     """Everything `laminar job ID` shows: a key/value block, then the placements."""
     job = printable(job)
@@ -348,7 +358,8 @@ def job_detail(job: zone_pb2.Job, now_unix: float) -> RenderableType:
             if job.state in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING)
             else "reason"
         )
-        grid.add_row(label, Text(job.reason))
+        code = reason_token(job.reason_code)
+        grid.add_row(label, Text(f"[{code}] {job.reason}" if code else job.reason))
     if job.state in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING):
         if job.queue_position:
             grid.add_row("queue position", str(job.queue_position))

@@ -65,6 +65,7 @@ from laminar_zone.market import (
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
+from laminar_zone.reasons import Reason, set_reason
 from laminar_zone.view import ZoneView
 
 
@@ -83,7 +84,7 @@ class Zone(Protocol):
 
     def copy_subjob(self, placement: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None: ...
     def evaluate(self, entry: Entry) -> None: ...
-    def finish(self, entry: Entry, state: int, reason: str) -> None: ...
+    def finish(self, entry: Entry, state: int, reason: str, code: Reason | None = None) -> None: ...
     def save(self, entry: Entry) -> None: ...
     def track(self, entry: Entry, agent_id: str) -> None: ...
     def tenant_usage(self) -> tuple[dict[str, float], dict[str, int]]: ...
@@ -309,10 +310,13 @@ class Atomizer:
             )
             job.started_unix = job.started_unix or time.time()
             job.expected_start_unix = 0.0
-            what = "suspended by Airlock" if p.state == common_pb2.SUSPENDED else "running"
-            job.reason = (
+            suspended = p.state == common_pb2.SUSPENDED
+            what = "suspended by Airlock" if suspended else "running"
+            set_reason(
+                job,
+                Reason.SUSPENDED if suspended else Reason.NONE,
                 f"units {p.unit_start}..{p.unit_start + p.unit_count - 1} {what} on "
-                f"{p.agent_id}/{','.join(p.slice_ids)}; {done} of {total} done"
+                f"{p.agent_id}/{','.join(p.slice_ids)}; {done} of {total} done",
             )
             return
         if done >= total:
@@ -326,7 +330,7 @@ class Atomizer:
         if job.state != zone_pb2.QUEUED:
             atom.ready_since = time.monotonic()
         job.state = zone_pb2.QUEUED
-        job.reason = f"waiting for a window; {done} of {total} units done"
+        set_reason(job, Reason.WINDOW, f"waiting for a window; {done} of {total} units done")
 
     def _observe(
         self, job: zone_pb2.Job, atom: Atom, p: zone_pb2.Placement, *, replay: bool
@@ -575,8 +579,10 @@ class Atomizer:
             if any_offered
             else "no free slice is advertised now"
         )
-        job.reason = (
-            f"waiting for a window; {done} of {atom.contract.total_units} units done; {why}"
+        set_reason(
+            job,
+            Reason.WINDOW,
+            f"waiting for a window; {done} of {atom.contract.total_units} units done; {why}",
         )
         job.expected_start_unix = soonest[0] if soonest else 0.0
         if soonest:
@@ -746,9 +752,11 @@ class Atomizer:
             resources=resources,
         )
         job.state = zone_pb2.PENDING
-        job.reason = (
+        set_reason(
+            job,
+            Reason.PLACING,
             f"starting units {bid.unit_start}..{bid.unit_start + bid.unit_count - 1} on "
-            f"{w.agent_id}/{w.slice_id} (score {score:.3f}, P(fits) {bid.feasibility:.3f})"
+            f"{w.agent_id}/{w.slice_id} (score {score:.3f}, P(fits) {bid.feasibility:.3f})",
         )
         self.zone.track(entry, w.agent_id)
         self.zone.save(entry)
@@ -805,9 +813,11 @@ class Atomizer:
             else:  # the window was gone: that subjob never existed
                 del job.placements[-1]
                 job.state = zone_pb2.QUEUED
-                job.reason = (
+                set_reason(
+                    job,
+                    Reason.WINDOW,
                     f"window on {w.agent_id}/{w.slice_id} was gone ({reply.bounce.reason}); "
-                    "waiting for the next"
+                    "waiting for the next",
                 )
         finally:
             entry.placing = False

@@ -74,11 +74,12 @@ from laminar_zone.placer import AgentClients, Ask, Placer, shapes_from
 from laminar_zone.queue import (
     QueueItem,
     QueueWalk,
-    explain,
     order_key,
     quota_block,
     quota_never_fits,
+    why_waiting,
 )
+from laminar_zone.reasons import END_REASONS, Reason, reason_of, set_reason
 from laminar_zone.store import JobStore
 from laminar_zone.usage import UsageLedger
 from laminar_zone.view import AgentRecord, HostCounts, ZoneView
@@ -526,9 +527,11 @@ class ZoneState:
         )
         if progress.done:
             array_job.state = _OUTCOME_STATES[progress.outcome()]
-            array_job.reason = (
+            set_reason(
+                array_job,
+                Reason.ARRAY,
                 f"{progress.succeeded} of {progress.total} elements succeeded, "
-                f"{progress.failed} failed, {progress.cancelled} cancelled"
+                f"{progress.failed} failed, {progress.cancelled} cancelled",
             )
             array_job.ended_unix = time.time()
             del self.arrays[array_job.job_id]
@@ -542,9 +545,11 @@ class ZoneState:
             )
             else zone_pb2.QUEUED
         )
-        array_job.reason = (
+        set_reason(
+            array_job,
+            Reason.ARRAY,
             f"{len(progress.active)} elements under way, {progress.held} waiting, "
-            f"{progress.ended} of {progress.total} ended"
+            f"{progress.ended} of {progress.total} ended",
         )
 
     def _element_ended(self, job: zone_pb2.Job) -> None:
@@ -562,33 +567,49 @@ class ZoneState:
     def _route(self, entry: Entry, allow_forward: bool) -> None:
         """Decide the first state: waiting for dependencies or quota, queued, or placing."""
         job = entry.job
-        waiting = self._dependency_block(entry) or self._array_block(entry)
-        if waiting:
-            job.state, job.reason = zone_pb2.WAITING, waiting
-            entry.queued_at = time.monotonic()
-            return
-        blocked = self._quota_block(entry)
-        if blocked:
-            job.state, job.reason = zone_pb2.WAITING, blocked
-            entry.queued_at = time.monotonic()
-            return
+        blocks = (
+            (Reason.DEPENDENCY, self._dependency_block),
+            (Reason.ARRAY_LIMIT, self._array_block),
+            (Reason.QUOTA, self._quota_block),
+        )
+        for reason, block in blocks:
+            waiting = block(entry)
+            if waiting:
+                job.state = zone_pb2.WAITING
+                set_reason(job, reason, waiting)
+                entry.queued_at = time.monotonic()
+                return
         if job.job_id in self.atomizer.atoms:
             job.state = zone_pb2.QUEUED
-            job.reason = f"waiting for a window; 0 of {job.spec.atomization.total_units} units done"
+            set_reason(
+                job,
+                Reason.WINDOW,
+                f"waiting for a window; 0 of {job.spec.atomization.total_units} units done",
+            )
             entry.queued_at = time.monotonic()
             self.atomizer.wake.set()
             return
         gang = max(1, job.spec.gang_size)
         if gang > 1 and self.view.counts(entry.need).members_total < gang:
             job.state = zone_pb2.QUEUED
-            job.reason = "the zone cannot hold this gang now; waiting for the next queue pass"
+            set_reason(
+                job,
+                Reason.TOO_LARGE,
+                "the zone cannot hold this gang now; waiting for the next queue pass",
+            )
             entry.queued_at = time.monotonic()
             return
         head_priority = self._blocked_families.get(entry.need.family)
         if head_priority is not None and (job.spec.priority or common_pb2.BATCH) >= head_priority:
             job.state = zone_pb2.QUEUED
-            job.reason = "behind queued work of the same kind; waiting for the next queue pass"
+            set_reason(
+                job,
+                Reason.PRIORITY,
+                "behind queued work of the same kind; waiting for the next queue pass",
+            )
             entry.queued_at = time.monotonic()
+            return
+        set_reason(job, Reason.PLACING, job.reason or "placing")
 
     def _kick(self, entry: Entry, allow_forward: bool) -> None:
         if entry.job.state == zone_pb2.PENDING:
@@ -721,7 +742,7 @@ class ZoneState:
             )
             self.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
         job.state = zone_pb2.PENDING
-        job.reason = "committing leases"
+        set_reason(job, Reason.PLACING, "committing leases")
         self.save(entry)
         outcomes = await asyncio.gather(
             *(
@@ -734,7 +755,7 @@ class ZoneState:
         if not failures:
             if job.state == zone_pb2.PENDING:
                 job.state = zone_pb2.JOB_RUNNING
-                job.reason = ""
+                set_reason(job, Reason.NONE, "")
                 job.started_unix = job.started_unix or time.time()
                 job.queue_position = 0
                 job.expected_start_unix = 0
@@ -769,12 +790,14 @@ class ZoneState:
                 p.reason = f"commit failed: {why}"
                 p.ended_unix = time.time()
         job.attempts += 1
-        job.reason = f"commit failed: {why}"
+        set_reason(job, Reason.RETRYING, f"commit failed: {why}")
         if any(_is_refused_input(f) for f in failures):
             # The agent refused the spec itself (a workdir or command it cannot use). Hosts
             # are meant to be alike, and each retry left one more failed subjob on the agent
             # (a retry storm of several a second): the job fails for good, saying why.
-            self.finish(entry, zone_pb2.JOB_FAILED, f"the agent refused the job: {why}")
+            self.finish(
+                entry, zone_pb2.JOB_FAILED, f"the agent refused the job: {why}", Reason.REFUSED
+            )
         self.save(entry)
         return False
 
@@ -842,7 +865,8 @@ class ZoneState:
             f"{old.agent_id} before placing the job again"
         )
         if job.state != zone_pb2.QUEUED or job.reason != reason:
-            job.state, job.reason = zone_pb2.QUEUED, reason
+            job.state = zone_pb2.QUEUED
+            set_reason(job, Reason.PREVIOUS_COPY, reason)
             entry.queued_at = time.monotonic()
             self.save(entry)
             self._publish(entry)
@@ -870,7 +894,7 @@ class ZoneState:
         position = self._queued_per_family.get(family, 0) + 1
         self._queued_per_family[family] = position
         entry.job.queue_position = position
-        entry.job.reason = explain(
+        why = why_waiting(
             entry.need,
             gang_size=max(1, entry.job.spec.gang_size),
             hosts_ready=counts.ready,
@@ -881,6 +905,7 @@ class ZoneState:
             now=time.time(),
             members_total=counts.members_total,
         )
+        set_reason(entry.job, Reason[why.token.upper()], why.text)
 
     # ================================================================ the queue
 
@@ -927,7 +952,7 @@ class ZoneState:
             held = self._array_block(entry) if job.state == zone_pb2.WAITING else ""
             if held:
                 if job.reason != held:
-                    job.reason = held
+                    set_reason(job, Reason.ARRAY_LIMIT, held)
                     changed.append(entry)
                 continue
             if self._wait_for_old_copy(entry):
@@ -935,7 +960,7 @@ class ZoneState:
             if job.job_id in self.atomizer.atoms:  # placed by the market, not by this queue
                 if job.state == zone_pb2.WAITING:
                     job.state = zone_pb2.QUEUED
-                    job.reason = "dependencies succeeded; waiting for a window"
+                    set_reason(job, Reason.WINDOW, "dependencies succeeded; waiting for a window")
                     changed.append(entry)
                     self.atomizer.wake.set()
                 continue
@@ -946,7 +971,8 @@ class ZoneState:
             )
             if blocked:
                 if job.state != zone_pb2.WAITING or job.reason != blocked:
-                    job.state, job.reason = zone_pb2.WAITING, blocked
+                    job.state = zone_pb2.WAITING
+                    set_reason(job, Reason.QUOTA, blocked)
                     changed.append(entry)
                 continue
             if entry.need not in counts:
@@ -956,7 +982,7 @@ class ZoneState:
             never = hosts.members_total < item.gang_size
             if walk.may_try(item, never=never) and self.view.any_fits(entry.need, self.rng):
                 job.state = zone_pb2.PENDING
-                job.reason = "placing from the queue"
+                set_reason(job, Reason.PLACING, "placing from the queue")
                 if await self._place(entry, from_queue=True):
                     units[tenant] = units.get(tenant, 0.0) + item.units
                     memory[tenant] = memory.get(tenant, 0) + entry.need.memory_bytes
@@ -969,7 +995,7 @@ class ZoneState:
                 partial(self._expected_start, entry, now_unix=now_unix),
                 never=never,
             )
-            reason = explain(
+            why = why_waiting(
                 entry.need,
                 gang_size=item.gang_size,
                 hosts_ready=hosts.ready,
@@ -984,11 +1010,11 @@ class ZoneState:
             queued_per_family[entry.need.family] = wait.position
             if (
                 job.state != zone_pb2.QUEUED
-                or job.reason != reason
+                or job.reason != why.text
                 or job.queue_position != wait.position
             ):
                 job.state = zone_pb2.QUEUED
-                job.reason = reason
+                set_reason(job, Reason[why.token.upper()], why.text)
                 job.queue_position = wait.position
                 job.expected_start_unix = wait.expected_start or 0.0
                 changed.append(entry)
@@ -1028,10 +1054,10 @@ class ZoneState:
                 continue
             block = self._dependency_block(entry)
             if block.startswith("!"):
-                self.finish(entry, zone_pb2.JOB_FAILED, block[1:])
+                self.finish(entry, zone_pb2.JOB_FAILED, block[1:], Reason.DEPENDENCY_FAILED)
                 self.save(entry)
-            elif not block and entry.job.reason.startswith("waiting for j-"):
-                entry.job.reason = "dependencies succeeded"
+            elif not block and reason_of(entry.job.reason_code) is Reason.DEPENDENCY:
+                set_reason(entry.job, Reason.PLACING, "dependencies succeeded")
 
     # ================================================================ agent events
 
@@ -1432,18 +1458,24 @@ class ZoneState:
             job.attempts += 1
             job.state = zone_pb2.PENDING
             counted = f"retry {job.retries_used} of {job.spec.max_retries}"
-            job.reason = f"retrying ({counted if verdict.counted else 'not counted'}) after {what}"
+            set_reason(
+                job,
+                Reason.RETRYING,
+                f"retrying ({counted if verdict.counted else 'not counted'}) after {what}",
+            )
             self.metrics.retries.inc()
             self._spawn(self._place(entry), f"retry-{job.job_id}")
         elif verdict.outcome is Outcome.RUNNING:
             suspended = verdict.suspended
             job.state = zone_pb2.JOB_SUSPENDED if suspended else zone_pb2.JOB_RUNNING
             job.started_unix = job.started_unix or time.time()
-            job.reason = (
+            set_reason(
+                job,
+                Reason.SUSPENDED if suspended else Reason.NONE,
                 f"{suspended} subjob(s) suspended by Airlock (GPU memory pressure on "
                 f"{', '.join(sorted({p.agent_id for p in current if p.state == common_pb2.SUSPENDED}))})"
                 if suspended
-                else ""
+                else "",
             )
 
     def _finish_moves(self, entry: Entry, current: list[zone_pb2.Placement]) -> None:
@@ -1456,10 +1488,11 @@ class ZoneState:
                 if old.member == new.member and old.state in LIVE_SUBJOB:
                     self._spawn(self._retire_moved(entry, old, new), f"moved-{old.subjob_id}")
 
-    def finish(self, entry: Entry, state: int, reason: str) -> None:
+    def finish(self, entry: Entry, state: int, reason: str, code: Reason | None = None) -> None:
+        """End the job in ``state``; ``code`` (default: by the state) says why for scripts."""
         job = entry.job
         job.state = state  # type: ignore[assignment]
-        job.reason = reason
+        set_reason(job, END_REASONS.get(state, Reason.NONE) if code is None else code, reason)
         job.ended_unix = time.time()
         job.queue_position = 0
         job.expected_start_unix = 0

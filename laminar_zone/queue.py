@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from laminar_base.demand import Demand
 from laminar_zone.config import Quota
@@ -189,6 +189,14 @@ def walk_queue(
     return kept
 
 
+class Why(NamedTuple):
+    """Why a queued job waits: a stable token (``laminar_zone.reasons.Reason`` by name,
+    lower case) and one line a user can act on."""
+
+    token: str
+    text: str
+
+
 def explain(
     need: Demand,
     *,
@@ -202,25 +210,56 @@ def explain(
     blocked_by: str = "",
     members_total: int | None = None,
 ) -> str:
-    """One line a user can act on: what is missing, how many hosts match, when it may start."""
+    """The text of :func:`why_waiting`."""
+    return why_waiting(
+        need,
+        gang_size=gang_size,
+        hosts_ready=hosts_ready,
+        hosts_matching=hosts_matching,
+        hosts_fitting=hosts_fitting,
+        position=position,
+        expected_start=expected_start,
+        now=now,
+        blocked_by=blocked_by,
+        members_total=members_total,
+    ).text
+
+
+def why_waiting(
+    need: Demand,
+    *,
+    gang_size: int,
+    hosts_ready: int,
+    hosts_matching: int,
+    hosts_fitting: int,
+    position: int,
+    expected_start: float | None,
+    now: float,
+    blocked_by: str = "",
+    members_total: int | None = None,
+) -> Why:
+    """What is missing, how many hosts match, when it may start."""
     what = need.label()
     if gang_size > 1:
         what = f"{gang_size} x {what}"
     if hosts_ready == 0:
-        first = "no ready host in this zone"
+        token, first = "no_matching_host", "no ready host in this zone"
     elif hosts_matching == 0:
+        token = "no_matching_host"
         first = f"no host has a {need.label()} at all (0 of {hosts_ready} hosts match)"
     elif members_total is not None and members_total < gang_size:
+        token = "too_large"
         first = (
             f"the ready hosts hold at most {members_total} x {need.label()} even when idle; "
             f"it waits for more hosts"
         )
     elif blocked_by:
+        token = "priority"
         first = f"behind blocked job {blocked_by} of the same kind (no backfill: it would delay it)"
     elif hosts_fitting == 0:
-        first = f"no host with a free {what}"
+        token, first = "resources", f"no host with a free {what}"
     else:
-        first = f"capacity for {what} is contended (probes bounced)"
+        token, first = "resources", f"capacity for {what} is contended (probes bounced)"
     parts = [first]
     if hosts_ready and hosts_matching:
         parts.append(f"{hosts_matching} of {hosts_ready} hosts match")
@@ -229,7 +268,7 @@ def explain(
         parts.append("expected start unknown (running work declares no expected run time)")
     else:
         parts.append(f"expected start in about {math.ceil(max(0.0, expected_start - now))} s")
-    return "; ".join(parts)
+    return Why(token, "; ".join(parts))
 
 
 def _gib(n: int) -> str:

@@ -22,6 +22,27 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FORWARDED: _ClassVar[JobState]
     JOB_SUSPENDED: _ClassVar[JobState]
 
+class ReasonCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REASON_NONE: _ClassVar[ReasonCode]
+    REASON_PLACING: _ClassVar[ReasonCode]
+    REASON_RESOURCES: _ClassVar[ReasonCode]
+    REASON_NO_MATCHING_HOST: _ClassVar[ReasonCode]
+    REASON_TOO_LARGE: _ClassVar[ReasonCode]
+    REASON_PRIORITY: _ClassVar[ReasonCode]
+    REASON_DEPENDENCY: _ClassVar[ReasonCode]
+    REASON_QUOTA: _ClassVar[ReasonCode]
+    REASON_ARRAY_LIMIT: _ClassVar[ReasonCode]
+    REASON_WINDOW: _ClassVar[ReasonCode]
+    REASON_PREVIOUS_COPY: _ClassVar[ReasonCode]
+    REASON_RETRYING: _ClassVar[ReasonCode]
+    REASON_SUSPENDED: _ClassVar[ReasonCode]
+    REASON_SUBJOB_FAILED: _ClassVar[ReasonCode]
+    REASON_REFUSED: _ClassVar[ReasonCode]
+    REASON_CANCELLED: _ClassVar[ReasonCode]
+    REASON_DEPENDENCY_FAILED: _ClassVar[ReasonCode]
+    REASON_ARRAY: _ClassVar[ReasonCode]
+
 class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     AGENT_STATE_UNSPECIFIED: _ClassVar[AgentState]
@@ -38,6 +59,24 @@ JOB_FAILED: JobState
 JOB_CANCELLED: JobState
 FORWARDED: JobState
 JOB_SUSPENDED: JobState
+REASON_NONE: ReasonCode
+REASON_PLACING: ReasonCode
+REASON_RESOURCES: ReasonCode
+REASON_NO_MATCHING_HOST: ReasonCode
+REASON_TOO_LARGE: ReasonCode
+REASON_PRIORITY: ReasonCode
+REASON_DEPENDENCY: ReasonCode
+REASON_QUOTA: ReasonCode
+REASON_ARRAY_LIMIT: ReasonCode
+REASON_WINDOW: ReasonCode
+REASON_PREVIOUS_COPY: ReasonCode
+REASON_RETRYING: ReasonCode
+REASON_SUSPENDED: ReasonCode
+REASON_SUBJOB_FAILED: ReasonCode
+REASON_REFUSED: ReasonCode
+REASON_CANCELLED: ReasonCode
+REASON_DEPENDENCY_FAILED: ReasonCode
+REASON_ARRAY: ReasonCode
 AGENT_STATE_UNSPECIFIED: AgentState
 AGENT_READY: AgentState
 AGENT_STALE: AgentState
@@ -153,7 +192,7 @@ class AtomizationProgress(_message.Message):
     def __init__(self, units_done: _Optional[int] = ..., units_total: _Optional[int] = ..., seconds_per_unit: _Optional[_Iterable[_Union[_common_pb2.Quantile, _Mapping]]] = ..., peak_memory_bytes: _Optional[_Iterable[_Union[_common_pb2.Quantile, _Mapping]]] = ..., violation_rate: _Optional[float] = ..., subjobs: _Optional[int] = ..., last_losing_score: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "submitted_unix", "started_unix", "ended_unix", "placements", "attempts", "retries_used", "queue_position", "expected_start_unix", "zone", "forwarded_to", "atomization", "client_request_id", "probes", "bounces", "array_id", "array_index", "array")
+    __slots__ = ("job_id", "spec", "state", "reason", "submitted_unix", "started_unix", "ended_unix", "placements", "attempts", "retries_used", "queue_position", "expected_start_unix", "zone", "forwarded_to", "atomization", "client_request_id", "probes", "bounces", "array_id", "array_index", "array", "reason_code")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +214,7 @@ class Job(_message.Message):
     ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
     ARRAY_FIELD_NUMBER: _ClassVar[int]
+    REASON_CODE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -196,7 +236,8 @@ class Job(_message.Message):
     array_id: str
     array_index: int
     array: ArrayStatus
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., submitted_unix: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., queue_position: _Optional[int] = ..., expected_start_unix: _Optional[float] = ..., zone: _Optional[str] = ..., forwarded_to: _Optional[str] = ..., atomization: _Optional[_Union[AtomizationProgress, _Mapping]] = ..., client_request_id: _Optional[str] = ..., probes: _Optional[int] = ..., bounces: _Optional[int] = ..., array_id: _Optional[str] = ..., array_index: _Optional[int] = ..., array: _Optional[_Union[ArrayStatus, _Mapping]] = ...) -> None: ...
+    reason_code: ReasonCode
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., submitted_unix: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., queue_position: _Optional[int] = ..., expected_start_unix: _Optional[float] = ..., zone: _Optional[str] = ..., forwarded_to: _Optional[str] = ..., atomization: _Optional[_Union[AtomizationProgress, _Mapping]] = ..., client_request_id: _Optional[str] = ..., probes: _Optional[int] = ..., bounces: _Optional[int] = ..., array_id: _Optional[str] = ..., array_index: _Optional[int] = ..., array: _Optional[_Union[ArrayStatus, _Mapping]] = ..., reason_code: _Optional[_Union[ReasonCode, str]] = ...) -> None: ...
 
 class ArrayStatus(_message.Message):
     __slots__ = ("total", "limit", "under_way", "held", "succeeded", "failed", "cancelled")

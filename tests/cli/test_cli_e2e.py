@@ -134,8 +134,11 @@ def test_queued_job_says_why_and_runs_once_capacity_frees(
 
     job = cli.json("job", waiter)
     assert job["reason"], job  # every waiting job says why
+    # ... and with a code scripts can match: only host-a has two whole GPUs, and it is busy
+    assert job["reason_code"] == "REASON_RESOURCES", job
     shown = cli.ok("job", waiter)
     assert "queued" in shown and "why waiting" in shown and "expected start" in shown
+    assert "[resources]" in shown
 
     # `logs -f` on a job that has not started waits for it, then prints its output.
     follower = subprocess.Popen(

@@ -256,6 +256,13 @@ class Harness:
             assert not progress.limit or len(progress.active) <= progress.limit
         for job in self.jobs():
             assert job.retries_used <= job.spec.max_retries, job
+            # Every job that waits, is suspended or failed says why with a code.
+            if job.state in (zone_pb2.QUEUED, zone_pb2.WAITING, zone_pb2.PENDING):
+                assert job.reason_code != zone_pb2.REASON_NONE, job
+            if job.state == zone_pb2.JOB_SUSPENDED:
+                assert job.reason_code == zone_pb2.REASON_SUSPENDED, job
+            if job.state in (zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED):
+                assert job.reason_code not in (zone_pb2.REASON_NONE, zone_pb2.REASON_PLACING), job
             if job.spec.array and job.state in TERMINAL_JOB_STATES:
                 ended = job.array.succeeded + job.array.failed + job.array.cancelled
                 assert ended == job.array.total == 4, job

@@ -20,7 +20,8 @@ from laminar_zone.placement import (
     flow_weight,
     members_fitting,
 )
-from laminar_zone.queue import QueueItem, explain, may_backfill, order_key, quota_block
+from laminar_zone.queue import QueueItem, explain, may_backfill, order_key, quota_block, why_waiting
+from laminar_zone.reasons import Reason
 from laminar_zone.view import ZoneView
 
 GIB = 1024**3
@@ -215,3 +216,32 @@ def test_stale_agents_drop_out_and_come_back() -> None:
     )
     assert update.came_back
     assert [r.agent_id for r in view.sample(Demand(gpus=1), 3, random.Random(0))] == ["a1"]
+
+
+@pytest.mark.parametrize(
+    ("ready", "matching", "fitting", "members", "blocked_by", "code"),
+    [
+        (0, 0, 0, None, "", Reason.NO_MATCHING_HOST),
+        (3, 0, 0, None, "", Reason.NO_MATCHING_HOST),
+        (3, 2, 0, 1, "", Reason.TOO_LARGE),
+        (3, 2, 1, None, "j-head", Reason.PRIORITY),
+        (3, 2, 0, None, "", Reason.RESOURCES),
+        (3, 2, 2, None, "", Reason.RESOURCES),
+    ],
+)
+def test_every_waiting_explanation_has_a_reason_code(
+    ready: int, matching: int, fitting: int, members: int | None, blocked_by: str, code: Reason
+) -> None:
+    why = why_waiting(
+        Demand(gpus=1),
+        gang_size=2,
+        hosts_ready=ready,
+        hosts_matching=matching,
+        hosts_fitting=fitting,
+        position=1,
+        expected_start=None,
+        now=0.0,
+        blocked_by=blocked_by,
+        members_total=members,
+    )
+    assert Reason[why.token.upper()] is code and why.text
