@@ -197,34 +197,6 @@ class Why(NamedTuple):
     text: str
 
 
-def explain(
-    need: Demand,
-    *,
-    gang_size: int,
-    hosts_ready: int,
-    hosts_matching: int,
-    hosts_fitting: int,
-    position: int,
-    expected_start: float | None,
-    now: float,
-    blocked_by: str = "",
-    members_total: int | None = None,
-) -> str:
-    """The text of :func:`why_waiting`."""
-    return why_waiting(
-        need,
-        gang_size=gang_size,
-        hosts_ready=hosts_ready,
-        hosts_matching=hosts_matching,
-        hosts_fitting=hosts_fitting,
-        position=position,
-        expected_start=expected_start,
-        now=now,
-        blocked_by=blocked_by,
-        members_total=members_total,
-    ).text
-
-
 def why_waiting(
     need: Demand,
     *,

@@ -20,7 +20,7 @@ from laminar_zone.placement import (
     flow_weight,
     members_fitting,
 )
-from laminar_zone.queue import QueueItem, explain, may_backfill, order_key, quota_block, why_waiting
+from laminar_zone.queue import QueueItem, may_backfill, order_key, quota_block, why_waiting
 from laminar_zone.reasons import Reason
 from laminar_zone.view import ZoneView
 
@@ -139,7 +139,7 @@ def test_quota_block_names_tenant_and_numbers() -> None:
 
 
 def test_explanation_reads_like_the_issue_example() -> None:
-    text = explain(
+    why = why_waiting(
         Demand(mig_profile="3g.40gb"),
         gang_size=1,
         hosts_ready=12,
@@ -149,10 +149,11 @@ def test_explanation_reads_like_the_issue_example() -> None:
         expected_start=140.0,
         now=100.0,
     )
-    assert text == (
+    assert why.text == (
         "no host with a free 3g.40gb slice; 2 of 12 hosts match; queue position 3; "
         "expected start in about 40 s"
     )
+    assert why.token == "resources"
 
 
 def _view_with(n: int, free_every: int) -> ZoneView:
