@@ -220,12 +220,29 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
     with zone_stub(args.zone_address) as stub:
         # The request id makes a resend safe: a router that took the first one (and then
         # restarted before answering) returns the same job.
-        job = call_with_retries(lambda: stub.Submit(request, timeout=RPC_TIMEOUT_SECONDS))
+        try:
+            job = call_with_retries(lambda: stub.Submit(request, timeout=RPC_TIMEOUT_SECONDS))
+        except grpc.RpcError as exc:
+            raise _as_flag_error(exc, args) from None
     if args.output == "json":
         print(render.to_json(job))
     else:
         print(job.job_id)
     return 0
+
+
+def _as_flag_error(exc: grpc.RpcError, args: argparse.Namespace) -> Exception:
+    """The router refused a field of the spec: name the flag the user gave for it (or its
+    job-file key), as the CLI's own checks do."""
+    details = (exc.details() if hasattr(exc, "details") else None) or ""
+    field, sep, message = details.partition(": ")
+    if exc.code() != grpc.StatusCode.INVALID_ARGUMENT or not sep:
+        return exc
+    key = field.removeprefix("spec.")
+    flag = dict(_SPEC_FLAGS).get(key)
+    if flag is not None and getattr(args, _dest(flag), None) is not None:
+        return InvalidArgument(message, field=flag)
+    return InvalidArgument(message, field=key if key != field else field)
 
 
 def _parse_states(text: str | None) -> list[zone_pb2.JobState]:

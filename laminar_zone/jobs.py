@@ -446,6 +446,15 @@ class ZoneState:
         """Check one new job and make its record (an array: its record, then its
         elements'); nothing is kept yet."""
         need = validate_spec(spec)
+        largest = self.view.largest_gpus
+        if need.gpus > largest > 0 and not self.config.peers.peers:
+            # No peer zone to send it to, and no host here was ever that large.
+            raise InvalidArgument(
+                f"{need.gpus} GPUs on one host, but the largest host of zone {self.zone_name} "
+                f"has {largest}; ask for at most {largest} per member (a gang spreads "
+                "members over hosts)",
+                field="spec.resources.gpus",
+            )
         array = parse_array(spec.array) if spec.array else None
         for dep in spec.after:
             check_str(dep, "spec.after", required=True)

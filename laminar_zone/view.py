@@ -99,6 +99,9 @@ class HostCounts:
 class ZoneView:
     def __init__(self, stale_after_seconds: float) -> None:
         self.stale_after_seconds = stale_after_seconds
+        #: GPUs of the largest host ever heard from (0: none yet): a job asking more per
+        #: member than that could never start here.
+        self.largest_gpus = 0
         self.agents: dict[str, AgentRecord] = {}
         self._by_shape: dict[str, _IndexedSet] = {}
         self._cpu_ready = _IndexedSet()
@@ -144,6 +147,7 @@ class ZoneView:
             record.hostname = hostname
         if total_gpus:
             record.total_gpus = total_gpus
+            self.largest_gpus = max(self.largest_gpus, total_gpus)
         if generation:
             record.generation = generation
         if is_heartbeat:

@@ -232,10 +232,12 @@ def test_errors_from_the_router_are_one_line(cli: Cli) -> None:
     assert code == 1 and out == ""
     assert len(err.strip().splitlines()) == 1 and "NOT_FOUND" in err
 
-    # The CLI leaves the name's length to the router, which refuses it as invalid input.
+    # The CLI leaves the name's length to the router, which refuses it as invalid input;
+    # the CLI names the flag the field came from.
     code, out, err = cli("submit", "--name", "n" * 5000, "--gpus", "1", *_py("pass"))
     assert code == 2 and out == ""
-    assert len(err.strip().splitlines()) == 1 and "name" in err and "INVALID_ARGUMENT" in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("laminar: --name: ")
+    assert "at most 128" in err
 
     code, _, err = cli("drain", "no-such-host")
     assert code == 1 and "NOT_FOUND" in err and len(err.strip().splitlines()) == 1
@@ -304,8 +306,10 @@ def test_jobs_sorts_fits_the_terminal_goes_wide_and_drops_headers(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "100")
     long_reason = "x" * 300
-    first = cli.submit("--name", "b-job", "--gpus", "8", *_py("pass"))  # never fits: queued
-    second = cli.submit("--name", "a-job", "--gpus", "8", *_py(long_reason))
+    # No host has this model (one may join later): they wait in the queue.
+    absent = ("--gpus", "1", "--gpu-model", "B200-192GB")
+    first = cli.submit("--name", "b-job", *absent, *_py("pass"))
+    second = cli.submit("--name", "a-job", *absent, *_py(long_reason))
     wait_for(lambda: _state(cli.address, second).state == zone_pb2.QUEUED)
     table = cli.ok("jobs", "--state", "queued")
     assert max(len(line) for line in table.splitlines()) <= 100, table  # cut, not wrapped
@@ -349,3 +353,10 @@ def test_a_bad_array_is_one_line_naming_the_flag(cli: Cli) -> None:
     status, out, err = cli("submit", "--array", "9-1", *_py("pass"))
     assert status == 2 and not out
     assert len(err.strip().splitlines()) == 1 and "--array" in err and "must go up" in err
+
+
+def test_more_gpus_than_any_host_has_is_refused_naming_the_flag(cli: Cli) -> None:
+    status, out, err = cli("submit", "--gpus", "3", *_py("pass"))  # host-a has 2
+    assert status == 2 and not out
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("laminar: --gpus: ") and "largest host" in err and "has 2" in err
