@@ -2021,8 +2021,8 @@ class ZoneState:
         task.add_done_callback(self._task_done)
 
     def pending_tasks(self) -> set[asyncio.Task[Any]]:
-        """The background tasks under way (placements, commits, stops)."""
-        return set(self._tasks)
+        """The background tasks under way (placements, commits, stops, releases)."""
+        return set(self._tasks) | set(self.placer.background)
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -2052,6 +2052,7 @@ class ZoneState:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.placer.close()
         await self.clients.close()
 
 

@@ -106,6 +106,8 @@ class Placer:
         self.settings = settings
         self.rng = rng
         self.in_flight = 0
+        #: Releases of leases late binding did not choose: sent off the critical path.
+        self.background: set[asyncio.Task[None]] = set()
 
     def note_summary(self, summary: common_pb2.AgentSummary) -> None:
         """Fold a probe reply's summary into the view (not a heartbeat: staleness unchanged)."""
@@ -145,7 +147,14 @@ class Placer:
                 probes = [i for i in todo if isinstance(i, ProbeHost)]
                 for step in todo:
                     if isinstance(step, Release):
-                        await self.release([leases.pop(o.lease_id) for o in step.offers])
+                        # Nothing waits on a release (an agent that misses it lets the
+                        # lease expire): send it beside the placement, not before it.
+                        task = asyncio.create_task(
+                            self.release([leases.pop(o.lease_id) for o in step.offers]),
+                            name="release-unchosen",
+                        )
+                        self.background.add(task)
+                        task.add_done_callback(self.background.discard)
                     elif isinstance(step, Bind):
                         result.chosen = [leases.pop(o.lease_id) for o in step.offers]
                 if machine.is_done:
@@ -206,6 +215,10 @@ class Placer:
             return [await stub.Probe(probes[0], timeout=timeout)]
         reply = await stub.ProbeBatch(agent_pb2.ProbeBatchRequest(probes=probes), timeout=timeout)
         return list(reply.replies)
+
+    async def close(self) -> None:
+        """Let releases under way finish (they are short: one call per agent, bounded)."""
+        await asyncio.gather(*self.background, return_exceptions=True)
 
     async def release(self, offers: list[tuple[AgentRecord, agent_pb2.Lease]]) -> None:
         """Give leases back; an unreachable agent lets them expire on its own (short TTL)."""
