@@ -24,8 +24,8 @@ import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cli.cluster import LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_cli.cluster import LocalCluster
 
 
 def pct(values: list[float], q: float) -> float:

@@ -37,9 +37,9 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_bench.joblog import JOB, copies, overlapping
+from laminar_cli.cluster import AgentProcess, LocalCluster
 
 TERMINAL = {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED}
 HEARTBEAT_SECONDS = 0.2

@@ -1,4 +1,4 @@
-"""Drives the pure Airlock ladder (``airlock.policy.decide``) from the agent's tick.
+"""Drives the pure Airlock ladder (``laminar_airlock.policy.decide``) from the agent's tick.
 
 The policy is a pure function; this module gathers its inputs from the node (live
 subjobs, their specs and usage files, host RSS of their process groups when the
@@ -32,9 +32,12 @@ from dataclasses import dataclass
 
 import psutil
 
-from airlock.episodes import Episodes
-from airlock.levels import Level, LevelTracker
-from airlock.policy import (
+from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
+from laminar_agent.metrics import AgentMetrics
+from laminar_agent.node import Node
+from laminar_airlock.episodes import Episodes
+from laminar_airlock.levels import Level, LevelTracker
+from laminar_airlock.policy import (
     HOST_SLICE_ID,
     STEP_READDRESS,
     STEP_RECLAIM,
@@ -49,10 +52,7 @@ from airlock.policy import (
     decide,
     decide_oom_killer,
 )
-from airlock.signals import HostMemory
-from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
-from laminar_agent.metrics import AgentMetrics
-from laminar_agent.node import Node
+from laminar_airlock.signals import HostMemory
 from laminar_api.v1 import agent_pb2, common_pb2
 from laminar_base.causes import EndCause
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from airlock.levels import Marks
-from airlock.policy import PolicyConfig
+from laminar_airlock.levels import Marks
+from laminar_airlock.policy import PolicyConfig
 from laminar_base.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_base.errors import ConfigError
 from laminar_base.settings import ControlSettings, TlsSettings, validate_security
 
-#: ``airlock.policy`` values: the ladder, or the OOM-killer baseline for comparisons.
+#: ``laminar_airlock.policy`` values: the ladder, or the OOM-killer baseline for comparisons.
 AIRLOCK_POLICIES = ("ladder", "oom-killer")
 
 
@@ -390,7 +390,7 @@ def _validate_airlock(a: AirlockSettings) -> None:
     if a.policy not in AIRLOCK_POLICIES:
         raise ConfigError(
             f"must be one of {', '.join(AIRLOCK_POLICIES)}, got {a.policy!r}",
-            field="airlock.policy",
+            field="laminar_airlock.policy",
         )
     for name in (
         "hold_seconds",

@@ -35,9 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from airlock.policy import PRIORITY_NAMES
 from laminar_agent.ledger import Allocation, Bounced, Granted, LeaseRecord, Ledger, ProbeOrder
 from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
+from laminar_airlock.policy import PRIORITY_NAMES
 from laminar_base.causes import ENDED_SUBJOB_STATE_NAMES, EndCause, cause_from_token
 from laminar_base.errors import FailedPrecondition, LaminarError
 

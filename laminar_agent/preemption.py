@@ -1,7 +1,7 @@
 """Which subjobs to reclaim so that a higher-priority probe fits: the Airlock ladder on the ledger.
 
 A pure function (no I/O, time passed in). The agent calls it when a probe that
-allows preemption bounced. It presents the ledger to ``airlock.policy.plan_room``
+allows preemption bounced. It presents the ledger to ``laminar_airlock.policy.plan_room``
 as one snapshot per candidate slice: *used* is what is committed or leased there
 (bytes and milli), each subjob holding an allocation there is a view whose
 observed bytes and milli are that allocation, so the room it plans is capacity the
@@ -24,9 +24,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from airlock.levels import Level
-from airlock.policy import Action, PolicyConfig, SliceSignal, Snapshot, SubjobView, plan_room
 from laminar_agent.ledger import Ledger, Slice
+from laminar_airlock.levels import Level
+from laminar_airlock.policy import (
+    Action,
+    PolicyConfig,
+    SliceSignal,
+    Snapshot,
+    SubjobView,
+    plan_room,
+)
 from laminar_base.demand import Demand
 
 

@@ -30,7 +30,6 @@ from typing import Any
 import grpc
 from prometheus_client import start_http_server
 
-from airlock.signals import HostMemorySource
 from laminar_agent.cgroups import open_cgroups
 from laminar_agent.config import AgentConfig, parse_uid_pool
 from laminar_agent.executor import RunAs, parse_tenant_users, resolve_run_as
@@ -41,6 +40,7 @@ from laminar_agent.metrics import AgentMetrics
 from laminar_agent.service import AgentService
 from laminar_agent.shim import FENCE_FILE
 from laminar_agent.state import AgentState
+from laminar_airlock.signals import HostMemorySource
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc
 from laminar_base.daemon import prepare_state_dir, serve_until_signalled
 from laminar_base.errors import LaminarError

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import psutil
 
-from airlock.levels import Level, LevelTracker, Marks
-from airlock.signals import HostMemory, HostMemorySource, PsutilHostMemory
 from laminar_agent.airlock_driver import AirlockDriver
 from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.config import AirlockSettings
@@ -25,6 +23,8 @@ from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.node import Node
+from laminar_airlock.levels import Level, LevelTracker, Marks
+from laminar_airlock.signals import HostMemory, HostMemorySource, PsutilHostMemory
 from laminar_api.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger("laminar.agent")

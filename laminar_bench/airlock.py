@@ -9,11 +9,11 @@ fractional subjobs) and the same sequence of real subjob processes:
   at once) to the agent's first journaled action. Then the pressure is cleared, the
   survivors are let finish, and the next trial starts with fresh subjobs.
 * **genai** runs (when a GenAI trace folder is given): three subjobs replay the memory
-  curves of a sharing group of real pods (:func:`airlock.traces.choose_sharing_group`,
+  curves of a sharing group of real pods (:func:`laminar_airlock.traces.choose_sharing_group`,
   chosen to go over 100 % of the GPU), compressed in time.
 
-The baseline is the agent's ``airlock.policy = "oom-killer"``
-(:func:`airlock.policy.decide_oom_killer`): nothing until the GPU is full, then SIGKILL
+The baseline is the agent's ``laminar_airlock.policy = "oom-killer"``
+(:func:`laminar_airlock.policy.decide_oom_killer`): nothing until the GPU is full, then SIGKILL
 to the largest process, whatever its class. What is reported for both: subjobs killed by
 class; *high-priority work lost*, the GPU-seconds run so far by critical and production
 subjobs that were killed (a killed rigid subjob loses all of it); all work lost; how many
@@ -36,9 +36,9 @@ from typing import Any
 
 import grpc
 
-from airlock.policy import PRIORITY_NAMES
-from airlock.traces import choose_sharing_group, load_memory_curves
 from laminar_agent.executor import local_run_as_env
+from laminar_airlock.policy import PRIORITY_NAMES
+from laminar_airlock.traces import choose_sharing_group, load_memory_curves
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_base.causes import ENDED_SUBJOB_STATES, EndCause, end_cause
 from laminar_base.errors import InvalidArgument, Unavailable
@@ -95,7 +95,7 @@ class Member:
 
 
 class BenchAgent:
-    """One agent process on the fake backend with ``airlock.policy`` set; stop() ends it."""
+    """One agent process on the fake backend with ``laminar_airlock.policy`` set; stop() ends it."""
 
     def __init__(self, root: Path, policy: str, poll_seconds: float) -> None:
         self.state_dir = root / policy

@@ -2,12 +2,12 @@
 
 Every GPU (80 GiB by default) hosts a *sharing group*: a few subjobs replaying real
 GPU-memory curves of the Alibaba GenAI trace, chosen by
-:func:`airlock.traces.choose_sharing_group` so that their sum starts below 75 % and later
+:func:`laminar_airlock.traces.choose_sharing_group` so that their sum starts below 75 % and later
 crosses the critical mark. The same GPUs, curves and classes run twice, once per policy:
 
-* ``ladder``: :func:`airlock.policy.decide` with ``PolicyConfig()`` defaults, on levels from
-  :class:`airlock.levels.LevelTracker` (the agent's hysteresis code, default marks);
-* ``oom-killer``: :func:`airlock.policy.decide_oom_killer`.
+* ``ladder``: :func:`laminar_airlock.policy.decide` with ``PolicyConfig()`` defaults, on levels from
+  :class:`laminar_airlock.levels.LevelTracker` (the agent's hysteresis code, default marks);
+* ``oom-killer``: :func:`laminar_airlock.policy.decide_oom_killer`.
 
 Each GPU is polled every ``poll_seconds`` of simulated time, like the agent's tick. A poll
 that provably cannot act is skipped: for the ladder, a GPU at NORMAL with nothing suspended,
@@ -55,9 +55,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airlock.episodes import Episodes, Memory
-from airlock.levels import Level, LevelTracker, Marks
-from airlock.policy import (
+from laminar_airlock.episodes import Episodes, Memory
+from laminar_airlock.levels import Level, LevelTracker, Marks
+from laminar_airlock.policy import (
     PRIORITY_NAMES,
     STEP_READDRESS,
     STEP_RECLAIM,
@@ -72,7 +72,7 @@ from airlock.policy import (
     decide,
     decide_oom_killer,
 )
-from airlock.traces import MemoryCurve, choose_sharing_group
+from laminar_airlock.traces import MemoryCurve, choose_sharing_group
 from laminar_sim.engine import Engine, EventHandle
 
 GIB = 1024**3

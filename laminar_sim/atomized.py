@@ -82,10 +82,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from airlock.traces import MemoryCurve, load_memory_curves
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.inventory.mig import COMPUTE_SLICES
 from laminar_agent.ledger import Granted, Ledger, ProbeOrder, counter_ids, slices_from_gpus
+from laminar_airlock.traces import MemoryCurve, load_memory_curves
 from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import settle

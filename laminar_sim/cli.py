@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from airlock import traces as airlock_traces
+from laminar_airlock import traces as airlock_traces
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_sim import airlock_sim, atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
@@ -206,8 +206,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="the Airlock ladder against an OOM killer on many shared GPUs (GenAI curves)",
         description=(
             "Each GPU hosts a sharing group of subjobs replaying real GenAI memory curves "
-            "that cross the critical mark; the ladder (airlock.policy.decide on "
-            "airlock.levels) and the OOM-killer baseline run on the same GPUs, curves, "
+            "that cross the critical mark; the ladder (laminar_airlock.policy.decide on "
+            "laminar_airlock.levels) and the OOM-killer baseline run on the same GPUs, curves, "
             "classes and seed, polled every --poll-seconds of simulated time."
         ),
     )

@@ -5,12 +5,12 @@ from __future__ import annotations
 import grimp
 
 PACKAGES = (
-    "cli",
+    "laminar_cli",
     "laminar_sim",
     "laminar_bench",
     "laminar_zone",
     "laminar_agent",
-    "airlock",
+    "laminar_airlock",
     "laminar_base",
 )
 

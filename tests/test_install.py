@@ -100,3 +100,18 @@ def test_systemd_unit_reads_the_installed_config_and_verifies(
         if f"{daemon}.service" in line and "Documentation" not in line
     ]
     assert not errors, errors
+
+
+def test_the_distribution_claims_only_laminar_import_names() -> None:
+    """An installed Laminar must not take generic top-level names (`cli`, `airlock`) from
+    other packages: every package it installs, and every folder that holds one, is
+    laminar_*."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert all(p.startswith("laminar") for p in patterns), patterns
+    packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
+    assert packages and all(name.startswith("laminar") for name in packages), packages
+    for script in project["project"]["scripts"].values():
+        assert script.startswith("laminar"), script

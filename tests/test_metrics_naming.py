@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for
 
-from cli.cluster import LocalCluster
+from laminar_cli.cluster import LocalCluster
 
 #: Collectors prometheus_client registers by itself; they follow their own conventions.
 STANDARD_PREFIXES = ("python_", "process_")
@@ -72,7 +72,7 @@ def test_metrics_of_both_daemons_follow_the_naming_rules(tmp_path: Path) -> None
             [
                 sys.executable,
                 "-m",
-                "cli.main",
+                "laminar_cli.main",
                 "--zone",
                 zone.address,
                 "submit",

@@ -17,8 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc
+from laminar_cli.cluster import AgentProcess, LocalCluster
 
 SPEC = "H100-80GB:mig=3g.40gb+2g.20gb+1g.10gb,2xA100-40GB"
 GIB = 1024**3

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from waiting import wait_for
 
-from cli.cluster import LocalCluster
+from laminar_cli.cluster import LocalCluster
 
 
 def test_sighup_applies_reloadable_keys_names_the_rest_and_survives_a_bad_file(

@@ -13,8 +13,8 @@ import psutil
 import pytest
 from waiting import gate_code, wait_for
 
-from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_cli.cluster import AgentProcess, LocalCluster
 
 GIB = 1024**3
 

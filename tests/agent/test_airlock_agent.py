@@ -21,12 +21,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import gate_code, wait_for
 
-from airlock.signals import HostMemory
-from cli.cluster import AgentProcess, LocalCluster
 from laminar_agent.config import AgentConfig
 from laminar_agent.server import AgentServer
+from laminar_airlock.signals import HostMemory
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_base.configlib import load_config
+from laminar_cli.cluster import AgentProcess, LocalCluster
 
 GIB = 1024**3
 TERMINAL = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}

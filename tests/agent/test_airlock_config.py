@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from airlock.levels import Level
-from airlock.signals import StaticHostMemory
 from laminar_agent.__main__ import build_parser
 from laminar_agent.config import AgentConfig, AirlockSettings
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.state import AgentState
+from laminar_airlock.levels import Level
+from laminar_airlock.signals import StaticHostMemory
 from laminar_base.configlib import describe_config, load_config
 from laminar_base.errors import ConfigError
 

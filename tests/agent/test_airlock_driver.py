@@ -10,8 +10,8 @@ import grpc
 import pytest
 from waiting import gate_code, wait_for
 
-from cli.cluster import LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_cli.cluster import LocalCluster
 
 GIB = 1024**3
 

@@ -19,11 +19,11 @@ import grpc
 import pytest
 from waiting import gate_code, wait_for
 
-from cli.cluster import LocalCluster
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.journal import EventRow
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_bench.heartbeat_pool import EmptyJournal, idle_summary
+from laminar_cli.cluster import LocalCluster
 
 
 class RecordingZone(zone_pb2_grpc.ZoneControlServicer):

@@ -7,8 +7,8 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airlock.levels import Level
-from airlock.policy import (
+from laminar_airlock.levels import Level
+from laminar_airlock.policy import (
     GIB,
     HOST_SLICE_ID,
     PolicyConfig,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airlock.levels import Level, LevelTracker, Marks
-from airlock.signals import (
+from laminar_airlock.levels import Level, LevelTracker, Marks
+from laminar_airlock.signals import (
     HostMemory,
     HostMemorySource,
     PsutilHostMemory,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airlock.episodes import Episodes, Memory
-from airlock.policy import (
+from laminar_airlock.episodes import Episodes, Memory
+from laminar_airlock.policy import (
     STEP_READDRESS,
     STEP_RECLAIM,
     STEP_RELEASE_MEMORY,

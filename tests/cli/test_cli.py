@@ -15,7 +15,7 @@ import psutil
 import pytest
 from waiting import gate_code, is_gone, wait_for
 
-from cli.main import main
+from laminar_cli.main import main
 
 
 def test_up_serves_and_stops_cleanly_on_sigterm(
@@ -28,7 +28,7 @@ def test_up_serves_and_stops_cleanly_on_sigterm(
             [
                 sys.executable,
                 "-m",
-                "cli.main",
+                "laminar_cli.main",
                 "up",
                 "--listen",
                 "127.0.0.1:0",
@@ -87,7 +87,7 @@ def test_up_refuses_a_busy_address(tmp_path: Path) -> None:
     """A router that cannot bind makes `up` fail with one line and stop what it started."""
     with _listening() as address:
         result = subprocess.run(
-            [sys.executable, "-m", "cli.main", "up", "--listen", address, "--agents", "1"],
+            [sys.executable, "-m", "laminar_cli.main", "up", "--listen", address, "--agents", "1"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -99,7 +99,7 @@ def test_up_refuses_a_busy_address(tmp_path: Path) -> None:
 
 def test_demo_runs_through_the_router_and_leaves_nothing_running() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "demo"],
+        [sys.executable, "-m", "laminar_cli.main", "demo"],
         capture_output=True,
         text=True,
         timeout=110,
@@ -115,8 +115,8 @@ def test_demo_runs_through_the_router_and_leaves_nothing_running() -> None:
 def test_each_command_is_found_where_the_lazy_parser_looks_for_it() -> None:
     """`laminar CMD` imports only COMMAND_MODULES[CMD] (start-up time): every command of
     the full parser must be there and come from that module."""
-    from cli.completion import _subparsers
-    from cli.main import COMMAND_MODULES, build_parser, command_of
+    from laminar_cli.completion import _subparsers
+    from laminar_cli.main import COMMAND_MODULES, build_parser, command_of
 
     full = _subparsers(build_parser())
     plugins = {"sim", "bench"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
+from laminar_cli.main import main
 
 
 def _script(shell: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:

@@ -19,10 +19,10 @@ import psutil
 import pytest
 from waiting import gate_code, wait_for
 
-from cli.cluster import LocalCluster
-from cli.main import main
-from cli.up import launch
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster
+from laminar_cli.main import main
+from laminar_cli.up import launch
 
 #: host-a: two whole GPUs; host-b: one H100 cut into MIG instances.
 AGENTS = {"host-a": "2xA100-40GB", "host-b": "H100-80GB:mig=3g.40gb+2g.20gb+1g.10gb"}
@@ -142,7 +142,7 @@ def test_queued_job_says_why_and_runs_once_capacity_frees(
 
     # `logs -f` on a job that has not started waits for it, then prints its output.
     follower = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "--zone", zone, "logs", "-f", waiter],
+        [sys.executable, "-m", "laminar_cli.main", "--zone", zone, "logs", "-f", waiter],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

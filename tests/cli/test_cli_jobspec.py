@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.jobs import spec_from_args
-from cli.jobspec import describe_resources
-from cli.main import build_parser, main
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_cli.jobs import spec_from_args
+from laminar_cli.jobspec import describe_resources
+from laminar_cli.main import build_parser, main
 
 FULL_FILE = """
 name = "resnet"
@@ -251,7 +251,7 @@ def test_unreachable_router_is_one_line_and_exit_3(capsys: pytest.CaptureFixture
 
 
 def test_zone_address_from_flag_env_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cli.zoneclient import resolve_zone_address
+    from laminar_cli.zoneclient import resolve_zone_address
 
     assert resolve_zone_address(None, {}) == "127.0.0.1:7400"
     assert resolve_zone_address(None, {"LAMINAR_ZONE": "10.0.0.1:9"}) == "10.0.0.1:9"

@@ -9,8 +9,8 @@ import time
 
 from rich.console import Console, RenderableType
 
-from cli import render
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_cli import render
 
 NOW = 1_800_000_000.0
 

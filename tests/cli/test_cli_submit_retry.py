@@ -12,9 +12,9 @@ import grpc
 import pytest
 from waiting import wait_for
 
-from cli.cluster import LocalCluster
-from cli.main import main as cli_main
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster
+from laminar_cli.main import main as cli_main
 
 
 def _free_port() -> int:

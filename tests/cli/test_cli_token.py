@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
+from laminar_cli.main import main
 from laminar_zone.auth import Role, TokenTable
 
 

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 import pytest
 from rich.console import Console, RenderableType
 
-from cli import render
-from cli.main import main
-from cli.usage import parse_since
 from laminar_api.v1 import zone_pb2
 from laminar_base.errors import InvalidArgument
+from laminar_cli import render
+from laminar_cli.main import main
+from laminar_cli.usage import parse_since
 
 NOW = 1_800_000_000.0
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 from waiting import wait_for
 
-from cli.cluster import LocalCluster
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster
 
 
 def test_a_forward_that_times_out_is_resent_and_lands_once(tmp_path: Path) -> None:

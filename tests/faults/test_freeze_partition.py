@@ -21,9 +21,9 @@ import grpc
 import pytest
 from waiting import wait_for
 
-from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_bench.joblog import JOB, copies, overlapping
+from laminar_cli.cluster import AgentProcess, LocalCluster
 
 LOST_AFTER_SECONDS = 4.0
 HEARTBEAT_SECONDS = 0.2

@@ -17,9 +17,9 @@ import grpc
 import pytest
 from waiting import wait_for
 
-from cli.cluster import LocalCluster
-from cli.main import main as cli_main
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster
+from laminar_cli.main import main as cli_main
 
 
 def failure(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:

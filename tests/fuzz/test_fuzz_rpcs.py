@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from protofuzz import fill_message
 from waiting import wait_for
 
-from cli.cluster import AgentProcess, LocalCluster, ZoneProcess
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import AgentProcess, LocalCluster, ZoneProcess
 
 FUZZ_EXAMPLES = int(os.environ.get("LAMINAR_FUZZ_EXAMPLES", "300"))
 #: Deadline of one unary call; the daemons answer in milliseconds.

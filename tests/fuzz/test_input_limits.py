@@ -15,11 +15,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cli.cluster import LocalCluster
 from laminar_agent.config import AgentConfig
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.configlib import load_config
 from laminar_base.errors import ConfigError
+from laminar_cli.cluster import LocalCluster
 from laminar_zone.config import ZoneConfig
 from laminar_zone.peers import MAX_PEERS
 

@@ -11,11 +11,11 @@ from typing import Any
 import grpc
 from waiting import wait_for
 
-from cli.cluster import LocalCluster, ZoneProcess
-from cli.zoneclient import SECRET_FILE_ENV
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.security import Trust, load_trust, write_file
 from laminar_base.settings import ControlSettings, TlsSettings
+from laminar_cli.cluster import LocalCluster, ZoneProcess
+from laminar_cli.zoneclient import SECRET_FILE_ENV
 
 HEARTBEAT_SECONDS = 0.2
 #: Certificates the test CA issues, with their roles: the two daemons, an operator, and an

@@ -12,8 +12,8 @@ import grpc
 from seckit import HEARTBEAT_SECONDS, failure
 from waiting import wait_for
 
-from cli.cluster import LocalCluster
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster
 
 
 def test_get_logs_takes_an_id_never_a_path(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Issue 13, item 6: an admin's ListJobs used to fail once the reply passed gRPC's 4 MiB
 message limit. The router now cuts pages by size and hands out page tokens, and
-``laminar jobs`` follows them through :func:`cli.zoneclient.list_jobs`."""
+``laminar jobs`` follows them through :func:`laminar_cli.zoneclient.list_jobs`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cli.cluster import LocalCluster, ZoneProcess
-from cli.main import main as cli_main
-from cli.zoneclient import list_jobs
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster, ZoneProcess
+from laminar_cli.main import main as cli_main
+from laminar_cli.zoneclient import list_jobs
 
 #: Jobs queued with environments big enough that all of them together pass 4 MiB.
 JOBS = 12

@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 from waiting import wait_for
 
-from cli.cluster import LocalCluster
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster
 from laminar_zone.auth import hash_token
 
 TOKENS = {

@@ -22,14 +22,14 @@ import pytest
 from seckit import HEARTBEAT_SECONDS, HOSTS, failure, tls_args, trust_for
 from waiting import gate_code, wait_for
 
-from cli.certs import init_certs
-from cli.cluster import LocalCluster, ZoneProcess
-from cli.main import main as cli_main
 from laminar_agent import __main__ as agent_main
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.errors import ConfigError
 from laminar_base.security import check_exposure, is_loopback, load_trust
 from laminar_base.settings import ControlSettings, TlsSettings
+from laminar_cli.certs import init_certs
+from laminar_cli.cluster import LocalCluster, ZoneProcess
+from laminar_cli.main import main as cli_main
 from laminar_zone import __main__ as zone_main
 from laminar_zone.audit import AUDIT_FILE
 from laminar_zone.auth import hash_token

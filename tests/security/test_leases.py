@@ -16,8 +16,8 @@ import pytest
 from seckit import failure
 from waiting import wait_for
 
-from cli.cluster import AgentProcess, LocalCluster, ZoneProcess
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import AgentProcess, LocalCluster, ZoneProcess
 from laminar_zone.auth import hash_token
 
 TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}

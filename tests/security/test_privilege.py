@@ -24,10 +24,10 @@ import grpc
 import pytest
 from waiting import is_gone, wait_for
 
-from cli.cluster import AgentProcess, LocalCluster
 from laminar_agent.cgroups import cgroup2_mount
 from laminar_agent.executor import RUN_AS_ENV
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_cli.cluster import AgentProcess, LocalCluster
 
 TERMINAL = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}
 IS_ROOT = os.geteuid() == 0

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from laminar_base.security import roles_of_certificate
+from laminar_cli.main import main
 
 
 def test_role_flag_gives_bare_names_their_role(

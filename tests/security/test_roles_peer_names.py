@@ -13,9 +13,9 @@ from pathlib import Path
 import grpc
 from seckit import HEARTBEAT_SECONDS, failure, tls_args, trust_for
 
-from cli.certs import init_certs
-from cli.cluster import LocalCluster
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.certs import init_certs
+from laminar_cli.cluster import LocalCluster
 
 
 def test_only_listed_peer_certificates_exchange_or_forward(tmp_path: Path) -> None:

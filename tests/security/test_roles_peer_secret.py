@@ -21,11 +21,11 @@ import pytest
 from seckit import HEARTBEAT_SECONDS, failure, secret_cluster
 from waiting import wait_for
 
-from cli.cluster import ZoneProcess
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.errors import ConfigError
 from laminar_base.security import PEER_SECRET_HEADER, SECRET_HEADER, Trust, load_trust, write_file
 from laminar_base.settings import ControlSettings, TlsSettings
+from laminar_cli.cluster import ZoneProcess
 
 SECRET = "control-secret-held-by-every-host"
 PEER_SECRET = "peer-secret-held-by-routers-only"

@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cli.main import main
+from laminar_cli.main import main
 
 
 def mode(path: Path) -> int:

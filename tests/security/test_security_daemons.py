@@ -10,7 +10,6 @@ from typing import Any
 import grpc
 import pytest
 
-from cli.certs import init_certs
 from laminar_agent import __main__ as agent_main
 from laminar_agent.config import AgentConfig
 from laminar_agent.inventory.base import GpuBackend
@@ -19,6 +18,7 @@ from laminar_agent.server import AgentServer
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc
 from laminar_base.configlib import load_config
 from laminar_base.security import write_file
+from laminar_cli.certs import init_certs
 from laminar_zone import __main__ as zone_main
 from laminar_zone.config import ZoneConfig
 from laminar_zone.server import ZoneServer

@@ -21,11 +21,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from seckit import HEARTBEAT_SECONDS, HOSTS, failure, run_job, tls_args, trust_for
 from waiting import wait_for
 
-from cli.certs import init_certs
-from cli.cluster import AgentProcess, LocalCluster, ZoneProcess
-from cli.main import main
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.grpcutil import channel_options
+from laminar_cli.certs import init_certs
+from laminar_cli.cluster import AgentProcess, LocalCluster, ZoneProcess
+from laminar_cli.main import main
 
 
 @dataclass

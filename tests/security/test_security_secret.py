@@ -18,11 +18,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from seckit import HEARTBEAT_SECONDS, failure, run_job
 
-from cli.cluster import AgentProcess, LocalCluster, ZoneProcess
-from cli.main import main
-from cli.zoneclient import SECRET_FILE_ENV
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.security import SECRET_HEADER, Trust, write_file
+from laminar_cli.cluster import AgentProcess, LocalCluster, ZoneProcess
+from laminar_cli.main import main
+from laminar_cli.zoneclient import SECRET_FILE_ENV
 
 SECRET = "correct-horse-battery-staple"
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from waiting import gate_code, is_gone, wait_for
 
-from cli.main import main
+from laminar_cli.main import main
 
 
 def test_up_with_a_shared_secret_places_work_and_stops_cleanly(
@@ -23,7 +23,15 @@ def test_up_with_a_shared_secret_places_work_and_stops_cleanly(
     argv = ["up", "--listen", "127.0.0.1:0", "--agents", "1", "--fake-gpus", "2xA100-40GB"]
     with log.open("wb") as out:
         up = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", *argv, "--state-dir", str(state), "--shared-secret"],
+            [
+                sys.executable,
+                "-m",
+                "laminar_cli.main",
+                *argv,
+                "--state-dir",
+                str(state),
+                "--shared-secret",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
         )

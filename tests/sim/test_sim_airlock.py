@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from test_sim_cli import run_cli
 
-from airlock.traces import MemoryCurve
+from laminar_airlock.traces import MemoryCurve
 from laminar_base.errors import InvalidArgument
 from laminar_sim.airlock_sim import (
     ACTION_STEPS,
@@ -187,7 +187,7 @@ def test_missing_trace_names_the_flag(tmp_path: Path) -> None:
 
 def test_on_the_genai_trace(traces_dir: Path) -> None:
     """A few GPUs on the real curves (skips with a reason when ../shared/traces is absent)."""
-    from airlock.traces import load_memory_curves
+    from laminar_airlock.traces import load_memory_curves
 
     trace = traces_dir / "alibaba-genai-v2026"
     if not trace.is_dir():

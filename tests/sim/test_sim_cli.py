@@ -1,4 +1,4 @@
-"""``laminar sim fgd`` through a parser of our own (cli/main.py calls the same ``register``)."""
+"""``laminar sim fgd`` through a parser of our own (laminar_cli/main.py calls the same ``register``)."""
 
 from __future__ import annotations
 

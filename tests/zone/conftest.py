@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from zonekit import HEARTBEAT_SECONDS, Zone, open_zone
 
-from cli.cluster import LocalCluster
+from laminar_cli.cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ import pytest
 from waiting import gate_code, wait_for
 from zonekit import HEARTBEAT_SECONDS, TERMINAL, Zone, open_zone
 
-from airlock.traces import choose_sharing_group, load_memory_curves
-from cli.cluster import AgentProcess, LocalCluster
+from laminar_airlock.traces import choose_sharing_group, load_memory_curves
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2
+from laminar_cli.cluster import AgentProcess, LocalCluster
 from laminar_zone.audit import AUDIT_FILE, AuditLog
 
 GIB = 1024**3

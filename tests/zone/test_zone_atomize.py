@@ -20,8 +20,8 @@ import pytest
 from waiting import gate_code, wait_for
 from zonekit import HEARTBEAT_SECONDS, TERMINAL, Zone, open_zone
 
-from cli.cluster import AgentProcess, LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2
+from laminar_cli.cluster import AgentProcess, LocalCluster
 
 GIB = 1024**3
 WORKER = Path(__file__).parents[2] / "docs" / "examples" / "atomized_worker.py"

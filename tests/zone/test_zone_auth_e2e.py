@@ -20,8 +20,8 @@ import pytest
 from waiting import gate_code, wait_for
 from zonekit import HEARTBEAT_SECONDS
 
-from cli.cluster import LocalCluster, ZoneProcess
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster, ZoneProcess
 from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import hash_token
 
@@ -232,7 +232,7 @@ def test_cli_sends_the_token_and_refuses_a_readable_token_file(
     zone = start_zone(cluster, tmp_path, f'[auth]\ntokens_file = "{tokens}"\n')
     base = {k: v for k, v in os.environ.items() if not k.startswith("LAMINAR_")}
     base["HOME"] = str(tmp_path)
-    laminar = [sys.executable, "-m", "cli.main", "--zone", zone.address, "jobs"]
+    laminar = [sys.executable, "-m", "laminar_cli.main", "--zone", zone.address, "jobs"]
 
     def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(laminar, env=env, capture_output=True, text=True, timeout=60)

@@ -14,8 +14,8 @@ import pytest
 from waiting import gate_code, wait_for
 from zonekit import HEARTBEAT_SECONDS, TERMINAL, free_port, open_zone
 
-from cli.cluster import LocalCluster
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster
 
 
 def test_router_kill9_and_restart_loses_no_job(tmp_path: Path) -> None:

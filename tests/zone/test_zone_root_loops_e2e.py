@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from waiting import wait_for
 
-from cli.cluster import LocalCluster
+from laminar_cli.cluster import LocalCluster
 
 FAULT = """
 import os

@@ -22,9 +22,9 @@ from test_zone_auth_e2e import TOKENS, code_of, meta, write_tokens
 from waiting import gate_code, wait_for
 from zonekit import HEARTBEAT_SECONDS, free_port
 
-from cli.cluster import LocalCluster, ZoneProcess
-from cli.main import main
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster, ZoneProcess
+from laminar_cli.main import main
 
 GIB = 1 << 30
 MIG_UNITS = 3 / 7  # a 3g.40gb instance holds 3 of a GPU's 7 compute slices

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 
-from cli.cluster import LocalCluster
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli.cluster import LocalCluster
 
 HEARTBEAT_SECONDS = 0.2
 TERMINAL = {zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED, zone_pb2.JOB_CANCELLED}

@@ -1,7 +1,7 @@
 """Talking to a zone router from the command line: where it is, one stub, shared options.
 
 The router address comes from ``--zone`` or ``LAMINAR_ZONE`` (read once by
-:func:`cli.main.main`), else :data:`DEFAULT_ZONE`. With TLS configured on the
+:func:`laminar_cli.main.main`), else :data:`DEFAULT_ZONE`. With TLS configured on the
 daemons, ``--ca-file``/``--cert-file``/``--key-file`` (or the daemons' own
 ``LAMINAR_TLS_*`` variables) give the CLI its certificate; ``--secret-file`` (or
 ``LAMINAR_CONTROL_SHARED_SECRET_FILE``) the shared secret for calls to agents.
@@ -35,7 +35,7 @@ def resolve_zone_address(flag: str | None, env: Mapping[str, str]) -> str:
     return flag or env.get(ZONE_ENV, "").strip() or DEFAULT_ZONE
 
 
-#: The bearer token every call carries, set once by :func:`cli.main.main` (None: no auth).
+#: The bearer token every call carries, set once by :func:`laminar_cli.main.main` (None: no auth).
 _token: str | None = None
 
 
@@ -71,7 +71,7 @@ def resolve_token(env: Mapping[str, str]) -> str | None:
     return path.read_text().strip() or None
 
 
-#: How the CLI authenticates to daemons (mTLS, shared secret), set once by :func:`cli.main.main`.
+#: How the CLI authenticates to daemons (mTLS, shared secret), set once by :func:`laminar_cli.main.main`.
 _trust: Trust = INSECURE
 
 

@@ -16,10 +16,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cli.cluster import LocalCluster
-from cli.zoneclient import DEFAULT_ZONE, SECRET_FILE_ENV, ZONE_ENV, current_trust
 from laminar_base.errors import InvalidArgument
 from laminar_base.security import write_file
+from laminar_cli.cluster import LocalCluster
+from laminar_cli.zoneclient import DEFAULT_ZONE, SECRET_FILE_ENV, ZONE_ENV, current_trust
 
 #: A varied mix of hosts: MIG and whole H100s, a pair of A100s, one shared A100.
 DEFAULT_FAKE_GPUS = (

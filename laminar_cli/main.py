@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from cli.zoneclient import (
+from laminar_base.errors import InvalidArgument, LaminarError
+from laminar_base.security import load_trust
+from laminar_cli.zoneclient import (
     CA_FILE_ENV,
     CERT_FILE_ENV,
     DEFAULT_ZONE,
@@ -34,8 +36,6 @@ from cli.zoneclient import (
     set_token,
     set_trust,
 )
-from laminar_base.errors import InvalidArgument, LaminarError
-from laminar_base.security import load_trust
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -109,16 +109,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 #: The module that registers each command: `laminar CMD` imports that one alone, so a
 #: submit does not pay for certificates, the simulator or the local-cluster code.
 COMMAND_MODULES = {
-    **dict.fromkeys(("submit", "jobs", "job", "cancel", "logs", "watch", "probe"), "cli.jobs"),
     **dict.fromkeys(
-        ("agents", "drain", "undrain", "airlock", "inventory", "pressure"), "cli.agents"
+        ("submit", "jobs", "job", "cancel", "logs", "watch", "probe"), "laminar_cli.jobs"
     ),
-    "usage": "cli.usage",
-    "up": "cli.up",
-    "demo": "cli.demo",
-    "certs": "cli.certs",
-    "token": "cli.token",
-    "completion": "cli.completion",
+    **dict.fromkeys(
+        ("agents", "drain", "undrain", "airlock", "inventory", "pressure"), "laminar_cli.agents"
+    ),
+    "usage": "laminar_cli.usage",
+    "up": "laminar_cli.up",
+    "demo": "laminar_cli.demo",
+    "certs": "laminar_cli.certs",
+    "token": "laminar_cli.token",
+    "completion": "laminar_cli.completion",
 }
 #: Global options that take a value (skipped when looking for the command).
 _VALUE_OPTIONS = ("--zone", "--ca-file", "--cert-file", "--key-file", "--secret-file")

@@ -13,25 +13,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from cli.jobspec import SpecInput, apply_flags, build_spec, read_job_file
-from cli.lazy import lazy_module
-from cli.zoneclient import (
+from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_base.causes import TERMINAL_JOB_STATES
+from laminar_base.errors import InvalidArgument
+from laminar_cli.jobspec import SpecInput, apply_flags, build_spec, read_job_file
+from laminar_cli.lazy import lazy_module
+from laminar_cli.zoneclient import (
     RPC_TIMEOUT_SECONDS,
     list_jobs,
     output_options,
     zone_options,
     zone_stub,
 )
-from laminar_api.v1 import zone_pb2, zone_pb2_grpc
-from laminar_base.causes import TERMINAL_JOB_STATES
-from laminar_base.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from cli import render
+    from laminar_cli import render
 else:
-    render = lazy_module("cli.render")  # submit prints a job id: no rich, no tables
+    render = lazy_module("laminar_cli.render")  # submit prints a job id: no rich, no tables
 
 T = TypeVar("T")
 

@@ -15,17 +15,17 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from cli import render
-from cli.zoneclient import (
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, zone_pb2
+from laminar_base.errors import InvalidArgument
+from laminar_base.units import format_size, parse_duration, parse_size
+from laminar_cli import render
+from laminar_cli.zoneclient import (
     RPC_TIMEOUT_SECONDS,
     agent_channel,
     output_options,
     zone_options,
     zone_stub,
 )
-from laminar_api.v1 import agent_pb2, agent_pb2_grpc, zone_pb2
-from laminar_base.errors import InvalidArgument
-from laminar_base.units import format_size, parse_duration, parse_size
 
 
 def _agent_stub(address: str) -> tuple[grpc.Channel, agent_pb2_grpc.AgentStub]:

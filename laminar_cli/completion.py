@@ -83,7 +83,7 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
 
 
 def cmd_completion(args: argparse.Namespace, console: Console) -> int:
-    from cli.main import build_parser
+    from laminar_cli.main import build_parser
 
     parser = build_parser()
     if args.shell == "bash":

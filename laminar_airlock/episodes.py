@@ -1,7 +1,7 @@
 """What Airlock remembers of each subjob between polls, kept one way for agent and simulator.
 
-:func:`airlock.policy.decide` is stateless: each poll it sees a
-:class:`~airlock.policy.Snapshot`. What a snapshot says of a subjob's past comes from
+:func:`laminar_airlock.policy.decide` is stateless: each poll it sees a
+:class:`~laminar_airlock.policy.Snapshot`. What a snapshot says of a subjob's past comes from
 here: since when Airlock has held it suspended, since when it was asked to release memory
 in the current pressure episode (asked once per episode), and whether it was handed to
 the zone router for re-addressing. The agent's :class:`AirlockDriver` and ``sim airlock``
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Container
 from dataclasses import dataclass, field
 
-from airlock.policy import (
+from laminar_airlock.policy import (
     STEP_READDRESS,
     STEP_RECLAIM,
     STEP_RELEASE_MEMORY,

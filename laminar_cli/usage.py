@@ -13,11 +13,11 @@ from typing import Any
 
 from rich.console import Console
 
-from cli import render
-from cli.zoneclient import RPC_TIMEOUT_SECONDS, output_options, zone_options, zone_stub
 from laminar_api.v1 import zone_pb2
 from laminar_base.errors import InvalidArgument
 from laminar_base.units import parse_duration
+from laminar_cli import render
+from laminar_cli.zoneclient import RPC_TIMEOUT_SECONDS, output_options, zone_options, zone_stub
 
 
 def parse_since(text: str | None, now_unix: float) -> float:

@@ -17,10 +17,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from cli.jobspec import describe_resources
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import ENDED_SUBJOB_STATES, FINISHED_JOB_STATES, end_cause
 from laminar_base.units import format_size
+from laminar_cli.jobspec import describe_resources
 from laminar_zone.reasons import reason_of
 
 #: A job's own end (a forwarded job ends in the zone it went to).

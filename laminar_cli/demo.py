@@ -25,12 +25,12 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from cli import render
-from cli.cluster import LocalCluster
-from cli.jobspec import describe_resources
-from cli.up import DEFAULT_FAKE_GPUS, launch
-from cli.zoneclient import RPC_TIMEOUT_SECONDS, current_trust, zone_stub
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_cli import render
+from laminar_cli.cluster import LocalCluster
+from laminar_cli.jobspec import describe_resources
+from laminar_cli.up import DEFAULT_FAKE_GPUS, launch
+from laminar_cli.zoneclient import RPC_TIMEOUT_SECONDS, current_trust, zone_stub
 
 #: Give up on the workload after this long (it normally takes well under 15 s).
 DEMO_DEADLINE_SECONDS = 60.0

@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from airlock.levels import Level
+from laminar_airlock.levels import Level
 
 GIB = 1024**3
 
@@ -537,7 +537,7 @@ def decide_oom_killer(snapshot: Snapshot) -> list[Action]:
 
     Nothing happens until a slice is full (used >= total); then the subjob holding the most
     memory on it is killed, whatever its class, one per full slice per round. Nothing is
-    suspended, resumed or moved. Used only by benchmarks (``airlock.policy = "oom-killer"``).
+    suspended, resumed or moved. Used only by benchmarks (``laminar_airlock.policy = "oom-killer"``).
     """
     actions: list[Action] = []
     killed: set[str] = set()

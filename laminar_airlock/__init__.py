@@ -2,10 +2,10 @@
 
 Lowest layer: imports neither grpc, laminar_api nor laminar_agent.
 
-* ``airlock.levels``: ``Level`` (values match proto laminar.v1.PressureLevel), ``Marks`` and
+* ``laminar_airlock.levels``: ``Level`` (values match proto laminar.v1.PressureLevel), ``Marks`` and
   ``LevelTracker`` (rise at once, fall only after a hold time below a lower mark).
-* ``airlock.policy``: ``decide(snapshot, config) -> list[Action]``, the deterministic ladder
+* ``laminar_airlock.policy``: ``decide(snapshot, config) -> list[Action]``, the deterministic ladder
   (suspend / release_memory / resume / readdress / reclaim), and ``plan_room`` for priority
   preemption.
-* ``airlock.signals``: ``HostMemorySource`` with ``PsutilHostMemory`` and ``StaticHostMemory``.
+* ``laminar_airlock.signals``: ``HostMemorySource`` with ``PsutilHostMemory`` and ``StaticHostMemory``.
 """
