@@ -22,6 +22,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from laminar_base.demand import MILLI_PER_GPU, Demand, HostCap, host_share
+
 #: Largest value of the Kubernetes-style node score.
 MAX_NODE_SCORE = 100
 MILLI = 1000
@@ -304,17 +306,38 @@ def placements(
             yield (i,), frag(place(node, pod, (i,), slicing)) - before
 
 
+#: Weight of how full a node's GPUs already are in :func:`placement_score`. Fragmentation
+#: deltas are often equal (0 for many hosts); FGD breaks such ties centrally by one fixed
+#: node order, which packs; a sampled choice has no such order, and without this term it
+#: spreads work over empty hosts. Chosen by measurement on the default pod list, seed 42,
+#: 16 candidates, the router's ranking alone: no term 9.6% unallocated, weights 1e-4,
+#: 0.02, 0.1, 0.3 and 1 gave 7.0, 6.8, 5.9, 5.7 and 6.0 (5.9 with 0.3 once the agent's
+#: score carries it too).
+PACKING_WEIGHT = 0.3
+
+
+def placement_score(node: NodeState, delta_milli: float, slicing: GpuSlicing) -> float:
+    """A placement's score in [0, 1], higher is better: the fragmentation gradient
+    (:func:`gradient_score` of ``delta_milli``) blended with how used the node's GPUs
+    already are (:data:`PACKING_WEIGHT`). What the router ranks candidates by and the agent
+    answers a probe with, so late binding compares like with like."""
+    capacity = MILLI * len(node.gpu_left)
+    free = sum(slicing.free_milli(left) for left in node.gpu_left)
+    used = 1.0 - free / capacity if capacity else 0.0
+    return (gradient_score(delta_milli) + PACKING_WEIGHT * used) / (1.0 + PACKING_WEIGHT)
+
+
 def least_fragmenting(
     node: NodeState, pod: PodShape, frag: FragmentationCache
 ) -> tuple[tuple[int, ...], float] | None:
     """The placement that raises fragmentation least (lowest GPU index on equal changes) and
-    its :func:`gradient_score`; None when the GPUs cannot take the pod. What Laminar's
+    its :func:`placement_score`; None when the GPUs cannot take the pod. What Laminar's
     router ranks hosts by and its agent chooses a GPU by."""
     best: tuple[tuple[int, ...], float] | None = None
     for gpus, delta in placements(node, pod, frag):
         if best is None or delta < best[1]:
             best = (gpus, delta)
-    return None if best is None else (best[0], gradient_score(best[1]))
+    return None if best is None else (best[0], placement_score(node, best[1], frag.slicing))
 
 
 def fgd_gpus(
@@ -397,3 +420,20 @@ class ObservedWorkload:
         return self._cache
 
 
+def host_node(model: str, host: HostCap) -> NodeState:
+    """A host as the measure sees it: what its agent reports free (a resource the agent
+    does not arbitrate counts as unlimited). Router and agent read a host alike."""
+    return NodeState(
+        model,
+        host.cpu_free_milli if host.cpu_total_milli else 1 << 40,
+        (host.memory_free_bytes if host.memory_total_bytes else 1 << 60) >> 20,
+        host.gpu_free_milli,
+    )
+
+
+def demand_pod(need: Demand, host: HostCap) -> PodShape:
+    """One member of ``need`` as a task shape, with the CPU and memory it reserves on
+    ``host`` (:func:`laminar_base.demand.host_share`)."""
+    cpu, memory = host_share(need, host.cpu_total_milli, host.memory_total_bytes, host.gpus_total)
+    gpus = need.gpus or (1 if need.gpu_milli else 0)
+    return PodShape(cpu, memory >> 20, gpus, need.gpu_milli or (MILLI_PER_GPU if gpus else 0))
