@@ -333,14 +333,17 @@ class FillRun:
 
 
 def laminar_ask(pod: PodShape) -> Ask:
-    """A pod as Laminar's router sees it: a share, whole GPUs on one host, or CPU only."""
-    if pod.num_gpu == 0:
-        need = Demand()
-    elif pod.is_shared:
-        need = Demand(gpu_milli=pod.gpu_milli)
-    else:
-        need = Demand(gpus=pod.num_gpu)
-    return Ask(need, pod.cpu_milli, pod.memory_mib, pod.gpu_models)
+    """A pod as Laminar's router sees it: a share, whole GPUs on one host, or CPU only,
+    with the host CPU and memory it asks for."""
+    # The trace asks for CPU and memory on every pod; a 0 there means none (the API's 0
+    # means "the default share"), so it becomes the least that can be asked: 1.
+    need = Demand(
+        gpus=pod.num_gpu if pod.num_gpu and not pod.is_shared else 0,
+        gpu_milli=pod.gpu_milli if pod.is_shared else 0,
+        cpu_milli=pod.cpu_milli or 1,
+        host_memory_bytes=(pod.memory_mib << 20) or 1,
+    )
+    return Ask(need, pod.gpu_models)
 
 
 def run_fill(
