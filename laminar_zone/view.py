@@ -48,8 +48,10 @@ class AgentRecord:
     generation: int = 0
     #: mTLS: the certificate name its first heartbeat came with ("" without TLS).
     identity: str = ""
-    #: Host CPU, memory and per-GPU free share from its last summary; None: not reported.
-    host: HostCap | None = None
+    #: Host CPU, memory and per-GPU free share from a probe reply's summary, and the
+    #: heartbeat time it was current at (see :attr:`host`).
+    reported_host: HostCap | None = None
+    reported_host_at: float = 0.0
 
     @property
     def status(self) -> AgentStatus:
@@ -62,6 +64,16 @@ class AgentRecord:
     @property
     def is_ready(self) -> bool:
         return not self.is_stale and not self.draining
+
+    @property
+    def host(self) -> HostCap | None:
+        """The host's CPU, memory and per-GPU free share, or None when unknown: never
+        reported, or a heartbeat came since (heartbeats do not carry it to the view yet,
+        so a figure from before it may be outdated, and an outdated "no CPU left" would
+        keep the host out of every sample)."""
+        if self.reported_host is None or self.reported_host_at != self.last_heartbeat:
+            return None
+        return self.reported_host
 
 
 class _IndexedSet:
@@ -172,7 +184,8 @@ class ZoneView:
         :meth:`sample` filters on and ranking reads); unknown agents are ignored."""
         record = self.agents.get(agent_id)
         if record is not None:
-            record.host = host
+            record.reported_host = host
+            record.reported_host_at = record.last_heartbeat
 
     def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
         record = self.agents[agent_id]
@@ -247,9 +260,8 @@ class ZoneView:
                     break
                 continue
             record = self.agents[agent_id]
-            if members_fitting(need, record.shapes) >= 1 and (
-                record.host is None or record.host.fits(need)
-            ):
+            host = record.host
+            if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
                 chosen[agent_id] = record
         return list(chosen.values())
 

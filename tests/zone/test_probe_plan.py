@@ -98,3 +98,15 @@ def test_fragmentation_rank_prefers_the_gpu_a_share_fills_and_rules_out_short_ho
     fresh = fragmentation_rank(NEED, empty, shapes, frag)
     assert filled is not None and fresh is not None and filled > fresh
     assert fragmentation_rank(NEED, no_cpu, shapes, frag) is None
+
+
+def test_a_heartbeat_outdates_the_host_figures_of_a_probe_reply() -> None:
+    view = make_view([0])  # its last probe reply showed no CPU left
+    rng = random.Random(1)
+    assert view.sample(NEED, 4, rng) == []
+    shapes = view.agents["h0"].shapes
+    # A heartbeat (which does not carry host figures to the view yet) came since: the old
+    # "no CPU" is no longer trusted, so the host is probed again and answers for itself.
+    view.update("h0", "addr0", shapes, heat=0, draining=False, now=5.0)
+    assert view.agents["h0"].host is None
+    assert [r.agent_id for r in view.sample(NEED, 4, rng)] == ["h0"]
