@@ -15,8 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from laminar_agent.ledger import Bounced, Granted, Ledger, ProbeOrder, Slice, SliceKind, counter_ids
 from laminar_agent.preemption import HolderFacts, plan_preemption
 from laminar_base.demand import Demand
-from laminar_base.fragmentation import MILLI_SLICING, FragmentationCache, PodShape, TargetWorkload
 from laminar_base.errors import Aborted, FailedPrecondition, InvalidArgument
+from laminar_base.fragmentation import MILLI_SLICING, FragmentationCache, PodShape, TargetWorkload
 
 GIB = 1 << 30
 
