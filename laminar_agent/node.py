@@ -78,7 +78,7 @@ from laminar_api.v1 import agent_pb2, common_pb2
 from laminar_base.causes import EndCause, cause_from_token
 from laminar_base.errors import InvalidArgument, LaminarError, NotFound
 from laminar_base.grpcutil import check_count, check_number, check_str
-from laminar_base.wire import check_spec, parse_demand
+from laminar_base.wire import check_spec, demand_of, parse_demand
 
 log = logging.getLogger("laminar.agent.node")
 
@@ -308,8 +308,14 @@ class Node:
             )
             if row.pid and self.executor.adopt(row.subjob_id, row.pid, row.started_unix):
                 allocations = [Allocation(**a) for a in json.loads(row.allocations_json or "[]")]
+                # The host CPU and memory it holds: what its demand takes here, as at its probe.
+                cpu, memory = self.ledger.host_need(demand_of(spec.resources))
                 refused = self.core.adopt(
-                    row.subjob_id, allocations, row.priority or common_pb2.BATCH
+                    row.subjob_id,
+                    allocations,
+                    row.priority or common_pb2.BATCH,
+                    cpu_milli=cpu,
+                    host_memory_bytes=memory,
                 )
                 self._apply(refused)  # its capacity cannot be held: it is stopped
                 if refused:
