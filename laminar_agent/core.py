@@ -504,15 +504,31 @@ class AgentCore:
         )
 
     def adopt(
-        self, subjob_id: str, allocations: Sequence[Allocation], lease_priority: int
+        self,
+        subjob_id: str,
+        allocations: Sequence[Allocation],
+        lease_priority: int,
+        *,
+        cpu_milli: int = 0,
+        host_memory_bytes: int = 0,
     ) -> list[Instruction]:
         """A restored subjob's process still runs: hold its capacity again. Capacity that
         cannot be accounted for must not keep running (that would overcommit a slice): it
-        is killed, holding nothing, and its exit ends it KILLED (terminated) as any stop."""
+        is killed, holding nothing, and its exit ends it KILLED (terminated) as any stop.
+        ``cpu_milli`` and ``host_memory_bytes`` are the host share it holds again."""
         live = self._require(subjob_id)
         lease_id = live.lease_id or f"adopted-{subjob_id}"
         try:
-            self.ledger.adopt(lease_id, live.job_id, 0, subjob_id, allocations, lease_priority)
+            self.ledger.adopt(
+                lease_id,
+                live.job_id,
+                0,
+                subjob_id,
+                allocations,
+                lease_priority,
+                cpu_milli=cpu_milli,
+                host_memory_bytes=host_memory_bytes,
+            )
         except LaminarError as exc:
             instructions = self.stop(
                 subjob_id, f"cannot re-adopt its capacity ({exc})", EndCause.TERMINATED

@@ -43,6 +43,19 @@ The goal is to minimise fragmentation:
 
 Ties are broken by slice id, so results never depend on dict order.
 
+With a fragmentation measure set (:meth:`Ledger.set_fragmentation`, the target workload
+the zone observes), the score is FGD's instead: ``placement_score`` of the change in the
+host's expected fragmentation (blended with how used its GPUs are) (:mod:`laminar_base.fragmentation`), a share goes to the
+GPU where it strands least, and the router, which ranks hosts by the same measure from
+their summaries, compares like with like at late binding.
+
+Host CPU and memory
+-------------------
+The host's CPU (milli-cores) and memory (bytes) are capacity like a slice's: a lease
+holds what :func:`laminar_base.demand.host_share` gives (the demand's own figures, or a
+share of the host in proportion to the GPUs taken), and committed + leased never exceeds
+the host's totals. A total of 0 means that resource is not arbitrated.
+
 Reservations
 ------------
 Priority preemption (Airlock) frees a slice by reclaiming lower-priority
@@ -64,7 +77,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from laminar_base.demand import MILLI_PER_GPU, Demand, validate_demand
+from laminar_base.demand import MILLI_PER_GPU, Demand, HostCap, host_share, validate_demand
 from laminar_base.errors import (
     Aborted,
     AlreadyExists,
@@ -72,6 +85,13 @@ from laminar_base.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+)
+from laminar_base.fragmentation import (
+    FragmentationCache,
+    demand_pod,
+    fgd_delta_milli,
+    host_node,
+    placement_score,
 )
 
 if TYPE_CHECKING:
@@ -181,6 +201,9 @@ class LeaseRecord:
     subjob_id: str = ""
     #: Authenticated identity the lease was issued to; only it may commit the lease.
     caller: str = ""
+    #: Host CPU (milli-cores) and memory (bytes) the lease holds.
+    cpu_milli: int = 0
+    host_memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -241,9 +264,19 @@ class Ledger:
         slices: Sequence[Slice],
         lease_prefix: str = "",
         lease_ids: Callable[[], str] | None = None,
+        *,
+        cpu_total_milli: int = 0,
+        memory_total_bytes: int = 0,
     ) -> None:
         """``lease_ids`` makes the random part of lease ids: by default 128 random bits
-        (``secrets``), so a lease cannot be guessed; a simulation passes a counter."""
+        (``secrets``), so a lease cannot be guessed; a simulation passes a counter.
+        ``cpu_total_milli`` and ``memory_total_bytes`` are the host's (0: not arbitrated)."""
+        if cpu_total_milli < 0 or memory_total_bytes < 0:
+            raise InvalidArgument(
+                f"host totals must be >= 0, got {cpu_total_milli} milli-cores and "
+                f"{memory_total_bytes} bytes",
+                field="host",
+            )
         by_id: dict[str, Slice] = {}
         for s in slices:
             if s.slice_id in by_id:
@@ -263,6 +296,43 @@ class Ledger:
         self._usage: dict[str, list[int]] = {sid: [0, 0, 0, 0] for sid in self.slices}
         # slice_id -> (owner, expires_at) of a preemption reservation.
         self._reserved: dict[str, tuple[str, float]] = {}
+        self.cpu_total_milli = cpu_total_milli
+        self.memory_total_bytes = memory_total_bytes
+        # Host: [committed_cpu_milli, leased_cpu_milli, committed_memory, leased_memory].
+        self._host = [0, 0, 0, 0]
+        self._gpus = sorted(
+            (s for s in self.slices.values() if s.kind is not SliceKind.MIG),
+            key=lambda s: (s.gpu_index, s.slice_id),
+        )
+        self.gpus_total = len({s.gpu_index for s in self.slices.values()})
+        models = {s.gpu_model for s in self._gpus}
+        self._model = models.pop() if len(models) == 1 else ""
+        self._frag: FragmentationCache | None = None
+
+    def set_fragmentation(self, frag: FragmentationCache | None) -> None:
+        """Score and choose by FGD's fragmentation gradient over ``frag``'s target workload
+        (None: the fixed best-fit scores). Only hosts whose whole and shared GPUs are one
+        model use it: the measure knows one model per node."""
+        self._frag = frag
+
+    def host_need(self, demand: Demand) -> tuple[int, int]:
+        """(milli-cores, bytes) one member of ``demand`` holds here; 0 where not arbitrated."""
+        cpu, memory = host_share(
+            demand, self.cpu_total_milli, self.memory_total_bytes, self.gpus_total
+        )
+        return (cpu if self.cpu_total_milli else 0, memory if self.memory_total_bytes else 0)
+
+    def host_free(self) -> HostCap:
+        """The host's free CPU and memory and each GPU's free share, for the summary."""
+        u = self._host
+        return HostCap(
+            cpu_free_milli=self.cpu_total_milli - u[0] - u[1],
+            cpu_total_milli=self.cpu_total_milli,
+            memory_free_bytes=self.memory_total_bytes - u[2] - u[3],
+            memory_total_bytes=self.memory_total_bytes,
+            gpu_free_milli=tuple(max(0, self._free(s)[0]) for s in self._gpus),
+            gpus_total=self.gpus_total,
+        )
 
     # ----------------------------------------------------------------- queries
 
@@ -472,8 +542,11 @@ class Ledger:
 
     def _fit(self, demand: Demand, slice_id: str, owner: str = "") -> _Fit | _NoFit:
         validate_demand(demand)
+        short = self._host_short(demand)
+        if short is not None:
+            return short
         if demand.family == "cpu":
-            return (), 1.0
+            return (), self._gradient(demand, ()) if self._frag else 1.0
         if slice_id:
             if slice_id not in self.slices:
                 return _NoFit(f"no slice {slice_id!r} on this host", False)
@@ -499,6 +572,36 @@ class Ledger:
         if demand.mig_profile:
             return self._fit_mig(demand, candidates, model_note)
         return self._fit_share(demand, candidates, model_note)
+
+    def _host_short(self, demand: Demand) -> _NoFit | None:
+        cpu, memory = self.host_need(demand)
+        u = self._host
+        cpu_free = self.cpu_total_milli - u[0] - u[1]
+        memory_free = self.memory_total_bytes - u[2] - u[3]
+        if cpu > cpu_free:
+            return _NoFit(
+                f"host CPU: needs {cpu} milli-cores, {cpu_free} of {self.cpu_total_milli} free",
+                cpu <= self.cpu_total_milli,
+            )
+        if memory > memory_free:
+            return _NoFit(
+                f"host memory: needs {memory} bytes, {memory_free} of "
+                f"{self.memory_total_bytes} free",
+                memory <= self.memory_total_bytes,
+            )
+        return None
+
+    def _gradient(self, demand: Demand, chosen: Sequence[Slice]) -> float:
+        """FGD's score of placing ``demand`` on ``chosen`` (whole or shared GPUs)."""
+        assert self._frag is not None
+        host = self.host_free()
+        node = host_node(self._model, host)
+        where = tuple(self._gpus.index(s) for s in chosen)
+        delta = fgd_delta_milli(node, demand_pod(demand, host), where, self._frag)
+        return placement_score(node, delta, self._frag.slicing)
+
+    def _uses_fragmentation(self, candidates: Sequence[Slice]) -> bool:
+        return self._frag is not None and bool(self._model) and bool(candidates)
 
     def _fit_whole(self, demand: Demand, candidates: list[Slice], model_note: str) -> _Fit | _NoFit:
         kinds = (SliceKind.WHOLE_GPU, SliceKind.SHARED_GPU)
@@ -527,6 +630,8 @@ class Ledger:
         allocations = tuple(
             Allocation(s.slice_id, s.capacity_milli, s.memory_total_bytes) for s in chosen
         )
+        if self._uses_fragmentation(chosen):
+            return allocations, self._gradient(demand, chosen)
         return allocations, sum(slice_score(s) for s in chosen) / len(chosen)
 
     def _fit_mig(self, demand: Demand, candidates: list[Slice], model_note: str) -> _Fit | _NoFit:
@@ -599,6 +704,9 @@ class Ledger:
                 f"{best_memory} bytes; 0 of {len(capable)} fit)",
                 True,
             )
+        if self._uses_fragmentation([s for _, s in fitting]):
+            # FGD: the GPU where the share strands least of what the workload could use.
+            fitting = [(self._gradient(demand, [s]), s) for _, s in fitting]
         score, best = min(fitting, key=lambda pair: (-pair[0], pair[1].slice_id))
         return (Allocation(best.slice_id, demand.gpu_milli, demand.gpu_memory_bytes),), score
 
@@ -610,6 +718,8 @@ class Ledger:
             u = self._usage[a.slice_id]
             u[offset] += sign * a.milli
             u[offset + 2] += sign * a.memory_bytes
+        self._host[offset] += sign * lease.cpu_milli
+        self._host[offset + 2] += sign * lease.host_memory_bytes
 
     def _new_lease_id(self) -> str:
         while True:
@@ -654,6 +764,7 @@ class Ledger:
         if isinstance(result, _NoFit):
             return Bounced(probe.probe_id, result.reason, result.retryable)
         allocations, score = result
+        cpu, memory = self.host_need(probe.demand)
         lease = LeaseRecord(
             lease_id=self._new_lease_id(),
             job_id=probe.job_id,
@@ -664,6 +775,8 @@ class Ledger:
             priority=probe.priority,
             subjob_id=probe.subjob_id,
             caller=probe.caller,
+            cpu_milli=cpu,
+            host_memory_bytes=memory,
         )
         self._leases[lease.lease_id] = lease
         self._add(lease, +1)
@@ -728,8 +841,11 @@ class Ledger:
         subjob_id: str,
         allocations: Sequence[Allocation],
         priority: int,
+        cpu_milli: int = 0,
+        host_memory_bytes: int = 0,
     ) -> LeaseRecord:
-        """Re-adopt a running subjob's committed lease after an agent restart."""
+        """Re-adopt a running subjob's committed lease after an agent restart (with the host
+        CPU and memory it held, where the journal kept them)."""
         if lease_id in self._leases:
             raise AlreadyExists(f"lease {lease_id!r} already held", field="lease_id")
         need: dict[str, list[int]] = {}
@@ -756,6 +872,19 @@ class Ledger:
                     f"({free_milli} milli / {free_memory} bytes free)",
                     field="allocations",
                 )
+        u = self._host
+        if cpu_milli < 0 or host_memory_bytes < 0:
+            raise InvalidArgument(
+                f"negative host share: {cpu_milli} milli-cores, {host_memory_bytes} bytes",
+                field="allocations",
+            )
+        if (self.cpu_total_milli and cpu_milli > self.cpu_total_milli - u[0] - u[1]) or (
+            self.memory_total_bytes and host_memory_bytes > self.memory_total_bytes - u[2] - u[3]
+        ):
+            raise FailedPrecondition(
+                f"host cannot hold {cpu_milli} milli-cores / {host_memory_bytes} bytes",
+                field="allocations",
+            )
         lease = replace(
             LeaseRecord(
                 lease_id=lease_id,
@@ -765,6 +894,8 @@ class Ledger:
                 score=1.0,
                 expires_at=math.inf,
                 priority=priority,
+                cpu_milli=cpu_milli if self.cpu_total_milli else 0,
+                host_memory_bytes=host_memory_bytes if self.memory_total_bytes else 0,
             ),
             committed=True,
             subjob_id=subjob_id,
@@ -778,8 +909,11 @@ class Ledger:
     def check_invariant(self) -> None:
         """Raise AssertionError if bookkeeping drifted or any slice is over capacity."""
         expected: dict[str, list[int]] = {sid: [0, 0, 0, 0] for sid in self.slices}
+        host = [0, 0, 0, 0]
         for lease in self._leases.values():
             offset = 0 if lease.committed else 1
+            host[offset] += lease.cpu_milli
+            host[offset + 2] += lease.host_memory_bytes
             for a in lease.allocations:
                 expected[a.slice_id][offset] += a.milli
                 expected[a.slice_id][offset + 2] += a.memory_bytes
@@ -797,3 +931,15 @@ class Ledger:
                 )
             if min(u) < 0:
                 raise AssertionError(f"slice {sid}: negative usage {u}")
+        if self._host != host:
+            raise AssertionError(f"host: counters {self._host} != sum of leases {host}")
+        if min(host) < 0:
+            raise AssertionError(f"host: negative usage {host}")
+        if self.cpu_total_milli and host[0] + host[1] > self.cpu_total_milli:
+            raise AssertionError(
+                f"host: {host[0] + host[1]} milli-cores used > {self.cpu_total_milli}"
+            )
+        if self.memory_total_bytes and host[2] + host[3] > self.memory_total_bytes:
+            raise AssertionError(
+                f"host: {host[2] + host[3]} bytes used > memory {self.memory_total_bytes}"
+            )

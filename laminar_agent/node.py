@@ -30,6 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, assert_never
 
+import psutil
+
 from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.core import (
     LIVE_STATES,
@@ -76,7 +78,7 @@ from laminar_api.v1 import agent_pb2, common_pb2
 from laminar_base.causes import EndCause, cause_from_token
 from laminar_base.errors import InvalidArgument, LaminarError, NotFound
 from laminar_base.grpcutil import check_count, check_number, check_str
-from laminar_base.wire import check_spec, parse_demand
+from laminar_base.wire import check_spec, demand_of, parse_demand
 
 log = logging.getLogger("laminar.agent.node")
 
@@ -100,6 +102,11 @@ def validate_spec(spec: common_pb2.SubjobSpec) -> None:
     check_spec(spec)
 
 
+def detect_host_totals() -> tuple[int, int]:
+    """This machine's CPUs in milli-cores and physical memory in bytes."""
+    return (os.cpu_count() or 1) * 1000, int(psutil.virtual_memory().total)
+
+
 class Node:
     def __init__(
         self,
@@ -117,7 +124,10 @@ class Node:
         tenant_users: Mapping[str, RunAs] | None = None,
         uid_pool: range | None = None,
         cgroups: SubjobCgroups | None = None,
+        host_totals: tuple[int, int] | None = None,
     ) -> None:
+        """``host_totals`` are the host's (milli-cores, memory bytes) the ledger arbitrates;
+        None reads them from the machine (every CPU, all physical memory)."""
         self.agent_id = agent_id
         #: Bound on the windows advertised in one summary (atomization).
         self.max_windows = max_windows
@@ -134,7 +144,15 @@ class Node:
         self._slice_names = {s.device_uuid: s.slice_id for s in self.slices}
         for gpu in backend.gpus():
             self._slice_names.setdefault(gpu.uuid, f"gpu{gpu.index}")
-        self.core = AgentCore(Ledger(self.slices, lease_prefix=f"{agent_id}-r{restarts}-"))
+        cpu_total_milli, memory_total_bytes = host_totals or detect_host_totals()
+        self.core = AgentCore(
+            Ledger(
+                self.slices,
+                lease_prefix=f"{agent_id}-r{restarts}-",
+                cpu_total_milli=cpu_total_milli,
+                memory_total_bytes=memory_total_bytes,
+            )
+        )
         identities = TenantIdentities(run_as, users=tenant_users, pool=uid_pool, store=self.journal)
         self.executor = Executor(
             state_dir,
@@ -290,8 +308,14 @@ class Node:
             )
             if row.pid and self.executor.adopt(row.subjob_id, row.pid, row.started_unix):
                 allocations = [Allocation(**a) for a in json.loads(row.allocations_json or "[]")]
+                # The host CPU and memory it holds: what its demand takes here, as at its probe.
+                cpu, memory = self.ledger.host_need(demand_of(spec.resources))
                 refused = self.core.adopt(
-                    row.subjob_id, allocations, row.priority or common_pb2.BATCH
+                    row.subjob_id,
+                    allocations,
+                    row.priority or common_pb2.BATCH,
+                    cpu_milli=cpu,
+                    host_memory_bytes=memory,
                 )
                 self._apply(refused)  # its capacity cannot be held: it is stopped
                 if refused:
@@ -820,6 +844,12 @@ class Node:
             generated_unix=time.time(),
             total_gpus=len(self.backend.gpus()),
         )
+        host = self.ledger.host_free()
+        summary.cpu_free_milli = host.cpu_free_milli
+        summary.cpu_total_milli = host.cpu_total_milli
+        summary.memory_free_bytes = host.memory_free_bytes
+        summary.memory_total_bytes = host.memory_total_bytes
+        summary.gpu_free_milli.extend(host.gpu_free_milli)
         for shape in self.ledger.shapes():
             summary.shapes.add(
                 shape=shape.shape,

@@ -160,4 +160,17 @@ def plan_preemption(
     if len(rooms) < wanted:
         return None
     rooms.sort(key=lambda pair: pair[0])
-    return PreemptionPlan(tuple(room for _, room in rooms[:wanted]))
+    plan = PreemptionPlan(tuple(room for _, room in rooms[:wanted]))
+    # Victims are chosen for GPU room; the plan stands only if what they give back of the
+    # host's CPU and memory, with what is free, covers the demand's host share too.
+    victims = set(plan.victims)
+    freed_cpu = freed_memory = 0
+    for lease in ledger.leases():
+        if lease.committed and lease.subjob_id in victims:
+            freed_cpu += lease.cpu_milli
+            freed_memory += lease.host_memory_bytes
+    host = ledger.host_free()
+    cpu, memory = ledger.host_need(demand)
+    if cpu > host.cpu_free_milli + freed_cpu or memory > host.memory_free_bytes + freed_memory:
+        return None
+    return plan

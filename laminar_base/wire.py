@@ -21,6 +21,8 @@ def demand_of(resources: common_pb2.Resources) -> Demand:
         gpu_milli=resources.gpu_milli,
         gpu_memory_bytes=resources.gpu_memory_bytes,
         gpu_model=resources.gpu_model,
+        cpu_milli=resources.cpu_milli,
+        host_memory_bytes=resources.host_memory_bytes,
     )
 
 

@@ -49,6 +49,8 @@ _SPEC_FLAGS = (
     ("resources.gpu_milli", "--gpu-milli"),
     ("resources.gpu_mem", "--gpu-mem"),
     ("resources.gpu_model", "--gpu-model"),
+    ("resources.cpus", "--cpus"),
+    ("resources.mem", "--mem"),
     ("priority", "--priority"),
     ("lifecycle", "--lifecycle"),
     ("tenant", "--tenant"),
@@ -78,6 +80,18 @@ def add_spec_flags(parser: argparse.ArgumentParser, *, full: bool) -> None:
     shape.add_argument("--gpu-milli", metavar="M", help="a share of a shared GPU, 1..1000")
     shape.add_argument("--gpu-mem", metavar="SIZE", help="peak GPU memory, e.g. 20GiB")
     shape.add_argument("--gpu-model", metavar="MODEL", help="only this GPU model, e.g. H100-80GB")
+    shape.add_argument(
+        "--cpus",
+        metavar="N",
+        help="host CPU cores, e.g. 4 or 0.5 (default: the host's CPUs in proportion to the "
+        "GPU share taken)",
+    )
+    shape.add_argument(
+        "--mem",
+        metavar="SIZE",
+        help="host memory, e.g. 8GiB (default: the host's memory in proportion to the GPU "
+        "share taken)",
+    )
     parser.add_argument(
         "--priority", metavar="CLASS", help="critical, production, batch (default), opportunistic"
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.demand import MAX_CPU_MILLI, MAX_HOST_MEMORY_BYTES
 from laminar_base.errors import InvalidArgument
 from laminar_base.units import format_size, parse_duration, parse_size
 from laminar_zone.arrays import parse_array
@@ -65,7 +66,7 @@ TOP_KEYS = frozenset(
         "array",
     }
 )
-RESOURCE_KEYS = frozenset({"gpus", "mig", "gpu_milli", "gpu_mem", "gpu_model"})
+RESOURCE_KEYS = frozenset({"gpus", "mig", "gpu_milli", "gpu_mem", "gpu_model", "cpus", "mem"})
 SHAPE_KEYS = ("gpus", "mig", "gpu_milli")
 ATOMIZATION_KEYS = frozenset(
     {
@@ -430,6 +431,16 @@ def _build_resources(values: Mapping[str, Value], res: common_pb2.Resources) -> 
         res.gpu_memory_bytes = _size(mem)
     if (model := values.get("resources.gpu_model")) is not None:
         res.gpu_model = _str(model).strip()
+    if (cpus := values.get("resources.cpus")) is not None:
+        # Cores in milli-cores; 0 would mean "the default share", so it is refused here.
+        res.cpu_milli = round(_float(cpus, 0.001, MAX_CPU_MILLI / 1000) * 1000)
+    if (mem := values.get("resources.mem")) is not None:
+        res.host_memory_bytes = _size(mem)
+        if not 1 <= res.host_memory_bytes <= MAX_HOST_MEMORY_BYTES:
+            raise InvalidArgument(
+                f"must be between 1 byte and {format_size(MAX_HOST_MEMORY_BYTES)}, got {mem.raw!r}",
+                field=mem.label,
+            )
 
 
 def describe_resources(res: common_pb2.Resources) -> str:
@@ -446,4 +457,8 @@ def describe_resources(res: common_pb2.Resources) -> str:
         text += f" {res.gpu_model}"
     if res.gpu_memory_bytes:
         text += f", {format_size(res.gpu_memory_bytes)}"
+    if res.cpu_milli:
+        text += f", {res.cpu_milli / 1000:g} CPU"
+    if res.host_memory_bytes:
+        text += f", {format_size(res.host_memory_bytes)} host memory"
     return text

@@ -47,6 +47,8 @@ import numpy as np
 import numpy.typing as npt
 
 from laminar_base.demand import Demand
+from laminar_base.fragmentation import TYPICAL_COVERAGE_RATIO
+from laminar_base.fragmentation import typical_workload as shared_typical_workload
 from laminar_sim import traces
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import Ask, LaminarCluster, SimHost
@@ -68,7 +70,6 @@ from laminar_sim.policies import (
 from laminar_zone.view import ProbeLimits
 
 TUNE_RATIO = 1.3
-TYPICAL_COVERAGE_RATIO = 0.95
 CURVE_LEVELS = tuple(range(75, 131))
 #: The paper's policy names in its result files.
 PAPER_POLICY_NAMES = {"fgd": "FGD", "bestfit": "BestFit", "dotprod": "DotProd", "random": "Random"}
@@ -92,29 +93,11 @@ IntArray = npt.NDArray[np.int64]
 def typical_workload(
     pods: Sequence[PodShape], coverage_ratio: float = TYPICAL_COVERAGE_RATIO
 ) -> TargetWorkload:
-    """Most frequent pod shapes (memory ignored) until they cover ``coverage_ratio`` of pods.
-
-    Shapes are taken in decreasing count, equal counts larger shape first, so
-    the cut is deterministic; probabilities are renormalized to sum to 1.
-    """
+    """The paper's target workload: the most frequent shapes of the original list
+    (:func:`laminar_base.fragmentation.typical_workload` over its counts)."""
     if not pods:
         raise ValueError("typical_workload needs at least one pod")
-    counts = Counter(_shape_key(p) for p in pods)
-    ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
-    needed = coverage_ratio * len(pods)
-    chosen: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
-    covered = 0
-    for key, count in ordered:
-        if covered >= needed:
-            break
-        chosen.append((key, count))
-        covered += count
-    shapes = tuple(PodShape(cpu, 0, num, milli, models) for (cpu, milli, num, models), _ in chosen)
-    return TargetWorkload(shapes, tuple(count / covered for _, count in chosen))
-
-
-def _shape_key(pod: PodShape) -> tuple[int, int, int, tuple[str, ...]]:
-    return (pod.cpu_milli, pod.gpu_milli, pod.num_gpu, pod.gpu_models)
+    return shared_typical_workload(Counter(pods), coverage_ratio)
 
 
 @dataclass(frozen=True)
@@ -350,14 +333,17 @@ class FillRun:
 
 
 def laminar_ask(pod: PodShape) -> Ask:
-    """A pod as Laminar's router sees it: a share, whole GPUs on one host, or CPU only."""
-    if pod.num_gpu == 0:
-        need = Demand()
-    elif pod.is_shared:
-        need = Demand(gpu_milli=pod.gpu_milli)
-    else:
-        need = Demand(gpus=pod.num_gpu)
-    return Ask(need, pod.cpu_milli, pod.memory_mib, pod.gpu_models)
+    """A pod as Laminar's router sees it: a share, whole GPUs on one host, or CPU only,
+    with the host CPU and memory it asks for."""
+    # The trace asks for CPU and memory on every pod; a 0 there means none (the API's 0
+    # means "the default share"), so it becomes the least that can be asked: 1.
+    need = Demand(
+        gpus=pod.num_gpu if pod.num_gpu and not pod.is_shared else 0,
+        gpu_milli=pod.gpu_milli if pod.is_shared else 0,
+        cpu_milli=pod.cpu_milli or 1,
+        host_memory_bytes=(pod.memory_mib << 20) or 1,
+    )
+    return Ask(need, pod.gpu_models)
 
 
 def run_fill(

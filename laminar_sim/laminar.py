@@ -6,18 +6,23 @@ Nothing here decides anything the daemons do not decide the same way:
   ground truth and its node-local choice of GPU, MIG slice or share) and answers a probe
   with ``Ledger.arbitrate`` and a commit with ``Ledger.commit``;
 * each zone router holds a real :class:`laminar_zone.view.ZoneView`, draws candidates
-  with :class:`laminar_zone.view.ProbePlan` (sample, d probes per attempt, redraws,
+  with :class:`laminar_zone.view.ProbePlan` (a bounded sample, ranked by
+  :func:`laminar_zone.placement.fragmentation_rank`, d probes per attempt, redraws,
   attempts) and binds late with :func:`laminar_zone.view.choose_offers`; every probe,
-  commit and release reply carries the host's fresh summary into the view, as
-  ``Placer.note_summary`` does;
+  commit and release reply carries the host's fresh summary (shapes, host CPU, memory and
+  per-GPU free share) into the view, as ``Placer.note_summary`` does;
+* each router learns its target workload from the tasks it places
+  (:class:`laminar_base.fragmentation.ObservedWorkload`) and its agents score and choose
+  GPUs by the same measure (``Ledger.set_fragmentation``); the simulator hands a router's
+  current measure to its agents as soon as the router rebuilds it, which the daemons do
+  not do yet (a heartbeat reply would carry it);
 * a job enters at a zone drawn at random and is forwarded at most once to the zone
   :func:`laminar_zone.placement.choose_weighted` picks from the flow-splitting weights
   ``W_z = (1 + S_z) / (1 + H_z)^gamma`` (:func:`laminar_zone.placement.flow_weight`),
   with peers' summaries as of their last exchange (:meth:`ZoneView.shape_totals`).
 
-The one thing the simulator adds is host CPU and memory, which the fill-up protocol of
-the FGD paper requires and Laminar's agent does not arbitrate: a probe to a host without
-the CPU or memory left bounces.
+Host CPU and memory, which the fill-up protocol of the FGD paper requires, are the
+ledger's own: each host's ledger holds the trace node's CPU and memory as its totals.
 
 Messages are counted as gRPC calls carry them: a probe, commit, release or forward is a
 request and a reply (2 messages); summary exchanges between zones are counted apart.
@@ -27,13 +32,24 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from laminar_agent.ledger import Bounced, Granted, Ledger, ProbeOrder, Slice, SliceKind, counter_ids
-from laminar_base.demand import Demand
+from laminar_base.demand import Demand, HostCap
+from laminar_base.fragmentation import (
+    MILLI_SLICING,
+    FragmentationCache,
+    ObservedWorkload,
+    demand_pod,
+)
 from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release
-from laminar_zone.placement import Offer, ShapeCap, choose_weighted, split_weights
-from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView
+from laminar_zone.placement import (
+    Offer,
+    ShapeCap,
+    choose_weighted,
+    split_weights,
+)
+from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView, fragmentation_ranking
 
 #: Nominal GPU memory of a simulated device (the FGD pod lists declare none).
 SIM_GPU_MEMORY_BYTES = 80 * 1024**3
@@ -41,15 +57,17 @@ SIM_GPU_MEMORY_BYTES = 80 * 1024**3
 LEASE_TTL_SECONDS = 5.0
 #: gRPC request + reply.
 MESSAGES_PER_CALL = 2
+#: A host that arbitrates no CPU or memory: a task's shape as the router learns it
+#: carries the CPU and memory it asks for, not a host's default share.
+_NO_HOST = HostCap()
 
 
 @dataclass(frozen=True)
 class Ask:
-    """One task as the router sees it (a single member; whole GPUs on one host)."""
+    """One task as the router sees it (a single member; whole GPUs on one host; host CPU
+    and memory in ``need``)."""
 
     need: Demand
-    cpu_milli: int = 0
-    memory_mib: int = 0
     #: GPU models the task accepts; empty = any.
     gpu_models: tuple[str, ...] = ()
 
@@ -83,15 +101,13 @@ class Counters:
 
 
 class SimHost:
-    """One agent: the real ledger over its GPUs, plus the host's CPU and memory."""
+    """One agent: the real ledger over its GPUs and the host's CPU and memory."""
 
     def __init__(
         self, agent_id: str, model: str, num_gpu: int, cpu_milli: int, memory_mib: int
     ) -> None:
         self.agent_id = agent_id
         self.model = model
-        self.cpu_left_milli = cpu_milli
-        self.memory_left_mib = memory_mib
         slices = [
             Slice(
                 slice_id=f"gpu{i}",
@@ -103,7 +119,13 @@ class SimHost:
             )
             for i in range(num_gpu)
         ]
-        self.ledger = Ledger(slices, lease_prefix=f"{agent_id}-", lease_ids=counter_ids())
+        self.ledger = Ledger(
+            slices,
+            lease_prefix=f"{agent_id}-",
+            lease_ids=counter_ids(),
+            cpu_total_milli=cpu_milli,
+            memory_total_bytes=memory_mib << 20,
+        )
         self._seq = 0
 
     def shapes(self) -> dict[str, ShapeCap]:
@@ -114,8 +136,6 @@ class SimHost:
         }
 
     def probe(self, ask: Ask, now: float) -> Granted | Bounced:
-        if self.cpu_left_milli < ask.cpu_milli or self.memory_left_mib < ask.memory_mib:
-            return Bounced("", "host CPU or memory", True)
         self._seq += 1
         need = ask.need
         order = ProbeOrder(
@@ -133,8 +153,6 @@ class SimHost:
     def commit(self, ask: Ask, lease_id: str, now: float) -> tuple[int, ...]:
         """Commit the lease; the GPU indexes it holds."""
         lease = self.ledger.commit(lease_id, f"s-{lease_id}", now)
-        self.cpu_left_milli -= ask.cpu_milli
-        self.memory_left_mib -= ask.memory_mib
         return tuple(int(a.slice_id.removeprefix("gpu")) for a in lease.allocations)
 
 
@@ -149,6 +167,10 @@ class SimZone:
     local_shapes: dict[str, ShapeCap] = field(default_factory=dict)
     #: Placement tries under way at this router (the ``in_flight`` of its Placer).
     in_flight: int = 0
+    #: The target workload this router learned from the tasks it placed.
+    workload: ObservedWorkload = field(default_factory=lambda: ObservedWorkload(MILLI_SLICING))
+    #: The measure its agents score by (the last one handed to them).
+    agents_frag: FragmentationCache | None = None
 
     def note(self, host: SimHost) -> None:
         """A reply's fresh summary folded into the view (not a heartbeat): its heat is the
@@ -162,6 +184,19 @@ class SimZone:
             now=0.0,
             is_heartbeat=False,
         )
+        self.view.note_host(host.agent_id, host.ledger.host_free())
+
+    def observe(self, ask: Ask) -> FragmentationCache | None:
+        """Learn the task's shape; the current measure, which the zone's agents then score
+        by too (None before the router has seen any task)."""
+        shape = demand_pod(ask.need, _NO_HOST)
+        self.workload.observe(replace(shape, gpu_models=ask.gpu_models))
+        frag = self.workload.cache()
+        if frag is not self.agents_frag:
+            for host in self.hosts.values():
+                host.ledger.set_fragmentation(frag)
+            self.agents_frag = frag
+        return frag
 
     def heat(self) -> float:
         """The zone's heat as its router sends it to peers."""
@@ -193,6 +228,7 @@ class LaminarCluster:
             zone = SimZone(f"z{len(self.zones)}", {h.agent_id: h for h in members}, ZoneView(1e18))
             for host in members:
                 zone.view.update(host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0)
+                zone.view.note_host(host.agent_id, host.ledger.host_free())
             self.zones.append(zone)
         self._since_exchange = 0
         self.exchange()
@@ -218,9 +254,9 @@ class LaminarCluster:
                     gpu_milli=ask.need.gpu_milli,
                     gpu_memory_bytes=ask.need.gpu_memory_bytes,
                     gpu_model=model,
-                ),
-                ask.cpu_milli,
-                ask.memory_mib,
+                    cpu_milli=ask.need.cpu_milli,
+                    host_memory_bytes=ask.need.host_memory_bytes,
+                )
             )
             for model in ask.gpu_models
         ]
@@ -246,16 +282,20 @@ class LaminarCluster:
         if self._since_exchange >= self.exchange_every:
             self.exchange()
         zone = self.route(self.rng.choice(self.zones), ask)
+        frag = zone.observe(ask)
         for one in self._needs(ask):
-            placed = self._place_in(zone, one, now)
+            placed = self._place_in(zone, one, now, frag)
             if placed is not None:
                 self.counters.placements += 1
                 return placed
         self.counters.failures += 1
         return None
 
-    def _place_in(self, zone: SimZone, ask: Ask, now: float) -> tuple[int, tuple[int, ...]] | None:
-        machine = Gather(ProbePlan(zone.view, ask.need, self.limits, self.rng))
+    def _place_in(
+        self, zone: SimZone, ask: Ask, now: float, frag: FragmentationCache | None
+    ) -> tuple[int, tuple[int, ...]] | None:
+        rank = fragmentation_ranking(ask.need, frag)
+        machine = Gather(ProbePlan(zone.view, ask.need, self.limits, self.rng, rank=rank))
 
         def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
             host = zone.hosts[step.record.agent_id]

@@ -10,7 +10,7 @@ from laminar_base.errors import ConfigError, InvalidArgument
 from laminar_base.settings import ControlSettings, TlsSettings, validate_security
 from laminar_base.units import parse_size
 from laminar_zone.market import POLICIES
-from laminar_zone.view import ProbeLimits
+from laminar_zone.view import SAMPLE_SIZE, ProbeLimits
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class PlacementSettings:
         default=2, metadata=doc("d: agents probed in parallel per attempt")
     )
     sample_size: int = field(
-        default=4, metadata=doc("candidates drawn from the view per generation (>= d)")
+        default=SAMPLE_SIZE,
+        metadata=doc("candidates drawn from the view and ranked per generation (>= d)"),
     )
     max_attempts: int = field(default=4, metadata=doc("probe rounds per job before it queues"))
     regenerations: int = field(

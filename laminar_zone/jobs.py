@@ -70,7 +70,7 @@ from laminar_zone.lifecycle import (
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
-from laminar_zone.placer import AgentClients, Ask, Placer, shapes_from
+from laminar_zone.placer import AgentClients, Ask, Placer, host_from, shapes_from
 from laminar_zone.queue import (
     QueueItem,
     QueueWalk,
@@ -1114,6 +1114,9 @@ class ZoneState:
             pressure=summary.pressure,
             generation=summary.generation,
         )
+        host = host_from(summary)
+        if host is not None:
+            self.view.note_host(agent_id, host)
         if update.is_new or update.came_back:
             self.store.note_agent(agent_id, address, time.time())
             log.info(

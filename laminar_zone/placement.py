@@ -17,7 +17,13 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from laminar_base.demand import MILLI_PER_GPU, Demand
+from laminar_base.demand import MILLI_PER_GPU, Demand, HostCap
+from laminar_base.fragmentation import (
+    FragmentationCache,
+    demand_pod,
+    host_node,
+    least_fragmenting,
+)
 
 #: Stand-in for "any number" of CPU-only members on one host.
 CPU_ONLY_CAPACITY = 1_000_000
@@ -67,6 +73,33 @@ def members_fitting(need: Demand, shapes: Mapping[str, ShapeCap], *, total: bool
             continue
         count += slots // max(1, need.gpus)
     return count
+
+
+#: Rank of a candidate whose summary carries no per-GPU state (an older agent): neither
+#: preferred nor ruled out, as "no change" scores under :func:`gradient_score`.
+UNKNOWN_RANK = 0.5
+
+
+def fragmentation_rank(
+    need: Demand, host: HostCap | None, shapes: Mapping[str, ShapeCap], frag: FragmentationCache
+) -> float | None:
+    """FGD's score of placing one member of ``need`` on a host, from its summary alone.
+
+    The host as its summary shows it (free CPU, memory and each GPU's free share) goes
+    through :func:`laminar_base.fragmentation.least_fragmenting` with the zone's observed
+    workload, the same measure the agent chooses a GPU by, so the router's ranking and the
+    agent's lease score compare alike. None when the summary shows it cannot take the
+    member; :data:`UNKNOWN_RANK` when it carries no per-GPU state. MIG demands are not
+    ranked (the measure here is over shares of whole GPUs).
+    """
+    if host is None or need.mig_profile or (need.family != "cpu" and not host.gpu_free_milli):
+        return UNKNOWN_RANK
+    if not host.fits(need):
+        return None
+    models = {_model_of(shape) for shape in shapes if shape.startswith(("gpu:", "share:"))}
+    model = need.gpu_model or (models.pop() if len(models) == 1 else "")
+    best = least_fragmenting(host_node(model, host), demand_pod(need, host), frag)
+    return None if best is None else best[1]
 
 
 def free_units(shapes: Mapping[str, ShapeCap], need: Demand) -> float:

@@ -20,13 +20,15 @@ from typing import Generic, TypeVar
 import grpc
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.demand import Demand, HostCap
+from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, demand_pod
 from laminar_base.grpcutil import channel_options
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import demand_of
 from laminar_zone.config import PlacementSettings
 from laminar_zone.gather import Bind, Gather, ProbeHost, Release
 from laminar_zone.placement import Offer, ShapeCap
-from laminar_zone.view import AgentRecord, ProbePlan, ZoneView
+from laminar_zone.view import AgentRecord, ProbePlan, Rank, ZoneView, fragmentation_ranking
 
 log = logging.getLogger("laminar.zone.placer")
 
@@ -60,6 +62,21 @@ class StubCache(Generic[S]):
 class AgentClients(StubCache["agent_pb2_grpc.AgentAsyncStub"]):
     def __init__(self, trust: Trust = INSECURE) -> None:
         super().__init__(agent_pb2_grpc.AgentStub, trust)
+
+
+def host_from(summary: common_pb2.AgentSummary) -> HostCap | None:
+    """The host CPU, memory and per-GPU free share a summary carries (None: an agent that
+    reports none of them)."""
+    if not (summary.cpu_total_milli or summary.memory_total_bytes or summary.gpu_free_milli):
+        return None
+    return HostCap(
+        cpu_free_milli=summary.cpu_free_milli,
+        cpu_total_milli=summary.cpu_total_milli,
+        memory_free_bytes=summary.memory_free_bytes,
+        memory_total_bytes=summary.memory_total_bytes,
+        gpu_free_milli=tuple(summary.gpu_free_milli),
+        gpus_total=summary.total_gpus,
+    )
 
 
 def shapes_from(summary: common_pb2.AgentSummary) -> dict[str, ShapeCap]:
@@ -108,6 +125,9 @@ class Placer:
         self.in_flight = 0
         #: Releases of leases late binding did not choose: sent off the critical path.
         self.background: set[asyncio.Task[None]] = set()
+        #: The target workload ranking measures fragmentation against: what this router
+        #: was asked to place.
+        self.workload = ObservedWorkload(MILLI_SLICING)
 
     def note_summary(self, summary: common_pb2.AgentSummary) -> None:
         """Fold a probe reply's summary into the view (not a heartbeat: staleness unchanged)."""
@@ -123,6 +143,15 @@ class Placer:
             running_subjobs=summary.running_subjobs,
             is_heartbeat=False,
         )
+        host = host_from(summary)
+        if host is not None:
+            self.view.note_host(summary.agent_id, host)
+
+    def _rank(self, need: Demand) -> Rank | None:
+        """Learn the demand's shape; rank candidates by the fragmentation they would take on
+        over the workload this router has been asked to place."""
+        self.workload.observe(demand_pod(need, HostCap()))
+        return fragmentation_ranking(need, self.workload.cache())
 
     async def gather(
         self, ask: Ask, *, lease_ttl_seconds: float = 0.0, exclude: set[str] | None = None
@@ -133,7 +162,7 @@ class Placer:
         gang = max(1, ask.gang_size)
         ttl = lease_ttl_seconds or s.lease_ttl_seconds
         machine = Gather(
-            ProbePlan(self.view, need, s.limits(), self.rng, exclude),
+            ProbePlan(self.view, need, s.limits(), self.rng, exclude, rank=self._rank(need)),
             gang,
             deadline=time.monotonic() + s.budget_seconds,
             budget_seconds=s.budget_seconds,

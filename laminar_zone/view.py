@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import enum
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from laminar_base.demand import Demand
-from laminar_zone.placement import Offer, ShapeCap, assign_gang, best_offers, members_fitting
+from laminar_base.demand import Demand, HostCap
+from laminar_base.fragmentation import FragmentationCache
+from laminar_zone.placement import (
+    Offer,
+    ShapeCap,
+    assign_gang,
+    best_offers,
+    fragmentation_rank,
+    members_fitting,
+)
 
 
 class AgentStatus(enum.Enum):
@@ -41,6 +50,10 @@ class AgentRecord:
     identity: str = ""
     #: The agent's version of the summary this record holds (0: none that deltas refresh).
     summary_version: int = 0
+    #: Host CPU, memory and per-GPU free share from a probe reply's summary, and the
+    #: heartbeat time it was current at (see :attr:`host`).
+    reported_host: HostCap | None = None
+    reported_host_at: float = 0.0
 
     @property
     def status(self) -> AgentStatus:
@@ -53,6 +66,16 @@ class AgentRecord:
     @property
     def is_ready(self) -> bool:
         return not self.is_stale and not self.draining
+
+    @property
+    def host(self) -> HostCap | None:
+        """The host's CPU, memory and per-GPU free share, or None when unknown: never
+        reported, or not by the summary of the latest heartbeat (a full heartbeat or a
+        probe reply records it; a delta heartbeat vouches that it has not changed), so an
+        outdated "no CPU left" never keeps a host out of every sample."""
+        if self.reported_host is None or self.reported_host_at != self.last_heartbeat:
+            return None
+        return self.reported_host
 
 
 class _IndexedSet:
@@ -94,6 +117,11 @@ class HostCounts:
     matching: int  # hosts that could ever hold one member
     fitting: int  # hosts whose summary shows room for one member now
     members_total: int  # members the whole zone could hold if it were empty
+
+
+#: Candidates one probe round is chosen from by default: enough for ranking to find a
+#: host that strands little, few enough that scoring them costs well under a probe's RPC.
+SAMPLE_SIZE = 16
 
 
 class ZoneView:
@@ -178,9 +206,19 @@ class ZoneView:
             or record.identity != identity
         ):
             return False
+        if record.reported_host_at == record.last_heartbeat:
+            record.reported_host_at = now  # the same summary: its host figures still hold
         record.last_heartbeat = now
         record.last_heartbeat_unix = now_unix
         return True
+
+    def note_host(self, agent_id: str, host: HostCap) -> None:
+        """The host CPU, memory and per-GPU free share of an agent's latest summary (what
+        :meth:`sample` filters on and ranking reads); unknown agents are ignored."""
+        record = self.agents.get(agent_id)
+        if record is not None:
+            record.reported_host = host
+            record.reported_host_at = record.last_heartbeat
 
     def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
         record = self.agents[agent_id]
@@ -229,7 +267,8 @@ class ZoneView:
     def sample(
         self, need: Demand, k: int, rng: random.Random, *, exclude: set[str] | None = None
     ) -> list[AgentRecord]:
-        """Up to k ready agents whose summary fits ``need``, drawn at random in O(k) expected.
+        """Up to k ready agents whose summary fits ``need`` (GPU shape, host CPU and
+        memory), drawn at random in O(k) expected.
 
         Draws stop after a bounded number of tries, so a zone where almost
         nothing fits costs a few dozen lookups, not a scan.
@@ -255,7 +294,8 @@ class ZoneView:
                     break
                 continue
             record = self.agents[agent_id]
-            if members_fitting(need, record.shapes) >= 1:
+            host = record.host
+            if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
                 chosen[agent_id] = record
         return list(chosen.values())
 
@@ -319,12 +359,17 @@ class ZoneView:
         return agents, {shape: ShapeCap(*row) for shape, row in sorted(totals.items())}
 
 
+#: A candidate's score from the router's view (higher is better) or None when its summary
+#: shows it cannot take the demand; see :func:`laminar_zone.placement.fragmentation_rank`.
+Rank = Callable[[AgentRecord], float | None]
+
+
 @dataclass(frozen=True)
 class ProbeLimits:
     """The probing budget of one placement try (``[placement]`` in the router's config)."""
 
     probes_per_attempt: int = 2
-    sample_size: int = 4
+    sample_size: int = SAMPLE_SIZE
     max_attempts: int = 4
     regenerations: int = 2
 
@@ -332,10 +377,13 @@ class ProbeLimits:
 class ProbePlan:
     """Which agents one placement try probes, attempt by attempt (router and simulator).
 
-    ``sample_size`` candidates are drawn from the view; each attempt probes up to
-    ``probes_per_attempt`` not yet tried; when the draw is used up it is redrawn at
-    most ``regenerations`` times; at most ``max_attempts`` attempts. An empty batch
-    means stop, and :attr:`reason` says why when no host looked suitable at all.
+    ``sample_size`` candidates are drawn from the view; with a ``rank`` they are scored
+    from their summaries (best first, those it rules out dropped), else taken in the
+    order drawn; each attempt probes up to ``probes_per_attempt`` not yet tried; when
+    the draw is used up it is redrawn at most ``regenerations`` times; at most
+    ``max_attempts`` attempts. Scoring work per try is thus at most
+    ``sample_size * (1 + regenerations)`` candidates, whatever the zone's size. An empty
+    batch means stop, and :attr:`reason` says why when no host looked suitable at all.
     """
 
     def __init__(
@@ -345,14 +393,18 @@ class ProbePlan:
         limits: ProbeLimits,
         rng: random.Random,
         exclude: set[str] | None = None,
+        rank: Rank | None = None,
     ) -> None:
         self.view = view
         self.need = need
         self.limits = limits
         self.rng = rng
+        self.rank = rank
         self.excluded = len(exclude or ())
         self.tried: set[str] = set(exclude or ())
-        self.sample = view.sample(need, limits.sample_size, rng, exclude=self.tried)
+        #: Candidates scored so far (bounded by the sample size and the regenerations).
+        self.scored = 0
+        self.sample = self._draw()
         self.regenerations = limits.regenerations
         self.attempts = 0
         self.reason = ""
@@ -364,9 +416,7 @@ class ProbePlan:
         batch = batch[: self.limits.probes_per_attempt]
         if not batch and self.regenerations > 0:
             self.regenerations -= 1
-            self.sample = self.view.sample(
-                self.need, self.limits.sample_size, self.rng, exclude=self.tried
-            )
+            self.sample = self._draw()
             batch = self.sample[: self.limits.probes_per_attempt]
         if not batch:
             if len(self.tried) == self.excluded:
@@ -375,6 +425,28 @@ class ProbePlan:
         self.attempts += 1
         self.tried.update(r.agent_id for r in batch)
         return batch
+
+    def _draw(self) -> list[AgentRecord]:
+        drawn = self.view.sample(self.need, self.limits.sample_size, self.rng, exclude=self.tried)
+        if self.rank is None:
+            return drawn
+        self.scored += len(drawn)
+        scored = [(score, i, r) for i, r in enumerate(drawn) if (score := self.rank(r)) is not None]
+        scored.sort(key=lambda row: (-row[0], row[1]))
+        return [r for _, _, r in scored]
+
+
+def fragmentation_ranking(need: Demand, frag: FragmentationCache | None) -> Rank | None:
+    """Rank candidates for ``need`` by :func:`~laminar_zone.placement.fragmentation_rank`
+    over ``frag``'s target workload; None (draw order) without one or for MIG slices."""
+    if frag is None or need.mig_profile:
+        return None
+    measure = frag
+
+    def rank(record: AgentRecord) -> float | None:
+        return fragmentation_rank(need, record.host, record.shapes, measure)
+
+    return rank
 
 
 def choose_offers(offers: list[Offer], gang: int) -> list[Offer] | None:

@@ -21,6 +21,10 @@ BAD: dict[str, dict[str, object]] = {
     "spec.resources.mig_profile": {
         "resources": common_pb2.Resources(gpus=1, mig_profile="1g.10gb")
     },
+    "spec.resources.cpu_milli": {"resources": common_pb2.Resources(cpu_milli=2_000_000)},
+    "spec.resources.host_memory_bytes": {
+        "resources": common_pb2.Resources(host_memory_bytes=1 << 50)
+    },
 }
 
 
@@ -47,3 +51,8 @@ def test_a_good_spec_gives_its_demand() -> None:
         command=["/bin/true"], resources=common_pb2.Resources(gpu_milli=250, gpu_memory_bytes=1)
     )
     assert validate_job(spec) == Demand(gpu_milli=250, gpu_memory_bytes=1)
+    spec.resources.cpu_milli = 4000
+    spec.resources.host_memory_bytes = 8 << 30
+    assert validate_job(spec) == Demand(
+        gpu_milli=250, gpu_memory_bytes=1, cpu_milli=4000, host_memory_bytes=8 << 30
+    )

@@ -106,18 +106,22 @@ END_CAUSE_LOST: EndCause
 END_CAUSE_TERMINATED: EndCause
 
 class Resources(_message.Message):
-    __slots__ = ("gpus", "mig_profile", "gpu_milli", "gpu_memory_bytes", "gpu_model")
+    __slots__ = ("gpus", "mig_profile", "gpu_milli", "gpu_memory_bytes", "gpu_model", "cpu_milli", "host_memory_bytes")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     MIG_PROFILE_FIELD_NUMBER: _ClassVar[int]
     GPU_MILLI_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    HOST_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     mig_profile: str
     gpu_milli: int
     gpu_memory_bytes: int
     gpu_model: str
-    def __init__(self, gpus: _Optional[int] = ..., mig_profile: _Optional[str] = ..., gpu_milli: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_model: _Optional[str] = ...) -> None: ...
+    cpu_milli: int
+    host_memory_bytes: int
+    def __init__(self, gpus: _Optional[int] = ..., mig_profile: _Optional[str] = ..., gpu_milli: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_model: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., host_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class Quantile(_message.Message):
     __slots__ = ("q", "value")
@@ -198,7 +202,7 @@ class ShapeCapacity(_message.Message):
     def __init__(self, shape: _Optional[str] = ..., free: _Optional[int] = ..., total: _Optional[int] = ..., max_free_milli: _Optional[int] = ..., max_free_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class AgentSummary(_message.Message):
-    __slots__ = ("agent_id", "address", "shapes", "pending_probes", "active_leases", "pressure", "draining", "running_subjobs", "suspended_subjobs", "windows", "generated_unix", "generation", "total_gpus", "hostname")
+    __slots__ = ("agent_id", "address", "shapes", "pending_probes", "active_leases", "pressure", "draining", "running_subjobs", "suspended_subjobs", "windows", "generated_unix", "generation", "total_gpus", "hostname", "cpu_free_milli", "cpu_total_milli", "memory_free_bytes", "memory_total_bytes", "gpu_free_milli")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SHAPES_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +217,11 @@ class AgentSummary(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_GPUS_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    CPU_FREE_MILLI_FIELD_NUMBER: _ClassVar[int]
+    CPU_TOTAL_MILLI_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_FREE_MILLI_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     address: str
     shapes: _containers.RepeatedCompositeFieldContainer[ShapeCapacity]
@@ -227,7 +236,12 @@ class AgentSummary(_message.Message):
     generation: int
     total_gpus: int
     hostname: str
-    def __init__(self, agent_id: _Optional[str] = ..., address: _Optional[str] = ..., shapes: _Optional[_Iterable[_Union[ShapeCapacity, _Mapping]]] = ..., pending_probes: _Optional[int] = ..., active_leases: _Optional[int] = ..., pressure: _Optional[_Union[PressureLevel, str]] = ..., draining: _Optional[bool] = ..., running_subjobs: _Optional[int] = ..., suspended_subjobs: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., generated_unix: _Optional[float] = ..., generation: _Optional[int] = ..., total_gpus: _Optional[int] = ..., hostname: _Optional[str] = ...) -> None: ...
+    cpu_free_milli: int
+    cpu_total_milli: int
+    memory_free_bytes: int
+    memory_total_bytes: int
+    gpu_free_milli: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, agent_id: _Optional[str] = ..., address: _Optional[str] = ..., shapes: _Optional[_Iterable[_Union[ShapeCapacity, _Mapping]]] = ..., pending_probes: _Optional[int] = ..., active_leases: _Optional[int] = ..., pressure: _Optional[_Union[PressureLevel, str]] = ..., draining: _Optional[bool] = ..., running_subjobs: _Optional[int] = ..., suspended_subjobs: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., generated_unix: _Optional[float] = ..., generation: _Optional[int] = ..., total_gpus: _Optional[int] = ..., hostname: _Optional[str] = ..., cpu_free_milli: _Optional[int] = ..., cpu_total_milli: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., gpu_free_milli: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SubjobSpec(_message.Message):
     __slots__ = ("subjob_id", "job_id", "tenant", "command", "env", "workdir", "priority", "lifecycle", "resources", "unit_start", "unit_count", "checkpoint_dir", "grace_seconds", "supports_release_signal", "restartable", "value", "expected_seconds", "run_through_partitions", "array_job_id", "array_index")

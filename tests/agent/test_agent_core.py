@@ -736,6 +736,22 @@ def test_capacity_that_cannot_be_readopted_is_killed_not_held() -> None:
     assert core.ledger.lease("l-s1") is not None
 
 
+def test_readoption_holds_the_host_share_again_and_refuses_what_the_host_cannot_hold() -> None:
+    ledger = Ledger(SLICES, lease_prefix="t-", cpu_total_milli=8000, memory_total_bytes=32 * GIB)
+    core = AgentCore(ledger)
+    for sid, slice_id in (("s1", "gpu0"), ("s2", "gpu1")):
+        core.restore(RestoredSubjob(sid, "j", RUNNING, "", f"l-{sid}", (slice_id,), 3, 2, 1.0))
+    alloc = [Allocation("gpu0", 1000, 80 * GIB)]
+    assert core.adopt("s1", alloc, 3, cpu_milli=6000, host_memory_bytes=8 * GIB) == []
+    assert ledger.host_free().cpu_free_milli == 2000
+    refused = core.adopt(
+        "s2", [Allocation("gpu1", 300, GIB)], 3, cpu_milli=4000, host_memory_bytes=GIB
+    )
+    assert refused[-1] == Kill("s2")
+    assert ledger.host_free().cpu_free_milli == 2000
+    ledger.check_invariant()
+
+
 def test_a_readopted_lease_id_held_by_another_is_not_released_by_the_refused_one() -> None:
     core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
     for sid in ("s1", "s2"):

@@ -31,6 +31,8 @@ env = { WANDB_MODE = "offline", SEED = 7 }
 mig = "3g.40gb"
 gpu_mem = "20GiB"
 gpu_model = "H100-80GB"
+cpus = 6
+mem = "32GiB"
 
 [atomization]
 total_units = 1000
@@ -64,6 +66,7 @@ def test_full_job_file(tmp_path: Path) -> None:
     assert spec.resources.mig_profile == "3g.40gb"
     assert spec.resources.gpu_memory_bytes == 20 * 1024**3
     assert spec.resources.gpu_model == "H100-80GB"
+    assert spec.resources.cpu_milli == 6000 and spec.resources.host_memory_bytes == 32 * 1024**3
     contract = spec.atomization
     assert contract.total_units == 1000 and contract.min_units == 10 and contract.max_units == 200
     assert [(q.q, q.value) for q in contract.seconds_per_unit] == [(0.5, 1.5), (0.95, 3.0)]
@@ -113,6 +116,10 @@ def test_flags_alone() -> None:
             "250",
             "--gpu-mem",
             "512MiB",
+            "--cpus",
+            "2.5",
+            "--mem",
+            "8GiB",
             "--gang",
             "3",
             "--after",
@@ -128,6 +135,7 @@ def test_flags_alone() -> None:
         ]
     )
     assert spec.resources.gpu_milli == 250 and spec.resources.gpu_memory_bytes == 512 * 1024**2
+    assert spec.resources.cpu_milli == 2500 and spec.resources.host_memory_bytes == 8 * 1024**3
     assert spec.gang_size == 3 and list(spec.after) == ["a", "b", "c"]
     assert spec.expected_seconds == 90 and spec.restartable
     assert spec.name == "python3"  # default name: the program
@@ -216,6 +224,12 @@ def test_bad_job_file_is_one_line_naming_the_key(
         (["submit", "--gpus", "x", "--", "true"], "--gpus: expected an integer"),
         (["submit", "--gpus", "1", "--mig", "1g.10gb", "--", "true"], "--mig: give only one"),
         (["submit", "--gpu-mem", "lots", "--", "true"], "--gpu-mem: cannot parse size"),
+        (["submit", "--cpus", "many", "--", "true"], "--cpus: expected a number"),
+        (["submit", "--cpus", "0", "--", "true"], "--cpus: must be between 0.001 and 1024"),
+        (["submit", "--cpus", "5000", "--", "true"], "--cpus: must be between"),
+        (["submit", "--mem", "lots", "--", "true"], "--mem: cannot parse size"),
+        (["submit", "--mem", "0", "--", "true"], "--mem: must be between 1 byte"),
+        (["submit", "--mem", "100TiB", "--", "true"], "--mem: must be between"),
         (["submit", "--priority", "urgent", "--", "true"], "--priority: unknown value"),
         (["submit", "--env", "NOEQUALS", "--", "true"], "--env: expected NAME=VALUE"),
         (["submit", "--retries", "1000", "--", "true"], "--retries: must be between"),
@@ -267,6 +281,8 @@ def test_describe_resources() -> None:
     share = common_pb2.Resources(gpu_milli=500, gpu_memory_bytes=20 * 1024**3)
     assert describe_resources(share) == "0.5 GPU share, 20.0GiB"
     assert describe_resources(common_pb2.Resources()) == "CPU only"
+    host = common_pb2.Resources(gpus=1, cpu_milli=4000, host_memory_bytes=8 * 1024**3)
+    assert describe_resources(host) == "1 GPU, 4 CPU, 8.0GiB host memory"
 
 
 def test_plugin_commands_dispatch_through_func(

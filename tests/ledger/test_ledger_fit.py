@@ -383,3 +383,65 @@ def test_fit_or_bounce_tells_retryable() -> None:
     never = ledger.fit_or_bounce(Demand(gpus=2))
     assert isinstance(never, Bounced) and not never.retryable
     assert ledger.fit_or_bounce(Demand()) == ((), 1.0)
+
+
+def _host(frag: bool = False) -> Ledger:
+    """Four shared H100s, 16 cores, 64 GiB: a whole GPU's default share is 4 cores, 16 GiB."""
+    from laminar_base.fragmentation import (
+        MILLI_SLICING,
+        FragmentationCache,
+        PodShape,
+        TargetWorkload,
+    )
+
+    slices = [
+        Slice(f"gpu{i}", SliceKind.SHARED_GPU, i, f"GPU-{i}", "H100", 80 << 30) for i in range(4)
+    ]
+    ledger = Ledger(slices, cpu_total_milli=16_000, memory_total_bytes=64 << 30)
+    if frag:
+        target = TargetWorkload((PodShape(1000, 0, 1, 500), PodShape(1000, 0, 1, 1000)), (0.5, 0.5))
+        ledger.set_fragmentation(FragmentationCache(target, MILLI_SLICING))
+    return ledger
+
+
+def _probe(ledger: Ledger, demand: Demand) -> Granted | Bounced:
+    order = ProbeOrder("p", "j", 0, demand, 3, 0.0, 1, 5.0)
+    (result,) = ledger.arbitrate([order], 0.0)
+    return result
+
+
+def test_host_cpu_and_memory_default_to_the_gpu_share_and_are_never_overcommitted() -> None:
+    ledger = _host()
+    granted = _probe(ledger, Demand(gpus=1))
+    assert isinstance(granted, Granted)
+    assert (granted.lease.cpu_milli, granted.lease.host_memory_bytes) == (4000, 16 << 30)
+    half = _probe(ledger, Demand(gpu_milli=500))  # half a GPU: 2 cores, 8 GiB
+    assert isinstance(half, Granted) and half.lease.cpu_milli == 2000
+    assert ledger.host_free().cpu_free_milli == 10_000
+    # GPUs left, CPU not: a retryable bounce naming the numbers.
+    short = _probe(ledger, Demand(gpu_milli=100, cpu_milli=12_000))
+    assert isinstance(short, Bounced) and short.retryable
+    assert "host CPU: needs 12000 milli-cores, 10000 of 16000 free" in short.reason
+    # More than the host has: never fits here.
+    never = _probe(ledger, Demand(gpu_milli=100, host_memory_bytes=65 << 30))
+    assert isinstance(never, Bounced) and not never.retryable
+    ledger.release(granted.lease.lease_id)
+    assert ledger.host_free().cpu_free_milli == 14_000
+    ledger.check_invariant()
+
+
+def test_with_a_target_workload_a_share_goes_where_it_strands_least() -> None:
+    ledger = _host(frag=True)
+    first = _probe(ledger, Demand(gpu_milli=500, cpu_milli=1000))
+    assert isinstance(first, Granted)
+    ledger.commit(first.lease.lease_id, "s-1", 0.0)
+    busy = first.lease.allocations[0].slice_id
+    # Another half GPU fits the half-used GPU exactly, keeping the empty ones whole for the
+    # workload's whole-GPU tasks; it scores higher there than on an empty host, where it
+    # strands half a GPU that only the share half of the workload can use.
+    second = _probe(ledger, Demand(gpu_milli=500, cpu_milli=1000))
+    assert isinstance(second, Granted)
+    assert second.lease.allocations[0].slice_id == busy
+    fresh = _probe(_host(frag=True), Demand(gpu_milli=500, cpu_milli=1000))
+    assert isinstance(fresh, Granted)
+    assert 0.0 < fresh.lease.score < second.lease.score < 1.0

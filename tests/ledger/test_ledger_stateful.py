@@ -1,8 +1,11 @@
 """Random interleavings of probes, commits, releases, expiry, reservations and priority
-preemption never over-commit a slice, never place a probe on a slice reserved for another,
-and a preemption plan, once its victims are gone, always lets its probe fit."""
+preemption never over-commit a slice or the host's CPU and memory, never place a probe on
+a slice reserved for another, and a preemption plan, once its victims are gone, always
+lets its probe fit; with and without FGD's fragmentation scoring."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -13,6 +16,7 @@ from laminar_agent.ledger import Bounced, Granted, Ledger, ProbeOrder, Slice, Sl
 from laminar_agent.preemption import HolderFacts, plan_preemption
 from laminar_base.demand import Demand
 from laminar_base.errors import Aborted, FailedPrecondition, InvalidArgument
+from laminar_base.fragmentation import MILLI_SLICING, FragmentationCache, PodShape, TargetWorkload
 
 GIB = 1 << 30
 
@@ -25,7 +29,11 @@ SLICES = [
     Slice("gpu3/mig-1g.10gb@2", SliceKind.MIG, 3, "MIG-2", "A100", 10 * GIB, "1g.10gb"),
 ]
 
-demands = st.one_of(
+#: The host's CPU and memory: four GPUs, so a whole GPU's default share is 4 cores, 16 GiB.
+HOST_CPU_MILLI = 16_000
+HOST_MEMORY_BYTES = 64 * GIB
+
+gpu_demands = st.one_of(
     st.just(Demand()),
     st.builds(
         Demand,
@@ -44,6 +52,21 @@ demands = st.one_of(
         gpu_memory_bytes=st.sampled_from([0, GIB, 8 * GIB, 30 * GIB]),
         gpu_model=st.sampled_from(["", "H100", "A10"]),
     ),
+)
+
+#: What a member asks of the host: nothing (the default share), a little, most of it, or
+#: more than the host has (never fits).
+demands = st.builds(
+    lambda d, cpu, memory: replace(d, cpu_milli=cpu, host_memory_bytes=memory),
+    gpu_demands,
+    st.sampled_from([0, 0, 500, 4_000, 12_000, 20_000]),
+    st.sampled_from([0, 0, GIB, 16 * GIB, 48 * GIB, 80 * GIB]),
+)
+
+#: A small target workload for FGD's scoring: a share, a whole GPU, two whole GPUs.
+TARGET = TargetWorkload(
+    (PodShape(2_000, 0, 1, 500), PodShape(4_000, 0, 1, 1000), PodShape(8_000, 0, 2, 1000)),
+    (0.5, 0.3, 0.2),
 )
 
 probe_specs = st.tuples(
@@ -81,7 +104,13 @@ preempt_specs = st.tuples(
 class LedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.ledger = Ledger(SLICES, lease_prefix="t-", lease_ids=counter_ids())
+        self.ledger = Ledger(
+            SLICES,
+            lease_prefix="t-",
+            lease_ids=counter_ids(),
+            cpu_total_milli=HOST_CPU_MILLI,
+            memory_total_bytes=HOST_MEMORY_BYTES,
+        )
         self.now = 0.0
         self.seq = 0
         self.committed: set[str] = set()
@@ -236,6 +265,10 @@ class LedgerMachine(RuleBasedStateMachine):
         assert released is not None and released.committed
         self.committed.discard(lease_id)
 
+    @rule(on=st.booleans())
+    def score_by_fragmentation(self, on: bool) -> None:
+        self.ledger.set_fragmentation(FragmentationCache(TARGET, MILLI_SLICING) if on else None)
+
     @rule(step=st.floats(0.0, 3.0))
     def advance_time(self, step: float) -> None:
         self.now += step
@@ -263,6 +296,15 @@ class LedgerMachine(RuleBasedStateMachine):
         assert {lid for lid in self.committed} == {
             lease.lease_id for lease in self.ledger.leases() if lease.committed
         }
+
+    @invariant()
+    def host_never_overcommitted(self) -> None:
+        cpu = sum(lease.cpu_milli for lease in self.ledger.leases())
+        memory = sum(lease.host_memory_bytes for lease in self.ledger.leases())
+        host = self.ledger.host_free()
+        assert cpu <= HOST_CPU_MILLI and memory <= HOST_MEMORY_BYTES
+        assert host.cpu_free_milli == HOST_CPU_MILLI - cpu
+        assert host.memory_free_bytes == HOST_MEMORY_BYTES - memory
 
     @invariant()
     def shapes_consistent(self) -> None:

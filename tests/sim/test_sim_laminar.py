@@ -1,10 +1,12 @@
 """Laminar's decentralized placement in the simulator: the agents' ledgers decide.
 
-No overcommit (every host's ledger and CPU stay within capacity), deterministic per
+No overcommit (every host's ledger, GPUs, CPU and memory alike, stays within capacity), deterministic per
 seed, messages counted, zones and forwarding, and the fill-up experiment's report.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,8 @@ from laminar_sim import fgd
 from laminar_sim.laminar import Ask, LaminarCluster, SimHost
 from laminar_sim.policies import PodShape
 from laminar_zone.view import ProbeLimits
+
+MIB = 1 << 20
 
 
 def cluster(hosts: int, gpus: int = 4, zone_hosts: int = 8, seed: int = 1) -> LaminarCluster:
@@ -29,9 +33,16 @@ def cluster(hosts: int, gpus: int = 4, zone_hosts: int = 8, seed: int = 1) -> La
 
 asks = st.lists(
     st.one_of(
-        st.builds(lambda m: Ask(Demand(gpu_milli=m), 1000, 1000), st.sampled_from([100, 250, 500])),
-        st.builds(lambda g: Ask(Demand(gpus=g), 2000, 2000), st.sampled_from([1, 2, 4])),
-        st.just(Ask(Demand(), 4000, 4000)),
+        st.builds(
+            lambda m, c: Ask(Demand(gpu_milli=m, cpu_milli=c, host_memory_bytes=MIB << 10)),
+            st.sampled_from([100, 250, 500]),
+            st.sampled_from([1000, 8000]),
+        ),
+        st.builds(
+            lambda g: Ask(Demand(gpus=g, cpu_milli=2000, host_memory_bytes=2000 * MIB)),
+            st.sampled_from([1, 2, 4]),
+        ),
+        st.just(Ask(Demand(cpu_milli=4000, host_memory_bytes=4000 * MIB))),
     ),
     max_size=120,
 )
@@ -48,7 +59,7 @@ def test_no_host_is_ever_overcommitted(tasks: list[Ask]) -> None:
             _, gpus = placed
             assert len(gpus) == max(ask.need.gpus, 1 if ask.need.gpu_milli else 0)
     for host in hosts:
-        assert host.cpu_left_milli >= 0 and host.memory_left_mib >= 0
+        host.ledger.check_invariant()  # GPUs, shares, host CPU and memory within capacity
         for slice_id in host.ledger.slices:
             milli_committed, _, _, _ = host.ledger.usage(slice_id)
             assert 0 <= milli_committed <= 1000
@@ -59,7 +70,9 @@ def test_no_host_is_ever_overcommitted(tasks: list[Ask]) -> None:
 
 
 def test_same_seed_same_placements() -> None:
-    tasks = [Ask(Demand(gpu_milli=300), 1000, 1000)] * 30 + [Ask(Demand(gpus=2), 1000, 1000)] * 10
+    tasks = [Ask(Demand(gpu_milli=300, cpu_milli=1000))] * 30 + [
+        Ask(Demand(gpus=2, cpu_milli=1000))
+    ] * 10
     runs = []
     for _ in range(2):
         sim = cluster(10, seed=7)
@@ -89,7 +102,7 @@ def test_node_local_choice_is_the_ledgers_best_fit() -> None:
     assert sim.place(Ask(Demand(gpu_milli=300))) == (0, (1,))
 
 
-def test_cpu_the_ledger_does_not_see_bounces_at_the_host() -> None:
+def test_host_cpu_is_the_ledgers_and_the_view_filters_on_it() -> None:
     sim = LaminarCluster(
         [SimHost("n0", "V100", 2, 1000, 1000)],
         zone_hosts=1,
@@ -97,16 +110,21 @@ def test_cpu_the_ledger_does_not_see_bounces_at_the_host() -> None:
         gamma=1.0,
         seed=1,
     )
-    assert sim.place(Ask(Demand(gpu_milli=100), 800, 10)) is not None
-    assert sim.place(Ask(Demand(gpu_milli=100), 800, 10)) is None
-    assert sim.counters.bounces >= 1
+    ask = Ask(Demand(gpu_milli=100, cpu_milli=800, host_memory_bytes=10 * MIB))
+    assert sim.place(ask) is not None
+    host = sim.zones[0].hosts["n0"]
+    assert host.ledger.host_free().cpu_free_milli == 200
+    probes = sim.counters.probes
+    # GPUs have room, CPU has not: the summary says so, so no probe goes out to bounce.
+    assert sim.place(ask) is None
+    assert sim.counters.probes == probes and sim.counters.bounces == 0
 
 
 def test_forwarding_spreads_jobs_over_zones() -> None:
     sim = cluster(40, gpus=8, zone_hosts=10, seed=3)
     used: set[str] = set()
     for _ in range(200):
-        placed = sim.place(Ask(Demand(gpu_milli=500), 100, 100))
+        placed = sim.place(Ask(Demand(gpu_milli=500, cpu_milli=100)))
         assert placed is not None
         used.add(sim.zones[placed[0] // 10].name)
     assert used == {"z0", "z1", "z2", "z3"}
@@ -139,6 +157,9 @@ def test_laminar_has_no_mig_mode(tmp_path: object, make_trace: object) -> None:
 
 
 def test_laminar_ask_maps_pod_shapes() -> None:
-    assert fgd.laminar_ask(PodShape(1000, 10, 1, 300)).need == Demand(gpu_milli=300)
-    assert fgd.laminar_ask(PodShape(1000, 10, 2, 1000)).need == Demand(gpus=2)
-    assert fgd.laminar_ask(PodShape(1000, 10, 0, 0)).need == Demand()
+    host = Demand(cpu_milli=1000, host_memory_bytes=10 * MIB)
+    assert fgd.laminar_ask(PodShape(1000, 10, 1, 300)).need == replace(host, gpu_milli=300)
+    assert fgd.laminar_ask(PodShape(1000, 10, 2, 1000)).need == replace(host, gpus=2)
+    assert fgd.laminar_ask(PodShape(1000, 10, 0, 0)).need == host
+    # The trace's 0 means none; the API's 0 means the default share: 1 is the least asked.
+    assert fgd.laminar_ask(PodShape(0, 0, 0, 0)).need == Demand(cpu_milli=1, host_memory_bytes=1)

@@ -1,0 +1,112 @@
+"""Ranked probing (ProbePlan with a rank): at most d probes a round, a bounded number of
+candidates scored whatever the zone's size, best first, and never a host whose summary
+shows too little host CPU or memory."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from laminar_base.demand import Demand, HostCap
+from laminar_base.fragmentation import MILLI_SLICING, FragmentationCache, PodShape, TargetWorkload
+from laminar_zone.placement import ShapeCap, fragmentation_rank
+from laminar_zone.view import AgentRecord, ProbeLimits, ProbePlan, ZoneView
+
+GIB = 1 << 30
+NEED = Demand(gpu_milli=500, cpu_milli=4000, host_memory_bytes=8 * GIB)
+
+
+def make_view(cpu_free: list[int]) -> ZoneView:
+    view = ZoneView(stale_after_seconds=1e9)
+    for i, cpu in enumerate(cpu_free):
+        agent = f"h{i}"
+        shapes = {
+            "gpu:A100": ShapeCap(8, 8, 0, 80 * GIB),
+            "share:A100": ShapeCap(8, 8, 1000, 80 * GIB),
+        }
+        view.update(agent, f"addr{i}", shapes, heat=0, draining=False, now=0.0)
+        view.note_host(agent, HostCap(cpu, 64_000, 256 * GIB, 512 * GIB, (1000,) * 8, 8))
+    return view
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cpu_free=st.lists(st.sampled_from([0, 2000, 4000, 64_000]), min_size=1, max_size=400),
+    d=st.integers(1, 4),
+    sample_size=st.integers(1, 24),
+    regenerations=st.integers(0, 3),
+    max_attempts=st.integers(1, 8),
+    seed=st.integers(0, 2**16),
+)
+def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
+    cpu_free: list[int],
+    d: int,
+    sample_size: int,
+    regenerations: int,
+    max_attempts: int,
+    seed: int,
+) -> None:
+    view = make_view(cpu_free)
+    scores = {f"h{i}": random.Random(seed + i).random() for i in range(len(cpu_free))}
+    calls: list[str] = []
+
+    def rank(record: AgentRecord) -> float | None:
+        calls.append(record.agent_id)
+        return scores[record.agent_id]
+
+    limits = ProbeLimits(d, sample_size, max_attempts, regenerations)
+    plan = ProbePlan(view, NEED, limits, random.Random(seed), rank=rank)
+    probed: list[str] = []
+    while batch := plan.next_batch():
+        assert len(batch) <= d
+        ranked = [scores[r.agent_id] for r in batch]
+        assert ranked == sorted(ranked, reverse=True)
+        probed += [r.agent_id for r in batch]
+    assert len(probed) == len(set(probed)) <= d * max_attempts
+    # Scoring is bounded by the sample and its redraws, not by the zone's size.
+    assert len(calls) == plan.scored <= sample_size * (1 + regenerations)
+    # Too little host CPU left shows in the summary: such a host is never probed.
+    assert all(cpu_free[int(a[1:])] >= NEED.cpu_milli for a in probed)
+    if any(c >= NEED.cpu_milli for c in cpu_free):
+        assert probed or plan.scored == 0
+    else:
+        assert not probed and plan.reason == "no host's summary shows room"
+
+
+def test_the_first_round_probes_the_best_of_the_sample() -> None:
+    view = make_view([64_000] * 6)
+    scores = {f"h{i}": s for i, s in enumerate([0.1, 0.9, 0.3, 0.8, 0.2, 0.5])}
+    plan = ProbePlan(
+        view, NEED, ProbeLimits(2, 6, 4, 0), random.Random(1), rank=lambda r: scores[r.agent_id]
+    )
+    assert [r.agent_id for r in plan.next_batch()] == ["h1", "h3"]
+    assert [r.agent_id for r in plan.next_batch()] == ["h5", "h2"]
+
+
+def test_fragmentation_rank_prefers_the_gpu_a_share_fills_and_rules_out_short_hosts() -> None:
+    frag = FragmentationCache(
+        TargetWorkload((PodShape(1000, 0, 1, 500), PodShape(1000, 0, 1, 1000)), (0.5, 0.5)),
+        MILLI_SLICING,
+    )
+    shapes = {"share:A100": ShapeCap(2, 2, 1000, 80 * GIB)}
+    half_used = HostCap(32_000, 64_000, 64 * GIB, 128 * GIB, (500, 1000), 2)
+    empty = HostCap(32_000, 64_000, 64 * GIB, 128 * GIB, (1000, 1000), 2)
+    no_cpu = HostCap(1000, 64_000, 64 * GIB, 128 * GIB, (1000, 1000), 2)
+    filled = fragmentation_rank(NEED, half_used, shapes, frag)
+    fresh = fragmentation_rank(NEED, empty, shapes, frag)
+    assert filled is not None and fresh is not None and filled > fresh
+    assert fragmentation_rank(NEED, no_cpu, shapes, frag) is None
+
+
+def test_a_heartbeat_outdates_the_host_figures_of_a_probe_reply() -> None:
+    view = make_view([0])  # its last probe reply showed no CPU left
+    rng = random.Random(1)
+    assert view.sample(NEED, 4, rng) == []
+    shapes = view.agents["h0"].shapes
+    # A heartbeat (which does not carry host figures to the view yet) came since: the old
+    # "no CPU" is no longer trusted, so the host is probed again and answers for itself.
+    view.update("h0", "addr0", shapes, heat=0, draining=False, now=5.0)
+    assert view.agents["h0"].host is None
+    assert [r.agent_id for r in view.sample(NEED, 4, rng)] == ["h0"]
