@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -37,8 +38,10 @@ from laminar_agent.jobfiles import write_private
 from laminar_agent.journal import ActionRow, EventRow
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.causes import cause_from_token
+from laminar_base.fragmentation import PodShape
 from laminar_base.grpcutil import channel_options
 from laminar_base.security import INSECURE, Trust
+from laminar_base.wire import workload_counts
 
 log = logging.getLogger("laminar.agent.heartbeat")
 
@@ -97,6 +100,7 @@ class HeartbeatClient:
         trust: Trust = INSECURE,
         fence_file: Path | None = None,
         live_ids: Callable[[], list[str]] | None = None,
+        on_workload: Callable[[Counter[PodShape]], None] | None = None,
     ) -> None:
         """``fence_file``: where the fence deadline goes (the shims read it); ``live_ids``:
         the live subjob ids, sent on the first heartbeat and whenever the router asks."""
@@ -109,6 +113,10 @@ class HeartbeatClient:
         self._readdress_ids = readdress_ids
         self._fence_file = fence_file
         self._live_ids = live_ids
+        #: The router's target workload this agent scores by (``on_workload`` applies a
+        #: new one); 0 until the router sends one.
+        self._on_workload = on_workload
+        self.workload_version = 0
         #: Send the live subjob ids with the next heartbeat (first one, or asked).
         self._send_live_ids = live_ids is not None
         #: Highest action seq sent so far, and whether the router acknowledges actions.
@@ -170,7 +178,9 @@ class HeartbeatClient:
         if key != self._summary_key:
             self._summary_key = key
             self.summary_version += 1
-        request = zone_pb2.HeartbeatRequest(summary_version=self.summary_version)
+        request = zone_pb2.HeartbeatRequest(
+            summary_version=self.summary_version, workload_version=self.workload_version
+        )
         self.more_events = False
         size = 0
         for row in self._journal.unacked_events(MAX_EVENTS_PER_HEARTBEAT):
@@ -235,6 +245,11 @@ class HeartbeatClient:
         self.sent += 1
         self._router_version = reply.summary_version
         self._router_keeps_versions |= reply.summary_version > 0
+        if reply.workload_version and reply.workload_version != self.workload_version:
+            # The router's target workload changed: score by it as the router ranks by it.
+            self.workload_version = reply.workload_version
+            if self._on_workload is not None:
+                self._on_workload(workload_counts(reply.workload))
         if is_delta:
             if reply.summary_version != request.summary_version:
                 # Refused: the router holds no summary of ours to refresh. It has not

@@ -25,6 +25,7 @@ import logging
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -77,6 +78,12 @@ from laminar_agent.shim import FENCE_FILE
 from laminar_api.v1 import agent_pb2, common_pb2
 from laminar_base.causes import EndCause, cause_from_token
 from laminar_base.errors import InvalidArgument, LaminarError, NotFound
+from laminar_base.fragmentation import (
+    MILLI_SLICING,
+    FragmentationCache,
+    PodShape,
+    typical_workload,
+)
 from laminar_base.grpcutil import check_count, check_number, check_str
 from laminar_base.wire import check_spec, demand_of, parse_demand
 
@@ -825,6 +832,14 @@ class Node:
         return agent_pb2.ReadLogsReply(
             data=data, next_offset=offset + len(data), eof=ended and offset + len(data) >= size
         )
+
+    def score_against(self, counts: Counter[PodShape]) -> None:
+        """The router's target workload (its heartbeat reply sends it when it changes): the
+        ledger chooses GPUs by FGD's fragmentation measure against it, as the router ranks
+        hosts by it."""
+        frag = FragmentationCache(typical_workload(counts), MILLI_SLICING) if counts else None
+        self.ledger.set_fragmentation(frag)
+        log.info("scoring placements against the router's workload of %d shapes", len(counts))
 
     def summary(
         self, *, with_windows: bool = False, pressured: frozenset[str] = frozenset()

@@ -321,6 +321,7 @@ class AgentServer:
                 trust=trust,
                 fence_file=state_dir / FENCE_FILE,
                 live_ids=lambda: sorted(node.live_states),
+                on_workload=node.score_against,
             )
             node.add_event_waiter(self.heartbeat.wake)
             heartbeat = self.heartbeat

@@ -409,6 +409,12 @@ class ObservedWorkload:
             self.counts[key] += 1
         self.observed += 1
 
+    @property
+    def version(self) -> int:
+        """Names the target the last :meth:`cache` built (0: none yet); it changes when the
+        target is rebuilt, so agents that score by it know when to take the new one."""
+        return self._built_at if self._cache is not None else 0
+
     def cache(self) -> FragmentationCache | None:
         """The fragmentation measure over the current target; None before any observation."""
         if not self.counts:

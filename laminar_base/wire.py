@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.demand import Demand, validate_demand
 from laminar_base.errors import InvalidArgument
+from laminar_base.fragmentation import PodShape
 from laminar_base.grpcutil import check_exec_size, check_number, check_str
 
 #: Most whole GPUs one member may ask for on one host.
@@ -80,3 +84,35 @@ def check_spec(spec: zone_pb2.JobSpec | common_pb2.SubjobSpec) -> Demand:
         raise InvalidArgument(
             exc.message.split(": ", 1)[-1], field=f"spec.{exc.field or 'resources'}"
         ) from None
+
+
+# -- the target workload a router shares with its agents ----------------------------------
+
+#: Most shapes a heartbeat reply carries (ObservedWorkload keeps at most 256).
+MAX_WORKLOAD_SHAPES = 256
+
+
+def workload_message(counts: Mapping[PodShape, int]) -> list[zone_pb2.WorkloadShape]:
+    """A router's observed workload as heartbeat replies carry it."""
+    return [
+        zone_pb2.WorkloadShape(
+            cpu_milli=shape.cpu_milli,
+            num_gpu=shape.num_gpu,
+            gpu_milli=shape.gpu_milli,
+            gpu_models=list(shape.gpu_models),
+            count=count,
+        )
+        for shape, count in list(counts.items())[:MAX_WORKLOAD_SHAPES]
+    ]
+
+
+def workload_counts(shapes: Sequence[zone_pb2.WorkloadShape]) -> Counter[PodShape]:
+    """The counts a heartbeat reply's workload stands for (bounded, malformed shapes
+    skipped: a router's reply is trusted, not assumed well-formed)."""
+    counts: Counter[PodShape] = Counter()
+    for s in list(shapes)[:MAX_WORKLOAD_SHAPES]:
+        if s.count <= 0 or s.gpu_milli > 1000 or s.num_gpu > 1024:
+            continue
+        models = tuple(str(m)[:64] for m in list(s.gpu_models)[:16])
+        counts[PodShape(s.cpu_milli, 0, s.num_gpu, s.gpu_milli, models)] += s.count
+    return counts

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from laminar_api.v1 import zone_pb2
 from laminar_base.errors import InvalidArgument
 from laminar_base.grpcutil import check_str
+from laminar_base.wire import workload_message
 from laminar_zone.jobs import ZoneState
 
 
@@ -46,13 +47,19 @@ class Membership:
     ) -> zone_pb2.HeartbeatReply:
         """One heartbeat (``caller``, ``caller_names``: as for ZoneState.on_heartbeat)."""
         if not request.HasField("summary"):
-            return self._refresh(request, caller, caller_names)
-        reply = self._state.on_heartbeat(request, caller, caller_names)
-        self._summaries.inc()
-        record = self._view.agents.get(request.summary.agent_id)
-        if record is not None:
-            record.summary_version = request.summary_version
-            reply.summary_version = request.summary_version
+            reply = self._refresh(request, caller, caller_names)
+        else:
+            reply = self._state.on_heartbeat(request, caller, caller_names)
+            self._summaries.inc()
+            record = self._view.agents.get(request.summary.agent_id)
+            if record is not None:
+                record.summary_version = request.summary_version
+                reply.summary_version = request.summary_version
+        # The agent scores by the workload the router ranks by: send it when it changed.
+        workload = self._state.placer.workload
+        if workload.version and request.workload_version != workload.version:
+            reply.workload_version = workload.version
+            reply.workload.extend(workload_message(workload.counts))
         return reply
 
     def _refresh(

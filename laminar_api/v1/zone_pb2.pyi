@@ -480,7 +480,7 @@ class GetUsageReply(_message.Message):
     def __init__(self, records: _Optional[_Iterable[_Union[UsageRecord, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("summary", "events", "airlock_actions", "readdress_subjob_ids", "live_subjob_ids", "has_live_subjob_ids", "summary_version", "agent_id")
+    __slots__ = ("summary", "events", "airlock_actions", "readdress_subjob_ids", "live_subjob_ids", "has_live_subjob_ids", "summary_version", "agent_id", "workload_version")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     AIRLOCK_ACTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -489,6 +489,7 @@ class HeartbeatRequest(_message.Message):
     HAS_LIVE_SUBJOB_IDS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_VERSION_FIELD_NUMBER: _ClassVar[int]
     summary: _common_pb2.AgentSummary
     events: _containers.RepeatedCompositeFieldContainer[_common_pb2.SubjobEvent]
     airlock_actions: _containers.RepeatedCompositeFieldContainer[_agent_pb2.AirlockAction]
@@ -497,10 +498,25 @@ class HeartbeatRequest(_message.Message):
     has_live_subjob_ids: bool
     summary_version: int
     agent_id: str
-    def __init__(self, summary: _Optional[_Union[_common_pb2.AgentSummary, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.SubjobEvent, _Mapping]]] = ..., airlock_actions: _Optional[_Iterable[_Union[_agent_pb2.AirlockAction, _Mapping]]] = ..., readdress_subjob_ids: _Optional[_Iterable[str]] = ..., live_subjob_ids: _Optional[_Iterable[str]] = ..., has_live_subjob_ids: _Optional[bool] = ..., summary_version: _Optional[int] = ..., agent_id: _Optional[str] = ...) -> None: ...
+    workload_version: int
+    def __init__(self, summary: _Optional[_Union[_common_pb2.AgentSummary, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.SubjobEvent, _Mapping]]] = ..., airlock_actions: _Optional[_Iterable[_Union[_agent_pb2.AirlockAction, _Mapping]]] = ..., readdress_subjob_ids: _Optional[_Iterable[str]] = ..., live_subjob_ids: _Optional[_Iterable[str]] = ..., has_live_subjob_ids: _Optional[bool] = ..., summary_version: _Optional[int] = ..., agent_id: _Optional[str] = ..., workload_version: _Optional[int] = ...) -> None: ...
+
+class WorkloadShape(_message.Message):
+    __slots__ = ("cpu_milli", "num_gpu", "gpu_milli", "gpu_models", "count")
+    CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    NUM_GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODELS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    cpu_milli: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_models: _containers.RepeatedScalarFieldContainer[str]
+    count: int
+    def __init__(self, cpu_milli: _Optional[int] = ..., num_gpu: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., gpu_models: _Optional[_Iterable[str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("acked_seq", "period_seconds", "zone", "acked_action_seq", "fence_lease_seconds", "want_live_subjobs", "summary_version")
+    __slots__ = ("acked_seq", "period_seconds", "zone", "acked_action_seq", "fence_lease_seconds", "want_live_subjobs", "summary_version", "workload_version", "workload")
     ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
@@ -508,6 +524,8 @@ class HeartbeatReply(_message.Message):
     FENCE_LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WANT_LIVE_SUBJOBS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     acked_seq: int
     period_seconds: float
     zone: str
@@ -515,7 +533,9 @@ class HeartbeatReply(_message.Message):
     fence_lease_seconds: float
     want_live_subjobs: bool
     summary_version: int
-    def __init__(self, acked_seq: _Optional[int] = ..., period_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., acked_action_seq: _Optional[int] = ..., fence_lease_seconds: _Optional[float] = ..., want_live_subjobs: _Optional[bool] = ..., summary_version: _Optional[int] = ...) -> None: ...
+    workload_version: int
+    workload: _containers.RepeatedCompositeFieldContainer[WorkloadShape]
+    def __init__(self, acked_seq: _Optional[int] = ..., period_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., acked_action_seq: _Optional[int] = ..., fence_lease_seconds: _Optional[float] = ..., want_live_subjobs: _Optional[bool] = ..., summary_version: _Optional[int] = ..., workload_version: _Optional[int] = ..., workload: _Optional[_Iterable[_Union[WorkloadShape, _Mapping]]] = ...) -> None: ...
 
 class ZoneSummary(_message.Message):
     __slots__ = ("zone", "address", "shapes", "heat", "agents", "queued_jobs", "generated_unix")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -22,6 +23,7 @@ from waiting import gate_code, wait_for
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.journal import EventRow
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.fragmentation import PodShape
 from laminar_bench.heartbeat_pool import EmptyJournal, idle_summary
 from laminar_cli.cluster import LocalCluster
 
@@ -391,3 +393,37 @@ async def test_after_a_failed_summary_the_next_heartbeat_is_a_delta(
     assert last[0].HasField("summary") and last[0].summary.shapes[0].free == 7
     assert not last[1].HasField("summary") and last[1].summary_version == 2
     await beats.channel.close(None)
+
+
+class WorkloadZone(VersionedZone):
+    """Also shares a target workload (version 5) with an agent that does not hold it."""
+
+    def Heartbeat(
+        self, request: zone_pb2.HeartbeatRequest, context: Any
+    ) -> zone_pb2.HeartbeatReply:
+        reply = super().Heartbeat(request, context)
+        if request.workload_version != 5:
+            reply.workload_version = 5
+            reply.workload.add(num_gpu=1, gpu_milli=500, count=7)
+            reply.workload.add(num_gpu=2, gpu_milli=1000, gpu_models=["H100-80GB"], count=2)
+        return reply
+
+
+async def test_the_agent_takes_the_routers_workload_once_per_version(tmp_path: Path) -> None:
+    servicer = WorkloadZone()
+    taken: list[Counter[PodShape]] = []
+    with serving(servicer) as address:
+        beats = Beats(address, tmp_path)
+        beats.client = HeartbeatClient(
+            address, 0.2, beats.summary, EmptyJournal(), event, on_workload=taken.append
+        )
+        await beats.beat(3)
+        await beats.channel.close(None)
+    first, *rest = servicer.snapshot()
+    assert first.workload_version == 0
+    assert [r.workload_version for r in rest] == [5, 5]  # it says which it holds
+    (counts,) = taken  # applied once, not on every heartbeat
+    assert counts == {
+        PodShape(0, 0, 1, 500): 7,
+        PodShape(0, 0, 2, 1000, ("H100-80GB",)): 2,
+    }

@@ -18,7 +18,9 @@ from test_end_causes import _entry
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import EndCause
 from laminar_base.configlib import load_config
+from laminar_base.demand import Demand, HostCap
 from laminar_base.errors import InvalidArgument
+from laminar_base.fragmentation import demand_pod
 from laminar_zone.config import ZoneConfig
 from laminar_zone.entry import Entry
 from laminar_zone.jobs import ZoneState
@@ -240,3 +242,22 @@ async def test_an_agent_that_stops_heartbeating_is_lost_on_the_same_schedule(
     assert lost.end_cause == EndCause.LOST.wire
     assert lost.reason.startswith("agent h1 silent for ")
     assert f"(membership.lost_after_seconds={lost_after:g})" in lost.reason
+
+
+async def test_the_router_sends_its_workload_when_the_agents_version_differs(
+    zone: ZoneState,
+) -> None:
+    membership = Membership(zone)
+    assert not membership.on_heartbeat(full(1)).workload  # nothing placed: no workload
+    for _ in range(3):  # what the router is asked to place is its target workload
+        zone.placer.workload.observe(demand_pod(Demand(gpus=1), HostCap()))
+    assert zone.placer.workload.cache() is not None
+    version = zone.placer.workload.version
+    reply = membership.on_heartbeat(full(1))
+    assert reply.workload_version == version
+    (shape,) = reply.workload
+    assert (shape.num_gpu, shape.gpu_milli, shape.count) == (1, 1000, 3)
+    request = delta(1)
+    request.workload_version = version
+    again = membership.on_heartbeat(request)
+    assert again.workload_version == 0 and not again.workload  # the agent has it
