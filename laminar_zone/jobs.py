@@ -61,16 +61,12 @@ from laminar_zone.entry import Entry
 from laminar_zone.lifecycle import (
     MemberState,
     Outcome,
-    Record,
-    Report,
-    job_of,
     judge_attempt,
-    judge_report,
     rigid_subjob_id,
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
-from laminar_zone.placer import AgentClients, Ask, Placer, host_from, shapes_from
+from laminar_zone.placer import AgentClients, Ask, Placer
 from laminar_zone.queue import (
     QueueItem,
     QueueWalk,
@@ -203,15 +199,15 @@ class ZoneState:
         self.quotas = config.quotas()
         self.entries: dict[str, Entry] = {}
         self.by_agent: dict[str, set[str]] = {}  # agent id -> job ids with live placements
-        self._unconfirmed: dict[str, set[str]] = {}  # agent id -> job ids to verify
-        self._readdressing: set[str] = set()
+        self.unconfirmed: dict[str, set[str]] = {}  # agent id -> job ids to verify
+        self.readdressing: set[str] = set()
         #: Arrays not yet ended: array job id -> where its elements stand.
         self.arrays: dict[str, ArrayProgress] = {}
         self._array_watchers: dict[str, list[asyncio.Queue[zone_pb2.Job]]] = {}
         #: Stops the agent has not taken yet (it did not answer): subjob id -> the copy to
         #: stop, why, and the cause. Each sweep asks again while the agent is reachable.
         self._owed_stops: dict[str, tuple[zone_pb2.Placement, str, EndCause]] = {}
-        self._queue_wake = asyncio.Event()
+        self.queue_wake = asyncio.Event()
         self._blocked_families: dict[str, int] = {}  # family -> priority of its blocked head
         #: family -> jobs waiting in it, as the last queue pass left them plus those since.
         self._queued_per_family: dict[str, int] = {}
@@ -230,7 +226,9 @@ class ZoneState:
         #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
         self.atomizer = Atomizer(self)
 
-    copy_subjob = staticmethod(lambda p, subjob: _copy_subjob(p, subjob))
+    #: For the atomizer (its Zone protocol): a subjob's report into its placement (the
+    #: module function, defined below the class).
+    copy_subjob = staticmethod(lambda p, subjob: copy_subjob(p, subjob))
 
     def track(self, entry: Entry, agent_id: str) -> None:
         """The job has (or is about to have) a live subjob on this agent."""
@@ -265,7 +263,7 @@ class ZoneState:
                     self.view.add_placeholder(p.agent_id, p.agent_address, now)
                     self.by_agent.setdefault(p.agent_id, set()).add(job.job_id)
                     if p.reason == COMMITTING:
-                        self._unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
+                        self.unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
             if job.state == zone_pb2.PENDING and not any(
                 p.state in LIVE_SUBJOB for p in entry.current()
             ):
@@ -276,7 +274,7 @@ class ZoneState:
                 elif job.job_id in self.atomizer.atoms:
                     job.state = zone_pb2.QUEUED  # it waits for the next window
                 else:
-                    self._spawn(self._place(entry), f"place-{job.job_id}")
+                    self.spawn(self._place(entry), f"place-{job.job_id}")
             elif job.state in (zone_pb2.QUEUED, zone_pb2.WAITING):
                 entry.queued_at = now
         # Agents heard from lately, idle ones too, so drain, undrain and pressure reach an
@@ -284,7 +282,7 @@ class ZoneState:
         for agent_id, (address, seen_unix) in self.store.known_agents().items():
             if time.time() - seen_unix < KNOWN_AGENT_SECONDS:
                 self.view.add_placeholder(agent_id, address, now)
-        self._queue_wake.set()
+        self.queue_wake.set()
         return len(self.entries)
 
     def resume_forwards(self, resume: Callable[[Entry, str], Coroutine[Any, Any, bool]]) -> None:
@@ -293,7 +291,7 @@ class ZoneState:
         pending, self._resume_forwards = self._resume_forwards, []
         for entry in pending:
             target = entry.job.forwarded_to.removeprefix("pending:")
-            self._spawn(self._resume_forward(entry, target, resume), f"fwd-{entry.job.job_id}")
+            self.spawn(self._resume_forward(entry, target, resume), f"fwd-{entry.job.job_id}")
 
     async def _resume_forward(
         self,
@@ -303,54 +301,6 @@ class ZoneState:
     ) -> None:
         if not await resume(entry, target):
             await self._place(entry)
-
-    async def _verify_unconfirmed(self, record: AgentRecord) -> None:
-        """Commits whose outcome is unknown (in flight at a crash, or unanswered): did the
-        agent start them? Ask it; a copy the job no longer counts on is stopped."""
-        job_ids = self._unconfirmed.pop(record.agent_id, set())
-        stub = self.clients.stub(record.address)
-        for job_id in job_ids:
-            entry = self.entries.get(job_id)
-            if entry is None:
-                continue
-            job = entry.job
-            for p in job.placements:
-                if (
-                    p.agent_id != record.agent_id
-                    or p.reason != COMMITTING
-                    or p.state not in LIVE_SUBJOB
-                ):
-                    continue
-                # Live copies of the same member made before this one: it was a move.
-                older = [
-                    q
-                    for q in job.placements[: list(job.placements).index(p)]
-                    if q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB
-                ]
-                try:
-                    subjob = await stub.GetSubjob(
-                        agent_pb2.GetSubjobRequest(subjob_id=p.subjob_id), timeout=5
-                    )
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.NOT_FOUND:
-                        self._unconfirmed.setdefault(record.agent_id, set()).add(job_id)
-                        continue
-                    p.state = common_pb2.FAILED
-                    # A move's copy that never started leaves the member where it was.
-                    cause = EndCause.READDRESSED if older else EndCause.COMMIT_UNCONFIRMED
-                    p.end_cause = cause.wire
-                    p.reason = "commit unconfirmed: the agent never started it"
-                    p.ended_unix = time.time()
-                else:
-                    _copy_subjob(p, subjob)
-                    moved_on = p.attempt != job.attempts or job.state in TERMINAL_JOB_STATES
-                    if moved_on and p.state in LIVE_SUBJOB:
-                        self._stop_copy(p.agent_id, p.subjob_id, "superseded: the job moved on")
-
-            self.evaluate(entry)
-            self.save(entry)
-            self._forget_if_done(entry)
-        self._queue_wake.set()
 
     # ================================================================ admission
 
@@ -623,11 +573,11 @@ class ZoneState:
     def _kick(self, entry: Entry, allow_forward: bool) -> None:
         if entry.job.state == zone_pb2.PENDING:
             if allow_forward and self.forwarder is not None:
-                self._spawn(self._forward_or_place(entry), f"route-{entry.job.job_id}")
+                self.spawn(self._forward_or_place(entry), f"route-{entry.job.job_id}")
             else:
-                self._spawn(self._place(entry), f"place-{entry.job.job_id}")
+                self.spawn(self._place(entry), f"place-{entry.job.job_id}")
         else:
-            self._queue_wake.set()
+            self.queue_wake.set()
             self._publish(entry)
 
     async def _forward_or_place(self, entry: Entry) -> None:
@@ -792,7 +742,7 @@ class ZoneState:
             elif p.subjob_id in unknown:
                 # No answer: the agent may have started it. Ask it (at its next heartbeat)
                 # before placing the job again; a silent agent is declared lost in time.
-                self._unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
+                self.unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
             else:
                 p.state = common_pb2.FAILED
                 p.end_cause = EndCause.COMMIT_FAILED.wire
@@ -814,9 +764,9 @@ class ZoneState:
         self, entry: Entry, member: int, record: AgentRecord, lease: agent_pb2.Lease
     ) -> None:
         del record  # the lease names its agent; the placement holds the address
-        await self._commit_placement(entry, entry.current()[member], lease)
+        await self.commit_placement(entry, entry.current()[member], lease)
 
-    async def _commit_placement(
+    async def commit_placement(
         self,
         entry: Entry,
         placement: zone_pb2.Placement,
@@ -828,7 +778,7 @@ class ZoneState:
             agent_pb2.CommitRequest(lease_id=lease.lease_id, spec=spec),
             timeout=self.config.placement.rpc_timeout_seconds,
         )
-        _copy_subjob(placement, subjob)
+        copy_subjob(placement, subjob)
 
     def subjob_spec(
         self, entry: Entry, placement: zone_pb2.Placement, env: dict[str, str] | None = None
@@ -892,7 +842,7 @@ class ZoneState:
         self._explain_one(entry)
         self._blocked_families.setdefault(entry.need.family, job.spec.priority or common_pb2.BATCH)
         self.save(entry)
-        self._queue_wake.set()
+        self.queue_wake.set()
 
     def _explain_one(self, entry: Entry) -> None:
         """Why a job just queued waits. Its position is behind the jobs of its family the
@@ -925,10 +875,10 @@ class ZoneState:
         while not stop.is_set():
             beat()
             try:
-                await asyncio.wait_for(self._queue_wake.wait(), period)
+                await asyncio.wait_for(self.queue_wake.wait(), period)
             except TimeoutError:
                 pass
-            self._queue_wake.clear()
+            self.queue_wake.clear()
             await self.queue_pass()
 
     async def queue_pass(self) -> None:
@@ -1070,246 +1020,7 @@ class ZoneState:
 
     # ================================================================ agent events
 
-    def on_heartbeat(
-        self,
-        request: zone_pb2.HeartbeatRequest,
-        caller: str = "",
-        caller_names: Sequence[str] = (),
-    ) -> zone_pb2.HeartbeatReply:
-        """An agent's heartbeat. ``caller`` is its mTLS certificate name and
-        ``caller_names`` every name the certificate carries: an agent id must be one of
-        them, and is bound to the certificate of its first heartbeat (for this router's
-        lifetime), so another certificate the CA signed cannot speak for it."""
-        summary = request.summary
-        agent_id = check_str(summary.agent_id, "summary.agent_id", required=True)
-        address = check_str(summary.address, "summary.address", required=True)
-        allowed = self.config.auth.agent_ids
-        if allowed and agent_id not in allowed:
-            raise PermissionDenied(
-                f"agent id {agent_id!r} is not in auth.agent_ids", field="summary.agent_id"
-            )
-        if caller_names and agent_id not in caller_names:
-            raise PermissionDenied(
-                f"certificate {caller!r} does not name agent {agent_id!r}: an agent "
-                "heartbeats with a certificate issued for its agent id",
-                field="summary.agent_id",
-            )
-        known = self.view.agents.get(agent_id)
-        if caller and known is not None and known.identity and known.identity != caller:
-            raise PermissionDenied(
-                f"agent {agent_id} heartbeats with certificate {known.identity!r}, not {caller!r}",
-                field="summary.agent_id",
-            )
-        update = self.view.update(
-            agent_id,
-            address,
-            shapes_from(summary),
-            heat=summary.pending_probes + summary.active_leases,
-            draining=summary.draining,
-            now=time.monotonic(),
-            now_unix=time.time(),
-            hostname=summary.hostname,
-            running_subjobs=summary.running_subjobs,
-            total_gpus=summary.total_gpus,
-            pressure=summary.pressure,
-            generation=summary.generation,
-        )
-        host = host_from(summary)
-        if host is not None:
-            self.view.note_host(agent_id, host)
-        if update.is_new or update.came_back:
-            self.store.note_agent(agent_id, address, time.time())
-            log.info(
-                "agent %s %s at %s (%d GPUs)",
-                agent_id,
-                "joined" if update.is_new else "is back",
-                address,
-                summary.total_gpus,
-            )
-        if caller and not update.record.identity:
-            update.record.identity = caller
-        self.atomizer.note_windows(agent_id, summary.windows)
-        if agent_id in self._unconfirmed:
-            self._spawn(self._verify_unconfirmed(update.record), f"verify-{agent_id}")
-        # Decided before the events apply, which may end and forget a job.
-        own_actions = {
-            a.seq for a in request.airlock_actions if self._holds(agent_id, a.job_id, a.subjob_id)
-        }
-        touched: dict[str, Entry] = {}
-        acked = 0
-        for event in request.events:
-            acked = max(acked, event.seq)
-            entry = self._apply_event(agent_id, event.subjob)
-            if entry is not None:
-                touched[entry.job.job_id] = entry
-        for entry in touched.values():
-            self.evaluate(entry)
-        if touched:
-            self.save_many(list(touched.values()))
-        for subjob_id in request.readdress_subjob_ids:
-            self._start_readdress(agent_id, subjob_id)
-        if update.freed or touched:
-            self._queue_wake.set()
-        acked_actions = 0
-        for action in request.airlock_actions:
-            acked_actions = max(acked_actions, action.seq)
-            if action.seq not in own_actions:
-                log.warning(
-                    "ignoring an Airlock action on subjob %s from agent %s: not placed there",
-                    action.subjob_id,
-                    agent_id,
-                )
-                continue
-            if action.step == "reclaim" and not action.dry_run and self.audit is not None:
-                self.audit.append(
-                    f"airlock@{agent_id}",
-                    "preemption"
-                    if end_cause(action.end_cause) is EndCause.PREEMPTED
-                    else "reclamation",
-                    f"{action.job_id}/{action.subjob_id}",
-                    action.reason,
-                    agent_seq=action.seq,
-                )
-            log.info(
-                "airlock on %s: %s%s subjob %s on %s: %s (freed %d bytes)",
-                agent_id,
-                "would " if action.dry_run else "",
-                action.step,
-                action.subjob_id,
-                action.slice_id or "host",
-                action.reason,
-                action.bytes_freed,
-            )
-        if request.has_live_subjob_ids:
-            self._reconcile(agent_id, list(request.live_subjob_ids))
-        self.metrics.heartbeats.inc()
-        return zone_pb2.HeartbeatReply(
-            acked_seq=acked,
-            period_seconds=self.config.membership.heartbeat_seconds,
-            zone=self.zone_name,
-            acked_action_seq=acked_actions,
-            fence_lease_seconds=self.config.membership.fence_lease_seconds(),
-            # After a gap (or a restart of either side) compare live subjobs.
-            want_live_subjobs=(update.is_new or update.came_back)
-            and not request.has_live_subjob_ids,
-        )
-
-    def _reconcile(self, agent_id: str, live_ids: list[str]) -> None:
-        """The agent lists the subjobs it runs: stop each copy this router no longer
-        counts on (declared lost and retried, superseded, of an ended or unknown job),
-        as :func:`~laminar_zone.lifecycle.judge_report` decides for a live report."""
-        for subjob_id in live_ids[:MAX_LIVE_IDS]:
-            if not isinstance(subjob_id, str) or len(subjob_id) > 256:
-                continue
-            entry = self.entries.get(job_of(subjob_id))
-            p = None
-            if entry is not None:
-                p = next((p for p in entry.job.placements if p.subjob_id == subjob_id), None)
-            verdict = judge_report(
-                Record(p.agent_id, p.state, p.attempt) if p is not None else None,
-                agent_id,
-                entry.job.attempts if entry is not None else 0,
-                entry is None or entry.job.state in TERMINAL_JOB_STATES,
-                common_pb2.RUNNING,
-            )
-            if verdict in (Report.STOP, Report.APPLY_AND_STOP):
-                why = (
-                    f"superseded: the router replaced this copy ({p.reason})"
-                    if p is not None and p.state in ENDED_SUBJOB
-                    else "superseded: the job moved on or is unknown to the router"
-                )
-                self._stop_copy(agent_id, subjob_id, why, f"reconciling agent {agent_id}")
-
-    def _holds(self, agent_id: str, job_id: str, subjob_id: str) -> bool:
-        """Whether ``agent_id`` holds (or held) the placement of ``subjob_id`` of ``job_id``."""
-        entry = self.entries.get(job_id)
-        return entry is not None and any(
-            p.subjob_id == subjob_id and p.agent_id == agent_id for p in entry.job.placements
-        )
-
-    def _start_readdress(self, agent_id: str, subjob_id: str) -> None:
-        """Airlock asks to move a long-suspended subjob: place a copy, then stop the old one."""
-        check_str(subjob_id, "readdress_subjob_ids")
-        job_id = job_of(subjob_id)
-        entry = self.entries.get(job_id)
-        if entry is None or subjob_id in self._readdressing:
-            return
-        placement = next((p for p in entry.current() if p.subjob_id == subjob_id), None)
-        if placement is None or placement.agent_id != agent_id:
-            return
-        if placement.state not in LIVE_SUBJOB:
-            return
-        if any(
-            p is not placement and p.member == placement.member and p.state in LIVE_SUBJOB
-            for p in entry.current()
-        ):
-            return  # a move of this member is under way (or awaits its agent's word)
-        if max(1, entry.job.spec.gang_size) > 1:
-            log.info("not re-addressing %s: gang members move together only by retry", subjob_id)
-            return
-        if job_id in self.atomizer.atoms:  # back to the market: it resumes from its checkpoint
-            why = f"{READDRESSED} Airlock suspended it too long on {agent_id}; back to the market"
-            self._spawn(
-                self.terminate(placement, why, EndCause.READDRESSED), f"readdress-{subjob_id}"
-            )
-            return
-        self._readdressing.add(subjob_id)
-        self._spawn(self._readdress(entry, placement, agent_id), f"readdress-{subjob_id}")
-
-    async def _readdress(self, entry: Entry, old: zone_pb2.Placement, agent_id: str) -> None:
-        job = entry.job
-        try:
-            gathered = await self.placer.gather(
-                Ask(
-                    job_id=job.job_id,
-                    resources=job.spec.resources,
-                    gang_size=1,
-                    priority=job.spec.priority or common_pb2.BATCH,
-                    value=job.spec.value,
-                    tenant=job.spec.tenant,
-                ),
-                exclude={agent_id},
-            )
-            if gathered.chosen is None or job.state in TERMINAL_JOB_STATES:
-                if gathered.chosen:
-                    await self.placer.release(gathered.chosen)
-                log.info(
-                    "re-addressing %s: no other host now (%s)", old.subjob_id, gathered.reasons[-1:]
-                )
-                return
-            ((record, lease),) = gathered.chosen
-            moves = sum(
-                1 for p in job.placements if p.member == old.member and p.attempt == old.attempt
-            )
-            new = zone_pb2.Placement(
-                subjob_id=rigid_subjob_id(job.job_id, old.attempt, old.member, moves),
-                agent_id=record.agent_id,
-                agent_address=record.address,
-                slice_ids=list(lease.slice_ids),
-                member=old.member,
-                state=common_pb2.STARTING,
-                reason=COMMITTING,
-                attempt=old.attempt,
-            )
-            job.placements.append(new)
-            self.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
-            self.save(entry)
-            placement = job.placements[-1]
-            try:
-                await self._commit_placement(
-                    entry, placement, lease, env={"LAMINAR_READDRESS_COUNT": str(moves)}
-                )
-            except grpc.aio.AioRpcError as exc:
-                placement.state = common_pb2.FAILED
-                placement.end_cause = EndCause.READDRESSED.wire
-                placement.reason = f"{READDRESSED} commit of the copy failed: {exc.details()}"
-                self.save(entry)
-                return
-            await self._retire_moved(entry, old, placement)
-        finally:
-            self._readdressing.discard(old.subjob_id)
-
-    async def _retire_moved(
+    async def retire_moved(
         self, entry: Entry, old: zone_pb2.Placement, new: zone_pb2.Placement
     ) -> None:
         """The copy ``new`` runs: the one it moved away from ends (a free retry's cause)."""
@@ -1325,56 +1036,7 @@ class ZoneState:
         log.info("job %s: subjob %s %s as %s", entry.job.job_id, old.subjob_id, why, new.subjob_id)
         await self.terminate(old, why, EndCause.READDRESSED)
 
-    def _apply_event(self, agent_id: str, subjob: common_pb2.Subjob) -> Entry | None:
-        """Carry out :func:`~laminar_zone.lifecycle.judge_report` on one subjob event;
-        returns the job's entry when its record changed (the caller evaluates it)."""
-        subjob_id = subjob.spec.subjob_id
-        job_id = subjob.spec.job_id or job_of(subjob_id)
-        entry = self.entries.get(job_id)
-        # A job no longer in memory has ended: its journal record decides.
-        job = entry.job if entry is not None else self.store.get(job_id) if job_id else None
-        p = None
-        if job is not None:
-            p = next((p for p in job.placements if p.subjob_id == subjob_id), None)
-        verdict = judge_report(
-            Record(p.agent_id, p.state, p.attempt) if p is not None else None,
-            agent_id,
-            job.attempts if job is not None else 0,
-            job is None or job.state in TERMINAL_JOB_STATES,
-            subjob.state,
-        )
-        if verdict is Report.IGNORE:
-            if p is not None and p.agent_id != agent_id:
-                log.warning(
-                    "ignoring an event for subjob %s from agent %s: it is placed on %s",
-                    subjob_id,
-                    agent_id,
-                    p.agent_id,
-                )
-            return None
-        if verdict is Report.STOP:
-            why = (
-                f"superseded: the router replaced this copy ({p.reason})"
-                if p is not None
-                else "superseded: its job has ended or is unknown to the router"
-            )
-            self._stop_copy(agent_id, subjob_id, why)
-            return None
-        assert job is not None and p is not None
-        if verdict is Report.TRUE_END:
-            if entry is None:
-                _note_true_end(p, subjob)
-            else:
-                self._record_true_end(entry, p, subjob)
-        else:
-            _copy_subjob(p, subjob)
-            if verdict is Report.APPLY_AND_STOP:
-                self._stop_copy(agent_id, subjob_id, "superseded: the job moved on")
-        if entry is None:
-            self.store.put(job)  # an ended job: only its record changes
-        return entry
-
-    def _stop_copy(self, agent_id: str, subjob_id: str, why: str, context: str = "") -> None:
+    def stop_copy(self, agent_id: str, subjob_id: str, why: str, context: str = "") -> None:
         """Stop a copy of a subjob on ``agent_id`` that the router does not count on."""
         log.warning(
             "%sstopping subjob %s on agent %s: %s",
@@ -1389,40 +1051,7 @@ class ZoneState:
             agent_id=agent_id,
             agent_address=record.address if record is not None else "",
         )
-        self._spawn(self.terminate(stop, why, EndCause.SUPERSEDED), f"supersede-{subjob_id}")
-
-    def _record_true_end(
-        self, entry: Entry, p: zone_pb2.Placement, subjob: common_pb2.Subjob
-    ) -> None:
-        """A copy declared LOST while its agent was out of touch reports how it really
-        ended: the record says so. If it succeeded and the job has not ended, it wins:
-        the retry still running is stopped, the retry spent on it is given back, and the
-        job succeeds (first finisher wins; gangs, which retry as a whole, excepted)."""
-        _note_true_end(p, subjob)
-        job = entry.job
-        log.info(
-            "subjob %s of job %s declared lost ended %s on %s",
-            p.subjob_id,
-            job.job_id,
-            _state_name(subjob.state),
-            p.agent_id,
-        )
-        if (
-            subjob.state != common_pb2.SUCCEEDED
-            or job.state in TERMINAL_JOB_STATES
-            or max(1, job.spec.gang_size) > 1
-            or job.job_id in self.atomizer.atoms
-        ):
-            return
-        why = f"superseded: copy {p.subjob_id} on {p.agent_id} succeeded first"
-        for other in job.placements:
-            if other is not p and other.state in LIVE_SUBJOB:
-                self._spawn(self.terminate(other, why, EndCause.SUPERSEDED), "first-finisher")
-        if job.retries_used > 0 and p.attempt < job.attempts:
-            job.retries_used -= 1
-        self.finish(
-            entry, zone_pb2.JOB_SUCCEEDED, f"subjob {p.subjob_id} succeeded (reported late)"
-        )
+        self.spawn(self.terminate(stop, why, EndCause.SUPERSEDED), f"supersede-{subjob_id}")
 
     def evaluate(self, entry: Entry) -> None:
         """Derive the job's state from its current attempt's subjobs; retry or finish."""
@@ -1453,7 +1082,7 @@ class ZoneState:
             assert verdict.failed_member is not None
             first = current[verdict.failed_member]
             for index in verdict.stop:
-                self._spawn(
+                self.spawn(
                     self.terminate(
                         current[index],
                         f"gang member {first.member} ended: {first.reason}",
@@ -1461,7 +1090,7 @@ class ZoneState:
                     ),
                     "gang-stop",
                 )
-            what = f"subjob {first.subjob_id} on {first.agent_id} ended {_state_name(first.state)}: {first.reason}"
+            what = f"subjob {first.subjob_id} on {first.agent_id} ended {state_name(first.state)}: {first.reason}"
             if verdict.outcome is Outcome.FAILED:
                 self.finish(entry, zone_pb2.JOB_FAILED, what)
                 return
@@ -1476,7 +1105,7 @@ class ZoneState:
                 f"retrying ({counted if verdict.counted else 'not counted'}) after {what}",
             )
             self.metrics.retries.inc()
-            self._spawn(self._place(entry), f"retry-{job.job_id}")
+            self.spawn(self._place(entry), f"retry-{job.job_id}")
         elif verdict.outcome is Outcome.RUNNING:
             suspended = verdict.suspended
             job.state = zone_pb2.JOB_SUSPENDED if suspended else zone_pb2.JOB_RUNNING
@@ -1498,7 +1127,7 @@ class ZoneState:
                 continue
             for old in current[:index]:
                 if old.member == new.member and old.state in LIVE_SUBJOB:
-                    self._spawn(self._retire_moved(entry, old, new), f"moved-{old.subjob_id}")
+                    self.spawn(self.retire_moved(entry, old, new), f"moved-{old.subjob_id}")
 
     def finish(self, entry: Entry, state: int, reason: str, code: Reason | None = None) -> None:
         """End the job in ``state``; ``code`` (default: by the state) says why for scripts."""
@@ -1512,9 +1141,9 @@ class ZoneState:
         log.info("job %s %s: %s", job.job_id, zone_pb2.JobState.Name(state).lower(), reason)
         if job.array_id:
             self._element_ended(job)
-        self._queue_wake.set()
+        self.queue_wake.set()
 
-    def _forget_if_done(self, entry: Entry) -> None:
+    def forget_if_done(self, entry: Entry) -> None:
         job = entry.job
         if job.state not in TERMINAL_JOB_STATES:
             return
@@ -1544,7 +1173,7 @@ class ZoneState:
             if record is not None and not record.is_stale:
                 # A stale agent's fence stops its work; when it is back, reconciling does.
                 del self._owed_stops[subjob_id]
-                self._spawn(self.terminate(stop, why, cause), f"stop-again-{subjob_id}")
+                self.spawn(self.terminate(stop, why, cause), f"stop-again-{subjob_id}")
         lost_after = self.config.membership.lost_after_seconds
         for agent_id, job_ids in list(self.by_agent.items()):
             record = self.view.agents.get(agent_id)
@@ -1570,7 +1199,7 @@ class ZoneState:
                 job_ids.discard(job_id)
                 self.evaluate(entry)
                 self.save(entry)
-                self._forget_if_done(entry)
+                self.forget_if_done(entry)
         self._update_gauges()
 
     # ================================================================ user operations
@@ -1648,7 +1277,7 @@ class ZoneState:
             ),
             return_exceptions=True,
         )
-        self._forget_if_done(entry)
+        self.forget_if_done(entry)
         return self._fresh(entry.job)
 
     async def terminate(self, placement: zone_pb2.Placement, reason: str, cause: EndCause) -> None:
@@ -1986,7 +1615,7 @@ class ZoneState:
             "agent %s %s: %s", record.agent_id, "draining" if draining else "undrained", reason
         )
         if not draining:
-            self._queue_wake.set()
+            self.queue_wake.set()
         return self.agent_info(record)
 
     # ================================================================ plumbing
@@ -2002,7 +1631,7 @@ class ZoneState:
         self.store.put_many([e.job for e in entries])
         for entry in entries:
             self._publish(entry)
-            self._forget_if_done(entry)
+            self.forget_if_done(entry)
 
     def _publish(self, entry: Entry) -> None:
         for queue in self._array_watchers.get(entry.job.array_id, ()) if entry.job.array_id else ():
@@ -2018,7 +1647,7 @@ class ZoneState:
         copy.CopyFrom(job)
         return copy
 
-    def _spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
         task: asyncio.Task[Any] = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -2059,7 +1688,7 @@ class ZoneState:
         await self.clients.close()
 
 
-def _copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
+def copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
     p.state = subjob.state
     p.reason = subjob.reason
     ended = subjob.state in ENDED_SUBJOB
@@ -2083,14 +1712,14 @@ def _may_forward(job: zone_pb2.Job) -> bool:
     return not is_atomized(job.spec) and not job.array_id
 
 
-def _note_true_end(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
+def note_true_end(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
     """Record how a copy declared LOST really ended, keeping why it was declared lost."""
     lost_reason = p.reason
-    _copy_subjob(p, subjob)
+    copy_subjob(p, subjob)
     p.reason = f"{subjob.reason} (reported after the agent came back; declared lost: {lost_reason})"
 
 
-def _state_name(state: int) -> str:
+def state_name(state: int) -> str:
     return common_pb2.SubjobState.Name(state).lower()
 
 

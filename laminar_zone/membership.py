@@ -7,7 +7,7 @@ that agent's liveness (:meth:`ZoneView.refresh`): no summary is parsed or
 rebuilt, no index touched, nothing scanned. Staleness, loss and the fence are
 decided from that same liveness by the periodic sweep, exactly as before.
 
-A full heartbeat goes to :meth:`ZoneState.on_heartbeat` as it always did; the
+A full heartbeat goes to :meth:`AgentReports.on_heartbeat` as it always did; the
 router then keeps the summary's version and says so in the reply, which is
 what lets the agent send deltas (an old router never says so; an old agent
 never sends a version). A delta the view cannot vouch for (a router restart,
@@ -26,11 +26,14 @@ from laminar_base.errors import InvalidArgument
 from laminar_base.grpcutil import check_str
 from laminar_base.wire import workload_message
 from laminar_zone.jobs import ZoneState
+from laminar_zone.reports import AgentReports
 
 
 class Membership:
     def __init__(self, state: ZoneState) -> None:
         self._state = state
+        #: Applies what a full heartbeat reports (events, actions, live subjobs).
+        self.reports = AgentReports(state)
         self._view = state.view
         self._allowed = frozenset(state.config.auth.agent_ids)
         self._period_seconds = state.config.membership.heartbeat_seconds
@@ -49,7 +52,7 @@ class Membership:
         if not request.HasField("summary"):
             reply = self._refresh(request, caller, caller_names)
         else:
-            reply = self._state.on_heartbeat(request, caller, caller_names)
+            reply = self.reports.on_heartbeat(request, caller, caller_names)
             self._summaries.inc()
             record = self._view.agents.get(request.summary.agent_id)
             if record is not None:

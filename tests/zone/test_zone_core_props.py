@@ -38,6 +38,7 @@ from laminar_base.causes import (
 from laminar_base.errors import FailedPrecondition
 from laminar_zone.config import PlacementSettings, ZoneConfig
 from laminar_zone.jobs import ZoneState
+from laminar_zone.membership import Membership
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients
 from laminar_zone.store import JobStore
@@ -92,6 +93,7 @@ class Harness:
             clients=cast(AgentClients, FakeClients(self.agents)),
         )
         zone.recover()
+        self.membership = Membership(zone)  # the router's heartbeat entry
         return zone
 
     def agent(self, index: int) -> FakeAgent:
@@ -137,7 +139,7 @@ class Harness:
         if agent.silent:
             return
         request = agent.heartbeat()
-        agent.heard(self.zone.on_heartbeat(request), request.has_live_subjob_ids)
+        agent.heard(self.membership.on_heartbeat(request), request.has_live_subjob_ids)
 
     async def flush(self) -> None:
         """A period passes: the router's tick (which asks again for stops it still owes),
