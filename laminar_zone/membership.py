@@ -48,7 +48,7 @@ class Membership:
         caller: str = "",
         caller_names: Sequence[str] = (),
     ) -> zone_pb2.HeartbeatReply:
-        """One heartbeat (``caller``, ``caller_names``: as for ZoneState.on_heartbeat)."""
+        """One heartbeat (``caller``, ``caller_names``: as for AgentReports.on_heartbeat)."""
         if not request.HasField("summary"):
             reply = self._refresh(request, caller, caller_names)
         else:
