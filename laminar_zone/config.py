@@ -176,6 +176,15 @@ class QueueSettings:
     retry_seconds: float = field(
         default=1.0, metadata=doc("queue pass period besides heartbeat triggers", unit="seconds")
     )
+    min_pass_seconds: float = field(
+        default=0.02,
+        metadata=doc(
+            "least time between two queue passes: wakes within it (jobs queued, capacity "
+            "freed) are served by one pass, so a burst of submissions costs a few passes, "
+            "not one per job",
+            unit="seconds",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -294,6 +303,11 @@ class ZoneConfig:
         for key, number in positive:
             if not number > 0:
                 raise ConfigError(f"must be > 0, got {number}", field=key)
+        if not 0 <= self.queue.min_pass_seconds <= 1:
+            raise ConfigError(
+                f"must be in 0..1 s, got {self.queue.min_pass_seconds}",
+                field="queue.min_pass_seconds",
+            )
         if self.placement.lease_ttl_seconds > 60:
             raise ConfigError("must be <= 60 s", field="placement.lease_ttl_seconds")
         for key, count in (

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import math
 import random
 import time
 import uuid
@@ -872,13 +873,20 @@ class ZoneState:
         """The queue's root loop: a pass per wake or period. A pass that raises ends the
         loop; its supervisor logs it and restarts it (laminar_base.supervise)."""
         period = self.config.queue.retry_seconds
+        least = self.config.queue.min_pass_seconds
+        last = -math.inf
         while not stop.is_set():
             beat()
             try:
                 await asyncio.wait_for(self.queue_wake.wait(), period)
             except TimeoutError:
                 pass
+            early = last + least - time.monotonic()
+            if early > 0:
+                # Right after a pass: wakes until the least interval are served by one.
+                await asyncio.sleep(early)
             self.queue_wake.clear()
+            last = time.monotonic()
             await self.queue_pass()
 
     async def queue_pass(self) -> None:
