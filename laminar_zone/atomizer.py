@@ -60,6 +60,7 @@ from laminar_zone.market import (
     Profile,
     clearing_round,
     contract_from,
+    feasibility,
     offer_seconds,
     quantiles_from,
 )
@@ -666,8 +667,12 @@ class Atomizer:
                 break
         if message is None:
             return []
-        next_unit = units_done(job)
-        contract = atom.contract
+        # The router judges a client's bid as its own: the calibrated profile of the job's
+        # current phase, its units within the phase, P(fits) >= 1 - epsilon.
+        bidder = self._bidder(entry, atom, now, self.largest_slice_bytes())
+        next_unit = bidder.next_unit
+        contract = bidder.contract
+        target = 1.0 - contract.epsilon
         out = []
         for i, b in enumerate(message.bids[:256]):
             key = (b.agent_id, b.slice_id)
@@ -690,6 +695,22 @@ class Atomizer:
             window = markets[key]
             if b.memory_bytes > window.memory_bytes:
                 continue
+            fits = feasibility(
+                bidder.profile, int(b.unit_count), window, contract.checkpoint_overhead_seconds
+            )
+            if fits < target:
+                log.info(
+                    "job %s: client bid %s refused: %d units on %s/%s fit with P %.3f by the "
+                    "job's profile, below 1 - epsilon = %.3f",
+                    job.job_id,
+                    label,
+                    b.unit_count,
+                    b.agent_id,
+                    b.slice_id,
+                    fits,
+                    target,
+                )
+                continue
             seconds = (
                 b.seconds if b.seconds > 0 and math.isfinite(b.seconds) else window.length_seconds
             )
@@ -700,7 +721,7 @@ class Atomizer:
                     window,
                     next_unit,
                     int(b.unit_count),
-                    min(1.0, max(0.0, b.feasibility)),
+                    fits,  # the router's estimate, not the client's claim
                     min(seconds, window.length_seconds),
                     now - atom.ready_since,
                     job.spec.priority or common_pb2.BATCH,

@@ -285,3 +285,63 @@ def test_a_waiting_atomized_job_says_when_the_next_window_it_fits_opens(
     gate.touch()
     done = zone.wait_state(job.job_id, *TERMINAL)
     assert done.state == zone_pb2.JOB_SUCCEEDED and done.expected_start_unix == 0
+
+
+def test_a_client_bid_the_jobs_profile_says_will_not_fit_is_refused(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The router judges a client's bid as its own (P(fits) >= 1 - epsilon by the job's
+    calibrated profile), whatever feasibility the client claims: 9 units of about 0.25 s
+    do not fit a 2 s window; 3 do."""
+    zone = _market_zone(cluster, tmp_path, window_seconds=2.0)
+    _agent(cluster, zone, "a", "1xH100-80GB")
+    cluster.wait_registered()
+    gate = tmp_path / "gate"
+    blocker = zone.submit(gate_code(gate))
+    job = _submit(zone, _contract(9, 9, tmp_path / "ckpt"), "0.05", after=[blocker.job_id])
+    requests: queue.Queue[zone_pb2.BidMessage | None] = queue.Queue()
+    requests.put(zone_pb2.BidMessage(job_id=job.job_id))
+
+    def outgoing() -> Iterator[zone_pb2.BidMessage]:
+        while (message := requests.get()) is not None:
+            yield message
+
+    stream = zone.stub.Bid(outgoing(), timeout=60)
+    gate.touch()
+    won: list[zone_pb2.SubjobBid] = []
+    greedy_rounds = 0
+    try:
+        for announce in stream:
+            if announce.won:
+                won.append(announce.winning_bid)
+            if announce.done:
+                break
+            if not announce.windows:
+                continue
+            next_unit = zone.get(job.job_id).atomization.units_done
+            window = announce.windows[0]
+            greedy = greedy_rounds < 2  # the first two rounds ask for everything left
+            greedy_rounds += greedy
+            requests.put(
+                zone_pb2.BidMessage(
+                    job_id=job.job_id,
+                    round=announce.round,
+                    bids=[
+                        zone_pb2.SubjobBid(
+                            agent_id=window.agent_id,
+                            slice_id=window.slice_id,
+                            unit_start=next_unit,
+                            unit_count=9 - next_unit if greedy else min(3, 9 - next_unit),
+                            seconds=1.0,
+                            feasibility=0.99,  # claimed; the router does not take it
+                        )
+                    ],
+                )
+            )
+    finally:
+        requests.put(None)
+    done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=30)
+    assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
+    assert greedy_rounds == 2
+    assert won and all(b.unit_count <= 3 for b in won), [b.unit_count for b in won]
+    assert all(p.unit_count <= 3 for p in done.placements)
