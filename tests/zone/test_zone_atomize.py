@@ -11,7 +11,7 @@ import itertools
 import queue
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,17 +178,12 @@ def test_windows_size_subjobs_and_an_overrun_resumes_from_the_checkpoint(
     assert done.atomization.violation_rate > 0
 
 
-def test_a_client_bids_for_its_own_job_over_the_bid_stream(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
-    zone = _market_zone(cluster, tmp_path, window_seconds=30.0)
-    _agent(cluster, zone, "a", "1xH100-80GB")
-    cluster.wait_registered()
-    gate = tmp_path / "gate"
-    blocker = zone.submit(gate_code(gate))
-    checkpoint = tmp_path / "ckpt"
-    # It waits for the blocker, so the client attaches before any round.
-    job = _submit(zone, _contract(9, 9, checkpoint), "0.05", after=[blocker.job_id])
+def _bid_as_client(
+    zone: Zone, job: zone_pb2.Job, gate: Path, units: Callable[[int, int], int]
+) -> tuple[list[zone_pb2.SubjobBid], int]:
+    """Attach to ``job``'s Bid stream, open ``gate`` (the job's dependency), and answer
+    every announce with one bid on its first window for ``units(round, next_unit)`` units
+    (claiming P(fits) 0.99); returns the winning bids and the rounds bid in."""
     requests: queue.Queue[zone_pb2.BidMessage | None] = queue.Queue()
     requests.put(zone_pb2.BidMessage(job_id=job.job_id))
 
@@ -208,7 +203,6 @@ def test_a_client_bids_for_its_own_job_over_the_bid_stream(
                 break
             if not announce.windows:
                 continue
-            rounds += 1
             next_unit = zone.get(job.job_id).atomization.units_done
             window = announce.windows[0]
             assert window.end_unix > 0  # open windows are announced with the router's cap
@@ -221,15 +215,31 @@ def test_a_client_bids_for_its_own_job_over_the_bid_stream(
                             agent_id=window.agent_id,
                             slice_id=window.slice_id,
                             unit_start=next_unit,
-                            unit_count=min(3, 9 - next_unit),  # the client's own sizing
+                            unit_count=units(rounds, next_unit),
                             seconds=1.0,
-                            feasibility=0.99,
+                            feasibility=0.99,  # claimed; the router judges it itself
                         )
                     ],
                 )
             )
+            rounds += 1
     finally:
         requests.put(None)
+    return won, rounds
+
+
+def test_a_client_bids_for_its_own_job_over_the_bid_stream(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    zone = _market_zone(cluster, tmp_path, window_seconds=30.0)
+    _agent(cluster, zone, "a", "1xH100-80GB")
+    cluster.wait_registered()
+    gate = tmp_path / "gate"
+    blocker = zone.submit(gate_code(gate))
+    checkpoint = tmp_path / "ckpt"
+    # It waits for the blocker, so the client attaches before any round.
+    job = _submit(zone, _contract(9, 9, checkpoint), "0.05", after=[blocker.job_id])
+    won, rounds = _bid_as_client(zone, job, gate, lambda _, nxt: min(3, 9 - nxt))
     done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=30)
     assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
     assert [p.unit_count for p in done.placements] == [3, 3, 3]
@@ -299,49 +309,12 @@ def test_a_client_bid_the_jobs_profile_says_will_not_fit_is_refused(
     gate = tmp_path / "gate"
     blocker = zone.submit(gate_code(gate))
     job = _submit(zone, _contract(9, 9, tmp_path / "ckpt"), "0.05", after=[blocker.job_id])
-    requests: queue.Queue[zone_pb2.BidMessage | None] = queue.Queue()
-    requests.put(zone_pb2.BidMessage(job_id=job.job_id))
-
-    def outgoing() -> Iterator[zone_pb2.BidMessage]:
-        while (message := requests.get()) is not None:
-            yield message
-
-    stream = zone.stub.Bid(outgoing(), timeout=60)
-    gate.touch()
-    won: list[zone_pb2.SubjobBid] = []
-    greedy_rounds = 0
-    try:
-        for announce in stream:
-            if announce.won:
-                won.append(announce.winning_bid)
-            if announce.done:
-                break
-            if not announce.windows:
-                continue
-            next_unit = zone.get(job.job_id).atomization.units_done
-            window = announce.windows[0]
-            greedy = greedy_rounds < 2  # the first two rounds ask for everything left
-            greedy_rounds += greedy
-            requests.put(
-                zone_pb2.BidMessage(
-                    job_id=job.job_id,
-                    round=announce.round,
-                    bids=[
-                        zone_pb2.SubjobBid(
-                            agent_id=window.agent_id,
-                            slice_id=window.slice_id,
-                            unit_start=next_unit,
-                            unit_count=9 - next_unit if greedy else min(3, 9 - next_unit),
-                            seconds=1.0,
-                            feasibility=0.99,  # claimed; the router does not take it
-                        )
-                    ],
-                )
-            )
-    finally:
-        requests.put(None)
+    # The first two rounds ask for everything left, then 3 units a round.
+    won, rounds = _bid_as_client(
+        zone, job, gate, lambda round_, nxt: 9 - nxt if round_ < 2 else min(3, 9 - nxt)
+    )
     done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=30)
     assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
-    assert greedy_rounds == 2
+    assert rounds >= 3  # the greedy bids won nothing
     assert won and all(b.unit_count <= 3 for b in won), [b.unit_count for b in won]
     assert all(p.unit_count <= 3 for p in done.placements)
