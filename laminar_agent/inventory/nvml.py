@@ -8,15 +8,19 @@ a GPU.
 Every NVML call goes through :meth:`NvmlBackend._call`. A call that fails degrades the
 GPU it was about (:meth:`NvmlBackend.degraded` says which and why) instead of raising
 into the agent's loops: memory polls skip that GPU, a topology read keeps its last
-known record. The GPU recovers on the next pass whose calls succeed. Not covered yet:
-calls are synchronous (a hung driver blocks the caller), and a degraded GPU still takes
-new work (the ledger does not read :meth:`degraded`).
+known record. The GPU recovers on the next pass whose calls succeed. Each call has a deadline, so a
+wedged driver blocks the caller (the agent's event loop, for memory polls) for at most
+one deadline, not forever. Not covered yet: the poll still blocks its caller for that
+long, and a degraded GPU still takes new work (the ledger does not read
+:meth:`degraded`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from laminar_agent.inventory.base import GpuInfo, MigInstanceInfo
@@ -24,6 +28,10 @@ from laminar_agent.inventory.model_names import canonical_model
 from laminar_base.errors import Unavailable
 
 log = logging.getLogger(__name__)
+
+#: How long one NVML call may take before its GPU is degraded (they take microseconds
+#: to milliseconds; a wedged driver takes forever).
+CALL_DEADLINE_SECONDS = 1.0
 
 
 def _text(value: Any) -> str:
@@ -33,17 +41,20 @@ def _text(value: Any) -> str:
 class NvmlCallFailed(Exception):
     """One NVML call failed; ``code`` is NVML's return code (``NVMLError.value``)."""
 
-    def __init__(self, call: str, error: Exception) -> None:
+    def __init__(self, call: str, code: int, message: str) -> None:
         self.call = call
-        self.code = int(getattr(error, "value", -1))
-        super().__init__(f"{call}: {error} (NVML code {self.code})")
+        self.code = code
+        super().__init__(f"{call}: {message} (NVML code {code})")
 
 
 class NvmlBackend:
     """Reads GPUs and MIG instances from NVML; ``shared_indices=None`` shares all non-MIG GPUs.
 
     ``nvml`` is the pynvml module to use (a mock in tests and with ``inventory.nvml_mock``);
-    None imports the real one.
+    None imports the real one. Calls run on one worker thread and may take
+    ``call_deadline_seconds``; while a call that missed it is still hung, every other
+    call fails at once, so a wedged driver costs a caller one deadline, not one per call.
+    A hung call can still delay the process's exit (the worker is joined).
     """
 
     name = "nvml"
@@ -51,8 +62,16 @@ class NvmlBackend:
     frees_memory_on_suspend = False
 
     def __init__(
-        self, *, shared_indices: frozenset[int] | None = frozenset(), nvml: Any = None
+        self,
+        *,
+        shared_indices: frozenset[int] | None = frozenset(),
+        nvml: Any = None,
+        call_deadline_seconds: float = CALL_DEADLINE_SECONDS,
     ) -> None:
+        self._deadline_seconds = call_deadline_seconds
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
+        self._hung: Future[Any] | None = None
+        self._hung_lock = threading.Lock()
         try:
             if nvml is None:
                 import pynvml
@@ -61,6 +80,7 @@ class NvmlBackend:
             self._nvml: Any = nvml
             self._call("nvmlInit")
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
+            self._worker.shutdown(wait=False)
             raise Unavailable(f"NVML not available: {exc}") from exc
         self._shared_indices = shared_indices
         self._lock = threading.Lock()
@@ -79,11 +99,24 @@ class NvmlBackend:
         self.refresh()
 
     def _call(self, call: str, *args: Any) -> Any:
-        """The one door to NVML: run ``call`` and turn any NVMLError into NvmlCallFailed."""
+        """The one door to NVML: run ``call`` on the worker within the deadline; any
+        NVMLError, a missed deadline or a still-hung earlier call is NvmlCallFailed."""
+        with self._hung_lock:
+            if self._hung is not None and not self._hung.done():
+                raise NvmlCallFailed(
+                    call, self._nvml.NVML_ERROR_TIMEOUT, "an earlier NVML call is still hung"
+                )
+            self._hung = None
+            future = self._worker.submit(getattr(self._nvml, call), *args)
         try:
-            return getattr(self._nvml, call)(*args)
+            return future.result(timeout=self._deadline_seconds)
+        except FutureTimeout:
+            with self._hung_lock:
+                self._hung = future
+            message = f"no answer within {self._deadline_seconds:g} s"
+            raise NvmlCallFailed(call, self._nvml.NVML_ERROR_TIMEOUT, message) from None
         except self._nvml.NVMLError as exc:
-            raise NvmlCallFailed(call, exc) from exc
+            raise NvmlCallFailed(call, int(exc.value), str(exc)) from exc
 
     def _record_faults(self, source: str, faults: dict[str, str]) -> None:
         """Replace what ``source`` last found wrong, logging each GPU that degrades or recovers."""
@@ -275,4 +308,5 @@ class NvmlBackend:
         try:
             self._call("nvmlShutdown")
         except NvmlCallFailed:
-            pass  # already shut down; nothing to release
+            pass  # already shut down (or hung); nothing more to release
+        self._worker.shutdown(wait=False)

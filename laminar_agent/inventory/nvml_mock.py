@@ -73,7 +73,8 @@ class MockNvml:
     """A pynvml look-alike over :class:`MockGpu` records, with failures a test can script.
 
     ``fail(call, code, gpu=...)`` makes the named function raise until ``heal(call)``;
-    ``gpus[i].is_lost = True`` makes a GPU fall off the bus. Thread-safe: the agent may
+    ``hang(call, until)`` blocks it until an event is set; ``gpus[i].is_lost = True`` makes
+    a GPU fall off the bus. Thread-safe: the agent may
     poll from a worker thread while a test reconfigures it.
     """
 
@@ -82,6 +83,7 @@ class MockNvml:
         self.driver_version = driver_version
         self.calls: list[str] = []
         self._failures: dict[str, tuple[int, int | None]] = {}
+        self._hangs: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._initialized = 0
         for name in _REEXPORTED:
@@ -103,13 +105,22 @@ class MockNvml:
         with self._lock:
             self._failures[call] = (code, gpu)
 
+    def hang(self, call: str, until: threading.Event) -> None:
+        """Make ``call`` block until ``until`` is set, as a wedged driver does."""
+        self.fail(call)  # validates the name
+        with self._lock:
+            self._failures.pop(call)
+            self._hangs[call] = until
+
     def heal(self, call: str | None = None) -> None:
         """Stop failing ``call`` (every call when None)."""
         with self._lock:
             if call is None:
                 self._failures.clear()
+                self._hangs.clear()
             else:
                 self._failures.pop(call, None)
+                self._hangs.pop(call, None)
 
     @classmethod
     def from_scenario(cls, data: dict[str, Any]) -> MockNvml:
@@ -162,7 +173,10 @@ class MockNvml:
         with self._lock:
             self.calls.append(call)
             failure = self._failures.get(call)
+            hang = self._hangs.get(call)
             initialized = self._initialized > 0
+        if hang is not None:
+            hang.wait()
         if call != "nvmlInit" and not initialized:
             raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
         if handle is not None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pynvml
 import pytest
+from waiting import wait_for
 
 from laminar_agent.inventory import open_backend
 from laminar_agent.inventory.model_names import canonical_model
@@ -171,6 +173,36 @@ def test_count_failure_degrades_every_gpu_and_a_lost_gpu_recovers() -> None:
     assert h100.uuid in backend.degraded()  # the topology pass has not seen it back yet
     backend.refresh()
     assert backend.degraded() == {}
+
+
+def test_a_hung_call_costs_one_deadline_and_the_gpus_recover_when_it_returns() -> None:
+    mock = _mock()
+    backend = NvmlBackend(nvml=mock, call_deadline_seconds=0.5)
+    h100, a100 = backend.gpus()
+    release = threading.Event()
+    mock.hang("nvmlDeviceGetMemoryInfo", release)
+    try:
+        assert backend.memory_used() == {}  # returns: the hung call did not block it for good
+        degraded = backend.degraded()
+        assert "no answer within 0.5 s" in degraded[h100.uuid]
+        assert "still hung" in degraded[a100.uuid]  # failed at once, behind the hung call
+        assert backend.process_memory() == {}  # every call fails fast while one hangs
+        mock.heal()
+    finally:
+        release.set()
+
+    def recovered() -> bool:
+        backend.memory_used()
+        backend.process_memory()
+        return backend.degraded() == {}
+
+    wait_for(recovered)
+    assert set(backend.memory_used()) == {
+        h100.uuid,
+        a100.uuid,
+        *(m.uuid for m in a100.mig_instances),
+    }
+    backend.close()
 
 
 def test_mock_raises_pynvml_error_classes() -> None:
