@@ -205,6 +205,22 @@ def test_a_hung_call_costs_one_deadline_and_the_gpus_recover_when_it_returns() -
     backend.close()
 
 
+def test_a_gpu_lost_at_start_is_left_out_until_it_answers() -> None:
+    mock = _mock()
+    mock.gpus[0].is_lost = True
+    mock.fail("nvmlSystemGetDriverVersion", pynvml.NVML_ERROR_NOT_SUPPORTED)
+    backend = NvmlBackend(nvml=mock)  # starts on what answers
+    assert [g.model for g in backend.gpus()] == ["A100-40GB"]
+    assert "GPU is lost" in backend.degraded()["gpu0"]
+    assert backend.driver_version() == ""
+    mock.gpus[0].is_lost = False
+    backend.refresh()
+    assert [g.model for g in backend.gpus()] == ["H100-80GB", "A100-40GB"]
+    assert backend.degraded() == {}
+    mock.fail("nvmlShutdown", pynvml.NVML_ERROR_UNINITIALIZED)
+    backend.close()  # a failed shutdown is not an error
+
+
 def test_mock_raises_pynvml_error_classes() -> None:
     mock = _mock()
     with pytest.raises(pynvml.NVMLError_Uninitialized):
