@@ -10,11 +10,12 @@ import pynvml
 import pytest
 from waiting import wait_for
 
+from laminar_agent.config import AgentConfig, InventorySettings
 from laminar_agent.inventory import open_backend
 from laminar_agent.inventory.model_names import canonical_model
 from laminar_agent.inventory.nvml import NvmlBackend
 from laminar_agent.inventory.nvml_mock import MockGpu, MockMig, MockNvml
-from laminar_base.errors import InvalidArgument, Unavailable
+from laminar_base.errors import ConfigError, InvalidArgument, Unavailable
 
 GIB = 1 << 30
 
@@ -275,4 +276,12 @@ def test_init_failure_is_unavailable_and_scenario_file_selects_the_mock(tmp_path
     scenario.write_text('{"gpus": [{"name": "x"}]}')
     with pytest.raises(InvalidArgument) as info:
         open_backend("nvml", fake_spec="", agent_id="a", nvml_mock=str(scenario))
+    assert info.value.field == "inventory.nvml_mock"
+
+
+def test_the_mock_is_only_selected_with_the_nvml_backend() -> None:
+    assert AgentConfig().inventory.nvml_mock == ""  # never by default
+    AgentConfig(inventory=InventorySettings(nvml_mock="scenario.json")).validate()
+    with pytest.raises(ConfigError) as info:
+        AgentConfig(inventory=InventorySettings(gpu_backend="fake", nvml_mock="x.json")).validate()
     assert info.value.field == "inventory.nvml_mock"
