@@ -57,6 +57,27 @@ class MockGpu:
     is_lost: bool = False
 
 
+def _read_scenario(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(
+            f"cannot read NVML mock scenario {str(path)!r}: {exc}", field="inventory.nvml_mock"
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("an NVML mock scenario is a JSON object", field="inventory.nvml_mock")
+    return data
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when the scenario file is rewritten or replaced."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 @dataclass(frozen=True)
 class _Handle:
     """An opaque device handle, as ``nvmlDeviceGetHandleByIndex`` returns one."""
@@ -81,7 +102,8 @@ class MockNvml:
     def __init__(self, gpus: list[MockGpu], *, driver_version: str = "550.54.15") -> None:
         self.gpus = gpus
         self.driver_version = driver_version
-        self.calls: list[str] = []
+        self._source: Path | None = None
+        self._source_stamp: tuple[int, int, int] | None = None
         self._failures: dict[str, tuple[int, int | None]] = {}
         self._hangs: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
@@ -122,9 +144,8 @@ class MockNvml:
                 self._failures.pop(call, None)
                 self._hangs.pop(call, None)
 
-    @classmethod
-    def from_scenario(cls, data: dict[str, Any]) -> MockNvml:
-        """Build from a JSON-like scenario (see docs/agent.md, "A mocked NVML")."""
+    @staticmethod
+    def _parse(data: dict[str, Any]) -> tuple[list[MockGpu], str, dict[str, int]]:
         try:
             gpus = [
                 MockGpu(
@@ -148,30 +169,52 @@ class MockNvml:
                 )
                 for g in data["gpus"]
             ]
-        except (KeyError, TypeError, ValueError) as exc:
+            errors = {str(call): int(code) for call, code in data.get("errors", {}).items()}
+            return gpus, str(data.get("driver_version", "550.54.15")), errors
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InvalidArgument(
                 f"bad NVML mock scenario: {exc!r}", field="inventory.nvml_mock"
             ) from None
-        mock = cls(gpus, driver_version=str(data.get("driver_version", "550.54.15")))
-        for call, code in data.get("errors", {}).items():
-            mock.fail(call, int(code))
+
+    @classmethod
+    def from_scenario(cls, data: dict[str, Any]) -> MockNvml:
+        """Build from a JSON-like scenario (see docs/agent.md, "A mocked NVML")."""
+        gpus, driver_version, errors = cls._parse(data)
+        mock = cls(gpus, driver_version=driver_version)
+        for call, code in errors.items():
+            mock.fail(call, code)
         return mock
 
     @classmethod
     def from_file(cls, path: str | Path) -> MockNvml:
+        """Build from a JSON scenario file, and follow it: when the file is replaced
+        (write a new one, then rename it over), the next call sees its GPUs and errors,
+        so a test can script a running agent's NVML from outside the process."""
+        mock = cls.from_scenario(_read_scenario(Path(path)))
+        mock._source = Path(path)
+        mock._source_stamp = _stamp(mock._source)
+        return mock
+
+    def _follow_source(self) -> None:
+        if self._source is None:
+            return
+        stamp = _stamp(self._source)
+        if stamp == self._source_stamp:
+            return
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise InvalidArgument(
-                f"cannot read NVML mock scenario {str(path)!r}: {exc}", field="inventory.nvml_mock"
-            ) from None
-        return cls.from_scenario(data)
+            gpus, driver_version, errors = self._parse(_read_scenario(self._source))
+        except InvalidArgument:
+            return  # mid-write or broken: keep the last good scenario
+        with self._lock:
+            self._source_stamp = stamp
+            self.gpus, self.driver_version = gpus, driver_version
+            self._failures = {call: (code, None) for call, code in errors.items()}
 
     # Plumbing --------------------------------------------------------------------------
 
     def _enter(self, call: str, handle: _Handle | None = None) -> None:
+        self._follow_source()
         with self._lock:
-            self.calls.append(call)
             failure = self._failures.get(call)
             hang = self._hangs.get(call)
             initialized = self._initialized > 0

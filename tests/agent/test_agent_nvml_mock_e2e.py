@@ -2,12 +2,14 @@
 
 The agent is selected onto the mock only through ``LAMINAR_INVENTORY_NVML_MOCK``; it
 runs the production NvmlBackend, so the router sees canonical model names and a job
-asking for ``H100-80GB`` lands on the GPU NVML calls "NVIDIA H100 80GB HBM3".
+asking for ``H100-80GB`` lands on the GPU NVML calls "NVIDIA H100 80GB HBM3". The test
+then replaces the scenario file (the mock follows it) to make that GPU fall off the bus.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,9 +29,16 @@ SCENARIO = {
 }
 
 
-def test_agent_on_mocked_nvml_registers_and_runs_a_job(tmp_path: Path) -> None:
+def _write_scenario(path: Path, scenario: dict[str, object]) -> None:
+    """Replace the file in one step, as the agent's mock follows it while running."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(scenario))
+    os.replace(tmp, path)
+
+
+def test_agent_on_mocked_nvml_registers_runs_a_job_and_survives_a_fault(tmp_path: Path) -> None:
     scenario = tmp_path / "nvml.json"
-    scenario.write_text(json.dumps(SCENARIO))
+    _write_scenario(scenario, SCENARIO)
     mock = MockNvml.from_scenario(SCENARIO)
     mock.nvmlInit()
     h100_uuid = mock.nvmlDeviceGetUUID(mock.nvmlDeviceGetHandleByIndex(1))
@@ -68,4 +77,16 @@ def test_agent_on_mocked_nvml_registers_and_runs_a_job(tmp_path: Path) -> None:
             wait_for(lambda: job().state in (zone_pb2.JOB_SUCCEEDED, zone_pb2.JOB_FAILED))
             assert job().state == zone_pb2.JOB_SUCCEEDED, job().reason
         assert seen.read_text() == h100_uuid
+
+        # The H100 falls off the bus: the agent stays up, degrades it, and recovers.
+        lost = {"gpus": [SCENARIO["gpus"][0], {**SCENARIO["gpus"][1], "is_lost": True}]}
+        _write_scenario(scenario, lost)
+        wait_for(lambda: f"GPU {h100_uuid} degraded" in agent.log_path.read_text())
+        with grpc.insecure_channel(agent.address) as channel:
+            inv = agent_pb2_grpc.AgentStub(channel).GetInventory(
+                agent_pb2.GetInventoryRequest(), timeout=10
+            )
+        assert [g.model for g in inv.gpus] == ["A100-40GB", "H100-80GB"]  # last record kept
+        _write_scenario(scenario, SCENARIO)
+        wait_for(lambda: f"GPU {h100_uuid} recovered" in agent.log_path.read_text())
         assert agent.is_running()
