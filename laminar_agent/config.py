@@ -95,6 +95,13 @@ class ExecutorSettings:
 @dataclass(frozen=True)
 class InventorySettings:
     gpu_backend: str = field(default="nvml", metadata=doc("GPU backend: nvml or fake"))
+    nvml_mock: str = field(
+        default="",
+        metadata=doc(
+            "JSON scenario of a mocked NVML the nvml backend runs on instead of the driver "
+            "(tests and demos); empty = the real driver"
+        ),
+    )
     fake_gpus: str = field(
         default="4xH100-80GB",
         metadata=doc("fake backend spec, e.g. 'H100-80GB:mig=3g.40gb,A100-40GB'"),
@@ -305,6 +312,10 @@ class AgentConfig:
             raise ConfigError(
                 f"must be 'nvml' or 'fake', got {self.inventory.gpu_backend!r}",
                 field="inventory.gpu_backend",
+            )
+        if self.inventory.nvml_mock and self.inventory.gpu_backend != "nvml":
+            raise ConfigError(
+                "a mocked NVML needs inventory.gpu_backend = nvml", field="inventory.nvml_mock"
             )
         for key, value in (("server.listen", self.server.listen), ("zone.zone", self.zone.zone)):
             if value and not _is_host_port(value):

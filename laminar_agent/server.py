@@ -236,6 +236,7 @@ class AgentServer:
             fake_spec=cfg.inventory.fake_gpus,
             agent_id=agent_id,
             shared_gpus=cfg.inventory.shared_gpus,
+            nvml_mock=cfg.inventory.nvml_mock,
         )
         metrics = AgentMetrics()
         run_as = resolve_run_as(cfg.executor.run_as_user)

@@ -27,11 +27,15 @@ def parse_shared_gpus(shared_gpus: str) -> frozenset[int] | None:
     return indices
 
 
-def open_backend(name: str, *, fake_spec: str, agent_id: str, shared_gpus: str = "") -> GpuBackend:
+def open_backend(
+    name: str, *, fake_spec: str, agent_id: str, shared_gpus: str = "", nvml_mock: str = ""
+) -> GpuBackend:
     """Build the backend named by config (``nvml`` or ``fake``).
 
     ``shared_gpus`` marks non-MIG GPUs that allow fractional sharing: "", "all",
     or comma-separated indices (the fake spec's ``:shared`` option adds to it).
+    ``nvml_mock`` names a JSON scenario: the ``nvml`` backend then runs on the mocked
+    NVML module instead of the driver (tests and demos; never the default).
     """
     shared = parse_shared_gpus(shared_gpus)
     if name == "fake":
@@ -42,5 +46,9 @@ def open_backend(name: str, *, fake_spec: str, agent_id: str, shared_gpus: str =
     if name == "nvml":
         from laminar_agent.inventory.nvml import NvmlBackend
 
+        if nvml_mock:
+            from laminar_agent.inventory.nvml_mock import MockNvml
+
+            return NvmlBackend(shared_indices=shared, nvml=MockNvml.from_file(nvml_mock))
         return NvmlBackend(shared_indices=shared)
     raise InvalidArgument(f"must be 'nvml' or 'fake', got {name!r}", field="gpu_backend")

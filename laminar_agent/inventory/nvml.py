@@ -1,70 +1,184 @@
 """GpuBackend over NVIDIA's NVML (package nvidia-ml-py, module ``pynvml``).
 
 pynvml is imported lazily so machines without the driver can still run the
-fake backend; a failed init becomes a clean Unavailable error.
+fake backend; a failed init becomes a clean Unavailable error. A stand-in module
+(:mod:`laminar_agent.inventory.nvml_mock`) can be injected so this code runs without
+a GPU.
+
+Every NVML call goes through :meth:`NvmlBackend._call`. A call that fails degrades the
+GPU it was about (:meth:`NvmlBackend.degraded` says which and why) instead of raising
+into the agent's loops: memory polls skip that GPU, a topology read keeps its last
+known record. The GPU recovers on the next pass whose calls succeed. Each call has a deadline, so a
+wedged driver blocks the caller (the agent's event loop, for memory polls) for at most
+one deadline, not forever. Not covered yet: the poll still blocks its caller for that
+long, and a degraded GPU still takes new work (the ledger does not read
+:meth:`degraded`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from laminar_agent.inventory.base import GpuInfo, MigInstanceInfo
+from laminar_agent.inventory.model_names import canonical_model
 from laminar_base.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+#: How long one NVML call may take before its GPU is degraded (they take microseconds
+#: to milliseconds; a wedged driver takes forever).
+CALL_DEADLINE_SECONDS = 1.0
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class NvmlCallFailed(Exception):
+    """One NVML call failed; ``code`` is NVML's return code (``NVMLError.value``)."""
+
+    def __init__(self, call: str, code: int, message: str) -> None:
+        self.call = call
+        self.code = code
+        super().__init__(f"{call}: {message} (NVML code {code})")
+
+
 class NvmlBackend:
-    """Reads GPUs and MIG instances from NVML; ``shared_indices=None`` shares all non-MIG GPUs."""
+    """Reads GPUs and MIG instances from NVML; ``shared_indices=None`` shares all non-MIG GPUs.
+
+    ``nvml`` is the pynvml module to use (a mock in tests and with ``inventory.nvml_mock``);
+    None imports the real one. Calls run on one worker thread and may take
+    ``call_deadline_seconds``; while a call that missed it is still hung, every other
+    call fails at once, so a wedged driver costs a caller one deadline, not one per call.
+    A hung call can still delay the process's exit (the worker is joined).
+    """
 
     name = "nvml"
     #: cuda-checkpoint is not integrated yet: SIGSTOP leaves GPU memory allocated.
     frees_memory_on_suspend = False
 
-    def __init__(self, *, shared_indices: frozenset[int] | None = frozenset()) -> None:
+    def __init__(
+        self,
+        *,
+        shared_indices: frozenset[int] | None = frozenset(),
+        nvml: Any = None,
+        call_deadline_seconds: float = CALL_DEADLINE_SECONDS,
+    ) -> None:
+        self._deadline_seconds = call_deadline_seconds
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
+        self._hung: Future[Any] | None = None
+        self._hung_lock = threading.Lock()
         try:
-            import pynvml
+            if nvml is None:
+                import pynvml
 
-            pynvml.nvmlInit()
+                nvml = pynvml
+            self._nvml: Any = nvml
+            self._call("nvmlInit")
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
+            self._worker.shutdown(wait=False)
             raise Unavailable(f"NVML not available: {exc}") from exc
-        self._nvml: Any = pynvml
         self._shared_indices = shared_indices
         self._lock = threading.Lock()
         self._closed = False
         self._gpus: tuple[GpuInfo, ...] = ()
         self._handles: dict[str, Any] = {}
+        #: Device uuid (GPU or MIG instance) -> the uuid of the GPU it belongs to.
+        self._parent: dict[str, str] = {}
+        #: Pass ("topology", "memory", "processes") -> GPU key -> why that pass failed on it.
+        self._faults: dict[str, dict[str, str]] = {}
+        try:
+            self._driver_version = _text(self._call("nvmlSystemGetDriverVersion"))
+        except NvmlCallFailed as failure:
+            log.warning("NVML driver version unknown: %s", failure)
+            self._driver_version = ""
         self.refresh()
 
+    def _call(self, call: str, *args: Any) -> Any:
+        """The one door to NVML: run ``call`` on the worker within the deadline; any
+        NVMLError, a missed deadline or a still-hung earlier call is NvmlCallFailed."""
+        with self._hung_lock:
+            if self._hung is not None and not self._hung.done():
+                raise NvmlCallFailed(
+                    call, self._nvml.NVML_ERROR_TIMEOUT, "an earlier NVML call is still hung"
+                )
+            self._hung = None
+            future = self._worker.submit(getattr(self._nvml, call), *args)
+        try:
+            return future.result(timeout=self._deadline_seconds)
+        except FutureTimeout:
+            with self._hung_lock:
+                self._hung = future
+            message = f"no answer within {self._deadline_seconds:g} s"
+            raise NvmlCallFailed(call, self._nvml.NVML_ERROR_TIMEOUT, message) from None
+        except self._nvml.NVMLError as exc:
+            raise NvmlCallFailed(call, int(exc.value), str(exc)) from exc
+
+    def _record_faults(self, source: str, faults: dict[str, str]) -> None:
+        """Replace what ``source`` last found wrong, logging each GPU that degrades or recovers."""
+        with self._lock:
+            before = self._degraded_locked()
+            self._faults[source] = faults
+            after = self._degraded_locked()
+        for key in sorted(after.keys() - before.keys()):
+            log.warning("GPU %s degraded: %s", key, after[key])
+        for key in sorted(before.keys() - after.keys()):
+            log.info("GPU %s recovered: NVML answers again (was: %s)", key, before[key])
+
+    def _degraded_locked(self) -> dict[str, str]:
+        merged: dict[str, str] = {}
+        for source in sorted(self._faults):
+            for key, reason in self._faults[source].items():
+                merged.setdefault(key, reason)
+        return merged
+
+    def degraded(self) -> dict[str, str]:
+        """GPU uuid (``gpu<index>`` when NVML never gave one) -> the failed call, for degraded GPUs."""
+        with self._lock:
+            return self._degraded_locked()
+
     def _mig_instances(self, handle: Any) -> tuple[tuple[MigInstanceInfo, Any], ...]:
+        """MIG instances of a GPU; NOT_SUPPORTED, an empty slot (NOT_FOUND) and a hidden
+        placement (NO_PERMISSION) are answers, any other failure propagates."""
         nvml = self._nvml
         try:
-            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
-        except nvml.NVMLError:
-            return ()  # MIG not supported on this GPU
-        if current != nvml.NVML_DEVICE_MIG_ENABLE:
+            current, _pending = self._call("nvmlDeviceGetMigMode", handle)
+        except NvmlCallFailed as failure:
+            if failure.code == self._nvml.NVML_ERROR_NOT_SUPPORTED:
+                return ()  # MIG not supported on this GPU
+            raise
+        if current != self._nvml.NVML_DEVICE_MIG_ENABLE:
             return ()
         result: list[tuple[MigInstanceInfo, Any]] = []
-        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        for slot in range(self._call("nvmlDeviceGetMaxMigDeviceCount", handle)):
             try:
-                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except nvml.NVMLError:
-                continue  # empty slot
-            name = _text(nvml.nvmlDeviceGetName(mig))
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+            except NvmlCallFailed as failure:
+                if failure.code == self._nvml.NVML_ERROR_NOT_FOUND:
+                    continue  # empty slot
+                raise
+            name = _text(self._call("nvmlDeviceGetName", mig))
             profile = name.rsplit("MIG ", 1)[-1].strip() if "MIG " in name else name
             start, size = -1, 0
             try:
-                gi = nvml.nvmlDeviceGetGpuInstanceById(handle, nvml.nvmlDeviceGetGpuInstanceId(mig))
-                info = nvml.nvmlGpuInstanceGetInfo(gi)
+                gi_id = self._call("nvmlDeviceGetGpuInstanceId", mig)
+                gi = self._call("nvmlDeviceGetGpuInstanceById", handle, gi_id)
+                info = self._call("nvmlGpuInstanceGetInfo", gi)
                 start, size = int(info.placement.start), int(info.placement.size)
-            except nvml.NVMLError:
-                pass  # needs privileges on some drivers; placement stays unknown (-1)
-            memory = nvml.nvmlDeviceGetMemoryInfo(mig)
+            except NvmlCallFailed as failure:
+                if failure.code not in (
+                    nvml.NVML_ERROR_NO_PERMISSION,
+                    nvml.NVML_ERROR_NOT_SUPPORTED,
+                ):
+                    raise
+                # needs privileges on some drivers; placement stays unknown (-1)
+            memory = self._call("nvmlDeviceGetMemoryInfo", mig)
             info_record = MigInstanceInfo(
-                uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                uuid=_text(self._call("nvmlDeviceGetUUID", mig)),
                 profile=profile,
                 memory_total_bytes=int(memory.total),
                 start=start,
@@ -73,56 +187,118 @@ class NvmlBackend:
             result.append((info_record, mig))
         return tuple(sorted(result, key=lambda pair: (pair[0].start, pair[0].uuid)))
 
+    def _read_gpu(self, index: int) -> tuple[GpuInfo, dict[str, Any]]:
+        """One GPU's record and the handles of its devices (itself and its MIG instances)."""
+        handle = self._call("nvmlDeviceGetHandleByIndex", index)
+        uuid = _text(self._call("nvmlDeviceGetUUID", handle))
+        instances = self._mig_instances(handle)
+        handles = {uuid: handle, **{m.uuid: h for m, h in instances}}
+        shared = not instances and (self._shared_indices is None or index in self._shared_indices)
+        memory_total = int(self._call("nvmlDeviceGetMemoryInfo", handle).total)
+        gpu = GpuInfo(
+            index=index,
+            uuid=uuid,
+            model=canonical_model(_text(self._call("nvmlDeviceGetName", handle)), memory_total),
+            memory_total_bytes=memory_total,
+            mig_enabled=bool(instances),
+            mig_instances=tuple(m for m, _ in instances),
+            shared=shared,
+        )
+        return gpu, handles
+
     def refresh(self) -> None:
-        nvml = self._nvml
+        """Re-read the topology; a GPU whose read fails keeps its last record and is degraded.
+
+        Raises Unavailable only when NVML cannot even count GPUs on the first read.
+        """
+        with self._lock:
+            previous = {gpu.index: gpu for gpu in self._gpus}
+            old_handles, old_parent = dict(self._handles), dict(self._parent)
+        try:
+            count = int(self._call("nvmlDeviceGetCount"))
+        except NvmlCallFailed as failure:
+            if not previous:
+                raise Unavailable(f"NVML topology read failed: {failure}") from failure
+            self._record_faults("topology", {g.uuid: str(failure) for g in previous.values()})
+            return
         gpus: list[GpuInfo] = []
         handles: dict[str, Any] = {}
-        try:
-            for index in range(nvml.nvmlDeviceGetCount()):
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-                instances = self._mig_instances(handle)
-                handles[uuid] = handle
-                for mig_info, mig_handle in instances:
-                    handles[mig_info.uuid] = mig_handle
-                shared = not instances and (
-                    self._shared_indices is None or index in self._shared_indices
-                )
-                gpus.append(
-                    GpuInfo(
-                        index=index,
-                        uuid=uuid,
-                        model=_text(nvml.nvmlDeviceGetName(handle)),
-                        memory_total_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-                        mig_enabled=bool(instances),
-                        mig_instances=tuple(m for m, _ in instances),
-                        shared=shared,
-                    )
-                )
-        except nvml.NVMLError as exc:
-            raise Unavailable(f"NVML topology read failed: {exc}") from exc
+        parent: dict[str, str] = {}
+        faults: dict[str, str] = {}
+        for index in range(count):
+            try:
+                gpu, gpu_handles = self._read_gpu(index)
+            except NvmlCallFailed as failure:
+                old = previous.get(index)
+                faults[old.uuid if old is not None else f"gpu{index}"] = str(failure)
+                if old is None:
+                    continue  # never read: nothing to offer until NVML answers
+                gpu = old
+                gpu_handles = {u: h for u, h in old_handles.items() if old_parent[u] == old.uuid}
+            gpus.append(gpu)
+            handles.update(gpu_handles)
+            parent.update(dict.fromkeys(gpu_handles, gpu.uuid))
         with self._lock:
             self._gpus = tuple(gpus)
             self._handles = handles
+            self._parent = parent
+        self._record_faults("topology", faults)
 
     def gpus(self) -> tuple[GpuInfo, ...]:
         return self._gpus
 
-    def memory_used(self) -> dict[str, tuple[int, int]]:
-        nvml = self._nvml
+    def _devices(self) -> tuple[list[tuple[str, str, Any]], frozenset[str]]:
+        """(device uuid, GPU uuid, handle) for every device, and the uuids of MIG parents."""
         with self._lock:
-            handles = dict(self._handles)
+            devices = [(u, self._parent[u], h) for u, h in self._handles.items()]
+            mig_parents = frozenset(g.uuid for g in self._gpus if g.mig_enabled)
+        return devices, mig_parents
+
+    def memory_used(self) -> dict[str, tuple[int, int]]:
+        """Readings of every device of every healthy GPU; a GPU with a failed read is left out."""
+        devices, _ = self._devices()
         result: dict[str, tuple[int, int]] = {}
-        try:
-            for uuid, handle in handles.items():
-                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-                result[uuid] = (int(memory.used), int(memory.total))
-        except nvml.NVMLError as exc:
-            raise Unavailable(f"NVML memory read failed: {exc}") from exc
-        return result
+        faults: dict[str, str] = {}
+        for uuid, gpu_uuid, handle in devices:
+            if gpu_uuid in faults:
+                continue  # one failed call per GPU per poll is enough to know
+            try:
+                memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+            except NvmlCallFailed as failure:
+                faults[gpu_uuid] = str(failure)
+                continue
+            result[uuid] = (int(memory.used), int(memory.total))
+        self._record_faults("memory", faults)
+        parent = {uuid: gpu_uuid for uuid, gpu_uuid, _ in devices}
+        return {u: r for u, r in result.items() if parent[u] not in faults}
+
+    def process_memory(self) -> dict[str, dict[int, int]]:
+        """Device uuid -> pid -> GPU memory bytes NVML attributes to that process.
+
+        Whole GPUs and MIG instances are asked; a MIG parent is not (its instances hold
+        its processes). A process NVML lists without a figure (``usedGpuMemory`` None, as
+        under WDDM) is left out, as is every device of a GPU whose call failed.
+        """
+        devices, mig_parents = self._devices()
+        result: dict[str, dict[int, int]] = {}
+        faults: dict[str, str] = {}
+        for uuid, gpu_uuid, handle in devices:
+            if uuid in mig_parents or gpu_uuid in faults:
+                continue
+            try:
+                processes = self._call("nvmlDeviceGetComputeRunningProcesses", handle)
+            except NvmlCallFailed as failure:
+                faults[gpu_uuid] = str(failure)
+                continue
+            result[uuid] = {
+                int(p.pid): int(p.usedGpuMemory) for p in processes if p.usedGpuMemory is not None
+            }
+        self._record_faults("processes", faults)
+        parent = {uuid: gpu_uuid for uuid, gpu_uuid, _ in devices}
+        return {u: pids for u, pids in result.items() if parent[u] not in faults}
 
     def driver_version(self) -> str:
-        return _text(self._nvml.nvmlSystemGetDriverVersion())
+        return self._driver_version
 
     def close(self) -> None:
         with self._lock:
@@ -130,6 +306,7 @@ class NvmlBackend:
                 return
             self._closed = True
         try:
-            self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass  # already shut down; nothing to release
+            self._call("nvmlShutdown")
+        except NvmlCallFailed:
+            pass  # already shut down (or hung); nothing more to release
+        self._worker.shutdown(wait=False)

@@ -1,0 +1,353 @@
+"""A scriptable stand-in for the ``pynvml`` module, so :class:`NvmlBackend` runs without a GPU.
+
+It imitates the part of nvidia-ml-py's API the backend calls (same function names,
+argument order and return shapes) and raises pynvml's own ``NVMLError`` subclasses, so
+``except pynvml.NVMLError_NotFound`` behaves as on a real host. A test configures it in
+Python (:class:`MockNvml`); the agent daemon loads one from a JSON scenario when
+``inventory.nvml_mock`` (``LAMINAR_INVENTORY_NVML_MOCK``) names a file, never by default.
+
+Not covered: events (Xid), clocks, ECC, NVLink, vGPU; MIG placement is what the scenario
+says, not what the driver would choose.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from laminar_base.errors import InvalidArgument
+
+GIB = 1 << 30
+#: Where mock UUIDs are derived from, so a scenario always yields the same UUIDs.
+_UUID_NAMESPACE = uuidlib.UUID("6c61c2a5-0b4e-4f0e-9a3e-6d4f636b6e76")
+#: pynvml's constants and error classes the backend reads off the module.
+_REEXPORTED = ("NVMLError", "NVML_DEVICE_MIG_ENABLE", "NVML_DEVICE_MIG_DISABLE")
+MAX_MIG_DEVICES = 7
+
+
+@dataclass
+class MockMig:
+    """One MIG instance of a mocked GPU; ``processes`` maps pid -> used bytes."""
+
+    profile: str
+    memory_total_bytes: int
+    start: int
+    size: int
+    used_bytes: int = 0
+    processes: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class MockGpu:
+    """One mocked GPU, named as NVML names it (e.g. ``NVIDIA H100 80GB HBM3``)."""
+
+    name: str
+    memory_total_bytes: int
+    used_bytes: int = 0
+    processes: dict[int, int] = field(default_factory=dict)
+    mig_capable: bool = False
+    migs: list[MockMig] = field(default_factory=list)
+    #: Fell off the bus: every call on this GPU fails with GPU_IS_LOST.
+    is_lost: bool = False
+
+
+def _read_scenario(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(
+            f"cannot read NVML mock scenario {str(path)!r}: {exc}", field="inventory.nvml_mock"
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("an NVML mock scenario is a JSON object", field="inventory.nvml_mock")
+    return data
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when the scenario file is rewritten or replaced."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+@dataclass(frozen=True)
+class _Handle:
+    """An opaque device handle, as ``nvmlDeviceGetHandleByIndex`` returns one."""
+
+    gpu: int
+    mig: int | None = None
+
+
+def _error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)  # pynvml maps the code to its NVMLError_* subclass
+
+
+class MockNvml:
+    """A pynvml look-alike over :class:`MockGpu` records, with failures a test can script.
+
+    ``fail(call, code, gpu=...)`` makes the named function raise until ``heal(call)``;
+    ``hang(call, until)`` blocks it until an event is set; ``gpus[i].is_lost = True`` makes
+    a GPU fall off the bus. Thread-safe: the agent may
+    poll from a worker thread while a test reconfigures it.
+    """
+
+    def __init__(self, gpus: list[MockGpu], *, driver_version: str = "550.54.15") -> None:
+        self.gpus = gpus
+        self.driver_version = driver_version
+        self._source: Path | None = None
+        self._source_stamp: tuple[int, int, int] | None = None
+        self._failures: dict[str, tuple[int, int | None]] = {}
+        self._hangs: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._initialized = 0
+        for name in _REEXPORTED:
+            setattr(self, name, getattr(pynvml, name))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("NVMLError_") or name.startswith("NVML_ERROR_"):
+            return getattr(pynvml, name)
+        raise AttributeError(name)
+
+    # Scripting -------------------------------------------------------------------------
+
+    def fail(
+        self, call: str, code: int = pynvml.NVML_ERROR_UNKNOWN, gpu: int | None = None
+    ) -> None:
+        """Make ``call`` raise ``NVMLError(code)`` (only for GPU index ``gpu`` when given)."""
+        if not callable(getattr(type(self), call, None)) or not call.startswith("nvml"):
+            raise InvalidArgument(f"no NVML call named {call!r} in the mock", field="call")
+        with self._lock:
+            self._failures[call] = (code, gpu)
+
+    def hang(self, call: str, until: threading.Event) -> None:
+        """Make ``call`` block until ``until`` is set, as a wedged driver does."""
+        self.fail(call)  # validates the name
+        with self._lock:
+            self._failures.pop(call)
+            self._hangs[call] = until
+
+    def heal(self, call: str | None = None) -> None:
+        """Stop failing ``call`` (every call when None)."""
+        with self._lock:
+            if call is None:
+                self._failures.clear()
+                self._hangs.clear()
+            else:
+                self._failures.pop(call, None)
+                self._hangs.pop(call, None)
+
+    @staticmethod
+    def _parse(data: dict[str, Any]) -> tuple[list[MockGpu], str, dict[str, int]]:
+        try:
+            gpus = [
+                MockGpu(
+                    name=str(g["name"]),
+                    memory_total_bytes=int(g["memory_total_bytes"]),
+                    used_bytes=int(g.get("used_bytes", 0)),
+                    processes={int(p): int(b) for p, b in g.get("processes", {}).items()},
+                    mig_capable=bool(g.get("mig_capable", bool(g.get("migs")))),
+                    migs=[
+                        MockMig(
+                            profile=str(m["profile"]),
+                            memory_total_bytes=int(m["memory_total_bytes"]),
+                            start=int(m["start"]),
+                            size=int(m["size"]),
+                            used_bytes=int(m.get("used_bytes", 0)),
+                            processes={int(p): int(b) for p, b in m.get("processes", {}).items()},
+                        )
+                        for m in g.get("migs", [])
+                    ],
+                    is_lost=bool(g.get("is_lost", False)),
+                )
+                for g in data["gpus"]
+            ]
+            errors = {str(call): int(code) for call, code in data.get("errors", {}).items()}
+            return gpus, str(data.get("driver_version", "550.54.15")), errors
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidArgument(
+                f"bad NVML mock scenario: {exc!r}", field="inventory.nvml_mock"
+            ) from None
+
+    @classmethod
+    def from_scenario(cls, data: dict[str, Any]) -> MockNvml:
+        """Build from a JSON-like scenario (see docs/agent.md, "A mocked NVML")."""
+        gpus, driver_version, errors = cls._parse(data)
+        mock = cls(gpus, driver_version=driver_version)
+        for call, code in errors.items():
+            mock.fail(call, code)
+        return mock
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> MockNvml:
+        """Build from a JSON scenario file, and follow it: when the file is replaced
+        (write a new one, then rename it over), the next call sees its GPUs and errors,
+        so a test can script a running agent's NVML from outside the process."""
+        mock = cls.from_scenario(_read_scenario(Path(path)))
+        mock._source = Path(path)
+        mock._source_stamp = _stamp(mock._source)
+        return mock
+
+    def _follow_source(self) -> None:
+        if self._source is None:
+            return
+        stamp = _stamp(self._source)
+        if stamp == self._source_stamp:
+            return
+        try:
+            gpus, driver_version, errors = self._parse(_read_scenario(self._source))
+        except InvalidArgument:
+            return  # mid-write or broken: keep the last good scenario
+        with self._lock:
+            self._source_stamp = stamp
+            self.gpus, self.driver_version = gpus, driver_version
+            self._failures = {call: (code, None) for call, code in errors.items()}
+
+    # Plumbing --------------------------------------------------------------------------
+
+    def _enter(self, call: str, handle: _Handle | None = None) -> None:
+        self._follow_source()
+        with self._lock:
+            failure = self._failures.get(call)
+            hang = self._hangs.get(call)
+            initialized = self._initialized > 0
+        if hang is not None:
+            hang.wait()
+        if call != "nvmlInit" and not initialized:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        if handle is not None:
+            if not 0 <= handle.gpu < len(self.gpus):
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            if self.gpus[handle.gpu].is_lost:
+                raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if failure is not None:
+            code, gpu = failure
+            if gpu is None or (handle is not None and handle.gpu == gpu):
+                raise _error(code)
+
+    def _gpu(self, handle: _Handle) -> MockGpu:
+        return self.gpus[handle.gpu]
+
+    def _mig(self, handle: _Handle) -> MockMig:
+        if handle.mig is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpu(handle).migs[handle.mig]
+
+    def _uuid(self, handle: _Handle) -> str:
+        if handle.mig is None:
+            return f"GPU-{uuidlib.uuid5(_UUID_NAMESPACE, f'gpu{handle.gpu}')}"
+        return f"MIG-{uuidlib.uuid5(_UUID_NAMESPACE, f'gpu{handle.gpu}/mig{handle.mig}')}"
+
+    # The pynvml API --------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit")
+        with self._lock:
+            self._initialized += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        with self._lock:
+            self._initialized -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        handle = _Handle(index)
+        self._enter("nvmlDeviceGetHandleByIndex", handle)
+        return handle
+
+    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+        self._enter("nvmlDeviceGetUUID", handle)
+        return self._uuid(handle)
+
+    def nvmlDeviceGetName(self, handle: _Handle) -> str:
+        self._enter("nvmlDeviceGetName", handle)
+        gpu = self._gpu(handle)
+        return gpu.name if handle.mig is None else f"{gpu.name} MIG {self._mig(handle).profile}"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> pynvml.c_nvmlMemory_t:
+        self._enter("nvmlDeviceGetMemoryInfo", handle)
+        gpu = self._gpu(handle)
+        if handle.mig is not None:
+            mig = self._mig(handle)
+            total, used = mig.memory_total_bytes, mig.used_bytes + sum(mig.processes.values())
+        elif gpu.migs:
+            total = gpu.memory_total_bytes
+            used = gpu.used_bytes + sum(m.used_bytes + sum(m.processes.values()) for m in gpu.migs)
+        else:
+            total, used = gpu.memory_total_bytes, gpu.used_bytes + sum(gpu.processes.values())
+        used = min(used, total)
+        return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
+        if handle.mig is not None:
+            mig = self._mig(handle)
+            gi_id, procs = handle.mig + 1, mig.processes
+        else:
+            gi_id, procs = 0xFFFFFFFF, self._gpu(handle).processes
+        return [
+            pynvml.nvmlFriendlyObject(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": used,
+                    "gpuInstanceId": gi_id,
+                    "computeInstanceId": 0 if handle.mig is not None else 0xFFFFFFFF,
+                }
+            )
+            for pid, used in sorted(procs.items())
+        ]
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
+        self._enter("nvmlDeviceGetMigMode", handle)
+        gpu = self._gpu(handle)
+        if not gpu.mig_capable:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.migs else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
+        self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)
+        return MAX_MIG_DEVICES if self._gpu(handle).mig_capable else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _Handle:
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if not 0 <= index < len(self._gpu(handle).migs):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return _Handle(handle.gpu, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: _Handle) -> int:
+        self._enter("nvmlDeviceGetGpuInstanceId", handle)
+        self._mig(handle)
+        assert handle.mig is not None
+        return handle.mig + 1
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: _Handle, instance_id: int) -> _Handle:
+        self._enter("nvmlDeviceGetGpuInstanceById", handle)
+        if not 1 <= instance_id <= len(self._gpu(handle).migs):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return _Handle(handle.gpu, instance_id - 1)
+
+    def nvmlGpuInstanceGetInfo(self, instance: _Handle) -> pynvml.c_nvmlGpuInstanceInfo_t:
+        self._enter("nvmlGpuInstanceGetInfo", instance)
+        mig = self._mig(instance)
+        assert instance.mig is not None
+        return pynvml.c_nvmlGpuInstanceInfo_t(
+            id=instance.mig + 1,
+            profileId=0,
+            placement=pynvml.c_nvmlGpuInstancePlacement_t(start=mig.start, size=mig.size),
+        )
