@@ -47,10 +47,11 @@ from laminar_base.causes import (
 from laminar_base.demand import Demand
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_str
-from laminar_zone.config import ZoneConfig
+from laminar_zone.config import Quota, ZoneConfig
 from laminar_zone.entry import Entry
 from laminar_zone.lifecycle import atomized_subjob_id
 from laminar_zone.market import (
+    Award,
     Bid,
     Bidder,
     Calibrator,
@@ -80,6 +81,7 @@ class Zone(Protocol):
     placer: Placer
     entries: dict[str, Entry]
     shares: dict[str, float]
+    quotas: dict[str, Quota]
     blocked_starts: dict[str, float]
     heartbeat_seconds: float
 
@@ -492,16 +494,41 @@ class Atomizer:
             )
             for got in replies:
                 client_bids.extend(got)
-        units, _ = self.zone.tenant_usage()
+        units, memory = self.zone.tenant_usage()
+        held_units, held_memory = dict(units), dict(memory)
+
+        def within_quota(tenant: str, w: MarketWindow) -> bool:
+            """A piece on ``w`` keeps its tenant within quota, counting what it runs and
+            the pieces this round has awarded it so far."""
+            quota = self.zone.quotas.get(tenant)
+            if quota is None:
+                return True
+            gpus = held_units.get(tenant, 0.0) + w.gpu_milli / 1000.0
+            held = held_memory.get(tenant, 0) + w.memory_bytes
+            return (not quota.max_gpus or gpus <= quota.max_gpus + 1e-9) and (
+                not quota.max_gpu_memory_bytes or held <= quota.max_gpu_memory_bytes
+            )
+
+        client_bids = [b for b in client_bids if within_quota(b.tenant, b.window)]
         ctx = ClearingContext(usage=units, shares=self.zone.shares, blend=self._blend)
         bids, awards = clearing_round(
             bidders,
             markets.values(),
             self.config.policy,
             ctx,
-            eligible=lambda b, w: self._allows(specs[b.job_id], by_key[w.key][0]),
+            eligible=lambda b, w: (
+                within_quota(b.tenant, w) and self._allows(specs[b.job_id], by_key[w.key][0])
+            ),
             extra_bids=client_bids,
         )
+        within: list[Award] = []
+        for won in awards:  # in clearing order: the best keep the tenant's quota
+            tenant, w = won.bid.tenant, won.bid.window
+            if within_quota(tenant, w):
+                within.append(won)
+                held_units[tenant] = held_units.get(tenant, 0.0) + w.gpu_milli / 1000.0
+                held_memory[tenant] = held_memory.get(tenant, 0) + w.memory_bytes
+        awards = within
         winning = {a.bid.window.key: a.score for a in awards}
         winners = {a.bid.job_id for a in awards}
         for bid in bids:  # losers learn the score that beat them

@@ -604,8 +604,15 @@ class ZoneState:
         units: dict[str, float] = {}
         memory: dict[str, int] = {}
         for e in self.entries.values():
-            if e.job.state in RUNNING_JOB_STATES or e.placing:
-                tenant = e.job.spec.tenant
+            tenant = e.job.spec.tenant
+            if e.job.job_id in self.atomizer.atoms:
+                # An atomized job holds what its live pieces hold (its spec asks nothing).
+                for p in e.job.placements:
+                    if p.state in LIVE_SUBJOB:
+                        piece = demand_of(p.resources)
+                        units[tenant] = units.get(tenant, 0.0) + piece.gpu_units
+                        memory[tenant] = memory.get(tenant, 0) + piece.memory_bytes
+            elif e.job.state in RUNNING_JOB_STATES or e.placing:
                 units[tenant] = units.get(tenant, 0.0) + e.item.units
                 memory[tenant] = memory.get(tenant, 0) + e.need.memory_bytes * e.item.gang_size
         return units, memory

@@ -318,3 +318,28 @@ def test_a_client_bid_the_jobs_profile_says_will_not_fit_is_refused(
     assert rounds >= 3  # the greedy bids won nothing
     assert won and all(b.unit_count <= 3 for b in won), [b.unit_count for b in won]
     assert all(p.unit_count <= 3 for p in done.placements)
+
+
+def test_a_tenants_quota_holds_for_its_atomized_pieces(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Quota `default:gpus=1`: two atomized jobs of the tenant on a 2-GPU host never run
+    pieces at the same time (the market only lets a piece win within the quota)."""
+    config = tmp_path / "zone.toml"
+    config.write_text(
+        "[market]\nmax_window_seconds = 30\nround_seconds = 0.2\noverrun_grace_seconds = 0.5\n"
+        '[queue]\ntenant_quotas = "default:gpus=1"\n'
+    )
+    zone = open_zone(cluster, tmp_path, extra_args=["--config", str(config)])
+    _agent(cluster, zone, "a", "2xH100-80GB")
+    cluster.wait_registered()
+    jobs = [_submit(zone, _contract(6, 3, tmp_path / f"ckpt{i}"), "0.05") for i in range(2)]
+    pieces = []
+    for job in jobs:
+        done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=60)
+        assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
+        pieces += [(p.started_unix, p.ended_unix) for p in done.placements]
+    pieces.sort()
+    assert len(pieces) >= 4
+    for (_, end), (start, _) in itertools.pairwise(pieces):
+        assert start >= end - 0.05, pieces  # one piece of the tenant at a time
