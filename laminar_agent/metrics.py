@@ -48,6 +48,11 @@ class AgentMetrics:
             ["device"],
             registry=r,
         )
+        self.gpus_degraded = Gauge(
+            "laminar_agent_gpus_degraded",
+            "GPUs whose driver calls fail now: they take no new work until they answer",
+            registry=r,
+        )
         self.allocated_ratio = Gauge(
             "laminar_agent_gpu_allocated_ratio",
             "Share of this host's GPU capacity committed to subjobs (0..1)",

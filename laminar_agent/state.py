@@ -7,6 +7,7 @@ gRPC code, only the translation of state into API messages.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import time
 from collections.abc import Mapping
@@ -26,12 +27,15 @@ from laminar_agent.node import Node
 from laminar_airlock.levels import Level, LevelTracker, Marks
 from laminar_airlock.signals import HostMemory, HostMemorySource, PsutilHostMemory
 from laminar_api.v1 import agent_pb2, common_pb2
+from laminar_base.errors import LaminarError
 
 log = logging.getLogger("laminar.agent")
 
 VERSION = "0.1.0"
 HOST_KEY = "host"
 _PSI_KEY = "host-psi"
+#: Ledger reservation owner prefix that holds a degraded GPU back from new work.
+DEGRADED_OWNER = "degraded:"
 _LEVEL_NAMES = {Level.NORMAL: "normal", Level.ELEVATED: "elevated", Level.CRITICAL: "critical"}
 
 
@@ -105,6 +109,8 @@ class AgentState:
         self.host_sample: HostMemory | None = None
         self._kind_by_device = {s.device_uuid: s.kind for s in self.node.slices}
         self._last_poll: float | None = None
+        #: GPUs held back from new work because their driver calls fail: key -> why.
+        self._degraded: dict[str, str] = {}
         #: Runs the Airlock ladder on each tick's readings.
         self.airlock = AirlockDriver(
             self.node,
@@ -152,7 +158,34 @@ class AgentState:
                     self._device_kind(uuid), _LEVEL_NAMES[level]
                 ).inc(elapsed)
         self._poll_host(now, elapsed)
+        self._hold_degraded()
         return readings
+
+    def _hold_degraded(self) -> None:
+        """A GPU whose driver calls fail takes no new work: its slices are reserved for
+        no one until it answers again (running work is left to Airlock and its fence)."""
+        now = self.backend.degraded()
+        if now.keys() == self._degraded.keys():
+            return
+        index_of = {g.uuid: g.index for g in self.backend.gpus()}
+        ledger = self.node.ledger
+        for key in sorted(now.keys() - self._degraded.keys()):
+            index = index_of.get(key)
+            if index is None and key.startswith("gpu") and key[3:].isdigit():
+                index = int(key[3:])
+            slice_ids = [s.slice_id for s in ledger.slices.values() if s.gpu_index == index]
+            try:
+                ledger.reserve(f"{DEGRADED_OWNER}{key}", slice_ids, math.inf)
+            except LaminarError as exc:  # a preemption holds it now: try again next poll
+                log.info("GPU %s degraded; holding it back waits: %s", key, exc)
+                continue
+            self._degraded[key] = now[key]
+            log.warning("GPU %s degraded (%s): no new work on it", key, now[key])
+        for key in sorted(self._degraded.keys() - now.keys()):
+            ledger.unreserve(f"{DEGRADED_OWNER}{key}")
+            del self._degraded[key]
+            log.info("GPU %s answers again: it takes new work", key)
+        self.metrics.gpus_degraded.set(len(self._degraded))
 
     def _device_kind(self, uuid: str) -> str:
         kind = self._kind_by_device.get(uuid)

@@ -59,4 +59,9 @@ class GpuBackend(Protocol):
 
     def driver_version(self) -> str: ...
 
+    def degraded(self) -> dict[str, str]:
+        """GPU uuid (or ``gpu<index>``) -> why, for GPUs whose driver calls fail now: the
+        agent gives them no new work until they answer again."""
+        ...
+
     def close(self) -> None: ...

@@ -186,6 +186,10 @@ class FakeGpuBackend:
     def refresh(self) -> None:
         """The fake topology never changes."""
 
+    def degraded(self) -> dict[str, str]:
+        """Fake GPUs do not fail (the mocked NVML scripts faults for the nvml backend)."""
+        return {}
+
     def driver_version(self) -> str:
         return "fake"
 

@@ -15,6 +15,9 @@ from laminar_agent.inventory import open_backend
 from laminar_agent.inventory.model_names import canonical_model
 from laminar_agent.inventory.nvml import NvmlBackend
 from laminar_agent.inventory.nvml_mock import MockGpu, MockMig, MockNvml
+from laminar_agent.metrics import AgentMetrics
+from laminar_agent.state import AgentState
+from laminar_base.demand import Demand
 from laminar_base.errors import ConfigError, InvalidArgument, Unavailable
 
 GIB = 1 << 30
@@ -285,3 +288,24 @@ def test_the_mock_is_only_selected_with_the_nvml_backend() -> None:
     with pytest.raises(ConfigError) as info:
         AgentConfig(inventory=InventorySettings(gpu_backend="fake", nvml_mock="x.json")).validate()
     assert info.value.field == "inventory.nvml_mock"
+
+
+def test_a_degraded_gpu_takes_no_new_work_until_it_answers(tmp_path: Path) -> None:
+    """The agent holds a GPU whose driver calls fail back from new work (its slices are
+    reserved for no one), says so in a gauge, and gives it back when it answers."""
+    mock = _mock()
+    backend = NvmlBackend(nvml=mock)
+    metrics = AgentMetrics()
+    state = AgentState("h", backend, metrics, tmp_path)
+    h100 = backend.gpus()[0]
+    whole = Demand(gpus=1)
+    assert not isinstance(state.node.ledger.fit(whole), str)  # the H100 takes a whole GPU
+    mock.fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST, gpu=0)
+    state.poll_memory()
+    assert h100.uuid in backend.degraded()
+    assert isinstance(state.node.ledger.fit(whole), str)  # held back: nothing fits
+    assert metrics.registry.get_sample_value("laminar_agent_gpus_degraded") == 1
+    mock.heal()
+    state.poll_memory()
+    assert not isinstance(state.node.ledger.fit(whole), str)
+    assert metrics.registry.get_sample_value("laminar_agent_gpus_degraded") == 0
