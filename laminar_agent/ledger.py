@@ -101,6 +101,10 @@ PRIORITY_MIN = 1
 PRIORITY_MAX = 4
 
 
+#: Reservation owner prefix of slices kept from new work (:meth:`Ledger.hold_back`).
+HELD_BACK = "held-back:"
+
+
 class SliceKind(enum.Enum):
     """Values match proto ``laminar.v1.SliceKind``."""
 
@@ -370,6 +374,8 @@ class Ledger:
         for s in self.slices.values():
             free_milli, free_memory = self._free(s)
             unused = self._unused(s)
+            if self._is_held_back(s):  # takes no new work: advertise none
+                free_milli, free_memory, unused = 0, 0, False
             if s.kind in (SliceKind.WHOLE_GPU, SliceKind.SHARED_GPU):
                 groups.setdefault(f"gpu:{s.gpu_model}", []).append(
                     (
@@ -472,6 +478,20 @@ class Ledger:
                 )
         for sid in slice_ids:
             self._reserved[sid] = (owner, expires_at)
+
+    def hold_back(self, key: str, slice_ids: Sequence[str]) -> None:
+        """Keep ``slice_ids`` from new work until :meth:`release_hold` (a GPU whose driver
+        fails): no probe may lease them and summaries advertise none of them.
+        FailedPrecondition while a preemption holds one of them."""
+        self.reserve(f"{HELD_BACK}{key}", slice_ids, math.inf)
+
+    def release_hold(self, key: str) -> list[str]:
+        """New work may use the slices :meth:`hold_back` kept for ``key`` again."""
+        return self.unreserve(f"{HELD_BACK}{key}")
+
+    def _is_held_back(self, s: Slice) -> bool:
+        held = self._reserved.get(s.slice_id)
+        return held is not None and held[0].startswith(HELD_BACK)
 
     def unreserve(self, owner: str) -> list[str]:
         """Drop every reservation of ``owner``; returns the slice ids."""

@@ -7,7 +7,6 @@ gRPC code, only the translation of state into API messages.
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import time
 from collections.abc import Mapping
@@ -34,8 +33,6 @@ log = logging.getLogger("laminar.agent")
 VERSION = "0.1.0"
 HOST_KEY = "host"
 _PSI_KEY = "host-psi"
-#: Ledger reservation owner prefix that holds a degraded GPU back from new work.
-DEGRADED_OWNER = "degraded:"
 _LEVEL_NAMES = {Level.NORMAL: "normal", Level.ELEVATED: "elevated", Level.CRITICAL: "critical"}
 
 
@@ -162,8 +159,9 @@ class AgentState:
         return readings
 
     def _hold_degraded(self) -> None:
-        """A GPU whose driver calls fail takes no new work: its slices are reserved for
-        no one until it answers again (running work is left to Airlock and its fence)."""
+        """A GPU whose driver calls fail takes no new work: its slices are held back
+        (no lease, none advertised) until it answers again (running work is left to
+        Airlock and its fence)."""
         now = self.backend.degraded()
         if now.keys() == self._degraded.keys():
             return
@@ -175,14 +173,14 @@ class AgentState:
                 index = int(key[3:])
             slice_ids = [s.slice_id for s in ledger.slices.values() if s.gpu_index == index]
             try:
-                ledger.reserve(f"{DEGRADED_OWNER}{key}", slice_ids, math.inf)
+                ledger.hold_back(key, slice_ids)
             except LaminarError as exc:  # a preemption holds it now: try again next poll
                 log.info("GPU %s degraded; holding it back waits: %s", key, exc)
                 continue
             self._degraded[key] = now[key]
             log.warning("GPU %s degraded (%s): no new work on it", key, now[key])
         for key in sorted(self._degraded.keys() - now.keys()):
-            ledger.unreserve(f"{DEGRADED_OWNER}{key}")
+            ledger.release_hold(key)
             del self._degraded[key]
             log.info("GPU %s answers again: it takes new work", key)
         self.metrics.gpus_degraded.set(len(self._degraded))

@@ -304,8 +304,15 @@ def test_a_degraded_gpu_takes_no_new_work_until_it_answers(tmp_path: Path) -> No
     state.poll_memory()
     assert h100.uuid in backend.degraded()
     assert isinstance(state.node.ledger.fit(whole), str)  # held back: nothing fits
+    assert free_whole_gpus(state) == 0  # and the router is not told there is one
     assert metrics.registry.get_sample_value("laminar_agent_gpus_degraded") == 1
     mock.heal()
     state.poll_memory()
     assert not isinstance(state.node.ledger.fit(whole), str)
+    assert free_whole_gpus(state) == 1
     assert metrics.registry.get_sample_value("laminar_agent_gpus_degraded") == 0
+
+
+def free_whole_gpus(state: AgentState) -> int:
+    """Whole GPUs the agent's summary advertises free."""
+    return sum(s.free for s in state.summary_message().shapes if s.shape.startswith("gpu:"))
