@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from laminar_agent.inventory.attribution import attribute_gpu_memory
 from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.node import Node
@@ -151,6 +152,8 @@ class AirlockDriver:
         #: Airlock's memory of each subjob between polls (suspended since, release asked in
         #: this episode, handed over for re-addressing), kept as ``sim airlock`` keeps it.
         self.episodes = Episodes()
+        #: Per-subjob GPU memory the driver saw at this poll (None: the backend has none).
+        self._seen_by_driver: dict[str, int] | None = None
         self._static: dict[str, _StaticView] = {}
         #: Dry run: decisions already journaled and still being made.
         self._dry_seen: set[tuple[str, str, str]] = set()
@@ -181,6 +184,7 @@ class AirlockDriver:
             return None
         views: list[SubjobView] = []
         device_ids: set[str] = set()
+        self._seen_by_driver = self._driver_view(live)
         for subjob_id in list(self._static):
             if subjob_id not in live:
                 del self._static[subjob_id]
@@ -274,8 +278,25 @@ class AirlockDriver:
             self._static[subjob_id] = view
         return view
 
+    def _driver_view(self, live: dict[str, str]) -> dict[str, int] | None:
+        """GPU memory per live subjob as the driver sees it (NVML's per-process lists,
+        charged to each subjob through its process tree), or None where the backend has no
+        such view (the fake backend: subjobs report their own use)."""
+        if not self.node.backend.per_process_memory:
+            return None
+        roots = {
+            pid: subjob_id
+            for subjob_id in live
+            if (pid := self.node.executor.pid_of(subjob_id)) is not None
+        }
+        seen = attribute_gpu_memory(self.node.backend.process_memory(), roots)
+        return {sid: sum(devices.values()) for sid, devices in seen.by_subjob.items()}
+
     def _observed_bytes(self, subjob_id: str, declared_bytes: int) -> int:
-        """What the subjob reports in its usage file; the declaration if absent or bad."""
+        """What the driver sees the subjob use; on the fake backend, what the subjob
+        reports in its usage file (the declaration if absent or bad)."""
+        if self._seen_by_driver is not None:
+            return self._seen_by_driver.get(subjob_id, 0)
         return read_usage_file(self.node.executor.gpu_mem_file(subjob_id), declared_bytes)
 
     async def step_logged(

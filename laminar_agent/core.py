@@ -213,6 +213,8 @@ class LiveSubjob:
     stop_reason: str = ""
     #: Peak GPU memory Airlock's polls saw (journaled at the end).
     peak_gpu_memory_bytes: int = 0
+    #: The latest poll's reading of its GPU memory.
+    gpu_memory_bytes: int = 0
 
     @property
     def is_stopping(self) -> bool:
@@ -403,10 +405,17 @@ class AgentCore:
         ]
 
     def note_gpu_memory(self, subjob_id: str, used_bytes: int) -> None:
-        """A poll's reading of a live subjob's GPU memory; the peak is kept."""
+        """A poll's reading of a live subjob's GPU memory; the latest and the peak are kept."""
         live = self._live.get(subjob_id)
-        if live is not None and used_bytes > live.peak_gpu_memory_bytes:
-            live.peak_gpu_memory_bytes = used_bytes
+        if live is None:
+            return
+        live.gpu_memory_bytes = used_bytes
+        live.peak_gpu_memory_bytes = max(live.peak_gpu_memory_bytes, used_bytes)
+
+    def gpu_memory_bytes(self, subjob_id: str) -> int:
+        """The latest poll's reading of a live subjob's GPU memory (0: ended or none)."""
+        live = self._live.get(subjob_id)
+        return live.gpu_memory_bytes if live is not None else 0
 
     def decide_exit(self, subjob_id: str, info: ExitReport, context: str = "") -> EndDecision:
         """End state, cause and reason of a live subjob whose process ended. A subjob being

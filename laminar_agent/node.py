@@ -738,6 +738,7 @@ class Node:
             peak_gpu_memory_bytes=max(
                 row.peak_gpu_memory_bytes, self.core.peak_gpu_memory_bytes(row.subjob_id)
             ),
+            gpu_memory_used_bytes=self.core.gpu_memory_bytes(row.subjob_id),
             pid=row.pid,
             stdout_path=str(directory / "stdout"),
             stderr_path=str(directory / "stderr"),

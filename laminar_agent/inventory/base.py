@@ -43,6 +43,9 @@ class GpuBackend(Protocol):
     #: (cuda-checkpoint, or the fake backend's emulation of it). When False, Airlock does
     #: not count a plain stop as relief: a victim without the release signal is reclaimed.
     frees_memory_on_suspend: bool
+    #: Whether :meth:`process_memory` reports what the driver sees per process (NVML);
+    #: when False, subjobs report their own use (the fake backend's usage file).
+    per_process_memory: bool
 
     def gpus(self) -> tuple[GpuInfo, ...]: ...
 
@@ -58,6 +61,10 @@ class GpuBackend(Protocol):
         ...
 
     def driver_version(self) -> str: ...
+
+    def process_memory(self) -> dict[str, dict[int, int]]:
+        """Device uuid -> pid -> GPU memory bytes the driver attributes to that process."""
+        ...
 
     def degraded(self) -> dict[str, str]:
         """GPU uuid (or ``gpu<index>``) -> why, for GPUs whose driver calls fail now: the

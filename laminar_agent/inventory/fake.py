@@ -128,6 +128,7 @@ class FakeGpuBackend:
     name = "fake"
     #: A suspended fake subjob's memory is detached, as cuda-checkpoint would free it.
     frees_memory_on_suspend = True
+    per_process_memory = False
 
     def __init__(
         self,
@@ -185,6 +186,10 @@ class FakeGpuBackend:
 
     def refresh(self) -> None:
         """The fake topology never changes."""
+
+    def process_memory(self) -> dict[str, dict[int, int]]:
+        """Fake GPUs list no processes: subjobs report their use in a file instead."""
+        return {}
 
     def degraded(self) -> dict[str, str]:
         """Fake GPUs do not fail (the mocked NVML scripts faults for the nvml backend)."""

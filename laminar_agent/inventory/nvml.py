@@ -60,6 +60,7 @@ class NvmlBackend:
     name = "nvml"
     #: cuda-checkpoint is not integrated yet: SIGSTOP leaves GPU memory allocated.
     frees_memory_on_suspend = False
+    per_process_memory = True
 
     def __init__(
         self,

@@ -90,3 +90,61 @@ def test_agent_on_mocked_nvml_registers_runs_a_job_and_survives_a_fault(tmp_path
         _write_scenario(scenario, SCENARIO)
         wait_for(lambda: f"GPU {h100_uuid} recovered" in agent.log_path.read_text())
         assert agent.is_running()
+
+
+def test_airlock_sees_a_subjobs_memory_as_nvml_lists_its_processes(tmp_path: Path) -> None:
+    """On the nvml backend a subjob's GPU memory is what NVML lists for its processes (a
+    child of the subjob's process counts), not what the subjob says about itself."""
+    scenario = tmp_path / "nvml.json"
+    _write_scenario(scenario, SCENARIO)
+    gate, pids = tmp_path / "gate", tmp_path / "pids"
+    # The subjob starts a child and lists both pids; both run until the gate opens.
+    child_code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"
+    code = (
+        "import os, pathlib, subprocess, sys, time\n"
+        f"gate = pathlib.Path({str(gate)!r})\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {child_code!r}])\n"
+        f"pathlib.Path({str(pids)!r}).write_text(f'{{os.getpid()}} {{child.pid}}')\n"
+        "while not gate.exists(): time.sleep(0.05)\n"
+        "child.wait()\n"
+    )
+    with LocalCluster(tmp_path) as cluster:
+        zone = cluster.start_zone("z", heartbeat_seconds=0.2)
+        agent = cluster.start_agent(
+            "gpuhost",
+            "",
+            zone=zone.address,
+            heartbeat_seconds=0.2,
+            extra_args=["--gpu-backend", "nvml"],
+            env={"LAMINAR_INVENTORY_NVML_MOCK": str(scenario)},
+        )
+        cluster.wait_registered()
+        with (
+            grpc.insecure_channel(zone.address) as zone_channel,
+            grpc.insecure_channel(agent.address) as agent_channel,
+        ):
+            stub = zone_pb2_grpc.ZoneStub(zone_channel)
+            spec = zone_pb2.JobSpec(
+                command=[sys.executable, "-c", code],
+                resources=common_pb2.Resources(gpus=1, gpu_model="H100-80GB"),
+            )
+            job_id = stub.Submit(zone_pb2.SubmitRequest(spec=spec), timeout=10).job_id
+            wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+            _, child = (int(p) for p in pids.read_text().split())
+            subjob_id = stub.GetJob(zone_pb2.GetJobRequest(job_id=job_id)).placements[0].subjob_id
+            h100 = {**SCENARIO["gpus"][1], "processes": {str(child): 30 * GIB}}
+            _write_scenario(scenario, {"gpus": [SCENARIO["gpus"][0], h100]})
+            agent_stub = agent_pb2_grpc.AgentStub(agent_channel)
+
+            def seen() -> int:
+                request = agent_pb2.GetSubjobRequest(subjob_id=subjob_id)
+                return int(agent_stub.GetSubjob(request, timeout=10).gpu_memory_used_bytes)
+
+            wait_for(lambda: seen() == 30 * GIB)
+            gate.touch()
+            wait_for(
+                lambda: (
+                    stub.GetJob(zone_pb2.GetJobRequest(job_id=job_id)).state
+                    == zone_pb2.JOB_SUCCEEDED
+                )
+            )
