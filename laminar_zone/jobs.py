@@ -559,17 +559,29 @@ class ZoneState:
             )
             entry.queued_at = time.monotonic()
             return
-        head_priority = self._blocked_families.get(entry.need.family)
-        if head_priority is not None and (job.spec.priority or common_pb2.BATCH) >= head_priority:
-            job.state = zone_pb2.QUEUED
-            set_reason(
-                job,
-                Reason.PRIORITY,
-                "behind queued work of the same kind; waiting for the next queue pass",
-            )
-            entry.queued_at = time.monotonic()
+        may_forward = allow_forward and self.forwarder is not None and bool(self.config.peers.peers)
+        if not may_forward and self._behind_blocked_head(entry):
+            self._queue_behind_head(entry)
             return
+        # A peer zone may take it (flow splitting decides first); if it stays here behind
+        # a blocked head, _forward_or_place queues it then.
         set_reason(job, Reason.PLACING, job.reason or "placing")
+
+    def _behind_blocked_head(self, entry: Entry) -> bool:
+        """Whether a job of its kind and no higher class waits blocked at the queue's head:
+        then this one may not start before it (it waits its turn in the queue)."""
+        head_priority = self._blocked_families.get(entry.need.family)
+        priority = entry.job.spec.priority or common_pb2.BATCH
+        return head_priority is not None and priority >= head_priority
+
+    def _queue_behind_head(self, entry: Entry) -> None:
+        entry.job.state = zone_pb2.QUEUED
+        set_reason(
+            entry.job,
+            Reason.PRIORITY,
+            "behind queued work of the same kind; waiting for the next queue pass",
+        )
+        entry.queued_at = time.monotonic()
 
     def _kick(self, entry: Entry, allow_forward: bool) -> None:
         if entry.job.state == zone_pb2.PENDING:
@@ -584,6 +596,11 @@ class ZoneState:
     async def _forward_or_place(self, entry: Entry) -> None:
         assert self.forwarder is not None
         if await self.forwarder(entry):
+            return
+        if self._behind_blocked_head(entry):  # it stays here: after the blocked head
+            self._queue_behind_head(entry)
+            self.save(entry)
+            self.queue_wake.set()
             return
         await self._place(entry)
 

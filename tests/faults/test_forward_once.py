@@ -20,7 +20,13 @@ from laminar_cli.cluster import LocalCluster
 
 
 def test_a_forward_that_times_out_is_resent_and_lands_once(tmp_path: Path) -> None:
-    env = {"LAMINAR_PLACEMENT_RPC_TIMEOUT_SECONDS": "0.5"}
+    # Zone b's last summary must still count while b is stopped (its weight is what sends
+    # the jobs there): on a loaded machine the default 1.5 s of freshness can pass before
+    # the submissions, and a would keep them.
+    env = {
+        "LAMINAR_PLACEMENT_RPC_TIMEOUT_SECONDS": "0.5",
+        "LAMINAR_PEERS_STALE_AFTER_PERIODS": "60",
+    }
     with LocalCluster(tmp_path, env=env) as cluster:
         b = cluster.start_zone("b", heartbeat_seconds=0.2)
         a = cluster.start_zone("a", peers=[b.address], heartbeat_seconds=0.2)
