@@ -67,6 +67,7 @@ from laminar_zone.market import (
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
+from laminar_zone.queue import QueueItem, quota_block
 from laminar_zone.reasons import Reason, set_reason
 from laminar_zone.view import ZoneView
 
@@ -497,16 +498,19 @@ class Atomizer:
         units, memory = self.zone.tenant_usage()
         held_units, held_memory = dict(units), dict(memory)
 
+        def piece(tenant: str, w: MarketWindow) -> QueueItem:
+            """A piece on ``w``, as the queue's quota rule weighs a job."""
+            need = Demand(gpu_milli=w.gpu_milli, gpu_memory_bytes=w.memory_bytes)
+            return QueueItem("", 0, tenant, 0.0, need, 1, 0.0)
+
         def within_quota(tenant: str, w: MarketWindow) -> bool:
-            """A piece on ``w`` keeps its tenant within quota, counting what it runs and
-            the pieces this round has awarded it so far."""
-            quota = self.zone.quotas.get(tenant)
-            if quota is None:
-                return True
-            gpus = held_units.get(tenant, 0.0) + w.gpu_milli / 1000.0
-            held = held_memory.get(tenant, 0) + w.memory_bytes
-            return (not quota.max_gpus or gpus <= quota.max_gpus + 1e-9) and (
-                not quota.max_gpu_memory_bytes or held <= quota.max_gpu_memory_bytes
+            """A piece on ``w`` keeps its tenant within quota (queue.quota_block), counting
+            what it runs and the pieces this round has awarded it so far."""
+            return not quota_block(
+                piece(tenant, w),
+                self.zone.quotas.get(tenant),
+                held_units.get(tenant, 0.0),
+                held_memory.get(tenant, 0),
             )
 
         client_bids = [b for b in client_bids if within_quota(b.tenant, b.window)]
@@ -526,8 +530,9 @@ class Atomizer:
             tenant, w = won.bid.tenant, won.bid.window
             if within_quota(tenant, w):
                 within.append(won)
-                held_units[tenant] = held_units.get(tenant, 0.0) + w.gpu_milli / 1000.0
-                held_memory[tenant] = held_memory.get(tenant, 0) + w.memory_bytes
+                item = piece(tenant, w)
+                held_units[tenant] = held_units.get(tenant, 0.0) + item.units
+                held_memory[tenant] = held_memory.get(tenant, 0) + item.need.memory_bytes
         awards = within
         winning = {a.bid.window.key: a.score for a in awards}
         winners = {a.bid.job_id for a in awards}
