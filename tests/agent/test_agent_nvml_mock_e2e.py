@@ -18,7 +18,7 @@ from waiting import wait_for
 
 from laminar_agent.inventory.nvml_mock import MockNvml
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
-from laminar_cli.cluster import LocalCluster
+from laminar_cli.cluster import AgentProcess, LocalCluster, ZoneProcess
 
 GIB = 1 << 30
 SCENARIO = {
@@ -36,6 +36,22 @@ def _write_scenario(path: Path, scenario: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
+def _start_on_mock(cluster: LocalCluster, scenario: Path) -> tuple[ZoneProcess, AgentProcess]:
+    """A router and one agent on the nvml backend over the mocked NVML of ``scenario``,
+    selected only through the environment, registered."""
+    zone = cluster.start_zone("z", heartbeat_seconds=0.2)
+    agent = cluster.start_agent(
+        "gpuhost",
+        "",
+        zone=zone.address,
+        heartbeat_seconds=0.2,
+        extra_args=["--gpu-backend", "nvml"],
+        env={"LAMINAR_INVENTORY_NVML_MOCK": str(scenario)},
+    )
+    cluster.wait_registered()
+    return zone, agent
+
+
 def test_agent_on_mocked_nvml_registers_runs_a_job_and_survives_a_fault(tmp_path: Path) -> None:
     scenario = tmp_path / "nvml.json"
     _write_scenario(scenario, SCENARIO)
@@ -45,16 +61,7 @@ def test_agent_on_mocked_nvml_registers_runs_a_job_and_survives_a_fault(tmp_path
     seen = tmp_path / "seen.txt"
     code = f"import os, pathlib; pathlib.Path({str(seen)!r}).write_text(os.environ['CUDA_VISIBLE_DEVICES'])"
     with LocalCluster(tmp_path) as cluster:
-        zone = cluster.start_zone("z", heartbeat_seconds=0.2)
-        agent = cluster.start_agent(
-            "gpuhost",
-            "",
-            zone=zone.address,
-            heartbeat_seconds=0.2,
-            extra_args=["--gpu-backend", "nvml"],
-            env={"LAMINAR_INVENTORY_NVML_MOCK": str(scenario)},
-        )
-        cluster.wait_registered()
+        zone, agent = _start_on_mock(cluster, scenario)
         with grpc.insecure_channel(agent.address) as channel:
             inv = agent_pb2_grpc.AgentStub(channel).GetInventory(
                 agent_pb2.GetInventoryRequest(), timeout=10
@@ -109,16 +116,7 @@ def test_airlock_sees_a_subjobs_memory_as_nvml_lists_its_processes(tmp_path: Pat
         "child.wait()\n"
     )
     with LocalCluster(tmp_path) as cluster:
-        zone = cluster.start_zone("z", heartbeat_seconds=0.2)
-        agent = cluster.start_agent(
-            "gpuhost",
-            "",
-            zone=zone.address,
-            heartbeat_seconds=0.2,
-            extra_args=["--gpu-backend", "nvml"],
-            env={"LAMINAR_INVENTORY_NVML_MOCK": str(scenario)},
-        )
-        cluster.wait_registered()
+        zone, agent = _start_on_mock(cluster, scenario)
         with (
             grpc.insecure_channel(zone.address) as zone_channel,
             grpc.insecure_channel(agent.address) as agent_channel,
