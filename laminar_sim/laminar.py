@@ -2,9 +2,12 @@
 
 Nothing here decides anything the daemons do not decide the same way:
 
-* each simulated host holds a real :class:`laminar_agent.ledger.Ledger` (the agent's
-  ground truth and its node-local choice of GPU, MIG slice or share) and answers a probe
-  with ``Ledger.arbitrate`` and a commit with ``Ledger.commit``;
+* each simulated host is the agent's own decision core, :class:`laminar_agent.core.AgentCore`
+  over a real :class:`laminar_agent.ledger.Ledger` (the agent's ground truth and its
+  node-local choice of GPU, MIG slice or share): a probe is a batch of one through
+  ``AgentCore.arbitrate``, a commit ``AgentCore.commit``, a release ``AgentCore.release``
+  and a task's end ``AgentCore.end``, so a subjob's lifecycle is checked as on the agent
+  (the journal rows and lease rows it returns are the driver's, and dropped here);
 * each zone router holds a real :class:`laminar_zone.view.ZoneView`, draws candidates
   with :class:`laminar_zone.view.ProbePlan` (a bounded sample, ranked by
   :func:`laminar_zone.placement.fragmentation_rank`, d probes per attempt, redraws,
@@ -34,7 +37,10 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from laminar_agent.core import KILLED, SUCCEEDED, AgentCore, EndDecision
 from laminar_agent.ledger import Bounced, Granted, Ledger, ProbeOrder, Slice, SliceKind, counter_ids
+from laminar_api.v1 import common_pb2
+from laminar_base.causes import EndCause
 from laminar_base.demand import Demand, HostCap
 from laminar_base.fragmentation import (
     MILLI_SLICING,
@@ -101,7 +107,8 @@ class Counters:
 
 
 class SimHost:
-    """One agent: the real ledger over its GPUs and the host's CPU and memory."""
+    """One agent: its decision core over the real ledger of its GPUs and the host's CPU and
+    memory."""
 
     def __init__(
         self, agent_id: str, model: str, num_gpu: int, cpu_milli: int, memory_mib: int
@@ -119,14 +126,21 @@ class SimHost:
             )
             for i in range(num_gpu)
         ]
-        self.ledger = Ledger(
-            slices,
-            lease_prefix=f"{agent_id}-",
-            lease_ids=counter_ids(),
-            cpu_total_milli=cpu_milli,
-            memory_total_bytes=memory_mib << 20,
+        self.core = AgentCore(
+            Ledger(
+                slices,
+                lease_prefix=f"{agent_id}-",
+                lease_ids=counter_ids(),
+                cpu_total_milli=cpu_milli,
+                memory_total_bytes=memory_mib << 20,
+            )
         )
         self._seq = 0
+
+    @property
+    def ledger(self) -> Ledger:
+        """The core's ledger, for what the agent's summary reads from it."""
+        return self.core.ledger
 
     def shapes(self) -> dict[str, ShapeCap]:
         """The summary the agent would send (``AgentSummary.shapes``)."""
@@ -136,24 +150,49 @@ class SimHost:
         }
 
     def probe(self, ask: Ask, now: float) -> Granted | Bounced:
+        """A batch of one probe, arbitrated by the agent's core."""
         self._seq += 1
-        need = ask.need
         order = ProbeOrder(
             probe_id=str(self._seq),
             job_id="sim",
             member=0,
-            demand=need,
+            demand=ask.need,
             priority=3,
             value=0.0,
             arrival_seq=self._seq,
             ttl_seconds=LEASE_TTL_SECONDS,
         )
-        return self.ledger.arbitrate([order], now)[0]
+        return self.core.arbitrate([order], now, now)[0][0]
 
-    def commit(self, ask: Ask, lease_id: str, now: float) -> tuple[int, ...]:
-        """Commit the lease; the GPU indexes it holds."""
-        lease = self.ledger.commit(lease_id, f"s-{lease_id}", now)
+    def commit(self, lease_id: str, subjob_id: str, now: float) -> tuple[int, ...]:
+        """Commit the lease to a new subjob; the GPU indexes it holds."""
+        self.core.commit(
+            lease_id,
+            subjob_id,
+            "sim",
+            caller="",
+            priority=0,
+            lifecycle=common_pb2.LONG,
+            now=now,
+            now_unix=now,
+        )
+        lease = self.ledger.lease(lease_id)
+        assert lease is not None
         return tuple(int(a.slice_id.removeprefix("gpu")) for a in lease.allocations)
+
+    def release(self, lease_id: str) -> None:
+        """Give back an uncommitted lease (the router's Release)."""
+        self.core.release([lease_id], "")
+
+    def end(self, subjob_id: str, now: float, *, dropped: bool = False) -> None:
+        """The subjob's process ended (``dropped``: stopped before it ran, past its deadline);
+        its capacity returns as the agent returns it."""
+        decision = (
+            EndDecision(KILLED, EndCause.TERMINATED, "dropped past its deadline")
+            if dropped
+            else EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0")
+        )
+        self.core.end(subjob_id, decision, now)
 
 
 @dataclass
@@ -312,7 +351,7 @@ class LaminarCluster:
         def release(offer: Offer) -> None:
             host = zone.hosts[offer.agent_id]
             self.counters.releases += 1
-            host.ledger.release(offer.lease_id)
+            host.release(offer.lease_id)
             zone.note(host)
 
         outcome = settle(machine, probe, release, now)
@@ -321,7 +360,7 @@ class LaminarCluster:
         best = outcome.offers[0]
         host = zone.hosts[best.agent_id]
         self.counters.commits += 1
-        gpus = host.commit(ask, best.lease_id, now)
+        gpus = host.commit(best.lease_id, f"s-{best.lease_id}", now)
         zone.note(host)
         return self.host_index[host.agent_id], gpus
 

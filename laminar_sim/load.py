@@ -203,7 +203,7 @@ def prefill(spec: LoadSpec, hosts: list[SimHost]) -> list[tuple[SimHost, str, fl
                     continue
                 reply = host.probe(ask, 0.0)
                 if isinstance(reply, Granted):
-                    host.ledger.commit(reply.lease.lease_id, reply.lease.lease_id, 0.0)
+                    host.commit(reply.lease.lease_id, reply.lease.lease_id, 0.0)
                     running.append((host, reply.lease.lease_id, float(rng.exponential(mean))))
                     used += gpus
                     break
@@ -289,14 +289,15 @@ class _Base:
             self.engine.schedule(remaining, partial(self.finish_prefilled, host, lease_id))
 
     def finish_prefilled(self, host: SimHost, lease_id: str) -> None:
-        host.ledger.release(lease_id)
+        host.end(lease_id, self.engine.now)
         self.freed(host)
 
     def start(self, task: Task, host: SimHost, lease_id: str) -> None:
-        """The commit reached the host: the task runs from now."""
+        """The commit reached the host: the task runs from now. Its subjob on the host is named
+        by the lease (a task whose commit reply was lost may be committed a second time)."""
         now = self.engine.now
         if task.index in self.done or self.drop(task):
-            host.ledger.release(lease_id)  # past its deadline: dropped, the room given back
+            host.end(lease_id, now, dropped=True)  # past its deadline: room given back
             self.freed(host)
             return
         self.done.add(task.index)
@@ -308,7 +309,7 @@ class _Base:
         self.engine.schedule(task.duration, lambda: self.finish(task, host, lease_id))
 
     def finish(self, task: Task, host: SimHost, lease_id: str) -> None:
-        host.ledger.release(lease_id)
+        host.end(lease_id, self.engine.now)
         self.freed(host)
 
     def freed(self, host: SimHost) -> None:
@@ -553,7 +554,7 @@ class _Attempt:
                 )
                 return
             if not lease.committed:
-                host.ledger.commit(lease_id, f"t{self.task.index}", run.engine.now)
+                host.commit(lease_id, lease_id, run.engine.now)
                 run.start(self.task, host, lease_id)
             run.engine.send(host.agent_id, self.zone.name, lambda: self.zone.note(host))
 
@@ -564,7 +565,7 @@ class _Attempt:
 
     def _release(self, host: SimHost, lease_id: str) -> None:
         def at_host() -> None:
-            host.ledger.release(lease_id)
+            host.release(lease_id)
 
         self.run.engine.send(self.zone.name, host.agent_id, at_host)
 
@@ -655,7 +656,7 @@ class CentralRun(_Base):
         def at_host() -> None:
             reply = host.probe(task.ask, self.engine.now)  # the agent's own arbitration
             if isinstance(reply, Granted):
-                host.ledger.commit(reply.lease.lease_id, f"t{task.index}", self.engine.now)
+                host.commit(reply.lease.lease_id, reply.lease.lease_id, self.engine.now)
                 self.start(task, host, reply.lease.lease_id)
             else:
                 self.out.bounces += 1
