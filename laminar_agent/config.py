@@ -112,6 +112,13 @@ class InventorySettings:
     refresh_seconds: float = field(
         default=30.0, metadata=doc("how often the GPU topology is re-read", unit="seconds")
     )
+    mig_on_demand: bool = field(
+        default=False,
+        metadata=doc(
+            "give an idle MIG GPU a new layout when no free instance fits a probe (never a "
+            "GPU that runs anything); fake backend only for now"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -316,6 +323,12 @@ class AgentConfig:
         if self.inventory.nvml_mock and self.inventory.gpu_backend != "nvml":
             raise ConfigError(
                 "a mocked NVML needs inventory.gpu_backend = nvml", field="inventory.nvml_mock"
+            )
+        if self.inventory.mig_on_demand and self.inventory.gpu_backend != "fake":
+            raise ConfigError(
+                "MIG on demand needs inventory.gpu_backend = fake for now (the nvml backend "
+                "does not create GPU instances yet)",
+                field="inventory.mig_on_demand",
             )
         for key, value in (("server.listen", self.server.listen), ("zone.zone", self.zone.zone)):
             if value and not _is_host_port(value):

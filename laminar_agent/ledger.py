@@ -17,7 +17,12 @@ Shapes of demand
 ----------------
 * whole GPUs (``gpus=N``): N distinct slices, each a WHOLE_GPU slice with no use
   or a SHARED_GPU slice with no use; each takes all milli and all memory.
-* MIG (``mig_profile``): one unused MIG slice of exactly that profile.
+* MIG (``mig_profile``): one unused MIG slice of exactly that profile. With MIG on
+  demand (``mig_on_demand``), when no such slice is free, a MIG GPU that runs nothing and
+  holds no lease or reservation takes a new layout that holds the profile
+  (:mod:`laminar_agent.mig_layout`); whole GPUs may likewise take such an idle GPU as
+  one full-GPU instance. The driver applies a layout the ledger chose
+  (:attr:`Ledger.mig_pending`) before the first subjob on that GPU starts.
 * share (``gpu_milli``): part of a SHARED_GPU slice; milli and the declared
   ``gpu_memory_bytes`` are reserved.
 * none of these: CPU-only, granted with no allocations and score 1.0.
@@ -77,7 +82,16 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from laminar_base.demand import MILLI_PER_GPU, Demand, HostCap, host_share, validate_demand
+from laminar_agent.inventory.mig import MigProfile
+from laminar_agent.mig_layout import Instance, MigGpu, check_gpu, is_legal, layout_for
+from laminar_base.demand import (
+    MIG_COMPUTE_SLICES,
+    MILLI_PER_GPU,
+    Demand,
+    HostCap,
+    host_share,
+    validate_demand,
+)
 from laminar_base.errors import (
     Aborted,
     AlreadyExists,
@@ -95,7 +109,7 @@ from laminar_base.fragmentation import (
 )
 
 if TYPE_CHECKING:
-    from laminar_agent.inventory import GpuInfo
+    from laminar_agent.inventory import GpuInfo, MigInstanceInfo
 
 PRIORITY_MIN = 1
 PRIORITY_MAX = 4
@@ -253,6 +267,11 @@ def _memory_fit(demand_bytes: int, total_bytes: int) -> float:
     return min(1.0, demand_bytes / total_bytes)
 
 
+def _full_profile(gpu: MigGpu) -> MigProfile:
+    """The profile that spans the whole GPU (7 compute slices, every memory slice)."""
+    return max(gpu.table.values(), key=lambda p: (p.compute_slices, p.memory_bytes))
+
+
 def counter_ids() -> Callable[[], str]:
     """Lease ids 1, 2, 3...: for simulations, which must be deterministic; the agent's
     are random (see :class:`Ledger`)."""
@@ -271,10 +290,13 @@ class Ledger:
         *,
         cpu_total_milli: int = 0,
         memory_total_bytes: int = 0,
+        mig_on_demand: Sequence[MigGpu] = (),
     ) -> None:
         """``lease_ids`` makes the random part of lease ids: by default 128 random bits
         (``secrets``), so a lease cannot be guessed; a simulation passes a counter.
-        ``cpu_total_milli`` and ``memory_total_bytes`` are the host's (0: not arbitrated)."""
+        ``cpu_total_milli`` and ``memory_total_bytes`` are the host's (0: not arbitrated).
+        ``mig_on_demand``: the MIG GPUs whose layout the ledger may change while they are
+        idle (their current instances are among ``slices``; a GPU may have none yet)."""
         if cpu_total_milli < 0 or memory_total_bytes < 0:
             raise InvalidArgument(
                 f"host totals must be >= 0, got {cpu_total_milli} milli-cores and "
@@ -292,7 +314,16 @@ class Ledger:
                     field="slices",
                 )
             by_id[s.slice_id] = s
-        self.slices: Mapping[str, Slice] = MappingProxyType(dict(sorted(by_id.items())))
+        self._slices = dict(sorted(by_id.items()))
+        self.slices: Mapping[str, Slice] = MappingProxyType(self._slices)
+        for gpu in mig_on_demand:
+            check_gpu(gpu)
+        self._on_demand = {gpu.gpu_index: gpu for gpu in mig_on_demand}
+        #: GPU index -> the layout the ledger chose that the GPU does not have yet; the
+        #: driver applies it (:meth:`layout_applied`) before a subjob on that GPU starts.
+        self.mig_pending: dict[int, tuple[Instance, ...]] = {}
+        # Repartitions the fit being settled needs: (GPU index, layout).
+        self._planned: list[tuple[int, tuple[Instance, ...]]] = []
         self._lease_prefix = lease_prefix
         self._lease_ids: Callable[[], str] = lease_ids or (lambda: secrets.token_hex(16))
         self._leases: dict[str, LeaseRecord] = {}
@@ -308,7 +339,7 @@ class Ledger:
             (s for s in self.slices.values() if s.kind is not SliceKind.MIG),
             key=lambda s: (s.gpu_index, s.slice_id),
         )
-        self.gpus_total = len({s.gpu_index for s in self.slices.values()})
+        self.gpus_total = len({s.gpu_index for s in self.slices.values()} | set(self._on_demand))
         models = {s.gpu_model for s in self._gpus}
         self._model = models.pop() if len(models) == 1 else ""
         self._frag: FragmentationCache | None = None
@@ -334,9 +365,27 @@ class Ledger:
             cpu_total_milli=self.cpu_total_milli,
             memory_free_bytes=self.memory_total_bytes - u[2] - u[3],
             memory_total_bytes=self.memory_total_bytes,
-            gpu_free_milli=tuple(max(0, self._free(s)[0]) for s in self._gpus),
+            gpu_free_milli=self._gpu_free_milli(),
             gpus_total=self.gpus_total,
         )
+
+    def _gpu_free_milli(self) -> tuple[int, ...]:
+        """Each GPU's free share in index order: a whole or shared GPU's free milli; a MIG
+        on-demand GPU's, all of it while idle, else its unused instances' compute share."""
+        free = {s.gpu_index: max(0, self._free(s)[0]) for s in self._gpus}
+        if self._on_demand:
+            idle = {gpu.gpu_index for gpu in self._idle_on_demand("")}
+            for index, gpu in self._on_demand.items():
+                if index in idle:
+                    free[index] = MILLI_PER_GPU
+                    continue
+                compute = sum(
+                    gpu.table[s.mig_profile].compute_slices
+                    for s in self._instances(index)
+                    if self._unused(s) and s.mig_profile in gpu.table
+                )
+                free[index] = compute * MILLI_PER_GPU // MIG_COMPUTE_SLICES
+        return tuple(free[index] for index in sorted(free))
 
     # ----------------------------------------------------------------- queries
 
@@ -371,7 +420,26 @@ class Ledger:
     def shapes(self) -> list[ShapeFree]:
         """Free capacity per shape: ``gpu:<model>``, ``mig:<profile>``, ``share:<model>``."""
         groups: dict[str, list[tuple[bool, int, int]]] = {}
+        idle = {gpu.gpu_index for gpu in self._idle_on_demand("")}
+        for gpu in self._on_demand.values():
+            # What a MIG-on-demand GPU could hold: while idle, any profile's full layout
+            # (free), and one whole GPU; while busy, its instances as they are (below).
+            is_idle = gpu.gpu_index in idle
+            full = _full_profile(gpu)
+            groups.setdefault(f"gpu:{gpu.model}", []).append(
+                (is_idle, MILLI_PER_GPU if is_idle else 0, full.memory_bytes if is_idle else 0)
+            )
+            if is_idle:
+                for name, entry in gpu.table.items():
+                    count = sum(
+                        1 for p, _, _ in layout_for(gpu.geometry or gpu.model, name) if p == name
+                    )
+                    groups.setdefault(f"mig:{name}", []).extend(
+                        [(True, MILLI_PER_GPU, entry.memory_bytes)] * count
+                    )
         for s in self.slices.values():
+            if s.gpu_index in idle and s.kind is SliceKind.MIG:
+                continue  # counted above
             free_milli, free_memory = self._free(s)
             unused = self._unused(s)
             if self._is_held_back(s):  # takes no new work: advertise none
@@ -562,6 +630,7 @@ class Ledger:
 
     def _fit(self, demand: Demand, slice_id: str, owner: str = "") -> _Fit | _NoFit:
         validate_demand(demand)
+        self._planned = []
         short = self._host_short(demand)
         if short is not None:
             return short
@@ -587,11 +656,117 @@ class Ledger:
         if demand.gpu_model:
             candidates = [s for s in candidates if s.gpu_model == demand.gpu_model]
             model_note = f" {demand.gpu_model}"
+        idle = [] if slice_id else self._idle_on_demand(demand.gpu_model)
         if demand.gpus > 0:
-            return self._fit_whole(demand, candidates, model_note)
+            return self._fit_whole(demand, candidates, model_note, idle)
         if demand.mig_profile:
-            return self._fit_mig(demand, candidates, model_note)
+            return self._fit_mig(demand, candidates, model_note, idle)
         return self._fit_share(demand, candidates, model_note)
+
+    # ------------------------------------------------------------ MIG on demand
+
+    def _idle_on_demand(self, model: str) -> list[MigGpu]:
+        """MIG-on-demand GPUs (of ``model``, any if "") that hold no use, lease or
+        reservation on any instance: the only GPUs a new layout may touch."""
+        if not self._on_demand:
+            return []
+        busy = {
+            s.gpu_index
+            for s in self.slices.values()
+            if s.gpu_index in self._on_demand
+            and (not self._unused(s) or s.slice_id in self._reserved)
+        }
+        return [
+            gpu
+            for index, gpu in sorted(self._on_demand.items())
+            if index not in busy and (not model or gpu.model == model)
+        ]
+
+    def _instances(self, index: int) -> list[Slice]:
+        return [s for s in self.slices.values() if s.gpu_index == index and s.kind is SliceKind.MIG]
+
+    def _plan(self, gpu: MigGpu, profile: str) -> Allocation:
+        """Plan ``gpu``'s new layout for ``profile``; the allocation of its first such
+        instance (applied by :meth:`_apply_plan` when the lease is granted)."""
+        layout = layout_for(gpu.geometry or gpu.model, profile)
+        self._planned.append((gpu.gpu_index, layout))
+        start = next(start for name, start, _ in layout if name == profile)
+        return Allocation(
+            f"gpu{gpu.gpu_index}/{profile}@{start}", MILLI_PER_GPU, gpu.table[profile].memory_bytes
+        )
+
+    def _apply_plan(self) -> None:
+        for index, layout in self._planned:
+            self._repartition(index, layout)
+        self._planned = []
+
+    def _repartition(self, index: int, layout: tuple[Instance, ...]) -> None:
+        """Give idle GPU ``index`` the MIG ``layout`` (its instances become slices)."""
+        gpu = self._on_demand[index]
+        old = self._instances(index)
+        if any(not self._unused(s) or s.slice_id in self._reserved for s in old):
+            raise AssertionError(f"GPU {index} is in use: its MIG layout cannot change")
+        if [(s.mig_profile, s.slice_id) for s in old] == [
+            (name, f"gpu{index}/{name}@{start}") for name, start, _ in layout
+        ]:
+            return
+        for s in old:
+            del self._slices[s.slice_id]
+            del self._usage[s.slice_id]
+        for name, start, _ in layout:
+            slice_id = f"gpu{index}/{name}@{start}"
+            self._slices[slice_id] = Slice(
+                slice_id=slice_id,
+                kind=SliceKind.MIG,
+                gpu_index=index,
+                device_uuid="",
+                gpu_model=gpu.model,
+                memory_total_bytes=gpu.table[name].memory_bytes,
+                mig_profile=name,
+            )
+            self._usage[slice_id] = [0, 0, 0, 0]
+        ordered = sorted(self._slices.items())
+        self._slices.clear()
+        self._slices.update(ordered)
+        self.mig_pending[index] = layout
+
+    def layout_applied(self, index: int, instances: Sequence[MigInstanceInfo]) -> None:
+        """The driver gave GPU ``index`` the layout :attr:`mig_pending` holds for it: its
+        instances' device UUIDs (and memory as the GPU reports it) replace the planned ones."""
+        layout = self.mig_pending.get(index)
+        if layout is None:
+            raise FailedPrecondition(f"GPU {index} has no MIG layout to apply", field="gpu_index")
+        got = sorted((i.profile, i.start) for i in instances)
+        if got != sorted((name, start) for name, start, _ in layout):
+            raise FailedPrecondition(
+                f"GPU {index} got instances {got}, not the layout chosen {list(layout)}",
+                field="gpu_index",
+            )
+        for inst in instances:
+            slice_id = f"gpu{index}/{inst.profile}@{inst.start}"
+            used = self._used(slice_id)[1]
+            if inst.memory_total_bytes < used:
+                raise FailedPrecondition(
+                    f"{slice_id} has {inst.memory_total_bytes} bytes, {used} are leased",
+                    field="gpu_index",
+                )
+            self._slices[slice_id] = replace(
+                self._slices[slice_id],
+                device_uuid=inst.uuid,
+                memory_total_bytes=inst.memory_total_bytes,
+            )
+        del self.mig_pending[index]
+
+    def on_demand_layout(self, index: int) -> tuple[Instance, ...]:
+        """The MIG layout the ledger holds for on-demand GPU ``index``."""
+        return tuple(
+            (
+                s.mig_profile,
+                int(s.slice_id.rsplit("@", 1)[1]),
+                self._on_demand[index].table[s.mig_profile].size,
+            )
+            for s in sorted(self._instances(index), key=lambda s: int(s.slice_id.rsplit("@", 1)[1]))
+        )
 
     def _host_short(self, demand: Demand) -> _NoFit | None:
         cpu, memory = self.host_need(demand)
@@ -623,23 +798,46 @@ class Ledger:
     def _uses_fragmentation(self, candidates: Sequence[Slice]) -> bool:
         return self._frag is not None and bool(self._model) and bool(candidates)
 
-    def _fit_whole(self, demand: Demand, candidates: list[Slice], model_note: str) -> _Fit | _NoFit:
+    def _fit_whole(
+        self, demand: Demand, candidates: list[Slice], model_note: str, idle: list[MigGpu]
+    ) -> _Fit | _NoFit:
         kinds = (SliceKind.WHOLE_GPU, SliceKind.SHARED_GPU)
         gpus = [s for s in candidates if s.kind in kinds]
         capable = [s for s in gpus if s.memory_total_bytes >= demand.gpu_memory_bytes]
-        if len(capable) < demand.gpus:
+        # MIG-on-demand GPUs hold a whole-GPU member as one full-GPU instance.
+        mig_capable = [
+            gpu
+            for gpu in self._on_demand.values()
+            if (not demand.gpu_model or gpu.model == demand.gpu_model)
+            and _full_profile(gpu).memory_bytes >= demand.gpu_memory_bytes
+        ]
+        if len(capable) + len(mig_capable) < demand.gpus:
             mem = f" with >= {demand.gpu_memory_bytes} bytes" if demand.gpu_memory_bytes > 0 else ""
             return _NoFit(
                 f"needs {demand.gpus} whole{model_note} GPUs{mem}, "
-                f"host has {len(capable)} (of {len(gpus)} GPUs)",
+                f"host has {len(capable) + len(mig_capable)} "
+                f"(of {len(gpus) + len(self._on_demand)} GPUs)",
                 False,
             )
         free = [s for s in capable if self._unused(s)]
         if len(free) < demand.gpus:
-            return _NoFit(
-                f"no {demand.gpus} free whole{model_note} GPUs ({len(free)} of {len(capable)} free)",
-                True,
+            usable = [gpu for gpu in idle if gpu in mig_capable]
+            if len(free) + len(usable) < demand.gpus:
+                return _NoFit(
+                    f"no {demand.gpus} free whole{model_note} GPUs "
+                    f"({len(free) + len(usable)} of {len(capable) + len(mig_capable)} free)",
+                    True,
+                )
+            planned = [
+                self._plan(gpu, _full_profile(gpu).name)
+                for gpu in usable[: demand.gpus - len(free)]
+            ]
+            allocations = (
+                *(Allocation(s.slice_id, s.capacity_milli, s.memory_total_bytes) for s in free),
+                *planned,
             )
+            # Taking a whole MIG GPU removes its instances: rank it below plain GPUs.
+            return tuple(sorted(allocations, key=lambda a: a.slice_id)), 0.25
 
         def slice_score(s: Slice) -> float:
             kind = 1.0 if s.kind is SliceKind.WHOLE_GPU else 0.5
@@ -654,7 +852,38 @@ class Ledger:
             return allocations, self._gradient(demand, chosen)
         return allocations, sum(slice_score(s) for s in chosen) / len(chosen)
 
-    def _fit_mig(self, demand: Demand, candidates: list[Slice], model_note: str) -> _Fit | _NoFit:
+    def _fit_mig(
+        self, demand: Demand, candidates: list[Slice], model_note: str, idle: list[MigGpu]
+    ) -> _Fit | _NoFit:
+        found = self._fit_mig_slice(demand, candidates, model_note)
+        if not isinstance(found, _NoFit):
+            return found
+        profile = demand.mig_profile
+
+        def holds(gpu: MigGpu) -> bool:
+            entry = gpu.table.get(profile)
+            return entry is not None and entry.memory_bytes >= demand.gpu_memory_bytes
+
+        usable = [gpu for gpu in idle if holds(gpu)]
+        if not usable:
+            if not found.retryable and any(
+                holds(gpu) and (not demand.gpu_model or gpu.model == demand.gpu_model)
+                for gpu in self._on_demand.values()
+            ):
+                return _NoFit(
+                    f"no free{model_note} {profile} slice, and every MIG GPU that could be "
+                    "repartitioned for it is in use",
+                    True,
+                )
+            return found
+        # A GPU with no instances loses nothing to the new layout: take those first.
+        gpu = min(usable, key=lambda g: (bool(self._instances(g.gpu_index)), g.gpu_index))
+        allocation = self._plan(gpu, profile)
+        return (allocation,), 0.5 * _memory_fit(demand.gpu_memory_bytes, allocation.memory_bytes)
+
+    def _fit_mig_slice(
+        self, demand: Demand, candidates: list[Slice], model_note: str
+    ) -> _Fit | _NoFit:
         profile = demand.mig_profile
         migs = [s for s in candidates if s.kind is SliceKind.MIG and s.mig_profile == profile]
         if not migs:
@@ -784,6 +1013,7 @@ class Ledger:
         if isinstance(result, _NoFit):
             return Bounced(probe.probe_id, result.reason, result.retryable)
         allocations, score = result
+        self._apply_plan()
         cpu, memory = self.host_need(probe.demand)
         lease = LeaseRecord(
             lease_id=self._new_lease_id(),
@@ -953,6 +1183,10 @@ class Ledger:
                 raise AssertionError(f"slice {sid}: negative usage {u}")
         if self._host != host:
             raise AssertionError(f"host: counters {self._host} != sum of leases {host}")
+        for index, gpu in self._on_demand.items():
+            layout = self.on_demand_layout(index)
+            if layout and not is_legal(gpu.geometry or gpu.model, layout):
+                raise AssertionError(f"GPU {index}: illegal MIG layout {layout}")
         if min(host) < 0:
             raise AssertionError(f"host: negative usage {host}")
         if self.cpu_total_milli and host[0] + host[1] > self.cpu_total_milli:

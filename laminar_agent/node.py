@@ -74,6 +74,7 @@ from laminar_agent.ledger import (
     slices_from_gpus,
 )
 from laminar_agent.metrics import AgentMetrics
+from laminar_agent.mig_layout import MigGpu
 from laminar_agent.shim import FENCE_FILE
 from laminar_api.v1 import agent_pb2, common_pb2
 from laminar_base.causes import EndCause, cause_from_token
@@ -93,6 +94,8 @@ DEFAULT_LEASE_TTL_SECONDS = 0.2
 MAX_LEASE_TTL_SECONDS = 60.0
 #: Most lease ids one Release may name.
 MAX_RELEASE_IDS = 4096
+#: Journal meta key: GPU index -> the MIG layout last applied on demand (JSON).
+MIG_LAYOUTS_META = "mig_layouts"
 #: Largest integer SQLite (and a file offset) holds; uint64 fields above it are refused.
 MAX_SQLITE_INT = 2**63 - 1
 
@@ -132,9 +135,12 @@ class Node:
         uid_pool: range | None = None,
         cgroups: SubjobCgroups | None = None,
         host_totals: tuple[int, int] | None = None,
+        mig_on_demand: bool = False,
     ) -> None:
         """``host_totals`` are the host's (milli-cores, memory bytes) the ledger arbitrates;
-        None reads them from the machine (every CPU, all physical memory)."""
+        None reads them from the machine (every CPU, all physical memory).
+        ``mig_on_demand``: the ledger may give an idle MIG GPU a new layout to fit demand
+        (:mod:`laminar_agent.mig_layout`); the backend applies it at the first commit."""
         self.agent_id = agent_id
         #: Bound on the windows advertised in one summary (atomization).
         self.max_windows = max_windows
@@ -145,6 +151,7 @@ class Node:
         self.journal = Journal(state_dir / "agent.db")
         restarts = int(self.journal.get_meta("restarts") or "0") + 1
         self.journal.set_meta("restarts", str(restarts))
+        on_demand = self._restore_mig_layouts(backend) if mig_on_demand else ()
         self.slices = slices_from_gpus(backend.gpus())
         self._devices = {s.slice_id: s.device_uuid for s in self.slices}
         #: Device UUID -> slice name, for what Airlock shows (it reads memory per device).
@@ -158,6 +165,7 @@ class Node:
                 lease_prefix=f"{agent_id}-r{restarts}-",
                 cpu_total_milli=cpu_total_milli,
                 memory_total_bytes=memory_total_bytes,
+                mig_on_demand=on_demand,
             )
         )
         identities = TenantIdentities(run_as, users=tenant_users, pool=uid_pool, store=self.journal)
@@ -410,6 +418,8 @@ class Node:
                 spec.resources.CopyFrom(request.resources)
             spec.priority = spec.priority or request.priority
             reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec, caller))
+            if not all(reply.lease.device_uuids):  # a MIG layout applied at the commit
+                reply.lease.CopyFrom(self._lease_message(lease))
         return reply
 
     async def _preempt(self, order: ProbeOrder) -> tuple[Granted | Bounced, list[str]]:
@@ -523,7 +533,7 @@ class Node:
         if self.metrics is None:
             return
         total = committed = stranded = 0
-        for s in self.slices:
+        for s in self.ledger.slices.values():
             used = self.ledger.usage(s.slice_id)[0]
             total += s.capacity_milli
             committed += used
@@ -544,7 +554,8 @@ class Node:
             lease_id=lease.lease_id,
             agent_id=self.agent_id,
             slice_ids=[a.slice_id for a in lease.allocations],
-            device_uuids=[self._devices[a.slice_id] for a in lease.allocations],
+            # A MIG instance the ledger planned has its UUID once its layout is applied.
+            device_uuids=[self._devices.get(a.slice_id, "") for a in lease.allocations],
             score=lease.score,
             expires_unix=time.time() + max(0.0, lease.expires_at - time.monotonic()),
             job_id=lease.job_id,
@@ -574,6 +585,7 @@ class Node:
                 f"subjob {spec.subjob_id} already exists", field="spec.subjob_id"
             )
         self._expire()
+        self._apply_mig_layouts(lease_id)
         instructions = self.core.commit(
             lease_id,
             spec.subjob_id,
@@ -625,6 +637,59 @@ class Node:
             json.loads(row.slice_ids_json),
         )
         return self.subjob_message(spec.subjob_id)
+
+    def _restore_mig_layouts(self, backend: GpuBackend) -> list[MigGpu]:
+        """MIG on demand: the GPUs the ledger may repartition, after giving each the layout
+        journaled when it was last applied (the fake backend starts from its spec; a real
+        GPU keeps its instances, and applying the same layout again changes nothing)."""
+        if not isinstance(backend, FakeGpuBackend):
+            raise InvalidArgument(
+                "MIG on demand needs the fake GPU backend for now: the nvml backend does not "
+                "create GPU instances yet",
+                field="inventory.mig_on_demand",
+            )
+        saved: dict[str, list[list[object]]] = json.loads(
+            self.journal.get_meta(MIG_LAYOUTS_META) or "{}"
+        )
+        for index, layout in sorted(saved.items()):
+            backend.apply_mig_layout(
+                int(index), [(str(n), int(str(a)), int(str(z))) for n, a, z in layout]
+            )
+        return [MigGpu(g.index, g.model, g.uuid) for g in backend.gpus() if g.mig_enabled]
+
+    def _apply_mig_layouts(self, lease_id: str) -> None:
+        """Before a lease on a MIG GPU whose new layout the ledger chose is committed, the
+        backend creates that layout (the GPU runs nothing: the ledger chose it idle, and
+        the backend refuses otherwise); the layout is journaled for restarts."""
+        lease = self.ledger.lease(lease_id)
+        if (
+            lease is None
+            or not self.ledger.mig_pending
+            or not isinstance(self.backend, FakeGpuBackend)
+        ):
+            return
+        indexes = {
+            self.ledger.slices[a.slice_id].gpu_index
+            for a in lease.allocations
+            if a.slice_id in self.ledger.slices
+        }
+        for index in sorted(indexes & set(self.ledger.mig_pending)):
+            layout = self.ledger.mig_pending[index]
+            instances = self.backend.apply_mig_layout(index, layout)
+            self.ledger.layout_applied(index, instances)
+            saved = json.loads(self.journal.get_meta(MIG_LAYOUTS_META) or "{}")
+            saved[str(index)] = [list(instance) for instance in layout]
+            self.journal.set_meta(MIG_LAYOUTS_META, json.dumps(saved, sort_keys=True))
+            for inst in instances:
+                slice_id = f"gpu{index}/{inst.profile}@{inst.start}"
+                self._devices[slice_id] = inst.uuid
+                self._slice_names[inst.uuid] = slice_id
+            log.info(
+                "GPU %d repartitioned to %s for lease %s",
+                index,
+                "+".join(name for name, _, _ in layout),
+                lease_id,
+            )
 
     async def _on_exit(self, subjob_id: str, info: ExitInfo) -> None:
         try:

@@ -258,6 +258,7 @@ class AgentServer:
             tenant_users=tenant_users,
             uid_pool=uid_pool,
             cgroups=cgroups,
+            mig_on_demand=cfg.inventory.mig_on_demand,
         )
         adopted, lost = self.state.node.recover()
         log.info("journal recovery: %d subjob(s) re-adopted, %d ended while down", adopted, lost)

@@ -53,6 +53,7 @@ class AgentState:
         tenant_users: Mapping[str, RunAs] | None = None,
         uid_pool: range | None = None,
         cgroups: SubjobCgroups | None = None,
+        mig_on_demand: bool = False,
     ) -> None:
         """``host_memory`` replaces psutil as the host signal (tests, simulation); ``run_as``
         is the identity subjob commands take (None: the agent's own), ``tenant_users`` and
@@ -80,6 +81,7 @@ class AgentState:
             tenant_users=tenant_users,
             uid_pool=uid_pool,
             cgroups=cgroups,
+            mig_on_demand=mig_on_demand,
         )
         #: Pressure levels per device with hysteresis (Airlock's signal stage).
         self.levels = LevelTracker(settings.slice_marks())

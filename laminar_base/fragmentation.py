@@ -441,5 +441,7 @@ def demand_pod(need: Demand, host: HostCap) -> PodShape:
     """One member of ``need`` as a task shape, with the CPU and memory it reserves on
     ``host`` (:func:`laminar_base.demand.host_share`)."""
     cpu, memory = host_share(need, host.cpu_total_milli, host.memory_total_bytes, host.gpus_total)
-    gpus = need.gpus or (1 if need.gpu_milli else 0)
-    return PodShape(cpu, memory >> 20, gpus, need.gpu_milli or (MILLI_PER_GPU if gpus else 0))
+    # A MIG profile is measured as the share of a GPU its compute slices are.
+    share = need.gpu_milli or (round(need.gpu_units * MILLI_PER_GPU) if need.mig_profile else 0)
+    gpus = need.gpus or (1 if share else 0)
+    return PodShape(cpu, memory >> 20, gpus, share or (MILLI_PER_GPU if gpus else 0))

@@ -23,7 +23,6 @@ from laminar_airlock import traces as airlock_traces
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_sim import airlock_sim, atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
-from laminar_sim.policies import POLICIES
 from laminar_sim.replay import ReplaySpec, read_jobs, run_replay
 from laminar_zone.market import POLICIES as MARKET_POLICIES
 
@@ -55,8 +54,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     exp.add_argument(
         "--policies",
-        help=f"comma-separated, from {', '.join(fgd.FGD_POLICIES)} "
-        "(default: all; with --mig all but laminar)",
+        help=f"comma-separated, from {', '.join(fgd.FGD_POLICIES)} (default: all)",
     )
     exp.add_argument("--seeds", default="42-51", help="seeds: 42-51, 42,43 or 42")
     exp.add_argument(
@@ -269,16 +267,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
     """Run the ``fgd`` experiment and print a table or JSON."""
     trace_dir, expected_dir = _trace_dirs(args)
-    if args.policies is None:
-        policies = list(POLICIES if args.mig else fgd.FGD_POLICIES)
-    else:
-        policies = _policies(args.policies)
-    if args.mig and "laminar" in policies:
-        raise InvalidArgument(
-            "laminar has no --mig mode (its agents hold fixed MIG layouts; this mode "
-            "repartitions GPUs on demand)",
-            field="--policies",
-        )
+    policies = list(fgd.FGD_POLICIES) if args.policies is None else _policies(args.policies)
     seeds = _seeds(args.seeds)
     ratio = float(args.tune_ratio)
     if not 0 < ratio <= 10:

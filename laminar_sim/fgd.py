@@ -154,6 +154,8 @@ def node_rank(seed: int, num_nodes: int) -> IntArray:
 
 #: The centralized baselines of the paper, and Laminar's own decentralized placement.
 FGD_POLICIES = (*POLICIES, "laminar")
+#: In MIG mode, the H100/A100-80GB profile a share rounded up to N of 7 slices asks for.
+MIG_PROFILE_OF_SLICES = {1: "1g.10gb", 2: "2g.20gb", 3: "3g.40gb", 4: "4g.40gb", 7: "7g.80gb"}
 #: Hosts per zone of the ``laminar`` policy (the default node list makes 3 zones).
 LAMINAR_ZONE_HOSTS = 500
 
@@ -247,11 +249,16 @@ class FillRun:
         self.model_ok: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
         self.shape_scores: dict[PodShape, _ShapeScores] = {}
         self.laminar: LaminarCluster | None = None
+        self.mig = slicing.name == "mig"
+        self.laminar_hosts: list[SimHost] = []
         if ctx.policy == "laminar":
             hosts = [
-                SimHost(f"n{i}", node.model, node.num_gpu, node.cpu_milli, node.memory_mib)
+                SimHost(
+                    f"n{i}", node.model, node.num_gpu, node.cpu_milli, node.memory_mib, mig=self.mig
+                )
                 for i, node in enumerate(nodes)
             ]
+            self.laminar_hosts = hosts
             self.laminar = LaminarCluster(
                 hosts,
                 zone_hosts=LAMINAR_ZONE_HOSTS,
@@ -281,7 +288,7 @@ class FillRun:
     def choose(self, pod: PodShape) -> tuple[int, tuple[int, ...]] | None:
         """The node and GPUs the policy picks for ``pod``, or None when nothing fits."""
         if self.laminar is not None:
-            return self.laminar.place(laminar_ask(pod))
+            return self.laminar.place(laminar_ask(pod, self.mig_profile(pod)))
         mask = self.feasible(pod)
         candidates = np.flatnonzero(mask)
         if candidates.size == 0:
@@ -316,8 +323,25 @@ class FillRun:
         best = int(candidates[int(np.argmax(combined))])
         return best, entry.gpus[best]
 
+    def mig_profile(self, pod: PodShape) -> str:
+        """In MIG mode the profile a shared pod is rounded up to ("" otherwise)."""
+        if not (self.laminar is not None and self.mig and pod.is_shared):
+            return ""
+        return MIG_PROFILE_OF_SLICES[gpu_request(pod, self.slicing)]
+
     def apply(self, node: int, pod: PodShape, gpus: tuple[int, ...]) -> None:
-        state = place(self.states[node], pod, gpus, self.slicing)
+        if self.laminar is not None and self.mig:
+            # The agents' ledgers chose the instances; the free compute slices are theirs.
+            old = self.states[node]
+            host = self.laminar_hosts[node]
+            state = NodeState(
+                old.model,
+                old.cpu_left_milli - pod.cpu_milli,
+                old.memory_left_mib - pod.memory_mib,
+                host.mig_left(),
+            )
+        else:
+            state = place(self.states[node], pod, gpus, self.slicing)
         self.states[node] = state
         self.cpu[node] = state.cpu_left_milli
         self.mem[node] = state.memory_left_mib
@@ -332,14 +356,16 @@ class FillRun:
             )
 
 
-def laminar_ask(pod: PodShape) -> Ask:
-    """A pod as Laminar's router sees it: a share, whole GPUs on one host, or CPU only,
-    with the host CPU and memory it asks for."""
+def laminar_ask(pod: PodShape, mig_profile: str = "") -> Ask:
+    """A pod as Laminar's router sees it: a share (or, in MIG mode, the MIG profile it
+    rounds up to), whole GPUs on one host, or CPU only, with the host CPU and memory it
+    asks for."""
     # The trace asks for CPU and memory on every pod; a 0 there means none (the API's 0
     # means "the default share"), so it becomes the least that can be asked: 1.
     need = Demand(
         gpus=pod.num_gpu if pod.num_gpu and not pod.is_shared else 0,
-        gpu_milli=pod.gpu_milli if pod.is_shared else 0,
+        gpu_milli=pod.gpu_milli if pod.is_shared and not mig_profile else 0,
+        mig_profile=mig_profile,
         cpu_milli=pod.cpu_milli or 1,
         host_memory_bytes=(pod.memory_mib << 20) or 1,
     )
@@ -617,11 +643,6 @@ def run_experiment(
 
     ``progress(policy, seed)`` is called after each run.
     """
-    if mig and "laminar" in policies:
-        raise ValueError(
-            "the laminar policy has no --mig mode: its agents' ledgers hold fixed MIG layouts, "
-            "while this mode repartitions every GPU on demand"
-        )
     started = time.perf_counter()
     nodes = traces.read_nodes(traces.node_list_path(trace_dir))
     pod_specs = traces.read_pods(traces.pod_list_path(trace_dir, workload))

@@ -38,10 +38,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from laminar_agent.core import KILLED, SUCCEEDED, AgentCore, EndDecision
+from laminar_agent.inventory.mig import MIG_PROFILES
 from laminar_agent.ledger import Bounced, Granted, Ledger, ProbeOrder, Slice, SliceKind, counter_ids
+from laminar_agent.mig_layout import MigGpu
 from laminar_api.v1 import common_pb2
 from laminar_base.causes import EndCause
-from laminar_base.demand import Demand, HostCap
+from laminar_base.demand import MIG_COMPUTE_SLICES, Demand, HostCap
 from laminar_base.fragmentation import (
     MILLI_SLICING,
     FragmentationCache,
@@ -59,6 +61,8 @@ from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView, fragmentation_ra
 
 #: Nominal GPU memory of a simulated device (the FGD pod lists declare none).
 SIM_GPU_MEMORY_BYTES = 80 * 1024**3
+#: The MIG geometry (profile table) of a simulated MIG GPU, whatever its trace model.
+SIM_MIG_GEOMETRY = "H100-80GB"
 #: Lease TTL of a simulated probe; the commit follows within the same event.
 LEASE_TTL_SECONDS = 5.0
 #: gRPC request + reply.
@@ -111,8 +115,17 @@ class SimHost:
     memory."""
 
     def __init__(
-        self, agent_id: str, model: str, num_gpu: int, cpu_milli: int, memory_mib: int
+        self,
+        agent_id: str,
+        model: str,
+        num_gpu: int,
+        cpu_milli: int,
+        memory_mib: int,
+        *,
+        mig: bool = False,
     ) -> None:
+        """``mig``: the GPUs are MIG GPUs of :data:`SIM_MIG_GEOMETRY` that the agent
+        repartitions on demand while idle; otherwise GPUs shared by milli."""
         self.agent_id = agent_id
         self.model = model
         slices = [
@@ -126,13 +139,19 @@ class SimHost:
             )
             for i in range(num_gpu)
         ]
+        on_demand = [
+            MigGpu(i, model, f"{agent_id}-gpu{i}", geometry=SIM_MIG_GEOMETRY)
+            for i in range(num_gpu)
+        ]
+        self.num_gpu = num_gpu
         self.core = AgentCore(
             Ledger(
-                slices,
+                [] if mig else slices,
                 lease_prefix=f"{agent_id}-",
                 lease_ids=counter_ids(),
                 cpu_total_milli=cpu_milli,
                 memory_total_bytes=memory_mib << 20,
+                mig_on_demand=on_demand if mig else (),
             )
         )
         self._seq = 0
@@ -178,7 +197,28 @@ class SimHost:
         )
         lease = self.ledger.lease(lease_id)
         assert lease is not None
-        return tuple(int(a.slice_id.removeprefix("gpu")) for a in lease.allocations)
+        return tuple(self.ledger.slices[a.slice_id].gpu_index for a in lease.allocations)
+
+    def mig_left(self) -> tuple[int, ...]:
+        """Per GPU, the compute slices (a 7-bit mask) free for new work: all of an idle
+        GPU (it may take any layout), the unused instances' of a busy one."""
+        left = []
+        for index in range(self.num_gpu):
+            layout = self.ledger.on_demand_layout(index)
+            unused = [
+                (name, start)
+                for name, start, _ in layout
+                if self.ledger.usage(f"gpu{index}/{name}@{start}") == (0, 0, 0, 0)
+            ]
+            if len(unused) == len(layout):
+                left.append((1 << MIG_COMPUTE_SLICES) - 1)
+                continue
+            mask = 0
+            for name, start in unused:
+                compute = MIG_PROFILES[SIM_MIG_GEOMETRY][name].compute_slices
+                mask |= ((1 << compute) - 1) << min(start, MIG_COMPUTE_SLICES - compute)
+            left.append(mask)
+        return tuple(left)
 
     def release(self, lease_id: str) -> None:
         """Give back an uncommitted lease (the router's Release)."""

@@ -89,10 +89,11 @@ def fragmentation_rank(
     through :func:`laminar_base.fragmentation.least_fragmenting` with the zone's observed
     workload, the same measure the agent chooses a GPU by, so the router's ranking and the
     agent's lease score compare alike. None when the summary shows it cannot take the
-    member; :data:`UNKNOWN_RANK` when it carries no per-GPU state. MIG demands are not
-    ranked (the measure here is over shares of whole GPUs).
+    member; :data:`UNKNOWN_RANK` when it carries no per-GPU state. A MIG demand is
+    measured as the share of a GPU its profile's compute slices are, over each GPU's free
+    share (a MIG GPU's: its unused instances', all of it while idle).
     """
-    if host is None or need.mig_profile or (need.family != "cpu" and not host.gpu_free_milli):
+    if host is None or (need.family != "cpu" and not host.gpu_free_milli):
         return UNKNOWN_RANK
     if not host.fits(need):
         return None

@@ -13,13 +13,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from laminar_agent.inventory.base import GpuInfo, MigInstanceInfo
 from laminar_agent.inventory.mig import FIELD, GIB, lookup_profile, place_profiles
 from laminar_agent.jobfiles import read_job_file
-from laminar_base.errors import InvalidArgument, NotFound
+from laminar_base.errors import FailedPrecondition, InvalidArgument, NotFound
 
 #: Known fake models -> memory in GiB (the number in the name).
 FAKE_MODELS: dict[str, int] = {
@@ -139,6 +139,7 @@ class FakeGpuBackend:
         shared_indices: frozenset[int] = frozenset(),
     ) -> None:
         self._clock = clock
+        self._agent_id = agent_id
         self._lock = threading.Lock()
         self._subjobs: dict[str, _Subjob] = {}
         # device uuid -> list of (bytes, expires_at or inf)
@@ -183,6 +184,49 @@ class FakeGpuBackend:
 
     def gpus(self) -> tuple[GpuInfo, ...]:
         return self._gpus
+
+    def apply_mig_layout(
+        self, gpu_index: int, layout: Sequence[tuple[str, int, int]]
+    ) -> tuple[MigInstanceInfo, ...]:
+        """Give MIG GPU ``gpu_index`` the instances of ``layout`` ((profile, start, size)
+        each), as destroying and creating GPU instances does on NVML. Refused while a
+        subjob uses any instance of it; an instance that stays where it was keeps its UUID."""
+        with self._lock:
+            gpu = next((g for g in self._gpus if g.index == gpu_index), None)
+            if gpu is None or not gpu.mig_enabled:
+                raise FailedPrecondition(
+                    f"GPU {gpu_index} is not a MIG GPU", field="inventory.mig_on_demand"
+                )
+            place_profiles(gpu.model, [name for name, _, _ in layout])  # legal, or refused
+            mine = {gpu.uuid, *(m.uuid for m in gpu.mig_instances)}
+            busy = [sid for sid, sub in self._subjobs.items() if mine & set(sub.device_uuids)]
+            if busy:
+                raise FailedPrecondition(
+                    f"GPU {gpu_index} runs {', '.join(sorted(busy))}: its MIG layout cannot change",
+                    field="gpu_index",
+                )
+            kept = {(m.profile, m.start): m for m in gpu.mig_instances}
+            instances = tuple(
+                kept.get((name, start))
+                or MigInstanceInfo(
+                    uuid=_derive_uuid("MIG", self._agent_id, gpu_index, "layout", name, start),
+                    profile=name,
+                    memory_total_bytes=lookup_profile(gpu.model, name).memory_bytes,
+                    start=start,
+                    size=size,
+                )
+                for name, start, size in layout
+            )
+            for old in gpu.mig_instances:
+                self._parent.pop(old.uuid, None)
+                self._totals.pop(old.uuid, None)
+            for new in instances:
+                self._parent[new.uuid] = gpu.uuid
+                self._totals[new.uuid] = new.memory_total_bytes
+            self._gpus = tuple(
+                replace(g, mig_instances=instances) if g is gpu else g for g in self._gpus
+            )
+            return instances
 
     def refresh(self) -> None:
         """The fake topology never changes."""

@@ -129,11 +129,9 @@ def test_bad_trace_rows_surface_as_invalid_input(tmp_path: Path, make_trace: Any
         run_cli(["sim", "fgd", "--trace-dir", str(folder), "--workload", "bad", "--seeds", "1"])
 
 
-def test_laminar_with_mig_is_refused_naming_the_flag(tiny_trace: Path) -> None:
-    argv = ["--trace-dir", str(tiny_trace), "--workload", "tiny", "--seeds", "1"]
-    with pytest.raises(InvalidArgument) as err:
-        run_cli(["sim", "fgd", *argv, "--mig", "--policies", "laminar"])
-    assert err.value.field == "--policies"
-    # Without --policies, --mig runs the baselines only.
-    report = fgd_json([*argv, "--mig"])
-    assert set(report["policies"]) == {"fgd", "bestfit", "dotprod", "random"}
+def test_laminar_runs_in_mig_mode_beside_the_baselines(tiny_trace: Path) -> None:
+    argv = ["--trace-dir", str(tiny_trace), "--workload", "tiny", "--seeds", "1", "--mig"]
+    report = fgd_json([*argv, "--policies", "laminar,fgd"])
+    assert set(report["policies"]) == {"laminar", "fgd"}
+    assert report["mig"] is True
+    assert report["policies"]["laminar"]["messages_per_placement"] > 0

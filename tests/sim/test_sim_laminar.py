@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -146,14 +145,27 @@ def test_fgd_report_has_laminar_messages(tmp_path: object, make_trace: object) -
     assert "messages_per_placement" not in report["policies"]["bestfit"]
 
 
-def test_laminar_has_no_mig_mode(tmp_path: object, make_trace: object) -> None:
+def test_laminar_in_mig_mode_repartitions_idle_gpus_on_demand(
+    tmp_path: object, make_trace: object
+) -> None:
     from pathlib import Path
 
+    # One 8-GPU node; pods of 3/7 and 4/7 of a GPU: each GPU takes a 4g+3g or 3g+3g layout.
     folder = make_trace(  # type: ignore[operator]
-        Path(str(tmp_path)) / "t", ["n0,32000,131072,1,A100\n"], ["p0,1000,10,1,300,,LS,R,0,,\n"]
+        Path(str(tmp_path)) / "t",
+        ["n0,64000,262144,8,A100\n"],
+        [f"p{i},500,1024,1,{400 if i % 2 else 550},,LS,Running,0,,\n" for i in range(16)],
     )
-    with pytest.raises(ValueError, match="no --mig mode"):
-        fgd.run_experiment(folder, "tiny", ["laminar"], [42], mig=True)
+    report = fgd.run_experiment(folder, "tiny", ["laminar", "fgd"], [42], mig=True)
+    laminar = report["policies"]["laminar"]
+    # Without MIG on demand the node holds no MIG instance and nothing is placed (100%).
+    assert laminar["unallocated_pct_at_100"]["median"] < 50
+    assert laminar["bounces_per_placement"] == 0
+
+
+def test_laminar_ask_in_mig_mode_asks_for_the_profile() -> None:
+    ask = fgd.laminar_ask(PodShape(1000, 10, 1, 400), "3g.40gb")
+    assert ask.need.mig_profile == "3g.40gb" and ask.need.gpu_milli == 0
 
 
 def test_laminar_ask_maps_pod_shapes() -> None:
