@@ -112,6 +112,19 @@ class InventorySettings:
     refresh_seconds: float = field(
         default=30.0, metadata=doc("how often the GPU topology is re-read", unit="seconds")
     )
+    host_cpu_milli: int = field(
+        default=0,
+        metadata=doc(
+            "host CPU the agent offers to subjobs, in milli-cores (0: every CPU of the "
+            "machine); less keeps some for the system"
+        ),
+    )
+    host_memory_bytes: int = field(
+        default=0,
+        metadata=doc(
+            "host memory the agent offers to subjobs (0: all physical memory)", unit="bytes"
+        ),
+    )
     mig_on_demand: bool = field(
         default=False,
         metadata=doc(
@@ -324,6 +337,12 @@ class AgentConfig:
             raise ConfigError(
                 "a mocked NVML needs inventory.gpu_backend = nvml", field="inventory.nvml_mock"
             )
+        for name, amount in (
+            ("inventory.host_cpu_milli", self.inventory.host_cpu_milli),
+            ("inventory.host_memory_bytes", self.inventory.host_memory_bytes),
+        ):
+            if not 0 <= amount < 2**62:
+                raise ConfigError(f"must be >= 0 (0: the whole machine), got {amount}", field=name)
         if self.inventory.mig_on_demand and self.inventory.gpu_backend != "fake":
             raise ConfigError(
                 "MIG on demand needs inventory.gpu_backend = fake for now (the nvml backend "

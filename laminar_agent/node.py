@@ -138,7 +138,7 @@ class Node:
         mig_on_demand: bool = False,
     ) -> None:
         """``host_totals`` are the host's (milli-cores, memory bytes) the ledger arbitrates;
-        None reads them from the machine (every CPU, all physical memory).
+        None (or a 0 in it) reads them from the machine (every CPU, all physical memory).
         ``mig_on_demand``: the ledger may give an idle MIG GPU a new layout to fit demand
         (:mod:`laminar_agent.mig_layout`); the backend applies it at the first commit."""
         self.agent_id = agent_id
@@ -158,7 +158,12 @@ class Node:
         self._slice_names = {s.device_uuid: s.slice_id for s in self.slices}
         for gpu in backend.gpus():
             self._slice_names.setdefault(gpu.uuid, f"gpu{gpu.index}")
-        cpu_total_milli, memory_total_bytes = host_totals or detect_host_totals()
+        detected = detect_host_totals()
+        cpu_total_milli, memory_total_bytes = (
+            (host_totals[0] or detected[0], host_totals[1] or detected[1])
+            if host_totals
+            else detected
+        )
         self.core = AgentCore(
             Ledger(
                 self.slices,

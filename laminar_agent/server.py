@@ -259,6 +259,7 @@ class AgentServer:
             uid_pool=uid_pool,
             cgroups=cgroups,
             mig_on_demand=cfg.inventory.mig_on_demand,
+            host_totals=(cfg.inventory.host_cpu_milli, cfg.inventory.host_memory_bytes),
         )
         adopted, lost = self.state.node.recover()
         log.info("journal recovery: %d subjob(s) re-adopted, %d ended while down", adopted, lost)

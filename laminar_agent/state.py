@@ -54,6 +54,7 @@ class AgentState:
         uid_pool: range | None = None,
         cgroups: SubjobCgroups | None = None,
         mig_on_demand: bool = False,
+        host_totals: tuple[int, int] = (0, 0),
     ) -> None:
         """``host_memory`` replaces psutil as the host signal (tests, simulation); ``run_as``
         is the identity subjob commands take (None: the agent's own), ``tenant_users`` and
@@ -82,6 +83,7 @@ class AgentState:
             uid_pool=uid_pool,
             cgroups=cgroups,
             mig_on_demand=mig_on_demand,
+            host_totals=host_totals,
         )
         #: Pressure levels per device with hysteresis (Airlock's signal stage).
         self.levels = LevelTracker(settings.slice_marks())

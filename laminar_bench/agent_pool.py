@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,13 +61,18 @@ class PoolSpec:
     prefix: str
     with_metrics: bool = True
     airlock_poll_seconds: float | None = None
+    #: Per agent (in id order), config keys of its own: a cluster of unlike hosts.
+    per_agent: tuple[Mapping[str, object], ...] = ()
 
     def agent_ids(self) -> list[str]:
         return [f"{self.prefix}{i}" for i in range(self.count)]
 
 
-def agent_config(spec: PoolSpec, agent_id: str) -> AgentConfig:
-    """One agent's config: the same keys ``laminar-agent`` would get from its flags."""
+def agent_config(
+    spec: PoolSpec, agent_id: str, own: Mapping[str, object] | None = None
+) -> AgentConfig:
+    """One agent's config: the same keys ``laminar-agent`` would get from its flags, then
+    ``own`` (its keys from ``--per-agent``)."""
     overrides: dict[str, object] = {
         "server.listen": "127.0.0.1:0",
         "server.state_dir": str(spec.state_dir / agent_id),
@@ -80,6 +85,7 @@ def agent_config(spec: PoolSpec, agent_id: str) -> AgentConfig:
     }
     if spec.airlock_poll_seconds is not None:
         overrides["airlock.poll_seconds"] = spec.airlock_poll_seconds
+    overrides.update(own or {})
     return load_config(AgentConfig, overrides=overrides)
 
 
@@ -118,9 +124,18 @@ class AgentPool:
             raise InvalidArgument(
                 f"must be in 1..{MAX_POOL_AGENTS}, got {spec.count}", field="--count"
             )
+        if spec.per_agent and len(spec.per_agent) != spec.count:
+            raise InvalidArgument(
+                f"lists {len(spec.per_agent)} agents, the pool has {spec.count}",
+                field="--per-agent",
+            )
         self.spec = spec
+        own = spec.per_agent or ({},) * spec.count
         # Built (and validated) before anything starts, so bad config fails fast with exit 2.
-        self.servers = [AgentServer(agent_config(spec, a)) for a in spec.agent_ids()]
+        self.servers = [
+            AgentServer(agent_config(spec, a, o))
+            for a, o in zip(spec.agent_ids(), own, strict=True)
+        ]
         self.stop_event = asyncio.Event()
         self.metrics_address = ""
         self._metrics_http: Any = None
@@ -201,8 +216,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="agents' airlock.poll_seconds (default: the agent's own default)",
     )
+    p.add_argument(
+        "--per-agent",
+        type=Path,
+        help="JSON file: a list with one object per agent of config keys of its own, "
+        'e.g. [{"inventory.fake_gpus": "2xT4-16GB:shared", "inventory.host_cpu_milli": 64000}]',
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     return p
+
+
+def read_per_agent(path: Path | None) -> tuple[Mapping[str, object], ...]:
+    """The ``--per-agent`` file: a JSON list of objects (InvalidArgument naming the flag)."""
+    if path is None:
+        return ()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(f"cannot read {path}: {exc}", field="--per-agent") from None
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        raise InvalidArgument(f"{path}: expected a JSON list of objects", field="--per-agent")
+    return tuple(data)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         prefix=args.prefix,
         with_metrics=not args.no_metrics,
         airlock_poll_seconds=args.airlock_poll_seconds,
+        per_agent=read_per_agent(args.per_agent),
     )
 
     async def run() -> None:

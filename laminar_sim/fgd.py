@@ -186,10 +186,19 @@ class PolicyContext:
     score changes only when the node does, and many nodes share a state.
     """
 
-    def __init__(self, policy: str, target: TargetWorkload, slicing: GpuSlicing) -> None:
+    def __init__(
+        self,
+        policy: str,
+        target: TargetWorkload,
+        slicing: GpuSlicing,
+        *,
+        zone_hosts: int = LAMINAR_ZONE_HOSTS,
+    ) -> None:
+        """``zone_hosts``: hosts per zone of the ``laminar`` policy."""
         if policy not in FGD_POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
+        self.zone_hosts = zone_hosts
         self.frag = FragmentationCache(target, slicing)
         self.slicing = slicing
         self.scores: dict[
@@ -261,7 +270,7 @@ class FillRun:
             self.laminar_hosts = hosts
             self.laminar = LaminarCluster(
                 hosts,
-                zone_hosts=LAMINAR_ZONE_HOSTS,
+                zone_hosts=ctx.zone_hosts,
                 limits=ProbeLimits(),
                 gamma=1.0,
                 seed=int(rng.integers(2**31)),
@@ -378,11 +387,18 @@ def run_fill(
     ctx: PolicyContext,
     seed: int,
     ratio: float = TUNE_RATIO,
+    *,
+    limit: int | None = None,
 ) -> RunLog:
-    """One fill-up run of ``ctx.policy`` for ``seed``, driven by the event engine."""
+    """One fill-up run of ``ctx.policy`` for ``seed``, driven by the event engine
+    (``limit``: only the first arrivals of the tuned workload)."""
     started = time.perf_counter()
     capacity = sum(n.num_gpu for n in nodes) * MILLI
     workload = fill_workload(pods, capacity, seed, ratio)
+    if limit is not None:
+        origin = workload.origin[:limit]
+        requested = int(sum(pods[i].total_gpu_milli for i in origin.tolist()))
+        workload = FillWorkload(origin, workload.is_clone[:limit], requested)
     engine = Engine(seed)
     policy_rng = np.random.default_rng([seed, 0x706F6C])  # "pol": apart from the workload
     run = FillRun(nodes, ctx, node_rank(seed, len(nodes)), policy_rng)

@@ -212,6 +212,19 @@ def test_run_fill_logs_every_arrival_and_is_deterministic() -> None:
     )
 
 
+def test_a_limited_run_is_the_first_arrivals_of_the_full_one() -> None:
+    nodes = _cluster()
+    pods = [PodShape(2000, 1024, 1, m) for m in (100, 250, 500, 1000)]
+    target = fgd.typical_workload(pods)
+    full = fgd.run_fill(nodes, pods, fgd.PolicyContext("bestfit", target, MILLI_SLICING), seed=3)
+    part = fgd.run_fill(
+        nodes, pods, fgd.PolicyContext("bestfit", target, MILLI_SLICING), seed=3, limit=5
+    )
+    assert part.pods == 5 < full.pods
+    assert np.array_equal(part.allocated_milli, full.allocated_milli[:5])
+    assert np.array_equal(part.arrived_milli, full.arrived_milli[:5])
+
+
 def test_mig_run_counts_rounded_requests() -> None:
     nodes = [NodeSpec("a", 64000, 65536, 2, "A100")]
     pods = [PodShape(1000, 1024, 1, 300)]  # 300 milli -> 3 of 7 slices
