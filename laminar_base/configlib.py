@@ -148,6 +148,11 @@ def load_config(
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist", field="--config") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(
+                f"cannot read config file {path}: {reason}", field="--config"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}", field="--config") from None
         for section, table in data.items():
