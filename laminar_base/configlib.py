@@ -235,3 +235,17 @@ def describe_config(root: type[Any]) -> list[tuple[str, str, str, str]]:
         env_name = ENV_PREFIX + dotted.replace(".", "_").upper()
         rows.append((dotted, env_name, repr(default), text))
     return rows
+
+
+def changed_keys(old: Any, new: Any) -> list[str]:
+    """``section.key`` of every setting that differs between two configs of one root
+    (what a SIGHUP reload reports as applied or needing a restart)."""
+    out = []
+    for section in dataclasses.fields(old):
+        a, b = getattr(old, section.name), getattr(new, section.name)
+        if not dataclasses.is_dataclass(a):
+            continue
+        for f in dataclasses.fields(a):
+            if getattr(a, f.name) != getattr(b, f.name):
+                out.append(f"{section.name}.{f.name}")
+    return out
