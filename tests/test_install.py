@@ -107,6 +107,38 @@ def test_systemd_unit_reads_the_installed_config_and_verifies(
     assert not errors, errors
 
 
+#: Ceilings of `systemd-analyze security` (0 = locked down, 10 = exposed): the router is
+#: sandboxed; the agent runs as root with no filesystem sandbox or system call filter on
+#: purpose, since subjobs inherit both (docs/ops.md), and is confined by users and cgroups.
+EXPOSURE_CEILINGS = {"laminar-zone": 2.0, "laminar-agent": 9.2}
+
+
+@pytest.mark.parametrize("daemon", sorted(EXPOSURE_CEILINGS))
+def test_systemd_analyze_security_keeps_each_unit_under_its_ceiling(
+    tmp_path: Path, daemon: str
+) -> None:
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        _skip("systemd-analyze is not installed here: exposure not measured")
+    assert tool is not None
+    exe = Path(sys.executable).parent / daemon
+    copy = tmp_path / f"{daemon}.service"
+    text = (REPO / "systemd" / f"{daemon}.service").read_text()
+    copy.write_text(text.replace(f"/usr/local/bin/{daemon}", str(exe)))
+    result = subprocess.run(
+        [tool, "security", "--offline=true", "--no-pager", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    overall = [x for x in result.stdout.splitlines() if "Overall exposure level" in x]
+    if not overall:
+        _skip(f"systemd-analyze security --offline did not run here: {result.stderr.strip()}")
+    exposure = float(overall[0].split(":")[1].split()[0])
+    print(f"{daemon}: exposure {exposure}")
+    assert exposure <= EXPOSURE_CEILINGS[daemon], overall[0]
+
+
 def test_the_distribution_claims_only_laminar_import_names() -> None:
     """An installed Laminar must not take generic top-level names (`cli`, `airlock`) from
     other packages: every package it installs, and every folder that holds one, is
@@ -145,6 +177,15 @@ SANDBOX_KEYS = (
     "DevicePolicy",
     "LimitMEMLOCK",
     "TasksMax",
+    "ProtectClock",
+    "ProtectKernelLogs",
+    "ProtectHostname",
+    "ProtectProc",
+    "RestrictRealtime",
+    "SystemCallArchitectures",
+    "SystemCallFilter",
+    "RestrictAddressFamilies",
+    "CapabilityBoundingSet",
 )
 
 
