@@ -67,6 +67,20 @@ _SPEC_FLAGS = (
 )
 
 
+#: The router names JobSpec fields (``spec.resources.mig_profile``); these differ from
+#: the job-file key (``resources.mig``) the flag table above uses.
+_SPEC_FIELD_KEYS = {
+    "resources.mig_profile": "resources.mig",
+    "resources.gpu_memory_bytes": "resources.gpu_mem",
+    "resources.cpu_milli": "resources.cpus",
+    "resources.host_memory_bytes": "resources.mem",
+    "gang_size": "gang",
+    "max_retries": "retries",
+    "expected_seconds": "expected",
+    "grace_seconds": "grace",
+}
+
+
 def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
@@ -242,6 +256,11 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         print(render.to_json(job))
     else:
         print(job.job_id)
+    if job.reason_code == zone_pb2.REASON_TOO_LARGE:
+        # Accepted (more hosts may join), but say so now rather than let it wait unseen;
+        # stdout stays the job id alone for scripts.
+        shown = render.printable(job)
+        print(f"laminar: {shown.job_id} waits: {shown.reason} [too_large]", file=sys.stderr)
     return 0
 
 
@@ -253,6 +272,7 @@ def _as_flag_error(exc: grpc.RpcError, args: argparse.Namespace) -> Exception:
     if exc.code() != grpc.StatusCode.INVALID_ARGUMENT or not sep:
         return exc
     key = field.removeprefix("spec.")
+    key = _SPEC_FIELD_KEYS.get(key, key)
     flag = dict(_SPEC_FLAGS).get(key)
     if flag is not None and getattr(args, _dest(flag), None) is not None:
         return InvalidArgument(message, field=flag)

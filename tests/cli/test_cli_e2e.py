@@ -360,3 +360,24 @@ def test_more_gpus_than_any_host_has_is_refused_naming_the_flag(cli: Cli) -> Non
     assert status == 2 and not out
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("laminar: --gpus: ") and "largest host" in err and "has 2" in err
+
+
+def test_a_mig_profile_no_gpu_has_is_refused_naming_the_flag(cli: Cli) -> None:
+    """`--mig 9g.99gb` used to be accepted and wait for ever ("0 of 2 hosts match")."""
+    status, out, err = cli("submit", "--mig", "9g.99gb", *_py("pass"))
+    assert status == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and err.startswith("laminar: --mig: "), err
+
+
+def test_a_gang_the_zone_cannot_hold_even_idle_says_so_at_submit(cli: Cli) -> None:
+    # Three whole GPUs at once; the zone has two (host-a), and host-b only MIG slices.
+    status, out, err = cli("submit", "--gang", "3", "--gpus", "1", *_py("pass"))
+    try:
+        assert status == 0 and out.strip().startswith("j-") and len(out.splitlines()) == 1
+        assert len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"laminar: {out.strip()} waits: "), err
+        assert "even when idle" in err and "hold 2 of 3" in err and "[too_large]" in err
+        assert cli.json("job", out.strip())["reason_code"] == "REASON_TOO_LARGE"
+    finally:
+        if out.strip():
+            cli.ok("cancel", out.strip())

@@ -8,7 +8,9 @@ have their own test (test_readme_commands.py).
 
 from __future__ import annotations
 
+import itertools
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -73,3 +75,36 @@ def test_every_docs_quick_start_runs_as_written(
     # The completion quick start wrote where bash-completion looks.
     completion = tmp_path / ".local/share/bash-completion/completions/laminar"
     assert "complete" in completion.read_text()
+
+
+def sample_errors() -> list[tuple[str, int, str, str]]:
+    """(file, line, command, the error line the docs show for it): a fenced ``$ laminar``
+    line followed by a ``laminar:`` line."""
+    found = []
+    for path in sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")]):
+        lines = path.read_text().splitlines()
+        for number, (line, after) in enumerate(itertools.pairwise(lines), 1):
+            if line.startswith("$ laminar ") and after.startswith("laminar: "):
+                found.append((path.name, number, line.removeprefix("$ "), after))
+    return found
+
+
+def test_the_docs_sample_errors_are_the_real_ones() -> None:
+    """The user guide's sample error text used to differ from the real one (issue 19). Each
+    is refused before anything is sent: no router is reachable here."""
+    samples = sample_errors()
+    assert len(samples) >= 3, samples
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAMINAR_")}
+    env["LAMINAR_ZONE"] = "127.0.0.1:1"  # nothing listens: a sample that needs a router fails
+    env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    for name, line, command, shown in samples:
+        result = subprocess.run(
+            shlex.split(command, comments=True),
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (result.returncode, result.stderr.strip()) == (2, shown), f"docs/{name}:{line}"
