@@ -41,6 +41,22 @@ def quickstarts() -> list[tuple[str, int, str]]:
     return found
 
 
+def as_reader(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` from the repository root as a reader with the venv active would:
+    the venv's scripts first on PATH, no LAMINAR_* of this shell, plus ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LAMINAR_")}
+    clean["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{clean.get('PATH', '')}"
+    return subprocess.run(
+        argv,
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_each_guide_keeps_a_quick_start() -> None:
     names = {name for name, _, _ in quickstarts()}
     assert set(GUIDES) <= names, f"no ```sh quickstart block in {set(GUIDES) - names}"
@@ -54,20 +70,8 @@ def test_every_docs_quick_start_runs_as_written(
     if bash is None:
         print("bash is not installed here: the quick starts are bash")
         pytest.skip("bash is not installed here: the quick starts are bash")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAMINAR_")}
-    env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    env["HOME"] = str(tmp_path)
-    blocks = quickstarts()
-    for name, line, script in blocks:
-        result = subprocess.run(
-            [bash, "-euo", "pipefail", "-c", script],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+    for name, line, script in quickstarts():
+        result = as_reader([bash, "-euo", "pipefail", "-c", script], HOME=str(tmp_path))
         assert result.returncode == 0, (
             f"docs/{name}:{line}: the quick start exited {result.returncode}\n"
             f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
@@ -94,17 +98,7 @@ def test_the_docs_sample_errors_are_the_real_ones() -> None:
     is refused before anything is sent: no router is reachable here."""
     samples = sample_errors()
     assert len(samples) >= 3, samples
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAMINAR_")}
-    env["LAMINAR_ZONE"] = "127.0.0.1:1"  # nothing listens: a sample that needs a router fails
-    env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     for name, line, command, shown in samples:
-        result = subprocess.run(
-            shlex.split(command, comments=True),
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        # Nothing listens on port 1: a sample that needed a router would fail differently.
+        result = as_reader(shlex.split(command, comments=True), LAMINAR_ZONE="127.0.0.1:1")
         assert (result.returncode, result.stderr.strip()) == (2, shown), f"docs/{name}:{line}"
