@@ -8,6 +8,7 @@ Jobs that must stay running wait for a gate file the test creates.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -381,3 +382,34 @@ def test_a_gang_the_zone_cannot_hold_even_idle_says_so_at_submit(cli: Cli) -> No
     finally:
         if out.strip():
             cli.ok("cancel", out.strip())
+
+
+def test_jobs_watch_lists_again_until_interrupted(cli: Cli, tmp_path: Path) -> None:
+    """`laminar jobs --state S --tenant T --watch N -o wide --no-headers --sort FIELD`, the
+    issue's whole line: a job submitted after the watch began shows up in a later listing,
+    Ctrl-C ends it with 130."""
+    out = tmp_path / "watch.out"
+    argv = ["--zone", cli.address, "jobs", "--state", "queued", "--tenant", "watcher"]
+    argv += ["--watch", "0.2", "-o", "wide", "--no-headers", "--sort", "age"]
+    with out.open("w") as sink:
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "laminar_cli.main", *argv], stdout=sink, stderr=sink
+        )
+    submitted: list[str] = []
+    try:
+        absent = ("--gpus", "1", "--gpu-model", "B200-192GB")  # waits: no host has it
+        other = cli.submit("--tenant", "someone-else", *absent, *_py("pass"))
+        submitted.append(other)
+        mine = cli.submit("--tenant", "watcher", *absent, *_py("pass"))
+        submitted.append(mine)
+        wait_for(lambda: mine in out.read_text())
+        assert other not in out.read_text()  # --tenant
+        assert "job" not in out.read_text().split()  # --no-headers
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(30) == 130, out.read_text()
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait(10)
+        for job_id in submitted:
+            cli.ok("cancel", job_id)
