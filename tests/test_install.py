@@ -139,6 +139,32 @@ def test_systemd_analyze_security_keeps_each_unit_under_its_ceiling(
     assert exposure <= EXPOSURE_CEILINGS[daemon], overall[0]
 
 
+def test_runtime_dependencies_are_ranges_that_constraints_txt_pins() -> None:
+    """An installed Laminar fits beside other stacks (no exact pins: grpcio==1.85.1 used to
+    clash), while CI and `make venv` stay reproducible: constraints.txt pins every runtime
+    dependency to a version inside its range."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not NAME==VERSION"
+            pins[canonicalize_name(name)] = version
+    for text in project["dependencies"]:
+        requirement = Requirement(text)
+        assert not any(s.operator in ("==", "===") for s in requirement.specifier), text
+        assert requirement.specifier, f"{text}: give a lower bound at least"
+        pinned = pins.get(canonicalize_name(requirement.name))
+        assert pinned is not None, f"constraints.txt does not pin {requirement.name}"
+        assert requirement.specifier.contains(pinned), f"{requirement.name}=={pinned} vs {text}"
+
+
 def test_the_distribution_claims_only_laminar_import_names() -> None:
     """An installed Laminar must not take generic top-level names (`cli`, `airlock`) from
     other packages: every package it installs, and every folder that holds one, is
