@@ -235,7 +235,8 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         # Accepted (more hosts may join), but say so now rather than let it wait unseen;
         # stdout stays the job id alone for scripts.
         shown = render.printable(job)
-        print(f"laminar: {shown.job_id} waits: {shown.reason} [too_large]", file=sys.stderr)
+        token = render.reason_token(job.reason_code)
+        print(f"laminar: {shown.job_id} waits: [{token}] {shown.reason}", file=sys.stderr)
     return 0
 
 
