@@ -42,6 +42,7 @@ from laminar_agent.shim import FENCE_FILE
 from laminar_agent.state import AgentState
 from laminar_airlock.signals import HostMemorySource
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc
+from laminar_base.configlib import changed_keys
 from laminar_base.daemon import prepare_state_dir, serve_until_signalled
 from laminar_base.errors import LaminarError
 from laminar_base.grpcutil import add_health_and_reflection, server_options, set_serving
@@ -72,19 +73,6 @@ RELOADABLE_KEYS = frozenset(
         "executor.tenant_users",
     }
 )
-
-
-def _changed_keys(old: Any, new: Any) -> list[str]:
-    """``section.key`` of every setting that differs between two configs."""
-    out = []
-    for section in dataclasses.fields(old):
-        a, b = getattr(old, section.name), getattr(new, section.name)
-        if not dataclasses.is_dataclass(a):
-            continue
-        for f in dataclasses.fields(a):
-            if getattr(a, f.name) != getattr(b, f.name):
-                out.append(f"{section.name}.{f.name}")
-    return out
 
 
 #: Under mTLS, who may call what (certificate roles, see docs/security.md): routers place
@@ -435,7 +423,7 @@ class AgentServer:
         except LaminarError as exc:
             log.warning("SIGHUP: config not reloaded, the running one stays: %s", exc.message)
             return
-        changed = _changed_keys(self.config, new)
+        changed = changed_keys(self.config, new)
         applied = [k for k in changed if k in RELOADABLE_KEYS]
         if any(k.startswith("airlock.") for k in applied):
             self.state.airlock.config = new.airlock.policy_config()

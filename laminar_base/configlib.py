@@ -148,6 +148,11 @@ def load_config(
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist", field="--config") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(
+                f"cannot read config file {path}: {reason}", field="--config"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}", field="--config") from None
         for section, table in data.items():
@@ -230,3 +235,17 @@ def describe_config(root: type[Any]) -> list[tuple[str, str, str, str]]:
         env_name = ENV_PREFIX + dotted.replace(".", "_").upper()
         rows.append((dotted, env_name, repr(default), text))
     return rows
+
+
+def changed_keys(old: Any, new: Any) -> list[str]:
+    """``section.key`` of every setting that differs between two configs of one root
+    (what a SIGHUP reload reports as applied or needing a restart)."""
+    out = []
+    for section in dataclasses.fields(old):
+        a, b = getattr(old, section.name), getattr(new, section.name)
+        if not dataclasses.is_dataclass(a):
+            continue
+        for f in dataclasses.fields(a):
+            if getattr(a, f.name) != getattr(b, f.name):
+                out.append(f"{section.name}.{f.name}")
+    return out

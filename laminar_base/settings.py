@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from laminar_base.configlib import doc
 from laminar_base.errors import ConfigError
+
+
+def require_readable_file(path: str, key: str) -> None:
+    """A credential the daemon reads at start: a missing file, a folder, or one this user
+    may not read (a 0700 PKI directory under systemd's DynamicUser) is one ConfigError
+    naming ``key``, never a traceback."""
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        raise ConfigError(f"no such file {path!r}", field=key) from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path!r} is a directory, not a file", field=key) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path!r}: {exc.strerror}", field=key) from None
 
 
 @dataclass(frozen=True)
@@ -77,13 +91,10 @@ def validate_security(tls: TlsSettings, control: ControlSettings) -> None:
                     "is required when any of tls.ca_file, tls.cert_file, tls.key_file is set",
                     field=f"tls.{key}",
                 )
-            if not Path(value).is_file():
-                raise ConfigError(f"no such file {value!r}", field=f"tls.{key}")
+            require_readable_file(value, f"tls.{key}")
     elif tls.allowed_names:
         raise ConfigError(
             "needs mTLS: set tls.ca_file, tls.cert_file, tls.key_file", field="tls.allowed_names"
         )
-    if control.shared_secret_file and not Path(control.shared_secret_file).is_file():
-        raise ConfigError(
-            f"no such file {control.shared_secret_file!r}", field="control.shared_secret_file"
-        )
+    if control.shared_secret_file:
+        require_readable_file(control.shared_secret_file, "control.shared_secret_file")

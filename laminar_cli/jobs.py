@@ -67,6 +67,20 @@ _SPEC_FLAGS = (
 )
 
 
+#: The router names JobSpec fields (``spec.resources.mig_profile``); these differ from
+#: the job-file key (``resources.mig``) the flag table above uses.
+_SPEC_FIELD_KEYS = {
+    "resources.mig_profile": "resources.mig",
+    "resources.gpu_memory_bytes": "resources.gpu_mem",
+    "resources.cpu_milli": "resources.cpus",
+    "resources.host_memory_bytes": "resources.mem",
+    "gang_size": "gang",
+    "max_retries": "retries",
+    "expected_seconds": "expected",
+    "grace_seconds": "grace",
+}
+
+
 def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
@@ -176,18 +190,14 @@ def locate_job(address: str, job_id: str) -> Located:
     """Read a job, following it to the peer zone when its router forwarded it."""
     request = zone_pb2.GetJobRequest(job_id=job_id)
     with zone_stub(address) as stub:
-        job = call_with_retries(
-            lambda: stub.GetJob(request, timeout=RPC_TIMEOUT_SECONDS), READ_RETRY_SECONDS
-        )
+        job = stub.GetJob(request, timeout=RPC_TIMEOUT_SECONDS)
     target = forwarded_target(job)
     if target is None:
         return Located(address, job)
     _, peer, remote_id = target
     remote_request = zone_pb2.GetJobRequest(job_id=remote_id)
     with zone_stub(peer) as stub:
-        remote = call_with_retries(
-            lambda: stub.GetJob(remote_request, timeout=RPC_TIMEOUT_SECONDS), READ_RETRY_SECONDS
-        )
+        remote = stub.GetJob(remote_request, timeout=RPC_TIMEOUT_SECONDS)
     return Located(peer, remote, origin=job)
 
 
@@ -202,27 +212,6 @@ def _forwarded_line(origin: zone_pb2.Job, located: Located) -> str:
 # ---------------------------------------------------------------- commands
 
 
-#: How long `laminar submit` keeps resending while the router is unreachable.
-SUBMIT_RETRY_SECONDS = 30.0
-#: How long `laminar job` and `laminar cancel` (idempotent calls) keep resending.
-READ_RETRY_SECONDS = 15.0
-
-
-def call_with_retries(call: Callable[[], T], budget_seconds: float = SUBMIT_RETRY_SECONDS) -> T:
-    """``call()``, again with backoff (0.2 s doubling to 2 s) while it fails UNAVAILABLE
-    (a router restarting), for at most ``budget_seconds``; other errors pass at once."""
-    deadline = time.monotonic() + budget_seconds
-    delay = 0.2
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
-                raise
-        time.sleep(delay)  # backoff between resends to a router that is not answering
-        delay = min(2 * delay, 2.0)
-
-
 def cmd_submit(args: argparse.Namespace, console: Console) -> int:
     spec = spec_from_args(args, require_command=True)
     if not spec.workdir:
@@ -235,13 +224,19 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         # The request id makes a resend safe: a router that took the first one (and then
         # restarted before answering) returns the same job.
         try:
-            job = call_with_retries(lambda: stub.Submit(request, timeout=RPC_TIMEOUT_SECONDS))
+            job = stub.Submit(request, timeout=RPC_TIMEOUT_SECONDS)
         except grpc.RpcError as exc:
             raise _as_flag_error(exc, args) from None
     if args.output == "json":
         print(render.to_json(job))
     else:
         print(job.job_id)
+    if job.reason_code == zone_pb2.REASON_TOO_LARGE:
+        # Accepted (more hosts may join), but say so now rather than let it wait unseen;
+        # stdout stays the job id alone for scripts.
+        shown = render.printable(job)
+        token = render.reason_token(job.reason_code)
+        print(f"laminar: {shown.job_id} waits: [{token}] {shown.reason}", file=sys.stderr)
     return 0
 
 
@@ -253,6 +248,7 @@ def _as_flag_error(exc: grpc.RpcError, args: argparse.Namespace) -> Exception:
     if exc.code() != grpc.StatusCode.INVALID_ARGUMENT or not sep:
         return exc
     key = field.removeprefix("spec.")
+    key = _SPEC_FIELD_KEYS.get(key, key)
     flag = dict(_SPEC_FLAGS).get(key)
     if flag is not None and getattr(args, _dest(flag), None) is not None:
         return InvalidArgument(message, field=flag)
@@ -344,9 +340,7 @@ def cmd_cancel(args: argparse.Namespace, console: Console) -> int:
     request = zone_pb2.CancelJobRequest(job_id=located.job.job_id, reason=args.reason or "")
     with zone_stub(located.address) as stub:
         # Cancelling twice is harmless (an ended job stays as it ended), so a resend is safe.
-        job = call_with_retries(
-            lambda: stub.CancelJob(request, timeout=RPC_TIMEOUT_SECONDS), READ_RETRY_SECONDS
-        )
+        job = stub.CancelJob(request, timeout=RPC_TIMEOUT_SECONDS)
     if args.output == "json":
         print(render.to_json(job))
     else:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -124,13 +126,80 @@ def agent_channel(address: str) -> grpc.Channel:
     return _trust.channel(address, channel_options())
 
 
+#: How long a call that is safe to repeat keeps being resent while the router is
+#: unavailable (restarting): reads and idempotent changes, and Submit, whose client request
+#: id makes a resend return the same job. ProbeJob (leases), CommitJob, SubmitBatch and
+#: InjectPressure are sent once.
+RETRY_SECONDS = {
+    "Submit": 30.0,
+    **dict.fromkeys(
+        (
+            "GetJob",
+            "ListJobs",
+            "CancelJob",
+            "GetLogs",
+            "ListAgents",
+            "DrainAgent",
+            "UndrainAgent",
+            "GetAgentAirlock",
+            "GetUsage",
+        ),
+        15.0,
+    ),
+}
+#: First pause between resends; it doubles up to :data:`MAX_RETRY_DELAY_SECONDS`.
+FIRST_RETRY_DELAY_SECONDS = 0.2
+MAX_RETRY_DELAY_SECONDS = 2.0
+
+
+if TYPE_CHECKING:  # the stubs make it generic; at run time it is a plain class
+    _UnaryInterceptor = grpc.UnaryUnaryClientInterceptor[Any, Any]
+else:
+    _UnaryInterceptor = grpc.UnaryUnaryClientInterceptor
+
+
+class ResendWhileUnavailable(_UnaryInterceptor):
+    """Resend a call of :data:`RETRY_SECONDS` with backoff while it fails UNAVAILABLE, for
+    at most its budget; other outcomes, and other calls, pass at once."""
+
+    def __init__(
+        self,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sleep = sleep
+        self._clock = clock
+
+    def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.ClientCallDetails, Any], grpc.CallFuture[Any]],
+        client_call_details: grpc.ClientCallDetails,
+        request: Any,
+    ) -> grpc.CallFuture[Any]:
+        budget = RETRY_SECONDS.get(str(client_call_details.method).rpartition("/")[2])
+        if budget is None:
+            return continuation(client_call_details, request)
+        deadline = self._clock() + budget
+        delay = FIRST_RETRY_DELAY_SECONDS
+        while True:
+            outcome = continuation(client_call_details, request)
+            if outcome.code() != grpc.StatusCode.UNAVAILABLE:
+                return outcome
+            if self._clock() + delay > deadline:
+                return outcome
+            self._sleep(delay)  # backoff between resends to a router that is not answering
+            delay = min(2 * delay, MAX_RETRY_DELAY_SECONDS)
+
+
 @contextlib.contextmanager
 def zone_stub(address: str) -> Iterator[zone_pb2_grpc.ZoneStub]:
-    """The submitter API: TLS when configured and the bearer token; never the shared secret."""
+    """The submitter API: TLS when configured and the bearer token; never the shared secret.
+    Calls safe to repeat are resent while the router is unavailable (:data:`RETRY_SECONDS`)."""
     bearer = (("authorization", f"Bearer {_token}"),) if _token else ()
     transport = dataclasses.replace(_trust, secret=None)
     with transport.channel(address, channel_options(), extra_headers=bearer) as channel:
-        yield zone_pb2_grpc.ZoneStub(channel)
+        resending = grpc.intercept_channel(channel, ResendWhileUnavailable())
+        yield zone_pb2_grpc.ZoneStub(resending)
 
 
 def list_jobs(

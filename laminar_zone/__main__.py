@@ -32,11 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
-    try:
-        config = load_config(
+    env = dict(os.environ)  # read once: a reload reads the file again, not the environment
+
+    def load() -> ZoneConfig:
+        return load_config(
             ZoneConfig,
             toml_path=args.config,
-            env=os.environ,
+            env=env,
             overrides={
                 "server.listen": args.listen,
                 "server.state_dir": args.state_dir,
@@ -47,11 +49,16 @@ def main(argv: list[str] | None = None) -> int:
                 **security_overrides(args),
             },
         )
+
+    try:
+        config = load()
     except LaminarError as exc:
         print(f"laminar-zone: {exc.message}", file=sys.stderr)
         return 2
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"), os.environ.get("WATCHDOG_USEC"))
-    return run_daemon("laminar-zone", ZoneServer(config, notifier=notifier).run_until_signalled())
+    return run_daemon(
+        "laminar-zone", ZoneServer(config, notifier=notifier, reloader=load).run_until_signalled()
+    )
 
 
 if __name__ == "__main__":

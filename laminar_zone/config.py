@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from laminar_base.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_base.errors import ConfigError, InvalidArgument
-from laminar_base.settings import ControlSettings, TlsSettings, validate_security
+from laminar_base.settings import (
+    ControlSettings,
+    TlsSettings,
+    require_readable_file,
+    validate_security,
+)
 from laminar_base.units import parse_size
 from laminar_zone.market import POLICIES
 from laminar_zone.view import SAMPLE_SIZE, ProbeLimits
@@ -335,8 +339,8 @@ class ZoneConfig:
             raise ConfigError(f"must be >= 1, got {self.limits.burst}", field="limits.burst")
         if self.limits.max_queued_per_tenant < 0:
             raise ConfigError("must be >= 0", field="limits.max_queued_per_tenant")
-        if self.auth.tokens_file and not Path(self.auth.tokens_file).is_file():
-            raise ConfigError(f"no such file {self.auth.tokens_file!r}", field="auth.tokens_file")
+        if self.auth.tokens_file:
+            require_readable_file(self.auth.tokens_file, "auth.tokens_file")
         if self.market.overrun_grace_seconds < 0:
             raise ConfigError("must be >= 0", field="market.overrun_grace_seconds")
         if self.market.policy not in POLICIES:

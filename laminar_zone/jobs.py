@@ -550,12 +550,14 @@ class ZoneState:
             self.atomizer.wake.set()
             return
         gang = max(1, job.spec.gang_size)
-        if gang > 1 and self.view.counts(entry.need).members_total < gang:
+        members_total = self.view.counts(entry.need).members_total
+        if gang > 1 and members_total < gang:
             job.state = zone_pb2.QUEUED
             set_reason(
                 job,
                 Reason.TOO_LARGE,
-                "the zone cannot hold this gang now; waiting for the next queue pass",
+                f"the zone cannot hold this gang even when idle: its ready hosts hold "
+                f"{members_total} of {gang} x {entry.need.label()}; waiting for more hosts",
             )
             entry.queued_at = time.monotonic()
             return

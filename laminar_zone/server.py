@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import json
 import logging
@@ -26,14 +27,16 @@ import grpc
 from prometheus_client import start_http_server
 
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
+from laminar_base.configlib import changed_keys
 from laminar_base.daemon import prepare_state_dir, serve_until_signalled
+from laminar_base.errors import LaminarError
 from laminar_base.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_base.sdnotify import Notifier
 from laminar_base.security import check_exposure, load_trust, log_trust, server_interceptors
 from laminar_base.supervise import RootLoopFailed, Supervisor
 from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import Guard, open_guard
-from laminar_zone.config import ZoneConfig
+from laminar_zone.config import LimitsSettings, ZoneConfig
 from laminar_zone.jobs import ZoneState
 from laminar_zone.limits import RateLimiter
 from laminar_zone.metrics import ZoneMetrics
@@ -45,6 +48,16 @@ log = logging.getLogger("laminar.zone")
 
 CONTROL_SERVICE = zone_pb2.DESCRIPTOR.services_by_name["ZoneControl"].full_name
 SERVICE_NAMES = [zone_pb2.DESCRIPTOR.services_by_name["Zone"].full_name, CONTROL_SERVICE]
+#: Keys SIGHUP applies to a running router; the others need a restart. The tokens file
+#: named by auth.tokens_file is reread on every SIGHUP.
+RELOADABLE_KEYS = frozenset(
+    {
+        "limits.submit_per_second",
+        "limits.probe_per_second",
+        "limits.burst",
+        "limits.max_queued_per_tenant",
+    }
+)
 #: Under mTLS, who may make which control call (certificate roles, docs/security.md): only
 #: an agent heartbeats; only a peer zone exchanges summaries and forwards jobs.
 CONTROL_ROLES = {
@@ -76,8 +89,18 @@ HEALTH_CHECK_SECONDS = 1.0
 
 
 class ZoneServer:
-    def __init__(self, config: ZoneConfig, *, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        config: ZoneConfig,
+        *,
+        notifier: Notifier | None = None,
+        reloader: Callable[[], ZoneConfig] | None = None,
+    ) -> None:
+        """``reloader`` loads the config again the way it was loaded at start (SIGHUP)."""
         self.config = config
+        self._reloader = reloader
+        #: Run as the daemon (run_until_signalled): SIGHUP reloads the config.
+        self._handles_sighup = False
         self.notifier = notifier or Notifier(None)
         self.status = Status.CREATED
         self.stop_event = asyncio.Event()
@@ -116,10 +139,10 @@ class ZoneServer:
         self.state.resume_forwards(self.peers.resume_forward)
         self.guard = Guard(
             cfg.auth.tokens_file,
-            submit_limiter=RateLimiter("Submit", cfg.limits.submit_per_second, cfg.limits.burst),
-            probe_limiter=RateLimiter("ProbeJob", cfg.limits.probe_per_second, cfg.limits.burst),
-            max_queued_per_tenant=cfg.limits.max_queued_per_tenant,
+            submit_limiter=RateLimiter("Submit", 0.0, 1),
+            probe_limiter=RateLimiter("ProbeJob", 0.0, 1),
         )
+        self._apply_limits(cfg.limits)
         if self.guard.table is None:
             log.warning(
                 "no auth.tokens_file: submitters are not authenticated; any caller may act on "
@@ -131,8 +154,10 @@ class ZoneServer:
                 len(self.guard.table),
                 cfg.auth.tokens_file,
             )
+        if self._handles_sighup:
+            # Before zone.json appears: whoever waits for that file may reload at once.
             with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
-                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tokens)
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
         # With mTLS every caller needs a CA-signed certificate, submitters included; the
         # shared secret guards ZoneControl only (submitters use bearer tokens).
         server = grpc.aio.server(
@@ -236,10 +261,42 @@ class ZoneServer:
             except TimeoutError:
                 pass
 
-    def reload_tokens(self) -> None:
-        """SIGHUP: reread the tokens file; running work and connections are untouched."""
-        applied, what = self.guard.reload()
-        (log.info if applied else log.warning)("SIGHUP: %s", what)
+    def _apply_limits(self, limits: LimitsSettings) -> None:
+        """Per-tenant rate limits and the queued-job cap (at start and on SIGHUP; a reload
+        starts every tenant's bucket full again)."""
+        burst = limits.burst
+        self.guard.submit_limiter = RateLimiter("Submit", limits.submit_per_second, burst)
+        self.guard.probe_limiter = RateLimiter("ProbeJob", limits.probe_per_second, burst)
+        self.guard.max_queued_per_tenant = limits.max_queued_per_tenant
+
+    def reload(self) -> None:
+        """SIGHUP (``systemctl reload``): read the config again, apply the keys that can
+        change while jobs run (``limits.*``), reread the tokens file, and name the keys that
+        need a restart. A config that does not load is refused with a warning and the
+        running one stays; so does a broken tokens file (the old table stays). Running work,
+        the queue and open connections are untouched."""
+        if self._reloader is None:
+            tokens_applied, what = self.guard.reload()
+            (log.info if tokens_applied else log.warning)("SIGHUP: %s", what)
+            return
+        try:
+            new = self._reloader()
+        except LaminarError as exc:
+            log.warning("SIGHUP: config not reloaded, the running one stays: %s", exc.message)
+            return
+        changed = changed_keys(self.config, new)
+        applied = [k for k in changed if k in RELOADABLE_KEYS]
+        restart = [k for k in changed if k not in RELOADABLE_KEYS]
+        if applied:
+            self._apply_limits(new.limits)
+            self.config = dataclasses.replace(self.config, limits=new.limits)
+        tokens_applied, tokens = self.guard.reload()
+        (log.info if tokens_applied or not self.guard.tokens_file else log.warning)(
+            "SIGHUP: config reloaded; applied %s; need a restart: %s; %s",
+            ", ".join(applied) or "nothing",
+            ", ".join(restart) or "nothing",
+            tokens,
+        )
 
     async def stop(self) -> None:
         self.status = Status.DRAINING
@@ -261,6 +318,7 @@ class ZoneServer:
         log.info("zone stopped")
 
     async def run_until_signalled(self) -> None:
+        self._handles_sighup = True
         await serve_until_signalled(
             self.start, self.stop, self.stop_event, log, "jobs stay in the journal"
         )

@@ -94,6 +94,14 @@ def test_metrics_of_both_daemons_follow_the_naming_rules(tmp_path: Path) -> None
     families = {f.name for text in texts.values() for f in text_string_to_metric_families(text)}
     assert "laminar_zone_placements" in families  # counters parse without their _total
     assert "laminar_airlock_actions" in families
+    for who, text in texts.items():  # one series to join dashboards on, per daemon
+        info = [
+            s
+            for f in text_string_to_metric_families(text)
+            if f.name == f"laminar_{who}_build_info"
+            for s in f.samples
+        ]
+        assert len(info) == 1 and info[0].value == 1 and info[0].labels["version"], info
     promtool = shutil.which("promtool")
     if promtool is None:
         print("promtool is not on PATH: `promtool check metrics` skipped")

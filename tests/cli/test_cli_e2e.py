@@ -8,6 +8,7 @@ Jobs that must stay running wait for a gate file the test creates.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -360,3 +361,55 @@ def test_more_gpus_than_any_host_has_is_refused_naming_the_flag(cli: Cli) -> Non
     assert status == 2 and not out
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("laminar: --gpus: ") and "largest host" in err and "has 2" in err
+
+
+def test_a_mig_profile_no_gpu_has_is_refused_naming_the_flag(cli: Cli) -> None:
+    """`--mig 9g.99gb` used to be accepted and wait for ever ("0 of 2 hosts match")."""
+    status, out, err = cli("submit", "--mig", "9g.99gb", *_py("pass"))
+    assert status == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and err.startswith("laminar: --mig: "), err
+
+
+def test_a_gang_the_zone_cannot_hold_even_idle_says_so_at_submit(cli: Cli) -> None:
+    # Three whole GPUs at once; the zone has two (host-a), and host-b only MIG slices.
+    status, out, err = cli("submit", "--gang", "3", "--gpus", "1", *_py("pass"))
+    try:
+        assert status == 0 and out.strip().startswith("j-") and len(out.splitlines()) == 1
+        assert len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"laminar: {out.strip()} waits: "), err
+        assert "even when idle" in err and "hold 2 of 3" in err and "[too_large]" in err
+        assert cli.json("job", out.strip())["reason_code"] == "REASON_TOO_LARGE"
+    finally:
+        if out.strip():
+            cli.ok("cancel", out.strip())
+
+
+def test_jobs_watch_lists_again_until_interrupted(cli: Cli, tmp_path: Path) -> None:
+    """`laminar jobs --state S --tenant T --watch N -o wide --no-headers --sort FIELD`, the
+    issue's whole line: a job submitted after the watch began shows up in a later listing,
+    Ctrl-C ends it with 130."""
+    out = tmp_path / "watch.out"
+    argv = ["--zone", cli.address, "jobs", "--state", "queued", "--tenant", "watcher"]
+    argv += ["--watch", "0.2", "-o", "wide", "--no-headers", "--sort", "age"]
+    with out.open("w") as sink:
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "laminar_cli.main", *argv], stdout=sink, stderr=sink
+        )
+    submitted: list[str] = []
+    try:
+        absent = ("--gpus", "1", "--gpu-model", "B200-192GB")  # waits: no host has it
+        other = cli.submit("--tenant", "someone-else", *absent, *_py("pass"))
+        submitted.append(other)
+        mine = cli.submit("--tenant", "watcher", *absent, *_py("pass"))
+        submitted.append(mine)
+        wait_for(lambda: mine in out.read_text())
+        assert other not in out.read_text()  # --tenant
+        assert "job" not in out.read_text().split()  # --no-headers
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(30) == 130, out.read_text()
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait(10)
+        for job_id in submitted:
+            cli.ok("cancel", job_id)

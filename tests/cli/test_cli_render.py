@@ -287,3 +287,16 @@ def test_job_detail_and_json_show_each_subjobs_end_cause() -> None:
         "END_CAUSE_READDRESSED",
         "END_CAUSE_UNSPECIFIED",
     ]
+
+
+def test_the_reason_code_shows_as_a_short_token_beside_the_prose() -> None:
+    """Scripts match the token (squeue's %r); the prose may change."""
+    job = _queued_job()
+    job.reason_code = zone_pb2.REASON_RESOURCES
+    assert "[resources]" in _text(render.jobs_table([job], NOW))
+    assert "[resources]" in _text(render.job_detail(job, NOW))
+    assert json.loads(render.to_json(job))["reason_code"] == "REASON_RESOURCES"
+    job.state, job.reason_code = zone_pb2.JOB_SUSPENDED, zone_pb2.REASON_SUSPENDED
+    job.reason = "subjob j-42-0 suspended by Airlock: gpu0 at 78.1 of 80.0 GiB"
+    assert "suspended" in _text(render.job_detail(job, NOW))
+    assert "[suspended]" in _text(render.jobs_table([job], NOW))

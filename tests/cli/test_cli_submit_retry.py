@@ -7,6 +7,7 @@ import signal
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -15,6 +16,7 @@ from waiting import wait_for
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_cli.cluster import LocalCluster
 from laminar_cli.main import main as cli_main
+from laminar_cli.zoneclient import RETRY_SECONDS, ResendWhileUnavailable
 
 
 def _free_port() -> int:
@@ -59,7 +61,8 @@ def stub_jobs(address: str) -> list[zone_pb2.Job]:
 def test_job_and_cancel_retry_while_the_router_restarts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Reading a job and cancelling it are idempotent, so they resend while the router is down."""
+    """Listing jobs, reading one and cancelling it are idempotent, so they resend while the
+    router is down."""
     address = f"127.0.0.1:{_free_port()}"
     monkeypatch.chdir(tmp_path)
     with LocalCluster(tmp_path / "run") as cluster:
@@ -71,6 +74,7 @@ def test_job_and_cancel_retry_while_the_router_restarts(
         codes: list[int] = []
 
         def job_then_cancel() -> None:
+            codes.append(cli_main(["--zone", address, "jobs", "-o", "json"]))
             codes.append(cli_main(["--zone", address, "job", job_id, "-o", "json"]))
             codes.append(cli_main(["--zone", address, "cancel", job_id]))
 
@@ -78,6 +82,57 @@ def test_job_and_cancel_retry_while_the_router_restarts(
         client.start()
         cluster.start_zone("a", listen=address)  # back while the CLI is retrying
         client.join(60)
-        assert codes == [0, 0]
+        assert codes == [0, 0, 0]
         out = capsys.readouterr().out
         assert job_id in out and f"{job_id}: cancelled" in out
+
+
+class _Outcome:
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+
+class _Details:
+    def __init__(self, method: str) -> None:
+        self.method = method
+
+
+def _resend(method: str, codes: list[grpc.StatusCode]) -> tuple[int, list[float], Any]:
+    """Drive the interceptor over outcomes ``codes``: (calls made, pauses, final outcome)."""
+    pauses: list[float] = []
+    calls = iter(codes)
+    made = []
+
+    def continuation(details: Any, request: Any) -> _Outcome:
+        made.append(details.method)
+        return _Outcome(next(calls))
+
+    outcome = ResendWhileUnavailable(
+        sleep=pauses.append, clock=lambda: sum(pauses)
+    ).intercept_unary_unary(continuation, _Details(method), object())
+    return len(made), pauses, outcome
+
+
+def test_safe_calls_resend_with_backoff_only_while_unavailable() -> None:
+    down, up = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK
+    made, pauses, outcome = _resend("/laminar.api.v1.Zone/ListAgents", [down, down, down, up])
+    assert (made, outcome.code()) == (4, up)
+    assert pauses == [0.2, 0.4, 0.8]
+    # Another error is final at once; so is anything from a call that is not safe to repeat.
+    made, _, outcome = _resend("/laminar.api.v1.Zone/GetJob", [grpc.StatusCode.NOT_FOUND])
+    assert (made, outcome.code()) == (1, grpc.StatusCode.NOT_FOUND)
+    for unsafe in ("ProbeJob", "CommitJob", "SubmitBatch", "InjectPressure"):
+        made, pauses, outcome = _resend(f"/laminar.api.v1.Zone/{unsafe}", [down, up])
+        assert (made, pauses, outcome.code()) == (1, [], down), unsafe
+
+
+def test_resending_stops_within_the_budget() -> None:
+    """The pauses never add up past the call's budget (they double up to 2 s)."""
+    down = grpc.StatusCode.UNAVAILABLE
+    for method, budget in RETRY_SECONDS.items():
+        made, pauses, outcome = _resend(f"/laminar.api.v1.Zone/{method}", [down] * 100)
+        assert outcome.code() == down and made == len(pauses) + 1
+        assert max(pauses) == 2.0 and sum(pauses) <= budget, (method, pauses)
