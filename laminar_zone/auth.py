@@ -21,6 +21,8 @@ from laminar_base.errors import ConfigError, PermissionDenied, Unauthenticated
 from laminar_zone.limits import RateLimiter
 
 TOKEN_PREFIX = "sha256:"
+#: The tenant of a job that names none when the router authenticates nobody.
+DEFAULT_TENANT = "default"
 
 
 class Role(StrEnum):
@@ -199,9 +201,10 @@ class Guard:
         return self.table.authenticate(bearer_from_metadata(metadata))
 
     def submit_tenant(self, principal: Principal | None, tenant: str) -> str:
-        """The tenant a new job belongs to: the caller's; another one only for an admin."""
+        """The tenant a new job belongs to: the caller's; another one only for an admin;
+        without authentication, the one named or :data:`DEFAULT_TENANT`."""
         if principal is None:
-            return tenant
+            return tenant or DEFAULT_TENANT
         if tenant and tenant != principal.tenant and not principal.is_admin:
             raise PermissionDenied(
                 f"tenant {principal.tenant!r} may not submit for tenant {tenant!r}"

@@ -57,6 +57,7 @@ from laminar_zone.arrays import (
 )
 from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
 from laminar_zone.audit import AuditLog
+from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
 from laminar_zone.entry import Entry
 from laminar_zone.lifecycle import (
@@ -343,7 +344,7 @@ class ZoneState:
             try:
                 check_str(request_id, "client_request_id")
                 if not spec.tenant:
-                    spec.tenant = "default"
+                    spec.tenant = DEFAULT_TENANT
                 if request_id and (spec.tenant, request_id) in taken:
                     answers.append(answers[taken[(spec.tenant, request_id)]])
                     continue
@@ -1452,7 +1453,7 @@ class ZoneState:
             self._sweep_kept_leases()
             for record, lease in gathered.chosen or []:
                 self._kept_leases[lease.lease_id] = KeptLease(
-                    tenant=spec.tenant or "default",  # as CommitJob names an unnamed tenant
+                    tenant=spec.tenant or DEFAULT_TENANT,  # as CommitJob names an unnamed tenant
                     resources=spec.resources.SerializeToString(deterministic=True),
                     gang_size=max(1, spec.gang_size),
                     expires_mono=time.monotonic() + ttl,
@@ -1494,7 +1495,7 @@ class ZoneState:
         """Two-phase form: leases from ProbeJob(keep_leases) become a running job."""
         spec = request.spec
         if not spec.tenant:
-            spec.tenant = "default"
+            spec.tenant = DEFAULT_TENANT
         need = validate_spec(spec)
         gang = max(1, spec.gang_size)
         if len(request.leases) != gang:

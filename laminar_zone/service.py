@@ -19,6 +19,7 @@ from laminar_base.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_er
 from laminar_base.security import peer_names
 from laminar_zone.arrays import parse_array
 from laminar_zone.auth import (
+    DEFAULT_TENANT,
     Guard,
     Principal,
     bearer_from_metadata,
@@ -393,7 +394,7 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
         # (after a lost answer or its own restart, when it may no longer hold the
         # submitter's token) and gets the job it already created, never a second one.
         if request.client_request_id.startswith(f"fwd:{request.from_zone}:"):
-            tenant = request.spec.tenant or "default"
+            tenant = request.spec.tenant or DEFAULT_TENANT
             existing = self._state.store.by_request(tenant, request.client_request_id)
             if existing is not None:
                 return self._state.get(existing.job_id)
