@@ -177,14 +177,18 @@ class AirlockDriver:
         now: float,
         host: HostMemory | None = None,
         host_level: Level = Level.NORMAL,
+        process_memory: dict[str, dict[int, int]] | None = None,
     ) -> Snapshot | None:
-        """The policy's input, or None when no subjob is live (nothing to decide)."""
+        """The policy's input, or None when no subjob is live (nothing to decide).
+
+        ``process_memory`` is the backend's per-process GPU memory read off the event loop
+        (:meth:`step` does); None reads it here, blocking."""
         live = dict(self.node.live_states)
         if not live:
             return None
         views: list[SubjobView] = []
         device_ids: set[str] = set()
-        self._seen_by_driver = self._driver_view(live)
+        self._seen_by_driver = self._driver_view(live, process_memory)
         for subjob_id in list(self._static):
             if subjob_id not in live:
                 del self._static[subjob_id]
@@ -278,7 +282,9 @@ class AirlockDriver:
             self._static[subjob_id] = view
         return view
 
-    def _driver_view(self, live: dict[str, str]) -> dict[str, int] | None:
+    def _driver_view(
+        self, live: dict[str, str], process_memory: dict[str, dict[int, int]] | None
+    ) -> dict[str, int] | None:
         """GPU memory per live subjob as the driver sees it (NVML's per-process lists,
         charged to each subjob through its process tree), or None where the backend has no
         such view (the fake backend: subjobs report their own use)."""
@@ -289,7 +295,9 @@ class AirlockDriver:
             for subjob_id in live
             if (pid := self.node.executor.pid_of(subjob_id)) is not None
         }
-        seen = attribute_gpu_memory(self.node.backend.process_memory(), roots)
+        if process_memory is None:
+            process_memory = self.node.backend.process_memory()
+        seen = attribute_gpu_memory(process_memory, roots)
         return {sid: sum(devices.values()) for sid, devices in seen.by_subjob.items()}
 
     def _observed_bytes(self, subjob_id: str, declared_bytes: int) -> int:
@@ -322,8 +330,15 @@ class AirlockDriver:
         if self._lock.locked() or not self.node.live_states:
             return []
         async with self._lock:
+            backend = self.node.backend
+            # NVML's process lists are read on a worker thread: a call may take its deadline.
+            processes = (
+                await asyncio.to_thread(backend.process_memory)
+                if backend.per_process_memory
+                else None
+            )
             now = time.monotonic()
-            snap = self.snapshot(readings, now, host, host_level)
+            snap = self.snapshot(readings, now, host, host_level, processes)
             if snap is None:
                 self._dry_seen.clear()
                 return []

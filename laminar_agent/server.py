@@ -375,7 +375,8 @@ class AgentServer:
             # Leases lapse on the agent's own clock, not only when a probe comes by: an
             # expired lease never holds capacity nor shows in a summary.
             self.state.node.expire_leases()
-            readings = self.state.poll_memory()
+            # Read on a worker thread: NVML may take its deadline, the loop may not.
+            readings = self.state.poll_memory(await self.state.read_memory())
             airlock = self.state.airlock
             if self.state.node.live_states and not airlock.is_busy:
                 self._airlock_task = asyncio.create_task(
@@ -403,7 +404,7 @@ class AgentServer:
             await asyncio.to_thread(self._metrics_http.shutdown)  # blocks up to its poll interval
         if self.state is not None:
             await self.state.node.close()
-            self.state.backend.close()
+            await asyncio.to_thread(self.state.backend.close)
         self.status = Status.FAILED if self.supervisor.failure else Status.STOPPED
         log.info("agent stopped")
 

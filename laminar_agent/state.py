@@ -6,6 +6,7 @@ gRPC code, only the translation of state into API messages.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import time
@@ -134,9 +135,19 @@ class AgentState:
         self.node.is_draining = draining
         self.metrics.draining.set(1 if draining else 0)
 
-    def poll_memory(self) -> dict[str, tuple[int, int]]:
-        """Read per-device and host memory, update their levels and publish them as metrics."""
-        readings = self.backend.memory_used()
+    async def read_memory(self) -> dict[str, tuple[int, int]]:
+        """The backend's per-device memory, read on a worker thread: an NVML call may take
+        up to its deadline (a wedged driver), and the event loop must keep answering
+        probes and sending heartbeats meanwhile."""
+        return await asyncio.to_thread(self.backend.memory_used)
+
+    def poll_memory(
+        self, readings: dict[str, tuple[int, int]] | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """Update per-device and host memory levels from ``readings`` (as :meth:`read_memory`
+        returns them; None reads them here, blocking) and publish them as metrics."""
+        if readings is None:
+            readings = self.backend.memory_used()
         self.metrics.leases.set(self.node.ledger.pending_leases())
         states = list(self.node.live_states.values())
         for state in ("STARTING", "RUNNING", "SUSPENDED"):
@@ -212,8 +223,11 @@ class AgentState:
         """The worst level on this host: host memory or any device."""
         return max([self.host_level, *self.level_by_device.values()])
 
-    def inventory_message(self) -> agent_pb2.Inventory:
-        readings = self.poll_memory()
+    def inventory_message(
+        self, readings: dict[str, tuple[int, int]] | None = None
+    ) -> agent_pb2.Inventory:
+        """The inventory with ``readings`` (:meth:`read_memory`; None reads them here)."""
+        readings = self.poll_memory(readings)
         host = psutil.virtual_memory()
         inv = agent_pb2.Inventory(
             agent_id=self.agent_id,
@@ -300,9 +314,13 @@ class AgentState:
         self.fill_summary(summary)
         return summary
 
-    def airlock_message(self, max_actions: int) -> agent_pb2.AirlockState:
-        """Current pressure levels, suspended subjobs and the ladder's recent actions."""
-        readings = self.backend.memory_used()
+    def airlock_message(
+        self, max_actions: int, readings: dict[str, tuple[int, int]] | None = None
+    ) -> agent_pb2.AirlockState:
+        """Current pressure levels, suspended subjobs and the ladder's recent actions;
+        ``readings`` as :meth:`read_memory` returns them (None reads them here)."""
+        if readings is None:
+            readings = self.backend.memory_used()
         host = self.host_sample
         state = agent_pb2.AirlockState(
             host_level=int(self.host_level),  # type: ignore[arg-type]

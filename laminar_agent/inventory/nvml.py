@@ -9,10 +9,9 @@ Every NVML call goes through :meth:`NvmlBackend._call`. A call that fails degrad
 GPU it was about (:meth:`NvmlBackend.degraded` says which and why) instead of raising
 into the agent's loops: memory polls skip that GPU, a topology read keeps its last
 known record. The GPU recovers on the next pass whose calls succeed. Each call has a deadline, so a
-wedged driver blocks the caller (the agent's event loop, for memory polls) for at most
-one deadline, not forever. Not covered yet: the poll still blocks its caller for that
-long, and a degraded GPU still takes new work (the ledger does not read
-:meth:`degraded`).
+wedged driver blocks the caller for at most one deadline, not forever; the agent calls
+every read from a worker thread (``asyncio.to_thread``), never from its event loop, and
+holds a degraded GPU back from new work.
 """
 
 from __future__ import annotations

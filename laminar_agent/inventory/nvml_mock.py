@@ -106,6 +106,8 @@ class MockNvml:
         self._source_stamp: tuple[int, int, int] | None = None
         self._failures: dict[str, tuple[int, int | None]] = {}
         self._hangs: dict[str, threading.Event] = {}
+        #: Call name -> how many callers are blocked in its hang now.
+        self._blocked: dict[str, int] = {}
         self._lock = threading.Lock()
         self._initialized = 0
         for name in _REEXPORTED:
@@ -133,6 +135,11 @@ class MockNvml:
         with self._lock:
             self._failures.pop(call)
             self._hangs[call] = until
+
+    def blocked(self, call: str) -> int:
+        """How many callers are blocked in ``call``'s hang right now."""
+        with self._lock:
+            return self._blocked.get(call, 0)
 
     def heal(self, call: str | None = None) -> None:
         """Stop failing ``call`` (every call when None)."""
@@ -219,7 +226,13 @@ class MockNvml:
             hang = self._hangs.get(call)
             initialized = self._initialized > 0
         if hang is not None:
-            hang.wait()
+            with self._lock:
+                self._blocked[call] = self._blocked.get(call, 0) + 1
+            try:
+                hang.wait()
+            finally:
+                with self._lock:
+                    self._blocked[call] -= 1
         if call != "nvmlInit" and not initialized:
             raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
         if handle is not None:
