@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from laminar_agent.airlock_driver import AirlockDriver
 from laminar_agent.cgroups import SubjobCgroups
@@ -167,7 +168,33 @@ class AgentState:
                 ).inc(elapsed)
         self._poll_host(now, elapsed)
         self._hold_degraded()
+        self._end_work_on_failed_gpus()
         return readings
+
+    def _end_work_on_failed_gpus(self) -> None:
+        """A GPU that failed (an Xid that needs a reset, off the bus) ends its subjobs; it is
+        held back already (it is degraded), so their capacity goes to no one."""
+        for failure in self.backend.take_failures():
+            reason = f"GPU {failure.gpu_index} ({failure.gpu_uuid}) failed: {failure.reason}"
+            ended = self.node.end_subjobs_on_gpu(failure.gpu_index, reason)
+            log.warning("%s: ending subjob(s) %s", reason, ", ".join(ended) or "none")
+
+    def add_degraded_gpus(
+        self, out: RepeatedCompositeFieldContainer[common_pb2.DegradedGpu]
+    ) -> None:
+        """Append the GPUs held back from new work, and why, to ``out``."""
+        if not self._degraded:
+            return
+        failed = self.backend.failed()
+        index_of = {g.uuid: g.index for g in self.backend.gpus()}
+        for key, why in sorted(self._degraded.items()):
+            index = index_of.get(key, int(key[3:]) if key[3:].isdigit() else 0)
+            out.add(
+                index=index,
+                uuid="" if key not in index_of else key,
+                reason=failed.get(key, why),
+                failed=key in failed,
+            )
 
     def _hold_degraded(self) -> None:
         """A GPU whose driver calls fail takes no new work: its slices are held back
@@ -239,6 +266,7 @@ class AgentState:
             draining=self.is_draining,
             version=VERSION,
         )
+        self.add_degraded_gpus(inv.degraded_gpus)
         for gpu in self.backend.gpus():
             used, _ = readings.get(gpu.uuid, (0, gpu.memory_total_bytes))
             msg = inv.gpus.add(
@@ -303,6 +331,7 @@ class AgentState:
         summary.address = self.address
         summary.hostname = self.hostname
         summary.generation = self.generation
+        self.add_degraded_gpus(summary.degraded_gpus)
 
     def summary_message(self, *, with_windows: bool = False) -> common_pb2.AgentSummary:
         pressured = frozenset(

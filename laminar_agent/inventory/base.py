@@ -35,6 +35,20 @@ class GpuInfo:
     shared: bool
 
 
+@dataclass(frozen=True)
+class GpuFailure:
+    """A GPU failed under its work: an Xid that needs a reset, or it fell off the bus.
+
+    The agent ends the subjobs on it (``EndCause.GPU_FAILED``); the GPU stays degraded
+    (no new work) until NVML answers on it again."""
+
+    gpu_uuid: str
+    gpu_index: int
+    reason: str
+    #: The Xid NVML reported (79: fell off the bus); 0 when a call found the GPU lost.
+    xid: int = 0
+
+
 class GpuBackend(Protocol):
     """What the agent needs from a GPU inventory source."""
 
@@ -68,7 +82,16 @@ class GpuBackend(Protocol):
 
     def degraded(self) -> dict[str, str]:
         """GPU uuid (or ``gpu<index>``) -> why, for GPUs whose driver calls fail now: the
-        agent gives them no new work until they answer again."""
+        agent gives them no new work until they answer again. Failed GPUs are among them."""
+        ...
+
+    def failed(self) -> dict[str, str]:
+        """The degraded GPUs that failed (:class:`GpuFailure`), GPU uuid -> why."""
+        ...
+
+    def take_failures(self) -> list[GpuFailure]:
+        """GPUs that failed since the last call, each once per failure: the agent ends
+        their subjobs."""
         ...
 
     def close(self) -> None: ...

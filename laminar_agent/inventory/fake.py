@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from laminar_agent.inventory.base import GpuInfo, MigInstanceInfo
+from laminar_agent.inventory.base import GpuFailure, GpuInfo, MigInstanceInfo
 from laminar_agent.inventory.mig import FIELD, GIB, lookup_profile, place_profiles
 from laminar_agent.jobfiles import read_job_file
 from laminar_base.errors import InvalidArgument, NotFound
@@ -194,6 +194,12 @@ class FakeGpuBackend:
     def degraded(self) -> dict[str, str]:
         """Fake GPUs do not fail (the mocked NVML scripts faults for the nvml backend)."""
         return {}
+
+    def failed(self) -> dict[str, str]:
+        return {}
+
+    def take_failures(self) -> list[GpuFailure]:
+        return []
 
     def driver_version(self) -> str:
         return "fake"

@@ -6,8 +6,13 @@ argument order and return shapes) and raises pynvml's own ``NVMLError`` subclass
 Python (:class:`MockNvml`); the agent daemon loads one from a JSON scenario when
 ``inventory.nvml_mock`` (``LAMINAR_INVENTORY_NVML_MOCK``) names a file, never by default.
 
-Not covered: events (Xid), clocks, ECC, NVLink, vGPU; MIG placement is what the scenario
-says, not what the driver would choose.
+Events: ``xid(gpu, xid)`` (or a scenario's ``events`` list, delivered once each time the
+followed file is replaced) queues an Xid critical-error event on every event set that
+registered that GPU, as ``nvmlEventSetWait`` returns it (its ``device`` is the mock's
+handle, not a ctypes pointer).
+
+Not covered: clocks, ECC counters, NVLink, vGPU, event types other than Xid; MIG
+placement is what the scenario says, not what the driver would choose.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid as uuidlib
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +92,14 @@ class _Handle:
     mig: int | None = None
 
 
+@dataclass
+class _EventSet:
+    """An ``nvmlEventSetCreate`` result: the GPUs registered on it and its queued events."""
+
+    registered: dict[int, int] = field(default_factory=dict)  # GPU index -> event mask
+    queue: deque[Any] = field(default_factory=deque)
+
+
 def _error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)  # pynvml maps the code to its NVMLError_* subclass
 
@@ -109,12 +123,15 @@ class MockNvml:
         #: Call name -> how many callers are blocked in its hang now.
         self._blocked: dict[str, int] = {}
         self._lock = threading.Lock()
+        #: Event sets by id; waiters sleep on ``_events_changed``.
+        self._event_sets: dict[int, _EventSet] = {}
+        self._events_changed = threading.Condition(self._lock)
         self._initialized = 0
         for name in _REEXPORTED:
             setattr(self, name, getattr(pynvml, name))
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("NVMLError_") or name.startswith("NVML_ERROR_"):
+        if name.startswith(("NVMLError_", "NVML_ERROR_", "nvmlEventType")):
             return getattr(pynvml, name)
         raise AttributeError(name)
 
@@ -136,6 +153,30 @@ class MockNvml:
             self._failures.pop(call)
             self._hangs[call] = until
 
+    def xid(self, gpu: int, xid: int) -> None:
+        """Report Xid ``xid`` on GPU index ``gpu`` to every event set registered for it."""
+        with self._lock:
+            for event_set in self._event_sets.values():
+                mask = event_set.registered.get(gpu, 0)
+                if mask & pynvml.nvmlEventTypeXidCriticalError:
+                    event_set.queue.append(
+                        pynvml.nvmlFriendlyObject(
+                            {
+                                "device": _Handle(gpu),
+                                "eventType": pynvml.nvmlEventTypeXidCriticalError,
+                                "eventData": xid,
+                                "gpuInstanceId": 0xFFFFFFFF,
+                                "computeInstanceId": 0xFFFFFFFF,
+                            }
+                        )
+                    )
+            self._events_changed.notify_all()
+
+    def pending_events(self) -> int:
+        """Events queued and not yet taken by ``nvmlEventSetWait``."""
+        with self._lock:
+            return sum(len(event_set.queue) for event_set in self._event_sets.values())
+
     def blocked(self, call: str) -> int:
         """How many callers are blocked in ``call``'s hang right now."""
         with self._lock:
@@ -150,6 +191,16 @@ class MockNvml:
             else:
                 self._failures.pop(call, None)
                 self._hangs.pop(call, None)
+
+    @staticmethod
+    def _parse_events(data: dict[str, Any]) -> list[tuple[int, int]]:
+        """A scenario's ``events``: ``[{"gpu": 1, "xid": 79}, ...]`` -> [(gpu, xid)]."""
+        try:
+            return [(int(e["gpu"]), int(e["xid"])) for e in data.get("events", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument(
+                f"bad NVML mock scenario events: {exc!r}", field="inventory.nvml_mock"
+            ) from None
 
     @staticmethod
     def _parse(data: dict[str, Any]) -> tuple[list[MockGpu], str, dict[str, int]]:
@@ -209,13 +260,19 @@ class MockNvml:
         if stamp == self._source_stamp:
             return
         try:
-            gpus, driver_version, errors = self._parse(_read_scenario(self._source))
+            data = _read_scenario(self._source)
+            gpus, driver_version, errors = self._parse(data)
+            events = self._parse_events(data)
         except InvalidArgument:
             return  # mid-write or broken: keep the last good scenario
         with self._lock:
+            if stamp == self._source_stamp:
+                return  # another thread followed it first: its events are queued once
             self._source_stamp = stamp
             self.gpus, self.driver_version = gpus, driver_version
             self._failures = {call: (code, None) for call, code in errors.items()}
+        for gpu, xid in events:
+            self.xid(gpu, xid)
 
     # Plumbing --------------------------------------------------------------------------
 
@@ -364,3 +421,41 @@ class MockNvml:
             profileId=0,
             placement=pynvml.c_nvmlGpuInstancePlacement_t(start=mig.start, size=mig.size),
         )
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: _Handle) -> int:
+        self._enter("nvmlDeviceGetSupportedEventTypes", handle)
+        return int(pynvml.nvmlEventTypeXidCriticalError)
+
+    def nvmlEventSetCreate(self) -> int:
+        self._enter("nvmlEventSetCreate")
+        with self._lock:
+            set_id = len(self._event_sets) + 1
+            self._event_sets[set_id] = _EventSet()
+        return set_id
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: int) -> None:
+        self._enter("nvmlDeviceRegisterEvents", handle)
+        with self._lock:
+            target = self._event_sets.get(event_set)
+            if target is None or handle.mig is not None:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            target.registered[handle.gpu] = target.registered.get(handle.gpu, 0) | event_types
+
+    def nvmlEventSetWait(self, event_set: int, timeoutms: int) -> Any:
+        """The next event of ``event_set``; NVMLError_Timeout after ``timeoutms``."""
+        self._enter("nvmlEventSetWait")
+        with self._lock:
+            target = self._event_sets.get(event_set)
+            if target is None:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            self._events_changed.wait_for(lambda: bool(target.queue), timeoutms / 1000.0)
+            if not target.queue:
+                raise _error(pynvml.NVML_ERROR_TIMEOUT)
+            return target.queue.popleft()
+
+    def nvmlEventSetFree(self, event_set: int) -> None:
+        self._enter("nvmlEventSetFree")
+        with self._lock:
+            if self._event_sets.pop(event_set, None) is None:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            self._events_changed.notify_all()
