@@ -23,7 +23,7 @@ from laminar_agent.executor import RunAs
 from laminar_agent.heartbeat import action_message
 from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
-from laminar_agent.metrics import AgentMetrics
+from laminar_agent.metrics import HOST_LABEL_VALUES, AgentMetrics, gpu_label_values
 from laminar_agent.node import Node
 from laminar_airlock.levels import Level, LevelTracker, Marks
 from laminar_airlock.signals import HostMemory, HostMemorySource, PsutilHostMemory
@@ -107,6 +107,7 @@ class AgentState:
         self.host_level = Level.NORMAL
         self.host_sample: HostMemory | None = None
         self._kind_by_device = {s.device_uuid: s.kind for s in self.node.slices}
+        self._labels_by_device = gpu_label_values(backend.gpus())
         self._last_poll: float | None = None
         #: GPUs held back from new work because their driver calls fail: key -> why.
         self._degraded: dict[str, str] = {}
@@ -159,9 +160,10 @@ class AgentState:
         for uuid, (used, total) in readings.items():
             level = self.levels.update(uuid, used, total, now)
             self.level_by_device[uuid] = level
-            self.metrics.gpu_memory_used_bytes.labels(uuid).set(used)
-            self.metrics.gpu_memory_total_bytes.labels(uuid).set(total)
-            self.metrics.airlock_level.labels(uuid).set(int(level))
+            labels = self._labels_by_device.get(uuid) or ("", uuid, "", "", "", "")
+            self.metrics.gpu_memory_used_bytes.labels(*labels).set(used)
+            self.metrics.gpu_memory_total_bytes.labels(*labels).set(total)
+            self.metrics.airlock_level.labels(*labels).set(int(level))
             if elapsed:
                 self.metrics.airlock_level_seconds_total.labels(
                     self._device_kind(uuid), _LEVEL_NAMES[level]
@@ -239,7 +241,7 @@ class AgentState:
             psi = self._psi_levels.update(_PSI_KEY, int(sample.psi_some_avg10 * 100), 10000, now)
             level = max(level, min(psi, Level.ELEVATED))
         self.host_level = level
-        self.metrics.airlock_level.labels(HOST_KEY).set(int(level))
+        self.metrics.airlock_level.labels(*HOST_LABEL_VALUES).set(int(level))
         if elapsed:
             self.metrics.airlock_level_seconds_total.labels(HOST_KEY, _LEVEL_NAMES[level]).inc(
                 elapsed

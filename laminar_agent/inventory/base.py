@@ -20,6 +20,8 @@ class MigInstanceInfo:
     memory_total_bytes: int
     start: int
     size: int
+    #: NVML's GPU instance id (dcgm-exporter's ``GPU_I_ID``); -1 when unknown.
+    gpu_instance_id: int = -1
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,7 @@ class FakeGpuBackend:
                         memory_total_bytes=lookup_profile(item.model, profile).memory_bytes,
                         start=start,
                         size=size,
+                        gpu_instance_id=n + 1,
                     )
                     for n, (profile, start, size) in enumerate(
                         place_profiles(item.model, item.mig_profiles)

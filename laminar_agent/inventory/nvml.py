@@ -325,9 +325,9 @@ class NvmlBackend:
                 raise
             name = _text(self._call("nvmlDeviceGetName", mig))
             profile = name.rsplit("MIG ", 1)[-1].strip() if "MIG " in name else name
-            start, size = -1, 0
+            start, size, gi_id = -1, 0, -1
             try:
-                gi_id = self._call("nvmlDeviceGetGpuInstanceId", mig)
+                gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mig))
                 gi = self._call("nvmlDeviceGetGpuInstanceById", handle, gi_id)
                 info = self._call("nvmlGpuInstanceGetInfo", gi)
                 start, size = int(info.placement.start), int(info.placement.size)
@@ -345,6 +345,7 @@ class NvmlBackend:
                 memory_total_bytes=int(memory.total),
                 start=start,
                 size=size,
+                gpu_instance_id=gi_id,
             )
             result.append((info_record, mig))
         return tuple(sorted(result, key=lambda pair: (pair[0].start, pair[0].uuid)))
