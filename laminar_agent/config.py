@@ -112,6 +112,14 @@ class InventorySettings:
     refresh_seconds: float = field(
         default=30.0, metadata=doc("how often the GPU topology is re-read", unit="seconds")
     )
+    cuda_checkpoint: str = field(
+        default="",
+        metadata=doc(
+            "NVIDIA cuda-checkpoint binary that lets Airlock's suspend free GPU memory (nvml "
+            "backend, whole GPUs): a path, empty = cuda-checkpoint on the agent's PATH, "
+            "'off' = never"
+        ),
+    )
 
 
 @dataclass(frozen=True)

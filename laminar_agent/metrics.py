@@ -78,6 +78,12 @@ class AgentMetrics:
             "GPUs whose driver calls fail now: they take no new work until they answer",
             registry=r,
         )
+        self.cuda_checkpoint_available = Gauge(
+            "laminar_agent_cuda_checkpoint_available",
+            "1 when NVIDIA's cuda-checkpoint was found at start: Airlock's suspend frees GPU "
+            "memory on whole GPUs; 0: it asks for the release signal, then reclaims",
+            registry=r,
+        )
         self.allocated_ratio = Gauge(
             "laminar_agent_gpu_allocated_ratio",
             "Share of this host's GPU capacity committed to subjobs (0..1)",
@@ -134,6 +140,13 @@ class AgentMetrics:
             "Work since start thrown away by reclaims, preemptions and re-addressing, in "
             "GPU-seconds",
             ["reason"],
+            registry=r,
+        )
+        self.airlock_cuda_checkpoint_toggles_total = Counter(
+            "laminar_airlock_cuda_checkpoint_toggles_total",
+            "cuda-checkpoint toggles of a suspended subjob's processes, by direction "
+            "(checkpoint: to host memory on suspend, restore: back on resume) and outcome",
+            ["direction", "outcome"],
             registry=r,
         )
         self.airlock_level = Gauge(

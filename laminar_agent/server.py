@@ -36,6 +36,7 @@ from laminar_agent.executor import RunAs, parse_tenant_users, resolve_run_as
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.inventory import open_backend
 from laminar_agent.inventory.base import GpuBackend
+from laminar_agent.inventory.cuda_checkpoint import detect_cuda_checkpoint
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.service import AgentService
 from laminar_agent.shim import FENCE_FILE
@@ -238,6 +239,18 @@ class AgentServer:
             shared_gpus=cfg.inventory.shared_gpus,
             nvml_mock=cfg.inventory.nvml_mock,
         )
+        if self._backend is None and backend.name == "nvml":
+            backend.cuda_checkpoint = detect_cuda_checkpoint(
+                cfg.inventory.cuda_checkpoint, backend.driver_version()
+            )
+            log.info(
+                "cuda-checkpoint: %s",
+                f"{backend.cuda_checkpoint.detail}; Airlock's suspend frees GPU memory on "
+                "whole GPUs"
+                if backend.cuda_checkpoint.is_available
+                else f"none ({backend.cuda_checkpoint.detail}); a suspended subjob keeps its "
+                "GPU memory: Airlock asks for the release signal, then reclaims",
+            )
         metrics = AgentMetrics()
         run_as = resolve_run_as(cfg.executor.run_as_user)
         tenant_users = parse_tenant_users(cfg.executor.tenant_users) if run_as else {}

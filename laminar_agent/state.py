@@ -267,6 +267,8 @@ class AgentState:
             host_memory_available_bytes=host.available,
             draining=self.is_draining,
             version=VERSION,
+            cuda_checkpoint_available=self.backend.cuda_checkpoint.is_available,
+            cuda_checkpoint_detail=self.backend.cuda_checkpoint.detail,
         )
         self.add_degraded_gpus(inv.degraded_gpus)
         for gpu in self.backend.gpus():

@@ -35,7 +35,12 @@ def parse_shared_gpus(shared_gpus: str) -> frozenset[int] | None:
 
 
 def open_backend(
-    name: str, *, fake_spec: str, agent_id: str, shared_gpus: str = "", nvml_mock: str = ""
+    name: str,
+    *,
+    fake_spec: str,
+    agent_id: str,
+    shared_gpus: str = "",
+    nvml_mock: str = "",
 ) -> GpuBackend:
     """Build the backend named by config (``nvml`` or ``fake``).
 

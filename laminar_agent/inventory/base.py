@@ -37,6 +37,33 @@ class GpuInfo:
     shared: bool
 
 
+class CheckpointTool(Protocol):
+    """NVIDIA's cuda-checkpoint as found on this host (see :mod:`.cuda_checkpoint`)."""
+
+    @property
+    def path(self) -> str: ...
+
+    async def toggle(self, pid: int) -> None:
+        """Move a process's CUDA state to host memory, or back; raises on failure."""
+        ...
+
+
+@dataclass(frozen=True)
+class CheckpointSupport:
+    """What start-up found: the tool, or None and why not (``detail`` says either)."""
+
+    tool: CheckpointTool | None
+    detail: str
+
+    @property
+    def is_available(self) -> bool:
+        return self.tool is not None
+
+
+#: What a backend has until the agent looks for cuda-checkpoint (and on the fake backend).
+NOT_DETECTED = CheckpointSupport(None, "not looked for")
+
+
 @dataclass(frozen=True)
 class GpuFailure:
     """A GPU failed under its work: an Xid that needs a reset, or it fell off the bus.
@@ -62,6 +89,9 @@ class GpuBackend(Protocol):
     #: Whether :meth:`process_memory` reports what the driver sees per process (NVML);
     #: when False, subjobs report their own use (the fake backend's usage file).
     per_process_memory: bool
+    #: NVIDIA's cuda-checkpoint as the agent found it at start: with a tool, Airlock's
+    #: suspend of a subjob on whole GPUs moves its CUDA state to host memory and back.
+    cuda_checkpoint: CheckpointSupport
 
     def gpus(self) -> tuple[GpuInfo, ...]: ...
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from laminar_agent.inventory.base import GpuFailure, GpuInfo, MigInstanceInfo
+from laminar_agent.inventory.base import CheckpointSupport, GpuFailure, GpuInfo, MigInstanceInfo
 from laminar_agent.inventory.mig import FIELD, GIB, lookup_profile, place_profiles
 from laminar_agent.jobfiles import read_job_file
 from laminar_base.errors import InvalidArgument, NotFound
@@ -129,6 +129,7 @@ class FakeGpuBackend:
     #: A suspended fake subjob's memory is detached, as cuda-checkpoint would free it.
     frees_memory_on_suspend = True
     per_process_memory = False
+    cuda_checkpoint = CheckpointSupport(None, "not used: the fake backend frees memory itself")
 
     def __init__(
         self,

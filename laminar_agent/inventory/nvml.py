@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from laminar_agent.inventory.base import GpuFailure, GpuInfo, MigInstanceInfo
+from laminar_agent.inventory.base import NOT_DETECTED, GpuFailure, GpuInfo, MigInstanceInfo
 from laminar_agent.inventory.model_names import canonical_model
 from laminar_base.errors import Unavailable
 
@@ -97,7 +97,8 @@ class NvmlBackend:
     """
 
     name = "nvml"
-    #: cuda-checkpoint is not integrated yet: SIGSTOP leaves GPU memory allocated.
+    #: A plain SIGSTOP leaves GPU memory allocated; :attr:`cuda_checkpoint`, where found,
+    #: frees it on whole GPUs (Airlock decides per subjob).
     frees_memory_on_suspend = False
     per_process_memory = True
 
@@ -146,6 +147,8 @@ class NvmlBackend:
             self._driver_version = ""
         self.refresh()
         self._watch_events()
+        #: Set by the agent at start (:func:`.cuda_checkpoint.detect_cuda_checkpoint`).
+        self.cuda_checkpoint = NOT_DETECTED
 
     def _call(self, call: str, *args: Any) -> Any:
         """The one door to NVML: run ``call`` on the worker within the deadline; any

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pynvml
 
 from laminar_base.errors import InvalidArgument
@@ -100,6 +101,13 @@ class _EventSet:
     queue: deque[Any] = field(default_factory=deque)
 
 
+def _is_running(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 def _error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)  # pynvml maps the code to its NVMLError_* subclass
 
@@ -113,9 +121,18 @@ class MockNvml:
     poll from a worker thread while a test reconfigures it.
     """
 
-    def __init__(self, gpus: list[MockGpu], *, driver_version: str = "550.54.15") -> None:
+    def __init__(
+        self,
+        gpus: list[MockGpu],
+        *,
+        driver_version: str = "550.54.15",
+        live_pids_only: bool = False,
+    ) -> None:
+        """``live_pids_only``: list (and count) only processes that exist on this host, as
+        the driver does once a process has exited (scenario key ``live_pids_only``)."""
         self.gpus = gpus
         self.driver_version = driver_version
+        self.live_pids_only = live_pids_only
         self._source: Path | None = None
         self._source_stamp: tuple[int, int, int] | None = None
         self._failures: dict[str, tuple[int, int | None]] = {}
@@ -238,7 +255,8 @@ class MockNvml:
     def from_scenario(cls, data: dict[str, Any]) -> MockNvml:
         """Build from a JSON-like scenario (see docs/agent.md, "A mocked NVML")."""
         gpus, driver_version, errors = cls._parse(data)
-        mock = cls(gpus, driver_version=driver_version)
+        live_only = bool(data.get("live_pids_only", False))
+        mock = cls(gpus, driver_version=driver_version, live_pids_only=live_only)
         for call, code in errors.items():
             mock.fail(call, code)
         return mock
@@ -270,6 +288,7 @@ class MockNvml:
                 return  # another thread followed it first: its events are queued once
             self._source_stamp = stamp
             self.gpus, self.driver_version = gpus, driver_version
+            self.live_pids_only = bool(data.get("live_pids_only", False))
             self._failures = {call: (code, None) for call, code in errors.items()}
         for gpu, xid in events:
             self.xid(gpu, xid)
@@ -301,6 +320,12 @@ class MockNvml:
             code, gpu = failure
             if gpu is None or (handle is not None and handle.gpu == gpu):
                 raise _error(code)
+
+    def _listed(self, processes: dict[int, int]) -> dict[int, int]:
+        """The processes the driver lists: with ``live_pids_only``, those still running."""
+        if not self.live_pids_only:
+            return processes
+        return {pid: used for pid, used in processes.items() if _is_running(pid)}
 
     def _gpu(self, handle: _Handle) -> MockGpu:
         return self.gpus[handle.gpu]
@@ -354,12 +379,16 @@ class MockNvml:
         gpu = self._gpu(handle)
         if handle.mig is not None:
             mig = self._mig(handle)
-            total, used = mig.memory_total_bytes, mig.used_bytes + sum(mig.processes.values())
+            total = mig.memory_total_bytes
+            used = mig.used_bytes + sum(self._listed(mig.processes).values())
         elif gpu.migs:
             total = gpu.memory_total_bytes
-            used = gpu.used_bytes + sum(m.used_bytes + sum(m.processes.values()) for m in gpu.migs)
+            used = gpu.used_bytes + sum(
+                m.used_bytes + sum(self._listed(m.processes).values()) for m in gpu.migs
+            )
         else:
-            total, used = gpu.memory_total_bytes, gpu.used_bytes + sum(gpu.processes.values())
+            total = gpu.memory_total_bytes
+            used = gpu.used_bytes + sum(self._listed(gpu.processes).values())
         used = min(used, total)
         return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
 
@@ -379,7 +408,7 @@ class MockNvml:
                     "computeInstanceId": 0 if handle.mig is not None else 0xFFFFFFFF,
                 }
             )
-            for pid, used in sorted(procs.items())
+            for pid, used in sorted(self._listed(procs).items())
         ]
 
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:

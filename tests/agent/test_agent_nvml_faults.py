@@ -15,7 +15,7 @@ import asyncio
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import grpc
@@ -28,16 +28,19 @@ from laminar_agent.inventory.nvml_mock import MockGpu, MockNvml
 from laminar_agent.server import AgentServer
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.configlib import load_config
+from laminar_base.errors import LaminarError
 from laminar_cli.cluster import LocalCluster
 
 GIB = 1 << 30
 
 
 @contextmanager
-def agent_on(tmp_path: Path, backend: NvmlBackend, zone: str = "") -> Iterator[AgentServer]:
-    """A started agent on ``backend`` (polling every 50 ms, heartbeating to ``zone``),
-    running on an event loop of its own in another thread: a test that blocks nothing of
-    its own sees whether the agent's loop stays free."""
+def agent_on(
+    tmp_path: Path, backend: NvmlBackend, zone: str = "", **settings: object
+) -> Iterator[AgentServer]:
+    """A started agent on ``backend`` (polling every 50 ms, heartbeating to ``zone``, with
+    ``settings`` as config overrides), running on an event loop of its own in another
+    thread: a test that blocks nothing of its own sees whether the agent's loop stays free."""
     overrides: dict[str, object] = {
         "server.listen": "127.0.0.1:0",
         "server.state_dir": str(tmp_path / "agent"),
@@ -47,6 +50,7 @@ def agent_on(tmp_path: Path, backend: NvmlBackend, zone: str = "") -> Iterator[A
     }
     if zone:
         overrides |= {"zone.zone": zone, "zone.heartbeat_seconds": 0.1}
+    overrides |= settings
     server = AgentServer(load_config(AgentConfig, overrides=overrides), backend=backend)
     started = threading.Event()
     failed: list[BaseException] = []
@@ -62,6 +66,11 @@ def agent_on(tmp_path: Path, backend: NvmlBackend, zone: str = "") -> Iterator[A
         try:
             await server.stop_event.wait()
         finally:
+            assert server.state is not None
+            node = server.state.node
+            for subjob_id in list(node.live_states):  # no orphans, whatever the test did
+                with suppress(LaminarError):
+                    await node.signal(subjob_id, agent_pb2.TERMINATE, "test over", 2.0)
             await server.stop()
 
     loop = asyncio.new_event_loop()
