@@ -11,6 +11,10 @@ followed file is replaced) queues an Xid critical-error event on every event set
 registered that GPU, as ``nvmlEventSetWait`` returns it (its ``device`` is the mock's
 handle, not a ctypes pointer).
 
+Processes: a scenario's ``processes`` per GPU or MIG instance, and with ``pid_dir`` one
+file per process, ``<pid_dir>/<device uuid>/<pid>`` holding its bytes, which real test
+processes write for themselves; ``live_pids_only`` lists only processes still running.
+
 Not covered: clocks, ECC counters, NVLink, vGPU, event types other than Xid; MIG
 placement is what the scenario says, not what the driver would choose.
 """
@@ -101,6 +105,24 @@ class _EventSet:
     queue: deque[Any] = field(default_factory=deque)
 
 
+def _read_pid_files(folder: Path) -> dict[int, int]:
+    """``<folder>/<pid>`` files holding bytes; others (a toggled ``<pid>.checkpointed``,
+    a file mid-write) are not listed."""
+    try:
+        names = [entry.name for entry in folder.iterdir()]
+    except OSError:
+        return {}
+    out: dict[int, int] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            out[int(name)] = int((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def _is_running(pid: int) -> bool:
     try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
@@ -127,12 +149,17 @@ class MockNvml:
         *,
         driver_version: str = "550.54.15",
         live_pids_only: bool = False,
+        pid_dir: Path | None = None,
     ) -> None:
         """``live_pids_only``: list (and count) only processes that exist on this host, as
-        the driver does once a process has exited (scenario key ``live_pids_only``)."""
+        the driver does once a process has exited (scenario key ``live_pids_only``).
+        ``pid_dir``: processes also list themselves there, one file per process,
+        ``<pid_dir>/<device uuid>/<pid>`` holding its bytes (scenario key ``pid_dir``), so
+        real processes (a test's subjobs) can say what they use without a shared file."""
         self.gpus = gpus
         self.driver_version = driver_version
         self.live_pids_only = live_pids_only
+        self.pid_dir = pid_dir
         self._source: Path | None = None
         self._source_stamp: tuple[int, int, int] | None = None
         self._failures: dict[str, tuple[int, int | None]] = {}
@@ -256,7 +283,8 @@ class MockNvml:
         """Build from a JSON-like scenario (see docs/agent.md, "A mocked NVML")."""
         gpus, driver_version, errors = cls._parse(data)
         live_only = bool(data.get("live_pids_only", False))
-        mock = cls(gpus, driver_version=driver_version, live_pids_only=live_only)
+        pid_dir = Path(str(data["pid_dir"])) if data.get("pid_dir") else None
+        mock = cls(gpus, driver_version=driver_version, live_pids_only=live_only, pid_dir=pid_dir)
         for call, code in errors.items():
             mock.fail(call, code)
         return mock
@@ -289,6 +317,7 @@ class MockNvml:
             self._source_stamp = stamp
             self.gpus, self.driver_version = gpus, driver_version
             self.live_pids_only = bool(data.get("live_pids_only", False))
+            self.pid_dir = Path(str(data["pid_dir"])) if data.get("pid_dir") else None
             self._failures = {call: (code, None) for call, code in errors.items()}
         for gpu, xid in events:
             self.xid(gpu, xid)
@@ -321,8 +350,15 @@ class MockNvml:
             if gpu is None or (handle is not None and handle.gpu == gpu):
                 raise _error(code)
 
-    def _listed(self, processes: dict[int, int]) -> dict[int, int]:
-        """The processes the driver lists: with ``live_pids_only``, those still running."""
+    def _listed(self, handle: _Handle) -> dict[int, int]:
+        """The processes the driver lists on a device (GPU or MIG instance): the scenario's
+        and those in ``pid_dir``; with ``live_pids_only``, those still running."""
+        if handle.mig is None:
+            processes = dict(self._gpu(handle).processes)
+        else:
+            processes = dict(self._mig(handle).processes)
+        if self.pid_dir is not None:
+            processes.update(_read_pid_files(self.pid_dir / self._uuid(handle)))
         if not self.live_pids_only:
             return processes
         return {pid: used for pid, used in processes.items() if _is_running(pid)}
@@ -380,25 +416,22 @@ class MockNvml:
         if handle.mig is not None:
             mig = self._mig(handle)
             total = mig.memory_total_bytes
-            used = mig.used_bytes + sum(self._listed(mig.processes).values())
+            used = mig.used_bytes + sum(self._listed(handle).values())
         elif gpu.migs:
             total = gpu.memory_total_bytes
             used = gpu.used_bytes + sum(
-                m.used_bytes + sum(self._listed(m.processes).values()) for m in gpu.migs
+                m.used_bytes + sum(self._listed(_Handle(handle.gpu, i)).values())
+                for i, m in enumerate(gpu.migs)
             )
         else:
             total = gpu.memory_total_bytes
-            used = gpu.used_bytes + sum(self._listed(gpu.processes).values())
+            used = gpu.used_bytes + sum(self._listed(handle).values())
         used = min(used, total)
         return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
         self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
-        if handle.mig is not None:
-            mig = self._mig(handle)
-            gi_id, procs = handle.mig + 1, mig.processes
-        else:
-            gi_id, procs = 0xFFFFFFFF, self._gpu(handle).processes
+        gi_id = 0xFFFFFFFF if handle.mig is None else handle.mig + 1
         return [
             pynvml.nvmlFriendlyObject(
                 {
@@ -408,7 +441,7 @@ class MockNvml:
                     "computeInstanceId": 0 if handle.mig is not None else 0xFFFFFFFF,
                 }
             )
-            for pid, used in sorted(self._listed(procs).items())
+            for pid, used in sorted(self._listed(handle).items())
         ]
 
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
