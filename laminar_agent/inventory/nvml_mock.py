@@ -22,6 +22,7 @@ placement is what the scenario says, not what the driver would choose.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid as uuidlib
 from collections import deque
@@ -29,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pynvml
 
 from laminar_base.errors import InvalidArgument
@@ -124,10 +124,19 @@ def _read_pid_files(folder: Path) -> dict[int, int]:
 
 
 def _is_running(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited process awaiting its parent does not): the driver
+    lists no exited process. Without psutil: the decision core's imports reach this module."""
     try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except PermissionError:
+        pass  # it exists, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: existing is all we can tell
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _error(code: int) -> pynvml.NVMLError:
