@@ -22,9 +22,12 @@ from test_agent_nvml_faults import agent_on
 from test_airlock_agent import _run_now, _spec
 from waiting import wait_for
 
+from laminar_agent.inventory.base import NOT_DETECTED
 from laminar_agent.inventory.cuda_checkpoint import detect_cuda_checkpoint
 from laminar_agent.inventory.nvml import NvmlBackend
-from laminar_agent.inventory.nvml_mock import MockNvml
+from laminar_agent.inventory.nvml_mock import MockGpu, MockMig, MockNvml
+from laminar_agent.metrics import AgentMetrics
+from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 GIB = 1 << 30
@@ -134,3 +137,35 @@ def test_suspend_frees_memory_through_cuda_checkpoint_else_the_victim_is_reclaim
         assert state("prod").state == common_pb2.RUNNING
         gate.touch()
         wait_for(lambda: state("prod").state == common_pb2.SUCCEEDED)
+
+
+def test_cuda_checkpoint_frees_whole_gpus_only_not_mig(tmp_path: Path) -> None:
+    """cuda-checkpoint does not support MIG: there a suspend frees nothing, so a subjob on a
+    MIG instance keeps free mode ``none`` (release signal, then reclaim)."""
+    mock = MockNvml(
+        [
+            MockGpu("NVIDIA H100 80GB HBM3", 80 * GIB),
+            MockGpu(
+                "NVIDIA A100-SXM4-40GB",
+                40 * GIB,
+                mig_capable=True,
+                migs=[MockMig("3g.20gb", 20 * GIB, start=0, size=4)],
+            ),
+        ]
+    )
+    backend = NvmlBackend(nvml=mock)
+    try:
+        scenario = tmp_path / "unused.json"
+        backend.cuda_checkpoint = detect_cuda_checkpoint(
+            str(_stand_in(tmp_path / "bin", scenario)), backend.driver_version()
+        )
+        state = AgentState("h", backend, AgentMetrics(), tmp_path / "state")
+        whole, migged = backend.gpus()
+        airlock = state.airlock
+        assert airlock._suspend_frees((whole.uuid,))
+        assert not airlock._suspend_frees((migged.mig_instances[0].uuid,))
+        assert not airlock._suspend_frees(())
+        backend.cuda_checkpoint = NOT_DETECTED
+        assert not airlock._suspend_frees((whole.uuid,))
+    finally:
+        backend.close()
