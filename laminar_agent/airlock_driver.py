@@ -15,6 +15,12 @@ be read back with GetAirlock.
   ``SignalSubjob(TERMINATE, reason="readdressed: ...")``. The job's earlier moves
   come from ``spec.env["LAMINAR_READDRESS_COUNT"]`` (set by the router on the
   copy), so the budget ``max_readdress`` holds across copies.
+* **A suspend that frees memory**: on the nvml backend with cuda-checkpoint (found at start)
+  a suspend of a subjob on whole GPUs first toggles the CUDA state of each process NVML
+  lists for it to host memory (``cuda-checkpoint --toggle --pid PID``), then stops it; a
+  resume toggles them back, then continues it. On MIG, or without the tool, its free
+  mode is ``release_signal`` or ``none`` (a stop frees nothing: the policy reclaims). A
+  toggle that fails leaves a plain stop, which the next poll sees as no relief.
 * **Reclamation** (the deadline passed, the re-address budget is spent, a subjob
   that a stop would not relieve, or host pressure) terminates with a reason that
   starts with ``airlock_reclaimed:`` and carries the numbers; all reclaims of one
@@ -33,7 +39,9 @@ from dataclasses import dataclass
 import psutil
 
 from laminar_agent.inventory.attribution import attribute_gpu_memory
+from laminar_agent.inventory.cuda_checkpoint import ToggleFailed
 from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
+from laminar_agent.ledger import SliceKind
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.node import Node
 from laminar_airlock.episodes import Episodes
@@ -157,6 +165,15 @@ class AirlockDriver:
         self._static: dict[str, _StaticView] = {}
         #: Dry run: decisions already journaled and still being made.
         self._dry_seen: set[tuple[str, str, str]] = set()
+        #: Pids NVML listed per live subjob at this poll (what cuda-checkpoint toggles).
+        self._gpu_pids: dict[str, tuple[int, ...]] = {}
+        #: Suspended subjobs whose processes cuda-checkpoint moved to host memory.
+        self._checkpointed: dict[str, tuple[int, ...]] = {}
+        self._mig_devices = frozenset(s.device_uuid for s in node.slices if s.kind == SliceKind.MIG)
+        if metrics is not None:
+            metrics.cuda_checkpoint_available.set(
+                1 if node.backend.cuda_checkpoint.is_available else 0
+            )
 
     @property
     def is_busy(self) -> bool:
@@ -177,17 +194,24 @@ class AirlockDriver:
         now: float,
         host: HostMemory | None = None,
         host_level: Level = Level.NORMAL,
+        process_memory: dict[str, dict[int, int]] | None = None,
     ) -> Snapshot | None:
-        """The policy's input, or None when no subjob is live (nothing to decide)."""
+        """The policy's input, or None when no subjob is live (nothing to decide).
+
+        ``process_memory`` is the backend's per-process GPU memory read off the event loop
+        (:meth:`step` does); None reads it here, blocking."""
         live = dict(self.node.live_states)
         if not live:
             return None
         views: list[SubjobView] = []
         device_ids: set[str] = set()
-        self._seen_by_driver = self._driver_view(live)
+        self._seen_by_driver = self._driver_view(live, process_memory)
         for subjob_id in list(self._static):
             if subjob_id not in live:
                 del self._static[subjob_id]
+        for subjob_id in list(self._checkpointed):
+            if subjob_id not in live:
+                del self._checkpointed[subjob_id]  # its host copy ended with it
         self.episodes.prune(live)
         want_rss = host is not None and host_level != Level.NORMAL
         for subjob_id in sorted(live):
@@ -257,9 +281,10 @@ class AirlockDriver:
         if row is None:
             return None
         spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
+        devices = tuple(sorted(json.loads(row.device_uuids_json or "[]")))
         view = _StaticView(
             job_id=row.job_id,
-            devices=tuple(sorted(json.loads(row.device_uuids_json or "[]"))),
+            devices=devices,
             priority=int(spec.priority) or common_pb2.BATCH,
             lifecycle=int(spec.lifecycle) or common_pb2.LONG,
             declared_bytes=int(spec.resources.gpu_memory_bytes),
@@ -267,7 +292,7 @@ class AirlockDriver:
                 "release_signal"
                 if spec.supports_release_signal
                 else "checkpoint"
-                if self.node.backend.frees_memory_on_suspend
+                if self._suspend_frees(devices)
                 else "none"
             ),
             restartable=spec.restartable,
@@ -278,7 +303,21 @@ class AirlockDriver:
             self._static[subjob_id] = view
         return view
 
-    def _driver_view(self, live: dict[str, str]) -> dict[str, int] | None:
+    def _suspend_frees(self, devices: tuple[str, ...]) -> bool:
+        """Whether a suspend frees a subjob's GPU memory here: the backend frees it itself
+        (the fake one), or cuda-checkpoint can on these devices (whole GPUs, not MIG)."""
+        backend = self.node.backend
+        if backend.frees_memory_on_suspend:
+            return True
+        return (
+            backend.cuda_checkpoint.is_available
+            and bool(devices)
+            and not self._mig_devices.intersection(devices)
+        )
+
+    def _driver_view(
+        self, live: dict[str, str], process_memory: dict[str, dict[int, int]] | None
+    ) -> dict[str, int] | None:
         """GPU memory per live subjob as the driver sees it (NVML's per-process lists,
         charged to each subjob through its process tree), or None where the backend has no
         such view (the fake backend: subjobs report their own use)."""
@@ -289,7 +328,10 @@ class AirlockDriver:
             for subjob_id in live
             if (pid := self.node.executor.pid_of(subjob_id)) is not None
         }
-        seen = attribute_gpu_memory(self.node.backend.process_memory(), roots)
+        if process_memory is None:
+            process_memory = self.node.backend.process_memory()
+        seen = attribute_gpu_memory(process_memory, roots)
+        self._gpu_pids = seen.pids
         return {sid: sum(devices.values()) for sid, devices in seen.by_subjob.items()}
 
     def _observed_bytes(self, subjob_id: str, declared_bytes: int) -> int:
@@ -322,8 +364,15 @@ class AirlockDriver:
         if self._lock.locked() or not self.node.live_states:
             return []
         async with self._lock:
+            backend = self.node.backend
+            # NVML's process lists are read on a worker thread: a call may take its deadline.
+            processes = (
+                await asyncio.to_thread(backend.process_memory)
+                if backend.per_process_memory
+                else None
+            )
             now = time.monotonic()
-            snap = self.snapshot(readings, now, host, host_level)
+            snap = self.snapshot(readings, now, host, host_level, processes)
             if snap is None:
                 self._dry_seen.clear()
                 return []
@@ -403,6 +452,10 @@ class AirlockDriver:
             reason = f"{RECLAIMED_PREFIX}{action.reason}"
         else:
             reason, grace = f"airlock: {action.reason}", 0.0
+        if action.step == STEP_SUSPEND:
+            await self._checkpoint(action.subjob_id)
+        elif action.step == STEP_RESUME:
+            await self._restore(action.subjob_id)
         try:
             cause = EndCause.RECLAIMED if action.step == STEP_RECLAIM else EndCause.TERMINATED
             await self.node.signal(action.subjob_id, signal, reason, grace, cause=cause)
@@ -410,6 +463,53 @@ class AirlockDriver:
             log.warning("airlock %s of %s failed: %s", action.step, action.subjob_id, exc)
             return
         self._track(action, snap, now)
+
+    async def _checkpoint(self, subjob_id: str) -> None:
+        """Before a suspend: move the CUDA state of the subjob's processes to host memory,
+        where cuda-checkpoint can (its free mode says so)."""
+        tool = self.node.backend.cuda_checkpoint.tool
+        static = self._static.get(subjob_id)
+        if tool is None or static is None or static.free_mode != "checkpoint":
+            return
+        pids = self._gpu_pids.get(subjob_id, ())
+        done = await self._toggle_all(subjob_id, pids, "checkpoint")
+        if done:
+            self._checkpointed[subjob_id] = done
+
+    async def _restore(self, subjob_id: str) -> None:
+        """Before a resume: bring back the CUDA state :meth:`_checkpoint` moved out."""
+        pids = self._checkpointed.pop(subjob_id, ())
+        if pids:
+            await self._toggle_all(subjob_id, pids, "restore")
+
+    async def _toggle_all(
+        self, subjob_id: str, pids: tuple[int, ...], direction: str
+    ) -> tuple[int, ...]:
+        """Toggle each pid (one at a time: each copies device memory); returns those done."""
+        tool = self.node.backend.cuda_checkpoint.tool
+        assert tool is not None
+        done: list[int] = []
+        for pid in pids:
+            try:
+                await tool.toggle(pid)
+            except (ToggleFailed, OSError) as exc:
+                log.warning(
+                    "airlock: cuda-checkpoint %s of subjob %s failed: %s", direction, subjob_id, exc
+                )
+                outcome = "failed"
+            else:
+                done.append(pid)
+                outcome = "ok"
+            if self.metrics is not None:
+                self.metrics.airlock_cuda_checkpoint_toggles_total.labels(direction, outcome).inc()
+        if done:
+            log.info(
+                "airlock: cuda-checkpoint %s of subjob %s: pid(s) %s",
+                direction,
+                subjob_id,
+                ", ".join(map(str, done)),
+            )
+        return tuple(done)
 
     def _track(self, action: Action, snap: Snapshot, now: float) -> None:
         backend = self.node.backend

@@ -132,6 +132,14 @@ class InventorySettings:
             "GPU that runs anything); fake backend only for now"
         ),
     )
+    cuda_checkpoint: str = field(
+        default="",
+        metadata=doc(
+            "NVIDIA cuda-checkpoint binary that lets Airlock's suspend free GPU memory (nvml "
+            "backend, whole GPUs): a path, empty = cuda-checkpoint on the agent's PATH, "
+            "'off' = never"
+        ),
+    )
 
 
 @dataclass(frozen=True)

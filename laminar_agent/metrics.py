@@ -4,14 +4,39 @@ bounded labels, injectable registry)."""
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 from importlib import metadata
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from laminar_agent.inventory.base import GpuInfo
+
 # A `_created` series per counter and histogram doubles the series count and is read by
 # nobody here; Prometheus' own created-timestamp handling does not need it.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+#: The labels dcgm-exporter puts on its per-GPU series, so Laminar's and DCGM's series join:
+#: GPU index, GPU UUID, device file name, model, and for a MIG instance its profile and
+#: GPU instance id (empty on a whole GPU). A MIG instance carries its GPU's index, UUID and
+#: device, as in DCGM. ``modelName`` is Laminar's canonical name (``H100-80GB``), the one
+#: jobs ask for, not NVML's raw name.
+GPU_LABELS = ("gpu", "UUID", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID")
+#: The label values of the host's row of a per-device metric (Airlock's host level).
+HOST_LABEL_VALUES = ("", "", "host", "", "", "")
+
+
+def gpu_label_values(gpus: Sequence[GpuInfo]) -> dict[str, tuple[str, ...]]:
+    """Device uuid (each GPU and each MIG instance) -> its :data:`GPU_LABELS` values."""
+    out: dict[str, tuple[str, ...]] = {}
+    for gpu in gpus:
+        base = (str(gpu.index), gpu.uuid, f"nvidia{gpu.index}", gpu.model)
+        out[gpu.uuid] = (*base, "", "")
+        for mig in gpu.mig_instances:
+            gi_id = str(mig.gpu_instance_id) if mig.gpu_instance_id >= 0 else ""
+            out[mig.uuid] = (*base, mig.profile, gi_id)
+    return out
 
 
 def laminar_version() -> str:
@@ -38,19 +63,25 @@ class AgentMetrics:
         add_build_info(r, "agent")
         self.gpu_memory_used_bytes = Gauge(
             "laminar_agent_gpu_memory_used_bytes",
-            "GPU memory in use per device (GPU or MIG instance)",
-            ["device"],
+            "GPU memory in use per device (GPU or MIG instance), labelled as dcgm-exporter does",
+            GPU_LABELS,
             registry=r,
         )
         self.gpu_memory_total_bytes = Gauge(
             "laminar_agent_gpu_memory_total_bytes",
-            "GPU memory per device (GPU or MIG instance)",
-            ["device"],
+            "GPU memory per device (GPU or MIG instance), labelled as dcgm-exporter does",
+            GPU_LABELS,
             registry=r,
         )
         self.gpus_degraded = Gauge(
             "laminar_agent_gpus_degraded",
             "GPUs whose driver calls fail now: they take no new work until they answer",
+            registry=r,
+        )
+        self.cuda_checkpoint_available = Gauge(
+            "laminar_agent_cuda_checkpoint_available",
+            "1 when NVIDIA's cuda-checkpoint was found at start: Airlock's suspend frees GPU "
+            "memory on whole GPUs; 0: it asks for the release signal, then reclaims",
             registry=r,
         )
         self.allocated_ratio = Gauge(
@@ -111,10 +142,18 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        self.airlock_cuda_checkpoint_toggles_total = Counter(
+            "laminar_airlock_cuda_checkpoint_toggles_total",
+            "cuda-checkpoint toggles of a suspended subjob's processes, by direction "
+            "(checkpoint: to host memory on suspend, restore: back on resume) and outcome",
+            ["direction", "outcome"],
+            registry=r,
+        )
         self.airlock_level = Gauge(
             "laminar_airlock_level",
-            "Current pressure level per device or 'host' (1 normal, 2 elevated, 3 critical)",
-            ["device"],
+            "Current pressure level per device (dcgm-exporter's labels) or the host (device='host'): "
+            "1 normal, 2 elevated, 3 critical",
+            GPU_LABELS,
             registry=r,
         )
 

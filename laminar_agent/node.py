@@ -478,17 +478,33 @@ class Node:
         task.add_done_callback(self._background.discard)
         return task
 
-    async def _reclaim(self, subjob_id: str, reason: str) -> None:
+    async def _reclaim(
+        self, subjob_id: str, reason: str, cause: EndCause = EndCause.PREEMPTED
+    ) -> None:
         try:
             await self.signal(
-                subjob_id,
-                agent_pb2.TERMINATE,
-                reason,
-                self.preempt_grace_seconds,
-                cause=EndCause.PREEMPTED,
+                subjob_id, agent_pb2.TERMINATE, reason, self.preempt_grace_seconds, cause=cause
             )
         except LaminarError as exc:  # it ended on its own meanwhile
             log.info("reclaim of %s: %s", subjob_id, exc.message)
+
+    def end_subjobs_on_gpu(self, gpu_index: int, reason: str) -> list[str]:
+        """Stop every live subjob holding a slice of GPU ``gpu_index``, which failed under
+        them, with cause ``GPU_FAILED`` (a free retry for the router); returns their ids.
+        The stops run in the background (SIGTERM, grace, SIGKILL)."""
+        on_gpu = {s.slice_id for s in self.slices if s.gpu_index == gpu_index}
+        live = sorted(set(self.live_states.values()))
+        victims = [
+            row.subjob_id
+            for row in (self.journal.subjobs(states=live) if live else [])
+            if row.subjob_id not in self.terminating
+            and on_gpu.intersection(json.loads(row.slice_ids_json))
+        ]
+        for subjob_id in victims:
+            self._spawn(
+                self._reclaim(subjob_id, reason, EndCause.GPU_FAILED), f"gpu-failed-{subjob_id}"
+            )
+        return victims
 
     async def _wait_ended(self, subjob_ids: Sequence[str], timeout_seconds: float) -> bool:
         """Wait until every subjob is terminal, i.e. its capacity is released in the ledger."""

@@ -36,6 +36,7 @@ from laminar_agent.executor import RunAs, parse_tenant_users, resolve_run_as
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_agent.inventory import open_backend
 from laminar_agent.inventory.base import GpuBackend
+from laminar_agent.inventory.cuda_checkpoint import detect_cuda_checkpoint
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.service import AgentService
 from laminar_agent.shim import FENCE_FILE
@@ -226,6 +227,18 @@ class AgentServer:
             shared_gpus=cfg.inventory.shared_gpus,
             nvml_mock=cfg.inventory.nvml_mock,
         )
+        if self._backend is None and backend.name == "nvml":
+            backend.cuda_checkpoint = detect_cuda_checkpoint(
+                cfg.inventory.cuda_checkpoint, backend.driver_version()
+            )
+            log.info(
+                "cuda-checkpoint: %s",
+                f"{backend.cuda_checkpoint.detail}; Airlock's suspend frees GPU memory on "
+                "whole GPUs"
+                if backend.cuda_checkpoint.is_available
+                else f"none ({backend.cuda_checkpoint.detail}); a suspended subjob keeps its "
+                "GPU memory: Airlock asks for the release signal, then reclaims",
+            )
         metrics = AgentMetrics()
         run_as = resolve_run_as(cfg.executor.run_as_user)
         tenant_users = parse_tenant_users(cfg.executor.tenant_users) if run_as else {}
@@ -365,7 +378,8 @@ class AgentServer:
             # Leases lapse on the agent's own clock, not only when a probe comes by: an
             # expired lease never holds capacity nor shows in a summary.
             self.state.node.expire_leases()
-            readings = self.state.poll_memory()
+            # Read on a worker thread: NVML may take its deadline, the loop may not.
+            readings = self.state.poll_memory(await self.state.read_memory())
             airlock = self.state.airlock
             if self.state.node.live_states and not airlock.is_busy:
                 self._airlock_task = asyncio.create_task(
@@ -393,7 +407,7 @@ class AgentServer:
             await asyncio.to_thread(self._metrics_http.shutdown)  # blocks up to its poll interval
         if self.state is not None:
             await self.state.node.close()
-            self.state.backend.close()
+            await asyncio.to_thread(self.state.backend.close)
         self.status = Status.FAILED if self.supervisor.failure else Status.STOPPED
         log.info("agent stopped")
 

@@ -74,7 +74,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def GetInventory(
         self, request: agent_pb2.GetInventoryRequest, context: Ctx
     ) -> agent_pb2.Inventory:
-        return self._state.inventory_message()
+        return self._state.inventory_message(await self._state.read_memory())
 
     @map_errors
     async def GetSummary(
@@ -140,7 +140,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def GetAirlock(
         self, request: agent_pb2.GetAirlockRequest, context: Ctx
     ) -> agent_pb2.AirlockState:
-        return self._state.airlock_message(min(request.max_actions, 1000))
+        readings = await self._state.read_memory()
+        return self._state.airlock_message(min(request.max_actions, 1000), readings)
 
     @map_errors
     async def InjectLoad(

@@ -6,6 +6,7 @@ gRPC code, only the translation of state into API messages.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import time
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from laminar_agent.airlock_driver import AirlockDriver
 from laminar_agent.cgroups import SubjobCgroups
@@ -21,7 +23,7 @@ from laminar_agent.executor import RunAs
 from laminar_agent.heartbeat import action_message
 from laminar_agent.inventory import GpuBackend
 from laminar_agent.inventory.fake import FakeGpuBackend
-from laminar_agent.metrics import AgentMetrics
+from laminar_agent.metrics import HOST_LABEL_VALUES, AgentMetrics, gpu_label_values
 from laminar_agent.node import Node
 from laminar_airlock.levels import Level, LevelTracker, Marks
 from laminar_airlock.signals import HostMemory, HostMemorySource, PsutilHostMemory
@@ -109,6 +111,7 @@ class AgentState:
         self.host_level = Level.NORMAL
         self.host_sample: HostMemory | None = None
         self._kind_by_device = {s.device_uuid: s.kind for s in self.node.slices}
+        self._labels_by_device = gpu_label_values(backend.gpus())
         self._last_poll: float | None = None
         #: GPUs held back from new work because their driver calls fail: key -> why.
         self._degraded: dict[str, str] = {}
@@ -138,9 +141,19 @@ class AgentState:
         self.node.is_draining = draining
         self.metrics.draining.set(1 if draining else 0)
 
-    def poll_memory(self) -> dict[str, tuple[int, int]]:
-        """Read per-device and host memory, update their levels and publish them as metrics."""
-        readings = self.backend.memory_used()
+    async def read_memory(self) -> dict[str, tuple[int, int]]:
+        """The backend's per-device memory, read on a worker thread: an NVML call may take
+        up to its deadline (a wedged driver), and the event loop must keep answering
+        probes and sending heartbeats meanwhile."""
+        return await asyncio.to_thread(self.backend.memory_used)
+
+    def poll_memory(
+        self, readings: dict[str, tuple[int, int]] | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """Update per-device and host memory levels from ``readings`` (as :meth:`read_memory`
+        returns them; None reads them here, blocking) and publish them as metrics."""
+        if readings is None:
+            readings = self.backend.memory_used()
         self.metrics.leases.set(self.node.ledger.pending_leases())
         states = list(self.node.live_states.values())
         for state in ("STARTING", "RUNNING", "SUSPENDED"):
@@ -151,16 +164,43 @@ class AgentState:
         for uuid, (used, total) in readings.items():
             level = self.levels.update(uuid, used, total, now)
             self.level_by_device[uuid] = level
-            self.metrics.gpu_memory_used_bytes.labels(uuid).set(used)
-            self.metrics.gpu_memory_total_bytes.labels(uuid).set(total)
-            self.metrics.airlock_level.labels(uuid).set(int(level))
+            labels = self._labels_by_device.get(uuid) or ("", uuid, "", "", "", "")
+            self.metrics.gpu_memory_used_bytes.labels(*labels).set(used)
+            self.metrics.gpu_memory_total_bytes.labels(*labels).set(total)
+            self.metrics.airlock_level.labels(*labels).set(int(level))
             if elapsed:
                 self.metrics.airlock_level_seconds_total.labels(
                     self._device_kind(uuid), _LEVEL_NAMES[level]
                 ).inc(elapsed)
         self._poll_host(now, elapsed)
         self._hold_degraded()
+        self._end_work_on_failed_gpus()
         return readings
+
+    def _end_work_on_failed_gpus(self) -> None:
+        """A GPU that failed (an Xid that needs a reset, off the bus) ends its subjobs; it is
+        held back already (it is degraded), so their capacity goes to no one."""
+        for failure in self.backend.take_failures():
+            reason = f"GPU {failure.gpu_index} ({failure.gpu_uuid}) failed: {failure.reason}"
+            ended = self.node.end_subjobs_on_gpu(failure.gpu_index, reason)
+            log.warning("%s: ending subjob(s) %s", reason, ", ".join(ended) or "none")
+
+    def add_degraded_gpus(
+        self, out: RepeatedCompositeFieldContainer[common_pb2.DegradedGpu]
+    ) -> None:
+        """Append the GPUs held back from new work, and why, to ``out``."""
+        if not self._degraded:
+            return
+        failed = self.backend.failed()
+        index_of = {g.uuid: g.index for g in self.backend.gpus()}
+        for key, why in sorted(self._degraded.items()):
+            index = index_of.get(key, int(key[3:]) if key[3:].isdigit() else 0)
+            out.add(
+                index=index,
+                uuid="" if key not in index_of else key,
+                reason=failed.get(key, why),
+                failed=key in failed,
+            )
 
     def _hold_degraded(self) -> None:
         """A GPU whose driver calls fail takes no new work: its slices are held back
@@ -205,7 +245,7 @@ class AgentState:
             psi = self._psi_levels.update(_PSI_KEY, int(sample.psi_some_avg10 * 100), 10000, now)
             level = max(level, min(psi, Level.ELEVATED))
         self.host_level = level
-        self.metrics.airlock_level.labels(HOST_KEY).set(int(level))
+        self.metrics.airlock_level.labels(*HOST_LABEL_VALUES).set(int(level))
         if elapsed:
             self.metrics.airlock_level_seconds_total.labels(HOST_KEY, _LEVEL_NAMES[level]).inc(
                 elapsed
@@ -216,8 +256,11 @@ class AgentState:
         """The worst level on this host: host memory or any device."""
         return max([self.host_level, *self.level_by_device.values()])
 
-    def inventory_message(self) -> agent_pb2.Inventory:
-        readings = self.poll_memory()
+    def inventory_message(
+        self, readings: dict[str, tuple[int, int]] | None = None
+    ) -> agent_pb2.Inventory:
+        """The inventory with ``readings`` (:meth:`read_memory`; None reads them here)."""
+        readings = self.poll_memory(readings)
         host = psutil.virtual_memory()
         inv = agent_pb2.Inventory(
             agent_id=self.agent_id,
@@ -228,7 +271,10 @@ class AgentState:
             host_memory_available_bytes=host.available,
             draining=self.is_draining,
             version=VERSION,
+            cuda_checkpoint_available=self.backend.cuda_checkpoint.is_available,
+            cuda_checkpoint_detail=self.backend.cuda_checkpoint.detail,
         )
+        self.add_degraded_gpus(inv.degraded_gpus)
         for gpu in self.backend.gpus():
             used, _ = readings.get(gpu.uuid, (0, gpu.memory_total_bytes))
             msg = inv.gpus.add(
@@ -293,6 +339,7 @@ class AgentState:
         summary.address = self.address
         summary.hostname = self.hostname
         summary.generation = self.generation
+        self.add_degraded_gpus(summary.degraded_gpus)
 
     def summary_message(self, *, with_windows: bool = False) -> common_pb2.AgentSummary:
         pressured = frozenset(
@@ -304,9 +351,13 @@ class AgentState:
         self.fill_summary(summary)
         return summary
 
-    def airlock_message(self, max_actions: int) -> agent_pb2.AirlockState:
-        """Current pressure levels, suspended subjobs and the ladder's recent actions."""
-        readings = self.backend.memory_used()
+    def airlock_message(
+        self, max_actions: int, readings: dict[str, tuple[int, int]] | None = None
+    ) -> agent_pb2.AirlockState:
+        """Current pressure levels, suspended subjobs and the ladder's recent actions;
+        ``readings`` as :meth:`read_memory` returns them (None reads them here)."""
+        if readings is None:
+            readings = self.backend.memory_used()
         host = self.host_sample
         state = agent_pb2.AirlockState(
             host_level=int(self.host_level),  # type: ignore[arg-type]

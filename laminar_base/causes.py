@@ -37,6 +37,7 @@ class EndCause(enum.IntEnum):
     FENCED = common_pb2.END_CAUSE_FENCED
     LOST = common_pb2.END_CAUSE_LOST
     TERMINATED = common_pb2.END_CAUSE_TERMINATED
+    GPU_FAILED = common_pb2.END_CAUSE_GPU_FAILED
 
     @property
     def token(self) -> str:
@@ -70,10 +71,10 @@ def cause_from_token(token: str) -> EndCause:
 
 
 #: Ends that are not the job's fault: its retry is not counted, and an atomized job's
-#: profile is left alone. Preempted, readdressed and commit-unconfirmed ends were free on
-#: both paths; superseded and cancelled ends were free only for atomized jobs. A rigid job
-#: never decides on those two (a superseded copy belongs to an attempt that moved on, a
-#: cancelled job has ended), so one list serves both without changing either.
+#: profile is left alone. Preempted, readdressed, commit-unconfirmed and GPU-failed ends
+#: are free on both paths; superseded and cancelled ends were free only for atomized jobs.
+#: A rigid job never decides on those two (a superseded copy belongs to an attempt that
+#: moved on, a cancelled job has ended), so one list serves both without changing either.
 FREE_RETRY_CAUSES = frozenset(
     {
         EndCause.PREEMPTED,
@@ -81,6 +82,7 @@ FREE_RETRY_CAUSES = frozenset(
         EndCause.COMMIT_UNCONFIRMED,
         EndCause.SUPERSEDED,
         EndCause.CANCELLED,
+        EndCause.GPU_FAILED,
     }
 )
 #: Ends where Airlock, or a preemption for a more important class, took the work: the run

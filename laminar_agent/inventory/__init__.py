@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from laminar_agent.inventory.base import GpuBackend, GpuInfo, MigInstanceInfo
+from laminar_agent.inventory.base import GpuBackend, GpuFailure, GpuInfo, MigInstanceInfo
 from laminar_base.errors import InvalidArgument
 
-__all__ = ["GpuBackend", "GpuInfo", "MigInstanceInfo", "open_backend", "parse_shared_gpus"]
+__all__ = [
+    "GpuBackend",
+    "GpuFailure",
+    "GpuInfo",
+    "MigInstanceInfo",
+    "open_backend",
+    "parse_shared_gpus",
+]
 
 
 def parse_shared_gpus(shared_gpus: str) -> frozenset[int] | None:
@@ -28,7 +35,12 @@ def parse_shared_gpus(shared_gpus: str) -> frozenset[int] | None:
 
 
 def open_backend(
-    name: str, *, fake_spec: str, agent_id: str, shared_gpus: str = "", nvml_mock: str = ""
+    name: str,
+    *,
+    fake_spec: str,
+    agent_id: str,
+    shared_gpus: str = "",
+    nvml_mock: str = "",
 ) -> GpuBackend:
     """Build the backend named by config (``nvml`` or ``fake``).
 

@@ -11,7 +11,7 @@ reported unattributed (a cgroup lookup would still find it).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -31,10 +31,12 @@ def parent_pid(pid: int) -> int | None:
 @dataclass(frozen=True)
 class Attribution:
     """``by_subjob``: subjob id -> device uuid -> bytes; ``unattributed``: device -> bytes
-    used by processes of no subjob (another user's job, a leaked process)."""
+    used by processes of no subjob (another user's job, a leaked process); ``pids``:
+    subjob id -> the pids NVML lists for it (those cuda-checkpoint toggles), sorted."""
 
     by_subjob: dict[str, dict[str, int]]
     unattributed: dict[str, int]
+    pids: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def attribute_gpu_memory(
@@ -69,6 +71,7 @@ def attribute_gpu_memory(
 
     by_subjob: dict[str, dict[str, int]] = {}
     unattributed: dict[str, int] = {}
+    pids: dict[str, set[int]] = {}
     for device, processes in process_memory.items():
         for pid, used in processes.items():
             subjob = owner(pid)
@@ -77,4 +80,5 @@ def attribute_gpu_memory(
             else:
                 per_device = by_subjob.setdefault(subjob, {})
                 per_device[device] = per_device.get(device, 0) + used
-    return Attribution(by_subjob, unattributed)
+                pids.setdefault(subjob, set()).add(pid)
+    return Attribution(by_subjob, unattributed, {s: tuple(sorted(p)) for s, p in pids.items()})

@@ -20,6 +20,8 @@ class MigInstanceInfo:
     memory_total_bytes: int
     start: int
     size: int
+    #: NVML's GPU instance id (dcgm-exporter's ``GPU_I_ID``); -1 when unknown.
+    gpu_instance_id: int = -1
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,47 @@ class GpuInfo:
     shared: bool
 
 
+class CheckpointTool(Protocol):
+    """NVIDIA's cuda-checkpoint as found on this host (see :mod:`.cuda_checkpoint`)."""
+
+    @property
+    def path(self) -> str: ...
+
+    async def toggle(self, pid: int) -> None:
+        """Move a process's CUDA state to host memory, or back; raises on failure."""
+        ...
+
+
+@dataclass(frozen=True)
+class CheckpointSupport:
+    """What start-up found: the tool, or None and why not (``detail`` says either)."""
+
+    tool: CheckpointTool | None
+    detail: str
+
+    @property
+    def is_available(self) -> bool:
+        return self.tool is not None
+
+
+#: What a backend has until the agent looks for cuda-checkpoint (and on the fake backend).
+NOT_DETECTED = CheckpointSupport(None, "not looked for")
+
+
+@dataclass(frozen=True)
+class GpuFailure:
+    """A GPU failed under its work: an Xid that needs a reset, or it fell off the bus.
+
+    The agent ends the subjobs on it (``EndCause.GPU_FAILED``); the GPU stays degraded
+    (no new work) until NVML answers on it again."""
+
+    gpu_uuid: str
+    gpu_index: int
+    reason: str
+    #: The Xid NVML reported (79: fell off the bus); 0 when a call found the GPU lost.
+    xid: int = 0
+
+
 class GpuBackend(Protocol):
     """What the agent needs from a GPU inventory source."""
 
@@ -46,6 +89,9 @@ class GpuBackend(Protocol):
     #: Whether :meth:`process_memory` reports what the driver sees per process (NVML);
     #: when False, subjobs report their own use (the fake backend's usage file).
     per_process_memory: bool
+    #: NVIDIA's cuda-checkpoint as the agent found it at start: with a tool, Airlock's
+    #: suspend of a subjob on whole GPUs moves its CUDA state to host memory and back.
+    cuda_checkpoint: CheckpointSupport
 
     def gpus(self) -> tuple[GpuInfo, ...]: ...
 
@@ -68,7 +114,16 @@ class GpuBackend(Protocol):
 
     def degraded(self) -> dict[str, str]:
         """GPU uuid (or ``gpu<index>``) -> why, for GPUs whose driver calls fail now: the
-        agent gives them no new work until they answer again."""
+        agent gives them no new work until they answer again. Failed GPUs are among them."""
+        ...
+
+    def failed(self) -> dict[str, str]:
+        """The degraded GPUs that failed (:class:`GpuFailure`), GPU uuid -> why."""
+        ...
+
+    def take_failures(self) -> list[GpuFailure]:
+        """GPUs that failed since the last call, each once per failure: the agent ends
+        their subjobs."""
         ...
 
     def close(self) -> None: ...

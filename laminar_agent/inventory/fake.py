@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from laminar_agent.inventory.base import GpuInfo, MigInstanceInfo
+from laminar_agent.inventory.base import CheckpointSupport, GpuFailure, GpuInfo, MigInstanceInfo
 from laminar_agent.inventory.mig import FIELD, GIB, lookup_profile, place_profiles
 from laminar_agent.jobfiles import read_job_file
 from laminar_base.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -129,6 +129,7 @@ class FakeGpuBackend:
     #: A suspended fake subjob's memory is detached, as cuda-checkpoint would free it.
     frees_memory_on_suspend = True
     per_process_memory = False
+    cuda_checkpoint = CheckpointSupport(None, "not used: the fake backend frees memory itself")
 
     def __init__(
         self,
@@ -156,6 +157,7 @@ class FakeGpuBackend:
                         memory_total_bytes=lookup_profile(item.model, profile).memory_bytes,
                         start=start,
                         size=size,
+                        gpu_instance_id=n + 1,
                     )
                     for n, (profile, start, size) in enumerate(
                         place_profiles(item.model, item.mig_profiles)
@@ -238,6 +240,12 @@ class FakeGpuBackend:
     def degraded(self) -> dict[str, str]:
         """Fake GPUs do not fail (the mocked NVML scripts faults for the nvml backend)."""
         return {}
+
+    def failed(self) -> dict[str, str]:
+        return {}
+
+    def take_failures(self) -> list[GpuFailure]:
+        return []
 
     def driver_version(self) -> str:
         return "fake"

@@ -9,21 +9,30 @@ Every NVML call goes through :meth:`NvmlBackend._call`. A call that fails degrad
 GPU it was about (:meth:`NvmlBackend.degraded` says which and why) instead of raising
 into the agent's loops: memory polls skip that GPU, a topology read keeps its last
 known record. The GPU recovers on the next pass whose calls succeed. Each call has a deadline, so a
-wedged driver blocks the caller (the agent's event loop, for memory polls) for at most
-one deadline, not forever. Not covered yet: the poll still blocks its caller for that
-long, and a degraded GPU still takes new work (the ledger does not read
-:meth:`degraded`).
+wedged driver blocks the caller for at most one deadline, not forever; the agent calls
+every read from a worker thread (``asyncio.to_thread``), never from its event loop, and
+holds a degraded GPU back from new work.
+
+A GPU *fails* (:meth:`NvmlBackend.take_failures`) on an Xid that needs a reset
+(:data:`FATAL_XIDS`, watched on a thread of its own through ``nvmlEventSetWait``) or when a
+call finds it lost (``GPU_IS_LOST``: it fell off the bus): the agent ends its subjobs and
+holds it back. It takes work again once NVML answers on it: at once for a lost GPU that
+is back, and after ``recover_after_seconds`` without a new fatal Xid for one that kept
+answering. Other Xids (13, 31, 43, 45: an application's own fault) are logged and left to
+the process they hit.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from laminar_agent.inventory.base import GpuInfo, MigInstanceInfo
+from laminar_agent.inventory.base import NOT_DETECTED, GpuFailure, GpuInfo, MigInstanceInfo
 from laminar_agent.inventory.model_names import canonical_model
 from laminar_base.errors import Unavailable
 
@@ -32,10 +41,40 @@ log = logging.getLogger(__name__)
 #: How long one NVML call may take before its GPU is degraded (they take microseconds
 #: to milliseconds; a wedged driver takes forever).
 CALL_DEADLINE_SECONDS = 1.0
+#: Xids after which a GPU needs a reset (NVIDIA's Xid catalog): its work is ended and it is
+#: drained. Xids not listed are an application's own errors, left to it.
+FATAL_XIDS: dict[int, str] = {
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "fell off the bus",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+#: How long one ``nvmlEventSetWait`` waits, so the watcher sees a close soon.
+EVENT_WAIT_MS = 500
+#: A GPU that had a fatal Xid but keeps answering takes work again after this long
+#: without another one.
+RECOVER_AFTER_SECONDS = 30.0
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _same_device(a: Any, b: Any) -> bool:
+    """Whether two NVML device handles name one device: pynvml's are ctypes pointers (a new
+    object per call, compared by address), a mock's are plain values."""
+    if a == b:
+        return True
+    try:
+        return bool(ctypes.cast(a, ctypes.c_void_p).value == ctypes.cast(b, ctypes.c_void_p).value)
+    except (ctypes.ArgumentError, TypeError):
+        return False
 
 
 class NvmlCallFailed(Exception):
@@ -58,7 +97,8 @@ class NvmlBackend:
     """
 
     name = "nvml"
-    #: cuda-checkpoint is not integrated yet: SIGSTOP leaves GPU memory allocated.
+    #: A plain SIGSTOP leaves GPU memory allocated; :attr:`cuda_checkpoint`, where found,
+    #: frees it on whole GPUs (Airlock decides per subjob).
     frees_memory_on_suspend = False
     per_process_memory = True
 
@@ -68,8 +108,10 @@ class NvmlBackend:
         shared_indices: frozenset[int] | None = frozenset(),
         nvml: Any = None,
         call_deadline_seconds: float = CALL_DEADLINE_SECONDS,
+        recover_after_seconds: float = RECOVER_AFTER_SECONDS,
     ) -> None:
         self._deadline_seconds = call_deadline_seconds
+        self._recover_after_seconds = recover_after_seconds
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
         self._hung: Future[Any] | None = None
         self._hung_lock = threading.Lock()
@@ -92,12 +134,21 @@ class NvmlBackend:
         self._parent: dict[str, str] = {}
         #: Pass ("topology", "memory", "processes") -> GPU key -> why that pass failed on it.
         self._faults: dict[str, dict[str, str]] = {}
+        #: Failed GPU uuid -> (why, monotonic time before which it stays failed).
+        self._failed: dict[str, tuple[str, float]] = {}
+        self._new_failures: list[GpuFailure] = []
+        self._events_stop = threading.Event()
+        self._events_thread: threading.Thread | None = None
+        self._event_set: Any = None
         try:
             self._driver_version = _text(self._call("nvmlSystemGetDriverVersion"))
         except NvmlCallFailed as failure:
             log.warning("NVML driver version unknown: %s", failure)
             self._driver_version = ""
         self.refresh()
+        self._watch_events()
+        #: Set by the agent at start (:func:`.cuda_checkpoint.detect_cuda_checkpoint`).
+        self.cuda_checkpoint = NOT_DETECTED
 
     def _call(self, call: str, *args: Any) -> Any:
         """The one door to NVML: run ``call`` on the worker within the deadline; any
@@ -131,7 +182,7 @@ class NvmlBackend:
             log.info("GPU %s recovered: NVML answers again (was: %s)", key, before[key])
 
     def _degraded_locked(self) -> dict[str, str]:
-        merged: dict[str, str] = {}
+        merged = {key: why for key, (why, _) in self._failed.items()}
         for source in sorted(self._faults):
             for key, reason in self._faults[source].items():
                 merged.setdefault(key, reason)
@@ -141,6 +192,119 @@ class NvmlBackend:
         """GPU uuid (``gpu<index>`` when NVML never gave one) -> the failed call, for degraded GPUs."""
         with self._lock:
             return self._degraded_locked()
+
+    def failed(self) -> dict[str, str]:
+        """GPU uuid -> why, for the degraded GPUs that failed (an Xid, off the bus)."""
+        with self._lock:
+            return {key: why for key, (why, _) in self._failed.items()}
+
+    def take_failures(self) -> list[GpuFailure]:
+        """GPUs that failed since the last call, once per failure."""
+        with self._lock:
+            taken, self._new_failures = self._new_failures, []
+        return taken
+
+    def _fail(self, gpu_uuid: str, why: str, *, xid: int = 0, hold_seconds: float = 0.0) -> None:
+        """Record that a GPU failed; a GPU already failed keeps its first reason and only
+        has its hold extended."""
+        until = time.monotonic() + hold_seconds
+        with self._lock:
+            known = gpu_uuid in self._failed
+            if known:
+                first_why, first_until = self._failed[gpu_uuid]
+                why, until = first_why, max(first_until, until)
+            self._failed[gpu_uuid] = (why, until)
+            if not known:
+                index = next((g.index for g in self._gpus if g.uuid == gpu_uuid), -1)
+                self._new_failures.append(GpuFailure(gpu_uuid, index, why, xid))
+        if not known:
+            log.error("GPU %s failed: %s; its subjobs end and it takes no new work", gpu_uuid, why)
+
+    def _note_lost(self, gpu_uuid: str, failure: NvmlCallFailed) -> None:
+        """A call that finds the GPU lost means it fell off the bus: it failed."""
+        if failure.code == self._nvml.NVML_ERROR_GPU_IS_LOST:
+            self._fail(gpu_uuid, f"fell off the bus ({failure})")
+
+    def _recover(self, answered: set[str]) -> None:
+        """Failed GPUs that answered this poll and are past their hold take work again."""
+        now = time.monotonic()
+        with self._lock:
+            back = {
+                key: self._failed.pop(key)[0]
+                for key in sorted(answered & self._failed.keys())
+                if now >= self._failed[key][1]
+            }
+        for key, why in back.items():
+            log.info("GPU %s recovered: NVML answers again (was: %s)", key, why)
+
+    def _watch_events(self) -> None:
+        """Register every GPU for Xid events and watch them on a thread of its own (a wait
+        blocks by design, so it never occupies the call worker). A driver without events
+        leaves only the calls to find a failed GPU."""
+        xid_events = int(self._nvml.nvmlEventTypeXidCriticalError)
+        try:
+            event_set = self._call("nvmlEventSetCreate")
+        except NvmlCallFailed as failure:
+            log.warning("no NVML events on this host, Xids go unseen: %s", failure)
+            return
+        watched: list[int] = []
+        for gpu in self._gpus:
+            try:
+                self._call(
+                    "nvmlDeviceRegisterEvents", self._handles[gpu.uuid], xid_events, event_set
+                )
+            except (NvmlCallFailed, KeyError) as failure:
+                log.warning("GPU %s reports no Xid events: %s", gpu.uuid, failure)
+                continue
+            watched.append(gpu.index)
+        self._event_set = event_set
+        self._events_thread = threading.Thread(
+            target=self._wait_events, args=(event_set,), name="nvml-events", daemon=True
+        )
+        self._events_thread.start()
+        log.info("watching Xid events of GPU(s) %s", ", ".join(map(str, watched)) or "none")
+
+    def _wait_events(self, event_set: Any) -> None:
+        nvml = self._nvml
+        while not self._events_stop.is_set():
+            try:
+                event = nvml.nvmlEventSetWait(event_set, EVENT_WAIT_MS)
+            except nvml.NVMLError as exc:
+                if int(exc.value) != nvml.NVML_ERROR_TIMEOUT:
+                    log.warning("waiting for NVML events failed: %s", exc)
+                    self._events_stop.wait(1.0)
+                continue
+            except Exception:  # the watcher must outlive one bad event
+                log.exception("NVML event watcher")
+                self._events_stop.wait(1.0)
+                continue
+            self._on_event(event)
+
+    def _on_event(self, event: Any) -> None:
+        if not int(event.eventType) & int(self._nvml.nvmlEventTypeXidCriticalError):
+            return
+        xid = int(event.eventData)
+        with self._lock:
+            gpu_uuid = next(
+                (
+                    self._parent[uuid]
+                    for uuid, handle in self._handles.items()
+                    if self._parent[uuid] == uuid and _same_device(handle, event.device)
+                ),
+                None,
+            )
+        if gpu_uuid is None:
+            log.warning("Xid %d from a device this agent does not know", xid)
+            return
+        what = FATAL_XIDS.get(xid)
+        if what is None:
+            log.warning(
+                "GPU %s reported Xid %d: the application's error, left to it", gpu_uuid, xid
+            )
+            return
+        self._fail(
+            gpu_uuid, f"Xid {xid}: {what}", xid=xid, hold_seconds=self._recover_after_seconds
+        )
 
     def _mig_instances(self, handle: Any) -> tuple[tuple[MigInstanceInfo, Any], ...]:
         """MIG instances of a GPU; NOT_SUPPORTED, an empty slot (NOT_FOUND) and a hidden
@@ -164,9 +328,9 @@ class NvmlBackend:
                 raise
             name = _text(self._call("nvmlDeviceGetName", mig))
             profile = name.rsplit("MIG ", 1)[-1].strip() if "MIG " in name else name
-            start, size = -1, 0
+            start, size, gi_id = -1, 0, -1
             try:
-                gi_id = self._call("nvmlDeviceGetGpuInstanceId", mig)
+                gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mig))
                 gi = self._call("nvmlDeviceGetGpuInstanceById", handle, gi_id)
                 info = self._call("nvmlGpuInstanceGetInfo", gi)
                 start, size = int(info.placement.start), int(info.placement.size)
@@ -184,6 +348,7 @@ class NvmlBackend:
                 memory_total_bytes=int(memory.total),
                 start=start,
                 size=size,
+                gpu_instance_id=gi_id,
             )
             result.append((info_record, mig))
         return tuple(sorted(result, key=lambda pair: (pair[0].start, pair[0].uuid)))
@@ -267,10 +432,12 @@ class NvmlBackend:
                 memory = self._call("nvmlDeviceGetMemoryInfo", handle)
             except NvmlCallFailed as failure:
                 faults[gpu_uuid] = str(failure)
+                self._note_lost(gpu_uuid, failure)
                 continue
             result[uuid] = (int(memory.used), int(memory.total))
         self._record_faults("memory", faults)
         parent = {uuid: gpu_uuid for uuid, gpu_uuid, _ in devices}
+        self._recover({gpu_uuid for _, gpu_uuid, _ in devices} - faults.keys())
         return {u: r for u, r in result.items() if parent[u] not in faults}
 
     def process_memory(self) -> dict[str, dict[int, int]]:
@@ -290,6 +457,7 @@ class NvmlBackend:
                 processes = self._call("nvmlDeviceGetComputeRunningProcesses", handle)
             except NvmlCallFailed as failure:
                 faults[gpu_uuid] = str(failure)
+                self._note_lost(gpu_uuid, failure)
                 continue
             result[uuid] = {
                 int(p.pid): int(p.usedGpuMemory) for p in processes if p.usedGpuMemory is not None
@@ -306,6 +474,14 @@ class NvmlBackend:
             if self._closed:
                 return
             self._closed = True
+        self._events_stop.set()
+        if self._events_thread is not None:
+            self._events_thread.join(2 * EVENT_WAIT_MS / 1000)
+        if self._event_set is not None:
+            try:
+                self._call("nvmlEventSetFree", self._event_set)
+            except NvmlCallFailed:
+                pass  # the driver frees it at shutdown anyway
         try:
             self._call("nvmlShutdown")
         except NvmlCallFailed:

@@ -6,15 +6,26 @@ argument order and return shapes) and raises pynvml's own ``NVMLError`` subclass
 Python (:class:`MockNvml`); the agent daemon loads one from a JSON scenario when
 ``inventory.nvml_mock`` (``LAMINAR_INVENTORY_NVML_MOCK``) names a file, never by default.
 
-Not covered: events (Xid), clocks, ECC, NVLink, vGPU; MIG placement is what the scenario
-says, not what the driver would choose.
+Events: ``xid(gpu, xid)`` (or a scenario's ``events`` list, delivered once each time the
+followed file is replaced) queues an Xid critical-error event on every event set that
+registered that GPU, as ``nvmlEventSetWait`` returns it (its ``device`` is the mock's
+handle, not a ctypes pointer).
+
+Processes: a scenario's ``processes`` per GPU or MIG instance, and with ``pid_dir`` one
+file per process, ``<pid_dir>/<device uuid>/<pid>`` holding its bytes, which real test
+processes write for themselves; ``live_pids_only`` lists only processes still running.
+
+Not covered: clocks, ECC counters, NVLink, vGPU, event types other than Xid; MIG
+placement is what the scenario says, not what the driver would choose.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid as uuidlib
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +97,48 @@ class _Handle:
     mig: int | None = None
 
 
+@dataclass
+class _EventSet:
+    """An ``nvmlEventSetCreate`` result: the GPUs registered on it and its queued events."""
+
+    registered: dict[int, int] = field(default_factory=dict)  # GPU index -> event mask
+    queue: deque[Any] = field(default_factory=deque)
+
+
+def _read_pid_files(folder: Path) -> dict[int, int]:
+    """``<folder>/<pid>`` files holding bytes; others (a toggled ``<pid>.checkpointed``,
+    a file mid-write) are not listed."""
+    try:
+        names = [entry.name for entry in folder.iterdir()]
+    except OSError:
+        return {}
+    out: dict[int, int] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            out[int(name)] = int((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _is_running(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited process awaiting its parent does not): the driver
+    lists no exited process. Without psutil: the decision core's imports reach this module."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: existing is all we can tell
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
 def _error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)  # pynvml maps the code to its NVMLError_* subclass
 
@@ -99,20 +152,39 @@ class MockNvml:
     poll from a worker thread while a test reconfigures it.
     """
 
-    def __init__(self, gpus: list[MockGpu], *, driver_version: str = "550.54.15") -> None:
+    def __init__(
+        self,
+        gpus: list[MockGpu],
+        *,
+        driver_version: str = "550.54.15",
+        live_pids_only: bool = False,
+        pid_dir: Path | None = None,
+    ) -> None:
+        """``live_pids_only``: list (and count) only processes that exist on this host, as
+        the driver does once a process has exited (scenario key ``live_pids_only``).
+        ``pid_dir``: processes also list themselves there, one file per process,
+        ``<pid_dir>/<device uuid>/<pid>`` holding its bytes (scenario key ``pid_dir``), so
+        real processes (a test's subjobs) can say what they use without a shared file."""
         self.gpus = gpus
         self.driver_version = driver_version
+        self.live_pids_only = live_pids_only
+        self.pid_dir = pid_dir
         self._source: Path | None = None
         self._source_stamp: tuple[int, int, int] | None = None
         self._failures: dict[str, tuple[int, int | None]] = {}
         self._hangs: dict[str, threading.Event] = {}
+        #: Call name -> how many callers are blocked in its hang now.
+        self._blocked: dict[str, int] = {}
         self._lock = threading.Lock()
+        #: Event sets by id; waiters sleep on ``_events_changed``.
+        self._event_sets: dict[int, _EventSet] = {}
+        self._events_changed = threading.Condition(self._lock)
         self._initialized = 0
         for name in _REEXPORTED:
             setattr(self, name, getattr(pynvml, name))
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("NVMLError_") or name.startswith("NVML_ERROR_"):
+        if name.startswith(("NVMLError_", "NVML_ERROR_", "nvmlEventType")):
             return getattr(pynvml, name)
         raise AttributeError(name)
 
@@ -134,6 +206,35 @@ class MockNvml:
             self._failures.pop(call)
             self._hangs[call] = until
 
+    def xid(self, gpu: int, xid: int) -> None:
+        """Report Xid ``xid`` on GPU index ``gpu`` to every event set registered for it."""
+        with self._lock:
+            for event_set in self._event_sets.values():
+                mask = event_set.registered.get(gpu, 0)
+                if mask & pynvml.nvmlEventTypeXidCriticalError:
+                    event_set.queue.append(
+                        pynvml.nvmlFriendlyObject(
+                            {
+                                "device": _Handle(gpu),
+                                "eventType": pynvml.nvmlEventTypeXidCriticalError,
+                                "eventData": xid,
+                                "gpuInstanceId": 0xFFFFFFFF,
+                                "computeInstanceId": 0xFFFFFFFF,
+                            }
+                        )
+                    )
+            self._events_changed.notify_all()
+
+    def pending_events(self) -> int:
+        """Events queued and not yet taken by ``nvmlEventSetWait``."""
+        with self._lock:
+            return sum(len(event_set.queue) for event_set in self._event_sets.values())
+
+    def blocked(self, call: str) -> int:
+        """How many callers are blocked in ``call``'s hang right now."""
+        with self._lock:
+            return self._blocked.get(call, 0)
+
     def heal(self, call: str | None = None) -> None:
         """Stop failing ``call`` (every call when None)."""
         with self._lock:
@@ -143,6 +244,16 @@ class MockNvml:
             else:
                 self._failures.pop(call, None)
                 self._hangs.pop(call, None)
+
+    @staticmethod
+    def _parse_events(data: dict[str, Any]) -> list[tuple[int, int]]:
+        """A scenario's ``events``: ``[{"gpu": 1, "xid": 79}, ...]`` -> [(gpu, xid)]."""
+        try:
+            return [(int(e["gpu"]), int(e["xid"])) for e in data.get("events", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument(
+                f"bad NVML mock scenario events: {exc!r}", field="inventory.nvml_mock"
+            ) from None
 
     @staticmethod
     def _parse(data: dict[str, Any]) -> tuple[list[MockGpu], str, dict[str, int]]:
@@ -180,7 +291,9 @@ class MockNvml:
     def from_scenario(cls, data: dict[str, Any]) -> MockNvml:
         """Build from a JSON-like scenario (see docs/agent.md, "A mocked NVML")."""
         gpus, driver_version, errors = cls._parse(data)
-        mock = cls(gpus, driver_version=driver_version)
+        live_only = bool(data.get("live_pids_only", False))
+        pid_dir = Path(str(data["pid_dir"])) if data.get("pid_dir") else None
+        mock = cls(gpus, driver_version=driver_version, live_pids_only=live_only, pid_dir=pid_dir)
         for call, code in errors.items():
             mock.fail(call, code)
         return mock
@@ -202,13 +315,21 @@ class MockNvml:
         if stamp == self._source_stamp:
             return
         try:
-            gpus, driver_version, errors = self._parse(_read_scenario(self._source))
+            data = _read_scenario(self._source)
+            gpus, driver_version, errors = self._parse(data)
+            events = self._parse_events(data)
         except InvalidArgument:
             return  # mid-write or broken: keep the last good scenario
         with self._lock:
+            if stamp == self._source_stamp:
+                return  # another thread followed it first: its events are queued once
             self._source_stamp = stamp
             self.gpus, self.driver_version = gpus, driver_version
+            self.live_pids_only = bool(data.get("live_pids_only", False))
+            self.pid_dir = Path(str(data["pid_dir"])) if data.get("pid_dir") else None
             self._failures = {call: (code, None) for call, code in errors.items()}
+        for gpu, xid in events:
+            self.xid(gpu, xid)
 
     # Plumbing --------------------------------------------------------------------------
 
@@ -219,7 +340,13 @@ class MockNvml:
             hang = self._hangs.get(call)
             initialized = self._initialized > 0
         if hang is not None:
-            hang.wait()
+            with self._lock:
+                self._blocked[call] = self._blocked.get(call, 0) + 1
+            try:
+                hang.wait()
+            finally:
+                with self._lock:
+                    self._blocked[call] -= 1
         if call != "nvmlInit" and not initialized:
             raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
         if handle is not None:
@@ -231,6 +358,19 @@ class MockNvml:
             code, gpu = failure
             if gpu is None or (handle is not None and handle.gpu == gpu):
                 raise _error(code)
+
+    def _listed(self, handle: _Handle) -> dict[int, int]:
+        """The processes the driver lists on a device (GPU or MIG instance): the scenario's
+        and those in ``pid_dir``; with ``live_pids_only``, those still running."""
+        if handle.mig is None:
+            processes = dict(self._gpu(handle).processes)
+        else:
+            processes = dict(self._mig(handle).processes)
+        if self.pid_dir is not None:
+            processes.update(_read_pid_files(self.pid_dir / self._uuid(handle)))
+        if not self.live_pids_only:
+            return processes
+        return {pid: used for pid, used in processes.items() if _is_running(pid)}
 
     def _gpu(self, handle: _Handle) -> MockGpu:
         return self.gpus[handle.gpu]
@@ -284,22 +424,23 @@ class MockNvml:
         gpu = self._gpu(handle)
         if handle.mig is not None:
             mig = self._mig(handle)
-            total, used = mig.memory_total_bytes, mig.used_bytes + sum(mig.processes.values())
+            total = mig.memory_total_bytes
+            used = mig.used_bytes + sum(self._listed(handle).values())
         elif gpu.migs:
             total = gpu.memory_total_bytes
-            used = gpu.used_bytes + sum(m.used_bytes + sum(m.processes.values()) for m in gpu.migs)
+            used = gpu.used_bytes + sum(
+                m.used_bytes + sum(self._listed(_Handle(handle.gpu, i)).values())
+                for i, m in enumerate(gpu.migs)
+            )
         else:
-            total, used = gpu.memory_total_bytes, gpu.used_bytes + sum(gpu.processes.values())
+            total = gpu.memory_total_bytes
+            used = gpu.used_bytes + sum(self._listed(handle).values())
         used = min(used, total)
         return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
         self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
-        if handle.mig is not None:
-            mig = self._mig(handle)
-            gi_id, procs = handle.mig + 1, mig.processes
-        else:
-            gi_id, procs = 0xFFFFFFFF, self._gpu(handle).processes
+        gi_id = 0xFFFFFFFF if handle.mig is None else handle.mig + 1
         return [
             pynvml.nvmlFriendlyObject(
                 {
@@ -309,7 +450,7 @@ class MockNvml:
                     "computeInstanceId": 0 if handle.mig is not None else 0xFFFFFFFF,
                 }
             )
-            for pid, used in sorted(procs.items())
+            for pid, used in sorted(self._listed(handle).items())
         ]
 
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
@@ -351,3 +492,41 @@ class MockNvml:
             profileId=0,
             placement=pynvml.c_nvmlGpuInstancePlacement_t(start=mig.start, size=mig.size),
         )
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: _Handle) -> int:
+        self._enter("nvmlDeviceGetSupportedEventTypes", handle)
+        return int(pynvml.nvmlEventTypeXidCriticalError)
+
+    def nvmlEventSetCreate(self) -> int:
+        self._enter("nvmlEventSetCreate")
+        with self._lock:
+            set_id = len(self._event_sets) + 1
+            self._event_sets[set_id] = _EventSet()
+        return set_id
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: int) -> None:
+        self._enter("nvmlDeviceRegisterEvents", handle)
+        with self._lock:
+            target = self._event_sets.get(event_set)
+            if target is None or handle.mig is not None:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            target.registered[handle.gpu] = target.registered.get(handle.gpu, 0) | event_types
+
+    def nvmlEventSetWait(self, event_set: int, timeoutms: int) -> Any:
+        """The next event of ``event_set``; NVMLError_Timeout after ``timeoutms``."""
+        self._enter("nvmlEventSetWait")
+        with self._lock:
+            target = self._event_sets.get(event_set)
+            if target is None:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            self._events_changed.wait_for(lambda: bool(target.queue), timeoutms / 1000.0)
+            if not target.queue:
+                raise _error(pynvml.NVML_ERROR_TIMEOUT)
+            return target.queue.popleft()
+
+    def nvmlEventSetFree(self, event_set: int) -> None:
+        self._enter("nvmlEventSetFree")
+        with self._lock:
+            if self._event_sets.pop(event_set, None) is None:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            self._events_changed.notify_all()

@@ -202,7 +202,7 @@ class SliceStatus(_message.Message):
     def __init__(self, slice_id: _Optional[str] = ..., kind: _Optional[_Union[_common_pb2.SliceKind, str]] = ..., gpu_index: _Optional[int] = ..., device_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., gpu_model: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., capacity_milli: _Optional[int] = ..., committed_milli: _Optional[int] = ..., leased_milli: _Optional[int] = ..., committed_memory_bytes: _Optional[int] = ..., leased_memory_bytes: _Optional[int] = ..., pressure: _Optional[_Union[_common_pb2.PressureLevel, str]] = ..., subjob_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("agent_id", "hostname", "backend", "gpus", "slices", "host_memory_total_bytes", "host_memory_available_bytes", "driver_version", "draining", "version")
+    __slots__ = ("agent_id", "hostname", "backend", "gpus", "slices", "host_memory_total_bytes", "host_memory_available_bytes", "driver_version", "draining", "version", "degraded_gpus", "cuda_checkpoint_available", "cuda_checkpoint_detail")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,9 @@ class Inventory(_message.Message):
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    CUDA_CHECKPOINT_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_CHECKPOINT_DETAIL_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     hostname: str
     backend: str
@@ -223,7 +226,10 @@ class Inventory(_message.Message):
     driver_version: str
     draining: bool
     version: str
-    def __init__(self, agent_id: _Optional[str] = ..., hostname: _Optional[str] = ..., backend: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., slices: _Optional[_Iterable[_Union[SliceStatus, _Mapping]]] = ..., host_memory_total_bytes: _Optional[int] = ..., host_memory_available_bytes: _Optional[int] = ..., driver_version: _Optional[str] = ..., draining: _Optional[bool] = ..., version: _Optional[str] = ...) -> None: ...
+    degraded_gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.DegradedGpu]
+    cuda_checkpoint_available: bool
+    cuda_checkpoint_detail: str
+    def __init__(self, agent_id: _Optional[str] = ..., hostname: _Optional[str] = ..., backend: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., slices: _Optional[_Iterable[_Union[SliceStatus, _Mapping]]] = ..., host_memory_total_bytes: _Optional[int] = ..., host_memory_available_bytes: _Optional[int] = ..., driver_version: _Optional[str] = ..., draining: _Optional[bool] = ..., version: _Optional[str] = ..., degraded_gpus: _Optional[_Iterable[_Union[_common_pb2.DegradedGpu, _Mapping]]] = ..., cuda_checkpoint_available: _Optional[bool] = ..., cuda_checkpoint_detail: _Optional[str] = ...) -> None: ...
 
 class GetInventoryRequest(_message.Message):
     __slots__ = ()

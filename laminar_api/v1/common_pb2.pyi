@@ -64,6 +64,7 @@ class EndCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     END_CAUSE_FENCED: _ClassVar[EndCause]
     END_CAUSE_LOST: _ClassVar[EndCause]
     END_CAUSE_TERMINATED: _ClassVar[EndCause]
+    END_CAUSE_GPU_FAILED: _ClassVar[EndCause]
 PRIORITY_CLASS_UNSPECIFIED: PriorityClass
 CRITICAL: PriorityClass
 PRODUCTION: PriorityClass
@@ -104,6 +105,7 @@ END_CAUSE_OVERRAN: EndCause
 END_CAUSE_FENCED: EndCause
 END_CAUSE_LOST: EndCause
 END_CAUSE_TERMINATED: EndCause
+END_CAUSE_GPU_FAILED: EndCause
 
 class Resources(_message.Message):
     __slots__ = ("gpus", "mig_profile", "gpu_milli", "gpu_memory_bytes", "gpu_model", "cpu_milli", "host_memory_bytes")
@@ -202,7 +204,7 @@ class ShapeCapacity(_message.Message):
     def __init__(self, shape: _Optional[str] = ..., free: _Optional[int] = ..., total: _Optional[int] = ..., max_free_milli: _Optional[int] = ..., max_free_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class AgentSummary(_message.Message):
-    __slots__ = ("agent_id", "address", "shapes", "pending_probes", "active_leases", "pressure", "draining", "running_subjobs", "suspended_subjobs", "windows", "generated_unix", "generation", "total_gpus", "hostname", "cpu_free_milli", "cpu_total_milli", "memory_free_bytes", "memory_total_bytes", "gpu_free_milli")
+    __slots__ = ("agent_id", "address", "shapes", "pending_probes", "active_leases", "pressure", "draining", "running_subjobs", "suspended_subjobs", "windows", "generated_unix", "generation", "total_gpus", "hostname", "cpu_free_milli", "cpu_total_milli", "memory_free_bytes", "memory_total_bytes", "gpu_free_milli", "degraded_gpus")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SHAPES_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +224,7 @@ class AgentSummary(_message.Message):
     MEMORY_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_FREE_MILLI_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_GPUS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     address: str
     shapes: _containers.RepeatedCompositeFieldContainer[ShapeCapacity]
@@ -241,7 +244,20 @@ class AgentSummary(_message.Message):
     memory_free_bytes: int
     memory_total_bytes: int
     gpu_free_milli: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, agent_id: _Optional[str] = ..., address: _Optional[str] = ..., shapes: _Optional[_Iterable[_Union[ShapeCapacity, _Mapping]]] = ..., pending_probes: _Optional[int] = ..., active_leases: _Optional[int] = ..., pressure: _Optional[_Union[PressureLevel, str]] = ..., draining: _Optional[bool] = ..., running_subjobs: _Optional[int] = ..., suspended_subjobs: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., generated_unix: _Optional[float] = ..., generation: _Optional[int] = ..., total_gpus: _Optional[int] = ..., hostname: _Optional[str] = ..., cpu_free_milli: _Optional[int] = ..., cpu_total_milli: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., gpu_free_milli: _Optional[_Iterable[int]] = ...) -> None: ...
+    degraded_gpus: _containers.RepeatedCompositeFieldContainer[DegradedGpu]
+    def __init__(self, agent_id: _Optional[str] = ..., address: _Optional[str] = ..., shapes: _Optional[_Iterable[_Union[ShapeCapacity, _Mapping]]] = ..., pending_probes: _Optional[int] = ..., active_leases: _Optional[int] = ..., pressure: _Optional[_Union[PressureLevel, str]] = ..., draining: _Optional[bool] = ..., running_subjobs: _Optional[int] = ..., suspended_subjobs: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., generated_unix: _Optional[float] = ..., generation: _Optional[int] = ..., total_gpus: _Optional[int] = ..., hostname: _Optional[str] = ..., cpu_free_milli: _Optional[int] = ..., cpu_total_milli: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., gpu_free_milli: _Optional[_Iterable[int]] = ..., degraded_gpus: _Optional[_Iterable[_Union[DegradedGpu, _Mapping]]] = ...) -> None: ...
+
+class DegradedGpu(_message.Message):
+    __slots__ = ("index", "uuid", "reason", "failed")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    reason: str
+    failed: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., reason: _Optional[str] = ..., failed: _Optional[bool] = ...) -> None: ...
 
 class SubjobSpec(_message.Message):
     __slots__ = ("subjob_id", "job_id", "tenant", "command", "env", "workdir", "priority", "lifecycle", "resources", "unit_start", "unit_count", "checkpoint_dir", "grace_seconds", "supports_release_signal", "restartable", "value", "expected_seconds", "run_through_partitions", "array_job_id", "array_index")

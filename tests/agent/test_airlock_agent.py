@@ -3,7 +3,8 @@
 Preemption, dry run and reclamation run real agent processes (configured through
 ``LAMINAR_AIRLOCK_*`` in their environment); host-memory relief runs the agent
 in-process on 127.0.0.1:0 so the test can feed it a host-memory signal. Subjobs
-are real child processes in every case.
+are real child processes in every case. The GPU-pressure scenarios run on the fake
+backend and on the nvml backend over the mocked NVML (:mod:`gpu_backends`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from gpu_backends import BACKENDS, GpuHost
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import gate_code, wait_for
 
@@ -47,12 +49,17 @@ def _spec(
     priority: int,
     resources: common_pb2.Resources,
     gate: Path,
+    host: GpuHost | None = None,
     **extra: object,
 ) -> common_pb2.SubjobSpec:
+    """A subjob that waits for ``gate``; on ``host``, using the memory it declares."""
+    code = gate_code(gate)
     return common_pb2.SubjobSpec(
         subjob_id=subjob_id,
         job_id=f"job-{subjob_id}",
-        command=[sys.executable, "-c", gate_code(gate)],
+        command=(
+            host.command(code, resources.gpu_memory_bytes) if host else [sys.executable, "-c", code]
+        ),
         priority=priority,  # type: ignore[arg-type]
         resources=resources,
         **extra,  # type: ignore[arg-type]
@@ -72,6 +79,16 @@ def _run_now(stub: agent_pb2_grpc.AgentStub, spec: common_pb2.SubjobSpec) -> com
     )
     assert reply.subjob.state == common_pb2.RUNNING, reply
     return reply.subjob
+
+
+def _seen(stub: agent_pb2_grpc.AgentStub, *subjob_ids: str) -> None:
+    """Wait until the backend sees each subjob use what it declares (NVML: its process)."""
+
+    def seen_all() -> bool:
+        subjobs = [_subjob(stub, s) for s in subjob_ids]
+        return all(s.gpu_memory_used_bytes == s.spec.resources.gpu_memory_bytes for s in subjobs)
+
+    wait_for(seen_all)
 
 
 def _metric(agent: AgentProcess, name: str, **labels: str) -> float:
@@ -181,17 +198,20 @@ def test_preemption_reclaims_lower_class_before_granting(
 # ---- dry run ----
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_dry_run_records_decisions_but_does_not_act(
-    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
     monkeypatch.setenv("LAMINAR_AIRLOCK_DRY_RUN", "true")
-    agent = cluster.start_agent("h", "1xA100-80GB:shared")
+    host = GpuHost(backend, tmp_path / "gpus")
+    agent = host.start(cluster, "h")
     gate = tmp_path / "gate"
     share = common_pb2.Resources(gpu_milli=400, gpu_memory_bytes=20 * GIB)
     with grpc.insecure_channel(agent.address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
-        _run_now(stub, _spec("opp", common_pb2.OPPORTUNISTIC, share, gate))
-        stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=70 * GIB), timeout=10)
+        _run_now(stub, _spec("opp", common_pb2.OPPORTUNISTIC, share, gate, host))
+        _seen(stub, "opp")
+        host.inject(agent, 70 * GIB)
 
         def suspend_recorded() -> bool:
             return any(a.step == "suspend" and a.subjob_id == "opp" for a in _actions(stub))
@@ -242,27 +262,31 @@ def test_dry_run_records_decisions_but_does_not_act(
 # ---- reclamation when the re-addressing budget is spent ----
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_spent_readdress_budget_is_reclaimed_with_the_numbers(
-    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
     monkeypatch.setenv("LAMINAR_AIRLOCK_READDRESS_AFTER_SECONDS", "0.3")
-    agent = cluster.start_agent("h", "1xA100-80GB:shared")
+    host = GpuHost(backend, tmp_path / "gpus")
+    agent = host.start(cluster, "h")
     gate = tmp_path / "gate"
     share = common_pb2.Resources(gpu_milli=400, gpu_memory_bytes=20 * GIB)
     with grpc.insecure_channel(agent.address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
-        _run_now(stub, _spec("crit", common_pb2.CRITICAL, share, gate))
+        _run_now(stub, _spec("crit", common_pb2.CRITICAL, share, gate, host))
         # Its job was already moved twice (the router says so in the copy's environment).
         moved = _spec(
             "moved",
             common_pb2.OPPORTUNISTIC,
             share,
             gate,
+            host,
             restartable=True,
             env={"LAMINAR_READDRESS_COUNT": "2"},
         )
         _run_now(stub, moved)
-        stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=40 * GIB), timeout=10)
+        _seen(stub, "crit", "moved")
+        host.inject(agent, 40 * GIB)
         wait_for(lambda: _subjob(stub, "moved").state in TERMINAL)
         ended = _subjob(stub, "moved")
         assert ended.state == common_pb2.KILLED
@@ -396,24 +420,27 @@ _STUBBORN = (
 )
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_release_memory_is_sent_once_then_reclaimed_with_slice_names(
-    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
     monkeypatch.setenv("LAMINAR_AIRLOCK_RELEASE_WAIT_SECONDS", "1.0")
     monkeypatch.setenv("LAMINAR_AIRLOCK_RECLAIM_GRACE_SECONDS", "0.5")
-    agent = cluster.start_agent("h", "1xA100-80GB:shared")
+    host = GpuHost(backend, tmp_path / "gpus")
+    agent = host.start(cluster, "h")
     share = common_pb2.Resources(gpu_milli=400, gpu_memory_bytes=20 * GIB)
     spec = _spec("stub", common_pb2.OPPORTUNISTIC, share, tmp_path / "gate")
     spec.supports_release_signal = True
     del spec.command[:]
-    spec.command.extend([sys.executable, "-c", _STUBBORN])
+    spec.command.extend(host.command(_STUBBORN, share.gpu_memory_bytes))
     with grpc.insecure_channel(agent.address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
         _run_now(stub, spec)
         # Pressure only once its handler is installed: SIGUSR1 before that would kill it.
         ready = Path(agent.state_dir) / "subjobs" / "stub" / "usr1.ready"
         wait_for(ready.exists)
-        stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=50 * GIB), timeout=10)
+        _seen(stub, "stub")
+        host.inject(agent, 50 * GIB)
         wait_for(lambda: _subjob(stub, "stub").state in TERMINAL)
         subjob = _subjob(stub, "stub")
         assert subjob.state == common_pb2.KILLED, subjob.reason

@@ -1,4 +1,5 @@
-"""Airlock wired into a real agent: injected pressure suspends the lowest class, then resumes."""
+"""Airlock wired into a real agent: injected pressure suspends the lowest class, then resumes;
+on the fake backend and on the nvml backend over the mocked NVML (:mod:`gpu_backends`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from gpu_backends import BACKENDS, GpuHost
+from test_airlock_agent import _seen
 from waiting import gate_code, wait_for
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -28,14 +31,18 @@ def _state(stub: agent_pb2_grpc.AgentStub, subjob_id: str) -> int:
 
 
 def _commit(
-    stub: agent_pb2_grpc.AgentStub, subjob_id: str, priority: int, gate: Path
+    stub: agent_pb2_grpc.AgentStub,
+    subjob_id: str,
+    priority: int,
+    gate: Path,
+    host: GpuHost | None = None,
 ) -> common_pb2.Subjob:
     resources = common_pb2.Resources(gpu_milli=400, gpu_memory_bytes=20 * GIB)
     code = gate_code(gate)
     spec = common_pb2.SubjobSpec(
         subjob_id=subjob_id,
         job_id=f"job-{subjob_id}",
-        command=[sys.executable, "-c", code],
+        command=host.command(code, 20 * GIB) if host else [sys.executable, "-c", code],
         priority=priority,  # type: ignore[arg-type]
         resources=resources,
     )
@@ -49,15 +56,20 @@ def _commit(
     return reply.subjob
 
 
-def test_pressure_suspends_opportunistic_and_resumes(cluster: LocalCluster, tmp_path: Path) -> None:
-    agent = cluster.start_agent("h", "1xA100-80GB:shared")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pressure_suspends_opportunistic_and_resumes(
+    cluster: LocalCluster, tmp_path: Path, backend: str
+) -> None:
+    host = GpuHost(backend, tmp_path / "gpus")
+    agent = host.start(cluster, "h")
     gate = tmp_path / "gate"
     with grpc.insecure_channel(agent.address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
-        _commit(stub, "crit", common_pb2.CRITICAL, gate)
-        _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate)
+        _commit(stub, "crit", common_pb2.CRITICAL, gate, host)
+        _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate, host)
+        _seen(stub, "crit", "opp")  # what the backend sees each use (NVML: its process)
 
-        stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=40 * GIB), timeout=10)
+        host.inject(agent, 40 * GIB)
         wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
         assert _state(stub, "crit") == common_pb2.RUNNING
         airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
@@ -69,7 +81,7 @@ def test_pressure_suspends_opportunistic_and_resumes(cluster: LocalCluster, tmp_
         assert "80.0 GiB of 80.0 GiB" in suspends[0].reason
         assert [s.spec.subjob_id for s in airlock.suspended] == ["opp"]
 
-        stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=0), timeout=10)
+        host.inject(agent, 0)
         wait_for(lambda: _state(stub, "opp") == common_pb2.RUNNING)
         airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
         assert any(a.step == "resume" and a.subjob_id == "opp" for a in airlock.recent_actions)

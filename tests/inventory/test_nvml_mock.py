@@ -12,6 +12,7 @@ from waiting import wait_for
 
 from laminar_agent.config import AgentConfig, InventorySettings
 from laminar_agent.inventory import open_backend
+from laminar_agent.inventory.base import GpuInfo
 from laminar_agent.inventory.model_names import canonical_model
 from laminar_agent.inventory.nvml import NvmlBackend
 from laminar_agent.inventory.nvml_mock import MockGpu, MockMig, MockNvml
@@ -316,3 +317,37 @@ def test_a_degraded_gpu_takes_no_new_work_until_it_answers(tmp_path: Path) -> No
 def free_whole_gpus(state: AgentState) -> int:
     """Whole GPUs the agent's summary advertises free."""
     return sum(s.free for s in state.summary_message().shapes if s.shape.startswith("gpu:"))
+
+
+def test_gpu_metrics_carry_dcgm_exporter_labels(tmp_path: Path) -> None:
+    """Per-device series are labelled as dcgm-exporter labels its own (gpu, UUID, device,
+    modelName, GPU_I_PROFILE, GPU_I_ID), so dashboards can join the two; a MIG instance
+    carries its GPU's index, UUID and device file with its profile and instance id."""
+    backend = NvmlBackend(nvml=_mock())
+    metrics = AgentMetrics()
+    state = AgentState("h", backend, metrics, tmp_path)
+    state.poll_memory()
+    h100, a100 = backend.gpus()
+    mig = a100.mig_instances[0]
+
+    def labels(device: str, gi_profile: str, gi_id: str, gpu: GpuInfo) -> dict[str, str]:
+        return {
+            "gpu": str(gpu.index),
+            "UUID": gpu.uuid,
+            "device": device,
+            "modelName": gpu.model,
+            "GPU_I_PROFILE": gi_profile,
+            "GPU_I_ID": gi_id,
+        }
+
+    sample = metrics.registry.get_sample_value
+    whole = labels("nvidia0", "", "", h100)
+    assert sample("laminar_agent_gpu_memory_used_bytes", whole) == 16 * GIB
+    assert sample("laminar_agent_gpu_memory_total_bytes", whole) == 80 * GIB
+    assert sample("laminar_airlock_level", whole) == 1
+    instance = labels("nvidia1", "3g.20gb", "1", a100)
+    assert (mig.profile, mig.gpu_instance_id) == ("3g.20gb", 1)
+    assert sample("laminar_agent_gpu_memory_used_bytes", instance) == 3 * GIB
+    assert sample("laminar_agent_gpu_memory_total_bytes", instance) == 20 * GIB
+    host = dict.fromkeys(("gpu", "UUID", "modelName", "GPU_I_PROFILE", "GPU_I_ID"), "")
+    assert sample("laminar_airlock_level", {**host, "device": "host"}) == 1

@@ -49,13 +49,15 @@ def test_tokens_round_trip_and_unknown_values_read_as_unspecified() -> None:
 
 def test_one_list_of_free_ends() -> None:
     """The router's list (preempted, readdressed, commit unconfirmed) and the atomizer's
-    (those, superseded, cancelled) became one: the union."""
+    (those, superseded, cancelled) became one: the union; a GPU that failed under its work
+    (an Xid, off the bus) is not the job's fault either."""
     assert {
         EndCause.PREEMPTED,
         EndCause.READDRESSED,
         EndCause.COMMIT_UNCONFIRMED,
         EndCause.SUPERSEDED,
         EndCause.CANCELLED,
+        EndCause.GPU_FAILED,
     } == causes.FREE_RETRY_CAUSES
     for cause in (EndCause.EXITED, EndCause.LOST, EndCause.FENCED, EndCause.UNSPECIFIED):
         assert not causes.is_free_retry(cause)

@@ -1,0 +1,171 @@
+"""Airlock's suspend on the nvml backend (mocked NVML), with NVIDIA's cuda-checkpoint
+present and absent (issue 18).
+
+The stand-in cuda-checkpoint records its calls and does to the mocked NVML what the real
+one does to the driver: ``--toggle --pid PID`` moves that process's GPU memory out of the
+GPU's process list (to host memory) or back. With it, the opportunistic subjob is
+suspended, its memory leaves the GPU, and it resumes with its memory back once pressure
+clears; without it, a stop would free nothing, so the victim is reclaimed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from test_agent_nvml_faults import agent_on
+from test_airlock_agent import _run_now, _spec
+from waiting import wait_for
+
+from laminar_agent.inventory.base import NOT_DETECTED
+from laminar_agent.inventory.cuda_checkpoint import detect_cuda_checkpoint
+from laminar_agent.inventory.nvml import NvmlBackend
+from laminar_agent.inventory.nvml_mock import MockGpu, MockMig, MockNvml
+from laminar_agent.metrics import AgentMetrics
+from laminar_agent.state import AgentState
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+GIB = 1 << 30
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 80 * GIB}
+#: The driver forgets a process's memory when it exits; so does the mock, with this key.
+LIVE = {"live_pids_only": True}
+
+
+def _write(path: Path, scenario: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".test-tmp")
+    tmp.write_text(json.dumps(scenario))
+    os.replace(tmp, path)
+
+
+def _stand_in(folder: Path, scenario: Path) -> Path:
+    """A cuda-checkpoint that moves a pid's memory between GPU 0's process list and a
+    ``checkpointed`` list in the mock's scenario file, and records each call."""
+    folder.mkdir()
+    path = folder / "cuda-checkpoint"
+    path.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys\n"
+        "if sys.argv[1:] == ['--help']:\n    print('--toggle --pid PID')\n    sys.exit(0)\n"
+        f"with open({str(folder / 'calls')!r}, 'a') as f:\n"
+        "    f.write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "pid = sys.argv[3]\n"
+        f"data = json.load(open({str(scenario)!r}))\n"
+        "gpu = data['gpus'][0]\n"
+        "procs, held = gpu.setdefault('processes', {}), gpu.setdefault('checkpointed', {})\n"
+        "if pid in procs:\n    held[pid] = procs.pop(pid)\n"
+        "elif pid in held:\n    procs[pid] = held.pop(pid)\n"
+        "else:\n    print('no CUDA state in process', pid)\n    sys.exit(1)\n"
+        f"tmp = {str(scenario)!r} + '.cc-tmp'\n"
+        "json.dump(data, open(tmp, 'w'))\n"
+        f"os.replace(tmp, {str(scenario)!r})\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def _start(
+    stub: agent_pb2_grpc.AgentStub, name: str, priority: int, gate: Path, pid_file: Path
+) -> None:
+    """Run a subjob on half the GPU that writes its pid, then waits for ``gate``."""
+    spec = _spec(
+        name, priority, common_pb2.Resources(gpu_milli=500, gpu_memory_bytes=30 * GIB), gate
+    )
+    code = f"import os, pathlib\npathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+    spec.command[-1] = code + spec.command[-1]
+    _run_now(stub, spec)
+
+
+@pytest.mark.parametrize("with_tool", [True, False], ids=["cuda-checkpoint", "absent"])
+def test_suspend_frees_memory_through_cuda_checkpoint_else_the_victim_is_reclaimed(
+    tmp_path: Path, with_tool: bool
+) -> None:
+    scenario = tmp_path / "nvml.json"
+    _write(scenario, {**LIVE, "gpus": [H100]})
+    tools = tmp_path / "bin"
+    if with_tool:
+        _stand_in(tools, scenario)
+    backend = NvmlBackend(shared_indices=frozenset({0}), nvml=MockNvml.from_file(scenario))
+    backend.cuda_checkpoint = detect_cuda_checkpoint(
+        "", backend.driver_version(), search_path=str(tools)
+    )
+    assert backend.cuda_checkpoint.is_available == with_tool
+    gate = tmp_path / "gate"
+    with (
+        agent_on(tmp_path, backend, **{"airlock.reclaim_grace_seconds": 0.5}) as agent,
+        grpc.insecure_channel(agent.address) as channel,
+    ):
+        stub = agent_pb2_grpc.AgentStub(channel)
+
+        def state(subjob_id: str) -> common_pb2.Subjob:
+            return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
+
+        def inventory() -> agent_pb2.Inventory:
+            return stub.GetInventory(agent_pb2.GetInventoryRequest(), timeout=10)
+
+        assert inventory().cuda_checkpoint_available == with_tool
+        _start(stub, "prod", common_pb2.PRODUCTION, gate, tmp_path / "prod.pid")
+        _start(stub, "opp", common_pb2.OPPORTUNISTIC, gate, tmp_path / "opp.pid")
+        wait_for(lambda: (tmp_path / "prod.pid").exists() and (tmp_path / "opp.pid").exists())
+        prod, opp = ((tmp_path / f"{n}.pid").read_text() for n in ("prod", "opp"))
+        # NVML sees 50 + 30 of 80 GiB: critical pressure on the GPU.
+        _write(scenario, {**LIVE, "gpus": [{**H100, "processes": {opp: 50 * GIB, prod: 30 * GIB}}]})
+
+        if with_tool:
+            wait_for(lambda: state("opp").state == common_pb2.SUSPENDED)
+            calls = tools / "calls"
+            assert calls.read_text().splitlines() == [f"--toggle --pid {opp}"]
+            wait_for(lambda: inventory().gpus[0].memory_used_bytes == 30 * GIB)  # freed
+            assert "cuda-checkpoint" in inventory().cuda_checkpoint_detail
+            # Pressure clears for good when prod needs less: opp comes back, memory and all.
+            data = json.loads(scenario.read_text())
+            data["gpus"][0]["processes"][prod] = 10 * GIB
+            _write(scenario, data)
+            wait_for(lambda: state("opp").state == common_pb2.RUNNING)
+            assert calls.read_text().splitlines() == [f"--toggle --pid {opp}"] * 2
+            assert json.loads(scenario.read_text())["gpus"][0]["processes"][opp] == 50 * GIB
+        else:
+            wait_for(lambda: state("opp").state == common_pb2.KILLED)
+            assert state("opp").end_cause == common_pb2.END_CAUSE_RECLAIMED
+            assert "a stop frees nothing, so it is reclaimed" in state("opp").reason
+            assert not tools.exists()
+            assert "no cuda-checkpoint binary on PATH" in inventory().cuda_checkpoint_detail
+        assert state("prod").state == common_pb2.RUNNING
+        gate.touch()
+        wait_for(lambda: state("prod").state == common_pb2.SUCCEEDED)
+
+
+def test_cuda_checkpoint_frees_whole_gpus_only_not_mig(tmp_path: Path) -> None:
+    """cuda-checkpoint does not support MIG: there a suspend frees nothing, so a subjob on a
+    MIG instance keeps free mode ``none`` (release signal, then reclaim)."""
+    mock = MockNvml(
+        [
+            MockGpu("NVIDIA H100 80GB HBM3", 80 * GIB),
+            MockGpu(
+                "NVIDIA A100-SXM4-40GB",
+                40 * GIB,
+                mig_capable=True,
+                migs=[MockMig("3g.20gb", 20 * GIB, start=0, size=4)],
+            ),
+        ]
+    )
+    backend = NvmlBackend(nvml=mock)
+    try:
+        scenario = tmp_path / "unused.json"
+        backend.cuda_checkpoint = detect_cuda_checkpoint(
+            str(_stand_in(tmp_path / "bin", scenario)), backend.driver_version()
+        )
+        state = AgentState("h", backend, AgentMetrics(), tmp_path / "state")
+        whole, migged = backend.gpus()
+        airlock = state.airlock
+        assert airlock._suspend_frees((whole.uuid,))
+        assert not airlock._suspend_frees((migged.mig_instances[0].uuid,))
+        assert not airlock._suspend_frees(())
+        backend.cuda_checkpoint = NOT_DETECTED
+        assert not airlock._suspend_frees((whole.uuid,))
+    finally:
+        backend.close()
