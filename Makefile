@@ -60,11 +60,17 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/laminar demo
 
+# Placement only and launch, each as a burst and at 100 jobs/s offered, at 4 and 256 agents.
 bench: $(STAMP)
 	mkdir -p bench-out
 	$(PY) bench/agent_probe.py
-	$(VENV)/bin/laminar bench placement --agents 4 --jobs 300 -o json > bench-out/placement_n4.json
-	$(VENV)/bin/laminar bench placement --agents 32 --jobs 300 -o json > bench-out/placement_n32.json
+	for n in 4 256; do \
+	  $(VENV)/bin/laminar bench placement --agents $$n --jobs 300 -o json > bench-out/placement_n$$n.json && \
+	  $(VENV)/bin/laminar bench placement --agents $$n --jobs 300 --rate 100 -o json > bench-out/placement_n$${n}_rate100.json && \
+	  $(VENV)/bin/laminar bench placement --agents $$n --jobs 300 --launch -o json > bench-out/launch_n$$n.json && \
+	  $(VENV)/bin/laminar bench placement --agents $$n --jobs 300 --launch --rate 100 -o json > bench-out/launch_n$${n}_rate100.json \
+	  || exit 1; \
+	done
 	$(VENV)/bin/laminar bench heartbeats --agents 4096 --seconds 20 -o json > bench-out/heartbeats_n4096.json
 	$(VENV)/bin/laminar bench airlock --trials 20 -o json > bench-out/airlock.json
 	$(PY) bench/fgd_reproduce.py --workloads default --mig -o bench-out/fgd_default.json --plot bench-out/fgd_default.png
