@@ -129,7 +129,8 @@ class InventorySettings:
         default=False,
         metadata=doc(
             "give an idle MIG GPU a new layout when no free instance fits a probe (never a "
-            "GPU that runs anything); fake backend only for now"
+            "GPU that runs anything); the nvml backend creates GPU instances through NVML, "
+            "which needs root"
         ),
     )
     cuda_checkpoint: str = field(
@@ -351,12 +352,6 @@ class AgentConfig:
         ):
             if not 0 <= amount < 2**62:
                 raise ConfigError(f"must be >= 0 (0: the whole machine), got {amount}", field=name)
-        if self.inventory.mig_on_demand and self.inventory.gpu_backend != "fake":
-            raise ConfigError(
-                "MIG on demand needs inventory.gpu_backend = fake for now (the nvml backend "
-                "does not create GPU instances yet)",
-                field="inventory.mig_on_demand",
-            )
         for key, value in (("server.listen", self.server.listen), ("zone.zone", self.zone.zone)):
             if value and not _is_host_port(value):
                 raise ConfigError(f"expected HOST:PORT, got {value!r}", field=key)

@@ -61,6 +61,7 @@ from laminar_agent.executor import (
     units_from_checkpoint,
 )
 from laminar_agent.inventory import GpuBackend
+from laminar_agent.inventory.base import MigInstanceInfo, MigRepartitioner
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.journal import Journal, SubjobRow
 from laminar_agent.ledger import (
@@ -156,6 +157,7 @@ class Node:
         self._devices = {s.slice_id: s.device_uuid for s in self.slices}
         #: Device UUID -> slice name, for what Airlock shows (it reads memory per device).
         self._slice_names = {s.device_uuid: s.slice_id for s in self.slices}
+        self._mig_lock = asyncio.Lock()  # one MIG repartition at a time
         for gpu in backend.gpus():
             self._slice_names.setdefault(gpu.uuid, f"gpu{gpu.index}")
         detected = detect_host_totals()
@@ -606,7 +608,7 @@ class Node:
                 f"subjob {spec.subjob_id} already exists", field="spec.subjob_id"
             )
         self._expire()
-        self._apply_mig_layouts(lease_id)
+        await self._apply_mig_layouts(lease_id)
         instructions = self.core.commit(
             lease_id,
             spec.subjob_id,
@@ -663,10 +665,10 @@ class Node:
         """MIG on demand: the GPUs the ledger may repartition, after giving each the layout
         journaled when it was last applied (the fake backend starts from its spec; a real
         GPU keeps its instances, and applying the same layout again changes nothing)."""
-        if not isinstance(backend, FakeGpuBackend):
+        if not isinstance(backend, MigRepartitioner):
             raise InvalidArgument(
-                "MIG on demand needs the fake GPU backend for now: the nvml backend does not "
-                "create GPU instances yet",
+                f"MIG on demand needs a backend that creates GPU instances ({backend.name} "
+                "does not)",
                 field="inventory.mig_on_demand",
             )
         saved: dict[str, list[list[object]]] = json.loads(
@@ -678,15 +680,17 @@ class Node:
             )
         return [MigGpu(g.index, g.model, g.uuid) for g in backend.gpus() if g.mig_enabled]
 
-    def _apply_mig_layouts(self, lease_id: str) -> None:
+    async def _apply_mig_layouts(self, lease_id: str) -> None:
         """Before a lease on a MIG GPU whose new layout the ledger chose is committed, the
         backend creates that layout (the GPU runs nothing: the ledger chose it idle, and
-        the backend refuses otherwise); the layout is journaled for restarts."""
+        the backend refuses otherwise); the layout is journaled for restarts. The driver's
+        calls run off the event loop, one repartition at a time."""
         lease = self.ledger.lease(lease_id)
+        backend = self.backend
         if (
             lease is None
             or not self.ledger.mig_pending
-            or not isinstance(self.backend, FakeGpuBackend)
+            or not isinstance(backend, MigRepartitioner)
         ):
             return
         indexes = {
@@ -694,23 +698,36 @@ class Node:
             for a in lease.allocations
             if a.slice_id in self.ledger.slices
         }
-        for index in sorted(indexes & set(self.ledger.mig_pending)):
-            layout = self.ledger.mig_pending[index]
-            instances = self.backend.apply_mig_layout(index, layout)
-            self.ledger.layout_applied(index, instances)
-            saved = json.loads(self.journal.get_meta(MIG_LAYOUTS_META) or "{}")
-            saved[str(index)] = [list(instance) for instance in layout]
-            self.journal.set_meta(MIG_LAYOUTS_META, json.dumps(saved, sort_keys=True))
-            for inst in instances:
-                slice_id = f"gpu{index}/{inst.profile}@{inst.start}"
-                self._devices[slice_id] = inst.uuid
-                self._slice_names[inst.uuid] = slice_id
-            log.info(
-                "GPU %d repartitioned to %s for lease %s",
-                index,
-                "+".join(name for name, _, _ in layout),
-                lease_id,
-            )
+        async with self._mig_lock:
+            for index in sorted(indexes & set(self.ledger.mig_pending)):
+                layout = self.ledger.mig_pending.get(index)
+                if layout is None:
+                    continue  # another commit applied it while we waited
+                instances = await asyncio.to_thread(backend.apply_mig_layout, index, layout)
+                self._mig_applied(index, layout, instances, lease_id)
+
+    def _mig_applied(
+        self,
+        index: int,
+        layout: tuple[tuple[str, int, int], ...],
+        instances: tuple[MigInstanceInfo, ...],
+        lease_id: str,
+    ) -> None:
+        """Record a layout the backend applied: ledger, journal, device names."""
+        self.ledger.layout_applied(index, instances)
+        saved = json.loads(self.journal.get_meta(MIG_LAYOUTS_META) or "{}")
+        saved[str(index)] = [list(instance) for instance in layout]
+        self.journal.set_meta(MIG_LAYOUTS_META, json.dumps(saved, sort_keys=True))
+        for inst in instances:
+            slice_id = f"gpu{index}/{inst.profile}@{inst.start}"
+            self._devices[slice_id] = inst.uuid
+            self._slice_names[inst.uuid] = slice_id
+        log.info(
+            "GPU %d repartitioned to %s for lease %s",
+            index,
+            "+".join(name for name, _, _ in layout),
+            lease_id,
+        )
 
     async def _on_exit(self, subjob_id: str, info: ExitInfo) -> None:
         try:

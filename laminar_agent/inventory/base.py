@@ -7,8 +7,9 @@ tests and the simulator are interchangeable.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -127,3 +128,16 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class MigRepartitioner(Protocol):
+    """A backend that can give an idle MIG GPU a new layout (MIG on demand): the fake
+    backend, and NVML's GPU-instance calls."""
+
+    def apply_mig_layout(
+        self, gpu_index: int, layout: Sequence[tuple[str, int, int]]
+    ) -> tuple[MigInstanceInfo, ...]:
+        """Give GPU ``gpu_index`` the instances of ``layout`` ((profile, start, size) each)
+        and return them; refused while anything runs on the GPU."""
+        ...

@@ -20,6 +20,13 @@ holds it back. It takes work again once NVML answers on it: at once for a lost G
 is back, and after ``recover_after_seconds`` without a new fatal Xid for one that kept
 answering. Other Xids (13, 31, 43, 45: an application's own fault) are logged and left to
 the process they hit.
+
+MIG on demand (:meth:`NvmlBackend.apply_mig_layout`) repartitions an idle MIG GPU with
+NVML's GPU-instance calls: the instances that stay keep their UUIDs; every other GPU
+instance of the GPU (those of the old layout, and any a crash left without a compute
+instance) is destroyed, compute instance first; each new one is created at its placement
+with one compute instance spanning it, which makes it a MIG device. It needs root (the
+driver answers NO_PERMISSION otherwise) and refuses a GPU on which NVML lists a process.
 """
 
 from __future__ import annotations
@@ -28,15 +35,26 @@ import ctypes
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from laminar_agent.inventory.base import NOT_DETECTED, GpuFailure, GpuInfo, MigInstanceInfo
+from laminar_agent.inventory.mig import place_profiles
 from laminar_agent.inventory.model_names import canonical_model
-from laminar_base.errors import Unavailable
+from laminar_base.errors import FailedPrecondition, Unavailable
 
 log = logging.getLogger(__name__)
+
+#: GPU-instance ids a repartition sweeps (the driver numbers them from 1; H100 has at most
+#: 7 instances, ids stay small).
+MAX_GPU_INSTANCE_ID = 32
+#: Compute-instance ids tried per GPU instance when destroying it.
+MAX_COMPUTE_INSTANCES = 8
+#: ``NVML_COMPUTE_INSTANCE_PROFILE_*`` constants by compute slices: the compute instance
+#: that spans a whole GPU instance.
+COMPUTE_PROFILE_BY_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
 
 #: How long one NVML call may take before its GPU is degraded (they take microseconds
 #: to milliseconds; a wedged driver takes forever).
@@ -306,18 +324,20 @@ class NvmlBackend:
             gpu_uuid, f"Xid {xid}: {what}", xid=xid, hold_seconds=self._recover_after_seconds
         )
 
-    def _mig_instances(self, handle: Any) -> tuple[tuple[MigInstanceInfo, Any], ...]:
-        """MIG instances of a GPU; NOT_SUPPORTED, an empty slot (NOT_FOUND) and a hidden
-        placement (NO_PERMISSION) are answers, any other failure propagates."""
+    def _mig_instances(self, handle: Any) -> tuple[bool, tuple[tuple[MigInstanceInfo, Any], ...]]:
+        """Whether MIG is enabled, and the GPU's MIG instances; NOT_SUPPORTED, an empty slot
+        (NOT_FOUND) and a hidden placement (NO_PERMISSION) are answers, any other failure
+        propagates. A MIG-enabled GPU with no instance holds no work (CUDA cannot use it
+        whole) until instances are created."""
         nvml = self._nvml
         try:
             current, _pending = self._call("nvmlDeviceGetMigMode", handle)
         except NvmlCallFailed as failure:
             if failure.code == self._nvml.NVML_ERROR_NOT_SUPPORTED:
-                return ()  # MIG not supported on this GPU
+                return False, ()  # MIG not supported on this GPU
             raise
         if current != self._nvml.NVML_DEVICE_MIG_ENABLE:
-            return ()
+            return False, ()
         result: list[tuple[MigInstanceInfo, Any]] = []
         for slot in range(self._call("nvmlDeviceGetMaxMigDeviceCount", handle)):
             try:
@@ -351,22 +371,134 @@ class NvmlBackend:
                 gpu_instance_id=gi_id,
             )
             result.append((info_record, mig))
-        return tuple(sorted(result, key=lambda pair: (pair[0].start, pair[0].uuid)))
+        return True, tuple(sorted(result, key=lambda pair: (pair[0].start, pair[0].uuid)))
+
+    def _gi_profile_ids(self, handle: Any) -> dict[str, tuple[int, int]]:
+        """MIG profile name -> (GPU-instance profile id, compute slices) as the driver
+        names them (``nvmlDeviceGetGpuInstanceProfileInfo`` over every profile constant)."""
+        nvml = self._nvml
+        out: dict[str, tuple[int, int]] = {}
+        for constant in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0x12))):
+            try:
+                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", handle, constant)
+            except NvmlCallFailed as failure:
+                if failure.code in (
+                    nvml.NVML_ERROR_NOT_SUPPORTED,
+                    nvml.NVML_ERROR_INVALID_ARGUMENT,
+                ):
+                    continue  # no such profile on this GPU
+                raise
+            name = _text(info.name).rsplit("MIG ", 1)[-1].strip()
+            out.setdefault(name, (int(info.id), int(info.sliceCount)))
+        return out
+
+    def _destroy_gpu_instance(self, handle: Any, gi_id: int) -> bool:
+        """Destroy GPU instance ``gi_id`` (its compute instances first); False if none."""
+        nvml = self._nvml
+        try:
+            gi = self._call("nvmlDeviceGetGpuInstanceById", handle, gi_id)
+        except NvmlCallFailed as failure:
+            if failure.code in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT):
+                return False
+            raise
+        for ci_id in range(MAX_COMPUTE_INSTANCES):
+            try:
+                ci = self._call("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id)
+            except NvmlCallFailed as failure:
+                if failure.code in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                raise
+            self._call("nvmlComputeInstanceDestroy", ci)
+        self._call("nvmlGpuInstanceDestroy", gi)
+        return True
+
+    def apply_mig_layout(
+        self, gpu_index: int, layout: Sequence[tuple[str, int, int]]
+    ) -> tuple[MigInstanceInfo, ...]:
+        """Give MIG GPU ``gpu_index`` the instances of ``layout`` ((profile, start, size)
+        each) through NVML's GPU-instance calls and return them as read back. Refused
+        (FailedPrecondition) for a GPU without MIG enabled or one NVML lists a process on;
+        an NVML failure part way is Unavailable, and applying the layout again finishes it
+        (leftover instances are swept)."""
+        with self._lock:
+            gpu = next((g for g in self._gpus if g.index == gpu_index), None)
+            handles = dict(self._handles)
+            parent = dict(self._parent)
+        if gpu is None or not gpu.mig_enabled:
+            raise FailedPrecondition(
+                f"GPU {gpu_index} is not a MIG GPU", field="inventory.mig_on_demand"
+            )
+        place_profiles(gpu.model, [name for name, _, _ in layout])  # legal, or refused
+        wanted = {(name, start) for name, start, _ in layout}
+        current = {(m.profile, m.start) for m in gpu.mig_instances}
+        if current == wanted and len(gpu.mig_instances) == len(layout):
+            return gpu.mig_instances  # already so (a restart re-applying its journaled layout)
+        try:
+            handle = self._call("nvmlDeviceGetHandleByIndex", gpu_index)
+            for uuid, device in handles.items():
+                if parent.get(uuid) == gpu.uuid and self._call(
+                    "nvmlDeviceGetComputeRunningProcesses", device
+                ):
+                    raise FailedPrecondition(
+                        f"GPU {gpu_index} runs processes on {uuid}: its MIG layout cannot change",
+                        field="gpu_index",
+                    )
+            keep = {
+                m.gpu_instance_id
+                for m in gpu.mig_instances
+                if (m.profile, m.start) in wanted and m.gpu_instance_id >= 0
+            }
+            kept = {(m.profile, m.start) for m in gpu.mig_instances if m.gpu_instance_id in keep}
+            for gi_id in range(MAX_GPU_INSTANCE_ID + 1):
+                if gi_id not in keep:
+                    self._destroy_gpu_instance(handle, gi_id)
+            profiles = self._gi_profile_ids(handle)
+            for name, start, size in layout:
+                if (name, start) in kept:
+                    continue
+                if name not in profiles:
+                    raise FailedPrecondition(
+                        f"GPU {gpu_index} has no MIG profile {name} (driver offers "
+                        f"{', '.join(sorted(profiles)) or 'none'})",
+                        field="inventory.mig_on_demand",
+                    )
+                profile_id, slices = profiles[name]
+                placement = self._nvml.c_nvmlGpuInstancePlacement_t(start=start, size=size)
+                gi = self._call(
+                    "nvmlDeviceCreateGpuInstanceWithPlacement", handle, profile_id, placement
+                )
+                ci_profile = self._call(
+                    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                    gi,
+                    COMPUTE_PROFILE_BY_SLICES[slices],
+                    self._nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                )
+                self._call("nvmlGpuInstanceCreateComputeInstance", gi, int(ci_profile.id))
+        except NvmlCallFailed as failure:
+            self.refresh()
+            raise Unavailable(
+                f"MIG layout of GPU {gpu_index} not applied: {failure} (retried at the next "
+                "commit on it)"
+            ) from failure
+        self.refresh()
+        with self._lock:
+            now = next((g for g in self._gpus if g.index == gpu_index), gpu)
+        return now.mig_instances
 
     def _read_gpu(self, index: int) -> tuple[GpuInfo, dict[str, Any]]:
         """One GPU's record and the handles of its devices (itself and its MIG instances)."""
         handle = self._call("nvmlDeviceGetHandleByIndex", index)
         uuid = _text(self._call("nvmlDeviceGetUUID", handle))
-        instances = self._mig_instances(handle)
+        mig_enabled, instances = self._mig_instances(handle)
         handles = {uuid: handle, **{m.uuid: h for m, h in instances}}
-        shared = not instances and (self._shared_indices is None or index in self._shared_indices)
+        shared = not mig_enabled and (self._shared_indices is None or index in self._shared_indices)
         memory_total = int(self._call("nvmlDeviceGetMemoryInfo", handle).total)
         gpu = GpuInfo(
             index=index,
             uuid=uuid,
             model=canonical_model(_text(self._call("nvmlDeviceGetName", handle)), memory_total),
             memory_total_bytes=memory_total,
-            mig_enabled=bool(instances),
+            mig_enabled=mig_enabled,
             mig_instances=tuple(m for m, _ in instances),
             shared=shared,
         )

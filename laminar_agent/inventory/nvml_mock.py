@@ -15,8 +15,18 @@ Processes: a scenario's ``processes`` per GPU or MIG instance, and with ``pid_di
 file per process, ``<pid_dir>/<device uuid>/<pid>`` holding its bytes, which real test
 processes write for themselves; ``live_pids_only`` lists only processes still running.
 
-Not covered: clocks, ECC counters, NVLink, vGPU, event types other than Xid; MIG
-placement is what the scenario says, not what the driver would choose.
+MIG: a scenario's instances are GPU instances with one full compute instance each (a
+MIG device), numbered 1, 2, ... in the order given. The GPU-instance calls create and
+destroy them as the driver does: ``nvmlDeviceCreateGpuInstanceWithPlacement`` checks the
+profile's legal placements (the tables of :mod:`.mig`) and refuses an overlap
+(INSUFFICIENT_RESOURCES); an instance becomes a MIG device once
+``nvmlGpuInstanceCreateComputeInstance`` gave it its full compute instance; destroying a
+compute instance or GPU instance a process uses is IN_USE, a GPU instance that still has
+its compute instance too. Created instances live in the mock's memory, as a GPU's do until
+reboot; a followed scenario file that changes replaces them.
+
+Not covered: clocks, ECC counters, NVLink, vGPU, event types other than Xid; compute
+instances smaller than their GPU instance.
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ from typing import Any
 
 import pynvml
 
+from laminar_agent.inventory.mig import MIG_PROFILES, MigProfile
+from laminar_agent.inventory.model_names import canonical_model
 from laminar_base.errors import InvalidArgument
 
 GIB = 1 << 30
@@ -40,6 +52,33 @@ _UUID_NAMESPACE = uuidlib.UUID("6c61c2a5-0b4e-4f0e-9a3e-6d4f636b6e76")
 #: pynvml's constants and error classes the backend reads off the module.
 _REEXPORTED = ("NVMLError", "NVML_DEVICE_MIG_ENABLE", "NVML_DEVICE_MIG_DISABLE")
 MAX_MIG_DEVICES = 7
+MIB = 1 << 20
+#: A profile's ``nvmlDeviceGetGpuInstanceProfileInfo`` constant and the driver's profile
+#: id (as ``nvidia-smi mig -lgip`` lists it), by compute slices; a 1g profile with twice
+#: the memory (1g.20gb on 80 GB GPUs) is the REV1 variant.
+_GI_PROFILES = {
+    1: (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19),
+    2: (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14),
+    3: (pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9),
+    4: (pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5),
+    7: (pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0),
+}
+_GI_PROFILE_1_SLICE_DOUBLE = (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 15)
+#: Compute-instance profile constants by compute slices.
+_CI_PROFILES = {
+    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+}
+
+
+def _gi_profile(profile: MigProfile) -> tuple[int, int]:
+    """(info constant, driver profile id) of a MIG profile."""
+    if profile.compute_slices == 1 and profile.size == 2:
+        return _GI_PROFILE_1_SLICE_DOUBLE
+    return _GI_PROFILES[profile.compute_slices]
 
 
 @dataclass
@@ -52,6 +91,10 @@ class MockMig:
     size: int
     used_bytes: int = 0
     processes: dict[int, int] = field(default_factory=dict)
+    #: The GPU instance's id (assigned in order when 0).
+    gi_id: int = 0
+    #: Whether it has its compute instance, i.e. is a MIG device processes can use.
+    has_ci: bool = True
 
 
 @dataclass
@@ -66,6 +109,20 @@ class MockGpu:
     migs: list[MockMig] = field(default_factory=list)
     #: Fell off the bus: every call on this GPU fails with GPU_IS_LOST.
     is_lost: bool = False
+    #: MIG mode; None: enabled when the GPU has instances.
+    mig_enabled: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.mig_enabled is None:
+            self.mig_enabled = bool(self.migs)
+        for number, mig in enumerate(self.migs, start=1):
+            if mig.gi_id == 0:
+                mig.gi_id = number
+        #: GPU instance ids are never reused within a mock's life, so UUIDs stay unique.
+        self.next_gi_id = max((m.gi_id for m in self.migs), default=0) + 1
+
+    def mig(self, gi_id: int) -> MockMig | None:
+        return next((m for m in self.migs if m.gi_id == gi_id), None)
 
 
 def _read_scenario(path: Path) -> dict[str, Any]:
@@ -91,10 +148,12 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 @dataclass(frozen=True)
 class _Handle:
-    """An opaque device handle, as ``nvmlDeviceGetHandleByIndex`` returns one."""
+    """An opaque handle: a device (a GPU, or a MIG device when ``mig`` names its GPU
+    instance id), a GPU instance (``kind="gi"``) or a compute instance (``kind="ci"``)."""
 
     gpu: int
     mig: int | None = None
+    kind: str = "device"
 
 
 @dataclass
@@ -184,7 +243,7 @@ class MockNvml:
             setattr(self, name, getattr(pynvml, name))
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith(("NVMLError_", "NVML_ERROR_", "nvmlEventType")):
+        if name.startswith(("NVMLError_", "NVML_", "nvmlEventType", "c_nvml")):
             return getattr(pynvml, name)
         raise AttributeError(name)
 
@@ -265,6 +324,7 @@ class MockNvml:
                     used_bytes=int(g.get("used_bytes", 0)),
                     processes={int(p): int(b) for p, b in g.get("processes", {}).items()},
                     mig_capable=bool(g.get("mig_capable", bool(g.get("migs")))),
+                    mig_enabled=bool(g["mig_enabled"]) if "mig_enabled" in g else None,
                     migs=[
                         MockMig(
                             profile=str(m["profile"]),
@@ -376,14 +436,36 @@ class MockNvml:
         return self.gpus[handle.gpu]
 
     def _mig(self, handle: _Handle) -> MockMig:
+        """The instance a MIG device, GPU-instance or compute-instance handle names."""
         if handle.mig is None:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return self._gpu(handle).migs[handle.mig]
+        mig = self._gpu(handle).mig(handle.mig)
+        if mig is None or (handle.kind != "gi" and not mig.has_ci):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)  # destroyed since
+        return mig
 
     def _uuid(self, handle: _Handle) -> str:
         if handle.mig is None:
             return f"GPU-{uuidlib.uuid5(_UUID_NAMESPACE, f'gpu{handle.gpu}')}"
-        return f"MIG-{uuidlib.uuid5(_UUID_NAMESPACE, f'gpu{handle.gpu}/mig{handle.mig}')}"
+        number = handle.mig - 1  # a scenario's n-th instance keeps the UUID it always had
+        return f"MIG-{uuidlib.uuid5(_UUID_NAMESPACE, f'gpu{handle.gpu}/mig{number}')}"
+
+    def _profiles(self, handle: _Handle) -> dict[str, MigProfile]:
+        """The MIG profiles of a GPU's model; NOT_SUPPORTED when it has no MIG."""
+        gpu = self._gpu(handle)
+        table = MIG_PROFILES.get(canonical_model(gpu.name, gpu.memory_total_bytes))
+        if not gpu.mig_capable or table is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return table
+
+    def _profile_by_id(self, handle: _Handle, profile_id: int) -> MigProfile:
+        for profile in self._profiles(handle).values():
+            if _gi_profile(profile)[1] == profile_id:
+                return profile
+        raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _in_use(self, gpu: int, mig: MockMig) -> bool:
+        return bool(mig.has_ci and self._listed(_Handle(gpu, mig.gi_id)))
 
     # The pynvml API --------------------------------------------------------------------
 
@@ -429,8 +511,9 @@ class MockNvml:
         elif gpu.migs:
             total = gpu.memory_total_bytes
             used = gpu.used_bytes + sum(
-                m.used_bytes + sum(self._listed(_Handle(handle.gpu, i)).values())
-                for i, m in enumerate(gpu.migs)
+                m.used_bytes
+                + (sum(self._listed(_Handle(handle.gpu, m.gi_id)).values()) if m.has_ci else 0)
+                for m in gpu.migs
             )
         else:
             total = gpu.memory_total_bytes
@@ -440,7 +523,7 @@ class MockNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
         self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
-        gi_id = 0xFFFFFFFF if handle.mig is None else handle.mig + 1
+        gi_id = 0xFFFFFFFF if handle.mig is None else handle.mig
         return [
             pynvml.nvmlFriendlyObject(
                 {
@@ -458,7 +541,7 @@ class MockNvml:
         gpu = self._gpu(handle)
         if not gpu.mig_capable:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.migs else pynvml.NVML_DEVICE_MIG_DISABLE
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig_enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         return [mode, mode]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
@@ -467,31 +550,145 @@ class MockNvml:
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _Handle:
         self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
-        if not 0 <= index < len(self._gpu(handle).migs):
+        devices = [m for m in self._gpu(handle).migs if m.has_ci]
+        if not 0 <= index < len(devices):
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
-        return _Handle(handle.gpu, index)
+        return _Handle(handle.gpu, devices[index].gi_id)
 
     def nvmlDeviceGetGpuInstanceId(self, handle: _Handle) -> int:
         self._enter("nvmlDeviceGetGpuInstanceId", handle)
         self._mig(handle)
         assert handle.mig is not None
-        return handle.mig + 1
+        return handle.mig
 
     def nvmlDeviceGetGpuInstanceById(self, handle: _Handle, instance_id: int) -> _Handle:
         self._enter("nvmlDeviceGetGpuInstanceById", handle)
-        if not 1 <= instance_id <= len(self._gpu(handle).migs):
+        if self._gpu(handle).mig(instance_id) is None:
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
-        return _Handle(handle.gpu, instance_id - 1)
+        return _Handle(handle.gpu, instance_id, "gi")
 
     def nvmlGpuInstanceGetInfo(self, instance: _Handle) -> pynvml.c_nvmlGpuInstanceInfo_t:
         self._enter("nvmlGpuInstanceGetInfo", instance)
         mig = self._mig(instance)
-        assert instance.mig is not None
+        gpu = self._gpu(instance)
+        model = canonical_model(gpu.name, gpu.memory_total_bytes)
+        profile = MIG_PROFILES.get(model, {}).get(mig.profile)
         return pynvml.c_nvmlGpuInstanceInfo_t(
-            id=instance.mig + 1,
-            profileId=0,
+            id=mig.gi_id,
+            profileId=_gi_profile(profile)[1] if profile is not None else 0,
             placement=pynvml.c_nvmlGpuInstancePlacement_t(start=mig.start, size=mig.size),
         )
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, handle: _Handle, profile: int, version: int = 2
+    ) -> Any:
+        """The GPU-instance profile behind info constant ``profile``; NOT_SUPPORTED for a
+        constant this GPU has no profile for."""
+        self._enter("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        for entry in self._profiles(handle).values():
+            constant, profile_id = _gi_profile(entry)
+            if constant != profile:
+                continue
+            info = (
+                pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+                if version == 2
+                else pynvml.c_nvmlGpuInstanceProfileInfo_t()
+            )
+            info.id = profile_id
+            info.sliceCount = entry.compute_slices
+            info.instanceCount = len(entry.starts)
+            info.memorySizeMB = entry.memory_bytes // MIB
+            if version == 2:
+                info.name = f"MIG {entry.name}".encode()
+            return info
+        raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, handle: _Handle, profile_id: int, placement: Any
+    ) -> _Handle:
+        """A GPU instance of ``profile_id`` at ``placement`` (start, size), without its
+        compute instance yet."""
+        self._enter("nvmlDeviceCreateGpuInstanceWithPlacement", handle)
+        gpu = self._gpu(handle)
+        if not gpu.mig_enabled:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = self._profile_by_id(handle, profile_id)
+        start, size = int(placement.start), int(placement.size)
+        if start not in profile.starts or size != profile.size:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            taken: set[int] = set()
+            for mig in gpu.migs:
+                taken.update(range(mig.start, mig.start + mig.size))
+            compute = sum(int(m.profile.split("g.", 1)[0]) for m in gpu.migs)
+            if taken & set(range(start, start + size)) or compute + profile.compute_slices > 7:
+                raise _error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            mig = MockMig(
+                profile=profile.name,
+                memory_total_bytes=profile.memory_bytes,
+                start=start,
+                size=size,
+                gi_id=gpu.next_gi_id,
+                has_ci=False,
+            )
+            gpu.next_gi_id += 1
+            gpu.migs.append(mig)
+            gpu.migs.sort(key=lambda m: m.start)
+        return _Handle(handle.gpu, mig.gi_id, "gi")
+
+    def nvmlGpuInstanceDestroy(self, instance: _Handle) -> None:
+        self._enter("nvmlGpuInstanceDestroy", instance)
+        mig = self._mig(instance)
+        if mig.has_ci:
+            raise _error(pynvml.NVML_ERROR_IN_USE)  # its compute instance goes first
+        with self._lock:
+            self._gpu(instance).migs.remove(mig)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, instance: _Handle, profile: int, eng_profile: int, version: int = 2
+    ) -> Any:
+        """Compute-instance profile ``profile`` inside a GPU instance; the mock models the
+        full compute instance only (smaller ones are NOT_SUPPORTED)."""
+        self._enter("nvmlGpuInstanceGetComputeInstanceProfileInfo", instance)
+        mig = self._mig(instance)
+        slices = self._profiles(instance)[mig.profile].compute_slices
+        if profile != _CI_PROFILES[slices]:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = (
+            pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+            if version == 2
+            else pynvml.c_nvmlComputeInstanceProfileInfo_t()
+        )
+        info.id = profile
+        info.sliceCount = slices
+        info.instanceCount = 1
+        return info
+
+    def nvmlGpuInstanceCreateComputeInstance(self, instance: _Handle, profile_id: int) -> _Handle:
+        self._enter("nvmlGpuInstanceCreateComputeInstance", instance)
+        mig = self._mig(instance)
+        if profile_id != _CI_PROFILES[self._profiles(instance)[mig.profile].compute_slices]:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._lock:
+            if mig.has_ci:
+                raise _error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            mig.has_ci = True
+        return _Handle(instance.gpu, mig.gi_id, "ci")
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, instance: _Handle, ci_id: int) -> _Handle:
+        self._enter("nvmlGpuInstanceGetComputeInstanceById", instance)
+        mig = self._mig(instance)
+        if ci_id != 0 or not mig.has_ci:
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return _Handle(instance.gpu, mig.gi_id, "ci")
+
+    def nvmlComputeInstanceDestroy(self, instance: _Handle) -> None:
+        self._enter("nvmlComputeInstanceDestroy", instance)
+        mig = self._mig(instance)
+        if self._in_use(instance.gpu, mig):
+            raise _error(pynvml.NVML_ERROR_IN_USE)
+        with self._lock:
+            mig.has_ci = False
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: _Handle) -> int:
         self._enter("nvmlDeviceGetSupportedEventTypes", handle)

@@ -1,8 +1,10 @@
-"""MIG on demand through a real agent process on fake GPUs: an idle MIG GPU takes the layout
-a probe needs, a busy one keeps its own, and a restarted agent keeps what it applied."""
+"""MIG on demand through a real agent process, on fake GPUs and on the nvml backend over the
+mocked NVML (its GPU-instance calls): an idle MIG GPU takes the layout a probe needs, a
+busy one keeps its own, and a restarted agent keeps what it applied."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +21,41 @@ ON_DEMAND = {"LAMINAR_INVENTORY_MIG_ON_DEMAND": "true"}
 GPUS = "2xH100-80GB:mig=1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb"
 SLEEP = "import sys, time; time.sleep(60)"
 PRINT = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+GIB = 1 << 30
+#: The same two GPUs as NVML reports them.
+SCENARIO = {
+    "gpus": [
+        {
+            "name": "NVIDIA H100 80GB HBM3",
+            "memory_total_bytes": 80 * GIB,
+            "migs": [
+                {"profile": "1g.10gb", "memory_total_bytes": 10 * GIB, "start": s, "size": 1}
+                for s in range(7)
+            ],
+        }
+    ]
+    * 2
+}
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path) as c:
         yield c
+
+
+def _start(cluster: LocalCluster, backend: str, folder: Path) -> AgentProcess:
+    if backend == "fake":
+        return cluster.start_agent("h", GPUS, env=ON_DEMAND)
+    scenario = folder / "nvml.json"
+    if not scenario.exists():
+        scenario.write_text(json.dumps(SCENARIO))
+    return cluster.start_agent(
+        "h",
+        "",
+        extra_args=["--gpu-backend", "nvml"],
+        env={**ON_DEMAND, "LAMINAR_INVENTORY_NVML_MOCK": str(scenario)},
+    )
 
 
 def _stub(agent: AgentProcess) -> tuple[grpc.Channel, agent_pb2_grpc.AgentStub]:
@@ -59,10 +90,11 @@ def _state(stub: agent_pb2_grpc.AgentStub, subjob_id: str) -> int:
     return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10).state
 
 
+@pytest.mark.parametrize("backend", ["fake", "nvml"])
 def test_an_idle_gpu_is_repartitioned_for_a_profile_and_a_busy_one_never(
-    cluster: LocalCluster,
+    cluster: LocalCluster, backend: str, tmp_path: Path
 ) -> None:
-    agent = cluster.start_agent("h", GPUS, env=ON_DEMAND)
+    agent = _start(cluster, backend, tmp_path)
     channel, stub = _stub(agent)
     with channel:
         # Idle GPUs advertise what they could hold: two 3g.40gb each.
@@ -93,17 +125,18 @@ def test_an_idle_gpu_is_repartitioned_for_a_profile_and_a_busy_one_never(
         assert _state(stub, "small") == common_pb2.RUNNING
 
 
+@pytest.mark.parametrize("backend", ["fake", "nvml"])
 def test_a_restarted_agent_keeps_the_layout_it_applied_and_its_running_subjob(
-    cluster: LocalCluster,
+    cluster: LocalCluster, backend: str, tmp_path: Path
 ) -> None:
-    agent = cluster.start_agent("h", GPUS, env=ON_DEMAND)
+    agent = _start(cluster, backend, tmp_path)
     channel, stub = _stub(agent)
     with channel:
         big = _run(stub, "big", "4g.40gb", SLEEP)
         assert big.lease.slice_ids[:] == ["gpu0/4g.40gb@0"]
     agent.process.kill()
     agent.process.wait()
-    agent = cluster.start_agent("h", GPUS, env=ON_DEMAND)
+    agent = _start(cluster, backend, tmp_path)
     channel, stub = _stub(agent)
     with channel:
         # Re-adopted on the instance it ran on, which exists again after the restart.
@@ -111,12 +144,3 @@ def test_a_restarted_agent_keeps_the_layout_it_applied_and_its_running_subjob(
         free = _free(stub)
         assert free["mig:3g.40gb"] == 1 + 2  # GPU 0's other instance, and idle GPU 1's two
         assert free["mig:4g.40gb"] == 1  # idle GPU 1 only
-
-
-def test_mig_on_demand_is_refused_on_the_nvml_backend_naming_the_key(tmp_path: Path) -> None:
-    from laminar_agent.config import AgentConfig, InventorySettings
-    from laminar_base.configlib import ConfigError
-
-    with pytest.raises(ConfigError) as err:
-        AgentConfig(inventory=InventorySettings(gpu_backend="nvml", mig_on_demand=True)).validate()
-    assert err.value.field == "inventory.mig_on_demand"
