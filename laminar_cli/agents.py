@@ -34,11 +34,16 @@ def _agent_stub(address: str) -> tuple[grpc.Channel, agent_pb2_grpc.AgentStub]:
 
 
 def inventory_table(inv: agent_pb2.Inventory) -> Table:
+    inv = render.printable(inv)
     table = Table(title=f"{inv.agent_id} ({inv.backend}{', draining' if inv.draining else ''})")
     for col in ("GPU", "model", "device", "memory used", "memory total", "mode"):
         table.add_column(col)
+    held = {d.index: d for d in inv.degraded_gpus}
     for gpu in inv.gpus:
         mode = "MIG" if gpu.mig_enabled else ("shared" if gpu.shared else "whole")
+        if gpu.index in held:
+            down = held[gpu.index]
+            mode += f"; {'failed' if down.failed else 'degraded'}: {down.reason}"
         table.add_row(
             str(gpu.index),
             gpu.model,

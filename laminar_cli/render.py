@@ -518,13 +518,25 @@ def agents_table(agents: Sequence[zone_pb2.AgentInfo], now_unix: float) -> Table
             Text(
                 state, style={"ready": "green", "stale": "red", "draining": "yellow"}.get(state, "")
             ),
-            str(summary.total_gpus),
+            gpus_text(summary),
             running,
             pressure_name(summary.pressure),
             relative(agent.last_heartbeat_unix, now_unix) if agent.last_heartbeat_unix else "never",
             shapes_text(summary),
         )
     return table
+
+
+def gpus_text(summary: common_pb2.AgentSummary) -> Text:
+    """An agent's GPU count, and how many it holds back from new work (failed: an Xid or
+    off the bus; degraded: NVML calls fail): the reasons are in ``laminar inventory``."""
+    text = Text(str(summary.total_gpus))
+    failed = sum(1 for gpu in summary.degraded_gpus if gpu.failed)
+    degraded = len(summary.degraded_gpus) - failed
+    held = [f"{n} {what}" for n, what in ((failed, "failed"), (degraded, "degraded")) if n]
+    if held:
+        text.append(f" ({', '.join(held)})", style="red")
+    return text
 
 
 def pressure_name(level: int) -> str:

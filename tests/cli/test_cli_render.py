@@ -11,6 +11,7 @@ from rich.console import Console, RenderableType
 
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_cli import render
+from laminar_cli.agents import inventory_table
 
 NOW = 1_800_000_000.0
 
@@ -146,6 +147,11 @@ def test_agents_probe_and_airlock_tables() -> None:
     )
     text = _text(render.agents_table([agent], NOW))
     assert "draining" in text and "2 (+1 suspended)" in text and "elevated" in text
+    assert "failed" not in text and "degraded" not in text
+    agent.summary.degraded_gpus.add(index=1, reason="Xid 79: fell off the bus", failed=True)
+    agent.summary.degraded_gpus.add(index=2, reason="nvmlDeviceGetMemoryInfo: Unknown Error")
+    text = _text(render.agents_table([agent], NOW))
+    assert "3 (1 failed, 1 degraded)" in text
     assert "gpu:H100-80GB 1/2" in text and "share:A100-80GB 1/1 (max 0.5)" in text
 
     reply = zone_pb2.ProbeJobReply(
@@ -300,3 +306,21 @@ def test_the_reason_code_shows_as_a_short_token_beside_the_prose() -> None:
     job.reason = "subjob j-42-0 suspended by Airlock: gpu0 at 78.1 of 80.0 GiB"
     assert "suspended" in _text(render.job_detail(job, NOW))
     assert "[suspended]" in _text(render.jobs_table([job], NOW))
+
+
+def test_inventory_names_each_gpu_held_back_and_why() -> None:
+    inv = agent_pb2.Inventory(
+        agent_id="host-0",
+        backend="nvml",
+        gpus=[
+            agent_pb2.Gpu(index=0, uuid="GPU-a", model="H100-80GB"),
+            agent_pb2.Gpu(index=1, uuid="GPU-b", model="H100-80GB"),
+        ],
+        degraded_gpus=[
+            common_pb2.DegradedGpu(index=1, uuid="GPU-b", reason="Xid 79\x1b[2J", failed=True)
+        ],
+    )
+    lines = _text(inventory_table(inv)).splitlines()
+    row = next(line for line in lines if "GPU-b" in line)
+    assert "failed: Xid 79" in row and "\x1b" not in row
+    assert "failed" not in next(line for line in lines if "GPU-a" in line)
