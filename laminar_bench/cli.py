@@ -97,6 +97,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--timeout", type=float, default=300.0, help="measurement deadline in seconds (default 300)"
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the open-loop arrivals")
+    p.add_argument(
+        "--probes",
+        type=int,
+        default=0,
+        help="the router's placement.probes_per_attempt, d (default: the router's; with 1 "
+        "a launched job's probe carries the commit)",
+    )
     _add_output_flags(p)
     p.set_defaults(func=cmd_placement)
     a = benchmarks.add_parser(
@@ -197,6 +204,7 @@ def cmd_placement(args: argparse.Namespace, console: Console) -> int:
         lease_ttl_seconds=args.lease_ttl,
         timeout_seconds=args.timeout,
         seed=args.seed,
+        probes=args.probes,
         work_dir=args.work_dir,
     )
     spec.validate()

@@ -103,6 +103,7 @@ class BenchSpec:
     lease_ttl_seconds: float = 2.0  # placement mode: TTL of the kept lease
     timeout_seconds: float = 300.0  # measurement deadline; unplaced jobs are reported
     seed: int = 1
+    probes: int = 0  # the router's placement.probes_per_attempt; 0 = its default
     work_dir: Path | None = None  # state dirs and logs; default a temporary dir, removed
 
     def validate(self) -> None:
@@ -116,6 +117,8 @@ class BenchSpec:
             raise InvalidArgument(
                 f"must be in 1..4096, got {self.submitters}", field="--submitters"
             )
+        if not 0 <= self.probes <= 64:
+            raise InvalidArgument(f"must be in 0..64, got {self.probes}", field="--probes")
         if not 0 <= self.gpu_milli <= 1000:
             raise InvalidArgument(f"must be in 0..1000, got {self.gpu_milli}", field="--gpu-milli")
         if not 0 <= self.agents_per_process <= 512:
@@ -260,9 +263,10 @@ class BenchCluster:
             argv += ["--heartbeat-seconds", f"{spec.heartbeat_seconds:g}"]
         # The bench is one tenant offering far more than the default per-tenant
         # ProbeJob limit (20/s); the limit protects a shared router, not what we measure.
-        self.router = self._spawn(
-            "router", argv, zone_dir, "zone.json", {"LAMINAR_LIMITS_PROBE_PER_SECOND": "0"}
-        )
+        router_env = {"LAMINAR_LIMITS_PROBE_PER_SECOND": "0"}
+        if spec.probes:
+            router_env["LAMINAR_PLACEMENT_PROBES_PER_ATTEMPT"] = str(spec.probes)
+        self.router = self._spawn("router", argv, zone_dir, "zone.json", router_env)
         info = await _wait_info(self.router, 60.0)
         self.router_address = str(info["address"])
         self.router_pid = self.router.process.pid
@@ -798,6 +802,7 @@ async def _measure(
         "rate": spec.rate,
         "submitters": spec.submitters if not spec.rate else 0,
         "agents": spec.agents,
+        "probes_per_attempt": spec.probes or "router default",
         "agents_per_process": min(per, spec.agents),
         "agent_processes": len(cluster.agent_children),
         "jobs": spec.jobs,

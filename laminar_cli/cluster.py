@@ -104,6 +104,7 @@ class LocalCluster:
         heartbeat_seconds: float | None = None,
         *,
         extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
         timeout_seconds: float = 30.0,
     ) -> ZoneProcess:
         """Start ``laminar_zone`` and return once it has written ``zone.json`` (it serves then)."""
@@ -123,7 +124,7 @@ class LocalCluster:
             *(["--heartbeat-seconds", f"{heartbeat_seconds:g}"] if heartbeat_seconds else []),
             *extra_args,
         ]
-        proc = self._spawn(argv, state_dir, "zone.json", ZoneProcess.LOG_NAME)
+        proc = self._spawn(argv, state_dir, "zone.json", ZoneProcess.LOG_NAME, env)
         zone = ZoneProcess(name, state_dir, proc, peers=tuple(peers))
         self.zones.append(zone)
         info = self._wait_info(zone, "zone.json", timeout_seconds)

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from laminar_sim import airlock_sim, atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
 from laminar_sim.replay import ReplaySpec, read_jobs, run_replay
 from laminar_zone.market import POLICIES as MARKET_POLICIES
+from laminar_zone.view import ProbeLimits
 
 EXPECTED_RESULTS_DIR_NAME = "fgd-atc23-expected-results"
 SUMMARY_LEVELS = (75, 90, 100, 110, 120, 130)
@@ -72,6 +74,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="the paper's published results (default: TRACE_DIR/../"
         + EXPECTED_RESULTS_DIR_NAME
         + " when present)",
+    )
+    exp.add_argument(
+        "--probes",
+        type=int,
+        default=ProbeLimits().probes_per_attempt,
+        help="laminar: hosts probed per attempt, d (default: the router's, "
+        f"{ProbeLimits().probes_per_attempt}); with 1 a probe carries the commit",
+    )
+    exp.add_argument(
+        "--zone-hosts",
+        type=int,
+        default=fgd.LAMINAR_ZONE_HOSTS,
+        help=f"laminar: hosts per zone (default {fgd.LAMINAR_ZONE_HOSTS})",
     )
     exp.add_argument("-o", "--output", choices=["table", "json"], default="table")
     exp.add_argument("--plot", type=Path, help="save the unallocated-GPU curves to this PNG")
@@ -274,6 +289,10 @@ def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
         raise InvalidArgument(f"must be in (0, 10], got {ratio}", field="--tune-ratio")
     if args.plot is not None:
         _check_plot_target(args.plot)
+    if not 1 <= args.probes <= 64:
+        raise InvalidArgument(f"must be between 1 and 64, got {args.probes}", field="--probes")
+    if args.zone_hosts < 1:
+        raise InvalidArgument(f"must be at least 1, got {args.zone_hosts}", field="--zone-hosts")
 
     total = len(policies) * len(seeds)
     progress = _progress("sim fgd")
@@ -292,6 +311,8 @@ def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
             ratio=ratio,
             expected_dir=expected_dir,
             progress=advance,
+            zone_hosts=args.zone_hosts,
+            limits=replace(ProbeLimits(), probes_per_attempt=args.probes),
         )
     report["trace_dir"] = str(trace_dir)
     return emit(report, args, console, render_fgd, lambda path: save_plot(report, path))

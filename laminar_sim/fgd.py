@@ -193,12 +193,15 @@ class PolicyContext:
         slicing: GpuSlicing,
         *,
         zone_hosts: int = LAMINAR_ZONE_HOSTS,
+        limits: ProbeLimits | None = None,
     ) -> None:
-        """``zone_hosts``: hosts per zone of the ``laminar`` policy."""
+        """``zone_hosts``: hosts per zone of the ``laminar`` policy; ``limits``: its routers'
+        probing budget (default: the router's defaults)."""
         if policy not in FGD_POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
         self.zone_hosts = zone_hosts
+        self.limits = limits or ProbeLimits()
         self.frag = FragmentationCache(target, slicing)
         self.slicing = slicing
         self.scores: dict[
@@ -271,7 +274,7 @@ class FillRun:
             self.laminar = LaminarCluster(
                 hosts,
                 zone_hosts=ctx.zone_hosts,
-                limits=ProbeLimits(),
+                limits=ctx.limits,
                 gamma=1.0,
                 seed=int(rng.integers(2**31)),
             )
@@ -654,10 +657,13 @@ def run_experiment(
     ratio: float = TUNE_RATIO,
     expected_dir: Path | None = None,
     progress: ProgressFn | None = None,
+    zone_hosts: int = LAMINAR_ZONE_HOSTS,
+    limits: ProbeLimits | None = None,
 ) -> dict[str, Any]:
     """Run every policy for every seed; the JSON-ready report of ``laminar sim fgd``.
 
-    ``progress(policy, seed)`` is called after each run.
+    ``progress(policy, seed)`` is called after each run. ``zone_hosts`` and ``limits``
+    shape the ``laminar`` policy's zones and probing.
     """
     started = time.perf_counter()
     nodes = traces.read_nodes(traces.node_list_path(trace_dir))
@@ -675,11 +681,13 @@ def run_experiment(
         "original_pods": len(pods),
         "typical_shapes": len(target.shapes),
         "seeds": list(seeds),
+        "laminar_zone_hosts": zone_hosts,
+        "laminar_probes_per_attempt": (limits or ProbeLimits()).probes_per_attempt,
         "policies": {},
     }
     events = 0
     for policy in policies:
-        ctx = PolicyContext(policy, target, slicing)
+        ctx = PolicyContext(policy, target, slicing, zone_hosts=zone_hosts, limits=limits)
         logs = []
         for seed in seeds:
             logs.append(run_fill(nodes, pods, ctx, seed, ratio))

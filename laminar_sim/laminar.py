@@ -29,6 +29,9 @@ ledger's own: each host's ledger holds the trace node's CPU and memory as its to
 
 Messages are counted as gRPC calls carry them: a probe, commit, release or forward is a
 request and a reply (2 messages); summary exchanges between zones are counted apart.
+With d = 1 (``ProbeLimits.probes_per_attempt``) a probe carries "commit if it fits", as
+the router's does (:class:`laminar_zone.gather.Gather`'s commit on probe): a placement is
+then one call.
 """
 
 from __future__ import annotations
@@ -39,7 +42,16 @@ from dataclasses import dataclass, field, replace
 
 from laminar_agent.core import KILLED, SUCCEEDED, AgentCore, EndDecision
 from laminar_agent.inventory.mig import MIG_PROFILES
-from laminar_agent.ledger import Bounced, Granted, Ledger, ProbeOrder, Slice, SliceKind, counter_ids
+from laminar_agent.ledger import (
+    Allocation,
+    Bounced,
+    Granted,
+    Ledger,
+    ProbeOrder,
+    Slice,
+    SliceKind,
+    counter_ids,
+)
 from laminar_agent.mig_layout import MigGpu
 from laminar_api.v1 import common_pb2
 from laminar_base.causes import EndCause
@@ -50,7 +62,7 @@ from laminar_base.fragmentation import (
     ObservedWorkload,
     demand_pod,
 )
-from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release
+from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release, Unsure
 from laminar_zone.placement import (
     Offer,
     ShapeCap,
@@ -183,6 +195,10 @@ class SimHost:
         )
         return self.core.arbitrate([order], now, now)[0][0]
 
+    def arbitrate(self, orders: list[ProbeOrder], now: float) -> list[Granted | Bounced]:
+        """A batch of probes (a gang's members on this host), arbitrated by the agent's core."""
+        return self.core.arbitrate(orders, now, now)[0]
+
     def commit(self, lease_id: str, subjob_id: str, now: float) -> tuple[int, ...]:
         """Commit the lease to a new subjob; the GPU indexes it holds."""
         self.core.commit(
@@ -198,6 +214,14 @@ class SimHost:
         lease = self.ledger.lease(lease_id)
         assert lease is not None
         return tuple(self.ledger.slices[a.slice_id].gpu_index for a in lease.allocations)
+
+    def allocations(self, subjob_id: str) -> tuple[Allocation, ...]:
+        """What a live subjob holds (its committed lease's allocations)."""
+        live = self.core.subjob(subjob_id)
+        lease = self.ledger.lease(live.lease_id) if live is not None else None
+        if lease is None:
+            raise KeyError(f"no live subjob {subjob_id} on {self.agent_id}")
+        return tuple(lease.allocations)
 
     def mig_left(self) -> tuple[int, ...]:
         """Per GPU, the compute slices (a 7-bit mask) free for new work: all of an idle
@@ -374,17 +398,26 @@ class LaminarCluster:
         self, zone: SimZone, ask: Ask, now: float, frag: FragmentationCache | None
     ) -> tuple[int, tuple[int, ...]] | None:
         rank = fragmentation_ranking(ask.need, frag)
-        machine = Gather(ProbePlan(zone.view, ask.need, self.limits, self.rng, rank=rank))
+        machine = Gather(
+            ProbePlan(zone.view, ask.need, self.limits, self.rng, rank=rank),
+            commit_on_probe=self.limits.probes_per_attempt == 1,
+        )
+        committed: dict[str, tuple[int, ...]] = {}
 
         def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
             host = zone.hosts[step.record.agent_id]
             self.counters.view_lookups += 1
             self.counters.probes += 1
             reply = host.probe(ask, now)
-            zone.note(host)
             if isinstance(reply, Granted):
                 lease = reply.lease
+                if step.commit:
+                    committed[lease.lease_id] = host.commit(
+                        lease.lease_id, f"s-{lease.lease_id}", now
+                    )
+                zone.note(host)
                 return [Offer(lease.lease_id, host.agent_id, 0, lease.score)], []
+            zone.note(host)
             self.counters.bounces += 1
             return [], [reply.reason]
 
@@ -399,6 +432,8 @@ class LaminarCluster:
             return None
         best = outcome.offers[0]
         host = zone.hosts[best.agent_id]
+        if outcome.committed:
+            return self.host_index[host.agent_id], committed[best.lease_id]
         self.counters.commits += 1
         gpus = host.commit(best.lease_id, f"s-{best.lease_id}", now)
         zone.note(host)
@@ -410,7 +445,7 @@ def settle(
     probe: Callable[[ProbeHost], tuple[list[Offer], list[str]]],
     release: Callable[[Offer], None],
     now: float,
-) -> Bind | GiveUp:
+) -> Bind | GiveUp | Unsure:
     """Drive one placement try where a probe is answered at once (no network in between).
 
     ``probe`` answers one :class:`ProbeHost` with the leases granted and bounce reasons;

@@ -79,7 +79,11 @@ class MembershipSettings:
 @dataclass(frozen=True)
 class PlacementSettings:
     probes_per_attempt: int = field(
-        default=2, metadata=doc("d: agents probed in parallel per attempt")
+        default=2,
+        metadata=doc(
+            "d: agents probed in parallel per attempt; 1: a one-member job's probe carries "
+            "the commit (one call per placement)"
+        ),
     )
     sample_size: int = field(
         default=SAMPLE_SIZE,

@@ -68,7 +68,7 @@ from laminar_zone.lifecycle import (
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
-from laminar_zone.placer import AgentClients, Ask, Placer
+from laminar_zone.placer import AgentClients, Ask, Gathered, Placer
 from laminar_zone.queue import (
     QueueItem,
     QueueWalk,
@@ -677,18 +677,31 @@ class ZoneState:
         ttl = self.config.placement.lease_ttl_seconds
         if gang > 1:
             ttl = max(ttl, self.config.placement.budget_seconds + 2 * ttl)
-        gathered = await self.placer.gather(ask, lease_ttl_seconds=ttl)
+        hook = _ProbeCommit(self, entry) if gang == 1 else None
+        gathered = await self.placer.gather(ask, lease_ttl_seconds=ttl, commit=hook)
         job.probes += gathered.probes
         job.bounces += gathered.bounces
-        if job.state in TERMINAL_JOB_STATES:  # cancelled while probing
-            if gathered.chosen:
-                await self.placer.release(gathered.chosen)
-            return False
-        if gathered.chosen is None:
-            self.metrics.placements.labels("queued").inc()
-            self._enqueue(entry, gathered.reasons)
-            return False
-        ok = await self._commit_all(entry, gathered.chosen)
+        if hook is not None and hook.pending is not None:
+            ok = await self._probe_committed(entry, hook.pending, gathered)
+        else:
+            if job.state in TERMINAL_JOB_STATES:  # cancelled while probing
+                if gathered.chosen:
+                    await self.placer.release(gathered.chosen)
+                return False
+            if gathered.chosen is None:
+                refused = [e for e in gathered.errors if _is_refused_input(e)]
+                if refused:
+                    self.finish(
+                        entry,
+                        zone_pb2.JOB_FAILED,
+                        f"the agent refused the job: {_rpc_reason(refused[0])}",
+                        Reason.REFUSED,
+                    )
+                    return False
+                self.metrics.placements.labels("queued").inc()
+                self._enqueue(entry, gathered.reasons)
+                return False
+            ok = await self._commit_all(entry, gathered.chosen)
         if not ok:
             self.metrics.placements.labels("commit_failed").inc()
             if job.state in TERMINAL_JOB_STATES:
@@ -707,6 +720,34 @@ class ZoneState:
         if from_queue:
             self.metrics.queue_seconds.labels(priority).observe(latency)
         return True
+
+    async def _probe_committed(
+        self, entry: Entry, placement: zone_pb2.Placement, gathered: Gathered
+    ) -> bool:
+        """The end of a try whose probes carried the commit: the member runs (its probe's
+        reply says so), or may run where a probe got no answer (confirmed with that agent
+        before the job is placed again, as for a commit of unknown outcome)."""
+        job = entry.job
+        reply = gathered.committed
+        if reply is not None:
+            del placement.slice_ids[:]
+            placement.slice_ids.extend(reply.lease.slice_ids)
+            copy_subjob(placement, reply.subjob)
+            if job.state in TERMINAL_JOB_STATES:  # cancelled while it started: stop it
+                self.save(entry)
+                await self.terminate(placement, "cancelled while starting", EndCause.CANCELLED)
+                return False
+            _now_running(job)
+            self.save(entry)
+            return True
+        why = gathered.unsure or "no answer"
+        log.warning("job %s: a probe carrying the commit got no answer (%s)", job.job_id, why)
+        self.unconfirmed.setdefault(placement.agent_id, set()).add(job.job_id)
+        job.attempts += 1
+        if job.state not in TERMINAL_JOB_STATES:
+            set_reason(job, Reason.RETRYING, f"commit failed: {why}")
+        self.save(entry)
+        return False
 
     async def _commit_all(
         self, entry: Entry, chosen: list[tuple[AgentRecord, agent_pb2.Lease]]
@@ -740,12 +781,7 @@ class ZoneState:
         )
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if not failures:
-            if job.state == zone_pb2.PENDING:
-                job.state = zone_pb2.JOB_RUNNING
-                set_reason(job, Reason.NONE, "")
-                job.started_unix = job.started_unix or time.time()
-                job.queue_position = 0
-                job.expected_start_unix = 0
+            _now_running(job)
             self.save(entry)
             return True
         why = "; ".join(_rpc_reason(f) for f in failures)
@@ -1721,6 +1757,61 @@ class ZoneState:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.placer.close()
         await self.clients.close()
+
+
+def _now_running(job: zone_pb2.Job) -> None:
+    """Every member committed: a job still pending (not cancelled meanwhile) runs."""
+    if job.state == zone_pb2.PENDING:
+        job.state = zone_pb2.JOB_RUNNING
+        set_reason(job, Reason.NONE, "")
+        job.started_unix = job.started_unix or time.time()
+        job.queue_position = 0
+        job.expected_start_unix = 0
+
+
+class _ProbeCommit:
+    """Commit on probe for one job's try (:class:`laminar_zone.placer.ProbeCommit`): the
+    member's placement is journaled as committing on each host before the probe that
+    carries the commit goes out, and dropped again when that host bounced it."""
+
+    def __init__(self, state: ZoneState, entry: Entry) -> None:
+        self.state = state
+        self.entry = entry
+        #: The placement journaled for the probe under way, if any.
+        self.pending: zone_pb2.Placement | None = None
+
+    def intent(self, record: AgentRecord) -> common_pb2.SubjobSpec:
+        job = self.entry.job
+        placement = job.placements.add(
+            subjob_id=rigid_subjob_id(job.job_id, job.attempts, 0),
+            agent_id=record.agent_id,
+            agent_address=record.address,
+            member=0,
+            state=common_pb2.STARTING,
+            reason=COMMITTING,
+            attempt=job.attempts,
+        )
+        self.state.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
+        if job.state not in TERMINAL_JOB_STATES:
+            job.state = zone_pb2.PENDING
+            set_reason(job, Reason.PLACING, "probing with commit")
+        self.state.save(self.entry)
+        self.pending = placement
+        return self.state.subjob_spec(self.entry, placement)
+
+    def bounced(self, record: AgentRecord) -> None:
+        job = self.entry.job
+        if self.pending is None or self.pending.agent_id != record.agent_id:
+            return
+        job.placements.remove(self.pending)
+        self.pending = None
+        if not any(p.agent_id == record.agent_id for p in job.placements):
+            self.state.by_agent.get(record.agent_id, set()).discard(job.job_id)
+        # Journaled with the next change: a router that restarts before then finds a
+        # committing placement and asks that agent, which knows no such subjob.
+
+    def may_have_run(self, exc: BaseException) -> bool:
+        return _outcome_unknown(exc)
 
 
 def copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:

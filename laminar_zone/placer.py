@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import grpc
 
@@ -26,7 +26,7 @@ from laminar_base.grpcutil import channel_options
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import demand_of
 from laminar_zone.config import PlacementSettings
-from laminar_zone.gather import Bind, Gather, ProbeHost, Release
+from laminar_zone.gather import Bind, Gather, ProbeHost, Release, Unsure
 from laminar_zone.placement import Offer, ShapeCap
 from laminar_zone.view import AgentRecord, ProbePlan, Rank, ZoneView, fragmentation_ranking
 
@@ -101,13 +101,37 @@ class Ask:
 
 @dataclass
 class Gathered:
-    """Leases chosen for every member (uncommitted), or None with the reasons."""
+    """Leases chosen for every member (uncommitted), or None with the reasons. With commit
+    on probe: ``committed``, the reply of the probe that started the member, or
+    ``unsure``, why a probe carrying the commit got no answer (the member may run)."""
 
     chosen: list[tuple[AgentRecord, agent_pb2.Lease]] | None
     probes: int = 0
     bounces: int = 0
     reasons: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    committed: agent_pb2.ProbeReply | None = None
+    unsure: str = ""
+    #: Calls that failed, for the caller to judge (an agent refusing the spec).
+    errors: list[BaseException] = field(default_factory=list)
+
+
+class ProbeCommit(Protocol):
+    """The job's side of commit on probe (the router's journal): each probe that carries
+    the commit is recorded before it goes out, and forgotten when it surely did not start
+    the member."""
+
+    def intent(self, record: AgentRecord) -> common_pb2.SubjobSpec:
+        """The member may start on ``record``: record it, and say how to run it."""
+        ...
+
+    def bounced(self, record: AgentRecord) -> None:
+        """It did not start there (a bounce, or a call the agent refused)."""
+        ...
+
+    def may_have_run(self, exc: BaseException) -> bool:
+        """Whether a failed call may still have been carried out by the agent."""
+        ...
 
 
 class Placer:
@@ -154,9 +178,17 @@ class Placer:
         return fragmentation_ranking(need, self.workload.cache())
 
     async def gather(
-        self, ask: Ask, *, lease_ttl_seconds: float = 0.0, exclude: set[str] | None = None
+        self,
+        ask: Ask,
+        *,
+        lease_ttl_seconds: float = 0.0,
+        exclude: set[str] | None = None,
+        commit: ProbeCommit | None = None,
     ) -> Gathered:
-        """Drive one :class:`~laminar_zone.gather.Gather`: probe rounds over gRPC, bind late."""
+        """Drive one :class:`~laminar_zone.gather.Gather`: probe rounds over gRPC, bind late.
+
+        ``commit``: with d = 1 (``probes_per_attempt``) and one member, each probe carries
+        "commit if it fits" and ``commit`` records it (see :class:`ProbeCommit`)."""
         s = self.settings
         need = demand_of(ask.resources)
         gang = max(1, ask.gang_size)
@@ -166,9 +198,11 @@ class Placer:
             gang,
             deadline=time.monotonic() + s.budget_seconds,
             budget_seconds=s.budget_seconds,
+            commit_on_probe=commit is not None and gang == 1 and s.probes_per_attempt == 1,
         )
         result = Gathered(chosen=None)
         leases: dict[str, tuple[AgentRecord, agent_pb2.Lease]] = {}
+        committed: dict[str, agent_pb2.ProbeReply] = {}
         self.in_flight += 1
         try:
             todo = machine.start(time.monotonic())
@@ -184,20 +218,42 @@ class Placer:
                         )
                         self.background.add(task)
                         task.add_done_callback(self.background.discard)
+                    elif isinstance(step, Bind) and step.committed:
+                        result.committed = committed.pop(step.offers[0].lease_id)
                     elif isinstance(step, Bind):
                         result.chosen = [leases.pop(o.lease_id) for o in step.offers]
+                    elif isinstance(step, Unsure):
+                        result.unsure = step.reason
                 if machine.is_done:
                     break
+                specs = {
+                    p.record.agent_id: commit.intent(p.record)
+                    for p in probes
+                    if p.commit and commit is not None
+                }
                 replies = await asyncio.gather(
-                    *(self._probe(p.record, ask, p.members, ttl) for p in probes),
+                    *(
+                        self._probe(p.record, ask, p.members, ttl, specs.get(p.record.agent_id))
+                        for p in probes
+                    ),
                     return_exceptions=True,
                 )
                 todo = []
                 for p, reply in zip(probes, replies, strict=True):
                     agent_id = p.record.agent_id
                     if isinstance(reply, BaseException):
+                        unsure = False
+                        if p.commit and commit is not None:
+                            result.errors.append(reply)
+                            unsure = commit.may_have_run(reply)
+                            if not unsure:
+                                commit.bounced(p.record)
                         todo += machine.failed(
-                            agent_id, p.round, _rpc_reason(reply), time.monotonic()
+                            agent_id,
+                            p.round,
+                            _rpc_reason(reply),
+                            time.monotonic(),
+                            may_have_run=unsure,
                         )
                         continue
                     grants: list[Offer] = []
@@ -207,11 +263,16 @@ class Placer:
                         result.preempted.extend(one.preempted_subjob_ids)
                         if one.WhichOneof("outcome") == "lease":
                             lease = one.lease
-                            leases[lease.lease_id] = (p.record, lease)
+                            if p.commit:
+                                committed[lease.lease_id] = one
+                            else:
+                                leases[lease.lease_id] = (p.record, lease)
                             grants.append(
                                 Offer(lease.lease_id, agent_id, lease.member, lease.score)
                             )
                         else:
+                            if p.commit and commit is not None:
+                                commit.bounced(p.record)
                             bounces.append(one.bounce.reason)
                     todo += machine.answered(agent_id, p.round, grants, bounces, time.monotonic())
             result.probes = machine.probes
@@ -222,8 +283,15 @@ class Placer:
             self.in_flight -= 1
 
     async def _probe(
-        self, record: AgentRecord, ask: Ask, members: int, ttl: float
+        self,
+        record: AgentRecord,
+        ask: Ask,
+        members: int,
+        ttl: float,
+        spec: common_pb2.SubjobSpec | None = None,
     ) -> list[agent_pb2.ProbeReply]:
+        """Probe ``record`` for ``members`` members; with ``spec``, one probe that carries
+        "commit if it fits" for it."""
         probes = [
             agent_pb2.ProbeRequest(
                 probe_id=f"{ask.job_id}/{m}/{uuid.uuid4().hex[:6]}",
@@ -238,6 +306,9 @@ class Placer:
             )
             for m in range(members)
         ]
+        if spec is not None:
+            probes[0].commit_if_fits = True
+            probes[0].spec.CopyFrom(spec)
         stub = self.clients.stub(record.address)
         timeout = self.settings.rpc_timeout_seconds
         if len(probes) == 1:

@@ -159,6 +159,11 @@ class FakeAgent:
         self, request: agent_pb2.ProbeRequest, timeout: float = 0
     ) -> agent_pb2.ProbeReply:
         (reply,) = self._settle([request])
+        if request.commit_if_fits and reply.WhichOneof("outcome") == "lease":
+            # As the agent does: the lease is committed in the same call (a lost or hung
+            # reply is the Commit's, injected below).
+            commit = agent_pb2.CommitRequest(lease_id=reply.lease.lease_id, spec=request.spec)
+            reply.subjob.CopyFrom(await self.Commit(commit))
         return reply
 
     async def ProbeBatch(

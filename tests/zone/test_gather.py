@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from laminar_base.demand import Demand
-from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release
+from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release, Unsure
 from laminar_zone.placement import Offer, ShapeCap
 from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView
 
@@ -164,3 +165,43 @@ def test_every_lease_is_bound_or_released_exactly_once(
         assert set(bound) <= granted
     assert sorted(bound + released) == sorted(granted)
     assert not set(bound) & set(released)
+
+
+def commit_machine(free: list[int], seed: int) -> Gather:
+    limits = ProbeLimits(probes_per_attempt=1)
+    plan = ProbePlan(make_view(free), Demand(gpus=1), limits, random.Random(seed))
+    return Gather(plan, 1, commit_on_probe=True)
+
+
+def test_commit_on_probe_binds_the_first_grant_as_committed_and_never_releases_it() -> None:
+    g = commit_machine([8, 8, 8], seed=1)
+    (first,) = g.start(0.0)
+    assert isinstance(first, ProbeHost) and first.commit and first.members == 1
+    # A bounce moves on to one other candidate, again carrying the commit.
+    (second,) = g.answered(first.record.agent_id, first.round, [], ["full"], 0.0)
+    assert isinstance(second, ProbeHost) and second.commit
+    assert second.record.agent_id != first.record.agent_id
+    won = Offer("L1", second.record.agent_id, 0, 0.5)
+    assert g.answered(second.record.agent_id, second.round, [won], [], 0.0) == [
+        Bind((won,), committed=True)
+    ]
+    assert g.is_done and g.probes == 2 and g.bounces == 1
+    # The driver's timer does not close a round whose probe carries the commit.
+    assert g.timed_out(second.round, 1.0) == []
+
+
+def test_a_commit_probe_without_an_answer_ends_the_try_unsure() -> None:
+    g = commit_machine([8, 8, 8], seed=2)
+    (first,) = g.start(0.0)
+    # Refused before it reached the agent: nothing ran, the next candidate is tried.
+    (second,) = g.failed(first.record.agent_id, first.round, "refused", 0.0)
+    assert isinstance(second, ProbeHost) and second.commit
+    out = g.failed(second.record.agent_id, second.round, "deadline", 0.0, may_have_run=True)
+    assert out == [Unsure(second.record.agent_id, "deadline")]
+    assert g.is_done and g.outcome == out[0]
+
+
+def test_commit_on_probe_is_for_one_member_only() -> None:
+    plan = ProbePlan(make_view([8]), Demand(gpus=1), ProbeLimits(), random.Random(1))
+    with pytest.raises(ValueError, match="gang"):
+        Gather(plan, 2, commit_on_probe=True)

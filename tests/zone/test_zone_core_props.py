@@ -24,6 +24,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from corekit import FakeAgent, FakeClients, settle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -46,6 +47,10 @@ from laminar_zone.store import JobStore
 AGENTS = 3
 GPUS_PER_AGENT = 2
 CONFIG = ZoneConfig(placement=PlacementSettings(lease_ttl_seconds=30.0))
+#: d = 1: each probe of a one-member job carries the commit (no separate Commit call).
+COMMIT_ON_PROBE = ZoneConfig(
+    placement=PlacementSettings(lease_ttl_seconds=30.0, probes_per_attempt=1)
+)
 
 agent_st = st.integers(0, AGENTS - 1)
 op_st = st.one_of(
@@ -75,7 +80,8 @@ op_st = st.one_of(
 
 
 class Harness:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, config: ZoneConfig = CONFIG) -> None:
+        self.config = config
         self.db = root / "zone.db"
         self.agents = {f"a{i}": FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(AGENTS)}
         self.job_ids: list[str] = []
@@ -86,7 +92,7 @@ class Harness:
     def _open(self) -> ZoneState:
         self.store = JobStore(self.db)
         zone = ZoneState(
-            CONFIG,
+            self.config,
             self.store,
             ZoneMetrics(),
             rng=random.Random(7),
@@ -203,7 +209,7 @@ class Harness:
                 # Silent past membership.lost_after_seconds: its fence stopped its work
                 # first (the fence lease is shorter), then the router declares it lost.
                 agent.fence()
-                record.last_heartbeat -= CONFIG.membership.lost_after_seconds + 1
+                record.last_heartbeat -= self.config.membership.lost_after_seconds + 1
                 self.zone.sweep()
         elif kind == "heal":
             agent = self.agent(cast(int, op[1]))
@@ -335,9 +341,9 @@ class Harness:
         self.store.close()
 
 
-async def scenario(ops: list[tuple[object, ...]]) -> None:
+async def scenario(ops: list[tuple[object, ...]], config: ZoneConfig = CONFIG) -> None:
     with tempfile.TemporaryDirectory() as root:
-        harness = Harness(Path(root))
+        harness = Harness(Path(root), config)
         try:
             await harness.flush()
             for op in ops:
@@ -357,7 +363,20 @@ def test_random_interleavings_keep_the_routers_promises(ops: list[tuple[object, 
     asyncio.run(scenario(ops))
 
 
-def test_a_lost_commit_reply_is_stopped_when_its_agent_reports() -> None:
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(ops=st.lists(op_st, max_size=60))
+def test_commit_on_probe_keeps_the_same_promises(ops: list[tuple[object, ...]]) -> None:
+    """The same interleavings with d = 1, where one-member jobs commit in their probe: a
+    lost or hung reply of such a probe is a commit of unknown outcome."""
+    asyncio.run(scenario(ops, COMMIT_ON_PROBE))
+
+
+@pytest.mark.parametrize("config", [CONFIG, COMMIT_ON_PROBE], ids=["probe-commit", "d1"])
+def test_a_lost_commit_reply_is_stopped_when_its_agent_reports(config: ZoneConfig) -> None:
     """The agent started a member whose Commit reply was lost: the router rolled back and
     retried, and the copy it gave up on is stopped at the agent's next report."""
     ops: list[tuple[object, ...]] = [
@@ -367,7 +386,7 @@ def test_a_lost_commit_reply_is_stopped_when_its_agent_reports() -> None:
         ("submit", 1, 1, 0, common_pb2.BATCH),
         ("flush",),
     ]
-    asyncio.run(scenario(ops))
+    asyncio.run(scenario(ops, config))
 
 
 def test_a_router_restart_recovers_running_and_queued_jobs() -> None:
