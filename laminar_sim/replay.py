@@ -189,21 +189,20 @@ class _Replay:
         self.queue.append(job)
         self.schedule()
 
-    def started(self, job: TraceJob, leases: list[tuple[SimHost, str]]) -> None:
+    def started(self, job: TraceJob, subjobs: list[tuple[SimHost, str]]) -> None:
+        """``subjobs``: (host, subjob id) of each member, committed by the agent's core."""
         now = self.engine.now
         held = 0
-        for host, lease_id in leases:
-            lease = host.ledger.lease(lease_id)
-            assert lease is not None and lease.committed
-            held += sum(a.milli for a in lease.allocations) // 1000
+        for host, subjob_id in subjobs:
+            held += sum(a.milli for a in host.allocations(subjob_id)) // 1000
         self.free -= held
         self.ends[job.index] = (now + job.duration, held)
         self.stats.queue.append(now - job.arrival)
 
         def end() -> None:
             self.clock()
-            for host, lease_id in leases:
-                host.ledger.release(lease_id)
+            for host, subjob_id in subjobs:
+                host.end(subjob_id, self.engine.now)
                 self.ended_on(host)
             self.free += held
             del self.ends[job.index]
@@ -305,7 +304,7 @@ class LaminarReplay(_Replay):
             ]
             grants: list[Offer] = []
             bounces: list[str] = []
-            for reply in host.ledger.arbitrate(orders, now):
+            for reply in host.arbitrate(orders, now):
                 self.stats.probes += 1
                 if isinstance(reply, Granted):
                     lease = reply.lease
@@ -318,7 +317,7 @@ class LaminarReplay(_Replay):
 
         def release(offer: Offer) -> None:
             host = self.by_id[offer.agent_id]
-            host.ledger.release(offer.lease_id)
+            host.release(offer.lease_id)
             self.note(host)
 
         outcome = settle(machine, probe, release, now)
@@ -327,8 +326,9 @@ class LaminarReplay(_Replay):
         chosen = []
         for offer in outcome.offers:
             host = self.by_id[offer.agent_id]
-            host.ledger.commit(offer.lease_id, f"j{job.index}", now)
-            chosen.append((host, offer.lease_id))
+            subjob_id = f"j{job.index}-m{offer.member}"
+            host.commit(offer.lease_id, subjob_id, now)
+            chosen.append((host, subjob_id))
             self.note(host)
         return chosen
 
@@ -355,16 +355,19 @@ class FifoReplay(_Replay):
                 break
             order = ProbeOrder(f"{job.index}", f"j{job.index}", 0, need, 3, 0.0, 0, 60.0)
             self.stats.probes += 1
-            reply = host.ledger.arbitrate([order], self.engine.now)[0]
+            reply = host.arbitrate([order], self.engine.now)[0]
             if isinstance(reply, Granted):
                 chosen.append((host, reply.lease.lease_id))
         if len(chosen) < gang:
             for host, lease_id in chosen:
-                host.ledger.release(lease_id)
+                host.release(lease_id)
             return None
-        for host, lease_id in chosen:
-            host.ledger.commit(lease_id, f"j{job.index}", self.engine.now)
-        return chosen
+        started = []
+        for member, (host, lease_id) in enumerate(chosen):
+            subjob_id = f"j{job.index}-m{member}"
+            host.commit(lease_id, subjob_id, self.engine.now)
+            started.append((host, subjob_id))
+        return started
 
 
 def run_replay(spec: ReplaySpec, progress: ProgressFn | None = None) -> dict[str, Any]:
