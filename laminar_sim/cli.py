@@ -116,6 +116,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     ld.add_argument("--zone-hosts", type=int, default=1000, help="hosts per zone (default 1000)")
     ld.add_argument(
+        "--probes",
+        type=int,
+        default=ProbeLimits().probes_per_attempt,
+        help="hosts probed per attempt, d (default: the router's, "
+        f"{ProbeLimits().probes_per_attempt}); with 1 a probe carries the commit",
+    )
+    ld.add_argument(
         "--net-delay-ms", type=float, default=0.5, help="one-way message delay (default 0.5 ms)"
     )
     ld.add_argument("--loss", type=float, default=0.0, help="message loss ratio (default 0)")
@@ -356,7 +363,13 @@ def render_fgd(report: dict[str, Any], console: Console) -> None:
             f"{laminar['bounces_per_placement']:.2f} bounces, "
             f"{laminar['forwards_per_placement']:.3f} forwards; plus "
             f"{laminar['exchange_messages_per_placement']:.2f} zone-summary exchange messages); "
-            f"zones of {fgd.LAMINAR_ZONE_HOSTS} hosts, d=2 probes per attempt"
+            f"zones of {report.get('laminar_zone_hosts', fgd.LAMINAR_ZONE_HOSTS)} hosts, "
+            f"d={report.get('laminar_probes_per_attempt', 1)} probes per attempt"
+            + (
+                " (a probe carries the commit)"
+                if report.get("laminar_probes_per_attempt") == 1
+                else ""
+            )
         )
 
     curve = Table(title="Unallocated GPU % (median over seeds) by arrived GPU % of capacity")
@@ -527,6 +540,7 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
         window_seconds=args.window_seconds,
         warmup_seconds=args.warmup_seconds,
         zone_hosts=args.zone_hosts,
+        probes_per_attempt=args.probes,
         net_delay_seconds=args.net_delay_ms / 1000.0,
         loss_ratio=args.loss,
         heartbeat_seconds=args.heartbeat_seconds,

@@ -48,7 +48,7 @@ from laminar_agent.ledger import Granted
 from laminar_base.demand import Demand
 from laminar_sim.engine import Engine, LossyDelay
 from laminar_sim.laminar import Ask, LaminarCluster, SimHost, SimZone
-from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release
+from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release, Unsure
 from laminar_zone.placement import Offer
 from laminar_zone.view import ProbeLimits, ProbePlan
 
@@ -75,6 +75,8 @@ class LoadSpec:
     #: to ``load`` with tasks of the same mix, so the warm-up can be short).
     warmup_seconds: float = 2.0
     zone_hosts: int = 1000
+    #: d, hosts probed per attempt (default: the router's; 1 = the probe carries the commit).
+    probes_per_attempt: int = ProbeLimits().probes_per_attempt
     heartbeat_seconds: float = 1.0
     exchange_seconds: float = 1.0
     net_delay_seconds: float = 0.0005
@@ -113,6 +115,11 @@ class LoadSpec:
                 f"must be > 0, got {self.heartbeat_seconds}",
             ),
             (self.zone_hosts >= 1, "--zone-hosts", f"must be >= 1, got {self.zone_hosts}"),
+            (
+                1 <= self.probes_per_attempt <= 64,
+                "--probes",
+                f"must be in 1..64, got {self.probes_per_attempt}",
+            ),
         ]
         for ok, flag, message in checks:
             if not ok:
@@ -367,7 +374,7 @@ class LaminarRun(_Base):
         self.cluster = LaminarCluster(
             self.hosts,
             zone_hosts=spec.zone_hosts,
-            limits=ProbeLimits(),
+            limits=ProbeLimits(probes_per_attempt=spec.probes_per_attempt),
             gamma=1.0,
             seed=spec.seed,
             exchange_every=1 << 62,  # exchanges run on the simulated clock below
@@ -417,7 +424,8 @@ class LaminarRun(_Base):
         t0 = time.perf_counter()
         plan = ProbePlan(zone.view, task.ask.need, self.cluster.limits, self.cluster.rng)
         self.out.decision_seconds += time.perf_counter() - t0
-        _Attempt(self, zone, task, Gather(plan), key).start()
+        machine = Gather(plan, commit_on_probe=self.cluster.limits.probes_per_attempt == 1)
+        _Attempt(self, zone, task, machine, key).start()
 
     def placed(self, key: tuple[str, Demand] | None, failed: Task | None) -> None:
         """A try ended (``failed`` is the task that found no room): run the queue on."""
@@ -503,7 +511,9 @@ class _Attempt:
                 run.out.probes += 1
                 run.out.view_lookups += 1
                 run.engine.send(
-                    self.zone.name, host.agent_id, partial(self._at_host, host, step.round)
+                    self.zone.name,
+                    host.agent_id,
+                    partial(self._at_host, host, step.round, step.commit),
                 )
             elif isinstance(step, Release):
                 for offer in step.offers:
@@ -511,20 +521,48 @@ class _Attempt:
             elif isinstance(step, Bind):
                 self.zone.in_flight -= 1
                 best = step.offers[0]
-                self._commit(self.zone.hosts[best.agent_id], best.lease_id, tries=3)
+                if not step.committed:
+                    self._commit(self.zone.hosts[best.agent_id], best.lease_id, tries=3)
                 run.placed(self.key, None)
+            elif isinstance(step, Unsure):
+                # The router asks that agent at its next heartbeat whether the task runs
+                # there; if it does not, the task is placed again.
+                self.zone.in_flight -= 1
+                run.placed(self.key, None)
+                host = self.zone.hosts[step.agent_id]
+                run.engine.schedule(
+                    run.spec.heartbeat_seconds, partial(self._confirm, host, self.task)
+                )
             elif isinstance(step, GiveUp):
                 self.zone.in_flight -= 1
                 run.placed(self.key or (self.zone.name, self.task.ask.need), self.task)
         if probes:
-            round_ = probes[0].round
             self.timer = run.engine.schedule(
-                run.spec.rpc_timeout_seconds,
-                lambda: self._carry(self.machine.timed_out(round_, self.run.engine.now)),
+                run.spec.rpc_timeout_seconds, partial(self._timed_out, probes[0])
             )
 
-    def _at_host(self, host: SimHost, round_: int) -> None:
-        reply = host.probe(self.task.ask, self.run.engine.now)
+    def _timed_out(self, probe: ProbeHost) -> None:
+        now = self.run.engine.now
+        if probe.commit:  # no answer to a probe carrying the commit: it may have run
+            why = "no answer"
+            steps = self.machine.failed(
+                probe.record.agent_id, probe.round, why, now, may_have_run=True
+            )
+        else:
+            steps = self.machine.timed_out(probe.round, now)
+        self._carry(steps)
+
+    def _confirm(self, host: SimHost, task: Task) -> None:
+        """The router learned from the agent whether the task of an unanswered probe runs."""
+        if task.index not in self.run.done:
+            self.run.submit(self.zone, task)
+
+    def _at_host(self, host: SimHost, round_: int, commit: bool) -> None:
+        now = self.run.engine.now
+        reply = host.probe(self.task.ask, now)
+        if commit and isinstance(reply, Granted):
+            host.commit(reply.lease.lease_id, reply.lease.lease_id, now)
+            self.run.start(self.task, host, reply.lease.lease_id)
         self.run.engine.send(
             host.agent_id, self.zone.name, lambda: self._reply(host, reply, round_)
         )
@@ -726,6 +764,7 @@ def run_load(spec: LoadSpec, progress: ProgressFn | None = None) -> dict[str, An
             "exchange_seconds": spec.exchange_seconds,
         },
         "zones": math.ceil(spec.hosts / spec.zone_hosts),
+        "probes_per_attempt": spec.probes_per_attempt,
         "policies": {},
     }
     measured = sum(1 for t in tasks if t.arrival >= spec.warmup_seconds)

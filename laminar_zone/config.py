@@ -79,10 +79,10 @@ class MembershipSettings:
 @dataclass(frozen=True)
 class PlacementSettings:
     probes_per_attempt: int = field(
-        default=2,
+        default=1,
         metadata=doc(
             "d: agents probed in parallel per attempt; 1: a one-member job's probe carries "
-            "the commit (one call per placement)"
+            "the commit (one call per placement; gangs probe 2 per attempt)"
         ),
     )
     sample_size: int = field(

@@ -194,7 +194,9 @@ class Placer:
         gang = max(1, ask.gang_size)
         ttl = lease_ttl_seconds or s.lease_ttl_seconds
         machine = Gather(
-            ProbePlan(self.view, need, s.limits(), self.rng, exclude, rank=self._rank(need)),
+            ProbePlan(
+                self.view, need, s.limits().for_gang(gang), self.rng, exclude, rank=self._rank(need)
+            ),
             gang,
             deadline=time.monotonic() + s.budget_seconds,
             budget_seconds=s.budget_seconds,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from laminar_base.demand import Demand, HostCap
 from laminar_base.fragmentation import FragmentationCache
@@ -364,14 +364,30 @@ class ZoneView:
 Rank = Callable[[AgentRecord], float | None]
 
 
+#: d for gangs when the configured d is 1: a gang gathers leases over several hosts and
+#: commits them all or none, so it probes more than one host per round.
+GANG_PROBES_PER_ATTEMPT = 2
+
+
 @dataclass(frozen=True)
 class ProbeLimits:
-    """The probing budget of one placement try (``[placement]`` in the router's config)."""
+    """The probing budget of one placement try (``[placement]`` in the router's config).
 
-    probes_per_attempt: int = 2
+    d = 1 (the default): a one-member job's probe carries the commit
+    (:class:`laminar_zone.gather.Gather`'s commit on probe), chosen by measurement
+    (docs/zone.md)."""
+
+    probes_per_attempt: int = 1
     sample_size: int = SAMPLE_SIZE
     max_attempts: int = 4
     regenerations: int = 2
+
+    def for_gang(self, gang: int) -> ProbeLimits:
+        """The limits a try of ``gang`` members probes with (at least
+        :data:`GANG_PROBES_PER_ATTEMPT` hosts per round for a gang)."""
+        if gang <= 1 or self.probes_per_attempt >= GANG_PROBES_PER_ATTEMPT:
+            return self
+        return replace(self, probes_per_attempt=GANG_PROBES_PER_ATTEMPT)
 
 
 class ProbePlan:

@@ -23,8 +23,12 @@ def make_view(free: list[int]) -> ZoneView:
     return view
 
 
+#: Two hosts per round, late binding between them (d = 1 commits on probe: see below).
+D2 = ProbeLimits(probes_per_attempt=2)
+
+
 def machine(free: list[int], gang: int, seed: int, **kw: object) -> Gather:
-    plan = ProbePlan(make_view(free), Demand(gpus=1), ProbeLimits(), random.Random(seed))
+    plan = ProbePlan(make_view(free), Demand(gpus=1), D2, random.Random(seed))
     return Gather(plan, gang, **kw)  # type: ignore[arg-type]
 
 

@@ -110,3 +110,13 @@ def test_a_heartbeat_outdates_the_host_figures_of_a_probe_reply() -> None:
     view.update("h0", "addr0", shapes, heat=0, draining=False, now=5.0)
     assert view.agents["h0"].host is None
     assert [r.agent_id for r in view.sample(NEED, 4, rng)] == ["h0"]
+
+
+def test_the_simulators_default_limits_are_the_routers() -> None:
+    from laminar_zone.config import PlacementSettings
+
+    assert PlacementSettings().limits() == ProbeLimits()
+    # d = 1 commits on probe; a gang still probes two hosts per round.
+    assert ProbeLimits().probes_per_attempt == 1
+    assert ProbeLimits().for_gang(3).probes_per_attempt == 2
+    assert ProbeLimits(probes_per_attempt=4).for_gang(3).probes_per_attempt == 4

@@ -1,6 +1,7 @@
-"""Commit on probe through a real router and agents: with d = 1 (``placement.probes_per_attempt
-= 1``) a one-member job starts in the probe that finds it room, with no Commit call; a host
-that bounces it leaves nothing behind, and the job runs where there is room or waits."""
+"""Commit on probe through a real router and agents: with d = 1 (the default
+``placement.probes_per_attempt``) a one-member job starts in the probe that finds it room,
+with no Commit call; a host that bounces it leaves nothing behind, and the job runs where
+there is room or waits."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_a_job_starts_in_its_probe_and_no_commit_is_sent(zone: Zone) -> None:
 def test_with_d_2_the_same_jobs_take_a_probe_and_a_commit(tmp_path: Path) -> None:
     """The control: the metric above does count Commit calls where they are made."""
     with LocalCluster(tmp_path) as cluster:
-        z = open_zone(cluster, tmp_path)
+        z = open_zone(cluster, tmp_path, env={"LAMINAR_PLACEMENT_PROBES_PER_ATTEMPT": "2"})
         cluster.start_agent("one", "H100-80GB", zone=z.address, heartbeat_seconds=HEARTBEAT_SECONDS)
         cluster.wait_registered()
         job = z.submit("print('ran')")
