@@ -211,7 +211,18 @@ class Node:
     def _apply(
         self, instructions: Iterable[Instruction], spec: common_pb2.SubjobSpec | None = None
     ) -> None:
-        """Do what the core decided, in order; ``spec`` is the new subjob's, for a NewRow."""
+        """Do what the core decided, in order; ``spec`` is the new subjob's, for a NewRow.
+        The journal writes of one call commit as one transaction."""
+        with self.journal.batch():
+            woken = self._carry_out(instructions, spec)
+        if woken:
+            for waiter in list(self._event_waiters):
+                waiter.set()
+
+    def _carry_out(
+        self, instructions: Iterable[Instruction], spec: common_pb2.SubjobSpec | None
+    ) -> bool:
+        """The instructions, in order; whether any journaled an event (watchers wake)."""
         woken = False
         for ins in instructions:
             if isinstance(ins, WriteRow):
@@ -220,9 +231,11 @@ class Node:
                 self.journal.append_event(ins.subjob_id, ins.state, ins.reason, ins.at_unix)
                 woken = True
             elif isinstance(ins, KeepLease):
-                self._journal_lease(ins.lease, ins.subjob_id, ins.at_unix)
+                if ins.subjob_id:  # uncommitted leases live in memory only
+                    self._journal_lease(ins.lease, ins.subjob_id, ins.at_unix)
             elif isinstance(ins, DropLease):
-                self.journal.delete_lease(ins.lease_id)
+                if ins.journaled:
+                    self.journal.delete_lease(ins.lease_id)
                 log.debug("lease %s for job %s %s", ins.lease_id, ins.job_id, ins.why)
             elif isinstance(ins, NewRow):
                 assert spec is not None, "a new row needs its spec"
@@ -244,9 +257,7 @@ class Node:
                 self._record_reclaim(ins)
             else:
                 assert_never(ins)
-        if woken:
-            for waiter in list(self._event_waiters):
-                waiter.set()
+        return woken
 
     def _new_row(self, ins: NewRow, spec: common_pb2.SubjobSpec) -> SubjobRow:
         slice_ids = [a.slice_id for a in ins.lease.allocations]

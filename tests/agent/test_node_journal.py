@@ -1,0 +1,43 @@
+"""What the agent journals on the hot path: committed leases only, one transaction a step."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from laminar_agent.inventory.fake import FakeGpuBackend
+from laminar_agent.node import Node
+from laminar_api.v1 import agent_pb2, common_pb2
+
+
+def _probe(job: str) -> agent_pb2.ProbeRequest:
+    return agent_pb2.ProbeRequest(
+        probe_id=f"p-{job}",
+        job_id=job,
+        resources=common_pb2.Resources(gpu_milli=100),
+        lease_ttl_seconds=30,
+    )
+
+
+async def test_only_committed_leases_reach_the_journal(tmp_path: Path) -> None:
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        kept = await node.probe(_probe("j1"))
+        dropped = await node.probe(_probe("j2"))
+        assert kept.HasField("lease") and dropped.HasField("lease")
+        assert node.journal.leases() == []  # granted, not committed: memory only
+        assert node.release([dropped.lease.lease_id]) == 1
+        spec = common_pb2.SubjobSpec(
+            job_id="j1", command=[sys.executable, "-c", "pass"], subjob_id="s1"
+        )
+        await node.commit(kept.lease.lease_id, spec)
+        (row,) = node.journal.leases()
+        assert (row.lease_id, row.subjob_id, row.committed) == (kept.lease.lease_id, "s1", True)
+        # The row recovery re-adopts from carries the lease's allocations.
+        subjob = node.journal.get_subjob("s1")
+        assert subjob is not None and subjob.allocations_json not in ("", "[]")
+        await node.executor.wait("s1")
+        assert node.journal.leases() == []  # its end dropped the committed row
+        assert [e.state for e in node.journal.events_after(0)] == ["RUNNING", "SUCCEEDED"]
+    finally:
+        await node.close()
