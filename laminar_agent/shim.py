@@ -32,6 +32,10 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False  # typing costs the shim's start-up 10 ms; mypy reads this name
+if TYPE_CHECKING:
+    import ctypes
+
 EXIT_FILE = "exit.json"
 LAUNCH_FILE = "launch.json"
 #: The agent's fence, in its state directory: a CLOCK_MONOTONIC deadline the agent moves
@@ -46,16 +50,22 @@ FENCE_GRACE_SECONDS = 1.0
 #: How long the shim waits for a cgroup to empty after ``cgroup.kill``.
 CGROUP_DRAIN_SECONDS = 5.0
 PR_SET_CHILD_SUBREAPER = 36
+#: libc through ctypes, for ``prctl`` (loaded once by the launcher; else on first use).
+_libc: ctypes.CDLL | None = None
 
 
 def write_exit(subjob_dir: str, record: dict[str, object]) -> None:
-    """Write ``exit.json`` atomically (tmp + rename) so readers never see half a file."""
+    """Write ``exit.json`` atomically (tmp + rename) so readers never see half a file.
+
+    Not fsynced: the record has to outlive the agent (a SIGKILLed agent re-adopting
+    reads it from the page cache), not the machine, whose crash ends the subjob too and
+    leaves the journal's last (synchronous=NORMAL) commits just as unsure."""
     tmp = os.path.join(subjob_dir, EXIT_FILE + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        os.write(fd, json.dumps(record).encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, os.path.join(subjob_dir, EXIT_FILE))
 
 
@@ -82,10 +92,18 @@ def fence_expired(path: str, now: float) -> bool:
         return True
 
 
+def _read_small(path: str) -> bytes:
+    """A small kernel file (cgroup), with two syscalls and no file object."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
 def cgroup_pids(cgroup: str) -> list[int]:
     try:
-        with open(os.path.join(cgroup, "cgroup.procs"), encoding="ascii") as f:
-            return [int(line) for line in f if line.strip()]
+        return [int(line) for line in _read_small(os.path.join(cgroup, "cgroup.procs")).split()]
     except (OSError, ValueError):
         return []
 
@@ -94,11 +112,13 @@ def become_subreaper() -> bool:
     """Make this process the child subreaper of its descendants (Linux ``prctl``), so a
     ``setsid`` grandchild whose parent exits is re-parented here, not to init, and can be
     found and stopped without cgroups. False where ``prctl`` is unavailable."""
+    global _libc
     try:
-        import ctypes  # only without cgroups; the launcher imports it once up front
+        if _libc is None:  # the launcher loads it once, before it forks supervisors
+            import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+            _libc = ctypes.CDLL(None, use_errno=True)
+        return int(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 
@@ -197,8 +217,7 @@ def finish_cgroup(cgroup: str) -> int:
     """Stop what the command left in its cgroup, remove it; the cgroup's peak memory."""
     peak = 0
     try:
-        with open(os.path.join(cgroup, "memory.peak"), encoding="ascii") as f:
-            peak = int(f.read().strip() or 0)
+        peak = int(_read_small(os.path.join(cgroup, "memory.peak")).strip() or 0)
     except (OSError, ValueError):
         pass
     if cgroup_pids(cgroup):
@@ -217,36 +236,76 @@ def finish_cgroup(cgroup: str) -> int:
     return peak
 
 
-def _child(spec: dict[str, object], errors_w: int, stops: set[signal.Signals]) -> None:
+class Exec:
+    """What the child needs, prepared by the supervisor from ``launch.json`` before the
+    fork (parsed as before, by the same root process; nothing of it is applied here):
+    the child then runs the fewest Python lines between fork and exec. Each line there
+    touches (so copies) pages it shares with its parent, which was a millisecond of CPU
+    per launch."""
+
+    __slots__ = ("argv", "cgroup_procs", "cwd", "env", "gid", "groups", "mkdirs", "paths", "uid")
+
+    def __init__(self, spec: dict[str, object]) -> None:
+        cgroup = str(spec.get("cgroup") or "")
+        self.cgroup_procs = os.path.join(cgroup, "cgroup.procs") if cgroup else ""
+        user = spec.get("user")
+        self.uid = self.gid = -1
+        self.groups: list[int] = []
+        if isinstance(user, dict):
+            self.groups = [int(g) for g in user["groups"]]
+            self.gid = int(user["gid"])
+            self.uid = int(user["uid"])
+        self.cwd = str(spec["cwd"])
+        self.mkdirs = [str(d) for d in spec.get("mkdirs") or ()]  # type: ignore[attr-defined]
+        self.argv = [str(a) for a in spec["command"]]  # type: ignore[attr-defined]
+        self.env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
+        # execvpe's search, as strings only: the job's PATH, tried in the child.
+        name = self.argv[0]
+        if os.path.dirname(name):
+            self.paths = [name]
+        else:
+            self.paths = [os.path.join(d, name) for d in os.get_exec_path(self.env)]
+
+
+def _child(job: Exec, errors_w: int, stops: set[signal.Signals]) -> None:
     """In the forked child: join the cgroup, drop privileges, then apply the job."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a pending stop ends it here
     step = "cgroup"
     try:
-        cgroup = str(spec.get("cgroup") or "")
-        if cgroup:
-            with open(os.path.join(cgroup, "cgroup.procs"), "w", encoding="ascii") as f:
-                f.write("0")
-        user = spec.get("user")
-        if isinstance(user, dict):
+        if job.cgroup_procs:
+            fd = os.open(job.cgroup_procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        if job.uid >= 0:
             step = "user"
-            os.setgroups([int(g) for g in user["groups"]])
-            os.setgid(int(user["gid"]))
-            os.setuid(int(user["uid"]))
+            os.setgroups(job.groups)
+            os.setgid(job.gid)
+            os.setuid(job.uid)
         # From here on the process has the job's identity; only now is anything of the
         # job's applied.
-        step = "workdir " + str(spec["cwd"])
-        os.chdir(str(spec["cwd"]))
-        for directory in spec.get("mkdirs") or ():  # type: ignore[attr-defined]
+        step = "workdir " + job.cwd
+        os.chdir(job.cwd)
+        for directory in job.mkdirs:
             try:
-                os.makedirs(str(directory), exist_ok=True)
+                os.makedirs(directory, exist_ok=True)
             except OSError as exc:
                 os.write(2, f"laminar: cannot create {directory}: {exc.strerror}\n".encode())
-        command = [str(a) for a in spec["command"]]  # type: ignore[attr-defined]
-        env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
-        step = command[0]
-        os.execvpe(command[0], command, env)
+        step = job.argv[0]
+        saved: OSError | None = None
+        last: OSError = FileNotFoundError(2, "No such file or directory")
+        for path in job.paths:  # as os.execvpe: the first error but "not there", or the last
+            try:
+                os.execve(path, job.argv, job.env)
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                last = exc
+            except OSError as exc:
+                last = exc
+                saved = saved or exc
+        raise saved or last
     except (OSError, KeyError, TypeError, ValueError) as exc:
         text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         try:
@@ -293,6 +352,11 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     started = time.monotonic()
+    try:
+        job = Exec(spec)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        write_exit(subjob_dir, _failed_record(started, f"bad {LAUNCH_FILE}: {exc!r}"))
+        return EXEC_FAILED_CODE
     cgroup = str(spec.get("cgroup") or "")
     # Without a cgroup, descendants that leave the process group (setsid) are found as
     # this process's re-parented children instead.
@@ -306,7 +370,7 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
         return EXEC_FAILED_CODE
     if pid == 0:
         os.close(errors_r)
-        _child(spec, errors_w, stops)
+        _child(job, errors_w, stops)
     early = signal.sigpending() & stops
     for sig in stops:  # from now on a stop sent to the group reaches the child itself
         signal.signal(sig, signal.SIG_IGN)
@@ -379,7 +443,13 @@ def serve() -> int:
     # Reap supervisors as they end (waiting, not ignoring SIGCHLD, so their CPU time
     # counts in this process's children's time, where a benchmark can see it).
     signal.signal(signal.SIGCHLD, _reap_supervisors)
-    import ctypes  # noqa: F401 - once here, not in each supervisor (become_subreaper)
+    global _libc
+    import ctypes  # once here, not in each supervisor (become_subreaper)
+
+    try:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        pass
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
