@@ -265,34 +265,52 @@ def _resolve(future: asyncio.Future[None]) -> None:
 async def _wait_child(pid: int) -> int | None:
     """Wait for ``pid`` to end without blocking the loop; its wait status when it is our
     child (reaped here), None when it is not (a supervisor the launcher forked, or one
-    reaped elsewhere): then its pidfd, or a poll, tells when it has ended."""
-    loop = asyncio.get_running_loop()
+    reaped elsewhere). Its pidfd tells when it has ended (a pidfd is readable once its
+    process has exited, zombie or reaped), so nothing polls /proc on a launch's path;
+    only without pidfds is it polled."""
     try:
         pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone and reaped already
+        return _reap_ours(pid)
     except (AttributeError, OSError):
-        pidfd = -1
+        return await _poll_child(pid)
     try:
-        while True:
-            try:
-                status = _reap(pid)
-            except ChildProcessError:
-                status = None
-                if not psutil.pid_exists(pid) or _is_zombie(pid):
-                    return None
-            if status is not None:
-                return status
-            if pidfd < 0:
-                await asyncio.sleep(ADOPT_POLL_SECONDS)
-                continue
+        status = _reap_ours(pid)
+        if status is None:
+            loop = asyncio.get_running_loop()
             readable = loop.create_future()
             loop.add_reader(pidfd, _resolve, readable)
             try:
                 await readable
             finally:
                 loop.remove_reader(pidfd)
+            status = _reap_ours(pid)
+        return status
     finally:
-        if pidfd >= 0:
-            os.close(pidfd)
+        os.close(pidfd)
+
+
+def _reap_ours(pid: int) -> int | None:
+    """The wait status of our child ``pid`` once it has ended; None while it runs, or
+    when it is not our child."""
+    try:
+        return _reap(pid)
+    except ChildProcessError:
+        return None
+
+
+async def _poll_child(pid: int) -> int | None:
+    """:func:`_wait_child` where pidfds are unavailable: a poll."""
+    while True:
+        try:
+            status = _reap(pid)
+        except ChildProcessError:
+            status = None
+            if not psutil.pid_exists(pid) or _is_zombie(pid):
+                return None
+        if status is not None:
+            return status
+        await asyncio.sleep(ADOPT_POLL_SECONDS)
 
 
 def _kill_group_but_leader(pgid: int) -> None:
