@@ -264,7 +264,10 @@ class Exec:
         if os.path.dirname(name):
             self.paths = [name]
         else:
-            self.paths = [os.path.join(d, name) for d in os.get_exec_path(self.env)]
+            # os.get_exec_path(), without its warnings filters (costly in a fresh fork).
+            path = self.env.get("PATH")
+            dirs = (os.defpath if path is None else path).split(os.pathsep)
+            self.paths = [os.path.join(d, name) for d in dirs]
 
 
 def _child(job: Exec, errors_w: int, stops: set[signal.Signals]) -> None:
@@ -526,8 +529,13 @@ def main(argv: list[str] | None = None) -> int:
     subjob_dir = args[0]
     try:
         fd = os.open(os.path.join(subjob_dir, LAUNCH_FILE), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, encoding="utf-8") as f:
-            spec = json.load(f)
+        try:  # raw reads: no file object, fewer pages touched in a fresh fork
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        spec = json.loads(b"".join(chunks))
         if not isinstance(spec, dict) or not spec.get("command"):
             raise ValueError("no command")
     except (OSError, ValueError) as exc:

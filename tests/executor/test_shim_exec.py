@@ -14,7 +14,7 @@ from laminar_agent.executor import SHIM_ENV, SHIM_PATH
 
 def _run_shim(tmp_path: Path, launch: dict[str, object]) -> dict[str, object]:
     sdir = tmp_path / "subjob"
-    sdir.mkdir()
+    sdir.mkdir(parents=True)
     (sdir / "launch.json").write_text(json.dumps(launch))
     subprocess.run(
         [sys.executable, "-I", "-S", SHIM_PATH, str(sdir)], env=SHIM_ENV, check=False, timeout=60
@@ -55,3 +55,11 @@ def test_a_missing_command_and_a_bad_launch_file_end_127(tmp_path: Path) -> None
     bad.mkdir()
     record = _run_shim(bad, {"command": ["true"], "env": {}})  # no cwd
     assert record["exit_code"] == 127 and "launch.json" in str(record["error"])
+
+
+def test_an_empty_path_searches_the_working_directory_as_execvpe(tmp_path: Path) -> None:
+    """PATH="" is one empty entry (the working directory), not "no PATH" (os.defpath)."""
+    _script(tmp_path, "job-cmd", "exit 5")
+    assert _run_shim(tmp_path, _launch(tmp_path, ["job-cmd"], ""))["exit_code"] == 5
+    record = _run_shim(tmp_path / "x", {"command": ["true"], "env": {}, "cwd": str(tmp_path)})
+    assert record["exit_code"] == 0  # no PATH at all: os.defpath finds true
