@@ -24,6 +24,11 @@ launch's path.
 
 from __future__ import annotations
 
+# The signal module's C core. The module's wrappers turn every number into an enum
+# member, which runs enum code on each call: in a freshly forked supervisor that touches
+# (so copies) pages shared with the launcher. On a launch's path the core is called with
+# plain numbers instead; it is the same function underneath.
+import _signal  # type: ignore[import-not-found]
 import gc
 import json
 import os
@@ -42,6 +47,10 @@ LAUNCH_FILE = "launch.json"
 #: forward while its router hears from it. Past it, fenced subjobs are stopped.
 FENCE_FILE = "fence"
 EXEC_FAILED_CODE = 127
+#: The stop signals a supervisor holds back until its child exists (see :func:`run`).
+STOPS = (int(signal.SIGTERM), int(signal.SIGINT))
+_SIG_DFL, _SIG_IGN = int(signal.SIG_DFL), int(signal.SIG_IGN)
+_SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
 #: How often a fenced subjob's shim looks at the fence file (issue: at least every 0.5 s).
 FENCE_POLL_SECONDS = 0.5
 #: SIGTERM -> SIGKILL under an expired fence, at most (the job's own grace if shorter):
@@ -63,10 +72,28 @@ def write_exit(subjob_dir: str, record: dict[str, object]) -> None:
     tmp = os.path.join(subjob_dir, EXIT_FILE + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, json.dumps(record).encode())
+        os.write(fd, _record_json(record).encode())
     finally:
         os.close(fd)
     os.replace(tmp, os.path.join(subjob_dir, EXIT_FILE))
+
+
+def _record_json(record: dict[str, object]) -> str:
+    """``json.dumps`` of an exit record (numbers, None, booleans; strings rarely, for an
+    error): the JSON encoder's per-call set-up costs a fresh supervisor dozens of page
+    copies, this formatting none. Other values go through ``json.dumps``."""
+    items = []
+    for key, value in record.items():
+        if value is None:
+            text = "null"
+        elif value is True or value is False:
+            text = "true" if value else "false"
+        elif type(value) is int or type(value) is float:
+            text = repr(value)
+        else:
+            text = json.dumps(value)
+        items.append(f'"{key}": {text}')
+    return "{" + ", ".join(items) + "}"
 
 
 def fence_expired(path: str, now: float) -> bool:
@@ -270,11 +297,11 @@ class Exec:
             self.paths = [os.path.join(d, name) for d in dirs]
 
 
-def _child(job: Exec, errors_w: int, stops: set[signal.Signals]) -> None:
+def _child(job: Exec, errors_w: int) -> None:
     """In the forked child: join the cgroup, drop privileges, then apply the job."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a pending stop ends it here
+    for sig in (*STOPS, int(signal.SIGUSR1)):
+        _signal.signal(sig, _SIG_DFL)
+    _signal.pthread_sigmask(_SIG_UNBLOCK, STOPS)  # a pending stop ends it here
     step = "cgroup"
     try:
         if job.cgroup_procs:
@@ -351,9 +378,8 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
     # ignores them and passes on any that came early; the child restores the defaults and
     # unblocks, so a pending stop ends it before it execs. (Python-level handlers cannot
     # do this: CPython drops a child's tripped-but-unrun handlers at fork.)
-    stops = {signal.SIGTERM, signal.SIGINT}
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    _signal.signal(int(signal.SIGUSR1), _SIG_IGN)
+    _signal.pthread_sigmask(_SIG_BLOCK, STOPS)
     started = time.monotonic()
     try:
         job = Exec(spec)
@@ -373,13 +399,14 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
         return EXEC_FAILED_CODE
     if pid == 0:
         os.close(errors_r)
-        _child(job, errors_w, stops)
-    early = signal.sigpending() & stops
-    for sig in stops:  # from now on a stop sent to the group reaches the child itself
-        signal.signal(sig, signal.SIG_IGN)
-    for sig in sorted(early):
-        os.kill(pid, sig)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        _child(job, errors_w)
+    early = _signal.sigpending()
+    for sig in STOPS:  # from now on a stop sent to the group reaches the child itself
+        _signal.signal(sig, _SIG_IGN)
+    for sig in STOPS:
+        if sig in early:
+            os.kill(pid, sig)
+    _signal.pthread_sigmask(_SIG_UNBLOCK, STOPS)
     os.close(errors_w)
     error = _read_all(errors_r).decode(errors="replace")
     fence = str(spec.get("fence") or "") if spec.get("fenced", True) else ""
@@ -497,8 +524,8 @@ def _reap_supervisors(signum: int, frame: object) -> None:
 def _supervise(subjob_dir: str, ready_w: int) -> int:
     """In a forked supervisor: become what ``python -I -S shim.py DIR`` would have been."""
     try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it waits for its own child
+        _signal.pthread_sigmask(_SIG_BLOCK, STOPS)
+        _signal.signal(int(signal.SIGCHLD), _SIG_DFL)  # it waits for its own child
         os.setsid()
         os.write(ready_w, b"1")
         os.close(ready_w)

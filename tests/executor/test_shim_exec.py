@@ -63,3 +63,14 @@ def test_an_empty_path_searches_the_working_directory_as_execvpe(tmp_path: Path)
     assert _run_shim(tmp_path, _launch(tmp_path, ["job-cmd"], ""))["exit_code"] == 5
     record = _run_shim(tmp_path / "x", {"command": ["true"], "env": {}, "cwd": str(tmp_path)})
     assert record["exit_code"] == 0  # no PATH at all: os.defpath finds true
+
+
+def test_exit_records_read_back_as_written() -> None:
+    from laminar_agent.shim import _record_json
+
+    for record in (
+        {"exit_code": 0, "signal": None, "peak_rss_bytes": 1 << 40, "run_seconds": 0.25},
+        {"exit_code": None, "signal": 9, "ended_unix": 1795735492.298537, "fenced": True},
+        {"exit_code": 127, "error": 'cmd: "quoted"\nand \\ \u00e9 \x01', "fenced": False},
+    ):
+        assert json.loads(_record_json(record)) == record
