@@ -41,3 +41,25 @@ async def test_only_committed_leases_reach_the_journal(tmp_path: Path) -> None:
         assert [e.state for e in node.journal.events_after(0)] == ["RUNNING", "SUCCEEDED"]
     finally:
         await node.close()
+
+
+def test_adjacent_writes_to_one_row_merge_and_others_keep_their_order() -> None:
+    from laminar_agent.core import RecordEvent, WriteRow
+    from laminar_agent.node import _merge_row_writes
+
+    event = RecordEvent("s1", "RUNNING", "started", 1.0)
+    merged = _merge_row_writes(
+        [
+            WriteRow("s1", {"pid": 7, "reason": "old"}),
+            WriteRow("s1", {"state": "RUNNING", "reason": "started"}),
+            event,
+            WriteRow("s1", {"exit_code": 0}),
+            WriteRow("s2", {"exit_code": 1}),
+        ]
+    )
+    assert merged == [
+        WriteRow("s1", {"pid": 7, "reason": "started", "state": "RUNNING"}),
+        event,
+        WriteRow("s1", {"exit_code": 0}),
+        WriteRow("s2", {"exit_code": 1}),
+    ]
