@@ -504,6 +504,7 @@ class Executor:
         self.cgroups = cgroups
         self.fence_file = fence_file
         self._state_dir = Path(state_dir)
+        self._subjobs_dir = self._state_dir / "subjobs"
         self._python = python
         base = dict(os.environ if base_env is None else base_env)
         for key in _AGENT_ONLY_ENV:
@@ -519,7 +520,7 @@ class Executor:
         return self.identities.default
 
     def subjob_dir(self, subjob_id: str) -> Path:
-        return self._state_dir / "subjobs" / subjob_id
+        return self._subjobs_dir / subjob_id
 
     def scratch_dir(self, subjob_id: str) -> Path:
         """Where the subjob itself may write (its usage file, progress notes).
@@ -575,12 +576,16 @@ class Executor:
             raise InvalidArgument(f"{spec.subjob_id!r} is already running", field="subjob_id")
         user = self.identities.for_tenant(spec.tenant)
         sdir = self.subjob_dir(spec.subjob_id)
-        sdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if spec.unit_count > 0 and not spec.checkpoint_dir:
             raise InvalidArgument("an atomized subjob needs one", field="checkpoint_dir")
-        for stale in (EXIT_FILE, "exec_error"):
-            with contextlib.suppress(FileNotFoundError):
-                (sdir / stale).unlink()
+        try:
+            os.mkdir(sdir, 0o700)  # a fresh folder holds nothing stale
+        except FileNotFoundError:  # the first subjob: "subjobs" itself is new
+            sdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except FileExistsError:
+            for stale in (EXIT_FILE, "exec_error"):
+                with contextlib.suppress(FileNotFoundError):
+                    (sdir / stale).unlink()
         make_dirs: list[str] = []
         if user is not None:
             self._hand_over(sdir, user)
