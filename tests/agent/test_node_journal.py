@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from laminar_agent.inventory.fake import FakeGpuBackend
@@ -63,3 +64,41 @@ def test_adjacent_writes_to_one_row_merge_and_others_keep_their_order() -> None:
         WriteRow("s1", {"exit_code": 0}),
         WriteRow("s2", {"exit_code": 1}),
     ]
+
+
+async def test_a_busy_slice_opens_its_window_when_its_holder_expects_to_end(
+    tmp_path: Path,
+) -> None:
+    """Heartbeats advertise a busy slice from its holder's started + expected_seconds,
+    from memory, and again after an agent restart re-adopts the holder."""
+
+    def busy_windows(node: Node) -> dict[str, float]:
+        """Windows that open later than now (free slices' open now)."""
+        summary = node.summary(with_windows=True)
+        later = time.time() + 10
+        return {w.slice_id: w.start_unix for w in summary.windows if w.start_unix > later}
+
+    backend = FakeGpuBackend("2xH100-80GB", agent_id="a")
+    node = Node("a", backend, tmp_path)
+    probe = _probe("j1")
+    probe.resources.CopyFrom(common_pb2.Resources(gpus=1))
+    granted = await node.probe(probe)
+    spec = common_pb2.SubjobSpec(
+        job_id="j1",
+        subjob_id="s1",
+        command=[sys.executable, "-c", "import time; time.sleep(60)"],
+        expected_seconds=100,
+    )
+    subjob = await node.commit(granted.lease.lease_id, spec)
+    (slice_id,) = subjob.slice_ids
+    assert busy_windows(node) == {slice_id: subjob.started_unix + 100}
+    await node.close()  # the subjob runs on; a new agent re-adopts it
+    again = Node("a", FakeGpuBackend("2xH100-80GB", agent_id="a"), tmp_path)
+    try:
+        assert again.recover() == (1, 0)
+        assert busy_windows(again) == {slice_id: subjob.started_unix + 100}
+        again.executor.kill("s1")
+        await again.executor.wait("s1")
+        assert busy_windows(again) == {}  # ended: both GPUs free from now
+    finally:
+        await again.close()
