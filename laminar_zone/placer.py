@@ -74,57 +74,91 @@ class _Queued(Generic[S]):
     future: asyncio.Future[Any]
 
 
-class AgentCalls:
-    """Probes and releases bound for one agent within one event-loop tick go out as one
-    call: a ProbeBatch (a Probe when alone) and one Release. Every call has a fixed cost
-    on both ends (about a quarter of a millisecond of CPU each) that a burst of
-    placements would otherwise pay per probe; the agent settles the probes of one call
-    in the same arbitration batch as it would have settled them arriving together. A
-    call that fails fails every probe in it, as it would have failed each alone. Probes
-    that may preempt are never queued: they can take a grace period to answer."""
+#: How long probes or releases for an agent wait behind its call in flight before they
+#: go out anyway, in a call of their own (an agent slow to answer holds up nobody long).
+HOLD_SECONDS = 0.02
 
-    def __init__(self, clients: StubCache[Any], timeout_seconds: Callable[[], float]) -> None:
+
+class AgentCalls:
+    """Probes and releases for one agent travel together: while a call to an agent is in
+    flight, what else is bound for it waits and then goes as one call when that call
+    returns (a ProbeBatch, a Probe when alone; one Release with every lease id), or
+    after :data:`HOLD_SECONDS` at most. With nothing in flight a call leaves in the
+    tick that queued it, so a lone placement waits for nothing. Every call has a fixed
+    cost on both ends (about a quarter of a millisecond of CPU each) that a burst of
+    placements would otherwise pay per probe; the agent settles the probes of one call
+    in one arbitration batch, as it settles probes arriving together within its batch
+    window. A call that fails fails every probe in it, as it would have failed each
+    alone. Probes that may preempt are never queued: they can take a grace period."""
+
+    def __init__(
+        self,
+        clients: StubCache[Any],
+        timeout_seconds: Callable[[], float],
+        *,
+        hold_seconds: float = HOLD_SECONDS,
+    ) -> None:
         self._clients = clients
         self._timeout_seconds = timeout_seconds
-        self._probes: dict[str, list[_Queued[agent_pb2.ProbeRequest]]] = {}
-        self._releases: dict[str, list[_Queued[list[str]]]] = {}
+        self._hold_seconds = hold_seconds
+        #: (kind, address) -> what waits to go; kind is "probe" or "release".
+        self._queued: dict[tuple[str, str], list[_Queued[Any]]] = {}
+        self._in_flight: dict[tuple[str, str], int] = {}
+        self._flushes: dict[tuple[str, str], asyncio.Handle] = {}
         #: The calls under way (the router's idle check and close wait for them).
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def probe(self, address: str, request: agent_pb2.ProbeRequest) -> agent_pb2.ProbeReply:
-        reply: agent_pb2.ProbeReply = await self._queue(self._probes, address, request)
+        reply: agent_pb2.ProbeReply = await self._queue(("probe", address), request)
         return reply
 
     async def release(self, address: str, lease_ids: list[str]) -> agent_pb2.ReleaseReply:
-        reply: agent_pb2.ReleaseReply = await self._queue(self._releases, address, lease_ids)
+        reply: agent_pb2.ReleaseReply = await self._queue(("release", address), lease_ids)
         return reply
 
-    def _queue(self, queues: dict[str, list[_Queued[Any]]], address: str, item: Any) -> Any:
+    def _queue(self, key: tuple[str, str], item: Any) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        queue = queues.get(address)
-        if queue is None:
-            queue = queues[address] = []
-            flush = self._flush_probes if queues is self._probes else self._flush_releases
-            loop.call_soon(flush, address)
-        queue.append(_Queued(item, future))
+        self._queued.setdefault(key, []).append(_Queued(item, future))
+        if key not in self._flushes:
+            if self._in_flight.get(key, 0):
+                self._flushes[key] = loop.call_later(self._hold_seconds, self._flush, key)
+            else:
+                self._flushes[key] = loop.call_soon(self._flush, key)
         return future
 
-    def _start(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
+    def _flush(self, key: tuple[str, str]) -> None:
+        handle = self._flushes.pop(key, None)
+        if handle is not None:
+            handle.cancel()  # a no-op when it is the one running
+        queued = [q for q in self._queued.pop(key, []) if not q.future.done()]
+        kind, address = key
+        if not queued:
+            return
+        if kind == "release":
+            self._start(key, self._send_releases(address, queued))
+            return
+        for first in range(0, len(queued), MAX_PROBES_PER_CALL):
+            self._start(
+                key, self._send_probes(address, queued[first : first + MAX_PROBES_PER_CALL])
+            )
+
+    def _start(self, key: tuple[str, str], coro: Coroutine[Any, Any, None]) -> None:
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        task = asyncio.create_task(coro, name=f"{key[0]}-{key[1]}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(lambda _: self._returned(key))
 
-    def _flush_probes(self, address: str) -> None:
-        queued = [q for q in self._probes.pop(address, []) if not q.future.done()]
-        for first in range(0, len(queued), MAX_PROBES_PER_CALL):
-            chunk = queued[first : first + MAX_PROBES_PER_CALL]
-            self._start(self._send_probes(address, chunk), f"probe-{address}")
-
-    def _flush_releases(self, address: str) -> None:
-        queued = self._releases.pop(address, [])
-        if queued:
-            self._start(self._send_releases(address, queued), f"release-{address}")
+    def _returned(self, key: tuple[str, str]) -> None:
+        """A call came back: what waited for it goes now."""
+        left = self._in_flight[key] - 1
+        if left:
+            self._in_flight[key] = left
+        else:
+            del self._in_flight[key]
+        if key in self._queued:
+            self._flush(key)
 
     async def _send_probes(
         self, address: str, chunk: list[_Queued[agent_pb2.ProbeRequest]]
@@ -146,7 +180,7 @@ class AgentCalls:
             if not queued.future.done():
                 queued.future.set_result(one)
 
-    async def _send_releases(self, address: str, queued: list[_Queued[list[str]]]) -> None:
+    async def _send_releases(self, address: str, queued: list[_Queued[Any]]) -> None:
         ids = [lease_id for q in queued for lease_id in q.request]
         try:
             stub = self._clients.stub(address)

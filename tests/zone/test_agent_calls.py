@@ -95,3 +95,53 @@ async def test_a_cancelled_caller_leaves_the_others_answered() -> None:
     gone.cancel()
     assert (await kept).lease.lease_id == "l-p2"
     assert a.calls == [("Probe", ["p2"])]
+
+
+class GatedStub(CountingStub):
+    """Holds every call until ``gate`` is set; ``arrived`` is set on each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.arrived = asyncio.Event()
+
+    async def Probe(self, request: agent_pb2.ProbeRequest, timeout: float = 0) -> Any:
+        self.calls.append(("Probe", [request.probe_id]))
+        self.arrived.set()
+        await self.gate.wait()
+        return self._reply(request)
+
+    async def ProbeBatch(self, request: agent_pb2.ProbeBatchRequest, timeout: float = 0) -> Any:
+        self.calls.append(("ProbeBatch", [p.probe_id for p in request.probes]))
+        self.arrived.set()
+        await self.gate.wait()
+        return agent_pb2.ProbeBatchReply(replies=[self._reply(p) for p in request.probes])
+
+
+async def test_probes_wait_for_the_call_in_flight_then_go_together() -> None:
+    a = GatedStub()
+    calls = AgentCalls(Clients({"a": a}), lambda: 5.0, hold_seconds=60)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(calls.probe("a", _probe("p1")))
+    await asyncio.wait_for(a.arrived.wait(), 10)
+    a.arrived.clear()
+    later = [asyncio.ensure_future(calls.probe("a", _probe(f"p{i}"))) for i in (2, 3, 4)]
+    await asyncio.sleep(0)  # they are queued behind p1's call, which has not returned
+    assert a.calls == [("Probe", ["p1"])]
+    a.gate.set()
+    assert (await first).lease.lease_id == "l-p1"
+    assert [(await f).lease.lease_id for f in later] == ["l-p2", "l-p3", "l-p4"]
+    assert a.calls == [("Probe", ["p1"]), ("ProbeBatch", ["p2", "p3", "p4"])]
+
+
+async def test_an_agent_slow_to_answer_holds_the_next_probes_only_so_long() -> None:
+    a = GatedStub()
+    calls = AgentCalls(Clients({"a": a}), lambda: 5.0, hold_seconds=0.01)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(calls.probe("a", _probe("p1")))
+    await asyncio.wait_for(a.arrived.wait(), 10)
+    a.arrived.clear()
+    second = asyncio.ensure_future(calls.probe("a", _probe("p2")))
+    # p1's call never returns until the gate opens: p2 goes on its own after the hold.
+    await asyncio.wait_for(a.arrived.wait(), 10)
+    assert a.calls == [("Probe", ["p1"]), ("Probe", ["p2"])]
+    a.gate.set()
+    assert [(await f).lease.lease_id for f in (first, second)] == ["l-p1", "l-p2"]
