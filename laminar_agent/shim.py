@@ -475,6 +475,7 @@ def serve() -> int:
     signal.signal(signal.SIGCHLD, _reap_supervisors)
     global _libc
     import ctypes  # once here, not in each supervisor (become_subreaper)
+    import resource  # noqa: F401 - os.wait4 imports it (a dlopen) in each supervisor otherwise
 
     try:
         _libc = ctypes.CDLL(None, use_errno=True)
