@@ -76,7 +76,7 @@ class _Queued(Generic[S]):
 
 #: How long probes or releases for an agent wait behind its call in flight before they
 #: go out anyway, in a call of their own (an agent slow to answer holds up nobody long).
-HOLD_SECONDS = 0.02
+HOLD_SECONDS = 0.005
 
 
 class AgentCalls:
