@@ -103,7 +103,10 @@ class RecordEvent:
 
 @dataclass(frozen=True)
 class KeepLease:
-    """Journal a lease; with a subjob id it is the committed form recovery re-adopts."""
+    """A lease is held. With a subjob id it is the committed form recovery re-adopts, and
+    the driver journals it; without one (granted, not yet committed) it lives in memory
+    only: nothing reads it back, and it dies with the agent as its TTL would end it, so
+    journaling it (and deleting it again) was two commits per probe for nothing."""
 
     lease: LeaseRecord
     subjob_id: str
@@ -112,11 +115,13 @@ class KeepLease:
 
 @dataclass(frozen=True)
 class DropLease:
-    """Delete a lease's journal row: it expired, was released, or its subjob ended."""
+    """A lease is gone: it expired, was released, or its subjob ended. ``journaled``: it
+    was committed, so it has a journal row to delete (an uncommitted one has none)."""
 
     lease_id: str
     job_id: str
     why: str
+    journaled: bool = True
 
 
 @dataclass(frozen=True)
@@ -290,7 +295,8 @@ class AgentCore:
     def expire(self, now: float) -> list[Instruction]:
         """Drop uncommitted leases (and reservations) whose deadline (monotonic ``now``) passed."""
         return [
-            DropLease(lease.lease_id, lease.job_id, "expired") for lease in self.ledger.expire(now)
+            DropLease(lease.lease_id, lease.job_id, "expired", journaled=False)
+            for lease in self.ledger.expire(now)
         ]
 
     def arbitrate(
@@ -313,7 +319,7 @@ class AgentCore:
             if lease is None or lease.committed or lease.caller != caller:
                 continue
             self.ledger.release(lease_id)
-            instructions.append(DropLease(lease_id, lease.job_id, "released"))
+            instructions.append(DropLease(lease_id, lease.job_id, "released", journaled=False))
         return len(instructions), instructions
 
     # -- lifecycle

@@ -265,34 +265,52 @@ def _resolve(future: asyncio.Future[None]) -> None:
 async def _wait_child(pid: int) -> int | None:
     """Wait for ``pid`` to end without blocking the loop; its wait status when it is our
     child (reaped here), None when it is not (a supervisor the launcher forked, or one
-    reaped elsewhere): then its pidfd, or a poll, tells when it has ended."""
-    loop = asyncio.get_running_loop()
+    reaped elsewhere). Its pidfd tells when it has ended (a pidfd is readable once its
+    process has exited, zombie or reaped), so nothing polls /proc on a launch's path;
+    only without pidfds is it polled."""
     try:
         pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone and reaped already
+        return _reap_ours(pid)
     except (AttributeError, OSError):
-        pidfd = -1
+        return await _poll_child(pid)
     try:
-        while True:
-            try:
-                status = _reap(pid)
-            except ChildProcessError:
-                status = None
-                if not psutil.pid_exists(pid) or _is_zombie(pid):
-                    return None
-            if status is not None:
-                return status
-            if pidfd < 0:
-                await asyncio.sleep(ADOPT_POLL_SECONDS)
-                continue
+        status = _reap_ours(pid)
+        if status is None:
+            loop = asyncio.get_running_loop()
             readable = loop.create_future()
             loop.add_reader(pidfd, _resolve, readable)
             try:
                 await readable
             finally:
                 loop.remove_reader(pidfd)
+            status = _reap_ours(pid)
+        return status
     finally:
-        if pidfd >= 0:
-            os.close(pidfd)
+        os.close(pidfd)
+
+
+def _reap_ours(pid: int) -> int | None:
+    """The wait status of our child ``pid`` once it has ended; None while it runs, or
+    when it is not our child."""
+    try:
+        return _reap(pid)
+    except ChildProcessError:
+        return None
+
+
+async def _poll_child(pid: int) -> int | None:
+    """:func:`_wait_child` where pidfds are unavailable: a poll."""
+    while True:
+        try:
+            status = _reap(pid)
+        except ChildProcessError:
+            status = None
+            if not psutil.pid_exists(pid) or _is_zombie(pid):
+                return None
+        if status is not None:
+            return status
+        await asyncio.sleep(ADOPT_POLL_SECONDS)
 
 
 def _kill_group_but_leader(pgid: int) -> None:
@@ -486,6 +504,7 @@ class Executor:
         self.cgroups = cgroups
         self.fence_file = fence_file
         self._state_dir = Path(state_dir)
+        self._subjobs_dir = self._state_dir / "subjobs"
         self._python = python
         base = dict(os.environ if base_env is None else base_env)
         for key in _AGENT_ONLY_ENV:
@@ -501,7 +520,7 @@ class Executor:
         return self.identities.default
 
     def subjob_dir(self, subjob_id: str) -> Path:
-        return self._state_dir / "subjobs" / subjob_id
+        return self._subjobs_dir / subjob_id
 
     def scratch_dir(self, subjob_id: str) -> Path:
         """Where the subjob itself may write (its usage file, progress notes).
@@ -557,12 +576,16 @@ class Executor:
             raise InvalidArgument(f"{spec.subjob_id!r} is already running", field="subjob_id")
         user = self.identities.for_tenant(spec.tenant)
         sdir = self.subjob_dir(spec.subjob_id)
-        sdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if spec.unit_count > 0 and not spec.checkpoint_dir:
             raise InvalidArgument("an atomized subjob needs one", field="checkpoint_dir")
-        for stale in (EXIT_FILE, "exec_error"):
-            with contextlib.suppress(FileNotFoundError):
-                (sdir / stale).unlink()
+        try:
+            os.mkdir(sdir, 0o700)  # a fresh folder holds nothing stale
+        except FileNotFoundError:  # the first subjob: "subjobs" itself is new
+            sdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except FileExistsError:
+            for stale in (EXIT_FILE, "exec_error"):
+                with contextlib.suppress(FileNotFoundError):
+                    (sdir / stale).unlink()
         make_dirs: list[str] = []
         if user is not None:
             self._hand_over(sdir, user)

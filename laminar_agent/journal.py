@@ -1,9 +1,10 @@
 """The agent's durable memory: leases, subjobs, state events and airlock actions in SQLite.
 
 WAL mode with synchronous=NORMAL keeps each small write cheap while a crash
-(kill -9) still never leaves a half-written row: every write runs in its own
-transaction (``with conn:``). The journal stores the subjob spec as opaque bytes
-so it does not depend on protobuf.
+(kill -9) still never leaves a half-written row: every write runs in a transaction,
+its own or, inside :meth:`Journal.batch`, the one all the writes of one step share
+(a launch's row, lease and event commit together). The journal stores the subjob
+spec as opaque bytes so it does not depend on protobuf.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,7 +211,11 @@ class Journal:
         self._conn = connect_private(self.path)
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._batch_depth = 0
         self._migrate()
+        # Uncommitted leases are no longer journaled (they die with the agent); rows an
+        # older agent left are never read, so they go now.
+        self._write("DELETE FROM leases WHERE committed=0")
 
     def _migrate(self) -> None:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
@@ -243,7 +248,31 @@ class Journal:
             self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._conn.execute("COMMIT")
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every write inside is one transaction: all of them or (on an exception) none.
+        Nests: only the outermost commits."""
+        if self._batch_depth:
+            self._batch_depth += 1
+            try:
+                yield
+            finally:
+                self._batch_depth -= 1
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._batch_depth = 1
+        try:
+            yield
+        except BaseException:
+            self._batch_depth = 0
+            self._conn.execute("ROLLBACK")
+            raise
+        self._batch_depth = 0
+        self._conn.execute("COMMIT")
+
     def _write(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        if self._batch_depth:
+            return self._conn.execute(sql, params)
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             cur = self._conn.execute(sql, params)

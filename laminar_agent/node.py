@@ -113,6 +113,23 @@ def validate_spec(spec: common_pb2.SubjobSpec) -> None:
     check_spec(spec)
 
 
+def _merge_row_writes(instructions: Iterable[Instruction]) -> list[Instruction]:
+    """Adjacent writes to one subjob's row as one UPDATE (a transition's state after the
+    figures of a launch or an end), the later value of a field winning, as it would."""
+    merged: list[Instruction] = []
+    for ins in instructions:
+        last = merged[-1] if merged else None
+        if (
+            isinstance(ins, WriteRow)
+            and isinstance(last, WriteRow)
+            and last.subjob_id == ins.subjob_id
+        ):
+            merged[-1] = WriteRow(ins.subjob_id, {**last.fields, **ins.fields})
+        else:
+            merged.append(ins)
+    return merged
+
+
 def detect_host_totals() -> tuple[int, int]:
     """This machine's CPUs in milli-cores and physical memory in bytes."""
     return (os.cpu_count() or 1) * 1000, int(psutil.virtual_memory().total)
@@ -213,18 +230,31 @@ class Node:
     def _apply(
         self, instructions: Iterable[Instruction], spec: common_pb2.SubjobSpec | None = None
     ) -> None:
-        """Do what the core decided, in order; ``spec`` is the new subjob's, for a NewRow."""
+        """Do what the core decided, in order; ``spec`` is the new subjob's, for a NewRow.
+        The journal writes of one call commit as one transaction."""
+        with self.journal.batch():
+            woken = self._carry_out(instructions, spec)
+        if woken:
+            for waiter in list(self._event_waiters):
+                waiter.set()
+
+    def _carry_out(
+        self, instructions: Iterable[Instruction], spec: common_pb2.SubjobSpec | None
+    ) -> bool:
+        """The instructions, in order; whether any journaled an event (watchers wake)."""
         woken = False
-        for ins in instructions:
+        for ins in _merge_row_writes(instructions):
             if isinstance(ins, WriteRow):
                 self.journal.update_subjob(ins.subjob_id, **ins.fields)
             elif isinstance(ins, RecordEvent):
                 self.journal.append_event(ins.subjob_id, ins.state, ins.reason, ins.at_unix)
                 woken = True
             elif isinstance(ins, KeepLease):
-                self._journal_lease(ins.lease, ins.subjob_id, ins.at_unix)
+                if ins.subjob_id:  # uncommitted leases live in memory only
+                    self._journal_lease(ins.lease, ins.subjob_id, ins.at_unix)
             elif isinstance(ins, DropLease):
-                self.journal.delete_lease(ins.lease_id)
+                if ins.journaled:
+                    self.journal.delete_lease(ins.lease_id)
                 log.debug("lease %s for job %s %s", ins.lease_id, ins.job_id, ins.why)
             elif isinstance(ins, NewRow):
                 assert spec is not None, "a new row needs its spec"
@@ -246,9 +276,7 @@ class Node:
                 self._record_reclaim(ins)
             else:
                 assert_never(ins)
-        if woken:
-            for waiter in list(self._event_waiters):
-                waiter.set()
+        return woken
 
     def _new_row(self, ins: NewRow, spec: common_pb2.SubjobSpec) -> SubjobRow:
         slice_ids = [a.slice_id for a in ins.lease.allocations]
@@ -620,8 +648,8 @@ class Node:
             now_unix=time.time(),
         )
         self._apply(instructions, spec)
-        row = self._row(spec.subjob_id)
-        devices: list[str] = json.loads(row.device_uuids_json)
+        new_row = next(i for i in instructions if isinstance(i, NewRow))
+        devices = [self._devices[a.slice_id] for a in new_row.lease.allocations]
         if isinstance(self.backend, FakeGpuBackend) and devices:
             self.backend.attach_subjob(
                 spec.subjob_id,
@@ -633,7 +661,7 @@ class Node:
             pid = await self.executor.launch(
                 LaunchSpec(
                     subjob_id=spec.subjob_id,
-                    job_id=row.job_id,
+                    job_id=new_row.job_id,
                     command=list(spec.command),
                     env=dict(spec.env),
                     workdir=spec.workdir,
@@ -655,9 +683,9 @@ class Node:
         log.info(
             "subjob %s of job %s running as pid %d on %s",
             spec.subjob_id,
-            row.job_id,
+            new_row.job_id,
             pid,
-            json.loads(row.slice_ids_json),
+            [a.slice_id for a in new_row.lease.allocations],
         )
         return self.subjob_message(spec.subjob_id)
 

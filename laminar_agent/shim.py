@@ -24,6 +24,11 @@ launch's path.
 
 from __future__ import annotations
 
+# The signal module's C core. The module's wrappers turn every number into an enum
+# member, which runs enum code on each call: in a freshly forked supervisor that touches
+# (so copies) pages shared with the launcher. On a launch's path the core is called with
+# plain numbers instead; it is the same function underneath.
+import _signal  # type: ignore[import-not-found]
 import gc
 import json
 import os
@@ -32,12 +37,20 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False  # typing costs the shim's start-up 10 ms; mypy reads this name
+if TYPE_CHECKING:
+    import ctypes
+
 EXIT_FILE = "exit.json"
 LAUNCH_FILE = "launch.json"
 #: The agent's fence, in its state directory: a CLOCK_MONOTONIC deadline the agent moves
 #: forward while its router hears from it. Past it, fenced subjobs are stopped.
 FENCE_FILE = "fence"
 EXEC_FAILED_CODE = 127
+#: The stop signals a supervisor holds back until its child exists (see :func:`run`).
+STOPS = (int(signal.SIGTERM), int(signal.SIGINT))
+_SIG_DFL, _SIG_IGN = int(signal.SIG_DFL), int(signal.SIG_IGN)
+_SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
 #: How often a fenced subjob's shim looks at the fence file (issue: at least every 0.5 s).
 FENCE_POLL_SECONDS = 0.5
 #: SIGTERM -> SIGKILL under an expired fence, at most (the job's own grace if shorter):
@@ -46,17 +59,41 @@ FENCE_GRACE_SECONDS = 1.0
 #: How long the shim waits for a cgroup to empty after ``cgroup.kill``.
 CGROUP_DRAIN_SECONDS = 5.0
 PR_SET_CHILD_SUBREAPER = 36
+#: libc through ctypes, for ``prctl`` (loaded once by the launcher; else on first use).
+_libc: ctypes.CDLL | None = None
 
 
 def write_exit(subjob_dir: str, record: dict[str, object]) -> None:
-    """Write ``exit.json`` atomically (tmp + rename) so readers never see half a file."""
+    """Write ``exit.json`` atomically (tmp + rename) so readers never see half a file.
+
+    Not fsynced: the record has to outlive the agent (a SIGKILLed agent re-adopting
+    reads it from the page cache), not the machine, whose crash ends the subjob too and
+    leaves the journal's last (synchronous=NORMAL) commits just as unsure."""
     tmp = os.path.join(subjob_dir, EXIT_FILE + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        os.write(fd, _record_json(record).encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, os.path.join(subjob_dir, EXIT_FILE))
+
+
+def _record_json(record: dict[str, object]) -> str:
+    """``json.dumps`` of an exit record (numbers, None, booleans; strings rarely, for an
+    error): the JSON encoder's per-call set-up costs a fresh supervisor dozens of page
+    copies, this formatting none. Other values go through ``json.dumps``."""
+    items = []
+    for key, value in record.items():
+        if value is None:
+            text = "null"
+        elif value is True or value is False:
+            text = "true" if value else "false"
+        elif type(value) is int or type(value) is float:
+            text = repr(value)
+        else:
+            text = json.dumps(value)
+        items.append(f'"{key}": {text}')
+    return "{" + ", ".join(items) + "}"
 
 
 def fence_expired(path: str, now: float) -> bool:
@@ -82,10 +119,18 @@ def fence_expired(path: str, now: float) -> bool:
         return True
 
 
+def _read_small(path: str) -> bytes:
+    """A small kernel file (cgroup), with two syscalls and no file object."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
 def cgroup_pids(cgroup: str) -> list[int]:
     try:
-        with open(os.path.join(cgroup, "cgroup.procs"), encoding="ascii") as f:
-            return [int(line) for line in f if line.strip()]
+        return [int(line) for line in _read_small(os.path.join(cgroup, "cgroup.procs")).split()]
     except (OSError, ValueError):
         return []
 
@@ -94,11 +139,13 @@ def become_subreaper() -> bool:
     """Make this process the child subreaper of its descendants (Linux ``prctl``), so a
     ``setsid`` grandchild whose parent exits is re-parented here, not to init, and can be
     found and stopped without cgroups. False where ``prctl`` is unavailable."""
+    global _libc
     try:
-        import ctypes  # only without cgroups; the launcher imports it once up front
+        if _libc is None:  # the launcher loads it once, before it forks supervisors
+            import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+            _libc = ctypes.CDLL(None, use_errno=True)
+        return int(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 
@@ -197,8 +244,7 @@ def finish_cgroup(cgroup: str) -> int:
     """Stop what the command left in its cgroup, remove it; the cgroup's peak memory."""
     peak = 0
     try:
-        with open(os.path.join(cgroup, "memory.peak"), encoding="ascii") as f:
-            peak = int(f.read().strip() or 0)
+        peak = int(_read_small(os.path.join(cgroup, "memory.peak")).strip() or 0)
     except (OSError, ValueError):
         pass
     if cgroup_pids(cgroup):
@@ -217,36 +263,79 @@ def finish_cgroup(cgroup: str) -> int:
     return peak
 
 
-def _child(spec: dict[str, object], errors_w: int, stops: set[signal.Signals]) -> None:
+class Exec:
+    """What the child needs, prepared by the supervisor from ``launch.json`` before the
+    fork (parsed as before, by the same root process; nothing of it is applied here):
+    the child then runs the fewest Python lines between fork and exec. Each line there
+    touches (so copies) pages it shares with its parent, which was a millisecond of CPU
+    per launch."""
+
+    __slots__ = ("argv", "cgroup_procs", "cwd", "env", "gid", "groups", "mkdirs", "paths", "uid")
+
+    def __init__(self, spec: dict[str, object]) -> None:
+        cgroup = str(spec.get("cgroup") or "")
+        self.cgroup_procs = os.path.join(cgroup, "cgroup.procs") if cgroup else ""
+        user = spec.get("user")
+        self.uid = self.gid = -1
+        self.groups: list[int] = []
+        if isinstance(user, dict):
+            self.groups = [int(g) for g in user["groups"]]
+            self.gid = int(user["gid"])
+            self.uid = int(user["uid"])
+        self.cwd = str(spec["cwd"])
+        self.mkdirs = [str(d) for d in spec.get("mkdirs") or ()]  # type: ignore[attr-defined]
+        self.argv = [str(a) for a in spec["command"]]  # type: ignore[attr-defined]
+        self.env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
+        # execvpe's search, as strings only: the job's PATH, tried in the child.
+        name = self.argv[0]
+        if os.path.dirname(name):
+            self.paths = [name]
+        else:
+            # os.get_exec_path(), without its warnings filters (costly in a fresh fork).
+            path = self.env.get("PATH")
+            dirs = (os.defpath if path is None else path).split(os.pathsep)
+            self.paths = [os.path.join(d, name) for d in dirs]
+
+
+def _child(job: Exec, errors_w: int) -> None:
     """In the forked child: join the cgroup, drop privileges, then apply the job."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a pending stop ends it here
+    for sig in (*STOPS, int(signal.SIGUSR1)):
+        _signal.signal(sig, _SIG_DFL)
+    _signal.pthread_sigmask(_SIG_UNBLOCK, STOPS)  # a pending stop ends it here
     step = "cgroup"
     try:
-        cgroup = str(spec.get("cgroup") or "")
-        if cgroup:
-            with open(os.path.join(cgroup, "cgroup.procs"), "w", encoding="ascii") as f:
-                f.write("0")
-        user = spec.get("user")
-        if isinstance(user, dict):
+        if job.cgroup_procs:
+            fd = os.open(job.cgroup_procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        if job.uid >= 0:
             step = "user"
-            os.setgroups([int(g) for g in user["groups"]])
-            os.setgid(int(user["gid"]))
-            os.setuid(int(user["uid"]))
+            os.setgroups(job.groups)
+            os.setgid(job.gid)
+            os.setuid(job.uid)
         # From here on the process has the job's identity; only now is anything of the
         # job's applied.
-        step = "workdir " + str(spec["cwd"])
-        os.chdir(str(spec["cwd"]))
-        for directory in spec.get("mkdirs") or ():  # type: ignore[attr-defined]
+        step = "workdir " + job.cwd
+        os.chdir(job.cwd)
+        for directory in job.mkdirs:
             try:
-                os.makedirs(str(directory), exist_ok=True)
+                os.makedirs(directory, exist_ok=True)
             except OSError as exc:
                 os.write(2, f"laminar: cannot create {directory}: {exc.strerror}\n".encode())
-        command = [str(a) for a in spec["command"]]  # type: ignore[attr-defined]
-        env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
-        step = command[0]
-        os.execvpe(command[0], command, env)
+        step = job.argv[0]
+        saved: OSError | None = None
+        last: OSError = FileNotFoundError(2, "No such file or directory")
+        for path in job.paths:  # as os.execvpe: the first error but "not there", or the last
+            try:
+                os.execve(path, job.argv, job.env)
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                last = exc
+            except OSError as exc:
+                last = exc
+                saved = saved or exc
+        raise saved or last
     except (OSError, KeyError, TypeError, ValueError) as exc:
         text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         try:
@@ -289,10 +378,14 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
     # ignores them and passes on any that came early; the child restores the defaults and
     # unblocks, so a pending stop ends it before it execs. (Python-level handlers cannot
     # do this: CPython drops a child's tripped-but-unrun handlers at fork.)
-    stops = {signal.SIGTERM, signal.SIGINT}
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    _signal.signal(int(signal.SIGUSR1), _SIG_IGN)
+    _signal.pthread_sigmask(_SIG_BLOCK, STOPS)
     started = time.monotonic()
+    try:
+        job = Exec(spec)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        write_exit(subjob_dir, _failed_record(started, f"bad {LAUNCH_FILE}: {exc!r}"))
+        return EXEC_FAILED_CODE
     cgroup = str(spec.get("cgroup") or "")
     # Without a cgroup, descendants that leave the process group (setsid) are found as
     # this process's re-parented children instead.
@@ -306,13 +399,14 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
         return EXEC_FAILED_CODE
     if pid == 0:
         os.close(errors_r)
-        _child(spec, errors_w, stops)
-    early = signal.sigpending() & stops
-    for sig in stops:  # from now on a stop sent to the group reaches the child itself
-        signal.signal(sig, signal.SIG_IGN)
-    for sig in sorted(early):
-        os.kill(pid, sig)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        _child(job, errors_w)
+    early = _signal.sigpending()
+    for sig in STOPS:  # from now on a stop sent to the group reaches the child itself
+        _signal.signal(sig, _SIG_IGN)
+    for sig in STOPS:
+        if sig in early:
+            os.kill(pid, sig)
+    _signal.pthread_sigmask(_SIG_UNBLOCK, STOPS)
     os.close(errors_w)
     error = _read_all(errors_r).decode(errors="replace")
     fence = str(spec.get("fence") or "") if spec.get("fenced", True) else ""
@@ -379,7 +473,14 @@ def serve() -> int:
     # Reap supervisors as they end (waiting, not ignoring SIGCHLD, so their CPU time
     # counts in this process's children's time, where a benchmark can see it).
     signal.signal(signal.SIGCHLD, _reap_supervisors)
-    import ctypes  # noqa: F401 - once here, not in each supervisor (become_subreaper)
+    global _libc
+    import ctypes  # once here, not in each supervisor (become_subreaper)
+    import resource  # noqa: F401 - os.wait4 imports it (a dlopen) in each supervisor otherwise
+
+    try:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        pass
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
@@ -424,8 +525,8 @@ def _reap_supervisors(signum: int, frame: object) -> None:
 def _supervise(subjob_dir: str, ready_w: int) -> int:
     """In a forked supervisor: become what ``python -I -S shim.py DIR`` would have been."""
     try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it waits for its own child
+        _signal.pthread_sigmask(_SIG_BLOCK, STOPS)
+        _signal.signal(int(signal.SIGCHLD), _SIG_DFL)  # it waits for its own child
         os.setsid()
         os.write(ready_w, b"1")
         os.close(ready_w)
@@ -456,8 +557,13 @@ def main(argv: list[str] | None = None) -> int:
     subjob_dir = args[0]
     try:
         fd = os.open(os.path.join(subjob_dir, LAUNCH_FILE), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, encoding="utf-8") as f:
-            spec = json.load(f)
+        try:  # raw reads: no file object, fewer pages touched in a fresh fork
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        spec = json.loads(b"".join(chunks))
         if not isinstance(spec, dict) or not spec.get("command"):
             raise ValueError("no command")
     except (OSError, ValueError) as exc:

@@ -338,3 +338,36 @@ async def test_a_resume_reaches_a_shim_stopped_before_its_child_joined_the_cgrou
     await ex.terminate("s4", grace_seconds=5)
     assert "s4" in rec.exits
     await ex.close()
+
+
+def _spawn_exit_3() -> int:
+    return os.posix_spawn("/bin/sh", ["sh", "-c", "exit 3"], {})
+
+
+def _spawn_orphan() -> int:
+    """A shell that starts a sleeper in the background and exits: the sleeper is
+    re-parented away from us, so it is not our child. Returns the sleeper's pid."""
+    read_end, write_end = os.pipe()
+    shell = os.posix_spawn(
+        "/bin/sh",
+        ["sh", "-c", "sleep 0.3 & echo $!"],
+        {"PATH": "/usr/bin:/bin"},
+        file_actions=[(os.POSIX_SPAWN_DUP2, write_end, 1)],
+    )
+    os.close(write_end)
+    with os.fdopen(read_end) as out:
+        sleeper = int(out.readline())
+    os.waitpid(shell, 0)
+    return sleeper
+
+
+async def test_waiting_for_a_child_or_for_another_process_by_pidfd() -> None:
+    """Our own child yields its wait status; a process that is not our child (as a
+    supervisor the launcher forked) yields None once it has ended."""
+    from laminar_agent.executor import _wait_child
+
+    status = await asyncio.wait_for(_wait_child(_spawn_exit_3()), 30)
+    assert status is not None and os.WEXITSTATUS(status) == 3
+    sleeper = _spawn_orphan()
+    assert await asyncio.wait_for(_wait_child(sleeper), 30) is None
+    assert not psutil.pid_exists(sleeper) or psutil.Process(sleeper).status() == "zombie"

@@ -178,3 +178,35 @@ def test_actions_keep_their_end_cause(tmp_path: Path) -> None:
         ("suspend", ""),
     ]
     j.close()
+
+
+def test_batch_commits_all_writes_or_none(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    other = Journal(tmp_path)
+    with j.batch():
+        j.put_lease("l1", "j1", 0, "[]", 0.5, 2, committed=True, subjob_id="s1")
+        with j.batch():  # nested: still the outer transaction
+            j.append_event("s1", "RUNNING")
+        # Another connection sees nothing of it before the outer batch ends.
+        assert other.leases() == [] and other.unacked_events(10) == []
+    assert [row.lease_id for row in other.leases()] == ["l1"]
+    assert [e.state for e in other.unacked_events(10)] == ["RUNNING"]
+    with pytest.raises(NotFound), j.batch():
+        j.append_event("s1", "EXITED")
+        j.update_subjob("nobody", state="EXITED")  # raises: the event rolls back too
+    assert [e.state for e in other.unacked_events(10)] == ["RUNNING"]
+    j.append_event("s1", "EXITED")  # outside a batch: a transaction of its own again
+    assert [e.state for e in other.unacked_events(10)] == ["RUNNING", "EXITED"]
+    other.close()
+    j.close()
+
+
+def test_reopen_drops_uncommitted_lease_rows(tmp_path: Path) -> None:
+    """An older agent journaled leases nobody committed; nothing reads them back."""
+    j = Journal(tmp_path)
+    j.put_lease("l-pending", "j1", 0, "[]", 0.5, 2, committed=False)
+    j.put_lease("l-held", "j1", 0, "[]", 0.5, 2, committed=True, subjob_id="s1")
+    j.close()
+    j2 = Journal(tmp_path)
+    assert [row.lease_id for row in j2.leases()] == ["l-held"]
+    j2.close()

@@ -96,3 +96,18 @@ async def test_without_the_launcher_each_subjob_gets_a_clean_shim(tmp_path: Path
     await poll_until(lambda: "direct" in rec.exits, "exit of direct")
     assert rec.exits["direct"].exit_code == 0
     await ex.close()
+
+
+async def test_the_launcher_loads_what_every_supervisor_would_load_again(
+    tmp_path: Path,
+) -> None:
+    """os.wait4 in a supervisor imports ``resource`` (a shared library): loaded once in
+    the launcher, before it forks, not once per launch."""
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    launcher = ex._launcher
+    assert launcher is not None
+    await _run(ex, rec, _spec(tmp_path, "a", 0))
+    maps = Path(f"/proc/{launcher.pid}/maps").read_text()
+    assert "resource.cpython" in maps
+    await ex.close()

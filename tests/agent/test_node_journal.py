@@ -1,0 +1,104 @@
+"""What the agent journals on the hot path: committed leases only, one transaction a step."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from laminar_agent.inventory.fake import FakeGpuBackend
+from laminar_agent.node import Node
+from laminar_api.v1 import agent_pb2, common_pb2
+
+
+def _probe(job: str) -> agent_pb2.ProbeRequest:
+    return agent_pb2.ProbeRequest(
+        probe_id=f"p-{job}",
+        job_id=job,
+        resources=common_pb2.Resources(gpu_milli=100),
+        lease_ttl_seconds=30,
+    )
+
+
+async def test_only_committed_leases_reach_the_journal(tmp_path: Path) -> None:
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        kept = await node.probe(_probe("j1"))
+        dropped = await node.probe(_probe("j2"))
+        assert kept.HasField("lease") and dropped.HasField("lease")
+        assert node.journal.leases() == []  # granted, not committed: memory only
+        assert node.release([dropped.lease.lease_id]) == 1
+        spec = common_pb2.SubjobSpec(
+            job_id="j1", command=[sys.executable, "-c", "pass"], subjob_id="s1"
+        )
+        await node.commit(kept.lease.lease_id, spec)
+        (row,) = node.journal.leases()
+        assert (row.lease_id, row.subjob_id, row.committed) == (kept.lease.lease_id, "s1", True)
+        # The row recovery re-adopts from carries the lease's allocations.
+        subjob = node.journal.get_subjob("s1")
+        assert subjob is not None and subjob.allocations_json not in ("", "[]")
+        await node.executor.wait("s1")
+        assert node.journal.leases() == []  # its end dropped the committed row
+        assert [e.state for e in node.journal.events_after(0)] == ["RUNNING", "SUCCEEDED"]
+    finally:
+        await node.close()
+
+
+def test_adjacent_writes_to_one_row_merge_and_others_keep_their_order() -> None:
+    from laminar_agent.core import RecordEvent, WriteRow
+    from laminar_agent.node import _merge_row_writes
+
+    event = RecordEvent("s1", "RUNNING", "started", 1.0)
+    merged = _merge_row_writes(
+        [
+            WriteRow("s1", {"pid": 7, "reason": "old"}),
+            WriteRow("s1", {"state": "RUNNING", "reason": "started"}),
+            event,
+            WriteRow("s1", {"exit_code": 0}),
+            WriteRow("s2", {"exit_code": 1}),
+        ]
+    )
+    assert merged == [
+        WriteRow("s1", {"pid": 7, "reason": "started", "state": "RUNNING"}),
+        event,
+        WriteRow("s1", {"exit_code": 0}),
+        WriteRow("s2", {"exit_code": 1}),
+    ]
+
+
+async def test_a_busy_slice_opens_its_window_when_its_holder_expects_to_end(
+    tmp_path: Path,
+) -> None:
+    """Heartbeats advertise a busy slice from its holder's started + expected_seconds,
+    from memory, and again after an agent restart re-adopts the holder."""
+
+    def busy_windows(node: Node) -> dict[str, float]:
+        """Windows that open later than now (free slices' open now)."""
+        summary = node.summary(with_windows=True)
+        later = time.time() + 10
+        return {w.slice_id: w.start_unix for w in summary.windows if w.start_unix > later}
+
+    backend = FakeGpuBackend("2xH100-80GB", agent_id="a")
+    node = Node("a", backend, tmp_path)
+    probe = _probe("j1")
+    probe.resources.CopyFrom(common_pb2.Resources(gpus=1))
+    granted = await node.probe(probe)
+    spec = common_pb2.SubjobSpec(
+        job_id="j1",
+        subjob_id="s1",
+        command=[sys.executable, "-c", "import time; time.sleep(60)"],
+        expected_seconds=100,
+    )
+    subjob = await node.commit(granted.lease.lease_id, spec)
+    (slice_id,) = subjob.slice_ids
+    assert busy_windows(node) == {slice_id: subjob.started_unix + 100}
+    await node.close()  # the subjob runs on; a new agent re-adopts it
+    again = Node("a", FakeGpuBackend("2xH100-80GB", agent_id="a"), tmp_path)
+    try:
+        assert again.recover() == (1, 0)
+        assert busy_windows(again) == {slice_id: subjob.started_unix + 100}
+        again.executor.kill("s1")
+        await again.executor.wait("s1")
+        assert busy_windows(again) == {}  # ended: both GPUs free from now
+    finally:
+        await again.close()

@@ -1,0 +1,147 @@
+"""The router's agent calls: what one event-loop tick sends an agent goes as one call."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from laminar_api.v1 import agent_pb2
+from laminar_zone.placer import AgentCalls
+
+
+class CountingStub:
+    """An agent that grants every probe and records each call it receives."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+        self.fail = fail
+
+    def _check(self) -> None:
+        if self.fail:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down", ""
+            )
+
+    def _reply(self, request: agent_pb2.ProbeRequest) -> agent_pb2.ProbeReply:
+        return agent_pb2.ProbeReply(lease=agent_pb2.Lease(lease_id=f"l-{request.probe_id}"))
+
+    async def Probe(self, request: agent_pb2.ProbeRequest, timeout: float = 0) -> Any:
+        self.calls.append(("Probe", [request.probe_id]))
+        self._check()
+        return self._reply(request)
+
+    async def ProbeBatch(self, request: agent_pb2.ProbeBatchRequest, timeout: float = 0) -> Any:
+        self.calls.append(("ProbeBatch", [p.probe_id for p in request.probes]))
+        self._check()
+        return agent_pb2.ProbeBatchReply(replies=[self._reply(p) for p in request.probes])
+
+    async def Release(self, request: agent_pb2.ReleaseRequest, timeout: float = 0) -> Any:
+        self.calls.append(("Release", list(request.lease_ids)))
+        self._check()
+        return agent_pb2.ReleaseReply(released=len(request.lease_ids))
+
+
+class Clients:
+    def __init__(self, stubs: dict[str, CountingStub]) -> None:
+        self.stubs = stubs
+
+    def stub(self, address: str) -> CountingStub:
+        return self.stubs[address]
+
+
+def _probe(probe_id: str) -> agent_pb2.ProbeRequest:
+    return agent_pb2.ProbeRequest(probe_id=probe_id, job_id=probe_id)
+
+
+async def test_one_tick_of_probes_and_releases_is_one_call_per_agent() -> None:
+    a, b = CountingStub(), CountingStub()
+    calls = AgentCalls(Clients({"a": a, "b": b}), lambda: 5.0)  # type: ignore[arg-type]
+    replies = await asyncio.gather(
+        calls.probe("a", _probe("p1")),
+        calls.probe("b", _probe("p2")),
+        calls.probe("a", _probe("p3")),
+    )
+    assert [r.lease.lease_id for r in replies] == ["l-p1", "l-p2", "l-p3"]
+    assert a.calls == [("ProbeBatch", ["p1", "p3"])]
+    assert b.calls == [("Probe", ["p2"])]  # alone: a plain Probe
+    released = await asyncio.gather(calls.release("a", ["x"]), calls.release("a", ["y", "z"]))
+    assert [r.released for r in released] == [3, 3]  # both answered by the one call
+    assert a.calls[-1] == ("Release", ["x", "y", "z"])
+    await calls.probe("a", _probe("p4"))  # a later tick: a call of its own
+    assert a.calls[-1] == ("Probe", ["p4"])
+
+
+async def test_a_failed_call_fails_every_probe_in_it() -> None:
+    down = CountingStub(fail=True)
+    calls = AgentCalls(Clients({"a": down}), lambda: 5.0)  # type: ignore[arg-type]
+    outcomes = await asyncio.gather(
+        calls.probe("a", _probe("p1")), calls.probe("a", _probe("p2")), return_exceptions=True
+    )
+    assert all(isinstance(o, grpc.aio.AioRpcError) for o in outcomes)
+    assert down.calls == [("ProbeBatch", ["p1", "p2"])]
+    with pytest.raises(grpc.aio.AioRpcError):
+        await calls.release("a", ["x"])
+
+
+async def test_a_cancelled_caller_leaves_the_others_answered() -> None:
+    a = CountingStub()
+    calls = AgentCalls(Clients({"a": a}), lambda: 5.0)  # type: ignore[arg-type]
+    gone = asyncio.ensure_future(calls.probe("a", _probe("p1")))
+    kept = asyncio.ensure_future(calls.probe("a", _probe("p2")))
+    await asyncio.sleep(0)  # both queued
+    gone.cancel()
+    assert (await kept).lease.lease_id == "l-p2"
+    assert a.calls == [("Probe", ["p2"])]
+
+
+class GatedStub(CountingStub):
+    """Holds every call until ``gate`` is set; ``arrived`` is set on each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.arrived = asyncio.Event()
+
+    async def Probe(self, request: agent_pb2.ProbeRequest, timeout: float = 0) -> Any:
+        self.calls.append(("Probe", [request.probe_id]))
+        self.arrived.set()
+        await self.gate.wait()
+        return self._reply(request)
+
+    async def ProbeBatch(self, request: agent_pb2.ProbeBatchRequest, timeout: float = 0) -> Any:
+        self.calls.append(("ProbeBatch", [p.probe_id for p in request.probes]))
+        self.arrived.set()
+        await self.gate.wait()
+        return agent_pb2.ProbeBatchReply(replies=[self._reply(p) for p in request.probes])
+
+
+async def test_probes_wait_for_the_call_in_flight_then_go_together() -> None:
+    a = GatedStub()
+    calls = AgentCalls(Clients({"a": a}), lambda: 5.0, hold_seconds=60)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(calls.probe("a", _probe("p1")))
+    await asyncio.wait_for(a.arrived.wait(), 10)
+    a.arrived.clear()
+    later = [asyncio.ensure_future(calls.probe("a", _probe(f"p{i}"))) for i in (2, 3, 4)]
+    await asyncio.sleep(0)  # they are queued behind p1's call, which has not returned
+    assert a.calls == [("Probe", ["p1"])]
+    a.gate.set()
+    assert (await first).lease.lease_id == "l-p1"
+    assert [(await f).lease.lease_id for f in later] == ["l-p2", "l-p3", "l-p4"]
+    assert a.calls == [("Probe", ["p1"]), ("ProbeBatch", ["p2", "p3", "p4"])]
+
+
+async def test_an_agent_slow_to_answer_holds_the_next_probes_only_so_long() -> None:
+    a = GatedStub()
+    calls = AgentCalls(Clients({"a": a}), lambda: 5.0, hold_seconds=0.01)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(calls.probe("a", _probe("p1")))
+    await asyncio.wait_for(a.arrived.wait(), 10)
+    a.arrived.clear()
+    second = asyncio.ensure_future(calls.probe("a", _probe("p2")))
+    # p1's call never returns until the gate opens: p2 goes on its own after the hold.
+    await asyncio.wait_for(a.arrived.wait(), 10)
+    assert a.calls == [("Probe", ["p1"]), ("Probe", ["p2"])]
+    a.gate.set()
+    assert [(await f).lease.lease_id for f in (first, second)] == ["l-p1", "l-p2"]
