@@ -92,6 +92,8 @@ from laminar_sim.laminar import settle
 from laminar_sim.replay import TraceJob
 from laminar_zone.gather import Bind, FixedPlan, Gather, ProbeHost
 from laminar_zone.market import (
+    DEFAULT_HYSTERESIS,
+    Bid,
     Bidder,
     Calibrator,
     ClearingContext,
@@ -147,6 +149,15 @@ class AtomizeSpec:
     #: None = the market's default, ceil(1 / epsilon) - 1.
     calibrator_min_samples: int | None = None
     modes: tuple[str, ...] = MODES
+    #: A piece whose window ends keeps its slice (no checkpoint, no restart) unless a bid of
+    #: a higher class, or of its class by more than ``hysteresis``, wants it. False: every
+    #: piece checkpoints and stops at its window's end (the market before issue 17).
+    incumbency: bool = True
+    #: ``ClearingContext.hysteresis``.
+    hysteresis: float = DEFAULT_HYSTERESIS
+    #: One class order for all work: per priority class, its rigid jobs (the queue walk)
+    #: then its atomized bids (a clearing round). False: every rigid job first.
+    class_order: bool = True
 
 
 @dataclass(frozen=True)
@@ -311,6 +322,46 @@ class _JobState:
     believed: tuple[tuple[int, float, float], Profile] | None = None
     #: Units completed, as (start, count), in completion order.
     done: list[tuple[int, int]] = field(default_factory=list)
+    #: Its running piece (atomized), if any.
+    piece: _Piece | None = None
+
+
+@dataclass(eq=False)
+class _Piece:
+    """A running atomized piece: the job's process on one slice, for all the units it has
+    left, extended in place for as long as it keeps the slice."""
+
+    state: _JobState
+    host: MigHost
+    lease_id: str
+    window_key: tuple[str, str]
+    profile: str
+    memory: int
+    started: float
+    unit_start: int
+    per_unit: float
+    #: Units the job had left when the piece started: all of them are the piece's.
+    left: int
+    #: Units the bids said would be done by ``window_end`` (P >= 1 - epsilon), from
+    #: ``unit_start``.
+    committed: int
+    window_end: float
+    granted_seconds: float
+    key: str
+    killed_at: float | None
+    peak: int
+    finish_at: float
+    generation: int = 0
+    stopping_at: float | None = None
+
+    def progress(self, now: float) -> int:
+        """The next unit at ``now``: units are done one after another at ``per_unit``."""
+        done = int((now - self.started) / self.per_unit) if self.per_unit > 0 else self.left
+        return self.unit_start + min(self.left, max(0, done))
+
+    def release_at(self) -> float:
+        """When the slice is expected back: the end of the work or of the window."""
+        return min(self.finish_at, self.window_end)
 
 
 @dataclass
@@ -330,6 +381,10 @@ class _Totals:
     rounds: int = 0
     widen_resets: int = 0
     bids: int = 0
+    #: Windows a piece kept its slice past (incumbency) and pieces that gave it up to a
+    #: better bid.
+    extensions: int = 0
+    displaced: int = 0
 
 
 class MigReplay:
@@ -363,6 +418,8 @@ class MigReplay:
         self.states = [self._state(job) for job in jobs]
         self.rigid_queue: list[_JobState] = []
         self.waiting: list[_JobState] = []  # atomized jobs without a running subjob
+        #: Pieces whose window ends now: they extend in place or stop, in this event's rounds.
+        self.deciding: list[_Piece] = []
         #: Running work: key -> (expected end, compute units of GPU-equivalents, memory).
         self.running: dict[str, tuple[float, float, int]] = {}
         #: GPU-equivalents each tenant runs now: the router's fair-share usage
@@ -430,9 +487,33 @@ class MigReplay:
         self.schedule()
 
     def schedule(self) -> None:
-        self.schedule_rigid()
-        if self.mode == "atomized" and self.waiting and self.free:
-            self.clear_round()
+        """After every event: all waiting work in one class order. Per priority class, its
+        rigid jobs (the router's queue walk, whose blocked heads cut the windows of this
+        class and the lower ones) and then its atomized bids and the pieces of that class
+        whose window ends now (one clearing round). Pieces left undecided stop."""
+        if not self.spec.incumbency:
+            for piece in list(self.deciding):
+                self.stop(piece)
+        if self.mode != "atomized" or not self.spec.class_order:
+            self.schedule_rigid(self.rigid_queue)
+            if self.mode == "atomized" and (self.waiting or self.deciding):
+                self.clear_round()
+        else:
+            classes = sorted(
+                {s.job.priority for s in self.rigid_queue}
+                | {s.job.priority for s in self.waiting}
+                | {p.state.job.priority for p in self.deciding}
+            )
+            walk = self.start_walk()
+            kept: list[_JobState] = []
+            for priority in classes:
+                mine = [s for s in self.rigid_queue if s.job.priority == priority]
+                kept.extend(self.schedule_rigid(mine, walk))
+                if self.waiting or self.deciding:
+                    self.clear_round(priority)
+            self.rigid_queue = kept
+        for piece in list(self.deciding):
+            self.stop(piece)
         self.measure_fragmentation()
 
     # ------------------------------------------------------------------- rigid
@@ -455,18 +536,28 @@ class MigReplay:
                 return profile
         return self.profiles[-1][1]
 
-    def schedule_rigid(self) -> None:
-        """The router's queue walk (:class:`QueueWalk`) over rigid gangs, per MIG family."""
-        now = self.engine.now
-        self.rigid_queue.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
-        walk = QueueWalk(now)
-        kept = walk_queue(walk, self.rigid_queue, self.item, self.try_start, self.head_start)
+    def start_walk(self) -> QueueWalk:
+        self.heads = {}
+        return QueueWalk(self.engine.now)
+
+    def schedule_rigid(
+        self, jobs: list[_JobState], walk: QueueWalk | None = None
+    ) -> list[_JobState]:
+        """The router's queue walk (:class:`QueueWalk`) over rigid gangs, per MIG family;
+        ``walk`` goes on from the classes walked before (None: a new walk over them all,
+        which becomes the queue). Returns the jobs left waiting."""
+        jobs.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
+        whole = walk is None
+        walk = walk if walk is not None else self.start_walk()
+        kept = walk_queue(walk, jobs, self.item, self.try_start, self.head_start)
         profiles = {family: family.removeprefix("mig:") for family in walk.heads}
         self.heads = {
             profiles[family]: (self.memory_of[profiles[family]], head.expected_start)
             for family, head in walk.heads.items()
         }
-        self.rigid_queue = kept
+        if whole:
+            self.rigid_queue = kept
+        return kept
 
     def try_start(self, state: _JobState) -> bool:
         leases = self.place(state)
@@ -601,8 +692,9 @@ class MigReplay:
                 self.finish(state)
             else:
                 self.totals.lost += length * compute
+                # Rigid violations are counted per job: its first kill names the cause.
+                self.totals.causes["memory"] += int(state.violations == 0)
                 state.violations += 1
-                self.totals.causes["memory"] += 1
                 state.need_bytes = max(state.need_bytes, peak)
                 self.rigid_queue.append(state)
             self.schedule()
@@ -654,45 +746,81 @@ class MigReplay:
         )
         return profile
 
-    def clear_round(self) -> None:
+    def clear_round(self, priority: int | None = None) -> None:
+        """One clearing round over the free slices and the held ones (pieces whose window
+        ends now), for the waiting jobs of class ``priority`` (None: every class) and the
+        pieces of that class that may extend in place: the router's ``clearing_round``."""
         now = self.engine.now
-        self.totals.rounds += 1
+        overhead = self.spec.checkpoint_overhead_seconds
+        bidders: list[Bidder] = []
+        by_job: dict[str, _JobState] = {}
+        for state in self.waiting:
+            if priority is not None and state.job.priority != priority:
+                continue
+            job_id = f"j{state.job.index:07d}"
+            by_job[job_id] = state
+            bidders.append(self._bidder(state, job_id, state.next_unit, None))
+        held: dict[tuple[str, str], _Piece] = {p.window_key: p for p in self.deciding}
+        for piece in self.deciding:
+            state = piece.state
+            if priority is not None and state.job.priority != priority:
+                continue
+            job_id = f"j{state.job.index:07d}"
+            by_job[job_id] = state
+            bidders.append(self._bidder(state, job_id, piece.progress(now), piece.window_key))
+        if not bidders:
+            return
         windows: list[MarketWindow] = []
         for (agent, sid), (profile, memory) in sorted(self.free.items()):
             length = self.window_length(profile)
-            if length <= self.spec.checkpoint_overhead_seconds:
-                continue
-            milli = compute_of(profile) * 1000 // COMPUTE_SLICES
-            windows.append(MarketWindow(agent, sid, memory, milli, length))
+            if length > overhead:
+                milli = compute_of(profile) * 1000 // COMPUTE_SLICES
+                windows.append(MarketWindow(agent, sid, memory, milli, length))
+        for key, piece in sorted(held.items()):
+            length = self.window_length(piece.profile)
+            if length > overhead:
+                milli = compute_of(piece.profile) * 1000 // COMPUTE_SLICES
+                holder = f"j{piece.state.job.index:07d}"
+                windows.append(MarketWindow(*key, piece.memory, milli, length, held_by=holder))
         if not windows:
             return
-        ctx = ClearingContext(usage=dict(self.usage))
-        by_job: dict[str, _JobState] = {}
-        bidders: list[Bidder] = []
-        for state in self.waiting:
-            assert state.contract is not None and state.calibrator is not None
-            job_id = f"j{state.job.index:07d}"
-            by_job[job_id] = state
-            bidders.append(
-                Bidder(
-                    job_id,
-                    state.job.tenant,
-                    state.contract,
-                    self.believed(state),
-                    state.next_unit,
-                    now - state.job.arrival,
-                    state.job.priority,
-                )
-            )
+        self.totals.rounds += 1
+        ctx = ClearingContext(usage=dict(self.usage), hysteresis=self.spec.hysteresis)
         # The router's own round: alike windows are priced once per bidder (round_bids).
         bids, awards = clearing_round(bidders, windows, self.spec.clearing_policy, ctx)
         self.totals.bids += len(bids)
         for award in awards:
-            state = by_job[award.bid.job_id]
-            self.waiting.remove(state)
-            self.start_subjob(state, award.bid.window, award.bid.unit_start, award.bid.unit_count)
+            bid = award.bid
+            state = by_job[bid.job_id]
+            piece = held.get(bid.window.key) if bid.window.held_by else None
+            if piece is None:
+                self.waiting.remove(state)
+                self.start_piece(state, bid.window, bid.unit_start, bid.unit_count)
+            elif bid.incumbent:
+                self.extend(piece, bid)
+            else:  # taken by a better bid: the piece checkpoints and stops
+                self.totals.displaced += 1
+                self.stop(piece)
 
-    def start_subjob(self, state: _JobState, window: MarketWindow, start: int, count: int) -> None:
+    def _bidder(
+        self, state: _JobState, job_id: str, next_unit: int, holds: tuple[str, str] | None
+    ) -> Bidder:
+        assert state.contract is not None
+        return Bidder(
+            job_id,
+            state.job.tenant,
+            state.contract,
+            self.believed(state),
+            next_unit,
+            self.engine.now - state.job.arrival,
+            state.job.priority,
+            holds,
+        )
+
+    def start_piece(self, state: _JobState, window: MarketWindow, start: int, count: int) -> None:
+        """The winner's process on the window's slice, for all the units it has left: it
+        runs until they are done, it is killed by a peak, or its window ends and it does not
+        keep the slice (then it checkpoints and stops)."""
         now = self.engine.now
         host = self.by_id[window.agent_id]
         profile, memory = self.free[window.key]
@@ -717,63 +845,146 @@ class MigReplay:
         rng = self.rng(state)
         state.runs += 1
         contract = state.contract
-        calibrator = state.calibrator
-        assert contract is not None and calibrator is not None
+        assert contract is not None
         median = state.job.duration / contract.total_units
         per_unit = median * math.exp(state.job.time_sigma * rng.gauss(0.0, 1.0))
-        work = count * per_unit
-        wanted = work + contract.checkpoint_overhead_seconds
+        left = contract.total_units - start
+        run = left * per_unit + contract.checkpoint_overhead_seconds
         peaks = state.job.memory.peaks_bytes
-        window_seconds = window.length_seconds
-        span = min(wanted, window_seconds)
         killed_at: float | None = None
         peak = 0
-        for hour in range(max(1, math.ceil(span / PEAK_WINDOW_SECONDS))):
+        for hour in range(max(1, math.ceil(run / PEAK_WINDOW_SECONDS))):
             peak = max(peak, peaks[rng.randrange(len(peaks))])
             if peak > memory:
                 begin = hour * PEAK_WINDOW_SECONDS
-                killed_at = begin + rng.random() * (min(span, begin + PEAK_WINDOW_SECONDS) - begin)
+                killed_at = (
+                    now + begin + rng.random() * (min(run, begin + PEAK_WINDOW_SECONDS) - begin)
+                )
                 break
-        if killed_at is not None:
-            length = killed_at
-            outcome = "oom"
-        elif wanted > window_seconds:
-            length = window_seconds
-            outcome = "cut"
-        else:
-            length = wanted
-            outcome = "ok"
+        piece = _Piece(
+            state=state,
+            host=host,
+            lease_id=lease_id,
+            window_key=window.key,
+            profile=profile,
+            memory=memory,
+            started=now,
+            unit_start=start,
+            per_unit=per_unit,
+            left=left,
+            committed=count,
+            window_end=now + window.length_seconds,
+            granted_seconds=window.length_seconds,
+            key=self.new_key(),
+            killed_at=killed_at,
+            peak=peak,
+            finish_at=now + run,
+        )
+        state.piece = piece
         compute = compute_of(profile)
-        key = self.new_key()
-        self.running[key] = (now + min(wanted, window_seconds), compute / COMPUTE_SLICES, memory)
-        self.charge(key, state.job.tenant)
+        self.running[piece.key] = (piece.release_at(), compute / COMPUTE_SLICES, memory)
+        self.charge(piece.key, state.job.tenant)
         self.totals.subjobs += 1
+        self.arm(piece)
 
-        def end() -> None:
+    def arm(self, piece: _Piece) -> None:
+        """Schedule the piece's next event: its end, its kill, or the decision at its
+        window's end (a checkpoint's length before it) whether it keeps its slice."""
+        piece.generation += 1
+        generation = piece.generation
+        decide_at = piece.window_end - self.spec.checkpoint_overhead_seconds
+        at, what = piece.finish_at, "finish"
+        if piece.finish_at > piece.window_end and decide_at < at:
+            at, what = decide_at, "decide"
+        if piece.killed_at is not None and piece.killed_at < at:
+            at, what = piece.killed_at, "kill"
+
+        def fire() -> None:
+            if piece.generation != generation:
+                return
             self.clock()
-            self.give_back(host, lease_id)
-            self.discharge(key)
-            self.totals.held += length * compute
-            self.totals.fills.append(length / window_seconds)
-            if outcome == "ok":
-                self.totals.useful += work * compute
-                self.totals.overhead += contract.checkpoint_overhead_seconds * compute
-                calibrator.observe(per_unit, float(peak))
-                state.done.append((start, count))
-                state.next_unit = start + count
+            if what == "decide":
+                self.deciding.append(piece)
+                self.schedule()
             else:
-                self.totals.lost += length * compute
-                self.totals.subjob_violations += 1
-                self.totals.causes["memory" if outcome == "oom" else "time"] += 1
-                state.violations += 1
-                calibrator.overran(time=outcome != "oom", memory=outcome == "oom")
-            if state.next_unit >= contract.total_units:
-                self.finish(state)
-            else:
-                self.waiting.append(state)
-            self.schedule()
+                self.end_piece(piece, "ok" if what == "finish" else "oom")
 
-        self.engine.schedule(length, end)
+        self.engine.schedule_at(max(at, self.engine.now), fire)
+
+    def extend(self, piece: _Piece, bid: Bid) -> None:
+        """The piece keeps its slice for the held window's length: no checkpoint, no restart."""
+        now = self.engine.now
+        self.deciding.remove(piece)
+        piece.window_end = now + bid.window.length_seconds
+        piece.granted_seconds += bid.window.length_seconds
+        piece.committed = bid.unit_start - piece.unit_start + bid.unit_count
+        self.running[piece.key] = (piece.release_at(), *self.running[piece.key][1:])
+        self.totals.extensions += 1
+        self.arm(piece)
+
+    def stop(self, piece: _Piece) -> None:
+        """The piece's window ends and it does not keep the slice: it checkpoints the units
+        done by now and stops a checkpoint's length later, at its window's end."""
+        if piece in self.deciding:
+            self.deciding.remove(piece)
+        piece.stopping_at = self.engine.now
+        piece.generation += 1
+        generation = piece.generation
+
+        def fire() -> None:
+            if piece.generation == generation:
+                self.clock()
+                self.end_piece(piece, "stopped")
+
+        self.engine.schedule(self.spec.checkpoint_overhead_seconds, fire)
+
+    def end_piece(self, piece: _Piece, outcome: str) -> None:
+        """``ok``: every unit done; ``oom``: killed by a peak (work since the piece started
+        is lost); ``stopped``: checkpointed at its window's end."""
+        now = self.engine.now
+        state = piece.state
+        contract, calibrator = state.contract, state.calibrator
+        assert contract is not None and calibrator is not None
+        overhead = contract.checkpoint_overhead_seconds
+        state.piece = None
+        self.give_back(piece.host, piece.lease_id)
+        self.discharge(piece.key)
+        compute = compute_of(piece.profile)
+        length = now - piece.started
+        self.totals.held += length * compute
+        self.totals.fills.append(min(1.0, length / piece.granted_seconds))
+        t = self.totals
+        if outcome == "oom":
+            t.lost += length * compute
+            t.subjob_violations += 1
+            t.causes["memory"] += 1
+            state.violations += 1
+            calibrator.overran(time=False, memory=True)
+        else:
+            if outcome == "ok":
+                done = piece.left
+            else:
+                assert piece.stopping_at is not None
+                done = piece.progress(piece.stopping_at) - piece.unit_start
+            work = done * piece.per_unit
+            t.useful += work * compute
+            t.overhead += overhead * compute
+            t.lost += max(0.0, length - work - overhead) * compute
+            if done:
+                calibrator.observe(piece.per_unit, float(piece.peak))
+                state.done.append((piece.unit_start, done))
+                state.next_unit = piece.unit_start + done
+            if outcome == "stopped" and done < piece.committed:
+                # The units the bid said would fit by the window's end did not: a violation.
+                t.subjob_violations += 1
+                t.causes["time"] += 1
+                state.violations += 1
+                calibrator.overran(time=True, memory=False)
+        if state.next_unit >= contract.total_units:
+            self.finish(state)
+        else:
+            self.waiting.append(state)
+        self.schedule()
 
     # -------------------------------------------------------------------- run
 
@@ -846,6 +1057,8 @@ class MigReplay:
             "clearing_rounds": t.rounds,
             "widen_resets": t.widen_resets,
             "bids": t.bids,
+            "extensions": t.extensions,
+            "displaced": t.displaced,
             "makespan_seconds": round(self.engine.now, 1),
             "events_processed": events,
             "wall_seconds": round(wall, 2),
