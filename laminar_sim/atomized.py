@@ -792,15 +792,15 @@ class MigReplay:
         for award in awards:
             bid = award.bid
             state = by_job[bid.job_id]
-            piece = held.get(bid.window.key) if bid.window.held_by else None
-            if piece is None:
+            taker = held.get(bid.window.key) if bid.window.held_by else None
+            if taker is None:
                 self.waiting.remove(state)
                 self.start_piece(state, bid.window, bid.unit_start, bid.unit_count)
             elif bid.incumbent:
-                self.extend(piece, bid)
+                self.extend(taker, bid)
             else:  # taken by a better bid: the piece checkpoints and stops
                 self.totals.displaced += 1
-                self.stop(piece)
+                self.stop(taker)
 
     def _bidder(
         self, state: _JobState, job_id: str, next_unit: int, holds: tuple[str, str] | None

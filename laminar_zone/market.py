@@ -293,7 +293,7 @@ def round_bids(
     classes, not bidders x windows. A held window (:attr:`MarketWindow.held_by`) is a class
     of its own; its holder bids on it alone.
     """
-    pool_of: dict[tuple[int, int, float, str], list[MarketWindow]] = {}
+    pool_of: dict[tuple[int, int, float, str, str], list[MarketWindow]] = {}
     for w in sorted(windows, key=lambda w: w.key):
         pool_of.setdefault(w.alike, []).append(w)
     pools = [tuple(members) for members in pool_of.values()]
