@@ -176,6 +176,23 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="with atomized: checkpoint overhead per subjob (default 30 s)",
     )
     rp.add_argument(
+        "--hysteresis",
+        type=float,
+        default=None,
+        help="with atomized: how much better a bid of a piece's own class must score to take "
+        "its slice at its window's end (default the market's, 0.1)",
+    )
+    rp.add_argument(
+        "--no-incumbency",
+        action="store_true",
+        help="with atomized: every piece checkpoints and stops at its window's end",
+    )
+    rp.add_argument(
+        "--no-class-order",
+        action="store_true",
+        help="with atomized: rigid jobs go before every clearing round whatever their class",
+    )
+    rp.add_argument(
         "--calibrator-min-samples",
         type=int,
         default=None,
@@ -860,6 +877,8 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
             f"must be in 1..10000, got {args.calibrator_min_samples}",
             field="--calibrator-min-samples",
         )
+    if args.hysteresis is not None and not 0 <= args.hysteresis <= 1:
+        raise InvalidArgument(f"must be in [0, 1], got {args.hysteresis}", field="--hysteresis")
     genai = _genai_trace(args)
     spec = atomized.AtomizeSpec(
         hosts=args.hosts,
@@ -872,6 +891,9 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         clearing_policy=args.clearing_policy,
         calibrator_min_samples=args.calibrator_min_samples,
         modes=modes,
+        incumbency=not args.no_incumbency,
+        class_order=not args.no_class_order,
+        **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
     )
     try:
         hosts = atomized.build_hosts(atomized.AtomizeSpec(hosts=1, mig_layout=args.mig_layout))
