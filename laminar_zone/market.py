@@ -301,7 +301,7 @@ def round_bids(
     for b in bidders:
         for members in pools:
             first = members[0]
-            if b.holds is not None and first.key != b.holds:
+            if b.holds is not None and (first.key != b.holds or first.held_by != b.job_id):
                 continue
             if first.held_by == b.job_id and b.holds != first.key:
                 continue
