@@ -224,3 +224,27 @@ def test_real_traces_slice(traces_dir: Path) -> None:
     assert report["memory_profiles"] > 50
     for figures in report["modes"].values():
         assert figures["finished"] == report["jobs"]
+
+
+def test_an_uncontended_atomized_job_runs_as_one_piece_and_costs_one_checkpoint() -> None:
+    """Incumbency: one 5-hour job alone on the hosts with 15-minute windows keeps its slice
+    at every window's end: one piece, no violation, its run plus one checkpoint. Without
+    incumbency it checkpoints and restarts at every window."""
+    jobs = make_jobs([TraceJob(0, 0.0, 5 * 3600.0, 1)], profiles()[:1], 7)
+    finished = {}
+    for incumbency in (True, False):
+        sim = MigReplay(spec(horizon_seconds=900.0, incumbency=incumbency), jobs, "atomized")
+        report = sim.run()
+        (state,) = sim.states
+        assert state.end is not None and state.first_start == 0.0
+        finished[incumbency] = (report, state)
+    report, state = finished[True]
+    assert report["subjobs"] == 1 and report["violations"] == 0
+    assert report["extensions"] >= 19 and report["displaced"] == 0
+    assert state.contract is not None and state.end is not None
+    assert state.done == [(0, state.contract.total_units)]
+    # The run (one speed draw, within a few sigma of 5 h) plus one checkpoint at the end.
+    assert 0.3 * 5 * 3600 < state.end - 30.0 < 3 * 5 * 3600
+    old, old_state = finished[False]
+    assert old["subjobs"] > 10 and old["extensions"] == 0
+    assert old_state.end is not None and old_state.end > state.end
