@@ -37,24 +37,34 @@ raised to the peak seen, and starts again from zero.
 
 **atomized.** Jobs of one GPU declare a contract (:func:`laminar_zone.market.contract_from`):
 ``units = round(duration / unit_seconds)``, the quantiles above, the checkpoint overhead
-and epsilon. Gangs (more than one GPU) stay rigid, placed as above and first: a gang needs
-all its slices at once and cannot be cut into single-slice subjobs. After every event one
-clearing round runs: each free slice is a window whose length is the horizon, cut at the
-expected start of the blocked gang of the slice's family, if any (the known commitment,
-as EASY backfill treats rigid jobs of that family); every
-waiting job bids on every window with :func:`laminar_zone.market.best_bid` (its profile as
-its :class:`~laminar_zone.market.Calibrator` has inflated it) and
-:func:`laminar_zone.market.clear` awards them with the ``blend`` policy (tenant usage, for
+and epsilon. Gangs (more than one GPU) stay rigid, placed as above: a gang needs all its
+slices at once and cannot be cut into single-slice pieces.
+
+After every event all waiting work is taken in **one class order** (the router's): per
+priority class, highest first, that class's rigid jobs (the queue walk, whose blocked
+heads cut the windows of that class and the lower ones: EASY backfill) and then one
+clearing round for that class (``--no-class-order``: every rigid job first, then one
+round). A round's windows are the free slices, each offered for the horizon, cut at the
+expected start of a blocked rigid job of its family of that class or higher; every waiting
+job of the class bids with :func:`laminar_zone.market.best_bid` (its profile as its
+:class:`~laminar_zone.market.Calibrator` has inflated it) and
+:func:`laminar_zone.market.clear` awards them with the clearing policy (tenant usage, for
 the fair share, is the GPU-equivalents the tenant runs now, as the router counts it; a
-bid's waiting time, for the
-responsive score, is the time since the job arrived, so a job that has started keeps its
-place rather than going round robin with newcomers). A winner runs a subjob of exactly
-the bid's units plus the checkpoint. A subjob whose run is longer than its window is cut at
-the window's end, and one whose peak exceeds the slice is killed; either is a safety
-violation: its units go back to the job (its last checkpoint is the previous subjob's
-end) and its calibrator is told (``overran``). A subjob that ends in time reports its
-speed and peak (``observe``). One round per event is enough: a job wins at most one
-window per round and runs one subjob at a time, so a window left over had no bidder.
+bid's waiting time is the time since the job arrived).
+
+A winner starts a **piece** that runs every unit the job has left (one speed draw for the
+piece), not only the units the bid said would fit: the bid's units are what it commits to
+by its window's end. A checkpoint's length before the window ends, the piece is a
+**holder**: its slice is offered, as a held window, in the rounds of that event, to its
+holder (which bids to extend in place) and to everyone else. It keeps the slice, with no
+checkpoint and no restart, unless a bid of a higher class, or of its class with a score
+higher by ``hysteresis``, wins it, or no extension fits before the next commitment on the
+slice (a blocked rigid job's expected start). Then it checkpoints the units done and stops
+at its window's end (``--no-incumbency``: every piece does so). Violations, one per piece
+at most: a piece killed by a peak above its slice (**memory**: the work since the piece
+started is lost, its calibrator widens memory), or a piece stopped at its window's end
+with fewer units done than its bids committed to (**time**: its calibrator widens time).
+A piece that ends observes its speed and peak (``observe``).
 
 **What is not modelled.** A job runs as fast on a small MIG slice as on a large one (the
 Philly durations were measured on whole GPUs, and no trace says how each job scales), MIG
@@ -1037,6 +1047,17 @@ class MigReplay:
             "atomized_jobs": len(atomized),
             "rigid_jobs": rigid_jobs,
             "jct_seconds": _summary(jct),
+            # Single-GPU jobs (atomized in that mode) and gangs (rigid in both modes).
+            "jct_by_shape_seconds": {
+                shape: _summary(
+                    [
+                        s.end - s.job.arrival
+                        for s in finished
+                        if s.end is not None and is_gang == (s.job.gpus > 1)
+                    ]
+                )
+                for shape, is_gang in (("single", False), ("gang", True))
+            },
             "jct_percentiles_seconds": _percentiles(jct),
             "queue_seconds": _summary(queue),
             "queue_by_class_seconds": by_class,

@@ -16,8 +16,13 @@ to a window of free capacity an agent advertised. This module decides, without I
   a production job is never outbid by an opportunistic one), then by the policy's score;
   ties break on (job id, agent id, slice id), so a round is a pure function of its bids.
   Policies: ``utilization`` (capacity x time the subjob fills), ``fair`` (the tenant's
-  deficit against its weighted share), ``responsive`` (how long the job has waited),
-  and ``blend`` (the default: a weighted sum of the three).
+  deficit against its weighted share), ``responsive`` (how long the job has waited, on a
+  log scale), ``srpt`` (least work left first), ``slowdown`` (wait over work left) and
+  ``blend`` (a weighted sum of the first three).
+* **Incumbency** (:attr:`MarketWindow.held_by`, :attr:`Bidder.holds`): a running piece
+  whose window ends bids to extend in place on its own slice; it keeps it unless a bid of
+  a higher class, or of its class with a score higher by ``ClearingContext.hysteresis``,
+  wins it, and a challenger takes a held slice only when no free window served it.
 * **Calibration** (:class:`Calibrator`): observed seconds-per-unit and peak memory of
   finished subjobs feed a conformal-style inflation factor per resource, so that the
   share of subjobs that overrun their ``1 - epsilon`` prediction tracks ``epsilon``. An
