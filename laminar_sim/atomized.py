@@ -103,6 +103,7 @@ from laminar_sim.replay import TraceJob
 from laminar_zone.gather import Bind, FixedPlan, Gather, ProbeHost
 from laminar_zone.market import (
     DEFAULT_HYSTERESIS,
+    DEFAULT_POLICY,
     Bid,
     Bidder,
     Calibrator,
@@ -153,8 +154,8 @@ class AtomizeSpec:
     horizon_seconds: float = 3600.0
     unit_seconds: float = 60.0
     memory_scale: float = 0.5
-    #: Clearing policy of laminar_zone.market (``blend`` is the router's default).
-    clearing_policy: str = "blend"
+    #: Clearing policy of laminar_zone.market (``srpt`` is the router's default).
+    clearing_policy: str = DEFAULT_POLICY
     #: ``Calibrator(min_samples=...)``: observations before it may shrink a profile;
     #: None = the market's default, ceil(1 / epsilon) - 1.
     calibrator_min_samples: int | None = None

@@ -24,6 +24,7 @@ from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_sim import airlock_sim, atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
 from laminar_sim.replay import ReplaySpec, read_jobs, run_replay
+from laminar_zone.market import DEFAULT_POLICY as DEFAULT_MARKET_POLICY
 from laminar_zone.market import POLICIES as MARKET_POLICIES
 
 EXPECTED_RESULTS_DIR_NAME = "fgd-atc23-expected-results"
@@ -202,9 +203,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     rp.add_argument("--epsilon", type=float, default=0.05, help="with atomized: contract epsilon")
     rp.add_argument(
         "--clearing-policy",
-        default="blend",
+        default=DEFAULT_MARKET_POLICY,
         choices=list(MARKET_POLICIES),
-        help="with atomized: the market's clearing policy (default blend)",
+        help=f"with atomized: the market's clearing policy (default {DEFAULT_MARKET_POLICY})",
     )
     rp.add_argument("--seed", type=int, default=1)
     rp.add_argument("-o", "--output", choices=["table", "json"], default="table")

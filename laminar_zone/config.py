@@ -13,7 +13,7 @@ from laminar_base.settings import (
     validate_security,
 )
 from laminar_base.units import parse_size
-from laminar_zone.market import POLICIES
+from laminar_zone.market import DEFAULT_POLICY, POLICIES
 from laminar_zone.view import SAMPLE_SIZE, ProbeLimits
 
 
@@ -210,8 +210,11 @@ class MarketSettings:
     """The atomization market (docs/atomization.md)."""
 
     policy: str = field(
-        default="blend",
-        metadata=doc("clearing policy: utilization, fair, responsive, srpt, slowdown or blend"),
+        default=DEFAULT_POLICY,
+        metadata=doc(
+            "clearing policy: srpt (least work left first), slowdown, utilization, fair, "
+            "responsive or blend (docs/atomization.md: srpt measured best)"
+        ),
     )
     blend_weights: str = field(
         default="0.5,0.25,0.25",
