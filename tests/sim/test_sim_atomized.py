@@ -176,7 +176,7 @@ def test_cli_json_table_and_plot(tmp_path: Path) -> None:
     png = tmp_path / "jct.png"
     report = json.loads(cli([*argv, "-o", "json", "--plot", str(png)]))
     assert report["experiment"] == "replay" and report["mode"] == "rigid,atomized"
-    assert report["jobs"] == 40 and report["clearing_policy"] == "blend"
+    assert report["jobs"] == 40 and report["clearing_policy"] == "srpt"
     for figures in report["modes"].values():
         assert set(figures) >= MODE_FIELDS
         assert figures["finished"] == 40
