@@ -111,6 +111,7 @@ from laminar_zone.market import (
     Contract,
     MarketWindow,
     Profile,
+    RatioPool,
     clearing_round,
     contract_from,
     default_min_samples,
@@ -169,6 +170,9 @@ class AtomizeSpec:
     #: One class order for all work: per priority class, its rigid jobs (the queue walk)
     #: then its atomized bids (a clearing round). False: every rigid job first.
     class_order: bool = True
+    #: Calibration pooled per job family (``RatioPool``): here the jobs of one tenant with
+    #: one memory profile (the same workload). False: each job learns alone.
+    pool_calibration: bool = True
 
 
 @dataclass(frozen=True)
@@ -329,8 +333,8 @@ class _JobState:
     end: float | None = None
     runs: int = 0
     violations: int = 0
-    #: The calibrated profile and the calibrator's (observed, widen) it was computed at.
-    believed: tuple[tuple[int, float, float], Profile] | None = None
+    #: The calibrated profile and the calibrator's version it was computed at.
+    believed: tuple[tuple[int, float, int, float, float, float], Profile] | None = None
     #: Units completed, as (start, count), in completion order.
     done: list[tuple[int, int]] = field(default_factory=list)
     #: Its running piece (atomized), if any.
@@ -426,6 +430,7 @@ class MigReplay:
             for s in h.ledger.slices.values()
         }
         self.free_compute = self.capacity
+        self.pools: dict[tuple[str, str], RatioPool] = {}
         self.states = [self._state(job) for job in jobs]
         self.rigid_queue: list[_JobState] = []
         self.waiting: list[_JobState] = []  # atomized jobs without a running subjob
@@ -452,8 +457,14 @@ class MigReplay:
         state = _JobState(job, need_bytes=need)
         if self.mode == "atomized" and job.gpus == 1:
             state.contract = contract_for(job, self.spec)
+            pool = None
+            if self.spec.pool_calibration:  # a family: the tenant's jobs of one workload
+                pool = self.pools.setdefault((job.tenant, job.memory.pod), RatioPool())
             state.calibrator = Calibrator(
-                state.contract.profile, state.contract.epsilon, self.spec.calibrator_min_samples
+                state.contract.profile,
+                state.contract.epsilon,
+                self.spec.calibrator_min_samples,
+                pool,
             )
         return state
 
@@ -745,16 +756,13 @@ class MigReplay:
         slice is dropped, counted in ``widen_resets``), cached until the calibrator changes."""
         calibrator = state.calibrator
         assert calibrator is not None
-        # The calibrated profile changes only when the calibrator observes or widens.
-        key = (calibrator.observed, calibrator.widen_time, calibrator.widen_memory)
-        if state.believed is not None and state.believed[0] == key:
+        # The calibrated profile changes only when the calibrator (or its pool) observes or
+        # widens.
+        if state.believed is not None and state.believed[0] == calibrator.version:
             return state.believed[1]
         profile, reset = calibrator.believed(self.largest_bytes)
         self.totals.widen_resets += int(reset)
-        state.believed = (
-            (calibrator.observed, calibrator.widen_time, calibrator.widen_memory),
-            profile,
-        )
+        state.believed = (calibrator.version, profile)
         return profile
 
     def clear_round(self, priority: int | None = None) -> None:

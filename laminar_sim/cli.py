@@ -189,6 +189,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="with atomized: every piece checkpoints and stops at its window's end",
     )
     rp.add_argument(
+        "--no-pool-calibration",
+        action="store_true",
+        help="with atomized: each job's calibrator learns alone, not pooled with its family",
+    )
+    rp.add_argument(
         "--no-class-order",
         action="store_true",
         help="with atomized: rigid jobs go before every clearing round whatever their class",
@@ -894,6 +899,7 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         modes=modes,
         incumbency=not args.no_incumbency,
         class_order=not args.no_class_order,
+        pool_calibration=not args.no_pool_calibration,
         **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
     )
     try:

@@ -59,6 +59,7 @@ from laminar_zone.market import (
     Contract,
     MarketWindow,
     Profile,
+    RatioPool,
     clearing_round,
     contract_from,
     feasibility,
@@ -111,6 +112,8 @@ OVERRAN = "overran:"
 #: A window that starts within this many seconds counts as open now.
 START_TOLERANCE_SECONDS = 0.5
 MAX_PHASES = 64
+#: Job families whose calibration the router pools at most (the oldest is dropped).
+MAX_POOLS = 4096
 
 
 def is_atomized(spec: zone_pb2.JobSpec) -> bool:
@@ -243,6 +246,8 @@ class Atomizer:
         self._checkpoint_root = Path(root)
         #: Subjobs asked to stop at their window's end, so each is asked once.
         self._overrunning: set[str] = set()
+        #: (tenant, job name, phase index) -> the family's calibration ratios.
+        self._pools: dict[tuple[str, str, int], RatioPool] = {}
 
     # ------------------------------------------------------------------ jobs
 
@@ -252,13 +257,29 @@ class Atomizer:
         atom = Atom(
             contract=contract,
             phases=phases,
-            calibrators=[Calibrator(ph.profile, contract.epsilon) for ph in phases],
+            calibrators=[
+                Calibrator(ph.profile, contract.epsilon, pool=self._pool(job.spec, i))
+                for i, ph in enumerate(phases)
+            ],
             ready_since=time.monotonic() if now is None else now,
         )
         self.atoms[job.job_id] = atom
         for p in job.placements:  # a restart: replay what was observed, in order
             if p.state in ENDED:
                 self._observe(job, atom, p, replay=True)
+
+    def _pool(self, spec: zone_pb2.JobSpec, phase: int) -> RatioPool | None:
+        """The ratio pool of the job's family (tenant, name, phase), if calibration is
+        pooled and the job has a name (an unnamed job is a family of its own)."""
+        if not self.config.pool_calibration or not spec.name:
+            return None
+        key = (spec.tenant, spec.name, phase)
+        pool = self._pools.get(key)
+        if pool is None:
+            if len(self._pools) >= MAX_POOLS:
+                self._pools.pop(next(iter(self._pools)))  # the oldest family
+            pool = self._pools[key] = RatioPool()
+        return pool
 
     def forget(self, job_id: str) -> None:
         self.atoms.pop(job_id, None)

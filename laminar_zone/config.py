@@ -241,6 +241,13 @@ class MarketSettings:
             "to their window and one still running past it is stopped"
         ),
     )
+    pool_calibration: bool = field(
+        default=True,
+        metadata=doc(
+            "calibrate a job's profile from the pieces of its whole family (tenant, name, "
+            "phase), not its own pieces only, so it learns within a few pieces"
+        ),
+    )
     hysteresis: float = field(
         default=0.1,
         metadata=doc(

@@ -486,6 +486,20 @@ def default_min_samples(epsilon: float) -> int:
     return max(1, math.ceil(1.0 / epsilon - 1e-9) - 1)
 
 
+#: Ratios a family's pool keeps (the most recent): bounds the sort of each prediction.
+POOL_RATIOS = 512
+
+
+@dataclass
+class RatioPool:
+    """Observed / declared ratios shared by the calibrators of one job family (tenant and
+    name, per phase): a new job of the family starts from what its elders ran, with its
+    own declared profile as the scale (the prior)."""
+
+    time_ratios: list[float] = field(default_factory=list)
+    memory_ratios: list[float] = field(default_factory=list)
+
+
 class Calibrator:
     """Conformal-style inflation of a job's profile from its finished subjobs.
 
@@ -497,14 +511,25 @@ class Calibrator:
     the n samples, i.e. where the empirical quantile really covers 1 - epsilon; below it
     the coverage is only n / (n + 1) (the simulator's replay measured 5.9% overruns at
     min_samples 5 against 3.4% at 19, epsilon 0.05).
+
+    With a ``pool``, the ratios are the family's (:class:`RatioPool`, the last
+    ``POOL_RATIOS``): the samples count across the family's jobs, so a job whose family
+    ran before learns within its first pieces. Widening after an overrun stays the job's.
     """
 
-    def __init__(self, declared: Profile, epsilon: float, min_samples: int | None = None) -> None:
+    def __init__(
+        self,
+        declared: Profile,
+        epsilon: float,
+        min_samples: int | None = None,
+        pool: RatioPool | None = None,
+    ) -> None:
         self.declared = declared
         self.epsilon = epsilon
         self.min_samples = min_samples if min_samples is not None else default_min_samples(epsilon)
-        self.time_ratios: list[float] = []
-        self.memory_ratios: list[float] = []
+        shared = pool if pool is not None else RatioPool()
+        self.time_ratios: list[float] = shared.time_ratios
+        self.memory_ratios: list[float] = shared.memory_ratios
         self.widen_time = 1.0
         self.widen_memory = 1.0
         self.observed = 0
@@ -543,6 +568,8 @@ class Calibrator:
         base_memory = max(self.declared.peak_memory_bytes.value_at(q), 1e-12)
         self.time_ratios.append(seconds_per_unit / base_time)
         self.memory_ratios.append(peak_memory_bytes / base_memory)
+        for ratios in (self.time_ratios, self.memory_ratios):
+            del ratios[:-POOL_RATIOS]
         self.widen_time = self.widen_memory = 1.0  # real figures are in the ratios now
         return overran
 
@@ -571,6 +598,18 @@ class Calibrator:
             return profile, False
         self.widen_memory = 1.0
         return self.profile(), True
+
+    @property
+    def version(self) -> tuple[int, float, int, float, float, float]:
+        """Changes whenever :meth:`profile` may (a family's pool too): a cache key."""
+        return (
+            len(self.time_ratios),
+            self.time_ratios[-1] if self.time_ratios else 0.0,
+            len(self.memory_ratios),
+            self.memory_ratios[-1] if self.memory_ratios else 0.0,
+            self.widen_time,
+            self.widen_memory,
+        )
 
     @property
     def violation_rate(self) -> float:
