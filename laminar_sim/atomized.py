@@ -392,6 +392,9 @@ class _Totals:
     subjob_violations: int = 0
     #: Violations by cause: "memory" (killed: peak above the slice), "time" (cut at the window).
     causes: dict[str, int] = field(default_factory=lambda: {"memory": 0, "time": 0})
+    #: Rigid jobs killed at least once (by memory), in either mode: in the atomized mode
+    #: these are the gangs, outside the subjob violations.
+    rigid_killed: int = 0
     fills: list[float] = field(default_factory=list)
     rounds: int = 0
     widen_resets: int = 0
@@ -715,7 +718,7 @@ class MigReplay:
             else:
                 self.totals.lost += length * compute
                 # Rigid violations are counted per job: its first kill names the cause.
-                self.totals.causes["memory"] += int(state.violations == 0)
+                self.totals.rigid_killed += int(state.violations == 0)
                 state.violations += 1
                 state.need_bytes = max(state.need_bytes, peak)
                 self.rigid_queue.append(state)
@@ -1077,7 +1080,10 @@ class MigReplay:
             "violations": violations,
             "violation_basis": violation_basis,
             "violation_population": population,
-            "violations_by_cause": dict(t.causes),
+            "violations_by_cause": dict(t.causes)
+            if self.mode == "atomized"
+            else {"memory": t.rigid_killed, "time": 0},
+            "rigid_jobs_killed": t.rigid_killed,
             "subjobs": t.subjobs + rigid_runs,
             "subjobs_per_job": round((t.subjobs + rigid_runs) / max(1, len(states)), 3),
             "subjobs_per_atomized_job": round(t.subjobs / max(1, len(atomized)), 3),
