@@ -377,9 +377,10 @@ def srpt_score(bid: Bid) -> float:
 
 
 def slowdown_score(bid: Bid) -> float:
-    """The job's slowdown so far, bounded: wait / (wait + work left). A short job that
-    waited a little and a long one that waited long rank alike, so neither starves."""
-    waited = max(0.0, bid.waited_seconds)
+    """SRPT that ages: (wait + SRPT_HALF) / (wait + SRPT_HALF + work left). Unwaited it
+    ranks as ``srpt``; as a job waits its score climbs towards 1, so a long job that
+    waited long outranks a short newcomer and the tail does not starve."""
+    waited = max(0.0, bid.waited_seconds) + SRPT_HALF_SECONDS
     return waited / (waited + _remaining(bid))
 
 
