@@ -529,13 +529,19 @@ class Atomizer:
                     out.update((p.agent_id, s) for s in p.slice_ids)
         return out
 
-    @staticmethod
-    def _held_window(atom: Atom, p: zone_pb2.Placement) -> common_pb2.Window:
-        """The window a running piece holds: the one it started on, or (after a restart)
-        one rebuilt from its placement."""
+    def _held_window(self, atom: Atom, p: zone_pb2.Placement) -> common_pb2.Window:
+        """The window a running piece holds: the one it started on; after a restart the
+        slice as its agent advertises it (a busy slice's future window), else one rebuilt
+        from the placement (its memory then is what the piece declared)."""
         known = atom.held.get(p.subjob_id)
         if known is not None:
             return known
+        slice_id = p.slice_ids[0] if p.slice_ids else ""
+        for w in self.windows.get(p.agent_id, []):
+            # A shared GPU's window is the room left beside the piece, not the piece's.
+            if w.slice_id == slice_id and w.kind != common_pb2.SHARED_GPU:
+                atom.held[p.subjob_id] = w
+                return w
         r = p.resources
         kind = common_pb2.MIG if r.mig_profile else common_pb2.WHOLE_GPU
         if r.gpu_milli:
