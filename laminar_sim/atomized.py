@@ -37,24 +37,34 @@ raised to the peak seen, and starts again from zero.
 
 **atomized.** Jobs of one GPU declare a contract (:func:`laminar_zone.market.contract_from`):
 ``units = round(duration / unit_seconds)``, the quantiles above, the checkpoint overhead
-and epsilon. Gangs (more than one GPU) stay rigid, placed as above and first: a gang needs
-all its slices at once and cannot be cut into single-slice subjobs. After every event one
-clearing round runs: each free slice is a window whose length is the horizon, cut at the
-expected start of the blocked gang of the slice's family, if any (the known commitment,
-as EASY backfill treats rigid jobs of that family); every
-waiting job bids on every window with :func:`laminar_zone.market.best_bid` (its profile as
-its :class:`~laminar_zone.market.Calibrator` has inflated it) and
-:func:`laminar_zone.market.clear` awards them with the ``blend`` policy (tenant usage, for
+and epsilon. Gangs (more than one GPU) stay rigid, placed as above: a gang needs all its
+slices at once and cannot be cut into single-slice pieces.
+
+After every event all waiting work is taken in **one class order** (the router's): per
+priority class, highest first, that class's rigid jobs (the queue walk, whose blocked
+heads cut the windows of that class and the lower ones: EASY backfill) and then one
+clearing round for that class (``--no-class-order``: every rigid job first, then one
+round). A round's windows are the free slices, each offered for the horizon, cut at the
+expected start of a blocked rigid job of its family of that class or higher; every waiting
+job of the class bids with :func:`laminar_zone.market.best_bid` (its profile as its
+:class:`~laminar_zone.market.Calibrator` has inflated it) and
+:func:`laminar_zone.market.clear` awards them with the clearing policy (tenant usage, for
 the fair share, is the GPU-equivalents the tenant runs now, as the router counts it; a
-bid's waiting time, for the
-responsive score, is the time since the job arrived, so a job that has started keeps its
-place rather than going round robin with newcomers). A winner runs a subjob of exactly
-the bid's units plus the checkpoint. A subjob whose run is longer than its window is cut at
-the window's end, and one whose peak exceeds the slice is killed; either is a safety
-violation: its units go back to the job (its last checkpoint is the previous subjob's
-end) and its calibrator is told (``overran``). A subjob that ends in time reports its
-speed and peak (``observe``). One round per event is enough: a job wins at most one
-window per round and runs one subjob at a time, so a window left over had no bidder.
+bid's waiting time is the time since the job arrived).
+
+A winner starts a **piece** that runs every unit the job has left (one speed draw for the
+piece), not only the units the bid said would fit: the bid's units are what it commits to
+by its window's end. A checkpoint's length before the window ends, the piece is a
+**holder**: its slice is offered, as a held window, in the rounds of that event, to its
+holder (which bids to extend in place) and to everyone else. It keeps the slice, with no
+checkpoint and no restart, unless a bid of a higher class, or of its class with a score
+higher by ``hysteresis``, wins it, or no extension fits before the next commitment on the
+slice (a blocked rigid job's expected start). Then it checkpoints the units done and stops
+at its window's end (``--no-incumbency``: every piece does so). Violations, one per piece
+at most: a piece killed by a peak above its slice (**memory**: the work since the piece
+started is lost, its calibrator widens memory), or a piece stopped at its window's end
+with fewer units done than its bids committed to (**time**: its calibrator widens time).
+A piece that ends observes its speed and peak (``observe``).
 
 **What is not modelled.** A job runs as fast on a small MIG slice as on a large one (the
 Philly durations were measured on whole GPUs, and no trace says how each job scales), MIG
@@ -92,12 +102,16 @@ from laminar_sim.laminar import settle
 from laminar_sim.replay import TraceJob
 from laminar_zone.gather import Bind, FixedPlan, Gather, ProbeHost
 from laminar_zone.market import (
+    DEFAULT_HYSTERESIS,
+    DEFAULT_POLICY,
+    Bid,
     Bidder,
     Calibrator,
     ClearingContext,
     Contract,
     MarketWindow,
     Profile,
+    RatioPool,
     clearing_round,
     contract_from,
     default_min_samples,
@@ -141,12 +155,24 @@ class AtomizeSpec:
     horizon_seconds: float = 3600.0
     unit_seconds: float = 60.0
     memory_scale: float = 0.5
-    #: Clearing policy of laminar_zone.market (``blend`` is the router's default).
-    clearing_policy: str = "blend"
+    #: Clearing policy of laminar_zone.market (``srpt`` is the router's default).
+    clearing_policy: str = DEFAULT_POLICY
     #: ``Calibrator(min_samples=...)``: observations before it may shrink a profile;
     #: None = the market's default, ceil(1 / epsilon) - 1.
     calibrator_min_samples: int | None = None
     modes: tuple[str, ...] = MODES
+    #: A piece whose window ends keeps its slice (no checkpoint, no restart) unless a bid of
+    #: a higher class, or of its class by more than ``hysteresis``, wants it. False: every
+    #: piece checkpoints and stops at its window's end (the market before issue 17).
+    incumbency: bool = True
+    #: ``ClearingContext.hysteresis``.
+    hysteresis: float = DEFAULT_HYSTERESIS
+    #: One class order for all work: per priority class, its rigid jobs (the queue walk)
+    #: then its atomized bids (a clearing round). False: every rigid job first.
+    class_order: bool = True
+    #: Calibration pooled per job family (``RatioPool``): here the jobs of one tenant with
+    #: one memory profile (the same workload). False: each job learns alone.
+    pool_calibration: bool = True
 
 
 @dataclass(frozen=True)
@@ -307,10 +333,50 @@ class _JobState:
     end: float | None = None
     runs: int = 0
     violations: int = 0
-    #: The calibrated profile and the calibrator's (observed, widen) it was computed at.
-    believed: tuple[tuple[int, float, float], Profile] | None = None
+    #: The calibrated profile and the calibrator's version it was computed at.
+    believed: tuple[tuple[int, float, int, float, float, float], Profile] | None = None
     #: Units completed, as (start, count), in completion order.
     done: list[tuple[int, int]] = field(default_factory=list)
+    #: Its running piece (atomized), if any.
+    piece: _Piece | None = None
+
+
+@dataclass(eq=False)
+class _Piece:
+    """A running atomized piece: the job's process on one slice, for all the units it has
+    left, extended in place for as long as it keeps the slice."""
+
+    state: _JobState
+    host: MigHost
+    lease_id: str
+    window_key: tuple[str, str]
+    profile: str
+    memory: int
+    started: float
+    unit_start: int
+    per_unit: float
+    #: Units the job had left when the piece started: all of them are the piece's.
+    left: int
+    #: Units the bids said would be done by ``window_end`` (P >= 1 - epsilon), from
+    #: ``unit_start``.
+    committed: int
+    window_end: float
+    granted_seconds: float
+    key: str
+    killed_at: float | None
+    peak: int
+    finish_at: float
+    generation: int = 0
+    stopping_at: float | None = None
+
+    def progress(self, now: float) -> int:
+        """The next unit at ``now``: units are done one after another at ``per_unit``."""
+        done = int((now - self.started) / self.per_unit) if self.per_unit > 0 else self.left
+        return self.unit_start + min(self.left, max(0, done))
+
+    def release_at(self) -> float:
+        """When the slice is expected back: the end of the work or of the window."""
+        return min(self.finish_at, self.window_end)
 
 
 @dataclass
@@ -326,10 +392,17 @@ class _Totals:
     subjob_violations: int = 0
     #: Violations by cause: "memory" (killed: peak above the slice), "time" (cut at the window).
     causes: dict[str, int] = field(default_factory=lambda: {"memory": 0, "time": 0})
+    #: Rigid jobs killed at least once (by memory), in either mode: in the atomized mode
+    #: these are the gangs, outside the subjob violations.
+    rigid_killed: int = 0
     fills: list[float] = field(default_factory=list)
     rounds: int = 0
     widen_resets: int = 0
     bids: int = 0
+    #: Windows a piece kept its slice past (incumbency) and pieces that gave it up to a
+    #: better bid.
+    extensions: int = 0
+    displaced: int = 0
 
 
 class MigReplay:
@@ -360,9 +433,12 @@ class MigReplay:
             for s in h.ledger.slices.values()
         }
         self.free_compute = self.capacity
+        self.pools: dict[tuple[str, str], RatioPool] = {}
         self.states = [self._state(job) for job in jobs]
         self.rigid_queue: list[_JobState] = []
         self.waiting: list[_JobState] = []  # atomized jobs without a running subjob
+        #: Pieces whose window ends now: they extend in place or stop, in this event's rounds.
+        self.deciding: list[_Piece] = []
         #: Running work: key -> (expected end, compute units of GPU-equivalents, memory).
         self.running: dict[str, tuple[float, float, int]] = {}
         #: GPU-equivalents each tenant runs now: the router's fair-share usage
@@ -384,8 +460,14 @@ class MigReplay:
         state = _JobState(job, need_bytes=need)
         if self.mode == "atomized" and job.gpus == 1:
             state.contract = contract_for(job, self.spec)
+            pool = None
+            if self.spec.pool_calibration:  # a family: the tenant's jobs of one workload
+                pool = self.pools.setdefault((job.tenant, job.memory.pod), RatioPool())
             state.calibrator = Calibrator(
-                state.contract.profile, state.contract.epsilon, self.spec.calibrator_min_samples
+                state.contract.profile,
+                state.contract.epsilon,
+                self.spec.calibrator_min_samples,
+                pool,
             )
         return state
 
@@ -430,9 +512,33 @@ class MigReplay:
         self.schedule()
 
     def schedule(self) -> None:
-        self.schedule_rigid()
-        if self.mode == "atomized" and self.waiting and self.free:
-            self.clear_round()
+        """After every event: all waiting work in one class order. Per priority class, its
+        rigid jobs (the router's queue walk, whose blocked heads cut the windows of this
+        class and the lower ones) and then its atomized bids and the pieces of that class
+        whose window ends now (one clearing round). Pieces left undecided stop."""
+        if not self.spec.incumbency:
+            for piece in list(self.deciding):
+                self.stop(piece)
+        if self.mode != "atomized" or not self.spec.class_order:
+            self.schedule_rigid(self.rigid_queue)
+            if self.mode == "atomized" and (self.waiting or self.deciding):
+                self.clear_round()
+        else:
+            classes = sorted(
+                {s.job.priority for s in self.rigid_queue}
+                | {s.job.priority for s in self.waiting}
+                | {p.state.job.priority for p in self.deciding}
+            )
+            walk = self.start_walk()
+            kept: list[_JobState] = []
+            for priority in classes:
+                mine = [s for s in self.rigid_queue if s.job.priority == priority]
+                kept.extend(self.schedule_rigid(mine, walk))
+                if self.waiting or self.deciding:
+                    self.clear_round(priority)
+            self.rigid_queue = kept
+        for piece in list(self.deciding):
+            self.stop(piece)
         self.measure_fragmentation()
 
     # ------------------------------------------------------------------- rigid
@@ -455,18 +561,28 @@ class MigReplay:
                 return profile
         return self.profiles[-1][1]
 
-    def schedule_rigid(self) -> None:
-        """The router's queue walk (:class:`QueueWalk`) over rigid gangs, per MIG family."""
-        now = self.engine.now
-        self.rigid_queue.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
-        walk = QueueWalk(now)
-        kept = walk_queue(walk, self.rigid_queue, self.item, self.try_start, self.head_start)
+    def start_walk(self) -> QueueWalk:
+        self.heads = {}
+        return QueueWalk(self.engine.now)
+
+    def schedule_rigid(
+        self, jobs: list[_JobState], walk: QueueWalk | None = None
+    ) -> list[_JobState]:
+        """The router's queue walk (:class:`QueueWalk`) over rigid gangs, per MIG family;
+        ``walk`` goes on from the classes walked before (None: a new walk over them all,
+        which becomes the queue). Returns the jobs left waiting."""
+        jobs.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
+        whole = walk is None
+        walk = walk if walk is not None else self.start_walk()
+        kept = walk_queue(walk, jobs, self.item, self.try_start, self.head_start)
         profiles = {family: family.removeprefix("mig:") for family in walk.heads}
         self.heads = {
             profiles[family]: (self.memory_of[profiles[family]], head.expected_start)
             for family, head in walk.heads.items()
         }
-        self.rigid_queue = kept
+        if whole:
+            self.rigid_queue = kept
+        return kept
 
     def try_start(self, state: _JobState) -> bool:
         leases = self.place(state)
@@ -601,8 +717,9 @@ class MigReplay:
                 self.finish(state)
             else:
                 self.totals.lost += length * compute
+                # Rigid violations are counted per job: its first kill names the cause.
+                self.totals.rigid_killed += int(state.violations == 0)
                 state.violations += 1
-                self.totals.causes["memory"] += 1
                 state.need_bytes = max(state.need_bytes, peak)
                 self.rigid_queue.append(state)
             self.schedule()
@@ -642,57 +759,90 @@ class MigReplay:
         slice is dropped, counted in ``widen_resets``), cached until the calibrator changes."""
         calibrator = state.calibrator
         assert calibrator is not None
-        # The calibrated profile changes only when the calibrator observes or widens.
-        key = (calibrator.observed, calibrator.widen_time, calibrator.widen_memory)
-        if state.believed is not None and state.believed[0] == key:
+        # The calibrated profile changes only when the calibrator (or its pool) observes or
+        # widens.
+        if state.believed is not None and state.believed[0] == calibrator.version:
             return state.believed[1]
         profile, reset = calibrator.believed(self.largest_bytes)
         self.totals.widen_resets += int(reset)
-        state.believed = (
-            (calibrator.observed, calibrator.widen_time, calibrator.widen_memory),
-            profile,
-        )
+        state.believed = (calibrator.version, profile)
         return profile
 
-    def clear_round(self) -> None:
+    def clear_round(self, priority: int | None = None) -> None:
+        """One clearing round over the free slices and the held ones (pieces whose window
+        ends now), for the waiting jobs of class ``priority`` (None: every class) and the
+        pieces of that class that may extend in place: the router's ``clearing_round``."""
         now = self.engine.now
-        self.totals.rounds += 1
+        overhead = self.spec.checkpoint_overhead_seconds
+        bidders: list[Bidder] = []
+        by_job: dict[str, _JobState] = {}
+        for state in self.waiting:
+            if priority is not None and state.job.priority != priority:
+                continue
+            job_id = f"j{state.job.index:07d}"
+            by_job[job_id] = state
+            bidders.append(self._bidder(state, job_id, state.next_unit, None))
+        held: dict[tuple[str, str], _Piece] = {p.window_key: p for p in self.deciding}
+        for piece in self.deciding:
+            state = piece.state
+            if priority is not None and state.job.priority != priority:
+                continue
+            job_id = f"j{state.job.index:07d}"
+            by_job[job_id] = state
+            bidders.append(self._bidder(state, job_id, piece.progress(now), piece.window_key))
+        if not bidders:
+            return
         windows: list[MarketWindow] = []
         for (agent, sid), (profile, memory) in sorted(self.free.items()):
             length = self.window_length(profile)
-            if length <= self.spec.checkpoint_overhead_seconds:
-                continue
-            milli = compute_of(profile) * 1000 // COMPUTE_SLICES
-            windows.append(MarketWindow(agent, sid, memory, milli, length))
+            if length > overhead:
+                milli = compute_of(profile) * 1000 // COMPUTE_SLICES
+                windows.append(MarketWindow(agent, sid, memory, milli, length))
+        for key, piece in sorted(held.items()):
+            length = self.window_length(piece.profile)
+            if length > overhead:
+                milli = compute_of(piece.profile) * 1000 // COMPUTE_SLICES
+                holder = f"j{piece.state.job.index:07d}"
+                windows.append(MarketWindow(*key, piece.memory, milli, length, held_by=holder))
         if not windows:
             return
-        ctx = ClearingContext(usage=dict(self.usage))
-        by_job: dict[str, _JobState] = {}
-        bidders: list[Bidder] = []
-        for state in self.waiting:
-            assert state.contract is not None and state.calibrator is not None
-            job_id = f"j{state.job.index:07d}"
-            by_job[job_id] = state
-            bidders.append(
-                Bidder(
-                    job_id,
-                    state.job.tenant,
-                    state.contract,
-                    self.believed(state),
-                    state.next_unit,
-                    now - state.job.arrival,
-                    state.job.priority,
-                )
-            )
+        self.totals.rounds += 1
+        ctx = ClearingContext(usage=dict(self.usage), hysteresis=self.spec.hysteresis)
         # The router's own round: alike windows are priced once per bidder (round_bids).
         bids, awards = clearing_round(bidders, windows, self.spec.clearing_policy, ctx)
         self.totals.bids += len(bids)
         for award in awards:
-            state = by_job[award.bid.job_id]
-            self.waiting.remove(state)
-            self.start_subjob(state, award.bid.window, award.bid.unit_start, award.bid.unit_count)
+            bid = award.bid
+            state = by_job[bid.job_id]
+            taker = held.get(bid.window.key) if bid.window.held_by else None
+            if taker is None:
+                self.waiting.remove(state)
+                self.start_piece(state, bid.window, bid.unit_start, bid.unit_count)
+            elif bid.incumbent:
+                self.extend(taker, bid)
+            else:  # taken by a better bid: the piece checkpoints and stops
+                self.totals.displaced += 1
+                self.stop(taker)
 
-    def start_subjob(self, state: _JobState, window: MarketWindow, start: int, count: int) -> None:
+    def _bidder(
+        self, state: _JobState, job_id: str, next_unit: int, holds: tuple[str, str] | None
+    ) -> Bidder:
+        assert state.contract is not None
+        return Bidder(
+            job_id,
+            state.job.tenant,
+            state.contract,
+            self.believed(state),
+            next_unit,
+            self.engine.now - state.job.arrival,
+            state.job.priority,
+            holds,
+        )
+
+    def start_piece(self, state: _JobState, window: MarketWindow, start: int, count: int) -> None:
+        """The winner's process on the window's slice, for all the units it has left: it
+        runs until they are done, it is killed by a peak, or its window ends and it does not
+        keep the slice (then it checkpoints and stops)."""
         now = self.engine.now
         host = self.by_id[window.agent_id]
         profile, memory = self.free[window.key]
@@ -717,63 +867,146 @@ class MigReplay:
         rng = self.rng(state)
         state.runs += 1
         contract = state.contract
-        calibrator = state.calibrator
-        assert contract is not None and calibrator is not None
+        assert contract is not None
         median = state.job.duration / contract.total_units
         per_unit = median * math.exp(state.job.time_sigma * rng.gauss(0.0, 1.0))
-        work = count * per_unit
-        wanted = work + contract.checkpoint_overhead_seconds
+        left = contract.total_units - start
+        run = left * per_unit + contract.checkpoint_overhead_seconds
         peaks = state.job.memory.peaks_bytes
-        window_seconds = window.length_seconds
-        span = min(wanted, window_seconds)
         killed_at: float | None = None
         peak = 0
-        for hour in range(max(1, math.ceil(span / PEAK_WINDOW_SECONDS))):
+        for hour in range(max(1, math.ceil(run / PEAK_WINDOW_SECONDS))):
             peak = max(peak, peaks[rng.randrange(len(peaks))])
             if peak > memory:
                 begin = hour * PEAK_WINDOW_SECONDS
-                killed_at = begin + rng.random() * (min(span, begin + PEAK_WINDOW_SECONDS) - begin)
+                killed_at = (
+                    now + begin + rng.random() * (min(run, begin + PEAK_WINDOW_SECONDS) - begin)
+                )
                 break
-        if killed_at is not None:
-            length = killed_at
-            outcome = "oom"
-        elif wanted > window_seconds:
-            length = window_seconds
-            outcome = "cut"
-        else:
-            length = wanted
-            outcome = "ok"
+        piece = _Piece(
+            state=state,
+            host=host,
+            lease_id=lease_id,
+            window_key=window.key,
+            profile=profile,
+            memory=memory,
+            started=now,
+            unit_start=start,
+            per_unit=per_unit,
+            left=left,
+            committed=count,
+            window_end=now + window.length_seconds,
+            granted_seconds=window.length_seconds,
+            key=self.new_key(),
+            killed_at=killed_at,
+            peak=peak,
+            finish_at=now + run,
+        )
+        state.piece = piece
         compute = compute_of(profile)
-        key = self.new_key()
-        self.running[key] = (now + min(wanted, window_seconds), compute / COMPUTE_SLICES, memory)
-        self.charge(key, state.job.tenant)
+        self.running[piece.key] = (piece.release_at(), compute / COMPUTE_SLICES, memory)
+        self.charge(piece.key, state.job.tenant)
         self.totals.subjobs += 1
+        self.arm(piece)
 
-        def end() -> None:
+    def arm(self, piece: _Piece) -> None:
+        """Schedule the piece's next event: its end, its kill, or the decision at its
+        window's end (a checkpoint's length before it) whether it keeps its slice."""
+        piece.generation += 1
+        generation = piece.generation
+        decide_at = piece.window_end - self.spec.checkpoint_overhead_seconds
+        at, what = piece.finish_at, "finish"
+        if piece.finish_at > piece.window_end and decide_at < at:
+            at, what = decide_at, "decide"
+        if piece.killed_at is not None and piece.killed_at < at:
+            at, what = piece.killed_at, "kill"
+
+        def fire() -> None:
+            if piece.generation != generation:
+                return
             self.clock()
-            self.give_back(host, lease_id)
-            self.discharge(key)
-            self.totals.held += length * compute
-            self.totals.fills.append(length / window_seconds)
-            if outcome == "ok":
-                self.totals.useful += work * compute
-                self.totals.overhead += contract.checkpoint_overhead_seconds * compute
-                calibrator.observe(per_unit, float(peak))
-                state.done.append((start, count))
-                state.next_unit = start + count
+            if what == "decide":
+                self.deciding.append(piece)
+                self.schedule()
             else:
-                self.totals.lost += length * compute
-                self.totals.subjob_violations += 1
-                self.totals.causes["memory" if outcome == "oom" else "time"] += 1
-                state.violations += 1
-                calibrator.overran(time=outcome != "oom", memory=outcome == "oom")
-            if state.next_unit >= contract.total_units:
-                self.finish(state)
-            else:
-                self.waiting.append(state)
-            self.schedule()
+                self.end_piece(piece, "ok" if what == "finish" else "oom")
 
-        self.engine.schedule(length, end)
+        self.engine.schedule_at(max(at, self.engine.now), fire)
+
+    def extend(self, piece: _Piece, bid: Bid) -> None:
+        """The piece keeps its slice for the held window's length: no checkpoint, no restart."""
+        now = self.engine.now
+        self.deciding.remove(piece)
+        piece.window_end = now + bid.window.length_seconds
+        piece.granted_seconds += bid.window.length_seconds
+        piece.committed = bid.unit_start - piece.unit_start + bid.unit_count
+        self.running[piece.key] = (piece.release_at(), *self.running[piece.key][1:])
+        self.totals.extensions += 1
+        self.arm(piece)
+
+    def stop(self, piece: _Piece) -> None:
+        """The piece's window ends and it does not keep the slice: it checkpoints the units
+        done by now and stops a checkpoint's length later, at its window's end."""
+        if piece in self.deciding:
+            self.deciding.remove(piece)
+        piece.stopping_at = self.engine.now
+        piece.generation += 1
+        generation = piece.generation
+
+        def fire() -> None:
+            if piece.generation == generation:
+                self.clock()
+                self.end_piece(piece, "stopped")
+
+        self.engine.schedule(self.spec.checkpoint_overhead_seconds, fire)
+
+    def end_piece(self, piece: _Piece, outcome: str) -> None:
+        """``ok``: every unit done; ``oom``: killed by a peak (work since the piece started
+        is lost); ``stopped``: checkpointed at its window's end."""
+        now = self.engine.now
+        state = piece.state
+        contract, calibrator = state.contract, state.calibrator
+        assert contract is not None and calibrator is not None
+        overhead = contract.checkpoint_overhead_seconds
+        state.piece = None
+        self.give_back(piece.host, piece.lease_id)
+        self.discharge(piece.key)
+        compute = compute_of(piece.profile)
+        length = now - piece.started
+        self.totals.held += length * compute
+        self.totals.fills.append(min(1.0, length / piece.granted_seconds))
+        t = self.totals
+        if outcome == "oom":
+            t.lost += length * compute
+            t.subjob_violations += 1
+            t.causes["memory"] += 1
+            state.violations += 1
+            calibrator.overran(time=False, memory=True)
+        else:
+            if outcome == "ok":
+                done = piece.left
+            else:
+                assert piece.stopping_at is not None
+                done = piece.progress(piece.stopping_at) - piece.unit_start
+            work = done * piece.per_unit
+            t.useful += work * compute
+            t.overhead += overhead * compute
+            t.lost += max(0.0, length - work - overhead) * compute
+            if done:
+                calibrator.observe(piece.per_unit, float(piece.peak))
+                state.done.append((piece.unit_start, done))
+                state.next_unit = piece.unit_start + done
+            if outcome == "stopped" and done < piece.committed:
+                # The units the bid said would fit by the window's end did not: a violation.
+                t.subjob_violations += 1
+                t.causes["time"] += 1
+                state.violations += 1
+                calibrator.overran(time=True, memory=False)
+        if state.next_unit >= contract.total_units:
+            self.finish(state)
+        else:
+            self.waiting.append(state)
+        self.schedule()
 
     # -------------------------------------------------------------------- run
 
@@ -826,6 +1059,17 @@ class MigReplay:
             "atomized_jobs": len(atomized),
             "rigid_jobs": rigid_jobs,
             "jct_seconds": _summary(jct),
+            # Single-GPU jobs (atomized in that mode) and gangs (rigid in both modes).
+            "jct_by_shape_seconds": {
+                shape: _summary(
+                    [
+                        s.end - s.job.arrival
+                        for s in finished
+                        if s.end is not None and is_gang == (s.job.gpus > 1)
+                    ]
+                )
+                for shape, is_gang in (("single", False), ("gang", True))
+            },
             "jct_percentiles_seconds": _percentiles(jct),
             "queue_seconds": _summary(queue),
             "queue_by_class_seconds": by_class,
@@ -836,7 +1080,10 @@ class MigReplay:
             "violations": violations,
             "violation_basis": violation_basis,
             "violation_population": population,
-            "violations_by_cause": dict(t.causes),
+            "violations_by_cause": dict(t.causes)
+            if self.mode == "atomized"
+            else {"memory": t.rigid_killed, "time": 0},
+            "rigid_jobs_killed": t.rigid_killed,
             "subjobs": t.subjobs + rigid_runs,
             "subjobs_per_job": round((t.subjobs + rigid_runs) / max(1, len(states)), 3),
             "subjobs_per_atomized_job": round(t.subjobs / max(1, len(atomized)), 3),
@@ -846,6 +1093,8 @@ class MigReplay:
             "clearing_rounds": t.rounds,
             "widen_resets": t.widen_resets,
             "bids": t.bids,
+            "extensions": t.extensions,
+            "displaced": t.displaced,
             "makespan_seconds": round(self.engine.now, 1),
             "events_processed": events,
             "wall_seconds": round(wall, 2),

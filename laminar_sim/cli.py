@@ -25,6 +25,7 @@ from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_sim import airlock_sim, atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
 from laminar_sim.replay import ReplaySpec, read_jobs, run_replay
+from laminar_zone.market import DEFAULT_POLICY as DEFAULT_MARKET_POLICY
 from laminar_zone.market import POLICIES as MARKET_POLICIES
 from laminar_zone.view import ProbeLimits
 
@@ -198,6 +199,28 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="with atomized: checkpoint overhead per subjob (default 30 s)",
     )
     rp.add_argument(
+        "--hysteresis",
+        type=float,
+        default=None,
+        help="with atomized: how much better a bid of a piece's own class must score to take "
+        "its slice at its window's end (default the market's, 0.1)",
+    )
+    rp.add_argument(
+        "--no-incumbency",
+        action="store_true",
+        help="with atomized: every piece checkpoints and stops at its window's end",
+    )
+    rp.add_argument(
+        "--no-pool-calibration",
+        action="store_true",
+        help="with atomized: each job's calibrator learns alone, not pooled with its family",
+    )
+    rp.add_argument(
+        "--no-class-order",
+        action="store_true",
+        help="with atomized: rigid jobs go before every clearing round whatever their class",
+    )
+    rp.add_argument(
         "--calibrator-min-samples",
         type=int,
         default=None,
@@ -207,9 +230,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     rp.add_argument("--epsilon", type=float, default=0.05, help="with atomized: contract epsilon")
     rp.add_argument(
         "--clearing-policy",
-        default="blend",
+        default=DEFAULT_MARKET_POLICY,
         choices=list(MARKET_POLICIES),
-        help="with atomized: the market's clearing policy (default blend)",
+        help=f"with atomized: the market's clearing policy (default {DEFAULT_MARKET_POLICY})",
     )
     rp.add_argument("--seed", type=int, default=1)
     rp.add_argument("-o", "--output", choices=["table", "json"], default="table")
@@ -895,6 +918,8 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
             f"must be in 1..10000, got {args.calibrator_min_samples}",
             field="--calibrator-min-samples",
         )
+    if args.hysteresis is not None and not 0 <= args.hysteresis <= 1:
+        raise InvalidArgument(f"must be in [0, 1], got {args.hysteresis}", field="--hysteresis")
     genai = _genai_trace(args)
     spec = atomized.AtomizeSpec(
         hosts=args.hosts,
@@ -907,6 +932,10 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         clearing_policy=args.clearing_policy,
         calibrator_min_samples=args.calibrator_min_samples,
         modes=modes,
+        incumbency=not args.no_incumbency,
+        class_order=not args.no_class_order,
+        pool_calibration=not args.no_pool_calibration,
+        **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
     )
     try:
         hosts = atomized.build_hosts(atomized.AtomizeSpec(hosts=1, mig_layout=args.mig_layout))

@@ -29,7 +29,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -59,6 +59,7 @@ from laminar_zone.market import (
     Contract,
     MarketWindow,
     Profile,
+    RatioPool,
     clearing_round,
     contract_from,
     feasibility,
@@ -83,7 +84,7 @@ class Zone(Protocol):
     entries: dict[str, Entry]
     shares: dict[str, float]
     quotas: dict[str, Quota]
-    blocked_starts: dict[str, float]
+    blocked_starts: dict[str, tuple[int, float]]
     heartbeat_seconds: float
 
     def copy_subjob(self, placement: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None: ...
@@ -111,6 +112,8 @@ OVERRAN = "overran:"
 #: A window that starts within this many seconds counts as open now.
 START_TOLERANCE_SECONDS = 0.5
 MAX_PHASES = 64
+#: Job families whose calibration the router pools at most (the oldest is dropped).
+MAX_POOLS = 4096
 
 
 def is_atomized(spec: zone_pb2.JobSpec) -> bool:
@@ -207,6 +210,8 @@ class Atom:
     client: ClientBidder | None = None
     #: The last round's result for a client bidder, sent with the next announcement.
     result: zone_pb2.AnnounceMessage | None = None
+    #: Subjob id -> the window its piece was started on (the slice it may keep).
+    held: dict[str, common_pb2.Window] = field(default_factory=dict)
 
     def phase_at(self, unit: int) -> int:
         for i, ph in enumerate(self.phases):
@@ -241,6 +246,8 @@ class Atomizer:
         self._checkpoint_root = Path(root)
         #: Subjobs asked to stop at their window's end, so each is asked once.
         self._overrunning: set[str] = set()
+        #: (tenant, job name, phase index) -> the family's calibration ratios.
+        self._pools: dict[tuple[str, str, int], RatioPool] = {}
 
     # ------------------------------------------------------------------ jobs
 
@@ -250,13 +257,29 @@ class Atomizer:
         atom = Atom(
             contract=contract,
             phases=phases,
-            calibrators=[Calibrator(ph.profile, contract.epsilon) for ph in phases],
+            calibrators=[
+                Calibrator(ph.profile, contract.epsilon, pool=self._pool(job.spec, i))
+                for i, ph in enumerate(phases)
+            ],
             ready_since=time.monotonic() if now is None else now,
         )
         self.atoms[job.job_id] = atom
         for p in job.placements:  # a restart: replay what was observed, in order
             if p.state in ENDED:
                 self._observe(job, atom, p, replay=True)
+
+    def _pool(self, spec: zone_pb2.JobSpec, phase: int) -> RatioPool | None:
+        """The ratio pool of the job's family (tenant, name, phase), if calibration is
+        pooled and the job has a name (an unnamed job is a family of its own)."""
+        if not self.config.pool_calibration or not spec.name:
+            return None
+        key = (spec.tenant, spec.name, phase)
+        pool = self._pools.get(key)
+        if pool is None:
+            if len(self._pools) >= MAX_POOLS:
+                self._pools.pop(next(iter(self._pools)))  # the oldest family
+            pool = self._pools[key] = RatioPool()
+        return pool
 
     def forget(self, job_id: str) -> None:
         self.atoms.pop(job_id, None)
@@ -401,7 +424,6 @@ class Atomizer:
         for key, until in list(self._claimed.items()):
             if until <= now:
                 del self._claimed[key]
-        cap = self.config.max_window_seconds
         for agent_id, windows in sorted(self.windows.items()):
             record = self.zone.view.agents.get(agent_id)
             if record is None or not record.is_ready:
@@ -411,14 +433,26 @@ class Atomizer:
                     continue  # a future window: shown to users, not cleared yet
                 if (agent_id, w.slice_id) in self._claimed:
                     continue
-                mig = w.mig_profile if w.kind == common_pb2.MIG else ""
-                family = Demand(gpus=0 if mig else 1, mig_profile=mig).family
-                head_start = self.zone.blocked_starts.get(family)
-                length = offer_seconds(now_unix, w.end_unix, cap, head_start)
+                length = self.offer_length(now_unix, w, w.end_unix, None)
                 if length <= 0:
                     continue
                 out.append((w, record.address, length))
         return out
+
+    def offer_length(
+        self, now_unix: float, w: common_pb2.Window, end_unix: float, priority: int | None
+    ) -> float:
+        """How long ``w`` is offered to bids of class ``priority``: to its end, at most
+        ``market.max_window_seconds``, never past the expected start of a blocked rigid job
+        of its family and of that class or a higher one (one class order: a lower class's
+        blocked job does not hold a slice against it). None: cut at any class's."""
+        mig = w.mig_profile if w.kind == common_pb2.MIG else ""
+        family = Demand(gpus=0 if mig else 1, mig_profile=mig).family
+        head = self.zone.blocked_starts.get(family)
+        head_start = None
+        if head is not None and (priority is None or head[0] <= priority):
+            head_start = head[1]
+        return offer_seconds(now_unix, end_unix, self.config.max_window_seconds, head_start)
 
     # ------------------------------------------------------------------ rounds
 
@@ -456,27 +490,105 @@ class Atomizer:
             return w.kind == common_pb2.WHOLE_GPU
         return True
 
+    def _due(self, now_unix: float) -> list[tuple[Entry, Atom, zone_pb2.Placement]]:
+        """Running pieces whose window ends within a checkpoint's length (at least two
+        rounds): this round decides whether each keeps its slice (incumbency)."""
+        if not self.config.incumbency:
+            return []
+        lead_floor = 2 * self.config.round_seconds
+        out = []
+        for job_id, atom in sorted(self.atoms.items()):
+            entry = self.zone.entries.get(job_id)
+            if entry is None or entry.placing or atom.client is not None:
+                continue  # a client sizes its own pieces to their windows
+            lead = max(lead_floor, atom.contract.checkpoint_overhead_seconds)
+            for p in entry.job.placements:
+                if (
+                    p.state == common_pb2.RUNNING
+                    and p.reason != COMMITTING
+                    and p.window_end_unix > 0
+                    and now_unix >= p.window_end_unix - lead
+                    and p.subjob_id not in self._overrunning
+                ):
+                    out.append((entry, atom, p))
+        return out
+
+    @staticmethod
+    def _key(w: common_pb2.Window) -> tuple[str, str]:
+        return (w.agent_id, w.slice_id)
+
+    def _live_slices(self) -> set[tuple[str, str]]:
+        """(agent, slice) of every live piece of an atomized job."""
+        out: set[tuple[str, str]] = set()
+        for job_id in self.atoms:
+            entry = self.zone.entries.get(job_id)
+            if entry is None:
+                continue
+            for p in entry.job.placements:
+                if p.state in LIVE:
+                    out.update((p.agent_id, s) for s in p.slice_ids)
+        return out
+
+    def _held_window(self, atom: Atom, p: zone_pb2.Placement) -> common_pb2.Window:
+        """The window a running piece holds: the one it started on; after a restart the
+        slice as its agent advertises it (a busy slice's future window), else one rebuilt
+        from the placement (its memory then is what the piece declared)."""
+        known = atom.held.get(p.subjob_id)
+        if known is not None:
+            return known
+        slice_id = p.slice_ids[0] if p.slice_ids else ""
+        for w in self.windows.get(p.agent_id, []):
+            # A shared GPU's window is the room left beside the piece, not the piece's.
+            if w.slice_id == slice_id and w.kind != common_pb2.SHARED_GPU:
+                atom.held[p.subjob_id] = w
+                return w
+        r = p.resources
+        kind = common_pb2.MIG if r.mig_profile else common_pb2.WHOLE_GPU
+        if r.gpu_milli:
+            kind = common_pb2.SHARED_GPU
+        return common_pb2.Window(
+            agent_id=p.agent_id,
+            slice_id=p.slice_ids[0] if p.slice_ids else "",
+            kind=kind,
+            mig_profile=r.mig_profile,
+            gpu_model=r.gpu_model,
+            gpu_milli=r.gpu_milli or 1000,
+            memory_bytes=r.gpu_memory_bytes,
+        )
+
+    @staticmethod
+    def _market_window(w: common_pb2.Window, length: float, held_by: str = "") -> MarketWindow:
+        return MarketWindow(
+            w.agent_id,
+            w.slice_id,
+            w.memory_bytes,
+            w.gpu_milli,
+            length,
+            f"{w.kind}:{w.mig_profile}:{w.gpu_model}",
+            held_by,
+        )
+
     async def clear_round(self) -> list[Bid]:
-        """One round; returns the winning bids (tests and benchmarks read them)."""
+        """One round; returns the winning bids (tests and benchmarks read them).
+
+        One class order: per priority class, highest first, a clearing round of that
+        class's waiting jobs and of its pieces whose window ends now (held windows), on
+        the windows no higher class took, cut at the blocked rigid jobs of that class or
+        higher. A piece that wins its held window extends in place; one that loses it, or
+        has no bid, is stopped and resumes from its checkpoint."""
         waiting = self._waiting()
-        if not waiting:
+        now, now_unix = time.monotonic(), time.time()
+        due = self._due(now_unix)
+        if not waiting and not due:
             return []
         started = time.perf_counter()
-        now, now_unix = time.monotonic(), time.time()
         self.round_number += 1
-        offered = self.open_windows(now_unix, now)
-        by_key = {(w.agent_id, w.slice_id): (w, address, length) for w, address, length in offered}
-        markets = {
-            key: MarketWindow(
-                w.agent_id,
-                w.slice_id,
-                w.memory_bytes,
-                w.gpu_milli,
-                length,
-                f"{w.kind}:{w.mig_profile}:{w.gpu_model}",
-            )
-            for key, (w, _, length) in by_key.items()
-        }
+        # A slice one of our pieces runs on is not free, whatever its agent advertised (a
+        # piece past the expected end it declared shows as a window that opened).
+        busy = self._live_slices()
+        offered = [o for o in self.open_windows(now_unix, now) if self._key(o[0]) not in busy]
+        by_key = {self._key(w): (w, address, length) for w, address, length in offered}
+        markets = {key: self._market_window(w, length) for key, (w, _, length) in by_key.items()}
         bidders: list[Bidder] = []
         largest = self.largest_slice_bytes()
         specs: dict[str, zone_pb2.JobSpec] = {}
@@ -488,6 +600,14 @@ class Atomizer:
                 continue
             bidders.append(self._bidder(entry, atom, now, largest))
             specs[entry.job.job_id] = entry.job.spec
+        held: dict[tuple[str, str], tuple[Entry, zone_pb2.Placement, common_pb2.Window]] = {}
+        for entry, atom, p in due:
+            w = self._held_window(atom, p)
+            key = (w.agent_id, w.slice_id)
+            held[key] = (entry, p, w)
+            specs[entry.job.job_id] = entry.job.spec
+            holder = self._bidder(entry, atom, now, largest)
+            bidders.append(replace(holder, holds=key))
         client_bids: list[Bid] = []
         if clients:
             replies = await asyncio.gather(
@@ -513,27 +633,53 @@ class Atomizer:
                 held_memory.get(tenant, 0),
             )
 
+        def eligible(b: Bidder, w: MarketWindow) -> bool:
+            if w.held_by and w.held_by == b.job_id:
+                return True  # its own slice: it holds it already, within its quota
+            window = by_key[w.key][0] if w.key in by_key else held[w.key][2]
+            return within_quota(b.tenant, w) and self._allows(specs[b.job_id], window)
+
         client_bids = [b for b in client_bids if within_quota(b.tenant, b.window)]
-        ctx = ClearingContext(usage=units, shares=self.zone.shares, blend=self._blend)
-        bids, awards = clearing_round(
-            bidders,
-            markets.values(),
-            self.config.policy,
-            ctx,
-            eligible=lambda b, w: (
-                within_quota(b.tenant, w) and self._allows(specs[b.job_id], by_key[w.key][0])
-            ),
-            extra_bids=client_bids,
+        ctx = ClearingContext(
+            usage=units,
+            shares=self.zone.shares,
+            blend=self._blend,
+            hysteresis=self.config.hysteresis,
         )
-        within: list[Award] = []
-        for won in awards:  # in clearing order: the best keep the tenant's quota
-            tenant, w = won.bid.tenant, won.bid.window
-            if within_quota(tenant, w):
-                within.append(won)
-                item = piece(tenant, w)
-                held_units[tenant] = held_units.get(tenant, 0.0) + item.units
-                held_memory[tenant] = held_memory.get(tenant, 0) + item.need.memory_bytes
-        awards = within
+        classes = sorted({b.priority for b in bidders} | {b.priority for b in client_bids})
+        taken: set[tuple[str, str]] = set()
+        bids: list[Bid] = []
+        awards: list[Award] = []
+        for priority in classes:
+            windows = []
+            for key, (w, _, _) in by_key.items():
+                length = self.offer_length(now_unix, w, w.end_unix, priority)
+                if key not in taken and length > 0:
+                    windows.append(self._market_window(w, length))
+            for key, (entry, _, w) in held.items():
+                length = self.offer_length(now_unix, w, 0.0, priority)
+                if key not in taken and length > 0:
+                    windows.append(self._market_window(w, length, entry.job.job_id))
+            ours = [b for b in bidders if b.priority == priority]
+            theirs = [
+                b for b in client_bids if b.priority == priority and b.window.key not in taken
+            ]
+            class_bids, class_awards = clearing_round(
+                ours, windows, self.config.policy, ctx, eligible=eligible, extra_bids=theirs
+            )
+            bids.extend(class_bids)
+            for won in class_awards:  # in clearing order: the best keep the tenant's quota
+                tenant, market = won.bid.tenant, won.bid.window
+                if won.bid.incumbent:
+                    awards.append(won)
+                elif within_quota(tenant, market):
+                    awards.append(won)
+                    item = piece(tenant, market)
+                    held_units[tenant] = held_units.get(tenant, 0.0) + item.units
+                    held_memory[tenant] = held_memory.get(tenant, 0) + item.need.memory_bytes
+                else:
+                    continue
+                taken.add(market.key)
         winning = {a.bid.window.key: a.score for a in awards}
         winners = {a.bid.job_id for a in awards}
         for bid in bids:  # losers learn the score that beat them
@@ -547,29 +693,79 @@ class Atomizer:
                 winning_score=award.score if award else atom.last_losing_score,
                 winning_bid=_bid_message(award.bid, award.score) if award else None,
             )
+        await self._decide_held(held, awards, now_unix)
+        fresh = [a for a in awards if not a.bid.window.held_by]
         future = self.future_windows(now_unix)
         for entry in waiting:
-            if entry.job.job_id not in winners:
+            if entry.job.job_id not in winners or all(
+                a.bid.window.held_by for a in awards if a.bid.job_id == entry.job.job_id
+            ):
                 self._explain_wait(entry, bool(offered), now_unix, future)
         results = await asyncio.gather(
             *(
                 self._materialize(self.zone.entries[a.bid.job_id], a.bid, a.score, by_key)
-                for a in awards
+                for a in fresh
                 if a.bid.job_id in self.zone.entries
             )
         )
         self.zone.metrics.clearing_round_seconds.observe(time.perf_counter() - started)
         if awards:
             log.info(
-                "clearing round %d (%s): %d window(s), %d bid(s), %d award(s), %d started",
+                "clearing round %d (%s): %d window(s), %d held, %d bid(s), %d award(s), %d started",
                 self.round_number,
                 self.config.policy,
                 len(offered),
+                len(held),
                 len(bids),
                 len(awards),
                 sum(results),
             )
         return [a.bid for a in awards]
+
+    async def _decide_held(
+        self,
+        held: dict[tuple[str, str], tuple[Entry, zone_pb2.Placement, common_pb2.Window]],
+        awards: list[Award],
+        now_unix: float,
+    ) -> None:
+        """Each piece whose window ends: extended in place when its own bid won its slice;
+        otherwise stopped (it checkpoints; the job resumes from there in a later window)."""
+        by_key = {a.bid.window.key: a for a in awards if a.bid.window.held_by}
+        for key, (entry, p, _) in held.items():
+            award = by_key.get(key)
+            if award is not None and award.bid.incumbent:
+                length = award.bid.window.length_seconds
+                p.window_end_unix = now_unix + length if math.isfinite(length) else 0.0
+                self.zone.save(entry)
+                self.zone.metrics.window_extensions.inc()
+                log.info(
+                    "job %s: subjob %s keeps %s/%s for another %.1f s (no bid of a higher "
+                    "class, none of its class better by %.2f; score %.3f)",
+                    entry.job.job_id,
+                    p.subjob_id,
+                    key[0],
+                    key[1],
+                    length,
+                    self.config.hysteresis,
+                    award.score,
+                )
+                continue
+            if award is not None:
+                why = (
+                    f"window ended: {key[0]}/{key[1]} goes to job {award.bid.job_id} "
+                    f"(class {award.bid.priority}, score {award.score:.3f}); resumes from its "
+                    "checkpoint"
+                )
+            else:
+                why = (
+                    f"window ended: {key[0]}/{key[1]} is held for other work (no extension "
+                    "fits before the next commitment on it); resumes from its checkpoint"
+                )
+            p.reason = why
+            self._overrunning.add(p.subjob_id)
+            self.zone.save(entry)
+            log.info("job %s: subjob %s stops: %s", entry.job.job_id, p.subjob_id, why)
+            await self.zone.terminate(p, why, EndCause.PREEMPTED)
 
     def future_windows(self, now_unix: float) -> list[tuple[float, str, common_pb2.Window]]:
         """Windows of ready agents that open later, soonest first (computed once a round)."""
@@ -775,8 +971,19 @@ class Atomizer:
         atom = self.atoms.get(job.job_id)
         if atom is None or job.state != zone_pb2.QUEUED or entry.placing:
             return False
-        w, address, length = by_key[bid.window.key]
+        w, address, _ = by_key[bid.window.key]
+        length = bid.window.length_seconds  # as offered to the bid's class
         self._claimed[bid.window.key] = time.monotonic() + 2 * self.zone.heartbeat_seconds
+        count = bid.unit_count
+        expected = bid.expected_seconds
+        if self.config.incumbency and atom.client is None:
+            # The piece runs every unit its job has left (within the phase and max_units):
+            # it keeps its slice while nobody needs it more, and stops, checkpointed, when
+            # its window ends and it does not.
+            phase = atom.phases[atom.phase_at(bid.unit_start)]
+            end = min(phase.end, bid.unit_start + atom.contract.max_units)
+            count = max(count, end - bid.unit_start)
+            expected = min(length, bid.remaining_seconds or expected)
         profile = atom.calibrators[atom.phase_at(bid.unit_start)].profile()
         memory = int(
             min(
@@ -800,7 +1007,7 @@ class Atomizer:
             reason=COMMITTING,
             attempt=job.attempts,
             unit_start=bid.unit_start,
-            unit_count=bid.unit_count,
+            unit_count=count,
             window_end_unix=time.time() + length if math.isfinite(length) else 0.0,
             resources=resources,
         )
@@ -808,7 +1015,7 @@ class Atomizer:
         set_reason(
             job,
             Reason.PLACING,
-            f"starting units {bid.unit_start}..{bid.unit_start + bid.unit_count - 1} on "
+            f"starting units {bid.unit_start}..{bid.unit_start + count - 1} on "
             f"{w.agent_id}/{w.slice_id} (score {score:.3f}, P(fits) {bid.feasibility:.3f})",
         )
         self.zone.track(entry, w.agent_id)
@@ -816,9 +1023,9 @@ class Atomizer:
         spec = self.zone.subjob_spec(entry, placement)
         spec.resources.CopyFrom(resources)
         spec.unit_start = bid.unit_start
-        spec.unit_count = bid.unit_count
+        spec.unit_count = count
         spec.checkpoint_dir = self.checkpoint_dir(job)
-        spec.expected_seconds = bid.expected_seconds
+        spec.expected_seconds = expected
         entry.placing = True
         try:
             reply = await self.zone.clients.stub(address).Probe(
@@ -845,6 +1052,7 @@ class Atomizer:
             self.zone.placer.note_summary(reply.summary)
             started = reply.HasField("subjob")
             if started:
+                atom.held[placement.subjob_id] = w
                 self.zone.copy_subjob(placement, reply.subjob)
                 self.zone.metrics.window_fill.observe(
                     min(1.0, bid.expected_seconds / length) if math.isfinite(length) else 0.0
@@ -855,7 +1063,7 @@ class Atomizer:
                     job.job_id,
                     placement.subjob_id,
                     bid.unit_start,
-                    bid.unit_count,
+                    count,
                     w.agent_id,
                     w.slice_id,
                     length,

@@ -13,7 +13,7 @@ from laminar_base.settings import (
     validate_security,
 )
 from laminar_base.units import parse_size
-from laminar_zone.market import POLICIES
+from laminar_zone.market import DEFAULT_POLICY, POLICIES
 from laminar_zone.view import SAMPLE_SIZE, ProbeLimits
 
 
@@ -214,8 +214,11 @@ class MarketSettings:
     """The atomization market (docs/atomization.md)."""
 
     policy: str = field(
-        default="blend",
-        metadata=doc("clearing policy: utilization, fair, responsive or blend"),
+        default=DEFAULT_POLICY,
+        metadata=doc(
+            "clearing policy: srpt (least work left first), slowdown, utilization, fair, "
+            "responsive or blend (docs/atomization.md: srpt measured best)"
+        ),
     )
     blend_weights: str = field(
         default="0.5,0.25,0.25",
@@ -226,11 +229,34 @@ class MarketSettings:
         metadata=doc("clearing round period besides new windows", unit="seconds"),
     )
     max_window_seconds: float = field(
-        default=600.0,
+        default=3600.0,
         metadata=doc(
-            "an open-ended window is offered for at most this long; a subjob still running "
-            "at its window's end is stopped and resumes from its checkpoint",
+            "an open-ended window is offered for at most this long; at its end a piece keeps "
+            "its slice (incumbency) or stops and resumes from its checkpoint",
             unit="seconds",
+        ),
+    )
+    incumbency: bool = field(
+        default=True,
+        metadata=doc(
+            "a piece runs all the units its job has left (within max_units and the phase) "
+            "and extends in place at its window's end unless a bid of a higher class, or of "
+            "its class better by market.hysteresis, wants the slice; false: pieces are sized "
+            "to their window and one still running past it is stopped"
+        ),
+    )
+    pool_calibration: bool = field(
+        default=True,
+        metadata=doc(
+            "calibrate a job's profile from the pieces of its whole family (tenant, name, "
+            "phase), not its own pieces only, so it learns within a few pieces"
+        ),
+    )
+    hysteresis: float = field(
+        default=0.1,
+        metadata=doc(
+            "how much higher (in score, 0..1) a bid of a piece's own class must score to take "
+            "its slice at its window's end"
         ),
     )
     overrun_grace_seconds: float = field(
@@ -347,6 +373,10 @@ class ZoneConfig:
             require_readable_file(self.auth.tokens_file, "auth.tokens_file")
         if self.market.overrun_grace_seconds < 0:
             raise ConfigError("must be >= 0", field="market.overrun_grace_seconds")
+        if not 0 <= self.market.hysteresis <= 1:
+            raise ConfigError(
+                f"must be in [0, 1], got {self.market.hysteresis}", field="market.hysteresis"
+            )
         if self.market.policy not in POLICIES:
             raise ConfigError(
                 f"must be one of {', '.join(POLICIES)}, got {self.market.policy!r}",

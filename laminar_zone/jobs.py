@@ -213,7 +213,8 @@ class ZoneState:
         self._blocked_families: dict[str, int] = {}  # family -> priority of its blocked head
         #: family -> jobs waiting in it, as the last queue pass left them plus those since.
         self._queued_per_family: dict[str, int] = {}
-        self.blocked_starts: dict[str, float] = {}  # family -> its blocked head's expected start
+        #: family -> (its blocked head's priority class, expected start)
+        self.blocked_starts: dict[str, tuple[int, float]] = {}
         self._mean_run_seconds: dict[str, float] = {}
         self._semaphore = asyncio.Semaphore(config.placement.concurrency)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -1057,9 +1058,9 @@ class ZoneState:
         #: When each family's blocked head is expected to start: windows of that family
         #: end there, so atomized work backfills it without delaying it (EASY).
         self.blocked_starts = {
-            family: head.expected_start
+            family: (self._blocked_families[family], head.expected_start)
             for family, head in walk.heads.items()
-            if head.expected_start is not None
+            if head.expected_start is not None and family in self._blocked_families
         }
         self.save_many(changed)
         self._update_gauges()

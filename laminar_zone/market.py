@@ -16,8 +16,13 @@ to a window of free capacity an agent advertised. This module decides, without I
   a production job is never outbid by an opportunistic one), then by the policy's score;
   ties break on (job id, agent id, slice id), so a round is a pure function of its bids.
   Policies: ``utilization`` (capacity x time the subjob fills), ``fair`` (the tenant's
-  deficit against its weighted share), ``responsive`` (how long the job has waited),
-  and ``blend`` (the default: a weighted sum of the three).
+  deficit against its weighted share), ``responsive`` (how long the job has waited, on a
+  log scale), ``srpt`` (least work left first), ``slowdown`` (wait over work left) and
+  ``blend`` (a weighted sum of the first three).
+* **Incumbency** (:attr:`MarketWindow.held_by`, :attr:`Bidder.holds`): a running piece
+  whose window ends bids to extend in place on its own slice; it keeps it unless a bid of
+  a higher class, or of its class with a score higher by ``ClearingContext.hysteresis``,
+  wins it, and a challenger takes a held slice only when no free window served it.
 * **Calibration** (:class:`Calibrator`): observed seconds-per-unit and peak memory of
   finished subjobs feed a conformal-style inflation factor per resource, so that the
   share of subjobs that overrun their ``1 - epsilon`` prediction tracks ``epsilon``. An
@@ -38,12 +43,23 @@ from dataclasses import dataclass, field, replace
 
 from laminar_base.errors import InvalidArgument
 
-POLICIES = ("utilization", "fair", "responsive", "blend")
+POLICIES = ("utilization", "fair", "responsive", "srpt", "slowdown", "blend")
 DEFAULT_EPSILON = 0.05
+#: The clearing policy by default: chosen by measurement (docs/benchmarks.md, "Rigid versus
+#: atomized": the lowest mean and p99 JCT of the six on the Philly trace).
+DEFAULT_POLICY = "srpt"
 #: ``blend`` weights (utilization, fair, responsive).
 DEFAULT_BLEND = (0.5, 0.25, 0.25)
-#: Waiting time at which ``responsive`` gives half its maximum score.
-RESPONSIVE_HALF_SECONDS = 60.0
+#: ``responsive`` grows with the log of the wait in these steps: 60 s of waiting scores
+#: log(2) / log(1 + RESPONSIVE_FULL_SECONDS / 60), and it reaches 1 only at
+#: RESPONSIVE_FULL_SECONDS, so an hour still counts against a day.
+RESPONSIVE_STEP_SECONDS = 60.0
+RESPONSIVE_FULL_SECONDS = 7 * 86400.0
+#: ``srpt`` gives half its maximum to a job with this much work left.
+SRPT_HALF_SECONDS = 3600.0
+#: How much better (in score, 0..1) a bid of the same class must be to take a slice from
+#: the running piece that holds it when that piece's window ends.
+DEFAULT_HYSTERESIS = 0.1
 
 
 @dataclass(frozen=True)
@@ -164,15 +180,19 @@ class MarketWindow:
     #: What else a bidder may care about (slice kind, MIG profile, GPU model): windows of
     #: one tag and the same figures are interchangeable.
     tag: str = ""
+    #: The job whose running piece holds this slice and whose window ends now ("" = the
+    #: slice is free). The holder bids to extend in place (:attr:`Bid.incumbent`); anyone
+    #: else bids to take the slice when the piece stops.
+    held_by: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.agent_id, self.slice_id)
 
     @property
-    def alike(self) -> tuple[int, int, float, str]:
+    def alike(self) -> tuple[int, int, float, str, str]:
         """Windows with equal ``alike`` get identical bids from any bidder."""
-        return (self.memory_bytes, self.gpu_milli, self.length_seconds, self.tag)
+        return (self.memory_bytes, self.gpu_milli, self.length_seconds, self.tag, self.held_by)
 
 
 def feasibility(profile: Profile, units: int, window: MarketWindow, overhead: float) -> float:
@@ -202,6 +222,11 @@ class Bid:
     #: Alike windows (``window`` first, in key order) the bid is equally good on: it wins
     #: the first of them still free. Empty: ``window`` only.
     pool: tuple[MarketWindow, ...] = ()
+    #: Expected seconds of all the work the job has left (median speed): ``srpt`` and
+    #: ``slowdown`` read it; 0 = unknown (taken as ``expected_seconds``).
+    remaining_seconds: float = 0.0
+    #: The bid of the running piece that holds ``window`` to extend in place.
+    incumbent: bool = False
 
 
 def best_bid(
@@ -241,6 +266,8 @@ def best_bid(
         low * median + overhead,
         waited_seconds,
         priority,
+        remaining_seconds=left * median + overhead,
+        incumbent=bool(window.held_by) and window.held_by == job_id,
     )
 
 
@@ -255,6 +282,9 @@ class Bidder:
     next_unit: int
     waited_seconds: float
     priority: int = 3
+    #: (agent, slice) this job's running piece holds and may extend in place on (its window
+    #: ends now): it bids on that window only. None: a waiting job, bidding everywhere.
+    holds: tuple[str, str] | None = None
 
 
 def round_bids(
@@ -268,9 +298,10 @@ def round_bids(
     is priced once per class of windows, not once per window, and bids on the whole class
     (:attr:`Bid.pool`): :func:`clear` gives it the first window of the class still free,
     which is what bidding on every window of the class would give. The work is bidders x
-    classes, not bidders x windows.
+    classes, not bidders x windows. A held window (:attr:`MarketWindow.held_by`) is a class
+    of its own; its holder bids on it alone.
     """
-    pool_of: dict[tuple[int, int, float, str], list[MarketWindow]] = {}
+    pool_of: dict[tuple[int, int, float, str, str], list[MarketWindow]] = {}
     for w in sorted(windows, key=lambda w: w.key):
         pool_of.setdefault(w.alike, []).append(w)
     pools = [tuple(members) for members in pool_of.values()]
@@ -278,6 +309,10 @@ def round_bids(
     for b in bidders:
         for members in pools:
             first = members[0]
+            if b.holds is not None and (first.key != b.holds or first.held_by != b.job_id):
+                continue
+            if first.held_by == b.job_id and b.holds != first.key:
+                continue
             if eligible is not None and not eligible(b, first):
                 continue
             bid = best_bid(
@@ -304,6 +339,9 @@ class ClearingContext:
     #: Tenant -> weight of its fair share (unlisted: 1).
     shares: Mapping[str, float] = field(default_factory=dict)
     blend: tuple[float, float, float] = DEFAULT_BLEND
+    #: A challenger of the incumbent's own class takes its slice only with a score higher
+    #: by more than this.
+    hysteresis: float = DEFAULT_HYSTERESIS
 
 
 def utilization_score(bid: Bid) -> float:
@@ -322,8 +360,28 @@ def fair_score(bid: Bid, ctx: ClearingContext) -> float:
 
 
 def responsive_score(bid: Bid) -> float:
-    """Waiting time, saturating: 0.5 at RESPONSIVE_HALF_SECONDS."""
-    return bid.waited_seconds / (bid.waited_seconds + RESPONSIVE_HALF_SECONDS)
+    """Waiting time on a log scale, so it tells hours from days: log(1 + w / 60 s) over
+    log(1 + RESPONSIVE_FULL_SECONDS / 60 s), at most 1."""
+    waited = max(0.0, bid.waited_seconds)
+    full = math.log1p(RESPONSIVE_FULL_SECONDS / RESPONSIVE_STEP_SECONDS)
+    return min(1.0, math.log1p(waited / RESPONSIVE_STEP_SECONDS) / full)
+
+
+def _remaining(bid: Bid) -> float:
+    return max(bid.remaining_seconds or bid.expected_seconds, 1e-9)
+
+
+def srpt_score(bid: Bid) -> float:
+    """Shortest remaining work first: SRPT_HALF / (SRPT_HALF + work left), in (0, 1]."""
+    return SRPT_HALF_SECONDS / (SRPT_HALF_SECONDS + _remaining(bid))
+
+
+def slowdown_score(bid: Bid) -> float:
+    """SRPT that ages: (wait + SRPT_HALF) / (wait + SRPT_HALF + work left). Unwaited it
+    ranks as ``srpt``; as a job waits its score climbs towards 1, so a long job that
+    waited long outranks a short newcomer and the tail does not starve."""
+    waited = max(0.0, bid.waited_seconds) + SRPT_HALF_SECONDS
+    return waited / (waited + _remaining(bid))
 
 
 def score(bid: Bid, policy: str, ctx: ClearingContext) -> float:
@@ -333,6 +391,10 @@ def score(bid: Bid, policy: str, ctx: ClearingContext) -> float:
         return fair_score(bid, ctx)
     if policy == "responsive":
         return responsive_score(bid)
+    if policy == "srpt":
+        return srpt_score(bid)
+    if policy == "slowdown":
+        return slowdown_score(bid)
     if policy == "blend":
         wu, wf, wr = ctx.blend
         return wu * utilization_score(bid) + wf * fair_score(bid, ctx) + wr * responsive_score(bid)
@@ -377,19 +439,29 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
     per job; ties go to the lower job id, then the lower (agent, slice). A pool bid stands
     for one bid per window of its pool, so it is queued under its first window still free
     and re-queued under the next one when that is taken: the awards are exactly those of
-    the expanded bids, at the cost of the pools' sizes only where windows are contested."""
+    the expanded bids, at the cost of the pools' sizes only where windows are contested.
+
+    Incumbency: a held window (its piece's window ends now) goes to its holder's bid to
+    extend in place unless a bid of a higher class, or of the same class with a score higher
+    by more than ``ctx.hysteresis``, wants it; within a class, bids on free windows go
+    before bids on held ones, so a piece is displaced only by work no free window served.
+    An award on a held window to another job means: the piece checkpoints and stops."""
     context = ctx or ClearingContext()
-    heap: list[tuple[int, float, str, str, str, int, int, float, Bid]] = []
+    heap: list[tuple[int, int, float, str, str, str, int, int, float, Bid]] = []
     for seq, bid in enumerate(bids):
         value = score(bid, policy, context)
         w = bid.window
-        heap.append((bid.priority, -value, bid.job_id, w.agent_id, w.slice_id, seq, 0, value, bid))
+        rank = value + context.hysteresis if bid.incumbent else value
+        tier = 1 if w.held_by else 0
+        heap.append(
+            (bid.priority, tier, -rank, bid.job_id, w.agent_id, w.slice_id, seq, 0, value, bid)
+        )
     heapq.heapify(heap)
     taken_windows: set[tuple[str, str]] = set()
     taken_jobs: set[str] = set()
     awards = []
     while heap:
-        prio, neg, job_id, _, _, seq, at, value, bid = heapq.heappop(heap)
+        prio, tier, neg, job_id, _, _, seq, at, value, bid = heapq.heappop(heap)
         if job_id in taken_jobs:
             continue
         pool = bid.pool or (bid.window,)
@@ -398,10 +470,10 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
         if at == len(pool):
             continue
         window = pool[at]
-        if at and (heap and heap[0][:5] < (prio, neg, job_id, window.agent_id, window.slice_id)):
+        here = (prio, tier, neg, job_id, window.agent_id, window.slice_id)
+        if at and (heap and heap[0][:6] < here):
             # Its next free window sorts after bids still queued: wait for its turn.
-            item = (prio, neg, job_id, window.agent_id, window.slice_id, seq, at, value, bid)
-            heapq.heappush(heap, item)
+            heapq.heappush(heap, (*here, seq, at, value, bid))
             continue
         taken_windows.add(window.key)
         taken_jobs.add(job_id)
@@ -415,6 +487,20 @@ def default_min_samples(epsilon: float) -> int:
     return max(1, math.ceil(1.0 / epsilon - 1e-9) - 1)
 
 
+#: Ratios a family's pool keeps (the most recent): bounds the sort of each prediction.
+POOL_RATIOS = 512
+
+
+@dataclass
+class RatioPool:
+    """Observed / declared ratios shared by the calibrators of one job family (tenant and
+    name, per phase): a new job of the family starts from what its elders ran, with its
+    own declared profile as the scale (the prior)."""
+
+    time_ratios: list[float] = field(default_factory=list)
+    memory_ratios: list[float] = field(default_factory=list)
+
+
 class Calibrator:
     """Conformal-style inflation of a job's profile from its finished subjobs.
 
@@ -426,14 +512,25 @@ class Calibrator:
     the n samples, i.e. where the empirical quantile really covers 1 - epsilon; below it
     the coverage is only n / (n + 1) (the simulator's replay measured 5.9% overruns at
     min_samples 5 against 3.4% at 19, epsilon 0.05).
+
+    With a ``pool``, the ratios are the family's (:class:`RatioPool`, the last
+    ``POOL_RATIOS``): the samples count across the family's jobs, so a job whose family
+    ran before learns within its first pieces. Widening after an overrun stays the job's.
     """
 
-    def __init__(self, declared: Profile, epsilon: float, min_samples: int | None = None) -> None:
+    def __init__(
+        self,
+        declared: Profile,
+        epsilon: float,
+        min_samples: int | None = None,
+        pool: RatioPool | None = None,
+    ) -> None:
         self.declared = declared
         self.epsilon = epsilon
         self.min_samples = min_samples if min_samples is not None else default_min_samples(epsilon)
-        self.time_ratios: list[float] = []
-        self.memory_ratios: list[float] = []
+        shared = pool if pool is not None else RatioPool()
+        self.time_ratios: list[float] = shared.time_ratios
+        self.memory_ratios: list[float] = shared.memory_ratios
         self.widen_time = 1.0
         self.widen_memory = 1.0
         self.observed = 0
@@ -472,6 +569,8 @@ class Calibrator:
         base_memory = max(self.declared.peak_memory_bytes.value_at(q), 1e-12)
         self.time_ratios.append(seconds_per_unit / base_time)
         self.memory_ratios.append(peak_memory_bytes / base_memory)
+        for ratios in (self.time_ratios, self.memory_ratios):
+            del ratios[:-POOL_RATIOS]
         self.widen_time = self.widen_memory = 1.0  # real figures are in the ratios now
         return overran
 
@@ -500,6 +599,18 @@ class Calibrator:
             return profile, False
         self.widen_memory = 1.0
         return self.profile(), True
+
+    @property
+    def version(self) -> tuple[int, float, int, float, float, float]:
+        """Changes whenever :meth:`profile` may (a family's pool too): a cache key."""
+        return (
+            len(self.time_ratios),
+            self.time_ratios[-1] if self.time_ratios else 0.0,
+            len(self.memory_ratios),
+            self.memory_ratios[-1] if self.memory_ratios else 0.0,
+            self.widen_time,
+            self.widen_memory,
+        )
 
     @property
     def violation_rate(self) -> float:

@@ -111,6 +111,12 @@ class ZoneMetrics:
             buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0),
             registry=r,
         )
+        self.window_extensions = Counter(
+            "laminar_zone_window_extensions_total",
+            "Windows an atomized piece extended in place at their end (incumbency: no "
+            "checkpoint, no restart)",
+            registry=r,
+        )
         self.atomized_observations = Counter(
             "laminar_zone_atomized_subjobs_observed_total",
             "Ended atomized subjobs whose time and memory fed the calibration",

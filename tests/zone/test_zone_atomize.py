@@ -21,6 +21,7 @@ from waiting import gate_code, wait_for
 from zonekit import HEARTBEAT_SECONDS, TERMINAL, Zone, open_zone
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2
+from laminar_base.causes import ENDED_SUBJOB_STATES as ENDED
 from laminar_cli.cluster import AgentProcess, LocalCluster
 
 GIB = 1024**3
@@ -38,11 +39,13 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCl
         yield c
 
 
-def _market_zone(cluster: LocalCluster, root: Path, window_seconds: float) -> Zone:
+def _market_zone(
+    cluster: LocalCluster, root: Path, window_seconds: float, *, incumbency: bool = True
+) -> Zone:
     config = root / "zone.toml"
     config.write_text(
         f"[market]\nmax_window_seconds = {window_seconds}\nround_seconds = 0.2\n"
-        "overrun_grace_seconds = 0.5\n"
+        f"overrun_grace_seconds = 0.5\nincumbency = {str(incumbency).lower()}\n"
     )
     return open_zone(cluster, root, extra_args=["--config", str(config)])
 
@@ -150,10 +153,10 @@ def test_atomized_job_survives_airlock_and_does_every_unit_exactly_once(
 def test_windows_size_subjobs_and_an_overrun_resumes_from_the_checkpoint(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    # 2 s windows: a subjob gets only the units that fit (P >= 0.95). The declared
-    # profile says 0.1 s a unit; the work takes 0.25 s, so the first subjob overruns
-    # its window, is stopped, and the job goes on from its checkpoint, wider.
-    zone = _market_zone(cluster, tmp_path, window_seconds=2.0)
+    # 2 s windows without incumbency: a subjob gets only the units that fit (P >= 0.95).
+    # The declared profile says 0.1 s a unit; the work takes 0.25 s, so the first subjob
+    # overruns its window, is stopped, and the job goes on from its checkpoint, wider.
+    zone = _market_zone(cluster, tmp_path, window_seconds=2.0, incumbency=False)
     _agent(cluster, zone, "a", "1xH100-80GB")
     cluster.wait_registered()
     checkpoint = tmp_path / "ckpt"
@@ -176,6 +179,77 @@ def test_windows_size_subjobs_and_an_overrun_resumes_from_the_checkpoint(
     # After the overrun the profile is wider: later subjobs bid for fewer units.
     assert all(p.unit_count < first.unit_count for p in later)
     assert done.atomization.violation_rate > 0
+
+
+def test_an_uncontended_piece_keeps_its_slice_and_runs_as_one_process(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Incumbency: 2 s windows, 16 units of 0.25 s (4 s of work). Nobody else wants the
+    GPU, so at each window's end the piece extends in place: one process does every unit,
+    with no checkpoint-and-restart in between."""
+    zone = _market_zone(cluster, tmp_path, window_seconds=2.0)
+    _agent(cluster, zone, "a", "1xH100-80GB")
+    cluster.wait_registered()
+    checkpoint = tmp_path / "ckpt"
+    job = _submit(zone, _contract(16, 16, checkpoint), UNIT_SECONDS)
+    done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=60)
+    assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
+    assert len(done.placements) == 1, [(p.unit_start, p.reason) for p in done.placements]
+    (piece,) = done.placements
+    assert (piece.unit_start, piece.unit_count, piece.units_done) == (0, 16, 16)
+    assert piece.state == common_pb2.SUCCEEDED and piece.end_cause == common_pb2.END_CAUSE_EXITED
+    # Its window was extended: it ends well past the first 2 s window.
+    assert piece.window_end_unix > piece.started_unix + 2.5
+    assert piece.ended_unix - piece.started_unix > 3.5
+    log = (checkpoint / "units.log").read_text().split()
+    assert log[0::2] == [str(u) for u in range(16)]
+    assert set(log[1::2]) == {piece.subjob_id}  # one process did every unit
+    assert done.atomization.violation_rate == 0.0
+
+
+def test_a_higher_class_takes_the_slice_at_the_window_end_and_the_piece_moves_on(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """An opportunistic piece holds the only whole GPU. A production job that only runs
+    on whole GPUs arrives: at the piece's window's end the production bid wins the held
+    window, the piece stops (its checkpoint kept, no violation), the production job runs
+    there, and the opportunistic job continues on a MIG slice from its checkpoint."""
+    zone = _market_zone(cluster, tmp_path, window_seconds=2.0)
+    _agent(cluster, zone, "a", "1xH100-80GB")
+    _agent(cluster, zone, "b", "H100-80GB:mig=3g.40gb+2g.20gb+1g.10gb")
+    cluster.wait_registered()
+    low_ckpt = tmp_path / "low"
+    low = _submit(
+        zone, _contract(40, 40, low_ckpt), UNIT_SECONDS, priority=common_pb2.OPPORTUNISTIC
+    )
+    first = zone.wait_state(low.job_id, zone_pb2.JOB_RUNNING).placements[0]
+    assert (first.agent_id, list(first.slice_ids)) == ("a", ["gpu0"])
+    high = _submit(
+        zone,
+        _contract(4, 4, tmp_path / "high"),
+        "0.05",
+        priority=common_pb2.PRODUCTION,
+        resources=common_pb2.Resources(gpus=1),
+    )
+    high_done = zone.wait_state(high.job_id, *TERMINAL, timeout_seconds=60)
+    assert high_done.state == zone_pb2.JOB_SUCCEEDED, high_done.reason
+    assert [(p.agent_id, list(p.slice_ids)) for p in high_done.placements] == [("a", ["gpu0"])]
+    done = zone.wait_state(low.job_id, *TERMINAL, timeout_seconds=60)
+    assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
+    stopped = done.placements[0]
+    assert stopped.state == common_pb2.KILLED
+    assert stopped.end_cause == common_pb2.END_CAUSE_PREEMPTED
+    assert stopped.reason.startswith("window ended: a/gpu0 goes to job " + high.job_id)
+    assert 0 < stopped.units_done < 40
+    # It stopped at its window's end, not before: the production job waited for it.
+    assert stopped.ended_unix >= stopped.window_end_unix - 1.0
+    assert high_done.placements[0].started_unix >= stopped.ended_unix - 0.05
+    later = done.placements[1:]
+    assert later and later[0].agent_id == "b"
+    assert later[0].unit_start == stopped.unit_start + stopped.units_done
+    units = _units_log(low_ckpt)
+    assert sorted(units) == list(range(40)) and set(units.values()) == {1}
+    assert done.atomization.violation_rate == 0.0
 
 
 def _bid_as_client(
@@ -266,11 +340,18 @@ def test_a_window_ends_where_a_blocked_rigid_job_expects_its_capacity(
     running = zone.wait_state(job.job_id, zone_pb2.JOB_RUNNING)
     piece = running.placements[0]
     assert len(piece.slice_ids) == 1
-    # The free GPU is offered only until the blocked job's expected start, not for 600 s,
-    # and the piece is sized to that: 400 units of 0.25-0.35 s would need minutes.
+    # The free GPU is offered only until the blocked job's expected start, not for 600 s.
+    # The piece is given all 400 units (about two minutes), but at its window's end it
+    # does not keep the slice: the blocked job's class (batch) is the piece's own.
     assert 0 < piece.window_end_unix <= head_start + 0.5, (piece.window_end_unix, head_start)
-    assert piece.unit_count < 40
+    assert piece.unit_count == 400
     assert queued.state == zone_pb2.QUEUED
+    wait_for(lambda: any(p.state in ENDED for p in zone.get(job.job_id).placements))
+    stopped = zone.get(job.job_id).placements[0]
+    assert stopped.state == common_pb2.KILLED
+    assert stopped.reason.startswith("window ended:"), stopped.reason
+    assert stopped.end_cause == common_pb2.END_CAUSE_PREEMPTED
+    assert stopped.ended_unix <= head_start + 2.0
     gate.touch()
     zone.stub.CancelJob(zone_pb2.CancelJobRequest(job_id=job.job_id), timeout=10)
     assert zone.wait_state(big.job_id, *TERMINAL).state == zone_pb2.JOB_SUCCEEDED
