@@ -92,10 +92,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from laminar_agent.core import SUCCEEDED, AgentCore, EndDecision
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.inventory.mig import COMPUTE_SLICES
-from laminar_agent.ledger import Granted, Ledger, ProbeOrder, counter_ids, slices_from_gpus
+from laminar_agent.ledger import (
+    Bounced,
+    Granted,
+    LeaseRecord,
+    Ledger,
+    ProbeOrder,
+    counter_ids,
+    slices_from_gpus,
+)
 from laminar_airlock.traces import MemoryCurve, load_memory_curves
+from laminar_api.v1 import common_pb2
+from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import settle
@@ -271,12 +282,54 @@ def contract_for(job: SimJob, spec: AtomizeSpec) -> Contract:
     )
 
 
-@dataclass
 class MigHost:
-    """One agent: its MIG slices from the fake backend, in the agent's real ledger."""
+    """One agent: its MIG slices from the fake backend, in the agent's decision core
+    (:class:`~laminar_agent.core.AgentCore` over its real ledger): probes are arbitrated,
+    leases released, committed and ended as the agent does."""
 
-    agent_id: str
-    ledger: Ledger
+    def __init__(self, agent_id: str, ledger: Ledger) -> None:
+        self.agent_id = agent_id
+        self.core = AgentCore(ledger)
+        #: Committed lease -> its subjob, to end the subjob when the simulator gives the
+        #: lease back.
+        self._subjobs: dict[str, str] = {}
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.core.ledger
+
+    def arbitrate(self, orders: list[ProbeOrder], now: float) -> list[Granted | Bounced]:
+        return self.core.arbitrate(orders, now, now)[0]
+
+    def release(self, lease_id: str) -> None:
+        """Give back an uncommitted lease (the router's Release)."""
+        self.core.release([lease_id], "")
+
+    def commit(self, lease_id: str, subjob_id: str, now: float) -> LeaseRecord:
+        """Commit the lease to a new subjob; the committed lease."""
+        self.core.commit(
+            lease_id,
+            subjob_id,
+            subjob_id.split("/", 1)[0],
+            caller="",
+            priority=0,
+            lifecycle=common_pb2.LONG,
+            now=now,
+            now_unix=now,
+        )
+        self._subjobs[lease_id] = subjob_id
+        lease = self.ledger.lease(lease_id)
+        assert lease is not None
+        return lease
+
+    def end(self, lease_id: str, now: float) -> LeaseRecord:
+        """The subjob holding ``lease_id`` ended; its capacity returns as the agent returns
+        it. The lease as it was."""
+        lease = self.ledger.lease(lease_id)
+        assert lease is not None
+        decision = EndDecision(SUCCEEDED, EndCause.EXITED, "ended")
+        self.core.end(self._subjobs.pop(lease_id), decision, now)
+        return lease
 
 
 def build_hosts(spec: AtomizeSpec) -> list[MigHost]:
@@ -645,7 +698,7 @@ class MigReplay:
             ]
             grants: list[Offer] = []
             bounces: list[str] = []
-            for reply in host.ledger.arbitrate(orders, now):
+            for reply in host.arbitrate(orders, now):
                 if isinstance(reply, Granted):
                     lease = reply.lease
                     grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
@@ -654,7 +707,7 @@ class MigReplay:
             return grants, bounces
 
         def release(offer: Offer) -> None:
-            self.by_id[offer.agent_id].ledger.release(offer.lease_id)
+            self.by_id[offer.agent_id].release(offer.lease_id)
 
         outcome = settle(machine, probe, release, now)
         if not isinstance(outcome, Bind):
@@ -662,7 +715,8 @@ class MigReplay:
         chosen = []
         for offer in outcome.offers:
             host = self.by_id[offer.agent_id]
-            lease = host.ledger.commit(offer.lease_id, f"j{state.job.index}", now)
+            subjob_id = f"j{state.job.index}/r{state.runs}/m{offer.member}"
+            lease = host.commit(offer.lease_id, subjob_id, now)
             chosen.append((host, offer.lease_id, lease.allocations[0].slice_id))
         return chosen
 
@@ -672,8 +726,7 @@ class MigReplay:
         return profile, memory
 
     def give_back(self, host: MigHost, lease_id: str) -> None:
-        lease = host.ledger.release(lease_id)
-        assert lease is not None
+        lease = host.end(lease_id, self.engine.now)
         s = host.ledger.slices[lease.allocations[0].slice_id]
         self.free[(host.agent_id, s.slice_id)] = (s.mig_profile, s.memory_total_bytes)
         self.free_compute += compute_of(s.mig_profile)
@@ -857,10 +910,10 @@ class MigReplay:
             LEASE_TTL_SECONDS,
             slice_id=window.slice_id,
         )
-        reply = host.ledger.arbitrate([order], now)[0]
+        reply = host.arbitrate([order], now)[0]
         assert isinstance(reply, Granted), reply
         lease_id = reply.lease.lease_id
-        host.ledger.commit(lease_id, f"j{state.job.index}/s{state.runs}", now)
+        host.commit(lease_id, f"j{state.job.index}/s{state.runs}", now)
         self.take(host, window.slice_id)
         if state.first_start is None:
             state.first_start = now
