@@ -44,3 +44,33 @@ def test_the_scan_sees_a_loop_when_there_is_one(tmp_path: Path) -> None:
         "def f(plan, offers):\n    while plan.next_batch():\n        choose_offers(offers, 1)\n"
     )
     assert names_used(sample) & PLACEMENT_LOOP_NAMES == {"next_batch", "choose_offers"}
+
+
+#: What only the agent's decision core may ask of its ledger: a simulated host goes through
+#: AgentCore (arbitrate, commit, release, end), as the agent's Node does.
+LEDGER_DECISIONS = frozenset({"arbitrate", "commit", "release", "expire"})
+
+
+def ledger_decisions(path: Path) -> list[str]:
+    """``x.ledger.arbitrate(...)``-style calls in a module: a decision taken around the core."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in LEDGER_DECISIONS
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "ledger"
+        ):
+            found.append(f"{path.name}:{node.lineno}: .ledger.{node.attr}")
+    return found
+
+
+def test_no_simulator_module_settles_probes_around_the_agents_core() -> None:
+    package = Path(laminar_sim.__file__).parent
+    assert [f for p in sorted(package.rglob("*.py")) for f in ledger_decisions(p)] == []
+
+
+def test_the_ledger_scan_sees_a_direct_call(tmp_path: Path) -> None:
+    sample = tmp_path / "direct.py"
+    sample.write_text("def f(host, orders):\n    return host.ledger.arbitrate(orders, 0.0)\n")
+    assert ledger_decisions(sample) == ["direct.py:2: .ledger.arbitrate"]
