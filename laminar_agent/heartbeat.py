@@ -8,7 +8,14 @@ a router that answers a heartbeat carrying actions with ``acked_action_seq`` 0
 does not keep them, so until it acknowledges one each action is sent only once.
 ``readdress_subjob_ids`` is the full current list on every heartbeat: a subjob is
 on it from Airlock's re-address decision until it ends. A subjob event wakes the
-loop at once instead of waiting for the next period.
+loop at once instead of waiting for the next period, but heartbeats that events wake
+are at least :data:`MIN_EVENT_GAP_SECONDS` apart, so a burst of subjob starts and ends
+travels in a few heartbeats rather than one each.
+
+The fence (``fence_file``) is rewritten after an acknowledged heartbeat only when the new
+deadline is later than the one on disk by :data:`FENCE_RENEW_FRACTION` of the lease: an
+earlier deadline on disk only stops fenced work sooner, never later, so skipping a small
+extension is safe, and a burst of woken heartbeats does not fsync the file each time.
 
 Delta heartbeats: the summary is sent only when it changed (:func:`summary_key`
 tells), on the first heartbeat after a start, and when the router's reply does
@@ -25,6 +32,7 @@ keeps it overloaded); if it does not, it refuses the next delta.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -82,6 +90,12 @@ def summary_key(summary: common_pb2.AgentSummary) -> bytes:
     return key.SerializeToString(deterministic=True)
 
 
+#: Least time between two heartbeats that subjob events woke (the periodic one is not held).
+MIN_EVENT_GAP_SECONDS = 0.02
+#: A fence deadline is rewritten when it moves by at least this share of the fence lease.
+FENCE_RENEW_FRACTION = 0.1
+
+
 def write_fence(path: Path, deadline_mono: float) -> None:
     """Write the fence deadline (root-only, atomic, fsynced)."""
     write_private(path, f"{deadline_mono:.3f}\n", durable=True)
@@ -136,6 +150,9 @@ class HeartbeatClient:
         self.failures = 0
         #: The last heartbeat left events behind (size bound): send the next one at once.
         self.more_events = False
+        #: The fence deadline on disk (monotonic; 0: none written by this process).
+        self.fence_written = 0.0
+        self.fence_writes = 0
 
     async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
         """Heartbeat until ``stop``; ``beat`` is called once per pass (root-loop progress)."""
@@ -143,6 +160,7 @@ class HeartbeatClient:
             stub = zone_pb2_grpc.ZoneControlStub(channel)
             while not stop.is_set():
                 beat()
+                sent = time.monotonic()
                 await self.beat(stub)
                 self.wake.clear()
                 if self.more_events and not self.failures:
@@ -156,6 +174,11 @@ class HeartbeatClient:
                 )
                 for task in waiters:
                     task.cancel()
+                held = MIN_EVENT_GAP_SECONDS - (time.monotonic() - sent)
+                if self.wake.is_set() and held > 0 and not stop.is_set():
+                    # Woken by an event right after a heartbeat: let the burst gather.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), held)
 
     def _renew_fence(self, sent_mono: float, lease_seconds: float) -> None:
         """After an acknowledged heartbeat, running subjobs may go on until ``sent_mono``
@@ -163,11 +186,20 @@ class HeartbeatClient:
         router gives; a router that gives none turns fencing off."""
         if self._fence_file is None:
             return
+        deadline = sent_mono + lease_seconds
+        moved = deadline - self.fence_written
+        if lease_seconds > 0 and 0 <= moved < FENCE_RENEW_FRACTION * lease_seconds:
+            # On disk is at most a tenth of the lease earlier: it only stops work sooner.
+            # (A shorter lease than before moves it back at once.)
+            return
         try:
             if lease_seconds > 0:
-                write_fence(self._fence_file, sent_mono + lease_seconds)
+                write_fence(self._fence_file, deadline)
+                self.fence_written = deadline
+                self.fence_writes += 1
             else:
                 self._fence_file.unlink(missing_ok=True)
+                self.fence_written = 0.0
         except OSError as exc:  # the fence then lapses: subjobs stop rather than run twice
             log.error("cannot renew the fence %s: %s", self._fence_file, exc)
 

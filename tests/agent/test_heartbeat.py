@@ -427,3 +427,32 @@ async def test_the_agent_takes_the_routers_workload_once_per_version(tmp_path: P
         PodShape(0, 0, 1, 500): 7,
         PodShape(0, 0, 2, 1000, ("H100-80GB",)): 2,
     }
+
+
+def test_the_fence_moves_forward_by_a_tenth_of_the_lease_and_back_at_once(tmp_path: Path) -> None:
+    """Rewriting the fence on every woken heartbeat fsyncs it per subjob event: a small
+    extension is skipped (the deadline on disk only stops work sooner), a shorter lease is
+    written at once (the deadline on disk must never be later than the router allows)."""
+    fence = tmp_path / "fence"
+    client = HeartbeatClient(
+        "127.0.0.1:1",
+        1.0,
+        common_pb2.AgentSummary,
+        EmptyJournal(),
+        lambda *a: None,
+        fence_file=fence,
+    )
+
+    def on_disk() -> float:
+        return float(fence.read_text())
+
+    client._renew_fence(100.0, 10.0)
+    assert on_disk() == 110.0 and client.fence_writes == 1
+    client._renew_fence(100.5, 10.0)  # 0.5 s later: within a tenth of the lease
+    assert on_disk() == 110.0 and client.fence_writes == 1
+    client._renew_fence(101.2, 10.0)
+    assert on_disk() == 111.2 and client.fence_writes == 2
+    client._renew_fence(101.3, 2.0)  # the router shortened the lease: back at once
+    assert on_disk() == 103.3 and client.fence_writes == 3
+    client._renew_fence(101.4, 0.0)  # fencing off
+    assert not fence.exists()
