@@ -47,6 +47,8 @@ How the world is modelled (choices, stated because the figures depend on them):
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import math
 import random
 import time
@@ -58,6 +60,7 @@ from typing import Any
 from laminar_airlock.episodes import Episodes, Memory
 from laminar_airlock.levels import Level, LevelTracker, Marks
 from laminar_airlock.policy import (
+    FREE_MODES,
     PRIORITY_NAMES,
     STEP_READDRESS,
     STEP_RECLAIM,
@@ -87,11 +90,18 @@ CLASS_MIX: tuple[tuple[int, float, tuple[int, ...]], ...] = (
     (3, 0.30, (2,)),
     (4, 0.30, (3,)),
 )
+#: How a subjob stands at the end of the run: it completed (maybe after re-runs), or it was
+#: still running, suspended or queued at the horizon.
 STATE_COMPLETED = "completed"
-STATE_RECLAIMED = "reclaimed"
-STATE_OOM = "oom"
-STATE_REQUEUED = "requeued"
-TERMINAL_STATES = (STATE_COMPLETED, STATE_RECLAIMED, STATE_OOM, STATE_REQUEUED)
+STATE_UNFINISHED = "unfinished"
+TERMINAL_STATES = (STATE_COMPLETED, STATE_UNFINISHED)
+#: How one run (attempt) of a subjob can end other than by completing; the first three send it
+#: back to the zone queue, a move restarts it elsewhere at once.
+END_RECLAIMED = "reclaimed"
+END_OOM = "oom"
+END_REQUEUED = "requeued"
+END_MOVED = "moved"
+ATTEMPT_ENDS = (END_RECLAIMED, END_OOM, END_REQUEUED, END_MOVED)
 ACTION_STEPS = (STEP_SUSPEND, STEP_RELEASE_MEMORY, STEP_RESUME, STEP_READDRESS, STEP_RECLAIM)
 _EPS = 1e-9
 #: Bytes within which a GPU counts as at a mark (crossing times are computed in floats).
@@ -129,10 +139,20 @@ class AirlockSimSpec:
     release_ratio: float = 0.5
     #: Share of subjobs that support the release signal (the rest use cuda-checkpoint).
     release_share: float = 0.2
+    #: Share of the other subjobs whose stop frees their GPU memory (cuda-checkpoint on a
+    #: whole GPU, as the agent does where it finds the tool); the rest have free mode
+    #: ``none``: a stop frees nothing, so the ladder reclaims them when it picks them.
+    stop_frees_share: float = 1.0
     #: Share of subjobs that are restartable.
     restartable_share: float = 0.5
     #: Checkpoint period (of progress) of restartable subjobs.
     checkpoint_seconds: float = 600.0
+    #: A reclaimed, OOM-killed or re-queued subjob waits this long in the zone queue before
+    #: the router tries to place it again (and again every as long, until a GPU has room).
+    requeue_delay_seconds: float = 30.0
+    #: Simulated time at which the run stops; subjobs not completed by then are unfinished
+    #: (0: twice the window, 2 * window * 57 s on the GenAI trace).
+    horizon_seconds: float = 0.0
     policies: tuple[str, ...] = POLICIES
 
     def validate(self) -> None:
@@ -148,7 +168,10 @@ class AirlockSimSpec:
             (self.release_delay_seconds >= 0, "--release-delay-seconds", "must be >= 0"),
             (0 < self.release_ratio <= 1, "--release-ratio", "must be in (0, 1]"),
             (0 <= self.release_share <= 1, "--release-share", "must be in [0, 1]"),
+            (0 <= self.stop_frees_share <= 1, "--stop-frees-share", "must be in [0, 1]"),
             (0 <= self.restartable_share <= 1, "--restartable-share", "must be in [0, 1]"),
+            (self.requeue_delay_seconds > 0, "--requeue-delay-seconds", "must be > 0"),
+            (self.horizon_seconds >= 0, "--horizon-seconds", "must be >= 0"),
             (self.checkpoint_seconds > 0, "--checkpoint-seconds", "must be > 0"),
             (
                 0 < self.start_below_ratio < self.peak_above_ratio,
@@ -219,10 +242,15 @@ def build_workload(
             peak_above_ratio=spec.peak_above_ratio,
         )
         rng = random.Random(f"airlock-sim/{spec.seed}/{index}")
+        # Its own stream, so that the share does not change the other draws.
+        stop_rng = random.Random(f"airlock-sim/{spec.seed}/{index}/stop-frees")
         members = []
         for slot, curve in enumerate(group.curves):
             priority, lifecycle = draw_class(rng)
             length = rng.randint(max(2, spec.window // 2), spec.window)
+            is_release = rng.random() < spec.release_share
+            restartable = rng.random() < spec.restartable_share
+            stop_frees = stop_rng.random() < spec.stop_frees_share
             members.append(
                 MemberPlan(
                     subjob_id=f"g{index}-s{slot}",
@@ -231,9 +259,11 @@ def build_workload(
                     priority=priority,
                     lifecycle=lifecycle,
                     free_mode="release_signal"
-                    if rng.random() < spec.release_share
-                    else "checkpoint",
-                    restartable=rng.random() < spec.restartable_share,
+                    if is_release
+                    else "checkpoint"
+                    if stop_frees
+                    else "none",
+                    restartable=restartable,
                 )
             )
         plans.append(GpuPlan(index, tuple(members), group.pods))
@@ -244,7 +274,7 @@ def build_workload(
 
 @dataclass
 class SubjobOutcome:
-    """How one subjob ended (every subjob gets one)."""
+    """How one subjob stood at the end of the run (every subjob gets one)."""
 
     subjob_id: str
     priority: int
@@ -252,16 +282,24 @@ class SubjobOutcome:
     reason: str
     lost_gpu_seconds: float
     suspended_seconds: float
+    #: How its runs ended other than by completing (reclaimed, oom, requeued, moved).
+    ends: dict[str, int]
+    #: Simulated time it completed at, None if unfinished.
+    completed_at: float | None = None
 
 
 class _Sub:
     __slots__ = (
         "done",
+        "ends",
+        "finished",
         "gpu",
+        "last_reason",
         "lost_before",
         "move",
         "plan",
         "progress",
+        "queued_at",
         "ramp",
         "readdress_count",
         "released_bytes",
@@ -275,7 +313,7 @@ class _Sub:
     def __init__(self, plan: MemberPlan, share: float, gpu: int, ramp_seconds: float) -> None:
         self.plan = plan
         self.ramp = ramp_seconds
-        #: GPU-seconds lost by earlier moves (a copy restarts from its checkpoint).
+        #: GPU-seconds lost by earlier runs (a re-run restarts from its checkpoint).
         self.lost_before = 0.0
         self.share = share
         self.gpu = gpu
@@ -287,7 +325,14 @@ class _Sub:
         self.released_bytes = 0
         self.readdress_count = 0
         self.move: EventHandle | None = None
+        #: Off every GPU: completed, or waiting in the zone queue.
         self.done = False
+        #: Completed for good.
+        self.finished: float | None = None
+        #: When it entered the zone queue (None while on a GPU).
+        self.queued_at: float | None = None
+        self.ends: Counter[str] = Counter()
+        self.last_reason = ""
 
     # -- memory as a function of progress -------------------------------------------------
     def _curve_at(self, p: float) -> float:
@@ -342,6 +387,13 @@ class _Sub:
         return self.progress
 
 
+def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return round(sorted_values[index], 1)
+
+
 class _Gpu:
     __slots__ = ("above_critical", "handle", "index", "last", "name", "phase", "subs")
 
@@ -371,26 +423,50 @@ class PolicyResult:
     overcapacity_after_poll: int
     max_used_ratio_after_poll: float
     moved: int
+    #: Stops (suspend, reclaim, move, CUDA OOM) of a critical subjob while a lower class ran
+    #: on its GPU.
+    critical_stopped_while_lower_ran: int = 0
+    #: Seconds a critical subjob stayed suspended while a lower class ran on its GPU.
+    critical_suspended_while_lower_ran_seconds: float = 0.0
 
     def figures(self) -> dict[str, Any]:
         killed: dict[str, dict[str, int]] = {c: {"reclaimed": 0, "oom": 0} for c in CLASS_NAMES}
         lost: dict[str, float] = dict.fromkeys(CLASS_NAMES, 0.0)
         suspended: dict[str, float] = dict.fromkeys(CLASS_NAMES, 0.0)
+        completed: dict[str, list[int]] = {c: [0, 0] for c in CLASS_NAMES}
         states: Counter[str] = Counter()
+        ends: Counter[str] = Counter()
+        finish_times: list[float] = []
         for out in self.outcomes.values():
             cls = PRIORITY_NAMES[out.priority]
             states[out.state] += 1
-            if out.state in (STATE_RECLAIMED, STATE_OOM):
-                killed[cls]["reclaimed" if out.state == STATE_RECLAIMED else "oom"] += 1
+            ends.update(out.ends)
+            killed[cls]["reclaimed"] += out.ends.get(END_RECLAIMED, 0)
+            killed[cls]["oom"] += out.ends.get(END_OOM, 0)
             lost[cls] += out.lost_gpu_seconds
             suspended[cls] += out.suspended_seconds
+            completed[cls][1] += 1
+            if out.completed_at is not None:
+                completed[cls][0] += 1
+                finish_times.append(out.completed_at)
         total = len(self.outcomes)
+        finish_times.sort()
         return {
             "subjobs": total,
             "terminal_states": {s: states.get(s, 0) for s in TERMINAL_STATES},
             "completion_ratio": round(states[STATE_COMPLETED] / total, 4) if total else None,
+            "completion_ratio_by_class": {
+                c: round(done / n, 4) if n else None for c, (done, n) in completed.items()
+            },
+            "completed_at_p50_seconds": _quantile(finish_times, 0.5),
+            "completed_at_p99_seconds": _quantile(finish_times, 0.99),
+            "run_ends": {e: ends.get(e, 0) for e in ATTEMPT_ENDS},
             "killed": sum(k["reclaimed"] + k["oom"] for k in killed.values()),
             "killed_by_class": killed,
+            "critical_stopped_while_lower_ran": self.critical_stopped_while_lower_ran,
+            "critical_suspended_while_lower_ran_seconds": round(
+                self.critical_suspended_while_lower_ran_seconds, 1
+            ),
             "work_lost_gpu_seconds_by_class": {c: round(v, 1) for c, v in lost.items()},
             "work_lost_gpu_seconds": round(sum(lost.values()), 1),
             "high_priority_work_lost_gpu_seconds": round(
@@ -450,31 +526,141 @@ class _Run:
         self.overcapacity = 0
         self.max_after = 0.0
         self.moved = 0
+        self.completed = 0
+        self.critical_stopped = 0
+        self.critical_suspended_seconds = 0.0
+        #: Subjobs waiting in the zone queue for a re-run, and the router's next look at it.
+        self.queue: list[_Sub] = []
+        self.router_handle: EventHandle | None = None
         self.tick_every = max(1, len(self.subs) // 200)
+        steps = [m.step_seconds for plan in plans for m in plan.members]
+        self.horizon = spec.horizon_seconds or 2.0 * spec.window * (steps[0] if steps else 0.0)
 
     # -- bookkeeping ----------------------------------------------------------------------
-    def _end(self, sub: _Sub, state: str, reason: str, now: float) -> None:
-        if sub.done:
-            return
+    def _leave_gpu(self, sub: _Sub, now: float) -> None:
+        """This run of ``sub`` leaves its GPU: close its suspension and Airlock's memory of it."""
         since = self.episodes.suspended_since.get(sub.plan.subjob_id)
         if sub.suspended and since is not None:
             sub.suspended_total += now - since
         self.episodes.forget(sub.plan.subjob_id)
-        lost = sub.lost_before
-        if state != STATE_COMPLETED:
-            lost += sub.work_since_checkpoint(self.spec.checkpoint_seconds) * sub.share
         sub.done = True
         sub.suspended = False
         sub.stalled_until = None
+        sub.released_bytes = 0
         if sub.move is not None:
             self.engine.cancel(sub.move)
             sub.move = None
-        self.outcomes[sub.plan.subjob_id] = SubjobOutcome(
-            sub.plan.subjob_id, sub.plan.priority, state, reason, lost, sub.suspended_total
+
+    def _complete(self, sub: _Sub, now: float) -> None:
+        if sub.done:
+            return
+        self._leave_gpu(sub, now)
+        sub.finished = now
+        self.completed += 1
+        if self.progress is not None and (
+            self.completed % self.tick_every == 0 or self.completed == len(self.subs)
+        ):
+            self.progress(self.policy, self.completed, len(self.subs))
+
+    def _restart_point(self, sub: _Sub) -> tuple[float, float]:
+        """(progress a new run starts from, work this run loses): its last checkpoint when it
+        is restartable, its start otherwise."""
+        lost = sub.work_since_checkpoint(self.spec.checkpoint_seconds)
+        return sub.progress - lost, lost
+
+    def _is_lower_running(self, sub: _Sub) -> bool:
+        gpu = self.gpus[sub.gpu]
+        return any(
+            s is not sub and s.plan.priority > sub.plan.priority and not s.suspended and not s.done
+            for s in gpu.subs
         )
-        done = len(self.outcomes)
-        if self.progress is not None and (done % self.tick_every == 0 or done == len(self.subs)):
-            self.progress(self.policy, done, len(self.subs))
+
+    def _note_stop(self, sub: _Sub) -> None:
+        """Count a stop of a critical subjob while a lower class runs beside it."""
+        if sub.plan.priority == 1 and not sub.done and self._is_lower_running(sub):
+            self.critical_stopped += 1
+
+    def _end_run(self, sub: _Sub, cause: str, reason: str, now: float) -> None:
+        """This run ends without completing (reclaimed, CUDA OOM, or no room for its move):
+        the work since its checkpoint is lost and the subjob goes back to the zone queue,
+        whence it re-runs from its checkpoint once a GPU has room."""
+        if sub.done:
+            return
+        if cause in (END_RECLAIMED, END_OOM):
+            self._note_stop(sub)
+        self._leave_gpu(sub, now)
+        restart, lost = self._restart_point(sub)
+        sub.lost_before += lost * sub.share
+        sub.progress = restart
+        sub.ends[cause] += 1
+        sub.last_reason = reason
+        self._enqueue(sub, now)
+
+    # -- the zone queue: re-runs ----------------------------------------------------------
+    def _enqueue(self, sub: _Sub, now: float) -> None:
+        sub.queued_at = now
+        self.queue.append(sub)
+        if self.router_handle is None:
+            self.router_handle = self.engine.schedule(
+                self.spec.requeue_delay_seconds, self._router_tick
+            )
+
+    def _held_bytes(self, gpu: _Gpu) -> float:
+        """What the router counts as taken on ``gpu``: the memory of its running subjobs and
+        what its suspended ones take back on resume (as of each subjob's last update)."""
+        return sum(s.restore_bytes() if s.suspended else s.demand() for s in gpu.subs)
+
+    def _may_take(self, gpu: _Gpu) -> bool:
+        return not self.is_ladder or self.tracker.level(gpu.name) == Level.NORMAL
+
+    def _router_tick(self) -> None:
+        """Place queued subjobs that waited ``requeue_delay_seconds``, highest class first, each
+        on the GPU with the most room if it fits there at or below ``target_ratio``."""
+        self.router_handle = None
+        now = self.engine.now
+        delay = self.spec.requeue_delay_seconds
+        due = sorted(
+            (
+                s
+                for s in self.queue
+                if s.queued_at is not None and now - s.queued_at >= delay - _EPS
+            ),
+            key=lambda s: (s.plan.priority, s.queued_at, s.plan.subjob_id),
+        )
+        if due:
+            limit = self.config.target_ratio * self.total
+            room = [
+                (-(limit - self._held_bytes(g)), g.index) for g in self.gpus if self._may_take(g)
+            ]
+            heapq.heapify(room)
+            placed: set[str] = set()
+            for sub in due:
+                if not room:
+                    break
+                need = sub.restore_bytes()
+                free, index = room[0]
+                if -free < need:
+                    continue
+                heapq.heappop(room)
+                self._place(sub, self.gpus[index], now)
+                placed.add(sub.plan.subjob_id)
+                heapq.heappush(room, (free + need, index))
+            self.queue = [s for s in self.queue if s.plan.subjob_id not in placed]
+        if self.queue:
+            earliest = min(s.queued_at for s in self.queue if s.queued_at is not None)
+            at = max(now + delay, earliest + delay)
+            self.router_handle = self.engine.schedule_at(at, self._router_tick)
+
+    def _place(self, sub: _Sub, gpu: _Gpu, now: float) -> None:
+        """A new run of ``sub`` starts on ``gpu`` from its restart point."""
+        self._advance(gpu, now)
+        sub.queued_at = None
+        sub.done = False
+        sub.gpu = gpu.index
+        gpu.subs.append(sub)
+        gpu.subs.sort(key=lambda s: s.plan.subjob_id)
+        self._fail_restore(gpu, sub, now, "moved copy" if sub.ends[END_MOVED] else "re-run")
+        self._schedule(gpu)
 
     def _advance(self, gpu: _Gpu, now: float) -> None:
         dt = now - gpu.last
@@ -482,13 +668,17 @@ class _Run:
             used = self._used(gpu)
             if used >= self.critical_bytes - _SLACK:
                 gpu.above_critical += dt
+            if any(s.suspended and s.plan.priority == 1 for s in gpu.subs) and any(
+                not s.suspended and s.plan.priority > 1 for s in gpu.subs
+            ):
+                self.critical_suspended_seconds += dt
             for sub in gpu.subs:
                 if sub.is_running():
                     sub.progress += dt
         gpu.last = now
         for sub in gpu.subs:
             if sub.is_running() and sub.progress >= sub.plan.run_seconds - 1e-6:
-                self._end(sub, STATE_COMPLETED, "ran its whole curve", now)
+                self._complete(sub, now)
         gpu.subs = [s for s in gpu.subs if not s.done]
 
     @staticmethod
@@ -513,9 +703,9 @@ class _Run:
             if others + sub.stall_bytes < self.total - _SLACK:
                 sub.stalled_until = None  # room was made: the retry succeeds
                 continue
-            self._end(
+            self._end_run(
                 sub,
-                STATE_OOM,
+                END_OOM,
                 f"CUDA OOM: {gpu.name} full at {others / GIB + sub.stall_bytes / GIB:.1f} of "
                 f"{self.total / GIB:.0f} GiB for {self.spec.oom_grace_seconds:g}s while it "
                 "allocated",
@@ -538,9 +728,9 @@ class _Run:
         used = self._used(gpu)
         if used <= self.total:
             return
-        self._end(
+        self._end_run(
             sub,
-            STATE_OOM,
+            END_OOM,
             f"CUDA OOM: {what} on {gpu.name} needed {sub.restore_bytes() / GIB:.1f} GiB with "
             f"{(used - sub.demand()) / GIB:.1f} of {self.total / GIB:.0f} GiB in use",
             now,
@@ -603,6 +793,8 @@ class _Run:
         since = self.episodes.suspended_since.get(sub.plan.subjob_id)
         if action.step != STEP_RECLAIM:
             self.episodes.applied(action, now)
+        if action.step in (STEP_SUSPEND, STEP_READDRESS):
+            self._note_stop(sub)
         if action.step == STEP_SUSPEND:
             sub.suspended = True
             sub.stalled_until = None
@@ -620,7 +812,7 @@ class _Run:
                 self.spec.readdress_delay_seconds, lambda: self._move(sub)
             )
         elif action.step == STEP_RECLAIM:
-            self._end(sub, STATE_RECLAIMED, f"airlock_reclaimed: {action.reason}", now)
+            self._end_run(sub, END_RECLAIMED, f"airlock_reclaimed: {action.reason}", now)
             gpu.subs = [s for s in gpu.subs if not s.done]
 
     def _release(self, sub: _Sub, index: int) -> None:
@@ -648,24 +840,21 @@ class _Run:
         if sub.done:
             self._schedule(old)
             return
-        lost = sub.work_since_checkpoint(self.spec.checkpoint_seconds)
-        restart = sub.progress - lost
+        restart, lost = self._restart_point(sub)
         need = sub._curve_at(restart)
         limit = self.config.target_ratio * self.total
         best: _Gpu | None = None
         best_free = -1.0
         for cand in self.gpus:
-            if cand is old:
+            if cand is old or not self._may_take(cand):
                 continue
-            if self.is_ladder and self.tracker.level(cand.name) != Level.NORMAL:
-                continue
-            used = sum(s.demand() for s in cand.subs)
-            if used + need <= limit and self.total - used > best_free:
-                best, best_free = cand, self.total - used
+            held = self._held_bytes(cand)
+            if held + need <= limit and self.total - held > best_free:
+                best, best_free = cand, self.total - held
         if best is None:
-            self._end(
+            self._end_run(
                 sub,
-                STATE_REQUEUED,
+                END_REQUEUED,
                 f"readdressed: no GPU could take {need / GIB:.1f} GiB at or below "
                 f"{100 * self.config.target_ratio:.0f}%; re-queued",
                 now,
@@ -674,24 +863,15 @@ class _Run:
             self._schedule(old)
             return
         # The copy restarts from its checkpoint on ``best``; this one ends.
-        since = self.episodes.suspended_since.get(sub.plan.subjob_id)
-        if since is not None:
-            sub.suspended_total += now - since
-        self.episodes.forget(sub.plan.subjob_id)  # the new copy starts afresh
+        self._leave_gpu(sub, now)  # the new copy starts afresh
         old.subs = [s for s in old.subs if s is not sub]
         self._schedule(old)
-        self._advance(best, now)
         sub.lost_before += lost * sub.share
         sub.progress = restart
-        sub.suspended = False
         sub.readdress_count += 1
-        sub.released_bytes = 0
-        sub.gpu = best.index
-        best.subs.append(sub)
-        best.subs.sort(key=lambda s: s.plan.subjob_id)
+        sub.ends[END_MOVED] += 1
         self.moved += 1
-        self._fail_restore(best, sub, now, "moved copy")
-        self._schedule(best)
+        self._place(sub, best, now)
 
     # -- scheduling -----------------------------------------------------------------------
     def _poll_at_or_after(self, gpu: _Gpu, at: float) -> float:
@@ -751,15 +931,36 @@ class _Run:
         for gpu in self.gpus:
             self._schedule(gpu)
         started = time.perf_counter()
-        stats = self.engine.run()
+        stats = self.engine.run(until_seconds=self.horizon)
         wall = time.perf_counter() - started
-        for sub in self.subs.values():  # nothing should be left; say so if it is
-            if not sub.done:
-                self._end(
-                    sub, STATE_REQUEUED, "simulation ended with it still live", self.engine.now
-                )
+        now = self.engine.now
         for gpu in self.gpus:
-            self._advance(gpu, self.engine.now)
+            self._advance(gpu, now)
+        for sub in self.subs.values():
+            where = (
+                "completed"
+                if sub.finished is not None
+                else "queued"
+                if sub.queued_at is not None
+                else "suspended"
+                if sub.suspended
+                else "running"
+            )
+            if sub.finished is None and not sub.done:
+                self._leave_gpu(sub, now)  # closes its suspended time at the horizon
+            reason = f"{where} at {now:.0f}s"
+            if sub.last_reason:
+                reason += f"; last run ended: {sub.last_reason}"
+            self.outcomes[sub.plan.subjob_id] = SubjobOutcome(
+                sub.plan.subjob_id,
+                sub.plan.priority,
+                STATE_COMPLETED if sub.finished is not None else STATE_UNFINISHED,
+                reason,
+                sub.lost_before,
+                sub.suspended_total,
+                dict(sub.ends),
+                sub.finished,
+            )
         return PolicyResult(
             policy=self.policy,
             outcomes=dict(sorted(self.outcomes.items())),
@@ -772,6 +973,8 @@ class _Run:
             overcapacity_after_poll=self.overcapacity,
             max_used_ratio_after_poll=self.max_after,
             moved=self.moved,
+            critical_stopped_while_lower_ran=self.critical_stopped,
+            critical_suspended_while_lower_ran_seconds=self.critical_suspended_seconds,
         )
 
 
@@ -810,17 +1013,16 @@ def run_airlock_sim(
         "readdress_delay_seconds": spec.readdress_delay_seconds,
         "release_delay_seconds": spec.release_delay_seconds,
         "checkpoint_seconds": spec.checkpoint_seconds,
+        "requeue_delay_seconds": spec.requeue_delay_seconds,
+        "horizon_seconds": spec.horizon_seconds
+        or 2.0 * spec.window * (members[0].step_seconds if members else 0.0),
+        "stop_frees_share": spec.stop_frees_share,
         "subjobs": len(members),
         "subjobs_by_class": {c: classes.get(c, 0) for c in CLASS_NAMES},
         "restartable": sum(m.restartable for m in members),
-        "release_signal": sum(m.free_mode == "release_signal" for m in members),
+        "free_modes": {mode: sum(m.free_mode == mode for m in members) for mode in FREE_MODES},
         "ladder_config": {
-            "target_ratio": config.target_ratio,
-            "resume_ratio": config.resume_ratio,
-            "readdress_after_seconds": config.readdress_after_seconds,
-            "max_readdress": config.max_readdress,
-            "reclaim_after_seconds": config.reclaim_after_seconds,
-            "release_wait_seconds": config.release_wait_seconds,
+            **{k: v for k, v in dataclasses.asdict(config).items() if k != "dry_run"},
             "elevated_ratio": marks.elevated_ratio,
             "critical_ratio": marks.critical_ratio,
             "clear_ratio": marks.clear_ratio,
@@ -829,7 +1031,8 @@ def run_airlock_sim(
         "policies": {name: result.figures() for name, result in results.items()},
         "work_lost_definition": (
             "progress since the last checkpoint (restartable) or since start, times the GPU "
-            "share (1 / group size), of subjobs reclaimed, killed by CUDA OOM, re-queued or "
-            "moved; high priority = critical + production"
+            "share (1 / group size), of every run that was reclaimed, killed by CUDA OOM, "
+            "re-queued or moved (the subjob re-runs from there); high priority = critical + "
+            "production"
         ),
     }
