@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laminar_airlock.episodes import Episodes, Memory
-from laminar_airlock.levels import Level, LevelTracker, Marks
+from laminar_airlock.levels import TREND_WINDOW_SECONDS, Level, LevelTracker, Marks
 from laminar_airlock.policy import (
     FREE_MODES,
     PRIORITY_NAMES,
@@ -74,6 +74,7 @@ from laminar_airlock.policy import (
     SubjobView,
     decide,
     decide_oom_killer,
+    next_deadline,
 )
 from laminar_airlock.traces import MemoryCurve, choose_sharing_group
 from laminar_sim.engine import Engine, EventHandle
@@ -95,13 +96,12 @@ CLASS_MIX: tuple[tuple[int, float, tuple[int, ...]], ...] = (
 STATE_COMPLETED = "completed"
 STATE_UNFINISHED = "unfinished"
 TERMINAL_STATES = (STATE_COMPLETED, STATE_UNFINISHED)
-#: How one run (attempt) of a subjob can end other than by completing; the first three send it
-#: back to the zone queue, a move restarts it elsewhere at once.
+#: How one run (attempt) of a subjob can end other than by completing: a reclaim or a CUDA
+#: OOM sends it back to the zone queue, a move restarts it elsewhere at once.
 END_RECLAIMED = "reclaimed"
 END_OOM = "oom"
-END_REQUEUED = "requeued"
 END_MOVED = "moved"
-ATTEMPT_ENDS = (END_RECLAIMED, END_OOM, END_REQUEUED, END_MOVED)
+ATTEMPT_ENDS = (END_RECLAIMED, END_OOM, END_MOVED)
 ACTION_STEPS = (STEP_SUSPEND, STEP_RELEASE_MEMORY, STEP_RESUME, STEP_READDRESS, STEP_RECLAIM)
 _EPS = 1e-9
 #: Bytes within which a GPU counts as at a mark (crossing times are computed in floats).
@@ -334,6 +334,13 @@ class _Sub:
         self.ends: Counter[str] = Counter()
         self.last_reason = ""
 
+    def snapped(self, progress: float) -> float:
+        """``progress``, or the trace sample it is a rounding error away from (so that a ramp
+        that starts there is seen to start, not skipped for a whole sample)."""
+        step = self.plan.step_seconds
+        nearest = round(progress / step) * step
+        return nearest if abs(progress - nearest) < 1e-6 else progress
+
     # -- memory as a function of progress -------------------------------------------------
     def _curve_at(self, p: float) -> float:
         curve, step = self.plan.curve, self.plan.step_seconds
@@ -395,7 +402,20 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
 
 
 class _Gpu:
-    __slots__ = ("above_critical", "handle", "index", "last", "name", "phase", "subs")
+    __slots__ = (
+        "above_critical",
+        "handle",
+        "index",
+        "last",
+        "last_poll",
+        "name",
+        "phase",
+        "quiet_signature",
+        "quiet_until",
+        "segments",
+        "skipping",
+        "subs",
+    )  # fmt: skip
 
     def __init__(self, index: int, poll_seconds: float) -> None:
         self.index = index
@@ -406,6 +426,34 @@ class _Gpu:
         self.phase = ((index * 0.6180339887498949) % 1.0) * poll_seconds
         self.handle: EventHandle | None = None
         self.above_critical = 0.0
+        #: After a ladder poll that did nothing on flat memory: no poll can act before this
+        #: time (``LevelTracker.next_change``, ``policy.next_deadline``) while the GPU's
+        #: subjobs and their memory stay as :attr:`quiet_signature` says.
+        self.quiet_until: float | None = None
+        self.quiet_signature: tuple[tuple[str, bool, int], ...] = ()
+        #: Used memory since the last few changes, (from, bytes then, bytes per second), so
+        #: a poll after skipped ones can give the trend the samples they would have taken.
+        self.segments: list[tuple[float, float, float]] = []
+        self.last_poll: float | None = None
+        #: Its polls are being skipped (a poll every period would be due).
+        self.skipping = False
+
+    def note_segment(self, now: float, used: float, rate: float, keep_seconds: float) -> None:
+        segments = self.segments
+        while segments and segments[-1][0] >= now:
+            segments.pop()
+        segments.append((now, used, rate))
+        while len(segments) > 1 and segments[1][0] <= now - keep_seconds:
+            segments.pop(0)
+
+    def used_at(self, at: float) -> float:
+        """Used memory at ``at`` (within the kept segments)."""
+        start, used, rate = self.segments[0]
+        for segment in self.segments:
+            if segment[0] > at:
+                break
+            start, used, rate = segment
+        return used + rate * (at - start)
 
 
 @dataclass
@@ -423,6 +471,8 @@ class PolicyResult:
     overcapacity_after_poll: int
     max_used_ratio_after_poll: float
     moved: int
+    #: Times the router found no GPU for a readdressed subjob and tried again later.
+    move_retries: int = 0
     #: Stops (suspend, reclaim, move, CUDA OOM) of a critical subjob while a lower class ran
     #: on its GPU.
     critical_stopped_while_lower_ran: int = 0
@@ -475,6 +525,7 @@ class PolicyResult:
             "suspended_seconds_by_class": {c: round(v, 1) for c, v in suspended.items()},
             "actions_by_step": {s: self.actions.get(s, 0) for s in ACTION_STEPS},
             "moved": self.moved,
+            "move_retries_no_room": self.move_retries,
             "above_critical_gpu_seconds": round(self.above_critical_gpu_seconds, 1),
             "overcapacity_after_poll": self.overcapacity_after_poll,
             "max_used_ratio_after_poll": round(self.max_used_ratio_after_poll, 4),
@@ -509,6 +560,8 @@ class _Run:
         total = spec.gpu_total_bytes
         self.total = total
         self.elevated_bytes = marks.elevated_ratio * total
+        #: Polls start this long before the elevated mark: the trend looks back as far.
+        self.trend_lead = TREND_WINDOW_SECONDS
         self.critical_bytes = marks.critical_ratio * total
         self.engine = Engine(spec.seed)
         self.progress = progress
@@ -526,6 +579,7 @@ class _Run:
         self.overcapacity = 0
         self.max_after = 0.0
         self.moved = 0
+        self.move_retries = 0
         self.completed = 0
         self.critical_stopped = 0
         self.critical_suspended_seconds = 0.0
@@ -605,10 +659,21 @@ class _Run:
                 self.spec.requeue_delay_seconds, self._router_tick
             )
 
-    def _held_bytes(self, gpu: _Gpu) -> float:
-        """What the router counts as taken on ``gpu``: the memory of its running subjobs and
-        what its suspended ones take back on resume (as of each subjob's last update)."""
-        return sum(s.restore_bytes() if s.suspended else s.demand() for s in gpu.subs)
+    def _held_bytes(self, gpu: _Gpu, now: float) -> float:
+        """What the router counts as taken on ``gpu`` at ``now``: the memory of its running
+        subjobs and what its suspended ones take back on resume. (Computed, not advanced: the
+        GPU's state does not change between its wakes, whichever polls were skipped.)"""
+        dt = now - gpu.last
+        held = 0.0
+        for s in gpu.subs:
+            if s.suspended:
+                held += s.restore_bytes()
+            elif s.is_running() and dt > 0:
+                p = min(s.progress + dt, s.plan.run_seconds)
+                held += max(0.0, s._curve_at(p) - s.released_bytes)
+            else:
+                held += s.demand()
+        return held
 
     def _may_take(self, gpu: _Gpu) -> bool:
         return not self.is_ladder or self.tracker.level(gpu.name) == Level.NORMAL
@@ -630,7 +695,9 @@ class _Run:
         if due:
             limit = self.config.target_ratio * self.total
             room = [
-                (-(limit - self._held_bytes(g)), g.index) for g in self.gpus if self._may_take(g)
+                (-(limit - self._held_bytes(g, now)), g.index)
+                for g in self.gpus
+                if self._may_take(g)
             ]
             heapq.heapify(room)
             placed: set[str] = set()
@@ -674,7 +741,7 @@ class _Run:
                 self.critical_suspended_seconds += dt
             for sub in gpu.subs:
                 if sub.is_running():
-                    sub.progress += dt
+                    sub.progress = sub.snapped(sub.progress + dt)
         gpu.last = now
         for sub in gpu.subs:
             if sub.is_running() and sub.progress >= sub.plan.run_seconds - 1e-6:
@@ -688,6 +755,9 @@ class _Run:
     # -- one GPU wake-up ------------------------------------------------------------------
     def wake(self, gpu: _Gpu, is_poll: bool) -> None:
         now = self.engine.now
+        if gpu.skipping and not is_poll:
+            # A poll every period would run at this wake if it falls on the poll grid.
+            is_poll = abs(self._poll_at_or_after(gpu, now) - now) <= 1e-9
         self._advance(gpu, now)
         self._resolve_stalls(gpu, now)
         self._stall_if_full(gpu, now)
@@ -758,9 +828,28 @@ class _Run:
             release_requested_since=memory.release_requested_since,
         )
 
+    def _catch_up(self, gpu: _Gpu, now: float) -> None:
+        """Feed the tracker the samples of the polls skipped within the trend window, as the
+        agent, which polls every period, would have had them (skipped polls decide nothing,
+        so only the trend needs them)."""
+        period = self.spec.poll_seconds
+        last = gpu.last_poll
+        if not gpu.segments or (last is not None and now - last < 1.5 * period):
+            return
+        start = now - self.trend_lead - period
+        if last is not None:
+            start = max(start, last + 0.5 * period)
+        at = self._poll_at_or_after(gpu, start)
+        while at < now - 0.5 * period:
+            self.tracker.update(gpu.name, int(gpu.used_at(at)), self.total, at)
+            at += period
+
     def _poll(self, gpu: _Gpu, now: float) -> None:
         self.polls += 1
         used = int(self._used(gpu))
+        if self.is_ladder:
+            self._catch_up(gpu, now)
+            gpu.last_poll = now
         level = (
             self.tracker.update(gpu.name, used, self.total, now) if self.is_ladder else Level.NORMAL
         )
@@ -774,12 +863,31 @@ class _Run:
                 views.append(self._view(s, now, memory))
             snap = Snapshot(
                 now=now,
-                slices=(SliceSignal(gpu.name, used, self.total, level),),
+                slices=(
+                    SliceSignal(
+                        gpu.name,
+                        used,
+                        self.total,
+                        level,
+                        seconds_to_critical=self.tracker.seconds_to_critical(gpu.name)
+                        if self.is_ladder
+                        else None,
+                    ),
+                ),
                 subjobs=tuple(views),
             )
             actions = decide(snap, self.config) if self.is_ladder else decide_oom_killer(snap)
             for action in actions:
                 self._apply(gpu, action, now)
+            gpu.quiet_until = None
+            if self.is_ladder and not actions and self._is_flat(gpu):
+                times = [
+                    t
+                    for t in (self.tracker.next_change(gpu.name), next_deadline(snap, self.config))
+                    if t is not None
+                ]
+                gpu.quiet_until = min(times) if times else math.inf
+                gpu.quiet_signature = self._signature(gpu)
         after = self._used(gpu)
         self.max_after = max(self.max_after, after / self.total)
         if after > self.total + 1:
@@ -848,18 +956,16 @@ class _Run:
         for cand in self.gpus:
             if cand is old or not self._may_take(cand):
                 continue
-            held = self._held_bytes(cand)
+            held = self._held_bytes(cand, now)
             if held + need <= limit and self.total - held > best_free:
                 best, best_free = cand, self.total - held
         if best is None:
-            self._end_run(
-                sub,
-                END_REQUEUED,
-                f"readdressed: no GPU could take {need / GIB:.1f} GiB at or below "
-                f"{100 * self.config.target_ratio:.0f}%; re-queued",
-                now,
+            # No GPU has room now: the agent names it again in its next heartbeat, and the
+            # router tries again; the ladder reclaims it at its deadline.
+            self.move_retries += 1
+            sub.move = self.engine.schedule(
+                self.spec.readdress_delay_seconds, lambda: self._move(sub)
             )
-            old.subs = [s for s in old.subs if not s.done]
             self._schedule(old)
             return
         # The copy restarts from its checkpoint on ``best``; this one ends.
@@ -884,13 +990,22 @@ class _Run:
         k = math.floor((now - gpu.phase) / period + 1e-7) + 1
         return gpu.phase + max(0, k) * period
 
-    def _is_active(self, gpu: _Gpu, used: float) -> bool:
+    @staticmethod
+    def _is_flat(gpu: _Gpu) -> bool:
+        """No subjob's memory moves: none ramps, none stalls."""
+        return all(s.rate() == 0 and s.stalled_until is None for s in gpu.subs)
+
+    @staticmethod
+    def _signature(gpu: _Gpu) -> tuple[tuple[str, bool, int], ...]:
+        return tuple((s.plan.subjob_id, s.suspended, int(s.demand())) for s in gpu.subs)
+
+    def _is_active(self, gpu: _Gpu, used: float, rate: float) -> bool:
         if any(s.stalled_until is not None for s in gpu.subs):
             return True
         if not self.is_ladder:
             return False
         return (
-            used >= self.elevated_bytes - _SLACK
+            used + max(0.0, rate) * self.trend_lead >= self.elevated_bytes - _SLACK
             or self.tracker.level(gpu.name) != Level.NORMAL
             or any(s.suspended or s.plan.subjob_id in self.episodes.release_sent for s in gpu.subs)
         )
@@ -899,11 +1014,13 @@ class _Run:
         if gpu.handle is not None:
             self.engine.cancel(gpu.handle)
             gpu.handle = None
-        if not gpu.subs:
-            return
         now = self.engine.now
         used = self._used(gpu)
         rate = sum(s.rate() for s in gpu.subs)
+        if self.is_ladder:
+            gpu.note_segment(now, used, rate, self.trend_lead + 2 * self.spec.poll_seconds)
+        if not gpu.subs:
+            return
         times: list[float] = []
         for sub in gpu.subs:
             if sub.is_running():
@@ -915,10 +1032,25 @@ class _Run:
                 if used < mark - _SLACK:
                     times.append(now + (mark - used) / rate)
         poll_at: float | None = None
-        if self._is_active(gpu, used):
+        gpu.skipping = False
+        if self._is_active(gpu, used, rate):
             poll_at = self._poll_after(gpu, now)
+            quiet = gpu.quiet_until
+            if (
+                quiet is not None
+                and self._is_flat(gpu)
+                and gpu.quiet_signature == self._signature(gpu)
+            ):
+                # Nothing a poll sees changes before ``quiet``: look again then.
+                poll_at = (
+                    None if math.isinf(quiet) else max(poll_at, self._poll_at_or_after(gpu, quiet))
+                )
+                gpu.skipping = True
         elif self.is_ladder and rate > 0:
-            poll_at = self._poll_at_or_after(gpu, now + (self.elevated_bytes - used) / rate)
+            # From one trend window before the elevated mark, so that the trend is known there.
+            poll_at = self._poll_at_or_after(
+                gpu, now + (self.elevated_bytes - used) / rate - self.trend_lead
+            )
         if poll_at is not None:
             times.append(poll_at)
         if not times:
@@ -973,6 +1105,7 @@ class _Run:
             overcapacity_after_poll=self.overcapacity,
             max_used_ratio_after_poll=self.max_after,
             moved=self.moved,
+            move_retries=self.move_retries,
             critical_stopped_while_lower_ran=self.critical_stopped,
             critical_suspended_while_lower_ran_seconds=self.critical_suspended_seconds,
         )

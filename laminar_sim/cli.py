@@ -806,7 +806,10 @@ def render_airlock(report: dict[str, Any], console: Console) -> None:
         "actions susp/rel/res/readdr/recl",
         lambda f: "/".join(str(v) for v in f["actions_by_step"].values()),
     )
-    row("moved / requeued", lambda f: f"{f['moved']} / {f['run_ends']['requeued']}")
+    row(
+        "moved / router found no room",
+        lambda f: f"{f['moved']} / {f['move_retries_no_room']}",
+    )
     row(
         "critical stopped while lower ran",
         lambda f: (

@@ -11,6 +11,7 @@ from test_sim_cli import run_cli
 
 from laminar_airlock.traces import MemoryCurve
 from laminar_base.errors import InvalidArgument
+from laminar_sim import airlock_sim
 from laminar_sim.airlock_sim import (
     ACTION_STEPS,
     GIB,
@@ -122,7 +123,7 @@ def test_without_a_grace_the_allocator_dies_of_cuda_oom() -> None:
 
 @pytest.mark.parametrize("policy", ["ladder", "oom-killer"])
 def test_every_subjob_ends_with_a_reason_and_no_gpu_is_over_capacity(policy: str) -> None:
-    spec = small_spec(gpus=12, release_share=0.5, window=30, seed=5)
+    spec = small_spec(gpus=12, release_share=0.5, window=30, seed=5, members=4)
     plans = build_workload(synthetic_curves(samples=40), spec)
     result = run_policy(spec, plans, policy)
     if policy == "ladder":  # the scenario exercises every step of the ladder
@@ -188,6 +189,29 @@ def test_stop_frees_share_sets_free_mode_none() -> None:
     # The share changes the free modes only, not the curves, classes or restartability.
     strip = [[(m.curve, m.priority, m.restartable) for m in p.members] for p in none]
     assert strip == [[(m.curve, m.priority, m.restartable) for m in p.members] for p in every]
+
+
+def test_skipped_polls_change_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ladder's run skips polls on GPUs whose memory is flat until the tracker or the policy
+    can change its answer; with every poll run, the actions and outcomes are the same."""
+    spec = small_spec(gpus=12, release_share=0.5, window=30, seed=5, members=4)
+    plans = build_workload(synthetic_curves(samples=40), spec)
+    logs: list[list[tuple[float, str, str]]] = []
+    apply = airlock_sim._Run._apply
+
+    def logged(run: Any, gpu: Any, action: Any, now: float) -> None:
+        logs[-1].append((round(now, 6), action.step, action.subjob_id))
+        apply(run, gpu, action, now)
+
+    monkeypatch.setattr(airlock_sim._Run, "_apply", logged)
+    logs.append([])
+    skipping = run_policy(spec, plans, "ladder")
+    monkeypatch.setattr(airlock_sim._Run, "_is_flat", staticmethod(lambda gpu: False))
+    logs.append([])
+    every = run_policy(spec, plans, "ladder")
+    assert logs[0] == logs[1] and len(logs[0]) > 10
+    assert skipping.outcomes == every.outcomes
+    assert skipping.polls < every.polls
 
 
 def write_genai_csv(folder: Path) -> Path:
