@@ -21,8 +21,21 @@ Choices made here (documented because the ladder depends on them):
   is not asked again; if it is still picked after that, it is reclaimed, and the
   reason says it did not release. The caller ends the episode (clears the field)
   once the subjob's slices are back to normal.
+* When to act: a CRITICAL slice is relieved always; an ELEVATED one only where its trend
+  reaches the critical mark within ``predict_seconds`` (``SliceSignal.seconds_to_critical``,
+  a first-order Taylor projection kept by ``LevelTracker``). Where the trend is flat, falling,
+  slow or unknown nothing is suspended: a victim would wait below the resume mark for
+  nothing (on the GenAI curves, most elevated plateaus never reach the critical mark).
+* Victim order for GPU relief (``relief_key``): lowest class first; within a class, victims
+  whose relief loses no work (a suspend that frees memory, a first release request) before
+  reclaims; then transient before long before resident, least work a reclaim loses, most
+  over its declaration, least work since checkpoint.
 * Critical-class subjobs (priority 1) are victims only when no running subjob of a
-  lower class (priority > 1) is on that slice.
+  lower class (priority > 1) is on that slice, and no lower-class subjob is resumed on a
+  slice where a suspended critical one stays suspended.
+* How long a suspended subjob waits: waiting loses no work, a move or a reclaim loses its
+  work since checkpoint, so both are pushed back until it has waited at least that long
+  (times ``loss_wait_ratio``; ``suspension_waits``), the ski-rental rule.
 * Victims are taken as a prefix of the victim order, stopping as soon as the
   projected usage is <= ``target_ratio * total``; if even all of them do not
   suffice, all are taken and the reason says the slice stays above target.

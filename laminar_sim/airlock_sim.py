@@ -10,10 +10,15 @@ crosses the critical mark. The same GPUs, curves and classes run twice, once per
 * ``oom-killer``: :func:`laminar_airlock.policy.decide_oom_killer`.
 
 Each GPU is polled every ``poll_seconds`` of simulated time, like the agent's tick. A poll
-that provably cannot act is skipped: for the ladder, a GPU at NORMAL with nothing suspended,
-stalled or asked to release and memory below the elevated mark until its next change (the
-tracker and ``decide`` are both no-ops there); for the OOM killer, a GPU that is not full.
-Skipped polls are not events; the report counts the polls that ran.
+that provably cannot act is skipped, and the run is the same as with every poll (a test
+checks it): for the ladder, a GPU below the elevated mark at NORMAL with nothing suspended,
+stalled or asked to release, until one trend window before its memory would reach the
+mark; and a GPU whose memory is flat after a poll that did nothing, until
+``LevelTracker.next_change`` (a hold or the trend window running out) or
+``policy.next_deadline`` (a wait running out), whichever is first, or until its memory or
+subjobs change. The trend then gets the samples of the skipped polls within its window
+(memory between changes is linear, so they are exact). For the OOM killer, a GPU that is
+not full is never polled. Skipped polls are not events; the report counts the polls that ran.
 
 How the world is modelled (choices, stated because the figures depend on them):
 
@@ -24,9 +29,13 @@ How the world is modelled (choices, stated because the figures depend on them):
 * **CUDA OOM**: when the summed memory reaches the GPU's capacity, the subjobs still
   allocating *stall* (the caching allocator frees its cache and retries) for
   ``oom_grace_seconds``; if no room has been made by then, each staller dies of CUDA OOM
-  (the process that allocated last). A restore (resume or a moved copy) that does not fit
-  fails at once the same way. So used memory never exceeds capacity: the excess is what
-  kills. With a grace of 0 the OOM killer never sees a full GPU.
+  (the process that allocated last). A restore (resume, moved copy or re-run) that does not
+  fit fails at once the same way. So used memory never exceeds capacity: the excess is
+  what kills. With a grace of 0 the OOM killer never sees a full GPU.
+* **Free modes** are drawn per subjob: ``release_share`` answer the release signal; of the
+  others, ``stop_frees_share`` (default 1: the sim's GPUs are whole GPUs, where the agent
+  uses cuda-checkpoint when it finds the tool) are suspended with cuda-checkpoint, the rest
+  have free mode ``none`` (a stop frees nothing; the ladder reclaims them when it picks them).
 * **suspend** frees all the subjob's GPU memory (cuda-checkpoint) and pauses its
   progress; **resume** allocates it again at once. **release_memory** (only subjobs with
   ``free_mode="release_signal"``) frees ``release_ratio`` of its memory after
@@ -34,19 +43,25 @@ How the world is modelled (choices, stated because the figures depend on them):
   run (it may be asked again in a later episode, which starts when its GPU is NORMAL).
 * **readdress** (restartable subjobs only, as the policy decides): after
   ``readdress_delay_seconds`` (the router's probe path) the subjob restarts from its last
-  checkpoint on the GPU of the same cluster with the most free memory, if the copy leaves
-  that GPU at or below the ladder's ``target_ratio`` and its level is NORMAL; otherwise it
-  ends as *requeued* (it would wait in the zone queue; the simulation does not run it
-  again). Either way the work since its checkpoint is lost.
-* **reclaim** and **OOM** end the subjob. Work lost is its progress since its last
-  checkpoint (restartable subjobs checkpoint every ``checkpoint_seconds`` of progress) or
-  since its start (not restartable), times its GPU share (1 / group size). A killed
-  subjob is not run again.
-* No host-memory pressure, no new arrivals: each GPU runs its group once, to the end.
+  checkpoint on the GPU with the most room, if the copy leaves that GPU at or below the
+  ladder's ``target_ratio`` (counting what its suspended subjobs take back on resume) and
+  its level is NORMAL; otherwise the router tries again every ``readdress_delay_seconds``
+  (the agent names it in every heartbeat) until the ladder reclaims it. A move loses the
+  work since the checkpoint.
+* **reclaim** and **OOM** end the run, not the subjob: it goes back to the zone queue and,
+  after ``requeue_delay_seconds``, re-runs from its last checkpoint (restartable subjobs
+  checkpoint every ``checkpoint_seconds`` of progress) or from its start on the GPU with
+  the most room, under the same rule as a move (the router retries every
+  ``requeue_delay_seconds``, highest class first). Both policies re-run their victims
+  alike. Work lost is the progress a run threw away, times its GPU share (1 / group size).
+* The run stops at ``horizon_seconds`` (default twice the window); a subjob completed by
+  then counts as completed, whatever happened to its earlier runs.
+* No host-memory pressure, no new arrivals beyond the re-runs.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import math
@@ -478,6 +493,9 @@ class PolicyResult:
     critical_stopped_while_lower_ran: int = 0
     #: Seconds a critical subjob stayed suspended while a lower class ran on its GPU.
     critical_suspended_while_lower_ran_seconds: float = 0.0
+    #: Simulated times at which the report also gives the share of subjobs completed (one
+    #: window, the longest undisturbed run, and 1.25 and 1.5 windows).
+    completion_marks_seconds: tuple[float, ...] = ()
 
     def figures(self) -> dict[str, Any]:
         killed: dict[str, dict[str, int]] = {c: {"reclaimed": 0, "oom": 0} for c in CLASS_NAMES}
@@ -507,6 +525,12 @@ class PolicyResult:
             "completion_ratio": round(states[STATE_COMPLETED] / total, 4) if total else None,
             "completion_ratio_by_class": {
                 c: round(done / n, 4) if n else None for c, (done, n) in completed.items()
+            },
+            "completion_ratio_by_time": {
+                f"{mark:.0f}s": round(bisect.bisect_right(finish_times, mark) / total, 4)
+                if total
+                else None
+                for mark in self.completion_marks_seconds
             },
             "completed_at_p50_seconds": _quantile(finish_times, 0.5),
             "completed_at_p99_seconds": _quantile(finish_times, 0.99),
@@ -588,7 +612,8 @@ class _Run:
         self.router_handle: EventHandle | None = None
         self.tick_every = max(1, len(self.subs) // 200)
         steps = [m.step_seconds for plan in plans for m in plan.members]
-        self.horizon = spec.horizon_seconds or 2.0 * spec.window * (steps[0] if steps else 0.0)
+        self.window_seconds = spec.window * (steps[0] if steps else 0.0)
+        self.horizon = spec.horizon_seconds or 2.0 * self.window_seconds
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _leave_gpu(self, sub: _Sub, now: float) -> None:
@@ -1108,6 +1133,7 @@ class _Run:
             move_retries=self.move_retries,
             critical_stopped_while_lower_ran=self.critical_stopped,
             critical_suspended_while_lower_ran_seconds=self.critical_suspended_seconds,
+            completion_marks_seconds=tuple(self.window_seconds * k for k in (1.0, 1.25, 1.5)),
         )
 
 

@@ -766,6 +766,11 @@ def render_airlock(report: dict[str, Any], console: Console) -> None:
         table.add_row(label, *(cell(f) for f in policies.values()))
 
     row("completion ratio", lambda f: f"{f['completion_ratio']:.4f}")
+    for mark in next(iter(policies.values()))["completion_ratio_by_time"]:
+        row(
+            f"  completed by {mark}",
+            lambda f, m=mark: f"{f['completion_ratio_by_time'][m]:.4f}",
+        )
     row(
         "completed at p50 / p99 (s)",
         lambda f: (

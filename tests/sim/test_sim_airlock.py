@@ -177,7 +177,14 @@ def test_horizon_leaves_work_unfinished() -> None:
     spec = small_spec(gpus=2, horizon_seconds=5 * STEP)
     result = run_policy(spec, crowded_gpus(2), "oom-killer")
     assert {o.state for o in result.outcomes.values()} == {"unfinished"}
-    assert result.figures()["completion_ratio"] == 0.0
+    figures = result.figures()
+    assert figures["completion_ratio"] == 0.0
+    # Completion by one window (the longest undisturbed run) and by 1.25 and 1.5 windows.
+    assert list(figures["completion_ratio_by_time"]) == ["120s", "150s", "180s"]
+    assert set(figures["completion_ratio_by_time"].values()) == {0.0}
+    whole = run_policy(small_spec(gpus=2), crowded_gpus(2), "ladder").figures()
+    by_time = list(whole["completion_ratio_by_time"].values())
+    assert by_time == sorted(by_time) and by_time[-1] <= whole["completion_ratio"] == 1.0
 
 
 def test_stop_frees_share_sets_free_mode_none() -> None:
