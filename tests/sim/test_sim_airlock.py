@@ -184,7 +184,7 @@ def test_horizon_leaves_work_unfinished() -> None:
     assert set(figures["completion_ratio_by_time"].values()) == {0.0}
     whole = run_policy(small_spec(gpus=2), crowded_gpus(2), "ladder").figures()
     by_time = list(whole["completion_ratio_by_time"].values())
-    assert by_time == sorted(by_time) and by_time[-1] <= whole["completion_ratio"] == 1.0
+    assert by_time == sorted(by_time) and 0 < by_time[-1] <= whole["completion_ratio"]
 
 
 def test_stop_frees_share_sets_free_mode_none() -> None:
