@@ -25,7 +25,9 @@ Choices made here (documented because the ladder depends on them):
   reaches the critical mark within ``predict_seconds`` (``SliceSignal.seconds_to_critical``,
   a first-order Taylor projection kept by ``LevelTracker``). Where the trend is flat, falling,
   slow or unknown nothing is suspended: a victim would wait below the resume mark for
-  nothing (on the GenAI curves, most elevated plateaus never reach the critical mark).
+  nothing (on the GenAI curves, most elevated plateaus never reach the critical mark). On a
+  prediction alone only relief that loses no work is taken (suspend, a first release
+  request); a reclaim waits for the critical mark itself.
 * Victim order for GPU relief (``relief_key``): lowest class first; within a class, victims
   whose relief loses no work (a suspend that frees memory, a first release request) before
   reclaims; then transient before long before resident, least work a reclaim loses, most
@@ -325,7 +327,12 @@ def _relieve(
         if projected[sig.slice_id] <= limit:
             continue
         candidates = [
-            s for s in eligible_victims(sig.slice_id, snapshot.subjobs) if s.subjob_id not in chosen
+            s
+            for s in eligible_victims(sig.slice_id, snapshot.subjobs)
+            if s.subjob_id not in chosen
+            # On a prediction alone, only relief that loses no work; a reclaim waits for the
+            # critical mark itself (the prediction may not come true, the lost work would).
+            and (sig.level == Level.CRITICAL or relief_step(s) != STEP_RECLAIM)
         ]
         # Decide first how many are needed, so every reason can say whether they suffice.
         after = projected[sig.slice_id]

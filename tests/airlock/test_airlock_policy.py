@@ -24,6 +24,7 @@ from laminar_airlock.policy import (
     next_deadline,
     plan_room,
     predicts_critical,
+    relief_step,
 )
 
 TOTAL = 80 * GIB
@@ -120,9 +121,11 @@ def test_release_memory_not_honoured_is_reclaimed_after_the_wait() -> None:
         sj("a", free_mode="release_signal"),
         release_requested_since=1000.0 - CFG.release_wait_seconds - 0.5,
     )
-    actions = decide(snap(70 * GIB, Level.ELEVATED, asked), CFG)
+    actions = decide(snap(70 * GIB, Level.CRITICAL, asked), CFG)
     assert [(a.step, a.subjob_id) for a in actions] == [("reclaim", "a")]
     assert "asked to release memory 2.5s ago and still holds 10.0 GiB" in actions[0].reason
+    # On a prediction alone (ELEVATED), a reclaim waits for the critical mark itself.
+    assert decide(snap(70 * GIB, Level.ELEVATED, asked, to_critical=0.5), CFG) == []
 
 
 def test_pending_release_does_not_cover_a_deeper_shortfall() -> None:
@@ -145,9 +148,21 @@ def test_oom_killer_baseline_waits_for_full_then_kills_the_largest_any_class() -
 
 
 def test_free_mode_none_is_reclaimed_not_suspended() -> None:
-    actions = decide(snap(70 * GIB, Level.ELEVATED, sj("a", free_mode="none")), CFG)
+    actions = decide(snap(70 * GIB, Level.CRITICAL, sj("a", free_mode="none")), CFG)
     assert [a.step for a in actions] == ["reclaim"]
     assert "frees nothing" in actions[0].reason
+
+
+def test_on_a_prediction_alone_only_relief_that_loses_no_work() -> None:
+    """At the elevated mark with critical predicted, a stop that frees memory is taken, a
+    reclaim is not: the prediction may not come true, the lost work would be real."""
+    lossy = sj("lossy", priority=4, free_mode="none")
+    free = sj("free", priority=3, free_mode="checkpoint")
+    predicted = snap(75 * GIB, Level.ELEVATED, lossy, free, to_critical=0.5)
+    assert [(a.step, a.subjob_id) for a in decide(predicted, CFG)] == [("suspend", "free")]
+    assert decide(snap(75 * GIB, Level.ELEVATED, lossy, to_critical=0.5), CFG) == []
+    actions = decide(snap(77 * GIB, Level.CRITICAL, lossy, free), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("reclaim", "lossy"), ("suspend", "free")]
 
 
 def test_normal_slice_gets_no_relief() -> None:
@@ -451,6 +466,8 @@ def test_property_relief_reaches_target_when_possible(s: Snapshot) -> None:
         assert not [a for a in decide(s, CFG) if a.subjob_id in running and a.step != "resume"]
         return
     eligible = eligible_victims("gpu0", s.subjobs)
+    if sig.level != Level.CRITICAL:  # on a prediction alone, no reclaims
+        eligible = [v for v in eligible if relief_step(v) != "reclaim"]
     limit = CFG.target_ratio * sig.total_bytes
     if sig.used_bytes - sum(freed_per_slice(v) for v in eligible) > limit:
         return
