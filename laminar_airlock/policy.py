@@ -27,7 +27,8 @@ Choices made here (documented because the ladder depends on them):
   slow or unknown nothing is suspended: a victim would wait below the resume mark for
   nothing (on the GenAI curves, most elevated plateaus never reach the critical mark). On a
   prediction alone only relief that loses no work is taken (suspend, a first release
-  request); a reclaim waits for the critical mark itself.
+  request), and only up to the first victim in order whose relief would lose work (no
+  higher class is stopped to spare a lower one); a reclaim waits for the critical mark.
 * Victim order for GPU relief (``relief_key``): lowest class first; within a class, victims
   whose relief loses no work (a suspend that frees memory, a first release request) before
   reclaims; then transient before long before resident, least work a reclaim loses, most
@@ -63,6 +64,7 @@ Choices made here (documented because the ladder depends on them):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -142,7 +144,10 @@ class Snapshot:
 @dataclass(frozen=True)
 class PolicyConfig:
     target_ratio: float = 0.80
-    resume_ratio: float = 0.75
+    #: Resume where the slice stays at or below this after it: just under the default
+    #: elevated mark (0.85), so that a resume never itself calls for relief. (0.75 kept
+    #: victims suspended for minutes on the GenAI curves, for no relief.)
+    resume_ratio: float = 0.84
     readdress_after_seconds: float = 30.0
     max_readdress: int = 2
     reclaim_after_seconds: float = 120.0
@@ -155,8 +160,8 @@ class PolicyConfig:
     predict_seconds: float = 2.0
     #: A suspended subjob is moved or reclaimed only once it has waited this many times the
     #: work a restart would lose (its work since checkpoint): waiting loses no work, a restart
-    #: does, so it waits as long as the restart would cost (the ski-rental rule).
-    loss_wait_ratio: float = 1.0
+    #: does (the ski-rental rule; 2 was best on the GenAI curves of 0.25, 0.5, 1, 2 and 3).
+    loss_wait_ratio: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_ratio <= 1.0:
@@ -327,13 +332,16 @@ def _relieve(
         if projected[sig.slice_id] <= limit:
             continue
         candidates = [
-            s
-            for s in eligible_victims(sig.slice_id, snapshot.subjobs)
-            if s.subjob_id not in chosen
-            # On a prediction alone, only relief that loses no work; a reclaim waits for the
-            # critical mark itself (the prediction may not come true, the lost work would).
-            and (sig.level == Level.CRITICAL or relief_step(s) != STEP_RECLAIM)
+            s for s in eligible_victims(sig.slice_id, snapshot.subjobs) if s.subjob_id not in chosen
         ]
+        if sig.level != Level.CRITICAL:
+            # On a prediction alone, only relief that loses no work, and never past a victim
+            # whose relief would (a higher class is not stopped to spare a lower one): a
+            # reclaim waits for the critical mark itself, as the prediction may not come true.
+            lossless = list(
+                itertools.takewhile(lambda s: relief_step(s) != STEP_RECLAIM, candidates)
+            )
+            candidates = lossless
         # Decide first how many are needed, so every reason can say whether they suffice.
         after = projected[sig.slice_id]
         picked: list[SubjobView] = []
