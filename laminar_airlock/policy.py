@@ -160,7 +160,7 @@ class PolicyConfig:
     predict_seconds: float = 2.0
     #: A suspended subjob is moved or reclaimed only once it has waited this many times the
     #: work a restart would lose (its work since checkpoint): waiting loses no work, a restart
-    #: does (the ski-rental rule; 2 was best on the GenAI curves of 0.25, 0.5, 1, 2 and 3).
+    #: does (the ski-rental rule; tuned on the GenAI curves, docs/benchmarks.md).
     loss_wait_ratio: float = 2.0
 
     def __post_init__(self) -> None:
