@@ -844,7 +844,10 @@ def save_airlock_plot(report: dict[str, Any], path: Path) -> None:
         ]
         lost_ax.bar(xs, lost, width, label=name)
         killed_ax.bar(xs, killed, width, label=name)
-    for ax, ylabel in ((lost_ax, "work lost (GPU-hours)"), (killed_ax, "subjobs killed")):
+    for ax, ylabel in (
+        (lost_ax, "work lost (GPU-hours)"),
+        (killed_ax, "runs killed (reclaimed + CUDA OOM)"),
+    ):
         ax.set_xticks([i + width * (len(policies) - 1) / 2 for i in range(len(classes))])
         ax.set_xticklabels(classes)
         ax.set_ylabel(ylabel)
