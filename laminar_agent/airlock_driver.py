@@ -44,7 +44,7 @@ from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
 from laminar_agent.ledger import SliceKind
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.node import Node
-from laminar_airlock.episodes import Episodes
+from laminar_airlock.episodes import Episodes, Memory
 from laminar_airlock.levels import Level, LevelTracker
 from laminar_airlock.policy import (
     HOST_SLICE_ID,
@@ -240,9 +240,7 @@ class AirlockDriver:
                     declared_bytes=static.declared_bytes,
                     observed_bytes=observed,
                     started_at=static.started_unix,
-                    work_since_checkpoint_seconds=max(0.0, time.time() - static.started_unix)
-                    if static.started_unix
-                    else 0.0,
+                    work_since_checkpoint_seconds=self._work_seconds(static, memory, now),
                     suspended=suspended,
                     suspended_since=memory.suspended_since,
                     readdress_count=static.readdress_count,
@@ -262,7 +260,15 @@ class AirlockDriver:
             if uuid not in device_ids and used <= 0:
                 continue
             name = self.node.slice_name(uuid)
-            slices.append(SliceSignal(name, used, total, self.levels.level(uuid)))
+            slices.append(
+                SliceSignal(
+                    name,
+                    used,
+                    total,
+                    self.levels.level(uuid),
+                    seconds_to_critical=self.levels.seconds_to_critical(uuid),
+                )
+            )
         return Snapshot(
             now=now,
             slices=tuple(slices),
@@ -271,6 +277,16 @@ class AirlockDriver:
             host_total_bytes=host.total_bytes if host is not None else 0,
             host_level=host_level,
         )
+
+    @staticmethod
+    def _work_seconds(static: _StaticView, memory: Memory, now: float) -> float:
+        """Work a restart would lose: its run time so far (the agent knows no checkpoint),
+        less the time of its current suspension (it does no work while stopped; waiting as
+        long as the work a restart loses is the policy's rule, so this must not grow then)."""
+        if not static.started_unix:
+            return 0.0
+        stopped = now - memory.suspended_since if memory.suspended_since is not None else 0.0
+        return max(0.0, time.time() - static.started_unix - max(0.0, stopped))
 
     def _static_of(self, subjob_id: str) -> _StaticView | None:
         """What never changes about a live subjob, read from the journal once, not every tick."""

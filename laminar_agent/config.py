@@ -221,8 +221,11 @@ class AirlockSettings:
         ),
     )
     resume_ratio: float = field(
-        default=0.75,
-        metadata=doc("a suspended subjob resumes only if its slice stays at or below this [ratio]"),
+        default=PolicyConfig.resume_ratio,
+        metadata=doc(
+            "a suspended subjob resumes only if its slice stays at or below this; keep it "
+            "below elevated_ratio [ratio]"
+        ),
     )
     dry_run: bool = field(
         default=False,

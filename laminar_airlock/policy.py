@@ -21,8 +21,24 @@ Choices made here (documented because the ladder depends on them):
   is not asked again; if it is still picked after that, it is reclaimed, and the
   reason says it did not release. The caller ends the episode (clears the field)
   once the subjob's slices are back to normal.
+* When to act: a CRITICAL slice is relieved always; an ELEVATED one only where its trend
+  reaches the critical mark within ``predict_seconds`` (``SliceSignal.seconds_to_critical``,
+  a first-order Taylor projection kept by ``LevelTracker``). Where the trend is flat, falling,
+  slow or unknown nothing is suspended: a victim would wait below the resume mark for
+  nothing (on the GenAI curves, most elevated plateaus never reach the critical mark). On a
+  prediction alone only relief that loses no work is taken (suspend, a first release
+  request), and only up to the first victim in order whose relief would lose work (no
+  higher class is stopped to spare a lower one); a reclaim waits for the critical mark.
+* Victim order for GPU relief (``relief_key``): lowest class first; within a class, victims
+  whose relief loses no work (a suspend that frees memory, a first release request) before
+  reclaims; then transient before long before resident, least work a reclaim loses, most
+  over its declaration, least work since checkpoint.
 * Critical-class subjobs (priority 1) are victims only when no running subjob of a
-  lower class (priority > 1) is on that slice.
+  lower class (priority > 1) is on that slice, and no lower-class subjob is resumed on a
+  slice where a suspended critical one stays suspended.
+* How long a suspended subjob waits: waiting loses no work, a move or a reclaim loses its
+  work since checkpoint, so both are pushed back until it has waited at least that long
+  (times ``loss_wait_ratio``; ``suspension_waits``), the ski-rental rule.
 * Victims are taken as a prefix of the victim order, stopping as soon as the
   projected usage is <= ``target_ratio * total``; if even all of them do not
   suffice, all are taken and the reason says the slice stays above target.
@@ -48,6 +64,7 @@ Choices made here (documented because the ladder depends on them):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -79,6 +96,11 @@ class SliceSignal:
     #: Compute capacity in milli-GPUs (1000 = one GPU); only ``plan_room`` on the ledger uses it.
     used_milli: int = 0
     total_milli: int = 0
+    #: When use reaches the critical mark on its recent trend (``LevelTracker.seconds_to_critical``,
+    #: a first-order Taylor projection): 0 at or above it, inf when flat or falling, None when
+    #: no trend is known. At ELEVATED the ladder acts only where this is within
+    #: ``PolicyConfig.predict_seconds``.
+    seconds_to_critical: float | None = None
 
 
 @dataclass(frozen=True)
@@ -122,7 +144,10 @@ class Snapshot:
 @dataclass(frozen=True)
 class PolicyConfig:
     target_ratio: float = 0.80
-    resume_ratio: float = 0.75
+    #: Resume where the slice stays at or below this after it: just under the default
+    #: elevated mark (0.85), so that a resume never itself calls for relief. (0.75 kept
+    #: victims suspended for minutes on the GenAI curves, for no relief.)
+    resume_ratio: float = 0.84
     readdress_after_seconds: float = 30.0
     max_readdress: int = 2
     reclaim_after_seconds: float = 120.0
@@ -130,6 +155,13 @@ class PolicyConfig:
     host_target_ratio: float = 0.85
     #: How long a subjob asked to release memory has to do so before it is reclaimed.
     release_wait_seconds: float = 2.0
+    #: At the elevated mark, relieve a slice only if its trend reaches the critical mark
+    #: within this many seconds (the time a poll and a suspend take, with margin).
+    predict_seconds: float = 2.0
+    #: A suspended subjob is moved or reclaimed only once it has waited this many times the
+    #: work a restart would lose (its work since checkpoint): waiting loses no work, a restart
+    #: does (the ski-rental rule; tuned on the GenAI curves, docs/benchmarks.md).
+    loss_wait_ratio: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_ratio <= 1.0:
@@ -148,6 +180,10 @@ class PolicyConfig:
             raise ValueError(f"max_readdress: must be >= 0, got {self.max_readdress}")
         if self.release_wait_seconds < 0:
             raise ValueError(f"release_wait_seconds: must be >= 0, got {self.release_wait_seconds}")
+        if self.predict_seconds < 0:
+            raise ValueError(f"predict_seconds: must be >= 0, got {self.predict_seconds}")
+        if self.loss_wait_ratio < 0:
+            raise ValueError(f"loss_wait_ratio: must be >= 0, got {self.loss_wait_ratio}")
         if not 0.0 < self.host_target_ratio <= 1.0:
             raise ValueError(f"host_target_ratio: must be in (0, 1], got {self.host_target_ratio}")
 
@@ -197,14 +233,49 @@ def victim_key(subjob: SubjobView) -> tuple[int, int, int, float, str]:
     )
 
 
+def relief_loss_seconds(subjob: SubjobView) -> float:
+    """Work (seconds) relief on ``subjob`` throws away: none where its stop frees memory or
+    it is asked to release, its work since checkpoint where it is reclaimed."""
+    return subjob.work_since_checkpoint_seconds if relief_step(subjob) == STEP_RECLAIM else 0.0
+
+
+def relief_key(subjob: SubjobView) -> tuple[int, bool, int, float, int, float, str]:
+    """Sort key of GPU relief: lowest class first; within a class, victims whose relief loses
+    no work (a suspend that frees memory, a first release request) before reclaims; then
+    transient before long before resident, least work a reclaim loses, most over its
+    declaration, least work since checkpoint (what a later move would lose), then id."""
+    loss = relief_loss_seconds(subjob)
+    return (
+        -subjob.priority,
+        relief_step(subjob) == STEP_RECLAIM,
+        -subjob.lifecycle,
+        loss,
+        -(subjob.observed_bytes - subjob.declared_bytes),
+        subjob.work_since_checkpoint_seconds,
+        subjob.subjob_id,
+    )
+
+
 def eligible_victims(slice_id: str, subjobs: Iterable[SubjobView]) -> list[SubjobView]:
-    """Running subjobs on ``slice_id`` that may be victims, in victim order."""
+    """Running subjobs on ``slice_id`` that may be victims, in relief order."""
     running = [s for s in subjobs if not s.suspended and slice_id in s.slice_ids]
     lower_class_runs = any(s.priority > 1 for s in running)
     eligible = [
         s for s in running if freed_per_slice(s) > 0 and not (s.priority == 1 and lower_class_runs)
     ]
-    return sorted(eligible, key=victim_key)
+    return sorted(eligible, key=relief_key)
+
+
+def predicts_critical(sig: SliceSignal, config: PolicyConfig) -> bool:
+    """Whether a slice needs relief now: CRITICAL, or ELEVATED with a trend that reaches the
+    critical mark within ``predict_seconds``. An ELEVATED slice whose trend is flat, falling,
+    too slow or unknown is left alone: a suspension there would cost the victim time (it
+    resumes only below the resume mark) and prevent nothing."""
+    if sig.level == Level.CRITICAL:
+        return True
+    if sig.level != Level.ELEVATED or sig.seconds_to_critical is None:
+        return False
+    return sig.seconds_to_critical <= config.predict_seconds
 
 
 def release_pending(subjob: SubjobView, now: float, config: PolicyConfig) -> bool:
@@ -255,7 +326,7 @@ def _relieve(
 ) -> list[Action]:
     actions: list[Action] = []
     for sig in sorted(snapshot.slices, key=lambda s: s.slice_id):
-        if sig.level == Level.NORMAL or sig.total_bytes <= 0:
+        if sig.total_bytes <= 0 or not predicts_critical(sig, config):
             continue
         limit = config.target_ratio * sig.total_bytes
         if projected[sig.slice_id] <= limit:
@@ -263,6 +334,14 @@ def _relieve(
         candidates = [
             s for s in eligible_victims(sig.slice_id, snapshot.subjobs) if s.subjob_id not in chosen
         ]
+        if sig.level != Level.CRITICAL:
+            # On a prediction alone, only relief that loses no work, and never past a victim
+            # whose relief would (a higher class is not stopped to spare a lower one): a
+            # reclaim waits for the critical mark itself, as the prediction may not come true.
+            lossless = list(
+                itertools.takewhile(lambda s: relief_step(s) != STEP_RECLAIM, candidates)
+            )
+            candidates = lossless
         # Decide first how many are needed, so every reason can say whether they suffice.
         after = projected[sig.slice_id]
         picked: list[SubjobView] = []
@@ -273,7 +352,9 @@ def _relieve(
             after -= freed_per_slice(cand)
         sufficient = after <= limit
         mark = (
-            "> critical mark" if sig.level == Level.CRITICAL else "> elevated mark"
+            "> critical mark"
+            if sig.level == Level.CRITICAL
+            else f"> elevated mark and critical projected in {sig.seconds_to_critical:.1f}s"
         ) + f", target {100.0 * config.target_ratio:.0f}%"
         for victim in picked:
             freed = freed_per_slice(victim)
@@ -304,31 +385,38 @@ def _recover(
             s.subjob_id,
         ),
     )
+    #: Slices where a suspended critical subjob stays suspended this round: no lower class
+    #: is resumed there over it (critical work never waits while a lower class runs).
+    critical_waits: set[str] = set()
     for sub in suspended:
         since = sub.suspended_since if sub.suspended_since is not None else snapshot.now
         waited = snapshot.now - since
         first_slice = sub.slice_ids[0] if sub.slice_ids else ""
         known = bool(sub.slice_ids) and all(sid in signals for sid in sub.slice_ids)
         share = freed_per_slice(sub)
+        readdress_after, reclaim_after = suspension_waits(sub, config)
         if sub.readdress_requested:
             # Handed to the zone router: it ends this copy once a new one is committed.
-            if waited > config.reclaim_after_seconds:
+            if waited > reclaim_after:
                 actions.append(
                     Action(
                         STEP_RECLAIM,
                         sub.subjob_id,
                         first_slice,
-                        f"suspended {waited:.1f}s > reclaim after "
-                        f"{config.reclaim_after_seconds:.1f}s; re-addressing attempt "
+                        f"suspended {waited:.1f}s > reclaim after {reclaim_after:.1f}s"
+                        f"{_loss_note(sub, config)}; re-addressing attempt "
                         f"{sub.readdress_count + 1}/{config.max_readdress} did not complete",
                         freed_per_slice(sub),
                         is_deadline=True,
                     )
                 )
+            elif sub.priority == 1:
+                critical_waits.update(sub.slice_ids)
             continue
         if (
             known
             and snapshot.host_level == Level.NORMAL
+            and not (sub.priority > 1 and critical_waits.intersection(sub.slice_ids))
             and all(
                 signals[sid].level == Level.NORMAL and signals[sid].total_bytes > 0
                 for sid in sub.slice_ids
@@ -357,12 +445,10 @@ def _recover(
                 projected[sid] += share
             continue
         budget_spent = sub.readdress_count >= config.max_readdress
-        if waited > config.reclaim_after_seconds or (
-            budget_spent and waited > config.readdress_after_seconds
-        ):
+        if waited > reclaim_after or (budget_spent and waited > readdress_after):
             why = (
-                f"suspended {waited:.1f}s > reclaim after {config.reclaim_after_seconds:.1f}s"
-                if waited > config.reclaim_after_seconds
+                f"suspended {waited:.1f}s > reclaim after {reclaim_after:.1f}s"
+                if waited > reclaim_after
                 else f"suspended {waited:.1f}s and readdress budget spent "
                 f"({sub.readdress_count}/{config.max_readdress})"
             )
@@ -371,24 +457,67 @@ def _recover(
                     STEP_RECLAIM,
                     sub.subjob_id,
                     first_slice,
-                    why,
+                    why + _loss_note(sub, config),
                     freed_per_slice(sub),
                     is_deadline=True,
                 )
             )
-        elif waited > config.readdress_after_seconds and sub.restartable:
+            continue
+        if waited > readdress_after and sub.restartable:
             actions.append(
                 Action(
                     STEP_READDRESS,
                     sub.subjob_id,
                     first_slice,
                     f"suspended {waited:.1f}s > readdress after "
-                    f"{config.readdress_after_seconds:.1f}s; attempt "
+                    f"{readdress_after:.1f}s{_loss_note(sub, config)}; attempt "
                     f"{sub.readdress_count + 1}/{config.max_readdress}",
                     freed_per_slice(sub),
                 )
             )
+            continue
+        if sub.priority == 1:
+            critical_waits.update(sub.slice_ids)
     return actions
+
+
+def suspension_waits(sub: SubjobView, config: PolicyConfig) -> tuple[float, float]:
+    """(readdress after, reclaim after) in seconds suspended for ``sub``: the configured waits,
+    both pushed back so that a move waits at least the work a restart would throw away (times
+    ``loss_wait_ratio``); the reclaim stays as far behind the move as configured."""
+    loss_wait = config.loss_wait_ratio * sub.work_since_checkpoint_seconds
+    extra = max(0.0, loss_wait - config.readdress_after_seconds)
+    return config.readdress_after_seconds + extra, config.reclaim_after_seconds + extra
+
+
+def next_deadline(snapshot: Snapshot, config: PolicyConfig) -> float | None:
+    """The earliest time, not before ``snapshot.now``, after which :func:`decide` could answer
+    otherwise for the same memory, levels and trends: a suspended subjob reaching its readdress
+    or reclaim wait, or a release request running out of its wait. None if no such time.
+
+    A driver that knows nothing else changes until then (the simulator, between trace
+    samples) may skip its polls up to that time and lose no decision."""
+    times: list[float] = []
+    for sub in snapshot.subjobs:
+        if sub.suspended:
+            since = sub.suspended_since if sub.suspended_since is not None else snapshot.now
+            readdress_after, reclaim_after = suspension_waits(sub, config)
+            times.append(since + reclaim_after)
+            if not sub.readdress_requested:
+                times.append(since + readdress_after)
+        elif sub.release_requested_since is not None:
+            times.append(sub.release_requested_since + config.release_wait_seconds)
+    # Waits compare with ">": a deadline at ``now`` still changes the answer just after it.
+    later = [t for t in times if t >= snapshot.now - 1e-9]
+    return min(later) if later else None
+
+
+def _loss_note(sub: SubjobView, config: PolicyConfig) -> str:
+    """Why the wait was longer than the configured one, when it was."""
+    loss_wait = config.loss_wait_ratio * sub.work_since_checkpoint_seconds
+    if loss_wait <= config.readdress_after_seconds:
+        return ""
+    return f" (waited at least the {sub.work_since_checkpoint_seconds:.0f}s a restart loses)"
 
 
 def decide(snapshot: Snapshot, config: PolicyConfig) -> list[Action]:

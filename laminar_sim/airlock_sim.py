@@ -10,10 +10,15 @@ crosses the critical mark. The same GPUs, curves and classes run twice, once per
 * ``oom-killer``: :func:`laminar_airlock.policy.decide_oom_killer`.
 
 Each GPU is polled every ``poll_seconds`` of simulated time, like the agent's tick. A poll
-that provably cannot act is skipped: for the ladder, a GPU at NORMAL with nothing suspended,
-stalled or asked to release and memory below the elevated mark until its next change (the
-tracker and ``decide`` are both no-ops there); for the OOM killer, a GPU that is not full.
-Skipped polls are not events; the report counts the polls that ran.
+that provably cannot act is skipped, and the run is the same as with every poll (a test
+checks it): for the ladder, a GPU below the elevated mark at NORMAL with nothing suspended,
+stalled or asked to release, until one trend window before its memory would reach the
+mark; and a GPU whose memory is flat after a poll that did nothing, until
+``LevelTracker.next_change`` (a hold or the trend window running out) or
+``policy.next_deadline`` (a wait running out), whichever is first, or until its memory or
+subjobs change. The trend then gets the samples of the skipped polls within its window
+(memory between changes is linear, so they are exact). For the OOM killer, a GPU that is
+not full is never polled. Skipped polls are not events; the report counts the polls that ran.
 
 How the world is modelled (choices, stated because the figures depend on them):
 
@@ -24,9 +29,13 @@ How the world is modelled (choices, stated because the figures depend on them):
 * **CUDA OOM**: when the summed memory reaches the GPU's capacity, the subjobs still
   allocating *stall* (the caching allocator frees its cache and retries) for
   ``oom_grace_seconds``; if no room has been made by then, each staller dies of CUDA OOM
-  (the process that allocated last). A restore (resume or a moved copy) that does not fit
-  fails at once the same way. So used memory never exceeds capacity: the excess is what
-  kills. With a grace of 0 the OOM killer never sees a full GPU.
+  (the process that allocated last). A restore (resume, moved copy or re-run) that does not
+  fit fails at once the same way. So used memory never exceeds capacity: the excess is
+  what kills. With a grace of 0 the OOM killer never sees a full GPU.
+* **Free modes** are drawn per subjob: ``release_share`` answer the release signal; of the
+  others, ``stop_frees_share`` (default 1: the sim's GPUs are whole GPUs, where the agent
+  uses cuda-checkpoint when it finds the tool) are suspended with cuda-checkpoint, the rest
+  have free mode ``none`` (a stop frees nothing; the ladder reclaims them when it picks them).
 * **suspend** frees all the subjob's GPU memory (cuda-checkpoint) and pauses its
   progress; **resume** allocates it again at once. **release_memory** (only subjobs with
   ``free_mode="release_signal"``) frees ``release_ratio`` of its memory after
@@ -34,19 +43,27 @@ How the world is modelled (choices, stated because the figures depend on them):
   run (it may be asked again in a later episode, which starts when its GPU is NORMAL).
 * **readdress** (restartable subjobs only, as the policy decides): after
   ``readdress_delay_seconds`` (the router's probe path) the subjob restarts from its last
-  checkpoint on the GPU of the same cluster with the most free memory, if the copy leaves
-  that GPU at or below the ladder's ``target_ratio`` and its level is NORMAL; otherwise it
-  ends as *requeued* (it would wait in the zone queue; the simulation does not run it
-  again). Either way the work since its checkpoint is lost.
-* **reclaim** and **OOM** end the subjob. Work lost is its progress since its last
-  checkpoint (restartable subjobs checkpoint every ``checkpoint_seconds`` of progress) or
-  since its start (not restartable), times its GPU share (1 / group size). A killed
-  subjob is not run again.
-* No host-memory pressure, no new arrivals: each GPU runs its group once, to the end.
+  checkpoint on the GPU with the most room, if the copy leaves that GPU at or below the
+  ladder's ``target_ratio`` (counting what its suspended subjobs take back on resume) and
+  its level is NORMAL; otherwise the router tries again every ``readdress_delay_seconds``
+  (the agent names it in every heartbeat) until the ladder reclaims it. A move loses the
+  work since the checkpoint.
+* **reclaim** and **OOM** end the run, not the subjob: it goes back to the zone queue and,
+  after ``requeue_delay_seconds``, re-runs from its last checkpoint (restartable subjobs
+  checkpoint every ``checkpoint_seconds`` of progress) or from its start on the GPU with
+  the most room, under the same rule as a move (the router retries every
+  ``requeue_delay_seconds``, highest class first). Both policies re-run their victims
+  alike. Work lost is the progress a run threw away, times its GPU share (1 / group size).
+* The run stops at ``horizon_seconds`` (default twice the window); a subjob completed by
+  then counts as completed, whatever happened to its earlier runs.
+* No host-memory pressure, no new arrivals beyond the re-runs.
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import heapq
 import math
 import random
 import time
@@ -56,8 +73,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from laminar_airlock.episodes import Episodes, Memory
-from laminar_airlock.levels import Level, LevelTracker, Marks
+from laminar_airlock.levels import TREND_WINDOW_SECONDS, Level, LevelTracker, Marks
 from laminar_airlock.policy import (
+    FREE_MODES,
     PRIORITY_NAMES,
     STEP_READDRESS,
     STEP_RECLAIM,
@@ -71,6 +89,7 @@ from laminar_airlock.policy import (
     SubjobView,
     decide,
     decide_oom_killer,
+    next_deadline,
 )
 from laminar_airlock.traces import MemoryCurve, choose_sharing_group
 from laminar_sim.engine import Engine, EventHandle
@@ -87,11 +106,17 @@ CLASS_MIX: tuple[tuple[int, float, tuple[int, ...]], ...] = (
     (3, 0.30, (2,)),
     (4, 0.30, (3,)),
 )
+#: How a subjob stands at the end of the run: it completed (maybe after re-runs), or it was
+#: still running, suspended or queued at the horizon.
 STATE_COMPLETED = "completed"
-STATE_RECLAIMED = "reclaimed"
-STATE_OOM = "oom"
-STATE_REQUEUED = "requeued"
-TERMINAL_STATES = (STATE_COMPLETED, STATE_RECLAIMED, STATE_OOM, STATE_REQUEUED)
+STATE_UNFINISHED = "unfinished"
+TERMINAL_STATES = (STATE_COMPLETED, STATE_UNFINISHED)
+#: How one run (attempt) of a subjob can end other than by completing: a reclaim or a CUDA
+#: OOM sends it back to the zone queue, a move restarts it elsewhere at once.
+END_RECLAIMED = "reclaimed"
+END_OOM = "oom"
+END_MOVED = "moved"
+ATTEMPT_ENDS = (END_RECLAIMED, END_OOM, END_MOVED)
 ACTION_STEPS = (STEP_SUSPEND, STEP_RELEASE_MEMORY, STEP_RESUME, STEP_READDRESS, STEP_RECLAIM)
 _EPS = 1e-9
 #: Bytes within which a GPU counts as at a mark (crossing times are computed in floats).
@@ -129,10 +154,20 @@ class AirlockSimSpec:
     release_ratio: float = 0.5
     #: Share of subjobs that support the release signal (the rest use cuda-checkpoint).
     release_share: float = 0.2
+    #: Share of the other subjobs whose stop frees their GPU memory (cuda-checkpoint on a
+    #: whole GPU, as the agent does where it finds the tool); the rest have free mode
+    #: ``none``: a stop frees nothing, so the ladder reclaims them when it picks them.
+    stop_frees_share: float = 1.0
     #: Share of subjobs that are restartable.
     restartable_share: float = 0.5
     #: Checkpoint period (of progress) of restartable subjobs.
     checkpoint_seconds: float = 600.0
+    #: A reclaimed, OOM-killed or re-queued subjob waits this long in the zone queue before
+    #: the router tries to place it again (and again every as long, until a GPU has room).
+    requeue_delay_seconds: float = 30.0
+    #: Simulated time at which the run stops; subjobs not completed by then are unfinished
+    #: (0: twice the window, 2 * window * 57 s on the GenAI trace).
+    horizon_seconds: float = 0.0
     policies: tuple[str, ...] = POLICIES
 
     def validate(self) -> None:
@@ -148,7 +183,10 @@ class AirlockSimSpec:
             (self.release_delay_seconds >= 0, "--release-delay-seconds", "must be >= 0"),
             (0 < self.release_ratio <= 1, "--release-ratio", "must be in (0, 1]"),
             (0 <= self.release_share <= 1, "--release-share", "must be in [0, 1]"),
+            (0 <= self.stop_frees_share <= 1, "--stop-frees-share", "must be in [0, 1]"),
             (0 <= self.restartable_share <= 1, "--restartable-share", "must be in [0, 1]"),
+            (self.requeue_delay_seconds > 0, "--requeue-delay-seconds", "must be > 0"),
+            (self.horizon_seconds >= 0, "--horizon-seconds", "must be >= 0"),
             (self.checkpoint_seconds > 0, "--checkpoint-seconds", "must be > 0"),
             (
                 0 < self.start_below_ratio < self.peak_above_ratio,
@@ -219,10 +257,15 @@ def build_workload(
             peak_above_ratio=spec.peak_above_ratio,
         )
         rng = random.Random(f"airlock-sim/{spec.seed}/{index}")
+        # Its own stream, so that the share does not change the other draws.
+        stop_rng = random.Random(f"airlock-sim/{spec.seed}/{index}/stop-frees")
         members = []
         for slot, curve in enumerate(group.curves):
             priority, lifecycle = draw_class(rng)
             length = rng.randint(max(2, spec.window // 2), spec.window)
+            is_release = rng.random() < spec.release_share
+            restartable = rng.random() < spec.restartable_share
+            stop_frees = stop_rng.random() < spec.stop_frees_share
             members.append(
                 MemberPlan(
                     subjob_id=f"g{index}-s{slot}",
@@ -231,9 +274,11 @@ def build_workload(
                     priority=priority,
                     lifecycle=lifecycle,
                     free_mode="release_signal"
-                    if rng.random() < spec.release_share
-                    else "checkpoint",
-                    restartable=rng.random() < spec.restartable_share,
+                    if is_release
+                    else "checkpoint"
+                    if stop_frees
+                    else "none",
+                    restartable=restartable,
                 )
             )
         plans.append(GpuPlan(index, tuple(members), group.pods))
@@ -244,7 +289,7 @@ def build_workload(
 
 @dataclass
 class SubjobOutcome:
-    """How one subjob ended (every subjob gets one)."""
+    """How one subjob stood at the end of the run (every subjob gets one)."""
 
     subjob_id: str
     priority: int
@@ -252,16 +297,24 @@ class SubjobOutcome:
     reason: str
     lost_gpu_seconds: float
     suspended_seconds: float
+    #: How its runs ended other than by completing (reclaimed, oom, requeued, moved).
+    ends: dict[str, int]
+    #: Simulated time it completed at, None if unfinished.
+    completed_at: float | None = None
 
 
 class _Sub:
     __slots__ = (
         "done",
+        "ends",
+        "finished",
         "gpu",
+        "last_reason",
         "lost_before",
         "move",
         "plan",
         "progress",
+        "queued_at",
         "ramp",
         "readdress_count",
         "released_bytes",
@@ -275,7 +328,7 @@ class _Sub:
     def __init__(self, plan: MemberPlan, share: float, gpu: int, ramp_seconds: float) -> None:
         self.plan = plan
         self.ramp = ramp_seconds
-        #: GPU-seconds lost by earlier moves (a copy restarts from its checkpoint).
+        #: GPU-seconds lost by earlier runs (a re-run restarts from its checkpoint).
         self.lost_before = 0.0
         self.share = share
         self.gpu = gpu
@@ -287,7 +340,21 @@ class _Sub:
         self.released_bytes = 0
         self.readdress_count = 0
         self.move: EventHandle | None = None
+        #: Off every GPU: completed, or waiting in the zone queue.
         self.done = False
+        #: Completed for good.
+        self.finished: float | None = None
+        #: When it entered the zone queue (None while on a GPU).
+        self.queued_at: float | None = None
+        self.ends: Counter[str] = Counter()
+        self.last_reason = ""
+
+    def snapped(self, progress: float) -> float:
+        """``progress``, or the trace sample it is a rounding error away from (so that a ramp
+        that starts there is seen to start, not skipped for a whole sample)."""
+        step = self.plan.step_seconds
+        nearest = round(progress / step) * step
+        return nearest if abs(progress - nearest) < 1e-6 else progress
 
     # -- memory as a function of progress -------------------------------------------------
     def _curve_at(self, p: float) -> float:
@@ -342,8 +409,28 @@ class _Sub:
         return self.progress
 
 
+def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return round(sorted_values[index], 1)
+
+
 class _Gpu:
-    __slots__ = ("above_critical", "handle", "index", "last", "name", "phase", "subs")
+    __slots__ = (
+        "above_critical",
+        "handle",
+        "index",
+        "last",
+        "last_poll",
+        "name",
+        "phase",
+        "quiet_signature",
+        "quiet_until",
+        "segments",
+        "skipping",
+        "subs",
+    )  # fmt: skip
 
     def __init__(self, index: int, poll_seconds: float) -> None:
         self.index = index
@@ -354,6 +441,34 @@ class _Gpu:
         self.phase = ((index * 0.6180339887498949) % 1.0) * poll_seconds
         self.handle: EventHandle | None = None
         self.above_critical = 0.0
+        #: After a ladder poll that did nothing on flat memory: no poll can act before this
+        #: time (``LevelTracker.next_change``, ``policy.next_deadline``) while the GPU's
+        #: subjobs and their memory stay as :attr:`quiet_signature` says.
+        self.quiet_until: float | None = None
+        self.quiet_signature: tuple[tuple[str, bool, int], ...] = ()
+        #: Used memory since the last few changes, (from, bytes then, bytes per second), so
+        #: a poll after skipped ones can give the trend the samples they would have taken.
+        self.segments: list[tuple[float, float, float]] = []
+        self.last_poll: float | None = None
+        #: Its polls are being skipped (a poll every period would be due).
+        self.skipping = False
+
+    def note_segment(self, now: float, used: float, rate: float, keep_seconds: float) -> None:
+        segments = self.segments
+        while segments and segments[-1][0] >= now:
+            segments.pop()
+        segments.append((now, used, rate))
+        while len(segments) > 1 and segments[1][0] <= now - keep_seconds:
+            segments.pop(0)
+
+    def used_at(self, at: float) -> float:
+        """Used memory at ``at`` (within the kept segments)."""
+        start, used, rate = self.segments[0]
+        for segment in self.segments:
+            if segment[0] > at:
+                break
+            start, used, rate = segment
+        return used + rate * (at - start)
 
 
 @dataclass
@@ -371,26 +486,61 @@ class PolicyResult:
     overcapacity_after_poll: int
     max_used_ratio_after_poll: float
     moved: int
+    #: Times the router found no GPU for a readdressed subjob and tried again later.
+    move_retries: int = 0
+    #: Stops (suspend, reclaim, move, CUDA OOM) of a critical subjob while a lower class ran
+    #: on its GPU.
+    critical_stopped_while_lower_ran: int = 0
+    #: Seconds a critical subjob stayed suspended while a lower class ran on its GPU.
+    critical_suspended_while_lower_ran_seconds: float = 0.0
+    #: Simulated times at which the report also gives the share of subjobs completed (one
+    #: window, the longest undisturbed run, and 1.25 and 1.5 windows).
+    completion_marks_seconds: tuple[float, ...] = ()
 
     def figures(self) -> dict[str, Any]:
         killed: dict[str, dict[str, int]] = {c: {"reclaimed": 0, "oom": 0} for c in CLASS_NAMES}
         lost: dict[str, float] = dict.fromkeys(CLASS_NAMES, 0.0)
         suspended: dict[str, float] = dict.fromkeys(CLASS_NAMES, 0.0)
+        completed: dict[str, list[int]] = {c: [0, 0] for c in CLASS_NAMES}
         states: Counter[str] = Counter()
+        ends: Counter[str] = Counter()
+        finish_times: list[float] = []
         for out in self.outcomes.values():
             cls = PRIORITY_NAMES[out.priority]
             states[out.state] += 1
-            if out.state in (STATE_RECLAIMED, STATE_OOM):
-                killed[cls]["reclaimed" if out.state == STATE_RECLAIMED else "oom"] += 1
+            ends.update(out.ends)
+            killed[cls]["reclaimed"] += out.ends.get(END_RECLAIMED, 0)
+            killed[cls]["oom"] += out.ends.get(END_OOM, 0)
             lost[cls] += out.lost_gpu_seconds
             suspended[cls] += out.suspended_seconds
+            completed[cls][1] += 1
+            if out.completed_at is not None:
+                completed[cls][0] += 1
+                finish_times.append(out.completed_at)
         total = len(self.outcomes)
+        finish_times.sort()
         return {
             "subjobs": total,
             "terminal_states": {s: states.get(s, 0) for s in TERMINAL_STATES},
             "completion_ratio": round(states[STATE_COMPLETED] / total, 4) if total else None,
+            "completion_ratio_by_class": {
+                c: round(done / n, 4) if n else None for c, (done, n) in completed.items()
+            },
+            "completion_ratio_by_time": {
+                f"{mark:.0f}s": round(bisect.bisect_right(finish_times, mark) / total, 4)
+                if total
+                else None
+                for mark in self.completion_marks_seconds
+            },
+            "completed_at_p50_seconds": _quantile(finish_times, 0.5),
+            "completed_at_p99_seconds": _quantile(finish_times, 0.99),
+            "run_ends": {e: ends.get(e, 0) for e in ATTEMPT_ENDS},
             "killed": sum(k["reclaimed"] + k["oom"] for k in killed.values()),
             "killed_by_class": killed,
+            "critical_stopped_while_lower_ran": self.critical_stopped_while_lower_ran,
+            "critical_suspended_while_lower_ran_seconds": round(
+                self.critical_suspended_while_lower_ran_seconds, 1
+            ),
             "work_lost_gpu_seconds_by_class": {c: round(v, 1) for c, v in lost.items()},
             "work_lost_gpu_seconds": round(sum(lost.values()), 1),
             "high_priority_work_lost_gpu_seconds": round(
@@ -399,6 +549,7 @@ class PolicyResult:
             "suspended_seconds_by_class": {c: round(v, 1) for c, v in suspended.items()},
             "actions_by_step": {s: self.actions.get(s, 0) for s in ACTION_STEPS},
             "moved": self.moved,
+            "move_retries_no_room": self.move_retries,
             "above_critical_gpu_seconds": round(self.above_critical_gpu_seconds, 1),
             "overcapacity_after_poll": self.overcapacity_after_poll,
             "max_used_ratio_after_poll": round(self.max_used_ratio_after_poll, 4),
@@ -433,6 +584,8 @@ class _Run:
         total = spec.gpu_total_bytes
         self.total = total
         self.elevated_bytes = marks.elevated_ratio * total
+        #: Polls start this long before the elevated mark: the trend looks back as far.
+        self.trend_lead = TREND_WINDOW_SECONDS
         self.critical_bytes = marks.critical_ratio * total
         self.engine = Engine(spec.seed)
         self.progress = progress
@@ -450,31 +603,156 @@ class _Run:
         self.overcapacity = 0
         self.max_after = 0.0
         self.moved = 0
+        self.move_retries = 0
+        self.completed = 0
+        self.critical_stopped = 0
+        self.critical_suspended_seconds = 0.0
+        #: Subjobs waiting in the zone queue for a re-run, and the router's next look at it.
+        self.queue: list[_Sub] = []
+        self.router_handle: EventHandle | None = None
         self.tick_every = max(1, len(self.subs) // 200)
+        steps = [m.step_seconds for plan in plans for m in plan.members]
+        self.window_seconds = spec.window * (steps[0] if steps else 0.0)
+        self.horizon = spec.horizon_seconds or 2.0 * self.window_seconds
 
     # -- bookkeeping ----------------------------------------------------------------------
-    def _end(self, sub: _Sub, state: str, reason: str, now: float) -> None:
-        if sub.done:
-            return
+    def _leave_gpu(self, sub: _Sub, now: float) -> None:
+        """This run of ``sub`` leaves its GPU: close its suspension and Airlock's memory of it."""
         since = self.episodes.suspended_since.get(sub.plan.subjob_id)
         if sub.suspended and since is not None:
             sub.suspended_total += now - since
         self.episodes.forget(sub.plan.subjob_id)
-        lost = sub.lost_before
-        if state != STATE_COMPLETED:
-            lost += sub.work_since_checkpoint(self.spec.checkpoint_seconds) * sub.share
         sub.done = True
         sub.suspended = False
         sub.stalled_until = None
+        sub.released_bytes = 0
         if sub.move is not None:
             self.engine.cancel(sub.move)
             sub.move = None
-        self.outcomes[sub.plan.subjob_id] = SubjobOutcome(
-            sub.plan.subjob_id, sub.plan.priority, state, reason, lost, sub.suspended_total
+
+    def _complete(self, sub: _Sub, now: float) -> None:
+        if sub.done:
+            return
+        self._leave_gpu(sub, now)
+        sub.finished = now
+        self.completed += 1
+        if self.progress is not None and (
+            self.completed % self.tick_every == 0 or self.completed == len(self.subs)
+        ):
+            self.progress(self.policy, self.completed, len(self.subs))
+
+    def _restart_point(self, sub: _Sub) -> tuple[float, float]:
+        """(progress a new run starts from, work this run loses): its last checkpoint when it
+        is restartable, its start otherwise."""
+        lost = sub.work_since_checkpoint(self.spec.checkpoint_seconds)
+        return sub.progress - lost, lost
+
+    def _is_lower_running(self, sub: _Sub) -> bool:
+        gpu = self.gpus[sub.gpu]
+        return any(
+            s is not sub and s.plan.priority > sub.plan.priority and not s.suspended and not s.done
+            for s in gpu.subs
         )
-        done = len(self.outcomes)
-        if self.progress is not None and (done % self.tick_every == 0 or done == len(self.subs)):
-            self.progress(self.policy, done, len(self.subs))
+
+    def _note_stop(self, sub: _Sub) -> None:
+        """Count a stop of a critical subjob while a lower class runs beside it."""
+        if sub.plan.priority == 1 and not sub.done and self._is_lower_running(sub):
+            self.critical_stopped += 1
+
+    def _end_run(self, sub: _Sub, cause: str, reason: str, now: float) -> None:
+        """This run ends without completing (reclaimed, CUDA OOM, or no room for its move):
+        the work since its checkpoint is lost and the subjob goes back to the zone queue,
+        whence it re-runs from its checkpoint once a GPU has room."""
+        if sub.done:
+            return
+        if cause in (END_RECLAIMED, END_OOM):
+            self._note_stop(sub)
+        self._leave_gpu(sub, now)
+        restart, lost = self._restart_point(sub)
+        sub.lost_before += lost * sub.share
+        sub.progress = restart
+        sub.ends[cause] += 1
+        sub.last_reason = reason
+        self._enqueue(sub, now)
+
+    # -- the zone queue: re-runs ----------------------------------------------------------
+    def _enqueue(self, sub: _Sub, now: float) -> None:
+        sub.queued_at = now
+        self.queue.append(sub)
+        if self.router_handle is None:
+            self.router_handle = self.engine.schedule(
+                self.spec.requeue_delay_seconds, self._router_tick
+            )
+
+    def _held_bytes(self, gpu: _Gpu, now: float) -> float:
+        """What the router counts as taken on ``gpu`` at ``now``: the memory of its running
+        subjobs and what its suspended ones take back on resume. (Computed, not advanced: the
+        GPU's state does not change between its wakes, whichever polls were skipped.)"""
+        dt = now - gpu.last
+        held = 0.0
+        for s in gpu.subs:
+            if s.suspended:
+                held += s.restore_bytes()
+            elif s.is_running() and dt > 0:
+                p = min(s.progress + dt, s.plan.run_seconds)
+                held += max(0.0, s._curve_at(p) - s.released_bytes)
+            else:
+                held += s.demand()
+        return held
+
+    def _may_take(self, gpu: _Gpu) -> bool:
+        return not self.is_ladder or self.tracker.level(gpu.name) == Level.NORMAL
+
+    def _router_tick(self) -> None:
+        """Place queued subjobs that waited ``requeue_delay_seconds``, highest class first, each
+        on the GPU with the most room if it fits there at or below ``target_ratio``."""
+        self.router_handle = None
+        now = self.engine.now
+        delay = self.spec.requeue_delay_seconds
+        due = sorted(
+            (
+                s
+                for s in self.queue
+                if s.queued_at is not None and now - s.queued_at >= delay - _EPS
+            ),
+            key=lambda s: (s.plan.priority, s.queued_at, s.plan.subjob_id),
+        )
+        if due:
+            limit = self.config.target_ratio * self.total
+            room = [
+                (-(limit - self._held_bytes(g, now)), g.index)
+                for g in self.gpus
+                if self._may_take(g)
+            ]
+            heapq.heapify(room)
+            placed: set[str] = set()
+            for sub in due:
+                if not room:
+                    break
+                need = sub.restore_bytes()
+                free, index = room[0]
+                if -free < need:
+                    continue
+                heapq.heappop(room)
+                self._place(sub, self.gpus[index], now)
+                placed.add(sub.plan.subjob_id)
+                heapq.heappush(room, (free + need, index))
+            self.queue = [s for s in self.queue if s.plan.subjob_id not in placed]
+        if self.queue:
+            earliest = min(s.queued_at for s in self.queue if s.queued_at is not None)
+            at = max(now + delay, earliest + delay)
+            self.router_handle = self.engine.schedule_at(at, self._router_tick)
+
+    def _place(self, sub: _Sub, gpu: _Gpu, now: float) -> None:
+        """A new run of ``sub`` starts on ``gpu`` from its restart point."""
+        self._advance(gpu, now)
+        sub.queued_at = None
+        sub.done = False
+        sub.gpu = gpu.index
+        gpu.subs.append(sub)
+        gpu.subs.sort(key=lambda s: s.plan.subjob_id)
+        self._fail_restore(gpu, sub, now, "moved copy" if sub.ends[END_MOVED] else "re-run")
+        self._schedule(gpu)
 
     def _advance(self, gpu: _Gpu, now: float) -> None:
         dt = now - gpu.last
@@ -482,13 +760,17 @@ class _Run:
             used = self._used(gpu)
             if used >= self.critical_bytes - _SLACK:
                 gpu.above_critical += dt
+            if any(s.suspended and s.plan.priority == 1 for s in gpu.subs) and any(
+                not s.suspended and s.plan.priority > 1 for s in gpu.subs
+            ):
+                self.critical_suspended_seconds += dt
             for sub in gpu.subs:
                 if sub.is_running():
-                    sub.progress += dt
+                    sub.progress = sub.snapped(sub.progress + dt)
         gpu.last = now
         for sub in gpu.subs:
             if sub.is_running() and sub.progress >= sub.plan.run_seconds - 1e-6:
-                self._end(sub, STATE_COMPLETED, "ran its whole curve", now)
+                self._complete(sub, now)
         gpu.subs = [s for s in gpu.subs if not s.done]
 
     @staticmethod
@@ -498,6 +780,9 @@ class _Run:
     # -- one GPU wake-up ------------------------------------------------------------------
     def wake(self, gpu: _Gpu, is_poll: bool) -> None:
         now = self.engine.now
+        if gpu.skipping and not is_poll:
+            # A poll every period would run at this wake if it falls on the poll grid.
+            is_poll = abs(self._poll_at_or_after(gpu, now) - now) <= 1e-9
         self._advance(gpu, now)
         self._resolve_stalls(gpu, now)
         self._stall_if_full(gpu, now)
@@ -513,9 +798,9 @@ class _Run:
             if others + sub.stall_bytes < self.total - _SLACK:
                 sub.stalled_until = None  # room was made: the retry succeeds
                 continue
-            self._end(
+            self._end_run(
                 sub,
-                STATE_OOM,
+                END_OOM,
                 f"CUDA OOM: {gpu.name} full at {others / GIB + sub.stall_bytes / GIB:.1f} of "
                 f"{self.total / GIB:.0f} GiB for {self.spec.oom_grace_seconds:g}s while it "
                 "allocated",
@@ -538,9 +823,9 @@ class _Run:
         used = self._used(gpu)
         if used <= self.total:
             return
-        self._end(
+        self._end_run(
             sub,
-            STATE_OOM,
+            END_OOM,
             f"CUDA OOM: {what} on {gpu.name} needed {sub.restore_bytes() / GIB:.1f} GiB with "
             f"{(used - sub.demand()) / GIB:.1f} of {self.total / GIB:.0f} GiB in use",
             now,
@@ -568,9 +853,28 @@ class _Run:
             release_requested_since=memory.release_requested_since,
         )
 
+    def _catch_up(self, gpu: _Gpu, now: float) -> None:
+        """Feed the tracker the samples of the polls skipped within the trend window, as the
+        agent, which polls every period, would have had them (skipped polls decide nothing,
+        so only the trend needs them)."""
+        period = self.spec.poll_seconds
+        last = gpu.last_poll
+        if not gpu.segments or (last is not None and now - last < 1.5 * period):
+            return
+        start = now - self.trend_lead - period
+        if last is not None:
+            start = max(start, last + 0.5 * period)
+        at = self._poll_at_or_after(gpu, start)
+        while at < now - 0.5 * period:
+            self.tracker.update(gpu.name, int(gpu.used_at(at)), self.total, at)
+            at += period
+
     def _poll(self, gpu: _Gpu, now: float) -> None:
         self.polls += 1
         used = int(self._used(gpu))
+        if self.is_ladder:
+            self._catch_up(gpu, now)
+            gpu.last_poll = now
         level = (
             self.tracker.update(gpu.name, used, self.total, now) if self.is_ladder else Level.NORMAL
         )
@@ -584,12 +888,31 @@ class _Run:
                 views.append(self._view(s, now, memory))
             snap = Snapshot(
                 now=now,
-                slices=(SliceSignal(gpu.name, used, self.total, level),),
+                slices=(
+                    SliceSignal(
+                        gpu.name,
+                        used,
+                        self.total,
+                        level,
+                        seconds_to_critical=self.tracker.seconds_to_critical(gpu.name)
+                        if self.is_ladder
+                        else None,
+                    ),
+                ),
                 subjobs=tuple(views),
             )
             actions = decide(snap, self.config) if self.is_ladder else decide_oom_killer(snap)
             for action in actions:
                 self._apply(gpu, action, now)
+            gpu.quiet_until = None
+            if self.is_ladder and not actions and self._is_flat(gpu):
+                times = [
+                    t
+                    for t in (self.tracker.next_change(gpu.name), next_deadline(snap, self.config))
+                    if t is not None
+                ]
+                gpu.quiet_until = min(times) if times else math.inf
+                gpu.quiet_signature = self._signature(gpu)
         after = self._used(gpu)
         self.max_after = max(self.max_after, after / self.total)
         if after > self.total + 1:
@@ -603,6 +926,8 @@ class _Run:
         since = self.episodes.suspended_since.get(sub.plan.subjob_id)
         if action.step != STEP_RECLAIM:
             self.episodes.applied(action, now)
+        if action.step in (STEP_SUSPEND, STEP_READDRESS):
+            self._note_stop(sub)
         if action.step == STEP_SUSPEND:
             sub.suspended = True
             sub.stalled_until = None
@@ -620,7 +945,7 @@ class _Run:
                 self.spec.readdress_delay_seconds, lambda: self._move(sub)
             )
         elif action.step == STEP_RECLAIM:
-            self._end(sub, STATE_RECLAIMED, f"airlock_reclaimed: {action.reason}", now)
+            self._end_run(sub, END_RECLAIMED, f"airlock_reclaimed: {action.reason}", now)
             gpu.subs = [s for s in gpu.subs if not s.done]
 
     def _release(self, sub: _Sub, index: int) -> None:
@@ -648,50 +973,36 @@ class _Run:
         if sub.done:
             self._schedule(old)
             return
-        lost = sub.work_since_checkpoint(self.spec.checkpoint_seconds)
-        restart = sub.progress - lost
+        restart, lost = self._restart_point(sub)
         need = sub._curve_at(restart)
         limit = self.config.target_ratio * self.total
         best: _Gpu | None = None
         best_free = -1.0
         for cand in self.gpus:
-            if cand is old:
+            if cand is old or not self._may_take(cand):
                 continue
-            if self.is_ladder and self.tracker.level(cand.name) != Level.NORMAL:
-                continue
-            used = sum(s.demand() for s in cand.subs)
-            if used + need <= limit and self.total - used > best_free:
-                best, best_free = cand, self.total - used
+            held = self._held_bytes(cand, now)
+            if held + need <= limit and self.total - held > best_free:
+                best, best_free = cand, self.total - held
         if best is None:
-            self._end(
-                sub,
-                STATE_REQUEUED,
-                f"readdressed: no GPU could take {need / GIB:.1f} GiB at or below "
-                f"{100 * self.config.target_ratio:.0f}%; re-queued",
-                now,
+            # No GPU has room now: the agent names it again in its next heartbeat, and the
+            # router tries again; the ladder reclaims it at its deadline.
+            self.move_retries += 1
+            sub.move = self.engine.schedule(
+                self.spec.readdress_delay_seconds, lambda: self._move(sub)
             )
-            old.subs = [s for s in old.subs if not s.done]
             self._schedule(old)
             return
         # The copy restarts from its checkpoint on ``best``; this one ends.
-        since = self.episodes.suspended_since.get(sub.plan.subjob_id)
-        if since is not None:
-            sub.suspended_total += now - since
-        self.episodes.forget(sub.plan.subjob_id)  # the new copy starts afresh
+        self._leave_gpu(sub, now)  # the new copy starts afresh
         old.subs = [s for s in old.subs if s is not sub]
         self._schedule(old)
-        self._advance(best, now)
         sub.lost_before += lost * sub.share
         sub.progress = restart
-        sub.suspended = False
         sub.readdress_count += 1
-        sub.released_bytes = 0
-        sub.gpu = best.index
-        best.subs.append(sub)
-        best.subs.sort(key=lambda s: s.plan.subjob_id)
+        sub.ends[END_MOVED] += 1
         self.moved += 1
-        self._fail_restore(best, sub, now, "moved copy")
-        self._schedule(best)
+        self._place(sub, best, now)
 
     # -- scheduling -----------------------------------------------------------------------
     def _poll_at_or_after(self, gpu: _Gpu, at: float) -> float:
@@ -704,13 +1015,22 @@ class _Run:
         k = math.floor((now - gpu.phase) / period + 1e-7) + 1
         return gpu.phase + max(0, k) * period
 
-    def _is_active(self, gpu: _Gpu, used: float) -> bool:
+    @staticmethod
+    def _is_flat(gpu: _Gpu) -> bool:
+        """No subjob's memory moves: none ramps, none stalls."""
+        return all(s.rate() == 0 and s.stalled_until is None for s in gpu.subs)
+
+    @staticmethod
+    def _signature(gpu: _Gpu) -> tuple[tuple[str, bool, int], ...]:
+        return tuple((s.plan.subjob_id, s.suspended, int(s.demand())) for s in gpu.subs)
+
+    def _is_active(self, gpu: _Gpu, used: float, rate: float) -> bool:
         if any(s.stalled_until is not None for s in gpu.subs):
             return True
         if not self.is_ladder:
             return False
         return (
-            used >= self.elevated_bytes - _SLACK
+            used + max(0.0, rate) * self.trend_lead >= self.elevated_bytes - _SLACK
             or self.tracker.level(gpu.name) != Level.NORMAL
             or any(s.suspended or s.plan.subjob_id in self.episodes.release_sent for s in gpu.subs)
         )
@@ -719,11 +1039,13 @@ class _Run:
         if gpu.handle is not None:
             self.engine.cancel(gpu.handle)
             gpu.handle = None
-        if not gpu.subs:
-            return
         now = self.engine.now
         used = self._used(gpu)
         rate = sum(s.rate() for s in gpu.subs)
+        if self.is_ladder:
+            gpu.note_segment(now, used, rate, self.trend_lead + 2 * self.spec.poll_seconds)
+        if not gpu.subs:
+            return
         times: list[float] = []
         for sub in gpu.subs:
             if sub.is_running():
@@ -735,10 +1057,25 @@ class _Run:
                 if used < mark - _SLACK:
                     times.append(now + (mark - used) / rate)
         poll_at: float | None = None
-        if self._is_active(gpu, used):
+        gpu.skipping = False
+        if self._is_active(gpu, used, rate):
             poll_at = self._poll_after(gpu, now)
+            quiet = gpu.quiet_until
+            if (
+                quiet is not None
+                and self._is_flat(gpu)
+                and gpu.quiet_signature == self._signature(gpu)
+            ):
+                # Nothing a poll sees changes before ``quiet``: look again then.
+                poll_at = (
+                    None if math.isinf(quiet) else max(poll_at, self._poll_at_or_after(gpu, quiet))
+                )
+                gpu.skipping = True
         elif self.is_ladder and rate > 0:
-            poll_at = self._poll_at_or_after(gpu, now + (self.elevated_bytes - used) / rate)
+            # From one trend window before the elevated mark, so that the trend is known there.
+            poll_at = self._poll_at_or_after(
+                gpu, now + (self.elevated_bytes - used) / rate - self.trend_lead
+            )
         if poll_at is not None:
             times.append(poll_at)
         if not times:
@@ -751,15 +1088,36 @@ class _Run:
         for gpu in self.gpus:
             self._schedule(gpu)
         started = time.perf_counter()
-        stats = self.engine.run()
+        stats = self.engine.run(until_seconds=self.horizon)
         wall = time.perf_counter() - started
-        for sub in self.subs.values():  # nothing should be left; say so if it is
-            if not sub.done:
-                self._end(
-                    sub, STATE_REQUEUED, "simulation ended with it still live", self.engine.now
-                )
+        now = self.engine.now
         for gpu in self.gpus:
-            self._advance(gpu, self.engine.now)
+            self._advance(gpu, now)
+        for sub in self.subs.values():
+            where = (
+                "completed"
+                if sub.finished is not None
+                else "queued"
+                if sub.queued_at is not None
+                else "suspended"
+                if sub.suspended
+                else "running"
+            )
+            if sub.finished is None and not sub.done:
+                self._leave_gpu(sub, now)  # closes its suspended time at the horizon
+            reason = f"{where} at {now:.0f}s"
+            if sub.last_reason:
+                reason += f"; last run ended: {sub.last_reason}"
+            self.outcomes[sub.plan.subjob_id] = SubjobOutcome(
+                sub.plan.subjob_id,
+                sub.plan.priority,
+                STATE_COMPLETED if sub.finished is not None else STATE_UNFINISHED,
+                reason,
+                sub.lost_before,
+                sub.suspended_total,
+                dict(sub.ends),
+                sub.finished,
+            )
         return PolicyResult(
             policy=self.policy,
             outcomes=dict(sorted(self.outcomes.items())),
@@ -772,6 +1130,10 @@ class _Run:
             overcapacity_after_poll=self.overcapacity,
             max_used_ratio_after_poll=self.max_after,
             moved=self.moved,
+            move_retries=self.move_retries,
+            critical_stopped_while_lower_ran=self.critical_stopped,
+            critical_suspended_while_lower_ran_seconds=self.critical_suspended_seconds,
+            completion_marks_seconds=tuple(self.window_seconds * k for k in (1.0, 1.25, 1.5)),
         )
 
 
@@ -810,17 +1172,16 @@ def run_airlock_sim(
         "readdress_delay_seconds": spec.readdress_delay_seconds,
         "release_delay_seconds": spec.release_delay_seconds,
         "checkpoint_seconds": spec.checkpoint_seconds,
+        "requeue_delay_seconds": spec.requeue_delay_seconds,
+        "horizon_seconds": spec.horizon_seconds
+        or 2.0 * spec.window * (members[0].step_seconds if members else 0.0),
+        "stop_frees_share": spec.stop_frees_share,
         "subjobs": len(members),
         "subjobs_by_class": {c: classes.get(c, 0) for c in CLASS_NAMES},
         "restartable": sum(m.restartable for m in members),
-        "release_signal": sum(m.free_mode == "release_signal" for m in members),
+        "free_modes": {mode: sum(m.free_mode == mode for m in members) for mode in FREE_MODES},
         "ladder_config": {
-            "target_ratio": config.target_ratio,
-            "resume_ratio": config.resume_ratio,
-            "readdress_after_seconds": config.readdress_after_seconds,
-            "max_readdress": config.max_readdress,
-            "reclaim_after_seconds": config.reclaim_after_seconds,
-            "release_wait_seconds": config.release_wait_seconds,
+            **{k: v for k, v in dataclasses.asdict(config).items() if k != "dry_run"},
             "elevated_ratio": marks.elevated_ratio,
             "critical_ratio": marks.critical_ratio,
             "clear_ratio": marks.clear_ratio,
@@ -829,7 +1190,8 @@ def run_airlock_sim(
         "policies": {name: result.figures() for name, result in results.items()},
         "work_lost_definition": (
             "progress since the last checkpoint (restartable) or since start, times the GPU "
-            "share (1 / group size), of subjobs reclaimed, killed by CUDA OOM, re-queued or "
-            "moved; high priority = critical + production"
+            "share (1 / group size), of every run that was reclaimed, killed by CUDA OOM, "
+            "re-queued or moved (the subjob re-runs from there); high priority = critical + "
+            "production"
         ),
     }

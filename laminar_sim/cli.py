@@ -302,6 +302,28 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="checkpoint period of restartable subjobs (default 600 s)",
     )
     al.add_argument(
+        "--stop-frees-share",
+        type=float,
+        default=airlock_sim.AirlockSimSpec.stop_frees_share,
+        help="share of the subjobs without the release signal whose stop frees their GPU "
+        "memory (cuda-checkpoint on a whole GPU; the rest are reclaimed when picked; "
+        "default 1.0, what the agent does where it finds cuda-checkpoint)",
+    )
+    al.add_argument(
+        "--requeue-delay-seconds",
+        type=float,
+        default=airlock_sim.AirlockSimSpec.requeue_delay_seconds,
+        help="a reclaimed, OOM-killed or re-queued subjob waits this long before it re-runs "
+        "on a GPU with room (default 30 s)",
+    )
+    al.add_argument(
+        "--horizon-seconds",
+        type=float,
+        default=0.0,
+        help="simulated time the run stops at; what has not completed is unfinished "
+        "(default 0: twice the window)",
+    )
+    al.add_argument(
         "--policies", default="ladder,oom-killer", help="ladder, oom-killer or both (default)"
     )
     al.add_argument("-o", "--output", choices=["table", "json"], default="table")
@@ -750,6 +772,9 @@ def cmd_airlock(args: argparse.Namespace, console: Console) -> int:
         oom_grace_seconds=args.oom_grace_seconds,
         readdress_delay_seconds=args.readdress_delay_seconds,
         checkpoint_seconds=args.checkpoint_seconds,
+        stop_frees_share=args.stop_frees_share,
+        requeue_delay_seconds=args.requeue_delay_seconds,
+        horizon_seconds=args.horizon_seconds,
         policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
     )
     try:
@@ -787,7 +812,8 @@ def render_airlock(report: dict[str, Any], console: Console) -> None:
         title=(
             f"Airlock on {report['gpus']} shared {report['gpu_total_gib']:.0f} GiB GPUs, "
             f"{report['subjobs']} subjobs ({report['members_per_gpu']} per GPU), "
-            f"poll {report['poll_seconds']:g} s, seed {report['seed']}"
+            f"poll {report['poll_seconds']:g} s, horizon {report['horizon_seconds']:,.0f} s, "
+            f"seed {report['seed']}"
         )
     )
     table.add_column("figure")
@@ -798,6 +824,17 @@ def render_airlock(report: dict[str, Any], console: Console) -> None:
         table.add_row(label, *(cell(f) for f in policies.values()))
 
     row("completion ratio", lambda f: f"{f['completion_ratio']:.4f}")
+    for mark in next(iter(policies.values()))["completion_ratio_by_time"]:
+        row(
+            f"  completed by {mark}",
+            lambda f, m=mark: f"{f['completion_ratio_by_time'][m]:.4f}",
+        )
+    row(
+        "completed at p50 / p99 (s)",
+        lambda f: (
+            f"{f['completed_at_p50_seconds'] or 0:,.0f} / {f['completed_at_p99_seconds'] or 0:,.0f}"
+        ),
+    )
     row(
         "killed (reclaimed + OOM)",
         lambda f: (
@@ -832,7 +869,17 @@ def render_airlock(report: dict[str, Any], console: Console) -> None:
         "actions susp/rel/res/readdr/recl",
         lambda f: "/".join(str(v) for v in f["actions_by_step"].values()),
     )
-    row("moved / requeued", lambda f: f"{f['moved']} / {f['terminal_states']['requeued']}")
+    row(
+        "moved / router found no room",
+        lambda f: f"{f['moved']} / {f['move_retries_no_room']}",
+    )
+    row(
+        "critical stopped while lower ran",
+        lambda f: (
+            f"{f['critical_stopped_while_lower_ran']} "
+            f"({f['critical_suspended_while_lower_ran_seconds']:,.0f} s)"
+        ),
+    )
     row("GPU-s above critical mark", lambda f: f"{f['above_critical_gpu_seconds']:,.0f}")
     row("polls run", lambda f: f"{f['polls']:,}")
     row("simulated events / s", lambda f: f"{f['events_per_second'] or 0:,.0f}")
@@ -855,7 +902,10 @@ def save_airlock_plot(report: dict[str, Any], path: Path) -> None:
         ]
         lost_ax.bar(xs, lost, width, label=name)
         killed_ax.bar(xs, killed, width, label=name)
-    for ax, ylabel in ((lost_ax, "work lost (GPU-hours)"), (killed_ax, "subjobs killed")):
+    for ax, ylabel in (
+        (lost_ax, "work lost (GPU-hours)"),
+        (killed_ax, "runs killed (reclaimed + CUDA OOM)"),
+    ):
         ax.set_xticks([i + width * (len(policies) - 1) / 2 for i in range(len(classes))])
         ax.set_xticklabels(classes)
         ax.set_ylabel(ylabel)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,52 @@ def test_property_falls_only_after_hold_below_lower_mark(samples: list[int]) -> 
             window = [u for t, u in history if t >= now - marks.hold_seconds]
             assert all(marks.floor_level(u, TOTAL) < previous for u in window)
         previous = level
+
+
+# ---- the trend: a first-order projection of when the critical mark is reached ----
+
+
+def test_rising_signal_projects_the_critical_mark() -> None:
+    tracker = LevelTracker(Marks(), trend_window_seconds=1.0)
+    assert tracker.seconds_to_critical("g") is None  # never seen
+    tracker.update("g", 800, TOTAL, now=0.0)
+    assert tracker.seconds_to_critical("g") is None  # one sample: no trend
+    tracker.update("g", 850, TOTAL, now=0.5)
+    assert tracker.bytes_per_second("g") == pytest.approx(100.0)
+    # 950 critical - 850 now = 100 bytes at 100 bytes/s
+    assert tracker.seconds_to_critical("g") == pytest.approx(1.0)
+    tracker.update("g", 960, TOTAL, now=1.0)
+    assert tracker.seconds_to_critical("g") == 0.0  # at the mark
+
+
+def test_flat_or_falling_signal_never_reaches_the_mark() -> None:
+    tracker = LevelTracker(Marks(), trend_window_seconds=1.0)
+    tracker.update("g", 900, TOTAL, now=0.0)
+    tracker.update("g", 900, TOTAL, now=0.1)
+    assert tracker.seconds_to_critical("g") == math.inf
+    tracker.update("g", 880, TOTAL, now=0.2)
+    assert tracker.seconds_to_critical("g") == math.inf
+
+
+def test_trend_forgets_samples_older_than_its_window() -> None:
+    tracker = LevelTracker(Marks(), trend_window_seconds=1.0)
+    tracker.update("g", 500, TOTAL, now=0.0)
+    tracker.update("g", 900, TOTAL, now=0.5)  # a fast rise ...
+    tracker.update("g", 900, TOTAL, now=0.9)
+    assert tracker.bytes_per_second("g") == pytest.approx(400 / 0.9)
+    tracker.update("g", 900, TOTAL, now=1.6)  # ... that left the window: flat now
+    assert tracker.bytes_per_second("g") == 0.0
+    tracker.update("g", 900, TOTAL, now=10.0)  # polls stopped for a while: no trend
+    assert tracker.seconds_to_critical("g") is None
+
+
+def test_next_change_names_the_hold_and_the_window() -> None:
+    tracker = LevelTracker(Marks(hold_seconds=2.0), trend_window_seconds=1.0)
+    tracker.update("g", 900, TOTAL, now=0.0)
+    assert tracker.next_change("g") is None  # flat, no hold running
+    tracker.update("g", 700, TOTAL, now=0.5)  # below the clear mark: the hold starts
+    assert tracker.next_change("g") == pytest.approx(1.0)  # the 900 sample leaves the window
+    tracker.update("g", 700, TOTAL, now=1.2)
+    assert tracker.next_change("g") == pytest.approx(2.5)  # the hold ends
+    assert tracker.update("g", 700, TOTAL, now=2.5) == Level.NORMAL
+    assert tracker.next_change("g") is None

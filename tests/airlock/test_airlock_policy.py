@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +22,10 @@ from laminar_airlock.policy import (
     decide_oom_killer,
     eligible_victims,
     freed_per_slice,
+    next_deadline,
     plan_room,
+    predicts_critical,
+    relief_step,
 )
 
 TOTAL = 80 * GIB
@@ -60,9 +65,19 @@ def sj(
     )
 
 
-def snap(used: int, level: Level, *subjobs: SubjobView, now: float = 1000.0) -> Snapshot:
+def snap(
+    used: int,
+    level: Level,
+    *subjobs: SubjobView,
+    now: float = 1000.0,
+    to_critical: float | None = 1.0,
+) -> Snapshot:
+    """One slice; by default its trend reaches the critical mark in 1 s, so that an ELEVATED
+    slice needs relief (the tests of the prediction itself pass ``to_critical``)."""
     return Snapshot(
-        now=now, slices=(SliceSignal("gpu0", used, TOTAL, level),), subjobs=tuple(subjobs)
+        now=now,
+        slices=(SliceSignal("gpu0", used, TOTAL, level, seconds_to_critical=to_critical),),
+        subjobs=tuple(subjobs),
     )
 
 
@@ -107,9 +122,11 @@ def test_release_memory_not_honoured_is_reclaimed_after_the_wait() -> None:
         sj("a", free_mode="release_signal"),
         release_requested_since=1000.0 - CFG.release_wait_seconds - 0.5,
     )
-    actions = decide(snap(70 * GIB, Level.ELEVATED, asked), CFG)
+    actions = decide(snap(70 * GIB, Level.CRITICAL, asked), CFG)
     assert [(a.step, a.subjob_id) for a in actions] == [("reclaim", "a")]
     assert "asked to release memory 2.5s ago and still holds 10.0 GiB" in actions[0].reason
+    # On a prediction alone (ELEVATED), a reclaim waits for the critical mark itself.
+    assert decide(snap(70 * GIB, Level.ELEVATED, asked, to_critical=0.5), CFG) == []
 
 
 def test_pending_release_does_not_cover_a_deeper_shortfall() -> None:
@@ -132,9 +149,23 @@ def test_oom_killer_baseline_waits_for_full_then_kills_the_largest_any_class() -
 
 
 def test_free_mode_none_is_reclaimed_not_suspended() -> None:
-    actions = decide(snap(70 * GIB, Level.ELEVATED, sj("a", free_mode="none")), CFG)
+    actions = decide(snap(70 * GIB, Level.CRITICAL, sj("a", free_mode="none")), CFG)
     assert [a.step for a in actions] == ["reclaim"]
     assert "frees nothing" in actions[0].reason
+
+
+def test_on_a_prediction_alone_only_relief_that_loses_no_work() -> None:
+    """At the elevated mark with critical predicted, a stop that frees memory is taken, a
+    reclaim is not: the prediction may not come true, the lost work would be real."""
+    lossy = sj("lossy", priority=4, free_mode="none")
+    free = sj("free", priority=4, free_mode="checkpoint", lifecycle=1)
+    higher = sj("higher", priority=3, free_mode="checkpoint")
+    predicted = snap(75 * GIB, Level.ELEVATED, lossy, free, higher, to_critical=0.5)
+    # free (same class as lossy, loses nothing) goes; higher would be next, but not past lossy.
+    assert [(a.step, a.subjob_id) for a in decide(predicted, CFG)] == [("suspend", "free")]
+    assert decide(snap(75 * GIB, Level.ELEVATED, lossy, higher, to_critical=0.5), CFG) == []
+    actions = decide(snap(77 * GIB, Level.CRITICAL, lossy, higher), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("reclaim", "lossy"), ("suspend", "higher")]
 
 
 def test_normal_slice_gets_no_relief() -> None:
@@ -166,6 +197,57 @@ def test_insufficient_takes_all_eligible_and_says_so() -> None:
 def test_zero_observed_is_never_a_victim() -> None:
     actions = decide(snap(79 * GIB, Level.CRITICAL, sj("a", observed=0), sj("b")), CFG)
     assert ids(actions) == ["b"]
+
+
+# ---- the trend: act at the elevated mark only where critical is predicted ----
+
+
+@pytest.mark.parametrize("to_critical", [None, math.inf, 2.5])
+def test_elevated_without_a_prediction_suspends_nothing(to_critical: float | None) -> None:
+    """Unknown, flat or falling, or too slow a trend: a suspension would prevent nothing."""
+    subjobs = (sj("a"), sj("b", free_mode="release_signal"), sj("c", free_mode="none"))
+    assert decide(snap(70 * GIB, Level.ELEVATED, *subjobs, to_critical=to_critical), CFG) == []
+
+
+def test_elevated_with_critical_predicted_suspends_and_says_when() -> None:
+    actions = decide(snap(70 * GIB, Level.ELEVATED, sj("a"), to_critical=1.5), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("suspend", "a")]
+    assert "critical projected in 1.5s" in actions[0].reason
+    slow = PolicyConfig(predict_seconds=1.0)
+    assert decide(snap(70 * GIB, Level.ELEVATED, sj("a"), to_critical=1.5), slow) == []
+
+
+def test_critical_acts_whatever_the_trend() -> None:
+    for to_critical in (None, math.inf):
+        actions = decide(snap(78 * GIB, Level.CRITICAL, sj("a"), to_critical=to_critical), CFG)
+        assert ids(actions) == ["a"]
+
+
+# ---- what relief costs: a stop that loses no work first, within a class ----
+
+
+def test_within_a_class_a_stop_that_frees_memory_goes_before_a_reclaim() -> None:
+    # The reclaim would lose 5 s, the suspend nothing (however long it has run).
+    lossy = sj("lossy", free_mode="none", work=5.0)
+    free = sj("free", free_mode="checkpoint", work=500.0, lifecycle=1)
+    actions = decide(snap(70 * GIB, Level.CRITICAL, lossy, free), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("suspend", "free")]
+    asked = sj("asked", free_mode="release_signal", work=5.0)
+    actions = decide(snap(70 * GIB, Level.CRITICAL, lossy, asked), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("release_memory", "asked")]
+
+
+def test_class_still_comes_before_what_a_victim_loses() -> None:
+    low = sj("low", priority=4, free_mode="none", work=900.0)
+    high = sj("high", priority=3, free_mode="checkpoint")
+    actions = decide(snap(70 * GIB, Level.CRITICAL, low, high), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("reclaim", "low")]
+
+
+def test_among_reclaims_the_least_work_lost_goes_first() -> None:
+    old = sj("old", free_mode="none", work=300.0)
+    young = sj("young", free_mode="none", work=30.0)
+    assert ids(decide(snap(70 * GIB, Level.CRITICAL, old, young), CFG)) == ["young"]
 
 
 # ---- ordering ties at each key ----
@@ -209,8 +291,8 @@ def test_multi_slice_subjob_chosen_once_and_credited_on_both() -> None:
     s = Snapshot(
         now=0.0,
         slices=(
-            SliceSignal("gpu0", 70 * GIB, TOTAL, Level.ELEVATED),
-            SliceSignal("gpu1", 70 * GIB, TOTAL, Level.ELEVATED),
+            SliceSignal("gpu0", 70 * GIB, TOTAL, Level.ELEVATED, seconds_to_critical=0.5),
+            SliceSignal("gpu1", 70 * GIB, TOTAL, Level.ELEVATED, seconds_to_critical=0.5),
         ),
         subjobs=(big,),
     )
@@ -232,7 +314,7 @@ def test_resume_in_priority_order_within_resume_mark() -> None:
     actions = decide(snap(40 * GIB, Level.NORMAL, *subjobs), CFG)
     assert [(a.step, a.subjob_id) for a in actions] == [("resume", "p2"), ("resume", "p3")]
     assert actions[0].expected_bytes_freed == -10 * GIB
-    assert "resume mark 75%" in actions[0].reason
+    assert "resume mark 84%" in actions[0].reason
 
 
 def test_no_resume_while_slice_or_host_under_pressure() -> None:
@@ -263,6 +345,64 @@ def test_readdress_budget_spent_reclaims() -> None:
     actions = decide(snap(40 * GIB, Level.NORMAL, sub), CFG)
     assert [a.step for a in actions] == ["reclaim"]
     assert "budget spent (2/2)" in actions[0].reason
+
+
+def test_suspended_waits_as_long_as_a_restart_would_lose() -> None:
+    """Waiting loses no work and a restart loses the work since the checkpoint, so a move or
+    a reclaim waits at least that long (beyond the configured waits)."""
+    one = PolicyConfig(loss_wait_ratio=1.0)  # wait once the work a restart loses
+    movable = sj("m", observed=70 * GIB, suspended=True, since=800.0, work=500.0)
+    stuck = sj("s", observed=70 * GIB, suspended=True, since=800.0, work=500.0, restartable=False)
+    assert decide(snap(40 * GIB, Level.NORMAL, movable, stuck), one) == []  # 200 s < 500 s
+    # Moved once it has waited the 500 s; reclaimed 90 s later (120 - 30, as configured).
+    later = decide(snap(40 * GIB, Level.NORMAL, movable, stuck, now=1301.0), one)
+    assert [(a.step, a.subjob_id) for a in later] == [("readdress", "m")]
+    last = decide(snap(40 * GIB, Level.NORMAL, movable, stuck, now=1391.0), one)
+    assert [(a.step, a.subjob_id) for a in last] == [("reclaim", "m"), ("reclaim", "s")]
+    assert all("waited at least the 500s a restart loses" in a.reason for a in later + last)
+    # Without the rule, the configured waits alone: moved after 30 s.
+    recent = [dataclasses.replace(x, suspended_since=960.0) for x in (movable, stuck)]
+    assert decide(snap(40 * GIB, Level.NORMAL, *recent), one) == []
+    no_wait = PolicyConfig(loss_wait_ratio=0.0)
+    moved = decide(snap(40 * GIB, Level.NORMAL, *recent), no_wait)
+    assert [(a.step, a.subjob_id) for a in moved] == [("readdress", "m")]
+
+
+def test_no_lower_class_resumes_over_a_suspended_critical() -> None:
+    # 30 GiB used, resume mark 60: the critical subjob (40) does not fit, the opportunistic
+    # one (10) would, but it would then run while critical work waits on the same GPU.
+    crit = sj("crit", priority=1, observed=40 * GIB, suspended=True, since=999.0)
+    opp = sj("opp", priority=4, observed=10 * GIB, suspended=True, since=999.0)
+    assert decide(snap(30 * GIB, Level.NORMAL, crit, opp), CFG) == []
+    # Room for both: critical first, then the other.
+    actions = decide(snap(5 * GIB, Level.NORMAL, crit, opp), CFG)
+    assert [(a.step, a.subjob_id) for a in actions] == [("resume", "crit"), ("resume", "opp")]
+    # Elsewhere (another GPU) the lower class resumes.
+    away = dataclasses.replace(opp, slice_ids=("gpu1",))
+    s = Snapshot(
+        now=1000.0,
+        slices=(
+            SliceSignal("gpu0", 30 * GIB, TOTAL, Level.NORMAL),
+            SliceSignal("gpu1", 30 * GIB, TOTAL, Level.NORMAL),
+        ),
+        subjobs=(crit, away),
+    )
+    assert [(a.step, a.subjob_id) for a in decide(s, CFG)] == [("resume", "opp")]
+
+
+def test_next_deadline_is_the_first_wait_to_run_out() -> None:
+    a = sj("a", suspended=True, since=990.0, work=10.0)  # readdress at 1020, reclaim at 1110
+    b = sj("b", suspended=True, since=700.0, work=400.0)  # readdress and reclaim at 1100
+    asked = dataclasses.replace(sj("c"), release_requested_since=999.0)  # wait ends 1001
+    assert next_deadline(snap(40 * GIB, Level.NORMAL, a, b), CFG) == 1020.0
+    assert next_deadline(snap(40 * GIB, Level.NORMAL, a, b, asked), CFG) == 1001.0
+    handed = dataclasses.replace(a, readdress_requested=True)  # only its reclaim is left
+    assert next_deadline(snap(40 * GIB, Level.NORMAL, handed), CFG) == 1110.0
+    assert next_deadline(snap(40 * GIB, Level.NORMAL, sj("d")), CFG) is None
+    # Deadlines passed without an action (a subjob that is not restartable is not moved)
+    # change nothing any more.
+    stuck = sj("s", suspended=True, since=900.0, restartable=False)
+    assert next_deadline(snap(40 * GIB, Level.NORMAL, stuck), CFG) == 1020.0
 
 
 def test_recently_suspended_and_no_room_waits() -> None:
@@ -311,10 +451,11 @@ subjob_strategy = st.builds(
 )
 
 snapshot_strategy = st.builds(
-    lambda used, level, subs: snap(used * GIB, level, *subs),
+    lambda used, level, subs, to_critical: snap(used * GIB, level, *subs, to_critical=to_critical),
     st.integers(0, 80),
     st.sampled_from(list(Level)),
     st.lists(subjob_strategy, max_size=10, unique_by=lambda s: s.subjob_id),
+    st.sampled_from([None, 0.0, 1.0, 5.0, math.inf]),
 )
 
 
@@ -324,9 +465,13 @@ def test_property_relief_reaches_target_when_possible(s: Snapshot) -> None:
     """(a) If the eligible victims' freeable bytes suffice, projected usage after the chosen
     relief actions is <= target_ratio * total."""
     sig = s.slices[0]
-    if sig.level == Level.NORMAL:
+    if not predicts_critical(sig, CFG):
+        running = {v.subjob_id for v in s.subjobs if not v.suspended}
+        assert not [a for a in decide(s, CFG) if a.subjob_id in running and a.step != "resume"]
         return
     eligible = eligible_victims("gpu0", s.subjobs)
+    if sig.level != Level.CRITICAL:  # on a prediction alone, no reclaim and none past one
+        eligible = list(itertools.takewhile(lambda v: relief_step(v) != "reclaim", eligible))
     limit = CFG.target_ratio * sig.total_bytes
     if sig.used_bytes - sum(freed_per_slice(v) for v in eligible) > limit:
         return

@@ -11,6 +11,7 @@ from test_sim_cli import run_cli
 
 from laminar_airlock.traces import MemoryCurve
 from laminar_base.errors import InvalidArgument
+from laminar_sim import airlock_sim
 from laminar_sim.airlock_sim import (
     ACTION_STEPS,
     GIB,
@@ -18,6 +19,7 @@ from laminar_sim.airlock_sim import (
     AirlockSimSpec,
     GpuPlan,
     MemberPlan,
+    SubjobOutcome,
     build_workload,
     run_airlock_sim,
     run_policy,
@@ -62,6 +64,10 @@ def test_same_seed_same_report() -> None:
     assert other != plans
 
 
+def killed_runs(outcome: SubjobOutcome) -> int:
+    return outcome.ends.get("reclaimed", 0) + outcome.ends.get("oom", 0)
+
+
 def flat(gib: float, samples: int = 12) -> tuple[int, ...]:
     return tuple(int(gib * GIB) for _ in range(samples))
 
@@ -100,7 +106,7 @@ def test_ladder_spares_high_priority_work_the_oom_killer_loses() -> None:
     assert ladder.actions["suspend"] >= 4
     opp = [o for o in ladder.outcomes.values() if o.priority == 4]
     assert all(o.suspended_seconds > 0 for o in opp)  # what the ladder costs
-    killed_high = [o for o in oom.outcomes.values() if o.priority <= 2 and o.state != "completed"]
+    killed_high = [o for o in oom.outcomes.values() if o.priority <= 2 and killed_runs(o) > 0]
     assert len(killed_high) == 4 and all(o.lost_gpu_seconds > 0 for o in killed_high)
     figures = oom.figures()
     assert figures["high_priority_work_lost_gpu_seconds"] > 0
@@ -110,29 +116,134 @@ def test_ladder_spares_high_priority_work_the_oom_killer_loses() -> None:
 def test_without_a_grace_the_allocator_dies_of_cuda_oom() -> None:
     spec = small_spec(gpus=2, oom_grace_seconds=0.0)
     result = run_policy(spec, crowded_gpus(2), "oom-killer")
-    dead = [o for o in result.outcomes.values() if o.state == "oom"]
+    dead = [o for o in result.outcomes.values() if o.ends.get("oom", 0) > 0]
     assert [o.subjob_id.split("-")[1] for o in dead] == ["crit", "crit"]
-    assert all(o.reason.startswith("CUDA OOM") for o in dead)
+    assert all("last run ended: CUDA OOM" in o.reason for o in dead)
 
 
 @pytest.mark.parametrize("policy", ["ladder", "oom-killer"])
 def test_every_subjob_ends_with_a_reason_and_no_gpu_is_over_capacity(policy: str) -> None:
-    spec = small_spec(gpus=12, release_share=0.5, window=30, seed=5)
+    spec = small_spec(gpus=12, release_share=0.5, window=30, seed=5, members=4)
     plans = build_workload(synthetic_curves(samples=40), spec)
     result = run_policy(spec, plans, policy)
-    if policy == "ladder":  # the scenario exercises every step of the ladder
-        assert all(result.actions[step] > 0 for step in ACTION_STEPS)
-        assert result.moved > 0
+    if policy == "ladder":  # every step but readdress (test_a_subjob_that_cannot_resume_moves)
+        assert all(result.actions[step] > 0 for step in ACTION_STEPS if step != "readdress")
     ids = {m.subjob_id for plan in plans for m in plan.members}
     assert set(result.outcomes) == ids
     for outcome in result.outcomes.values():
         assert outcome.state in TERMINAL_STATES and outcome.reason
-        if outcome.state == "reclaimed":
-            assert outcome.reason.startswith("airlock_reclaimed: ")
+        if outcome.ends.get("reclaimed", 0) and "last run ended: CUDA" not in outcome.reason:
+            assert "last run ended: airlock_reclaimed: " in outcome.reason
     assert result.overcapacity_after_poll == 0
     assert result.max_used_ratio_after_poll <= 1.0 + 1e-6
     figures = result.figures()
     assert sum(figures["terminal_states"].values()) == len(ids)
+
+
+def test_killed_work_re_runs_from_its_checkpoint_on_a_gpu_with_room() -> None:
+    """GPU 0 overflows; GPU 1 runs one small subjob. The OOM killer's victim and the ladder's
+    reclaimed subjob (free mode none) re-run on GPU 1 after the requeue delay, from their
+    checkpoint, and complete; the work since that checkpoint is what is lost."""
+    spec = small_spec(gpus=2, checkpoint_seconds=50.0, requeue_delay_seconds=20.0)
+    plans = [
+        GpuPlan(
+            0,
+            (
+                MemberPlan("a-crit", rising(30, 50), STEP, 1, 1, "checkpoint", False),
+                MemberPlan("a-prod", flat(20), STEP, 2, 1, "checkpoint", False),
+                MemberPlan("a-opp", flat(20), STEP, 4, 3, "none", True),
+            ),
+        ),
+        GpuPlan(1, (MemberPlan("b-batch", flat(10, samples=2), STEP, 3, 2, "checkpoint", True),)),
+    ]
+    for policy in ("ladder", "oom-killer"):
+        result = run_policy(spec, plans, policy)
+        victims = [o for o in result.outcomes.values() if killed_runs(o) > 0]
+        assert victims, policy
+        for victim in victims:
+            assert victim.state == "completed", (policy, victim)
+            assert victim.completed_at is not None
+            assert victim.completed_at > 12 * STEP + spec.requeue_delay_seconds
+            # lost = work since the checkpoint (restartable) or since start, times 1/3
+            assert 0 < victim.lost_gpu_seconds <= 12 * STEP / 3
+    ladder = run_policy(spec, plans, "ladder")
+    (opp,) = [o for o in ladder.outcomes.values() if o.subjob_id == "a-opp"]
+    assert opp.ends == {"reclaimed": 1}  # a stop frees nothing: it is reclaimed, then re-runs
+    assert opp.lost_gpu_seconds <= 50.0 / 3 + 1e-6  # only the work since its checkpoint
+
+
+def test_a_subjob_that_cannot_resume_moves_to_a_gpu_with_room() -> None:
+    """GPU 0 stays at 70 of 80 GiB once its opportunistic subjob is suspended, so that subjob
+    cannot resume there; it is readdressed once it has waited twice its work since checkpoint
+    (at least 30 s) and restarts from its checkpoint on GPU 1, which has room."""
+    spec = small_spec(gpus=2, checkpoint_seconds=20.0)
+    plans = [
+        GpuPlan(
+            0,
+            (
+                MemberPlan("a-crit", rising(30, 50), STEP, 1, 1, "checkpoint", False),
+                MemberPlan("a-prod", flat(20), STEP, 2, 1, "checkpoint", False),
+                MemberPlan("a-opp", flat(20), STEP, 4, 3, "checkpoint", True),
+            ),
+        ),
+        GpuPlan(1, (MemberPlan("b-batch", flat(10, samples=2), STEP, 3, 2, "checkpoint", True),)),
+    ]
+    result = run_policy(spec, plans, "ladder")
+    assert result.actions["suspend"] >= 1 and result.actions["readdress"] == 1
+    assert result.moved == 1
+    opp = result.outcomes["a-opp"]
+    assert opp.ends == {"moved": 1} and opp.state == "completed"
+    assert 0 < opp.lost_gpu_seconds <= 20.0 / 3 + 1e-6  # at most its work since checkpoint
+    high = [o for o in result.outcomes.values() if o.priority <= 2]
+    assert all(o.ends == {} and o.suspended_seconds == 0 for o in high)
+
+
+def test_horizon_leaves_work_unfinished() -> None:
+    spec = small_spec(gpus=2, horizon_seconds=5 * STEP)
+    result = run_policy(spec, crowded_gpus(2), "oom-killer")
+    assert {o.state for o in result.outcomes.values()} == {"unfinished"}
+    figures = result.figures()
+    assert figures["completion_ratio"] == 0.0
+    # Completion by one window (the longest undisturbed run) and by 1.25 and 1.5 windows.
+    assert list(figures["completion_ratio_by_time"]) == ["120s", "150s", "180s"]
+    assert set(figures["completion_ratio_by_time"].values()) == {0.0}
+    whole = run_policy(small_spec(gpus=2), crowded_gpus(2), "ladder").figures()
+    by_time = list(whole["completion_ratio_by_time"].values())
+    assert by_time == sorted(by_time) and 0 < by_time[-1] <= whole["completion_ratio"]
+
+
+def test_stop_frees_share_sets_free_mode_none() -> None:
+    curves = synthetic_curves()
+    none = build_workload(curves, small_spec(stop_frees_share=0.0, release_share=0.0))
+    every = build_workload(curves, small_spec(stop_frees_share=1.0, release_share=0.0))
+    assert {m.free_mode for p in none for m in p.members} == {"none"}
+    assert {m.free_mode for p in every for m in p.members} == {"checkpoint"}
+    # The share changes the free modes only, not the curves, classes or restartability.
+    strip = [[(m.curve, m.priority, m.restartable) for m in p.members] for p in none]
+    assert strip == [[(m.curve, m.priority, m.restartable) for m in p.members] for p in every]
+
+
+def test_skipped_polls_change_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ladder's run skips polls on GPUs whose memory is flat until the tracker or the policy
+    can change its answer; with every poll run, the actions and outcomes are the same."""
+    spec = small_spec(gpus=12, release_share=0.5, window=30, seed=5, members=4)
+    plans = build_workload(synthetic_curves(samples=40), spec)
+    logs: list[list[tuple[float, str, str]]] = []
+    apply = airlock_sim._Run._apply
+
+    def logged(run: Any, gpu: Any, action: Any, now: float) -> None:
+        logs[-1].append((round(now, 6), action.step, action.subjob_id))
+        apply(run, gpu, action, now)
+
+    monkeypatch.setattr(airlock_sim._Run, "_apply", logged)
+    logs.append([])
+    skipping = run_policy(spec, plans, "ladder")
+    monkeypatch.setattr(airlock_sim._Run, "_is_flat", staticmethod(lambda gpu: False))
+    logs.append([])
+    every = run_policy(spec, plans, "ladder")
+    assert logs[0] == logs[1] and len(logs[0]) > 10
+    assert skipping.outcomes == every.outcomes
+    assert skipping.polls < every.polls
 
 
 def write_genai_csv(folder: Path) -> Path:
