@@ -112,6 +112,8 @@ OVERRAN = "overran:"
 #: A window that starts within this many seconds counts as open now.
 START_TOLERANCE_SECONDS = 0.5
 MAX_PHASES = 64
+#: Bids a client may make in one round (more are refused, naming ``bids``).
+MAX_CLIENT_BIDS = 256
 #: Job families whose calibration the router pools at most (the oldest is dropped).
 MAX_POOLS = 4096
 
@@ -688,10 +690,12 @@ class Atomizer:
                 loser.last_losing_score = max(loser.last_losing_score, winning[bid.window.key])
         for entry, atom in clients:
             award = next((a for a in awards if a.bid.job_id == entry.job.job_id), None)
+            refused = list(atom.result.refused) if atom.result is not None else []
             atom.result = zone_pb2.AnnounceMessage(
                 won=award is not None,
                 winning_score=award.score if award else atom.last_losing_score,
                 winning_bid=_bid_message(award.bid, award.score) if award else None,
+                refused=refused,  # this round's, set while its bids were taken
             )
         await self._decide_held(held, awards, now_unix)
         fresh = [a for a in awards if not a.bid.window.held_by]
@@ -902,41 +906,49 @@ class Atomizer:
         contract = bidder.contract
         target = 1.0 - contract.epsilon
         out = []
-        for i, b in enumerate(message.bids[:256]):
+        refused: list[zone_pb2.RefusedBid] = []
+
+        def refuse(field: str, reason: str) -> None:
+            log.info("job %s: client bid refused: %s: %s", job.job_id, field, reason)
+            refused.append(zone_pb2.RefusedBid(field=field, reason=reason))
+
+        if len(message.bids) > MAX_CLIENT_BIDS:
+            refuse("bids", f"{len(message.bids)} bids, at most {MAX_CLIENT_BIDS} a round")
+        for i, b in enumerate(message.bids[:MAX_CLIENT_BIDS]):
             key = (b.agent_id, b.slice_id)
             label = f"bids[{i}]"
             if key not in markets:
-                log.info("job %s: client bid %s names no window of this round", job.job_id, label)
+                refuse(
+                    f"{label}.slice_id",
+                    f"{b.agent_id}/{b.slice_id} is no window of round {self.round_number}",
+                )
                 continue
             left = contract.total_units - next_unit
-            if b.unit_start != next_unit or not 1 <= b.unit_count <= min(contract.max_units, left):
-                log.info(
-                    "job %s: client bid %s refused: units %d+%d, next unit %d, at most %d",
-                    job.job_id,
-                    label,
-                    b.unit_start,
-                    b.unit_count,
-                    next_unit,
-                    min(contract.max_units, left),
+            if b.unit_start != next_unit:
+                refuse(f"{label}.unit_start", f"{b.unit_start}, but the next unit is {next_unit}")
+                continue
+            if not 1 <= b.unit_count <= min(contract.max_units, left):
+                refuse(
+                    f"{label}.unit_count",
+                    f"{b.unit_count}, must be 1 to {min(contract.max_units, left)}",
                 )
                 continue
             window = markets[key]
             if b.memory_bytes > window.memory_bytes:
+                refuse(
+                    f"{label}.memory_bytes",
+                    f"{b.memory_bytes} bytes, the slice has {window.memory_bytes}",
+                )
                 continue
             fits = feasibility(
                 bidder.profile, int(b.unit_count), window, contract.checkpoint_overhead_seconds
             )
             if fits < target:
-                log.info(
-                    "job %s: client bid %s refused: %d units on %s/%s fit with P %.3f by the "
-                    "job's profile, below 1 - epsilon = %.3f",
-                    job.job_id,
-                    label,
-                    b.unit_count,
-                    b.agent_id,
-                    b.slice_id,
-                    fits,
-                    target,
+                refuse(
+                    f"{label}.unit_count",
+                    f"{b.unit_count} units on {b.agent_id}/{b.slice_id} fit with probability "
+                    f"{fits:.3f} by the job's calibrated profile, below 1 - epsilon = "
+                    f"{target:.3f}",
                 )
                 continue
             seconds = (
@@ -955,6 +967,10 @@ class Atomizer:
                     job.spec.priority or common_pb2.BATCH,
                 )
             )
+        if refused:  # told with the next announce, beside the round's result
+            if atom.result is None:
+                atom.result = zone_pb2.AnnounceMessage()
+            atom.result.refused.extend(refused)
         return out
 
     # ------------------------------------------------------------------ materialize

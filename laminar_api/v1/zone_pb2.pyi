@@ -606,17 +606,27 @@ class BidMessage(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., bids: _Optional[_Iterable[_Union[SubjobBid, _Mapping]]] = ...) -> None: ...
 
 class AnnounceMessage(_message.Message):
-    __slots__ = ("round", "windows", "won", "winning_score", "winning_bid", "done")
+    __slots__ = ("round", "windows", "won", "winning_score", "winning_bid", "done", "refused")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     WON_FIELD_NUMBER: _ClassVar[int]
     WINNING_SCORE_FIELD_NUMBER: _ClassVar[int]
     WINNING_BID_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     round: int
     windows: _containers.RepeatedCompositeFieldContainer[_common_pb2.Window]
     won: bool
     winning_score: float
     winning_bid: SubjobBid
     done: bool
-    def __init__(self, round: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[_common_pb2.Window, _Mapping]]] = ..., won: _Optional[bool] = ..., winning_score: _Optional[float] = ..., winning_bid: _Optional[_Union[SubjobBid, _Mapping]] = ..., done: _Optional[bool] = ...) -> None: ...
+    refused: _containers.RepeatedCompositeFieldContainer[RefusedBid]
+    def __init__(self, round: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[_common_pb2.Window, _Mapping]]] = ..., won: _Optional[bool] = ..., winning_score: _Optional[float] = ..., winning_bid: _Optional[_Union[SubjobBid, _Mapping]] = ..., done: _Optional[bool] = ..., refused: _Optional[_Iterable[_Union[RefusedBid, _Mapping]]] = ...) -> None: ...
+
+class RefusedBid(_message.Message):
+    __slots__ = ("field", "reason")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    reason: str
+    def __init__(self, field: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

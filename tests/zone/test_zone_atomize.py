@@ -253,11 +253,16 @@ def test_a_higher_class_takes_the_slice_at_the_window_end_and_the_piece_moves_on
 
 
 def _bid_as_client(
-    zone: Zone, job: zone_pb2.Job, gate: Path, units: Callable[[int, int], int]
+    zone: Zone,
+    job: zone_pb2.Job,
+    gate: Path,
+    units: Callable[[int, int], int],
+    refused: list[zone_pb2.RefusedBid] | None = None,
 ) -> tuple[list[zone_pb2.SubjobBid], int]:
     """Attach to ``job``'s Bid stream, open ``gate`` (the job's dependency), and answer
     every announce with one bid on its first window for ``units(round, next_unit)`` units
-    (claiming P(fits) 0.99); returns the winning bids and the rounds bid in."""
+    (claiming P(fits) 0.99); returns the winning bids and the rounds bid in, and adds the
+    refusals the router announced to ``refused``."""
     requests: queue.Queue[zone_pb2.BidMessage | None] = queue.Queue()
     requests.put(zone_pb2.BidMessage(job_id=job.job_id))
 
@@ -271,6 +276,8 @@ def _bid_as_client(
     rounds = 0
     try:
         for announce in stream:
+            if refused is not None:
+                refused.extend(announce.refused)
             if announce.won:
                 won.append(announce.winning_bid)
             if announce.done:
@@ -391,14 +398,18 @@ def test_a_client_bid_the_jobs_profile_says_will_not_fit_is_refused(
     blocker = zone.submit(gate_code(gate))
     job = _submit(zone, _contract(9, 9, tmp_path / "ckpt"), "0.05", after=[blocker.job_id])
     # The first two rounds ask for everything left, then 3 units a round.
+    refused: list[zone_pb2.RefusedBid] = []
     won, rounds = _bid_as_client(
-        zone, job, gate, lambda round_, nxt: 9 - nxt if round_ < 2 else min(3, 9 - nxt)
+        zone, job, gate, lambda round_, nxt: 9 - nxt if round_ < 2 else min(3, 9 - nxt), refused
     )
     done = zone.wait_state(job.job_id, *TERMINAL, timeout_seconds=30)
     assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
     assert rounds >= 3  # the greedy bids won nothing
     assert won and all(b.unit_count <= 3 for b in won), [b.unit_count for b in won]
     assert all(p.unit_count <= 3 for p in done.placements)
+    # ...and the client was told, naming the field and the threshold.
+    assert refused and refused[0].field == "bids[0].unit_count", refused
+    assert "below 1 - epsilon = 0.950" in refused[0].reason, refused[0].reason
 
 
 def test_a_tenants_quota_holds_for_its_atomized_pieces(
