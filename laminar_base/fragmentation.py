@@ -309,11 +309,13 @@ def placements(
 #: Weight of how full a node's GPUs already are in :func:`placement_score`. Fragmentation
 #: deltas are often equal (0 for many hosts); FGD breaks such ties centrally by one fixed
 #: node order, which packs; a sampled choice has no such order, and without this term it
-#: spreads work over empty hosts. Chosen by measurement on the default pod list, seed 42,
-#: 16 candidates, the router's ranking alone: no term 9.6% unallocated, weights 1e-4,
-#: 0.02, 0.1, 0.3 and 1 gave 7.0, 6.8, 5.9, 5.7 and 6.0 (5.9 with 0.3 once the agent's
-#: score carries it too).
-PACKING_WEIGHT = 0.3
+#: spreads work over empty hosts. Chosen by measurement: first with d = 2 on the default
+#: pod list, seed 42, 16 candidates, the router's ranking alone (no term 9.6% unallocated,
+#: weights 1e-4, 0.02, 0.1, 0.3 and 1 gave 7.0, 6.8, 5.9, 5.7 and 6.0); then with d = 1
+#: (commit on probe, the router's default), seeds 42-51, where 0.1 beat 0.3 on all six
+#: pod lists of docs/benchmarks.md (default 5.39 against 5.67% unallocated, cpu250 7.72
+#: against 8.65).
+PACKING_WEIGHT = 0.1
 
 
 def placement_score(node: NodeState, delta_milli: float, slicing: GpuSlicing) -> float:
