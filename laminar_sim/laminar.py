@@ -398,9 +398,10 @@ class LaminarCluster:
         self, zone: SimZone, ask: Ask, now: float, frag: FragmentationCache | None
     ) -> tuple[int, tuple[int, ...]] | None:
         rank = fragmentation_ranking(ask.need, frag)
+        limits = self.limits.for_try(ask.need, 1)
         machine = Gather(
-            ProbePlan(zone.view, ask.need, self.limits, self.rng, rank=rank),
-            commit_on_probe=self.limits.probes_per_attempt == 1,
+            ProbePlan(zone.view, ask.need, limits, self.rng, rank=rank),
+            commit_on_probe=limits.probes_per_attempt == 1,
         )
         committed: dict[str, tuple[int, ...]] = {}
 

@@ -422,9 +422,10 @@ class LaminarRun(_Base):
             self.placed(key, None)
             return
         t0 = time.perf_counter()
-        plan = ProbePlan(zone.view, task.ask.need, self.cluster.limits, self.cluster.rng)
+        limits = self.cluster.limits.for_try(task.ask.need, 1)
+        plan = ProbePlan(zone.view, task.ask.need, limits, self.cluster.rng)
         self.out.decision_seconds += time.perf_counter() - t0
-        machine = Gather(plan, commit_on_probe=self.cluster.limits.probes_per_attempt == 1)
+        machine = Gather(plan, commit_on_probe=limits.probes_per_attempt == 1)
         _Attempt(self, zone, task, machine, key).start()
 
     def placed(self, key: tuple[str, Demand] | None, failed: Task | None) -> None:

@@ -330,20 +330,20 @@ class Placer:
     ) -> Gathered:
         """Drive one :class:`~laminar_zone.gather.Gather`: probe rounds over gRPC, bind late.
 
-        ``commit``: with d = 1 (``probes_per_attempt``) and one member, each probe carries
-        "commit if it fits" and ``commit`` records it (see :class:`ProbeCommit`)."""
+        ``commit``: with d = 1 (``probes_per_attempt``, for one member of no MIG profile:
+        :meth:`ProbeLimits.for_try`), each probe carries "commit if it fits" and ``commit``
+        records it (see :class:`ProbeCommit`)."""
         s = self.settings
         need = demand_of(ask.resources)
         gang = max(1, ask.gang_size)
         ttl = lease_ttl_seconds or s.lease_ttl_seconds
+        limits = s.limits().for_try(need, gang)
         machine = Gather(
-            ProbePlan(
-                self.view, need, s.limits().for_gang(gang), self.rng, exclude, rank=self._rank(need)
-            ),
+            ProbePlan(self.view, need, limits, self.rng, exclude, rank=self._rank(need)),
             gang,
             deadline=time.monotonic() + s.budget_seconds,
             budget_seconds=s.budget_seconds,
-            commit_on_probe=commit is not None and gang == 1 and s.probes_per_attempt == 1,
+            commit_on_probe=commit is not None and limits.probes_per_attempt == 1,
         )
         result = Gathered(chosen=None)
         leases: dict[str, tuple[AgentRecord, agent_pb2.Lease]] = {}

@@ -116,7 +116,10 @@ def test_the_simulators_default_limits_are_the_routers() -> None:
     from laminar_zone.config import PlacementSettings
 
     assert PlacementSettings().limits() == ProbeLimits()
-    # d = 1 commits on probe; a gang still probes two hosts per round.
+    # d = 1 commits on probe; a gang or a MIG profile still compares two hosts per round.
+    one = Demand(gpus=1)
     assert ProbeLimits().probes_per_attempt == 1
-    assert ProbeLimits().for_gang(3).probes_per_attempt == 2
-    assert ProbeLimits(probes_per_attempt=4).for_gang(3).probes_per_attempt == 4
+    assert ProbeLimits().for_try(one, 1).probes_per_attempt == 1
+    assert ProbeLimits().for_try(one, 3).probes_per_attempt == 2
+    assert ProbeLimits().for_try(Demand(mig_profile="3g.40gb"), 1).probes_per_attempt == 2
+    assert ProbeLimits(probes_per_attempt=4).for_try(one, 3).probes_per_attempt == 4
