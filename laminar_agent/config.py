@@ -227,6 +227,21 @@ class AirlockSettings:
             "below elevated_ratio [ratio]"
         ),
     )
+    predict_seconds: float = field(
+        default=PolicyConfig.predict_seconds,
+        metadata=doc(
+            "at the elevated mark, act only where the memory trend reaches the critical mark "
+            "within this long (and then only with stops that lose no work)",
+            unit="seconds",
+        ),
+    )
+    loss_wait_ratio: float = field(
+        default=PolicyConfig.loss_wait_ratio,
+        metadata=doc(
+            "a suspended subjob is moved or reclaimed only after waiting this many times the "
+            "work a restart would lose [ratio]"
+        ),
+    )
     dry_run: bool = field(
         default=False,
         metadata=doc(
@@ -325,6 +340,8 @@ class AirlockSettings:
             dry_run=self.dry_run,
             host_target_ratio=self.host_target_ratio,
             release_wait_seconds=self.release_wait_seconds,
+            predict_seconds=self.predict_seconds,
+            loss_wait_ratio=self.loss_wait_ratio,
         )
 
 
@@ -436,6 +453,10 @@ def _validate_airlock(a: AirlockSettings) -> None:
         and a.elevated_bytes > a.critical_bytes
     ):
         raise ConfigError("must be <= airlock.critical_bytes", field="airlock.elevated_bytes")
+    if not 0 <= a.loss_wait_ratio <= 1000:
+        raise ConfigError(
+            f"must be between 0 and 1000, got {a.loss_wait_ratio}", field="airlock.loss_wait_ratio"
+        )
     if a.policy not in AIRLOCK_POLICIES:
         raise ConfigError(
             f"must be one of {', '.join(AIRLOCK_POLICIES)}, got {a.policy!r}",
@@ -447,6 +468,7 @@ def _validate_airlock(a: AirlockSettings) -> None:
         "readdress_deadline_seconds",
         "reclaim_grace_seconds",
         "release_wait_seconds",
+        "predict_seconds",
     ):
         value = getattr(a, name)
         if not 0 <= value <= 7 * 86400:

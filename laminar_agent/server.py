@@ -71,6 +71,8 @@ RELOADABLE_KEYS = frozenset(
         "airlock.dry_run",
         "airlock.host_target_ratio",
         "airlock.release_wait_seconds",
+        "airlock.predict_seconds",
+        "airlock.loss_wait_ratio",
         "executor.tenant_users",
     }
 )

@@ -28,6 +28,13 @@ def test_defaults_and_what_they_feed() -> None:
     assert policy.reclaim_after_seconds == a.readdress_deadline_seconds
     assert a.slice_marks().critical_ratio == a.critical_ratio
     assert a.host_marks().elevated_ratio == a.host_elevated_ratio
+    # The ladder's tuning (issue 18) is the agent's to set, and reaches the policy.
+    tuned = load_config(
+        AgentConfig,
+        env={"LAMINAR_AIRLOCK_PREDICT_SECONDS": "500ms", "LAMINAR_AIRLOCK_LOSS_WAIT_RATIO": "3"},
+    ).airlock.policy_config()
+    assert (tuned.predict_seconds, tuned.loss_wait_ratio) == (0.5, 3.0)
+    assert (policy.predict_seconds, policy.loss_wait_ratio) == (2.0, 2.0)
 
 
 def test_toml_env_and_flags_with_units(tmp_path: Path) -> None:
@@ -70,6 +77,8 @@ def test_toml_env_and_flags_with_units(tmp_path: Path) -> None:
             "airlock.elevated_bytes",
         ),
         ({"LAMINAR_AIRLOCK_HOLD_SECONDS": "-1"}, "airlock.hold_seconds"),
+        ({"LAMINAR_AIRLOCK_PREDICT_SECONDS": "-1"}, "airlock.predict_seconds"),
+        ({"LAMINAR_AIRLOCK_LOSS_WAIT_RATIO": "-0.5"}, "airlock.loss_wait_ratio"),
         ({"LAMINAR_AIRLOCK_DRY_RUN": "maybe"}, "airlock.dry_run"),
         ({"LAMINAR_AIRLOCK_MAX_READDRESS": "-1"}, "airlock.max_readdress"),
         ({"LAMINAR_AIRLOCK_MAX_READDRESS": "two"}, "airlock.max_readdress"),
