@@ -76,13 +76,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         + EXPECTED_RESULTS_DIR_NAME
         + " when present)",
     )
-    exp.add_argument(
-        "--probes",
-        type=int,
-        default=ProbeLimits().probes_per_attempt,
-        help="laminar: hosts probed per attempt, d (default: the router's, "
-        f"{ProbeLimits().probes_per_attempt}); with 1 a probe carries the commit",
-    )
+    _add_probes_flag(exp, "laminar: ")
     exp.add_argument(
         "--zone-hosts",
         type=int,
@@ -116,13 +110,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="arrivals before this are run but not measured (default 2 s)",
     )
     ld.add_argument("--zone-hosts", type=int, default=1000, help="hosts per zone (default 1000)")
-    ld.add_argument(
-        "--probes",
-        type=int,
-        default=ProbeLimits().probes_per_attempt,
-        help="hosts probed per attempt, d (default: the router's, "
-        f"{ProbeLimits().probes_per_attempt}); with 1 a probe carries the commit",
-    )
+    _add_probes_flag(ld)
     ld.add_argument(
         "--net-delay-ms", type=float, default=0.5, help="one-way message delay (default 0.5 ms)"
     )
@@ -329,6 +317,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     al.add_argument("-o", "--output", choices=["table", "json"], default="table")
     al.add_argument("--plot", type=Path, help="save work lost and kills by class to this PNG")
     al.set_defaults(func=cmd_airlock)
+
+
+def _add_probes_flag(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """``--probes``: d, hosts probed per attempt, defaulting to the router's."""
+    d = ProbeLimits().probes_per_attempt
+    parser.add_argument(
+        "--probes",
+        type=int,
+        default=d,
+        help=f"{prefix}hosts probed per attempt, d (default: the router's, {d}); with 1 a "
+        "one-member task's probe carries the commit",
+    )
 
 
 def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
