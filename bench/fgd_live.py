@@ -104,7 +104,7 @@ async def wait_ready(address: str, count: int, procs: list[subprocess.Popen[byte
 
 
 async def place_all(address: str, pods: list[PodShape], order: list[int]) -> dict[str, Any]:
-    placed = failed = 0
+    placed = failed = probes = bounces = 0
     allocated_milli = 0
     started = time.monotonic()
     async with grpc.aio.insecure_channel(address) as channel:
@@ -120,6 +120,8 @@ async def place_all(address: str, pods: list[PodShape], order: list[int]) -> dic
                 ),
                 timeout=30,
             )
+            probes += len(reply.hosts)
+            bounces += sum(1 for h in reply.hosts if not h.fits)
             if any(h.fits and h.HasField("lease") for h in reply.hosts):
                 placed += 1
                 allocated_milli += pod.total_gpu_milli
@@ -130,6 +132,11 @@ async def place_all(address: str, pods: list[PodShape], order: list[int]) -> dic
         "failed": failed,
         "allocated_gpu_milli": allocated_milli,
         "seconds": round(time.monotonic() - started, 2),
+        # Router-agent messages: a probe is a request and a reply (with d = 1 a Submit's
+        # probe carries the commit, so a placement costs the same; keep_leases commits none).
+        "probes_per_pod": round(probes / max(1, len(order)), 3),
+        "bounces_per_pod": round(bounces / max(1, len(order)), 3),
+        "messages_per_pod": round(2 * probes / max(1, len(order)), 3),
     }
 
 
