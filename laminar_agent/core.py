@@ -303,7 +303,8 @@ class AgentCore:
         self, orders: Sequence[ProbeOrder], now: float, now_unix: float
     ) -> tuple[list[Granted | Bounced], list[Instruction]]:
         """Settle one batch of probes together: lapsed leases go first, then the ledger grants
-        in (priority, value, arrival) order; every lease granted is journaled."""
+        in (priority, value, arrival) order; each lease granted is announced (KeepLease
+        without a subjob: the driver holds it in memory, see :class:`KeepLease`)."""
         instructions = self.expire(now)
         results = self.ledger.arbitrate(orders, now)
         instructions += [

@@ -152,7 +152,6 @@ class HeartbeatClient:
         self.more_events = False
         #: The fence deadline on disk (monotonic; 0: none written by this process).
         self.fence_written = 0.0
-        self.fence_writes = 0
 
     async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
         """Heartbeat until ``stop``; ``beat`` is called once per pass (root-loop progress)."""
@@ -196,7 +195,6 @@ class HeartbeatClient:
             if lease_seconds > 0:
                 write_fence(self._fence_file, deadline)
                 self.fence_written = deadline
-                self.fence_writes += 1
             else:
                 self._fence_file.unlink(missing_ok=True)
                 self.fence_written = 0.0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import gate_code
 from zonekit import HEARTBEAT_SECONDS, Zone, open_zone
 
 from laminar_api.v1 import common_pb2, zone_pb2
@@ -73,8 +74,7 @@ def test_with_d_2_the_same_jobs_take_a_probe_and_a_commit(tmp_path: Path) -> Non
 
 def test_a_busy_host_bounces_and_the_job_waits_then_runs(zone: Zone, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    hold = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"
-    first = [zone.submit(hold) for _ in range(2)]
+    first = [zone.submit(gate_code(gate)) for _ in range(2)]
     for job in first:
         zone.wait_state(job.job_id, zone_pb2.JOB_RUNNING)
     third = zone.submit("print('third')")
