@@ -11,8 +11,8 @@ import grpc
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_base.causes import end_cause
-from laminar_base.errors import FailedPrecondition, InvalidArgument, NotFound
-from laminar_base.grpcutil import check_number, check_str, map_errors
+from laminar_base.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
+from laminar_base.grpcutil import check_number, check_str, error_status, map_errors
 from laminar_base.security import peer_identity
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -52,10 +52,28 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 f"has {len(request.probes)} probes, at most {MAX_BATCH}", field="probes"
             )
         caller = peer_identity(context)
-        replies = await asyncio.gather(*(self._node.probe(p, caller) for p in request.probes))
-        for reply in replies:
-            self._state.fill_summary(reply.summary)
-            self._count_probe(reply)
+        with self._state.metrics.rpc_seconds.labels("ProbeBatch").time():
+            outcomes = await asyncio.gather(
+                *(self._node.probe(p, caller) for p in request.probes), return_exceptions=True
+            )
+        replies = []
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            if isinstance(outcome, BaseException):
+                # Only this probe failed (a refused spec, a commit that could not
+                # launch): the others' outcomes stand, so each carries its own status.
+                if isinstance(outcome, LaminarError):
+                    outcome.within(f"probes[{i}]")
+                code, details = error_status(outcome)
+                reply = agent_pb2.ProbeReply(
+                    error=agent_pb2.ProbeError(code=code.name, message=details)
+                )
+            else:
+                reply = outcome
+                self._count_probe(reply)
+                self._state.fill_summary(reply.summary)
+            replies.append(reply)
         return agent_pb2.ProbeBatchReply(replies=replies)
 
     @map_errors

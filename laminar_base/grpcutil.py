@@ -36,15 +36,28 @@ def status_code(error: LaminarError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, error.code_name, grpc.StatusCode.INTERNAL)
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+def error_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status and details a handler that raised ``exc`` answers with (an error
+    Laminar did not raise on purpose is logged with its traceback and is INTERNAL)."""
     if isinstance(exc, LaminarError):
-        if isinstance(exc, ResourceExhausted) and exc.retry_after_seconds > 0:
-            context.set_trailing_metadata(
-                (("retry-after-seconds", f"{exc.retry_after_seconds:.3f}"),)
-            )
-        await context.abort(status_code(exc), exc.message)
-    log.exception("internal error in RPC handler")
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        return status_code(exc), exc.message
+    log.error("internal error in RPC handler", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
+
+
+def rpc_error(code_name: str, details: str) -> grpc.aio.AioRpcError:
+    """The exception a call that failed with ``code_name`` raises on the client: for one
+    item of a batched reply that carries its own status, so that callers treat it as the
+    same item failing alone."""
+    code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.UNKNOWN)
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, "")
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+    if isinstance(exc, ResourceExhausted) and exc.retry_after_seconds > 0:
+        context.set_trailing_metadata((("retry-after-seconds", f"{exc.retry_after_seconds:.3f}"),))
+    code, details = error_status(exc)
+    await context.abort(code, details)
 
 
 def map_errors(method: F) -> F:

@@ -22,7 +22,7 @@ import grpc
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_base.demand import Demand, HostCap
 from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, demand_pod
-from laminar_base.grpcutil import channel_options
+from laminar_base.grpcutil import channel_options, rpc_error
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import demand_of
 from laminar_zone.config import PlacementSettings
@@ -174,10 +174,20 @@ class AgentCalls:
                 if len(replies) != len(chunk):
                     raise RuntimeError(f"{len(replies)} replies to {len(chunk)} probes")
         except Exception as exc:  # every probe of the call failed, as the call did
+            if len(chunk) > 1 and not _refused_before_handling(exc):
+                # An agent that fails a batch as a whole (one older than per-probe
+                # errors) may have committed some of its commit-carrying probes before
+                # another failed: their outcome is unknown, whatever the call's status.
+                unknown = RuntimeError(f"batched probe failed, outcome unknown: {exc!r}")
+                _settle_all([q for q in chunk if q.request.commit_if_fits], unknown)
             _settle_all(chunk, exc)
             return
         for queued, one in zip(chunk, replies, strict=True):
-            if not queued.future.done():
+            if queued.future.done():
+                continue
+            if one.HasField("error"):  # this probe alone failed, as a lone call would
+                queued.future.set_exception(rpc_error(one.error.code, one.error.message))
+            else:
                 queued.future.set_result(one)
 
     async def _send_releases(self, address: str, queued: list[_Queued[Any]]) -> None:
@@ -193,6 +203,20 @@ class AgentCalls:
         for q in queued:
             if not q.future.done():
                 q.future.set_result(reply)
+
+
+#: Statuses a call gets before any handler ran (nothing of it was carried out).
+_BEFORE_HANDLING = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+def _refused_before_handling(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _BEFORE_HANDLING
 
 
 def _settle_all(queued: Sequence[_Queued[Any]], exc: BaseException) -> None:
@@ -452,18 +476,27 @@ class Placer:
             for m in range(members)
         ]
         if spec is not None:
-            # Alone in its call: a ProbeBatch fails as a whole, and one job's commit the
-            # agent refused must not read as every batched job's refusal.
+            # Batched with other probes for the agent like any probe: each probe of a
+            # ProbeBatch answers with its own outcome or its own error.
             probes[0].commit_if_fits = True
             probes[0].spec.CopyFrom(spec)
-        elif len(probes) == 1 and not ask.allow_preemption:
+        if len(probes) == 1 and not ask.allow_preemption:
             return [await self.calls.probe(record.address, probes[0])]
         stub = self.clients.stub(record.address)
         timeout = self.settings.rpc_timeout_seconds
         if len(probes) == 1:
             return [await stub.Probe(probes[0], timeout=timeout)]
         reply = await stub.ProbeBatch(agent_pb2.ProbeBatchRequest(probes=probes), timeout=timeout)
-        return list(reply.replies)
+        replies = list(reply.replies)
+        failed = next((one.error for one in replies if one.HasField("error")), None)
+        if failed is not None:
+            # A member that could not be probed fails the try on this host as the whole
+            # call would have; its siblings' leases are released.
+            granted = [one.lease for one in replies if one.WhichOneof("outcome") == "lease"]
+            if granted:
+                await self.release([(record, lease) for lease in granted])
+            raise rpc_error(failed.code, failed.message)
+        return replies
 
     async def close(self) -> None:
         """Let releases and calls under way finish (short: one call per agent, bounded)."""

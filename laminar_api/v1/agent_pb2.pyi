@@ -80,7 +80,7 @@ class Bounce(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., retryable: _Optional[bool] = ...) -> None: ...
 
 class ProbeReply(_message.Message):
-    __slots__ = ("lease", "bounce", "summary", "subjob", "would_fit", "score", "preempted_subjob_ids")
+    __slots__ = ("lease", "bounce", "summary", "subjob", "would_fit", "score", "preempted_subjob_ids", "error")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     BOUNCE_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class ProbeReply(_message.Message):
     WOULD_FIT_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_SUBJOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     lease: Lease
     bounce: Bounce
     summary: _common_pb2.AgentSummary
@@ -95,7 +96,16 @@ class ProbeReply(_message.Message):
     would_fit: bool
     score: float
     preempted_subjob_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., bounce: _Optional[_Union[Bounce, _Mapping]] = ..., summary: _Optional[_Union[_common_pb2.AgentSummary, _Mapping]] = ..., subjob: _Optional[_Union[_common_pb2.Subjob, _Mapping]] = ..., would_fit: _Optional[bool] = ..., score: _Optional[float] = ..., preempted_subjob_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    error: ProbeError
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., bounce: _Optional[_Union[Bounce, _Mapping]] = ..., summary: _Optional[_Union[_common_pb2.AgentSummary, _Mapping]] = ..., subjob: _Optional[_Union[_common_pb2.Subjob, _Mapping]] = ..., would_fit: _Optional[bool] = ..., score: _Optional[float] = ..., preempted_subjob_ids: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[ProbeError, _Mapping]] = ...) -> None: ...
+
+class ProbeError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ProbeBatchRequest(_message.Message):
     __slots__ = ("probes",)

@@ -97,6 +97,41 @@ def test_probe_commit_runs_a_process(cluster: LocalCluster) -> None:
         assert {s.shape: s.free for s in summary.shapes}["gpu:A100-40GB"] == 2
 
 
+def test_a_probe_batch_answers_each_commit_on_its_own(cluster: LocalCluster) -> None:
+    """One batched commit-carrying probe the agent refuses (no command) fails alone,
+    naming its index and field; the other runs its process and the refused one holds
+    nothing."""
+    agent = cluster.start_agent("h", "2xA100-40GB")
+    channel, stub = _stub(agent)
+    with channel:
+        good = agent_pb2.ProbeRequest(
+            probe_id="ok",
+            job_id="j-ok",
+            resources=common_pb2.Resources(gpus=1),
+            commit_if_fits=True,
+            spec=_spec("batched-ok", "pass"),
+        )
+        bad = agent_pb2.ProbeRequest(
+            probe_id="bad",
+            job_id="j-bad",
+            resources=common_pb2.Resources(gpus=1),
+            commit_if_fits=True,
+            spec=common_pb2.SubjobSpec(subjob_id="batched-bad", job_id="j-bad"),
+        )
+        reply = stub.ProbeBatch(agent_pb2.ProbeBatchRequest(probes=[good, bad]), timeout=10)
+        first, second = reply.replies
+        assert not first.HasField("error") and first.subjob.spec.subjob_id == "batched-ok"
+        assert second.error.code == "INVALID_ARGUMENT"
+        assert second.error.message.startswith("probes[1].") and "command" in second.error.message
+        assert second.WhichOneof("outcome") is None
+        assert _final(stub, "batched-ok").state == common_pb2.SUCCEEDED
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id="batched-bad"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        summary = stub.GetSummary(agent_pb2.GetSummaryRequest(), timeout=10)
+        assert {s.shape: s.free for s in summary.shapes}["gpu:A100-40GB"] == 2
+
+
 def test_concurrent_probes_for_the_last_slice(cluster: LocalCluster) -> None:
     agent = cluster.start_agent("h", "1xA100-40GB")
 

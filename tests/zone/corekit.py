@@ -169,7 +169,26 @@ class FakeAgent:
     async def ProbeBatch(
         self, request: agent_pb2.ProbeBatchRequest, timeout: float = 0
     ) -> agent_pb2.ProbeBatchReply:
-        return agent_pb2.ProbeBatchReply(replies=self._settle(list(request.probes)))
+        requests = list(request.probes)
+        replies = self._settle(requests)
+        lost: grpc.aio.AioRpcError | None = None
+        for probe, reply in zip(requests, replies, strict=True):
+            if not (probe.commit_if_fits and reply.WhichOneof("outcome") == "lease"):
+                continue
+            commit = agent_pb2.CommitRequest(lease_id=reply.lease.lease_id, spec=probe.spec)
+            try:
+                reply.subjob.CopyFrom(await self.Commit(commit))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    lost = exc  # the call's reply is lost, with every probe's answer in it
+                    continue
+                # As the agent does: this probe alone fails, with its own status.
+                reply.Clear()
+                reply.error.code = exc.code().name
+                reply.error.message = exc.details() or ""
+        if lost is not None:
+            raise lost
+        return agent_pb2.ProbeBatchReply(replies=replies)
 
     def _settle(self, requests: list[agent_pb2.ProbeRequest]) -> list[agent_pb2.ProbeReply]:
         self._reachable()

@@ -15,17 +15,25 @@ from laminar_zone.placer import AgentCalls
 class CountingStub:
     """An agent that grants every probe and records each call it receives."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(
+        self, fail: bool = False, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
+    ) -> None:
         self.calls: list[tuple[str, list[str]]] = []
         self.fail = fail
+        self.code = code
+        #: probe id -> (status name, message): that probe of a batch fails on its own.
+        self.refuse: dict[str, tuple[str, str]] = {}
 
     def _check(self) -> None:
         if self.fail:
             raise grpc.aio.AioRpcError(
-                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down", ""
+                self.code, grpc.aio.Metadata(), grpc.aio.Metadata(), "down", ""
             )
 
     def _reply(self, request: agent_pb2.ProbeRequest) -> agent_pb2.ProbeReply:
+        if request.probe_id in self.refuse:
+            code, message = self.refuse[request.probe_id]
+            return agent_pb2.ProbeReply(error=agent_pb2.ProbeError(code=code, message=message))
         return agent_pb2.ProbeReply(lease=agent_pb2.Lease(lease_id=f"l-{request.probe_id}"))
 
     async def Probe(self, request: agent_pb2.ProbeRequest, timeout: float = 0) -> Any:
@@ -52,8 +60,8 @@ class Clients:
         return self.stubs[address]
 
 
-def _probe(probe_id: str) -> agent_pb2.ProbeRequest:
-    return agent_pb2.ProbeRequest(probe_id=probe_id, job_id=probe_id)
+def _probe(probe_id: str, commit: bool = False) -> agent_pb2.ProbeRequest:
+    return agent_pb2.ProbeRequest(probe_id=probe_id, job_id=probe_id, commit_if_fits=commit)
 
 
 async def test_one_tick_of_probes_and_releases_is_one_call_per_agent() -> None:
@@ -145,3 +153,52 @@ async def test_an_agent_slow_to_answer_holds_the_next_probes_only_so_long() -> N
     assert a.calls == [("Probe", ["p1"]), ("Probe", ["p2"])]
     a.gate.set()
     assert [(await f).lease.lease_id for f in (first, second)] == ["l-p1", "l-p2"]
+
+
+async def test_a_probe_the_agent_refuses_in_a_batch_fails_alone() -> None:
+    a = CountingStub()
+    a.refuse["p2"] = ("INVALID_ARGUMENT", "probes[1].spec.command: is required")
+    calls = AgentCalls(Clients({"a": a}), lambda: 5.0)  # type: ignore[arg-type]
+    outcomes = await asyncio.gather(
+        calls.probe("a", _probe("p1", commit=True)),
+        calls.probe("a", _probe("p2", commit=True)),
+        calls.probe("a", _probe("p3")),
+        return_exceptions=True,
+    )
+    assert a.calls == [("ProbeBatch", ["p1", "p2", "p3"])]
+    first, refused, third = outcomes
+    assert isinstance(first, agent_pb2.ProbeReply) and first.lease.lease_id == "l-p1"
+    assert isinstance(third, agent_pb2.ProbeReply) and third.lease.lease_id == "l-p3"
+    # The refusal reads as the same probe refused in a call of its own.
+    assert isinstance(refused, grpc.aio.AioRpcError)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.details() == "probes[1].spec.command: is required"
+
+
+@pytest.mark.parametrize(
+    ("code", "commit_unknown"),
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, True),  # an older agent: one probe's refusal
+        (grpc.StatusCode.DEADLINE_EXCEEDED, True),
+        (grpc.StatusCode.UNAUTHENTICATED, False),  # refused before any probe was handled
+    ],
+)
+async def test_a_batch_failed_as_a_whole_leaves_its_commits_unknown(
+    code: grpc.StatusCode, commit_unknown: bool
+) -> None:
+    """An agent that fails a whole batch may have committed some of its commit-carrying
+    probes before another failed: those read as outcome unknown (not as the call's
+    refusal), unless the call was refused before any handler ran."""
+    down = CountingStub(fail=True, code=code)
+    calls = AgentCalls(Clients({"a": down}), lambda: 5.0)  # type: ignore[arg-type]
+    committing, plain = await asyncio.gather(
+        calls.probe("a", _probe("c1", commit=True)),
+        calls.probe("a", _probe("p2")),
+        return_exceptions=True,
+    )
+    assert down.calls == [("ProbeBatch", ["c1", "p2"])]
+    assert isinstance(plain, grpc.aio.AioRpcError) and plain.code() == code
+    if commit_unknown:
+        assert isinstance(committing, RuntimeError) and "outcome unknown" in str(committing)
+    else:
+        assert isinstance(committing, grpc.aio.AioRpcError) and committing.code() == code

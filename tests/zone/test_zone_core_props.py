@@ -133,9 +133,11 @@ class Harness:
             await self.restart()
 
     async def restart(self) -> None:
-        for task in self.calls:
+        # The router dies: every call it has in flight dies with it (a hung one too).
+        dying = self.tasks()
+        for task in dying:
             task.cancel()
-        await asyncio.gather(*self.calls, return_exceptions=True)
+        await asyncio.gather(*dying, return_exceptions=True)
         self.calls.clear()
         await self.zone.close()
         self.store.close()
