@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import heapq
 import logging
 import math
 import random
@@ -224,6 +225,9 @@ class ZoneState:
         #: Leases ProbeJob(keep_leases) handed to a tenant, until CommitJob or their TTL:
         #: CommitJob takes only these, for that tenant and the resources probed.
         self._kept_leases: dict[str, KeptLease] = {}
+        #: (expiry, lease id) of every kept lease, soonest first; an id already gone
+        #: (committed) is skipped when it comes up.
+        self._kept_expiries: list[tuple[float, str]] = []
         self.started_mono = time.monotonic()
         self.heartbeat_seconds = config.membership.heartbeat_seconds
         #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
@@ -1489,12 +1493,14 @@ class ZoneState:
             ttl = request.lease_ttl_seconds or 10.0
             self._sweep_kept_leases()
             for record, lease in gathered.chosen or []:
+                expires = time.monotonic() + ttl
                 self._kept_leases[lease.lease_id] = KeptLease(
                     tenant=spec.tenant or DEFAULT_TENANT,  # as CommitJob names an unnamed tenant
                     resources=spec.resources.SerializeToString(deterministic=True),
                     gang_size=max(1, spec.gang_size),
-                    expires_mono=time.monotonic() + ttl,
+                    expires_mono=expires,
                 )
+                heapq.heappush(self._kept_expiries, (expires, lease.lease_id))
                 reply.hosts.add(
                     agent_id=record.agent_id,
                     address=record.address,
@@ -1615,9 +1621,18 @@ class ZoneState:
         return self._fresh(job)
 
     def _sweep_kept_leases(self) -> None:
+        """Forget kept leases past their expiry: O(expired), not a scan of every kept one
+        (a tenant holding thousands of leases made each ProbeJob pay for all of them)."""
         now = time.monotonic()
-        for lease_id in [k for k, v in self._kept_leases.items() if v.expires_mono <= now]:
-            del self._kept_leases[lease_id]
+        expiries = self._kept_expiries
+        while expiries and expiries[0][0] <= now:
+            _, lease_id = heapq.heappop(expiries)
+            kept = self._kept_leases.get(lease_id)
+            if kept is not None and kept.expires_mono <= now:
+                del self._kept_leases[lease_id]
+        if len(expiries) > 2 * len(self._kept_leases) + 64:  # mostly committed ids: rebuild
+            self._kept_expiries = [(k.expires_mono, i) for i, k in self._kept_leases.items()]
+            heapq.heapify(self._kept_expiries)
 
     def usage(self, tenant: str, since_unix: float) -> zone_pb2.GetUsageReply:
         """Usage per tenant and slice kind since ``since_unix``: ended subjobs and running ones."""
