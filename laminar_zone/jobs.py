@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import heapq
 import logging
 import math
 import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -45,7 +43,6 @@ from laminar_base.errors import (
     InvalidArgument,
     LaminarError,
     NotFound,
-    PermissionDenied,
     Unavailable,
 )
 from laminar_base.grpcutil import check_count, check_number, check_str
@@ -61,6 +58,7 @@ from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
 from laminar_zone.entry import Entry
+from laminar_zone.kept import KeptLease, KeptLeases
 from laminar_zone.lifecycle import (
     MemberState,
     Outcome,
@@ -124,16 +122,6 @@ def _decode_page_token(token: str) -> tuple[float, str]:
         return float(when), job_id
     except (ValueError, UnicodeDecodeError):
         raise InvalidArgument("is not a token ListJobs returned", field="page_token") from None
-
-
-@dataclass(frozen=True)
-class KeptLease:
-    """A lease a tenant holds through ProbeJob(keep_leases), until it commits or expires."""
-
-    tenant: str
-    resources: bytes
-    gang_size: int
-    expires_mono: float
 
 
 def validate_spec(spec: zone_pb2.JobSpec) -> Demand:
@@ -224,10 +212,7 @@ class ZoneState:
         self._resume_forwards: list[Entry] = []
         #: Leases ProbeJob(keep_leases) handed to a tenant, until CommitJob or their TTL:
         #: CommitJob takes only these, for that tenant and the resources probed.
-        self._kept_leases: dict[str, KeptLease] = {}
-        #: (expiry, lease id) of every kept lease, soonest first; an id already gone
-        #: (committed) is skipped when it comes up.
-        self._kept_expiries: list[tuple[float, str]] = []
+        self.kept_leases = KeptLeases()
         self.started_mono = time.monotonic()
         self.heartbeat_seconds = config.membership.heartbeat_seconds
         #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
@@ -1490,17 +1475,16 @@ class ZoneState:
                 ),
                 lease_ttl_seconds=request.lease_ttl_seconds or 10.0,
             )
-            ttl = request.lease_ttl_seconds or 10.0
-            self._sweep_kept_leases()
+            now = time.monotonic()
+            self.kept_leases.sweep(now)
+            kept = KeptLease(
+                tenant=spec.tenant or DEFAULT_TENANT,  # as CommitJob names an unnamed tenant
+                resources=spec.resources.SerializeToString(deterministic=True),
+                gang_size=max(1, spec.gang_size),
+                expires_mono=now + (request.lease_ttl_seconds or 10.0),
+            )
             for record, lease in gathered.chosen or []:
-                expires = time.monotonic() + ttl
-                self._kept_leases[lease.lease_id] = KeptLease(
-                    tenant=spec.tenant or DEFAULT_TENANT,  # as CommitJob names an unnamed tenant
-                    resources=spec.resources.SerializeToString(deterministic=True),
-                    gang_size=max(1, spec.gang_size),
-                    expires_mono=expires,
-                )
-                heapq.heappush(self._kept_expiries, (expires, lease.lease_id))
+                self.kept_leases.keep(lease.lease_id, kept)
                 reply.hosts.add(
                     agent_id=record.agent_id,
                     address=record.address,
@@ -1550,24 +1534,16 @@ class ZoneState:
             existing = self.store.by_request(spec.tenant, request.client_request_id)
             if existing is not None:
                 return self._fresh(existing)
-        self._sweep_kept_leases()
-        resources = spec.resources.SerializeToString(deterministic=True)
+        lease_ids = [lease.lease_id for lease in request.leases]
+        self.kept_leases.check(
+            lease_ids,
+            spec.tenant,
+            spec.resources.SerializeToString(deterministic=True),
+            gang,
+            time.monotonic(),
+        )
         chosen = []
         for i, lease in enumerate(request.leases):
-            kept = self._kept_leases.get(lease.lease_id)
-            if kept is None or kept.tenant != spec.tenant:
-                # Unknown, expired, or probed for another tenant: the same answer for all
-                # three, so a guess learns nothing.
-                raise PermissionDenied(
-                    f"lease {lease.lease_id!r} was not probed for tenant {spec.tenant!r} "
-                    "or has expired; probe again",
-                    field=f"leases[{i}]",
-                )
-            if kept.resources != resources or kept.gang_size != gang:
-                raise InvalidArgument(
-                    "must ask for the resources and gang size the leases were probed for",
-                    field="spec.resources",
-                )
             record = self.view.agents.get(lease.agent_id)
             if record is None:
                 raise InvalidArgument(f"unknown agent {lease.agent_id!r}", field=f"leases[{i}]")
@@ -1593,8 +1569,7 @@ class ZoneState:
             )
         if refusal:
             raise FailedPrecondition(refusal, field="spec.resources")
-        for lease in request.leases:
-            self._kept_leases.pop(lease.lease_id, None)
+        self.kept_leases.take(lease_ids)
         job = zone_pb2.Job(
             job_id=f"j-{uuid.uuid4().hex[:10]}",
             spec=spec,
@@ -1619,20 +1594,6 @@ class ZoneState:
                 f"{job.reason} (leases expire after their TTL; probe again)", field="leases"
             )
         return self._fresh(job)
-
-    def _sweep_kept_leases(self) -> None:
-        """Forget kept leases past their expiry: O(expired), not a scan of every kept one
-        (a tenant holding thousands of leases made each ProbeJob pay for all of them)."""
-        now = time.monotonic()
-        expiries = self._kept_expiries
-        while expiries and expiries[0][0] <= now:
-            _, lease_id = heapq.heappop(expiries)
-            kept = self._kept_leases.get(lease_id)
-            if kept is not None and kept.expires_mono <= now:
-                del self._kept_leases[lease_id]
-        if len(expiries) > 2 * len(self._kept_leases) + 64:  # mostly committed ids: rebuild
-            self._kept_expiries = [(k.expires_mono, i) for i, k in self._kept_leases.items()]
-            heapq.heapify(self._kept_expiries)
 
     def usage(self, tenant: str, since_unix: float) -> zone_pb2.GetUsageReply:
         """Usage per tenant and slice kind since ``since_unix``: ended subjobs and running ones."""
