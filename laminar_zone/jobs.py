@@ -160,6 +160,10 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Demand:
     return need
 
 
+#: Least time between two gauge refreshes by queue passes (the sweep refreshes always).
+GAUGE_SECONDS = 0.5
+
+
 class ZoneState:
     def __init__(
         self,
@@ -213,6 +217,7 @@ class ZoneState:
         #: Leases ProbeJob(keep_leases) handed to a tenant, until CommitJob or their TTL:
         #: CommitJob takes only these, for that tenant and the resources probed.
         self.kept_leases = KeptLeases()
+        self._gauges_at = -math.inf
         self.started_mono = time.monotonic()
         self.heartbeat_seconds = config.membership.heartbeat_seconds
         #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
@@ -1261,7 +1266,7 @@ class ZoneState:
                 self.evaluate(entry)
                 self.save(entry)
                 self.forget_if_done(entry)
-        self._update_gauges()
+        self._update_gauges(force=True)
 
     # ================================================================ user operations
 
@@ -1709,7 +1714,14 @@ class ZoneState:
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
 
-    def _update_gauges(self) -> None:
+    def _update_gauges(self, *, force: bool = False) -> None:
+        """Set the job, queue and agent gauges: a scan of every live job and agent, so a
+        pass (one per event) refreshes them at most every :data:`GAUGE_SECONDS`; the
+        sweep (once per heartbeat period, at most 1 s) always does."""
+        now = time.monotonic()
+        if not force and now - self._gauges_at < GAUGE_SECONDS:
+            return
+        self._gauges_at = now
         counts: dict[str, int] = {}
         queued: dict[str, int] = {}
         for e in self.entries.values():

@@ -259,9 +259,20 @@ def test_metrics_cover_placement_queue_jobs_and_agents(zone: Zone) -> None:
     job = zone.submit()
     zone.wait_state(job.job_id, zone_pb2.JOB_SUCCEEDED)
     address = zone.cluster.zones[0].metrics_address
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    families = {f.name: f for f in text_string_to_metric_families(text)}
+    families: dict = {}
+
+    def scrape() -> bool:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        families.clear()
+        families.update({f.name: f for f in text_string_to_metric_families(text)})
+        agents = families.get("laminar_zone_agents")
+        return agents is not None and any(
+            s.labels.get("state") == "ready" and s.value == 3.0 for s in agents.samples
+        )
+
+    # Gauges are refreshed by the router's sweep (each heartbeat period, at most 1 s).
+    wait_for(scrape)
     for name in (
         "laminar_zone_placement_duration_seconds",
         "laminar_zone_placement_probes",
