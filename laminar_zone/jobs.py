@@ -1678,10 +1678,11 @@ class ZoneState:
 
     def save_many(self, entries: Sequence[Entry]) -> None:
         """Journal jobs in one write (usage rows first), then tell their watchers."""
-        now = time.time()
-        for entry in entries:
-            self.usage_ledger.record(entry.job, now)
-        self.store.put_many([e.job for e in entries])
+        jobs = [e.job for e in entries]
+        with self.store.transaction():  # one commit for the usage rows and the jobs
+            usage = self.usage_ledger.write(jobs, time.time())
+            self.store.put_many(jobs)
+        self.usage_ledger.written(usage)
         for entry in entries:
             self._publish(entry)
             self.forget_if_done(entry)

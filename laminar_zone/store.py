@@ -67,7 +67,7 @@ class JobStore:
             )
             for j in jobs
         ]
-        with self._transaction():
+        with self.transaction():
             self._db.executemany(
                 "INSERT INTO jobs(job_id, tenant, client_request_id, state, submitted_unix, body)"
                 " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET"
@@ -150,7 +150,9 @@ class JobStore:
             (key, value),
         )
 
-    def _transaction(self) -> _Tx:
+    def transaction(self) -> _Tx:
+        """One transaction around what the block writes (the usage rows and the jobs of
+        one save commit together); inside another, it joins that one."""
         return _Tx(self._db)
 
     def iter_all(self) -> Iterator[zone_pb2.Job]:
@@ -161,12 +163,16 @@ class JobStore:
 class _Tx:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
+        self.outer = False
 
     def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
+        self.outer = not self.db.in_transaction
+        if self.outer:
+            self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, *_: object) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if self.outer:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
 def _decode(body: bytes) -> zone_pb2.Job:

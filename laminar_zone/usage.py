@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from laminar_api.v1 import zone_pb2
@@ -216,6 +216,15 @@ def records_from(figures: dict[tuple[str, str], Figures]) -> list[zone_pb2.Usage
     ]
 
 
+@dataclass(frozen=True)
+class Written:
+    """What :meth:`UsageLedger.write` inserted: the rows, and those that were new."""
+
+    jobs: Sequence[zone_pb2.Job]
+    rows: list[SubjobUsage]
+    fresh: list[SubjobUsage]
+
+
 class UsageLedger:
     """The ``usage`` table in the router's journal, and the usage counters.
 
@@ -227,6 +236,7 @@ class UsageLedger:
         self, store: JobStore, metrics: ZoneMetrics, agents: Mapping[str, AgentRecord]
     ) -> None:
         self._db = store.db
+        self._store = store
         self._metrics = metrics
         self._agents = agents
         #: Subjob ids already written, per job still live (bounded by the live jobs).
@@ -254,15 +264,33 @@ class UsageLedger:
 
         Call it before journaling the job. Returns how many rows were new.
         """
-        written = self._written.setdefault(job.job_id, set())
-        rows = [u for u in self._rows(job, _ENDED, now_unix) if u.subjob_id not in written]
-        fresh = self._insert(rows) if rows else []
-        written.update(u.subjob_id for u in rows)
-        for usage in fresh:
+        with self._store.transaction():
+            rows = self.write([job], now_unix)
+        return self.written(rows)
+
+    def write(self, jobs: Sequence[zone_pb2.Job], now_unix: float) -> Written:
+        """Insert the rows of every subjob of ``jobs`` that ended and is not written yet,
+        in the caller's transaction (a save commits the usage rows with the jobs): pass
+        what it returns to :meth:`written` once that transaction committed. A transaction
+        rolled back leaves them unwritten, to be written by the next save."""
+        rows: list[SubjobUsage] = []
+        for job in jobs:
+            done = self._written.get(job.job_id, ())
+            rows.extend(u for u in self._rows(job, _ENDED, now_unix) if u.subjob_id not in done)
+        return Written(jobs, rows, self._insert(rows) if rows else [])
+
+    def written(self, rows: Written) -> int:
+        """Rows of :meth:`write` are in the journal: count them; returns how many were new."""
+        for u in rows.rows:
+            self._written.setdefault(u.job_id, set()).add(u.subjob_id)
+        for usage in rows.fresh:
             self._count(usage)
-        if job.state in TERMINAL_JOB_STATES and not any(p.state in _LIVE for p in job.placements):
-            self._written.pop(job.job_id, None)
-        return len(fresh)
+        for job in rows.jobs:
+            if job.state in TERMINAL_JOB_STATES and not any(
+                p.state in _LIVE for p in job.placements
+            ):
+                self._written.pop(job.job_id, None)
+        return len(rows.fresh)
 
     def _rows(
         self, job: zone_pb2.Job, states: frozenset[int], now_unix: float
@@ -292,8 +320,7 @@ class UsageLedger:
     def _insert(self, rows: Iterable[SubjobUsage]) -> list[SubjobUsage]:
         """INSERT OR IGNORE in one transaction; returns the rows that were new."""
         fresh: list[SubjobUsage] = []
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._store.transaction():
             for u in rows:
                 cursor = self._db.execute(
                     "INSERT OR IGNORE INTO usage(subjob_id, job_id, tenant, slice_kind,"
@@ -317,10 +344,6 @@ class UsageLedger:
                 )
                 if cursor.rowcount == 1:
                     fresh.append(u)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
         return fresh
 
     def _count(self, u: SubjobUsage) -> None:

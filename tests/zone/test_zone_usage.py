@@ -253,6 +253,33 @@ def test_an_event_seen_twice_and_a_restart_count_once(tmp_path: Path) -> None:
     store.close()
 
 
+def test_usage_rows_commit_with_the_job_or_not_at_all(tmp_path: Path) -> None:
+    """A save writes the usage rows and the job in one transaction: when the job's write
+    fails, the rows roll back with it and are neither counted nor taken as written, so
+    the next save writes them (once)."""
+    metrics = ZoneMetrics(CollectorRegistry())
+    ledger, store = ledger_at(tmp_path / "zone.db", metrics)
+    j = job("j-1", "alice", placement("j-1-a1-m0"))
+    gpu_seconds = "laminar_zone_usage_gpu_seconds_total"
+    with pytest.raises(RuntimeError), store.transaction():
+        ledger.write([j], T0 + 500)
+        store.put_many([j])
+        raise RuntimeError("the disk is full")
+    assert ledger.report("", 0.0, [], T0 + 700) == []
+    assert store.get("j-1") is None
+    assert counter(metrics, gpu_seconds, "alice", "gpu:H100-80GB") == 0.0
+    with store.transaction():
+        rows = ledger.write([j], T0 + 501)
+        store.put_many([j])
+    assert ledger.written(rows) == 1
+    assert counter(metrics, gpu_seconds, "alice", "gpu:H100-80GB") == pytest.approx(100.0)
+    assert store.get("j-1") is not None
+    (row,) = ledger.report("", 0.0, [], T0 + 700)
+    assert row.subjobs == 1
+    assert ledger.record(j, T0 + 502) == 0  # written: not again
+    store.close()
+
+
 def test_report_groups_by_tenant_and_kind_filters_a_tenant_and_adds_running_subjobs(
     tmp_path: Path,
 ) -> None:
