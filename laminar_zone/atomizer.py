@@ -511,8 +511,8 @@ class Atomizer:
     # ------------------------------------------------------------------ rounds
 
     async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
-        """The market's root loop: on new windows and every ``market.round_seconds`` it
-        runs the zone's one pass (rigid walks and clearing rounds in one class order,
+        """The market's root loop: on new windows and every ``market.round_seconds``, while
+        an atomized job waits or a piece's window ends, it runs the zone's one pass (rigid walks and clearing rounds in one class order,
         laminar_zone.queue.class_order); a pass that raises ends it and its supervisor
         restarts it (laminar_base.supervise)."""
         while not stop.is_set():
@@ -523,7 +523,8 @@ class Atomizer:
                 pass
             self.wake.clear()
             await self.enforce_windows()
-            await self.zone.one_pass()
+            if self._waiting() or self._due(time.time()):
+                await self.zone.one_pass()
 
     def _waiting(self) -> list[Entry]:
         out = []
