@@ -54,7 +54,7 @@ from laminar_zone.arrays import (
     element_id,
     parse_array,
 )
-from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
+from laminar_zone.atomizer import Atomizer, is_atomized, units_done, validate_contract
 from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
@@ -307,8 +307,10 @@ class ZoneState:
         target: str,
         resume: Callable[[Entry, str], Coroutine[Any, Any, bool]],
     ) -> None:
-        if not await resume(entry, target):
-            await self._place(entry)
+        if await resume(entry, target):
+            self.atomizer.forget(entry.job.job_id)
+        else:
+            await self._keep_here(entry)
 
     # ================================================================ admission
 
@@ -547,14 +549,12 @@ class ZoneState:
                 entry.queued_at = time.monotonic()
                 return
         if job.job_id in self.atomizer.atoms:
-            job.state = zone_pb2.QUEUED
-            set_reason(
-                job,
-                Reason.WINDOW,
-                f"waiting for a window; 0 of {job.spec.atomization.total_units} units done",
-            )
-            entry.queued_at = time.monotonic()
-            self.atomizer.wake.set()
+            if allow_forward and self.forwarder is not None:
+                # Flow splitting picks its zone as for a rigid job (_kick): a peer, or a
+                # window here.
+                set_reason(job, Reason.PLACING, "routing: flow splitting picks its zone")
+                return
+            self._await_window(entry)
             return
         gang = max(1, job.spec.gang_size)
         members_total = self.view.counts(entry.need).members_total
@@ -575,6 +575,29 @@ class ZoneState:
         # A peer zone may take it (flow splitting decides first); if it stays here behind
         # a blocked head, _forward_or_place queues it then.
         set_reason(job, Reason.PLACING, job.reason or "placing")
+
+    def _await_window(self, entry: Entry) -> None:
+        """An atomized job stays in this zone: it waits for a window (the market starts it)."""
+        job = entry.job
+        job.state = zone_pb2.QUEUED
+        set_reason(
+            job,
+            Reason.WINDOW,
+            f"waiting for a window; {units_done(job)} of {job.spec.atomization.total_units} "
+            "units done",
+        )
+        entry.queued_at = time.monotonic()
+        self.atomizer.wake.set()
+
+    async def _keep_here(self, entry: Entry) -> None:
+        """No peer took ``entry``: an atomized job waits here for a window, a rigid one is
+        placed."""
+        if entry.job.job_id in self.atomizer.atoms:
+            self._await_window(entry)
+            self.save(entry)
+            self._publish(entry)
+            return
+        await self._place(entry)
 
     def _behind_blocked_head(self, entry: Entry) -> bool:
         """Whether a job of its kind and no higher class waits blocked at the queue's head:
@@ -605,13 +628,14 @@ class ZoneState:
     async def _forward_or_place(self, entry: Entry) -> None:
         assert self.forwarder is not None
         if await self.forwarder(entry):
+            self.atomizer.forget(entry.job.job_id)  # the peer's market runs it
             return
-        if self._behind_blocked_head(entry):  # it stays here: after the blocked head
-            self._queue_behind_head(entry)
+        if entry.job.job_id not in self.atomizer.atoms and self._behind_blocked_head(entry):
+            self._queue_behind_head(entry)  # it stays here: after the blocked head
             self.save(entry)
             self.queue_wake.set()
             return
-        await self._place(entry)
+        await self._keep_here(entry)
 
     def _dependency_block(self, entry: Entry) -> str:
         pending = []
@@ -1884,9 +1908,9 @@ def copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
 
 
 def _may_forward(job: zone_pb2.Job) -> bool:
-    """Flow splitting sends rigid jobs to peers; an atomized job's windows are this zone's,
-    and an array's elements stay with their array."""
-    return not is_atomized(job.spec) and not job.array_id
+    """Flow splitting sends rigid and atomized jobs alike to peers (an atomized job then
+    bids for the peer's windows); an array's elements stay with their array."""
+    return not job.array_id
 
 
 def note_true_end(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
