@@ -237,6 +237,8 @@ class MarketRound:
 
     now: float
     now_unix: float
+    #: perf_counter() when the round's current step began; ``seconds`` sums its steps
+    #: (the rigid walks between them are the queue's time, not the round's).
     started: float
     waiting: list[Entry]
     #: How many windows were advertised free when the round opened.
@@ -260,6 +262,7 @@ class MarketRound:
     bids: list[Bid] = field(default_factory=list)
     awards: list[Award] = field(default_factory=list)
     materialized: int = 0
+    seconds: float = 0.0
 
     @property
     def classes(self) -> set[int]:
@@ -686,6 +689,7 @@ class Atomizer:
                 rnd.client_bids.extend(
                     b for b in got if self._within_quota(rnd, b.tenant, b.window)
                 )
+        rnd.seconds += time.perf_counter() - started
         return rnd
 
     @staticmethod
@@ -711,6 +715,7 @@ class Atomizer:
         a higher one (``step.heads``). Pieces that lost their slice stop; winners on free
         windows start now, before any lower class's rigid job may try."""
         priority = step.priority
+        rnd.started = time.perf_counter()
 
         def eligible(b: Bidder, w: MarketWindow) -> bool:
             if w.held_by and w.held_by == b.job_id:
@@ -765,11 +770,13 @@ class Atomizer:
             )
         )
         rnd.materialized += sum(results)
+        rnd.seconds += time.perf_counter() - rnd.started
 
     async def close_round(self, rnd: MarketRound) -> list[Bid]:
         """After the last class: pieces whose window ends with no award stop, losers learn
         the score that beat them, clients hear the outcome, waiting jobs say why. Returns
         the winning bids (tests and benchmarks read them)."""
+        rnd.started = time.perf_counter()
         awards = rnd.awards
         winning = {a.bid.window.key: a.score for a in awards}
         winners = {a.bid.job_id for a in awards}
@@ -796,7 +803,8 @@ class Atomizer:
                 a.bid.window.held_by for a in awards if a.bid.job_id == entry.job.job_id
             ):
                 self._explain_wait(entry, bool(rnd.offered), rnd.now_unix, future)
-        self.zone.metrics.clearing_round_seconds.observe(time.perf_counter() - rnd.started)
+        rnd.seconds += time.perf_counter() - rnd.started
+        self.zone.metrics.clearing_round_seconds.observe(rnd.seconds)
         if awards:
             log.info(
                 "clearing round %d (%s): %d window(s), %d held, %d bid(s), %d award(s), %d started",
