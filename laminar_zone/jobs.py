@@ -70,11 +70,12 @@ from laminar_zone.placement import expected_start
 from laminar_zone.placer import AgentClients, Ask, Gathered, Placer
 from laminar_zone.queue import (
     Admit,
+    Clear,
     QueueItem,
     QueueWalk,
-    Start,
     Waiting,
     class_order,
+    drive_awaiting,
     order_key,
     quota_block,
     quota_never_fits,
@@ -1109,18 +1110,12 @@ class ZoneState:
             waited=waited,
             estimate_all=True,
         )
-        answer: bool | None = None
-        while True:  # carry out the pass's instructions, awaiting each
-            try:
-                step = steps.send(answer)
-            except StopIteration:
-                break
-            if isinstance(step, Start):
-                answer = await start(step.job)
-            else:
-                answer = None
-                assert market is not None  # a round is asked only for a class with market work
-                await self.atomizer.clear_class(market, step)
+
+        async def clear(step: Clear) -> None:
+            assert market is not None  # a round is asked only for a class with market work
+            await self.atomizer.clear_class(market, step)
+
+        await drive_awaiting(steps, start, clear)
         if market is not None:
             await self.atomizer.close_round(market)
         self._queued_per_family = queued_per_family

@@ -4,6 +4,8 @@ the router and the simulators only carry out its instructions."""
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +18,7 @@ from laminar_zone.queue import (
     Waiting,
     class_order,
     drive,
+    drive_awaiting,
     order_key,
     walk_queue,
 )
@@ -156,3 +159,26 @@ def test_every_step_of_a_class_comes_before_any_step_of_a_lower_class(
     assert classes == sorted(classes)
     assert cleared == sorted(market)  # one round per class with market work, none else
     assert [j.job_id for j in kept] == [j.job_id for j in jobs if j.job_id not in started]
+
+
+def test_the_awaiting_driver_carries_out_the_same_instructions() -> None:
+    """The router awaits each answer; the instructions and the outcome are the simulator's."""
+    jobs = [item("p1", 1), item("b1", 2), item("b2", 2, MIG), item("o1", 3)]
+    expected_log, expected_kept = trace(jobs, market={1, 2, 3}, starts={"p1", "b2"})
+    log: list[str] = []
+
+    async def start(job: QueueItem) -> bool:
+        await asyncio.sleep(0)  # an answer that takes a turn of the loop, as a probe does
+        log.append(f"start {job.job_id}")
+        return job.job_id in {"p1", "b2"}
+
+    async def clear(step: Clear) -> None:
+        await asyncio.sleep(0)
+        log.append(f"clear {step.priority} {sorted(step.heads.items())}")
+
+    steps = class_order(
+        QueueWalk(now=0.0), jobs, lambda j: j, lambda j, ahead: 100.0 + ahead, {1, 2, 3}
+    )
+    kept = asyncio.run(drive_awaiting(steps, start, clear))
+    assert log == expected_log
+    assert kept == expected_kept
