@@ -86,7 +86,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -129,7 +129,7 @@ from laminar_zone.market import (
     offer_seconds,
 )
 from laminar_zone.placement import Offer, expected_start
-from laminar_zone.queue import QueueItem, QueueWalk, order_key, walk_queue
+from laminar_zone.queue import Clear, QueueItem, QueueWalk, class_order, drive, order_key
 from laminar_zone.view import AgentRecord
 
 ProgressFn = Callable[[str, int, int], None]
@@ -502,8 +502,8 @@ class MigReplay:
         self.last = 0.0
         self.frag_now = 0
         self.window_end = jobs[-1].arrival if jobs else 0.0
-        self.heads: dict[str, tuple[int, float | None]] = {}
         self.next_key = 0
+        self.family_of: dict[str, str] = {}
 
     # ----------------------------------------------------------------- set-up
 
@@ -568,28 +568,25 @@ class MigReplay:
         """After every event: all waiting work in one class order. Per priority class, its
         rigid jobs (the router's queue walk, whose blocked heads cut the windows of this
         class and the lower ones) and then its atomized bids and the pieces of that class
-        whose window ends now (one clearing round). Pieces left undecided stop."""
+        whose window ends now (one clearing round): :func:`laminar_zone.queue.class_order`,
+        the pass the router runs too. Pieces left undecided stop."""
         if not self.spec.incumbency:
             for piece in list(self.deciding):
                 self.stop(piece)
-        if self.mode != "atomized" or not self.spec.class_order:
-            self.schedule_rigid(self.rigid_queue)
-            if self.mode == "atomized" and (self.waiting or self.deciding):
-                self.clear_round()
-        else:
-            classes = sorted(
-                {s.job.priority for s in self.rigid_queue}
-                | {s.job.priority for s in self.waiting}
-                | {p.state.job.priority for p in self.deciding}
-            )
-            walk = self.start_walk()
-            kept: list[_JobState] = []
-            for priority in classes:
-                mine = [s for s in self.rigid_queue if s.job.priority == priority]
-                kept.extend(self.schedule_rigid(mine, walk))
-                if self.waiting or self.deciding:
-                    self.clear_round(priority)
-            self.rigid_queue = kept
+        market: set[int] = set()
+        if self.mode == "atomized":
+            market = {s.job.priority for s in self.waiting}
+            market |= {p.state.job.priority for p in self.deciding}
+        self.rigid_queue.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
+        steps = class_order(
+            QueueWalk(self.engine.now),
+            self.rigid_queue,
+            self.item,
+            self.head_start,
+            market,
+            interleave=self.spec.class_order,
+        )
+        self.rigid_queue = drive(steps, self.try_start, self.clear_round)
         for piece in list(self.deciding):
             self.stop(piece)
         self.measure_fragmentation()
@@ -613,29 +610,6 @@ class MigReplay:
             if memory >= state.need_bytes:
                 return profile
         return self.profiles[-1][1]
-
-    def start_walk(self) -> QueueWalk:
-        self.heads = {}
-        return QueueWalk(self.engine.now)
-
-    def schedule_rigid(
-        self, jobs: list[_JobState], walk: QueueWalk | None = None
-    ) -> list[_JobState]:
-        """The router's queue walk (:class:`QueueWalk`) over rigid gangs, per MIG family;
-        ``walk`` goes on from the classes walked before (None: a new walk over them all,
-        which becomes the queue). Returns the jobs left waiting."""
-        jobs.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
-        whole = walk is None
-        walk = walk if walk is not None else self.start_walk()
-        kept = walk_queue(walk, jobs, self.item, self.try_start, self.head_start)
-        profiles = {family: family.removeprefix("mig:") for family in walk.heads}
-        self.heads = {
-            profiles[family]: (self.memory_of[profiles[family]], head.expected_start)
-            for family, head in walk.heads.items()
-        }
-        if whole:
-            self.rigid_queue = kept
-        return kept
 
     def try_start(self, state: _JobState) -> bool:
         leases = self.place(state)
@@ -799,11 +773,14 @@ class MigReplay:
 
     # ----------------------------------------------------------------- market
 
-    def window_length(self, profile: str) -> float:
+    def window_length(self, profile: str, heads: Mapping[str, float | None]) -> float:
         """The horizon, cut at the expected start of the blocked gang of the slice's family
-        (the gang that fits this profile best), as EASY backfill treats rigid jobs."""
-        head = self.heads.get(profile)
-        head_start = head[1] if head is not None else None
+        (the gang that fits this profile best) of the round's class or a higher one
+        (``heads``, from :class:`Clear`), as EASY backfill treats rigid jobs."""
+        family = self.family_of.get(profile)
+        if family is None:
+            family = self.family_of[profile] = Demand(mig_profile=profile).family
+        head_start = heads.get(family)
         length = offer_seconds(self.engine.now, 0.0, self.spec.horizon_seconds, head_start)
         return max(0.0, length)
 
@@ -821,10 +798,12 @@ class MigReplay:
         state.believed = (calibrator.version, profile)
         return profile
 
-    def clear_round(self, priority: int | None = None) -> None:
+    def clear_round(self, step: Clear) -> None:
         """One clearing round over the free slices and the held ones (pieces whose window
-        ends now), for the waiting jobs of class ``priority`` (None: every class) and the
-        pieces of that class that may extend in place: the router's ``clearing_round``."""
+        ends now), for the waiting jobs of class ``step.priority`` (None: every class) and
+        the pieces of that class that may extend in place: the router's ``clearing_round``,
+        as :func:`class_order` asks for it."""
+        priority = step.priority
         now = self.engine.now
         overhead = self.spec.checkpoint_overhead_seconds
         bidders: list[Bidder] = []
@@ -847,12 +826,12 @@ class MigReplay:
             return
         windows: list[MarketWindow] = []
         for (agent, sid), (profile, memory) in sorted(self.free.items()):
-            length = self.window_length(profile)
+            length = self.window_length(profile, step.heads)
             if length > overhead:
                 milli = compute_of(profile) * 1000 // COMPUTE_SLICES
                 windows.append(MarketWindow(agent, sid, memory, milli, length))
         for key, piece in sorted(held.items()):
-            length = self.window_length(piece.profile)
+            length = self.window_length(piece.profile, step.heads)
             if length > overhead:
                 milli = compute_of(piece.profile) * 1000 // COMPUTE_SLICES
                 holder = f"j{piece.state.job.index:07d}"

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -68,7 +68,7 @@ from laminar_zone.market import (
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
-from laminar_zone.queue import QueueItem, quota_block
+from laminar_zone.queue import Clear, QueueItem, quota_block
 from laminar_zone.reasons import Reason, set_reason
 from laminar_zone.view import ZoneView
 
@@ -99,6 +99,7 @@ class Zone(Protocol):
     async def terminate(
         self, placement: zone_pb2.Placement, reason: str, cause: EndCause
     ) -> None: ...
+    async def one_pass(self) -> None: ...
 
 
 log = logging.getLogger("laminar.zone.atomizer")
@@ -228,6 +229,50 @@ def units_done(job: zone_pb2.Job) -> int:
         (p.unit_start + p.units_done for p in job.placements if p.state in ENDED),
         default=0,
     )
+
+
+@dataclass
+class MarketRound:
+    """One clearing round spread over a pass's classes (:meth:`Atomizer.open_round`)."""
+
+    now: float
+    now_unix: float
+    #: perf_counter() when the round's current step began; ``seconds`` sums its steps
+    #: (the rigid walks between them are the queue's time, not the round's).
+    started: float
+    waiting: list[Entry]
+    #: How many windows were advertised free when the round opened.
+    offered: int
+    #: (agent, slice) -> (window, agent address, length offered to any class).
+    by_key: dict[tuple[str, str], tuple[common_pb2.Window, str, float]]
+    #: The pass's running tally per tenant (GPU-equivalents, GPU memory bytes).
+    units: dict[str, float]
+    memory: dict[str, int]
+    ctx: ClearingContext
+    bidders: list[Bidder] = field(default_factory=list)
+    specs: dict[str, zone_pb2.JobSpec] = field(default_factory=dict)
+    clients: list[tuple[Entry, Atom]] = field(default_factory=list)
+    client_bids: list[Bid] = field(default_factory=list)
+    #: Pieces whose window ends now: (agent, slice) -> (job, placement, window).
+    held: dict[tuple[str, str], tuple[Entry, zone_pb2.Placement, common_pb2.Window]] = field(
+        default_factory=dict
+    )
+    #: Windows a higher class won, or a rigid job started on, in this pass.
+    taken: set[tuple[str, str]] = field(default_factory=set)
+    bids: list[Bid] = field(default_factory=list)
+    awards: list[Award] = field(default_factory=list)
+    materialized: int = 0
+    seconds: float = 0.0
+
+    @property
+    def classes(self) -> set[int]:
+        """The classes with market work: waiting bidders, held pieces, client bids."""
+        return {b.priority for b in self.bidders} | {b.priority for b in self.client_bids}
+
+    def note_started(self, placements: Iterable[zone_pb2.Placement]) -> None:
+        """A rigid job of this pass started on these placements: their slices are taken."""
+        for p in placements:
+            self.taken.update((p.agent_id, s) for s in p.slice_ids)
 
 
 class Atomizer:
@@ -442,24 +487,36 @@ class Atomizer:
         return out
 
     def offer_length(
-        self, now_unix: float, w: common_pb2.Window, end_unix: float, priority: int | None
+        self,
+        now_unix: float,
+        w: common_pb2.Window,
+        end_unix: float,
+        priority: int | None,
+        heads: Mapping[str, float | None] | None = None,
     ) -> float:
         """How long ``w`` is offered to bids of class ``priority``: to its end, at most
         ``market.max_window_seconds``, never past the expected start of a blocked rigid job
         of its family and of that class or a higher one (one class order: a lower class's
-        blocked job does not hold a slice against it). None: cut at any class's."""
+        blocked job does not hold a slice against it). None: cut at any class's. ``heads``:
+        the pass's blocked heads so far (laminar_zone.queue.Clear), family -> expected
+        start, all of that class or higher; None: the last pass's (``blocked_starts``)."""
         mig = w.mig_profile if w.kind == common_pb2.MIG else ""
         family = Demand(gpus=0 if mig else 1, mig_profile=mig).family
-        head = self.zone.blocked_starts.get(family)
         head_start = None
-        if head is not None and (priority is None or head[0] <= priority):
-            head_start = head[1]
+        if heads is not None:
+            head_start = heads.get(family)
+        else:
+            head = self.zone.blocked_starts.get(family)
+            if head is not None and (priority is None or head[0] <= priority):
+                head_start = head[1]
         return offer_seconds(now_unix, end_unix, self.config.max_window_seconds, head_start)
 
     # ------------------------------------------------------------------ rounds
 
     async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
-        """The market's root loop; a round that raises ends it and its supervisor
+        """The market's root loop: on new windows and every ``market.round_seconds``, while
+        an atomized job waits or a piece's window ends, it runs the zone's one pass (rigid walks and clearing rounds in one class order,
+        laminar_zone.queue.class_order); a pass that raises ends it and its supervisor
         restarts it (laminar_base.supervise)."""
         while not stop.is_set():
             beat()
@@ -469,7 +526,8 @@ class Atomizer:
                 pass
             self.wake.clear()
             await self.enforce_windows()
-            await self.clear_round()
+            if self._waiting() or self._due(time.time()):
+                await self.zone.one_pass()
 
     def _waiting(self) -> list[Entry]:
         out = []
@@ -570,19 +628,20 @@ class Atomizer:
             held_by,
         )
 
-    async def clear_round(self) -> list[Bid]:
-        """One round; returns the winning bids (tests and benchmarks read them).
-
-        One class order: per priority class, highest first, a clearing round of that
-        class's waiting jobs and of its pieces whose window ends now (held windows), on
-        the windows no higher class took, cut at the blocked rigid jobs of that class or
-        higher. A piece that wins its held window extends in place; one that loses it, or
-        has no bid, is stopped and resumes from its checkpoint."""
+    async def open_round(
+        self, units: dict[str, float], memory: dict[str, int]
+    ) -> MarketRound | None:
+        """A clearing round for the pass that is starting (None: no atomized job waits and
+        no piece's window ends). ``units``/``memory`` are the pass's running tally per
+        tenant: the round counts its awards into it, as the queue walk counts its starts,
+        so one quota binds rigid and atomized work alike. The pass then clears each class
+        (:meth:`clear_class`) between the rigid walks of its classes and closes the round
+        (:meth:`close_round`): laminar_zone.queue.class_order says when."""
         waiting = self._waiting()
         now, now_unix = time.monotonic(), time.time()
         due = self._due(now_unix)
         if not waiting and not due:
-            return []
+            return None
         started = time.perf_counter()
         self.round_number += 1
         # A slice one of our pieces runs on is not free, whatever its agent advertised (a
@@ -591,104 +650,141 @@ class Atomizer:
         offered = [o for o in self.open_windows(now_unix, now) if self._key(o[0]) not in busy]
         by_key = {self._key(w): (w, address, length) for w, address, length in offered}
         markets = {key: self._market_window(w, length) for key, (w, _, length) in by_key.items()}
-        bidders: list[Bidder] = []
+        rnd = MarketRound(
+            now=now,
+            now_unix=now_unix,
+            started=started,
+            waiting=waiting,
+            offered=len(offered),
+            by_key=by_key,
+            units=units,
+            memory=memory,
+            ctx=ClearingContext(
+                usage=dict(units),
+                shares=self.zone.shares,
+                blend=self._blend,
+                hysteresis=self.config.hysteresis,
+            ),
+        )
         largest = self.largest_slice_bytes()
-        specs: dict[str, zone_pb2.JobSpec] = {}
-        clients: list[tuple[Entry, Atom]] = []
         for entry in waiting:
             atom = self.atoms[entry.job.job_id]
             if atom.client is not None:
-                clients.append((entry, atom))
+                rnd.clients.append((entry, atom))
                 continue
-            bidders.append(self._bidder(entry, atom, now, largest))
-            specs[entry.job.job_id] = entry.job.spec
-        held: dict[tuple[str, str], tuple[Entry, zone_pb2.Placement, common_pb2.Window]] = {}
+            rnd.bidders.append(self._bidder(entry, atom, now, largest))
+            rnd.specs[entry.job.job_id] = entry.job.spec
         for entry, atom, p in due:
             w = self._held_window(atom, p)
             key = (w.agent_id, w.slice_id)
-            held[key] = (entry, p, w)
-            specs[entry.job.job_id] = entry.job.spec
+            rnd.held[key] = (entry, p, w)
+            rnd.specs[entry.job.job_id] = entry.job.spec
             holder = self._bidder(entry, atom, now, largest)
-            bidders.append(replace(holder, holds=key))
-        client_bids: list[Bid] = []
-        if clients:
+            rnd.bidders.append(replace(holder, holds=key))
+        if rnd.clients:
             replies = await asyncio.gather(
-                *(self._client_bids(e, a, by_key, markets, now) for e, a in clients)
+                *(self._client_bids(e, a, by_key, markets, now) for e, a in rnd.clients)
             )
             for got in replies:
-                client_bids.extend(got)
-        units, memory = self.zone.tenant_usage()
-        held_units, held_memory = dict(units), dict(memory)
+                rnd.client_bids.extend(
+                    b for b in got if self._within_quota(rnd, b.tenant, b.window)
+                )
+        rnd.seconds += time.perf_counter() - started
+        return rnd
 
-        def piece(tenant: str, w: MarketWindow) -> QueueItem:
-            """A piece on ``w``, as the queue's quota rule weighs a job."""
-            need = Demand(gpu_milli=w.gpu_milli, gpu_memory_bytes=w.memory_bytes)
-            return QueueItem("", 0, tenant, 0.0, need, 1, 0.0)
+    @staticmethod
+    def _piece(tenant: str, w: MarketWindow) -> QueueItem:
+        """A piece on ``w``, as the queue's quota rule weighs a job."""
+        need = Demand(gpu_milli=w.gpu_milli, gpu_memory_bytes=w.memory_bytes)
+        return QueueItem("", 0, tenant, 0.0, need, 1, 0.0)
 
-        def within_quota(tenant: str, w: MarketWindow) -> bool:
-            """A piece on ``w`` keeps its tenant within quota (queue.quota_block), counting
-            what it runs and the pieces this round has awarded it so far."""
-            return not quota_block(
-                piece(tenant, w),
-                self.zone.quotas.get(tenant),
-                held_units.get(tenant, 0.0),
-                held_memory.get(tenant, 0),
-            )
+    def _within_quota(self, rnd: MarketRound, tenant: str, w: MarketWindow) -> bool:
+        """A piece on ``w`` keeps its tenant within quota (queue.quota_block), counting what
+        it runs and what this pass has started or awarded it so far."""
+        return not quota_block(
+            self._piece(tenant, w),
+            self.zone.quotas.get(tenant),
+            rnd.units.get(tenant, 0.0),
+            rnd.memory.get(tenant, 0),
+        )
+
+    async def clear_class(self, rnd: MarketRound, step: Clear) -> None:
+        """The clearing round of class ``step.priority`` (None: every class): its waiting
+        jobs and its pieces whose window ends, on the windows no higher class (nor a rigid
+        job started in this pass) took, each cut at the blocked rigid heads of this class or
+        a higher one (``step.heads``). Pieces that lost their slice stop; winners on free
+        windows start now, before any lower class's rigid job may try."""
+        priority = step.priority
+        rnd.started = time.perf_counter()
 
         def eligible(b: Bidder, w: MarketWindow) -> bool:
             if w.held_by and w.held_by == b.job_id:
                 return True  # its own slice: it holds it already, within its quota
-            window = by_key[w.key][0] if w.key in by_key else held[w.key][2]
-            return within_quota(b.tenant, w) and self._allows(specs[b.job_id], window)
-
-        client_bids = [b for b in client_bids if within_quota(b.tenant, b.window)]
-        ctx = ClearingContext(
-            usage=units,
-            shares=self.zone.shares,
-            blend=self._blend,
-            hysteresis=self.config.hysteresis,
-        )
-        classes = sorted({b.priority for b in bidders} | {b.priority for b in client_bids})
-        taken: set[tuple[str, str]] = set()
-        bids: list[Bid] = []
-        awards: list[Award] = []
-        for priority in classes:
-            windows = []
-            for key, (w, _, _) in by_key.items():
-                length = self.offer_length(now_unix, w, w.end_unix, priority)
-                if key not in taken and length > 0:
-                    windows.append(self._market_window(w, length))
-            for key, (entry, _, w) in held.items():
-                length = self.offer_length(now_unix, w, 0.0, priority)
-                if key not in taken and length > 0:
-                    windows.append(self._market_window(w, length, entry.job.job_id))
-            ours = [b for b in bidders if b.priority == priority]
-            theirs = [
-                b for b in client_bids if b.priority == priority and b.window.key not in taken
-            ]
-            class_bids, class_awards = clearing_round(
-                ours, windows, self.config.policy, ctx, eligible=eligible, extra_bids=theirs
+            window = rnd.by_key[w.key][0] if w.key in rnd.by_key else rnd.held[w.key][2]
+            return self._within_quota(rnd, b.tenant, w) and self._allows(
+                rnd.specs[b.job_id], window
             )
-            bids.extend(class_bids)
-            for won in class_awards:  # in clearing order: the best keep the tenant's quota
-                tenant, market = won.bid.tenant, won.bid.window
-                if won.bid.incumbent:
-                    awards.append(won)
-                elif within_quota(tenant, market):
-                    awards.append(won)
-                    item = piece(tenant, market)
-                    held_units[tenant] = held_units.get(tenant, 0.0) + item.units
-                    held_memory[tenant] = held_memory.get(tenant, 0) + item.need.memory_bytes
-                else:
-                    continue
-                taken.add(market.key)
+
+        windows = []
+        for key, (w, _, _) in rnd.by_key.items():
+            length = self.offer_length(rnd.now_unix, w, w.end_unix, priority, step.heads)
+            if key not in rnd.taken and length > 0:
+                windows.append(self._market_window(w, length))
+        for key, (entry, _, w) in rnd.held.items():
+            length = self.offer_length(rnd.now_unix, w, 0.0, priority, step.heads)
+            if key not in rnd.taken and length > 0:
+                windows.append(self._market_window(w, length, entry.job.job_id))
+        ours = [b for b in rnd.bidders if priority is None or b.priority == priority]
+        theirs = [
+            b
+            for b in rnd.client_bids
+            if (priority is None or b.priority == priority) and b.window.key not in rnd.taken
+        ]
+        class_bids, class_awards = clearing_round(
+            ours, windows, self.config.policy, rnd.ctx, eligible=eligible, extra_bids=theirs
+        )
+        rnd.bids.extend(class_bids)
+        mine: list[Award] = []
+        for won in class_awards:  # in clearing order: the best keep the tenant's quota
+            tenant, market = won.bid.tenant, won.bid.window
+            if won.bid.incumbent:
+                mine.append(won)
+            elif self._within_quota(rnd, tenant, market):
+                mine.append(won)
+                item = self._piece(tenant, market)
+                rnd.units[tenant] = rnd.units.get(tenant, 0.0) + item.units
+                rnd.memory[tenant] = rnd.memory.get(tenant, 0) + item.need.memory_bytes
+            else:
+                continue
+            rnd.taken.add(market.key)
+        rnd.awards.extend(mine)
+        decided = {a.bid.window.key for a in mine if a.bid.window.held_by}
+        await self._decide_held(
+            {k: v for k, v in rnd.held.items() if k in decided}, mine, rnd.now_unix
+        )
+        results = await asyncio.gather(
+            *(
+                self._materialize(self.zone.entries[a.bid.job_id], a.bid, a.score, rnd.by_key)
+                for a in mine
+                if not a.bid.window.held_by and a.bid.job_id in self.zone.entries
+            )
+        )
+        rnd.materialized += sum(results)
+        rnd.seconds += time.perf_counter() - rnd.started
+
+    async def close_round(self, rnd: MarketRound) -> list[Bid]:
+        """After the last class: pieces whose window ends with no award stop, losers learn
+        the score that beat them, clients hear the outcome, waiting jobs say why. Returns
+        the winning bids (tests and benchmarks read them)."""
+        rnd.started = time.perf_counter()
+        awards = rnd.awards
         winning = {a.bid.window.key: a.score for a in awards}
         winners = {a.bid.job_id for a in awards}
-        for bid in bids:  # losers learn the score that beat them
+        for bid in rnd.bids:  # losers learn the score that beat them
             loser = self.atoms.get(bid.job_id)
             if loser is not None and bid.job_id not in winners and bid.window.key in winning:
                 loser.last_losing_score = max(loser.last_losing_score, winning[bid.window.key])
-        for entry, atom in clients:
+        for entry, atom in rnd.clients:
             award = next((a for a in awards if a.bid.job_id == entry.job.job_id), None)
             refused = list(atom.result.refused) if atom.result is not None else []
             atom.result = zone_pb2.AnnounceMessage(
@@ -697,32 +793,28 @@ class Atomizer:
                 winning_bid=_bid_message(award.bid, award.score) if award else None,
                 refused=refused,  # this round's, set while its bids were taken
             )
-        await self._decide_held(held, awards, now_unix)
-        fresh = [a for a in awards if not a.bid.window.held_by]
-        future = self.future_windows(now_unix)
-        for entry in waiting:
+        decided = {a.bid.window.key for a in awards if a.bid.window.held_by}
+        await self._decide_held(
+            {k: v for k, v in rnd.held.items() if k not in decided}, awards, rnd.now_unix
+        )
+        future = self.future_windows(rnd.now_unix)
+        for entry in rnd.waiting:
             if entry.job.job_id not in winners or all(
                 a.bid.window.held_by for a in awards if a.bid.job_id == entry.job.job_id
             ):
-                self._explain_wait(entry, bool(offered), now_unix, future)
-        results = await asyncio.gather(
-            *(
-                self._materialize(self.zone.entries[a.bid.job_id], a.bid, a.score, by_key)
-                for a in fresh
-                if a.bid.job_id in self.zone.entries
-            )
-        )
-        self.zone.metrics.clearing_round_seconds.observe(time.perf_counter() - started)
+                self._explain_wait(entry, bool(rnd.offered), rnd.now_unix, future)
+        rnd.seconds += time.perf_counter() - rnd.started
+        self.zone.metrics.clearing_round_seconds.observe(rnd.seconds)
         if awards:
             log.info(
                 "clearing round %d (%s): %d window(s), %d held, %d bid(s), %d award(s), %d started",
                 self.round_number,
                 self.config.policy,
-                len(offered),
-                len(held),
-                len(bids),
+                rnd.offered,
+                len(rnd.held),
+                len(rnd.bids),
                 len(awards),
-                sum(results),
+                rnd.materialized,
             )
         return [a.bid for a in awards]
 

@@ -21,7 +21,6 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from functools import partial
 from typing import Any
 
 import grpc
@@ -53,7 +52,7 @@ from laminar_zone.arrays import (
     element_id,
     parse_array,
 )
-from laminar_zone.atomizer import Atomizer, is_atomized, validate_contract
+from laminar_zone.atomizer import Atomizer, is_atomized, units_done, validate_contract
 from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
@@ -69,8 +68,13 @@ from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
 from laminar_zone.placer import AgentClients, Ask, Gathered, Placer
 from laminar_zone.queue import (
+    Admit,
+    Clear,
     QueueItem,
     QueueWalk,
+    Waiting,
+    class_order,
+    drive_awaiting,
     order_key,
     quota_block,
     quota_never_fits,
@@ -203,6 +207,8 @@ class ZoneState:
         #: stop, why, and the cause. Each sweep asks again while the agent is reachable.
         self._owed_stops: dict[str, tuple[zone_pb2.Placement, str, EndCause]] = {}
         self.queue_wake = asyncio.Event()
+        #: One pass at a time: the queue's loop and the market's both run queue_pass.
+        self._pass_lock = asyncio.Lock()
         self._blocked_families: dict[str, int] = {}  # family -> priority of its blocked head
         #: family -> jobs waiting in it, as the last queue pass left them plus those since.
         self._queued_per_family: dict[str, int] = {}
@@ -296,8 +302,10 @@ class ZoneState:
         target: str,
         resume: Callable[[Entry, str], Coroutine[Any, Any, bool]],
     ) -> None:
-        if not await resume(entry, target):
-            await self._place(entry)
+        if await resume(entry, target):
+            self.atomizer.forget(entry.job.job_id)
+        else:
+            await self._keep_here(entry)
 
     # ================================================================ admission
 
@@ -536,14 +544,12 @@ class ZoneState:
                 entry.queued_at = time.monotonic()
                 return
         if job.job_id in self.atomizer.atoms:
-            job.state = zone_pb2.QUEUED
-            set_reason(
-                job,
-                Reason.WINDOW,
-                f"waiting for a window; 0 of {job.spec.atomization.total_units} units done",
-            )
-            entry.queued_at = time.monotonic()
-            self.atomizer.wake.set()
+            if allow_forward and self.forwarder is not None:
+                # Flow splitting picks its zone as for a rigid job (_kick): a peer, or a
+                # window here.
+                set_reason(job, Reason.PLACING, "routing: flow splitting picks its zone")
+                return
+            self._await_window(entry)
             return
         gang = max(1, job.spec.gang_size)
         members_total = self.view.counts(entry.need).members_total
@@ -564,6 +570,29 @@ class ZoneState:
         # A peer zone may take it (flow splitting decides first); if it stays here behind
         # a blocked head, _forward_or_place queues it then.
         set_reason(job, Reason.PLACING, job.reason or "placing")
+
+    def _await_window(self, entry: Entry) -> None:
+        """An atomized job stays in this zone: it waits for a window (the market starts it)."""
+        job = entry.job
+        job.state = zone_pb2.QUEUED
+        set_reason(
+            job,
+            Reason.WINDOW,
+            f"waiting for a window; {units_done(job)} of {job.spec.atomization.total_units} "
+            "units done",
+        )
+        entry.queued_at = time.monotonic()
+        self.atomizer.wake.set()
+
+    async def _keep_here(self, entry: Entry) -> None:
+        """No peer took ``entry``: an atomized job waits here for a window, a rigid one is
+        placed."""
+        if entry.job.job_id in self.atomizer.atoms:
+            self._await_window(entry)
+            self.save(entry)
+            self._publish(entry)
+            return
+        await self._place(entry)
 
     def _behind_blocked_head(self, entry: Entry) -> bool:
         """Whether a job of its kind and no higher class waits blocked at the queue's head:
@@ -594,13 +623,14 @@ class ZoneState:
     async def _forward_or_place(self, entry: Entry) -> None:
         assert self.forwarder is not None
         if await self.forwarder(entry):
+            self.atomizer.forget(entry.job.job_id)  # the peer's market runs it
             return
-        if self._behind_blocked_head(entry):  # it stays here: after the blocked head
-            self._queue_behind_head(entry)
+        if entry.job.job_id not in self.atomizer.atoms and self._behind_blocked_head(entry):
+            self._queue_behind_head(entry)  # it stays here: after the blocked head
             self.save(entry)
             self.queue_wake.set()
             return
-        await self._place(entry)
+        await self._keep_here(entry)
 
     def _dependency_block(self, entry: Entry) -> str:
         pending = []
@@ -948,7 +978,20 @@ class ZoneState:
             await self.queue_pass()
 
     async def queue_pass(self) -> None:
-        """Walk waiting jobs in order; place what fits without delaying a blocked head."""
+        """The queue loop's pass (:meth:`one_pass`; the market's loop runs it as well)."""
+        await self.one_pass()
+
+    async def one_pass(self) -> None:
+        """One pass over all waiting work in one class order, the simulator's too
+        (laminar_zone.queue.class_order): per priority class, highest first, the walk of its
+        rigid jobs (each placed here, awaited, without delaying a blocked head) and then its
+        clearing round (the atomizer's), so a lower class's rigid job never takes a slice a
+        higher class's bid would win. The queue's loop and the market's both run it, one
+        pass at a time."""
+        async with self._pass_lock:
+            await self._one_pass()
+
+    async def _one_pass(self) -> None:
         now_unix = time.time()
         self._resolve_waiting()
         waiting = [
@@ -956,73 +999,80 @@ class ZoneState:
             for e in self.entries.values()
             if e.job.state in (zone_pb2.QUEUED, zone_pb2.WAITING) and not e.placing
         ]
-        if not waiting:
+        units, memory = self.tenant_usage()
+        market = await self.atomizer.open_round(units, memory)
+        if not waiting and market is None:
             self._blocked_families.clear()
             self.blocked_starts.clear()
             self._queued_per_family.clear()
             self._update_gauges()
             return
-        units, memory = self.tenant_usage()
         waiting.sort(key=lambda e: order_key(e.item, units, self.shares))
         walk = QueueWalk(now_unix, backfill=self.config.queue.backfill)
         changed: list[Entry] = []
         counts: dict[Demand, HostCounts] = {}
         queued_per_family: dict[str, int] = {}
-        for entry in waiting:
+
+        def admit(entry: Entry) -> Admit:
+            """Whether ``entry`` is walked in this pass, and whether it could ever fit."""
             job = entry.job
             if job.state in TERMINAL_JOB_STATES or entry.placing:
-                continue
+                return Admit.SKIP
             if job.state == zone_pb2.WAITING and self._dependency_block(entry):
-                continue
+                return Admit.SKIP
             held = self._array_block(entry) if job.state == zone_pb2.WAITING else ""
             if held:
                 if job.reason != held:
                     set_reason(job, Reason.ARRAY_LIMIT, held)
                     changed.append(entry)
-                continue
+                return Admit.SKIP
             if self._wait_for_old_copy(entry):
-                continue
-            if job.job_id in self.atomizer.atoms:  # placed by the market, not by this queue
+                return Admit.SKIP
+            if job.job_id in self.atomizer.atoms:  # placed by the market, not by this walk
                 if job.state == zone_pb2.WAITING:
                     job.state = zone_pb2.QUEUED
                     set_reason(job, Reason.WINDOW, "dependencies succeeded; waiting for a window")
                     changed.append(entry)
                     self.atomizer.wake.set()
-                continue
+                return Admit.SKIP
             tenant = job.spec.tenant
-            item = entry.item
             blocked = quota_block(
-                item, self.quotas.get(tenant), units.get(tenant, 0.0), memory.get(tenant, 0)
+                entry.item, self.quotas.get(tenant), units.get(tenant, 0.0), memory.get(tenant, 0)
             )
             if blocked:
                 if job.state != zone_pb2.WAITING or job.reason != blocked:
                     job.state = zone_pb2.WAITING
                     set_reason(job, Reason.QUOTA, blocked)
                     changed.append(entry)
-                continue
+                return Admit.SKIP
             if entry.need not in counts:
                 counts[entry.need] = self.view.counts(entry.need)
-            hosts = counts[entry.need]
             # A job the zone cannot hold even when idle blocks nobody.
-            never = hosts.members_total < item.gang_size
-            if walk.may_try(item, never=never) and self.view.any_fits(entry.need, self.rng):
-                job.state = zone_pb2.PENDING
-                set_reason(job, Reason.PLACING, "placing from the queue")
-                if await self._place(entry, from_queue=True):
-                    units[tenant] = units.get(tenant, 0.0) + item.units
-                    memory[tenant] = memory.get(tenant, 0) + entry.need.memory_bytes
-                    counts.pop(entry.need, None)
-                    continue
-                counts[entry.need] = self.view.counts(entry.need)
-                hosts = counts[entry.need]
-            wait = walk.waits(
-                item,
-                partial(self._expected_start, entry, now_unix=now_unix),
-                never=never,
-            )
+            never = counts[entry.need].members_total < entry.item.gang_size
+            return Admit.NEVER if never else Admit.WALK
+
+        async def start(entry: Entry) -> bool:
+            if not self.view.any_fits(entry.need, self.rng):
+                return False
+            entry.job.state = zone_pb2.PENDING
+            set_reason(entry.job, Reason.PLACING, "placing from the queue")
+            if await self._place(entry, from_queue=True):
+                tenant = entry.job.spec.tenant
+                units[tenant] = units.get(tenant, 0.0) + entry.item.units
+                memory[tenant] = memory.get(tenant, 0) + entry.need.memory_bytes
+                counts.pop(entry.need, None)
+                if market is not None:
+                    market.note_started(entry.job.placements)
+                return True
+            counts[entry.need] = self.view.counts(entry.need)
+            return False
+
+        def waited(entry: Entry, wait: Waiting) -> None:
+            job = entry.job
+            hosts = counts[entry.need]
             why = why_waiting(
                 entry.need,
-                gang_size=item.gang_size,
+                gang_size=entry.item.gang_size,
                 hosts_ready=hosts.ready,
                 hosts_matching=hosts.matching,
                 hosts_fitting=hosts.fitting,
@@ -1043,6 +1093,25 @@ class ZoneState:
                 job.queue_position = wait.position
                 job.expected_start_unix = wait.expected_start or 0.0
                 changed.append(entry)
+
+        steps = class_order(
+            walk,
+            waiting,
+            lambda e: e.item,
+            lambda e, ahead: self._expected_start(e, ahead, now_unix=now_unix),
+            market.classes if market is not None else (),
+            admit=admit,
+            waited=waited,
+            estimate_all=True,
+        )
+
+        async def clear(step: Clear) -> None:
+            assert market is not None  # a round is asked only for a class with market work
+            await self.atomizer.clear_class(market, step)
+
+        await drive_awaiting(steps, start, clear)
+        if market is not None:
+            await self.atomizer.close_round(market)
         self._queued_per_family = queued_per_family
         self._blocked_families = {
             family: self.entries[head.job_id].job.spec.priority or common_pb2.BATCH
@@ -1823,9 +1892,9 @@ def copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
 
 
 def _may_forward(job: zone_pb2.Job) -> bool:
-    """Flow splitting sends rigid jobs to peers; an atomized job's windows are this zone's,
-    and an array's elements stay with their array."""
-    return not is_atomized(job.spec) and not job.array_id
+    """Flow splitting sends rigid and atomized jobs alike to peers (an atomized job then
+    bids for the peer's windows); an array's elements stay with their array."""
+    return not job.array_id
 
 
 def note_true_end(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:

@@ -10,11 +10,12 @@ job is never delayed by it.
 
 from __future__ import annotations
 
+import enum
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from laminar_base.demand import Demand
 from laminar_zone.config import Quota
@@ -166,6 +167,134 @@ class QueueWalk:
 T = TypeVar("T")
 
 
+class Admit(enum.Enum):
+    """How a waiting rigid job enters a pass (:func:`class_order`'s ``admit``)."""
+
+    #: It is walked: it may start, else it waits in its family's line.
+    WALK = "walk"
+    #: It is walked but the zone could never hold it: it waits and blocks nobody.
+    NEVER = "never"
+    #: It is not in this pass (a dependency, an array limit, a quota, the market's job).
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class Start(Generic[T]):
+    """Instruction: try to start rigid ``job`` now; answer True if it started."""
+
+    job: T
+
+
+@dataclass(frozen=True)
+class Clear:
+    """Instruction: the clearing round of class ``priority`` (None: every class at once) over
+    the windows no higher class took, each cut at ``heads``: the family's blocked rigid head
+    of this class or a higher one (EASY backfill), family -> expected start. No answer."""
+
+    priority: int | None
+    heads: Mapping[str, float | None]
+
+
+def class_order(
+    walk: QueueWalk,
+    jobs: Sequence[T],
+    item_of: Callable[[T], QueueItem],
+    estimate: Callable[[T, float], float | None],
+    market: Iterable[int] = (),
+    *,
+    admit: Callable[[T], Admit] | None = None,
+    waited: Callable[[T, Waiting], None] | None = None,
+    estimate_all: bool = False,
+    interleave: bool = True,
+) -> Generator[Start[T] | Clear, bool | None, list[T]]:
+    """One pass over all waiting work in one class order: the router's and the simulators'.
+
+    Per priority class, highest first (the lowest number), the queue walk of that class's
+    rigid ``jobs`` (:class:`QueueWalk`: a family's first job that waits becomes its blocked
+    head; later ones of that family, of this class or a lower one, only backfill), then,
+    if ``market`` (the classes with atomized work: waiting jobs or pieces whose window
+    ends) holds the class, its clearing round. So a lower class's rigid job never takes a
+    slice before a higher class's atomized bid has had its round, and an atomized bid
+    never takes a window past the expected start of a blocked head of its class or higher.
+
+    A generator of instructions: :class:`Start` (send back whether the job started) and
+    :class:`Clear` (send back None); it returns the rigid jobs left waiting. A simulator
+    answers at once (:func:`drive`); the router awaits each answer (a placement, a round).
+    ``jobs`` are in :func:`order_key` order. ``admit(job)`` says whether and how a job is
+    walked (None: every job is); ``waited(job, waiting)`` hears where each job that did not
+    start stands; ``estimate_all`` asks an expected start for every waiting job, not only
+    the heads. ``interleave=False`` is the former order: every rigid job first, then one
+    round for all classes (``Clear(None)``).
+    """
+    classes = sorted(set(market))
+    kept: list[T] = []
+    for job in jobs:
+        item = item_of(job)
+        while interleave and classes and classes[0] < item.priority:
+            yield Clear(classes.pop(0), _heads(walk))
+        how = admit(job) if admit is not None else Admit.WALK
+        if how is Admit.SKIP:
+            continue
+        never = how is Admit.NEVER
+        if walk.may_try(item, never=never) and (yield Start(job)):
+            continue
+        kept.append(job)
+        wait = walk.waits(item, partial(estimate, job), never=never, estimate_all=estimate_all)
+        if waited is not None:
+            waited(job, wait)
+    if not interleave and classes:
+        yield Clear(None, _heads(walk))
+    elif interleave:
+        for priority in classes:
+            yield Clear(priority, _heads(walk))
+    return kept
+
+
+def _heads(walk: QueueWalk) -> dict[str, float | None]:
+    return {family: head.expected_start for family, head in walk.heads.items()}
+
+
+def drive(
+    steps: Generator[Start[T] | Clear, bool | None, list[T]],
+    start: Callable[[T], bool],
+    clear: Callable[[Clear], None],
+) -> list[T]:
+    """Carry out :func:`class_order`'s instructions at once (a simulator): ``start(job)``
+    tries to place a rigid job, ``clear(instruction)`` runs a clearing round. Returns the
+    rigid jobs left waiting."""
+    answer: bool | None = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if isinstance(step, Start):
+            answer = start(step.job)
+        else:
+            clear(step)
+            answer = None
+
+
+async def drive_awaiting(
+    steps: Generator[Start[T] | Clear, bool | None, list[T]],
+    start: Callable[[T], Awaitable[bool]],
+    clear: Callable[[Clear], Awaitable[None]],
+) -> list[T]:
+    """:func:`drive` for a driver whose answers take time (the router: a placement probes
+    agents, a round starts its winners); each instruction is awaited before the next."""
+    answer: bool | None = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if isinstance(step, Start):
+            answer = await start(step.job)
+        else:
+            await clear(step)
+            answer = None
+
+
 def walk_queue(
     walk: QueueWalk,
     jobs: Sequence[T],
@@ -173,20 +302,10 @@ def walk_queue(
     start: Callable[[T], bool],
     estimate: Callable[[T, float], float | None],
 ) -> list[T]:
-    """A whole pass where a start is answered at once (a simulator); the jobs left waiting.
-
-    ``jobs`` are in queue order; ``start(job)`` tries to place one and says whether it
-    started; ``estimate(job, units_ahead)`` is a blocked head's expected start. The router
-    walks the same :class:`QueueWalk` step by step, awaiting each placement.
-    """
-    kept: list[T] = []
-    for job in jobs:
-        item = item_of(job)
-        if walk.may_try(item) and start(job):
-            continue
-        kept.append(job)
-        walk.waits(item, partial(estimate, job), estimate_all=False)
-    return kept
+    """A pass over rigid work only (no market), started at once (a simulator); the jobs
+    left waiting. ``jobs`` are in queue order; ``start(job)`` tries to place one and says
+    whether it started; ``estimate(job, units_ahead)`` is a blocked head's expected start."""
+    return drive(class_order(walk, jobs, item_of, estimate), start, lambda _: None)
 
 
 class Why(NamedTuple):

@@ -9,10 +9,19 @@ import laminar_sim
 
 #: Names only a placement loop or a queue walk touches: probe rounds and late binding belong
 #: to laminar_zone.gather.Gather, blocked heads and EASY backfill to
-#: laminar_zone.queue.QueueWalk, a clearing round to laminar_zone.market.clearing_round;
-#: the router and every simulator drive those.
+#: laminar_zone.queue.QueueWalk (stepped only by laminar_zone.queue.class_order, the one
+#: pass that strings rigid walks and clearing rounds together in class order), a clearing
+#: round to laminar_zone.market.clearing_round; the router and every simulator drive those.
 PLACEMENT_LOOP_NAMES = frozenset(
-    {"choose_offers", "assign_gang", "best_offers", "next_batch", "may_backfill", "round_bids"}
+    {
+        "choose_offers",
+        "assign_gang",
+        "best_offers",
+        "next_batch",
+        "may_backfill",
+        "round_bids",
+        "may_try",
+    }
 )
 
 
@@ -74,3 +83,33 @@ def test_the_ledger_scan_sees_a_direct_call(tmp_path: Path) -> None:
     sample = tmp_path / "direct.py"
     sample.write_text("def f(host, orders):\n    return host.ledger.arbitrate(orders, 0.0)\n")
     assert ledger_decisions(sample) == ["direct.py:2: .ledger.arbitrate"]
+
+
+def calls(path: Path) -> set[str]:
+    """Names a module calls (``f(...)`` or ``x.f(...)``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                found.add(func.id)
+            elif isinstance(func, ast.Attribute):
+                found.add(func.attr)
+    return found
+
+
+def test_the_router_and_the_atomized_replay_drive_one_class_order() -> None:
+    """Rigid walks and clearing rounds are strung together in class order once, in
+    laminar_zone.queue.class_order: the router's pass and MigReplay.schedule both drive it,
+    and neither steps a queue walk itself (QueueWalk.may_try)."""
+    root = Path(laminar_sim.__file__).parents[1]
+    router = root / "laminar_zone" / "jobs.py"
+    market = root / "laminar_zone" / "atomizer.py"
+    replay = root / "laminar_sim" / "atomized.py"
+    assert {"class_order", "drive_awaiting"} <= calls(router)
+    assert {"class_order", "drive"} <= calls(replay)
+    for path in (router, market, replay):
+        assert "may_try" not in calls(path), path
+    # The market clears one class per instruction: one clearing_round call, in clear_class.
+    assert "clearing_round" in calls(market)
+    assert "open_round" in calls(router) and "clear_class" in calls(router)

@@ -80,10 +80,14 @@ op_st = st.one_of(
 
 
 class Harness:
-    def __init__(self, root: Path, config: ZoneConfig = CONFIG) -> None:
+    def __init__(
+        self, root: Path, config: ZoneConfig = CONFIG, agents: list[FakeAgent] | None = None
+    ) -> None:
         self.config = config
         self.db = root / "zone.db"
-        self.agents = {f"a{i}": FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(AGENTS)}
+        if agents is None:
+            agents = [FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(AGENTS)]
+        self.agents = {a.agent_id: a for a in agents}
         self.job_ids: list[str] = []
         self.failures: list[BaseException] = []
         self.calls: set[asyncio.Task[Any]] = set()

@@ -1,0 +1,184 @@
+"""The one pass over all waiting work (laminar_zone.queue.class_order), with no sockets: per
+priority class, highest first, the queue walk of its rigid jobs and then its clearing round;
+the router and the simulators only carry out its instructions."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from laminar_base.demand import Demand
+from laminar_zone.queue import (
+    Admit,
+    Clear,
+    QueueItem,
+    QueueWalk,
+    Waiting,
+    class_order,
+    drive,
+    drive_awaiting,
+    order_key,
+    walk_queue,
+)
+
+GPU = Demand(gpus=1)
+MIG = Demand(mig_profile="1g.10gb")
+
+
+def item(name: str, priority: int, need: Demand = GPU, expected: float = 0.0) -> QueueItem:
+    return QueueItem(name, priority, "t", 0.0, need, 1, expected)
+
+
+def trace(
+    jobs: list[QueueItem],
+    market: set[int],
+    starts: set[str],
+    **kwargs: object,
+) -> tuple[list[str], list[QueueItem]]:
+    """The instructions as a log ("start j" / "clear p heads"), and the jobs kept waiting."""
+    log: list[str] = []
+
+    def start(job: QueueItem) -> bool:
+        log.append(f"start {job.job_id}")
+        return job.job_id in starts
+
+    def clear(step: Clear) -> None:
+        log.append(f"clear {step.priority} {sorted(step.heads.items())}")
+
+    steps = class_order(
+        QueueWalk(now=0.0),
+        jobs,
+        lambda j: j,
+        lambda j, ahead: 100.0 + ahead,
+        market,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return log, drive(steps, start, clear)
+
+
+def test_each_class_walks_its_rigid_jobs_then_clears_before_the_next_class() -> None:
+    jobs = [item("p1", 1), item("b1", 2), item("b2", 2, MIG), item("o1", 3)]
+    log, kept = trace(jobs, market={1, 2, 3}, starts={"p1", "b2"})
+    assert log == [
+        "start p1",
+        "clear 1 []",  # no blocked head of class 1: windows run to their horizon
+        "start b1",  # waits: the head of the GPU family from here on
+        "start b2",
+        "clear 2 [('gpu', 100.0)]",  # class 2's round is cut at its own head
+        "clear 3 [('gpu', 100.0)]",  # o1 may not try: its family is blocked, no backfill
+    ]
+    assert [j.job_id for j in kept] == ["b1", "o1"]
+
+
+def test_a_higher_class_round_comes_before_a_lower_rigid_job_and_its_heads() -> None:
+    """Production atomized work clears before any batch rigid job tries: a batch job can
+    never take the slice a waiting production bid would win in the same pass, and a batch
+    head does not cut production windows."""
+    log, kept = trace([item("b1", 2), item("b2", 2)], market={1}, starts=set())
+    assert log == ["clear 1 []", "start b1"]
+    assert [j.job_id for j in kept] == ["b1", "b2"]
+
+
+def test_classes_with_market_work_only_are_cleared_in_order_after_the_walk() -> None:
+    log, _ = trace([item("p1", 1)], market={3, 2}, starts={"p1"})
+    assert log == ["start p1", "clear 2 []", "clear 3 []"]
+
+
+def test_without_interleaving_all_rigid_work_goes_first_then_one_round() -> None:
+    jobs = [item("p1", 1), item("o1", 3, MIG)]
+    log, _ = trace(jobs, market={1, 3}, starts=set(), interleave=False)
+    assert log == ["start p1", "start o1", "clear None [('gpu', 100.0), ('mig:1g.10gb', 100.0)]"]
+
+
+def test_skipped_jobs_are_not_walked_and_never_jobs_block_nobody() -> None:
+    jobs = [item("skip", 1), item("huge", 1), item("b1", 1)]
+    heard: list[tuple[str, Waiting]] = []
+
+    def admit(job: QueueItem) -> Admit:
+        return {"skip": Admit.SKIP, "huge": Admit.NEVER}.get(job.job_id, Admit.WALK)
+
+    log, kept = trace(
+        jobs,
+        market=set(),
+        starts=set(),
+        admit=admit,
+        waited=lambda j, w: heard.append((j.job_id, w)),
+        estimate_all=True,
+    )
+    assert log == ["start b1"]  # never tried: skip (not in the pass) and huge (cannot fit)
+    assert [j.job_id for j in kept] == ["huge", "b1"]
+    assert [name for name, _ in heard] == ["huge", "b1"]
+    assert not heard[0][1].is_head and heard[1][1].is_head
+
+
+def test_walk_queue_is_the_pass_without_a_market() -> None:
+    jobs = [item("a", 3, expected=50.0), item("b", 3, expected=500.0), item("c", 3, expected=5)]
+    tried: list[str] = []
+
+    def start(j: QueueItem) -> bool:
+        tried.append(j.job_id)
+        return j.job_id != "a"
+
+    kept = walk_queue(QueueWalk(now=0.0), jobs, lambda j: j, start, lambda j, a: 100.0)
+    assert tried == ["a", "c"]  # b would end after a's expected start: no backfill
+    assert [j.job_id for j in kept] == ["a", "b"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rigid=st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans()), max_size=20),
+    market=st.sets(st.integers(0, 3)),
+)
+def test_every_step_of_a_class_comes_before_any_step_of_a_lower_class(
+    rigid: list[tuple[int, bool, bool]], market: set[int]
+) -> None:
+    jobs = sorted(
+        (item(f"j{i}", prio, MIG if mig else GPU) for i, (prio, mig, _) in enumerate(rigid)),
+        key=lambda j: order_key(j, {}, {}),
+    )
+    starts = {f"j{i}" for i, (_, _, ok) in enumerate(rigid) if ok}
+    classes: list[int] = []
+    cleared: list[int] = []
+    started: set[str] = set()
+
+    def start(job: QueueItem) -> bool:
+        classes.append(job.priority)
+        if job.job_id in starts:
+            started.add(job.job_id)
+        return job.job_id in starts
+
+    def clear(step: Clear) -> None:
+        assert step.priority is not None
+        classes.append(step.priority)
+        cleared.append(step.priority)
+
+    steps = class_order(QueueWalk(now=0.0), jobs, lambda j: j, lambda j, a: 10.0, market)
+    kept = drive(steps, start, clear)
+    assert classes == sorted(classes)
+    assert cleared == sorted(market)  # one round per class with market work, none else
+    assert [j.job_id for j in kept] == [j.job_id for j in jobs if j.job_id not in started]
+
+
+def test_the_awaiting_driver_carries_out_the_same_instructions() -> None:
+    """The router awaits each answer; the instructions and the outcome are the simulator's."""
+    jobs = [item("p1", 1), item("b1", 2), item("b2", 2, MIG), item("o1", 3)]
+    expected_log, expected_kept = trace(jobs, market={1, 2, 3}, starts={"p1", "b2"})
+    log: list[str] = []
+
+    async def start(job: QueueItem) -> bool:
+        await asyncio.sleep(0)  # an answer that takes a turn of the loop, as a probe does
+        log.append(f"start {job.job_id}")
+        return job.job_id in {"p1", "b2"}
+
+    async def clear(step: Clear) -> None:
+        await asyncio.sleep(0)
+        log.append(f"clear {step.priority} {sorted(step.heads.items())}")
+
+    steps = class_order(
+        QueueWalk(now=0.0), jobs, lambda j: j, lambda j, ahead: 100.0 + ahead, {1, 2, 3}
+    )
+    kept = asyncio.run(drive_awaiting(steps, start, clear))
+    assert log == expected_log
+    assert kept == expected_kept
