@@ -22,13 +22,14 @@ import grpc
 from laminar_agent.ledger import Bounced, Ledger, ProbeOrder, Slice, SliceKind
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import LIVE_SUBJOB_STATES, EndCause
+from laminar_base.grpcutil import rpc_error as grpc_rpc_error
 from laminar_base.wire import parse_demand
 
 GPU_MEMORY_BYTES = 80 << 30
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+    return grpc_rpc_error(code.name, details)
 
 
 @dataclass
