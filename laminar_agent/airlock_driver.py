@@ -18,7 +18,8 @@ be read back with GetAirlock.
 * **A suspend that frees memory**: on the nvml backend with cuda-checkpoint (found at start)
   a suspend of a subjob on whole GPUs first toggles the CUDA state of each process NVML
   lists for it to host memory (``cuda-checkpoint --toggle --pid PID``), then stops it; a
-  resume toggles them back, then continues it. On MIG, or without the tool, its free
+  resume continues it, then toggles them back (cuda-checkpoint needs a running process;
+  the CUDA calls of one continued before its restore wait for it). On MIG, or without the tool, its free
   mode is ``release_signal`` or ``none`` (a stop frees nothing: the policy reclaims). A
   toggle that fails leaves a plain stop, which the next poll sees as no relief.
 * **Reclamation** (the deadline passed, the re-address budget is spent, a subjob
@@ -469,15 +470,18 @@ class AirlockDriver:
         else:
             reason, grace = f"airlock: {action.reason}", 0.0
         if action.step == STEP_SUSPEND:
-            await self._checkpoint(action.subjob_id)
-        elif action.step == STEP_RESUME:
-            await self._restore(action.subjob_id)
+            await self._checkpoint(action.subjob_id)  # while it runs, then it is stopped
         try:
             cause = EndCause.RECLAIMED if action.step == STEP_RECLAIM else EndCause.TERMINATED
             await self.node.signal(action.subjob_id, signal, reason, grace, cause=cause)
         except Exception as exc:  # the subjob may have ended since the snapshot
             log.warning("airlock %s of %s failed: %s", action.step, action.subjob_id, exc)
             return
+        if action.step == STEP_RESUME:
+            # Continued first: cuda-checkpoint restores only a running process (on a
+            # stopped one it never answers: seen on an H200, driver 580). Until the
+            # restore its CUDA calls wait, so it touches no GPU memory before then.
+            await self._restore(action.subjob_id)
         self._track(action, snap, now)
 
     async def _checkpoint(self, subjob_id: str) -> None:

@@ -108,6 +108,9 @@ class GpuHost:
             "import os, pathlib, sys\n"
             "if sys.argv[1:] == ['--help']:\n    print('--toggle --pid PID')\n    sys.exit(0)\n"
             "pid = sys.argv[3]\n"
+            # As the real one: a stopped process never answers it (seen on an H200).
+            "if open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] in 'Tt':\n"
+            "    print('process', pid, 'is stopped')\n    sys.exit(1)\n"
             f"root = pathlib.Path({str(self.pid_dir)!r})\n"
             "for held in root.glob(f'*/{pid}'):\n"
             "    os.replace(held, held.with_name(f'{pid}.checkpointed'))\n    sys.exit(0)\n"

@@ -54,6 +54,9 @@ def _stand_in(folder: Path, scenario: Path) -> Path:
         f"with open({str(folder / 'calls')!r}, 'a') as f:\n"
         "    f.write(' '.join(sys.argv[1:]) + '\\n')\n"
         "pid = sys.argv[3]\n"
+        # As the real one: a stopped process never answers it (seen on an H200).
+        "if open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] in 'Tt':\n"
+        "    print('process', pid, 'is stopped')\n    sys.exit(1)\n"
         f"data = json.load(open({str(scenario)!r}))\n"
         "gpu = data['gpus'][0]\n"
         "procs, held = gpu.setdefault('processes', {}), gpu.setdefault('checkpointed', {})\n"
@@ -126,8 +129,15 @@ def test_suspend_frees_memory_through_cuda_checkpoint_else_the_victim_is_reclaim
             data["gpus"][0]["processes"][prod] = 10 * GIB
             _write(scenario, data)
             wait_for(lambda: state("opp").state == common_pb2.RUNNING)
+            # Continued first, then restored (the stand-in, as the real tool, refuses a
+            # stopped process): its memory is back on the GPU.
+            wait_for(lambda: len(calls.read_text().splitlines()) == 2)
             assert calls.read_text().splitlines() == [f"--toggle --pid {opp}"] * 2
-            assert json.loads(scenario.read_text())["gpus"][0]["processes"][opp] == 50 * GIB
+            wait_for(
+                lambda: (
+                    json.loads(scenario.read_text())["gpus"][0]["processes"].get(opp) == 50 * GIB
+                )
+            )
         else:
             wait_for(lambda: state("opp").state == common_pb2.KILLED)
             assert state("opp").end_cause == common_pb2.END_CAUSE_RECLAIMED
