@@ -86,7 +86,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -121,12 +121,14 @@ from laminar_zone.market import (
     ClearingContext,
     Contract,
     MarketWindow,
+    OpenSlice,
     Profile,
     RatioPool,
+    class_windows,
     clearing_round,
     contract_from,
     default_min_samples,
-    offer_seconds,
+    slice_family,
 )
 from laminar_zone.placement import Offer, expected_start
 from laminar_zone.queue import Clear, QueueItem, QueueWalk, class_order, drive, order_key
@@ -503,7 +505,7 @@ class MigReplay:
         self.frag_now = 0
         self.window_end = jobs[-1].arrival if jobs else 0.0
         self.next_key = 0
-        self.family_of: dict[str, str] = {}
+        self.slices_seen: dict[tuple[tuple[str, str], str, int, str], OpenSlice] = {}
 
     # ----------------------------------------------------------------- set-up
 
@@ -773,16 +775,19 @@ class MigReplay:
 
     # ----------------------------------------------------------------- market
 
-    def window_length(self, profile: str, heads: Mapping[str, float | None]) -> float:
-        """The horizon, cut at the expected start of the blocked gang of the slice's family
-        (the gang that fits this profile best) of the round's class or a higher one
-        (``heads``, from :class:`Clear`), as EASY backfill treats rigid jobs."""
-        family = self.family_of.get(profile)
-        if family is None:
-            family = self.family_of[profile] = Demand(mig_profile=profile).family
-        head_start = heads.get(family)
-        length = offer_seconds(self.engine.now, 0.0, self.spec.horizon_seconds, head_start)
-        return max(0.0, length)
+    def open_slice(
+        self, key: tuple[str, str], profile: str, memory: int, holder: str = ""
+    ) -> OpenSlice:
+        """A free or held slice as the router describes it to ``class_windows`` (cached:
+        a slice's figures never change, only who holds it)."""
+        cache_key = (key, profile, memory, holder)
+        found = self.slices_seen.get(cache_key)
+        if found is None:
+            milli = compute_of(profile) * 1000 // COMPUTE_SLICES
+            found = OpenSlice(*key, memory, milli, slice_family(profile), held_by=holder)
+            if not holder:
+                self.slices_seen[cache_key] = found
+        return found
 
     def believed(self, state: _JobState) -> Profile:
         """The router's :meth:`Calibrator.believed` profile (a memory widening past every
@@ -805,7 +810,6 @@ class MigReplay:
         as :func:`class_order` asks for it."""
         priority = step.priority
         now = self.engine.now
-        overhead = self.spec.checkpoint_overhead_seconds
         bidders: list[Bidder] = []
         by_job: dict[str, _JobState] = {}
         for state in self.waiting:
@@ -824,18 +828,14 @@ class MigReplay:
             bidders.append(self._bidder(state, job_id, piece.progress(now), piece.window_key))
         if not bidders:
             return
-        windows: list[MarketWindow] = []
-        for (agent, sid), (profile, memory) in sorted(self.free.items()):
-            length = self.window_length(profile, step.heads)
-            if length > overhead:
-                milli = compute_of(profile) * 1000 // COMPUTE_SLICES
-                windows.append(MarketWindow(agent, sid, memory, milli, length))
-        for key, piece in sorted(held.items()):
-            length = self.window_length(piece.profile, step.heads)
-            if length > overhead:
-                milli = compute_of(piece.profile) * 1000 // COMPUTE_SLICES
-                holder = f"j{piece.state.job.index:07d}"
-                windows.append(MarketWindow(*key, piece.memory, milli, length, held_by=holder))
+        # The router's windows (class_windows): the slices left free by higher classes and
+        # rigid starts of this pass, then the held ones, cut at this class's heads.
+        slices = [self.open_slice(key, *free) for key, free in sorted(self.free.items())]
+        slices.extend(
+            self.open_slice(key, p.profile, p.memory, f"j{p.state.job.index:07d}")
+            for key, p in sorted(held.items())
+        )
+        windows = class_windows(now, slices, step.heads, self.spec.horizon_seconds)
         if not windows:
             return
         self.totals.rounds += 1

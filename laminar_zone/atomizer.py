@@ -28,7 +28,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -58,13 +58,15 @@ from laminar_zone.market import (
     ClearingContext,
     Contract,
     MarketWindow,
+    OpenSlice,
     Profile,
     RatioPool,
+    class_windows,
     clearing_round,
     contract_from,
     feasibility,
-    offer_seconds,
     quantiles_from,
+    slice_family,
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
@@ -257,6 +259,9 @@ class MarketRound:
     held: dict[tuple[str, str], tuple[Entry, zone_pb2.Placement, common_pb2.Window]] = field(
         default_factory=dict
     )
+    #: What the round may offer (laminar_zone.market.class_windows): the free slices
+    #: announced when it opened, then the held ones.
+    slices: list[OpenSlice] = field(default_factory=list)
     #: Windows a higher class won, or a rigid job started on, in this pass.
     taken: set[tuple[str, str]] = field(default_factory=set)
     bids: list[Bid] = field(default_factory=list)
@@ -465,8 +470,10 @@ class Atomizer:
 
     def open_windows(
         self, now_unix: float, now: float
-    ) -> list[tuple[common_pb2.Window, str, float]]:
-        """(window, agent address, offered length in seconds) of windows usable now."""
+    ) -> list[tuple[common_pb2.Window, str, OpenSlice]]:
+        """(window, agent address, slice as the market sees it) of ready agents' windows
+        usable now that no award of ours claimed; how long each is offered is
+        :func:`laminar_zone.market.class_windows`'s."""
         out = []
         for key, until in list(self._claimed.items()):
             if until <= now:
@@ -480,36 +487,27 @@ class Atomizer:
                     continue  # a future window: shown to users, not cleared yet
                 if (agent_id, w.slice_id) in self._claimed:
                     continue
-                length = self.offer_length(now_unix, w, w.end_unix, None)
-                if length <= 0:
-                    continue
-                out.append((w, record.address, length))
+                out.append((w, record.address, self._open_slice(w)))
         return out
 
-    def offer_length(
-        self,
-        now_unix: float,
-        w: common_pb2.Window,
-        end_unix: float,
-        priority: int | None,
-        heads: Mapping[str, float | None] | None = None,
-    ) -> float:
-        """How long ``w`` is offered to bids of class ``priority``: to its end, at most
-        ``market.max_window_seconds``, never past the expected start of a blocked rigid job
-        of its family and of that class or a higher one (one class order: a lower class's
-        blocked job does not hold a slice against it). None: cut at any class's. ``heads``:
-        the pass's blocked heads so far (laminar_zone.queue.Clear), family -> expected
-        start, all of that class or higher; None: the last pass's (``blocked_starts``)."""
-        mig = w.mig_profile if w.kind == common_pb2.MIG else ""
-        family = Demand(gpus=0 if mig else 1, mig_profile=mig).family
-        head_start = None
-        if heads is not None:
-            head_start = heads.get(family)
-        else:
-            head = self.zone.blocked_starts.get(family)
-            if head is not None and (priority is None or head[0] <= priority):
-                head_start = head[1]
-        return offer_seconds(now_unix, end_unix, self.config.max_window_seconds, head_start)
+    def any_class_heads(self) -> dict[str, float | None]:
+        """The last pass's blocked rigid heads of every class, family -> expected start:
+        they cut the windows announced to any class (``blocked_starts``)."""
+        return {family: start for family, (_, start) in self.zone.blocked_starts.items()}
+
+    @staticmethod
+    def _open_slice(w: common_pb2.Window, held_by: str = "") -> OpenSlice:
+        """An advertised window as :func:`laminar_zone.market.class_windows` takes it."""
+        return OpenSlice(
+            w.agent_id,
+            w.slice_id,
+            w.memory_bytes,
+            w.gpu_milli,
+            slice_family(w.mig_profile if w.kind == common_pb2.MIG else ""),
+            w.end_unix,
+            f"{w.kind}:{w.mig_profile}:{w.gpu_model}",
+            held_by,
+        )
 
     # ------------------------------------------------------------------ rounds
 
@@ -616,18 +614,6 @@ class Atomizer:
             memory_bytes=r.gpu_memory_bytes,
         )
 
-    @staticmethod
-    def _market_window(w: common_pb2.Window, length: float, held_by: str = "") -> MarketWindow:
-        return MarketWindow(
-            w.agent_id,
-            w.slice_id,
-            w.memory_bytes,
-            w.gpu_milli,
-            length,
-            f"{w.kind}:{w.mig_profile}:{w.gpu_model}",
-            held_by,
-        )
-
     async def open_round(
         self, units: dict[str, float], memory: dict[str, int]
     ) -> MarketRound | None:
@@ -647,9 +633,16 @@ class Atomizer:
         # A slice one of our pieces runs on is not free, whatever its agent advertised (a
         # piece past the expected end it declared shows as a window that opened).
         busy = self._live_slices()
-        offered = [o for o in self.open_windows(now_unix, now) if self._key(o[0]) not in busy]
-        by_key = {self._key(w): (w, address, length) for w, address, length in offered}
-        markets = {key: self._market_window(w, length) for key, (w, _, length) in by_key.items()}
+        usable = [o for o in self.open_windows(now_unix, now) if self._key(o[0]) not in busy]
+        announced = class_windows(
+            now_unix,
+            (o for _, _, o in usable),
+            self.any_class_heads(),
+            self.config.max_window_seconds,
+        )
+        markets = {m.key: m for m in announced}
+        offered = [(w, address, o) for w, address, o in usable if o.key in markets]
+        by_key = {o.key: (w, address, markets[o.key].length_seconds) for w, address, o in offered}
         rnd = MarketRound(
             now=now,
             now_unix=now_unix,
@@ -657,6 +650,7 @@ class Atomizer:
             waiting=waiting,
             offered=len(offered),
             by_key=by_key,
+            slices=[o for _, _, o in offered],
             units=units,
             memory=memory,
             ctx=ClearingContext(
@@ -678,6 +672,7 @@ class Atomizer:
             w = self._held_window(atom, p)
             key = (w.agent_id, w.slice_id)
             rnd.held[key] = (entry, p, w)
+            rnd.slices.append(self._open_slice(w, entry.job.job_id))
             rnd.specs[entry.job.job_id] = entry.job.spec
             holder = self._bidder(entry, atom, now, largest)
             rnd.bidders.append(replace(holder, holds=key))
@@ -725,15 +720,9 @@ class Atomizer:
                 rnd.specs[b.job_id], window
             )
 
-        windows = []
-        for key, (w, _, _) in rnd.by_key.items():
-            length = self.offer_length(rnd.now_unix, w, w.end_unix, priority, step.heads)
-            if key not in rnd.taken and length > 0:
-                windows.append(self._market_window(w, length))
-        for key, (entry, _, w) in rnd.held.items():
-            length = self.offer_length(rnd.now_unix, w, 0.0, priority, step.heads)
-            if key not in rnd.taken and length > 0:
-                windows.append(self._market_window(w, length, entry.job.job_id))
+        windows = class_windows(
+            rnd.now_unix, rnd.slices, step.heads, self.config.max_window_seconds, rnd.taken
+        )
         ours = [b for b in rnd.bidders if priority is None or b.priority == priority]
         theirs = [
             b

@@ -38,9 +38,10 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from laminar_base.demand import Demand
 from laminar_base.errors import InvalidArgument
 
 POLICIES = ("utilization", "fair", "responsive", "srpt", "slowdown", "blend")
@@ -415,6 +416,71 @@ def offer_seconds(now: float, end: float, cap: float, head_start: float | None) 
     if head_start is not None:
         length = min(length, head_start - now)
     return length
+
+
+def slice_family(mig_profile: str) -> str:
+    """The rigid jobs' family a slice serves (laminar_base.demand.Demand.family): a MIG
+    slice its profile's, any other slice whole-GPU jobs'. A blocked head of that family
+    cuts the slice's windows."""
+    return Demand(gpus=0 if mig_profile else 1, mig_profile=mig_profile).family
+
+
+@dataclass(frozen=True)
+class OpenSlice:
+    """A slice a clearing round may offer, as the router and the simulator both describe it
+    to :func:`class_windows`: free now, or held by a running piece whose window ends now."""
+
+    agent_id: str
+    slice_id: str
+    memory_bytes: int
+    gpu_milli: int
+    #: :func:`slice_family`: whose blocked rigid head cuts its windows.
+    family: str
+    #: When its free time ends, on the round's clock (<= 0: open-ended). A held slice's is
+    #: not read: its piece's old window ended, the slice is offered to its next commitment.
+    end: float = 0.0
+    #: :attr:`MarketWindow.tag`.
+    tag: str = ""
+    #: The job whose running piece holds the slice and whose window ends now ("" = free).
+    held_by: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.agent_id, self.slice_id)
+
+
+def class_windows(
+    now: float,
+    slices: Iterable[OpenSlice],
+    heads: Mapping[str, float | None],
+    max_window_seconds: float,
+    taken: Container[tuple[str, str]] = (),
+) -> list[MarketWindow]:
+    """The windows one class's clearing round offers, the router's and the simulator's.
+
+    Each slice not ``taken`` (won by a higher class, or started on by a rigid job, earlier
+    in the same pass) is offered from ``now`` to its end (:func:`offer_seconds`): at most
+    ``max_window_seconds``, never past ``heads[slice.family]``, the expected start of that
+    family's blocked rigid head of this class or a higher one (laminar_zone.queue.Clear: a
+    lower class's blocked job holds no slice against it; EASY backfill otherwise). A held
+    slice stays held by its piece's job (:attr:`MarketWindow.held_by`: incumbency) and is
+    offered open-ended up to those cuts. A slice with no time left (<= 0 s) is not offered;
+    whether a window is long enough for a bid's checkpoint is the bid's affair
+    (:func:`feasibility`). ``heads`` of every class give the length offered to any class
+    (what a client is announced). Order follows ``slices``."""
+    out = []
+    for s in slices:
+        if s.key in taken:
+            continue
+        end = 0.0 if s.held_by else s.end
+        length = offer_seconds(now, end, max_window_seconds, heads.get(s.family))
+        if length > 0:
+            out.append(
+                MarketWindow(
+                    s.agent_id, s.slice_id, s.memory_bytes, s.gpu_milli, length, s.tag, s.held_by
+                )
+            )
+    return out
 
 
 def clearing_round(

@@ -1,5 +1,7 @@
-"""One class order in the router's market: a blocked rigid job holds a slice's window only
-against its own class and the lower ones (issue 17)."""
+"""The windows a class's clearing round offers, built by one function for the router and the
+simulator (laminar_zone.market.class_windows, issues 14 and 17): cut at the blocked rigid
+heads of the class or a higher one only, held windows kept for their holder, slices taken
+earlier in the pass left out, at most ``max_window_seconds``."""
 
 from __future__ import annotations
 
@@ -10,32 +12,101 @@ from laminar_api.v1 import common_pb2
 from laminar_base.demand import Demand
 from laminar_zone.atomizer import Atomizer
 from laminar_zone.config import ZoneConfig
+from laminar_zone.market import MarketWindow, OpenSlice, class_windows, slice_family
+from laminar_zone.queue import Clear, QueueItem, QueueWalk, class_order, drive
 
 GIB = 1 << 30
 NOW = 1000.0
+CAP = 3600.0
+MIG40 = slice_family("3g.40gb")
 
 
-def atomizer(blocked: dict[str, tuple[int, float]]) -> Atomizer:
-    zone = SimpleNamespace(config=ZoneConfig(), blocked_starts=blocked)
-    return Atomizer(cast(Any, zone))
+def open_slice(
+    slice_id: str, family: str = MIG40, end: float = 0.0, held_by: str = ""
+) -> OpenSlice:
+    return OpenSlice("a", slice_id, 40 * GIB, 428, family, end, "mig", held_by)
 
 
-def mig(profile: str) -> common_pb2.Window:
-    return common_pb2.Window(
-        agent_id="a", slice_id=f"gpu1/{profile}@0", kind=common_pb2.MIG, mig_profile=profile,
-        gpu_milli=1000, memory_bytes=40 * GIB,
-    )  # fmt: skip
+def lengths(windows: list[MarketWindow]) -> dict[str, float]:
+    return {w.slice_id: w.length_seconds for w in windows}
+
+
+def test_a_slice_is_offered_to_its_end_at_most_the_cap_and_never_past_its_familys_head() -> None:
+    slices = [
+        open_slice("open"),
+        open_slice("ends", end=NOW + 60.0),
+        open_slice("whole", family=slice_family("")),
+        open_slice("over", end=NOW),  # no time left: not offered
+    ]
+    assert lengths(class_windows(NOW, slices, {}, CAP)) == {"open": CAP, "ends": 60.0, "whole": CAP}
+    cut = class_windows(NOW, slices, {MIG40: NOW + 120.0}, CAP)
+    # The head of the 3g.40gb family cuts its slices only; a whole GPU serves another family.
+    assert lengths(cut) == {"open": 120.0, "ends": 60.0, "whole": CAP}
+    # A head expected to start now (or already late) leaves its family's slices nothing.
+    assert lengths(class_windows(NOW, slices, {MIG40: NOW}, CAP)) == {"whole": CAP}
+    # A head whose start is unknown cuts nothing (it may never start).
+    assert lengths(class_windows(NOW, slices, {MIG40: None}, CAP))["open"] == CAP
+    assert lengths(class_windows(NOW, slices, {}, 30.0)) == {
+        "open": 30.0,
+        "ends": 30.0,
+        "whole": 30.0,
+    }
+
+
+def test_held_windows_stay_their_holders_and_are_offered_to_the_next_commitment() -> None:
+    # The piece's old window ended (its end is past): the slice is offered open-ended, as far
+    # as the cap and the heads allow, and still marked as held by the piece's job.
+    held = open_slice("held", end=NOW - 5.0, held_by="job-1")
+    (window,) = class_windows(NOW, [held], {}, CAP)
+    assert (window.held_by, window.length_seconds) == ("job-1", CAP)
+    (cut,) = class_windows(NOW, [held], {MIG40: NOW + 90.0}, CAP)
+    assert (cut.held_by, cut.length_seconds) == ("job-1", 90.0)
+    assert window.alike != class_windows(NOW, [open_slice("free")], {}, CAP)[0].alike
+
+
+def test_slices_taken_earlier_in_the_pass_are_not_offered() -> None:
+    slices = [open_slice("s0"), open_slice("s1", held_by="job-1"), open_slice("s2")]
+    taken = {("a", "s0"), ("a", "s1")}
+    assert [w.slice_id for w in class_windows(NOW, slices, {}, CAP, taken)] == ["s2"]
+    assert [w.slice_id for w in class_windows(NOW, slices, {}, CAP)] == ["s0", "s1", "s2"]
 
 
 def test_a_blocked_batch_job_cuts_batch_and_opportunistic_windows_not_production() -> None:
+    """The pass (class_order) hands each class the heads of its class and the higher ones:
+    a blocked batch rigid job holds its slice against batch and opportunistic bids only."""
+    blocked = QueueItem("rigid", common_pb2.BATCH, "t", 0.0, Demand(mig_profile="3g.40gb"), 1, 60)
+    steps = class_order(
+        QueueWalk(NOW),
+        [blocked],
+        lambda job: job,
+        lambda job, ahead: NOW + 120.0,
+        {common_pb2.PRODUCTION, common_pb2.BATCH, common_pb2.OPPORTUNISTIC},
+    )
+    offered: dict[int | None, float] = {}
+
+    def clear(step: Clear) -> None:
+        (window,) = class_windows(NOW, [open_slice("s")], step.heads, CAP)
+        offered[step.priority] = window.length_seconds
+
+    assert drive(steps, lambda job: False, clear) == [blocked]
+    assert offered == {
+        common_pb2.PRODUCTION: CAP,
+        common_pb2.BATCH: 120.0,
+        common_pb2.OPPORTUNISTIC: 120.0,
+    }
+
+
+def test_the_router_describes_windows_by_family_and_announces_any_classs_cut() -> None:
     family = Demand(gpus=0, mig_profile="3g.40gb").family
-    market = atomizer({family: (common_pb2.BATCH, NOW + 120.0)})
-    window = mig("3g.40gb")
-    cap = ZoneConfig().market.max_window_seconds
-    assert market.offer_length(NOW, window, 0.0, common_pb2.PRODUCTION) == cap
-    assert market.offer_length(NOW, window, 0.0, common_pb2.BATCH) == 120.0
-    assert market.offer_length(NOW, window, 0.0, common_pb2.OPPORTUNISTIC) == 120.0
-    assert market.offer_length(NOW, window, 0.0, None) == 120.0  # announced: any class's
-    # Another family's windows are not held for it; a window's own end still bounds it.
-    assert market.offer_length(NOW, mig("4g.40gb"), 0.0, common_pb2.BATCH) == cap
-    assert market.offer_length(NOW, window, NOW + 60.0, common_pb2.PRODUCTION) == 60.0
+    zone = SimpleNamespace(config=ZoneConfig(), blocked_starts={family: (common_pb2.BATCH, NOW)})
+    market = Atomizer(cast(Any, zone))
+    mig = common_pb2.Window(
+        agent_id="a", slice_id="gpu1/3g.40gb@0", kind=common_pb2.MIG, mig_profile="3g.40gb",
+        gpu_milli=1000, memory_bytes=40 * GIB, end_unix=NOW + 60.0,
+    )  # fmt: skip
+    whole = common_pb2.Window(agent_id="a", slice_id="gpu0", kind=common_pb2.WHOLE_GPU)
+    assert market._open_slice(mig).family == family
+    assert market._open_slice(mig).end == NOW + 60.0
+    assert market._open_slice(whole).family == Demand(gpus=1).family
+    # A client is announced the length offered to any class: the batch head's cut too.
+    assert market.any_class_heads() == {family: NOW}

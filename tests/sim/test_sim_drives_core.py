@@ -113,3 +113,34 @@ def test_the_router_and_the_atomized_replay_drive_one_class_order() -> None:
     # The market clears one class per instruction: one clearing_round call, in clear_class.
     assert "clearing_round" in calls(market)
     assert "open_round" in calls(router) and "clear_class" in calls(router)
+
+
+#: What only laminar_zone.market.class_windows may do: build the windows a class's round
+#: offers (``MarketWindow(...)``) and cut them at a blocked head (``offer_seconds``).
+WINDOW_BUILDERS = frozenset({"MarketWindow", "offer_seconds"})
+
+
+def test_the_router_and_the_atomized_replay_build_windows_with_one_function() -> None:
+    """Which slices a class's round offers, for how long (the class's blocked heads, the
+    max window), which a piece holds and which were taken this pass: decided once, in
+    laminar_zone.market.class_windows, that the router's clear_class and MigReplay's
+    clear_round both call; neither builds a MarketWindow or cuts one at a head itself."""
+    root = Path(laminar_sim.__file__).parents[1]
+    market = root / "laminar_zone" / "atomizer.py"
+    replay = root / "laminar_sim" / "atomized.py"
+    assert "class_windows" in calls(market) and "class_windows" in calls(replay)
+    package = Path(laminar_sim.__file__).parent
+    builders = {
+        str(path.relative_to(root)): sorted(calls(path) & WINDOW_BUILDERS)
+        for path in [market, *sorted(package.rglob("*.py"))]
+    }
+    assert {k: v for k, v in builders.items() if v} == {}
+
+
+def test_the_window_scan_sees_a_window_built_by_hand(tmp_path: Path) -> None:
+    sample = tmp_path / "windows.py"
+    sample.write_text(
+        "def f(free, now, cap):\n"
+        "    return [m.MarketWindow(*k, 1, 1, offer_seconds(now, 0.0, cap, None)) for k in free]\n"
+    )
+    assert calls(sample) & WINDOW_BUILDERS == {"MarketWindow", "offer_seconds"}
