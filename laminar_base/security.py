@@ -358,6 +358,7 @@ if TYPE_CHECKING:  # the stubs make these generic; at run time they are plain cl
     _StreamBase = grpc.UnaryStreamClientInterceptor[Any, Any]
     _AioUnaryBase = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
     _AioStreamBase = grpc.aio.UnaryStreamClientInterceptor[Any, Any]
+    _AioBidiBase = grpc.aio.StreamStreamClientInterceptor[Any, Any]
 else:
     Handler = grpc.RpcMethodHandler
     _ServerBase = grpc.aio.ServerInterceptor
@@ -365,6 +366,7 @@ else:
     _StreamBase = grpc.UnaryStreamClientInterceptor
     _AioUnaryBase = grpc.aio.UnaryUnaryClientInterceptor
     _AioStreamBase = grpc.aio.UnaryStreamClientInterceptor
+    _AioBidiBase = grpc.aio.StreamStreamClientInterceptor
 
 # ----------------------------------------------------------------------------- server side
 
@@ -472,7 +474,16 @@ class _CallerCheck(_ControlInterceptor):
 
     def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
         method = details.method or ""
-        if handler.request_streaming:  # no control call streams requests
+        if handler.request_streaming and handler.response_streaming:
+            inner_bidi: Any = handler.stream_stream
+
+            async def bidi(requests: Any, context: Ctx) -> AsyncIterator[Any]:
+                await self._check(context, method)  # before the first request is read
+                async for item in inner_bidi(requests, context):
+                    yield item
+
+            return _handler_like(handler, bidi)
+        if handler.request_streaming:  # no control call streams requests one way only
             return _deny_handler(handler, f"{method}: client streaming is not a control call")
         if handler.response_streaming:
             inner_stream: Any = handler.unary_stream
@@ -582,7 +593,7 @@ class Headers(_UnaryBase, _StreamBase):
         return continuation(self._details(details), request)
 
 
-class AioHeaders(_AioUnaryBase, _AioStreamBase):
+class AioHeaders(_AioUnaryBase, _AioStreamBase, _AioBidiBase):
     """Asyncio-channel interceptor that adds fixed metadata to every call."""
 
     def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
@@ -601,3 +612,11 @@ class AioHeaders(_AioUnaryBase, _AioStreamBase):
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
         return await continuation(self._details(client_call_details), request)
+
+    async def intercept_stream_stream(
+        self,
+        continuation: Any,
+        client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        return await continuation(self._details(client_call_details), request_iterator)

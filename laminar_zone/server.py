@@ -36,7 +36,7 @@ from laminar_base.security import check_exposure, load_trust, log_trust, server_
 from laminar_base.supervise import RootLoopFailed, Supervisor
 from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import Guard, open_guard
-from laminar_zone.config import LimitsSettings, ZoneConfig
+from laminar_zone.config import LimitsSettings, MembershipSettings, ZoneConfig
 from laminar_zone.jobs import ZoneState
 from laminar_zone.limits import RateLimiter
 from laminar_zone.metrics import ZoneMetrics
@@ -62,11 +62,29 @@ RELOADABLE_KEYS = frozenset(
 #: an agent heartbeats; only a peer zone exchanges summaries and forwards jobs.
 CONTROL_ROLES = {
     f"/{CONTROL_SERVICE}/Heartbeat": {"agent"},
+    f"/{CONTROL_SERVICE}/Heartbeats": {"agent"},
     f"/{CONTROL_SERVICE}/ExchangeSummary": {"peer"},
     f"/{CONTROL_SERVICE}/ForwardJob": {"peer"},
 }
 #: The calls only a peer zone makes: with control.peer_secret_file they need that secret.
 PEER_METHODS = [m for m, roles in CONTROL_ROLES.items() if roles == {"peer"}]
+
+
+def keepalive_options(membership: MembershipSettings) -> list[tuple[str, Any]]:
+    """HTTP/2 keepalive pings from the router, one per heartbeat period on every connection
+    with a call open (an agent's heartbeat stream), answered by the agent's gRPC core: a
+    host that died or a network that parted without closing the connection goes unanswered,
+    and the transport closes (ending the stream, so the agent is stale) within
+    stale_after_periods periods of the last answer, the bound silence gives over unary
+    heartbeats. Pings go whether or not data flows (an idle stream sends none)."""
+    period_ms = max(100, int(1000 * membership.heartbeat_seconds))
+    timeout_ms = max(100, int(1000 * membership.stale_after_seconds()) - period_ms)
+    return [
+        ("grpc.keepalive_time_ms", period_ms),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
 
 
 class Status(enum.Enum):
@@ -161,7 +179,8 @@ class ZoneServer:
         # With mTLS every caller needs a CA-signed certificate, submitters included; the
         # shared secret guards ZoneControl only (submitters use bearer tokens).
         server = grpc.aio.server(
-            options=server_options(cfg.server.max_message_bytes),
+            options=server_options(cfg.server.max_message_bytes)
+            + keepalive_options(cfg.membership),
             interceptors=server_interceptors(trust, [CONTROL_SERVICE], CONTROL_ROLES, PEER_METHODS),
         )
         submitters = ZoneService(self.state, self.guard)

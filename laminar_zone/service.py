@@ -30,7 +30,7 @@ from laminar_zone.auth import (
 from laminar_zone.config import is_host_port
 from laminar_zone.jobs import MAX_BATCH_JOBS, ZoneState
 from laminar_zone.limits import check_queued
-from laminar_zone.membership import Membership
+from laminar_zone.membership import HeartbeatStream, Membership
 from laminar_zone.peers import PeerRouter
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -360,6 +360,25 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
             check_heartbeat(request)
         names = peer_names(context)  # the certificate is read once per heartbeat
         return self._membership.on_heartbeat(request, names[0] if names else "", names)
+
+    @map_errors
+    async def Heartbeats(
+        self, request_iterator: AsyncIterator[zone_pb2.HeartbeatRequest], context: Ctx
+    ) -> AsyncIterator[zone_pb2.HeartbeatReply]:
+        if not self._state.config.membership.stream:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "heartbeat streams are off (membership.stream)"
+            )
+        names = peer_names(context)  # one certificate for the whole stream
+        caller = names[0] if names else ""
+        stream = HeartbeatStream()
+        try:
+            async for request in request_iterator:
+                if request.HasField("summary"):
+                    check_heartbeat(request)
+                yield self._membership.on_stream_heartbeat(stream, request, caller, names)
+        finally:
+            self._membership.close_stream(stream)
 
     def _check_peer(self, context: Ctx) -> None:
         """With ``auth.peer_names``, only those certificates act as peer zones (the role
