@@ -74,7 +74,7 @@ class MembershipSettings:
         ),
     )
     stream_liveness_seconds: float = field(
-        default=10.0,
+        default=8.0,
         metadata=doc(
             "on the stream, the longest an agent with nothing new stays silent; it is "
             "stale after this plus stale_after_periods periods of silence (at most a third "

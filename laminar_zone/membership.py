@@ -24,16 +24,18 @@ bounds staleness then:
 
 - the agent process dies (crash, SIGKILL, OOM): its socket closes, the stream
   ends and the agent is stale at once, sooner than the periodic bound;
-- the host dies or the network parts: the router's HTTP/2 keepalive pings (one
-  per heartbeat period, answered by the agent's gRPC core) go unanswered and the
-  transport closes within stale_after_periods periods (see
-  :func:`laminar_zone.server.keepalive_options`), which ends the stream as above;
-- the agent's event loop hangs with its process alive (its gRPC core still
-  answers pings): it is stale after liveness_seconds plus stale_after_periods
-  periods without a message, later than over unary heartbeats (its systemd
-  watchdog restarts it too). Fence and loss are unchanged: both run from the
-  last acknowledged heartbeat, and the liveness period is at most a third of
-  the fence lease.
+- the host dies, the network parts, or the agent's event loop hangs with its
+  process alive (its gRPC core still answers HTTP/2 pings): nothing closes the
+  stream, and the agent is stale after liveness_seconds plus stale_after_periods
+  periods of silence (11 s by default, against 3 s over unary heartbeats). The
+  router's keepalive pings (laminar_zone.server.keepalive_options) only reap such
+  connections later; pinging every period would bound them as before but costs
+  about as much as the heartbeats it replaces. A hung agent is also restarted by
+  its systemd watchdog, which closes its stream.
+
+Fence and loss are unchanged: both run from the last acknowledged heartbeat, and
+the liveness period is at most a third of the fence lease, so an idle agent
+renews its fence at least three times per lease.
 """
 
 from __future__ import annotations

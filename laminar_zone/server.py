@@ -36,7 +36,7 @@ from laminar_base.security import check_exposure, load_trust, log_trust, server_
 from laminar_base.supervise import RootLoopFailed, Supervisor
 from laminar_zone.audit import AUDIT_FILE, AuditLog
 from laminar_zone.auth import Guard, open_guard
-from laminar_zone.config import LimitsSettings, MembershipSettings, ZoneConfig
+from laminar_zone.config import LimitsSettings, ZoneConfig
 from laminar_zone.jobs import ZoneState
 from laminar_zone.limits import RateLimiter
 from laminar_zone.metrics import ZoneMetrics
@@ -66,22 +66,24 @@ CONTROL_ROLES = {
     f"/{CONTROL_SERVICE}/ExchangeSummary": {"peer"},
     f"/{CONTROL_SERVICE}/ForwardJob": {"peer"},
 }
+#: Keepalive pings on connections with a call open, and how long an answer may take.
+KEEPALIVE_SECONDS = 30.0
+KEEPALIVE_TIMEOUT_SECONDS = 10.0
 #: The calls only a peer zone makes: with control.peer_secret_file they need that secret.
 PEER_METHODS = [m for m, roles in CONTROL_ROLES.items() if roles == {"peer"}]
 
 
-def keepalive_options(membership: MembershipSettings) -> list[tuple[str, Any]]:
-    """HTTP/2 keepalive pings from the router, one per heartbeat period on every connection
-    with a call open (an agent's heartbeat stream), answered by the agent's gRPC core: a
-    host that died or a network that parted without closing the connection goes unanswered,
-    and the transport closes (ending the stream, so the agent is stale) within
-    stale_after_periods periods of the last answer, the bound silence gives over unary
-    heartbeats. Pings go whether or not data flows (an idle stream sends none)."""
-    period_ms = max(100, int(1000 * membership.heartbeat_seconds))
-    timeout_ms = max(100, int(1000 * membership.stale_after_seconds()) - period_ms)
+def keepalive_options() -> list[tuple[str, Any]]:
+    """HTTP/2 keepalive pings from the router on connections with a call open (an agent's
+    heartbeat stream), answered by the peer's gRPC core: a connection whose host vanished
+    without closing it is closed, and its stream handler freed, within
+    KEEPALIVE_SECONDS + KEEPALIVE_TIMEOUT_SECONDS. Staleness does not wait for that: the
+    agent's silence marks it stale first (laminar_zone.membership). Pings every heartbeat
+    period would bound a dead host as silence does over unary heartbeats, but they cost
+    about as much as the heartbeats they replace (bench heartbeats, 256 agents)."""
     return [
-        ("grpc.keepalive_time_ms", period_ms),
-        ("grpc.keepalive_timeout_ms", timeout_ms),
+        ("grpc.keepalive_time_ms", int(1000 * KEEPALIVE_SECONDS)),
+        ("grpc.keepalive_timeout_ms", int(1000 * KEEPALIVE_TIMEOUT_SECONDS)),
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),
     ]
@@ -179,8 +181,7 @@ class ZoneServer:
         # With mTLS every caller needs a CA-signed certificate, submitters included; the
         # shared secret guards ZoneControl only (submitters use bearer tokens).
         server = grpc.aio.server(
-            options=server_options(cfg.server.max_message_bytes)
-            + keepalive_options(cfg.membership),
+            options=server_options(cfg.server.max_message_bytes) + keepalive_options(),
             interceptors=server_interceptors(trust, [CONTROL_SERVICE], CONTROL_ROLES, PEER_METHODS),
         )
         submitters = ZoneService(self.state, self.guard)
