@@ -155,7 +155,8 @@ class Trust:
         self, address: str, options: list[tuple[str, Any]] | None = None
     ) -> grpc.aio.Channel:
         """An asyncio channel that authenticates every call the way this trust says."""
-        interceptors: Any = [AioHeaders(self.headers())] if self.headers() else None
+        headers = self.headers()
+        interceptors: Any = aio_header_interceptors(headers) if headers else None
         if self.is_tls:
             return grpc.aio.secure_channel(
                 address, self.channel_credentials(), options=options, interceptors=interceptors
@@ -593,9 +594,7 @@ class Headers(_UnaryBase, _StreamBase):
         return continuation(self._details(details), request)
 
 
-class AioHeaders(_AioUnaryBase, _AioStreamBase, _AioBidiBase):
-    """Asyncio-channel interceptor that adds fixed metadata to every call."""
-
+class _AioHeaderAdder:
     def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
         self._headers = tuple(headers)
 
@@ -603,15 +602,29 @@ class AioHeaders(_AioUnaryBase, _AioStreamBase, _AioBidiBase):
         metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._headers)
         return details._replace(metadata=metadata)  # type: ignore[attr-defined,no-any-return]
 
+
+class AioHeaders(_AioHeaderAdder, _AioUnaryBase):
+    """Asyncio-channel interceptor that adds fixed metadata to unary calls. An aio channel
+    files each interceptor under the first call kind it implements, so each kind has its
+    own class (:func:`aio_header_interceptors` gives all three)."""
+
     async def intercept_unary_unary(
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
         return await continuation(self._details(client_call_details), request)
 
+
+class AioStreamHeaders(_AioHeaderAdder, _AioStreamBase):
+    """:class:`AioHeaders` for server-streaming calls."""
+
     async def intercept_unary_stream(
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
         return await continuation(self._details(client_call_details), request)
+
+
+class AioBidiHeaders(_AioHeaderAdder, _AioBidiBase):
+    """:class:`AioHeaders` for calls streaming both ways (the agent's heartbeat stream)."""
 
     async def intercept_stream_stream(
         self,
@@ -620,3 +633,9 @@ class AioHeaders(_AioUnaryBase, _AioStreamBase, _AioBidiBase):
         request_iterator: Any,
     ) -> Any:
         return await continuation(self._details(client_call_details), request_iterator)
+
+
+def aio_header_interceptors(headers: Iterable[tuple[str, str]]) -> list[Any]:
+    """Interceptors adding ``headers`` to every unary and streaming call of an aio channel."""
+    fixed = tuple(headers)
+    return [AioHeaders(fixed), AioStreamHeaders(fixed), AioBidiHeaders(fixed)]
