@@ -201,6 +201,7 @@ async def test_the_stream_refuses_a_caller_without_the_secret(tmp_path: Path) ->
             call = zone_pb2_grpc.ZoneControlStub(channel).Heartbeats()  # type: ignore[call-arg]
             await call.write(request)
             reply = await call.read()
+            assert isinstance(reply, zone_pb2.HeartbeatReply)
             assert reply.summary_version == 1 and reply.liveness_seconds > 0
             await call.done_writing()
         agent = record(server, "s0")
