@@ -254,7 +254,10 @@ class HeartbeatClient:
             request, is_delta = self._request()
             if not is_delta or now - last_sent >= self.liveness_seconds:
                 await call.write(request)
-                reply = await asyncio.wait_for(call.read(), max(1.0, self.period_seconds))
+                # Closing the stream makes the router mark us stale at once, so a slow
+                # reply gets longer than a unary call would (still far within the fence).
+                patience = max(1.0, self.period_seconds, self.liveness_seconds / 2)
+                reply = await asyncio.wait_for(call.read(), patience)
                 if reply is grpc.aio.EOF:  # type: ignore[attr-defined]
                     raise StreamEnded("the router ended the heartbeat stream")
                 assert isinstance(reply, zone_pb2.HeartbeatReply)

@@ -74,11 +74,11 @@ class MembershipSettings:
         ),
     )
     stream_liveness_seconds: float = field(
-        default=8.0,
+        default=12.0,
         metadata=doc(
             "on the stream, the longest an agent with nothing new stays silent; it is "
-            "stale after this plus stale_after_periods periods of silence (at most a third "
-            "of the fence lease is used)",
+            "stale after this plus stale_after_periods periods of silence (at most half "
+            "the fence lease is used)",
             unit="seconds",
         ),
     )
@@ -98,11 +98,12 @@ class MembershipSettings:
 
     def liveness_seconds(self) -> float:
         """The liveness period streaming agents are told: stream_liveness_seconds, but never
-        less than a period nor so long that the fence could lapse between two (a third of
-        the lease, so that one late or lost reply still leaves a renewal before it)."""
+        less than a period nor more than half the fence lease, so that a liveness message
+        that fails leaves the agent half a lease to get through again (it opens a new
+        stream a period later and speaks at once)."""
         liveness = max(self.stream_liveness_seconds, self.heartbeat_seconds)
         lease = self.fence_lease_seconds()
-        return min(liveness, lease / 3) if lease > 0 else liveness
+        return min(liveness, lease / 2) if lease > 0 else liveness
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,15 @@ bounds staleness then:
 - the host dies, the network parts, or the agent's event loop hangs with its
   process alive (its gRPC core still answers HTTP/2 pings): nothing closes the
   stream, and the agent is stale after liveness_seconds plus stale_after_periods
-  periods of silence (11 s by default, against 3 s over unary heartbeats). The
+  periods of silence (15 s by default, against 3 s over unary heartbeats). The
   router's keepalive pings (laminar_zone.server.keepalive_options) only reap such
   connections later; pinging every period would bound them as before but costs
   about as much as the heartbeats it replaces. A hung agent is also restarted by
   its systemd watchdog, which closes its stream.
 
 Fence and loss are unchanged: both run from the last acknowledged heartbeat, and
-the liveness period is at most a third of the fence lease, so an idle agent
-renews its fence at least three times per lease.
+the liveness period is at most half the fence lease: an idle agent renews its
+fence at least twice per lease, and one that fails retries a period later.
 """
 
 from __future__ import annotations

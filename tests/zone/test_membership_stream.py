@@ -113,10 +113,10 @@ async def test_a_refused_delta_does_not_bind_the_stream(zone: ZoneState) -> None
     assert "h1" not in zone.view.agents
 
 
-def test_the_liveness_period_leaves_three_fence_renewals_per_lease() -> None:
+def test_the_liveness_period_leaves_half_the_fence_lease() -> None:
     long = {"membership.stream_liveness_seconds": 60.0}
     membership = load_config(ZoneConfig, overrides=long).membership
-    assert membership.liveness_seconds() == pytest.approx(membership.fence_lease_seconds() / 3)
+    assert membership.liveness_seconds() == pytest.approx(membership.fence_lease_seconds() / 2)
     unfenced = load_config(ZoneConfig, overrides={**long, "membership.fence": False})
     assert unfenced.membership.liveness_seconds() == 60.0
     short = {"membership.stream_liveness_seconds": 0.1}
