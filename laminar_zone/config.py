@@ -77,8 +77,8 @@ class MembershipSettings:
         default=12.0,
         metadata=doc(
             "on the stream, the longest an agent with nothing new stays silent; it is "
-            "stale after this plus stale_after_periods periods of silence (at most half "
-            "the fence lease is used)",
+            "stale after this plus stale_after_periods - 1 periods of silence (at most "
+            "half the fence lease is used; 1 period gives the unary bound)",
             unit="seconds",
         ),
     )

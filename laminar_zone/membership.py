@@ -26,8 +26,8 @@ bounds staleness then:
   ends and the agent is stale at once, sooner than the periodic bound;
 - the host dies, the network parts, or the agent's event loop hangs with its
   process alive (its gRPC core still answers HTTP/2 pings): nothing closes the
-  stream, and the agent is stale after liveness_seconds plus stale_after_periods
-  periods of silence (15 s by default, against 3 s over unary heartbeats). The
+  stream, and the agent is stale after liveness_seconds plus stale_after_periods - 1
+  periods of silence (14 s by default, against 3 s over unary heartbeats). The
   router's keepalive pings (laminar_zone.server.keepalive_options) only reap such
   connections later; pinging every period would bound them as before but costs
   about as much as the heartbeats it replaces. A hung agent is also restarted by
@@ -78,8 +78,12 @@ class Membership:
         self._summaries = state.metrics.heartbeat_summaries
         membership = state.config.membership
         self._liveness_seconds = membership.liveness_seconds()
-        #: Silence allowed to an agent on a stream before the sweep marks it stale.
-        self._stream_silence_seconds = self._liveness_seconds + membership.stale_after_seconds()
+        #: Silence allowed to an agent on a stream before the sweep marks it stale: the slack
+        #: unary heartbeats get (stale_after_periods less the one period they are apart)
+        #: after the liveness period, so a liveness of one period is the unary bound.
+        self._stream_silence_seconds = (
+            self._liveness_seconds + membership.stale_after_seconds() - membership.heartbeat_seconds
+        )
         #: The open stream of each agent on one (a newer stream replaces an older one).
         self.streams: dict[str, HeartbeatStream] = {}
 

@@ -42,10 +42,13 @@ async def test_a_streaming_agent_may_stay_silent_for_the_liveness_period(zone: Z
     liveness = zone.config.membership.liveness_seconds()
     assert reply.liveness_seconds == liveness
     assert liveness > stale_after(zone)  # the case that needs the allowance
-    silence(zone, "h1", liveness + stale_after(zone) - 0.5)
+    # The slack of unary heartbeats after the liveness period: 2 periods by default.
+    allowed = liveness + stale_after(zone) - zone.config.membership.heartbeat_seconds
+    assert zone.view.agents["h1"].silence_allowed_seconds == pytest.approx(allowed)
+    silence(zone, "h1", allowed - 0.5)
     zone.sweep()
     assert not zone.view.agents["h1"].is_stale
-    silence(zone, "h1", liveness + stale_after(zone) + 0.5)
+    silence(zone, "h1", allowed + 0.5)
     zone.sweep()
     assert zone.view.agents["h1"].is_stale
 
