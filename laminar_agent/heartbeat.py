@@ -217,6 +217,9 @@ class HeartbeatClient:
         while not stop.is_set():
             # The generated stubs type the call for the blocking API; this is the aio one.
             call: Any = stub.Heartbeats()  # type: ignore[call-arg]
+            # A stream the router ends (a shutdown, a restart) wakes the loop: an idle agent
+            # would otherwise notice only when it next speaks, a liveness period later.
+            call.add_done_callback(lambda _call: self.wake.set())
             self.streams_opened += 1
             try:
                 await self._drive_stream(call, stop, beat)
@@ -249,6 +252,9 @@ class HeartbeatClient:
         """One stream: a request when something changed or the liveness period is up."""
         last_sent = float("-inf")  # a new stream speaks at once: it names the agent
         while not stop.is_set():
+            if call.done():
+                code, details = await call.code(), await call.details()
+                raise StreamEnded(f"the router ended the heartbeat stream: {code.name} {details}")
             beat()
             now = time.monotonic()
             request, is_delta = self._request()

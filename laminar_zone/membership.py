@@ -86,6 +86,8 @@ class Membership:
         )
         #: The open stream of each agent on one (a newer stream replaces an older one).
         self.streams: dict[str, HeartbeatStream] = {}
+        #: The router is shutting down: streams that end do not make their agents stale.
+        self.is_closing = False
 
     def on_heartbeat(
         self,
@@ -180,7 +182,7 @@ class Membership:
             return
         del self.streams[agent_id]
         record = self._view.agents.get(agent_id)
-        if record is None:
+        if record is None or self.is_closing:
             return
         record.silence_allowed_seconds = 0.0
         if self._view.mark_stale(agent_id) is not None:

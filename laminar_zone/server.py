@@ -134,6 +134,7 @@ class ZoneServer:
         self.peers: PeerRouter | None = None
         self.guard: Guard = open_guard()
         self._server: grpc.aio.Server | None = None
+        self._control: ZoneControlService | None = None
         self._metrics_http: Any = None
         self.supervisor = Supervisor(
             log,
@@ -190,9 +191,8 @@ class ZoneServer:
         )
         submitters = ZoneService(self.state, self.guard)
         zone_pb2_grpc.add_ZoneServicer_to_server(submitters, server)
-        zone_pb2_grpc.add_ZoneControlServicer_to_server(
-            ZoneControlService(self.state, self.peers, submitters), server
-        )
+        self._control = ZoneControlService(self.state, self.peers, submitters)
+        zone_pb2_grpc.add_ZoneControlServicer_to_server(self._control, server)
         health = add_health_and_reflection(server, SERVICE_NAMES)
         port = trust.bind(server, cfg.server.listen)
         if port == 0:
@@ -328,6 +328,9 @@ class ZoneServer:
         self.supervisor.begin_stop()
         if self._server is not None:
             await set_serving(self._health, SERVICE_NAMES, False)
+            if self._control is not None:
+                ended = self._control.end_streams()  # they would hold the grace to its end
+                log.info("ended %d heartbeat stream(s) for the shutdown", ended)
             await self._server.stop(self.config.server.grace_seconds)
         self.stop_event.set()
         await self.supervisor.stop()

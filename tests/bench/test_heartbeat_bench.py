@@ -30,7 +30,7 @@ def test_smoke_report_fields_and_clean_exit(tmp_path: Path) -> None:
         assert report["router_connections"] == 3  # one per agent, as hosts have
         assert report["nominal_heartbeats_per_second"] == pytest.approx(15.0)
         assert 0 <= report["heartbeats_with_summary"] <= report["heartbeats"]
-        assert report["router_cpu_seconds"] > 0
+        assert report["router_cpu_seconds"] >= 0  # an idle streaming router may read 0 ticks
         assert report["router_cpu_ratio"] == pytest.approx(
             report["router_cpu_seconds"] / report["measured_seconds"]
         )
@@ -39,7 +39,8 @@ def test_smoke_report_fields_and_clean_exit(tmp_path: Path) -> None:
         )
         assert report["environment"]["cores"] >= 1
     unary, stream = runs
-    assert unary["heartbeats"] > 0 and unary["router_cpu_ms_per_heartbeat"] > 0
+    assert unary["heartbeats"] > 0 and unary["router_cpu_seconds"] > 0
+    assert unary["router_cpu_ms_per_heartbeat"] > 0
     # Idle agents on the stream send only every liveness period (8 s): far fewer messages.
     assert stream["heartbeats"] < unary["heartbeats"]
     assert daemons_under(tmp_path) == []

@@ -29,7 +29,7 @@ from laminar_base.configlib import load_config
 from laminar_base.security import Trust, write_file
 from laminar_bench.heartbeat_pool import POOL_INFO, EmptyJournal, idle_summary
 from laminar_zone.config import ZoneConfig
-from laminar_zone.server import ZoneServer
+from laminar_zone.server import Status, ZoneServer
 from laminar_zone.view import AgentRecord
 
 SHAPE = "share:H100-80GB"
@@ -50,7 +50,8 @@ async def router(tmp_path: Path, **overrides: object) -> AsyncIterator[ZoneServe
     try:
         yield server
     finally:
-        await server.stop()
+        if server.status not in (Status.STOPPED, Status.FAILED):  # a test may have stopped it
+            await server.stop()
 
 
 def record(server: ZoneServer, agent_id: str) -> AgentRecord | None:
@@ -206,3 +207,17 @@ async def test_the_stream_refuses_a_caller_without_the_secret(tmp_path: Path) ->
             await call.done_writing()
         agent = record(server, "s0")
         assert agent is not None
+
+
+async def test_a_shutdown_ends_the_streams_at_once_and_agents_notice(tmp_path: Path) -> None:
+    grace = 60.0  # what open streams would hold the shutdown for
+    async with router(tmp_path, **{"server.grace_seconds": grace}) as server:
+        summary, _ = changing_summary("d0")
+        client = HeartbeatClient(server.address, 1.0, summary, EmptyJournal(), lambda *_: None)
+        async with running(client):
+            await eventually(on_stream(server, "d0"), "the agent on its stream", 10)
+            await asyncio.wait_for(server.stop(), grace / 4)
+            agent = record(server, "d0")
+            assert agent is not None and not agent.is_stale  # a shutdown is not the agent's
+            # Idle, the agent notices at once, not a liveness period later.
+            await eventually(lambda: _true(client.failures >= 1), "the agent notices", 5)
