@@ -67,8 +67,9 @@ CONTROL_ROLES = {
     f"/{CONTROL_SERVICE}/ForwardJob": {"peer"},
 }
 #: Keepalive pings on connections with a call open, and how long an answer may take.
-KEEPALIVE_SECONDS = 30.0
-KEEPALIVE_TIMEOUT_SECONDS = 10.0
+#: (A ping costs the router about what a heartbeat does: rare, they only reap.)
+KEEPALIVE_SECONDS = 120.0
+KEEPALIVE_TIMEOUT_SECONDS = 20.0
 #: The calls only a peer zone makes: with control.peer_secret_file they need that secret.
 PEER_METHODS = [m for m, roles in CONTROL_ROLES.items() if roles == {"peer"}]
 
