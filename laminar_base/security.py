@@ -357,6 +357,7 @@ if TYPE_CHECKING:  # the stubs make these generic; at run time they are plain cl
     _ServerBase = grpc.aio.ServerInterceptor[Any, Any]
     _UnaryBase = grpc.UnaryUnaryClientInterceptor[Any, Any]
     _StreamBase = grpc.UnaryStreamClientInterceptor[Any, Any]
+    _BidiBase = grpc.StreamStreamClientInterceptor[Any, Any]
     _AioUnaryBase = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
     _AioStreamBase = grpc.aio.UnaryStreamClientInterceptor[Any, Any]
     _AioBidiBase = grpc.aio.StreamStreamClientInterceptor[Any, Any]
@@ -365,6 +366,7 @@ else:
     _ServerBase = grpc.aio.ServerInterceptor
     _UnaryBase = grpc.UnaryUnaryClientInterceptor
     _StreamBase = grpc.UnaryStreamClientInterceptor
+    _BidiBase = grpc.StreamStreamClientInterceptor
     _AioUnaryBase = grpc.aio.UnaryUnaryClientInterceptor
     _AioStreamBase = grpc.aio.UnaryStreamClientInterceptor
     _AioBidiBase = grpc.aio.StreamStreamClientInterceptor
@@ -578,7 +580,7 @@ def server_interceptors(
 # ----------------------------------------------------------------------------- client side
 
 
-class Headers(_UnaryBase, _StreamBase):
+class Headers(_UnaryBase, _StreamBase, _BidiBase):
     """Blocking-channel interceptor that adds fixed metadata (secret, bearer token) to calls."""
 
     def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
@@ -592,6 +594,11 @@ class Headers(_UnaryBase, _StreamBase):
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
+
+    def intercept_stream_stream(
+        self, continuation: Any, details: Any, request_iterator: Any
+    ) -> Any:
+        return continuation(self._details(details), request_iterator)
 
 
 class _AioHeaderAdder:
