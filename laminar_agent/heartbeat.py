@@ -27,6 +27,15 @@ us: the fence is not renewed and the full summary goes at once. After a failed
 heartbeat that carried the summary, a router known to keep versions is assumed
 to hold it (an overloaded router answers late, and resending full summaries
 keeps it overloaded); if it does not, it refuses the next delta.
+
+Heartbeat stream: the client first opens the router's Heartbeats stream and
+sends the same requests over it, one reply each, but a delta goes only every
+``liveness_seconds`` (the router's reply says how often; the summary is still
+looked at every period and events still wake the loop, so a change goes at
+once). A router without the stream (UNIMPLEMENTED, an older one or
+``membership.stream = false``) gets the unary Heartbeat from then on; any other
+failure closes the stream, counts as a failed heartbeat and a new stream opens a
+period later.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -101,6 +110,10 @@ def write_fence(path: Path, deadline_mono: float) -> None:
     write_private(path, f"{deadline_mono:.3f}\n", durable=True)
 
 
+class StreamEnded(Exception):
+    """The router closed the heartbeat stream without an error status."""
+
+
 class HeartbeatClient:
     def __init__(
         self,
@@ -115,9 +128,19 @@ class HeartbeatClient:
         fence_file: Path | None = None,
         live_ids: Callable[[], list[str]] | None = None,
         on_workload: Callable[[Counter[PodShape]], None] | None = None,
+        use_stream: bool = True,
+        extra_channel_options: list[tuple[str, Any]] | None = None,
     ) -> None:
         """``fence_file``: where the fence deadline goes (the shims read it); ``live_ids``:
-        the live subjob ids, sent on the first heartbeat and whenever the router asks."""
+        the live subjob ids, sent on the first heartbeat and whenever the router asks;
+        ``use_stream``: try the Heartbeats stream first (off: unary heartbeats only)."""
+        self.use_stream = use_stream
+        self._extra_channel_options = list(extra_channel_options or ())
+        #: How long the stream may stay silent with nothing new (the router's reply says).
+        self.liveness_seconds = period_seconds
+        #: Heartbeats (requests) and streams opened over the stream, for tests and benches.
+        self.streamed = 0
+        self.streams_opened = 0
         self.zone_address = zone_address
         self._trust = trust
         self.period_seconds = period_seconds
@@ -155,8 +178,11 @@ class HeartbeatClient:
 
     async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
         """Heartbeat until ``stop``; ``beat`` is called once per pass (root-loop progress)."""
-        async with self._trust.aio_channel(self.zone_address, channel_options()) as channel:
+        options = channel_options() + self._extra_channel_options
+        async with self._trust.aio_channel(self.zone_address, options) as channel:
             stub = zone_pb2_grpc.ZoneControlStub(channel)
+            if self.use_stream:
+                await self._run_stream(stub, stop, beat)
             while not stop.is_set():
                 beat()
                 sent = time.monotonic()
@@ -164,20 +190,110 @@ class HeartbeatClient:
                 self.wake.clear()
                 if self.more_events and not self.failures:
                     continue
-                waiters = [
-                    asyncio.create_task(stop.wait(), name="heartbeat-stop"),
-                    asyncio.create_task(self.wake.wait(), name="heartbeat-wake"),
-                ]
-                await asyncio.wait(
-                    waiters, timeout=self.period_seconds, return_when=asyncio.FIRST_COMPLETED
+                await self._wait(stop, sent)
+
+    async def _wait(self, stop: asyncio.Event, sent: float) -> None:
+        """Until the next pass: a period, an event (held so a burst gathers), or ``stop``."""
+        waiters = [
+            asyncio.create_task(stop.wait(), name="heartbeat-stop"),
+            asyncio.create_task(self.wake.wait(), name="heartbeat-wake"),
+        ]
+        await asyncio.wait(
+            waiters, timeout=self.period_seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in waiters:
+            task.cancel()
+        held = MIN_EVENT_GAP_SECONDS - (time.monotonic() - sent)
+        if self.wake.is_set() and held > 0 and not stop.is_set():
+            # Woken by an event right after a heartbeat: let the burst gather.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), held)
+
+    async def _run_stream(
+        self, stub: zone_pb2_grpc.ZoneControlStub, stop: asyncio.Event, beat: Callable[[], None]
+    ) -> None:
+        """Heartbeat over the Heartbeats stream until ``stop``; returns early, with
+        :attr:`use_stream` off, when the router does not implement it."""
+        while not stop.is_set():
+            # The generated stubs type the call for the blocking API; this is the aio one.
+            call: Any = stub.Heartbeats()  # type: ignore[call-arg]
+            # A stream the router ends (a shutdown, a restart) wakes the loop: an idle agent
+            # would otherwise notice only when it next speaks, a liveness period later.
+            call.add_done_callback(lambda _call: self.wake.set())
+            self.streams_opened += 1
+            try:
+                await self._drive_stream(call, stop, beat)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info(
+                        "zone %s has no heartbeat stream (%s): heartbeats go one call each",
+                        self.zone_address,
+                        exc.details(),
+                    )
+                    self.use_stream = False
+                    return
+                self._note_failure(exc.code().name, exc.details() or "")
+            except (TimeoutError, StreamEnded) as exc:
+                self._note_failure(
+                    "DEADLINE_EXCEEDED" if isinstance(exc, TimeoutError) else "EOF", str(exc)
                 )
-                for task in waiters:
-                    task.cancel()
-                held = MIN_EVENT_GAP_SECONDS - (time.monotonic() - sent)
-                if self.wake.is_set() and held > 0 and not stop.is_set():
-                    # Woken by an event right after a heartbeat: let the burst gather.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), held)
+            finally:
+                call.cancel()
+            if not stop.is_set():  # a new stream a period later, as the next heartbeat
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.period_seconds)
+
+    async def _drive_stream(
+        self,
+        call: Any,
+        stop: asyncio.Event,
+        beat: Callable[[], None],
+    ) -> None:
+        """One stream: a request when something changed or the liveness period is up."""
+        last_sent = float("-inf")  # a new stream speaks at once: it names the agent
+        while not stop.is_set():
+            if call.done():
+                code, details = await call.code(), await call.details()
+                raise StreamEnded(f"the router ended the heartbeat stream: {code.name} {details}")
+            beat()
+            now = time.monotonic()
+            request, is_delta = self._request()
+            if not is_delta or now - last_sent >= self.liveness_seconds:
+                await call.write(request)
+                # Closing the stream makes the router mark us stale at once, so a slow
+                # reply gets longer than a unary call would (still far within the fence).
+                patience = max(1.0, self.period_seconds, self.liveness_seconds / 2)
+                reply = await asyncio.wait_for(call.read(), patience)
+                if reply is grpc.aio.EOF:  # type: ignore[attr-defined]
+                    raise StreamEnded("the router ended the heartbeat stream")
+                assert isinstance(reply, zone_pb2.HeartbeatReply)
+                last_sent = now
+                self.streamed += 1
+                self._recovered()
+                self._apply(request, is_delta, reply, now)
+                self.liveness_seconds = reply.liveness_seconds or self.period_seconds
+            self.wake.clear()
+            if self.more_events:
+                continue
+            await self._wait(stop, now)
+
+    def _note_failure(self, code: str, details: str) -> None:
+        self.failures += 1
+        if self.failures in (1, 10) or self.failures % 100 == 0:
+            log.warning(
+                "heartbeat to zone %s failed (%d in a row): %s %s",
+                self.zone_address,
+                self.failures,
+                code,
+                details,
+            )
+
+    def _recovered(self) -> None:
+        if self.failures:
+            log.info(
+                "heartbeat to zone %s restored after %d failures", self.zone_address, self.failures
+            )
+        self.failures = 0
 
     def _renew_fence(self, sent_mono: float, lease_seconds: float) -> None:
         """After an acknowledged heartbeat, running subjobs may go on until ``sent_mono``
@@ -202,7 +318,25 @@ class HeartbeatClient:
             log.error("cannot renew the fence %s: %s", self._fence_file, exc)
 
     async def beat(self, stub: zone_pb2_grpc.ZoneControlStub) -> None:
-        """One heartbeat and what its reply says (a pass of :meth:`run`)."""
+        """One unary heartbeat and what its reply says (a pass of :meth:`run`)."""
+        request, is_delta = self._request()
+        sent_mono = time.monotonic()
+        try:
+            reply = await stub.Heartbeat(request, timeout=max(1.0, self.period_seconds))  # type: ignore[misc]
+        except grpc.aio.AioRpcError as exc:
+            # A router that keeps versions most likely kept this summary (an overloaded one
+            # answers past the deadline): the next heartbeat is a delta, which it refuses if
+            # not. Full summaries again and again are what an overloaded router can least
+            # afford. A router that never acknowledged a version never gets a delta.
+            if self._router_keeps_versions and request.HasField("summary"):
+                self._router_version = request.summary_version
+            self._note_failure(exc.code().name, exc.details() or "")
+            return
+        self._recovered()
+        self._apply(request, is_delta, reply, sent_mono)
+
+    def _request(self) -> tuple[zone_pb2.HeartbeatRequest, bool]:
+        """The next heartbeat, and whether it is a delta (liveness only)."""
         summary = self._summary()
         key = summary_key(summary)
         if key != self._summary_key:
@@ -247,31 +381,17 @@ class HeartbeatClient:
             request.agent_id = summary.agent_id
         else:
             request.summary.CopyFrom(summary)
-        sent_mono = time.monotonic()
-        try:
-            reply = await stub.Heartbeat(request, timeout=max(1.0, self.period_seconds))  # type: ignore[misc]
-        except grpc.aio.AioRpcError as exc:
-            # A router that keeps versions most likely kept this summary (an overloaded one
-            # answers past the deadline): the next heartbeat is a delta, which it refuses if
-            # not. Full summaries again and again are what an overloaded router can least
-            # afford. A router that never acknowledged a version never gets a delta.
-            if self._router_keeps_versions and request.HasField("summary"):
-                self._router_version = request.summary_version
-            self.failures += 1
-            if self.failures in (1, 10) or self.failures % 100 == 0:
-                log.warning(
-                    "heartbeat to zone %s failed (%d in a row): %s %s",
-                    self.zone_address,
-                    self.failures,
-                    exc.code().name,
-                    exc.details(),
-                )
-            return
-        if self.failures:
-            log.info(
-                "heartbeat to zone %s restored after %d failures", self.zone_address, self.failures
-            )
-        self.failures = 0
+        return request, is_delta
+
+    def _apply(
+        self,
+        request: zone_pb2.HeartbeatRequest,
+        is_delta: bool,
+        reply: zone_pb2.HeartbeatReply,
+        sent_mono: float,
+    ) -> None:
+        """What an acknowledged heartbeat's reply says (unary or streamed)."""
+        acked_actions = int(self._journal.get_meta(ACKED_ACTION_META) or "0")
         self.sent += 1
         self._router_version = reply.summary_version
         self._router_keeps_versions |= reply.summary_version > 0

@@ -155,7 +155,8 @@ class Trust:
         self, address: str, options: list[tuple[str, Any]] | None = None
     ) -> grpc.aio.Channel:
         """An asyncio channel that authenticates every call the way this trust says."""
-        interceptors: Any = [AioHeaders(self.headers())] if self.headers() else None
+        headers = self.headers()
+        interceptors: Any = aio_header_interceptors(headers) if headers else None
         if self.is_tls:
             return grpc.aio.secure_channel(
                 address, self.channel_credentials(), options=options, interceptors=interceptors
@@ -356,15 +357,19 @@ if TYPE_CHECKING:  # the stubs make these generic; at run time they are plain cl
     _ServerBase = grpc.aio.ServerInterceptor[Any, Any]
     _UnaryBase = grpc.UnaryUnaryClientInterceptor[Any, Any]
     _StreamBase = grpc.UnaryStreamClientInterceptor[Any, Any]
+    _BidiBase = grpc.StreamStreamClientInterceptor[Any, Any]
     _AioUnaryBase = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
     _AioStreamBase = grpc.aio.UnaryStreamClientInterceptor[Any, Any]
+    _AioBidiBase = grpc.aio.StreamStreamClientInterceptor[Any, Any]
 else:
     Handler = grpc.RpcMethodHandler
     _ServerBase = grpc.aio.ServerInterceptor
     _UnaryBase = grpc.UnaryUnaryClientInterceptor
     _StreamBase = grpc.UnaryStreamClientInterceptor
+    _BidiBase = grpc.StreamStreamClientInterceptor
     _AioUnaryBase = grpc.aio.UnaryUnaryClientInterceptor
     _AioStreamBase = grpc.aio.UnaryStreamClientInterceptor
+    _AioBidiBase = grpc.aio.StreamStreamClientInterceptor
 
 # ----------------------------------------------------------------------------- server side
 
@@ -472,7 +477,16 @@ class _CallerCheck(_ControlInterceptor):
 
     def guard(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
         method = details.method or ""
-        if handler.request_streaming:  # no control call streams requests
+        if handler.request_streaming and handler.response_streaming:
+            inner_bidi: Any = handler.stream_stream
+
+            async def bidi(requests: Any, context: Ctx) -> AsyncIterator[Any]:
+                await self._check(context, method)  # before the first request is read
+                async for item in inner_bidi(requests, context):
+                    yield item
+
+            return _handler_like(handler, bidi)
+        if handler.request_streaming:  # no control call streams requests one way only
             return _deny_handler(handler, f"{method}: client streaming is not a control call")
         if handler.response_streaming:
             inner_stream: Any = handler.unary_stream
@@ -566,7 +580,7 @@ def server_interceptors(
 # ----------------------------------------------------------------------------- client side
 
 
-class Headers(_UnaryBase, _StreamBase):
+class Headers(_UnaryBase, _StreamBase, _BidiBase):
     """Blocking-channel interceptor that adds fixed metadata (secret, bearer token) to calls."""
 
     def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
@@ -581,10 +595,13 @@ class Headers(_UnaryBase, _StreamBase):
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
 
+    def intercept_stream_stream(
+        self, continuation: Any, details: Any, request_iterator: Any
+    ) -> Any:
+        return continuation(self._details(details), request_iterator)
 
-class AioHeaders(_AioUnaryBase, _AioStreamBase):
-    """Asyncio-channel interceptor that adds fixed metadata to every call."""
 
+class _AioHeaderAdder:
     def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
         self._headers = tuple(headers)
 
@@ -592,12 +609,40 @@ class AioHeaders(_AioUnaryBase, _AioStreamBase):
         metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._headers)
         return details._replace(metadata=metadata)  # type: ignore[attr-defined,no-any-return]
 
+
+class AioHeaders(_AioHeaderAdder, _AioUnaryBase):
+    """Asyncio-channel interceptor that adds fixed metadata to unary calls. An aio channel
+    files each interceptor under the first call kind it implements, so each kind has its
+    own class (:func:`aio_header_interceptors` gives all three)."""
+
     async def intercept_unary_unary(
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
         return await continuation(self._details(client_call_details), request)
 
+
+class AioStreamHeaders(_AioHeaderAdder, _AioStreamBase):
+    """:class:`AioHeaders` for server-streaming calls."""
+
     async def intercept_unary_stream(
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
         return await continuation(self._details(client_call_details), request)
+
+
+class AioBidiHeaders(_AioHeaderAdder, _AioBidiBase):
+    """:class:`AioHeaders` for calls streaming both ways (the agent's heartbeat stream)."""
+
+    async def intercept_stream_stream(
+        self,
+        continuation: Any,
+        client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+def aio_header_interceptors(headers: Iterable[tuple[str, str]]) -> list[Any]:
+    """Interceptors adding ``headers`` to every unary and streaming call of an aio channel."""
+    fixed = tuple(headers)
+    return [AioHeaders(fixed), AioStreamHeaders(fixed), AioBidiHeaders(fixed)]

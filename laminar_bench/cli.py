@@ -24,6 +24,7 @@ from rich.table import Table
 from laminar_bench.airlock import AirlockBenchSpec, run_airlock_bench
 from laminar_bench.heartbeats import (
     DEFAULT_AGENTS_PER_PROCESS,
+    TRANSPORTS,
     HeartbeatBenchSpec,
     run_heartbeat_bench,
 )
@@ -150,6 +151,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=int,
         default=DEFAULT_AGENTS_PER_PROCESS,
         help=f"agents per pool process (default {DEFAULT_AGENTS_PER_PROCESS})",
+    )
+    h.add_argument(
+        "--transport",
+        choices=[*TRANSPORTS, "both"],
+        default="both",
+        help=(
+            "stream: the Heartbeats stream; unary: one Heartbeat call per period; both "
+            "(default): unary then stream, one after the other in this run"
+        ),
     )
     _add_heartbeat_flag(h)
     _add_output_flags(h)
@@ -350,22 +360,41 @@ def render_airlock(report: dict[str, Any], console: Console) -> None:
 
 def cmd_heartbeats(args: argparse.Namespace, console: Console) -> int:
     """Run ``bench heartbeats`` and print a table or JSON."""
-    spec = HeartbeatBenchSpec(
-        agents=args.agents,
-        seconds=args.seconds,
-        agents_per_process=args.agents_per_process,
-        heartbeat_seconds=args.heartbeat_seconds,
-        work_dir=args.work_dir,
-    )
-    spec.validate()
-    report = _with_progress("bench heartbeats", spec.agents, lambda p: run_heartbeat_bench(spec, p))
+    transports = TRANSPORTS[::-1] if args.transport == "both" else (args.transport,)
+    specs = [
+        HeartbeatBenchSpec(
+            agents=args.agents,
+            seconds=args.seconds,
+            agents_per_process=args.agents_per_process,
+            heartbeat_seconds=args.heartbeat_seconds,
+            work_dir=args.work_dir / transport if args.work_dir else None,
+            transport=transport,
+        )
+        for transport in transports
+    ]
+    for spec in specs:
+        spec.validate()
+    runs = [
+        _with_progress(
+            f"bench heartbeats ({spec.transport})",
+            spec.agents,
+            lambda p, spec=spec: run_heartbeat_bench(spec, p),  # type: ignore[misc]
+        )
+        for spec in specs
+    ]
+    report = runs[0] if len(runs) == 1 else {"benchmark": "heartbeats", "runs": runs}
     return _emit(report, args.output, console, render_heartbeats)
 
 
 def render_heartbeats(report: dict[str, Any], console: Console) -> None:
-    """The router's CPU for membership: per heartbeat, as a fraction of a core, nominal."""
+    """The router's CPU for membership, per run (one per transport)."""
+    for run in report.get("runs", [report]):
+        _render_heartbeat_run(run, console)
+
+
+def _render_heartbeat_run(report: dict[str, Any], console: Console) -> None:
     console.print(
-        f"[bold]bench heartbeats[/bold]  {report['agents']} agents in "
+        f"[bold]bench heartbeats ({report['transport']})[/bold]  {report['agents']} agents in "
         f"{report['agent_processes']} process(es), period {report['heartbeat_seconds']:g} s, "
         f"{report['measured_seconds']:.1f} s measured",
         markup=True,
@@ -376,7 +405,12 @@ def render_heartbeats(report: dict[str, Any], console: Console) -> None:
     table.add_column("value", justify="right")
     rows = [
         ("router CPU (ratio of a core)", f"{report['router_cpu_ratio']:.3f}"),
+        (
+            "router CPU per agent per second (us)",
+            f"{report['router_cpu_us_per_agent_second']:.1f}",
+        ),
         ("router CPU per heartbeat (ms)", f"{report['router_cpu_ms_per_heartbeat']:.4f}"),
+        ("router connections", f"{report['router_connections']}"),
         (
             "agents ready at start / end",
             f"{report['agents_ready_at_start']} / {report['agents_ready_at_end']}",

@@ -12,7 +12,9 @@ cores of the benchmark machine beside the router they are meant to load.
     python -m laminar_bench.heartbeat_pool --count 512 --zone 127.0.0.1:7400 \\
         --state-dir /tmp/hb0 --prefix hb0-
 
-Agents start one after another, spread over ``--spread-seconds`` (default one
+Agents use the Heartbeats stream as real agents do (``--unary``: one Heartbeat
+call per period, as agents did before it and do against an older router), each
+over its own connection. Agents start one after another, spread over ``--spread-seconds`` (default one
 heartbeat period), as hosts that boot independently would.
 The pool writes ``STATE_DIR/pool.json`` (its pid and every agent's id) once
 every client runs, and stops on SIGTERM or SIGINT (a second signal exits at
@@ -117,7 +119,14 @@ class HeartbeatPool:
     """``count`` heartbeat clients named ``PREFIX0 .. PREFIX{count-1}`` on this event loop."""
 
     def __init__(
-        self, count: int, zone: str, state_dir: Path, prefix: str, spread_seconds: float = 0.0
+        self,
+        count: int,
+        zone: str,
+        state_dir: Path,
+        prefix: str,
+        spread_seconds: float = 0.0,
+        *,
+        use_stream: bool = True,
     ) -> None:
         if not 1 <= count <= MAX_HEARTBEAT_POOL_AGENTS:
             raise InvalidArgument(
@@ -135,6 +144,10 @@ class HeartbeatPool:
                 idle_summary(agent_id, f"127.0.0.1:{10000 + i}"),
                 EmptyJournal(),
                 lambda *_: None,
+                use_stream=use_stream,
+                # One connection per agent, as hosts have (channels alike in one process
+                # would otherwise share one, and the router would ping one not 512).
+                extra_channel_options=[("grpc.use_local_subchannel_pool", 1)],
             )
             for i, agent_id in enumerate(self.agent_ids)
         ]
@@ -187,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="start the agents evenly over this long (default: one period)",
     )
+    p.add_argument(
+        "--unary",
+        action="store_true",
+        help="one Heartbeat call per period (default: the Heartbeats stream, as agents do)",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     return p
 
@@ -197,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
 
     async def run() -> None:
         pool = HeartbeatPool(
-            args.count, args.zone, args.state_dir, args.prefix, args.spread_seconds
+            args.count,
+            args.zone,
+            args.state_dir,
+            args.prefix,
+            args.spread_seconds,
+            use_stream=not args.unary,
         )
         await serve_until_signalled(
             pool.start, pool.stop, pool.stop_event, log, "nothing (heartbeats only)"

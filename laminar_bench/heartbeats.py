@@ -18,6 +18,13 @@ up with every agent). The benchmark machines are small and shared: CPU per
 heartbeat is the figure to compare, not wall rates. Numbers are reported,
 never judged; the benchmark fails only when the cluster cannot be started.
 
+Transports (``transport``): ``stream``, the Heartbeats stream agents use (a
+message per agent per liveness period when nothing changes, plus the router's
+HTTP/2 keepalive pings, which no counter sees but the router's CPU includes),
+and ``unary``, one Heartbeat call per agent per period (older agents, or an
+older router). Every agent has its own connection, as hosts do. The router's
+CPU per agent per second is the figure the two share.
+
 Not covered: heartbeats that carry subjob events or Airlock actions, TLS.
 """
 
@@ -56,6 +63,7 @@ WARM_UP_PERIODS = 3.0
 #: and a burst of N of them in one period is a start-up storm, not the idle load measured.
 JOIN_PER_SECOND = 400.0
 DEFAULT_AGENTS_PER_PROCESS = 512
+TRANSPORTS = ("stream", "unary")
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,14 @@ class HeartbeatBenchSpec:
     agents_per_process: int = DEFAULT_AGENTS_PER_PROCESS
     heartbeat_seconds: float = 0.0  # 0 = the router's default
     work_dir: Path | None = None  # state dirs and logs; default a temporary dir, removed
+    transport: str = "stream"  # "stream" (Heartbeats) or "unary" (one Heartbeat per period)
 
     def validate(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise InvalidArgument(
+                f"must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}",
+                field="--transport",
+            )
         if not 1 <= self.agents <= 4096:
             raise InvalidArgument(f"must be in 1..4096, got {self.agents}", field="--agents")
         if not 1 <= self.seconds <= 3600:
@@ -97,6 +111,7 @@ class HeartbeatCluster(BenchCluster):
             root, BenchSpec(agents=spec.agents, jobs=1, heartbeat_seconds=spec.heartbeat_seconds)
         )
         self.per_process = spec.agents_per_process
+        self.transport = spec.transport
         #: Every pool starts its agents over this long, so that N / spread join per second.
         self.spread_seconds = max(spec.period_seconds, spec.agents / JOIN_PER_SECOND)
 
@@ -118,6 +133,8 @@ class HeartbeatCluster(BenchCluster):
             argv += ["--zone", self.router_address, "--state-dir", str(self.root / name)]
             argv += ["--prefix", f"{name}-a", "--log-level", "INFO"]
             argv += ["--spread-seconds", f"{self.spread_seconds:g}"]
+            if self.transport == "unary":
+                argv.append("--unary")
             self.agent_children.append(self._spawn(name, argv, self.root / name, POOL_INFO))
         start_timeout = 60.0 + 0.05 * self.spec.agents
         listed = 0
@@ -188,6 +205,7 @@ async def _measure(
     router_cpu = cpu_seconds([cluster.router_pid]) - router0
     agents_cpu = cpu_seconds(cluster.agent_pids()) - agents0
     machine_busy = _busy_ratio(machine0, psutil.cpu_times())
+    connections = router_connections(cluster.router_pid)
     after = await asyncio.to_thread(scrape_heartbeats, cluster.router_metrics_address)
     cluster._check_alive()
     ready_at_end = await cluster.wait_ready(0.0)
@@ -208,6 +226,8 @@ async def _measure(
         "agents_ready_at_start": cluster.ready_at_start,
         "agents_ready_at_end": ready_at_end,
         "measured_seconds": wall,
+        "transport": spec.transport,
+        "router_connections": connections,
         "heartbeats": int(beats),
         "heartbeats_with_summary": int(full),
         "heartbeats_per_second": beats / wall,
@@ -215,6 +235,7 @@ async def _measure(
         "router_cpu_seconds": router_cpu,
         "router_cpu_ratio": router_cpu / wall,
         "router_cpu_ms_per_heartbeat": 1000 * per_beat,
+        "router_cpu_us_per_agent_second": 1e6 * router_cpu / wall / spec.agents,
         "router_cpu_ratio_at_nominal_rate": per_beat * nominal_rate,
         "agents_cpu_ratio": agents_cpu / wall,
         "machine_cpu_busy_ratio": machine_busy,
@@ -223,6 +244,13 @@ async def _measure(
             "in a window with heartbeats only; per heartbeat: over laminar_zone_heartbeats_total"
         ),
     }
+
+
+def router_connections(pid: int) -> int:
+    """Established TCP connections of the router process (one per agent is expected)."""
+    process = psutil.Process(pid)
+    listing = getattr(process, "net_connections", process.connections)
+    return sum(1 for c in listing(kind="tcp") if c.status == psutil.CONN_ESTABLISHED)
 
 
 def run_heartbeat_bench(
@@ -237,4 +265,4 @@ def run_heartbeat_bench(
     )
 
 
-__all__ = ["HeartbeatBenchSpec", "run_heartbeat_bench", "scrape_heartbeats"]
+__all__ = ["TRANSPORTS", "HeartbeatBenchSpec", "run_heartbeat_bench", "scrape_heartbeats"]

@@ -65,6 +65,23 @@ class MembershipSettings:
             "for longer than the fence lease (off: a LOST subjob may still be running)"
         ),
     )
+    stream: bool = field(
+        default=True,
+        metadata=doc(
+            "serve the Heartbeats stream: an agent sends only changes plus a liveness "
+            "message, and is stale as soon as its stream ends (off: agents fall back to "
+            "one Heartbeat call per period)"
+        ),
+    )
+    stream_liveness_seconds: float = field(
+        default=12.0,
+        metadata=doc(
+            "on the stream, the longest an agent with nothing new stays silent; it is "
+            "stale after this plus stale_after_periods - 1 periods of silence (at most "
+            "half the fence lease is used; 1 period gives the unary bound)",
+            unit="seconds",
+        ),
+    )
 
     def fence_lease_seconds(self) -> float:
         """How long an agent's subjobs may run on after the last heartbeat this router
@@ -74,6 +91,19 @@ class MembershipSettings:
         if not self.fence:
             return 0.0
         return self.lost_after_seconds / (1 + FENCE_CLOCK_MARGIN_RATIO) - FENCE_STOP_SECONDS
+
+    def stale_after_seconds(self) -> float:
+        """Silence after which an agent gets no probes (its stream aside)."""
+        return self.heartbeat_seconds * self.stale_after_periods
+
+    def liveness_seconds(self) -> float:
+        """The liveness period streaming agents are told: stream_liveness_seconds, but never
+        less than a period nor more than half the fence lease, so that a liveness message
+        that fails leaves the agent half a lease to get through again (it opens a new
+        stream a period later and speaks at once)."""
+        liveness = max(self.stream_liveness_seconds, self.heartbeat_seconds)
+        lease = self.fence_lease_seconds()
+        return min(liveness, lease / 2) if lease > 0 else liveness
 
 
 @dataclass(frozen=True)
@@ -311,6 +341,7 @@ class ZoneConfig:
             ("membership.heartbeat_seconds", self.membership.heartbeat_seconds),
             ("membership.stale_after_periods", self.membership.stale_after_periods),
             ("membership.lost_after_seconds", self.membership.lost_after_seconds),
+            ("membership.stream_liveness_seconds", self.membership.stream_liveness_seconds),
             ("placement.budget_seconds", self.placement.budget_seconds),
             ("placement.lease_ttl_seconds", self.placement.lease_ttl_seconds),
             ("placement.rpc_timeout_seconds", self.placement.rpc_timeout_seconds),

@@ -30,7 +30,7 @@ from laminar_zone.auth import (
 from laminar_zone.config import is_host_port
 from laminar_zone.jobs import MAX_BATCH_JOBS, ZoneState
 from laminar_zone.limits import check_queued
-from laminar_zone.membership import Membership
+from laminar_zone.membership import HeartbeatStream, Membership
 from laminar_zone.peers import PeerRouter
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -351,6 +351,17 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
         self._peers = peers
         self._submitters = submitters if submitters is not None else ZoneService(state)
         self._membership = Membership(state)
+        #: The handler task of every open heartbeat stream (:meth:`end_streams`).
+        self._stream_tasks: set[asyncio.Task[Any]] = set()
+
+    def end_streams(self) -> int:
+        """Shutting down: end every heartbeat stream now (its agent reconnects a period
+        later), so the server's grace is not spent waiting for streams that never end on
+        their own. Agents are not marked stale for it. How many were open."""
+        self._membership.is_closing = True
+        for task in self._stream_tasks:
+            task.cancel()
+        return len(self._stream_tasks)
 
     @map_errors
     async def Heartbeat(
@@ -360,6 +371,36 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
             check_heartbeat(request)
         names = peer_names(context)  # the certificate is read once per heartbeat
         return self._membership.on_heartbeat(request, names[0] if names else "", names)
+
+    @map_errors
+    async def Heartbeats(
+        self, request_iterator: AsyncIterator[zone_pb2.HeartbeatRequest], context: Ctx
+    ) -> AsyncIterator[zone_pb2.HeartbeatReply]:
+        if not self._state.config.membership.stream:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "heartbeat streams are off (membership.stream)"
+            )
+        if self._membership.is_closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the zone router is shutting down")
+        names = peer_names(context)  # one certificate for the whole stream
+        caller = names[0] if names else ""
+        stream = HeartbeatStream()
+        task = asyncio.current_task()
+        assert task is not None  # grpc runs each call in a task
+        self._stream_tasks.add(task)
+        try:
+            async for request in request_iterator:
+                if request.HasField("summary"):
+                    check_heartbeat(request)
+                yield self._membership.on_stream_heartbeat(stream, request, caller, names)
+        except asyncio.CancelledError:
+            if not self._membership.is_closing:
+                raise  # the agent went away
+            # end_streams: say so, or the call stays open until the server's grace ends.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the zone router is shutting down")
+        finally:
+            self._stream_tasks.discard(task)
+            self._membership.close_stream(stream)
 
     def _check_peer(self, context: Ctx) -> None:
         """With ``auth.peer_names``, only those certificates act as peer zones (the role

@@ -54,6 +54,10 @@ class AgentRecord:
     #: heartbeat time it was current at (see :attr:`host`).
     reported_host: HostCap | None = None
     reported_host_at: float = 0.0
+    #: Silence allowed before the sweep marks it stale, when longer than the view's own
+    #: limit: an agent on the Heartbeats stream sends only every liveness period, and its
+    #: stream ending marks it stale at once (:meth:`ZoneView.mark_stale`). 0: the view's.
+    silence_allowed_seconds: float = 0.0
 
     @property
     def status(self) -> AgentStatus:
@@ -227,11 +231,25 @@ class ZoneView:
         self._reindex(record)
         return record
 
+    def mark_stale(self, agent_id: str) -> AgentRecord | None:
+        """Mark an agent stale now (its heartbeat stream ended); the record when it was not
+        stale before, None otherwise. Its last heartbeat stays as it was: the time it is
+        declared lost after is still counted from there."""
+        record = self.agents.get(agent_id)
+        if record is None or record.is_stale:
+            return None
+        record.is_stale = True
+        self._reindex(record)
+        return record
+
     def sweep(self, now: float) -> list[AgentRecord]:
         """Mark agents silent for too long as stale; returns the ones that just became stale."""
         newly = []
+        limit = self.stale_after_seconds
         for record in self.agents.values():
-            if not record.is_stale and now - record.last_heartbeat > self.stale_after_seconds:
+            if record.is_stale:
+                continue
+            if now - record.last_heartbeat > max(limit, record.silence_allowed_seconds):
                 record.is_stale = True
                 self._reindex(record)
                 newly.append(record)

@@ -516,7 +516,7 @@ class WorkloadShape(_message.Message):
     def __init__(self, cpu_milli: _Optional[int] = ..., num_gpu: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., gpu_models: _Optional[_Iterable[str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("acked_seq", "period_seconds", "zone", "acked_action_seq", "fence_lease_seconds", "want_live_subjobs", "summary_version", "workload_version", "workload")
+    __slots__ = ("acked_seq", "period_seconds", "zone", "acked_action_seq", "fence_lease_seconds", "want_live_subjobs", "summary_version", "workload_version", "workload", "liveness_seconds")
     ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
@@ -526,6 +526,7 @@ class HeartbeatReply(_message.Message):
     SUMMARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_VERSION_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_SECONDS_FIELD_NUMBER: _ClassVar[int]
     acked_seq: int
     period_seconds: float
     zone: str
@@ -535,7 +536,8 @@ class HeartbeatReply(_message.Message):
     summary_version: int
     workload_version: int
     workload: _containers.RepeatedCompositeFieldContainer[WorkloadShape]
-    def __init__(self, acked_seq: _Optional[int] = ..., period_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., acked_action_seq: _Optional[int] = ..., fence_lease_seconds: _Optional[float] = ..., want_live_subjobs: _Optional[bool] = ..., summary_version: _Optional[int] = ..., workload_version: _Optional[int] = ..., workload: _Optional[_Iterable[_Union[WorkloadShape, _Mapping]]] = ...) -> None: ...
+    liveness_seconds: float
+    def __init__(self, acked_seq: _Optional[int] = ..., period_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., acked_action_seq: _Optional[int] = ..., fence_lease_seconds: _Optional[float] = ..., want_live_subjobs: _Optional[bool] = ..., summary_version: _Optional[int] = ..., workload_version: _Optional[int] = ..., workload: _Optional[_Iterable[_Union[WorkloadShape, _Mapping]]] = ..., liveness_seconds: _Optional[float] = ...) -> None: ...
 
 class ZoneSummary(_message.Message):
     __slots__ = ("zone", "address", "shapes", "heat", "agents", "queued_jobs", "generated_unix")

@@ -764,6 +764,11 @@ class ZoneControlStub:
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=laminar__api_dot_v1_dot_zone__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.Heartbeats = channel.stream_stream(
+                '/laminar.v1.ZoneControl/Heartbeats',
+                request_serializer=laminar__api_dot_v1_dot_zone__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=laminar__api_dot_v1_dot_zone__pb2.HeartbeatReply.FromString,
+                _registered_method=True)
         self.ExchangeSummary = channel.unary_unary(
                 '/laminar.v1.ZoneControl/ExchangeSummary',
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.ZoneSummary.SerializeToString,
@@ -781,6 +786,16 @@ class ZoneControlServicer:
 
     def Heartbeat(self, request, context):
         """Agents push their summary and subjob events; the reply acknowledges events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeats(self, request_iterator, context):
+        """The same heartbeats over one long-lived stream per agent, one reply per request: the
+        agent sends when something changed and otherwise every liveness_seconds (the reply's);
+        the router counts the agent stale as soon as the stream ends. An older router answers
+        UNIMPLEMENTED and the agent uses Heartbeat.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -805,6 +820,11 @@ def add_ZoneControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
+                    request_deserializer=laminar__api_dot_v1_dot_zone__pb2.HeartbeatRequest.FromString,
+                    response_serializer=laminar__api_dot_v1_dot_zone__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'Heartbeats': grpc.stream_stream_rpc_method_handler(
+                    servicer.Heartbeats,
                     request_deserializer=laminar__api_dot_v1_dot_zone__pb2.HeartbeatRequest.FromString,
                     response_serializer=laminar__api_dot_v1_dot_zone__pb2.HeartbeatReply.SerializeToString,
             ),
@@ -844,6 +864,33 @@ class ZoneControl:
             request,
             target,
             '/laminar.v1.ZoneControl/Heartbeat',
+            laminar__api_dot_v1_dot_zone__pb2.HeartbeatRequest.SerializeToString,
+            laminar__api_dot_v1_dot_zone__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeats(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/laminar.v1.ZoneControl/Heartbeats',
             laminar__api_dot_v1_dot_zone__pb2.HeartbeatRequest.SerializeToString,
             laminar__api_dot_v1_dot_zone__pb2.HeartbeatReply.FromString,
             options,

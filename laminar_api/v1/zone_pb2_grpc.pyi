@@ -223,6 +223,12 @@ class ZoneControlStub:
     def __new__(cls, channel: _aio.Channel) -> ZoneControlAsyncStub: ...
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_zone_pb2.HeartbeatRequest, _zone_pb2.HeartbeatReply]
     """Agents push their summary and subjob events; the reply acknowledges events."""
+    Heartbeats: _grpc.StreamStreamMultiCallable[_zone_pb2.HeartbeatRequest, _zone_pb2.HeartbeatReply]
+    """The same heartbeats over one long-lived stream per agent, one reply per request: the
+    agent sends when something changed and otherwise every liveness_seconds (the reply's);
+    the router counts the agent stale as soon as the stream ends. An older router answers
+    UNIMPLEMENTED and the agent uses Heartbeat.
+    """
     ExchangeSummary: _grpc.UnaryUnaryMultiCallable[_zone_pb2.ZoneSummary, _zone_pb2.ZoneSummary]
     """Peer routers exchange zone summaries for flow splitting."""
     ForwardJob: _grpc.UnaryUnaryMultiCallable[_zone_pb2.ForwardJobRequest, _zone_pb2.Job]
@@ -233,6 +239,12 @@ class ZoneControlAsyncStub(ZoneControlStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Heartbeat: _aio.UnaryUnaryMultiCallable[_zone_pb2.HeartbeatRequest, _zone_pb2.HeartbeatReply]  # type: ignore[assignment]
     """Agents push their summary and subjob events; the reply acknowledges events."""
+    Heartbeats: _aio.StreamStreamMultiCallable[_zone_pb2.HeartbeatRequest, _zone_pb2.HeartbeatReply]  # type: ignore[assignment]
+    """The same heartbeats over one long-lived stream per agent, one reply per request: the
+    agent sends when something changed and otherwise every liveness_seconds (the reply's);
+    the router counts the agent stale as soon as the stream ends. An older router answers
+    UNIMPLEMENTED and the agent uses Heartbeat.
+    """
     ExchangeSummary: _aio.UnaryUnaryMultiCallable[_zone_pb2.ZoneSummary, _zone_pb2.ZoneSummary]  # type: ignore[assignment]
     """Peer routers exchange zone summaries for flow splitting."""
     ForwardJob: _aio.UnaryUnaryMultiCallable[_zone_pb2.ForwardJobRequest, _zone_pb2.Job]  # type: ignore[assignment]
@@ -246,6 +258,18 @@ class ZoneControlServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_zone_pb2.HeartbeatReply, _abc.Awaitable[_zone_pb2.HeartbeatReply]]:
         """Agents push their summary and subjob events; the reply acknowledges events."""
+
+    @_abc_1.abstractmethod
+    def Heartbeats(
+        self,
+        request_iterator: _MaybeAsyncIterator[_zone_pb2.HeartbeatRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_zone_pb2.HeartbeatReply], _abc.AsyncIterator[_zone_pb2.HeartbeatReply]]:
+        """The same heartbeats over one long-lived stream per agent, one reply per request: the
+        agent sends when something changed and otherwise every liveness_seconds (the reply's);
+        the router counts the agent stale as soon as the stream ends. An older router answers
+        UNIMPLEMENTED and the agent uses Heartbeat.
+        """
 
     @_abc_1.abstractmethod
     def ExchangeSummary(

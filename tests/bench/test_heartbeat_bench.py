@@ -21,19 +21,38 @@ def test_smoke_report_fields_and_clean_exit(tmp_path: Path) -> None:
     argv += ["--seconds", "1", "--heartbeat-seconds", "0.2", "--work-dir", str(tmp_path)]
     code, text = run_cli(argv)
     assert code == 0
-    report: dict[str, Any] = json.loads(text)
-    assert report["agents"] == 3 and report["agent_processes"] == 2
-    assert report["heartbeat_seconds"] == 0.2
-    assert report["agents_ready_at_start"] == 3 and report["agents_ready_at_end"] == 3
-    assert report["nominal_heartbeats_per_second"] == pytest.approx(15.0)
-    assert report["heartbeats"] > 0 and report["heartbeats_per_second"] > 0
-    assert 0 <= report["heartbeats_with_summary"] <= report["heartbeats"]
-    assert report["router_cpu_seconds"] > 0
-    assert report["router_cpu_ms_per_heartbeat"] > 0
-    assert report["router_cpu_ratio"] == pytest.approx(
-        report["router_cpu_seconds"] / report["measured_seconds"]
-    )
-    assert report["environment"]["cores"] >= 1
+    runs: list[dict[str, Any]] = json.loads(text)["runs"]
+    assert [r["transport"] for r in runs] == ["unary", "stream"]
+    for report in runs:
+        assert report["agents"] == 3 and report["agent_processes"] == 2
+        assert report["heartbeat_seconds"] == 0.2
+        assert report["agents_ready_at_start"] == 3 and report["agents_ready_at_end"] == 3
+        assert report["router_connections"] == 3  # one per agent, as hosts have
+        assert report["nominal_heartbeats_per_second"] == pytest.approx(15.0)
+        assert 0 <= report["heartbeats_with_summary"] <= report["heartbeats"]
+        assert report["router_cpu_seconds"] >= 0  # an idle streaming router may read 0 ticks
+        assert report["router_cpu_ratio"] == pytest.approx(
+            report["router_cpu_seconds"] / report["measured_seconds"]
+        )
+        assert report["router_cpu_us_per_agent_second"] == pytest.approx(
+            1e6 * report["router_cpu_ratio"] / 3
+        )
+        assert report["environment"]["cores"] >= 1
+    unary, stream = runs
+    assert unary["heartbeats"] > 0 and unary["router_cpu_seconds"] > 0
+    assert unary["router_cpu_ms_per_heartbeat"] > 0
+    # Idle agents on the stream send only every liveness period (8 s): far fewer messages.
+    assert stream["heartbeats"] < unary["heartbeats"]
+    assert daemons_under(tmp_path) == []
+
+
+def test_one_transport_reports_one_run(tmp_path: Path) -> None:
+    argv = ["bench", "heartbeats", "--agents", "1", "--transport", "stream", "-o", "json"]
+    argv += ["--seconds", "1", "--heartbeat-seconds", "0.2", "--work-dir", str(tmp_path)]
+    code, text = run_cli(argv)
+    assert code == 0
+    report = json.loads(text)
+    assert report["transport"] == "stream" and report["agents_ready_at_end"] == 1
     assert daemons_under(tmp_path) == []
 
 

@@ -225,6 +225,11 @@ def test_each_control_call_checks_the_callers_role(
             control = zone_pb2_grpc.ZoneControlStub(channel)
             code, details = failure(lambda c=control: c.Heartbeat(heartbeat, timeout=5))  # type: ignore[misc]
             assert code == grpc.StatusCode.PERMISSION_DENIED and "agent" in details, who
+            code, details = failure(
+                lambda c=control: c.Heartbeats(iter([heartbeat]), timeout=5)  # type: ignore[misc]
+            )
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "agent" in details, who
+            assert "Heartbeats" in details, who
     for who in ("agent", "ops", "norole"):  # only a router places work on an agent
         with trust_for(certs, who).channel(agent_address) as channel:
             code, details = failure(

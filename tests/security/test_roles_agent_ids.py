@@ -33,6 +33,9 @@ def test_a_new_agent_id_off_the_allowed_list_cannot_join(tmp_path: Path) -> None
             code, details = failure(lambda: control.Heartbeat(rogue, timeout=5))
             assert code == grpc.StatusCode.PERMISSION_DENIED
             assert "gpu-99" in details and "auth.agent_ids" in details
+            code, details = failure(lambda: control.Heartbeats(iter([rogue]), timeout=5))
+            assert code == grpc.StatusCode.PERMISSION_DENIED  # the stream checks the same
+            assert "gpu-99" in details and "auth.agent_ids" in details
             agents = zone_pb2_grpc.ZoneStub(channel).ListAgents(
                 zone_pb2.ListAgentsRequest(), timeout=10
             )
