@@ -411,7 +411,9 @@ class Ledger:
                         for s in self._instances(index)
                         if self._unused(s) and s.mig_profile in gpu.table
                     )
-                free[index] = compute * MILLI_PER_GPU // MIG_COMPUTE_SLICES
+                # Rounded as a profile's share is (demand_pod), so that k free compute
+                # slices fit a k-slice profile in the router's measure (floor did not).
+                free[index] = round(compute * MILLI_PER_GPU / MIG_COMPUTE_SLICES)
         return tuple(free[index] for index in sorted(free))
 
     # ----------------------------------------------------------------- queries

@@ -247,3 +247,16 @@ def test_random_demand_never_destroys_a_busy_instance_and_every_layout_is_legal(
             lease = led.lease(lease_id)
             assert lease is not None
             assert all(a.slice_id in led.slices for a in lease.allocations)
+
+
+def test_a_gpu_free_share_fits_the_profile_its_free_compute_slices_hold() -> None:
+    """The summary's per-GPU free share is what the router's measure compares a profile's
+    share with (``demand_pod``): 3 free compute slices must fit a 3g.40gb there."""
+    from laminar_base.demand import HostCap
+    from laminar_base.fragmentation import demand_pod
+
+    led = ledger(gpus=2, first=())
+    run(led, "4g.40gb")
+    free = led.host_free().gpu_free_milli
+    three = demand_pod(Demand(mig_profile="3g.40gb"), HostCap()).gpu_milli
+    assert free == (three, 1000)
