@@ -18,10 +18,12 @@ Shapes of demand
 * whole GPUs (``gpus=N``): N distinct slices, each a WHOLE_GPU slice with no use
   or a SHARED_GPU slice with no use; each takes all milli and all memory.
 * MIG (``mig_profile``): one unused MIG slice of exactly that profile. With MIG on
-  demand (``mig_on_demand``), when no such slice is free, a MIG GPU that runs nothing and
-  holds no lease or reservation takes a new layout that holds the profile
-  (:mod:`laminar_agent.mig_layout`); whole GPUs may likewise take such an idle GPU as
-  one full-GPU instance. The driver applies a layout the ledger chose
+  demand (``mig_on_demand``) a MIG GPU's layout may change to hold it
+  (:mod:`laminar_agent.mig_layout`): by default (``mig_carve_busy``) idle instances of
+  any MIG GPU give way to a new instance at the legal placement that strands least,
+  while instances in use, leased or reserved stay; else only a MIG GPU that runs nothing
+  and holds no lease or reservation takes a new layout. Whole GPUs may take such an idle
+  GPU as one full-GPU instance. The driver applies a layout the ledger chose
   (:attr:`Ledger.mig_pending`) before the first subjob on that GPU starts.
 * share (``gpu_milli``): part of a SHARED_GPU slice; milli and the declared
   ``gpu_memory_bytes`` are reserved.

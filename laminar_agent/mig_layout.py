@@ -1,16 +1,24 @@
-"""MIG on demand: which layout an idle MIG GPU takes to hold a profile, and what is legal.
+"""MIG on demand: which layout a MIG GPU takes to hold a profile, and what is legal.
 
-Pure (no I/O). The ledger decides, node-locally, to repartition a MIG-enabled GPU that
-runs nothing and holds no lease or reservation when no free instance of the profile a
+Pure (no I/O). The ledger decides, node-locally, when no free instance of the profile a
 probe asks for exists; the driver applies the layout through its GPU backend before the
-first subjob on that GPU starts. A GPU that runs anything is never repartitioned.
+first subjob on it starts. An instance that is leased, runs something or is reserved is
+never destroyed or moved.
 
-The layout an idle GPU takes for profile ``p``: as many ``p`` instances as fit, then the
-largest profiles that still fit in what is left (more compute slices first, then the
-smaller memory, which more demand can use), each at the lowest legal placement (:func:`~laminar_agent.inventory.mig.
-place_profiles`, NVIDIA's placement tables). Demand that arrived as ``p`` is likely to
-arrive as ``p`` again (the FGD paper's observation that a cluster's workload has few
-typical shapes), so filling the GPU with ``p`` strands least of it.
+Carving (the default, ``inventory.mig_carve_busy``): any MIG GPU's idle part may change.
+:func:`carve_options` lists every legal way to hold the profile around the instances in
+use (an idle instance of it, or a new one at a legal start whose overlapping idle instances
+are destroyed), and the ledger takes the one whose GPU's :func:`fragmentation` (FGD's
+measure over the workload's profile mix) grows least.
+
+Idle GPUs only (``mig_carve_busy = false``): a GPU that runs nothing and holds no lease or
+reservation takes :func:`layout_for` the profile ``p``: as many ``p`` instances as fit,
+then the largest profiles that still fit in what is left (more compute slices first, then
+the smaller memory, which more demand can use), each at the lowest legal placement
+(:func:`~laminar_agent.inventory.mig.place_profiles`, NVIDIA's placement tables). Demand
+that arrived as ``p`` is likely to arrive as ``p`` again (the FGD paper's observation that
+a cluster's workload has few typical shapes), so filling the GPU with ``p`` strands least
+of it.
 """
 
 from __future__ import annotations
