@@ -42,7 +42,8 @@ Instance = tuple[str, int, int]
 
 @dataclass(frozen=True)
 class MigGpu:
-    """A MIG-enabled GPU whose layout the agent may change while it runs nothing.
+    """A MIG-enabled GPU whose layout the agent may change (its idle part, or all of it
+    while it runs nothing).
 
     ``geometry`` names the profile table (``MIG_PROFILES``) the GPU follows; it is the
     GPU's model unless the model shares another's slice geometry."""

@@ -158,7 +158,7 @@ class Node:
     ) -> None:
         """``host_totals`` are the host's (milli-cores, memory bytes) the ledger arbitrates;
         None (or a 0 in it) reads them from the machine (every CPU, all physical memory).
-        ``mig_on_demand``: the ledger may give an idle MIG GPU a new layout to fit demand
+        ``mig_on_demand``: the ledger may give a MIG GPU a new layout to fit demand
         (:mod:`laminar_agent.mig_layout`); the backend applies it at the first commit.
         ``mig_carve_busy``: a busy MIG GPU's idle part may be carved too (instances in use
         stay)."""
