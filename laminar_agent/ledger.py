@@ -464,9 +464,11 @@ class Ledger:
             carved = self.mig_carve_busy and not is_idle
             if is_idle or carved:
                 geometry = gpu.geometry or gpu.model
-                pinned = [] if is_idle or gpu.gpu_index in held else self._pinned(gpu.gpu_index)
+                pinned = (
+                    () if is_idle or gpu.gpu_index in held else tuple(self._pinned(gpu.gpu_index))
+                )
                 for name, entry in gpu.table.items():
-                    total = sum(1 for p, _, _ in layout_for(geometry, name) if p == name)
+                    total = placeable_count(geometry, (), name)  # on the idle GPU
                     if gpu.gpu_index in held:
                         count = 0
                     elif carved:  # what could be carved around the instances in use

@@ -166,7 +166,8 @@ def free_starts(geometry: str, pinned: Sequence[Instance], profile: str) -> tupl
     )
 
 
-def placeable_count(geometry: str, pinned: Sequence[Instance], profile: str) -> int:
+@lru_cache(maxsize=4096)
+def placeable_count(geometry: str, pinned: tuple[Instance, ...], profile: str) -> int:
     """How many more ``profile`` instances fit around ``pinned`` (lowest starts first)."""
     entry = MIG_PROFILES[geometry][profile]
     layout = list(pinned)
