@@ -128,9 +128,18 @@ class InventorySettings:
     mig_on_demand: bool = field(
         default=False,
         metadata=doc(
-            "give an idle MIG GPU a new layout when no free instance fits a probe (never a "
-            "GPU that runs anything); the nvml backend creates GPU instances through NVML, "
-            "which needs root"
+            "give a MIG GPU a new layout when no free instance fits a probe (never destroying "
+            "an instance in use; see mig_carve_busy); the nvml backend creates GPU instances "
+            "through NVML, which needs root"
+        ),
+    )
+    mig_carve_busy: bool = field(
+        default=True,
+        metadata=doc(
+            "with mig_on_demand: a MIG GPU that runs something may still change its idle part "
+            "(destroy instances that hold no lease and run nothing, create the asked profile at "
+            "a free legal placement; instances in use are never touched); false: only a GPU "
+            "that runs nothing is repartitioned"
         ),
     )
     cuda_checkpoint: str = field(

@@ -18,10 +18,12 @@ Shapes of demand
 * whole GPUs (``gpus=N``): N distinct slices, each a WHOLE_GPU slice with no use
   or a SHARED_GPU slice with no use; each takes all milli and all memory.
 * MIG (``mig_profile``): one unused MIG slice of exactly that profile. With MIG on
-  demand (``mig_on_demand``), when no such slice is free, a MIG GPU that runs nothing and
-  holds no lease or reservation takes a new layout that holds the profile
-  (:mod:`laminar_agent.mig_layout`); whole GPUs may likewise take such an idle GPU as
-  one full-GPU instance. The driver applies a layout the ledger chose
+  demand (``mig_on_demand``) a MIG GPU's layout may change to hold it
+  (:mod:`laminar_agent.mig_layout`): by default (``mig_carve_busy``) idle instances of
+  any MIG GPU give way to a new instance at the legal placement that strands least,
+  while instances in use, leased or reserved stay; else only a MIG GPU that runs nothing
+  and holds no lease or reservation takes a new layout. Whole GPUs may take such an idle
+  GPU as one full-GPU instance. The driver applies a layout the ledger chose
   (:attr:`Ledger.mig_pending`) before the first subjob on that GPU starts.
 * share (``gpu_milli``): part of a SHARED_GPU slice; milli and the declared
   ``gpu_memory_bytes`` are reserved.
@@ -83,7 +85,21 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from laminar_agent.inventory.mig import MigProfile
-from laminar_agent.mig_layout import Instance, MigGpu, check_gpu, is_legal, layout_for
+from laminar_agent.mig_layout import (
+    Carve,
+    Instance,
+    MigGpu,
+    Weights,
+    carve_options,
+    check_gpu,
+    compute_slices,
+    fragmentation,
+    is_legal,
+    layout_for,
+    placeable_count,
+    smallest_of,
+    uniform_weights,
+)
 from laminar_base.demand import (
     MIG_COMPUTE_SLICES,
     MILLI_PER_GPU,
@@ -291,12 +307,16 @@ class Ledger:
         cpu_total_milli: int = 0,
         memory_total_bytes: int = 0,
         mig_on_demand: Sequence[MigGpu] = (),
+        mig_carve_busy: bool = True,
     ) -> None:
         """``lease_ids`` makes the random part of lease ids: by default 128 random bits
         (``secrets``), so a lease cannot be guessed; a simulation passes a counter.
         ``cpu_total_milli`` and ``memory_total_bytes`` are the host's (0: not arbitrated).
         ``mig_on_demand``: the MIG GPUs whose layout the ledger may change while they are
-        idle (their current instances are among ``slices``; a GPU may have none yet)."""
+        idle (their current instances are among ``slices``; a GPU may have none yet).
+        ``mig_carve_busy``: such a GPU that runs something may still change its idle part
+        (destroy idle instances, create one of the asked profile at a free legal
+        placement, busy instances untouched); False: only a GPU that runs nothing changes."""
         if cpu_total_milli < 0 or memory_total_bytes < 0:
             raise InvalidArgument(
                 f"host totals must be >= 0, got {cpu_total_milli} milli-cores and "
@@ -319,6 +339,10 @@ class Ledger:
         for gpu in mig_on_demand:
             check_gpu(gpu)
         self._on_demand = {gpu.gpu_index: gpu for gpu in mig_on_demand}
+        #: Whether a busy MIG-on-demand GPU's idle part may be carved (see ``__init__``).
+        self.mig_carve_busy = mig_carve_busy
+        # The profile mix a carve is measured against, for the fragmentation measure set.
+        self._weights: tuple[FragmentationCache | None, dict[str, Weights]] = (None, {})
         #: GPU index -> the layout the ledger chose that the GPU does not have yet; the
         #: driver applies it (:meth:`layout_applied`) before a subjob on that GPU starts.
         self.mig_pending: dict[int, tuple[Instance, ...]] = {}
@@ -375,16 +399,23 @@ class Ledger:
         free = {s.gpu_index: max(0, self._free(s)[0]) for s in self._gpus}
         if self._on_demand:
             idle = {gpu.gpu_index for gpu in self._idle_on_demand("")}
+            held = self._held_gpus() if self.mig_carve_busy else set()
             for index, gpu in self._on_demand.items():
                 if index in idle:
                     free[index] = MILLI_PER_GPU
                     continue
-                compute = sum(
-                    gpu.table[s.mig_profile].compute_slices
-                    for s in self._instances(index)
-                    if self._unused(s) and s.mig_profile in gpu.table
-                )
-                free[index] = compute * MILLI_PER_GPU // MIG_COMPUTE_SLICES
+                if self.mig_carve_busy:  # what is not pinned may be carved
+                    pinned = compute_slices(gpu.geometry or gpu.model, self._pinned(index))
+                    compute = 0 if index in held else MIG_COMPUTE_SLICES - pinned
+                else:
+                    compute = sum(
+                        gpu.table[s.mig_profile].compute_slices
+                        for s in self._instances(index)
+                        if self._unused(s) and s.mig_profile in gpu.table
+                    )
+                # Rounded as a profile's share is (demand_pod), so that k free compute
+                # slices fit a k-slice profile in the router's measure (floor did not).
+                free[index] = round(compute * MILLI_PER_GPU / MIG_COMPUTE_SLICES)
         return tuple(free[index] for index in sorted(free))
 
     # ----------------------------------------------------------------- queries
@@ -421,6 +452,7 @@ class Ledger:
         """Free capacity per shape: ``gpu:<model>``, ``mig:<profile>``, ``share:<model>``."""
         groups: dict[str, list[tuple[bool, int, int]]] = {}
         idle = {gpu.gpu_index for gpu in self._idle_on_demand("")}
+        held = self._held_gpus() if self.mig_carve_busy else set()
         for gpu in self._on_demand.values():
             # What a MIG-on-demand GPU could hold: while idle, any profile's full layout
             # (free), and one whole GPU; while busy, its instances as they are (below).
@@ -429,16 +461,28 @@ class Ledger:
             groups.setdefault(f"gpu:{gpu.model}", []).append(
                 (is_idle, MILLI_PER_GPU if is_idle else 0, full.memory_bytes if is_idle else 0)
             )
-            if is_idle:
+            carved = self.mig_carve_busy and not is_idle
+            if is_idle or carved:
+                geometry = gpu.geometry or gpu.model
+                pinned = (
+                    () if is_idle or gpu.gpu_index in held else tuple(self._pinned(gpu.gpu_index))
+                )
                 for name, entry in gpu.table.items():
-                    count = sum(
-                        1 for p, _, _ in layout_for(gpu.geometry or gpu.model, name) if p == name
-                    )
+                    total = placeable_count(geometry, (), name)  # on the idle GPU
+                    if gpu.gpu_index in held:
+                        count = 0
+                    elif carved:  # what could be carved around the instances in use
+                        count = placeable_count(geometry, pinned, name)
+                    else:
+                        count = total
                     groups.setdefault(f"mig:{name}", []).extend(
                         [(True, MILLI_PER_GPU, entry.memory_bytes)] * count
+                        + [(False, 0, 0)] * (total - count)
                     )
         for s in self.slices.values():
-            if s.gpu_index in idle and s.kind is SliceKind.MIG:
+            if s.kind is SliceKind.MIG and (
+                s.gpu_index in idle or (self.mig_carve_busy and s.gpu_index in self._on_demand)
+            ):
                 continue  # counted above
             free_milli, free_memory = self._free(s)
             unused = self._unused(s)
@@ -660,6 +704,8 @@ class Ledger:
         if demand.gpus > 0:
             return self._fit_whole(demand, candidates, model_note, idle)
         if demand.mig_profile:
+            if self.mig_carve_busy and self._on_demand and not slice_id:
+                return self._fit_carve(demand, candidates, model_note)
             return self._fit_mig(demand, candidates, model_note, idle)
         return self._fit_share(demand, candidates, model_note)
 
@@ -701,20 +747,23 @@ class Ledger:
         self._planned = []
 
     def _repartition(self, index: int, layout: tuple[Instance, ...]) -> None:
-        """Give idle GPU ``index`` the MIG ``layout`` (its instances become slices)."""
+        """Give GPU ``index`` the MIG ``layout``: its instances not in it are destroyed (each
+        must hold no use or reservation), the new ones become slices, and those in both stay
+        as they are (use, device UUID)."""
         gpu = self._on_demand[index]
-        old = self._instances(index)
-        if any(not self._unused(s) or s.slice_id in self._reserved for s in old):
-            raise AssertionError(f"GPU {index} is in use: its MIG layout cannot change")
-        if [(s.mig_profile, s.slice_id) for s in old] == [
-            (name, f"gpu{index}/{name}@{start}") for name, start, _ in layout
-        ]:
+        old = {s.slice_id: s for s in self._instances(index)}
+        wanted = {f"gpu{index}/{name}@{start}": name for name, start, _ in layout}
+        gone = [s for sid, s in old.items() if sid not in wanted]
+        if any(not self._unused(s) or s.slice_id in self._reserved for s in gone):
+            raise AssertionError(f"GPU {index}: a MIG instance in use cannot be destroyed")
+        added = [sid for sid in wanted if sid not in old]
+        if not gone and not added:
             return
-        for s in old:
+        for s in gone:
             del self._slices[s.slice_id]
             del self._usage[s.slice_id]
-        for name, start, _ in layout:
-            slice_id = f"gpu{index}/{name}@{start}"
+        for slice_id in added:
+            name = wanted[slice_id]
             self._slices[slice_id] = Slice(
                 slice_id=slice_id,
                 kind=SliceKind.MIG,
@@ -728,7 +777,130 @@ class Ledger:
         ordered = sorted(self._slices.items())
         self._slices.clear()
         self._slices.update(ordered)
-        self.mig_pending[index] = layout
+        self.mig_pending[index] = tuple(sorted(layout, key=lambda i: i[1]))
+
+    # ------------------------------------------------------- carving a busy GPU
+
+    def _instance(self, gpu: MigGpu, s: Slice) -> Instance:
+        return (s.mig_profile, int(s.slice_id.rsplit("@", 1)[1]), gpu.table[s.mig_profile].size)
+
+    def _pinned(self, index: int) -> list[Instance]:
+        """GPU ``index``'s instances a new layout must keep: in use, leased or reserved."""
+        gpu = self._on_demand[index]
+        return sorted(
+            (
+                self._instance(gpu, s)
+                for s in self._instances(index)
+                if not self._unused(s) or s.slice_id in self._reserved
+            ),
+            key=lambda i: i[1],
+        )
+
+    def _held_gpus(self) -> set[int]:
+        """GPUs with a held-back slice (a failing driver): no new instance goes there."""
+        return {s.gpu_index for s in self.slices.values() if self._is_held_back(s)}
+
+    def _mix(self, geometry: str) -> Weights:
+        """The profile mix carving measures fragmentation over: the target workload's GPU
+        demand as profiles (a share rounded up to compute slices, a whole GPU the full
+        profile), or each compute size alike while the ledger has no measure."""
+        frag, memo = self._weights
+        if frag is not self._frag:
+            memo = {}
+            self._weights = (self._frag, memo)
+        got = memo.get(geometry)
+        if got is None:
+            got = uniform_weights(geometry)
+            if self._frag is not None:
+                mix: dict[str, float] = {}
+                target = self._frag.target
+                for shape, prob in zip(target.shapes, target.probabilities, strict=True):
+                    if shape.num_gpu <= 0:
+                        continue
+                    compute = (
+                        MIG_COMPUTE_SLICES
+                        if shape.gpu_milli >= MILLI_PER_GPU
+                        else max(1, math.ceil(shape.gpu_milli * MIG_COMPUTE_SLICES / 1000 - 0.01))
+                    )
+                    name = smallest_of(geometry, compute)
+                    mix[name] = mix.get(name, 0.0) + prob
+                total = sum(mix.values())
+                if total > 0:
+                    got = tuple(sorted((name, w / total) for name, w in mix.items()))
+            memo[geometry] = got
+        return got
+
+    def _fit_carve(self, demand: Demand, candidates: list[Slice], model_note: str) -> _Fit | _NoFit:
+        """A MIG profile with carving on: an idle instance of it or a new one carved out of
+        a GPU's idle part, wherever the GPU's expected fragmentation grows least (ties: the
+        fuller GPU, no new instance, fewer destroyed, lower GPU index and start). A free
+        instance of a GPU the ledger does not repartition is used first."""
+        fixed = [s for s in candidates if s.gpu_index not in self._on_demand]
+        found = self._fit_mig_slice(demand, fixed, model_note)
+        if not isinstance(found, _NoFit):
+            return found
+        profile = demand.mig_profile
+        open_ids = {s.slice_id for s in candidates}
+        held = self._held_gpus()
+        best: tuple[tuple[float, int, bool, int, int, int], int, Carve, float] | None = None
+        could = False
+        for index, gpu in self._on_demand.items():
+            entry = gpu.table.get(profile)
+            if (
+                entry is None
+                or entry.memory_bytes < demand.gpu_memory_bytes
+                or (demand.gpu_model and gpu.model != demand.gpu_model)
+            ):
+                continue
+            could = True
+            if index in held:
+                continue
+            geometry = gpu.geometry or gpu.model
+            instances = self._instances(index)
+            layout = [self._instance(gpu, s) for s in instances]
+            busy = self._pinned(index)
+            usable = [
+                self._instance(gpu, s)
+                for s in instances
+                if s.mig_profile == profile
+                and s.slice_id in open_ids
+                and self._unused(s)
+                and s.memory_total_bytes >= demand.gpu_memory_bytes
+            ]
+            weights = self._mix(geometry)
+            before = fragmentation(geometry, tuple(busy), weights)
+            for option in carve_options(geometry, layout, busy, profile, usable):
+                after = tuple(sorted({*busy, option.instance}, key=lambda i: i[1]))
+                delta = fragmentation(geometry, after, weights) - before
+                key = (
+                    round(delta, 9),
+                    -compute_slices(geometry, after),
+                    option.created,
+                    option.destroyed,
+                    index,
+                    option.instance[1],
+                )
+                if best is None or key < best[0]:
+                    best = (key, index, option, delta)
+        if best is None:
+            if could:
+                return _NoFit(
+                    f"no free{model_note} {profile} slice and no free legal placement for one "
+                    "on any MIG GPU (instances in use stay where they are)",
+                    True,
+                )
+            return found
+        _, index, option, delta = best
+        name, start, _ = option.instance
+        if option.created:
+            self._planned.append((index, option.layout))
+        memory = (
+            self._on_demand[index].table[name].memory_bytes
+            if option.created
+            else self._slices[f"gpu{index}/{name}@{start}"].memory_total_bytes
+        )
+        score = min(1.0, max(0.0, 0.5 - delta / (2 * MIG_COMPUTE_SLICES)))
+        return (Allocation(f"gpu{index}/{name}@{start}", MILLI_PER_GPU, memory),), score
 
     def layout_applied(self, index: int, instances: Sequence[MigInstanceInfo]) -> None:
         """The driver gave GPU ``index`` the layout :attr:`mig_pending` holds for it: its

@@ -154,11 +154,14 @@ class Node:
         cgroups: SubjobCgroups | None = None,
         host_totals: tuple[int, int] | None = None,
         mig_on_demand: bool = False,
+        mig_carve_busy: bool = True,
     ) -> None:
         """``host_totals`` are the host's (milli-cores, memory bytes) the ledger arbitrates;
         None (or a 0 in it) reads them from the machine (every CPU, all physical memory).
-        ``mig_on_demand``: the ledger may give an idle MIG GPU a new layout to fit demand
-        (:mod:`laminar_agent.mig_layout`); the backend applies it at the first commit."""
+        ``mig_on_demand``: the ledger may give a MIG GPU a new layout to fit demand
+        (:mod:`laminar_agent.mig_layout`); the backend applies it at the first commit.
+        ``mig_carve_busy``: a busy MIG GPU's idle part may be carved too (instances in use
+        stay)."""
         self.agent_id = agent_id
         #: Bound on the windows advertised in one summary (atomization).
         self.max_windows = max_windows
@@ -190,6 +193,7 @@ class Node:
                 cpu_total_milli=cpu_total_milli,
                 memory_total_bytes=memory_total_bytes,
                 mig_on_demand=on_demand,
+                mig_carve_busy=mig_carve_busy,
             )
         )
         identities = TenantIdentities(run_as, users=tenant_users, pool=uid_pool, store=self.journal)
@@ -710,8 +714,9 @@ class Node:
 
     async def _apply_mig_layouts(self, lease_id: str) -> None:
         """Before a lease on a MIG GPU whose new layout the ledger chose is committed, the
-        backend creates that layout (the GPU runs nothing: the ledger chose it idle, and
-        the backend refuses otherwise); the layout is journaled for restarts. The driver's
+        backend creates that layout (only instances the ledger holds idle are destroyed,
+        and the backend refuses where one runs something); the layout is journaled for
+        restarts. The driver's
         calls run off the event loop, one repartition at a time."""
         lease = self.ledger.lease(lease_id)
         backend = self.backend

@@ -262,6 +262,7 @@ class AgentServer:
             uid_pool=uid_pool,
             cgroups=cgroups,
             mig_on_demand=cfg.inventory.mig_on_demand,
+            mig_carve_busy=cfg.inventory.mig_carve_busy,
             host_totals=(cfg.inventory.host_cpu_milli, cfg.inventory.host_memory_bytes),
         )
         adopted, lost = self.state.node.recover()

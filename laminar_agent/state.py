@@ -56,6 +56,7 @@ class AgentState:
         uid_pool: range | None = None,
         cgroups: SubjobCgroups | None = None,
         mig_on_demand: bool = False,
+        mig_carve_busy: bool = True,
         host_totals: tuple[int, int] = (0, 0),
     ) -> None:
         """``host_memory`` replaces psutil as the host signal (tests, simulation); ``run_as``
@@ -85,6 +86,7 @@ class AgentState:
             uid_pool=uid_pool,
             cgroups=cgroups,
             mig_on_demand=mig_on_demand,
+            mig_carve_busy=mig_carve_busy,
             host_totals=host_totals,
         )
         #: Pressure levels per device with hysteresis (Airlock's signal stage).

@@ -122,6 +122,15 @@ class Counters:
         }
 
 
+def _compute_mask(instances: set[tuple[str, int]]) -> int:
+    """The compute slices (7-bit mask) MIG ``instances`` (profile, start) take."""
+    mask = 0
+    for name, start in instances:
+        compute = MIG_PROFILES[SIM_MIG_GEOMETRY][name].compute_slices
+        mask |= ((1 << compute) - 1) << min(start, MIG_COMPUTE_SLICES - compute)
+    return mask
+
+
 class SimHost:
     """One agent: its decision core over the real ledger of its GPUs and the host's CPU and
     memory."""
@@ -225,23 +234,23 @@ class SimHost:
 
     def mig_left(self) -> tuple[int, ...]:
         """Per GPU, the compute slices (a 7-bit mask) free for new work: all of an idle
-        GPU (it may take any layout), the unused instances' of a busy one."""
+        GPU (it may take any layout); of a busy one, all but its instances in use where the
+        ledger carves busy GPUs, else its unused instances'."""
+        full = (1 << MIG_COMPUTE_SLICES) - 1
         left = []
         for index in range(self.num_gpu):
-            layout = self.ledger.on_demand_layout(index)
-            unused = [
+            layout = {(name, start) for name, start, _ in self.ledger.on_demand_layout(index)}
+            unused = {
                 (name, start)
-                for name, start, _ in layout
+                for name, start in layout
                 if self.ledger.usage(f"gpu{index}/{name}@{start}") == (0, 0, 0, 0)
-            ]
-            if len(unused) == len(layout):
-                left.append((1 << MIG_COMPUTE_SLICES) - 1)
-                continue
-            mask = 0
-            for name, start in unused:
-                compute = MIG_PROFILES[SIM_MIG_GEOMETRY][name].compute_slices
-                mask |= ((1 << compute) - 1) << min(start, MIG_COMPUTE_SLICES - compute)
-            left.append(mask)
+            }
+            if unused == layout:
+                left.append(full)
+            elif self.ledger.mig_carve_busy:  # all but the instances in use may be carved
+                left.append(full & ~_compute_mask(layout - unused))
+            else:
+                left.append(_compute_mask(unused))
         return tuple(left)
 
     def release(self, lease_id: str) -> None:

@@ -132,12 +132,13 @@ class GpuBackend(Protocol):
 
 @runtime_checkable
 class MigRepartitioner(Protocol):
-    """A backend that can give an idle MIG GPU a new layout (MIG on demand): the fake
-    backend, and NVML's GPU-instance calls."""
+    """A backend that can change a MIG GPU's layout (MIG on demand): the fake backend,
+    and NVML's GPU-instance calls."""
 
     def apply_mig_layout(
         self, gpu_index: int, layout: Sequence[tuple[str, int, int]]
     ) -> tuple[MigInstanceInfo, ...]:
         """Give GPU ``gpu_index`` the instances of ``layout`` ((profile, start, size) each)
-        and return them; refused while anything runs on the GPU."""
+        and return them, touching only what changes (instances in both keep their UUID);
+        refused while anything runs on an instance the layout drops."""
         ...

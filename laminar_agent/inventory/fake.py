@@ -191,8 +191,9 @@ class FakeGpuBackend:
         self, gpu_index: int, layout: Sequence[tuple[str, int, int]]
     ) -> tuple[MigInstanceInfo, ...]:
         """Give MIG GPU ``gpu_index`` the instances of ``layout`` ((profile, start, size)
-        each), as destroying and creating GPU instances does on NVML. Refused while a
-        subjob uses any instance of it; an instance that stays where it was keeps its UUID."""
+        each), as destroying and creating GPU instances does on NVML: only what changes is
+        touched. Refused while a subjob uses an instance it would destroy; an instance that
+        stays where it was keeps its UUID (and may run a subjob meanwhile)."""
         with self._lock:
             gpu = next((g for g in self._gpus if g.index == gpu_index), None)
             if gpu is None or not gpu.mig_enabled:
@@ -200,11 +201,15 @@ class FakeGpuBackend:
                     f"GPU {gpu_index} is not a MIG GPU", field="inventory.mig_on_demand"
                 )
             place_profiles(gpu.model, [name for name, _, _ in layout])  # legal, or refused
-            mine = {gpu.uuid, *(m.uuid for m in gpu.mig_instances)}
-            busy = [sid for sid, sub in self._subjobs.items() if mine & set(sub.device_uuids)]
+            wanted = {(name, start) for name, start, _ in layout}
+            doomed = {gpu.uuid} | {
+                m.uuid for m in gpu.mig_instances if (m.profile, m.start) not in wanted
+            }
+            busy = [sid for sid, sub in self._subjobs.items() if doomed & set(sub.device_uuids)]
             if busy:
                 raise FailedPrecondition(
-                    f"GPU {gpu_index} runs {', '.join(sorted(busy))}: its MIG layout cannot change",
+                    f"GPU {gpu_index} runs {', '.join(sorted(busy))} on an instance the new "
+                    "MIG layout would destroy",
                     field="gpu_index",
                 )
             kept = {(m.profile, m.start): m for m in gpu.mig_instances}

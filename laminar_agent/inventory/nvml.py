@@ -21,12 +21,15 @@ is back, and after ``recover_after_seconds`` without a new fatal Xid for one tha
 answering. Other Xids (13, 31, 43, 45: an application's own fault) are logged and left to
 the process they hit.
 
-MIG on demand (:meth:`NvmlBackend.apply_mig_layout`) repartitions an idle MIG GPU with
-NVML's GPU-instance calls: the instances that stay keep their UUIDs; every other GPU
-instance of the GPU (those of the old layout, and any a crash left without a compute
-instance) is destroyed, compute instance first; each new one is created at its placement
-with one compute instance spanning it, which makes it a MIG device. It needs root (the
-driver answers NO_PERMISSION otherwise) and refuses a GPU on which NVML lists a process.
+MIG on demand (:meth:`NvmlBackend.apply_mig_layout`) changes a MIG GPU's layout with
+NVML's GPU-instance calls, touching only what changes: the instances that stay keep their
+GPU instance and UUID (and may run work meanwhile: NVIDIA supports creating and destroying
+GPU instances while other instances of the GPU run); every other GPU instance of the GPU
+(those the new layout drops, and any a crash left without a compute instance) is
+destroyed, compute instance first; each new one is created at its placement with one
+compute instance spanning it, which makes it a MIG device. It needs root (the driver
+answers NO_PERMISSION otherwise) and refuses when NVML lists a process on an instance it
+would destroy. Tested on the mocked NVML only: not run on a real H100 here.
 """
 
 from __future__ import annotations
@@ -416,10 +419,14 @@ class NvmlBackend:
         self, gpu_index: int, layout: Sequence[tuple[str, int, int]]
     ) -> tuple[MigInstanceInfo, ...]:
         """Give MIG GPU ``gpu_index`` the instances of ``layout`` ((profile, start, size)
-        each) through NVML's GPU-instance calls and return them as read back. Refused
-        (FailedPrecondition) for a GPU without MIG enabled or one NVML lists a process on;
-        an NVML failure part way is Unavailable, and applying the layout again finishes it
-        (leftover instances are swept)."""
+        each) through NVML's GPU-instance calls and return them as read back. Only what
+        changes is touched: instances not in ``layout`` are destroyed, new ones created at
+        their placements, and those in both keep their GPU instance and UUID (and may run
+        work meanwhile: NVIDIA creates and destroys GPU instances beside running ones).
+        Refused for a GPU without MIG enabled (FailedPrecondition), and where NVML lists a
+        process on an instance it would destroy (Unavailable: it may end); an NVML failure
+        part way is Unavailable,
+        and applying the layout again finishes it (leftover instances are swept)."""
         with self._lock:
             gpu = next((g for g in self._gpus if g.index == gpu_index), None)
             handles = dict(self._handles)
@@ -435,13 +442,16 @@ class NvmlBackend:
             return gpu.mig_instances  # already so (a restart re-applying its journaled layout)
         try:
             handle = self._call("nvmlDeviceGetHandleByIndex", gpu_index)
-            for uuid, device in handles.items():
-                if parent.get(uuid) == gpu.uuid and self._call(
-                    "nvmlDeviceGetComputeRunningProcesses", device
+            doomed = {m.uuid for m in gpu.mig_instances if (m.profile, m.start) not in wanted}
+            for uuid, device in sorted(handles.items()):
+                if (
+                    uuid in doomed
+                    and parent.get(uuid) == gpu.uuid
+                    and self._call("nvmlDeviceGetComputeRunningProcesses", device)
                 ):
-                    raise FailedPrecondition(
-                        f"GPU {gpu_index} runs processes on {uuid}: its MIG layout cannot change",
-                        field="gpu_index",
+                    raise Unavailable(
+                        f"GPU {gpu_index} runs processes on {uuid}, which the new MIG layout "
+                        "would destroy (retried at the next commit on it)"
                     )
             keep = {
                 m.gpu_instance_id

@@ -1,6 +1,8 @@
 """MIG on demand through a real agent process, on fake GPUs and on the nvml backend over the
-mocked NVML (its GPU-instance calls): an idle MIG GPU takes the layout a probe needs, a
-busy one keeps its own, and a restarted agent keeps what it applied."""
+mocked NVML (its GPU-instance calls): an idle MIG GPU takes the layout a probe needs; a
+busy one keeps its own with ``inventory.mig_carve_busy = false``, and by default has its
+idle part carved while its running instance is untouched; a restarted agent keeps what it
+applied."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_cli.cluster import AgentProcess, LocalCluster
 
 ON_DEMAND = {"LAMINAR_INVENTORY_MIG_ON_DEMAND": "true"}
+NO_CARVE = {**ON_DEMAND, "LAMINAR_INVENTORY_MIG_CARVE_BUSY": "false"}
 #: Two H100s laid out as seven 1g.10gb instances each.
 GPUS = "2xH100-80GB:mig=1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb"
 SLEEP = "import sys, time; time.sleep(60)"
@@ -44,9 +47,11 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         yield c
 
 
-def _start(cluster: LocalCluster, backend: str, folder: Path) -> AgentProcess:
+def _start(
+    cluster: LocalCluster, backend: str, folder: Path, env: dict[str, str] = ON_DEMAND
+) -> AgentProcess:
     if backend == "fake":
-        return cluster.start_agent("h", GPUS, env=ON_DEMAND)
+        return cluster.start_agent("h", GPUS, env=env)
     scenario = folder / "nvml.json"
     if not scenario.exists():
         scenario.write_text(json.dumps(SCENARIO))
@@ -54,7 +59,7 @@ def _start(cluster: LocalCluster, backend: str, folder: Path) -> AgentProcess:
         "h",
         "",
         extra_args=["--gpu-backend", "nvml"],
-        env={**ON_DEMAND, "LAMINAR_INVENTORY_NVML_MOCK": str(scenario)},
+        env={**env, "LAMINAR_INVENTORY_NVML_MOCK": str(scenario)},
     )
 
 
@@ -91,10 +96,10 @@ def _state(stub: agent_pb2_grpc.AgentStub, subjob_id: str) -> int:
 
 
 @pytest.mark.parametrize("backend", ["fake", "nvml"])
-def test_an_idle_gpu_is_repartitioned_for_a_profile_and_a_busy_one_never(
+def test_without_carving_an_idle_gpu_is_repartitioned_and_a_busy_one_never(
     cluster: LocalCluster, backend: str, tmp_path: Path
 ) -> None:
-    agent = _start(cluster, backend, tmp_path)
+    agent = _start(cluster, backend, tmp_path, NO_CARVE)
     channel, stub = _stub(agent)
     with channel:
         # Idle GPUs advertise what they could hold: two 3g.40gb each.
@@ -123,6 +128,38 @@ def test_an_idle_gpu_is_repartitioned_for_a_profile_and_a_busy_one_never(
         full = _run(stub, "full", "7g.80gb", SLEEP)
         assert full.WhichOneof("outcome") == "bounce" and full.bounce.retryable, full
         assert _state(stub, "small") == common_pb2.RUNNING
+
+
+@pytest.mark.parametrize("backend", ["fake", "nvml"])
+def test_a_busy_gpu_has_its_idle_part_carved_and_its_running_instance_untouched(
+    cluster: LocalCluster, backend: str, tmp_path: Path
+) -> None:
+    agent = _start(cluster, backend, tmp_path)
+    channel, stub = _stub(agent)
+    with channel:
+        small = _run(stub, "small", "1g.10gb", SLEEP)
+        assert small.lease.slice_ids[0].startswith("gpu0/1g.10gb@"), small
+        start = int(small.lease.slice_ids[0].rsplit("@", 1)[1])
+        assert start >= 4  # where it leaves the most room: 4g and 3g at 0 still fit
+        # GPU 1 is idle: the two 3g.40gb go there, where they strand least.
+        for name in ("big", "second"):
+            reply = _run(stub, name, "3g.40gb", SLEEP)
+            assert reply.lease.slice_ids[0].startswith("gpu1/3g.40gb@"), reply
+        # Now only GPU 0's idle part holds one: its idle 1g instances at 0-3 give way to a
+        # 3g at 0, while the running one stays with its device.
+        third = _run(stub, "third", "3g.40gb", PRINT)
+        assert third.lease.slice_ids[:] == ["gpu0/3g.40gb@0"], third
+        wait_for(lambda: _state(stub, "third") == common_pb2.SUCCEEDED)
+        logs = stub.ReadLogs(agent_pb2.ReadLogsRequest(subjob_id="third"), timeout=10)
+        assert logs.data.decode().split() == [third.lease.device_uuids[0]]
+        assert third.lease.device_uuids[0] != small.lease.device_uuids[0]
+        assert _state(stub, "small") == common_pb2.RUNNING
+        summary = stub.GetSummary(agent_pb2.GetSummaryRequest(), timeout=10)
+        free = {s.shape: s.free for s in summary.shapes}
+        # "third" ended: GPU 0 holds, around its running 1g, six 1g or the one 3g at 0
+        # (GPU 1 is full).
+        assert free.get("mig:1g.10gb") == 6
+        assert free.get("mig:3g.40gb") == 1
 
 
 @pytest.mark.parametrize("backend", ["fake", "nvml"])

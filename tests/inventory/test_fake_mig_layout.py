@@ -33,3 +33,17 @@ def test_a_gpu_in_use_or_an_illegal_layout_is_refused() -> None:
     with pytest.raises(InvalidArgument):
         backend.apply_mig_layout(0, [("4g.40gb", 0, 4), ("4g.40gb", 4, 4)])
     assert len(backend.gpus()[0].mig_instances) == 2
+
+
+def test_a_busy_gpu_may_change_its_idle_part_and_the_busy_instance_is_untouched() -> None:
+    backend = FakeGpuBackend("H100-80GB:mig=3g.40gb+1g.10gb+1g.10gb", agent_id="a")
+    busy = backend.gpus()[0].mig_instances[0]
+    backend.attach_subjob("s1", [busy.uuid], 0, None)
+    # The two idle 1g instances (starts 4, 5) give way to a 3g at 4; the 3g at 0 runs on.
+    instances = backend.apply_mig_layout(0, [("3g.40gb", 0, 4), ("3g.40gb", 4, 4)])
+    assert [(m.profile, m.start) for m in instances] == [("3g.40gb", 0), ("3g.40gb", 4)]
+    assert instances[0] == busy
+    # A layout that drops the busy instance is refused, and nothing changes.
+    with pytest.raises(FailedPrecondition, match="runs s1 on an instance"):
+        backend.apply_mig_layout(0, [("7g.80gb", 0, 8)])
+    assert backend.gpus()[0].mig_instances == instances

@@ -78,15 +78,43 @@ def test_an_instance_that_stays_keeps_its_uuid_and_new_ones_get_new_uuids(
     assert {m.uuid for m in again}.isdisjoint(set(before.values()) - set(after.values()))
 
 
-def test_a_gpu_nvml_lists_a_process_on_is_never_repartitioned(
+def test_an_instance_nvml_lists_a_process_on_is_never_destroyed(
     backend: NvmlBackend, mock: MockNvml
 ) -> None:
     mock.gpus[0].migs[3].processes[4242] = GIB
-    with pytest.raises(FailedPrecondition) as err:
+    with pytest.raises(Unavailable) as err:
         backend.apply_mig_layout(0, [("7g.80gb", 0, 8)])
-    assert "runs processes" in err.value.message
+    assert "runs processes on" in err.value.message
     assert _layout(backend) == [("1g.10gb", s) for s in range(7)]
     assert len(mock.gpus[0].migs) == 7
+    # A layout that destroys 1g@0 and 1g@1 only may go ahead: the busy 1g@3 is not touched.
+    got = backend.apply_mig_layout(
+        0, [("2g.20gb", 0, 2), *[("1g.10gb", s, 1) for s in range(2, 7)]]
+    )
+    assert [(m.profile, m.start) for m in got][:2] == [("2g.20gb", 0), ("1g.10gb", 2)]
+    busy = mock.gpus[0].migs[2]
+    assert (busy.start, busy.has_ci, busy.processes) == (3, True, {4242: GIB})
+
+
+def test_a_busy_gpu_changes_only_its_idle_part(backend: NvmlBackend, mock: MockNvml) -> None:
+    """Carving (issue 16): the 1g instances at 4, 5 and 6 give way to a 3g at 4 while the
+    instances at 0 to 3 run on, keeping their GPU instance, compute instance and UUID."""
+    for mig in mock.gpus[0].migs[:4]:
+        mig.processes[100 + mig.start] = GIB
+    before = {m.start: (m.gpu_instance_id, m.uuid) for m in backend.gpus()[0].mig_instances}
+    gi_before = {m.start: m.gi_id for m in mock.gpus[0].migs}
+    got = backend.apply_mig_layout(0, [*[("1g.10gb", s, 1) for s in range(4)], ("3g.40gb", 4, 4)])
+    assert [(m.profile, m.start) for m in got] == [
+        *[("1g.10gb", s) for s in range(4)],
+        ("3g.40gb", 4),
+    ]
+    for m in got[:4]:
+        assert (m.gpu_instance_id, m.uuid) == before[m.start]
+    assert got[4].uuid not in {uuid for _, uuid in before.values()}
+    assert [(m.start, m.gi_id, m.has_ci, m.processes) for m in mock.gpus[0].migs[:4]] == [
+        (s, gi_before[s], True, {100 + s: GIB}) for s in range(4)
+    ]
+    assert (mock.gpus[0].migs[4].profile, mock.gpus[0].migs[4].has_ci) == ("3g.40gb", True)
 
 
 def test_an_illegal_layout_or_a_gpu_without_mig_is_refused(backend: NvmlBackend) -> None:

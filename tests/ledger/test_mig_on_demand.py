@@ -1,5 +1,6 @@
-"""MIG on demand: an idle MIG GPU takes a legal layout that holds the demand; a busy one
-is never repartitioned (issue 16)."""
+"""MIG on demand without carving (``mig_carve_busy=False``, the ops switch): an idle MIG
+GPU takes a legal layout that holds the demand; a busy one is never repartitioned (issue
+16). Carving a busy GPU's idle part: tests/ledger/test_mig_carve.py."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def ledger(gpus: int = 2, first_layout: str = "1g.10gb") -> Ledger:
         instances(0, layout_for(MODEL, first_layout)) if first_layout else [],
         lease_ids=counter_ids(),
         mig_on_demand=[MigGpu(i, MODEL, f"GPU-{i}") for i in range(gpus)],
+        mig_carve_busy=False,
     )
 
 
