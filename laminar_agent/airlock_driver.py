@@ -170,6 +170,10 @@ class AirlockDriver:
         self._gpu_pids: dict[str, tuple[int, ...]] = {}
         #: Suspended subjobs whose processes cuda-checkpoint moved to host memory.
         self._checkpointed: dict[str, tuple[int, ...]] = {}
+        #: Suspends under way through cuda-checkpoint (it copies the subjob's GPU memory
+        #: to the host, seconds per GiB): they run beside the polls, which count them as
+        #: relief in flight, so one slow copy blinds Airlock to no other GPU.
+        self._stopping: dict[str, asyncio.Task[None]] = {}
         self._mig_devices = frozenset(s.device_uuid for s in node.slices if s.kind == SliceKind.MIG)
         if metrics is not None:
             metrics.cuda_checkpoint_available.set(
@@ -251,6 +255,7 @@ class AirlockDriver:
                     host_rss_bytes=process_group_rss_bytes(pid) if pid else 0,
                     readdress_requested=memory.readdress_requested,
                     release_requested_since=memory.release_requested_since,
+                    stopping=subjob_id in self._stopping,
                 )
             )
         if not views:
@@ -408,6 +413,8 @@ class AirlockDriver:
                 self._record(action, snap)
                 if action.step == STEP_RECLAIM:
                     reclaims.append(action)
+                elif action.step == STEP_SUSPEND and self._checkpoints(action.subjob_id):
+                    self._stop_beside(action, snap, now)
                 else:
                     await self._execute(action, snap, now)
             if reclaims:
@@ -483,6 +490,38 @@ class AirlockDriver:
             # restore its CUDA calls wait, so it touches no GPU memory before then.
             await self._restore(action.subjob_id)
         self._track(action, snap, now)
+
+    def _checkpoints(self, subjob_id: str) -> bool:
+        """Whether suspending ``subjob_id`` runs cuda-checkpoint (slow: it copies memory)."""
+        static = self._static.get(subjob_id)
+        return (
+            self.node.backend.cuda_checkpoint.tool is not None
+            and static is not None
+            and static.free_mode == "checkpoint"
+            and bool(self._gpu_pids.get(subjob_id))
+        )
+
+    def _stop_beside(self, action: Action, snap: Snapshot, now: float) -> None:
+        """Carry out a suspend through cuda-checkpoint beside the polls (see ``_stopping``)."""
+
+        async def run() -> None:
+            try:
+                await self._execute(action, snap, now)
+            except Exception:
+                log.exception("airlock: suspend of %s failed", action.subjob_id)
+            finally:
+                self._stopping.pop(action.subjob_id, None)
+
+        self._stopping[action.subjob_id] = asyncio.create_task(
+            run(), name=f"airlock-suspend-{action.subjob_id}"
+        )
+
+    async def close(self) -> None:
+        """Stop the suspends under way (the agent is stopping; its subjobs keep running)."""
+        tasks = list(self._stopping.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _checkpoint(self, subjob_id: str) -> None:
         """Before a suspend: move the CUDA state of the subjob's processes to host memory,

@@ -406,6 +406,8 @@ class AgentServer:
         if self._airlock_task is not None:
             self._airlock_task.cancel()
             await asyncio.gather(self._airlock_task, return_exceptions=True)
+        if self.state is not None:
+            await self.state.airlock.close()
         if self._metrics_http is not None:
             await asyncio.to_thread(self._metrics_http.shutdown)  # blocks up to its poll interval
         if self.state is not None:

@@ -129,6 +129,9 @@ class SubjobView:
     #: When the agent asked this subjob to release memory in the current pressure episode
     #: (same clock as ``Snapshot.now``); None if it was not asked.
     release_requested_since: float | None = None
+    #: A suspend that frees memory is under way (cuda-checkpoint copying its memory to the
+    #: host: about 19 s for 30 GiB on an H200): counted as relief, not chosen again.
+    stopping: bool = False
 
 
 @dataclass(frozen=True)
@@ -530,7 +533,7 @@ def decide(snapshot: Snapshot, config: PolicyConfig) -> list[Action]:
     projected = {s.slice_id: s.used_bytes for s in snapshot.slices}
     chosen: set[str] = set()
     for pending in snapshot.subjobs:
-        if release_pending(pending, snapshot.now, config):
+        if pending.stopping or release_pending(pending, snapshot.now, config):
             chosen.add(pending.subjob_id)
             _apply_freed(projected, pending)
     actions = _relieve(snapshot, config, projected, chosen)

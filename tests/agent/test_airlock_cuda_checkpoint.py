@@ -43,8 +43,10 @@ def _write(path: Path, scenario: dict[str, Any]) -> None:
 
 
 def _stand_in(folder: Path, scenario: Path) -> Path:
-    """A cuda-checkpoint that moves a pid's memory between GPU 0's process list and a
-    ``checkpointed`` list in the mock's scenario file, and records each call."""
+    """A cuda-checkpoint that moves a pid's memory between its GPU's process list and a
+    ``checkpointed`` list in the mock's scenario file, and records each call. While a file
+    ``hold-PID`` exists in ``folder`` a toggle of PID takes that long (as the real copy
+    takes seconds per GiB)."""
     folder.mkdir()
     path = folder / "cuda-checkpoint"
     path.write_text(
@@ -54,14 +56,16 @@ def _stand_in(folder: Path, scenario: Path) -> Path:
         f"with open({str(folder / 'calls')!r}, 'a') as f:\n"
         "    f.write(' '.join(sys.argv[1:]) + '\\n')\n"
         "pid = sys.argv[3]\n"
+        f"while os.path.exists(os.path.join({str(folder)!r}, 'hold-' + pid)):\n"
+        "    import time; time.sleep(0.05)\n"
         # As the real one: a stopped process never answers it (seen on an H200).
         "if open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] in 'Tt':\n"
         "    print('process', pid, 'is stopped')\n    sys.exit(1)\n"
         f"data = json.load(open({str(scenario)!r}))\n"
-        "gpu = data['gpus'][0]\n"
-        "procs, held = gpu.setdefault('processes', {}), gpu.setdefault('checkpointed', {})\n"
-        "if pid in procs:\n    held[pid] = procs.pop(pid)\n"
-        "elif pid in held:\n    procs[pid] = held.pop(pid)\n"
+        "for gpu in data['gpus']:\n"
+        "    procs, held = gpu.setdefault('processes', {}), gpu.setdefault('checkpointed', {})\n"
+        "    if pid in procs:\n        held[pid] = procs.pop(pid)\n        break\n"
+        "    if pid in held:\n        procs[pid] = held.pop(pid)\n        break\n"
         "else:\n    print('no CUDA state in process', pid)\n    sys.exit(1)\n"
         f"tmp = {str(scenario)!r} + '.cc-tmp'\n"
         "json.dump(data, open(tmp, 'w'))\n"
@@ -147,6 +151,63 @@ def test_suspend_frees_memory_through_cuda_checkpoint_else_the_victim_is_reclaim
         assert state("prod").state == common_pb2.RUNNING
         gate.touch()
         wait_for(lambda: state("prod").state == common_pb2.SUCCEEDED)
+
+
+def test_a_slow_checkpoint_blinds_airlock_to_no_other_gpu(tmp_path: Path) -> None:
+    """cuda-checkpoint copies a subjob's memory to the host (about 19 s for 30 GiB on an
+    H200). While GPU 0's victim is being checkpointed, GPU 1's victim is still suspended,
+    and GPU 0's victim is counted as relief under way, not chosen again."""
+    scenario = tmp_path / "nvml.json"
+    gpus = [H100, {**H100, "name": "NVIDIA H100 80GB HBM3"}]
+    _write(scenario, {**LIVE, "gpus": gpus})
+    tools = tmp_path / "bin"
+    _stand_in(tools, scenario)
+    backend = NvmlBackend(nvml=MockNvml.from_file(scenario))
+    backend.cuda_checkpoint = detect_cuda_checkpoint(
+        "", backend.driver_version(), search_path=str(tools)
+    )
+    gate = tmp_path / "gate"
+    with (
+        agent_on(tmp_path, backend) as agent,
+        grpc.insecure_channel(agent.address) as channel,
+    ):
+        stub = agent_pb2_grpc.AgentStub(channel)
+
+        def state(subjob_id: str) -> common_pb2.Subjob:
+            return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
+
+        pids = {}
+        for name in ("opp0", "opp1"):
+            spec = _spec(
+                name,
+                common_pb2.OPPORTUNISTIC,
+                common_pb2.Resources(gpus=1, gpu_memory_bytes=70 * GIB),
+                gate,
+            )
+            pid_file = tmp_path / f"{name}.pid"
+            code = f"import os, pathlib\npathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+            spec.command[-1] = code + spec.command[-1]
+            subjob = _run_now(stub, spec)
+            wait_for(pid_file.exists)
+            pids[name] = (pid_file.read_text(), int(subjob.slice_ids[0].removeprefix("gpu")))
+        (tools / f"hold-{pids['opp0'][0]}").touch()  # GPU 0's copy takes its time
+        held_gpu = pids["opp0"][1]
+        data = {**LIVE, "gpus": [dict(g) for g in gpus]}
+        for pid, index in pids.values():
+            data["gpus"][index]["processes"] = {pid: 78 * GIB}  # both GPUs critical
+        _write(scenario, data)
+
+        wait_for(lambda: state("opp1").state == common_pb2.SUSPENDED)
+        calls = (tools / "calls").read_text().splitlines()
+        assert state("opp0").state == common_pb2.RUNNING  # its checkpoint is still copying
+        assert calls.count(f"--toggle --pid {pids['opp0'][0]}") == 1  # not chosen again
+        assert held_gpu != pids["opp1"][1]
+        (tools / f"hold-{pids['opp0'][0]}").unlink()
+        wait_for(lambda: state("opp0").state == common_pb2.SUSPENDED)
+        steps = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=50), timeout=10)
+        suspends = [a.subjob_id for a in steps.recent_actions if a.step == "suspend"]
+        assert sorted(suspends) == ["opp0", "opp1"]
+        gate.touch()
 
 
 def test_cuda_checkpoint_frees_whole_gpus_only_not_mig(tmp_path: Path) -> None:

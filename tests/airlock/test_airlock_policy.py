@@ -137,6 +137,19 @@ def test_pending_release_does_not_cover_a_deeper_shortfall() -> None:
     assert [(a.step, a.subjob_id) for a in actions] == [("suspend", "b")]
 
 
+def test_a_suspend_under_way_counts_as_relief_and_is_not_chosen_again() -> None:
+    """cuda-checkpoint takes seconds per GiB to copy a victim out: while it does, the victim
+    still shows its memory, and the next polls count it as relief in flight."""
+    copying = dataclasses.replace(sj("a", observed=20 * GIB), stopping=True)
+    other = sj("b", priority=3, observed=10 * GIB)
+    # 78 GiB - 20 under way = 58 <= 64 target: nothing more to do, a is not picked twice.
+    assert decide(snap(78 * GIB, Level.CRITICAL, copying, other), CFG) == []
+    # A deeper shortfall still takes the next victim: 79 - 10 under way = 69 > 64.
+    small = dataclasses.replace(copying, observed_bytes=10 * GIB)
+    actions = decide(snap(79 * GIB, Level.CRITICAL, small, sj("c", observed=30 * GIB)), CFG)
+    assert [(x.step, x.subjob_id) for x in actions] == [("suspend", "c")]
+
+
 def test_oom_killer_baseline_waits_for_full_then_kills_the_largest_any_class() -> None:
     crit = sj("crit", priority=1, lifecycle=1, observed=50 * GIB)
     opp = sj("opp", priority=4, observed=20 * GIB)
