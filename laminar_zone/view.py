@@ -123,10 +123,7 @@ class HostCounts:
 
 #: Candidates one probe round is chosen from by default: enough for ranking to find a
 #: host that strands little, few enough that scoring them costs well under a probe's RPC.
-#: 64 since draws touch only pools that may fit and scores are memoized
-#: (:meth:`~laminar_base.fragmentation.FragmentationCache.least_score`): the router spends
-#: about what it spent on 16 before (docs/benchmarks.md, 2026-11-27: candidate index).
-SAMPLE_SIZE = 64
+SAMPLE_SIZE = 16
 
 
 class ZoneView:
