@@ -267,6 +267,7 @@ class FragmentationCache:
         self.target = target
         self.slicing = slicing
         self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
+        self._scores: dict[tuple[str, int, tuple[int, ...], int, int, int], float | None] = {}
 
     def __call__(self, node: NodeState) -> float:
         key = (node.model, node.cpu_left_milli, tuple(sorted(node.gpu_left)))
@@ -275,6 +276,35 @@ class FragmentationCache:
             value = node_fragmentation_milli(node, self.target, self.slicing)
             self._memo[key] = value
         return value
+
+    def least_score(self, node: NodeState, pod: PodShape) -> float | None:
+        """:func:`least_fragmenting`'s score of placing ``pod`` on ``node`` (None: its GPUs
+        cannot take it), memoized by what that score depends on: the node's model, CPU
+        left and GPUs' free states in any order, and the pod's CPU and GPU request (memory
+        is not part of the measure). Ranking hosts from their summaries thus costs a
+        lookup for every node state and pod shape seen before; the memo is emptied when it
+        holds :data:`SCORE_MEMO_ENTRIES`, so it stays bounded on a long-lived router."""
+        key = (
+            node.model,
+            node.cpu_left_milli,
+            tuple(sorted(node.gpu_left)),
+            pod.cpu_milli,
+            pod.num_gpu,
+            pod.gpu_milli,
+        )
+        try:
+            return self._scores[key]
+        except KeyError:
+            pass
+        best = least_fragmenting(node, pod, self)
+        if len(self._scores) >= SCORE_MEMO_ENTRIES:
+            self._scores.clear()
+        score = self._scores[key] = None if best is None else best[1]
+        return score
+
+
+#: Entries :meth:`FragmentationCache.least_score` memoizes before starting afresh.
+SCORE_MEMO_ENTRIES = 1 << 16
 
 
 def fgd_delta_milli(

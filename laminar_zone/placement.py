@@ -22,7 +22,6 @@ from laminar_base.fragmentation import (
     FragmentationCache,
     demand_pod,
     host_node,
-    least_fragmenting,
 )
 
 #: Stand-in for "any number" of CPU-only members on one host.
@@ -99,8 +98,7 @@ def fragmentation_rank(
         return None
     models = {_model_of(shape) for shape in shapes if shape.startswith(("gpu:", "share:"))}
     model = need.gpu_model or (models.pop() if len(models) == 1 else "")
-    best = least_fragmenting(host_node(model, host), demand_pod(need, host), frag)
-    return None if best is None else best[1]
+    return frag.least_score(host_node(model, host), demand_pod(need, host))
 
 
 def free_units(shapes: Mapping[str, ShapeCap], need: Demand) -> float:

@@ -1,8 +1,10 @@
 """The router's soft-state view of its zone, built only from heartbeats and probe replies.
 
-Agents are authoritative; this view only steers probes. It keeps, per shape
-key, an index of the ready agents with free capacity of that shape, so that
-drawing candidates costs O(k) and never scans the zone. The periodic
+Agents are authoritative; this view only steers probes. It keeps the ready agents
+in pools by shape key and by levels of free capacity of that shape, free host CPU
+and free host memory (each a lower bound of what a fitting demand needs), so that
+drawing candidates costs O(k) plus the pools of the demand's shape, never a scan of
+the zone, and a draw late in a fill does not spend its tries on hosts that are full. The periodic
 staleness sweep is O(agents) but runs off the hot path, once per period.
 """
 
@@ -135,8 +137,12 @@ class ZoneView:
         #: member than that could never start here.
         self.largest_gpus = 0
         self.agents: dict[str, AgentRecord] = {}
-        self._by_shape: dict[str, _IndexedSet] = {}
-        self._cpu_ready = _IndexedSet()
+        #: Ready agents by pool: (shape, level of that shape's free capacity, level of
+        #: free host CPU, level of free host memory), "" the shape of every ready agent
+        #: (CPU-only demands); see :func:`_levels`. Only pools a demand could fit are drawn
+        #: from, so a sample late in a fill does not spend its tries on full hosts.
+        self._by_shape: dict[str, dict[tuple[int, int, int], _IndexedSet]] = {}
+        self._pools_of: dict[str, list[tuple[str, tuple[int, int, int]]]] = {}
 
     # -------------------------------------------------------------- updates
 
@@ -223,6 +229,7 @@ class ZoneView:
         if record is not None:
             record.reported_host = host
             record.reported_host_at = record.last_heartbeat
+            self._reindex(record)
 
     def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
         record = self.agents[agent_id]
@@ -265,20 +272,23 @@ class ZoneView:
         return record
 
     def _reindex(self, record: AgentRecord) -> None:
-        for shape, index in self._by_shape.items():
-            if shape not in record.shapes or not record.is_ready:
-                index.discard(record.agent_id)
-        if record.is_ready:
-            self._cpu_ready.add(record.agent_id)
-        else:
-            self._cpu_ready.discard(record.agent_id)
+        """Move the agent to the pools its summary puts it in now: O(its shapes)."""
+        agent_id = record.agent_id
+        for shape, levels in self._pools_of.pop(agent_id, ()):
+            by_level = self._by_shape[shape]
+            by_level[levels].discard(agent_id)
+            if not by_level[levels]:
+                del by_level[levels]  # so a draw never walks pools left empty
+        if not record.is_ready:
+            return
+        host_levels = _host_levels(record.host)
+        where = [("", (0, *host_levels))]
         for shape, cap in record.shapes.items():
-            index = self._by_shape.setdefault(shape, _IndexedSet())
-            has_room = cap.free > 0 or cap.max_free_milli > 0
-            if record.is_ready and has_room:
-                index.add(record.agent_id)
-            else:
-                index.discard(record.agent_id)
+            if cap.free > 0 or cap.max_free_milli > 0:
+                where.append((shape, (_shape_level(shape, cap), *host_levels)))
+        for shape, levels in where:
+            self._by_shape.setdefault(shape, {}).setdefault(levels, _IndexedSet()).add(agent_id)
+        self._pools_of[agent_id] = where
 
     # -------------------------------------------------------------- queries
 
@@ -318,16 +328,27 @@ class ZoneView:
         return list(chosen.values())
 
     def _pools(self, need: Demand) -> list[_IndexedSet]:
+        """The non-empty pools whose agents may fit ``need``: every agent that fits is in
+        one of them (the levels are lower bounds), so drawing from them and checking each
+        draw is a uniform draw over the agents that fit. O(pools of the matching shapes):
+        bounded by the levels, not by the zone's size."""
+        floor_shape, floor_cpu, floor_memory = _need_levels(need)
         if need.family == "cpu":
-            return [self._cpu_ready]
-        if need.mig_profile:
-            prefix = f"mig:{need.mig_profile}"
-            return [p for s, p in self._by_shape.items() if s == prefix and len(p)]
-        kind = "share:" if need.gpu_milli else "gpu:"
+            shapes = [""]
+        elif need.mig_profile:
+            shapes = [f"mig:{need.mig_profile}"]
+        else:
+            kind = "share:" if need.gpu_milli else "gpu:"
+            shapes = [
+                s
+                for s in self._by_shape
+                if s.startswith(kind) and (not need.gpu_model or s == kind + need.gpu_model)
+            ]
         return [
-            p
-            for s, p in self._by_shape.items()
-            if s.startswith(kind) and (not need.gpu_model or s == kind + need.gpu_model) and len(p)
+            pool
+            for shape in shapes
+            for (level, cpu, memory), pool in self._by_shape.get(shape, {}).items()
+            if level >= floor_shape and cpu >= floor_cpu and memory >= floor_memory and len(pool)
         ]
 
     def any_fits(self, need: Demand, rng: random.Random) -> bool:
@@ -375,6 +396,42 @@ class ZoneView:
                 row[2] = max(row[2], cap.max_free_milli)
                 row[3] = max(row[3], cap.max_free_memory_bytes)
         return agents, {shape: ShapeCap(*row) for shape, row in sorted(totals.items())}
+
+
+#: Level of a resource a summary does not bound (unknown host figures, a resource the
+#: agent does not arbitrate): above any demand's.
+UNBOUNDED_LEVEL = 1 << 10
+
+#: Width of a level of free share (milli-GPUs): 21 levels from 0 to a whole GPU.
+SHARE_LEVEL_MILLI = 50
+
+
+def _shape_level(shape: str, cap: ShapeCap) -> int:
+    """How much of one shape an agent has free, as a level no fitting demand exceeds: the
+    largest free share in steps of :data:`SHARE_LEVEL_MILLI` for ``share:``, free units for
+    the others."""
+    return cap.max_free_milli // SHARE_LEVEL_MILLI if shape.startswith("share:") else cap.free
+
+
+def _host_levels(host: HostCap | None) -> tuple[int, int]:
+    """Free host CPU and memory as levels (bit lengths, so a few dozen at most)."""
+    if host is None:
+        return UNBOUNDED_LEVEL, UNBOUNDED_LEVEL
+    cpu = host.cpu_free_milli.bit_length() if host.cpu_total_milli else UNBOUNDED_LEVEL
+    memory = host.memory_free_bytes.bit_length() if host.memory_total_bytes else UNBOUNDED_LEVEL
+    return cpu, memory
+
+
+def _need_levels(need: Demand) -> tuple[int, int, int]:
+    """The lowest levels an agent that fits ``need`` can be at (0 where the need leaves it
+    to the host: :func:`~laminar_base.demand.host_share` defaults from the host's totals)."""
+    if need.family == "cpu":
+        shape = 0
+    elif need.mig_profile or not need.gpu_milli:
+        shape = max(1, need.gpus)
+    else:
+        shape = need.gpu_milli // SHARE_LEVEL_MILLI
+    return shape, need.cpu_milli.bit_length(), need.host_memory_bytes.bit_length()
 
 
 #: A candidate's score from the router's view (higher is better) or None when its summary

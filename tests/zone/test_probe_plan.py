@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from laminar_base.demand import Demand, HostCap
-from laminar_base.fragmentation import MILLI_SLICING, FragmentationCache, PodShape, TargetWorkload
+from laminar_base.fragmentation import (
+    MILLI_SLICING,
+    FragmentationCache,
+    NodeState,
+    PodShape,
+    TargetWorkload,
+    least_fragmenting,
+)
 from laminar_zone.placement import ShapeCap, fragmentation_rank
 from laminar_zone.view import AgentRecord, ProbeLimits, ProbePlan, ZoneView
 
@@ -123,3 +130,41 @@ def test_the_simulators_default_limits_are_the_routers() -> None:
     assert ProbeLimits().for_try(one, 3).probes_per_attempt == 2
     assert ProbeLimits().for_try(Demand(mig_profile="3g.40gb"), 1).probes_per_attempt == 2
     assert ProbeLimits(probes_per_attempt=4).for_try(one, 3).probes_per_attempt == 4
+
+
+TARGET = TargetWorkload(
+    (PodShape(4000, 0, 1, 500), PodShape(8000, 0, 2, 1000), PodShape(2000, 0, 1, 250)),
+    (0.5, 0.3, 0.2),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    nodes=st.lists(
+        st.tuples(
+            st.integers(0, 16_000),
+            st.lists(st.sampled_from([0, 250, 500, 750, 1000]), min_size=1, max_size=4),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    pods=st.lists(
+        st.tuples(
+            st.sampled_from([0, 2000, 4000]), st.sampled_from([(1, 250), (1, 500), (2, 1000)])
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_memoized_score_equals_least_fragmenting_in_any_gpu_order(
+    nodes: list[tuple[int, list[int]]], pods: list[tuple[int, tuple[int, int]]]
+) -> None:
+    frag = FragmentationCache(TARGET, MILLI_SLICING)
+    for cpu, gpus in nodes:
+        for order in (gpus, gpus[::-1]):
+            node = NodeState("A100", cpu, 1 << 20, tuple(order))
+            for pod_cpu, (count, milli) in pods:
+                pod = PodShape(pod_cpu, 0, count, milli)
+                best = least_fragmenting(node, pod, frag)
+                want = None if best is None else best[1]
+                assert frag.least_score(node, pod) == want

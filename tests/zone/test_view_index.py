@@ -1,0 +1,161 @@
+"""The view's candidate index: ready agents pooled by levels of free shape, host CPU and
+host memory. Whatever sequence of summaries, probe replies, drains and sweeps it sees, the
+pools a demand is drawn from hold every ready agent whose summary fits it (checked against
+a scan of every agent), and each agent sits exactly where its present summary puts it."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from laminar_base.demand import Demand, HostCap
+from laminar_zone.placement import ShapeCap, members_fitting
+from laminar_zone.view import AgentRecord, ZoneView
+
+GIB = 1 << 30
+AGENTS = [f"a{i}" for i in range(6)]
+
+shapes_st = st.fixed_dictionaries(
+    {},
+    optional={
+        "gpu:A100": st.integers(0, 8).map(lambda free: ShapeCap(free, 8, 0, free * 80 * GIB)),
+        "share:A100": st.integers(0, 1000).map(lambda milli: ShapeCap(1, 8, milli, 80 * GIB)),
+        "mig:1g.10gb": st.integers(0, 7).map(lambda free: ShapeCap(free, 7, 0, 10 * GIB)),
+    },
+)
+host_st = st.builds(
+    HostCap,
+    cpu_free_milli=st.integers(0, 64_000),
+    cpu_total_milli=st.sampled_from([0, 64_000]),
+    memory_free_bytes=st.integers(0, 512 * GIB),
+    memory_total_bytes=st.sampled_from([0, 512 * GIB]),
+    gpu_free_milli=st.just((1000,) * 8),
+    gpus_total=st.just(8),
+)
+event_st = st.one_of(
+    st.tuples(st.just("heartbeat"), st.sampled_from(AGENTS), shapes_st, st.booleans()),
+    st.tuples(st.just("reply"), st.sampled_from(AGENTS), shapes_st, st.booleans()),
+    st.tuples(st.just("host"), st.sampled_from(AGENTS), host_st),
+    st.tuples(st.just("drain"), st.sampled_from(AGENTS), st.booleans()),
+    st.tuples(st.just("sweep"), st.integers(0, 3)),
+)
+need_st = st.one_of(
+    st.builds(Demand, gpus=st.integers(1, 8), gpu_model=st.sampled_from(["", "A100", "H100"])),
+    st.builds(Demand, gpu_milli=st.integers(1, 1000)),
+    st.builds(Demand, mig_profile=st.just("1g.10gb")),
+    st.builds(Demand),
+).flatmap(
+    lambda need: st.builds(
+        lambda cpu, memory: Demand(
+            gpus=need.gpus,
+            mig_profile=need.mig_profile,
+            gpu_milli=need.gpu_milli,
+            gpu_model=need.gpu_model,
+            cpu_milli=cpu,
+            host_memory_bytes=memory,
+        ),
+        st.sampled_from([0, 1, 1000, 4000, 33_000, 64_000, 70_000]),
+        st.sampled_from([0, GIB, 8 * GIB, 300 * GIB, 600 * GIB]),
+    )
+)
+
+
+def fits(record: AgentRecord, need: Demand) -> bool:
+    host = record.host
+    return (
+        record.is_ready
+        and members_fitting(need, record.shapes) >= 1
+        and (host is None or host.fits(need))
+    )
+
+
+def apply(view: ZoneView, events: list[tuple[object, ...]]) -> None:
+    now = 0.0
+    for event in events:
+        now += 1.0
+        kind, *rest = event
+        if kind in ("heartbeat", "reply"):
+            agent, shapes, draining = rest
+            view.update(
+                str(agent),
+                "addr",
+                dict(shapes),  # type: ignore[call-overload]
+                heat=0,
+                draining=bool(draining),
+                now=now,
+                is_heartbeat=kind == "heartbeat",
+            )
+        elif kind == "host":
+            agent, host = rest
+            view.note_host(str(agent), host)  # type: ignore[arg-type]
+        elif kind == "drain" and rest[0] in view.agents:
+            view.set_draining(str(rest[0]), bool(rest[1]))
+        elif kind == "sweep":
+            view.sweep(now + float(rest[0]))  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=st.lists(event_st, max_size=40), needs=st.lists(need_st, min_size=1, max_size=6))
+def test_the_pools_drawn_from_hold_every_fitting_agent(
+    events: list[tuple[object, ...]], needs: list[Demand]
+) -> None:
+    view = ZoneView(stale_after_seconds=2.0)
+    apply(view, events)
+    for need in needs:
+        pooled = {agent for pool in view._pools(need) for agent in pool.items}
+        fitting = {a for a, r in view.agents.items() if fits(r, need)}
+        assert fitting <= pooled
+        assert all(view.agents[a].is_ready for a in pooled)
+        drawn = view.sample(need, len(AGENTS), random.Random(0))
+        assert {r.agent_id for r in drawn} <= fitting
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=st.lists(event_st, max_size=40))
+def test_each_agent_sits_where_its_present_summary_puts_it(
+    events: list[tuple[object, ...]],
+) -> None:
+    view = ZoneView(stale_after_seconds=2.0)
+    apply(view, events)
+    fresh = ZoneView(stale_after_seconds=2.0)
+    for agent_id, record in view.agents.items():
+        fresh.agents[agent_id] = record
+        fresh._reindex(record)
+    assert view._pools_of == fresh._pools_of
+    held = {
+        (shape, levels, agent)
+        for shape, pools in view._by_shape.items()
+        for levels, pool in pools.items()
+        for agent in pool.items
+    }
+    assert held == {
+        (shape, levels, agent)
+        for agent, pools in fresh._pools_of.items()
+        for shape, levels in pools
+    }
+    assert all(len(pool) for pools in view._by_shape.values() for pool in pools.values())
+
+
+def test_a_full_host_is_not_drawn_from_even_when_most_hosts_are_full() -> None:
+    """Late in a fill most hosts have a GPU free and no CPU: a draw touches only the
+    pools that could fit, so it finds the few that do in a handful of lookups."""
+    view = ZoneView(stale_after_seconds=1e9)
+    for i in range(1000):
+        agent = f"h{i}"
+        view.update(
+            agent,
+            "addr",
+            {"gpu:A100": ShapeCap(1, 8, 0, 80 * GIB)},
+            heat=0,
+            draining=False,
+            now=0.0,
+        )
+        cpu = 32_000 if i % 100 == 0 else 500
+        view.note_host(agent, HostCap(cpu, 64_000, 256 * GIB, 512 * GIB, (1000,) * 8, 8))
+    need = Demand(gpus=1, cpu_milli=16_000, host_memory_bytes=GIB)
+    pooled = {agent for pool in view._pools(need) for agent in pool.items}
+    assert pooled == {f"h{i}" for i in range(0, 1000, 100)}
+    drawn = view.sample(need, 10, random.Random(7))
+    assert {r.agent_id for r in drawn} == pooled
