@@ -19,7 +19,13 @@ from laminar_base.fragmentation import (
     least_fragmenting,
 )
 from laminar_zone.placement import ShapeCap, fragmentation_rank
-from laminar_zone.view import AgentRecord, ProbeLimits, ProbePlan, ZoneView
+from laminar_zone.view import (
+    AgentRecord,
+    ProbeLimits,
+    ProbePlan,
+    ZoneView,
+    fragmentation_ranking,
+)
 
 GIB = 1 << 30
 NEED = Demand(gpu_milli=500, cpu_milli=4000, host_memory_bytes=8 * GIB)
@@ -105,6 +111,25 @@ def test_fragmentation_rank_prefers_the_gpu_a_share_fills_and_rules_out_short_ho
     fresh = fragmentation_rank(NEED, empty, shapes, frag)
     assert filled is not None and fresh is not None and filled > fresh
     assert fragmentation_rank(NEED, no_cpu, shapes, frag) is None
+
+
+def test_a_mig_profile_is_ranked_to_the_gpu_it_fills() -> None:
+    """A MIG profile's candidates are ranked too (its compute slices as a share of a GPU):
+    a GPU whose free slices the profile fills beats an idle one it would cut up."""
+    frag = FragmentationCache(
+        TargetWorkload((PodShape(1000, 0, 1, 429), PodShape(1000, 0, 1, 1000)), (0.5, 0.5)),
+        MILLI_SLICING,
+    )
+    rank = fragmentation_ranking(Demand(mig_profile="3g.40gb"), frag)
+    assert rank is not None
+    shapes = {"mig:3g.40gb": ShapeCap(1, 2, 0, 40 * GIB)}
+    scores = {}
+    for name, free in (("three_free", 429), ("idle", 1000)):
+        record = AgentRecord(name, f"{name}:1", shapes=shapes)
+        record.reported_host = HostCap(32_000, 64_000, 64 * GIB, 128 * GIB, (free,), 1)
+        scores[name] = rank(record)
+    assert scores["three_free"] is not None and scores["idle"] is not None
+    assert scores["three_free"] > scores["idle"]
 
 
 def test_a_heartbeat_outdates_the_host_figures_of_a_probe_reply() -> None:
