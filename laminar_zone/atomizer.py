@@ -89,7 +89,9 @@ class Zone(Protocol):
     blocked_starts: dict[str, tuple[int, float]]
     heartbeat_seconds: float
 
-    def copy_subjob(self, placement: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None: ...
+    def apply_start_reply(
+        self, placement: zone_pb2.Placement, subjob: common_pb2.Subjob
+    ) -> bool: ...
     def evaluate(self, entry: Entry) -> None: ...
     def finish(self, entry: Entry, state: int, reason: str, code: Reason | None = None) -> None: ...
     def save(self, entry: Entry) -> None: ...
@@ -1150,7 +1152,7 @@ class Atomizer:
             started = reply.HasField("subjob")
             if started:
                 atom.held[placement.subjob_id] = w
-                self.zone.copy_subjob(placement, reply.subjob)
+                self.zone.apply_start_reply(placement, reply.subjob)
                 self.zone.metrics.window_fill.observe(
                     min(1.0, bid.expected_seconds / length) if math.isfinite(length) else 0.0
                 )

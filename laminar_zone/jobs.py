@@ -231,7 +231,7 @@ class ZoneState:
 
     #: For the atomizer (its Zone protocol): a subjob's report into its placement (the
     #: module function, defined below the class).
-    copy_subjob = staticmethod(lambda p, subjob: copy_subjob(p, subjob))
+    apply_start_reply = staticmethod(lambda p, subjob: apply_start_reply(p, subjob))
 
     def track(self, entry: Entry, agent_id: str) -> None:
         """The job has (or is about to have) a live subjob on this agent."""
@@ -254,12 +254,13 @@ class ZoneState:
                 continue
             entry = Entry(job=job, need=demand_of(job.spec.resources), submitted_mono=now)
             self.entries[job.job_id] = entry
-            if job.array_id and job.state != zone_pb2.WAITING:
+            ended = job.state in TERMINAL_JOB_STATES  # loaded for a subjob still settling
+            if job.array_id and job.state != zone_pb2.WAITING and not ended:
                 # Under way at the crash (its array's record precedes it in the journal).
                 progress = self.arrays.get(job.array_id)
                 if progress is not None:
                     progress.active.add(job.job_id)
-            if is_atomized(job.spec):
+            if is_atomized(job.spec) and not ended:
                 self.atomizer.admit(job, now=now)
             for p in job.placements:  # earlier attempts too: a copy may still run
                 if p.state in LIVE_SUBJOB:
@@ -754,6 +755,13 @@ class ZoneState:
         before the job is placed again, as for a commit of unknown outcome)."""
         job = entry.job
         reply = gathered.committed
+        if placement.state in ENDED_SUBJOB:
+            # Its end was reported before the probe's reply came (or instead of it: a lost
+            # reply): it ran, and the report already judged the job.
+            if reply is not None:
+                apply_start_reply(placement, reply.subjob)
+            self.save(entry)
+            return True
         if reply is not None:
             del placement.slice_ids[:]
             placement.slice_ids.extend(reply.lease.slice_ids)
@@ -867,7 +875,7 @@ class ZoneState:
             agent_pb2.CommitRequest(lease_id=lease.lease_id, spec=spec),
             timeout=self.config.placement.rpc_timeout_seconds,
         )
-        copy_subjob(placement, subjob)
+        apply_start_reply(placement, subjob)
 
     def subjob_spec(
         self, entry: Entry, placement: zone_pb2.Placement, env: dict[str, str] | None = None
@@ -1056,7 +1064,12 @@ class ZoneState:
                 return False
             entry.job.state = zone_pb2.PENDING
             set_reason(entry.job, Reason.PLACING, "placing from the queue")
-            if await self._place(entry, from_queue=True):
+            placed = await self._place(entry, from_queue=True)
+            if not placed and entry.job.state in TERMINAL_JOB_STATES:
+                # It ended while being placed (cancelled, or it ran and its end was
+                # reported before the placement returned): it waits for nothing.
+                return True
+            if placed:
                 tenant = entry.job.spec.tenant
                 units[tenant] = units.get(tenant, 0.0) + entry.item.units
                 memory[tenant] = memory.get(tenant, 0) + entry.need.memory_bytes
@@ -1166,6 +1179,8 @@ class ZoneState:
         old.end_cause = EndCause.READDRESSED.wire
         old.reason = why
         old.ended_unix = time.time()
+        if new.state in ENDED_SUBJOB:
+            self.evaluate(entry)  # the copy ended before its move was done: judge the job now
         self.save(entry)
         self.metrics.readdressed.inc()
         log.info("job %s: subjob %s %s as %s", entry.job.job_id, old.subjob_id, why, new.subjob_id)
@@ -1871,6 +1886,19 @@ class _ProbeCommit:
 
     def may_have_run(self, exc: BaseException) -> bool:
         return _outcome_unknown(exc)
+
+
+def apply_start_reply(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> bool:
+    """Record the subjob a Commit (or a probe carrying it) answered with, unless the
+    placement already ended: the agent's report of its end reached the router first (a
+    short subjob, a reply held behind a batch), and a reply is older than any report.
+    Returns whether the reply was applied."""
+    if p.state in ENDED_SUBJOB and subjob.state not in ENDED_SUBJOB:
+        if not p.slice_ids:
+            p.slice_ids.extend(subjob.slice_ids)
+        return False
+    copy_subjob(p, subjob)
+    return True
 
 
 def copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:

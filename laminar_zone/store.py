@@ -16,7 +16,7 @@ from pathlib import Path
 
 from laminar_agent.journal import connect_private
 from laminar_api.v1 import zone_pb2
-from laminar_base.causes import TERMINAL_JOB_STATES
+from laminar_base.causes import LIVE_SUBJOB_STATES, TERMINAL_JOB_STATES
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     client_request_id TEXT NOT NULL,
     state INTEGER NOT NULL,
     submitted_unix REAL NOT NULL,
-    body BLOB NOT NULL
+    body BLOB NOT NULL,
+    settling INTEGER NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_request
     ON jobs(tenant, client_request_id) WHERE client_request_id != '';
@@ -40,6 +41,9 @@ class JobStore:
         self._db = connect_private(path, check_same_thread=False)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        if "settling" not in columns:  # a journal from before the column
+            self._db.execute("ALTER TABLE jobs ADD COLUMN settling INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         self._db.close()
@@ -64,14 +68,15 @@ class JobStore:
                 int(j.state),
                 j.submitted_unix,
                 j.SerializeToString(),
+                int(_settling(j)),
             )
             for j in jobs
         ]
         with self.transaction():
             self._db.executemany(
-                "INSERT INTO jobs(job_id, tenant, client_request_id, state, submitted_unix, body)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET"
-                " state=excluded.state, body=excluded.body",
+                "INSERT INTO jobs(job_id, tenant, client_request_id, state, submitted_unix, body,"
+                " settling) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET"
+                " state=excluded.state, body=excluded.body, settling=excluded.settling",
                 rows,
             )
 
@@ -87,10 +92,13 @@ class JobStore:
         return _decode(row[0]) if row else None
 
     def live(self) -> list[zone_pb2.Job]:
-        """Every job not yet in a terminal state (restart recovery)."""
+        """Every job not yet in a terminal state, and every ended one with a subjob whose
+        end is not recorded yet (restart recovery: the router still owes it a stop or a
+        confirmation)."""
         marks = ",".join("?" * len(TERMINAL_JOB_STATES))
         rows = self._db.execute(
-            f"SELECT body FROM jobs WHERE state NOT IN ({marks}) ORDER BY submitted_unix",
+            f"SELECT body FROM jobs WHERE state NOT IN ({marks}) OR settling = 1"
+            " ORDER BY submitted_unix",
             [int(s) for s in TERMINAL_JOB_STATES],
         ).fetchall()
         return [_decode(r[0]) for r in rows]
@@ -173,6 +181,14 @@ class _Tx:
     def __exit__(self, exc_type: object, *_: object) -> None:
         if self.outer:
             self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _settling(job: zone_pb2.Job) -> bool:
+    """An ended job with a subjob still live in its record (a stop not yet confirmed, a
+    commit of unknown outcome): recovery must load it."""
+    return job.state in TERMINAL_JOB_STATES and any(
+        p.state in LIVE_SUBJOB_STATES for p in job.placements
+    )
 
 
 def _decode(body: bytes) -> zone_pb2.Job:

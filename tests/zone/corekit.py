@@ -51,6 +51,10 @@ class FakeAgent:
     #: (the test crashes the router at that moment).
     hang_next_commit: bool = False
     hung: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The next subjob started exits at once, and its exit reaches the router (through
+    #: ``report``, the test's heartbeat) before the reply of the call that started it.
+    exit_before_reply: bool = False
+    report: Callable[[], None] | None = None
     #: Subjobs Airlock wants moved (listed on every heartbeat while they live).
     readdress: set[str] = field(default_factory=set)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -265,6 +269,12 @@ class FakeAgent:
         self.subjobs[spec.subjob_id] = subjob
         self.starts[spec.subjob_id] = self.starts.get(spec.subjob_id, 0) + 1
         self._event(subjob)
+        reply = common_pb2.Subjob.FromString(subjob.SerializeToString())
+        if self.exit_before_reply:
+            self.exit_before_reply = False
+            self.end(spec.subjob_id, common_pb2.SUCCEEDED, EndCause.EXITED, "exited 0")
+            if self.report is not None:
+                self.report()
         if self.lose_next_commit_reply:
             self.lose_next_commit_reply = False
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "the reply was lost")
@@ -272,7 +282,7 @@ class FakeAgent:
             self.hang_next_commit = False
             self.hung.set()
             await asyncio.Event().wait()  # until the router that called is gone
-        return common_pb2.Subjob.FromString(subjob.SerializeToString())
+        return reply
 
     async def SignalSubjob(
         self, request: agent_pb2.SignalSubjobRequest, timeout: float = 0

@@ -1,0 +1,57 @@
+"""The router's journal: recovery loads every job not ended, and every ended one whose
+record still has a subjob without a recorded end; a journal written before that column
+existed opens and gains it."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_zone.store import JobStore
+
+
+def _job(job_id: str, state: int, subjob_state: int | None = None) -> zone_pb2.Job:
+    job = zone_pb2.Job(job_id=job_id, state=state, submitted_unix=1.0)  # type: ignore[arg-type]
+    if subjob_state is not None:
+        job.placements.add(subjob_id=f"{job_id}-a1-m0", state=subjob_state)  # type: ignore[arg-type]
+    return job
+
+
+def test_recovery_loads_live_jobs_and_ended_ones_still_settling(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "zone.db")
+    store.put_many(
+        [
+            _job("queued", zone_pb2.QUEUED),
+            _job("done", zone_pb2.JOB_SUCCEEDED, common_pb2.SUCCEEDED),
+            _job("cancelled-settling", zone_pb2.JOB_CANCELLED, common_pb2.STARTING),
+        ]
+    )
+    assert sorted(j.job_id for j in store.live()) == ["cancelled-settling", "queued"]
+    store.put(_job("cancelled-settling", zone_pb2.JOB_CANCELLED, common_pb2.FAILED))
+    assert [j.job_id for j in store.live()] == ["queued"]
+    store.close()
+
+
+def test_a_journal_from_before_the_settling_column_opens(tmp_path: Path) -> None:
+    path = tmp_path / "zone.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE jobs (job_id TEXT PRIMARY KEY, tenant TEXT NOT NULL,
+            client_request_id TEXT NOT NULL, state INTEGER NOT NULL,
+            submitted_unix REAL NOT NULL, body BLOB NOT NULL);
+        """
+    )
+    old = _job("old", zone_pb2.QUEUED)
+    db.execute(
+        "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+        ("old", "", "", int(old.state), 1.0, old.SerializeToString()),
+    )
+    db.commit()
+    db.close()
+    store = JobStore(path)
+    assert [j.job_id for j in store.live()] == ["old"]
+    store.put(_job("ended", zone_pb2.JOB_FAILED, common_pb2.RUNNING))
+    assert sorted(j.job_id for j in store.live()) == ["ended", "old"]
+    store.close()
