@@ -526,12 +526,9 @@ class AirlockDriver:
     async def _checkpoint(self, subjob_id: str) -> None:
         """Before a suspend: move the CUDA state of the subjob's processes to host memory,
         where cuda-checkpoint can (its free mode says so)."""
-        tool = self.node.backend.cuda_checkpoint.tool
-        static = self._static.get(subjob_id)
-        if tool is None or static is None or static.free_mode != "checkpoint":
+        if not self._checkpoints(subjob_id):
             return
-        pids = self._gpu_pids.get(subjob_id, ())
-        done = await self._toggle_all(subjob_id, pids, "checkpoint")
+        done = await self._toggle_all(subjob_id, self._gpu_pids[subjob_id], "checkpoint")
         if done:
             self._checkpointed[subjob_id] = done
 

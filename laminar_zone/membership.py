@@ -164,12 +164,10 @@ class Membership:
         reply = self.on_heartbeat(request, caller, caller_names)
         record = self._view.agents.get(agent_id)
         if record is not None and reply.summary_version:
-            # Accepted: from now on the stream vouches for the agent between messages.
-            if not stream.agent_id:
-                stream.agent_id = agent_id
-                self.streams[agent_id] = stream
-            elif self.streams.get(agent_id) is not stream:
-                self.streams[agent_id] = stream
+            # Accepted: from now on the stream vouches for the agent between messages (a
+            # newer stream of the agent's replaces an older one).
+            stream.agent_id = agent_id
+            self.streams[agent_id] = stream
             record.silence_allowed_seconds = self._stream_silence_seconds
             reply.liveness_seconds = self._liveness_seconds
         return reply
