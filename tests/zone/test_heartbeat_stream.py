@@ -14,7 +14,6 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -93,13 +92,10 @@ async def test_an_agent_killed_while_streaming_is_stale_at_once(tmp_path: Path) 
             last = agent.last_heartbeat
             os.kill(pool.pid, signal.SIGKILL)
             await asyncio.wait_for(pool.wait(), 10)
-            killed = time.monotonic()
-            await eventually(
-                lambda: _true(agent.is_stale),
-                "stale after SIGKILL",
-                timeout_seconds=membership.stale_after_seconds(),
-            )
-            assert time.monotonic() - killed <= membership.stale_after_seconds()
+            await eventually(lambda: _true(agent.is_stale), "stale after SIGKILL")
+            # Made stale by its stream's end (which takes back the silence the stream
+            # allowed), not by that silence running out.
+            assert agent.silence_allowed_seconds == 0.0
             assert agent.last_heartbeat == last  # loss still counts from its last heartbeat
         finally:
             if pool.returncode is None:
