@@ -14,13 +14,12 @@ by :mod:`laminar_zone.queue`; candidate choice by :mod:`laminar_zone.placement`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import math
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
@@ -42,9 +41,8 @@ from laminar_base.errors import (
     InvalidArgument,
     LaminarError,
     NotFound,
-    Unavailable,
 )
-from laminar_base.grpcutil import check_count, check_number, check_str
+from laminar_base.grpcutil import check_count, check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import check_spec, demand_of
 from laminar_zone.arrays import (
@@ -57,7 +55,7 @@ from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
 from laminar_zone.entry import Entry
-from laminar_zone.kept import KeptLease, KeptLeases
+from laminar_zone.kept import KeptLeases
 from laminar_zone.lifecycle import (
     MemberState,
     Outcome,
@@ -66,7 +64,7 @@ from laminar_zone.lifecycle import (
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
-from laminar_zone.placer import AgentClients, Ask, Gathered, Placer
+from laminar_zone.placer import AgentClients, Ask, Gathered, Placer, rpc_reason
 from laminar_zone.queue import (
     Admit,
     Clear,
@@ -108,24 +106,6 @@ _OUTCOME_STATES = {
 }
 #: Jobs one SubmitBatch may carry.
 MAX_BATCH_JOBS = 10_000
-
-
-#: Most jobs one ListJobs page holds, and the bytes a page stays under (replies must fit
-#: the default 4 MiB gRPC message limit with room to spare).
-MAX_LIST_PAGE = 1000
-LIST_PAGE_BYTES = 3 * 1024 * 1024
-
-
-def _encode_page_token(submitted_unix: float, job_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{submitted_unix!r}|{job_id}".encode()).decode()
-
-
-def _decode_page_token(token: str) -> tuple[float, str]:
-    try:
-        when, _, job_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
-        return float(when), job_id
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument("is not a token ListJobs returned", field="page_token") from None
 
 
 def validate_spec(spec: zone_pb2.JobSpec) -> Demand:
@@ -202,7 +182,7 @@ class ZoneState:
         self.readdressing: set[str] = set()
         #: Arrays not yet ended: array job id -> where its elements stand.
         self.arrays: dict[str, ArrayProgress] = {}
-        self._array_watchers: dict[str, list[asyncio.Queue[zone_pb2.Job]]] = {}
+        self.array_watchers: dict[str, list[asyncio.Queue[zone_pb2.Job]]] = {}
         #: Stops the agent has not taken yet (it did not answer): subjob id -> the copy to
         #: stop, why, and the cause. Each sweep asks again while the agent is reachable.
         self._owed_stops: dict[str, tuple[zone_pb2.Placement, str, EndCause]] = {}
@@ -392,9 +372,7 @@ class ZoneState:
         for entry in new:
             if not entry.job.spec.array:
                 self._kick(entry, allow_forward and _may_forward(entry.job))
-        return [
-            self._fresh(answer[0].job if isinstance(answer, list) else answer) for answer in answers
-        ]
+        return [fresh(answer[0].job if isinstance(answer, list) else answer) for answer in answers]
 
     def _new_entries(
         self, spec: zone_pb2.JobSpec, request_id: str, forwarded_from: str, bearer: str
@@ -720,14 +698,14 @@ class ZoneState:
                     self.finish(
                         entry,
                         zone_pb2.JOB_FAILED,
-                        f"the agent refused the job: {_rpc_reason(refused[0])}",
+                        f"the agent refused the job: {rpc_reason(refused[0])}",
                         Reason.REFUSED,
                     )
                     return False
                 self.metrics.placements.labels("queued").inc()
                 self._enqueue(entry, gathered.reasons)
                 return False
-            ok = await self._commit_all(entry, gathered.chosen)
+            ok = await self.commit_all(entry, gathered.chosen)
         if not ok:
             self.metrics.placements.labels("commit_failed").inc()
             if job.state in TERMINAL_JOB_STATES:
@@ -782,7 +760,7 @@ class ZoneState:
         self.save(entry)
         return False
 
-    async def _commit_all(
+    async def commit_all(
         self, entry: Entry, chosen: list[tuple[AgentRecord, agent_pb2.Lease]]
     ) -> bool:
         """Journal the intent, commit every lease, and roll back all members if any fails."""
@@ -817,7 +795,7 @@ class ZoneState:
             _now_running(job)
             self.save(entry)
             return True
-        why = "; ".join(_rpc_reason(f) for f in failures)
+        why = "; ".join(rpc_reason(f) for f in failures)
         log.warning("job %s: commit failed (%s); rolling back all members", job.job_id, why)
         current = entry.current()
         unknown = {
@@ -1353,6 +1331,7 @@ class ZoneState:
         self._update_gauges(force=True)
 
     # ================================================================ user operations
+    # (reads live in laminar_zone.queries, ProbeJob/CommitJob in laminar_zone.client_leases)
 
     def _job(self, job_id: str) -> zone_pb2.Job | None:
         entry = self.entries.get(job_id)
@@ -1368,35 +1347,7 @@ class ZoneState:
         job = self._job(job_id)
         if job is None:
             raise NotFound(f"no job {job_id!r}", field="job_id")
-        return self._fresh(job)
-
-    def list(
-        self, tenant: str, states: list[int], limit: int, page_token: str = ""
-    ) -> zone_pb2.ListJobsReply:
-        """One page of jobs, newest first, at most ``limit`` (1000) and never more than
-        :data:`LIST_PAGE_BYTES` of them, with the token of the next page."""
-        check_str(tenant, "tenant")
-        check_str(page_token, "page_token", max_chars=256)
-        for s in states:
-            if s not in zone_pb2.JobState.values() or s == 0:
-                raise InvalidArgument(f"unknown job state {s}", field="states")
-        limit = min(limit or MAX_LIST_PAGE, MAX_LIST_PAGE)
-        before = _decode_page_token(page_token) if page_token else None
-        # Live jobs change in memory first; the journal has everything else.
-        out = self.store.query(tenant, states, limit + 1, before)
-        reply = zone_pb2.ListJobsReply()
-        size = 0
-        for i, stored in enumerate(out):
-            job = self._fresh(
-                self.entries[stored.job_id].job if stored.job_id in self.entries else stored
-            )
-            size += job.ByteSize() + 8
-            if i == limit or (reply.jobs and size > LIST_PAGE_BYTES):
-                last = reply.jobs[-1]
-                reply.next_page_token = _encode_page_token(last.submitted_unix, last.job_id)
-                break
-            reply.jobs.append(job)
-        return reply
+        return fresh(job)
 
     async def cancel(self, job_id: str, reason: str) -> zone_pb2.Job:
         check_str(reason, "reason", max_chars=1024)
@@ -1428,7 +1379,7 @@ class ZoneState:
             return_exceptions=True,
         )
         self.forget_if_done(entry)
-        return self._fresh(entry.job)
+        return fresh(entry.job)
 
     async def terminate(self, placement: zone_pb2.Placement, reason: str, cause: EndCause) -> None:
         """Ask the placement's agent to stop it; its end records ``cause`` (the reason is
@@ -1465,296 +1416,6 @@ class ZoneState:
         # Taken, ended already, or unknown to the agent: nothing more is owed.
         self._owed_stops.pop(placement.subjob_id, None)
 
-    async def watch(self, job_id: str) -> AsyncIterator[zone_pb2.Job]:
-        job = self.get(job_id)
-        yield job
-        if job_id in self.arrays:
-            async for update in self._watch_array(job):
-                yield update
-            return
-        entry = self.entries.get(job_id)
-        if entry is None or job.state in TERMINAL_JOB_STATES:
-            return
-        queue: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
-        entry.watchers.append(queue)
-        try:
-            while True:
-                update = await queue.get()
-                yield update
-                if update.state in TERMINAL_JOB_STATES:
-                    return
-        finally:
-            if queue in entry.watchers:
-                entry.watchers.remove(queue)
-
-    async def _watch_array(self, job: zone_pb2.Job) -> AsyncIterator[zone_pb2.Job]:
-        """An array's record each time one of its elements changes, until it ends."""
-        queue: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
-        watchers = self._array_watchers.setdefault(job.job_id, [])
-        watchers.append(queue)
-        last = job
-        try:
-            while last.state not in TERMINAL_JOB_STATES:
-                await queue.get()
-                update = self.get(job.job_id)
-                if (update.state, update.reason) != (last.state, last.reason):
-                    yield update
-                last = update
-        finally:
-            watchers.remove(queue)
-            if not watchers:
-                self._array_watchers.pop(job.job_id, None)
-
-    async def logs(
-        self, job_id: str, subjob_id: str, stream: str, offset: int, max_bytes: int
-    ) -> zone_pb2.GetLogsReply:
-        job = self.get(job_id)
-        check_str(subjob_id, "subjob_id")
-        if stream not in ("", "stdout", "stderr"):
-            raise InvalidArgument("must be stdout or stderr", field="stream")
-        started = [p for p in job.placements if p.reason != COMMITTING]
-        if subjob_id:
-            started = [p for p in started if p.subjob_id == subjob_id]
-            if not started:
-                raise NotFound(f"job {job_id} has no subjob {subjob_id!r}", field="subjob_id")
-        if not started:
-            raise FailedPrecondition(f"job {job_id} has not started yet", field="job_id")
-        placement = started[-1]
-        record = self.view.agents.get(placement.agent_id)
-        address = record.address if record is not None else placement.agent_address
-        try:
-            reply = await self.clients.stub(address).ReadLogs(
-                agent_pb2.ReadLogsRequest(
-                    subjob_id=placement.subjob_id,
-                    stream=stream or "stdout",
-                    offset=offset,
-                    max_bytes=max_bytes,
-                ),
-                timeout=self.config.placement.rpc_timeout_seconds,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise Unavailable(
-                f"agent {placement.agent_id} holding the logs is unreachable: {exc.details()}"
-            ) from None
-        return zone_pb2.GetLogsReply(
-            data=reply.data,
-            next_offset=reply.next_offset,
-            eof=reply.eof,
-            subjob_id=placement.subjob_id,
-        )
-
-    async def probe(self, request: zone_pb2.ProbeJobRequest) -> zone_pb2.ProbeJobReply:
-        spec = request.spec
-        if not spec.command:
-            spec.command.append("true")  # a probe needs no command; validate the rest
-        need = validate_spec(spec)
-        max_hosts = min(request.max_hosts or 8, 64)
-        check_number(request.lease_ttl_seconds, "lease_ttl_seconds", high=60)
-        hosts = self.view.counts(need)
-        reply = zone_pb2.ProbeJobReply(hosts_matching=hosts.matching, hosts_total=hosts.ready)
-        if request.keep_leases:
-            gathered = await self.placer.gather(
-                Ask(
-                    job_id=f"probe-{uuid.uuid4().hex[:8]}",
-                    resources=spec.resources,
-                    gang_size=max(1, spec.gang_size),
-                    priority=spec.priority or common_pb2.BATCH,
-                    value=spec.value,
-                    tenant=spec.tenant,
-                ),
-                lease_ttl_seconds=request.lease_ttl_seconds or 10.0,
-            )
-            now = time.monotonic()
-            self.kept_leases.sweep(now)
-            kept = KeptLease(
-                tenant=spec.tenant or DEFAULT_TENANT,  # as CommitJob names an unnamed tenant
-                resources=spec.resources.SerializeToString(deterministic=True),
-                gang_size=max(1, spec.gang_size),
-                expires_mono=now + (request.lease_ttl_seconds or 10.0),
-            )
-            for record, lease in gathered.chosen or []:
-                self.kept_leases.keep(lease.lease_id, kept)
-                reply.hosts.add(
-                    agent_id=record.agent_id,
-                    address=record.address,
-                    fits=True,
-                    score=lease.score,
-                    lease=lease,
-                )
-            if gathered.chosen is None:
-                for text in gathered.reasons[-max_hosts:]:
-                    agent_id, _, why = text.partition(": ")
-                    reply.hosts.add(agent_id=agent_id, fits=False, reason=why or text)
-            return reply
-        for record, outcome in await self.placer.dry_run(
-            spec.resources, max_hosts, spec.priority or common_pb2.BATCH
-        ):
-            if isinstance(outcome, BaseException):
-                reply.hosts.add(
-                    agent_id=record.agent_id,
-                    address=record.address,
-                    fits=False,
-                    reason=_rpc_reason(outcome),
-                )
-                continue
-            reply.hosts.add(
-                agent_id=record.agent_id,
-                address=record.address,
-                fits=outcome.would_fit,
-                score=outcome.score,
-                reason="" if outcome.would_fit else outcome.bounce.reason,
-            )
-        reply.hosts.sort(key=lambda h: (not h.fits, -h.score, h.agent_id))
-        return reply
-
-    async def commit_leases(self, request: zone_pb2.CommitJobRequest) -> zone_pb2.Job:
-        """Two-phase form: leases from ProbeJob(keep_leases) become a running job."""
-        spec = request.spec
-        if not spec.tenant:
-            spec.tenant = DEFAULT_TENANT
-        need = validate_spec(spec)
-        gang = max(1, spec.gang_size)
-        if len(request.leases) != gang:
-            raise InvalidArgument(
-                f"has {len(request.leases)} leases for a gang of {gang}", field="leases"
-            )
-        check_str(request.client_request_id, "client_request_id")
-        if request.client_request_id:
-            existing = self.store.by_request(spec.tenant, request.client_request_id)
-            if existing is not None:
-                return self._fresh(existing)
-        lease_ids = [lease.lease_id for lease in request.leases]
-        self.kept_leases.check(
-            lease_ids,
-            spec.tenant,
-            spec.resources.SerializeToString(deterministic=True),
-            gang,
-            time.monotonic(),
-        )
-        chosen = []
-        for i, lease in enumerate(request.leases):
-            record = self.view.agents.get(lease.agent_id)
-            if record is None:
-                raise InvalidArgument(f"unknown agent {lease.agent_id!r}", field=f"leases[{i}]")
-            chosen.append((record, lease))
-        item = QueueItem(
-            job_id="",
-            priority=spec.priority or common_pb2.BATCH,
-            tenant=spec.tenant,
-            submitted_unix=0.0,
-            need=need,
-            gang_size=gang,
-            expected_seconds=spec.expected_seconds,
-        )
-        # The same quota as Submit: a job that can never fit is refused, and one that does
-        # not fit beside the tenant's running work now is refused too (it holds leases, it
-        # cannot wait in the queue).
-        quota = self.quotas.get(spec.tenant)
-        refusal = quota_never_fits(item, quota)
-        if not refusal and quota is not None:
-            units, memory = self.tenant_usage()
-            refusal = quota_block(
-                item, quota, units.get(spec.tenant, 0.0), memory.get(spec.tenant, 0)
-            )
-        if refusal:
-            raise FailedPrecondition(refusal, field="spec.resources")
-        self.kept_leases.take(lease_ids)
-        job = zone_pb2.Job(
-            job_id=f"j-{uuid.uuid4().hex[:10]}",
-            spec=spec,
-            state=zone_pb2.PENDING,
-            reason="committing leases",
-            submitted_unix=time.time(),
-            zone=self.zone_name,
-            client_request_id=request.client_request_id,
-            attempts=1,
-        )
-        entry = Entry(job=job, need=need, submitted_mono=time.monotonic(), placing=True)
-        self.entries[job.job_id] = entry
-        self.store.put(job)
-        try:
-            ok = await self._commit_all(entry, chosen)
-        finally:
-            entry.placing = False
-        if not ok:
-            self.finish(entry, zone_pb2.JOB_FAILED, job.reason)
-            self.save(entry)
-            raise FailedPrecondition(
-                f"{job.reason} (leases expire after their TTL; probe again)", field="leases"
-            )
-        return self._fresh(job)
-
-    def usage(self, tenant: str, since_unix: float) -> zone_pb2.GetUsageReply:
-        """Usage per tenant and slice kind since ``since_unix``: ended subjobs and running ones."""
-        check_str(tenant, "tenant")
-        check_number(since_unix, "since_unix", high=1e11)
-        live = (e.job for e in self.entries.values())
-        records = self.usage_ledger.report(tenant, since_unix, live, time.time())
-        return zone_pb2.GetUsageReply(records=records)
-
-    # ================================================================ agents
-
-    def resolve_agent(self, name: str) -> AgentRecord:
-        check_str(name, "agent", required=True)
-        record = self.view.agents.get(name)
-        if record is not None:
-            return record
-        for r in self.view.agents.values():
-            if name in (r.hostname, r.address):
-                return r
-        raise NotFound(f"no agent {name!r} in zone {self.zone_name}", field="agent")
-
-    def agent_info(self, record: AgentRecord) -> zone_pb2.AgentInfo:
-        state = {
-            "ready": zone_pb2.AGENT_READY,
-            "stale": zone_pb2.AGENT_STALE,
-            "draining": zone_pb2.AGENT_DRAINING,
-        }[record.status.value]
-        info = zone_pb2.AgentInfo(
-            agent_id=record.agent_id,
-            address=record.address,
-            state=state,
-            last_heartbeat_unix=record.last_heartbeat_unix,
-            hostname=record.hostname,
-        )
-        s = info.summary
-        s.agent_id = record.agent_id
-        s.address = record.address
-        s.draining = record.draining
-        s.running_subjobs = record.running_subjobs
-        s.total_gpus = record.total_gpus
-        s.hostname = record.hostname
-        s.pressure = record.pressure  # type: ignore[assignment]
-        for shape, cap in sorted(record.shapes.items()):
-            s.shapes.add(
-                shape=shape,
-                free=cap.free,
-                total=cap.total,
-                max_free_milli=cap.max_free_milli,
-                max_free_memory_bytes=cap.max_free_memory_bytes,
-            )
-        return info
-
-    async def drain(self, name: str, reason: str, draining: bool) -> zone_pb2.AgentInfo:
-        check_str(reason, "reason", max_chars=1024)
-        record = self.resolve_agent(name)
-        stub = self.clients.stub(record.address)
-        request = agent_pb2.DrainRequest(reason=reason or "requested through the zone")
-        try:
-            if draining:
-                await stub.Drain(request, timeout=self.config.placement.rpc_timeout_seconds)
-            else:
-                await stub.Undrain(request, timeout=self.config.placement.rpc_timeout_seconds)
-        except grpc.aio.AioRpcError as exc:
-            raise Unavailable(f"agent {record.agent_id} is unreachable: {exc.details()}") from None
-        self.view.set_draining(record.agent_id, draining)
-        log.info(
-            "agent %s %s: %s", record.agent_id, "draining" if draining else "undrained", reason
-        )
-        if not draining:
-            self.queue_wake.set()
-        return self.agent_info(record)
-
     # ================================================================ plumbing
 
     def save(self, entry: Entry) -> None:
@@ -1772,18 +1433,13 @@ class ZoneState:
             self.forget_if_done(entry)
 
     def _publish(self, entry: Entry) -> None:
-        for queue in self._array_watchers.get(entry.job.array_id, ()) if entry.job.array_id else ():
+        for queue in self.array_watchers.get(entry.job.array_id, ()) if entry.job.array_id else ():
             queue.put_nowait(entry.job)  # a wake-up: the watcher reads the array afresh
         if not entry.watchers:
             return
-        snapshot = self._fresh(entry.job)
+        snapshot = fresh(entry.job)
         for queue in entry.watchers:
             queue.put_nowait(snapshot)
-
-    def _fresh(self, job: zone_pb2.Job) -> zone_pb2.Job:
-        copy = zone_pb2.Job()
-        copy.CopyFrom(job)
-        return copy
 
     def spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
         task: asyncio.Task[Any] = asyncio.create_task(coro, name=name)
@@ -1831,6 +1487,13 @@ class ZoneState:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.placer.close()
         await self.clients.close()
+
+
+def fresh(job: zone_pb2.Job) -> zone_pb2.Job:
+    """A copy of ``job`` to hand out: what watchers and callers get never changes under them."""
+    copy = zone_pb2.Job()
+    copy.CopyFrom(job)
+    return copy
 
 
 def _now_running(job: zone_pb2.Job) -> None:
@@ -1962,12 +1625,6 @@ def _outcome_unknown(exc: BaseException) -> bool:
 def _is_refused_input(exc: BaseException) -> bool:
     """A commit the agent refused as bad input: retrying the same spec cannot help."""
     return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-
-
-def _rpc_reason(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
-    return f"{type(exc).__name__}: {exc}"
 
 
 __all__ = ["AlreadyExists", "Entry", "ZoneState", "validate_spec"]

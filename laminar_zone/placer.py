@@ -420,7 +420,7 @@ class Placer:
                         todo += machine.failed(
                             agent_id,
                             p.round,
-                            _rpc_reason(reply),
+                            rpc_reason(reply),
                             time.monotonic(),
                             may_have_run=unsure,
                         )
@@ -511,7 +511,7 @@ class Placer:
         calls = [self.calls.release(address, ids) for address, ids in by_address.items()]
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(outcome, BaseException):
-                log.info("lease release failed (the lease will expire): %s", _rpc_reason(outcome))
+                log.info("lease release failed (the lease will expire): %s", rpc_reason(outcome))
             else:
                 self.note_summary(outcome.summary)
 
@@ -538,7 +538,7 @@ class Placer:
         return list(zip(records, replies, strict=True))
 
 
-def _rpc_reason(exc: BaseException) -> str:
+def rpc_reason(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
     return f"{type(exc).__name__}: {exc}"

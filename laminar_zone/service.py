@@ -27,11 +27,13 @@ from laminar_zone.auth import (
     open_guard,
     require_admin,
 )
+from laminar_zone.client_leases import ClientLeases
 from laminar_zone.config import is_host_port
 from laminar_zone.jobs import MAX_BATCH_JOBS, ZoneState
 from laminar_zone.limits import check_queued
 from laminar_zone.membership import HeartbeatStream, Membership
 from laminar_zone.peers import PeerRouter
+from laminar_zone.queries import ZoneQueries
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
@@ -45,6 +47,8 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
 
     def __init__(self, state: ZoneState, guard: Guard | None = None) -> None:
         self._state = state
+        self._queries = ZoneQueries(state)
+        self._leases = ClientLeases(state)
         self._guard = guard if guard is not None else open_guard()
 
     def _caller(self, context: Ctx) -> Principal | None:
@@ -153,7 +157,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
             check_tenant_access(principal, tenant or principal.tenant)
             tenant = principal.tenant
         check_count(request.states, "states", max_items=MAX_STATE_FILTERS)
-        return self._state.list(tenant, list(request.states), request.limit, request.page_token)
+        return self._queries.list(tenant, list(request.states), request.limit, request.page_token)
 
     @map_errors
     async def CancelJob(self, request: zone_pb2.CancelJobRequest, context: Ctx) -> zone_pb2.Job:
@@ -167,7 +171,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self, request: zone_pb2.WatchJobRequest, context: Ctx
     ) -> AsyncIterator[zone_pb2.JobEvent]:
         self._own_job(context, request.job_id)
-        async for job in self._while_authorized(context, self._state.watch(request.job_id)):
+        async for job in self._while_authorized(context, self._queries.watch(request.job_id)):
             yield zone_pb2.JobEvent(job=job, at_unix=time.time())
 
     @map_errors
@@ -180,7 +184,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
             raise InvalidArgument(
                 f"must be <= {MAX_LOG_OFFSET}, got {request.offset}", field="offset"
             )
-        return await self._state.logs(
+        return await self._queries.logs(
             request.job_id, request.subjob_id, request.stream, request.offset, request.max_bytes
         )
 
@@ -191,12 +195,12 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         principal = self._caller(context)
         request.spec.tenant = self._guard.submit_tenant(principal, request.spec.tenant)
         self._guard.probe_limiter.take(request.spec.tenant)
-        return await self._state.probe(request)
+        return await self._leases.probe(request)
 
     @map_errors
     async def CommitJob(self, request: zone_pb2.CommitJobRequest, context: Ctx) -> zone_pb2.Job:
         self._admit(self._caller(context), [request.spec])
-        return await self._state.commit_leases(request)
+        return await self._leases.commit_leases(request)
 
     @map_errors
     async def ListAgents(
@@ -204,7 +208,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     ) -> zone_pb2.ListAgentsReply:
         self._caller(context)
         records = sorted(self._state.view.agents.values(), key=lambda r: r.agent_id)
-        return zone_pb2.ListAgentsReply(agents=[self._state.agent_info(r) for r in records])
+        return zone_pb2.ListAgentsReply(agents=[self._queries.agent_info(r) for r in records])
 
     @map_errors
     async def DrainAgent(
@@ -212,7 +216,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     ) -> zone_pb2.AgentInfo:
         principal = self._caller(context)
         require_admin(principal, "drain")
-        info = await self._state.drain(request.agent, request.reason, True)
+        info = await self._queries.drain(request.agent, request.reason, True)
         self._audit(principal, "drain", info.agent_id, request.reason)
         return info
 
@@ -222,7 +226,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     ) -> zone_pb2.AgentInfo:
         principal = self._caller(context)
         require_admin(principal, "undrain")
-        info = await self._state.drain(request.agent, request.reason, False)
+        info = await self._queries.drain(request.agent, request.reason, False)
         self._audit(principal, "undrain", info.agent_id, request.reason)
         return info
 
@@ -231,7 +235,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self, request: zone_pb2.GetAgentAirlockRequest, context: Ctx
     ) -> agent_pb2.AirlockState:
         self._caller(context)
-        record = self._state.resolve_agent(request.agent)
+        record = self._queries.resolve_agent(request.agent)
         stub = self._state.clients.stub(record.address)
         try:
             return await stub.GetAirlock(
@@ -246,7 +250,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     ) -> agent_pb2.InjectLoadReply:
         principal = self._caller(context)
         require_admin(principal, "pressure injection")
-        record = self._state.resolve_agent(request.agent)
+        record = self._queries.resolve_agent(request.agent)
         self._audit(
             principal,
             "inject_pressure",
@@ -275,7 +279,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         if principal is not None and not principal.is_admin:
             check_tenant_access(principal, tenant or principal.tenant)
             tenant = principal.tenant
-        return self._state.usage(tenant, request.since_unix)
+        return self._queries.usage(tenant, request.since_unix)
 
     @map_errors
     async def Bid(

@@ -13,9 +13,10 @@ from corekit import FakeAgent, FakeClients
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import EndCause
 from laminar_base.errors import InvalidArgument, PermissionDenied
+from laminar_zone.client_leases import ClientLeases
 from laminar_zone.config import ZoneConfig
 from laminar_zone.jobs import ZoneState
 from laminar_zone.kept import KeptLease, KeptLeases
@@ -96,10 +97,11 @@ async def test_the_router_commits_kept_leases_and_refuses_used_ones(tmp_path: Pa
         rng=random.Random(1),
         clients=cast(AgentClients, FakeClients({"a0": agent})),
     )
+    leases = ClientLeases(zone)
     spec = zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1), tenant="t")
 
-    async def keep() -> zone_pb2.Lease:
-        reply = await zone.probe(
+    async def keep() -> agent_pb2.Lease:
+        reply = await leases.probe(
             zone_pb2.ProbeJobRequest(spec=spec, keep_leases=True, lease_ttl_seconds=60)
         )
         (host,) = reply.hosts
@@ -118,13 +120,13 @@ async def test_the_router_commits_kept_leases_and_refuses_used_ones(tmp_path: Pa
         held = await keep()  # never committed
         for _ in range(200):
             lease = await keep()
-            job = await zone.commit_leases(zone_pb2.CommitJobRequest(spec=spec, leases=[lease]))
+            job = await leases.commit_leases(zone_pb2.CommitJobRequest(spec=spec, leases=[lease]))
             assert job.state == zone_pb2.JOB_RUNNING
             for subjob in agent.live():
                 agent.end(subjob.spec.subjob_id, common_pb2.SUCCEEDED, EndCause.EXITED, "ok")
             heartbeat()  # the router sees the GPU free again
         with pytest.raises(PermissionDenied):
-            await zone.commit_leases(zone_pb2.CommitJobRequest(spec=spec, leases=[lease]))
+            await leases.commit_leases(zone_pb2.CommitJobRequest(spec=spec, leases=[lease]))
         assert len(zone.kept_leases) == 1 and held.lease_id
         assert zone.kept_leases.bookkeeping <= 2 * len(zone.kept_leases) + 64
     finally:
