@@ -19,14 +19,13 @@ capacity is released in the ledger. Preemptions run one at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, assert_never
@@ -37,7 +36,6 @@ from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.core import (
     LIVE_STATES,
     SUCCEEDED,
-    TERMINAL_STATES,
     AgentCore,
     DropLease,
     Ended,
@@ -77,9 +75,10 @@ from laminar_agent.ledger import (
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.mig_layout import MigGpu
 from laminar_agent.shim import FENCE_FILE
+from laminar_agent.subjob_reads import SubjobReads
 from laminar_api.v1 import agent_pb2, common_pb2
-from laminar_base.causes import EndCause, cause_from_token
-from laminar_base.errors import InvalidArgument, LaminarError, NotFound
+from laminar_base.causes import EndCause
+from laminar_base.errors import InvalidArgument, LaminarError
 from laminar_base.fragmentation import (
     MILLI_SLICING,
     FragmentationCache,
@@ -97,8 +96,6 @@ MAX_LEASE_TTL_SECONDS = 60.0
 MAX_RELEASE_IDS = 4096
 #: Journal meta key: GPU index -> the MIG layout last applied on demand (JSON).
 MIG_LAYOUTS_META = "mig_layouts"
-#: Largest integer SQLite (and a file offset) holds; uint64 fields above it are refused.
-MAX_SQLITE_INT = 2**63 - 1
 
 
 def validate_spec(spec: common_pb2.SubjobSpec) -> None:
@@ -207,6 +204,10 @@ class Node:
         self._pending: list[tuple[ProbeOrder, asyncio.Future[Granted | Bounced]]] = []
         self._batch_task: asyncio.Task[None] | None = None
         self._event_waiters: set[asyncio.Event] = set()
+        #: Subjobs as the API shows them (get, list, watch, logs).
+        self.reads = SubjobReads(
+            agent_id, self.journal, self.executor, self.core, self._event_waiters
+        )
         self.pending_probes = 0
         self.is_draining = False
         self.preempt_grace_seconds = preempt_grace_seconds
@@ -691,7 +692,7 @@ class Node:
             pid,
             [a.slice_id for a in new_row.lease.allocations],
         )
-        return self.subjob_message(spec.subjob_id)
+        return self.reads.message(spec.subjob_id)
 
     def _restore_mig_layouts(self, backend: GpuBackend) -> list[MigGpu]:
         """MIG on demand: the GPUs the ledger may repartition, after giving each the layout
@@ -772,7 +773,7 @@ class Node:
         """The core decides the end; an atomized subjob's reason also says what its
         checkpoint covers."""
         decision = self.core.decide_exit(subjob_id, info, context)
-        spec = common_pb2.SubjobSpec.FromString(self._row(subjob_id).spec_blob)
+        spec = common_pb2.SubjobSpec.FromString(self.reads.row(subjob_id).spec_blob)
         units_done = 0
         if spec.unit_count > 0:
             units_done, note = units_from_checkpoint(
@@ -813,7 +814,7 @@ class Node:
         check_str(subjob_id, "subjob_id", required=True)
         check_str(reason, "reason", max_chars=1024)
         check_number(grace_seconds, "grace_seconds", high=3600)
-        self._row(subjob_id)
+        self.reads.row(subjob_id)
         why = reason or "requested"
         if signal == agent_pb2.SUSPEND:
             self.core.check_signal(subjob_id)
@@ -837,50 +838,7 @@ class Node:
         else:
             self.core.check_release_memory(subjob_id)
             raise InvalidArgument(f"unknown signal {signal}", field="signal")
-        return self.subjob_message(subjob_id)
-
-    def _row(self, subjob_id: str) -> SubjobRow:
-        row = self.journal.get_subjob(subjob_id)
-        if row is None:
-            raise NotFound(f"no subjob {subjob_id!r} on agent {self.agent_id}", field="subjob_id")
-        return row
-
-    def subjob_message(self, subjob_id: str) -> common_pb2.Subjob:
-        return self._to_message(self._row(subjob_id))
-
-    def _to_message(self, row: SubjobRow) -> common_pb2.Subjob:
-        spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
-        directory = self.executor.subjob_dir(row.subjob_id)
-        return common_pb2.Subjob(
-            spec=spec,
-            agent_id=self.agent_id,
-            slice_ids=json.loads(row.slice_ids_json),
-            device_uuids=json.loads(row.device_uuids_json),
-            state=common_pb2.SubjobState.Value(row.state),  # type: ignore[arg-type]
-            reason=row.reason,
-            # A live row may hold the cause of a stop under way: only an end reports one.
-            end_cause=(
-                cause_from_token(row.end_cause).wire
-                if row.state in TERMINAL_STATES
-                else EndCause.UNSPECIFIED.wire
-            ),
-            exit_code=row.exit_code or 0,
-            signal=row.signal or 0,
-            created_unix=row.created_unix,
-            started_unix=row.started_unix,
-            ended_unix=row.ended_unix,
-            run_seconds=row.run_seconds,
-            peak_rss_bytes=row.peak_rss_bytes,
-            peak_gpu_memory_bytes=max(
-                row.peak_gpu_memory_bytes, self.core.peak_gpu_memory_bytes(row.subjob_id)
-            ),
-            gpu_memory_used_bytes=self.core.gpu_memory_bytes(row.subjob_id),
-            pid=row.pid,
-            stdout_path=str(directory / "stdout"),
-            stderr_path=str(directory / "stderr"),
-            lease_id=row.lease_id,
-            units_done=row.units_done,
-        )
+        return self.reads.message(subjob_id)
 
     def note_gpu_memory(self, subjob_id: str, used_bytes: int) -> None:
         """A poll's reading of a live subjob's GPU memory; the peak is kept."""
@@ -891,84 +849,9 @@ class Node:
         the inventory does not know (or the host) keeps its id."""
         return self._slice_names.get(device_uuid, device_uuid)
 
-    def list_subjobs(
-        self, job_id: str, states: Sequence[int], limit: int
-    ) -> list[common_pb2.Subjob]:
-        check_str(job_id, "job_id")
-        check_count(states, "states", max_items=64)
-        for state in states:
-            if state not in common_pb2.SubjobState.values():
-                raise InvalidArgument(f"unknown subjob state {state}", field="states")
-        names = [common_pb2.SubjobState.Name(s) for s in states] if states else None
-        rows = self.journal.subjobs(states=names, job_id=job_id or None)
-        if limit:
-            rows = rows[-limit:]
-        return [self._to_message(r) for r in rows]
-
-    async def watch(self, after_seq: int, job_id: str) -> AsyncIterator[common_pb2.SubjobEvent]:
-        check_str(job_id, "job_id")
-        if after_seq > MAX_SQLITE_INT:
-            raise InvalidArgument(
-                f"must be <= {MAX_SQLITE_INT}, got {after_seq}", field="after_seq"
-            )
-        seq = after_seq
-        waiter = asyncio.Event()
-        self._event_waiters.add(waiter)
-        try:
-            while True:
-                waiter.clear()
-                for event in self.journal.events_after(seq, 500):
-                    seq = event.seq
-                    message = self.event_message(
-                        event.seq, event.subjob_id, event.state, event.reason, event.at_unix, job_id
-                    )
-                    if message is not None:
-                        yield message
-                await waiter.wait()
-        finally:
-            self._event_waiters.discard(waiter)
-
-    def event_message(
-        self, seq: int, subjob_id: str, state: str, reason: str, at_unix: float, job_id: str = ""
-    ) -> common_pb2.SubjobEvent | None:
-        """One journaled transition as an API event (the subjob as it is now, state as it was)."""
-        row = self.journal.get_subjob(subjob_id)
-        if row is None or (job_id and row.job_id != job_id):
-            return None
-        message = self._to_message(row)
-        message.state = common_pb2.SubjobState.Value(state)  # type: ignore[assignment]
-        message.reason = reason
-        if state not in TERMINAL_STATES:  # the row may have ended since this transition
-            message.end_cause = EndCause.UNSPECIFIED.wire
-        return common_pb2.SubjobEvent(seq=seq, subjob=message, at_unix=at_unix)
-
     def add_event_waiter(self, waiter: asyncio.Event) -> None:
         """``waiter`` is set on every subjob transition (heartbeats send them at once)."""
         self._event_waiters.add(waiter)
-
-    def read_logs(
-        self, subjob_id: str, stream: str, offset: int, max_bytes: int
-    ) -> agent_pb2.ReadLogsReply:
-        check_subjob_id(subjob_id, "subjob_id")  # an id, never a path
-        row = self._row(subjob_id)
-        if stream not in ("", "stdout", "stderr"):
-            raise InvalidArgument("must be stdout or stderr", field="stream")
-        if offset > MAX_SQLITE_INT:
-            raise InvalidArgument(f"must be <= {MAX_SQLITE_INT}, got {offset}", field="offset")
-        path = self.executor.subjob_dir(subjob_id) / (stream or "stdout")
-        limit = min(max_bytes or 1024 * 1024, 4 * 1024 * 1024 - 1024)
-        data = b""
-        size = 0
-        with contextlib.suppress(FileNotFoundError):
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as handle:
-                size = os.fstat(fd).st_size
-                handle.seek(offset)
-                data = handle.read(limit)
-        ended = row.state in TERMINAL_STATES
-        return agent_pb2.ReadLogsReply(
-            data=data, next_offset=offset + len(data), eof=ended and offset + len(data) >= size
-        )
 
     def score_against(self, counts: Counter[PodShape]) -> None:
         """The router's target workload (its heartbeat reply sends it when it changes): the

@@ -323,7 +323,7 @@ class AgentServer:
                 cfg.zone.heartbeat_seconds,
                 lambda: state.summary_message(with_windows=True),
                 node.journal,
-                node.event_message,
+                node.reads.event_message,
                 readdress_ids=self.state.airlock.readdress_ids,
                 trust=trust,
                 fence_file=state_dir / FENCE_FILE,

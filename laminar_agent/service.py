@@ -104,7 +104,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def ListSubjobs(
         self, request: agent_pb2.ListSubjobsRequest, context: Ctx
     ) -> agent_pb2.ListSubjobsReply:
-        subjobs = self._node.list_subjobs(request.job_id, list(request.states), request.limit)
+        subjobs = self._node.reads.list(request.job_id, list(request.states), request.limit)
         return agent_pb2.ListSubjobsReply(subjobs=subjobs)
 
     @map_errors
@@ -112,13 +112,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, request: agent_pb2.GetSubjobRequest, context: Ctx
     ) -> common_pb2.Subjob:
         check_str(request.subjob_id, "subjob_id", required=True)
-        return self._node.subjob_message(request.subjob_id)
+        return self._node.reads.message(request.subjob_id)
 
     @map_errors
     async def WatchSubjobs(
         self, request: agent_pb2.WatchSubjobsRequest, context: Ctx
     ) -> AsyncIterator[common_pb2.SubjobEvent]:
-        async for event in self._node.watch(request.after_seq, request.job_id):
+        async for event in self._node.reads.watch(request.after_seq, request.job_id):
             yield event
 
     @map_errors
@@ -138,7 +138,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, request: agent_pb2.ReadLogsRequest, context: Ctx
     ) -> agent_pb2.ReadLogsReply:
         check_str(request.subjob_id, "subjob_id", required=True)
-        return self._node.read_logs(
+        return self._node.reads.read_logs(
             request.subjob_id, request.stream, request.offset, request.max_bytes
         )
 

@@ -376,7 +376,7 @@ class AgentState:
                 used_bytes=used,
                 total_bytes=total,
             )
-        for subjob in self.node.list_subjobs("", [common_pb2.SUSPENDED], 0):
+        for subjob in self.node.reads.list("", [common_pb2.SUSPENDED], 0):
             state.suspended.append(subjob)
         for row in self.node.journal.recent_actions(max_actions or 50):
             state.recent_actions.append(action_message(row))
