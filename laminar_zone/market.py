@@ -61,6 +61,13 @@ SRPT_HALF_SECONDS = 3600.0
 #: How much better (in score, 0..1) a bid of the same class must be to take a slice from
 #: the running piece that holds it when that piece's window ends.
 DEFAULT_HYSTERESIS = 0.1
+#: ``srpt``'s starvation guard: a job that has been in the system longer than this many
+#: times (its work left + STARVATION_FLOOR_SECONDS) is *starved* and outranks every job
+#: that is not (0: no guard, pure SRPT). Chosen by measurement (docs/benchmarks.md).
+DEFAULT_STARVATION_RATIO = 2.0
+#: Added to the work left in a job's patience, so short jobs are not promoted after
+#: minutes of waiting (SRPT already serves them first).
+DEFAULT_STARVATION_FLOOR_SECONDS = 4 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -343,6 +350,9 @@ class ClearingContext:
     #: A challenger of the incumbent's own class takes its slice only with a score higher
     #: by more than this.
     hysteresis: float = DEFAULT_HYSTERESIS
+    #: ``srpt``'s starvation guard (:func:`patience_seconds`); 0 = pure SRPT.
+    starvation_ratio: float = DEFAULT_STARVATION_RATIO
+    starvation_floor_seconds: float = DEFAULT_STARVATION_FLOOR_SECONDS
 
 
 def utilization_score(bid: Bid) -> float:
@@ -372,9 +382,34 @@ def _remaining(bid: Bid) -> float:
     return max(bid.remaining_seconds or bid.expected_seconds, 1e-9)
 
 
-def srpt_score(bid: Bid) -> float:
-    """Shortest remaining work first: SRPT_HALF / (SRPT_HALF + work left), in (0, 1]."""
-    return SRPT_HALF_SECONDS / (SRPT_HALF_SECONDS + _remaining(bid))
+def patience_seconds(bid: Bid, ctx: ClearingContext) -> float:
+    """How long a job may stay in the system before ``srpt`` counts it as starved:
+    ``starvation_ratio x (work left + starvation_floor_seconds)`` (inf without a guard).
+    Proportional to the work left, so a long job is not promoted over short ones as soon as
+    it waits, and bounded below, so a short job waits a day or so before it is."""
+    if ctx.starvation_ratio <= 0:
+        return math.inf
+    return ctx.starvation_ratio * (_remaining(bid) + max(0.0, ctx.starvation_floor_seconds))
+
+
+def srpt_score(bid: Bid, ctx: ClearingContext | None = None) -> float:
+    """Shortest remaining work first, with a starvation guard (SRPT with a bounded slowdown).
+
+    A job not starved scores SRPT_HALF / (SRPT_HALF + work left), in (0, 1]. A job in the
+    system (``waited_seconds``) for at least its :func:`patience_seconds` is starved and
+    scores 1 + waited / (waited + patience), in [1.5, 2): above every job that is not, and,
+    among starved jobs, the one most overdue for its size first. Under pure SRPT a stream
+    of short jobs can keep a long one waiting until the stream stops; the guard bounds
+    that wait to a multiple of the job's size, and only the few jobs that reach it leave
+    SRPT's order, so the mean barely moves. A starved incumbent also keeps its slice
+    against any job not starved."""
+    context = ctx or ClearingContext()
+    srpt = SRPT_HALF_SECONDS / (SRPT_HALF_SECONDS + _remaining(bid))
+    patience = patience_seconds(bid, context)
+    waited = max(0.0, bid.waited_seconds)
+    if waited < patience:
+        return srpt
+    return 1.0 + waited / (waited + patience)
 
 
 def slowdown_score(bid: Bid) -> float:
@@ -393,7 +428,7 @@ def score(bid: Bid, policy: str, ctx: ClearingContext) -> float:
     if policy == "responsive":
         return responsive_score(bid)
     if policy == "srpt":
-        return srpt_score(bid)
+        return srpt_score(bid, ctx)
     if policy == "slowdown":
         return slowdown_score(bid)
     if policy == "blend":
