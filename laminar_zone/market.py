@@ -17,8 +17,9 @@ to a window of free capacity an agent advertised. This module decides, without I
   ties break on (job id, agent id, slice id), so a round is a pure function of its bids.
   Policies: ``utilization`` (capacity x time the subjob fills), ``fair`` (the tenant's
   deficit against its weighted share), ``responsive`` (how long the job has waited, on a
-  log scale), ``srpt`` (least work left first), ``slowdown`` (wait over work left) and
-  ``blend`` (a weighted sum of the first three).
+  log scale), ``srpt`` (least work left first, with a starvation guard: a job in the
+  system past its patience outranks the rest of its class), ``slowdown`` (wait over work
+  left) and ``blend`` (a weighted sum of the first three).
 * **Incumbency** (:attr:`MarketWindow.held_by`, :attr:`Bidder.holds`): a running piece
   whose window ends bids to extend in place on its own slice; it keeps it unless a bid of
   a higher class, or of its class with a score higher by ``ClearingContext.hysteresis``,
@@ -65,8 +66,9 @@ DEFAULT_HYSTERESIS = 0.1
 #: times (its work left + STARVATION_FLOOR_SECONDS) is *starved* and outranks every job
 #: that is not (0: no guard, pure SRPT). Chosen by measurement (docs/benchmarks.md).
 DEFAULT_STARVATION_RATIO = 2.0
-#: Added to the work left in a job's patience, so short jobs are not promoted after
-#: minutes of waiting (SRPT already serves them first).
+#: Added to the work left in a job's patience: under a long overload (6c71a0) most of a
+#: class waits days, and a shorter patience promotes so many jobs that the class runs in
+#: order of overdue-ness instead of SRPT's (docs/benchmarks.md: mean 0.9x rigid's).
 DEFAULT_STARVATION_FLOOR_SECONDS = 4 * 86400.0
 
 
@@ -340,7 +342,8 @@ def round_bids(
 
 @dataclass(frozen=True)
 class ClearingContext:
-    """What the fair and blend scores need about tenants."""
+    """What the scores need beyond the bids: tenants' usage (fair, blend), the incumbents'
+    hysteresis, ``srpt``'s starvation guard."""
 
     #: Tenant -> GPU-seconds it ran recently (its usage).
     usage: Mapping[str, float] = field(default_factory=dict)
