@@ -115,6 +115,8 @@ from laminar_zone.gather import Bind, FixedPlan, Gather, ProbeHost
 from laminar_zone.market import (
     DEFAULT_HYSTERESIS,
     DEFAULT_POLICY,
+    DEFAULT_STARVATION_FLOOR_SECONDS,
+    DEFAULT_STARVATION_RATIO,
     Bid,
     Bidder,
     Calibrator,
@@ -180,6 +182,10 @@ class AtomizeSpec:
     incumbency: bool = True
     #: ``ClearingContext.hysteresis``.
     hysteresis: float = DEFAULT_HYSTERESIS
+    #: ``ClearingContext.starvation_ratio`` and ``starvation_floor_seconds``: ``srpt``'s
+    #: starvation guard (ratio 0: pure SRPT).
+    starvation_ratio: float = DEFAULT_STARVATION_RATIO
+    starvation_floor_seconds: float = DEFAULT_STARVATION_FLOOR_SECONDS
     #: One class order for all work: per priority class, its rigid jobs (the queue walk)
     #: then its atomized bids (a clearing round). False: every rigid job first.
     class_order: bool = True
@@ -839,7 +845,12 @@ class MigReplay:
         if not windows:
             return
         self.totals.rounds += 1
-        ctx = ClearingContext(usage=dict(self.usage), hysteresis=self.spec.hysteresis)
+        ctx = ClearingContext(
+            usage=dict(self.usage),
+            hysteresis=self.spec.hysteresis,
+            starvation_ratio=self.spec.starvation_ratio,
+            starvation_floor_seconds=self.spec.starvation_floor_seconds,
+        )
         # The router's own round: alike windows are priced once per bidder (round_bids).
         bids, awards = clearing_round(bidders, windows, self.spec.clearing_policy, ctx)
         self.totals.bids += len(bids)
@@ -1193,6 +1204,8 @@ def run_experiment(
         "unit_seconds": spec.unit_seconds,
         "memory_scale": spec.memory_scale,
         "clearing_policy": spec.clearing_policy,
+        "starvation_ratio": spec.starvation_ratio,
+        "starvation_floor_seconds": spec.starvation_floor_seconds,
         "calibrator_min_samples": spec.calibrator_min_samples or default_min_samples(spec.epsilon),
         "arrival_span_seconds": round(jobs[-1].arrival, 1),
         "offered_gpu_load": round(offered, 3),

@@ -26,6 +26,7 @@ from laminar_sim import airlock_sim, atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
 from laminar_sim.replay import ReplaySpec, read_jobs, run_replay
 from laminar_zone.market import DEFAULT_POLICY as DEFAULT_MARKET_POLICY
+from laminar_zone.market import DEFAULT_STARVATION_FLOOR_SECONDS, DEFAULT_STARVATION_RATIO
 from laminar_zone.market import POLICIES as MARKET_POLICIES
 from laminar_zone.view import ProbeLimits
 
@@ -192,6 +193,21 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="with atomized: how much better a bid of a piece's own class must score to take "
         "its slice at its window's end (default the market's, 0.1)",
+    )
+    rp.add_argument(
+        "--starvation-ratio",
+        type=float,
+        default=None,
+        help="with atomized: srpt's starvation guard, a job in the system longer than this "
+        "times (its work left + --starvation-floor-seconds) outranks the others; 0: pure srpt "
+        f"(default the market's, {DEFAULT_STARVATION_RATIO:g})",
+    )
+    rp.add_argument(
+        "--starvation-floor-seconds",
+        type=float,
+        default=None,
+        help="with atomized: added to the work left in the starvation guard's patience "
+        f"(default the market's, {DEFAULT_STARVATION_FLOOR_SECONDS:g} s)",
     )
     rp.add_argument(
         "--no-incumbency",
@@ -970,6 +986,20 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         )
     if args.hysteresis is not None and not 0 <= args.hysteresis <= 1:
         raise InvalidArgument(f"must be in [0, 1], got {args.hysteresis}", field="--hysteresis")
+    if args.starvation_ratio is not None and not 0 <= args.starvation_ratio <= 1000:
+        raise InvalidArgument(
+            f"must be in [0, 1000], got {args.starvation_ratio}", field="--starvation-ratio"
+        )
+    if args.starvation_floor_seconds is not None and args.starvation_floor_seconds < 0:
+        raise InvalidArgument(
+            f"must be >= 0, got {args.starvation_floor_seconds}",
+            field="--starvation-floor-seconds",
+        )
+    starvation: dict[str, float] = {}
+    if args.starvation_ratio is not None:
+        starvation["starvation_ratio"] = args.starvation_ratio
+    if args.starvation_floor_seconds is not None:
+        starvation["starvation_floor_seconds"] = args.starvation_floor_seconds
     genai = _genai_trace(args)
     spec = atomized.AtomizeSpec(
         hosts=args.hosts,
@@ -986,6 +1016,7 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         class_order=not args.no_class_order,
         pool_calibration=not args.no_pool_calibration,
         **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
+        **starvation,
     )
     try:
         hosts = atomized.build_hosts(atomized.AtomizeSpec(hosts=1, mig_layout=args.mig_layout))

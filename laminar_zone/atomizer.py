@@ -210,7 +210,6 @@ class Atom:
     contract: Contract
     phases: tuple[Phase, ...]
     calibrators: list[Calibrator]
-    ready_since: float  # monotonic: when it last started waiting for a window
     observed: set[str] = field(default_factory=set)
     last_losing_score: float = 0.0
     violations: int = 0
@@ -306,7 +305,9 @@ class Atomizer:
     # ------------------------------------------------------------------ jobs
 
     def admit(self, job: zone_pb2.Job, *, now: float | None = None) -> None:
-        """Start (or, after a restart, rebuild) the market state of an atomized job."""
+        """Start (or, after a restart, rebuild) the market state of an atomized job. (``now``
+        is not read: a bid's waiting time is its entry's, since ``Entry.submitted_mono``.)"""
+        del now
         contract, phases = validate_contract(job.spec)
         atom = Atom(
             contract=contract,
@@ -315,7 +316,6 @@ class Atomizer:
                 Calibrator(ph.profile, contract.epsilon, pool=self._pool(job.spec, i))
                 for i, ph in enumerate(phases)
             ],
-            ready_since=time.monotonic() if now is None else now,
         )
         self.atoms[job.job_id] = atom
         for p in job.placements:  # a restart: replay what was observed, in order
@@ -408,8 +408,6 @@ class Atomizer:
                 f"all {total} units done in {len(job.placements)} subjob(s)",
             )
             return
-        if job.state != zone_pb2.QUEUED:
-            atom.ready_since = time.monotonic()
         job.state = zone_pb2.QUEUED
         set_reason(job, Reason.WINDOW, f"waiting for a window; {done} of {total} units done")
 
@@ -931,7 +929,9 @@ class Atomizer:
             contract,
             self._believed(entry, atom.calibrators[phase], largest_bytes),
             next_unit,
-            now - atom.ready_since,
+            # Time in the system since submission, as the simulator counts it: what the
+            # clearing scores that age (srpt's starvation guard, slowdown, responsive) read.
+            now - entry.submitted_mono,
             job.spec.priority or common_pb2.BATCH,
         )
 
@@ -988,6 +988,9 @@ class Atomizer:
         next_unit = bidder.next_unit
         contract = bidder.contract
         target = 1.0 - contract.epsilon
+        median = bidder.profile.seconds_per_unit.value_at(0.5)
+        remaining = (contract.total_units - next_unit) * median
+        remaining += contract.checkpoint_overhead_seconds
         out = []
         refused: list[zone_pb2.RefusedBid] = []
 
@@ -1046,8 +1049,11 @@ class Atomizer:
                     int(b.unit_count),
                     fits,  # the router's estimate, not the client's claim
                     min(seconds, window.length_seconds),
-                    now - atom.ready_since,
+                    bidder.waited_seconds,
                     job.spec.priority or common_pb2.BATCH,
+                    # The job's work left, not the piece's: a client cutting small pieces
+                    # is not ranked as a short job by srpt.
+                    remaining_seconds=remaining,
                 )
             )
         if refused:  # told with the next announce, beside the round's result

@@ -17,8 +17,9 @@ to a window of free capacity an agent advertised. This module decides, without I
   ties break on (job id, agent id, slice id), so a round is a pure function of its bids.
   Policies: ``utilization`` (capacity x time the subjob fills), ``fair`` (the tenant's
   deficit against its weighted share), ``responsive`` (how long the job has waited, on a
-  log scale), ``srpt`` (least work left first), ``slowdown`` (wait over work left) and
-  ``blend`` (a weighted sum of the first three).
+  log scale), ``srpt`` (least work left first, with a starvation guard: a job in the
+  system past its patience outranks the rest of its class), ``slowdown`` (wait over work
+  left) and ``blend`` (a weighted sum of the first three).
 * **Incumbency** (:attr:`MarketWindow.held_by`, :attr:`Bidder.holds`): a running piece
   whose window ends bids to extend in place on its own slice; it keeps it unless a bid of
   a higher class, or of its class with a score higher by ``ClearingContext.hysteresis``,
@@ -61,6 +62,14 @@ SRPT_HALF_SECONDS = 3600.0
 #: How much better (in score, 0..1) a bid of the same class must be to take a slice from
 #: the running piece that holds it when that piece's window ends.
 DEFAULT_HYSTERESIS = 0.1
+#: ``srpt``'s starvation guard: a job that has been in the system longer than this many
+#: times (its work left + STARVATION_FLOOR_SECONDS) is *starved* and outranks every job
+#: that is not (0: no guard, pure SRPT). Chosen by measurement (docs/benchmarks.md).
+DEFAULT_STARVATION_RATIO = 2.0
+#: Added to the work left in a job's patience: under a long overload (6c71a0) most of a
+#: class waits days, and a shorter patience promotes so many jobs that the class runs in
+#: order of overdue-ness instead of SRPT's (docs/benchmarks.md: mean 0.9x rigid's).
+DEFAULT_STARVATION_FLOOR_SECONDS = 4 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -333,7 +342,8 @@ def round_bids(
 
 @dataclass(frozen=True)
 class ClearingContext:
-    """What the fair and blend scores need about tenants."""
+    """What the scores need beyond the bids: tenants' usage (fair, blend), the incumbents'
+    hysteresis, ``srpt``'s starvation guard."""
 
     #: Tenant -> GPU-seconds it ran recently (its usage).
     usage: Mapping[str, float] = field(default_factory=dict)
@@ -343,6 +353,9 @@ class ClearingContext:
     #: A challenger of the incumbent's own class takes its slice only with a score higher
     #: by more than this.
     hysteresis: float = DEFAULT_HYSTERESIS
+    #: ``srpt``'s starvation guard (:func:`patience_seconds`); 0 = pure SRPT.
+    starvation_ratio: float = DEFAULT_STARVATION_RATIO
+    starvation_floor_seconds: float = DEFAULT_STARVATION_FLOOR_SECONDS
 
 
 def utilization_score(bid: Bid) -> float:
@@ -372,9 +385,34 @@ def _remaining(bid: Bid) -> float:
     return max(bid.remaining_seconds or bid.expected_seconds, 1e-9)
 
 
-def srpt_score(bid: Bid) -> float:
-    """Shortest remaining work first: SRPT_HALF / (SRPT_HALF + work left), in (0, 1]."""
-    return SRPT_HALF_SECONDS / (SRPT_HALF_SECONDS + _remaining(bid))
+def patience_seconds(bid: Bid, ctx: ClearingContext) -> float:
+    """How long a job may stay in the system before ``srpt`` counts it as starved:
+    ``starvation_ratio x (work left + starvation_floor_seconds)`` (inf without a guard).
+    Proportional to the work left, so a long job is not promoted over short ones as soon as
+    it waits, and bounded below, so a short job waits a day or so before it is."""
+    if ctx.starvation_ratio <= 0:
+        return math.inf
+    return ctx.starvation_ratio * (_remaining(bid) + max(0.0, ctx.starvation_floor_seconds))
+
+
+def srpt_score(bid: Bid, ctx: ClearingContext | None = None) -> float:
+    """Shortest remaining work first, with a starvation guard (SRPT with a bounded slowdown).
+
+    A job not starved scores SRPT_HALF / (SRPT_HALF + work left), in (0, 1]. A job in the
+    system (``waited_seconds``) for at least its :func:`patience_seconds` is starved and
+    scores 1 + waited / (waited + patience), in [1.5, 2): above every job that is not, and,
+    among starved jobs, the one most overdue for its size first. Under pure SRPT a stream
+    of short jobs can keep a long one waiting until the stream stops; the guard bounds
+    that wait to a multiple of the job's size, and only the few jobs that reach it leave
+    SRPT's order, so the mean barely moves. A starved incumbent also keeps its slice
+    against any job not starved."""
+    context = ctx or ClearingContext()
+    srpt = SRPT_HALF_SECONDS / (SRPT_HALF_SECONDS + _remaining(bid))
+    patience = patience_seconds(bid, context)
+    waited = max(0.0, bid.waited_seconds)
+    if waited < patience:
+        return srpt
+    return 1.0 + waited / (waited + patience)
 
 
 def slowdown_score(bid: Bid) -> float:
@@ -393,7 +431,7 @@ def score(bid: Bid, policy: str, ctx: ClearingContext) -> float:
     if policy == "responsive":
         return responsive_score(bid)
     if policy == "srpt":
-        return srpt_score(bid)
+        return srpt_score(bid, ctx)
     if policy == "slowdown":
         return slowdown_score(bid)
     if policy == "blend":

@@ -19,6 +19,7 @@ from laminar_sim.atomized import (
     AtomizeSpec,
     MemoryProfile,
     MigReplay,
+    SimJob,
     make_jobs,
     run_experiment,
 )
@@ -177,6 +178,7 @@ def test_cli_json_table_and_plot(tmp_path: Path) -> None:
     report = json.loads(cli([*argv, "-o", "json", "--plot", str(png)]))
     assert report["experiment"] == "replay" and report["mode"] == "rigid,atomized"
     assert report["jobs"] == 40 and report["clearing_policy"] == "srpt"
+    assert report["starvation_ratio"] == 2.0 and report["starvation_floor_seconds"] == 4 * 86400
     for figures in report["modes"].values():
         assert set(figures) >= MODE_FIELDS
         assert figures["finished"] == 40
@@ -208,6 +210,12 @@ def test_cli_bad_mode_and_layout_name_the_flag(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument) as err:
         cli([*base, "--mode", "atomized", "--epsilon", "0.5"])
     assert err.value.field == "--epsilon"
+    with pytest.raises(InvalidArgument) as err:
+        cli([*base, "--mode", "atomized", "--starvation-ratio", "-1"])
+    assert err.value.field == "--starvation-ratio"
+    with pytest.raises(InvalidArgument) as err:
+        cli([*base, "--mode", "atomized", "--starvation-floor-seconds", "-5"])
+    assert err.value.field == "--starvation-floor-seconds"
 
 
 def test_real_traces_slice(traces_dir: Path) -> None:
@@ -248,3 +256,40 @@ def test_an_uncontended_atomized_job_runs_as_one_piece_and_costs_one_checkpoint(
     old, old_state = finished[False]
     assert old["subjobs"] > 10 and old["extensions"] == 0
     assert old_state.end is not None and old_state.end > state.end
+
+
+def test_srpts_starvation_guard_lets_a_long_job_through_a_stream_of_short_ones() -> None:
+    """One slice, one class: a 10-hour job arrives beside a stream of 50-minute jobs, one an
+    hour for 30 hours. Pure SRPT (ratio 0) lets it run only in the gaps and displaces it at
+    its windows' ends, so it ends after the whole stream; with the guard (patience 1 x (work
+    left + 6 h)) it becomes starved, keeps its slice against the short jobs and ends long
+    before the stream does, while no short job waits more than about its run."""
+    memory = profiles()[0]
+
+    def job(index: int, arrival: float, seconds: float) -> SimJob:
+        return SimJob(index, arrival, seconds, 1, "batch", 3, "t0", memory, 0.05)
+
+    shorts = [job(i, 3600.0 * (i - 1), 3000.0) for i in range(2, 32)]
+    jobs = sorted([job(0, 0.0, 3000.0), job(1, 60.0, 36000.0), *shorts], key=lambda j: j.arrival)
+    ends: dict[float, tuple[float, float, float]] = {}
+    for ratio in (0.0, 1.0):
+        layout = "1xH100-80GB:mig=7g.80gb"
+        s = spec(
+            hosts=1, mig_layout=layout, starvation_ratio=ratio, starvation_floor_seconds=6 * 3600.0
+        )
+        sim = MigReplay(s, jobs, "atomized")
+        report = sim.run()
+        assert report["finished"] == len(jobs)
+        by_index = {st.job.index: st for st in sim.states}
+        long_end = by_index[1].end
+        assert long_end is not None
+        stream_end = max(by_index[j.index].end or 0.0 for j in shorts)
+        worst_short = max((by_index[j.index].end or 0.0) - j.arrival for j in shorts)
+        ends[ratio] = (long_end, stream_end, worst_short)
+    long_end, stream_end, _ = ends[0.0]
+    assert long_end > stream_end  # pure SRPT: starved until the stream is done
+    long_end, stream_end, worst_short = ends[1.0]
+    # Starved once in the system for its patience (16 h at most), then run to the end.
+    assert 10 * 3600.0 < long_end < (16 + 10) * 3600.0
+    assert long_end < stream_end - 5 * 3600.0
+    assert worst_short < 12 * 3600.0  # the short jobs wait out its run, no longer
