@@ -63,6 +63,7 @@ from laminar_zone.lifecycle import (
     Outcome,
     judge_attempt,
     rigid_subjob_id,
+    taken_over,
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
@@ -268,6 +269,11 @@ class ZoneState:
                     self.by_agent.setdefault(p.agent_id, set()).add(job.job_id)
                     if p.reason == COMMITTING:
                         self.unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
+            if not is_atomized(job.spec):
+                # A move the crash cut short after its copy started: the copy it moved
+                # from is retired now, not left running until its own end.
+                current = entry.current()
+                self._finish_moves(entry, current, _member_states(current))
             if job.state == zone_pb2.PENDING and not any(
                 p.state in LIVE_SUBJOB for p in entry.current()
             ):
@@ -1215,9 +1221,10 @@ class ZoneState:
                 job.atomization.CopyFrom(progress)
             return
         current = entry.current()
-        self._finish_moves(entry, current)
+        copies = _member_states(current)
+        self._finish_moves(entry, current, copies)
         verdict = judge_attempt(
-            [MemberState(p.state, p.end_cause, p.reason == COMMITTING) for p in current],
+            copies,
             job.spec.gang_size,
             job.retries_used,
             job.spec.max_retries,
@@ -1269,15 +1276,16 @@ class ZoneState:
                 else "",
             )
 
-    def _finish_moves(self, entry: Entry, current: list[zone_pb2.Placement]) -> None:
-        """A move's copy runs while the copy it moved away from still lives (the move was
-        cut short by a restart, or its copy's report came first): retire the old one."""
-        for index, new in enumerate(current):
-            if new.state not in LIVE_SUBJOB or new.reason == COMMITTING:
-                continue
-            for old in current[:index]:
-                if old.member == new.member and old.state in LIVE_SUBJOB:
-                    self.spawn(self.retire_moved(entry, old, new), f"moved-{old.subjob_id}")
+    def _finish_moves(
+        self, entry: Entry, current: list[zone_pb2.Placement], copies: list[MemberState]
+    ) -> None:
+        """A move's copy started (it runs, or already ended) while the copy it moved away
+        from still lives (the move was cut short by a restart, or its copy's report came
+        first): retire the old one."""
+        for index, by in taken_over(copies).items():
+            old = current[index]
+            if old.state in LIVE_SUBJOB:
+                self.spawn(self.retire_moved(entry, old, current[by]), f"moved-{old.subjob_id}")
 
     def finish(self, entry: Entry, state: int, reason: str, code: Reason | None = None) -> None:
         """End the job in ``state``; ``code`` (default: by the state) says why for scripts."""
@@ -1886,6 +1894,10 @@ class _ProbeCommit:
 
     def may_have_run(self, exc: BaseException) -> bool:
         return _outcome_unknown(exc)
+
+
+def _member_states(current: list[zone_pb2.Placement]) -> list[MemberState]:
+    return [MemberState(p.state, p.end_cause, p.reason == COMMITTING, p.member) for p in current]
 
 
 def apply_start_reply(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> bool:

@@ -35,6 +35,7 @@ from laminar_base.causes import (
     LIVE_SUBJOB_STATES,
     TERMINAL_JOB_STATES,
     EndCause,
+    end_cause,
 )
 from laminar_base.errors import FailedPrecondition
 from laminar_zone.config import PlacementSettings, ZoneConfig
@@ -71,6 +72,7 @@ op_st = st.one_of(
     st.tuples(st.just("crash_agent"), agent_st),
     st.tuples(st.just("lose_commit_reply"), agent_st),
     st.tuples(st.just("hang_commit_then_crash_router"), agent_st),
+    st.tuples(st.just("exit_before_reply"), agent_st),
     st.tuples(st.just("readdress"), agent_st, st.integers(0, 10)),
     st.tuples(st.just("queue")),
     st.tuples(st.just("sweep")),
@@ -440,6 +442,39 @@ EXIT_BEFORE_REPLY = [
         ("submit", 1, 1, 0, common_pb2.BATCH),
         ("flush",),
     ],
+    # A moved copy ended before its move was done, then the router crashed before the
+    # move's Commit answered: both copies ended and were counted as two members of a
+    # one-member job, which never ended.
+    [
+        ("submit_array", 0),
+        ("exit_before_reply", 2),
+        ("hang_commit_then_crash_router", 2),
+        ("readdress", 1, 0),
+        ("heal", 1),
+    ],
+    [
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("restart_router",),
+        ("hang_commit_then_crash_router", 2),
+        ("exit_before_reply", 2),
+        ("readdress", 1, 0),
+        ("flush",),
+    ],
+]
+
+#: Interleavings where a move is cut short by a router crash (its Commit never answers).
+MOVE_CUT_BY_A_CRASH = [
+    # The copy moved from ended on its own after the crash, then the move's copy was
+    # confirmed running: both were counted as members, and the job never ended.
+    [
+        ("submit_array", 0),
+        ("hang_commit_then_crash_router", 2),
+        ("readdress", 1, 0),
+        ("heartbeat", 1),
+        ("exit", 1, 0, True),
+        ("heartbeat", 1),
+        ("heartbeat", 2),
+    ],
 ]
 
 
@@ -449,6 +484,92 @@ def test_an_end_reported_before_the_start_reply_keeps_the_promises(
     ops: list[tuple[object, ...]], config: ZoneConfig
 ) -> None:
     asyncio.run(scenario(ops, config))
+
+
+@pytest.mark.parametrize("ops", MOVE_CUT_BY_A_CRASH)
+@pytest.mark.parametrize("config", [CONFIG, COMMIT_ON_PROBE], ids=["probe-commit", "d1"])
+def test_a_move_cut_by_a_crash_keeps_the_promises(
+    ops: list[tuple[object, ...]], config: ZoneConfig
+) -> None:
+    asyncio.run(scenario(ops, config))
+
+
+def test_a_move_whose_copy_ended_before_its_commit_answered_is_finished_at_once() -> None:
+    """A move's copy ended before its Commit answered, and the Commit never answered (the
+    router crashed): the copy's end finishes the move (the copy moved from is retired and
+    stopped, the job judged by the copy that ran), so the old copy is not moved a second
+    time when its agent asks again."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as root:
+            harness = Harness(Path(root))
+            try:
+                await harness.flush()
+                ops: list[tuple[object, ...]] = [
+                    ("submit_array", 0),
+                    ("exit_before_reply", 2),
+                    ("hang_commit_then_crash_router", 2),
+                    ("readdress", 1, 0),
+                    ("heartbeat", 1),  # asks for the move; its Commit hangs: crash
+                ]
+                for op in ops:
+                    await harness.do(op)
+                (moved,) = [
+                    job
+                    for job in harness.jobs()
+                    if any(p.subjob_id.endswith("-r1") for p in job.placements)
+                ]
+                assert moved.state == zone_pb2.JOB_SUCCEEDED, moved
+                old, new = moved.placements
+                assert end_cause(old.end_cause) is EndCause.READDRESSED, old
+                assert new.state == common_pb2.SUCCEEDED, new
+                assert old.subjob_id not in {s.spec.subjob_id for s in harness.agent(1).live()}
+                await harness.do(("heartbeat", 1))  # it would have asked to move again
+                assert len(harness.zone.get(moved.job_id).placements) == 2
+                await harness.finish()
+            finally:
+                await harness.close()
+
+    asyncio.run(run())
+
+
+def test_a_restart_finishes_a_move_whose_copy_started() -> None:
+    """The journal holds a move whose copy started and ended but whose old copy was never
+    retired (the router died between the copy's report and the retirement): the restarted
+    router retires the old copy at once and judges the job by the copy that ran."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as root:
+            harness = Harness(Path(root))
+            try:
+                await harness.flush()
+                await harness.do(("submit", 1, 1, 0, common_pb2.BATCH))
+                job = harness.zone.get(harness.job_ids[0])
+                (old,) = job.placements
+                assert old.state == common_pb2.RUNNING, old
+                to = next(a for a in harness.agents.values() if a.agent_id != old.agent_id)
+                job.placements.add(
+                    subjob_id=f"{old.subjob_id}-r1",
+                    agent_id=to.agent_id,
+                    agent_address=to.address,
+                    member=old.member,
+                    attempt=old.attempt,
+                    state=common_pb2.SUCCEEDED,
+                    end_cause=EndCause.EXITED.wire,
+                    reason="exited 0",
+                )
+                harness.store.put(job)
+                await harness.restart()
+                await harness.settle()
+                job = harness.zone.get(job.job_id)
+                assert job.state == zone_pb2.JOB_SUCCEEDED, job
+                assert end_cause(job.placements[0].end_cause) is EndCause.READDRESSED, job
+                assert not harness.agents[old.agent_id].live()
+                await harness.finish()
+            finally:
+                await harness.close()
+
+    asyncio.run(run())
 
 
 def test_a_cancelled_job_settles_its_unconfirmed_commit_after_a_restart() -> None:
