@@ -829,7 +829,7 @@ class ZoneState:
         unknown = {
             current[member].subjob_id
             for member, outcome in enumerate(outcomes)
-            if isinstance(outcome, BaseException) and _outcome_unknown(outcome)
+            if isinstance(outcome, BaseException) and outcome_unknown(outcome)
         }
         for p in current:
             if p.state not in LIVE_SUBJOB:
@@ -1348,7 +1348,11 @@ class ZoneState:
                 for p in entry.job.placements:
                     if p.agent_id == agent_id and p.state in LIVE_SUBJOB:
                         p.state = common_pb2.LOST
-                        p.end_cause = EndCause.LOST.wire
+                        # A move's copy never confirmed (its fence stopped it if it ran)
+                        # leaves the member where it was, as when its agent says it never
+                        # started it; any other copy is the member, lost.
+                        moved = p.reason == COMMITTING and _moves_from_live_copy(entry.job, p)
+                        p.end_cause = (EndCause.READDRESSED if moved else EndCause.LOST).wire
                         p.reason = (
                             f"agent {agent_id} silent for {silent:.0f} s "
                             f"(membership.lost_after_seconds={lost_after:g})"
@@ -1893,7 +1897,15 @@ class _ProbeCommit:
         # committing placement and asks that agent, which knows no such subjob.
 
     def may_have_run(self, exc: BaseException) -> bool:
-        return _outcome_unknown(exc)
+        return outcome_unknown(exc)
+
+
+def _moves_from_live_copy(job: zone_pb2.Job, p: zone_pb2.Placement) -> bool:
+    """Whether ``p`` is a move's copy: an older copy of its member in its attempt lives."""
+    older = job.placements[: list(job.placements).index(p)]
+    return any(
+        q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB for q in older
+    )
 
 
 def _member_states(current: list[zone_pb2.Placement]) -> list[MemberState]:
@@ -1966,7 +1978,7 @@ _REFUSALS = frozenset(
 )
 
 
-def _outcome_unknown(exc: BaseException) -> bool:
+def outcome_unknown(exc: BaseException) -> bool:
     """Whether a failed call may still have been carried out by the agent."""
     return not (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSALS)
 

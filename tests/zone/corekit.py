@@ -11,10 +11,12 @@ subjobs LOST. Everything a test checks is the router's own code reacting to that
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, cast
 
 import grpc
@@ -24,8 +26,43 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import LIVE_SUBJOB_STATES, EndCause
 from laminar_base.grpcutil import rpc_error as grpc_rpc_error
 from laminar_base.wire import parse_demand
+from laminar_zone import atomizer, jobs, membership, placer, reports
 
 GPU_MEMORY_BYTES = 80 << 30
+
+
+class ManualClock:
+    """The monotonic clock of the router and the agents under test: it stands still
+    unless the test moves it, so how fast the machine runs never changes a decision (on
+    a loaded machine an agent went stale, or a placement ran out of its time budget,
+    between two steps, and a failing run could not be replayed). Wall-clock time (the
+    unix times the router records) is the real one."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+#: The router's modules that read the monotonic clock for a decision.
+CLOCKED: tuple[ModuleType, ...] = (atomizer, jobs, membership, placer, reports)
+
+
+@contextlib.contextmanager
+def manual_clock(clock: ManualClock) -> Iterator[ManualClock]:
+    """The router's modules read ``clock`` instead of the real clock until the block ends."""
+    saved = [(module, module.time) for module in CLOCKED]
+    for module in CLOCKED:
+        setattr(module, "time", clock)  # noqa: B010 (a module attribute, typed as time)
+    try:
+        yield clock
+    finally:
+        for module, real in saved:
+            setattr(module, "time", real)  # noqa: B010
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -55,6 +92,8 @@ class FakeAgent:
     #: ``report``, the test's heartbeat) before the reply of the call that started it.
     exit_before_reply: bool = False
     report: Callable[[], None] | None = None
+    #: The agent's monotonic clock (the test's, so that leases lapse only when it says).
+    clock: Callable[[], float] = time.monotonic
     #: Subjobs Airlock wants moved (listed on every heartbeat while they live).
     readdress: set[str] = field(default_factory=set)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -197,7 +236,7 @@ class FakeAgent:
 
     def _settle(self, requests: list[agent_pb2.ProbeRequest]) -> list[agent_pb2.ProbeReply]:
         self._reachable()
-        now = time.monotonic()
+        now = self.clock()
         self.ledger.expire(now)
         orders = [
             ProbeOrder(
@@ -254,7 +293,7 @@ class FakeAgent:
         if spec.subjob_id in self.subjobs:
             raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, f"{spec.subjob_id} exists")
         try:
-            lease = self.ledger.commit(request.lease_id, spec.subjob_id, time.monotonic())
+            lease = self.ledger.commit(request.lease_id, spec.subjob_id, self.clock())
         except Exception as exc:  # the ledger refuses an unknown or lapsed lease
             raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
         subjob = common_pb2.Subjob(

@@ -18,6 +18,7 @@ The agents are in-process (tests/zone/corekit.py) with the agent's real ledger d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import tempfile
 from collections.abc import Coroutine
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from corekit import FakeAgent, FakeClients, settle
+from corekit import FakeAgent, FakeClients, ManualClock, manual_clock, settle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +40,7 @@ from laminar_base.causes import (
 )
 from laminar_base.errors import FailedPrecondition
 from laminar_zone.config import PlacementSettings, ZoneConfig
-from laminar_zone.jobs import ZoneState
+from laminar_zone.jobs import COMMITTING, ZoneState
 from laminar_zone.membership import Membership
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients
@@ -87,8 +88,13 @@ class Harness:
     ) -> None:
         self.config = config
         self.db = root / "zone.db"
+        self.clock = ManualClock()
+        self._clocked = contextlib.ExitStack()
+        self._clocked.enter_context(manual_clock(self.clock))
         if agents is None:
             agents = [FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(AGENTS)]
+        for agent in agents:
+            agent.clock = self.clock.monotonic
         self.agents = {a.agent_id: a for a in agents}
         self.job_ids: list[str] = []
         self.failures: list[BaseException] = []
@@ -310,16 +316,18 @@ class Harness:
 
     def check_reported(self) -> None:
         """Once every reachable agent has reported: nothing runs that the router does not
-        count on, and no member runs twice."""
+        count on, and no member runs twice. (One exception, a move under way: its copy
+        started on an agent that went silent before the router heard so, and the router
+        counts both copies live until that agent answers or its fence stops the copy.)"""
         jobs = {job.job_id: job for job in self.jobs()}
         copies: dict[tuple[str, int], int] = {}
         for agent in self.agents.values():
             for subjob in agent.live():
                 job = jobs[subjob.spec.job_id]
-                member = next(
-                    p.member for p in job.placements if p.subjob_id == subjob.spec.subjob_id
-                )
-                copies[(job.job_id, member)] = copies.get((job.job_id, member), 0) + 1
+                p = next(p for p in job.placements if p.subjob_id == subjob.spec.subjob_id)
+                if agent.silent and _move_under_way(job, p):
+                    continue
+                copies[(job.job_id, p.member)] = copies.get((job.job_id, p.member), 0) + 1
                 if agent.silent:
                     continue
                 assert job.state not in TERMINAL_JOB_STATES, (subjob.spec.subjob_id, job)
@@ -361,8 +369,25 @@ class Harness:
         assert all(not a.live() for a in self.agents.values())
 
     async def close(self) -> None:
-        await self.zone.close()
-        self.store.close()
+        try:
+            await self.zone.close()
+            self.store.close()
+        finally:
+            self._clocked.close()
+
+
+def _move_under_way(job: zone_pb2.Job, p: zone_pb2.Placement) -> bool:
+    """Whether ``p`` is a move's copy whose start the router has not heard of yet, while
+    the copy it moves from still counts."""
+    index = list(job.placements).index(p)
+    return (
+        p.state in LIVE_SUBJOB_STATES
+        and p.reason == COMMITTING
+        and any(
+            q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB_STATES
+            for q in job.placements[:index]
+        )
+    )
 
 
 async def scenario(ops: list[tuple[object, ...]], config: ZoneConfig = CONFIG) -> None:
@@ -462,8 +487,37 @@ EXIT_BEFORE_REPLY = [
     ],
 ]
 
-#: Interleavings where a move is cut short by a router crash (its Commit never answers).
-MOVE_CUT_BY_A_CRASH = [
+#: Interleavings where a move's Commit reply is lost, or the move is cut short by a router
+#: crash (its Commit never answers).
+MOVES_CUT_SHORT = [
+    # The move's copy ended before its Commit's reply, which was then lost: the copy was
+    # recorded as never started, and the job succeeded with no member that succeeded.
+    [
+        ("restart_router",),
+        ("heartbeat", 2),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("lose_commit_reply", 2),
+        ("flush",),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("exit_before_reply", 2),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("readdress", 0, 0),
+        ("flush",),
+    ],
+    # The move's Commit reply was lost and its agent went silent: the copy it started was
+    # recorded as never started, and the member was moved a second time (two copies ran).
+    [
+        ("flush",),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("lose_commit_reply", 0),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("readdress", 1, 0),
+        ("heartbeat", 1),
+        ("silence", 0),
+        ("flush",),
+    ],
     # The copy moved from ended on its own after the crash, then the move's copy was
     # confirmed running: both were counted as members, and the job never ended.
     [
@@ -486,9 +540,9 @@ def test_an_end_reported_before_the_start_reply_keeps_the_promises(
     asyncio.run(scenario(ops, config))
 
 
-@pytest.mark.parametrize("ops", MOVE_CUT_BY_A_CRASH)
+@pytest.mark.parametrize("ops", MOVES_CUT_SHORT)
 @pytest.mark.parametrize("config", [CONFIG, COMMIT_ON_PROBE], ids=["probe-commit", "d1"])
-def test_a_move_cut_by_a_crash_keeps_the_promises(
+def test_a_move_cut_short_keeps_the_promises(
     ops: list[tuple[object, ...]], config: ZoneConfig
 ) -> None:
     asyncio.run(scenario(ops, config))
@@ -526,6 +580,47 @@ def test_a_move_whose_copy_ended_before_its_commit_answered_is_finished_at_once(
                 assert old.subjob_id not in {s.spec.subjob_id for s in harness.agent(1).live()}
                 await harness.do(("heartbeat", 1))  # it would have asked to move again
                 assert len(harness.zone.get(moved.job_id).placements) == 2
+                await harness.finish()
+            finally:
+                await harness.close()
+
+    asyncio.run(run())
+
+
+def test_a_lost_agent_with_an_unconfirmed_move_leaves_the_member_where_it_was() -> None:
+    """A move's Commit reply was lost, then the copy's agent went silent and was declared
+    lost (its fence stopped the copy if it ran): the member stays where it was, and the
+    job runs on (it was failed for the loss of a copy it never counted on)."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as root:
+            harness = Harness(Path(root))
+            try:
+                await harness.flush()
+                ops: list[tuple[object, ...]] = [
+                    ("flush",),
+                    ("submit", 1, 1, 0, common_pb2.BATCH),
+                    ("lose_commit_reply", 0),
+                    ("submit", 1, 1, 0, common_pb2.BATCH),
+                    ("submit", 1, 1, 0, common_pb2.BATCH),
+                    ("readdress", 1, 0),
+                    ("heartbeat", 1),  # the move's copy goes to a0, whose reply is lost
+                    ("silence", 0),
+                    ("lost", 0),
+                ]
+                for op in ops:
+                    await harness.do(op)
+                (moved,) = [
+                    job
+                    for job in harness.jobs()
+                    if any(p.subjob_id.endswith("-r1") for p in job.placements)
+                ]
+                old, copy = moved.placements
+                assert (old.agent_id, copy.agent_id) == ("a1", "a0"), moved
+                assert moved.state == zone_pb2.JOB_RUNNING, moved
+                assert old.state == common_pb2.RUNNING, moved
+                assert copy.state == common_pb2.LOST, moved
+                assert end_cause(copy.end_cause) is EndCause.READDRESSED, moved
                 await harness.finish()
             finally:
                 await harness.close()
