@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import random
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -48,21 +50,42 @@ class ManualClock:
         return getattr(time, name)
 
 
-#: The router's modules that read the monotonic clock for a decision.
+class SeededIds:
+    """``uuid4`` for the ids the router makes (jobs, probes), drawn from a seeded
+    generator: a run makes the same ids when it is replayed, so a step that picks "an
+    agent's i-th subjob" (in id order) picks the same one, and so does everything the
+    router orders by id."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def uuid4(self) -> uuid.UUID:
+        return uuid.UUID(int=self._rng.getrandbits(128), version=4)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(uuid, name)
+
+
+#: The router's modules that read the monotonic clock for a decision, or make ids.
 CLOCKED: tuple[ModuleType, ...] = (atomizer, jobs, membership, placer, reports)
+IDS: tuple[ModuleType, ...] = (jobs, placer)
 
 
 @contextlib.contextmanager
-def manual_clock(clock: ManualClock) -> Iterator[ManualClock]:
-    """The router's modules read ``clock`` instead of the real clock until the block ends."""
-    saved = [(module, module.time) for module in CLOCKED]
+def replayable(clock: ManualClock, ids: SeededIds) -> Iterator[None]:
+    """Until the block ends, the router's modules read ``clock`` instead of the real
+    monotonic clock and draw their ids from ``ids``: the same steps make the same run."""
+    saved = [(module, "time", module.time) for module in CLOCKED]
+    saved += [(module, "uuid", module.uuid) for module in IDS]
     for module in CLOCKED:
-        setattr(module, "time", clock)  # noqa: B010 (a module attribute, typed as time)
+        setattr(module, "time", clock)  # noqa: B010 (a module attribute, typed as a module)
+    for module in IDS:
+        setattr(module, "uuid", ids)  # noqa: B010
     try:
-        yield clock
+        yield
     finally:
-        for module, real in saved:
-            setattr(module, "time", real)  # noqa: B010
+        for module, name, real in saved:
+            setattr(module, name, real)
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:

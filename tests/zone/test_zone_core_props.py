@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from corekit import FakeAgent, FakeClients, ManualClock, manual_clock, settle
+from corekit import FakeAgent, FakeClients, ManualClock, SeededIds, replayable, settle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -90,7 +90,7 @@ class Harness:
         self.db = root / "zone.db"
         self.clock = ManualClock()
         self._clocked = contextlib.ExitStack()
-        self._clocked.enter_context(manual_clock(self.clock))
+        self._clocked.enter_context(replayable(self.clock, SeededIds()))
         if agents is None:
             agents = [FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(AGENTS)]
         for agent in agents:
