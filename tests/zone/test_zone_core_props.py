@@ -316,16 +316,17 @@ class Harness:
 
     def check_reported(self) -> None:
         """Once every reachable agent has reported: nothing runs that the router does not
-        count on, and no member runs twice. (One exception, a move under way: its copy
-        started on an agent that went silent before the router heard so, and the router
-        counts both copies live until that agent answers or its fence stops the copy.)"""
+        count on, and no member runs twice. (The exception is a move, which runs two copies
+        for a moment: when the agent of either copy falls silent in that moment, before
+        the router heard that the new copy started or before the old one took its stop,
+        both run until that agent answers or its fence stops its work.)"""
         jobs = {job.job_id: job for job in self.jobs()}
         copies: dict[tuple[str, int], int] = {}
         for agent in self.agents.values():
             for subjob in agent.live():
                 job = jobs[subjob.spec.job_id]
                 p = next(p for p in job.placements if p.subjob_id == subjob.spec.subjob_id)
-                if agent.silent and _move_under_way(job, p):
+                if agent.silent and _in_a_move(job, p):
                     continue
                 copies[(job.job_id, p.member)] = copies.get((job.job_id, p.member), 0) + 1
                 if agent.silent:
@@ -376,9 +377,12 @@ class Harness:
             self._clocked.close()
 
 
-def _move_under_way(job: zone_pb2.Job, p: zone_pb2.Placement) -> bool:
-    """Whether ``p`` is a move's copy whose start the router has not heard of yet, while
-    the copy it moves from still counts."""
+def _in_a_move(job: zone_pb2.Job, p: zone_pb2.Placement) -> bool:
+    """Whether ``p`` is a copy a move retired (the router owes it a stop), or a move's
+    copy whose start the router has not heard of yet while the copy it moves from still
+    counts."""
+    if p.state == common_pb2.KILLED and end_cause(p.end_cause) is EndCause.READDRESSED:
+        return True  # retired by its move (a copy believed never started is FAILED)
     index = list(job.placements).index(p)
     return (
         p.state in LIVE_SUBJOB_STATES
@@ -516,6 +520,16 @@ MOVES_CUT_SHORT = [
         ("readdress", 1, 0),
         ("heartbeat", 1),
         ("silence", 0),
+        ("flush",),
+    ],
+    # The same lost reply, then the agent of the copy moved from goes silent: the move is
+    # done when the copy is confirmed, and the old copy's stop is owed to its agent.
+    [
+        ("lose_commit_reply", 0),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("readdress", 1, 0),
+        ("heartbeat", 1),
+        ("silence", 1),
         ("flush",),
     ],
     # The copy moved from ended on its own after the crash, then the move's copy was
