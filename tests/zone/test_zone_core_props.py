@@ -54,6 +54,9 @@ COMMIT_ON_PROBE = ZoneConfig(
     placement=PlacementSettings(lease_ttl_seconds=30.0, probes_per_attempt=1)
 )
 
+#: Report rounds a flush waits at most for the router to be quiet (1 to 3 in 2,000 flushes).
+FLUSH_ROUNDS = 20
+
 agent_st = st.integers(0, AGENTS - 1)
 op_st = st.one_of(
     st.tuples(
@@ -162,23 +165,24 @@ class Harness:
         agent.heard(self.membership.on_heartbeat(request), request.has_live_subjob_ids)
 
     async def flush(self) -> None:
-        """A period passes: the router's tick (which asks again for stops it still owes),
-        then every reachable agent reports and the router acts on it, until nothing
-        changes."""
-        self.zone.sweep()
-        rounds = 0
-        while rounds < 4:
+        """Periods pass: the router's tick (which asks again for stops it still owes),
+        then every reachable agent reports and the router acts on it, until all is quiet:
+        every reachable agent's events are acknowledged and none is asked for its live
+        subjobs. (Not a fixed number of rounds: a router restarted meanwhile has heard no
+        one yet, and each stop it makes is one more report.) A router that never gets
+        quiet fails the test."""
+        for _ in range(FLUSH_ROUNDS):
             router = self.zone
+            router.sweep()
             for agent in self.agents.values():
                 self.heartbeat(agent)
             await self.settle()
             if self.zone is not router:
-                rounds = 0  # it restarted meanwhile: the new router has heard no one yet
-                continue
-            rounds += 1
+                continue  # it restarted meanwhile: the new router has heard no one yet
             reachable = [a for a in self.agents.values() if not a.silent]
             if all(a.acked >= len(a.events) and not a.want_live for a in reachable):
                 return
+        raise AssertionError(f"the router is not quiet after {FLUSH_ROUNDS} report rounds")
 
     async def do(self, op: tuple[object, ...]) -> None:
         kind = op[0]
