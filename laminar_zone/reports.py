@@ -288,8 +288,8 @@ class AgentReports:
                     entry, placement, lease, env={"LAMINAR_READDRESS_COUNT": str(moves)}
                 )
             except grpc.aio.AioRpcError as exc:
-                if placement.state in ENDED_SUBJOB:
-                    pass  # its end was reported before the lost reply: it ran, the move is done
+                if placement.reason != COMMITTING:
+                    pass  # its agent reported it before the lost reply: it ran, the move is done
                 elif outcome_unknown(exc):
                     # No answer: the agent may run the copy. Ask it at its next report; till
                     # then the copy counts as live, so the member is not moved again.

@@ -201,6 +201,7 @@ class FakeAgent:
             self.end(subjob.spec.subjob_id, common_pb2.KILLED, EndCause.FENCED, "fenced")
 
     def heartbeat(self) -> zone_pb2.HeartbeatRequest:
+        self.ledger.expire(self.clock())  # as the agent's tick does: lapsed leases go
         request = zone_pb2.HeartbeatRequest(
             summary=self.summary(), events=[e for e in self.events if e.seq > self.acked]
         )

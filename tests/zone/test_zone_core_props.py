@@ -347,11 +347,17 @@ class Harness:
         assert all(n <= 1 for n in copies.values()), copies
 
     async def finish(self) -> None:
-        """Heal everything and let all work succeed: every job must end."""
+        """Heal everything and let all work succeed: every job must end. Time passes first,
+        so leases nobody will commit lapse as their TTL says (granted in a reply that was
+        lost, or to a router that died), and every agent reports at once (before the
+        router's tick could count the time as its silence)."""
+        placement = self.config.placement
+        self.clock.now += placement.budget_seconds + 2 * placement.lease_ttl_seconds + 1
         for agent in self.agents.values():
             agent.silent = False
             agent.lose_next_commit_reply = agent.hang_next_commit = False
             agent.readdress.clear()
+            self.heartbeat(agent)
         for _ in range(12):
             await self.flush()
             self.check_reported()
@@ -711,6 +717,30 @@ def test_a_move_cut_by_a_router_crash_runs_one_copy() -> None:
         ("flush",),
     ]
     asyncio.run(scenario(ops, COMMIT_ON_PROBE))
+
+
+def test_leases_nobody_will_commit_lapse_and_the_queue_drains() -> None:
+    """Leases granted to a router that then died, or in a reply that was lost, hold their
+    GPUs until their TTL: the queue behind a two-host gang drains once they lapse. (The
+    harness once let no time pass and never dropped a lapsed lease, and the gang waited
+    for ever.)"""
+    ops: list[tuple[object, ...]] = [
+        ("hang_commit_then_crash_router", 0),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("cancel", 0),
+        ("flush",),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("cancel", 50),
+        ("flush",),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("submit_array", 0),
+        ("lose_commit_reply", 2),
+        ("readdress", 0, 0),
+        ("flush",),
+        ("submit", 2, 2, 0, common_pb2.BATCH),
+    ]
+    asyncio.run(scenario(ops))
 
 
 def test_a_router_restart_recovers_running_and_queued_jobs() -> None:
