@@ -120,6 +120,8 @@ class FakeAgent:
     #: Subjobs Airlock wants moved (listed on every heartbeat while they live).
     readdress: set[str] = field(default_factory=set)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    #: Lease ids count up (the agent draws them at random): a replayed run is the same.
+    _leases: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
         self.ledger = self._new_ledger()
@@ -136,7 +138,9 @@ class FakeAgent:
             )
             for i in range(self.gpus)
         ]
-        return Ledger(slices, lease_prefix=f"{self.agent_id}-")
+        return Ledger(
+            slices, lease_prefix=f"{self.agent_id}-", lease_ids=lambda: f"{next(self._leases)}"
+        )
 
     @property
     def address(self) -> str:
