@@ -13,6 +13,9 @@ checked against the promises the router makes:
 - no job is lost: once agents are healthy and work ends, every submitted job ends.
 
 The agents are in-process (tests/zone/corekit.py) with the agent's real ledger deciding.
+A run replays step for step: the router and the agents read a clock the test moves, and
+job, probe and lease ids come from seeded or counting generators, so a failing
+interleaving that hypothesis reports fails again when run alone.
 """
 
 from __future__ import annotations
