@@ -61,6 +61,7 @@ from laminar_zone.lifecycle import (
     Outcome,
     judge_attempt,
     rigid_subjob_id,
+    taken_over,
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
@@ -248,6 +249,11 @@ class ZoneState:
                     self.by_agent.setdefault(p.agent_id, set()).add(job.job_id)
                     if p.reason == COMMITTING:
                         self.unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
+            if not is_atomized(job.spec):
+                # A move the crash cut short after its copy started: the copy it moved
+                # from is retired now, not left running until its own end.
+                current = entry.current()
+                self._finish_moves(entry, current, _member_states(current))
             if job.state == zone_pb2.PENDING and not any(
                 p.state in LIVE_SUBJOB for p in entry.current()
             ):
@@ -801,7 +807,7 @@ class ZoneState:
         unknown = {
             current[member].subjob_id
             for member, outcome in enumerate(outcomes)
-            if isinstance(outcome, BaseException) and _outcome_unknown(outcome)
+            if isinstance(outcome, BaseException) and outcome_unknown(outcome)
         }
         for p in current:
             if p.state not in LIVE_SUBJOB:
@@ -1193,9 +1199,10 @@ class ZoneState:
                 job.atomization.CopyFrom(progress)
             return
         current = entry.current()
-        self._finish_moves(entry, current)
+        copies = _member_states(current)
+        self._finish_moves(entry, current, copies)
         verdict = judge_attempt(
-            [MemberState(p.state, p.end_cause, p.reason == COMMITTING) for p in current],
+            copies,
             job.spec.gang_size,
             job.retries_used,
             job.spec.max_retries,
@@ -1247,15 +1254,16 @@ class ZoneState:
                 else "",
             )
 
-    def _finish_moves(self, entry: Entry, current: list[zone_pb2.Placement]) -> None:
-        """A move's copy runs while the copy it moved away from still lives (the move was
-        cut short by a restart, or its copy's report came first): retire the old one."""
-        for index, new in enumerate(current):
-            if new.state not in LIVE_SUBJOB or new.reason == COMMITTING:
-                continue
-            for old in current[:index]:
-                if old.member == new.member and old.state in LIVE_SUBJOB:
-                    self.spawn(self.retire_moved(entry, old, new), f"moved-{old.subjob_id}")
+    def _finish_moves(
+        self, entry: Entry, current: list[zone_pb2.Placement], copies: list[MemberState]
+    ) -> None:
+        """A move's copy started (it runs, or already ended) while the copy it moved away
+        from still lives (the move was cut short by a restart, or its copy's report came
+        first): retire the old one."""
+        for index, by in taken_over(copies).items():
+            old = current[index]
+            if old.state in LIVE_SUBJOB:
+                self.spawn(self.retire_moved(entry, old, current[by]), f"moved-{old.subjob_id}")
 
     def finish(self, entry: Entry, state: int, reason: str, code: Reason | None = None) -> None:
         """End the job in ``state``; ``code`` (default: by the state) says why for scripts."""
@@ -1318,7 +1326,11 @@ class ZoneState:
                 for p in entry.job.placements:
                     if p.agent_id == agent_id and p.state in LIVE_SUBJOB:
                         p.state = common_pb2.LOST
-                        p.end_cause = EndCause.LOST.wire
+                        # A move's copy never confirmed (its fence stopped it if it ran)
+                        # leaves the member where it was, as when its agent says it never
+                        # started it; any other copy is the member, lost.
+                        moved = p.reason == COMMITTING and _moves_from_live_copy(entry.job, p)
+                        p.end_cause = (EndCause.READDRESSED if moved else EndCause.LOST).wire
                         p.reason = (
                             f"agent {agent_id} silent for {silent:.0f} s "
                             f"(membership.lost_after_seconds={lost_after:g})"
@@ -1548,7 +1560,19 @@ class _ProbeCommit:
         # committing placement and asks that agent, which knows no such subjob.
 
     def may_have_run(self, exc: BaseException) -> bool:
-        return _outcome_unknown(exc)
+        return outcome_unknown(exc)
+
+
+def _moves_from_live_copy(job: zone_pb2.Job, p: zone_pb2.Placement) -> bool:
+    """Whether ``p`` is a move's copy: an older copy of its member in its attempt lives."""
+    older = job.placements[: list(job.placements).index(p)]
+    return any(
+        q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB for q in older
+    )
+
+
+def _member_states(current: list[zone_pb2.Placement]) -> list[MemberState]:
+    return [MemberState(p.state, p.end_cause, p.reason == COMMITTING, p.member) for p in current]
 
 
 def apply_start_reply(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> bool:
@@ -1617,7 +1641,7 @@ _REFUSALS = frozenset(
 )
 
 
-def _outcome_unknown(exc: BaseException) -> bool:
+def outcome_unknown(exc: BaseException) -> bool:
     """Whether a failed call may still have been carried out by the agent."""
     return not (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSALS)
 

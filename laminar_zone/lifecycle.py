@@ -34,6 +34,29 @@ class MemberState:
     state: int
     end_cause: int = 0
     committing: bool = False
+    #: The gang member it runs; None: its position among the attempt's subjobs. An Airlock
+    #: move leaves two copies of one member (the one moved from, and the one moved to).
+    member: int | None = None
+
+
+def _started(copy: MemberState) -> bool:
+    """Whether the router knows the copy started: its commit was answered or its agent
+    reported it, live or ended. A copy declared LOST may never have started."""
+    return not copy.committing and copy.state != common_pb2.LOST
+
+
+def taken_over(copies: Sequence[MemberState]) -> dict[int, int]:
+    """The copies (by position) that a later copy of the same member took over from, each
+    with the position of the latest such copy. Once a move's copy has started, the member
+    is that copy, however it ends or has ended (before its move was done, or before a
+    router restart cut the move short); the copy it moved from no longer counts, whether
+    it still runs (the router retires it) or ended on its own meanwhile."""
+    members = [i if c.member is None else c.member for i, c in enumerate(copies)]
+    latest: dict[int, int] = {}
+    for i, copy in enumerate(copies):
+        if _started(copy):
+            latest[members[i]] = i
+    return {i: latest[m] for i, m in enumerate(members) if latest.get(m, i) > i}
 
 
 @dataclass(frozen=True)
@@ -52,17 +75,21 @@ class Verdict:
 def judge_attempt(
     members: Sequence[MemberState], gang_size: int, retries_used: int, max_retries: int
 ) -> Verdict:
-    """The verdict on an attempt whose members are ``members`` (in member order)."""
+    """The verdict on an attempt whose subjobs are ``members`` (in the order they were
+    placed; positions in the verdict are positions in ``members``). A copy a move's copy
+    took over from (:func:`taken_over`) does not count."""
     gang = max(1, gang_size)
-    if not members or any(m.committing for m in members):
+    gone = taken_over(members)
+    counted = [i for i in range(len(members)) if i not in gone]
+    if not counted or any(members[i].committing for i in counted):
         return Verdict(Outcome.WAIT)
-    states = [m.state for m in members]
-    if len(members) == gang and all(s == common_pb2.SUCCEEDED for s in states):
+    states = [members[i].state for i in counted]
+    if len(counted) == gang and all(s == common_pb2.SUCCEEDED for s in states):
         return Verdict(Outcome.SUCCEEDED)
-    failed = [i for i, m in enumerate(members) if m.state in FAILED_SUBJOB_STATES]
+    failed = [i for i in counted if members[i].state in FAILED_SUBJOB_STATES]
     if failed:
         first = failed[0]
-        stop = tuple(i for i, m in enumerate(members) if m.state in LIVE_SUBJOB_STATES)
+        stop = tuple(i for i in counted if members[i].state in LIVE_SUBJOB_STATES)
         free = is_free_retry(members[first].end_cause)
         if free or retries_used < max_retries:
             return Verdict(Outcome.RETRY, counted=not free, failed_member=first, stop=stop)

@@ -36,6 +36,7 @@ from laminar_zone.jobs import (
     ZoneState,
     copy_subjob,
     note_true_end,
+    outcome_unknown,
     state_name,
 )
 from laminar_zone.lifecycle import Record, Report, job_of, judge_report, rigid_subjob_id
@@ -287,11 +288,20 @@ class AgentReports:
                     entry, placement, lease, env={"LAMINAR_READDRESS_COUNT": str(moves)}
                 )
             except grpc.aio.AioRpcError as exc:
-                placement.state = common_pb2.FAILED
-                placement.end_cause = EndCause.READDRESSED.wire
-                placement.reason = f"{READDRESSED} commit of the copy failed: {exc.details()}"
-                self.state.save(entry)
-                return
+                if placement.reason != COMMITTING:
+                    pass  # its agent reported it before the lost reply: it ran, the move is done
+                elif outcome_unknown(exc):
+                    # No answer: the agent may run the copy. Ask it at its next report; till
+                    # then the copy counts as live, so the member is not moved again.
+                    self.state.unconfirmed.setdefault(placement.agent_id, set()).add(job.job_id)
+                    self.state.save(entry)
+                    return
+                else:
+                    placement.state = common_pb2.FAILED
+                    placement.end_cause = EndCause.READDRESSED.wire
+                    placement.reason = f"{READDRESSED} commit of the copy failed: {exc.details()}"
+                    self.state.save(entry)
+                    return
             await self.state.retire_moved(entry, old, placement)
         finally:
             self.state.readdressing.discard(old.subjob_id)

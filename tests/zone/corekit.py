@@ -11,10 +11,14 @@ subjobs LOST. Everything a test checks is the router's own code reacting to that
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import random
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, cast
 
 import grpc
@@ -24,8 +28,64 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import LIVE_SUBJOB_STATES, EndCause
 from laminar_base.grpcutil import rpc_error as grpc_rpc_error
 from laminar_base.wire import parse_demand
+from laminar_zone import atomizer, jobs, membership, placer, reports
 
 GPU_MEMORY_BYTES = 80 << 30
+
+
+class ManualClock:
+    """The monotonic clock of the router and the agents under test: it stands still
+    unless the test moves it, so how fast the machine runs never changes a decision (on
+    a loaded machine an agent went stale, or a placement ran out of its time budget,
+    between two steps, and a failing run could not be replayed). Wall-clock time (the
+    unix times the router records) is the real one."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+class SeededIds:
+    """``uuid4`` for the ids the router makes (jobs, probes), drawn from a seeded
+    generator: a run makes the same ids when it is replayed, so a step that picks "an
+    agent's i-th subjob" (in id order) picks the same one, and so does everything the
+    router orders by id."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def uuid4(self) -> uuid.UUID:
+        return uuid.UUID(int=self._rng.getrandbits(128), version=4)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(uuid, name)
+
+
+#: The router's modules that read the monotonic clock for a decision, or make ids.
+CLOCKED: tuple[ModuleType, ...] = (atomizer, jobs, membership, placer, reports)
+IDS: tuple[ModuleType, ...] = (jobs, placer)
+
+
+@contextlib.contextmanager
+def replayable(clock: ManualClock, ids: SeededIds) -> Iterator[None]:
+    """Until the block ends, the router's modules read ``clock`` instead of the real
+    monotonic clock and draw their ids from ``ids``: the same steps make the same run."""
+    saved = [(module, "time", module.time) for module in CLOCKED]
+    saved += [(module, "uuid", module.uuid) for module in IDS]
+    for module in CLOCKED:
+        setattr(module, "time", clock)  # noqa: B010 (a module attribute, typed as a module)
+    for module in IDS:
+        setattr(module, "uuid", ids)  # noqa: B010
+    try:
+        yield
+    finally:
+        for module, name, real in saved:
+            setattr(module, name, real)
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -55,9 +115,13 @@ class FakeAgent:
     #: ``report``, the test's heartbeat) before the reply of the call that started it.
     exit_before_reply: bool = False
     report: Callable[[], None] | None = None
+    #: The agent's monotonic clock (the test's, so that leases lapse only when it says).
+    clock: Callable[[], float] = time.monotonic
     #: Subjobs Airlock wants moved (listed on every heartbeat while they live).
     readdress: set[str] = field(default_factory=set)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    #: Lease ids count up (the agent draws them at random): a replayed run is the same.
+    _leases: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
         self.ledger = self._new_ledger()
@@ -74,7 +138,9 @@ class FakeAgent:
             )
             for i in range(self.gpus)
         ]
-        return Ledger(slices, lease_prefix=f"{self.agent_id}-")
+        return Ledger(
+            slices, lease_prefix=f"{self.agent_id}-", lease_ids=lambda: f"{next(self._leases)}"
+        )
 
     @property
     def address(self) -> str:
@@ -139,6 +205,7 @@ class FakeAgent:
             self.end(subjob.spec.subjob_id, common_pb2.KILLED, EndCause.FENCED, "fenced")
 
     def heartbeat(self) -> zone_pb2.HeartbeatRequest:
+        self.ledger.expire(self.clock())  # as the agent's tick does: lapsed leases go
         request = zone_pb2.HeartbeatRequest(
             summary=self.summary(), events=[e for e in self.events if e.seq > self.acked]
         )
@@ -197,7 +264,7 @@ class FakeAgent:
 
     def _settle(self, requests: list[agent_pb2.ProbeRequest]) -> list[agent_pb2.ProbeReply]:
         self._reachable()
-        now = time.monotonic()
+        now = self.clock()
         self.ledger.expire(now)
         orders = [
             ProbeOrder(
@@ -254,7 +321,7 @@ class FakeAgent:
         if spec.subjob_id in self.subjobs:
             raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, f"{spec.subjob_id} exists")
         try:
-            lease = self.ledger.commit(request.lease_id, spec.subjob_id, time.monotonic())
+            lease = self.ledger.commit(request.lease_id, spec.subjob_id, self.clock())
         except Exception as exc:  # the ledger refuses an unknown or lapsed lease
             raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
         subjob = common_pb2.Subjob(

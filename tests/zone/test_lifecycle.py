@@ -23,6 +23,7 @@ from laminar_zone.lifecycle import (
     judge_attempt,
     judge_report,
     rigid_subjob_id,
+    taken_over,
 )
 
 STATES = (
@@ -75,6 +76,38 @@ def test_a_commit_under_way_decides_nothing() -> None:
     committing = MemberState(common_pb2.STARTING, committing=True)
     assert judge_attempt([failed, committing], 2, 0, 5).outcome is Outcome.WAIT
     assert judge_attempt([], 1, 0, 5).outcome is Outcome.WAIT
+
+
+def test_a_moves_started_copy_alone_is_the_member() -> None:
+    """An Airlock move leaves two copies of one member: once the copy moved to is known to
+    have started, it alone counts, whether the copy moved from still runs or ended on its
+    own (a move cut short by a router crash)."""
+    running = MemberState(common_pb2.RUNNING, member=0)
+    done = MemberState(common_pb2.SUCCEEDED, EndCause.EXITED, member=0)
+    failed = MemberState(common_pb2.FAILED, EndCause.EXITED, member=0)
+    assert taken_over([running, done]) == {0: 1}
+    assert judge_attempt([running, done], 1, 0, 0).outcome is Outcome.SUCCEEDED
+    assert judge_attempt([done, done], 1, 0, 0).outcome is Outcome.SUCCEEDED
+    assert judge_attempt([done, running], 1, 0, 0).outcome is Outcome.RUNNING
+    assert judge_attempt([failed, running], 1, 0, 0).outcome is Outcome.RUNNING
+    verdict = judge_attempt([running, failed], 1, 0, 0)
+    assert verdict.outcome is Outcome.FAILED and verdict.failed_member == 1
+    # Two moves: the latest copy that started is the member.
+    assert taken_over([done, running, done]) == {0: 2, 1: 2}
+
+
+def test_a_copy_not_known_to_have_started_takes_nothing_over() -> None:
+    running = MemberState(common_pb2.RUNNING, member=0)
+    committing = MemberState(common_pb2.STARTING, committing=True, member=0)
+    lost = MemberState(common_pb2.LOST, EndCause.LOST, member=0)
+    assert taken_over([running, committing]) == {}
+    assert judge_attempt([running, committing], 1, 0, 0).outcome is Outcome.WAIT
+    assert taken_over([running, lost]) == {}
+    verdict = judge_attempt([running, lost], 1, 0, 1)
+    assert verdict.outcome is Outcome.RETRY and verdict.stop == (0,)
+    # Members of a gang are not copies of one another.
+    gang = [MemberState(common_pb2.RUNNING, member=0), MemberState(common_pb2.RUNNING, member=1)]
+    assert taken_over(gang) == {} and taken_over([running, running]) == {0: 1}
 
 
 @settings(max_examples=500, deadline=None)

@@ -13,11 +13,15 @@ checked against the promises the router makes:
 - no job is lost: once agents are healthy and work ends, every submitted job ends.
 
 The agents are in-process (tests/zone/corekit.py) with the agent's real ledger deciding.
+A run replays step for step: the router and the agents read a clock the test moves, and
+job, probe and lease ids come from seeded or counting generators, so a failing
+interleaving that hypothesis reports fails again when run alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import tempfile
 from collections.abc import Coroutine
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from corekit import FakeAgent, FakeClients, settle
+from corekit import FakeAgent, FakeClients, ManualClock, SeededIds, replayable, settle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,10 +39,11 @@ from laminar_base.causes import (
     LIVE_SUBJOB_STATES,
     TERMINAL_JOB_STATES,
     EndCause,
+    end_cause,
 )
 from laminar_base.errors import FailedPrecondition
 from laminar_zone.config import PlacementSettings, ZoneConfig
-from laminar_zone.jobs import ZoneState
+from laminar_zone.jobs import COMMITTING, ZoneState
 from laminar_zone.membership import Membership
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients
@@ -51,6 +56,9 @@ CONFIG = ZoneConfig(placement=PlacementSettings(lease_ttl_seconds=30.0))
 COMMIT_ON_PROBE = ZoneConfig(
     placement=PlacementSettings(lease_ttl_seconds=30.0, probes_per_attempt=1)
 )
+
+#: Report rounds a flush waits at most for the router to be quiet (1 to 3 in 2,000 flushes).
+FLUSH_ROUNDS = 20
 
 agent_st = st.integers(0, AGENTS - 1)
 op_st = st.one_of(
@@ -71,6 +79,7 @@ op_st = st.one_of(
     st.tuples(st.just("crash_agent"), agent_st),
     st.tuples(st.just("lose_commit_reply"), agent_st),
     st.tuples(st.just("hang_commit_then_crash_router"), agent_st),
+    st.tuples(st.just("exit_before_reply"), agent_st),
     st.tuples(st.just("readdress"), agent_st, st.integers(0, 10)),
     st.tuples(st.just("queue")),
     st.tuples(st.just("sweep")),
@@ -85,8 +94,13 @@ class Harness:
     ) -> None:
         self.config = config
         self.db = root / "zone.db"
+        self.clock = ManualClock()
+        self._clocked = contextlib.ExitStack()
+        self._clocked.enter_context(replayable(self.clock, SeededIds()))
         if agents is None:
             agents = [FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(AGENTS)]
+        for agent in agents:
+            agent.clock = self.clock.monotonic
         self.agents = {a.agent_id: a for a in agents}
         self.job_ids: list[str] = []
         self.failures: list[BaseException] = []
@@ -154,23 +168,24 @@ class Harness:
         agent.heard(self.membership.on_heartbeat(request), request.has_live_subjob_ids)
 
     async def flush(self) -> None:
-        """A period passes: the router's tick (which asks again for stops it still owes),
-        then every reachable agent reports and the router acts on it, until nothing
-        changes."""
-        self.zone.sweep()
-        rounds = 0
-        while rounds < 4:
+        """Periods pass: the router's tick (which asks again for stops it still owes),
+        then every reachable agent reports and the router acts on it, until all is quiet:
+        every reachable agent's events are acknowledged and none is asked for its live
+        subjobs. (Not a fixed number of rounds: a router restarted meanwhile has heard no
+        one yet, and each stop it makes is one more report.) A router that never gets
+        quiet fails the test."""
+        for _ in range(FLUSH_ROUNDS):
             router = self.zone
+            router.sweep()
             for agent in self.agents.values():
                 self.heartbeat(agent)
             await self.settle()
             if self.zone is not router:
-                rounds = 0  # it restarted meanwhile: the new router has heard no one yet
-                continue
-            rounds += 1
+                continue  # it restarted meanwhile: the new router has heard no one yet
             reachable = [a for a in self.agents.values() if not a.silent]
             if all(a.acked >= len(a.events) and not a.want_live for a in reachable):
                 return
+        raise AssertionError(f"the router is not quiet after {FLUSH_ROUNDS} report rounds")
 
     async def do(self, op: tuple[object, ...]) -> None:
         kind = op[0]
@@ -308,16 +323,19 @@ class Harness:
 
     def check_reported(self) -> None:
         """Once every reachable agent has reported: nothing runs that the router does not
-        count on, and no member runs twice."""
+        count on, and no member runs twice. (The exception is a move, which runs two copies
+        for a moment: when the agent of either copy falls silent in that moment, before
+        the router heard that the new copy started or before the old one took its stop,
+        both run until that agent answers or its fence stops its work.)"""
         jobs = {job.job_id: job for job in self.jobs()}
         copies: dict[tuple[str, int], int] = {}
         for agent in self.agents.values():
             for subjob in agent.live():
                 job = jobs[subjob.spec.job_id]
-                member = next(
-                    p.member for p in job.placements if p.subjob_id == subjob.spec.subjob_id
-                )
-                copies[(job.job_id, member)] = copies.get((job.job_id, member), 0) + 1
+                p = next(p for p in job.placements if p.subjob_id == subjob.spec.subjob_id)
+                if agent.silent and _in_a_move(job, p):
+                    continue
+                copies[(job.job_id, p.member)] = copies.get((job.job_id, p.member), 0) + 1
                 if agent.silent:
                     continue
                 assert job.state not in TERMINAL_JOB_STATES, (subjob.spec.subjob_id, job)
@@ -332,11 +350,17 @@ class Harness:
         assert all(n <= 1 for n in copies.values()), copies
 
     async def finish(self) -> None:
-        """Heal everything and let all work succeed: every job must end."""
+        """Heal everything and let all work succeed: every job must end. Time passes first,
+        so leases nobody will commit lapse as their TTL says (granted in a reply that was
+        lost, or to a router that died), and every agent reports at once (before the
+        router's tick could count the time as its silence)."""
+        placement = self.config.placement
+        self.clock.now += placement.budget_seconds + 2 * placement.lease_ttl_seconds + 1
         for agent in self.agents.values():
             agent.silent = False
             agent.lose_next_commit_reply = agent.hang_next_commit = False
             agent.readdress.clear()
+            self.heartbeat(agent)
         for _ in range(12):
             await self.flush()
             self.check_reported()
@@ -359,8 +383,28 @@ class Harness:
         assert all(not a.live() for a in self.agents.values())
 
     async def close(self) -> None:
-        await self.zone.close()
-        self.store.close()
+        try:
+            await self.zone.close()
+            self.store.close()
+        finally:
+            self._clocked.close()
+
+
+def _in_a_move(job: zone_pb2.Job, p: zone_pb2.Placement) -> bool:
+    """Whether ``p`` is a copy a move retired (the router owes it a stop), or a move's
+    copy whose start the router has not heard of yet while the copy it moves from still
+    counts."""
+    if p.state == common_pb2.KILLED and end_cause(p.end_cause) is EndCause.READDRESSED:
+        return True  # retired by its move (a copy believed never started is FAILED)
+    index = list(job.placements).index(p)
+    return (
+        p.state in LIVE_SUBJOB_STATES
+        and p.reason == COMMITTING
+        and any(
+            q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB_STATES
+            for q in job.placements[:index]
+        )
+    )
 
 
 async def scenario(ops: list[tuple[object, ...]], config: ZoneConfig = CONFIG) -> None:
@@ -440,6 +484,78 @@ EXIT_BEFORE_REPLY = [
         ("submit", 1, 1, 0, common_pb2.BATCH),
         ("flush",),
     ],
+    # A moved copy ended before its move was done, then the router crashed before the
+    # move's Commit answered: both copies ended and were counted as two members of a
+    # one-member job, which never ended.
+    [
+        ("submit_array", 0),
+        ("exit_before_reply", 2),
+        ("hang_commit_then_crash_router", 2),
+        ("readdress", 1, 0),
+        ("heal", 1),
+    ],
+    [
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("restart_router",),
+        ("hang_commit_then_crash_router", 2),
+        ("exit_before_reply", 2),
+        ("readdress", 1, 0),
+        ("flush",),
+    ],
+]
+
+#: Interleavings where a move's Commit reply is lost, or the move is cut short by a router
+#: crash (its Commit never answers).
+MOVES_CUT_SHORT = [
+    # The move's copy ended before its Commit's reply, which was then lost: the copy was
+    # recorded as never started, and the job succeeded with no member that succeeded.
+    [
+        ("restart_router",),
+        ("heartbeat", 2),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("lose_commit_reply", 2),
+        ("flush",),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("exit_before_reply", 2),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("readdress", 0, 0),
+        ("flush",),
+    ],
+    # The move's Commit reply was lost and its agent went silent: the copy it started was
+    # recorded as never started, and the member was moved a second time (two copies ran).
+    [
+        ("flush",),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("lose_commit_reply", 0),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("readdress", 1, 0),
+        ("heartbeat", 1),
+        ("silence", 0),
+        ("flush",),
+    ],
+    # The same lost reply, then the agent of the copy moved from goes silent: the move is
+    # done when the copy is confirmed, and the old copy's stop is owed to its agent.
+    [
+        ("lose_commit_reply", 0),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("readdress", 1, 0),
+        ("heartbeat", 1),
+        ("silence", 1),
+        ("flush",),
+    ],
+    # The copy moved from ended on its own after the crash, then the move's copy was
+    # confirmed running: both were counted as members, and the job never ended.
+    [
+        ("submit_array", 0),
+        ("hang_commit_then_crash_router", 2),
+        ("readdress", 1, 0),
+        ("heartbeat", 1),
+        ("exit", 1, 0, True),
+        ("heartbeat", 1),
+        ("heartbeat", 2),
+    ],
 ]
 
 
@@ -449,6 +565,133 @@ def test_an_end_reported_before_the_start_reply_keeps_the_promises(
     ops: list[tuple[object, ...]], config: ZoneConfig
 ) -> None:
     asyncio.run(scenario(ops, config))
+
+
+@pytest.mark.parametrize("ops", MOVES_CUT_SHORT)
+@pytest.mark.parametrize("config", [CONFIG, COMMIT_ON_PROBE], ids=["probe-commit", "d1"])
+def test_a_move_cut_short_keeps_the_promises(
+    ops: list[tuple[object, ...]], config: ZoneConfig
+) -> None:
+    asyncio.run(scenario(ops, config))
+
+
+def test_a_move_whose_copy_ended_before_its_commit_answered_is_finished_at_once() -> None:
+    """A move's copy ended before its Commit answered, and the Commit never answered (the
+    router crashed): the copy's end finishes the move (the copy moved from is retired and
+    stopped, the job judged by the copy that ran), so the old copy is not moved a second
+    time when its agent asks again."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as root:
+            harness = Harness(Path(root))
+            try:
+                await harness.flush()
+                ops: list[tuple[object, ...]] = [
+                    ("submit_array", 0),
+                    ("exit_before_reply", 2),
+                    ("hang_commit_then_crash_router", 2),
+                    ("readdress", 1, 0),
+                    ("heartbeat", 1),  # asks for the move; its Commit hangs: crash
+                ]
+                for op in ops:
+                    await harness.do(op)
+                (moved,) = [
+                    job
+                    for job in harness.jobs()
+                    if any(p.subjob_id.endswith("-r1") for p in job.placements)
+                ]
+                assert moved.state == zone_pb2.JOB_SUCCEEDED, moved
+                old, new = moved.placements
+                assert end_cause(old.end_cause) is EndCause.READDRESSED, old
+                assert new.state == common_pb2.SUCCEEDED, new
+                assert old.subjob_id not in {s.spec.subjob_id for s in harness.agent(1).live()}
+                await harness.do(("heartbeat", 1))  # it would have asked to move again
+                assert len(harness.zone.get(moved.job_id).placements) == 2
+                await harness.finish()
+            finally:
+                await harness.close()
+
+    asyncio.run(run())
+
+
+def test_a_lost_agent_with_an_unconfirmed_move_leaves_the_member_where_it_was() -> None:
+    """A move's Commit reply was lost, then the copy's agent went silent and was declared
+    lost (its fence stopped the copy if it ran): the member stays where it was, and the
+    job runs on (it was failed for the loss of a copy it never counted on)."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as root:
+            harness = Harness(Path(root))
+            try:
+                await harness.flush()
+                ops: list[tuple[object, ...]] = [
+                    ("flush",),
+                    ("submit", 1, 1, 0, common_pb2.BATCH),
+                    ("lose_commit_reply", 0),
+                    ("submit", 1, 1, 0, common_pb2.BATCH),
+                    ("submit", 1, 1, 0, common_pb2.BATCH),
+                    ("readdress", 1, 0),
+                    ("heartbeat", 1),  # the move's copy goes to a0, whose reply is lost
+                    ("silence", 0),
+                    ("lost", 0),
+                ]
+                for op in ops:
+                    await harness.do(op)
+                (moved,) = [
+                    job
+                    for job in harness.jobs()
+                    if any(p.subjob_id.endswith("-r1") for p in job.placements)
+                ]
+                old, copy = moved.placements
+                assert (old.agent_id, copy.agent_id) == ("a1", "a0"), moved
+                assert moved.state == zone_pb2.JOB_RUNNING, moved
+                assert old.state == common_pb2.RUNNING, moved
+                assert copy.state == common_pb2.LOST, moved
+                assert end_cause(copy.end_cause) is EndCause.READDRESSED, moved
+                await harness.finish()
+            finally:
+                await harness.close()
+
+    asyncio.run(run())
+
+
+def test_a_restart_finishes_a_move_whose_copy_started() -> None:
+    """The journal holds a move whose copy started and ended but whose old copy was never
+    retired (the router died between the copy's report and the retirement): the restarted
+    router retires the old copy at once and judges the job by the copy that ran."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as root:
+            harness = Harness(Path(root))
+            try:
+                await harness.flush()
+                await harness.do(("submit", 1, 1, 0, common_pb2.BATCH))
+                job = harness.zone.get(harness.job_ids[0])
+                (old,) = job.placements
+                assert old.state == common_pb2.RUNNING, old
+                to = next(a for a in harness.agents.values() if a.agent_id != old.agent_id)
+                job.placements.add(
+                    subjob_id=f"{old.subjob_id}-r1",
+                    agent_id=to.agent_id,
+                    agent_address=to.address,
+                    member=old.member,
+                    attempt=old.attempt,
+                    state=common_pb2.SUCCEEDED,
+                    end_cause=EndCause.EXITED.wire,
+                    reason="exited 0",
+                )
+                harness.store.put(job)
+                await harness.restart()
+                await harness.settle()
+                job = harness.zone.get(job.job_id)
+                assert job.state == zone_pb2.JOB_SUCCEEDED, job
+                assert end_cause(job.placements[0].end_cause) is EndCause.READDRESSED, job
+                assert not harness.agents[old.agent_id].live()
+                await harness.finish()
+            finally:
+                await harness.close()
+
+    asyncio.run(run())
 
 
 def test_a_cancelled_job_settles_its_unconfirmed_commit_after_a_restart() -> None:
@@ -477,6 +720,30 @@ def test_a_move_cut_by_a_router_crash_runs_one_copy() -> None:
         ("flush",),
     ]
     asyncio.run(scenario(ops, COMMIT_ON_PROBE))
+
+
+def test_leases_nobody_will_commit_lapse_and_the_queue_drains() -> None:
+    """Leases granted to a router that then died, or in a reply that was lost, hold their
+    GPUs until their TTL: the queue behind a two-host gang drains once they lapse. (The
+    harness once let no time pass and never dropped a lapsed lease, and the gang waited
+    for ever.)"""
+    ops: list[tuple[object, ...]] = [
+        ("hang_commit_then_crash_router", 0),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("cancel", 0),
+        ("flush",),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("cancel", 50),
+        ("flush",),
+        ("submit", 1, 1, 0, common_pb2.BATCH),
+        ("submit_array", 0),
+        ("lose_commit_reply", 2),
+        ("readdress", 0, 0),
+        ("flush",),
+        ("submit", 2, 2, 0, common_pb2.BATCH),
+    ]
+    asyncio.run(scenario(ops))
 
 
 def test_a_router_restart_recovers_running_and_queued_jobs() -> None:
