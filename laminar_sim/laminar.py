@@ -337,7 +337,8 @@ class LaminarCluster:
         self.host_index = {h.agent_id: i for i, h in enumerate(hosts)}
         for first in range(0, len(hosts), max(1, zone_hosts)):
             members = hosts[first : first + zone_hosts]
-            zone = SimZone(f"z{len(self.zones)}", {h.agent_id: h for h in members}, ZoneView(1e18))
+            view = ZoneView(1e18, order_salt=self.rng.getrandbits(32))
+            zone = SimZone(f"z{len(self.zones)}", {h.agent_id: h for h in members}, view)
             for host in members:
                 zone.view.update(host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0)
                 zone.view.note_host(host.agent_id, host.ledger.host_free())

@@ -10,7 +10,10 @@ staleness sweep is O(agents) but runs off the hot path, once per period.
 
 from __future__ import annotations
 
+import bisect
 import enum
+import hashlib
+import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -85,18 +88,22 @@ class AgentRecord:
 
 
 class _IndexedSet:
-    """A set with O(1) add, remove and uniform random pick."""
+    """A set with O(1) add, remove and uniform random pick, also kept sorted by each key's
+    place in the view's fixed host order (:meth:`ZoneView.first_in_order`): adding or
+    removing is O(log n) to find and a memory move of at most the pool's size."""
 
     def __init__(self) -> None:
         self.items: list[str] = []
         self.pos: dict[str, int] = {}
+        self.ordered: list[tuple[int, str]] = []
 
-    def add(self, key: str) -> None:
+    def add(self, key: str, order: int) -> None:
         if key not in self.pos:
             self.pos[key] = len(self.items)
             self.items.append(key)
+            bisect.insort(self.ordered, (order, key))
 
-    def discard(self, key: str) -> None:
+    def discard(self, key: str, order: int) -> None:
         index = self.pos.pop(key, None)
         if index is None:
             return
@@ -104,6 +111,8 @@ class _IndexedSet:
         if index < len(self.items):
             self.items[index] = last
             self.pos[last] = index
+        at = bisect.bisect_left(self.ordered, (order, key))
+        del self.ordered[at]
 
     def __len__(self) -> int:
         return len(self.items)
@@ -130,9 +139,21 @@ class HostCounts:
 SAMPLE_SIZE = 16
 
 
+def host_order(agent_id: str, salt: int = 0) -> int:
+    """An agent's place in a router's fixed host order: a hash of its id (and the router's
+    ``salt``), so the order is the same at every draw, random-like over hosts, and needs no
+    coordination between routers."""
+    digest = hashlib.blake2b(f"{salt}:{agent_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
 class ZoneView:
-    def __init__(self, stale_after_seconds: float) -> None:
+    def __init__(self, stale_after_seconds: float, *, order_salt: int = 0) -> None:
+        """``order_salt`` picks the fixed host order :meth:`first_in_order` walks
+        (:func:`host_order`); any value gives a random-like order."""
         self.stale_after_seconds = stale_after_seconds
+        self.order_salt = order_salt
+        self._order: dict[str, int] = {}
         #: GPUs of the largest host ever heard from (0: none yet): a job asking more per
         #: member than that could never start here.
         self.largest_gpus = 0
@@ -274,9 +295,12 @@ class ZoneView:
     def _reindex(self, record: AgentRecord) -> None:
         """Move the agent to the pools its summary puts it in now: O(its shapes)."""
         agent_id = record.agent_id
+        order = self._order.get(agent_id)
+        if order is None:
+            order = self._order[agent_id] = host_order(agent_id, self.order_salt)
         for shape, levels in self._pools_of.pop(agent_id, ()):
             by_level = self._by_shape[shape]
-            by_level[levels].discard(agent_id)
+            by_level[levels].discard(agent_id, order)
             if not by_level[levels]:
                 del by_level[levels]  # so a draw never walks pools left empty
         if not record.is_ready:
@@ -287,7 +311,9 @@ class ZoneView:
             if cap.free > 0 or cap.max_free_milli > 0:
                 where.append((shape, (_shape_level(shape, cap), *host_levels)))
         for shape, levels in where:
-            self._by_shape.setdefault(shape, {}).setdefault(levels, _IndexedSet()).add(agent_id)
+            self._by_shape.setdefault(shape, {}).setdefault(levels, _IndexedSet()).add(
+                agent_id, order
+            )
         self._pools_of[agent_id] = where
 
     # -------------------------------------------------------------- queries
@@ -326,6 +352,33 @@ class ZoneView:
             if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
                 chosen[agent_id] = record
         return list(chosen.values())
+
+    def first_in_order(
+        self, need: Demand, k: int, *, exclude: set[str] | None = None
+    ) -> list[AgentRecord]:
+        """Up to k ready agents whose summary fits ``need``, the first in the view's fixed host
+        order (:func:`host_order`), in that order.
+
+        Why: a centralized FGD breaks its many equal scores by one fixed node order, so it
+        fills hosts one after another and keeps the rest whole; a uniform sample finds
+        those partly filled hosts only by chance. Walking the fitting pools merged by that
+        order finds them in O(k + pools) expected, never a scan of the zone: the walk stops
+        after a bounded number of agents, as :meth:`sample` does."""
+        if k <= 0:
+            return []
+        pools = self._pools(need)
+        chosen: list[AgentRecord] = []
+        max_tries = 8 * k + 16
+        for tries, (_, agent_id) in enumerate(heapq.merge(*(p.ordered for p in pools))):
+            if len(chosen) >= k or tries >= max_tries:
+                break
+            if exclude and agent_id in exclude:
+                continue
+            record = self.agents[agent_id]
+            host = record.host
+            if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
+                chosen.append(record)
+        return chosen
 
     def _pools(self, need: Demand) -> list[_IndexedSet]:
         """The non-empty pools whose agents may fit ``need``: every agent that fits is in
@@ -439,6 +492,10 @@ def _need_levels(need: Demand) -> tuple[int, int, int]:
 Rank = Callable[[AgentRecord], float | None]
 
 
+#: Candidates a draw takes in the view's fixed host order before its random sample.
+ORDERED_SIZE = 16
+
+
 #: d for a try that compares agents' answers when the configured d is 1: a gang gathers
 #: leases over several hosts and commits them all or none, and a MIG profile's placement is
 #: the agent's choice of layout, which the router's view ranks only coarsely.
@@ -457,6 +514,9 @@ class ProbeLimits:
     sample_size: int = SAMPLE_SIZE
     max_attempts: int = 4
     regenerations: int = 2
+    #: Candidates taken first in the view's fixed host order (:meth:`ZoneView.first_in_order`),
+    #: ranked beside the ``sample_size`` drawn at random; on equal scores they come first.
+    ordered_size: int = ORDERED_SIZE
 
     def for_try(self, need: Demand, gang: int) -> ProbeLimits:
         """The limits a try of ``gang`` members of ``need`` probes with: at least
@@ -522,7 +582,11 @@ class ProbePlan:
         return batch
 
     def _draw(self) -> list[AgentRecord]:
-        drawn = self.view.sample(self.need, self.limits.sample_size, self.rng, exclude=self.tried)
+        first = self.view.first_in_order(self.need, self.limits.ordered_size, exclude=self.tried)
+        exclude = self.tried | {r.agent_id for r in first} if first else self.tried
+        drawn = first + self.view.sample(
+            self.need, self.limits.sample_size, self.rng, exclude=exclude
+        )
         if self.rank is None:
             return drawn
         self.scored += len(drawn)

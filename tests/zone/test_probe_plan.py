@@ -52,6 +52,7 @@ def make_view(cpu_free: list[int]) -> ZoneView:
     regenerations=st.integers(0, 3),
     max_attempts=st.integers(1, 8),
     seed=st.integers(0, 2**16),
+    ordered_size=st.integers(0, 24),
 )
 def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
     cpu_free: list[int],
@@ -60,6 +61,7 @@ def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
     regenerations: int,
     max_attempts: int,
     seed: int,
+    ordered_size: int,
 ) -> None:
     view = make_view(cpu_free)
     scores = {f"h{i}": random.Random(seed + i).random() for i in range(len(cpu_free))}
@@ -69,7 +71,7 @@ def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
         calls.append(record.agent_id)
         return scores[record.agent_id]
 
-    limits = ProbeLimits(d, sample_size, max_attempts, regenerations)
+    limits = ProbeLimits(d, sample_size, max_attempts, regenerations, ordered_size)
     plan = ProbePlan(view, NEED, limits, random.Random(seed), rank=rank)
     probed: list[str] = []
     while batch := plan.next_batch():
@@ -79,7 +81,7 @@ def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
         probed += [r.agent_id for r in batch]
     assert len(probed) == len(set(probed)) <= d * max_attempts
     # Scoring is bounded by the sample and its redraws, not by the zone's size.
-    assert len(calls) == plan.scored <= sample_size * (1 + regenerations)
+    assert len(calls) == plan.scored <= (sample_size + ordered_size) * (1 + regenerations)
     # Too little host CPU left shows in the summary: such a host is never probed.
     assert all(cpu_free[int(a[1:])] >= NEED.cpu_milli for a in probed)
     if any(c >= NEED.cpu_milli for c in cpu_free):
