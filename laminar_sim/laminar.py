@@ -60,6 +60,7 @@ from laminar_base.fragmentation import (
     MILLI_SLICING,
     FragmentationCache,
     ObservedWorkload,
+    PodShape,
     demand_pod,
 )
 from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release, Unsure
@@ -129,6 +130,11 @@ def _compute_mask(instances: set[tuple[str, int]]) -> int:
         compute = MIG_PROFILES[SIM_MIG_GEOMETRY][name].compute_slices
         mask |= ((1 << compute) - 1) << min(start, MIG_COMPUTE_SLICES - compute)
     return mask
+
+
+def observed_shape(ask: Ask) -> PodShape:
+    """The task's shape as its router learns it (its target workload's unit)."""
+    return replace(demand_pod(ask.need, _NO_HOST), gpu_models=ask.gpu_models)
 
 
 class SimHost:
@@ -301,8 +307,7 @@ class SimZone:
     def observe(self, ask: Ask) -> FragmentationCache | None:
         """Learn the task's shape; the current measure, which the zone's agents then score
         by too (None before the router has seen any task)."""
-        shape = demand_pod(ask.need, _NO_HOST)
-        self.workload.observe(replace(shape, gpu_models=ask.gpu_models))
+        self.workload.observe(observed_shape(ask))
         frag = self.workload.cache()
         if frag is not self.agents_frag:
             for host in self.hosts.values():
@@ -327,7 +332,10 @@ class LaminarCluster:
         gamma: float,
         seed: int,
         exchange_every: int = 100,
+        workload_prior: Mapping[PodShape, int] | None = None,
     ) -> None:
+        """``workload_prior``: task shapes (as a router observes them, :meth:`SimZone.observe`)
+        and counts each router's target workload starts from, as if learned before."""
         self.rng = random.Random(seed)
         self.limits = limits
         self.gamma = gamma
@@ -339,6 +347,8 @@ class LaminarCluster:
             members = hosts[first : first + zone_hosts]
             view = ZoneView(1e18, order_salt=self.rng.getrandbits(32))
             zone = SimZone(f"z{len(self.zones)}", {h.agent_id: h for h in members}, view)
+            for shape, count in (workload_prior or {}).items():
+                zone.workload.observe(shape, count)
             for host in members:
                 zone.view.update(host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0)
                 zone.view.note_host(host.agent_id, host.ledger.host_free())

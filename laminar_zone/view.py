@@ -295,9 +295,7 @@ class ZoneView:
     def _reindex(self, record: AgentRecord) -> None:
         """Move the agent to the pools its summary puts it in now: O(its shapes)."""
         agent_id = record.agent_id
-        order = self._order.get(agent_id)
-        if order is None:
-            order = self._order[agent_id] = host_order(agent_id, self.order_salt)
+        order = self.order_of(agent_id)
         for shape, levels in self._pools_of.pop(agent_id, ()):
             by_level = self._by_shape[shape]
             by_level[levels].discard(agent_id, order)
@@ -352,6 +350,13 @@ class ZoneView:
             if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
                 chosen[agent_id] = record
         return list(chosen.values())
+
+    def order_of(self, agent_id: str) -> int:
+        """The agent's place in this view's fixed host order (:func:`host_order`)."""
+        order = self._order.get(agent_id)
+        if order is None:
+            order = self._order[agent_id] = host_order(agent_id, self.order_salt)
+        return order
 
     def first_in_order(
         self, need: Demand, k: int, *, exclude: set[str] | None = None
@@ -590,7 +595,12 @@ class ProbePlan:
         if self.rank is None:
             return drawn
         self.scored += len(drawn)
-        scored = [(score, i, r) for i, r in enumerate(drawn) if (score := self.rank(r)) is not None]
+        # Equal scores go to the host first in the view's fixed order, as FGD's go to the
+        # node first in its fixed rank: hosts fill one after another.
+        order = self.view.order_of
+        scored = [
+            (score, order(r.agent_id), r) for r in drawn if (score := self.rank(r)) is not None
+        ]
         scored.sort(key=lambda row: (-row[0], row[1]))
         return [r for _, _, r in scored]
 
