@@ -406,23 +406,29 @@ class LaminarCluster:
             self.exchange()
         zone = self.route(self.rng.choice(self.zones), ask)
         frag = zone.observe(ask)
-        for one in self._needs(ask):
-            placed = self._place_in(zone, one, now, frag)
+        plans = [(one, self._plan(zone, one, frag)) for one in self._needs(ask)]
+        if len(plans) > 1:
+            # A task accepting several models: the model whose best candidate ranks best is
+            # tried first (equal ranks: the candidate first in the view's host order), as a
+            # centralized FGD takes the best node over all the models the task accepts.
+            plans.sort(key=lambda pair: _best_candidate(zone.view, pair[1]))
+        for one, plan in plans:
+            placed = self._place_in(zone, one, now, plan)
             if placed is not None:
                 self.counters.placements += 1
                 return placed
         self.counters.failures += 1
         return None
 
-    def _place_in(
-        self, zone: SimZone, ask: Ask, now: float, frag: FragmentationCache | None
-    ) -> tuple[int, tuple[int, ...]] | None:
+    def _plan(self, zone: SimZone, ask: Ask, frag: FragmentationCache | None) -> ProbePlan:
         rank = fragmentation_ranking(ask.need, frag)
-        limits = self.limits.for_try(ask.need, 1)
-        machine = Gather(
-            ProbePlan(zone.view, ask.need, limits, self.rng, rank=rank),
-            commit_on_probe=limits.probes_per_attempt == 1,
-        )
+        return ProbePlan(zone.view, ask.need, self.limits.for_try(ask.need, 1), self.rng, rank=rank)
+
+    def _place_in(
+        self, zone: SimZone, ask: Ask, now: float, plan: ProbePlan
+    ) -> tuple[int, tuple[int, ...]] | None:
+        limits = plan.limits
+        machine = Gather(plan, commit_on_probe=limits.probes_per_attempt == 1)
         committed: dict[str, tuple[int, ...]] = {}
 
         def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
@@ -459,6 +465,16 @@ class LaminarCluster:
         gpus = host.commit(best.lease_id, f"s-{best.lease_id}", now)
         zone.note(host)
         return self.host_index[host.agent_id], gpus
+
+
+def _best_candidate(view: ZoneView, plan: ProbePlan) -> tuple[float, int]:
+    """Sort key of a plan by its first candidate: best rank first, then host order; a plan
+    with no candidate last."""
+    if not plan.sample:
+        return (float("inf"), 0)
+    first = plan.sample[0]
+    score = plan.rank(first) if plan.rank is not None else None
+    return (-(score if score is not None else 0.0), view.order_of(first.agent_id))
 
 
 def settle(
