@@ -347,8 +347,7 @@ class LaminarCluster:
             members = hosts[first : first + zone_hosts]
             view = ZoneView(1e18, order_salt=self.rng.getrandbits(32))
             zone = SimZone(f"z{len(self.zones)}", {h.agent_id: h for h in members}, view)
-            for shape, count in (workload_prior or {}).items():
-                zone.workload.observe(shape, count)
+            zone.workload.add_prior(workload_prior or {})
             for host in members:
                 zone.view.update(host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0)
                 zone.view.note_host(host.agent_id, host.ledger.host_free())
@@ -357,11 +356,16 @@ class LaminarCluster:
         self.exchange()
 
     def exchange(self) -> None:
-        """Every zone learns every other zone's summary (ExchangeSummary, both ways)."""
+        """Every zone learns every other zone's summary (ExchangeSummary, both ways): free
+        capacity and heat for flow splitting, and the task shapes it observed, which join
+        the target workload (``ObservedWorkload.note_peer``)."""
         totals = {z.name: (z.view.shape_totals()[1], z.heat()) for z in self.zones}
         for zone in self.zones:
             zone.peer_shapes = {name: t for name, t in totals.items() if name != zone.name}
             zone.local_shapes = totals[zone.name][0]
+            for peer in self.zones:
+                if peer is not zone:  # the summary carries the peer's own observed shapes
+                    zone.workload.note_peer(peer.name, peer.workload.own)
         pairs = len(self.zones) * (len(self.zones) - 1)
         self.counters.exchange_messages += MESSAGES_PER_CALL * pairs  # each zone calls each peer
         self._since_exchange = 0
