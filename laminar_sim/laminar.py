@@ -14,11 +14,12 @@ Nothing here decides anything the daemons do not decide the same way:
   attempts) and binds late with :func:`laminar_zone.view.choose_offers`; every probe,
   commit and release reply carries the host's fresh summary (shapes, host CPU, memory and
   per-GPU free share) into the view, as ``Placer.note_summary`` does;
-* each router learns its target workload from the tasks it places
-  (:class:`laminar_base.fragmentation.ObservedWorkload`) and its agents score and choose
-  GPUs by the same measure (``Ledger.set_fragmentation``); the simulator hands a router's
-  current measure to its agents as soon as the router rebuilds it, which the daemons do
-  not do yet (a heartbeat reply would carry it);
+* each router learns its target workload from the tasks it places and, through the zone
+  summaries it exchanges, from the tasks its peers place
+  (:class:`laminar_base.fragmentation.ObservedWorkload`, optionally from a prior), and its
+  agents score and choose GPUs by the same measure (``Ledger.set_fragmentation``); the
+  simulator hands a router's current measure to its agents as soon as the router rebuilds
+  it, where the daemons' heartbeat replies carry it within a heartbeat period;
 * a job enters at a zone drawn at random and is forwarded at most once to the zone
   :func:`laminar_zone.placement.choose_weighted` picks from the flow-splitting weights
   ``W_z = (1 + S_z) / (1 + H_z)^gamma`` (:func:`laminar_zone.placement.flow_weight`),

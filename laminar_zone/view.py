@@ -537,13 +537,15 @@ class ProbeLimits:
 class ProbePlan:
     """Which agents one placement try probes, attempt by attempt (router and simulator).
 
-    ``sample_size`` candidates are drawn from the view; with a ``rank`` they are scored
-    from their summaries (best first, those it rules out dropped), else taken in the
-    order drawn; each attempt probes up to ``probes_per_attempt`` not yet tried; when
-    the draw is used up it is redrawn at most ``regenerations`` times; at most
-    ``max_attempts`` attempts. Scoring work per try is thus at most
-    ``sample_size * (1 + regenerations)`` candidates, whatever the zone's size. An empty
-    batch means stop, and :attr:`reason` says why when no host looked suitable at all.
+    A draw takes the ``ordered_size`` fitting candidates first in the view's fixed host
+    order (:meth:`ZoneView.first_in_order`) and ``sample_size`` more at random; with a
+    ``rank`` they are scored from their summaries (best first, equal scores in host
+    order, those it rules out dropped), else taken in the order drawn; each attempt probes
+    up to ``probes_per_attempt`` not yet tried; when the draw is used up it is redrawn at
+    most ``regenerations`` times; at most ``max_attempts`` attempts. Scoring work per try
+    is thus at most ``(ordered_size + sample_size) * (1 + regenerations)`` candidates,
+    whatever the zone's size. An empty batch means stop, and :attr:`reason` says why when
+    no host looked suitable at all.
     """
 
     def __init__(
