@@ -4,7 +4,9 @@ Agents are authoritative; this view only steers probes. It keeps the ready agent
 in pools by shape key and by levels of free capacity of that shape, free host CPU
 and free host memory (each a lower bound of what a fitting demand needs), so that
 drawing candidates costs O(k) plus the pools of the demand's shape, never a scan of
-the zone, and a draw late in a fill does not spend its tries on hosts that are full. The periodic
+the zone, and a draw late in a fill does not spend its tries on hosts that are full.
+Each pool is also kept in a fixed host order, so a draw can take the fitting hosts
+first in that order, which is how FGD's ties are broken and why it packs. The periodic
 staleness sweep is O(agents) but runs off the hot path, once per period.
 """
 
