@@ -156,6 +156,9 @@ class ZoneView:
         self.stale_after_seconds = stale_after_seconds
         self.order_salt = order_salt
         self._order: dict[str, int] = {}
+        #: Agents probed since their last summary reached this view: their summary may be
+        #: about to change, so the ordered draw passes them over (see :meth:`note_probing`).
+        self._probing: set[str] = set()
         #: GPUs of the largest host ever heard from (0: none yet): a job asking more per
         #: member than that could never start here.
         self.largest_gpus = 0
@@ -186,6 +189,7 @@ class ZoneView:
         generation: int = 0,
         is_heartbeat: bool = True,
     ) -> Update:
+        self._probing.discard(agent_id)
         record = self.agents.get(agent_id)
         is_new = record is None
         if record is None:
@@ -239,6 +243,7 @@ class ZoneView:
             or record.identity != identity
         ):
             return False
+        self._probing.discard(agent_id)  # a probe that got no reply is over by now
         if record.reported_host_at == record.last_heartbeat:
             record.reported_host_at = now  # the same summary: its host figures still hold
         record.last_heartbeat = now
@@ -360,11 +365,18 @@ class ZoneView:
             order = self._order[agent_id] = host_order(agent_id, self.order_salt)
         return order
 
+    def note_probing(self, agent_id: str) -> None:
+        """A probe went to the agent: until a summary from it (a reply or a heartbeat)
+        arrives, :meth:`first_in_order` passes it over, so placements in flight at once do
+        not all go to the first host in the order and bounce off what the first took."""
+        self._probing.add(agent_id)
+
     def first_in_order(
         self, need: Demand, k: int, *, exclude: set[str] | None = None
     ) -> list[AgentRecord]:
         """Up to k ready agents whose summary fits ``need``, the first in the view's fixed host
-        order (:func:`host_order`), in that order.
+        order (:func:`host_order`), in that order, passing over agents with a probe in
+        flight (:meth:`note_probing`).
 
         Why: a centralized FGD breaks its many equal scores by one fixed node order, so it
         fills hosts one after another and keeps the rest whole; a uniform sample finds
@@ -379,7 +391,7 @@ class ZoneView:
         for tries, (_, agent_id) in enumerate(heapq.merge(*(p.ordered for p in pools))):
             if len(chosen) >= k or tries >= max_tries:
                 break
-            if exclude and agent_id in exclude:
+            if (exclude and agent_id in exclude) or agent_id in self._probing:
                 continue
             record = self.agents[agent_id]
             host = record.host
@@ -588,6 +600,8 @@ class ProbePlan:
             return []
         self.attempts += 1
         self.tried.update(r.agent_id for r in batch)
+        for record in batch:
+            self.view.note_probing(record.agent_id)
         return batch
 
     def _draw(self) -> list[AgentRecord]:

@@ -196,3 +196,22 @@ def test_the_fixed_order_differs_by_salt_and_is_stable() -> None:
     first = sorted(ids, key=lambda a: host_order(a, 1))
     assert first == sorted(ids, key=lambda a: host_order(a, 1))
     assert first != sorted(ids, key=lambda a: host_order(a, 2))
+
+
+def test_a_host_with_a_probe_in_flight_is_passed_over_until_it_reports() -> None:
+    """Placements in flight at once do not all take the first host in the order: a probed
+    host waits out of the ordered draw until a summary from it (reply or heartbeat)."""
+    view = ZoneView(stale_after_seconds=1e9)
+    shapes = {"gpu:A100": ShapeCap(8, 8, 0, 80 * GIB)}
+    for i in range(4):
+        view.update(f"h{i}", "addr", dict(shapes), heat=0, draining=False, now=0.0)
+    need = Demand(gpus=1)
+    first, second = (r.agent_id for r in view.first_in_order(need, 2))
+    view.note_probing(first)
+    assert [r.agent_id for r in view.first_in_order(need, 1)] == [second]
+    view.update(first, "addr", dict(shapes), heat=0, draining=False, now=1.0, is_heartbeat=False)
+    assert [r.agent_id for r in view.first_in_order(need, 1)] == [first]
+    view.note_probing(first)  # a probe that got no reply: the next heartbeat clears it
+    view.agents[first].summary_version = 3
+    assert view.refresh(first, 3, "", now=2.0, now_unix=2.0)
+    assert [r.agent_id for r in view.first_in_order(need, 1)] == [first]
