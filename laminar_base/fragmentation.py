@@ -267,7 +267,7 @@ class FragmentationCache:
         self.target = target
         self.slicing = slicing
         self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
-        self._scores: dict[tuple[str, int, tuple[int, ...], int, int, int], float | None] = {}
+        self._scores: dict[tuple[str, int, tuple[int, ...], int, int, int], int | None] = {}
 
     def __call__(self, node: NodeState) -> float:
         key = (node.model, node.cpu_left_milli, tuple(sorted(node.gpu_left)))
@@ -277,13 +277,15 @@ class FragmentationCache:
             self._memo[key] = value
         return value
 
-    def least_score(self, node: NodeState, pod: PodShape) -> float | None:
-        """:func:`least_fragmenting`'s score of placing ``pod`` on ``node`` (None: its GPUs
-        cannot take it), memoized by what that score depends on: the node's model, CPU
-        left and GPUs' free states in any order, and the pod's CPU and GPU request (memory
-        is not part of the measure). Ranking hosts from their summaries thus costs a
-        lookup for every node state and pod shape seen before; the memo is emptied when it
-        holds :data:`SCORE_MEMO_ENTRIES`, so it stays bounded on a long-lived router."""
+    def node_score(self, node: NodeState, pod: PodShape) -> int | None:
+        """FGD's 0..100 node score (:func:`fgd_score`) of the placement of ``pod`` on ``node``
+        that raises fragmentation least (None: its GPUs cannot take it), memoized by what it
+        depends on: the node's model, CPU left and GPUs' free states in any order, and the
+        pod's CPU and GPU request (memory is not part of the measure). What the router ranks
+        hosts by: quantized as FGD's is, so that many hosts tie and the router's fixed host
+        order breaks the ties (:meth:`laminar_zone.view.ZoneView.first_in_order`), which is
+        what makes FGD pack. The memo is emptied when it holds :data:`SCORE_MEMO_ENTRIES`,
+        so it stays bounded on a long-lived router."""
         key = (
             node.model,
             node.cpu_left_milli,
@@ -296,14 +298,14 @@ class FragmentationCache:
             return self._scores[key]
         except KeyError:
             pass
-        best = least_fragmenting(node, pod, self)
+        best = least_fragmenting_delta(node, pod, self)
         if len(self._scores) >= SCORE_MEMO_ENTRIES:
             self._scores.clear()
-        score = self._scores[key] = None if best is None else best[1]
+        score = self._scores[key] = None if best is None else fgd_score(best[1])
         return score
 
 
-#: Entries :meth:`FragmentationCache.least_score` memoizes before starting afresh.
+#: Entries :meth:`FragmentationCache.node_score` memoizes before starting afresh.
 SCORE_MEMO_ENTRIES = 1 << 16
 
 
@@ -336,40 +338,38 @@ def placements(
             yield (i,), frag(place(node, pod, (i,), slicing)) - before
 
 
-#: Weight of how full a node's GPUs already are in :func:`placement_score`. Fragmentation
-#: deltas are often equal (0 for many hosts); FGD breaks such ties centrally by one fixed
-#: node order, which packs; a sampled choice has no such order, and without this term it
-#: spreads work over empty hosts. Chosen by measurement: first with d = 2 on the default
-#: pod list, seed 42, 16 candidates, the router's ranking alone (no term 9.6% unallocated,
-#: weights 1e-4, 0.02, 0.1, 0.3 and 1 gave 7.0, 6.8, 5.9, 5.7 and 6.0); then with d = 1
-#: (commit on probe, the router's default), seeds 42-51, where 0.1 beat 0.3 on all six
-#: pod lists of docs/benchmarks.md (default 5.39 against 5.67% unallocated, cpu250 7.72
-#: against 8.65).
+#: Weight of how full a node's GPUs already are in :func:`placement_score`, the agent's
+#: score of a lease (what late binding compares when a try probes more than one host).
+#: Fragmentation deltas are often equal (0 for many hosts); this term prefers the fuller
+#: host among them. Measured with the router ranking by it too (before it ranked by FGD's
+#: quantized score and a fixed host order): d = 2, default pod list, seed 42, 16
+#: candidates, weights 0, 1e-4, 0.02, 0.1, 0.3 and 1 gave 9.6, 7.0, 6.8, 5.9, 5.7 and 6.0%
+#: unallocated; with d = 1, seeds 42-51, 0.1 beat 0.3 on all six pod lists of
+#: docs/benchmarks.md.
 PACKING_WEIGHT = 0.1
 
 
 def placement_score(node: NodeState, delta_milli: float, slicing: GpuSlicing) -> float:
     """A placement's score in [0, 1], higher is better: the fragmentation gradient
     (:func:`gradient_score` of ``delta_milli``) blended with how used the node's GPUs
-    already are (:data:`PACKING_WEIGHT`). What the router ranks candidates by and the agent
-    answers a probe with, so late binding compares like with like."""
+    already are (:data:`PACKING_WEIGHT`). What the agent answers a probe with, so late
+    binding compares leases on one scale."""
     capacity = MILLI * len(node.gpu_left)
     free = sum(slicing.free_milli(left) for left in node.gpu_left)
     used = 1.0 - free / capacity if capacity else 0.0
     return (gradient_score(delta_milli) + PACKING_WEIGHT * used) / (1.0 + PACKING_WEIGHT)
 
 
-def least_fragmenting(
+def least_fragmenting_delta(
     node: NodeState, pod: PodShape, frag: FragmentationCache
 ) -> tuple[tuple[int, ...], float] | None:
     """The placement that raises fragmentation least (lowest GPU index on equal changes) and
-    its :func:`placement_score`; None when the GPUs cannot take the pod. What Laminar's
-    router ranks hosts by and its agent chooses a GPU by."""
+    that change in milli-GPUs; None when the GPUs cannot take the pod."""
     best: tuple[tuple[int, ...], float] | None = None
     for gpus, delta in placements(node, pod, frag):
         if best is None or delta < best[1]:
             best = (gpus, delta)
-    return None if best is None else (best[0], placement_score(node, best[1], frag.slicing))
+    return best
 
 
 def fgd_gpus(
@@ -429,17 +429,57 @@ class ObservedWorkload:
 
     slicing: GpuSlicing
     max_shapes: int = 256
+    max_peers: int = 64
     refresh_every: int = 1024
     counts: Counter[PodShape] = field(default_factory=Counter)
     observed: int = 0
     _built_at: int = 0
     _cache: FragmentationCache | None = None
 
+    #: What this router itself observed (``counts`` adds its peers' to it): what it tells
+    #: its peers, so no count travels twice.
+    own: Counter[PodShape] = field(default_factory=Counter)
+    _peers: dict[str, Counter[PodShape]] = field(default_factory=dict)
+
     def observe(self, shape: PodShape) -> None:
+        """Count one task of ``shape`` that this router was asked to place."""
         key = PodShape(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
         if key in self.counts or len(self.counts) < self.max_shapes:
             self.counts[key] += 1
+            self.own[key] += 1
         self.observed += 1
+
+    def add_prior(self, counts: Mapping[PodShape, int]) -> None:
+        """Start from a mix known before (such as the workload a router learned before):
+        counted in the target, not told to peers (each has its own prior)."""
+        for shape, count in counts.items():
+            key = PodShape(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
+            if count > 0 and (key in self.counts or len(self.counts) < self.max_shapes):
+                self.counts[key] += count
+                self.observed += count
+
+    def note_peer(self, peer: str, counts: Mapping[PodShape, int]) -> None:
+        """A peer zone's own observations as of its last summary (they replace the ones it
+        sent before): a router learns the mix from every zone's arrivals, not a third of
+        them (measured, ``sim fgd`` default list, seeds 42-45: 5.36% unallocated learning
+        alone, 4.98 with every zone's arrivals at once). At most ``max_peers`` peers and
+        ``max_shapes`` shapes are kept; ``observed`` only grows, so :attr:`version` names a
+        new build."""
+        old = self._peers.get(peer)
+        if old is None and len(self._peers) >= self.max_peers:
+            return
+        fresh: Counter[PodShape] = Counter()
+        for shape, count in counts.items():
+            key = PodShape(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
+            if count > 0 and (key in self.counts or len(self.counts) < self.max_shapes):
+                fresh[key] += count
+                self.counts[key] += count
+        for shape, count in (old or Counter()).items():
+            self.counts[shape] -= count
+            if self.counts[shape] <= 0:
+                del self.counts[shape]
+        self._peers[peer] = fresh
+        self.observed += max(0, sum(fresh.values()) - sum((old or Counter()).values()))
 
     @property
     def version(self) -> int:

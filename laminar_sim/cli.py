@@ -84,6 +84,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=fgd.LAMINAR_ZONE_HOSTS,
         help=f"laminar: hosts per zone (default {fgd.LAMINAR_ZONE_HOSTS})",
     )
+    exp.add_argument(
+        "--workload-prior",
+        action="store_true",
+        help="laminar: routers start from the pod list's mix as their target workload "
+        "(FGD is given it), instead of learning it from the arrivals alone",
+    )
     exp.add_argument("-o", "--output", choices=["table", "json"], default="table")
     exp.add_argument("--plot", type=Path, help="save the unallocated-GPU curves to this PNG")
     exp.set_defaults(func=cmd_fgd)
@@ -381,6 +387,7 @@ def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
             progress=advance,
             zone_hosts=args.zone_hosts,
             limits=replace(ProbeLimits(), probes_per_attempt=args.probes),
+            workload_prior=bool(args.workload_prior),
         )
     report["trace_dir"] = str(trace_dir)
     return emit(report, args, console, render_fgd, lambda path: save_plot(report, path))
@@ -429,6 +436,11 @@ def render_fgd(report: dict[str, Any], console: Console) -> None:
             + (
                 " (a probe carries the commit)"
                 if report.get("laminar_probes_per_attempt") == 1
+                else ""
+            )
+            + (
+                "; routers start from the pod list's workload"
+                if report.get("laminar_workload_prior")
                 else ""
             )
         )

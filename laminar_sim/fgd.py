@@ -38,7 +38,7 @@ import math
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from laminar_base.fragmentation import TYPICAL_COVERAGE_RATIO
 from laminar_base.fragmentation import typical_workload as shared_typical_workload
 from laminar_sim import traces
 from laminar_sim.engine import Engine
-from laminar_sim.laminar import Ask, LaminarCluster, SimHost
+from laminar_sim.laminar import Ask, LaminarCluster, SimHost, observed_shape
 from laminar_sim.policies import (
     MILLI,
     MILLI_SLICING,
@@ -194,14 +194,17 @@ class PolicyContext:
         *,
         zone_hosts: int = LAMINAR_ZONE_HOSTS,
         limits: ProbeLimits | None = None,
+        workload_prior: Mapping[PodShape, int] | None = None,
     ) -> None:
         """``zone_hosts``: hosts per zone of the ``laminar`` policy; ``limits``: its routers'
-        probing budget (default: the router's defaults)."""
+        probing budget (default: the router's defaults); ``workload_prior``: the shapes and
+        counts its routers' target workloads start from (:func:`laminar_workload_prior`)."""
         if policy not in FGD_POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
         self.zone_hosts = zone_hosts
         self.limits = limits or ProbeLimits()
+        self.workload_prior = workload_prior
         self.frag = FragmentationCache(target, slicing)
         self.slicing = slicing
         self.scores: dict[
@@ -277,6 +280,7 @@ class FillRun:
                 limits=ctx.limits,
                 gamma=1.0,
                 seed=int(rng.integers(2**31)),
+                workload_prior=ctx.workload_prior,
             )
         self.node_frag = np.array([ctx.frag(s) for s in self.states], dtype=np.float64)
         self.frag_total = float(self.node_frag.sum())
@@ -337,9 +341,9 @@ class FillRun:
 
     def mig_profile(self, pod: PodShape) -> str:
         """In MIG mode the profile a shared pod is rounded up to ("" otherwise)."""
-        if not (self.laminar is not None and self.mig and pod.is_shared):
+        if not (self.laminar is not None and self.mig):
             return ""
-        return MIG_PROFILE_OF_SLICES[gpu_request(pod, self.slicing)]
+        return mig_profile_of(pod, self.slicing)
 
     def apply(self, node: int, pod: PodShape, gpus: tuple[int, ...]) -> None:
         if self.laminar is not None and self.mig:
@@ -366,6 +370,20 @@ class FillRun:
             self.allocated_milli += pod.num_gpu * self.slicing.request_milli(
                 gpu_request(pod, self.slicing)
             )
+
+
+def mig_profile_of(pod: PodShape, slicing: GpuSlicing) -> str:
+    """The MIG profile a shared pod is rounded up to under a MIG slicing ("" otherwise)."""
+    if slicing.name != "mig" or not pod.is_shared:
+        return ""
+    return MIG_PROFILE_OF_SLICES[gpu_request(pod, slicing)]
+
+
+def laminar_workload_prior(pods: Sequence[PodShape], slicing: GpuSlicing) -> Counter[PodShape]:
+    """The pod list's shapes as Laminar's routers learn them, with their counts: the prior
+    that gives the routers the target workload FGD is given (the whole list's mix) before
+    the first arrival, as a router that learned the mix before would start with."""
+    return Counter(observed_shape(laminar_ask(p, mig_profile_of(p, slicing))) for p in pods)
 
 
 def laminar_ask(pod: PodShape, mig_profile: str = "") -> Ask:
@@ -659,11 +677,14 @@ def run_experiment(
     progress: ProgressFn | None = None,
     zone_hosts: int = LAMINAR_ZONE_HOSTS,
     limits: ProbeLimits | None = None,
+    workload_prior: bool = False,
 ) -> dict[str, Any]:
     """Run every policy for every seed; the JSON-ready report of ``laminar sim fgd``.
 
     ``progress(policy, seed)`` is called after each run. ``zone_hosts`` and ``limits``
-    shape the ``laminar`` policy's zones and probing.
+    shape the ``laminar`` policy's zones and probing; with ``workload_prior`` its routers
+    start from the pod list's mix (:func:`laminar_workload_prior`), as FGD does, instead of
+    learning it from the arrivals alone.
     """
     started = time.perf_counter()
     nodes = traces.read_nodes(traces.node_list_path(trace_dir))
@@ -683,11 +704,19 @@ def run_experiment(
         "seeds": list(seeds),
         "laminar_zone_hosts": zone_hosts,
         "laminar_probes_per_attempt": (limits or ProbeLimits()).probes_per_attempt,
+        "laminar_workload_prior": workload_prior,
         "policies": {},
     }
     events = 0
     for policy in policies:
-        ctx = PolicyContext(policy, target, slicing, zone_hosts=zone_hosts, limits=limits)
+        ctx = PolicyContext(
+            policy,
+            target,
+            slicing,
+            zone_hosts=zone_hosts,
+            limits=limits,
+            workload_prior=laminar_workload_prior(pods, slicing) if workload_prior else None,
+        )
         logs = []
         for seed in seeds:
             logs.append(run_fill(nodes, pods, ctx, seed, ratio))

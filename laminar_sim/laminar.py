@@ -14,11 +14,12 @@ Nothing here decides anything the daemons do not decide the same way:
   attempts) and binds late with :func:`laminar_zone.view.choose_offers`; every probe,
   commit and release reply carries the host's fresh summary (shapes, host CPU, memory and
   per-GPU free share) into the view, as ``Placer.note_summary`` does;
-* each router learns its target workload from the tasks it places
-  (:class:`laminar_base.fragmentation.ObservedWorkload`) and its agents score and choose
-  GPUs by the same measure (``Ledger.set_fragmentation``); the simulator hands a router's
-  current measure to its agents as soon as the router rebuilds it, which the daemons do
-  not do yet (a heartbeat reply would carry it);
+* each router learns its target workload from the tasks it places and, through the zone
+  summaries it exchanges, from the tasks its peers place
+  (:class:`laminar_base.fragmentation.ObservedWorkload`, optionally from a prior), and its
+  agents score and choose GPUs by the same measure (``Ledger.set_fragmentation``); the
+  simulator hands a router's current measure to its agents as soon as the router rebuilds
+  it, where the daemons' heartbeat replies carry it within a heartbeat period;
 * a job enters at a zone drawn at random and is forwarded at most once to the zone
   :func:`laminar_zone.placement.choose_weighted` picks from the flow-splitting weights
   ``W_z = (1 + S_z) / (1 + H_z)^gamma`` (:func:`laminar_zone.placement.flow_weight`),
@@ -60,6 +61,7 @@ from laminar_base.fragmentation import (
     MILLI_SLICING,
     FragmentationCache,
     ObservedWorkload,
+    PodShape,
     demand_pod,
 )
 from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release, Unsure
@@ -129,6 +131,11 @@ def _compute_mask(instances: set[tuple[str, int]]) -> int:
         compute = MIG_PROFILES[SIM_MIG_GEOMETRY][name].compute_slices
         mask |= ((1 << compute) - 1) << min(start, MIG_COMPUTE_SLICES - compute)
     return mask
+
+
+def observed_shape(ask: Ask) -> PodShape:
+    """The task's shape as its router learns it (its target workload's unit)."""
+    return replace(demand_pod(ask.need, _NO_HOST), gpu_models=ask.gpu_models)
 
 
 class SimHost:
@@ -301,8 +308,7 @@ class SimZone:
     def observe(self, ask: Ask) -> FragmentationCache | None:
         """Learn the task's shape; the current measure, which the zone's agents then score
         by too (None before the router has seen any task)."""
-        shape = demand_pod(ask.need, _NO_HOST)
-        self.workload.observe(replace(shape, gpu_models=ask.gpu_models))
+        self.workload.observe(observed_shape(ask))
         frag = self.workload.cache()
         if frag is not self.agents_frag:
             for host in self.hosts.values():
@@ -327,7 +333,10 @@ class LaminarCluster:
         gamma: float,
         seed: int,
         exchange_every: int = 100,
+        workload_prior: Mapping[PodShape, int] | None = None,
     ) -> None:
+        """``workload_prior``: task shapes (as a router observes them, :meth:`SimZone.observe`)
+        and counts each router's target workload starts from, as if learned before."""
         self.rng = random.Random(seed)
         self.limits = limits
         self.gamma = gamma
@@ -337,7 +346,9 @@ class LaminarCluster:
         self.host_index = {h.agent_id: i for i, h in enumerate(hosts)}
         for first in range(0, len(hosts), max(1, zone_hosts)):
             members = hosts[first : first + zone_hosts]
-            zone = SimZone(f"z{len(self.zones)}", {h.agent_id: h for h in members}, ZoneView(1e18))
+            view = ZoneView(1e18, order_salt=self.rng.getrandbits(32))
+            zone = SimZone(f"z{len(self.zones)}", {h.agent_id: h for h in members}, view)
+            zone.workload.add_prior(workload_prior or {})
             for host in members:
                 zone.view.update(host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0)
                 zone.view.note_host(host.agent_id, host.ledger.host_free())
@@ -346,11 +357,16 @@ class LaminarCluster:
         self.exchange()
 
     def exchange(self) -> None:
-        """Every zone learns every other zone's summary (ExchangeSummary, both ways)."""
+        """Every zone learns every other zone's summary (ExchangeSummary, both ways): free
+        capacity and heat for flow splitting, and the task shapes it observed, which join
+        the target workload (``ObservedWorkload.note_peer``)."""
         totals = {z.name: (z.view.shape_totals()[1], z.heat()) for z in self.zones}
         for zone in self.zones:
             zone.peer_shapes = {name: t for name, t in totals.items() if name != zone.name}
             zone.local_shapes = totals[zone.name][0]
+            for peer in self.zones:
+                if peer is not zone:  # the summary carries the peer's own observed shapes
+                    zone.workload.note_peer(peer.name, peer.workload.own)
         pairs = len(self.zones) * (len(self.zones) - 1)
         self.counters.exchange_messages += MESSAGES_PER_CALL * pairs  # each zone calls each peer
         self._since_exchange = 0
@@ -395,23 +411,29 @@ class LaminarCluster:
             self.exchange()
         zone = self.route(self.rng.choice(self.zones), ask)
         frag = zone.observe(ask)
-        for one in self._needs(ask):
-            placed = self._place_in(zone, one, now, frag)
+        plans = [(one, self._plan(zone, one, frag)) for one in self._needs(ask)]
+        if len(plans) > 1:
+            # A task accepting several models: the model whose best candidate ranks best is
+            # tried first (equal ranks: the candidate first in the view's host order), as a
+            # centralized FGD takes the best node over all the models the task accepts.
+            plans.sort(key=lambda pair: _best_candidate(zone.view, pair[1]))
+        for one, plan in plans:
+            placed = self._place_in(zone, one, now, plan)
             if placed is not None:
                 self.counters.placements += 1
                 return placed
         self.counters.failures += 1
         return None
 
-    def _place_in(
-        self, zone: SimZone, ask: Ask, now: float, frag: FragmentationCache | None
-    ) -> tuple[int, tuple[int, ...]] | None:
+    def _plan(self, zone: SimZone, ask: Ask, frag: FragmentationCache | None) -> ProbePlan:
         rank = fragmentation_ranking(ask.need, frag)
-        limits = self.limits.for_try(ask.need, 1)
-        machine = Gather(
-            ProbePlan(zone.view, ask.need, limits, self.rng, rank=rank),
-            commit_on_probe=limits.probes_per_attempt == 1,
-        )
+        return ProbePlan(zone.view, ask.need, self.limits.for_try(ask.need, 1), self.rng, rank=rank)
+
+    def _place_in(
+        self, zone: SimZone, ask: Ask, now: float, plan: ProbePlan
+    ) -> tuple[int, tuple[int, ...]] | None:
+        limits = plan.limits
+        machine = Gather(plan, commit_on_probe=limits.probes_per_attempt == 1)
         committed: dict[str, tuple[int, ...]] = {}
 
         def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
@@ -448,6 +470,16 @@ class LaminarCluster:
         gpus = host.commit(best.lease_id, f"s-{best.lease_id}", now)
         zone.note(host)
         return self.host_index[host.agent_id], gpus
+
+
+def _best_candidate(view: ZoneView, plan: ProbePlan) -> tuple[float, int]:
+    """Sort key of a plan by its first candidate: best rank first, then host order; a plan
+    with no candidate last."""
+    if not plan.sample:
+        return (float("inf"), 0)
+    first = plan.sample[0]
+    score = plan.rank(first) if plan.rank is not None else None
+    return (-(score if score is not None else 0.0), view.order_of(first.agent_id))
 
 
 def settle(

@@ -22,6 +22,7 @@ import grpc
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_base.errors import ResourceExhausted
 from laminar_base.security import INSECURE, Trust
+from laminar_base.wire import workload_counts, workload_message
 from laminar_zone.config import PeerSettings
 from laminar_zone.entry import Entry
 from laminar_zone.jobs import ZoneState
@@ -105,8 +106,14 @@ class PeerRouter:
                 max_free_milli=cap.max_free_milli,
                 max_free_memory_bytes=cap.max_free_memory_bytes,
             )
+        summary.workload.extend(workload_message(self.state.placer.workload.own))
         self._local = shapes_from_zone(summary)
         return summary
+
+    def _learn_workload(self, summary: zone_pb2.ZoneSummary) -> None:
+        """A peer's own observed task shapes join this router's target workload."""
+        if summary.zone and summary.zone != self.state.zone_name:
+            self.state.placer.workload.note_peer(summary.zone, workload_counts(summary.workload))
 
     def accept(self, summary: zone_pb2.ZoneSummary) -> zone_pb2.ZoneSummary:
         """ExchangeSummary from a peer: remember it (learning new peers) and answer with ours."""
@@ -123,6 +130,7 @@ class PeerRouter:
                 log.info("peer zone %s at %s joined", summary.zone, summary.address)
             peer.summary = summary
             peer.received = time.monotonic()
+            self._learn_workload(summary)
         return self.local_summary()
 
     async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
@@ -157,6 +165,7 @@ class PeerRouter:
         peer.failures = 0
         peer.summary = theirs
         peer.received = time.monotonic()
+        self._learn_workload(theirs)
 
     def _stub(self, address: str) -> zone_pb2_grpc.ZoneControlAsyncStub:
         return self._stubs.stub(address)

@@ -75,19 +75,21 @@ def members_fitting(need: Demand, shapes: Mapping[str, ShapeCap], *, total: bool
 
 
 #: Rank of a candidate whose summary carries no per-GPU state (an older agent): neither
-#: preferred nor ruled out, as "no change" scores under :func:`gradient_score`.
-UNKNOWN_RANK = 0.5
+#: preferred nor ruled out, as "no change" scores on FGD's 0..100 node score.
+UNKNOWN_RANK = 50.0
 
 
 def fragmentation_rank(
     need: Demand, host: HostCap | None, shapes: Mapping[str, ShapeCap], frag: FragmentationCache
 ) -> float | None:
-    """FGD's score of placing one member of ``need`` on a host, from its summary alone.
+    """FGD's 0..100 node score of placing one member of ``need`` on a host, from its summary
+    alone.
 
     The host as its summary shows it (free CPU, memory and each GPU's free share) goes
-    through :func:`laminar_base.fragmentation.least_fragmenting` with the zone's observed
-    workload, the same measure the agent chooses a GPU by, so the router's ranking and the
-    agent's lease score compare alike. None when the summary shows it cannot take the
+    through :meth:`laminar_base.fragmentation.FragmentationCache.node_score` with the zone's
+    observed workload, the same measure the agent chooses a GPU by. Quantized as FGD's
+    score is, so equal scores are common and the router's fixed host order breaks them
+    (:class:`laminar_zone.view.ProbePlan`). None when the summary shows it cannot take the
     member; :data:`UNKNOWN_RANK` when it carries no per-GPU state. A MIG demand is
     measured as the share of a GPU its profile's compute slices are, over each GPU's free
     share (a MIG GPU's: its unused instances', all of it while idle).
@@ -98,7 +100,8 @@ def fragmentation_rank(
         return None
     models = {_model_of(shape) for shape in shapes if shape.startswith(("gpu:", "share:"))}
     model = need.gpu_model or (models.pop() if len(models) == 1 else "")
-    return frag.least_score(host_node(model, host), demand_pod(need, host))
+    score = frag.node_score(host_node(model, host), demand_pod(need, host))
+    return None if score is None else float(score)
 
 
 def free_units(shapes: Mapping[str, ShapeCap], need: Demand) -> float:

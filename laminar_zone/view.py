@@ -4,13 +4,18 @@ Agents are authoritative; this view only steers probes. It keeps the ready agent
 in pools by shape key and by levels of free capacity of that shape, free host CPU
 and free host memory (each a lower bound of what a fitting demand needs), so that
 drawing candidates costs O(k) plus the pools of the demand's shape, never a scan of
-the zone, and a draw late in a fill does not spend its tries on hosts that are full. The periodic
+the zone, and a draw late in a fill does not spend its tries on hosts that are full.
+Each pool is also kept in a fixed host order, so a draw can take the fitting hosts
+first in that order, which is how FGD's ties are broken and why it packs. The periodic
 staleness sweep is O(agents) but runs off the hot path, once per period.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
+import hashlib
+import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -85,18 +90,22 @@ class AgentRecord:
 
 
 class _IndexedSet:
-    """A set with O(1) add, remove and uniform random pick."""
+    """A set with O(1) add, remove and uniform random pick, also kept sorted by each key's
+    place in the view's fixed host order (:meth:`ZoneView.first_in_order`): adding or
+    removing is O(log n) to find and a memory move of at most the pool's size."""
 
     def __init__(self) -> None:
         self.items: list[str] = []
         self.pos: dict[str, int] = {}
+        self.ordered: list[tuple[int, str]] = []
 
-    def add(self, key: str) -> None:
+    def add(self, key: str, order: int) -> None:
         if key not in self.pos:
             self.pos[key] = len(self.items)
             self.items.append(key)
+            bisect.insort(self.ordered, (order, key))
 
-    def discard(self, key: str) -> None:
+    def discard(self, key: str, order: int) -> None:
         index = self.pos.pop(key, None)
         if index is None:
             return
@@ -104,6 +113,8 @@ class _IndexedSet:
         if index < len(self.items):
             self.items[index] = last
             self.pos[last] = index
+        at = bisect.bisect_left(self.ordered, (order, key))
+        del self.ordered[at]
 
     def __len__(self) -> int:
         return len(self.items)
@@ -130,9 +141,24 @@ class HostCounts:
 SAMPLE_SIZE = 16
 
 
+def host_order(agent_id: str, salt: int = 0) -> int:
+    """An agent's place in a router's fixed host order: a hash of its id (and the router's
+    ``salt``), so the order is the same at every draw, random-like over hosts, and needs no
+    coordination between routers."""
+    digest = hashlib.blake2b(f"{salt}:{agent_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
 class ZoneView:
-    def __init__(self, stale_after_seconds: float) -> None:
+    def __init__(self, stale_after_seconds: float, *, order_salt: int = 0) -> None:
+        """``order_salt`` picks the fixed host order :meth:`first_in_order` walks
+        (:func:`host_order`); any value gives a random-like order."""
         self.stale_after_seconds = stale_after_seconds
+        self.order_salt = order_salt
+        self._order: dict[str, int] = {}
+        #: Agents probed since their last summary reached this view: their summary may be
+        #: about to change, so the ordered draw passes them over (see :meth:`note_probing`).
+        self._probing: set[str] = set()
         #: GPUs of the largest host ever heard from (0: none yet): a job asking more per
         #: member than that could never start here.
         self.largest_gpus = 0
@@ -163,6 +189,7 @@ class ZoneView:
         generation: int = 0,
         is_heartbeat: bool = True,
     ) -> Update:
+        self._probing.discard(agent_id)
         record = self.agents.get(agent_id)
         is_new = record is None
         if record is None:
@@ -216,6 +243,7 @@ class ZoneView:
             or record.identity != identity
         ):
             return False
+        self._probing.discard(agent_id)  # a probe that got no reply is over by now
         if record.reported_host_at == record.last_heartbeat:
             record.reported_host_at = now  # the same summary: its host figures still hold
         record.last_heartbeat = now
@@ -274,9 +302,10 @@ class ZoneView:
     def _reindex(self, record: AgentRecord) -> None:
         """Move the agent to the pools its summary puts it in now: O(its shapes)."""
         agent_id = record.agent_id
+        order = self.order_of(agent_id)
         for shape, levels in self._pools_of.pop(agent_id, ()):
             by_level = self._by_shape[shape]
-            by_level[levels].discard(agent_id)
+            by_level[levels].discard(agent_id, order)
             if not by_level[levels]:
                 del by_level[levels]  # so a draw never walks pools left empty
         if not record.is_ready:
@@ -287,7 +316,9 @@ class ZoneView:
             if cap.free > 0 or cap.max_free_milli > 0:
                 where.append((shape, (_shape_level(shape, cap), *host_levels)))
         for shape, levels in where:
-            self._by_shape.setdefault(shape, {}).setdefault(levels, _IndexedSet()).add(agent_id)
+            self._by_shape.setdefault(shape, {}).setdefault(levels, _IndexedSet()).add(
+                agent_id, order
+            )
         self._pools_of[agent_id] = where
 
     # -------------------------------------------------------------- queries
@@ -326,6 +357,47 @@ class ZoneView:
             if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
                 chosen[agent_id] = record
         return list(chosen.values())
+
+    def order_of(self, agent_id: str) -> int:
+        """The agent's place in this view's fixed host order (:func:`host_order`)."""
+        order = self._order.get(agent_id)
+        if order is None:
+            order = self._order[agent_id] = host_order(agent_id, self.order_salt)
+        return order
+
+    def note_probing(self, agent_id: str) -> None:
+        """A probe went to the agent: until a summary from it (a reply or a heartbeat)
+        arrives, :meth:`first_in_order` passes it over, so placements in flight at once do
+        not all go to the first host in the order and bounce off what the first took."""
+        self._probing.add(agent_id)
+
+    def first_in_order(
+        self, need: Demand, k: int, *, exclude: set[str] | None = None
+    ) -> list[AgentRecord]:
+        """Up to k ready agents whose summary fits ``need``, the first in the view's fixed host
+        order (:func:`host_order`), in that order, passing over agents with a probe in
+        flight (:meth:`note_probing`).
+
+        Why: a centralized FGD breaks its many equal scores by one fixed node order, so it
+        fills hosts one after another and keeps the rest whole; a uniform sample finds
+        those partly filled hosts only by chance. Walking the fitting pools merged by that
+        order finds them in O(k + pools) expected, never a scan of the zone: the walk stops
+        after a bounded number of agents, as :meth:`sample` does."""
+        if k <= 0:
+            return []
+        pools = self._pools(need)
+        chosen: list[AgentRecord] = []
+        max_tries = 8 * k + 16
+        for tries, (_, agent_id) in enumerate(heapq.merge(*(p.ordered for p in pools))):
+            if len(chosen) >= k or tries >= max_tries:
+                break
+            if (exclude and agent_id in exclude) or agent_id in self._probing:
+                continue
+            record = self.agents[agent_id]
+            host = record.host
+            if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
+                chosen.append(record)
+        return chosen
 
     def _pools(self, need: Demand) -> list[_IndexedSet]:
         """The non-empty pools whose agents may fit ``need``: every agent that fits is in
@@ -439,6 +511,10 @@ def _need_levels(need: Demand) -> tuple[int, int, int]:
 Rank = Callable[[AgentRecord], float | None]
 
 
+#: Candidates a draw takes in the view's fixed host order before its random sample.
+ORDERED_SIZE = 16
+
+
 #: d for a try that compares agents' answers when the configured d is 1: a gang gathers
 #: leases over several hosts and commits them all or none, and a MIG profile's placement is
 #: the agent's choice of layout, which the router's view ranks only coarsely.
@@ -457,6 +533,9 @@ class ProbeLimits:
     sample_size: int = SAMPLE_SIZE
     max_attempts: int = 4
     regenerations: int = 2
+    #: Candidates taken first in the view's fixed host order (:meth:`ZoneView.first_in_order`),
+    #: ranked beside the ``sample_size`` drawn at random; on equal scores they come first.
+    ordered_size: int = ORDERED_SIZE
 
     def for_try(self, need: Demand, gang: int) -> ProbeLimits:
         """The limits a try of ``gang`` members of ``need`` probes with: at least
@@ -472,13 +551,15 @@ class ProbeLimits:
 class ProbePlan:
     """Which agents one placement try probes, attempt by attempt (router and simulator).
 
-    ``sample_size`` candidates are drawn from the view; with a ``rank`` they are scored
-    from their summaries (best first, those it rules out dropped), else taken in the
-    order drawn; each attempt probes up to ``probes_per_attempt`` not yet tried; when
-    the draw is used up it is redrawn at most ``regenerations`` times; at most
-    ``max_attempts`` attempts. Scoring work per try is thus at most
-    ``sample_size * (1 + regenerations)`` candidates, whatever the zone's size. An empty
-    batch means stop, and :attr:`reason` says why when no host looked suitable at all.
+    A draw takes the ``ordered_size`` fitting candidates first in the view's fixed host
+    order (:meth:`ZoneView.first_in_order`) and ``sample_size`` more at random; with a
+    ``rank`` they are scored from their summaries (best first, equal scores in host
+    order, those it rules out dropped), else taken in the order drawn; each attempt probes
+    up to ``probes_per_attempt`` not yet tried; when the draw is used up it is redrawn at
+    most ``regenerations`` times; at most ``max_attempts`` attempts. Scoring work per try
+    is thus at most ``(ordered_size + sample_size) * (1 + regenerations)`` candidates,
+    whatever the zone's size. An empty batch means stop, and :attr:`reason` says why when
+    no host looked suitable at all.
     """
 
     def __init__(
@@ -519,14 +600,25 @@ class ProbePlan:
             return []
         self.attempts += 1
         self.tried.update(r.agent_id for r in batch)
+        for record in batch:
+            self.view.note_probing(record.agent_id)
         return batch
 
     def _draw(self) -> list[AgentRecord]:
-        drawn = self.view.sample(self.need, self.limits.sample_size, self.rng, exclude=self.tried)
+        first = self.view.first_in_order(self.need, self.limits.ordered_size, exclude=self.tried)
+        exclude = self.tried | {r.agent_id for r in first} if first else self.tried
+        drawn = first + self.view.sample(
+            self.need, self.limits.sample_size, self.rng, exclude=exclude
+        )
         if self.rank is None:
             return drawn
         self.scored += len(drawn)
-        scored = [(score, i, r) for i, r in enumerate(drawn) if (score := self.rank(r)) is not None]
+        # Equal scores go to the host first in the view's fixed order, as FGD's go to the
+        # node first in its fixed rank: hosts fill one after another.
+        order = self.view.order_of
+        scored = [
+            (score, order(r.agent_id), r) for r in drawn if (score := self.rank(r)) is not None
+        ]
         scored.sort(key=lambda row: (-row[0], row[1]))
         return [r for _, _, r in scored]
 

@@ -540,7 +540,7 @@ class HeartbeatReply(_message.Message):
     def __init__(self, acked_seq: _Optional[int] = ..., period_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., acked_action_seq: _Optional[int] = ..., fence_lease_seconds: _Optional[float] = ..., want_live_subjobs: _Optional[bool] = ..., summary_version: _Optional[int] = ..., workload_version: _Optional[int] = ..., workload: _Optional[_Iterable[_Union[WorkloadShape, _Mapping]]] = ..., liveness_seconds: _Optional[float] = ...) -> None: ...
 
 class ZoneSummary(_message.Message):
-    __slots__ = ("zone", "address", "shapes", "heat", "agents", "queued_jobs", "generated_unix")
+    __slots__ = ("zone", "address", "shapes", "heat", "agents", "queued_jobs", "generated_unix", "workload")
     ZONE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SHAPES_FIELD_NUMBER: _ClassVar[int]
@@ -548,6 +548,7 @@ class ZoneSummary(_message.Message):
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_JOBS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     zone: str
     address: str
     shapes: _containers.RepeatedCompositeFieldContainer[_common_pb2.ShapeCapacity]
@@ -555,7 +556,8 @@ class ZoneSummary(_message.Message):
     agents: int
     queued_jobs: int
     generated_unix: float
-    def __init__(self, zone: _Optional[str] = ..., address: _Optional[str] = ..., shapes: _Optional[_Iterable[_Union[_common_pb2.ShapeCapacity, _Mapping]]] = ..., heat: _Optional[int] = ..., agents: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., generated_unix: _Optional[float] = ...) -> None: ...
+    workload: _containers.RepeatedCompositeFieldContainer[WorkloadShape]
+    def __init__(self, zone: _Optional[str] = ..., address: _Optional[str] = ..., shapes: _Optional[_Iterable[_Union[_common_pb2.ShapeCapacity, _Mapping]]] = ..., heat: _Optional[int] = ..., agents: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., generated_unix: _Optional[float] = ..., workload: _Optional[_Iterable[_Union[WorkloadShape, _Mapping]]] = ...) -> None: ...
 
 class ForwardJobRequest(_message.Message):
     __slots__ = ("spec", "client_request_id", "from_zone", "origin_job_id")

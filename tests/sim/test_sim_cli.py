@@ -135,3 +135,14 @@ def test_laminar_runs_in_mig_mode_beside_the_baselines(tiny_trace: Path) -> None
     assert set(report["policies"]) == {"laminar", "fgd"}
     assert report["mig"] is True
     assert report["policies"]["laminar"]["messages_per_placement"] > 0
+
+
+def test_workload_prior_is_a_laminar_option_that_the_report_names(tiny_trace: Path) -> None:
+    argv = ["--trace-dir", str(tiny_trace), "--workload", "tiny", "--seeds", "1"]
+    plain = fgd_json([*argv, "--policies", "laminar"])
+    prior = fgd_json([*argv, "--policies", "laminar", "--workload-prior"])
+    assert plain["laminar_workload_prior"] is False
+    assert prior["laminar_workload_prior"] is True
+    assert prior["policies"]["laminar"]["messages_per_placement"] > 0
+    code, out = run_cli(["sim", "fgd", *argv, "--policies", "laminar", "--workload-prior"])
+    assert code == 0 and "routers start from the pod list's workload" in out

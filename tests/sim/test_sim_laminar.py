@@ -187,3 +187,28 @@ def test_laminar_ask_maps_pod_shapes() -> None:
     assert fgd.laminar_ask(PodShape(1000, 10, 0, 0)).need == host
     # The trace's 0 means none; the API's 0 means the default share: 1 is the least asked.
     assert fgd.laminar_ask(PodShape(0, 0, 0, 0)).need == Demand(cpu_milli=1, host_memory_bytes=1)
+
+
+def test_a_workload_prior_is_every_routers_target_before_the_first_arrival() -> None:
+    pods = [PodShape(4000, 1024, 1, 500)] * 3 + [PodShape(8000, 2048, 2, 1000)]
+    prior = fgd.laminar_workload_prior(pods, fgd.MILLI_SLICING)
+    assert prior == {
+        PodShape(4000, 1024, 1, 500): 3,
+        PodShape(8000, 2048, 2, 1000): 1,
+    }
+    sim = LaminarCluster(
+        [SimHost(f"n{i}", "V100", 4, 32000, 128000) for i in range(4)],
+        zone_hosts=2,
+        limits=ProbeLimits(),
+        gamma=1.0,
+        seed=1,
+        workload_prior=prior,
+    )
+    # The first task a router sees, a CPU-only one, does not make its whole target.
+    zone = sim.zones[0]
+    frag = zone.observe(Ask(Demand(cpu_milli=1000, host_memory_bytes=MIB)))
+    assert frag is not None
+    target = dict(zip(frag.target.shapes, frag.target.probabilities, strict=True))
+    assert target[PodShape(4000, 0, 1, 500)] == pytest.approx(3 / 5)
+    assert all(h.ledger._frag is frag for h in zone.hosts.values())
+    assert all(z.workload.observed == 4 for z in sim.zones[1:])

@@ -16,7 +16,9 @@ from laminar_base.fragmentation import (
     NodeState,
     PodShape,
     TargetWorkload,
-    least_fragmenting,
+    fgd_gpus,
+    fgd_score,
+    least_fragmenting_delta,
 )
 from laminar_zone.placement import ShapeCap, fragmentation_rank
 from laminar_zone.view import (
@@ -52,6 +54,7 @@ def make_view(cpu_free: list[int]) -> ZoneView:
     regenerations=st.integers(0, 3),
     max_attempts=st.integers(1, 8),
     seed=st.integers(0, 2**16),
+    ordered_size=st.integers(0, 24),
 )
 def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
     cpu_free: list[int],
@@ -60,6 +63,7 @@ def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
     regenerations: int,
     max_attempts: int,
     seed: int,
+    ordered_size: int,
 ) -> None:
     view = make_view(cpu_free)
     scores = {f"h{i}": random.Random(seed + i).random() for i in range(len(cpu_free))}
@@ -69,7 +73,7 @@ def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
         calls.append(record.agent_id)
         return scores[record.agent_id]
 
-    limits = ProbeLimits(d, sample_size, max_attempts, regenerations)
+    limits = ProbeLimits(d, sample_size, max_attempts, regenerations, ordered_size)
     plan = ProbePlan(view, NEED, limits, random.Random(seed), rank=rank)
     probed: list[str] = []
     while batch := plan.next_batch():
@@ -79,7 +83,7 @@ def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
         probed += [r.agent_id for r in batch]
     assert len(probed) == len(set(probed)) <= d * max_attempts
     # Scoring is bounded by the sample and its redraws, not by the zone's size.
-    assert len(calls) == plan.scored <= sample_size * (1 + regenerations)
+    assert len(calls) == plan.scored <= (sample_size + ordered_size) * (1 + regenerations)
     # Too little host CPU left shows in the summary: such a host is never probed.
     assert all(cpu_free[int(a[1:])] >= NEED.cpu_milli for a in probed)
     if any(c >= NEED.cpu_milli for c in cpu_free):
@@ -181,7 +185,7 @@ TARGET = TargetWorkload(
         max_size=6,
     ),
 )
-def test_memoized_score_equals_least_fragmenting_in_any_gpu_order(
+def test_memoized_node_score_is_fgds_score_of_the_least_fragmenting_placement(
     nodes: list[tuple[int, list[int]]], pods: list[tuple[int, tuple[int, int]]]
 ) -> None:
     frag = FragmentationCache(TARGET, MILLI_SLICING)
@@ -190,6 +194,36 @@ def test_memoized_score_equals_least_fragmenting_in_any_gpu_order(
             node = NodeState("A100", cpu, 1 << 20, tuple(order))
             for pod_cpu, (count, milli) in pods:
                 pod = PodShape(pod_cpu, 0, count, milli)
-                best = least_fragmenting(node, pod, frag)
-                want = None if best is None else best[1]
-                assert frag.least_score(node, pod) == want
+                best = least_fragmenting_delta(node, pod, frag)
+                want = None if best is None else fgd_gpus(node, pod, frag)
+                assert (best is None) == (want is None)
+                if best is not None and want is not None:
+                    assert frag.node_score(node, pod) == fgd_score(best[1]) == want[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    hosts=st.integers(2, 60),
+    ordered_size=st.integers(1, 8),
+    sample_size=st.integers(0, 8),
+    seed=st.integers(0, 2**16),
+    salt=st.integers(0, 2**16),
+)
+def test_equal_scores_go_to_the_host_first_in_the_fixed_order(
+    hosts: int, ordered_size: int, sample_size: int, seed: int, salt: int
+) -> None:
+    """As FGD breaks equal scores by one fixed node order, the router breaks them by its
+    view's host order: whatever the random sample holds, the first host probed is the
+    fitting host first in that order."""
+    view = ZoneView(stale_after_seconds=1e9, order_salt=salt)
+    for i in range(hosts):
+        agent = f"h{i}"
+        shapes = {"share:A100": ShapeCap(8, 8, 1000, 80 * GIB)}
+        view.update(agent, f"addr{i}", shapes, heat=0, draining=False, now=0.0)
+        cpu = 0 if i % 3 == 0 else 64_000  # a third of the hosts cannot take NEED
+        view.note_host(agent, HostCap(cpu, 64_000, 256 * GIB, 512 * GIB, (1000,) * 8, 8))
+    limits = ProbeLimits(1, sample_size, 4, 0, ordered_size)
+    plan = ProbePlan(view, NEED, limits, random.Random(seed), rank=lambda r: 50.0)
+    fitting = [f"h{i}" for i in range(hosts) if i % 3]
+    first = min(fitting, key=view.order_of)
+    assert [r.agent_id for r in plan.next_batch()] == [first]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from laminar_base.demand import Demand, HostCap
 from laminar_zone.placement import ShapeCap, members_fitting
-from laminar_zone.view import AgentRecord, ZoneView
+from laminar_zone.view import AgentRecord, ZoneView, host_order
 
 GIB = 1 << 30
 AGENTS = [f"a{i}" for i in range(6)]
@@ -136,6 +136,36 @@ def test_each_agent_sits_where_its_present_summary_puts_it(
         for shape, levels in pools
     }
     assert all(len(pool) for pools in view._by_shape.values() for pool in pools.values())
+    # Each pool's order list holds its members, sorted by the view's host order.
+    for pools in view._by_shape.values():
+        for pool in pools.values():
+            assert pool.ordered == sorted((host_order(a), a) for a in pool.items)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=st.lists(event_st, max_size=40),
+    needs=st.lists(need_st, min_size=1, max_size=6),
+    k=st.integers(0, 8),
+    excluded=st.sets(st.sampled_from(AGENTS), max_size=3),
+    salt=st.integers(0, 3),
+)
+def test_first_in_order_takes_the_first_fitting_agents_in_the_fixed_order(
+    events: list[tuple[object, ...]],
+    needs: list[Demand],
+    k: int,
+    excluded: set[str],
+    salt: int,
+) -> None:
+    """Against a scan: the k fitting agents (not excluded) that come first in the view's
+    host order, in that order."""
+    view = ZoneView(stale_after_seconds=2.0, order_salt=salt)
+    apply(view, events)
+    for need in needs:
+        fitting = [a for a, r in view.agents.items() if fits(r, need) and a not in excluded]
+        expected = sorted(fitting, key=lambda a: host_order(a, salt))[:k]
+        got = view.first_in_order(need, k, exclude=excluded)
+        assert [r.agent_id for r in got] == expected
 
 
 def test_a_full_host_is_not_drawn_from_even_when_most_hosts_are_full() -> None:
@@ -159,3 +189,29 @@ def test_a_full_host_is_not_drawn_from_even_when_most_hosts_are_full() -> None:
     assert pooled == {f"h{i}" for i in range(0, 1000, 100)}
     drawn = view.sample(need, 10, random.Random(7))
     assert {r.agent_id for r in drawn} == pooled
+
+
+def test_the_fixed_order_differs_by_salt_and_is_stable() -> None:
+    ids = [f"h{i}" for i in range(50)]
+    first = sorted(ids, key=lambda a: host_order(a, 1))
+    assert first == sorted(ids, key=lambda a: host_order(a, 1))
+    assert first != sorted(ids, key=lambda a: host_order(a, 2))
+
+
+def test_a_host_with_a_probe_in_flight_is_passed_over_until_it_reports() -> None:
+    """Placements in flight at once do not all take the first host in the order: a probed
+    host waits out of the ordered draw until a summary from it (reply or heartbeat)."""
+    view = ZoneView(stale_after_seconds=1e9)
+    shapes = {"gpu:A100": ShapeCap(8, 8, 0, 80 * GIB)}
+    for i in range(4):
+        view.update(f"h{i}", "addr", dict(shapes), heat=0, draining=False, now=0.0)
+    need = Demand(gpus=1)
+    first, second = (r.agent_id for r in view.first_in_order(need, 2))
+    view.note_probing(first)
+    assert [r.agent_id for r in view.first_in_order(need, 1)] == [second]
+    view.update(first, "addr", dict(shapes), heat=0, draining=False, now=1.0, is_heartbeat=False)
+    assert [r.agent_id for r in view.first_in_order(need, 1)] == [first]
+    view.note_probing(first)  # a probe that got no reply: the next heartbeat clears it
+    view.agents[first].summary_version = 3
+    assert view.refresh(first, 3, "", now=2.0, now_unix=2.0)
+    assert [r.agent_id for r in view.first_in_order(need, 1)] == [first]

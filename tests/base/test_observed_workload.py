@@ -1,0 +1,80 @@
+"""The target workload a router learns: its own arrivals, its peers' own arrivals (each
+peer's latest summary replacing its last), and a prior; what it tells peers is its own
+arrivals only, so no count travels twice."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, PodShape
+
+SHAPES = [
+    PodShape(4000, 0, 1, 500),
+    PodShape(8000, 0, 2, 1000),
+    PodShape(1000, 0, 0, 0),
+    PodShape(2000, 0, 1, 250, ("A100",)),
+]
+shape_st = st.sampled_from(SHAPES)
+counts_st = st.dictionaries(shape_st, st.integers(0, 50), max_size=4)
+event_st = st.one_of(
+    st.tuples(st.just("observe"), shape_st),
+    st.tuples(st.just("peer"), st.sampled_from(["z1", "z2"]), counts_st),
+    st.tuples(st.just("prior"), counts_st),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=st.lists(event_st, max_size=40))
+def test_counts_are_own_plus_each_peers_latest_plus_the_prior(
+    events: list[tuple[object, ...]],
+) -> None:
+    workload = ObservedWorkload(MILLI_SLICING)
+    own: Counter[PodShape] = Counter()
+    prior: Counter[PodShape] = Counter()
+    peers: dict[str, Counter[PodShape]] = {}
+    observed = 0
+    for event in events:
+        kind = event[0]
+        if kind == "observe":
+            shape = event[1]
+            assert isinstance(shape, PodShape)
+            workload.observe(shape)
+            own[shape] += 1
+        elif kind == "peer":
+            name, counts = event[1], event[2]
+            assert isinstance(name, str) and isinstance(counts, dict)
+            workload.note_peer(name, counts)
+            peers[name] = Counter({s: c for s, c in counts.items() if c > 0})
+        else:
+            counts = event[1]
+            assert isinstance(counts, dict)
+            workload.add_prior(counts)
+            prior.update({s: c for s, c in counts.items() if c > 0})
+        assert workload.observed >= observed  # only grows: a build's version is new
+        observed = workload.observed
+        want = own + prior + sum(peers.values(), Counter())
+        assert +workload.counts == want
+        assert workload.own == own  # what peers are told: this router's own arrivals
+    if workload.counts:
+        frag = workload.cache()
+        assert frag is not None and set(frag.target.shapes) <= set(workload.counts)
+
+
+def test_a_peers_new_summary_replaces_its_last() -> None:
+    workload = ObservedWorkload(MILLI_SLICING)
+    workload.observe(SHAPES[0])
+    workload.note_peer("z1", {SHAPES[1]: 5})
+    workload.note_peer("z1", {SHAPES[1]: 7, SHAPES[2]: 1})
+    assert workload.counts == {SHAPES[0]: 1, SHAPES[1]: 7, SHAPES[2]: 1}
+    workload.note_peer("z1", {})
+    assert +workload.counts == {SHAPES[0]: 1}
+
+
+def test_peers_past_the_limit_are_not_counted() -> None:
+    workload = ObservedWorkload(MILLI_SLICING, max_peers=1)
+    workload.note_peer("z1", {SHAPES[0]: 2})
+    workload.note_peer("z2", {SHAPES[0]: 3})
+    assert workload.counts == {SHAPES[0]: 2}
