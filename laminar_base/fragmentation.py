@@ -441,13 +441,14 @@ class ObservedWorkload:
     own: Counter[PodShape] = field(default_factory=Counter)
     _peers: dict[str, Counter[PodShape]] = field(default_factory=dict)
 
-    def observe(self, shape: PodShape) -> None:
-        """Count one task of ``shape`` that this router was asked to place."""
+    def observe(self, shape: PodShape, count: int = 1) -> None:
+        """Count ``count`` tasks of ``shape`` that this router was asked to place (more than
+        one: what it had observed before a restart, from its journal)."""
         key = PodShape(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
-        if key in self.counts or len(self.counts) < self.max_shapes:
-            self.counts[key] += 1
-            self.own[key] += 1
-        self.observed += 1
+        if count > 0 and (key in self.counts or len(self.counts) < self.max_shapes):
+            self.counts[key] += count
+            self.own[key] += count
+        self.observed += max(0, count)
 
     def add_prior(self, counts: Mapping[PodShape, int]) -> None:
         """Start from a mix known before (such as the workload a router learned before):
@@ -496,6 +497,57 @@ class ObservedWorkload:
             self._cache = FragmentationCache(typical_workload(self.counts), self.slicing)
             self._built_at = self.observed
         return self._cache
+
+
+#: Most shapes a workload file (a router's prior, or its journaled observations) holds.
+MAX_WORKLOAD_ROWS = 4096
+
+
+def workload_rows(counts: Mapping[PodShape, int]) -> list[dict[str, object]]:
+    """A workload as plain rows (JSON): the shapes a router observes, with their counts."""
+    return [
+        {
+            "cpu_milli": shape.cpu_milli,
+            "num_gpu": shape.num_gpu,
+            "gpu_milli": shape.gpu_milli,
+            "gpu_models": list(shape.gpu_models),
+            "count": count,
+        }
+        for shape, count in counts.items()
+        if count > 0
+    ]
+
+
+def workload_from_rows(rows: object, where: str) -> Counter[PodShape]:
+    """The counts :func:`workload_rows` wrote; ``ValueError`` naming ``where`` and the row
+    on anything else (a file an operator wrote, or a damaged journal value)."""
+    if not isinstance(rows, list):
+        raise ValueError(f"{where}: must be a list of shapes, got {type(rows).__name__}")
+    if len(rows) > MAX_WORKLOAD_ROWS:
+        raise ValueError(f"{where}: at most {MAX_WORKLOAD_ROWS} shapes, got {len(rows)}")
+    counts: Counter[PodShape] = Counter()
+    limits = {"cpu_milli": 1 << 40, "num_gpu": 1024, "gpu_milli": MILLI, "count": 1 << 53}
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}[{i}]: must be an object with {', '.join(limits)}")
+        values: dict[str, int] = {}
+        for key, high in limits.items():
+            value = row.get(key, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
+                raise ValueError(f"{where}[{i}].{key}: must be an integer in 0..{high}")
+            values[key] = value
+        models = row.get("gpu_models", [])
+        if not isinstance(models, list) or not all(
+            isinstance(m, str) and 0 < len(m) <= 64 for m in models
+        ):
+            raise ValueError(f"{where}[{i}].gpu_models: must be a list of GPU model names")
+        if values["num_gpu"] and not values["gpu_milli"]:
+            raise ValueError(f"{where}[{i}].gpu_milli: must be > 0 when num_gpu is")
+        shape = PodShape(
+            values["cpu_milli"], 0, values["num_gpu"], values["gpu_milli"], tuple(models)
+        )
+        counts[shape] += values["count"]
+    return counts
 
 
 def host_node(model: str, host: HostCap) -> NodeState:

@@ -88,7 +88,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--workload-prior",
         action="store_true",
         help="laminar: routers start from the pod list's mix as their target workload "
-        "(FGD is given it), instead of learning it from the arrivals alone",
+        "(FGD is given it; a live router: placement.workload_prior_file), instead of "
+        "learning it from the arrivals alone",
     )
     exp.add_argument("-o", "--output", choices=["table", "json"], default="table")
     exp.add_argument("--plot", type=Path, help="save the unallocated-GPU curves to this PNG")

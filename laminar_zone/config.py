@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from laminar_base.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_base.errors import ConfigError, InvalidArgument
+from laminar_base.fragmentation import PodShape, workload_from_rows
 from laminar_base.settings import (
     ControlSettings,
     TlsSettings,
@@ -138,6 +142,15 @@ class PlacementSettings:
         default=5.0, metadata=doc("deadline of one Probe/Commit/Release call", unit="seconds")
     )
     concurrency: int = field(default=128, metadata=doc("placements in flight at once"))
+    workload_prior_file: str = field(
+        default="",
+        metadata=doc(
+            "JSON list of task shapes with counts ({cpu_milli, num_gpu, gpu_milli, "
+            "gpu_models, count}, as a router observes them) that the target workload "
+            "ranking measures fragmentation against starts from; empty: learned from "
+            "arrivals alone (and kept in the journal across restarts)"
+        ),
+    )
 
     def limits(self) -> ProbeLimits:
         """The probing budget the pure :class:`~laminar_zone.view.ProbePlan` follows."""
@@ -402,6 +415,7 @@ class ZoneConfig:
             raise ConfigError("must be >= 0", field="limits.max_queued_per_tenant")
         if self.auth.tokens_file:
             require_readable_file(self.auth.tokens_file, "auth.tokens_file")
+        self.workload_prior()
         if self.market.overrun_grace_seconds < 0:
             raise ConfigError("must be >= 0", field="market.overrun_grace_seconds")
         if not 0 <= self.market.hysteresis <= 1:
@@ -431,6 +445,22 @@ class ZoneConfig:
                 field="market.blend_weights",
             )
         return weights[0], weights[1], weights[2]
+
+    def workload_prior(self) -> Counter[PodShape]:
+        """The task shapes and counts of ``placement.workload_prior_file`` (none without
+        one): the mix a router that ran before would have learned, so a fresh router ranks
+        by it from the first placement (``laminar sim fgd --workload-prior`` is the same
+        for the simulator's routers)."""
+        path = self.placement.workload_prior_file
+        if not path:
+            return Counter()
+        key = "placement.workload_prior_file"
+        require_readable_file(path, key)
+        try:
+            rows = json.loads(Path(path).read_text(encoding="utf-8"))
+            return workload_from_rows(rows, path)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+            raise ConfigError(str(exc), field=key) from None
 
     def shares(self) -> dict[str, float]:
         """Tenant fair-share weights from ``queue.tenant_shares``."""

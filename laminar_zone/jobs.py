@@ -14,6 +14,7 @@ by :mod:`laminar_zone.queue`; candidate choice by :mod:`laminar_zone.placement`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import random
@@ -42,6 +43,7 @@ from laminar_base.errors import (
     LaminarError,
     NotFound,
 )
+from laminar_base.fragmentation import workload_from_rows, workload_rows
 from laminar_base.grpcutil import check_count, check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import check_spec, demand_of
@@ -93,6 +95,8 @@ KNOWN_AGENT_SECONDS = 86400.0
 #: Most live subjob ids of one heartbeat the router reconciles.
 MAX_LIVE_IDS = 4096
 COMMITTING = "committing"
+#: Journal meta key of the task shapes this router observed (its target workload).
+WORKLOAD_META = "workload"
 #: Reason prefix, for people, of a copy moved elsewhere; its cause is EndCause.READDRESSED.
 READDRESSED = "readdressed:"
 MAX_GANG = 64
@@ -209,6 +213,9 @@ class ZoneState:
         self.heartbeat_seconds = config.membership.heartbeat_seconds
         #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
         self.atomizer = Atomizer(self)
+        #: The target workload's count of observations last journaled (sweep).
+        self._workload_saved = 0
+        self.placer.workload.add_prior(config.workload_prior())
 
     #: For the atomizer (its Zone protocol): a subjob's report into its placement (the
     #: module function, defined below the class).
@@ -223,6 +230,7 @@ class ZoneState:
     def recover(self) -> int:
         """Reload live jobs from the journal; returns how many."""
         now = time.monotonic()
+        self._restore_workload()
         for job in self.store.live():
             if job.spec.array:  # an array's record: its counts of ended elements
                 self.arrays[job.job_id] = ArrayProgress(
@@ -1340,7 +1348,35 @@ class ZoneState:
                 self.evaluate(entry)
                 self.save(entry)
                 self.forget_if_done(entry)
+        self._save_workload()
         self._update_gauges(force=True)
+
+    def _save_workload(self) -> None:
+        """Journal the task shapes this router observed when they changed (at most once a
+        sweep): a restarted router ranks by what it learned, not from nothing."""
+        workload = self.placer.workload
+        if workload.observed == self._workload_saved:
+            return
+        self.store.set_meta(WORKLOAD_META, json.dumps(workload_rows(workload.own)))
+        self._workload_saved = workload.observed
+
+    def _restore_workload(self) -> None:
+        text = self.store.get_meta(WORKLOAD_META)
+        if not text:
+            return
+        try:
+            counts = workload_from_rows(json.loads(text), f"journal meta {WORKLOAD_META!r}")
+        except (json.JSONDecodeError, ValueError) as exc:  # learned again from arrivals
+            log.warning("ignoring the journaled target workload: %s", exc)
+            return
+        for shape, count in counts.items():
+            self.placer.workload.observe(shape, count)
+        self._workload_saved = self.placer.workload.observed
+        log.info(
+            "target workload restored from the journal: %d shapes, %d tasks",
+            len(counts),
+            sum(counts.values()),
+        )
 
     # ================================================================ user operations
     # (reads live in laminar_zone.queries, ProbeJob/CommitJob in laminar_zone.client_leases)
