@@ -586,12 +586,24 @@ def test_a_move_whose_copy_ended_before_its_commit_answered_is_finished_at_once(
             harness = Harness(Path(root))
             try:
                 await harness.flush()
+                await harness.do(("submit_array", 0))
+                # Move a copy from an agent such that exactly one other agent has room
+                # for it (wherever ranking put the elements): the move goes there.
+                held = [len(harness.agent(i).live()) for i in range(AGENTS)]
+                source, target = next(
+                    (i, rooms[0])
+                    for i in range(AGENTS)
+                    if held[i]
+                    and len(
+                        rooms := [j for j in range(AGENTS) if j != i and held[j] < GPUS_PER_AGENT]
+                    )
+                    == 1
+                )
                 ops: list[tuple[object, ...]] = [
-                    ("submit_array", 0),
-                    ("exit_before_reply", 2),
-                    ("hang_commit_then_crash_router", 2),
-                    ("readdress", 1, 0),
-                    ("heartbeat", 1),  # asks for the move; its Commit hangs: crash
+                    ("exit_before_reply", target),
+                    ("hang_commit_then_crash_router", target),
+                    ("readdress", source, 0),
+                    ("heartbeat", source),  # asks for the move; its Commit hangs: crash
                 ]
                 for op in ops:
                     await harness.do(op)
@@ -604,8 +616,8 @@ def test_a_move_whose_copy_ended_before_its_commit_answered_is_finished_at_once(
                 old, new = moved.placements
                 assert end_cause(old.end_cause) is EndCause.READDRESSED, old
                 assert new.state == common_pb2.SUCCEEDED, new
-                assert old.subjob_id not in {s.spec.subjob_id for s in harness.agent(1).live()}
-                await harness.do(("heartbeat", 1))  # it would have asked to move again
+                assert old.subjob_id not in {s.spec.subjob_id for s in harness.agent(source).live()}
+                await harness.do(("heartbeat", source))  # it would have asked to move again
                 assert len(harness.zone.get(moved.job_id).placements) == 2
                 await harness.finish()
             finally:
