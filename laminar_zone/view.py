@@ -512,7 +512,10 @@ Rank = Callable[[AgentRecord], float | None]
 
 
 #: Candidates a draw takes in the view's fixed host order before its random sample.
-ORDERED_SIZE = 16
+#: 32, measured (docs/benchmarks.md, issue 16, cpu250): the best-scoring host is often
+#: past the first 16 fitting ones once many hosts are partly used, and scoring 16 more
+#: summaries per draw is absorbed by the score memo.
+ORDERED_SIZE = 32
 
 
 #: d for a try that compares agents' answers when the configured d is 1: a gang gathers
