@@ -250,11 +250,9 @@ def test_the_default_draw_ranks_the_first_32_fitting_hosts_in_order(salt: int, s
             view.note_host(agent, HostCap(cpu, 64_000, 256 * GIB, 512 * GIB, (1000,) * 8, 8))
         fitting = sorted((f"h{i}" for i in range(hosts) if i % 3), key=view.order_of)
         target = fitting[place]
-        plan = ProbePlan(
-            view,
-            NEED,
-            limits,
-            random.Random(seed),
-            rank=lambda r, target=target: 90.0 if r.agent_id == target else 50.0,
-        )
+
+        def rank(record: AgentRecord, target: str = target) -> float:
+            return 90.0 if record.agent_id == target else 50.0
+
+        plan = ProbePlan(view, NEED, limits, random.Random(seed), rank=rank)
         assert [r.agent_id for r in plan.next_batch()] == [fitting[probed]]
