@@ -512,10 +512,9 @@ Rank = Callable[[AgentRecord], float | None]
 
 
 #: Candidates a draw takes in the view's fixed host order before its random sample.
-#: 32, measured (docs/benchmarks.md, issue 16, cpu250): the best-scoring host is often
-#: past the first 16 fitting ones once many hosts are partly used, and scoring 16 more
-#: summaries per draw is absorbed by the score memo.
-ORDERED_SIZE = 32
+#: 32 was measured (docs/benchmarks.md, issue 16, "the ordered draw's size"): better on
+#: cpu250 and multigpu50, worse on the default list and gpuspec33; 16 kept.
+ORDERED_SIZE = 16
 
 
 #: d for a try that compares agents' answers when the configured d is 1: a gang gathers

@@ -23,6 +23,7 @@ from laminar_base.fragmentation import (
 )
 from laminar_zone.placement import ShapeCap, fragmentation_rank
 from laminar_zone.view import (
+    ORDERED_SIZE,
     AgentRecord,
     ProbeLimits,
     ProbePlan,
@@ -232,15 +233,15 @@ def test_equal_scores_go_to_the_host_first_in_the_fixed_order(
 
 @settings(max_examples=20, deadline=None)
 @given(salt=st.integers(0, 2**16), seed=st.integers(0, 2**16))
-def test_the_default_draw_ranks_the_first_32_fitting_hosts_in_order(salt: int, seed: int) -> None:
-    """The default ordered draw (ORDERED_SIZE = 32, docs/benchmarks.md issue 16, cpu250)
-    reaches the 32nd fitting host in the view's order, past hosts that cannot take the
-    demand: with no random sample, a better score there is probed first, and one host
-    further is never drawn."""
+def test_the_default_draw_ranks_the_first_fitting_hosts_in_order(salt: int, seed: int) -> None:
+    """The default ordered draw reaches the ORDERED_SIZE-th fitting host in the view's
+    order, past hosts that cannot take the demand: with no random sample, a better score
+    there is probed first, and one host further is never drawn."""
     hosts = 120
     limits = replace(ProbeLimits(), sample_size=0, regenerations=0)
-    assert limits.ordered_size == 32
-    for place, probed in ((31, 31), (32, 0)):
+    last = ORDERED_SIZE - 1
+    assert limits.ordered_size == ORDERED_SIZE
+    for place, probed in ((last, last), (last + 1, 0)):
         view = ZoneView(stale_after_seconds=1e9, order_salt=salt)
         for i in range(hosts):
             agent = f"h{i}"
