@@ -5,6 +5,7 @@ shows too little host CPU or memory."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from laminar_base.fragmentation import (
 )
 from laminar_zone.placement import ShapeCap, fragmentation_rank
 from laminar_zone.view import (
+    ORDERED_SIZE,
     AgentRecord,
     ProbeLimits,
     ProbePlan,
@@ -227,3 +229,31 @@ def test_equal_scores_go_to_the_host_first_in_the_fixed_order(
     fitting = [f"h{i}" for i in range(hosts) if i % 3]
     first = min(fitting, key=view.order_of)
     assert [r.agent_id for r in plan.next_batch()] == [first]
+
+
+@settings(max_examples=20, deadline=None)
+@given(salt=st.integers(0, 2**16), seed=st.integers(0, 2**16))
+def test_the_default_draw_ranks_the_first_fitting_hosts_in_order(salt: int, seed: int) -> None:
+    """The default ordered draw reaches the ORDERED_SIZE-th fitting host in the view's
+    order, past hosts that cannot take the demand: with no random sample, a better score
+    there is probed first, and one host further is never drawn."""
+    hosts = 120
+    limits = replace(ProbeLimits(), sample_size=0, regenerations=0)
+    last = ORDERED_SIZE - 1
+    assert limits.ordered_size == ORDERED_SIZE
+    for place, probed in ((last, last), (last + 1, 0)):
+        view = ZoneView(stale_after_seconds=1e9, order_salt=salt)
+        for i in range(hosts):
+            agent = f"h{i}"
+            shapes = {"share:A100": ShapeCap(8, 8, 1000, 80 * GIB)}
+            view.update(agent, f"addr{i}", shapes, heat=0, draining=False, now=0.0)
+            cpu = 0 if i % 3 == 0 else 64_000  # a third of the hosts cannot take NEED
+            view.note_host(agent, HostCap(cpu, 64_000, 256 * GIB, 512 * GIB, (1000,) * 8, 8))
+        fitting = sorted((f"h{i}" for i in range(hosts) if i % 3), key=view.order_of)
+        target = fitting[place]
+
+        def rank(record: AgentRecord, target: str = target) -> float:
+            return 90.0 if record.agent_id == target else 50.0
+
+        plan = ProbePlan(view, NEED, limits, random.Random(seed), rank=rank)
+        assert [r.agent_id for r in plan.next_batch()] == [fitting[probed]]
