@@ -17,11 +17,11 @@ from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_number, check_str
 from laminar_zone.auth import DEFAULT_TENANT
-from laminar_zone.entry import Entry
+from laminar_zone.entry import Entry, queue_item
 from laminar_zone.jobs import ZoneState, fresh, validate_spec
 from laminar_zone.kept import KeptLease
 from laminar_zone.placer import Ask, rpc_reason
-from laminar_zone.queue import QueueItem, quota_block, quota_never_fits
+from laminar_zone.queue import quota_block, quota_never_fits
 
 
 class ClientLeases:
@@ -124,15 +124,7 @@ class ClientLeases:
             if record is None:
                 raise InvalidArgument(f"unknown agent {lease.agent_id!r}", field=f"leases[{i}]")
             chosen.append((record, lease))
-        item = QueueItem(
-            job_id="",
-            priority=spec.priority or common_pb2.BATCH,
-            tenant=spec.tenant,
-            submitted_unix=0.0,
-            need=need,
-            gang_size=gang,
-            expected_seconds=spec.expected_seconds,
-        )
+        item = queue_item(spec, need)
         # The same quota as Submit: a job that can never fit is refused, and one that does
         # not fit beside the tenant's running work now is refused too (it holds leases, it
         # cannot wait in the queue).

@@ -11,6 +11,21 @@ from laminar_base.demand import Demand
 from laminar_zone.queue import QueueItem
 
 
+def queue_item(
+    spec: zone_pb2.JobSpec, need: Demand, job_id: str = "", submitted_unix: float = 0.0
+) -> QueueItem:
+    """What queue order, backfill and quotas read of a job (a new one: no id, no time yet)."""
+    return QueueItem(
+        job_id=job_id,
+        priority=spec.priority or common_pb2.BATCH,
+        tenant=spec.tenant,
+        submitted_unix=submitted_unix,
+        need=need,
+        gang_size=max(1, spec.gang_size),
+        expected_seconds=spec.expected_seconds,
+    )
+
+
 @dataclass
 class Entry:
     """A live job in memory: the journaled message plus what placement needs."""
@@ -27,16 +42,7 @@ class Entry:
 
     @property
     def item(self) -> QueueItem:
-        spec = self.job.spec
-        return QueueItem(
-            job_id=self.job.job_id,
-            priority=spec.priority or common_pb2.BATCH,
-            tenant=spec.tenant,
-            submitted_unix=self.job.submitted_unix,
-            need=self.need,
-            gang_size=max(1, spec.gang_size),
-            expected_seconds=spec.expected_seconds,
-        )
+        return queue_item(self.job.spec, self.need, self.job.job_id, self.job.submitted_unix)
 
     def current(self) -> list[zone_pb2.Placement]:
         """This attempt's subjobs, without copies that were moved elsewhere (re-addressed)."""

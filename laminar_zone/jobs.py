@@ -56,7 +56,7 @@ from laminar_zone.atomizer import Atomizer, is_atomized, units_done, validate_co
 from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
-from laminar_zone.entry import Entry
+from laminar_zone.entry import Entry, queue_item
 from laminar_zone.kept import KeptLeases
 from laminar_zone.lifecycle import (
     MemberState,
@@ -71,7 +71,6 @@ from laminar_zone.placer import AgentClients, Ask, Gathered, Placer, rpc_reason
 from laminar_zone.queue import (
     Admit,
     Clear,
-    QueueItem,
     QueueWalk,
     Waiting,
     class_order,
@@ -408,15 +407,7 @@ class ZoneState:
             check_str(dep, "spec.after", required=True)
             if self._job(dep) is None:
                 raise InvalidArgument(f"no job {dep!r} to wait for", field="spec.after")
-        item = QueueItem(
-            job_id="",
-            priority=spec.priority or common_pb2.BATCH,
-            tenant=spec.tenant,
-            submitted_unix=0.0,
-            need=need,
-            gang_size=max(1, spec.gang_size),
-            expected_seconds=spec.expected_seconds,
-        )
+        item = queue_item(spec, need)
         refusal = quota_never_fits(item, self.quotas.get(spec.tenant))
         if refusal:
             raise FailedPrecondition(refusal, field="spec.resources")
