@@ -441,11 +441,20 @@ class ObservedWorkload:
     own: Counter[PodShape] = field(default_factory=Counter)
     _peers: dict[str, Counter[PodShape]] = field(default_factory=dict)
 
+    def _admitted(self, shape: PodShape, count: int) -> PodShape | None:
+        """The key ``count`` tasks of ``shape`` are counted under (host memory is not part
+        of the measure), or None when they are not counted: no tasks, or a new shape past
+        ``max_shapes``."""
+        key = PodShape(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
+        if count > 0 and (key in self.counts or len(self.counts) < self.max_shapes):
+            return key
+        return None
+
     def observe(self, shape: PodShape, count: int = 1) -> None:
         """Count ``count`` tasks of ``shape`` that this router was asked to place (more than
         one: what it had observed before a restart, from its journal)."""
-        key = PodShape(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
-        if count > 0 and (key in self.counts or len(self.counts) < self.max_shapes):
+        key = self._admitted(shape, count)
+        if key is not None:
             self.counts[key] += count
             self.own[key] += count
         self.observed += max(0, count)
@@ -454,8 +463,8 @@ class ObservedWorkload:
         """Start from a mix known before (such as the workload a router learned before):
         counted in the target, not told to peers (each has its own prior)."""
         for shape, count in counts.items():
-            key = PodShape(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
-            if count > 0 and (key in self.counts or len(self.counts) < self.max_shapes):
+            key = self._admitted(shape, count)
+            if key is not None:
                 self.counts[key] += count
                 self.observed += count
 
@@ -471,8 +480,8 @@ class ObservedWorkload:
             return
         fresh: Counter[PodShape] = Counter()
         for shape, count in counts.items():
-            key = PodShape(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
-            if count > 0 and (key in self.counts or len(self.counts) < self.max_shapes):
+            key = self._admitted(shape, count)
+            if key is not None:
                 fresh[key] += count
                 self.counts[key] += count
         for shape, count in (old or Counter()).items():

@@ -304,10 +304,9 @@ class Atomizer:
 
     # ------------------------------------------------------------------ jobs
 
-    def admit(self, job: zone_pb2.Job, *, now: float | None = None) -> None:
-        """Start (or, after a restart, rebuild) the market state of an atomized job. (``now``
-        is not read: a bid's waiting time is its entry's, since ``Entry.submitted_mono``.)"""
-        del now
+    def admit(self, job: zone_pb2.Job) -> None:
+        """Start (or, after a restart, rebuild) the market state of an atomized job (a bid's
+        waiting time is its entry's, since ``Entry.submitted_mono``)."""
         contract, phases = validate_contract(job.spec)
         atom = Atom(
             contract=contract,

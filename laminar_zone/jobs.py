@@ -249,7 +249,7 @@ class ZoneState:
                 if progress is not None:
                     progress.active.add(job.job_id)
             if is_atomized(job.spec) and not ended:
-                self.atomizer.admit(job, now=now)
+                self.atomizer.admit(job)
             for p in job.placements:  # earlier attempts too: a copy may still run
                 if p.state in LIVE_SUBJOB:
                     self.view.add_placeholder(p.agent_id, p.agent_address, now)
@@ -1322,13 +1322,14 @@ class ZoneState:
                 if entry is None:
                     job_ids.discard(job_id)
                     continue
-                for p in entry.job.placements:
+                placements = entry.job.placements
+                for i, p in enumerate(placements):
                     if p.agent_id == agent_id and p.state in LIVE_SUBJOB:
                         p.state = common_pb2.LOST
                         # A move's copy never confirmed (its fence stopped it if it ran)
                         # leaves the member where it was, as when its agent says it never
                         # started it; any other copy is the member, lost.
-                        moved = p.reason == COMMITTING and _moves_from_live_copy(entry.job, p)
+                        moved = p.reason == COMMITTING and _moves_from_live_copy(placements[:i], p)
                         p.end_cause = (EndCause.READDRESSED if moved else EndCause.LOST).wire
                         p.reason = (
                             f"agent {agent_id} silent for {silent:.0f} s "
@@ -1590,9 +1591,9 @@ class _ProbeCommit:
         return outcome_unknown(exc)
 
 
-def _moves_from_live_copy(job: zone_pb2.Job, p: zone_pb2.Placement) -> bool:
-    """Whether ``p`` is a move's copy: an older copy of its member in its attempt lives."""
-    older = job.placements[: list(job.placements).index(p)]
+def _moves_from_live_copy(older: Sequence[zone_pb2.Placement], p: zone_pb2.Placement) -> bool:
+    """Whether ``p`` is a move's copy: a copy of its member in its attempt placed before it
+    (``older``) lives."""
     return any(
         q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB for q in older
     )
