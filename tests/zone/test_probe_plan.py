@@ -203,6 +203,19 @@ def test_memoized_node_score_is_fgds_score_of_the_least_fragmenting_placement(
                     assert frag.node_score(node, pod) == fgd_score(best[1]) == want[1]
 
 
+def ordered_view(hosts: int, salt: int) -> ZoneView:
+    """``hosts`` alike hosts h0, h1, ... in a view whose fixed order ``salt`` picks; every
+    third (h0, h3, ...) has no CPU left for NEED."""
+    view = ZoneView(stale_after_seconds=1e9, order_salt=salt)
+    for i in range(hosts):
+        agent = f"h{i}"
+        shapes = {"share:A100": ShapeCap(8, 8, 1000, 80 * GIB)}
+        view.update(agent, f"addr{i}", shapes, heat=0, draining=False, now=0.0)
+        cpu = 0 if i % 3 == 0 else 64_000
+        view.note_host(agent, HostCap(cpu, 64_000, 256 * GIB, 512 * GIB, (1000,) * 8, 8))
+    return view
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     hosts=st.integers(2, 60),
@@ -217,13 +230,7 @@ def test_equal_scores_go_to_the_host_first_in_the_fixed_order(
     """As FGD breaks equal scores by one fixed node order, the router breaks them by its
     view's host order: whatever the random sample holds, the first host probed is the
     fitting host first in that order."""
-    view = ZoneView(stale_after_seconds=1e9, order_salt=salt)
-    for i in range(hosts):
-        agent = f"h{i}"
-        shapes = {"share:A100": ShapeCap(8, 8, 1000, 80 * GIB)}
-        view.update(agent, f"addr{i}", shapes, heat=0, draining=False, now=0.0)
-        cpu = 0 if i % 3 == 0 else 64_000  # a third of the hosts cannot take NEED
-        view.note_host(agent, HostCap(cpu, 64_000, 256 * GIB, 512 * GIB, (1000,) * 8, 8))
+    view = ordered_view(hosts, salt)
     limits = ProbeLimits(1, sample_size, 4, 0, ordered_size)
     plan = ProbePlan(view, NEED, limits, random.Random(seed), rank=lambda r: 50.0)
     fitting = [f"h{i}" for i in range(hosts) if i % 3]
@@ -242,13 +249,7 @@ def test_the_default_draw_ranks_the_first_fitting_hosts_in_order(salt: int, seed
     last = ORDERED_SIZE - 1
     assert limits.ordered_size == ORDERED_SIZE
     for place, probed in ((last, last), (last + 1, 0)):
-        view = ZoneView(stale_after_seconds=1e9, order_salt=salt)
-        for i in range(hosts):
-            agent = f"h{i}"
-            shapes = {"share:A100": ShapeCap(8, 8, 1000, 80 * GIB)}
-            view.update(agent, f"addr{i}", shapes, heat=0, draining=False, now=0.0)
-            cpu = 0 if i % 3 == 0 else 64_000  # a third of the hosts cannot take NEED
-            view.note_host(agent, HostCap(cpu, 64_000, 256 * GIB, 512 * GIB, (1000,) * 8, 8))
+        view = ordered_view(hosts, salt)
         fitting = sorted((f"h{i}" for i in range(hosts) if i % 3), key=view.order_of)
         target = fitting[place]
 
