@@ -29,10 +29,12 @@ from laminar_cli.zoneclient import (
     KEY_FILE_ENV,
     SECRET_FILE_ENV,
     ZONE_ENV,
+    resolve_retry_cap,
     resolve_token,
     resolve_zone_address,
     security_env,
     security_settings,
+    set_retry_cap,
     set_token,
     set_trust,
 )
@@ -170,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         words = list(sys.argv[1:] if argv is None else argv)
         args = build_parser(command_of(words)).parse_args(words)
         set_token(resolve_token(env))
+        set_retry_cap(resolve_retry_cap(env))
         if not getattr(args, "is_offline", False):  # certs init may create the files named
             tls, control = security_settings(args, env)
             set_trust(load_trust(tls, control))

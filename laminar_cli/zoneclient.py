@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -29,6 +31,9 @@ DEFAULT_ZONE = "127.0.0.1:7400"
 ZONE_ENV = "LAMINAR_ZONE"
 TOKEN_ENV = "LAMINAR_TOKEN"
 TOKEN_FILE_ENV = "LAMINAR_TOKEN_FILE"
+#: Caps how long a call safe to repeat is resent while the router is unavailable
+#: (seconds; ``0`` fails at once). Unset: each call's own budget (:data:`RETRY_SECONDS`).
+RETRY_ENV = "LAMINAR_RETRY_SECONDS"
 #: Deadline of one unary call to the router.
 RPC_TIMEOUT_SECONDS = 10.0
 
@@ -44,6 +49,30 @@ _token: str | None = None
 def set_token(token: str | None) -> None:
     global _token
     _token = token
+
+
+#: The cap on resending from ``LAMINAR_RETRY_SECONDS`` (None: each call's own budget).
+_retry_cap: float | None = None
+
+
+def resolve_retry_cap(env: Mapping[str, str]) -> float | None:
+    """``LAMINAR_RETRY_SECONDS`` as seconds (InvalidArgument naming it when it is not a
+    number >= 0); None when unset."""
+    text = env.get(RETRY_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise InvalidArgument(f"{RETRY_ENV}={text!r}: expected seconds, a number >= 0")
+    return value
+
+
+def set_retry_cap(cap: float | None) -> None:
+    global _retry_cap
+    _retry_cap = cap
 
 
 def resolve_token(env: Mapping[str, str]) -> str | None:
@@ -160,15 +189,21 @@ else:
 
 class ResendWhileUnavailable(_UnaryInterceptor):
     """Resend a call of :data:`RETRY_SECONDS` with backoff while it fails UNAVAILABLE, for
-    at most its budget; other outcomes, and other calls, pass at once."""
+    at most its budget (or ``cap``, when smaller); other outcomes, and other calls, pass at
+    once. Before the first resend, ``notice(budget)`` says that it waits (once per call)."""
 
     def __init__(
         self,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        cap: float | None = None,
+        notice: Callable[[float], None] = lambda budget: None,
     ) -> None:
         self._sleep = sleep
         self._clock = clock
+        self._cap = cap
+        self._notice = notice
 
     def intercept_unary_unary(
         self,
@@ -179,14 +214,20 @@ class ResendWhileUnavailable(_UnaryInterceptor):
         budget = RETRY_SECONDS.get(str(client_call_details.method).rpartition("/")[2])
         if budget is None:
             return continuation(client_call_details, request)
+        if self._cap is not None:
+            budget = min(budget, self._cap)
         deadline = self._clock() + budget
         delay = FIRST_RETRY_DELAY_SECONDS
+        noticed = False
         while True:
             outcome = continuation(client_call_details, request)
             if outcome.code() != grpc.StatusCode.UNAVAILABLE:
                 return outcome
             if self._clock() + delay > deadline:
                 return outcome
+            if not noticed:
+                noticed = True
+                self._notice(budget)
             self._sleep(delay)  # backoff between resends to a router that is not answering
             delay = min(2 * delay, MAX_RETRY_DELAY_SECONDS)
 
@@ -198,8 +239,22 @@ def zone_stub(address: str) -> Iterator[zone_pb2_grpc.ZoneStub]:
     bearer = (("authorization", f"Bearer {_token}"),) if _token else ()
     transport = dataclasses.replace(_trust, secret=None)
     with transport.channel(address, channel_options(), extra_headers=bearer) as channel:
-        resending = grpc.intercept_channel(channel, ResendWhileUnavailable())
+        resending = grpc.intercept_channel(
+            channel,
+            ResendWhileUnavailable(cap=_retry_cap, notice=functools.partial(_say_waiting, address)),
+        )
         yield zone_pb2_grpc.ZoneStub(resending)
+
+
+def _say_waiting(address: str, budget: float) -> None:
+    """One line on stderr while a call waits for a router that does not answer, so a
+    submitter knows why nothing happens (stdout stays the command's output)."""
+    print(
+        f"laminar: router at {address} is unavailable; retrying for up to {budget:g} s "
+        f"(Ctrl-C stops; {RETRY_ENV}=0 fails at once)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def list_jobs(

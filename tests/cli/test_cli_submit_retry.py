@@ -42,7 +42,10 @@ def test_submit_retries_while_the_router_restarts(
         cluster.start_zone("a", listen=address)  # back while the CLI is retrying
         submitter.join(60)
         assert codes == [0]
-        job_id = capsys.readouterr().out.strip().splitlines()[-1]
+        captured = capsys.readouterr()
+        job_id = captured.out.strip().splitlines()[-1]
+        # While it waited, the submitter was told why nothing happened, once, on stderr.
+        assert captured.err.count(f"router at {address} is unavailable; retrying") == 1
         with grpc.insecure_channel(address) as channel:
             stub = zone_pb2_grpc.ZoneStub(channel)
             wait_for(lambda: bool(stub.ListJobs(zone_pb2.ListJobsRequest(), timeout=5).jobs))
@@ -100,7 +103,12 @@ class _Details:
         self.method = method
 
 
-def _resend(method: str, codes: list[grpc.StatusCode]) -> tuple[int, list[float], Any]:
+def _resend(
+    method: str,
+    codes: list[grpc.StatusCode],
+    cap: float | None = None,
+    notices: list[float] | None = None,
+) -> tuple[int, list[float], Any]:
     """Drive the interceptor over outcomes ``codes``: (calls made, pauses, final outcome)."""
     pauses: list[float] = []
     calls = iter(codes)
@@ -111,7 +119,10 @@ def _resend(method: str, codes: list[grpc.StatusCode]) -> tuple[int, list[float]
         return _Outcome(next(calls))
 
     outcome = ResendWhileUnavailable(
-        sleep=pauses.append, clock=lambda: sum(pauses)
+        sleep=pauses.append,
+        clock=lambda: sum(pauses),
+        cap=cap,
+        notice=(notices if notices is not None else []).append,
     ).intercept_unary_unary(continuation, _Details(method), object())
     return len(made), pauses, outcome
 
@@ -136,3 +147,37 @@ def test_resending_stops_within_the_budget() -> None:
         made, pauses, outcome = _resend(f"/laminar.api.v1.Zone/{method}", [down] * 100)
         assert outcome.code() == down and made == len(pauses) + 1
         assert max(pauses) == 2.0 and sum(pauses) <= budget, (method, pauses)
+
+
+def test_the_wait_is_announced_once_and_capped_by_the_environment() -> None:
+    down, up = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK
+    notices: list[float] = []
+    made, pauses, outcome = _resend("/laminar.api.v1.Zone/Submit", [down] * 3 + [up], None, notices)
+    assert (made, outcome.code(), notices) == (4, up, [RETRY_SECONDS["Submit"]])
+    # A router that answers at once is never announced.
+    notices.clear()
+    assert _resend("/laminar.api.v1.Zone/Submit", [up], None, notices)[0] == 1 and not notices
+    # LAMINAR_RETRY_SECONDS caps the budget; 0 sends once and says nothing.
+    notices.clear()
+    made, pauses, outcome = _resend("/laminar.api.v1.Zone/Submit", [down] * 100, 1.0, notices)
+    assert outcome.code() == down and sum(pauses) <= 1.0 and notices == [1.0]
+    notices.clear()
+    made, pauses, _ = _resend("/laminar.api.v1.Zone/GetJob", [down, up], 0.0, notices)
+    assert (made, pauses, notices) == (1, [], [])
+
+
+def test_retry_seconds_from_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No router listening: with LAMINAR_RETRY_SECONDS=0 the CLI says so without waiting;
+    a value that is not seconds is a usage error naming the variable."""
+    address = f"127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("LAMINAR_RETRY_SECONDS", "0")
+    assert cli_main(["--zone", address, "jobs"]) == 3
+    err = capsys.readouterr().err
+    assert f"cannot reach {address}" in err and "retrying" not in err
+    for bad in ("soon", "-1", "inf", "nan"):
+        monkeypatch.setenv("LAMINAR_RETRY_SECONDS", bad)
+        assert cli_main(["--zone", address, "jobs"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("laminar: LAMINAR_RETRY_SECONDS=") and len(err.splitlines()) == 1
