@@ -21,6 +21,7 @@ from laminar_cli.lazy import lazy_module
 from laminar_cli.zoneclient import (
     RPC_TIMEOUT_SECONDS,
     list_jobs,
+    one_line,
     output_options,
     zone_options,
     zone_stub,
@@ -336,16 +337,43 @@ def cmd_job(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, console: Console) -> int:
-    located = locate_job(args.zone_address, args.job_id)
-    request = zone_pb2.CancelJobRequest(job_id=located.job.job_id, reason=args.reason or "")
-    with zone_stub(located.address) as stub:
-        # Cancelling twice is harmless (an ended job stays as it ended), so a resend is safe.
-        job = stub.CancelJob(request, timeout=RPC_TIMEOUT_SECONDS)
+    """Cancel each job named, in order; one that cannot be cancelled (unknown id, refused)
+    is reported on stderr and the others are still cancelled (exit 1 if any was not)."""
+    cancelled: list[zone_pb2.Job] = []
+    failed = 0
+    for job_id in dict.fromkeys(args.job_ids):  # each once, in the order given
+        try:
+            located = locate_job(args.zone_address, job_id)
+            request = zone_pb2.CancelJobRequest(job_id=located.job.job_id, reason=args.reason or "")
+            with zone_stub(located.address) as stub:
+                # Cancelling twice is harmless (an ended job stays as it ended): resend is safe.
+                job = stub.CancelJob(request, timeout=RPC_TIMEOUT_SECONDS)
+        except grpc.RpcError as exc:
+            if len(args.job_ids) == 1 or exc.code() not in _PER_JOB_CODES:
+                raise  # one job, or the router itself failed: main's one-line error
+            failed += 1
+            print(f"laminar: {job_id}: {one_line(exc.details() or '')}", file=sys.stderr)
+            continue
+        cancelled.append(job)
+        if args.output != "json":
+            console.print(f"{job.job_id}: {render.job_state_name(job.state)}")
     if args.output == "json":
-        print(render.to_json(job))
-    else:
-        console.print(f"{job.job_id}: {render.job_state_name(job.state)}")
-    return 0
+        if len(args.job_ids) == 1:
+            print(render.to_json(cancelled[0]))
+        else:
+            print("[" + ",\n".join(render.to_json(job) for job in cancelled) + "]")
+    return 1 if failed else 0
+
+
+#: Errors that concern one job of several named to ``cancel``: reported, the rest go on.
+_PER_JOB_CODES = frozenset(
+    {
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    }
+)
 
 
 def _write_bytes(data: bytes) -> None:
@@ -542,8 +570,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     job.add_argument("job_id", metavar="ID")
     job.set_defaults(func=cmd_job)
 
-    cancel = sub.add_parser("cancel", parents=[zone, output], help="cancel a job")
-    cancel.add_argument("job_id", metavar="ID")
+    cancel = sub.add_parser("cancel", parents=[zone, output], help="cancel jobs")
+    cancel.add_argument(
+        "job_ids", metavar="ID", nargs="+", help="job ids (an array's id cancels it all)"
+    )
     cancel.add_argument("--reason")
     cancel.set_defaults(func=cmd_cancel)
 

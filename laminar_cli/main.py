@@ -29,6 +29,7 @@ from laminar_cli.zoneclient import (
     KEY_FILE_ENV,
     SECRET_FILE_ENV,
     ZONE_ENV,
+    one_line,
     resolve_retry_cap,
     resolve_token,
     resolve_zone_address,
@@ -141,10 +142,6 @@ def command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 class _LazyConsole:
     """The rich console, made when a command first prints through it: commands that print
     a line (``submit`` prints the job id) never import rich, a sixth of their start-up."""
@@ -183,17 +180,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args, console)
         return code
     except UsageError as exc:
-        print(f"laminar: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"laminar: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except InvalidArgument as exc:
-        print(f"laminar: {_one_line(exc.message)}", file=sys.stderr)
+        print(f"laminar: {one_line(exc.message)}", file=sys.stderr)
         return EXIT_USAGE
     except LaminarError as exc:
-        print(f"laminar: {_one_line(exc.message)}", file=sys.stderr)
+        print(f"laminar: {one_line(exc.message)}", file=sys.stderr)
         return EXIT_FAILURE
     except grpc.RpcError as exc:
         code_enum = exc.code() if hasattr(exc, "code") else None
-        details = _one_line((exc.details() if hasattr(exc, "details") else None) or str(exc))
+        details = one_line((exc.details() if hasattr(exc, "details") else None) or str(exc))
         name = code_enum.name if code_enum is not None else "ERROR"
         if code_enum in _UNREACHABLE_CODES and "handshake" in details.lower():
             print(

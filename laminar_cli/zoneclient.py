@@ -246,6 +246,11 @@ def zone_stub(address: str) -> Iterator[zone_pb2_grpc.ZoneStub]:
         yield zone_pb2_grpc.ZoneStub(resending)
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line (error details from gRPC may hold newlines)."""
+    return " ".join(str(text).split())
+
+
 def _say_waiting(address: str, budget: float) -> None:
     """One line on stderr while a call waits for a router that does not answer, so a
     submitter knows why nothing happens (stdout stays the command's output)."""

@@ -186,6 +186,23 @@ def test_cancel_and_follow_logs(cli: Cli, zone: str, tmp_path: Path) -> None:
     assert cli.ok("logs", job_id, "-f") == "started\n"
 
 
+def test_cancel_several_jobs_goes_on_past_an_unknown_one(cli: Cli, zone: str) -> None:
+    """Like scancel: each id named is cancelled; an unknown one is one line on stderr, the
+    ones after it are still cancelled, and the exit code says one failed."""
+    first = cli.submit("--", "sleep", "600")
+    second = cli.submit("--", "sleep", "600")
+    code, out, err = cli("cancel", first, "j-nosuchjob", second, first)
+    assert code == 1
+    assert out.splitlines() == [f"{first}: cancelled", f"{second}: cancelled"]
+    assert len(err.splitlines()) == 1 and err.startswith("laminar: j-nosuchjob: ")
+    assert {_state(zone, j).state for j in (first, second)} == {zone_pb2.JOB_CANCELLED}
+    # An ended job is refused by name; with -o json the cancelled ones are one JSON list.
+    third = cli.submit("--", "sleep", "600")
+    code, out, err = cli("cancel", "-o", "json", first, third)
+    assert code == 1 and "already ended" in err
+    assert [j["job_id"] for j in json.loads(out)] == [third]
+
+
 def test_agents_probe_drain_airlock_pressure(cli: Cli) -> None:
     agents = {a["agent_id"]: a for a in cli.json("agents")["agents"]}
     assert set(agents) == set(AGENTS)

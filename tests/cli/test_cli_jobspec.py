@@ -257,7 +257,10 @@ def test_bad_flags_are_one_line_and_exit_2(
     assert needle in err
 
 
-def test_unreachable_router_is_one_line_and_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_router_is_one_line_and_exit_3(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAMINAR_RETRY_SECONDS", "0")  # no resends, so no "retrying" notice
     assert main(["--zone", "127.0.0.1:1", "jobs"]) == 3
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
