@@ -38,6 +38,7 @@ class EndCause(enum.IntEnum):
     LOST = common_pb2.END_CAUSE_LOST
     TERMINATED = common_pb2.END_CAUSE_TERMINATED
     GPU_FAILED = common_pb2.END_CAUSE_GPU_FAILED
+    TIME_LIMIT = common_pb2.END_CAUSE_TIME_LIMIT
 
     @property
     def token(self) -> str:
@@ -85,6 +86,9 @@ FREE_RETRY_CAUSES = frozenset(
         EndCause.GPU_FAILED,
     }
 )
+#: Ends that fail the job whatever retries it has left: running it again would end the
+#: same way (it ran past its time limit).
+FINAL_CAUSES = frozenset({EndCause.TIME_LIMIT})
 #: Ends where Airlock, or a preemption for a more important class, took the work: the run
 #: since the last checkpoint is counted as lost GPU time.
 AIRLOCK_LOSS_CAUSES = frozenset({EndCause.RECLAIMED, EndCause.PREEMPTED, EndCause.READDRESSED})
@@ -96,6 +100,11 @@ WIDENING_CAUSES = frozenset({EndCause.OVERRAN, EndCause.RECLAIMED})
 def is_free_retry(cause: int) -> bool:
     """Whether an end with this cause retries its job without using one of its retries."""
     return end_cause(cause) in FREE_RETRY_CAUSES
+
+
+def is_final(cause: int) -> bool:
+    """Whether an end with this cause fails its job with no retry (:data:`FINAL_CAUSES`)."""
+    return end_cause(cause) in FINAL_CAUSES
 
 
 def is_airlock_loss(cause: int) -> bool:
@@ -135,6 +144,7 @@ __all__ = [
     "ENDED_SUBJOB_STATES",
     "ENDED_SUBJOB_STATE_NAMES",
     "FAILED_SUBJOB_STATES",
+    "FINAL_CAUSES",
     "FINISHED_JOB_STATES",
     "FREE_RETRY_CAUSES",
     "LIVE_SUBJOB_STATES",
@@ -145,6 +155,7 @@ __all__ = [
     "cause_from_token",
     "end_cause",
     "is_airlock_loss",
+    "is_final",
     "is_free_retry",
     "widens_profile",
 ]

@@ -61,6 +61,7 @@ _SPEC_FLAGS = (
     ("retries", "--retries"),
     ("workdir", "--workdir"),
     ("expected", "--expected"),
+    ("time", "--time"),
     ("grace", "--grace"),
     ("restartable", "--restartable"),
     ("run_through_partitions", "--run-through-partitions"),
@@ -78,6 +79,7 @@ _SPEC_FIELD_KEYS = {
     "gang_size": "gang",
     "max_retries": "retries",
     "expected_seconds": "expected",
+    "time_limit_seconds": "time",
     "grace_seconds": "grace",
 }
 
@@ -131,6 +133,13 @@ def add_spec_flags(parser: argparse.ArgumentParser, *, full: bool) -> None:
     )
     parser.add_argument("--workdir", help="working directory of the command on the host")
     parser.add_argument("--expected", metavar="DURATION", help="expected run time, e.g. 10m")
+    parser.add_argument(
+        "-t",
+        "--time",
+        metavar="DURATION",
+        help="time limit of each run, e.g. 2h (Slurm's --time): past it the job is stopped "
+        "and fails without a retry",
+    )
     parser.add_argument("--grace", metavar="DURATION", help="SIGTERM to SIGKILL, e.g. 30s")
     parser.add_argument(
         "--restartable",

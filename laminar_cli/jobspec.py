@@ -56,6 +56,7 @@ TOP_KEYS = frozenset(
         "env",
         "workdir",
         "expected",
+        "time",
         "restartable",
         "run_through_partitions",
         "grace",
@@ -385,6 +386,8 @@ def build_spec(data: SpecInput, *, require_command: bool = True) -> zone_pb2.Job
         spec.workdir = _str(values["workdir"])
     if "expected" in values:
         spec.expected_seconds = _duration(values["expected"])
+    if "time" in values:
+        spec.time_limit_seconds = _duration(values["time"])
     if "grace" in values:
         spec.grace_seconds = _duration(values["grace"])
     if "restartable" in values:

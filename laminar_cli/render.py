@@ -405,6 +405,11 @@ def job_detail(job: zone_pb2.Job, now_unix: float) -> RenderableType:
         grid.add_row(
             "ended", f"{clock(job.ended_unix, now_unix)} (ran {span(ran_seconds(job, now_unix))})"
         )
+    if spec.time_limit_seconds:
+        grid.add_row(
+            "time limit",
+            f"{span(spec.time_limit_seconds)} per run, time suspended by Airlock not counted",
+        )
     grid.add_row(
         "placement effort",
         f"{job.attempts} attempt(s), {job.probes} probe(s), {job.bounces} bounce(s)",

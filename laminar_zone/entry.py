@@ -22,7 +22,8 @@ def queue_item(
         submitted_unix=submitted_unix,
         need=need,
         gang_size=max(1, spec.gang_size),
-        expected_seconds=spec.expected_seconds,
+        # A declared limit bounds the run when no estimate is given (as Slurm backfills).
+        expected_seconds=spec.expected_seconds or spec.time_limit_seconds,
     )
 
 

@@ -44,7 +44,7 @@ from laminar_base.errors import (
     NotFound,
 )
 from laminar_base.fragmentation import workload_from_rows, workload_rows
-from laminar_base.grpcutil import check_count, check_str
+from laminar_base.grpcutil import check_count, check_number, check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import check_spec, demand_of
 from laminar_zone.arrays import (
@@ -61,6 +61,7 @@ from laminar_zone.kept import KeptLeases
 from laminar_zone.lifecycle import (
     MemberState,
     Outcome,
+    job_of,
     judge_attempt,
     rigid_subjob_id,
     taken_over,
@@ -82,6 +83,7 @@ from laminar_zone.queue import (
 )
 from laminar_zone.reasons import END_REASONS, Reason, reason_of, set_reason
 from laminar_zone.store import JobStore
+from laminar_zone.time_limits import TimeLimits
 from laminar_zone.usage import UsageLedger
 from laminar_zone.view import AgentRecord, HostCounts, ZoneView
 
@@ -143,7 +145,20 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Demand:
                 f"{model} has no MIG profile {profile!r} (it is on {', '.join(models)})",
                 field="spec.resources.mig_profile",
             )
+    check_number(spec.time_limit_seconds, "spec.time_limit_seconds", high=10 * 365 * 86400)
+    if spec.time_limit_seconds and spec.expected_seconds > spec.time_limit_seconds:
+        raise InvalidArgument(
+            f"{spec.expected_seconds:g} s is past spec.time_limit_seconds "
+            f"({spec.time_limit_seconds:g} s): the job would be stopped before then",
+            field="spec.expected_seconds",
+        )
     if is_atomized(spec):
+        if spec.time_limit_seconds:
+            raise InvalidArgument(
+                "not for an atomized job: each piece is sized to its window and stopped at "
+                "its end (the contract's units bound the work)",
+                field="spec.time_limit_seconds",
+            )
         validate_contract(spec)
     return need
 
@@ -190,6 +205,8 @@ class ZoneState:
         #: Stops the agent has not taken yet (it did not answer): subjob id -> the copy to
         #: stop, why, and the cause. Each sweep asks again while the agent is reachable.
         self._owed_stops: dict[str, tuple[zone_pb2.Placement, str, EndCause]] = {}
+        #: The clock of jobs' time limits (spec.time_limit_seconds), read by the sweep.
+        self.time_limits = TimeLimits(recheck_seconds=config.membership.heartbeat_seconds)
         self.queue_wake = asyncio.Event()
         #: One pass at a time: the queue's loop and the market's both run queue_pass.
         self._pass_lock = asyncio.Lock()
@@ -261,6 +278,7 @@ class ZoneState:
                 # from is retired now, not left running until its own end.
                 current = entry.current()
                 self._finish_moves(entry, current, _member_states(current))
+                self._watch_time_limit(entry)
             if job.state == zone_pb2.PENDING and not any(
                 p.state in LIVE_SUBJOB for p in entry.current()
             ):
@@ -1131,7 +1149,7 @@ class ZoneState:
         for other in self.entries.values():
             if other.job.state not in RUNNING_JOB_STATES or other.need.family != family:
                 continue
-            run = other.job.spec.expected_seconds or mean
+            run = other.item.expected_seconds or mean  # the estimate, else the limit
             if run <= 0:
                 continue
             releases.append((other.job.started_unix + run, other.item.units))
@@ -1226,7 +1244,10 @@ class ZoneState:
                 )
             what = f"subjob {first.subjob_id} on {first.agent_id} ended {state_name(first.state)}: {first.reason}"
             if verdict.outcome is Outcome.FAILED:
-                self.finish(entry, zone_pb2.JOB_FAILED, what)
+                limited = end_cause(first.end_cause) is EndCause.TIME_LIMIT
+                self.finish(
+                    entry, zone_pb2.JOB_FAILED, what, Reason.TIME_LIMIT if limited else None
+                )
                 return
             if verdict.counted:
                 job.retries_used += 1
@@ -1251,6 +1272,19 @@ class ZoneState:
                 f"{', '.join(sorted({p.agent_id for p in current if p.state == common_pb2.SUSPENDED}))})"
                 if suspended
                 else "",
+            )
+            self._watch_time_limit(entry)
+
+    def _watch_time_limit(self, entry: Entry) -> None:
+        if entry.job.job_id not in self.atomizer.atoms:  # pieces end with their windows
+            self.time_limits.watch(entry.job, entry.current())
+
+    def _enforce_time_limits(self, now_unix: float) -> None:
+        """Stop each running subjob past its job's time limit (laminar_zone.time_limits)."""
+        for placement, why in self.time_limits.due(now_unix, self._live_job):
+            log.info("job %s: subjob %s %s", job_of(placement.subjob_id), placement.subjob_id, why)
+            self.spawn(
+                self.terminate(placement, why, EndCause.TIME_LIMIT), f"limit-{placement.subjob_id}"
             )
 
     def _finish_moves(
@@ -1288,6 +1322,7 @@ class ZoneState:
             jobs = self.by_agent.get(p.agent_id)
             if jobs is not None:
                 jobs.discard(job.job_id)
+        self.time_limits.forget(p.subjob_id for p in job.placements)
         # Keep it in memory while dependents may ask; the journal has it anyway.
         self.entries.pop(job.job_id, None)
         self.atomizer.forget(job.job_id)
@@ -1303,6 +1338,7 @@ class ZoneState:
                 stale.agent_id,
                 now - stale.last_heartbeat,
             )
+        self._enforce_time_limits(time.time())
         for subjob_id, (stop, why, cause) in list(self._owed_stops.items()):
             record = self.view.agents.get(stop.agent_id)
             if record is not None and not record.is_stale:
@@ -1372,6 +1408,10 @@ class ZoneState:
 
     # ================================================================ user operations
     # (reads live in laminar_zone.queries, ProbeJob/CommitJob in laminar_zone.client_leases)
+
+    def _live_job(self, job_id: str) -> zone_pb2.Job | None:
+        entry = self.entries.get(job_id)
+        return None if entry is None else entry.job
 
     def _job(self, job_id: str) -> zone_pb2.Job | None:
         entry = self.entries.get(job_id)
@@ -1628,6 +1668,7 @@ def copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
     p.started_unix = subjob.started_unix
     p.ended_unix = subjob.ended_unix
     p.run_seconds = subjob.run_seconds
+    p.suspended_seconds = subjob.suspended_seconds
     p.peak_gpu_memory_bytes = subjob.peak_gpu_memory_bytes
     p.unit_start = subjob.spec.unit_start
     p.unit_count = subjob.spec.unit_count

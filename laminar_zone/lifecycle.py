@@ -16,7 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from laminar_api.v1 import common_pb2
-from laminar_base.causes import FAILED_SUBJOB_STATES, LIVE_SUBJOB_STATES, is_free_retry
+from laminar_base.causes import (
+    FAILED_SUBJOB_STATES,
+    LIVE_SUBJOB_STATES,
+    is_final,
+    is_free_retry,
+)
 
 
 class Outcome(enum.Enum):
@@ -91,7 +96,8 @@ def judge_attempt(
         first = failed[0]
         stop = tuple(i for i in counted if members[i].state in LIVE_SUBJOB_STATES)
         free = is_free_retry(members[first].end_cause)
-        if free or retries_used < max_retries:
+        final = is_final(members[first].end_cause)
+        if not final and (free or retries_used < max_retries):
             return Verdict(Outcome.RETRY, counted=not free, failed_member=first, stop=stop)
         return Verdict(Outcome.FAILED, failed_member=first, stop=stop)
     if all(s in (common_pb2.RUNNING, common_pb2.SUSPENDED, common_pb2.SUCCEEDED) for s in states):

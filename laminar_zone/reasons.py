@@ -31,6 +31,7 @@ class Reason(enum.IntEnum):
     CANCELLED = zone_pb2.REASON_CANCELLED
     DEPENDENCY_FAILED = zone_pb2.REASON_DEPENDENCY_FAILED
     ARRAY = zone_pb2.REASON_ARRAY
+    TIME_LIMIT = zone_pb2.REASON_TIME_LIMIT
 
     @property
     def token(self) -> str:

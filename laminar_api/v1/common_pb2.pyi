@@ -65,6 +65,7 @@ class EndCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     END_CAUSE_LOST: _ClassVar[EndCause]
     END_CAUSE_TERMINATED: _ClassVar[EndCause]
     END_CAUSE_GPU_FAILED: _ClassVar[EndCause]
+    END_CAUSE_TIME_LIMIT: _ClassVar[EndCause]
 PRIORITY_CLASS_UNSPECIFIED: PriorityClass
 CRITICAL: PriorityClass
 PRODUCTION: PriorityClass
@@ -106,6 +107,7 @@ END_CAUSE_FENCED: EndCause
 END_CAUSE_LOST: EndCause
 END_CAUSE_TERMINATED: EndCause
 END_CAUSE_GPU_FAILED: EndCause
+END_CAUSE_TIME_LIMIT: EndCause
 
 class Resources(_message.Message):
     __slots__ = ("gpus", "mig_profile", "gpu_milli", "gpu_memory_bytes", "gpu_model", "cpu_milli", "host_memory_bytes")

@@ -42,6 +42,7 @@ class ReasonCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REASON_CANCELLED: _ClassVar[ReasonCode]
     REASON_DEPENDENCY_FAILED: _ClassVar[ReasonCode]
     REASON_ARRAY: _ClassVar[ReasonCode]
+    REASON_TIME_LIMIT: _ClassVar[ReasonCode]
 
 class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -77,13 +78,14 @@ REASON_REFUSED: ReasonCode
 REASON_CANCELLED: ReasonCode
 REASON_DEPENDENCY_FAILED: ReasonCode
 REASON_ARRAY: ReasonCode
+REASON_TIME_LIMIT: ReasonCode
 AGENT_STATE_UNSPECIFIED: AgentState
 AGENT_READY: AgentState
 AGENT_STALE: AgentState
 AGENT_DRAINING: AgentState
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "command", "env", "workdir", "resources", "priority", "lifecycle", "tenant", "gang_size", "after", "max_retries", "value", "restartable", "atomization", "supports_release_signal", "expected_seconds", "grace_seconds", "run_through_partitions", "array")
+    __slots__ = ("name", "command", "env", "workdir", "resources", "priority", "lifecycle", "tenant", "gang_size", "after", "max_retries", "value", "restartable", "atomization", "supports_release_signal", "expected_seconds", "grace_seconds", "run_through_partitions", "array", "time_limit_seconds")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +112,7 @@ class JobSpec(_message.Message):
     GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RUN_THROUGH_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     ARRAY_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -129,10 +132,11 @@ class JobSpec(_message.Message):
     grace_seconds: float
     run_through_partitions: bool
     array: str
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., priority: _Optional[_Union[_common_pb2.PriorityClass, str]] = ..., lifecycle: _Optional[_Union[_common_pb2.LifecycleClass, str]] = ..., tenant: _Optional[str] = ..., gang_size: _Optional[int] = ..., after: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., value: _Optional[float] = ..., restartable: _Optional[bool] = ..., atomization: _Optional[_Union[_common_pb2.AtomizationContract, _Mapping]] = ..., supports_release_signal: _Optional[bool] = ..., expected_seconds: _Optional[float] = ..., grace_seconds: _Optional[float] = ..., run_through_partitions: _Optional[bool] = ..., array: _Optional[str] = ...) -> None: ...
+    time_limit_seconds: float
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., priority: _Optional[_Union[_common_pb2.PriorityClass, str]] = ..., lifecycle: _Optional[_Union[_common_pb2.LifecycleClass, str]] = ..., tenant: _Optional[str] = ..., gang_size: _Optional[int] = ..., after: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., value: _Optional[float] = ..., restartable: _Optional[bool] = ..., atomization: _Optional[_Union[_common_pb2.AtomizationContract, _Mapping]] = ..., supports_release_signal: _Optional[bool] = ..., expected_seconds: _Optional[float] = ..., grace_seconds: _Optional[float] = ..., run_through_partitions: _Optional[bool] = ..., array: _Optional[str] = ..., time_limit_seconds: _Optional[float] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("subjob_id", "agent_id", "agent_address", "slice_ids", "member", "state", "reason", "exit_code", "started_unix", "ended_unix", "unit_start", "unit_count", "attempt", "peak_gpu_memory_bytes", "run_seconds", "units_done", "window_end_unix", "resources", "end_cause")
+    __slots__ = ("subjob_id", "agent_id", "agent_address", "slice_ids", "member", "state", "reason", "exit_code", "started_unix", "ended_unix", "unit_start", "unit_count", "attempt", "peak_gpu_memory_bytes", "run_seconds", "units_done", "window_end_unix", "resources", "end_cause", "suspended_seconds")
     SUBJOB_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +156,7 @@ class Placement(_message.Message):
     WINDOW_END_UNIX_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     END_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     subjob_id: str
     agent_id: str
     agent_address: str
@@ -171,7 +176,8 @@ class Placement(_message.Message):
     window_end_unix: float
     resources: _common_pb2.Resources
     end_cause: _common_pb2.EndCause
-    def __init__(self, subjob_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., agent_address: _Optional[str] = ..., slice_ids: _Optional[_Iterable[str]] = ..., member: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.SubjobState, str]] = ..., reason: _Optional[str] = ..., exit_code: _Optional[int] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., unit_start: _Optional[int] = ..., unit_count: _Optional[int] = ..., attempt: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ..., run_seconds: _Optional[float] = ..., units_done: _Optional[int] = ..., window_end_unix: _Optional[float] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., end_cause: _Optional[_Union[_common_pb2.EndCause, str]] = ...) -> None: ...
+    suspended_seconds: float
+    def __init__(self, subjob_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., agent_address: _Optional[str] = ..., slice_ids: _Optional[_Iterable[str]] = ..., member: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.SubjobState, str]] = ..., reason: _Optional[str] = ..., exit_code: _Optional[int] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., unit_start: _Optional[int] = ..., unit_count: _Optional[int] = ..., attempt: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ..., run_seconds: _Optional[float] = ..., units_done: _Optional[int] = ..., window_end_unix: _Optional[float] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., end_cause: _Optional[_Union[_common_pb2.EndCause, str]] = ..., suspended_seconds: _Optional[float] = ...) -> None: ...
 
 class AtomizationProgress(_message.Message):
     __slots__ = ("units_done", "units_total", "seconds_per_unit", "peak_memory_bytes", "violation_rate", "subjobs", "last_losing_score")

@@ -23,6 +23,7 @@ after = ["j-1", "j-2"]
 retries = 3
 workdir = "/data/runs"
 expected = "10m"
+time = "2h"
 restartable = true
 grace = "30s"
 env = { WANDB_MODE = "offline", SEED = 7 }
@@ -62,6 +63,7 @@ def test_full_job_file(tmp_path: Path) -> None:
     assert list(spec.after) == ["j-1", "j-2"]
     assert spec.workdir == "/data/runs" and spec.restartable
     assert spec.expected_seconds == 600 and spec.grace_seconds == 30
+    assert spec.time_limit_seconds == 7200
     assert dict(spec.env) == {"WANDB_MODE": "offline", "SEED": "7"}
     assert spec.resources.mig_profile == "3g.40gb"
     assert spec.resources.gpu_memory_bytes == 20 * 1024**3
@@ -128,6 +130,8 @@ def test_flags_alone() -> None:
             "c",
             "--expected",
             "1m30s",
+            "-t",
+            "3m",
             "--restartable",
             "--",
             "/usr/bin/python3",
@@ -138,6 +142,7 @@ def test_flags_alone() -> None:
     assert spec.resources.cpu_milli == 2500 and spec.resources.host_memory_bytes == 8 * 1024**3
     assert spec.gang_size == 3 and list(spec.after) == ["a", "b", "c"]
     assert spec.expected_seconds == 90 and spec.restartable
+    assert spec.time_limit_seconds == 180
     assert spec.name == "python3"  # default name: the program
     assert spec.priority == common_pb2.PRIORITY_CLASS_UNSPECIFIED  # the router's default applies
 
@@ -178,6 +183,7 @@ def test_probe_needs_no_command() -> None:
         ('command = ["x"]\ngang = 0\n', "gang: must be between 1"),
         ('command = ["x"]\nretries = -1\n', "retries: must be between 0"),
         ('command = ["x"]\nexpected = "soon"\n', "expected: cannot parse duration"),
+        ('command = ["x"]\ntime = "forever"\n', "time: cannot parse duration"),
         ('command = ["x"]\nrestartable = "yes"\n', "restartable: expected true or false"),
         ('command = ["x"]\nenv = { "1BAD" = "x" }\n', "env.1BAD: not a valid environment"),
         ('command = ["x"]\nenv = { A = [1] }\n', "env.A: expected a string"),

@@ -11,6 +11,7 @@ from laminar_base.causes import (
     FAILED_SUBJOB_STATES,
     LIVE_SUBJOB_STATES,
     EndCause,
+    is_final,
     is_free_retry,
 )
 from laminar_zone.lifecycle import (
@@ -71,6 +72,12 @@ def test_a_free_end_retries_even_with_no_retries_left() -> None:
     assert spent.outcome is Outcome.FAILED
 
 
+def test_a_run_past_its_time_limit_fails_the_job_with_retries_left() -> None:
+    timed_out = MemberState(common_pb2.KILLED, EndCause.TIME_LIMIT)
+    verdict = judge_attempt([timed_out, MemberState(common_pb2.RUNNING)], 2, 0, 5)
+    assert verdict.outcome is Outcome.FAILED and verdict.stop == (1,)
+
+
 def test_a_commit_under_way_decides_nothing() -> None:
     failed = MemberState(common_pb2.FAILED, EndCause.EXITED)
     committing = MemberState(common_pb2.STARTING, committing=True)
@@ -129,7 +136,8 @@ def test_every_verdict_keeps_the_promises(
         assert verdict.failed_member == failed[0]
         assert set(verdict.stop) == {i for i, s in enumerate(states) if s in LIVE_SUBJOB_STATES}
         free = is_free_retry(members[failed[0]].end_cause)
-        assert (verdict.outcome is Outcome.FAILED) == (not free and used >= most)
+        final = is_final(members[failed[0]].end_cause)
+        assert (verdict.outcome is Outcome.FAILED) == (final or (not free and used >= most))
         if verdict.outcome is Outcome.RETRY:
             assert verdict.counted == (not free)
     else:
@@ -155,7 +163,7 @@ def test_a_job_driven_by_random_ends_finishes_once_within_its_retries(
     attempt; the verdict is carried out (stop the rest, place a new attempt, or finish).
     The job finishes at most once, never uses more retries than it has, and a finished job
     takes no more events."""
-    used, attempts, finished = 0, 1, None
+    used, attempts, finished, final = 0, 1, None, False
     members = [MemberState(common_pb2.RUNNING) for _ in range(gang)]
     for index, state, cause in script:
         if finished is not None:
@@ -170,6 +178,7 @@ def test_a_job_driven_by_random_ends_finishes_once_within_its_retries(
             finished = Outcome.SUCCEEDED
         elif verdict.outcome is Outcome.FAILED:
             finished = Outcome.FAILED
+            final = is_final(members[verdict.failed_member or 0].end_cause)
         elif verdict.outcome is Outcome.RETRY:
             used += verdict.counted
             attempts += 1
@@ -178,7 +187,8 @@ def test_a_job_driven_by_random_ends_finishes_once_within_its_retries(
     if finished is Outcome.SUCCEEDED:
         assert all(m.state == common_pb2.SUCCEEDED for m in members)
     if finished is Outcome.FAILED:
-        assert used == most
+        # Out of retries, or a run past its time limit (it would run out again).
+        assert used == most or final
 
 
 def test_subjob_ids_name_their_job() -> None:

@@ -118,6 +118,30 @@ def test_failure_without_retries_fails_the_job_with_the_reason(zone: Zone) -> No
     assert "exit" in failed.reason and "7" in failed.reason
 
 
+def test_a_run_past_its_time_limit_is_stopped_and_fails_without_a_retry(zone: Zone) -> None:
+    """Slurm's --time: the router stops a subjob still running at its limit (SIGTERM, then
+    SIGKILL after the grace) with cause TIME_LIMIT; the job fails with that reason code and
+    its retries are not spent (it would run out of time again)."""
+    job = zone.submit(
+        "import time\nprint('working', flush=True)\ntime.sleep(600)",
+        time_limit_seconds=1.5,
+        max_retries=2,
+        grace_seconds=1,
+    )
+    failed = zone.wait_state(job.job_id, zone_pb2.JOB_FAILED, timeout_seconds=30)
+    assert failed.reason_code == zone_pb2.REASON_TIME_LIMIT
+    assert "time limit" in failed.reason and "spec.time_limit_seconds" in failed.reason
+    (placement,) = failed.placements
+    assert placement.end_cause == common_pb2.END_CAUSE_TIME_LIMIT
+    assert placement.state == common_pb2.KILLED
+    assert failed.attempts == 1 and failed.retries_used == 0
+    # It ran about its limit: not stopped early, and stopped within a sweep or two after.
+    assert 1.5 <= placement.ended_unix - placement.started_unix < 10
+    # A job that ends within its limit is not touched.
+    quick = zone.submit("print('done')", time_limit_seconds=60)
+    assert zone.wait_state(quick.job_id, zone_pb2.JOB_SUCCEEDED).reason_code == zone_pb2.REASON_NONE
+
+
 def test_cancel_running_and_queued_jobs(zone: Zone, tmp_path: Path) -> None:
     gate = tmp_path / "never"
     running = zone.submit(gate_code(gate), resources=common_pb2.Resources(mig_profile="3g.40gb"))
@@ -205,6 +229,11 @@ def test_probe_dry_run_and_two_phase_commit(zone: Zone) -> None:
         (zone_pb2.JobSpec(command=["true"], gang_size=1000), "spec.gang_size"),
         (zone_pb2.JobSpec(command=["true"], priority=42), "spec.priority"),  # type: ignore[arg-type]
         (zone_pb2.JobSpec(command=["true"], expected_seconds=-1), "spec.expected_seconds"),
+        (zone_pb2.JobSpec(command=["true"], time_limit_seconds=-1), "spec.time_limit_seconds"),
+        (  # stopped before it would end: refused, not left to fail later
+            zone_pb2.JobSpec(command=["true"], expected_seconds=60, time_limit_seconds=30),
+            "spec.expected_seconds",
+        ),
         (  # no GPU has it: refused at once instead of waiting for ever
             zone_pb2.JobSpec(
                 command=["true"], resources=common_pb2.Resources(mig_profile="9g.99gb")
