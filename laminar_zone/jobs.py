@@ -148,8 +148,8 @@ def validate_spec(spec: zone_pb2.JobSpec) -> Demand:
     check_number(spec.time_limit_seconds, "spec.time_limit_seconds", high=10 * 365 * 86400)
     if spec.time_limit_seconds and spec.expected_seconds > spec.time_limit_seconds:
         raise InvalidArgument(
-            f"{spec.expected_seconds:g} s is past spec.time_limit_seconds "
-            f"({spec.time_limit_seconds:g} s): the job would be stopped before then",
+            f"{spec.expected_seconds:g} s is longer than the job's time limit "
+            f"({spec.time_limit_seconds:g} s): it would be stopped before then",
             field="spec.expected_seconds",
         )
     if is_atomized(spec):
