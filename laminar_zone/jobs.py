@@ -706,7 +706,7 @@ class ZoneState:
             ttl = max(ttl, self.config.placement.budget_seconds + 2 * ttl)
         hook = _ProbeCommit(self, entry) if gang == 1 else None
         gathered = await self.placer.gather(ask, lease_ttl_seconds=ttl, commit=hook)
-        job.probes += gathered.probes
+        job.probes += max(0, gathered.probes - (hook.probes if hook is not None else 0))
         job.bounces += gathered.bounces
         if hook is not None and hook.pending is not None:
             ok = await self._probe_committed(entry, hook.pending, gathered)
@@ -1596,9 +1596,15 @@ class _ProbeCommit:
         self.entry = entry
         #: The placement journaled for the probe under way, if any.
         self.pending: zone_pb2.Placement | None = None
+        #: Probes already counted into the job (the try's total adds the rest).
+        self.probes = 0
 
     def intent(self, record: AgentRecord) -> common_pb2.SubjobSpec:
         job = self.entry.job
+        # Counted now: the member may end, and its job be judged and published as ended,
+        # before this try returns.
+        job.probes += 1
+        self.probes += 1
         placement = job.placements.add(
             subjob_id=rigid_subjob_id(job.job_id, job.attempts, 0),
             agent_id=record.agent_id,

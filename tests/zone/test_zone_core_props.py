@@ -308,6 +308,10 @@ class Harness:
             for p in job.placements:
                 if p.state in ENDED_SUBJOB_STATES:
                     assert p.end_cause != common_pb2.END_CAUSE_UNSPECIFIED, p
+            if any(p.started_unix for p in job.placements):
+                # Probes are counted as they go out: a job whose member ended before its
+                # probe's reply came back does not read as placed with no probe.
+                assert job.probes >= 1, job
             if job.state == zone_pb2.JOB_SUCCEEDED and not job.spec.array:
                 gang = max(1, job.spec.gang_size)
                 attempts = {p.attempt for p in job.placements}
