@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass, field
 
 from laminar_api.v1 import common_pb2, zone_pb2
@@ -41,8 +42,10 @@ class Entry:
     #: flow splitting authenticates the tenant with it, as its own Submit would.
     bearer: str = ""
 
-    @property
+    @functools.cached_property
     def item(self) -> QueueItem:
+        """What the queue reads of the job: made once (its spec, need, id and submission
+        time never change), since every queue pass and usage count reads it per job."""
         return queue_item(self.job.spec, self.need, self.job.job_id, self.job.submitted_unix)
 
     def current(self) -> list[zone_pb2.Placement]:
