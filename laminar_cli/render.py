@@ -254,8 +254,13 @@ def jobs_table(
     for column in columns:
         table.add_column(column, no_wrap=not wide or column in ("job", "state"), overflow="fold")
     for row in rows:
-        table.add_row(*(state_text(cell) if isinstance(cell, int) else cell for cell in row))
+        # Text, not markup: a reason's "[resources]" or a job name in brackets is shown as is.
+        table.add_row(*(state_text(c) if isinstance(c, int) else _plain(c) for c in row))
     return table
+
+
+def _plain(cell: Any) -> Any:
+    return Text(cell) if isinstance(cell, str) else cell
 
 
 def _job_row(job: zone_pb2.Job, now_unix: float, wide: bool) -> list[Any]:

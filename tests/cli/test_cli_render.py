@@ -300,6 +300,10 @@ def test_the_reason_code_shows_as_a_short_token_beside_the_prose() -> None:
     job = _queued_job()
     job.reason_code = zone_pb2.REASON_RESOURCES
     assert "[resources]" in _text(render.jobs_table([job], NOW))
+    # As the CLI's console prints it (markup on): the token is text, not a style tag.
+    console = Console(file=io.StringIO(), record=True, width=240, color_system=None)
+    console.print(render.jobs_table([job], NOW, wide=True))
+    assert "[resources]" in console.export_text()
     assert "[resources]" in _text(render.job_detail(job, NOW))
     assert json.loads(render.to_json(job))["reason_code"] == "REASON_RESOURCES"
     job.state, job.reason_code = zone_pb2.JOB_SUSPENDED, zone_pb2.REASON_SUSPENDED
