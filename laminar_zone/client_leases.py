@@ -18,10 +18,12 @@ from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_number, check_str
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.entry import Entry, queue_item
-from laminar_zone.jobs import ZoneState, fresh, validate_spec
+from laminar_zone.jobs import ZoneState
 from laminar_zone.kept import KeptLease
+from laminar_zone.placements import fresh
 from laminar_zone.placer import Ask, rpc_reason
 from laminar_zone.queue import quota_block, quota_never_fits
+from laminar_zone.spec import validate_spec
 
 
 class ClientLeases:

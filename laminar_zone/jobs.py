@@ -25,7 +25,6 @@ from typing import Any
 
 import grpc
 
-from laminar_agent.inventory.mig import MIG_PROFILES
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import (
     ENDED_SUBJOB_STATES,
@@ -44,15 +43,15 @@ from laminar_base.errors import (
     NotFound,
 )
 from laminar_base.fragmentation import workload_from_rows, workload_rows
-from laminar_base.grpcutil import check_count, check_number, check_str
+from laminar_base.grpcutil import check_count, check_str
 from laminar_base.security import INSECURE, Trust
-from laminar_base.wire import check_spec, demand_of
+from laminar_base.wire import demand_of
 from laminar_zone.arrays import (
     ArrayProgress,
     element_id,
     parse_array,
 )
-from laminar_zone.atomizer import Atomizer, is_atomized, units_done, validate_contract
+from laminar_zone.atomizer import Atomizer, is_atomized, units_done
 from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
@@ -68,6 +67,19 @@ from laminar_zone.lifecycle import (
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placement import expected_start
+from laminar_zone.placements import (
+    COMMITTING,
+    READDRESSED,
+    apply_start_reply,
+    copy_subjob,
+    fresh,
+    is_refused_input,
+    member_states,
+    moves_from_live_copy,
+    now_running,
+    outcome_unknown,
+    state_name,
+)
 from laminar_zone.placer import AgentClients, Ask, Gathered, Placer, rpc_reason
 from laminar_zone.queue import (
     Admit,
@@ -82,6 +94,7 @@ from laminar_zone.queue import (
     why_waiting,
 )
 from laminar_zone.reasons import END_REASONS, Reason, reason_of, set_reason
+from laminar_zone.spec import MAX_BATCH_JOBS, validate_spec
 from laminar_zone.store import JobStore
 from laminar_zone.time_limits import TimeLimits
 from laminar_zone.usage import UsageLedger
@@ -95,72 +108,14 @@ ENDED_SUBJOB = ENDED_SUBJOB_STATES
 KNOWN_AGENT_SECONDS = 86400.0
 #: Most live subjob ids of one heartbeat the router reconciles.
 MAX_LIVE_IDS = 4096
-COMMITTING = "committing"
 #: Journal meta key of the task shapes this router observed (its target workload).
 WORKLOAD_META = "workload"
-#: Reason prefix, for people, of a copy moved elsewhere; its cause is EndCause.READDRESSED.
-READDRESSED = "readdressed:"
-MAX_GANG = 64
-MAX_AFTER = 64
-MAX_RETRIES = 100
-MAX_COMMAND_ARGS = 4096
 #: An array's end (laminar_zone.arrays) and the job state it is.
 _OUTCOME_STATES = {
     "succeeded": zone_pb2.JOB_SUCCEEDED,
     "failed": zone_pb2.JOB_FAILED,
     "cancelled": zone_pb2.JOB_CANCELLED,
 }
-#: Jobs one SubmitBatch may carry.
-MAX_BATCH_JOBS = 10_000
-
-
-def validate_spec(spec: zone_pb2.JobSpec) -> Demand:
-    """Refuse bad input naming the field; returns the per-member need."""
-    check_str(spec.name, "spec.name")
-    need = check_spec(spec)
-    if spec.run_through_partitions and not spec.restartable:
-        raise InvalidArgument(
-            "needs restartable: a job that runs through partitions may run twice at once, "
-            "so it must be safe to restart from its checkpoint",
-            field="spec.run_through_partitions",
-        )
-    if spec.gang_size > MAX_GANG:
-        raise InvalidArgument(f"must be <= {MAX_GANG}", field="spec.gang_size")
-    if len(spec.after) > MAX_AFTER:
-        raise InvalidArgument(f"at most {MAX_AFTER} dependencies", field="spec.after")
-    if spec.max_retries > MAX_RETRIES:
-        raise InvalidArgument(f"must be <= {MAX_RETRIES}", field="spec.max_retries")
-    profile = spec.resources.mig_profile
-    if profile:
-        models = [m for m, table in MIG_PROFILES.items() if profile in table]
-        if not models:
-            known = sorted({p for table in MIG_PROFILES.values() for p in table})
-            raise InvalidArgument(
-                f"no GPU Laminar knows has a MIG profile {profile!r} (known: {', '.join(known)})",
-                field="spec.resources.mig_profile",
-            )
-        model = spec.resources.gpu_model
-        if model and model not in models:
-            raise InvalidArgument(
-                f"{model} has no MIG profile {profile!r} (it is on {', '.join(models)})",
-                field="spec.resources.mig_profile",
-            )
-    check_number(spec.time_limit_seconds, "spec.time_limit_seconds", high=10 * 365 * 86400)
-    if spec.time_limit_seconds and spec.expected_seconds > spec.time_limit_seconds:
-        raise InvalidArgument(
-            f"{spec.expected_seconds:g} s is longer than the job's time limit "
-            f"({spec.time_limit_seconds:g} s): it would be stopped before then",
-            field="spec.expected_seconds",
-        )
-    if is_atomized(spec):
-        if spec.time_limit_seconds:
-            raise InvalidArgument(
-                "not for an atomized job: each piece is sized to its window and stopped at "
-                "its end (the contract's units bound the work)",
-                field="spec.time_limit_seconds",
-            )
-        validate_contract(spec)
-    return need
 
 
 #: Least time between two gauge refreshes by queue passes (the sweep refreshes always).
@@ -277,7 +232,7 @@ class ZoneState:
                 # A move the crash cut short after its copy started: the copy it moved
                 # from is retired now, not left running until its own end.
                 current = entry.current()
-                self._finish_moves(entry, current, _member_states(current))
+                self._finish_moves(entry, current, member_states(current))
                 self._watch_time_limit(entry)
             if job.state == zone_pb2.PENDING and not any(
                 p.state in LIVE_SUBJOB for p in entry.current()
@@ -716,7 +671,7 @@ class ZoneState:
                     await self.placer.release(gathered.chosen)
                 return False
             if gathered.chosen is None:
-                refused = [e for e in gathered.errors if _is_refused_input(e)]
+                refused = [e for e in gathered.errors if is_refused_input(e)]
                 if refused:
                     self.finish(
                         entry,
@@ -771,7 +726,7 @@ class ZoneState:
                 self.save(entry)
                 await self.terminate(placement, "cancelled while starting", EndCause.CANCELLED)
                 return False
-            _now_running(job)
+            now_running(job)
             self.save(entry)
             return True
         why = gathered.unsure or "no answer"
@@ -815,7 +770,7 @@ class ZoneState:
         )
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if not failures:
-            _now_running(job)
+            now_running(job)
             self.save(entry)
             return True
         why = "; ".join(rpc_reason(f) for f in failures)
@@ -848,7 +803,7 @@ class ZoneState:
                 p.ended_unix = time.time()
         job.attempts += 1
         set_reason(job, Reason.RETRYING, f"commit failed: {why}")
-        if any(_is_refused_input(f) for f in failures):
+        if any(is_refused_input(f) for f in failures):
             # The agent refused the spec itself (a workdir or command it cannot use). Hosts
             # are meant to be alike, and each retry left one more failed subjob on the agent
             # (a retry storm of several a second): the job fails for good, saying why.
@@ -1216,7 +1171,7 @@ class ZoneState:
                 job.atomization.CopyFrom(progress)
             return
         current = entry.current()
-        copies = _member_states(current)
+        copies = member_states(current)
         self._finish_moves(entry, current, copies)
         verdict = judge_attempt(
             copies,
@@ -1365,7 +1320,7 @@ class ZoneState:
                         # A move's copy never confirmed (its fence stopped it if it ran)
                         # leaves the member where it was, as when its agent says it never
                         # started it; any other copy is the member, lost.
-                        moved = p.reason == COMMITTING and _moves_from_live_copy(placements[:i], p)
+                        moved = p.reason == COMMITTING and moves_from_live_copy(placements[:i], p)
                         p.end_cause = (EndCause.READDRESSED if moved else EndCause.LOST).wire
                         p.reason = (
                             f"agent {agent_id} silent for {silent:.0f} s "
@@ -1569,23 +1524,6 @@ class ZoneState:
         await self.clients.close()
 
 
-def fresh(job: zone_pb2.Job) -> zone_pb2.Job:
-    """A copy of ``job`` to hand out: what watchers and callers get never changes under them."""
-    copy = zone_pb2.Job()
-    copy.CopyFrom(job)
-    return copy
-
-
-def _now_running(job: zone_pb2.Job) -> None:
-    """Every member committed: a job still pending (not cancelled meanwhile) runs."""
-    if job.state == zone_pb2.PENDING:
-        job.state = zone_pb2.JOB_RUNNING
-        set_reason(job, Reason.NONE, "")
-        job.started_unix = job.started_unix or time.time()
-        job.queue_position = 0
-        job.expected_start_unix = 0
-
-
 class _ProbeCommit:
     """Commit on probe for one job's try (:class:`laminar_zone.placer.ProbeCommit`): the
     member's placement is journaled as committing on each host before the probe that
@@ -1637,93 +1575,10 @@ class _ProbeCommit:
         return outcome_unknown(exc)
 
 
-def _moves_from_live_copy(older: Sequence[zone_pb2.Placement], p: zone_pb2.Placement) -> bool:
-    """Whether ``p`` is a move's copy: a copy of its member in its attempt placed before it
-    (``older``) lives."""
-    return any(
-        q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB for q in older
-    )
-
-
-def _member_states(current: list[zone_pb2.Placement]) -> list[MemberState]:
-    return [MemberState(p.state, p.end_cause, p.reason == COMMITTING, p.member) for p in current]
-
-
-def apply_start_reply(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> bool:
-    """Record the subjob a Commit (or a probe carrying it) answered with, unless the
-    placement already ended: the agent's report of its end reached the router first (a
-    short subjob, a reply held behind a batch), and a reply is older than any report.
-    Returns whether the reply was applied."""
-    if p.state in ENDED_SUBJOB and subjob.state not in ENDED_SUBJOB:
-        if not p.slice_ids:
-            p.slice_ids.extend(subjob.slice_ids)
-        return False
-    copy_subjob(p, subjob)
-    return True
-
-
-def copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
-    p.state = subjob.state
-    p.reason = subjob.reason
-    ended = subjob.state in ENDED_SUBJOB
-    p.end_cause = (end_cause(subjob.end_cause) if ended else EndCause.UNSPECIFIED).wire
-    p.exit_code = subjob.exit_code
-    if subjob.slice_ids:
-        del p.slice_ids[:]
-        p.slice_ids.extend(subjob.slice_ids)
-    p.started_unix = subjob.started_unix
-    p.ended_unix = subjob.ended_unix
-    p.run_seconds = subjob.run_seconds
-    p.suspended_seconds = subjob.suspended_seconds
-    p.peak_gpu_memory_bytes = subjob.peak_gpu_memory_bytes
-    p.unit_start = subjob.spec.unit_start
-    p.unit_count = subjob.spec.unit_count
-    p.units_done = subjob.units_done
-
-
 def _may_forward(job: zone_pb2.Job) -> bool:
     """Flow splitting sends rigid and atomized jobs alike to peers (an atomized job then
     bids for the peer's windows); an array's elements stay with their array."""
     return not job.array_id
 
 
-def note_true_end(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
-    """Record how a copy declared LOST really ended, keeping why it was declared lost."""
-    lost_reason = p.reason
-    copy_subjob(p, subjob)
-    p.reason = f"{subjob.reason} (reported after the agent came back; declared lost: {lost_reason})"
-
-
-def state_name(state: int) -> str:
-    return common_pb2.SubjobState.Name(state).lower()
-
-
-#: Answers after which the agent surely did not take the call (it refused, or never saw it
-#: authenticated); any other failure (no answer in time, a dropped connection) may have
-#: come after the agent acted.
-_REFUSALS = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.ALREADY_EXISTS,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.OUT_OF_RANGE,
-        grpc.StatusCode.UNIMPLEMENTED,
-    }
-)
-
-
-def outcome_unknown(exc: BaseException) -> bool:
-    """Whether a failed call may still have been carried out by the agent."""
-    return not (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSALS)
-
-
-def _is_refused_input(exc: BaseException) -> bool:
-    """A commit the agent refused as bad input: retrying the same spec cannot help."""
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-
-
-__all__ = ["AlreadyExists", "Entry", "ZoneState", "validate_spec"]
+__all__ = ["AlreadyExists", "Entry", "ZoneState"]

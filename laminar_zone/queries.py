@@ -20,7 +20,8 @@ from laminar_api.v1 import agent_pb2, zone_pb2
 from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from laminar_base.grpcutil import check_number, check_str
-from laminar_zone.jobs import COMMITTING, ZoneState, fresh
+from laminar_zone.jobs import ZoneState
+from laminar_zone.placements import COMMITTING, fresh
 from laminar_zone.view import AgentRecord
 
 log = logging.getLogger("laminar.zone.queries")

@@ -29,11 +29,12 @@ from laminar_zone.auth import (
 )
 from laminar_zone.client_leases import ClientLeases
 from laminar_zone.config import is_host_port
-from laminar_zone.jobs import MAX_BATCH_JOBS, ZoneState
+from laminar_zone.jobs import ZoneState
 from laminar_zone.limits import check_queued
 from laminar_zone.membership import HeartbeatStream, Membership
 from laminar_zone.peers import PeerRouter
 from laminar_zone.queries import ZoneQueries
+from laminar_zone.spec import MAX_BATCH_JOBS
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 

@@ -8,7 +8,7 @@ from laminar_agent.node import validate_spec as validate_subjob
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.demand import Demand
 from laminar_base.errors import InvalidArgument
-from laminar_zone.jobs import validate_spec as validate_job
+from laminar_zone.spec import validate_spec as validate_job
 
 BAD: dict[str, dict[str, object]] = {
     "spec.command": {"command": []},

@@ -43,9 +43,10 @@ from laminar_base.causes import (
 )
 from laminar_base.errors import FailedPrecondition
 from laminar_zone.config import PlacementSettings, ZoneConfig
-from laminar_zone.jobs import COMMITTING, ZoneState
+from laminar_zone.jobs import ZoneState
 from laminar_zone.membership import Membership
 from laminar_zone.metrics import ZoneMetrics
+from laminar_zone.placements import COMMITTING
 from laminar_zone.placer import AgentClients
 from laminar_zone.store import JobStore
 
