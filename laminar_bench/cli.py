@@ -178,6 +178,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     s.add_argument(
         "--single", type=int, default=500, help="jobs sent one Submit each (default 500)"
     )
+    s.add_argument(
+        "--cli-runs",
+        type=int,
+        default=20,
+        help="`laminar submit` processes timed against `python -c pass` (default 20; 0: none)",
+    )
     _add_output_flags(s)
     s.set_defaults(func=cmd_submit)
 
@@ -226,7 +232,11 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
     from laminar_bench.submit import SubmitBenchSpec, run_submit_bench
 
     spec = SubmitBenchSpec(
-        jobs=args.jobs, batch=args.batch, single=args.single, work_dir=args.work_dir
+        jobs=args.jobs,
+        batch=args.batch,
+        single=args.single,
+        cli_runs=args.cli_runs,
+        work_dir=args.work_dir,
     )
     spec.validate()
     report = run_submit_bench(spec)
@@ -245,6 +255,16 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         )
     console.print(table)
     console.print(f"SubmitBatch / Submit: {report['batch_over_single']}x jobs/s")
+    cli = report["cli"]
+    if cli:
+        for name in ("submit", "python_floor"):
+            row = cli[name]
+            console.print(
+                f"{'laminar submit' if name == 'submit' else 'python -c pass'}: wall "
+                f"{row['wall_ms_median']} ms median, {row['wall_ms_p90']} ms p90, CPU "
+                f"{row['cpu_ms_median']} ms ({row['runs']} runs)"
+            )
+        console.print(f"laminar submit / python floor: {cli['submit_over_floor']}x wall")
     return 0
 
 

@@ -1,15 +1,23 @@
-"""``laminar bench submit``: how fast a real router takes jobs into its durable queue.
+"""``laminar bench submit``: how fast a real router takes jobs into its durable queue,
+and how long the ``laminar`` command takes to submit one.
 
 One router on loopback with no agents, so every job is accepted, journaled and queued
 (nothing runs). The same run measures ``Submit`` one job per call (the baseline) and
 ``SubmitBatch`` in batches of B, and reports jobs/s and the router's CPU per job
-(psutil on the router process) for each, and their ratio. A benchmark never fails on a
-number: it reports.
+(psutil on the router process) for each, and their ratio. Then it runs ``laminar submit
+-- true`` (a new process each time, as a script would) R times, alternating with the
+interpreter's own start (``python -c pass``, the floor), and reports the wall time and
+the CPU of each (median, p90). A benchmark never fails on a number: it reports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,6 +42,8 @@ class SubmitBenchSpec:
     batch: int = 500
     #: Jobs sent one Submit call each, for the baseline.
     single: int = 500
+    #: ``laminar submit`` processes run (each beside one interpreter start); 0: none.
+    cli_runs: int = 20
     work_dir: Path | None = None
 
     def validate(self) -> None:
@@ -43,6 +53,8 @@ class SubmitBenchSpec:
             raise InvalidArgument(f"must be in 1..{MAX_BATCH}, got {self.batch}", field="--batch")
         if not 0 <= self.single <= 100_000:
             raise InvalidArgument(f"must be in 0..100000, got {self.single}", field="--single")
+        if not 0 <= self.cli_runs <= 1000:
+            raise InvalidArgument(f"must be in 0..1000, got {self.cli_runs}", field="--cli-runs")
 
 
 def _spec(i: int) -> zone_pb2.JobSpec:
@@ -61,6 +73,55 @@ def _measure(router: psutil.Process, jobs: int, send: Callable[[], None]) -> dic
         "wall_seconds": round(wall, 3),
         "jobs_per_second": round(jobs / wall, 1) if wall > 0 else 0.0,
         "router_cpu_ms_per_job": round(1000 * cpu / jobs, 3) if jobs else 0.0,
+    }
+
+
+def _timed(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """Run one process to its end: (wall seconds, CPU seconds of it and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(
+        argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return wall, cpu
+
+
+def _figures(samples: list[tuple[float, float]]) -> dict[str, float]:
+    walls = sorted(1000 * w for w, _ in samples)
+    cpus = sorted(1000 * c for _, c in samples)
+    p90 = walls[min(len(walls) - 1, int(0.9 * len(walls)))]
+    return {
+        "runs": len(samples),
+        "wall_ms_median": round(statistics.median(walls), 1),
+        "wall_ms_p90": round(p90, 1),
+        "wall_ms_min": round(walls[0], 1),
+        "cpu_ms_median": round(statistics.median(cpus), 1),
+    }
+
+
+def cli_submit_times(address: str, runs: int, cwd: str) -> dict[str, Any]:
+    """``laminar submit -- true`` against the router at ``address``, ``runs`` times, each
+    after one ``python -c pass`` (the floor every Python command pays), alternating so
+    both see the same machine."""
+    script = Path(sys.executable).with_name("laminar")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "laminar_cli"]
+    env = {**os.environ, "LAMINAR_ZONE": address, "LAMINAR_RETRY_SECONDS": "0"}
+    floor: list[tuple[float, float]] = []
+    submit: list[tuple[float, float]] = []
+    for _ in range(runs):
+        floor.append(_timed([sys.executable, "-c", "pass"], env, cwd))
+        submit.append(_timed([*command, "submit", "--", "true"], env, cwd))
+    timed_submit, timed_floor = _figures(submit), _figures(floor)
+    return {
+        "command": " ".join([*command, "submit", "--", "true"]),
+        "submit": timed_submit,
+        "python_floor": timed_floor,
+        "submit_over_floor": round(
+            timed_submit["wall_ms_median"] / max(timed_floor["wall_ms_median"], 1e-9), 2
+        ),
     }
 
 
@@ -94,6 +155,11 @@ def run_submit_bench(spec: SubmitBenchSpec) -> dict[str, Any]:
                 queued = stub.ListJobs(
                     zone_pb2.ListJobsRequest(states=[zone_pb2.QUEUED], limit=1), timeout=30
                 )
+            cli = (
+                cli_submit_times(cluster.router_address, spec.cli_runs, tmp)
+                if spec.cli_runs
+                else None
+            )
         finally:
             cluster.stop()
     ratio = (
@@ -102,10 +168,17 @@ def run_submit_bench(spec: SubmitBenchSpec) -> dict[str, Any]:
         else None
     )
     return {
-        "spec": {"jobs": spec.jobs, "batch": spec.batch, "single": spec.single},
+        "spec": {
+            "jobs": spec.jobs,
+            "batch": spec.batch,
+            "single": spec.single,
+            "cli_runs": spec.cli_runs,
+        },
         "submit": single,
         "submit_batch": batch,
         "batch_over_single": ratio,
         "some_queued": bool(queued.jobs),
+        "cli": cli,
         "cpus": psutil.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
