@@ -1397,6 +1397,10 @@ class ZoneState:
                 await self.cancel(element, reason)
             return self.get(job_id)
         entry = self.entries.get(job_id)
+        if job.state == zone_pb2.JOB_CANCELLED:
+            # Cancelling twice is harmless: a resend whose first reply was lost, or two
+            # users at once, get the cancelled job.
+            return job
         if entry is None or job.state in TERMINAL_JOB_STATES:
             raise FailedPrecondition(
                 f"job {job_id} has already ended ({zone_pb2.JobState.Name(job.state).lower()})",

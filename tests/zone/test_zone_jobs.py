@@ -159,9 +159,16 @@ def test_cancel_running_and_queued_jobs(zone: Zone, tmp_path: Path) -> None:
 
     wait_for(killed)
     assert not zone.get(queued.job_id).placements
+    # Again: harmless (a resend whose reply was lost), the job stays as it was cancelled.
+    again = zone.stub.CancelJob(zone_pb2.CancelJobRequest(job_id=running.job_id), timeout=10)
+    assert again.state == zone_pb2.JOB_CANCELLED and "user asked" in again.reason
+    # A job that ended otherwise is not cancelled: refused, naming the job.
+    done = zone.submit("pass")
+    zone.wait_state(done.job_id, zone_pb2.JOB_SUCCEEDED)
     with pytest.raises(grpc.RpcError) as err:
-        zone.stub.CancelJob(zone_pb2.CancelJobRequest(job_id=running.job_id), timeout=10)
+        zone.stub.CancelJob(zone_pb2.CancelJobRequest(job_id=done.job_id), timeout=10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "already ended (job_succeeded)" in (err.value.details() or "")
 
 
 def test_dependencies_wait_for_success_and_fail_with_the_dependency(
