@@ -16,7 +16,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from laminar_api.v1 import zone_pb2
 from laminar_base.errors import InvalidArgument
+from laminar_zone.reasons import Reason, set_reason
 
 #: Elements one array may have (each is a job record in the journal).
 MAX_ARRAY_SIZE = 10_000
@@ -131,3 +133,48 @@ class ArrayProgress:
         if self.cancelled:
             return "cancelled"
         return "succeeded"
+
+    def element_ended(self, element: zone_pb2.Job) -> None:
+        """``element`` reached its end state (succeeded, failed or cancelled)."""
+        outcome = next((o for o, s in OUTCOME_STATES.items() if s == element.state), "cancelled")
+        self.ended_as(element.job_id, outcome)
+
+    def sum_up(self, array_job: zone_pb2.Job, *, any_running: bool, now_unix: float) -> None:
+        """Write where the elements stand into the array's own record, and end it once the
+        last element ended; ``any_running``: an element under way runs now."""
+        array_job.array.CopyFrom(
+            zone_pb2.ArrayStatus(
+                total=self.total,
+                limit=self.limit,
+                under_way=len(self.active),
+                held=self.held,
+                succeeded=self.succeeded,
+                failed=self.failed,
+                cancelled=self.cancelled,
+            )
+        )
+        if self.done:
+            array_job.state = OUTCOME_STATES[self.outcome()]
+            set_reason(
+                array_job,
+                Reason.ARRAY,
+                f"{self.succeeded} of {self.total} elements succeeded, "
+                f"{self.failed} failed, {self.cancelled} cancelled",
+            )
+            array_job.ended_unix = now_unix
+            return
+        array_job.state = zone_pb2.JOB_RUNNING if self.ended or any_running else zone_pb2.QUEUED
+        set_reason(
+            array_job,
+            Reason.ARRAY,
+            f"{len(self.active)} elements under way, {self.held} waiting, "
+            f"{self.ended} of {self.total} ended",
+        )
+
+
+#: An array's end and the job state it is.
+OUTCOME_STATES = {
+    "succeeded": zone_pb2.JOB_SUCCEEDED,
+    "failed": zone_pb2.JOB_FAILED,
+    "cancelled": zone_pb2.JOB_CANCELLED,
+}

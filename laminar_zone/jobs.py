@@ -110,12 +110,6 @@ KNOWN_AGENT_SECONDS = 86400.0
 MAX_LIVE_IDS = 4096
 #: Journal meta key of the task shapes this router observed (its target workload).
 WORKLOAD_META = "workload"
-#: An array's end (laminar_zone.arrays) and the job state it is.
-_OUTCOME_STATES = {
-    "succeeded": zone_pb2.JOB_SUCCEEDED,
-    "failed": zone_pb2.JOB_FAILED,
-    "cancelled": zone_pb2.JOB_CANCELLED,
-}
 
 
 #: Least time between two gauge refreshes by queue passes (the sweep refreshes always).
@@ -435,51 +429,20 @@ class ZoneState:
         progress = self.arrays.get(array_job.job_id)
         if progress is None:
             return
-        array_job.array.CopyFrom(
-            zone_pb2.ArrayStatus(
-                total=progress.total,
-                limit=progress.limit,
-                under_way=len(progress.active),
-                held=progress.held,
-                succeeded=progress.succeeded,
-                failed=progress.failed,
-                cancelled=progress.cancelled,
-            )
+        running = any(
+            (e := self.entries.get(element)) is not None and e.job.state in RUNNING_JOB_STATES
+            for element in progress.active
         )
+        progress.sum_up(array_job, any_running=running, now_unix=time.time())
         if progress.done:
-            array_job.state = _OUTCOME_STATES[progress.outcome()]
-            set_reason(
-                array_job,
-                Reason.ARRAY,
-                f"{progress.succeeded} of {progress.total} elements succeeded, "
-                f"{progress.failed} failed, {progress.cancelled} cancelled",
-            )
-            array_job.ended_unix = time.time()
             del self.arrays[array_job.job_id]
-            return
-        array_job.state = (
-            zone_pb2.JOB_RUNNING
-            if progress.ended
-            or any(
-                (e := self.entries.get(element)) is not None and e.job.state in RUNNING_JOB_STATES
-                for element in progress.active
-            )
-            else zone_pb2.QUEUED
-        )
-        set_reason(
-            array_job,
-            Reason.ARRAY,
-            f"{len(progress.active)} elements under way, {progress.held} waiting, "
-            f"{progress.ended} of {progress.total} ended",
-        )
 
     def _element_ended(self, job: zone_pb2.Job) -> None:
         """An array element reached its end: count it, and journal the array's record."""
         progress = self.arrays.get(job.array_id)
         if progress is None:
             return
-        outcome = next((o for o, s in _OUTCOME_STATES.items() if s == job.state), "cancelled")
-        progress.ended_as(job.job_id, outcome)
+        progress.element_ended(job)
         array_job = self.store.get(job.array_id)
         if array_job is not None:
             self._sum_up_array(array_job)

@@ -112,6 +112,26 @@ async def _run_array(cancel_after: int | None) -> tuple[zone_pb2.Job, list[int],
             await harness.close()
 
 
+def test_the_arrays_record_sums_up_its_elements_and_ends_with_the_last() -> None:
+    progress = ArrayProgress(total=3, limit=2)
+    record = zone_pb2.Job(job_id="j-a")
+    assert progress.may_start("j-a_0") and progress.may_start("j-a_1")
+    progress.sum_up(record, any_running=False, now_unix=10.0)
+    assert record.state == zone_pb2.QUEUED and record.array.under_way == 2
+    assert record.array.held == 1 and record.reason_code == zone_pb2.REASON_ARRAY
+    progress.sum_up(record, any_running=True, now_unix=11.0)
+    assert record.state == zone_pb2.JOB_RUNNING and not record.ended_unix
+    for element, state in (("j-a_0", zone_pb2.JOB_SUCCEEDED), ("j-a_1", zone_pb2.JOB_FAILED)):
+        progress.element_ended(zone_pb2.Job(job_id=element, state=state))
+    assert progress.may_start("j-a_2")
+    progress.element_ended(zone_pb2.Job(job_id="j-a_2", state=zone_pb2.JOB_SUCCEEDED))
+    progress.sum_up(record, any_running=False, now_unix=12.0)
+    # One failed element fails the array, when its last element ended.
+    assert record.state == zone_pb2.JOB_FAILED and record.ended_unix == 12.0
+    assert (record.array.succeeded, record.array.failed, record.array.cancelled) == (2, 1, 0)
+    assert record.reason == "2 of 3 elements succeeded, 1 failed, 0 cancelled"
+
+
 def test_an_array_runs_every_index_at_most_two_at_a_time() -> None:
     done, most_under_way, indices = asyncio.run(_run_array(cancel_after=None))
     assert done.state == zone_pb2.JOB_SUCCEEDED, done
