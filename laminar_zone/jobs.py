@@ -208,6 +208,7 @@ class ZoneState:
                 continue
             entry = Entry(job=job, need=demand_of(job.spec.resources), submitted_mono=now)
             self.entries[job.job_id] = entry
+            self.usage_ledger.ends_known(job)
             ended = job.state in TERMINAL_JOB_STATES  # loaded for a subjob still settling
             if job.array_id and job.state != zone_pb2.WAITING and not ended:
                 # Under way at the crash (its array's record precedes it in the journal).

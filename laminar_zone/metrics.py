@@ -83,6 +83,13 @@ class ZoneMetrics:
         self.retries = Counter(
             "laminar_zone_job_retries_total", "Job attempts started after a failure", registry=r
         )
+        self.subjobs_ended = Counter(
+            "laminar_zone_subjobs_ended_total",
+            "Subjobs whose end the router recorded, by end cause (exited, time_limit, lost, "
+            "launch_failed, ...)",
+            ["cause"],
+            registry=r,
+        )
         self.readdressed = Counter(
             "laminar_zone_subjobs_readdressed_total",
             "Suspended subjobs moved to another host at Airlock's request",

@@ -44,6 +44,7 @@ from laminar_base.causes import (
     ENDED_SUBJOB_STATES,
     LIVE_SUBJOB_STATES,
     TERMINAL_JOB_STATES,
+    end_cause,
     is_airlock_loss,
 )
 from laminar_base.demand import Demand
@@ -241,6 +242,8 @@ class UsageLedger:
         self._agents = agents
         #: Subjob ids already written, per job still live (bounded by the live jobs).
         self._written: dict[str, set[str]] = {}
+        #: Ended subjob ids already counted by cause, per job still live.
+        self._ends_counted: dict[str, set[str]] = {}
         self._tenant_labels: set[str] = set()
         self._db.executescript(SCHEMA)
         if store.get_meta(BACKFILLED_KEY) != "1":
@@ -286,11 +289,33 @@ class UsageLedger:
         for usage in rows.fresh:
             self._count(usage)
         for job in rows.jobs:
+            self._count_ends(job)
             if job.state in TERMINAL_JOB_STATES and not any(
                 p.state in _LIVE for p in job.placements
             ):
                 self._written.pop(job.job_id, None)
+                self._ends_counted.pop(job.job_id, None)
         return len(rows.fresh)
+
+    def ends_known(self, job: zone_pb2.Job) -> None:
+        """A job loaded from the journal at recovery: its ended subjobs were counted by the
+        router that journaled them, so they are not counted again."""
+        ended = {p.subjob_id for p in job.placements if p.state in _ENDED}
+        if ended:
+            self._ends_counted[job.job_id] = ended
+
+    def _count_ends(self, job: zone_pb2.Job) -> None:
+        """``laminar_zone_subjobs_ended_total{cause}``: each subjob once, when the router
+        has journaled its end (started or not: launch and commit failures count too)."""
+        for p in job.placements:
+            if p.state not in _ENDED:
+                continue
+            seen = self._ends_counted.setdefault(job.job_id, set())
+            if p.subjob_id in seen:
+                continue
+            seen.add(p.subjob_id)
+            token = end_cause(p.end_cause).token or "unspecified"
+            self._metrics.subjobs_ended.labels(token).inc()
 
     def _rows(
         self, job: zone_pb2.Job, states: frozenset[int], now_unix: float

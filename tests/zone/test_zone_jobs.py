@@ -140,6 +140,25 @@ def test_a_run_past_its_time_limit_is_stopped_and_fails_without_a_retry(zone: Zo
     # A job that ends within its limit is not touched.
     quick = zone.submit("print('done')", time_limit_seconds=60)
     assert zone.wait_state(quick.job_id, zone_pb2.JOB_SUCCEEDED).reason_code == zone_pb2.REASON_NONE
+    # Ops see ends by cause (each subjob once): the time limit's among them.
+    ends = _subjobs_ended(zone)
+    assert ends.get("time_limit", 0) >= 1 and ends.get("exited", 0) >= 1, ends
+
+
+def _subjobs_ended(zone: Zone) -> dict[str, float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    address = zone.cluster.zones[0].metrics_address
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        s.labels["cause"]: s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "laminar_zone_subjobs_ended"
+        for s in f.samples
+    }
 
 
 def test_cancel_running_and_queued_jobs(zone: Zone, tmp_path: Path) -> None:
