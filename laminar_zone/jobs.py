@@ -939,6 +939,7 @@ class ZoneState:
         walk = QueueWalk(now_unix, backfill=self.config.queue.backfill)
         changed: list[Entry] = []
         counts: dict[Demand, HostCounts] = {}
+        releases: dict[str, list[tuple[float, float]]] = {}  # per family, this pass
         queued_per_family: dict[str, int] = {}
 
         def admit(entry: Entry) -> Admit:
@@ -994,6 +995,7 @@ class ZoneState:
                 units[tenant] = units.get(tenant, 0.0) + entry.item.units
                 memory[tenant] = memory.get(tenant, 0) + entry.need.memory_bytes
                 counts.pop(entry.need, None)
+                releases.pop(entry.need.family, None)
                 if market is not None:
                     market.note_started(entry.job.placements)
                 return True
@@ -1031,7 +1033,7 @@ class ZoneState:
             walk,
             waiting,
             lambda e: e.item,
-            lambda e, ahead: self._expected_start(e, ahead, now_unix=now_unix),
+            lambda e, ahead: self._expected_start(e, ahead, now_unix, releases),
             market.classes if market is not None else (),
             admit=admit,
             waited=waited,
@@ -1061,18 +1063,28 @@ class ZoneState:
         self.save_many(changed)
         self._update_gauges()
 
-    def _expected_start(self, entry: Entry, units_ahead: float, now_unix: float) -> float | None:
+    def _expected_start(
+        self,
+        entry: Entry,
+        units_ahead: float,
+        now_unix: float,
+        releases: dict[str, list[tuple[float, float]]],
+    ) -> float | None:
+        """When ``entry`` may start, from the expected ends of running work of its family;
+        ``releases`` holds each family's, sorted, made once per pass (one scan of the live
+        jobs per family, not per waiting job) and dropped when the pass starts a job of it."""
         family = entry.need.family
-        releases: list[tuple[float, float]] = []
-        mean = self._mean_run_seconds.get(family, 0.0)
-        for other in self.entries.values():
-            if other.job.state not in RUNNING_JOB_STATES or other.need.family != family:
-                continue
-            run = other.item.expected_seconds or mean  # the estimate, else the limit
-            if run <= 0:
-                continue
-            releases.append((other.job.started_unix + run, other.item.units))
-        return expected_start(now_unix, 0.0, releases, units_ahead, entry.item.units)
+        if family not in releases:
+            ends: list[tuple[float, float]] = []
+            mean = self._mean_run_seconds.get(family, 0.0)
+            for other in self.entries.values():
+                if other.job.state not in RUNNING_JOB_STATES or other.need.family != family:
+                    continue
+                run = other.item.expected_seconds or mean  # the estimate, else the limit
+                if run > 0:
+                    ends.append((other.job.started_unix + run, other.item.units))
+            releases[family] = sorted(ends)
+        return expected_start(now_unix, 0.0, releases[family], units_ahead, entry.item.units)
 
     def _resolve_waiting(self) -> None:
         """Dependencies: fail jobs whose dependency failed, release those whose all succeeded."""
