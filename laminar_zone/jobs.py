@@ -66,7 +66,7 @@ from laminar_zone.lifecycle import (
     taken_over,
 )
 from laminar_zone.metrics import ZoneMetrics
-from laminar_zone.placement import expected_start
+from laminar_zone.placement import ReleaseCurve
 from laminar_zone.placements import (
     COMMITTING,
     READDRESSED,
@@ -939,7 +939,7 @@ class ZoneState:
         walk = QueueWalk(now_unix, backfill=self.config.queue.backfill)
         changed: list[Entry] = []
         counts: dict[Demand, HostCounts] = {}
-        releases: dict[str, list[tuple[float, float]]] = {}  # per family, this pass
+        releases: dict[str, ReleaseCurve] = {}  # per family, this pass
         queued_per_family: dict[str, int] = {}
 
         def admit(entry: Entry) -> Admit:
@@ -1068,11 +1068,11 @@ class ZoneState:
         entry: Entry,
         units_ahead: float,
         now_unix: float,
-        releases: dict[str, list[tuple[float, float]]],
+        releases: dict[str, ReleaseCurve],
     ) -> float | None:
         """When ``entry`` may start, from the expected ends of running work of its family;
-        ``releases`` holds each family's, sorted, made once per pass (one scan of the live
-        jobs per family, not per waiting job) and dropped when the pass starts a job of it."""
+        ``releases`` holds each family's, made once per pass (one scan of the live jobs per
+        family, not per waiting job) and dropped when the pass starts a job of it."""
         family = entry.need.family
         if family not in releases:
             ends: list[tuple[float, float]] = []
@@ -1083,8 +1083,8 @@ class ZoneState:
                 run = other.item.expected_seconds or mean  # the estimate, else the limit
                 if run > 0:
                     ends.append((other.job.started_unix + run, other.item.units))
-            releases[family] = sorted(ends)
-        return expected_start(now_unix, 0.0, releases[family], units_ahead, entry.item.units)
+            releases[family] = ReleaseCurve(ends)
+        return releases[family].start(now_unix, 0.0, units_ahead, entry.item.units)
 
     def _resolve_waiting(self) -> None:
         """Dependencies: fail jobs whose dependency failed, release those whose all succeeded."""

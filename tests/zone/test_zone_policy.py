@@ -12,6 +12,7 @@ from laminar_base.demand import Demand
 from laminar_zone.config import Quota
 from laminar_zone.placement import (
     Offer,
+    ReleaseCurve,
     ShapeCap,
     assign_gang,
     best_offers,
@@ -98,6 +99,39 @@ def test_expected_start_accumulates_releases_in_time_order() -> None:
     assert expected_start(100.0, 0.0, releases, 1.0, 2.0) == 150.0
     assert expected_start(100.0, 0.0, releases, 4.0, 1.0) is None
     assert expected_start(100.0, 2.0, releases, 1.0, 1.0) == 100.0
+
+
+@given(
+    releases=st.lists(
+        st.tuples(st.floats(0, 1e6), st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 8.0])),
+        max_size=40,
+    ),
+    asks=st.lists(
+        st.tuples(st.floats(0, 64), st.sampled_from([0.1, 0.5, 1.0, 4.0]), st.floats(0, 8)),
+        min_size=1,
+        max_size=20,
+    ),
+)
+def test_one_release_curve_answers_every_question_as_a_fresh_scan(
+    releases: list[tuple[float, float]], asks: list[tuple[float, float, float]]
+) -> None:
+    """A queue pass asks one family's curve once per waiting job: the same answers as
+    accumulating the sorted releases afresh for each."""
+
+    def scan(free: float, ahead: float, needed: float) -> float | None:
+        want = ahead + needed - free
+        if want <= 1e-9:
+            return 100.0
+        freed = 0.0
+        for at, units in sorted(releases):
+            freed += units
+            if freed + 1e-9 >= want:
+                return max(100.0, at)
+        return None
+
+    curve = ReleaseCurve(releases)
+    for ahead, needed, free in asks:
+        assert curve.start(100.0, free, ahead, needed) == scan(free, ahead, needed)
 
 
 def _item(
