@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(VENV)/bin/laminar bench airlock --trials 20 -o json > bench-out/airlock.json
 	$(PY) bench/fgd_reproduce.py --workloads default --mig -o bench-out/fgd_default.json --plot bench-out/fgd_default.png
 	$(PY) bench/clearing_round.py -o json > bench-out/clearing_round.json
+	$(PY) bench/queue_pass.py -o json > bench-out/queue_pass.json
 	$(PY) bench/fault_soak.py --jobs 300 --seed 1 -o json > bench-out/fault_soak.json
 
 # Install the package into the current Python (PREFIX=/usr/local puts it in a prefix, and
