@@ -174,7 +174,7 @@ class ZoneSettings:
         metadata=doc("most time x capacity windows advertised per heartbeat (atomization)"),
     )
     heartbeat_event_gap_seconds: float = field(
-        default=0.02,
+        default=0.1,
         metadata=doc(
             "least time between two heartbeats that subjob events woke, so a burst's events "
             "share one; the first event after a quieter spell goes at once",

@@ -107,7 +107,7 @@ def summary_key(summary: common_pb2.AgentSummary) -> bytes:
 
 
 #: Least time between two heartbeats that subjob events woke (the periodic one is not held).
-EVENT_GAP_SECONDS = 0.02
+EVENT_GAP_SECONDS = 0.1
 #: A fence deadline is rewritten when it moves by at least this share of the fence lease.
 FENCE_RENEW_FRACTION = 0.1
 
@@ -148,6 +148,8 @@ class HeartbeatClient:
         self.use_stream = use_stream
         self.event_gap_seconds = event_gap_seconds
         self._clock = clock
+        #: When the last pass that an event woke began (after its hold).
+        self._woken_at = float("-inf")
         self._extra_channel_options = list(extra_channel_options or ())
         #: How long the stream may stay silent with nothing new (the router's reply says).
         self.liveness_seconds = period_seconds
@@ -203,17 +205,19 @@ class HeartbeatClient:
                     await self._run_stream(stub, stop, beat)
                 while not stop.is_set():
                     beat()
-                    sent = self._clock()
                     await self.beat(stub)
                     self.wake.clear()
                     if self.more_events and not self.failures:
                         continue
-                    await self._wait(stop, sent)
+                    await self._wait(stop)
         finally:
             await self.fence_settled()
 
-    async def _wait(self, stop: asyncio.Event, sent: float) -> None:
-        """Until the next pass: a period, an event (held so a burst gathers), or ``stop``."""
+    async def _wait(self, stop: asyncio.Event) -> None:
+        """Until the next pass: a period, an event, or ``stop``. A pass an event wakes
+        within ``event_gap_seconds`` of the last one an event woke waits out the rest of the
+        gap, so a burst's events gather; periodic passes do not count, so the first event
+        after a quieter spell goes at once."""
         waiters = [
             asyncio.create_task(stop.wait(), name="heartbeat-stop"),
             asyncio.create_task(self.wake.wait(), name="heartbeat-wake"),
@@ -223,11 +227,13 @@ class HeartbeatClient:
         )
         for task in waiters:
             task.cancel()
-        held = self.event_gap_seconds - (self._clock() - sent)
-        if self.wake.is_set() and held > 0 and not stop.is_set():
-            # Woken by an event right after a heartbeat: let the burst gather.
+        if not self.wake.is_set() or stop.is_set():
+            return
+        held = self.event_gap_seconds - (self._clock() - self._woken_at)
+        if held > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), held)
+        self._woken_at = self._clock()
 
     async def _run_stream(
         self, stub: zone_pb2_grpc.ZoneControlStub, stop: asyncio.Event, beat: Callable[[], None]
@@ -295,7 +301,7 @@ class HeartbeatClient:
             self.wake.clear()
             if self.more_events:
                 continue
-            await self._wait(stop, now)
+            await self._wait(stop)
 
     def _note_failure(self, code: str, details: str) -> None:
         self.failures += 1

@@ -573,9 +573,9 @@ async def until(predicate: Callable[[], bool], timeout_seconds: float = 10.0) ->
 async def test_events_of_a_burst_share_one_heartbeat_and_a_quiet_spells_first_goes_at_once(
     tmp_path: Path,
 ) -> None:
-    """A woken heartbeat within ``event_gap_seconds`` of the last one waits out the gap, so
-    the events that arrive meanwhile ride together; after a quiet spell (the test's clock
-    moves on) the first event is sent without waiting."""
+    """A pass an event wakes within ``event_gap_seconds`` of the last one an event woke
+    waits out the gap, so the events that arrive meanwhile ride together; after a quiet
+    spell (the test's clock moves on) the first event is sent without waiting."""
     servicer = AckingZone()
     journal = EventJournal()
     now = [1000.0]
@@ -586,20 +586,26 @@ async def test_events_of_a_burst_share_one_heartbeat_and_a_quiet_spells_first_go
         )  # fmt: skip
         stop = asyncio.Event()
         run = asyncio.create_task(client.run(stop), name="test-heartbeat")
+
+        async def beats_after(seq: int) -> list[list[int]]:
+            journal.add(seq)
+            client.wake.set()
+            count = len(servicer.snapshot())
+            await until(lambda: len(servicer.snapshot()) > count)  # within 10 s, not 60
+            return [[e.seq for e in r.events] for r in servicer.snapshot()]
+
         await until(lambda: len(servicer.snapshot()) == 1)  # the first beat, at start
-        now[0] += 61.0  # a quiet spell longer than the gap: the next event goes at once
-        journal.add(1)
-        client.wake.set()
-        await until(lambda: len(servicer.snapshot()) == 2)  # not after the 60 s gap
-        assert [e.seq for e in servicer.snapshot()[1].events] == [1]
-        client.event_gap_seconds = 1.0  # the next beat waits one real second
-        for seq in range(2, 7):  # five events, each after the client has run again
+        assert (await beats_after(1))[1:] == [[1]]  # the first event ever: at once
+        now[0] += 61.0  # a quiet spell longer than the gap
+        assert (await beats_after(2))[2:] == [[2]]  # at once again
+        client.event_gap_seconds = 1.0  # the next woken beat waits one real second
+        for seq in range(3, 8):  # five events, each after the client has run again
             journal.add(seq)
             client.wake.set()
             await asyncio.sleep(0)
-        await until(lambda: len(servicer.snapshot()) == 3)
+        await until(lambda: len(servicer.snapshot()) == 4)
         stop.set()
         await run
-    *_, third = servicer.snapshot()
-    assert [e.seq for e in third.events] == [2, 3, 4, 5, 6]  # one beat, after the gap
+    *_, last = servicer.snapshot()
+    assert [e.seq for e in last.events] == [3, 4, 5, 6, 7]  # one beat, after the gap
     assert not journal.pending
