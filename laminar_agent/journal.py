@@ -5,14 +5,24 @@ WAL mode with synchronous=NORMAL keeps each small write cheap while a crash
 its own or, inside :meth:`Journal.batch`, the one all the writes of one step share
 (a launch's row, lease and event commit together). The journal stores the subjob
 spec as opaque bytes so it does not depend on protobuf.
+
+Checkpoints (copying the WAL into the database, with two fsyncs) run on a worker thread
+of their own connection, every :data:`CHECKPOINT_EVERY_COMMITS` commits: SQLite's own
+automatic checkpoint runs inside the commit that crosses its threshold, and blocked the
+agent's event loop (every probe and launch on it) for 15-45 ms at a time under load. A
+commit is as durable as before (in the WAL, which a restart replays); SQLite's automatic
+checkpoint stays as a backstop, at :data:`BACKSTOP_CHECKPOINT_PAGES`, for a worker that
+falls behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,8 +31,14 @@ from typing import Any
 
 from laminar_base.errors import InvalidArgument, NotFound
 
+log = logging.getLogger("laminar.agent.journal")
+
 SCHEMA_VERSION = 4
 DB_FILE = "agent.db"
+#: Commits between two checkpoints on the worker thread (a launch takes about three).
+CHECKPOINT_EVERY_COMMITS = 200
+#: WAL pages at which SQLite checkpoints inside a commit (its default is 1,000).
+BACKSTOP_CHECKPOINT_PAGES = 10_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -211,11 +227,18 @@ class Journal:
         self._conn = connect_private(self.path)
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_CHECKPOINT_PAGES}")
         self._batch_depth = 0
+        #: Commits since the last checkpoint was asked for; the worker running one.
+        self._commits = 0
+        self._checkpointer: threading.Thread | None = None
+        #: Checkpoints the worker completed (tests).
+        self.checkpoints = 0
         self._migrate()
         # Uncommitted leases are no longer journaled (they die with the agent); rows an
         # older agent left are never read, so they go now.
         self._write("DELETE FROM leases WHERE committed=0")
+        self._commits = 0  # start-up's own commits are not counted
 
     def _migrate(self) -> None:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
@@ -268,7 +291,7 @@ class Journal:
             self._conn.execute("ROLLBACK")
             raise
         self._batch_depth = 0
-        self._conn.execute("COMMIT")
+        self._commit()
 
     def _write(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         if self._batch_depth:
@@ -279,8 +302,39 @@ class Journal:
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
-        self._conn.execute("COMMIT")
+        self._commit()
         return cur
+
+    def _commit(self) -> None:
+        self._conn.execute("COMMIT")
+        self._commits += 1
+        if self._commits >= CHECKPOINT_EVERY_COMMITS:
+            self.checkpoint_in_background()
+
+    def checkpoint_in_background(self) -> None:
+        """Copy the WAL into the database on a worker thread, unless one is at it."""
+        if self._checkpointer is not None and self._checkpointer.is_alive():
+            return  # the next commit asks again
+        self._commits = 0
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint, name="journal-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
+
+    def _checkpoint(self) -> None:
+        try:
+            # Not connect_private: the files exist, and its umask is process-wide.
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute("PRAGMA synchronous=NORMAL")
+                # PASSIVE: never waits for, nor blocks, the agent's own writes.
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:  # the backstop checkpoint still bounds the WAL
+            log.warning("journal checkpoint of %s failed: %s", self.path, exc)
+            return
+        self.checkpoints += 1
 
     # -- meta -----------------------------------------------------------------
     @property
@@ -475,6 +529,8 @@ class Journal:
         return [_action(r) for r in rows]
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.join()
         self._conn.close()
 
 
