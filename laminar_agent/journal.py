@@ -7,7 +7,7 @@ its own or, inside :meth:`Journal.batch`, the one all the writes of one step sha
 spec as opaque bytes so it does not depend on protobuf.
 
 Checkpoints (copying the WAL into the database, with two fsyncs) run on a worker thread
-of their own connection, every :data:`CHECKPOINT_EVERY_COMMITS` commits: SQLite's own
+of their own connection (:class:`Checkpointer`), every :data:`CHECKPOINT_EVERY_COMMITS` commits: SQLite's own
 automatic checkpoint runs inside the commit that crosses its threshold, and blocked the
 agent's event loop (every probe and launch on it) for 15-45 ms at a time under load. A
 commit is as durable as before (in the WAL, which a restart replays); SQLite's automatic
@@ -216,6 +216,59 @@ def connect_private(path: Path, **kwargs: Any) -> sqlite3.Connection:
     return conn
 
 
+class Checkpointer:
+    """Checkpoints one WAL database (PASSIVE: never waits for, nor blocks, its writers) on
+    a worker thread with a connection of its own, every ``every_commits`` commits the
+    owner reports with :meth:`committed`; :meth:`defer` moves SQLite's own automatic
+    checkpoint, which runs inside a commit, to the backstop. Not covered: a backstop
+    checkpoint still runs inside a commit when the worker falls that far behind."""
+
+    def __init__(self, path: Path, every_commits: int = CHECKPOINT_EVERY_COMMITS) -> None:
+        self.path = path
+        self.every_commits = every_commits
+        self._commits = 0
+        self._worker: threading.Thread | None = None
+        #: Checkpoints the worker completed (tests).
+        self.checkpoints = 0
+
+    @staticmethod
+    def defer(conn: sqlite3.Connection) -> None:
+        conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_CHECKPOINT_PAGES}")
+
+    def committed(self) -> None:
+        self._commits += 1
+        if self._commits >= self.every_commits:
+            self.start()
+
+    def start(self) -> None:
+        """Checkpoint now on the worker thread, unless one is at it (the next commit asks
+        again)."""
+        if self._worker is not None and self._worker.is_alive():
+            return
+        self._commits = 0
+        self._worker = threading.Thread(target=self._run, name="journal-checkpoint", daemon=True)
+        self._worker.start()
+
+    def _run(self) -> None:
+        try:
+            # Not connect_private: the files exist, and its umask is process-wide.
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:  # the backstop checkpoint still bounds the WAL
+            log.warning("checkpoint of %s failed: %s", self.path, exc)
+            return
+        self.checkpoints += 1
+
+    def close(self) -> None:
+        """Wait for the checkpoint under way, if any (before the owner closes its own)."""
+        if self._worker is not None:
+            self._worker.join()
+
+
 class Journal:
     """One SQLite connection; use it from a single thread (the agent's event loop)."""
 
@@ -227,18 +280,14 @@ class Journal:
         self._conn = connect_private(self.path)
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_CHECKPOINT_PAGES}")
+        Checkpointer.defer(self._conn)
+        self.checkpointer = Checkpointer(self.path)
         self._batch_depth = 0
-        #: Commits since the last checkpoint was asked for; the worker running one.
-        self._commits = 0
-        self._checkpointer: threading.Thread | None = None
-        #: Checkpoints the worker completed (tests).
-        self.checkpoints = 0
         self._migrate()
         # Uncommitted leases are no longer journaled (they die with the agent); rows an
         # older agent left are never read, so they go now.
         self._write("DELETE FROM leases WHERE committed=0")
-        self._commits = 0  # start-up's own commits are not counted
+        self.checkpointer = Checkpointer(self.path)  # start-up's commits are not counted
 
     def _migrate(self) -> None:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
@@ -307,34 +356,7 @@ class Journal:
 
     def _commit(self) -> None:
         self._conn.execute("COMMIT")
-        self._commits += 1
-        if self._commits >= CHECKPOINT_EVERY_COMMITS:
-            self.checkpoint_in_background()
-
-    def checkpoint_in_background(self) -> None:
-        """Copy the WAL into the database on a worker thread, unless one is at it."""
-        if self._checkpointer is not None and self._checkpointer.is_alive():
-            return  # the next commit asks again
-        self._commits = 0
-        self._checkpointer = threading.Thread(
-            target=self._checkpoint, name="journal-checkpoint", daemon=True
-        )
-        self._checkpointer.start()
-
-    def _checkpoint(self) -> None:
-        try:
-            # Not connect_private: the files exist, and its umask is process-wide.
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            try:
-                conn.execute("PRAGMA synchronous=NORMAL")
-                # PASSIVE: never waits for, nor blocks, the agent's own writes.
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            finally:
-                conn.close()
-        except sqlite3.Error as exc:  # the backstop checkpoint still bounds the WAL
-            log.warning("journal checkpoint of %s failed: %s", self.path, exc)
-            return
-        self.checkpoints += 1
+        self.checkpointer.committed()
 
     # -- meta -----------------------------------------------------------------
     @property
@@ -529,8 +551,7 @@ class Journal:
         return [_action(r) for r in rows]
 
     def close(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.join()
+        self.checkpointer.close()
         self._conn.close()
 
 

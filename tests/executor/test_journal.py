@@ -12,6 +12,7 @@ from laminar_agent.journal import (
     BACKSTOP_CHECKPOINT_PAGES,
     CHECKPOINT_EVERY_COMMITS,
     SCHEMA_VERSION,
+    Checkpointer,
     Journal,
     SubjobRow,
 )
@@ -229,13 +230,13 @@ def test_checkpoints_run_on_a_worker_thread_and_keep_every_commit(
     autocheckpoint = j._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
     assert autocheckpoint == BACKSTOP_CHECKPOINT_PAGES
     threads: list[str] = []
-    checkpoint = Journal._checkpoint
+    checkpoint = Checkpointer._run
 
-    def spy(self: Journal) -> None:
+    def spy(self: Checkpointer) -> None:
         threads.append(threading.current_thread().name)
         checkpoint(self)
 
-    monkeypatch.setattr(Journal, "_checkpoint", spy)
+    monkeypatch.setattr(Checkpointer, "_run", spy)
     db = tmp_path / "agent.db"
     size_before = db.stat().st_size
     for i in range(CHECKPOINT_EVERY_COMMITS - 1):
@@ -243,7 +244,7 @@ def test_checkpoints_run_on_a_worker_thread_and_keep_every_commit(
     assert not threads  # one commit short
     j.append_event("s-last", "RUNNING", "started", 1.0)
     deadline = time.monotonic() + 30
-    while j.checkpoints < 1:
+    while j.checkpointer.checkpoints < 1:
         assert time.monotonic() < deadline, "no checkpoint within 30 s"
         time.sleep(0.01)
     assert threads == ["journal-checkpoint"]
