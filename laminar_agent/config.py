@@ -173,6 +173,14 @@ class ZoneSettings:
         default=16,
         metadata=doc("most time x capacity windows advertised per heartbeat (atomization)"),
     )
+    heartbeat_event_gap_seconds: float = field(
+        default=0.1,
+        metadata=doc(
+            "least time between two heartbeats that subjob events woke, so a burst's events "
+            "share one; the first event after a quieter spell goes at once",
+            unit="seconds",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -395,6 +403,8 @@ class AgentConfig:
             raise ConfigError("must be in (0, 60] s", field="arbitration.lease_ttl_seconds")
         if self.zone.heartbeat_seconds <= 0:
             raise ConfigError("must be > 0", field="zone.heartbeat_seconds")
+        if not 0 <= self.zone.heartbeat_event_gap_seconds <= 1:
+            raise ConfigError("must be in 0..1 s", field="zone.heartbeat_event_gap_seconds")
         if not 0 <= self.zone.max_windows <= 1024:
             raise ConfigError("must be in 0..1024", field="zone.max_windows")
         _validate_airlock(self.airlock)

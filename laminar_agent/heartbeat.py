@@ -9,13 +9,20 @@ does not keep them, so until it acknowledges one each action is sent only once.
 ``readdress_subjob_ids`` is the full current list on every heartbeat: a subjob is
 on it from Airlock's re-address decision until it ends. A subjob event wakes the
 loop at once instead of waiting for the next period, but heartbeats that events wake
-are at least :data:`MIN_EVENT_GAP_SECONDS` apart, so a burst of subjob starts and ends
-travels in a few heartbeats rather than one each.
+are at least ``event_gap_seconds`` apart (``zone.heartbeat_event_gap_seconds``), so a burst
+of subjob starts and ends travels in a few heartbeats rather than one each, while the first
+event after a quieter spell goes at once.
 
 The fence (``fence_file``) is rewritten after an acknowledged heartbeat only when the new
 deadline is later than the one on disk by :data:`FENCE_RENEW_FRACTION` of the lease: an
 earlier deadline on disk only stops fenced work sooner, never later, so skipping a small
-extension is safe, and a burst of woken heartbeats does not fsync the file each time.
+extension is safe, and a burst of woken heartbeats does not fsync the file each time. The
+write and its fsync run in a worker thread, one at a time, the newest deadline winning:
+the fsync blocked the event loop (and every probe and launch on it) for milliseconds. Until
+it lands the file holds the older deadline, which again only stops work sooner; a shorter
+lease (a deadline moved back) lands milliseconds after the reply, far within the lease the
+router counts from. Not covered: a write that hangs in the kernel holds later ones, and the
+fence then lapses on disk (subjobs stop rather than run twice).
 
 Delta heartbeats: the summary is sent only when it changed (:func:`summary_key`
 tells), on the first heartbeat after a start, and when the router's reply does
@@ -100,7 +107,7 @@ def summary_key(summary: common_pb2.AgentSummary) -> bytes:
 
 
 #: Least time between two heartbeats that subjob events woke (the periodic one is not held).
-MIN_EVENT_GAP_SECONDS = 0.02
+EVENT_GAP_SECONDS = 0.1
 #: A fence deadline is rewritten when it moves by at least this share of the fence lease.
 FENCE_RENEW_FRACTION = 0.1
 
@@ -130,11 +137,19 @@ class HeartbeatClient:
         on_workload: Callable[[Counter[PodShape]], None] | None = None,
         use_stream: bool = True,
         extra_channel_options: list[tuple[str, Any]] | None = None,
+        event_gap_seconds: float = EVENT_GAP_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``fence_file``: where the fence deadline goes (the shims read it); ``live_ids``:
         the live subjob ids, sent on the first heartbeat and whenever the router asks;
-        ``use_stream``: try the Heartbeats stream first (off: unary heartbeats only)."""
+        ``use_stream``: try the Heartbeats stream first (off: unary heartbeats only);
+        ``event_gap_seconds``: least time between two heartbeats that events woke;
+        ``clock``: CLOCK_MONOTONIC seconds (the fence file holds a deadline on it)."""
         self.use_stream = use_stream
+        self.event_gap_seconds = event_gap_seconds
+        self._clock = clock
+        #: When the last pass that an event woke began (after its hold).
+        self._woken_at = float("-inf")
         self._extra_channel_options = list(extra_channel_options or ())
         #: How long the stream may stay silent with nothing new (the router's reply says).
         self.liveness_seconds = period_seconds
@@ -175,25 +190,34 @@ class HeartbeatClient:
         self.more_events = False
         #: The fence deadline on disk (monotonic; 0: none written by this process).
         self.fence_written = 0.0
+        #: The deadline the fence is being brought to (0: removed; None: not known, as at
+        #: start, where an earlier process may have left one); its writer task.
+        self._fence_target: float | None = None
+        self._fence_writer: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
         """Heartbeat until ``stop``; ``beat`` is called once per pass (root-loop progress)."""
         options = channel_options() + self._extra_channel_options
-        async with self._trust.aio_channel(self.zone_address, options) as channel:
-            stub = zone_pb2_grpc.ZoneControlStub(channel)
-            if self.use_stream:
-                await self._run_stream(stub, stop, beat)
-            while not stop.is_set():
-                beat()
-                sent = time.monotonic()
-                await self.beat(stub)
-                self.wake.clear()
-                if self.more_events and not self.failures:
-                    continue
-                await self._wait(stop, sent)
+        try:
+            async with self._trust.aio_channel(self.zone_address, options) as channel:
+                stub = zone_pb2_grpc.ZoneControlStub(channel)
+                if self.use_stream:
+                    await self._run_stream(stub, stop, beat)
+                while not stop.is_set():
+                    beat()
+                    await self.beat(stub)
+                    self.wake.clear()
+                    if self.more_events and not self.failures:
+                        continue
+                    await self._wait(stop)
+        finally:
+            await self.fence_settled()
 
-    async def _wait(self, stop: asyncio.Event, sent: float) -> None:
-        """Until the next pass: a period, an event (held so a burst gathers), or ``stop``."""
+    async def _wait(self, stop: asyncio.Event) -> None:
+        """Until the next pass: a period, an event, or ``stop``. A pass an event wakes
+        within ``event_gap_seconds`` of the last one an event woke waits out the rest of the
+        gap, so a burst's events gather; periodic passes do not count, so the first event
+        after a quieter spell goes at once."""
         waiters = [
             asyncio.create_task(stop.wait(), name="heartbeat-stop"),
             asyncio.create_task(self.wake.wait(), name="heartbeat-wake"),
@@ -203,11 +227,13 @@ class HeartbeatClient:
         )
         for task in waiters:
             task.cancel()
-        held = MIN_EVENT_GAP_SECONDS - (time.monotonic() - sent)
-        if self.wake.is_set() and held > 0 and not stop.is_set():
-            # Woken by an event right after a heartbeat: let the burst gather.
+        if not self.wake.is_set() or stop.is_set():
+            return
+        held = self.event_gap_seconds - (self._clock() - self._woken_at)
+        if held > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), held)
+        self._woken_at = self._clock()
 
     async def _run_stream(
         self, stub: zone_pb2_grpc.ZoneControlStub, stop: asyncio.Event, beat: Callable[[], None]
@@ -256,7 +282,7 @@ class HeartbeatClient:
                 code, details = await call.code(), await call.details()
                 raise StreamEnded(f"the router ended the heartbeat stream: {code.name} {details}")
             beat()
-            now = time.monotonic()
+            now = self._clock()
             request, is_delta = self._request()
             if not is_delta or now - last_sent >= self.liveness_seconds:
                 await call.write(request)
@@ -275,7 +301,7 @@ class HeartbeatClient:
             self.wake.clear()
             if self.more_events:
                 continue
-            await self._wait(stop, now)
+            await self._wait(stop)
 
     def _note_failure(self, code: str, details: str) -> None:
         self.failures += 1
@@ -298,29 +324,50 @@ class HeartbeatClient:
     def _renew_fence(self, sent_mono: float, lease_seconds: float) -> None:
         """After an acknowledged heartbeat, running subjobs may go on until ``sent_mono``
         (when the heartbeat left, so the router heard from us after it) plus the lease the
-        router gives; a router that gives none turns fencing off."""
+        router gives; a router that gives none turns fencing off. The file is written off
+        the event loop (:meth:`_write_fence`)."""
         if self._fence_file is None:
             return
-        deadline = sent_mono + lease_seconds
-        moved = deadline - self.fence_written
-        if lease_seconds > 0 and 0 <= moved < FENCE_RENEW_FRACTION * lease_seconds:
-            # On disk is at most a tenth of the lease earlier: it only stops work sooner.
-            # (A shorter lease than before moves it back at once.)
-            return
-        try:
-            if lease_seconds > 0:
-                write_fence(self._fence_file, deadline)
-                self.fence_written = deadline
-            else:
-                self._fence_file.unlink(missing_ok=True)
-                self.fence_written = 0.0
-        except OSError as exc:  # the fence then lapses: subjobs stop rather than run twice
-            log.error("cannot renew the fence %s: %s", self._fence_file, exc)
+        target = sent_mono + lease_seconds if lease_seconds > 0 else 0.0
+        current = self._fence_target
+        if current is not None:
+            if target == current == 0.0:
+                return  # fencing stays off
+            if lease_seconds > 0 and 0 <= target - current < FENCE_RENEW_FRACTION * lease_seconds:
+                # On disk is at most a tenth of the lease earlier: it only stops work sooner.
+                # (A shorter lease than before moves it back at once.)
+                return
+        self._fence_target = target
+        if self._fence_writer is None or self._fence_writer.done():
+            self._fence_writer = asyncio.get_running_loop().create_task(
+                self._write_fence(self._fence_file), name="agent-fence-write"
+            )
+
+    async def _write_fence(self, path: Path) -> None:
+        """Bring the fence file to the newest target, one write at a time, in a thread."""
+        while (target := self._fence_target) is not None:
+            try:
+                if target > 0:
+                    await asyncio.to_thread(write_fence, path, target)
+                else:
+                    await asyncio.to_thread(path.unlink, missing_ok=True)
+            except OSError as exc:  # the fence then lapses: subjobs stop rather than run twice
+                log.error("cannot renew the fence %s: %s", path, exc)
+                self._fence_target = None  # unknown: the next heartbeat writes it again
+                return
+            self.fence_written = target
+            if self._fence_target == target:
+                return
+
+    async def fence_settled(self) -> None:
+        """Until the fence write under way (if any) has landed (tests; shutdown)."""
+        if self._fence_writer is not None:
+            await asyncio.shield(self._fence_writer)
 
     async def beat(self, stub: zone_pb2_grpc.ZoneControlStub) -> None:
         """One unary heartbeat and what its reply says (a pass of :meth:`run`)."""
         request, is_delta = self._request()
-        sent_mono = time.monotonic()
+        sent_mono = self._clock()
         try:
             reply = await stub.Heartbeat(request, timeout=max(1.0, self.period_seconds))  # type: ignore[misc]
         except grpc.aio.AioRpcError as exc:

@@ -5,14 +5,24 @@ WAL mode with synchronous=NORMAL keeps each small write cheap while a crash
 its own or, inside :meth:`Journal.batch`, the one all the writes of one step share
 (a launch's row, lease and event commit together). The journal stores the subjob
 spec as opaque bytes so it does not depend on protobuf.
+
+Checkpoints (copying the WAL into the database, with two fsyncs) run on a worker thread
+of their own connection (:class:`Checkpointer`), every :data:`CHECKPOINT_EVERY_COMMITS` commits: SQLite's own
+automatic checkpoint runs inside the commit that crosses its threshold, and blocked the
+agent's event loop (every probe and launch on it) for 15-45 ms at a time under load. A
+commit is as durable as before (in the WAL, which a restart replays); SQLite's automatic
+checkpoint stays as a backstop, at :data:`BACKSTOP_CHECKPOINT_PAGES`, for a worker that
+falls behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,8 +31,14 @@ from typing import Any
 
 from laminar_base.errors import InvalidArgument, NotFound
 
+log = logging.getLogger("laminar.agent.journal")
+
 SCHEMA_VERSION = 4
 DB_FILE = "agent.db"
+#: Commits between two checkpoints on the worker thread (a launch takes about three).
+CHECKPOINT_EVERY_COMMITS = 200
+#: WAL pages at which SQLite checkpoints inside a commit (its default is 1,000).
+BACKSTOP_CHECKPOINT_PAGES = 10_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -200,6 +216,59 @@ def connect_private(path: Path, **kwargs: Any) -> sqlite3.Connection:
     return conn
 
 
+class Checkpointer:
+    """Checkpoints one WAL database (PASSIVE: never waits for, nor blocks, its writers) on
+    a worker thread with a connection of its own, every ``every_commits`` commits the
+    owner reports with :meth:`committed`; :meth:`defer` moves SQLite's own automatic
+    checkpoint, which runs inside a commit, to the backstop. Not covered: a backstop
+    checkpoint still runs inside a commit when the worker falls that far behind."""
+
+    def __init__(self, path: Path, every_commits: int = CHECKPOINT_EVERY_COMMITS) -> None:
+        self.path = path
+        self.every_commits = every_commits
+        self._commits = 0
+        self._worker: threading.Thread | None = None
+        #: Checkpoints the worker completed (tests).
+        self.checkpoints = 0
+
+    @staticmethod
+    def defer(conn: sqlite3.Connection) -> None:
+        conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_CHECKPOINT_PAGES}")
+
+    def committed(self) -> None:
+        self._commits += 1
+        if self._commits >= self.every_commits:
+            self.start()
+
+    def start(self) -> None:
+        """Checkpoint now on the worker thread, unless one is at it (the next commit asks
+        again)."""
+        if self._worker is not None and self._worker.is_alive():
+            return
+        self._commits = 0
+        self._worker = threading.Thread(target=self._run, name="journal-checkpoint", daemon=True)
+        self._worker.start()
+
+    def _run(self) -> None:
+        try:
+            # Not connect_private: the files exist, and its umask is process-wide.
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:  # the backstop checkpoint still bounds the WAL
+            log.warning("checkpoint of %s failed: %s", self.path, exc)
+            return
+        self.checkpoints += 1
+
+    def close(self) -> None:
+        """Wait for the checkpoint under way, if any (before the owner closes its own)."""
+        if self._worker is not None:
+            self._worker.join()
+
+
 class Journal:
     """One SQLite connection; use it from a single thread (the agent's event loop)."""
 
@@ -211,11 +280,14 @@ class Journal:
         self._conn = connect_private(self.path)
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA synchronous=NORMAL")
+        Checkpointer.defer(self._conn)
+        self.checkpointer = Checkpointer(self.path)
         self._batch_depth = 0
         self._migrate()
         # Uncommitted leases are no longer journaled (they die with the agent); rows an
         # older agent left are never read, so they go now.
         self._write("DELETE FROM leases WHERE committed=0")
+        self.checkpointer = Checkpointer(self.path)  # start-up's commits are not counted
 
     def _migrate(self) -> None:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
@@ -268,7 +340,7 @@ class Journal:
             self._conn.execute("ROLLBACK")
             raise
         self._batch_depth = 0
-        self._conn.execute("COMMIT")
+        self._commit()
 
     def _write(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         if self._batch_depth:
@@ -279,8 +351,12 @@ class Journal:
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
-        self._conn.execute("COMMIT")
+        self._commit()
         return cur
+
+    def _commit(self) -> None:
+        self._conn.execute("COMMIT")
+        self.checkpointer.committed()
 
     # -- meta -----------------------------------------------------------------
     @property
@@ -475,6 +551,7 @@ class Journal:
         return [_action(r) for r in rows]
 
     def close(self) -> None:
+        self.checkpointer.close()
         self._conn.close()
 
 

@@ -329,6 +329,7 @@ class AgentServer:
                 fence_file=state_dir / FENCE_FILE,
                 live_ids=lambda: sorted(node.live_states),
                 on_workload=node.score_against,
+                event_gap_seconds=cfg.zone.heartbeat_event_gap_seconds,
             )
             node.add_event_waiter(self.heartbeat.wake)
             heartbeat = self.heartbeat

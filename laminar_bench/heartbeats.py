@@ -33,14 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from laminar_base.errors import InvalidArgument
 from laminar_bench.heartbeat_pool import MAX_HEARTBEAT_POOL_AGENTS, POOL_INFO
@@ -54,6 +52,7 @@ from laminar_bench.placement import (
     cpu_seconds,
     environment,
     measure_cluster,
+    scrape_heartbeats,
 )
 from laminar_zone.config import MembershipSettings
 
@@ -165,25 +164,6 @@ class HeartbeatCluster(BenchCluster):
                 return ready
             self._check_alive()
             await asyncio.sleep(0.5)  # heartbeats arrive on their own schedule
-
-
-def scrape_heartbeats(address: str) -> dict[str, float]:
-    """The router's heartbeat counters (all heartbeats, and those with a full summary: a
-    router without that counter reports every heartbeat as full) and its ready agents."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name in ("laminar_zone_heartbeats", "laminar_zone_heartbeat_summaries"):
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    out[family.name] = sample.value
-        elif family.name == "laminar_zone_agents":
-            for sample in family.samples:
-                if sample.labels.get("state") == "ready":
-                    out["laminar_zone_agents_ready"] = sample.value
-    out.setdefault("laminar_zone_heartbeat_summaries", out.get("laminar_zone_heartbeats", 0.0))
-    return out
 
 
 async def _measure(

@@ -219,6 +219,7 @@ class BenchCluster:
     spec: BenchSpec
     router: Child | None = None
     router_address: str = ""
+    router_metrics_address: str = ""
     router_pid: int = 0
     agent_children: list[Child] = field(default_factory=list)
     agents: list[AgentEndpoint] = field(default_factory=list)
@@ -269,6 +270,7 @@ class BenchCluster:
         self.router = self._spawn("router", argv, zone_dir, "zone.json", router_env)
         info = await _wait_info(self.router, 60.0)
         self.router_address = str(info["address"])
+        self.router_metrics_address = str(info.get("metrics_address", ""))
         self.router_pid = self.router.process.pid
         per = spec.per_process
         for first in range(0, spec.agents, per):
@@ -480,6 +482,25 @@ def scrape_probes(addresses: list[str]) -> dict[str, float]:
             for k, v in counts.items():
                 totals[k] = totals.get(k, 0.0) + v
     return totals
+
+
+def scrape_heartbeats(address: str) -> dict[str, float]:
+    """The router's heartbeat counters (all heartbeats, and those with a full summary: a
+    router without that counter reports every heartbeat as full) and its ready agents."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in ("laminar_zone_heartbeats", "laminar_zone_heartbeat_summaries"):
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    out[family.name] = sample.value
+        elif family.name == "laminar_zone_agents":
+            for sample in family.samples:
+                if sample.labels.get("state") == "ready":
+                    out["laminar_zone_agents_ready"] = sample.value
+    out.setdefault("laminar_zone_heartbeat_summaries", out.get("laminar_zone_heartbeats", 0.0))
+    return out
 
 
 def environment() -> dict[str, Any]:
@@ -736,6 +757,7 @@ async def _measure(
         agents_idle_ratio = (cpu_seconds(cluster.agent_pids()) - idle_agents) / idle_seconds
 
         probes_before = await asyncio.to_thread(scrape_probes, metrics_addresses)
+        beats_before = await asyncio.to_thread(scrape_heartbeats, cluster.router_metrics_address)
         driver = Driver(spec, cluster, progress)
         me = psutil.Process()
         client_cpu0 = sum(me.cpu_times()[:2])
@@ -762,6 +784,7 @@ async def _measure(
         launch_cpu = children_cpu_seconds(cluster.agent_pids()) - launch_cpu0
         floor = spawn_floor(["true"]) if spec.launch else None
         probes_after = await asyncio.to_thread(scrape_probes, metrics_addresses)
+        beats_after = await asyncio.to_thread(scrape_heartbeats, cluster.router_metrics_address)
         health_after = await _health_p50(channel, HEALTH_SAMPLES)
 
     outcomes = driver.outcomes
@@ -832,6 +855,12 @@ async def _measure(
         "bounces_per_placement": bounces_pp,
         "probes_source": probes_source,
         "agent_probes_per_placement": agent_probes / n_placed if n_placed else 0.0,
+        "heartbeats_per_job": _per_job(
+            beats_before, beats_after, "laminar_zone_heartbeats", n_placed
+        ),
+        "heartbeat_summaries_per_job": _per_job(
+            beats_before, beats_after, "laminar_zone_heartbeat_summaries", n_placed
+        ),
         "router_cpu_seconds_per_placement": router_cpu / n_placed if n_placed else 0.0,
         "router_cpu_seconds_per_placement_net_of_idle": (
             max(0.0, router_cpu - router_idle_ratio * measured_seconds) / n_placed
@@ -874,6 +903,11 @@ async def _measure(
         "environment": environment(),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def _per_job(before: dict[str, float], after: dict[str, float], key: str, jobs: int) -> float:
+    """How much a router counter grew per placed job between two scrapes."""
+    return (after.get(key, 0.0) - before.get(key, 0.0)) / jobs if jobs else 0.0
 
 
 def _cpu_ms_per_job(

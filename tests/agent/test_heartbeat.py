@@ -7,11 +7,13 @@ unacknowledged ones are sent again and acknowledged ones are not.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,8 @@ import grpc
 import pytest
 from waiting import gate_code, wait_for
 
-from laminar_agent.heartbeat import HeartbeatClient
+from laminar_agent import heartbeat
+from laminar_agent.heartbeat import HeartbeatClient, write_fence
 from laminar_agent.journal import EventRow
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.fragmentation import PodShape
@@ -290,6 +293,7 @@ class Beats:
     async def beat(self, times: int = 1) -> None:
         for _ in range(times):
             await self.client.beat(self.stub)
+            await self.client.fence_settled()  # the file is written off the loop
 
 
 async def test_an_unchanged_summary_is_sent_once_then_only_its_version(
@@ -429,12 +433,8 @@ async def test_the_agent_takes_the_routers_workload_once_per_version(tmp_path: P
     }
 
 
-def test_the_fence_moves_forward_by_a_tenth_of_the_lease_and_back_at_once(tmp_path: Path) -> None:
-    """Rewriting the fence on every woken heartbeat fsyncs it per subjob event: a small
-    extension is skipped (the deadline on disk only stops work sooner), a shorter lease is
-    written at once (the deadline on disk must never be later than the router allows)."""
-    fence = tmp_path / "fence"
-    client = HeartbeatClient(
+def fence_client(fence: Path) -> HeartbeatClient:
+    return HeartbeatClient(
         "127.0.0.1:1",
         1.0,
         common_pb2.AgentSummary,
@@ -443,16 +443,169 @@ def test_the_fence_moves_forward_by_a_tenth_of_the_lease_and_back_at_once(tmp_pa
         fence_file=fence,
     )
 
-    def on_disk() -> float:
+
+async def test_the_fence_moves_forward_by_a_tenth_of_the_lease_and_back_at_once(
+    tmp_path: Path,
+) -> None:
+    """Rewriting the fence on every woken heartbeat fsyncs it per subjob event: a small
+    extension is skipped (the deadline on disk only stops work sooner), a shorter lease is
+    written at once (the deadline on disk must never be later than the router allows)."""
+    fence = tmp_path / "fence"
+    fence.write_text("5.0\n")  # an earlier process's fence: replaced, or removed when off
+    client = fence_client(fence)
+
+    async def on_disk() -> float:
+        await client.fence_settled()
         return float(fence.read_text())
 
     client._renew_fence(100.0, 10.0)
-    assert on_disk() == 110.0
+    assert await on_disk() == 110.0
     client._renew_fence(100.5, 10.0)  # 0.5 s later: within a tenth of the lease
-    assert on_disk() == 110.0
+    assert await on_disk() == 110.0
     client._renew_fence(101.2, 10.0)
-    assert on_disk() == 111.2
+    assert await on_disk() == 111.2
     client._renew_fence(101.3, 2.0)  # the router shortened the lease: back at once
-    assert on_disk() == 103.3
+    assert await on_disk() == 103.3
     client._renew_fence(101.4, 0.0)  # fencing off
+    await client.fence_settled()
     assert not fence.exists()
+    fence.write_text("5.0\n")
+    client._renew_fence(101.5, 0.0)  # off and already removed: nothing more to do
+    await client.fence_settled()
+    assert fence.exists()
+
+
+async def test_a_fence_left_by_an_earlier_process_goes_when_the_router_turns_fencing_off(
+    tmp_path: Path,
+) -> None:
+    fence = tmp_path / "fence"
+    fence.write_text("5.0\n")
+    client = fence_client(fence)
+    client._renew_fence(100.0, 0.0)
+    await client.fence_settled()
+    assert not fence.exists()
+
+
+async def test_the_fence_is_written_off_the_event_loop_the_newest_deadline_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fsync blocked the agent's loop for milliseconds; a write now runs in a thread.
+    While one is under way the loop goes on and the file keeps the older (earlier)
+    deadline; deadlines asked for meanwhile collapse into one write of the newest."""
+    fence = tmp_path / "fence"
+    client = fence_client(fence)
+    entered = threading.Event()
+    release = threading.Event()
+    written: list[float] = []
+
+    def slow_write(path: Path, deadline_mono: float) -> None:
+        entered.set()
+        assert release.wait(30)
+        write_fence(path, deadline_mono)
+        written.append(deadline_mono)
+
+    monkeypatch.setattr(heartbeat, "write_fence", slow_write)
+    client._renew_fence(100.0, 10.0)
+    assert await asyncio.to_thread(entered.wait, 30)  # the write is under way, blocked
+    client._renew_fence(102.0, 10.0)  # the loop is free: more acknowledged heartbeats
+    client._renew_fence(104.0, 10.0)
+    assert not fence.exists() and client.fence_written == 0.0  # nothing landed yet
+    release.set()
+    await client.fence_settled()
+    assert written == [110.0, 114.0]  # 112 was overtaken before its turn
+    assert float(fence.read_text()) == 114.0 == client.fence_written
+
+
+async def test_a_failed_fence_write_is_tried_again_at_the_next_heartbeat(
+    tmp_path: Path,
+) -> None:
+    fence = tmp_path / "missing" / "fence"  # no such directory: the write fails
+    client = fence_client(fence)
+    client._renew_fence(100.0, 10.0)
+    await client.fence_settled()
+    assert client.fence_written == 0.0
+    fence.parent.mkdir()
+    client._renew_fence(100.1, 10.0)  # within a tenth of the lease, but nothing is on disk
+    await client.fence_settled()
+    assert float(fence.read_text()) == 110.1
+
+
+class EventJournal(EmptyJournal):
+    """Subjob events the test adds, kept until the router acknowledges them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[EventRow] = []
+
+    def add(self, seq: int) -> None:
+        self.pending.append(EventRow(seq, f"s-{seq}", "SUCCEEDED", "exited 0", 1.0, False))
+
+    def unacked_events(self, limit: int = 1000) -> list[EventRow]:
+        return list(self.pending)
+
+    def ack_events(self, up_to_seq: int) -> int:
+        self.pending = [e for e in self.pending if e.seq > up_to_seq]
+        return 1
+
+
+class AckingZone(RecordingZone):
+    """Acknowledges every event at once; its period is long, so only events wake a beat."""
+
+    def Heartbeat(
+        self, request: zone_pb2.HeartbeatRequest, context: Any
+    ) -> zone_pb2.HeartbeatReply:
+        with self.lock:
+            self.requests.append(request)
+        return zone_pb2.HeartbeatReply(
+            acked_seq=max((e.seq for e in request.events), default=0), period_seconds=60.0
+        )
+
+
+async def until(predicate: Callable[[], bool], timeout_seconds: float = 10.0) -> None:
+    """Poll-with-deadline for async tests (the heartbeat client shares this event loop)."""
+    deadline = time.monotonic() + timeout_seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_seconds:.0f} s")
+        await asyncio.sleep(0.01)
+
+
+async def test_events_of_a_burst_share_one_heartbeat_and_a_quiet_spells_first_goes_at_once(
+    tmp_path: Path,
+) -> None:
+    """A pass an event wakes within ``event_gap_seconds`` of the last one an event woke
+    waits out the gap, so the events that arrive meanwhile ride together; after a quiet
+    spell (the test's clock moves on) the first event is sent without waiting."""
+    servicer = AckingZone()
+    journal = EventJournal()
+    now = [1000.0]
+    with serving(servicer) as address:
+        client = HeartbeatClient(
+            address, 60.0, common_pb2.AgentSummary, journal, event, use_stream=False,
+            event_gap_seconds=60.0, clock=lambda: now[0],
+        )  # fmt: skip
+        stop = asyncio.Event()
+        run = asyncio.create_task(client.run(stop), name="test-heartbeat")
+
+        async def beats_after(seq: int) -> list[list[int]]:
+            journal.add(seq)
+            client.wake.set()
+            count = len(servicer.snapshot())
+            await until(lambda: len(servicer.snapshot()) > count)  # within 10 s, not 60
+            return [[e.seq for e in r.events] for r in servicer.snapshot()]
+
+        await until(lambda: len(servicer.snapshot()) == 1)  # the first beat, at start
+        assert (await beats_after(1))[1:] == [[1]]  # the first event ever: at once
+        now[0] += 61.0  # a quiet spell longer than the gap
+        assert (await beats_after(2))[2:] == [[2]]  # at once again
+        client.event_gap_seconds = 1.0  # the next woken beat waits one real second
+        for seq in range(3, 8):  # five events, each after the client has run again
+            journal.add(seq)
+            client.wake.set()
+            await asyncio.sleep(0)
+        await until(lambda: len(servicer.snapshot()) == 4)
+        stop.set()
+        await run
+    *_, last = servicer.snapshot()
+    assert [e.seq for e in last.events] == [3, 4, 5, 6, 7]  # one beat, after the gap
+    assert not journal.pending

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from laminar_agent.journal import SCHEMA_VERSION, Journal, SubjobRow
+from laminar_agent.journal import (
+    BACKSTOP_CHECKPOINT_PAGES,
+    CHECKPOINT_EVERY_COMMITS,
+    SCHEMA_VERSION,
+    Checkpointer,
+    Journal,
+    SubjobRow,
+)
 from laminar_base.errors import InvalidArgument, NotFound
 
 
@@ -210,3 +219,37 @@ def test_reopen_drops_uncommitted_lease_rows(tmp_path: Path) -> None:
     j2 = Journal(tmp_path)
     assert [row.lease_id for row in j2.leases()] == ["l-held"]
     j2.close()
+
+
+def test_checkpoints_run_on_a_worker_thread_and_keep_every_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's automatic checkpoint (two fsyncs) ran inside the commit that crossed its
+    threshold, blocking the agent's event loop; the journal's own runs on a thread."""
+    j = Journal(tmp_path)
+    autocheckpoint = j._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    assert autocheckpoint == BACKSTOP_CHECKPOINT_PAGES
+    threads: list[str] = []
+    checkpoint = Checkpointer._run
+
+    def spy(self: Checkpointer) -> None:
+        threads.append(threading.current_thread().name)
+        checkpoint(self)
+
+    monkeypatch.setattr(Checkpointer, "_run", spy)
+    db = tmp_path / "agent.db"
+    size_before = db.stat().st_size
+    for i in range(CHECKPOINT_EVERY_COMMITS - 1):
+        j.append_event(f"s{i}", "RUNNING", "started", float(i))
+    assert not threads  # one commit short
+    j.append_event("s-last", "RUNNING", "started", 1.0)
+    deadline = time.monotonic() + 30
+    while j.checkpointer.checkpoints < 1:
+        assert time.monotonic() < deadline, "no checkpoint within 30 s"
+        time.sleep(0.01)
+    assert threads == ["journal-checkpoint"]
+    assert db.stat().st_size > size_before  # the WAL's pages are in the database file
+    j.close()
+    assert len(Journal(tmp_path).unacked_events(10 * CHECKPOINT_EVERY_COMMITS)) == (
+        CHECKPOINT_EVERY_COMMITS
+    )
