@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from laminar_agent.journal import BACKSTOP_CHECKPOINT_PAGES, CHECKPOINT_EVERY_COMMITS
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_zone.store import JobStore
 
@@ -55,3 +56,20 @@ def test_a_journal_from_before_the_settling_column_opens(tmp_path: Path) -> None
     store.put(_job("ended", zone_pb2.JOB_FAILED, common_pb2.RUNNING))
     assert sorted(j.job_id for j in store.live()) == ["ended", "old"]
     store.close()
+
+
+def test_the_routers_checkpoints_run_off_its_loop_and_keep_every_job(tmp_path: Path) -> None:
+    """SQLite's own checkpoint (two fsyncs) ran inside the commit crossing its threshold,
+    on the router's event loop; the store defers it and checkpoints on a worker thread
+    every CHECKPOINT_EVERY_COMMITS of its transactions."""
+    store = JobStore(tmp_path / "zone.db")
+    pages = store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    assert pages == BACKSTOP_CHECKPOINT_PAGES
+    for i in range(CHECKPOINT_EVERY_COMMITS - 1):
+        store.put(_job(f"j-{i}", zone_pb2.QUEUED))
+    assert store.checkpointer.checkpoints == 0
+    store.put(_job("j-last", zone_pb2.QUEUED))
+    store.checkpointer.close()  # joins the worker the last commit started
+    assert store.checkpointer.checkpoints == 1
+    store.close()
+    assert len(list(JobStore(tmp_path / "zone.db").live())) == CHECKPOINT_EVERY_COMMITS
