@@ -68,7 +68,12 @@ def test_expected_start_comes_from_declared_run_time(zone: Zone, tmp_path: Path)
     )
     running = zone.wait_state(blocker.job_id, zone_pb2.JOB_RUNNING)
     later = zone.submit(resources=common_pb2.Resources(mig_profile="1g.10gb"))
-    queued = zone.wait_state(later.job_id, zone_pb2.QUEUED)
+    zone.wait_state(later.job_id, zone_pb2.QUEUED)
+    # A job just queued says why at once; its estimate comes with the next queue pass
+    # (at most queue.min_pass_seconds later), which walks the queue in order.
+    wait_for(lambda: zone.get(later.job_id).expected_start_unix > 0)
+    queued = zone.get(later.job_id)
+    assert queued.state == zone_pb2.QUEUED
     assert queued.expected_start_unix == pytest.approx(running.started_unix + 120, abs=2)
     assert "expected start in about" in queued.reason
     gate.touch()
