@@ -60,6 +60,19 @@ FENCED = "fenced:"
 TERMINATING = "terminating: "
 #: How long a preemption waits for its victims beyond their grace period.
 PREEMPT_MARGIN_SECONDS = 10.0
+#: Least time between two heartbeats that subjob events woke (``zone.heartbeat_event_gap_
+#: seconds``): a burst's starts and ends share one heartbeat.
+EVENT_GAP_SECONDS = 0.1
+
+
+def event_hold(now: float, woken_at: float, gap: float = EVENT_GAP_SECONDS) -> float:
+    """How long a heartbeat a subjob event wakes at ``now`` waits before it goes: the rest
+    of ``gap`` since the last heartbeat an event woke (``woken_at``, when it went), so the
+    first event after a quieter spell goes at once. The agent's heartbeat loop and the
+    simulator's hosts (``sim load``) both ask this."""
+    return max(0.0, gap - (now - woken_at))
+
+
 #: The reason journaled when a lease is committed and its subjob is about to start.
 COMMITTED_REASON = "lease committed"
 

@@ -58,6 +58,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from laminar_agent.core import EVENT_GAP_SECONDS, event_hold
 from laminar_agent.jobfiles import write_private
 from laminar_agent.journal import ActionRow, EventRow
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
@@ -106,8 +107,6 @@ def summary_key(summary: common_pb2.AgentSummary) -> bytes:
     return key.SerializeToString(deterministic=True)
 
 
-#: Least time between two heartbeats that subjob events woke (the periodic one is not held).
-EVENT_GAP_SECONDS = 0.1
 #: A fence deadline is rewritten when it moves by at least this share of the fence lease.
 FENCE_RENEW_FRACTION = 0.1
 
@@ -229,7 +228,7 @@ class HeartbeatClient:
             task.cancel()
         if not self.wake.is_set() or stop.is_set():
             return
-        held = self.event_gap_seconds - (self._clock() - self._woken_at)
+        held = event_hold(self._clock(), self._woken_at, self.event_gap_seconds)
         if held > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), held)

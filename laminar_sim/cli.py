@@ -130,6 +130,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="agents' heartbeat period: how stale the routers' views get (default 1 s)",
     )
     ld.add_argument(
+        "--event-gap-seconds",
+        type=float,
+        default=None,
+        help="least time between two heartbeats subjob events wake on one host (default: "
+        "the agent's zone.heartbeat_event_gap_seconds default)",
+    )
+    ld.add_argument(
         "--policies", default="laminar,central", help="laminar, central or both (default)"
     )
     ld.add_argument("-o", "--output", choices=["table", "json"], default="table")
@@ -618,6 +625,7 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
         net_delay_seconds=args.net_delay_ms / 1000.0,
         loss_ratio=args.loss,
         heartbeat_seconds=args.heartbeat_seconds,
+        **({} if args.event_gap_seconds is None else {"event_gap_seconds": args.event_gap_seconds}),
         policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
     )
     try:

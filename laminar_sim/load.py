@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from laminar_agent.core import EVENT_GAP_SECONDS, event_hold
 from laminar_agent.ledger import Granted
 from laminar_base.demand import Demand
 from laminar_sim.engine import Engine, LossyDelay
@@ -78,6 +79,9 @@ class LoadSpec:
     #: d, hosts probed per attempt (default: the router's; 1 = the probe carries the commit).
     probes_per_attempt: int = ProbeLimits().probes_per_attempt
     heartbeat_seconds: float = 1.0
+    #: Least time between two heartbeats a host's subjob events wake (the agent's
+    #: ``zone.heartbeat_event_gap_seconds``; laminar_agent.core.event_hold decides).
+    event_gap_seconds: float = EVENT_GAP_SECONDS
     exchange_seconds: float = 1.0
     net_delay_seconds: float = 0.0005
     net_jitter_seconds: float = 0.0002
@@ -113,6 +117,11 @@ class LoadSpec:
                 self.heartbeat_seconds > 0,
                 "--heartbeat-seconds",
                 f"must be > 0, got {self.heartbeat_seconds}",
+            ),
+            (
+                0 <= self.event_gap_seconds <= 1,
+                "--event-gap-seconds",
+                f"must be in 0..1, got {self.event_gap_seconds}",
             ),
             (self.zone_hosts >= 1, "--zone-hosts", f"must be >= 1, got {self.zone_hosts}"),
             (
@@ -383,7 +392,15 @@ class LaminarRun(_Base):
         #: Waiting tasks per (zone, shape), in arrival order; one placement per key at a time.
         self.queues: dict[tuple[str, Demand], deque[Task]] = {}
         self.chains: set[tuple[str, Demand]] = set()
+        #: Shapes whose queue head found no room on its last try: new tasks of the shape
+        #: wait behind it, as the router queues a job behind its family's blocked head
+        #: (``ZoneState._behind_blocked_head``); otherwise they are placed at once.
+        self.blocked: set[tuple[str, Demand]] = set()
         self.ticking: set[tuple[str, Demand]] = set()
+        #: Per host: when its last event-woken heartbeat went (or will go), and whether one
+        #: is held now (it carries every change until it goes).
+        self.woken_at: dict[str, float] = {}
+        self.held: set[str] = set()
         self.zones = {z.name: z for z in self.cluster.zones}
         if len(self.cluster.zones) > 1:
             self.engine.schedule(spec.exchange_seconds, self.exchange)
@@ -407,11 +424,12 @@ class LaminarRun(_Base):
             self.submit(zone, task)
 
     def submit(self, zone: SimZone, task: Task) -> None:
-        """A task at its router: placed at once, or behind the tasks of its shape that wait."""
+        """A task at its router: placed at once, or behind its shape's blocked queue head (as
+        the router does: tasks queued behind a head that is being placed do not hold new
+        ones back)."""
         key = (zone.name, task.ask.need)
-        queue = self.queues.setdefault(key, deque())
-        if queue or key in self.chains:
-            queue.append(task)
+        if key in self.blocked:
+            self.queues.setdefault(key, deque()).append(task)
             self._tick_later(key)
             return
         self.place(zone, task, None)
@@ -434,9 +452,11 @@ class LaminarRun(_Base):
             assert key is not None  # a failed try always names its queue
             self.queues.setdefault(key, deque()).appendleft(failed)
             self.chains.discard(key)
+            self.blocked.add(key)
             self._tick_later(key)
             return
         if key is not None:
+            self.blocked.discard(key)  # its head went: new tasks of the shape go at once
             self._next_in_chain(key)
 
     def _next_in_chain(self, key: tuple[str, Demand]) -> None:
@@ -467,15 +487,32 @@ class LaminarRun(_Base):
 
     def freed(self, host: SimHost) -> None:
         """A task ended or gave its room back: like the agent, whose heartbeat a subjob event
-        wakes at once, the host sends a heartbeat now; the router sees it one network delay
-        later (or never, when the message is lost: then at the next tick)."""
-        zone = self.zone_of[host.agent_id]
+        wakes, the host sends a heartbeat, at once after a quieter spell or when the
+        event gap since its last event-woken one has passed (laminar_agent.core.
+        event_hold; one held heartbeat carries every change until it goes); the router
+        sees it one network delay later (or never, when the message is lost: then at the
+        next tick)."""
+        agent_id = host.agent_id
+        if agent_id in self.held:
+            return  # the held heartbeat reads the host when it goes
+        zone = self.zone_of[agent_id]
+        now = self.engine.now
+        hold = event_hold(now, self.woken_at.get(agent_id, -math.inf), self.spec.event_gap_seconds)
+        self.woken_at[agent_id] = now + hold
 
         def heartbeat() -> None:
             zone.note(host)
             self.queue_pass(zone)
 
-        self.engine.send(host.agent_id, zone.name, heartbeat)
+        def send() -> None:
+            self.held.discard(agent_id)
+            self.engine.send(agent_id, zone.name, heartbeat)
+
+        if hold > 0:
+            self.held.add(agent_id)
+            self.engine.schedule(hold, send)
+        else:
+            send()
 
 
 class _Attempt:
@@ -762,6 +799,7 @@ def run_load(spec: LoadSpec, progress: ProgressFn | None = None) -> dict[str, An
             "jitter_ms": spec.net_jitter_seconds * 1000,
             "loss_ratio": spec.loss_ratio,
             "heartbeat_seconds": spec.heartbeat_seconds,
+            "event_gap_seconds": spec.event_gap_seconds,
             "exchange_seconds": spec.exchange_seconds,
         },
         "zones": math.ceil(spec.hosts / spec.zone_hosts),
