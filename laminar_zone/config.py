@@ -232,7 +232,8 @@ class QueueSettings:
         metadata=doc(
             "least time between two queue passes: wakes within it (jobs queued, capacity "
             "freed) are served by one pass, so a burst of submissions costs a few passes, "
-            "not one per job",
+            "not one per job; a pass that took longer (a long queue) is followed by as long "
+            "a pause, so passes take at most half the router's event loop",
             unit="seconds",
         ),
     )

@@ -887,23 +887,29 @@ class ZoneState:
 
     async def run_queue(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
         """The queue's root loop: a pass per wake or period. A pass that raises ends the
-        loop; its supervisor logs it and restarts it (laminar_base.supervise)."""
+        loop; its supervisor logs it and restarts it (laminar_base.supervise).
+
+        Passes start at least ``queue.min_pass_seconds`` apart, and a pass that took longer
+        than that (a long queue) is followed by as long a pause: the event loop's CPU then
+        goes at most half to queue passes, and placements, heartbeats and calls keep the
+        rest (:func:`pass_gap`)."""
         period = self.config.queue.retry_seconds
         least = self.config.queue.min_pass_seconds
-        last = -math.inf
+        next_at = -math.inf
         while not stop.is_set():
             beat()
             try:
                 await asyncio.wait_for(self.queue_wake.wait(), period)
             except TimeoutError:
                 pass
-            early = last + least - time.monotonic()
+            early = next_at - time.monotonic()
             if early > 0:
-                # Right after a pass: wakes until the least interval are served by one.
+                # Right after a pass: wakes until then are served by one.
                 await asyncio.sleep(early)
             self.queue_wake.clear()
-            last = time.monotonic()
+            started, cpu = time.monotonic(), time.thread_time()
             await self.queue_pass()
+            next_at = started + pass_gap(least, time.thread_time() - cpu)
 
     async def queue_pass(self) -> None:
         """The queue loop's pass (:meth:`one_pass`; the market's loop runs it as well)."""
@@ -1553,6 +1559,13 @@ class _ProbeCommit:
 
     def may_have_run(self, exc: BaseException) -> bool:
         return outcome_unknown(exc)
+
+
+def pass_gap(least: float, spent: float) -> float:
+    """Least time from one queue pass's start to the next's: ``least``
+    (``queue.min_pass_seconds``), or twice the event loop's CPU the pass took (its own and
+    what the loop ran while it awaited), whichever is longer."""
+    return max(least, 2.0 * spent)
 
 
 def _may_forward(job: zone_pb2.Job) -> bool:
