@@ -133,7 +133,15 @@ from laminar_zone.market import (
     slice_family,
 )
 from laminar_zone.placement import Offer, expected_start
-from laminar_zone.queue import Clear, QueueItem, QueueWalk, class_order, drive, order_key
+from laminar_zone.queue import (
+    Bidding,
+    Clear,
+    QueueItem,
+    QueueWalk,
+    class_order,
+    drive,
+    order_key,
+)
 from laminar_zone.view import AgentRecord
 
 ProgressFn = Callable[[str, int, int], None]
@@ -400,6 +408,8 @@ class _JobState:
     done: list[tuple[int, int]] = field(default_factory=list)
     #: Its running piece (atomized), if any.
     piece: _Piece | None = None
+    #: Its queue item and the need it was made for.
+    item: tuple[int, QueueItem] | None = None
 
 
 @dataclass(eq=False)
@@ -575,20 +585,25 @@ class MigReplay:
     def schedule(self) -> None:
         """After every event: all waiting work in one class order. Per priority class, its
         rigid jobs (the router's queue walk, whose blocked heads cut the windows of this
-        class and the lower ones) and then its atomized bids and the pieces of that class
-        whose window ends now (one clearing round): :func:`laminar_zone.queue.class_order`,
-        the pass the router runs too. Pieces left undecided stop."""
+        class and the lower ones) and its waiting atomized jobs in one queue order (each
+        bids, in a part of the class's round, before the rigid jobs behind it are walked),
+        then the class's full round (its pieces whose window ends, and the bids that won
+        nothing): :func:`laminar_zone.queue.class_order`, the pass the router runs too.
+        Pieces left undecided stop."""
         if not self.spec.incumbency:
             for piece in list(self.deciding):
                 self.stop(piece)
-        market: set[int] = set()
+        market: list[int | Bidding] = []
         if self.mode == "atomized":
-            market = {s.job.priority for s in self.waiting}
-            market |= {p.state.job.priority for p in self.deciding}
-        self.rigid_queue.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
+            # The waiting atomized jobs take their place in the queue order among the rigid
+            # ones: each bids ahead of the rigid jobs of its class behind it.
+            market = [Bidding(self.item(s).job_id, s.job.priority) for s in self.waiting]
+            market.extend({p.state.job.priority for p in self.deciding})
+        work = self.rigid_queue + (self.waiting if self.spec.class_order else [])
+        work.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
         steps = class_order(
             QueueWalk(self.engine.now),
-            self.rigid_queue,
+            work,
             self.item,
             self.head_start,
             market,
@@ -602,8 +617,11 @@ class MigReplay:
     # ------------------------------------------------------------------- rigid
 
     def item(self, state: _JobState) -> QueueItem:
+        """The job as the queue orders it (kept until its declared need changes)."""
+        if state.item is not None and state.item[0] == state.need_bytes:
+            return state.item[1]
         job = state.job
-        return QueueItem(
+        item = QueueItem(
             f"j{job.index}",
             job.priority,
             job.tenant,
@@ -612,6 +630,8 @@ class MigReplay:
             job.gpus,
             job.duration,
         )
+        state.item = (state.need_bytes, item)
+        return item
 
     def family(self, state: _JobState) -> str:
         for memory, profile in self.profiles:
@@ -816,24 +836,10 @@ class MigReplay:
         as :func:`class_order` asks for it."""
         priority = step.priority
         now = self.engine.now
-        bidders: list[Bidder] = []
-        by_job: dict[str, _JobState] = {}
-        for state in self.waiting:
-            if priority is not None and state.job.priority != priority:
-                continue
-            job_id = f"j{state.job.index:07d}"
-            by_job[job_id] = state
-            bidders.append(self._bidder(state, job_id, state.next_unit, None))
-        held: dict[tuple[str, str], _Piece] = {p.window_key: p for p in self.deciding}
-        for piece in self.deciding:
-            state = piece.state
-            if priority is not None and state.job.priority != priority:
-                continue
-            job_id = f"j{state.job.index:07d}"
-            by_job[job_id] = state
-            bidders.append(self._bidder(state, job_id, piece.progress(now), piece.window_key))
-        if not bidders:
-            return
+        # A part of the class's round (step.jobs) is for waiting jobs on free slices: the
+        # pieces whose window ends are decided in the class's full round.
+        deciding = self.deciding if step.jobs is None else []
+        held: dict[tuple[str, str], _Piece] = {p.window_key: p for p in deciding}
         # The router's windows (class_windows): the slices left free by higher classes and
         # rigid starts of this pass, then the held ones, cut at this class's heads.
         slices = [self.open_slice(key, *free) for key, free in sorted(self.free.items())]
@@ -843,6 +849,25 @@ class MigReplay:
         )
         windows = class_windows(now, slices, step.heads, self.spec.horizon_seconds)
         if not windows:
+            return
+        bidders: list[Bidder] = []
+        by_job: dict[str, _JobState] = {}
+        for state in self.waiting:
+            if priority is not None and state.job.priority != priority:
+                continue
+            if step.jobs is not None and self.item(state).job_id not in step.jobs:
+                continue
+            job_id = f"j{state.job.index:07d}"
+            by_job[job_id] = state
+            bidders.append(self._bidder(state, job_id, state.next_unit, None))
+        for piece in deciding:
+            state = piece.state
+            if priority is not None and state.job.priority != priority:
+                continue
+            job_id = f"j{state.job.index:07d}"
+            by_job[job_id] = state
+            bidders.append(self._bidder(state, job_id, piece.progress(now), piece.window_key))
+        if not bidders:
             return
         self.totals.rounds += 1
         ctx = ClearingContext(

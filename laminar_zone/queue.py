@@ -189,10 +189,26 @@ class Start(Generic[T]):
 class Clear:
     """Instruction: the clearing round of class ``priority`` (None: every class at once) over
     the windows no higher class took, each cut at ``heads``: the family's blocked rigid head
-    of this class or a higher one (EASY backfill), family -> expected start. No answer."""
+    of this class or a higher one (EASY backfill), family -> expected start. No answer.
+
+    ``jobs`` None: every waiting job of the class not awarded a window earlier in the pass,
+    and the class's pieces whose window ends (their held slices offered). A set: a part of
+    the class's round, only those waiting jobs (ahead of the class's next rigid job in queue
+    order), on the free windows; held slices wait for the class's full round."""
 
     priority: int | None
     heads: Mapping[str, float | None]
+    jobs: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class Bidding:
+    """An atomized job waiting in a pass's market (its ``QueueItem.job_id`` and class). In
+    :func:`class_order`'s ``jobs`` too, in queue order, it bids ahead of the rigid jobs of
+    its class that follow it there."""
+
+    job_id: str
+    priority: int
 
 
 def class_order(
@@ -200,7 +216,7 @@ def class_order(
     jobs: Sequence[T],
     item_of: Callable[[T], QueueItem],
     estimate: Callable[[T, float], float | None],
-    market: Iterable[int] = (),
+    market: Iterable[int | Bidding] = (),
     *,
     admit: Callable[[T], Admit] | None = None,
     waited: Callable[[T, Waiting], None] | None = None,
@@ -217,6 +233,14 @@ def class_order(
     slice before a higher class's atomized bid has had its round, and an atomized bid
     never takes a window past the expected start of a blocked head of its class or higher.
 
+    Within a class, one queue order (:func:`order_key`: fair share, then submission) for
+    rigid and atomized work: a waiting atomized job given as a :class:`Bidding` and met in
+    ``jobs`` (which the walk skips: ``admit`` says SKIP, or the caller gives none) bids
+    before the next rigid job of its class is walked, in a part of the class's round
+    (``Clear.jobs``) on the windows free then; the class's full round (those that won
+    nothing, the biddings not in ``jobs``, the pieces whose window ends) follows its rigid
+    walk. A class given as a bare number clears after its walk only.
+
     A generator of instructions: :class:`Start` (send back whether the job started) and
     :class:`Clear` (send back None); it returns the rigid jobs left waiting. A simulator
     answers at once (:func:`drive`); the router awaits each answer (a placement, a round).
@@ -226,15 +250,24 @@ def class_order(
     the heads. ``interleave=False`` is the former order: every rigid job first, then one
     round for all classes (``Clear(None)``).
     """
-    classes = sorted(set(market))
+    work = list(market)
+    bidding = {w.job_id for w in work if isinstance(w, Bidding)}
+    classes = sorted({w.priority if isinstance(w, Bidding) else w for w in work})
     kept: list[T] = []
+    ahead: list[str] = []  # biddings met in the walk since its last rigid job
     for job in jobs:
         item = item_of(job)
         while interleave and classes and classes[0] < item.priority:
+            ahead.clear()  # the class's full round has them
             yield Clear(classes.pop(0), _heads(walk))
         how = admit(job) if admit is not None else Admit.WALK
-        if how is Admit.SKIP:
+        if how is Admit.SKIP or item.job_id in bidding:
+            if item.job_id in bidding:
+                ahead.append(item.job_id)
             continue
+        if interleave and ahead:
+            yield Clear(item.priority, _heads(walk), frozenset(ahead))
+            ahead.clear()
         never = how is Admit.NEVER
         if walk.may_try(item, never=never) and (yield Start(job)):
             continue
