@@ -200,6 +200,10 @@ class AtomizeSpec:
     #: Calibration pooled per job family (``RatioPool``): here the jobs of one tenant with
     #: one memory profile (the same workload). False: each job learns alone.
     pool_calibration: bool = True
+    #: A rigid job requeued after a memory kill (its peak as its need) claims the slices
+    #: that fit it: no piece extends in place on one past its expected start
+    #: (``QueueItem.is_restarted``, ``Clear.claims``). False: only blocked heads cut.
+    restart_claims: bool = True
 
 
 @dataclass(frozen=True)
@@ -408,8 +412,8 @@ class _JobState:
     done: list[tuple[int, int]] = field(default_factory=list)
     #: Its running piece (atomized), if any.
     piece: _Piece | None = None
-    #: Its queue item and the need it was made for.
-    item: tuple[int, QueueItem] | None = None
+    #: Its queue item and the (need, restarted) it was made for.
+    item: tuple[tuple[int, bool], QueueItem] | None = None
 
 
 @dataclass(eq=False)
@@ -618,7 +622,8 @@ class MigReplay:
 
     def item(self, state: _JobState) -> QueueItem:
         """The job as the queue orders it (kept until its declared need changes)."""
-        if state.item is not None and state.item[0] == state.need_bytes:
+        restarted = self.spec.restart_claims and state.violations > 0
+        if state.item is not None and state.item[0] == (state.need_bytes, restarted):
             return state.item[1]
         job = state.job
         item = QueueItem(
@@ -626,11 +631,12 @@ class MigReplay:
             job.priority,
             job.tenant,
             job.arrival,
-            Demand(mig_profile=self.family(state)),
+            Demand(mig_profile=self.family(state), gpu_memory_bytes=state.need_bytes),
             job.gpus,
             job.duration,
+            is_restarted=restarted,
         )
-        state.item = (state.need_bytes, item)
+        state.item = ((state.need_bytes, restarted), item)
         return item
 
     def family(self, state: _JobState) -> str:
@@ -847,7 +853,9 @@ class MigReplay:
             self.open_slice(key, p.profile, p.memory, f"j{p.state.job.index:07d}")
             for key, p in sorted(held.items())
         )
-        windows = class_windows(now, slices, step.heads, self.spec.horizon_seconds)
+        windows = class_windows(
+            now, slices, step.heads, self.spec.horizon_seconds, claims=step.claims
+        )
         if not windows:
             return
         bidders: list[Bidder] = []

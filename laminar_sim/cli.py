@@ -232,6 +232,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="with atomized: rigid jobs go before every clearing round whatever their class",
     )
     rp.add_argument(
+        "--no-restart-claims",
+        action="store_true",
+        help="with atomized: a rigid job requeued after a memory kill keeps no claim on the "
+        "slices that fit it (pieces extend in place across its expected start)",
+    )
+    rp.add_argument(
         "--calibrator-min-samples",
         type=int,
         default=None,
@@ -1027,6 +1033,7 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         modes=modes,
         incumbency=not args.no_incumbency,
         class_order=not args.no_class_order,
+        restart_claims=not args.no_restart_claims,
         pool_calibration=not args.no_pool_calibration,
         **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
         **starvation,

@@ -728,7 +728,12 @@ class Atomizer:
         part = step.jobs
         slices = rnd.slices if part is None else [o for o in rnd.slices if not o.held_by]
         windows = class_windows(
-            rnd.now_unix, slices, step.heads, self.config.max_window_seconds, rnd.taken
+            rnd.now_unix,
+            slices,
+            step.heads,
+            self.config.max_window_seconds,
+            rnd.taken,
+            step.claims,
         )
         awarded = {a.bid.job_id for a in rnd.awards}
 

@@ -493,6 +493,7 @@ def class_windows(
     heads: Mapping[str, float | None],
     max_window_seconds: float,
     taken: Container[tuple[str, str]] = (),
+    claims: Iterable[tuple[int, float]] = (),
 ) -> list[MarketWindow]:
     """The windows one class's clearing round offers, the router's and the simulator's.
 
@@ -505,13 +506,23 @@ def class_windows(
     offered open-ended up to those cuts. A slice with no time left (<= 0 s) is not offered;
     whether a window is long enough for a bid's checkpoint is the bid's affair
     (:func:`feasibility`). ``heads`` of every class give the length offered to any class
-    (what a client is announced). Order follows ``slices``."""
+    (what a client is announced). ``claims`` (GPU memory, expected start: a rigid job of
+    this class or higher requeued after a memory kill, laminar_zone.queue.QueueWalk.claims)
+    cut a held slice with that much memory at that start, whatever its family: its piece
+    does not extend in place across it (free slices are cut at their family's head only).
+    Order follows ``slices``."""
+    claimed = sorted(claims)
     out = []
     for s in slices:
         if s.key in taken:
             continue
         end = 0.0 if s.held_by else s.end
-        length = offer_seconds(now, end, max_window_seconds, heads.get(s.family))
+        cut = heads.get(s.family)
+        if s.held_by and claimed:
+            starts = [start for memory, start in claimed if memory <= s.memory_bytes]
+            if starts:
+                cut = min(starts) if cut is None else min(cut, *starts)
+        length = offer_seconds(now, end, max_window_seconds, cut)
         if length > 0:
             out.append(
                 MarketWindow(

@@ -30,6 +30,9 @@ class QueueItem:
     need: Demand
     gang_size: int
     expected_seconds: float
+    #: Requeued after a memory kill with its peak as its need: while it waits it keeps a
+    #: claim on the slices that fit it (:attr:`QueueWalk.claims`).
+    is_restarted: bool = False
 
     @property
     def units(self) -> float:
@@ -125,6 +128,10 @@ class QueueWalk:
     now: float
     backfill: bool = True
     heads: dict[str, Head] = field(default_factory=dict)
+    #: Claims of waiting restarted jobs (``QueueItem.is_restarted``), head of their family or
+    #: not: (GPU memory per member, expected start). A piece on a slice with that much
+    #: memory does not keep it past that start (:func:`laminar_zone.market.class_windows`).
+    claims: list[tuple[int, float]] = field(default_factory=list)
     _units_ahead: dict[str, float] = field(default_factory=dict)
     _positions: dict[str, int] = field(default_factory=dict)
 
@@ -157,7 +164,10 @@ class QueueWalk:
             return Waiting(position, None, head.job_id if head else "", False)
         ahead = self._units_ahead.get(family, 0.0)
         self._units_ahead[family] = ahead + item.units
-        start = estimate(ahead) if head is None or estimate_all else None
+        claims = item.is_restarted and item.need.gpu_memory_bytes > 0
+        start = estimate(ahead) if head is None or estimate_all or claims else None
+        if claims and start is not None:
+            self.claims.append((item.need.gpu_memory_bytes, start))
         if head is None:
             self.heads[family] = Head(item.job_id, start)
             return Waiting(position, start, "", True)
@@ -199,6 +209,9 @@ class Clear:
     priority: int | None
     heads: Mapping[str, float | None]
     jobs: frozenset[str] | None = None
+    #: The claims of restarted rigid jobs of this class or a higher one waiting
+    #: (:attr:`QueueWalk.claims`): no piece keeps a slice that fits one past its start.
+    claims: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -259,14 +272,14 @@ def class_order(
         item = item_of(job)
         while interleave and classes and classes[0] < item.priority:
             ahead.clear()  # the class's full round has them
-            yield Clear(classes.pop(0), _heads(walk))
+            yield Clear(classes.pop(0), _heads(walk), claims=tuple(walk.claims))
         how = admit(job) if admit is not None else Admit.WALK
         if how is Admit.SKIP or item.job_id in bidding:
             if item.job_id in bidding:
                 ahead.append(item.job_id)
             continue
         if interleave and ahead:
-            yield Clear(item.priority, _heads(walk), frozenset(ahead))
+            yield Clear(item.priority, _heads(walk), frozenset(ahead), tuple(walk.claims))
             ahead.clear()
         never = how is Admit.NEVER
         if walk.may_try(item, never=never) and (yield Start(job)):
@@ -276,10 +289,10 @@ def class_order(
         if waited is not None:
             waited(job, wait)
     if not interleave and classes:
-        yield Clear(None, _heads(walk))
+        yield Clear(None, _heads(walk), claims=tuple(walk.claims))
     elif interleave:
         for priority in classes:
-            yield Clear(priority, _heads(walk))
+            yield Clear(priority, _heads(walk), claims=tuple(walk.claims))
     return kept
 
 
