@@ -526,6 +526,8 @@ class MigReplay:
         self.window_end = jobs[-1].arrival if jobs else 0.0
         self.next_key = 0
         self.slices_seen: dict[tuple[tuple[str, str], str, int, str], OpenSlice] = {}
+        #: The waiting atomized jobs of this pass by queue id (class_order's biddings).
+        self.bidding: dict[str, _JobState] = {}
 
     # ----------------------------------------------------------------- set-up
 
@@ -601,7 +603,8 @@ class MigReplay:
         if self.mode == "atomized":
             # The waiting atomized jobs take their place in the queue order among the rigid
             # ones: each bids ahead of the rigid jobs of its class behind it.
-            market = [Bidding(self.item(s).job_id, s.job.priority) for s in self.waiting]
+            self.bidding = {self.item(s).job_id: s for s in self.waiting}
+            market = [Bidding(job_id, s.job.priority) for job_id, s in self.bidding.items()]
             market.extend({p.state.job.priority for p in self.deciding})
         work = self.rigid_queue + (self.waiting if self.spec.class_order else [])
         work.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
@@ -860,10 +863,13 @@ class MigReplay:
             return
         bidders: list[Bidder] = []
         by_job: dict[str, _JobState] = {}
-        for state in self.waiting:
+        waiting = self.waiting
+        if step.jobs is not None:  # a part of the round: those jobs (still waiting) only
+            waiting = [s for s in map(self.bidding.get, sorted(step.jobs)) if s is not None]
+        for state in waiting:
             if priority is not None and state.job.priority != priority:
                 continue
-            if step.jobs is not None and self.item(state).job_id not in step.jobs:
+            if state.piece is not None or state.end is not None:
                 continue
             job_id = f"j{state.job.index:07d}"
             by_job[job_id] = state
