@@ -204,6 +204,9 @@ class AtomizeSpec:
     #: that fit it: no piece extends in place on one past its expected start
     #: (``QueueItem.is_restarted``, ``Clear.claims``). False: only blocked heads cut.
     restart_claims: bool = True
+    #: A part of a class's round (jobs ahead of a rigid one in queue order) clears best fit
+    #: (``ClearingContext.best_fit``). False: lowest agent and slice, as every round.
+    part_best_fit: bool = True
 
 
 @dataclass(frozen=True)
@@ -889,6 +892,7 @@ class MigReplay:
             hysteresis=self.spec.hysteresis,
             starvation_ratio=self.spec.starvation_ratio,
             starvation_floor_seconds=self.spec.starvation_floor_seconds,
+            best_fit=step.jobs is not None and self.spec.part_best_fit,
         )
         # The router's own round: alike windows are priced once per bidder (round_bids).
         bids, awards = clearing_round(bidders, windows, self.spec.clearing_policy, ctx)
