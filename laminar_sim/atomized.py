@@ -204,9 +204,10 @@ class AtomizeSpec:
     #: that fit it: no piece extends in place on one past its expected start
     #: (``QueueItem.is_restarted``, ``Clear.claims``). False: only blocked heads cut.
     restart_claims: bool = True
-    #: A part of a class's round (jobs ahead of a rigid one in queue order) clears best fit
-    #: (``ClearingContext.best_fit``). False: lowest agent and slice, as every round.
-    part_best_fit: bool = True
+    #: Ablation, not the router's: a part of a class's round (jobs ahead of a rigid one in
+    #: queue order) clears best fit (``ClearingContext.best_fit``); measured, not kept
+    #: (docs/benchmarks.md, "2026-11-27 (evening)"). False: lowest agent and slice.
+    part_best_fit: bool = False
 
 
 @dataclass(frozen=True)

@@ -238,10 +238,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "slices that fit it (pieces extend in place across its expected start)",
     )
     rp.add_argument(
-        "--no-part-best-fit",
+        "--part-best-fit",
         action="store_true",
-        help="with atomized: jobs that bid ahead of a rigid job of their class take the "
-        "lowest agent and slice among equal windows, not the smallest",
+        help="with atomized (ablation, not the router's): jobs that bid ahead of a rigid job "
+        "of their class take the smallest of equal windows, not the lowest agent and slice",
     )
     rp.add_argument(
         "--calibrator-min-samples",
@@ -1040,7 +1040,7 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         incumbency=not args.no_incumbency,
         class_order=not args.no_class_order,
         restart_claims=not args.no_restart_claims,
-        part_best_fit=not args.no_part_best_fit,
+        part_best_fit=args.part_best_fit,
         pool_calibration=not args.no_pool_calibration,
         **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
         **starvation,

@@ -749,9 +749,8 @@ class Atomizer:
             if bids_now(b.job_id, b.priority, bool(b.window.held_by))
             and b.window.key not in rnd.taken
         ]
-        ctx = rnd.ctx if part is None else replace(rnd.ctx, best_fit=True)
         class_bids, class_awards = clearing_round(
-            ours, windows, self.config.policy, ctx, eligible=eligible, extra_bids=theirs
+            ours, windows, self.config.policy, rnd.ctx, eligible=eligible, extra_bids=theirs
         )
         rnd.bids.extend(class_bids)
         mine: list[Award] = []

@@ -357,9 +357,9 @@ class ClearingContext:
     starvation_ratio: float = DEFAULT_STARVATION_RATIO
     starvation_floor_seconds: float = DEFAULT_STARVATION_FLOOR_SECONDS
     #: Among windows a job scores the same, the one with the least memory first (else the
-    #: lowest agent and slice): a part of a class's round, where a job bids in a rigid job's
-    #: place in the queue order, takes the slice a rigid job there would (the smallest
-    #: that fits) rather than one a rigid job behind it needs.
+    #: lowest agent and slice). Only the simulator's ``--part-best-fit`` ablation sets it
+    #: (a part of a class's round taking the slice a rigid job in its place would): measured
+    #: and not kept, docs/benchmarks.md "2026-11-27 (evening)"; the router never does.
     best_fit: bool = False
 
 
