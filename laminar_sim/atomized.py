@@ -44,8 +44,13 @@ After every event all waiting work is taken in **one class order** (the router's
 priority class, highest first, that class's rigid jobs (the queue walk, whose blocked
 heads cut the windows of that class and the lower ones: EASY backfill) and then one
 clearing round for that class (``--no-class-order``: every rigid job first, then one
-round). A round's windows are the free slices, each offered for the horizon, cut at the
-expected start of a blocked rigid job of its family of that class or higher; every waiting
+round). Within a class the waiting atomized jobs are sorted into the walk in queue order:
+each bids, in a part of the class's round on the free slices, before the rigid jobs of its
+class behind it are walked. A round's windows are the free slices, each offered for the
+horizon, cut at the expected start of a blocked rigid job of its family of that class or
+higher (and a held slice at the claim of a rigid job of that class or higher requeued after
+a memory kill, on every slice with the memory it now needs: ``--no-restart-claims`` turns
+it off); every waiting
 job of the class bids with :func:`laminar_zone.market.best_bid` (its profile as its
 :class:`~laminar_zone.market.Calibrator` has inflated it) and
 :func:`laminar_zone.market.clear` awards them with the clearing policy (tenant usage, for
@@ -133,7 +138,15 @@ from laminar_zone.market import (
     slice_family,
 )
 from laminar_zone.placement import Offer, expected_start
-from laminar_zone.queue import Clear, QueueItem, QueueWalk, class_order, drive, order_key
+from laminar_zone.queue import (
+    Bidding,
+    Clear,
+    QueueItem,
+    QueueWalk,
+    class_order,
+    drive,
+    order_key,
+)
 from laminar_zone.view import AgentRecord
 
 ProgressFn = Callable[[str, int, int], None]
@@ -192,6 +205,14 @@ class AtomizeSpec:
     #: Calibration pooled per job family (``RatioPool``): here the jobs of one tenant with
     #: one memory profile (the same workload). False: each job learns alone.
     pool_calibration: bool = True
+    #: A rigid job requeued after a memory kill (its peak as its need) claims the slices
+    #: that fit it: no piece extends in place on one past its expected start
+    #: (``QueueItem.is_restarted``, ``Clear.claims``). False: only blocked heads cut.
+    restart_claims: bool = True
+    #: Ablation, not the router's: a part of a class's round (jobs ahead of a rigid one in
+    #: queue order) clears best fit (``ClearingContext.best_fit``); measured, not kept
+    #: (docs/benchmarks.md, "2026-11-27 (evening)"). False: lowest agent and slice.
+    part_best_fit: bool = False
 
 
 @dataclass(frozen=True)
@@ -400,6 +421,8 @@ class _JobState:
     done: list[tuple[int, int]] = field(default_factory=list)
     #: Its running piece (atomized), if any.
     piece: _Piece | None = None
+    #: Its queue item and the (need, restarted) it was made for.
+    item: tuple[tuple[int, bool], QueueItem] | None = None
 
 
 @dataclass(eq=False)
@@ -512,6 +535,8 @@ class MigReplay:
         self.window_end = jobs[-1].arrival if jobs else 0.0
         self.next_key = 0
         self.slices_seen: dict[tuple[tuple[str, str], str, int, str], OpenSlice] = {}
+        #: The waiting atomized jobs of this pass by queue id (class_order's biddings).
+        self.bidding: dict[str, _JobState] = {}
 
     # ----------------------------------------------------------------- set-up
 
@@ -575,20 +600,26 @@ class MigReplay:
     def schedule(self) -> None:
         """After every event: all waiting work in one class order. Per priority class, its
         rigid jobs (the router's queue walk, whose blocked heads cut the windows of this
-        class and the lower ones) and then its atomized bids and the pieces of that class
-        whose window ends now (one clearing round): :func:`laminar_zone.queue.class_order`,
-        the pass the router runs too. Pieces left undecided stop."""
+        class and the lower ones) and its waiting atomized jobs in one queue order (each
+        bids, in a part of the class's round, before the rigid jobs behind it are walked),
+        then the class's full round (its pieces whose window ends, and the bids that won
+        nothing): :func:`laminar_zone.queue.class_order`, the pass the router runs too.
+        Pieces left undecided stop."""
         if not self.spec.incumbency:
             for piece in list(self.deciding):
                 self.stop(piece)
-        market: set[int] = set()
+        market: list[int | Bidding] = []
         if self.mode == "atomized":
-            market = {s.job.priority for s in self.waiting}
-            market |= {p.state.job.priority for p in self.deciding}
-        self.rigid_queue.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
+            # The waiting atomized jobs take their place in the queue order among the rigid
+            # ones: each bids ahead of the rigid jobs of its class behind it.
+            self.bidding = {self.item(s).job_id: s for s in self.waiting}
+            market = [Bidding(job_id, s.job.priority) for job_id, s in self.bidding.items()]
+            market.extend({p.state.job.priority for p in self.deciding})
+        work = self.rigid_queue + (self.waiting if self.spec.class_order else [])
+        work.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
         steps = class_order(
             QueueWalk(self.engine.now),
-            self.rigid_queue,
+            work,
             self.item,
             self.head_start,
             market,
@@ -602,16 +633,23 @@ class MigReplay:
     # ------------------------------------------------------------------- rigid
 
     def item(self, state: _JobState) -> QueueItem:
+        """The job as the queue orders it (kept until its declared need changes)."""
+        restarted = self.spec.restart_claims and state.violations > 0
+        if state.item is not None and state.item[0] == (state.need_bytes, restarted):
+            return state.item[1]
         job = state.job
-        return QueueItem(
+        item = QueueItem(
             f"j{job.index}",
             job.priority,
             job.tenant,
             job.arrival,
-            Demand(mig_profile=self.family(state)),
+            Demand(mig_profile=self.family(state), gpu_memory_bytes=state.need_bytes),
             job.gpus,
             job.duration,
+            is_restarted=restarted,
         )
+        state.item = ((state.need_bytes, restarted), item)
+        return item
 
     def family(self, state: _JobState) -> str:
         for memory, profile in self.profiles:
@@ -816,16 +854,36 @@ class MigReplay:
         as :func:`class_order` asks for it."""
         priority = step.priority
         now = self.engine.now
+        # A part of the class's round (step.jobs) is for waiting jobs on free slices: the
+        # pieces whose window ends are decided in the class's full round.
+        deciding = self.deciding if step.jobs is None else []
+        held: dict[tuple[str, str], _Piece] = {p.window_key: p for p in deciding}
+        # The router's windows (class_windows): the slices left free by higher classes and
+        # rigid starts of this pass, then the held ones, cut at this class's heads.
+        slices = [self.open_slice(key, *free) for key, free in sorted(self.free.items())]
+        slices.extend(
+            self.open_slice(key, p.profile, p.memory, f"j{p.state.job.index:07d}")
+            for key, p in sorted(held.items())
+        )
+        windows = class_windows(
+            now, slices, step.heads, self.spec.horizon_seconds, claims=step.claims
+        )
+        if not windows:
+            return
         bidders: list[Bidder] = []
         by_job: dict[str, _JobState] = {}
-        for state in self.waiting:
+        waiting = self.waiting
+        if step.jobs is not None:  # a part of the round: those jobs (still waiting) only
+            waiting = [s for s in map(self.bidding.get, sorted(step.jobs)) if s is not None]
+        for state in waiting:
             if priority is not None and state.job.priority != priority:
+                continue
+            if state.piece is not None or state.end is not None:
                 continue
             job_id = f"j{state.job.index:07d}"
             by_job[job_id] = state
             bidders.append(self._bidder(state, job_id, state.next_unit, None))
-        held: dict[tuple[str, str], _Piece] = {p.window_key: p for p in self.deciding}
-        for piece in self.deciding:
+        for piece in deciding:
             state = piece.state
             if priority is not None and state.job.priority != priority:
                 continue
@@ -834,22 +892,13 @@ class MigReplay:
             bidders.append(self._bidder(state, job_id, piece.progress(now), piece.window_key))
         if not bidders:
             return
-        # The router's windows (class_windows): the slices left free by higher classes and
-        # rigid starts of this pass, then the held ones, cut at this class's heads.
-        slices = [self.open_slice(key, *free) for key, free in sorted(self.free.items())]
-        slices.extend(
-            self.open_slice(key, p.profile, p.memory, f"j{p.state.job.index:07d}")
-            for key, p in sorted(held.items())
-        )
-        windows = class_windows(now, slices, step.heads, self.spec.horizon_seconds)
-        if not windows:
-            return
         self.totals.rounds += 1
         ctx = ClearingContext(
             usage=dict(self.usage),
             hysteresis=self.spec.hysteresis,
             starvation_ratio=self.spec.starvation_ratio,
             starvation_floor_seconds=self.spec.starvation_floor_seconds,
+            best_fit=step.jobs is not None and self.spec.part_best_fit,
         )
         # The router's own round: alike windows are priced once per bidder (round_bids).
         bids, awards = clearing_round(bidders, windows, self.spec.clearing_policy, ctx)

@@ -239,6 +239,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="with atomized: rigid jobs go before every clearing round whatever their class",
     )
     rp.add_argument(
+        "--no-restart-claims",
+        action="store_true",
+        help="with atomized: a rigid job requeued after a memory kill keeps no claim on the "
+        "slices that fit it (pieces extend in place across its expected start)",
+    )
+    rp.add_argument(
+        "--part-best-fit",
+        action="store_true",
+        help="with atomized (ablation, not the router's): jobs that bid ahead of a rigid job "
+        "of their class take the smallest of equal windows, not the lowest agent and slice",
+    )
+    rp.add_argument(
         "--calibrator-min-samples",
         type=int,
         default=None,
@@ -1035,6 +1047,8 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         modes=modes,
         incumbency=not args.no_incumbency,
         class_order=not args.no_class_order,
+        restart_claims=not args.no_restart_claims,
+        part_best_fit=args.part_best_fit,
         pool_calibration=not args.no_pool_calibration,
         **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
         **starvation,

@@ -70,7 +70,7 @@ from laminar_zone.market import (
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
-from laminar_zone.queue import Clear, QueueItem, quota_block
+from laminar_zone.queue import Bidding, Clear, QueueItem, quota_block
 from laminar_zone.reasons import Reason, set_reason
 from laminar_zone.view import ZoneView
 
@@ -271,9 +271,13 @@ class MarketRound:
     seconds: float = 0.0
 
     @property
-    def classes(self) -> set[int]:
-        """The classes with market work: waiting bidders, held pieces, client bids."""
-        return {b.priority for b in self.bidders} | {b.priority for b in self.client_bids}
+    def classes(self) -> list[int | Bidding]:
+        """The market's work for the pass (laminar_zone.queue.class_order): each waiting job
+        (met in the pass's queue order, it bids ahead of the rigid jobs of its class behind
+        it), and the classes of held pieces and client bids."""
+        work: list[int | Bidding] = [Bidding(e.job.job_id, e.item.priority) for e in self.waiting]
+        work.extend({b.priority for b in self.bidders} | {b.priority for b in self.client_bids})
+        return work
 
     def note_started(self, placements: Iterable[zone_pb2.Placement]) -> None:
         """A rigid job of this pass started on these placements: their slices are taken."""
@@ -719,14 +723,31 @@ class Atomizer:
                 rnd.specs[b.job_id], window
             )
 
+        # A part of the class's round (step.jobs: waiting jobs submitted before the class's
+        # next rigid job) is on free slices only; held ones wait for the class's full round.
+        part = step.jobs
+        slices = rnd.slices if part is None else [o for o in rnd.slices if not o.held_by]
         windows = class_windows(
-            rnd.now_unix, rnd.slices, step.heads, self.config.max_window_seconds, rnd.taken
+            rnd.now_unix,
+            slices,
+            step.heads,
+            self.config.max_window_seconds,
+            rnd.taken,
+            step.claims,
         )
-        ours = [b for b in rnd.bidders if priority is None or b.priority == priority]
+        awarded = {a.bid.job_id for a in rnd.awards}
+
+        def bids_now(job_id: str, job_priority: int, on_held: bool) -> bool:
+            if (priority is not None and job_priority != priority) or job_id in awarded:
+                return False
+            return part is None or (job_id in part and not on_held)
+
+        ours = [b for b in rnd.bidders if bids_now(b.job_id, b.priority, b.holds is not None)]
         theirs = [
             b
             for b in rnd.client_bids
-            if (priority is None or b.priority == priority) and b.window.key not in rnd.taken
+            if bids_now(b.job_id, b.priority, bool(b.window.held_by))
+            and b.window.key not in rnd.taken
         ]
         class_bids, class_awards = clearing_round(
             ours, windows, self.config.policy, rnd.ctx, eligible=eligible, extra_bids=theirs

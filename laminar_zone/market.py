@@ -356,6 +356,11 @@ class ClearingContext:
     #: ``srpt``'s starvation guard (:func:`patience_seconds`); 0 = pure SRPT.
     starvation_ratio: float = DEFAULT_STARVATION_RATIO
     starvation_floor_seconds: float = DEFAULT_STARVATION_FLOOR_SECONDS
+    #: Among windows a job scores the same, the one with the least memory first (else the
+    #: lowest agent and slice). Only the simulator's ``--part-best-fit`` ablation sets it
+    #: (a part of a class's round taking the slice a rigid job in its place would): measured
+    #: and not kept, docs/benchmarks.md "2026-11-27 (evening)"; the router never does.
+    best_fit: bool = False
 
 
 def utilization_score(bid: Bid) -> float:
@@ -493,6 +498,7 @@ def class_windows(
     heads: Mapping[str, float | None],
     max_window_seconds: float,
     taken: Container[tuple[str, str]] = (),
+    claims: Iterable[tuple[int, float]] = (),
 ) -> list[MarketWindow]:
     """The windows one class's clearing round offers, the router's and the simulator's.
 
@@ -505,13 +511,23 @@ def class_windows(
     offered open-ended up to those cuts. A slice with no time left (<= 0 s) is not offered;
     whether a window is long enough for a bid's checkpoint is the bid's affair
     (:func:`feasibility`). ``heads`` of every class give the length offered to any class
-    (what a client is announced). Order follows ``slices``."""
+    (what a client is announced). ``claims`` (GPU memory, expected start: a rigid job of
+    this class or higher requeued after a memory kill, laminar_zone.queue.QueueWalk.claims)
+    cut a held slice with that much memory at that start, whatever its family: its piece
+    does not extend in place across it (free slices are cut at their family's head only).
+    Order follows ``slices``."""
+    claimed = sorted(claims)
     out = []
     for s in slices:
         if s.key in taken:
             continue
         end = 0.0 if s.held_by else s.end
-        length = offer_seconds(now, end, max_window_seconds, heads.get(s.family))
+        cut = heads.get(s.family)
+        if s.held_by and claimed:
+            starts = [start for memory, start in claimed if memory <= s.memory_bytes]
+            if starts:
+                cut = min(starts) if cut is None else min(cut, *starts)
+        length = offer_seconds(now, end, max_window_seconds, cut)
         if length > 0:
             out.append(
                 MarketWindow(
@@ -551,21 +567,23 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
     before bids on held ones, so a piece is displaced only by work no free window served.
     An award on a held window to another job means: the piece checkpoints and stops."""
     context = ctx or ClearingContext()
-    heap: list[tuple[int, int, float, str, str, str, int, int, float, Bid]] = []
+    heap: list[tuple[int, int, float, str, int, str, str, int, int, float, Bid]] = []
+    best_fit = context.best_fit
     for seq, bid in enumerate(bids):
         value = score(bid, policy, context)
         w = bid.window
         rank = value + context.hysteresis if bid.incumbent else value
         tier = 1 if w.held_by else 0
+        fit = w.memory_bytes if best_fit else 0  # a pool's windows are alike: one memory
         heap.append(
-            (bid.priority, tier, -rank, bid.job_id, w.agent_id, w.slice_id, seq, 0, value, bid)
+            (bid.priority, tier, -rank, bid.job_id, fit, w.agent_id, w.slice_id, seq, 0, value, bid)
         )
     heapq.heapify(heap)
     taken_windows: set[tuple[str, str]] = set()
     taken_jobs: set[str] = set()
     awards = []
     while heap:
-        prio, tier, neg, job_id, _, _, seq, at, value, bid = heapq.heappop(heap)
+        prio, tier, neg, job_id, fit, _, _, seq, at, value, bid = heapq.heappop(heap)
         if job_id in taken_jobs:
             continue
         pool = bid.pool or (bid.window,)
@@ -574,8 +592,8 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
         if at == len(pool):
             continue
         window = pool[at]
-        here = (prio, tier, neg, job_id, window.agent_id, window.slice_id)
-        if at and (heap and heap[0][:6] < here):
+        here = (prio, tier, neg, job_id, fit, window.agent_id, window.slice_id)
+        if at and (heap and heap[0][:7] < here):
             # Its next free window sorts after bids still queued: wait for its turn.
             heapq.heappush(heap, (*here, seq, at, value, bid))
             continue

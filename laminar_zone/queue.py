@@ -30,6 +30,9 @@ class QueueItem:
     need: Demand
     gang_size: int
     expected_seconds: float
+    #: Requeued after a memory kill with its peak as its need: while it waits it keeps a
+    #: claim on the slices that fit it (:attr:`QueueWalk.claims`).
+    is_restarted: bool = False
 
     @property
     def units(self) -> float:
@@ -125,6 +128,10 @@ class QueueWalk:
     now: float
     backfill: bool = True
     heads: dict[str, Head] = field(default_factory=dict)
+    #: Claims of waiting restarted jobs (``QueueItem.is_restarted``), head of their family or
+    #: not: (GPU memory per member, expected start). A piece on a slice with that much
+    #: memory does not keep it past that start (:func:`laminar_zone.market.class_windows`).
+    claims: list[tuple[int, float]] = field(default_factory=list)
     _units_ahead: dict[str, float] = field(default_factory=dict)
     _positions: dict[str, int] = field(default_factory=dict)
 
@@ -157,7 +164,10 @@ class QueueWalk:
             return Waiting(position, None, head.job_id if head else "", False)
         ahead = self._units_ahead.get(family, 0.0)
         self._units_ahead[family] = ahead + item.units
-        start = estimate(ahead) if head is None or estimate_all else None
+        claims = item.is_restarted and item.need.gpu_memory_bytes > 0
+        start = estimate(ahead) if head is None or estimate_all or claims else None
+        if claims and start is not None:
+            self.claims.append((item.need.gpu_memory_bytes, start))
         if head is None:
             self.heads[family] = Head(item.job_id, start)
             return Waiting(position, start, "", True)
@@ -189,10 +199,29 @@ class Start(Generic[T]):
 class Clear:
     """Instruction: the clearing round of class ``priority`` (None: every class at once) over
     the windows no higher class took, each cut at ``heads``: the family's blocked rigid head
-    of this class or a higher one (EASY backfill), family -> expected start. No answer."""
+    of this class or a higher one (EASY backfill), family -> expected start. No answer.
+
+    ``jobs`` None: every waiting job of the class not awarded a window earlier in the pass,
+    and the class's pieces whose window ends (their held slices offered). A set: a part of
+    the class's round, only those waiting jobs (ahead of the class's next rigid job in queue
+    order), on the free windows; held slices wait for the class's full round."""
 
     priority: int | None
     heads: Mapping[str, float | None]
+    jobs: frozenset[str] | None = None
+    #: The claims of restarted rigid jobs of this class or a higher one waiting
+    #: (:attr:`QueueWalk.claims`): no piece keeps a slice that fits one past its start.
+    claims: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Bidding:
+    """An atomized job waiting in a pass's market (its ``QueueItem.job_id`` and class). In
+    :func:`class_order`'s ``jobs`` too, in queue order, it bids ahead of the rigid jobs of
+    its class that follow it there."""
+
+    job_id: str
+    priority: int
 
 
 def class_order(
@@ -200,7 +229,7 @@ def class_order(
     jobs: Sequence[T],
     item_of: Callable[[T], QueueItem],
     estimate: Callable[[T, float], float | None],
-    market: Iterable[int] = (),
+    market: Iterable[int | Bidding] = (),
     *,
     admit: Callable[[T], Admit] | None = None,
     waited: Callable[[T, Waiting], None] | None = None,
@@ -217,6 +246,14 @@ def class_order(
     slice before a higher class's atomized bid has had its round, and an atomized bid
     never takes a window past the expected start of a blocked head of its class or higher.
 
+    Within a class, one queue order (:func:`order_key`: fair share, then submission) for
+    rigid and atomized work: a waiting atomized job given as a :class:`Bidding` and met in
+    ``jobs`` (which the walk skips: ``admit`` says SKIP, or the caller gives none) bids
+    before the next rigid job of its class is walked, in a part of the class's round
+    (``Clear.jobs``) on the windows free then; the class's full round (those that won
+    nothing, the biddings not in ``jobs``, the pieces whose window ends) follows its rigid
+    walk. A class given as a bare number clears after its walk only.
+
     A generator of instructions: :class:`Start` (send back whether the job started) and
     :class:`Clear` (send back None); it returns the rigid jobs left waiting. A simulator
     answers at once (:func:`drive`); the router awaits each answer (a placement, a round).
@@ -226,15 +263,24 @@ def class_order(
     the heads. ``interleave=False`` is the former order: every rigid job first, then one
     round for all classes (``Clear(None)``).
     """
-    classes = sorted(set(market))
+    work = list(market)
+    bidding = {w.job_id for w in work if isinstance(w, Bidding)}
+    classes = sorted({w.priority if isinstance(w, Bidding) else w for w in work})
     kept: list[T] = []
+    ahead: list[str] = []  # biddings met in the walk since its last rigid job
     for job in jobs:
         item = item_of(job)
         while interleave and classes and classes[0] < item.priority:
-            yield Clear(classes.pop(0), _heads(walk))
+            ahead.clear()  # the class's full round has them
+            yield Clear(classes.pop(0), _heads(walk), claims=tuple(walk.claims))
         how = admit(job) if admit is not None else Admit.WALK
-        if how is Admit.SKIP:
+        if how is Admit.SKIP or item.job_id in bidding:
+            if item.job_id in bidding:
+                ahead.append(item.job_id)
             continue
+        if interleave and ahead:
+            yield Clear(item.priority, _heads(walk), frozenset(ahead), tuple(walk.claims))
+            ahead.clear()
         never = how is Admit.NEVER
         if walk.may_try(item, never=never) and (yield Start(job)):
             continue
@@ -243,10 +289,10 @@ def class_order(
         if waited is not None:
             waited(job, wait)
     if not interleave and classes:
-        yield Clear(None, _heads(walk))
+        yield Clear(None, _heads(walk), claims=tuple(walk.claims))
     elif interleave:
         for priority in classes:
-            yield Clear(priority, _heads(walk))
+            yield Clear(priority, _heads(walk), claims=tuple(walk.claims))
     return kept
 
 

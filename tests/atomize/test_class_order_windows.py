@@ -110,3 +110,40 @@ def test_the_router_describes_windows_by_family_and_announces_any_classs_cut() -
     assert market._open_slice(whole).family == Demand(gpus=1).family
     # A client is announced the length offered to any class: the batch head's cut too.
     assert market.any_class_heads() == {family: NOW}
+
+
+def test_a_restarted_job_s_claim_stops_extensions_on_slices_that_fit_it_only() -> None:
+    """A rigid job requeued after a memory kill claims every slice with the memory it now
+    needs, whatever the slice's family: a piece there does not extend in place past the
+    claim's start. Free slices, and held ones too small for it, are left as they were."""
+    small = OpenSlice("a", "small", 20 * GIB, 285, slice_family("2g.20gb"), 0.0, "mig", "j1")
+    big = OpenSlice("a", "big", 80 * GIB, 1000, slice_family("7g.80gb"), 0.0, "mig", "j2")
+    slices = [open_slice("free"), open_slice("held", held_by="j3"), small, big]
+    claims = [(40 * GIB, NOW + 300.0), (30 * GIB, NOW + 600.0)]
+    got = lengths(class_windows(NOW, slices, {}, CAP, claims=claims))
+    assert got == {"free": CAP, "held": 300.0, "small": CAP, "big": 300.0}
+    # A head's earlier cut still wins on its family; a claim due now leaves nothing to extend.
+    got = lengths(class_windows(NOW, slices, {MIG40: NOW + 100.0}, CAP, claims=claims))
+    assert got == {"free": 100.0, "held": 100.0, "small": CAP, "big": 300.0}
+    got = lengths(class_windows(NOW, slices, {}, CAP, claims=[(40 * GIB, NOW)]))
+    assert got == {"free": CAP, "small": CAP}
+
+
+def test_the_pass_hands_each_class_the_claims_of_its_class_and_the_higher_ones() -> None:
+    mig = Demand(mig_profile="2g.20gb", gpu_memory_bytes=30 * GIB)
+    jobs = [
+        QueueItem("b-killed", 2, "t", 0.0, mig, 2, 0.0, is_restarted=True),
+        QueueItem("o-killed", 3, "t", 0.0, mig, 2, 0.0, is_restarted=True),
+    ]
+    seen: dict[int | None, tuple[tuple[int, float], ...]] = {}
+
+    def clear(step: Clear) -> None:
+        seen[step.priority] = step.claims
+
+    steps = class_order(QueueWalk(NOW), jobs, lambda j: j, lambda j, a: NOW + 50.0, {1, 2, 3})
+    drive(steps, lambda j: False, clear)
+    assert seen == {
+        1: (),  # production pieces keep their slices against a batch job's claim
+        2: ((30 * GIB, NOW + 50.0),),
+        3: ((30 * GIB, NOW + 50.0), (30 * GIB, NOW + 50.0)),
+    }

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from laminar_base.demand import Demand
 from laminar_zone.queue import (
     Admit,
+    Bidding,
     Clear,
     QueueItem,
     QueueWalk,
@@ -33,7 +34,7 @@ def item(name: str, priority: int, need: Demand = GPU, expected: float = 0.0) ->
 
 def trace(
     jobs: list[QueueItem],
-    market: set[int],
+    market: set[int] | list[int | Bidding],
     starts: set[str],
     **kwargs: object,
 ) -> tuple[list[str], list[QueueItem]]:
@@ -45,7 +46,8 @@ def trace(
         return job.job_id in starts
 
     def clear(step: Clear) -> None:
-        log.append(f"clear {step.priority} {sorted(step.heads.items())}")
+        part = "" if step.jobs is None else f" part {sorted(step.jobs)}"
+        log.append(f"clear {step.priority} {sorted(step.heads.items())}{part}")
 
     steps = class_order(
         QueueWalk(now=0.0),
@@ -111,6 +113,50 @@ def test_skipped_jobs_are_not_walked_and_never_jobs_block_nobody() -> None:
     assert [j.job_id for j in kept] == ["huge", "b1"]
     assert [name for name, _ in heard] == ["huge", "b1"]
     assert not heard[0][1].is_head and heard[1][1].is_head
+
+
+def test_within_a_class_atomized_jobs_bid_ahead_of_the_rigid_jobs_behind_them() -> None:
+    """One queue order within a class: a waiting atomized job met in the walk bids (a part
+    of its class's round) before the next rigid job of its class is walked; the class's full
+    round, with the pieces whose window ends and the bids that won nothing, follows."""
+    jobs = [
+        item("p1", 1),
+        item("a1", 2),
+        item("a2", 2),
+        item("b1", 2),
+        item("a3", 2),
+        item("b2", 2, MIG),
+        item("a4", 2),
+        item("o1", 3, MIG),
+    ]
+    market: list[int | Bidding] = [Bidding(n, 2) for n in ("a1", "a2", "a3", "a4", "a5")]
+    log, kept = trace(jobs, market=[*market, 3], starts={"p1"})
+    assert log == [
+        "start p1",
+        "clear 2 [] part ['a1', 'a2']",  # ahead of b1 in queue order: they bid first
+        "start b1",  # waits: the head of the GPU family
+        "clear 2 [('gpu', 100.0)] part ['a3']",  # cut at the head found so far
+        "start b2",
+        # a4 follows the last rigid job of its class, a5 is not in the walk: the full round
+        "clear 2 [('gpu', 100.0), ('mig:1g.10gb', 100.0)]",
+        "clear 3 [('gpu', 100.0), ('mig:1g.10gb', 100.0)]",  # o1 backfills nothing
+    ]
+    assert [j.job_id for j in kept] == ["b1", "b2", "o1"]  # never a bidding
+
+
+def test_the_router_s_skipped_atomized_jobs_bid_in_their_place_too() -> None:
+    """The router's walk skips its atomized jobs (``admit``: SKIP); those the market names
+    still take their place in the order. Without interleaving they wait for the one round."""
+    jobs = [item("a1", 2), item("b1", 2), item("x", 2), item("b2", 2)]
+    market: list[int | Bidding] = [Bidding("a1", 2)]
+
+    def admit(job: QueueItem) -> Admit:
+        return Admit.SKIP if job.job_id in {"a1", "x"} else Admit.WALK
+
+    log, _ = trace(jobs, market=market, starts={"b1", "b2"}, admit=admit)
+    assert log == ["clear 2 [] part ['a1']", "start b1", "start b2", "clear 2 []"]
+    log, _ = trace(jobs, market=market, starts={"b1", "b2"}, admit=admit, interleave=False)
+    assert log == ["start b1", "start b2", "clear None []"]
 
 
 def test_walk_queue_is_the_pass_without_a_market() -> None:

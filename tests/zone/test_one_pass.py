@@ -72,9 +72,12 @@ def rigid(priority: int) -> zone_pb2.JobSpec:
     )
 
 
-async def freed_slice_goes_to(market_class: int, rigid_class: int) -> str:
+async def freed_slice_goes_to(
+    market_class: int, rigid_class: int, rigid_first: bool = False
+) -> str:
     """One GPU busy with a blocker; an atomized job of ``market_class`` and a rigid job of
-    ``rigid_class`` wait; the blocker ends and one pass runs: which job got the GPU."""
+    ``rigid_class`` wait (submitted in that order, or the other with ``rigid_first``); the
+    blocker ends and one pass runs: which job got the GPU."""
     with tempfile.TemporaryDirectory() as root:
         agent = WindowAgent("a0", 1)
         harness = Harness(Path(root), agents=[agent])
@@ -85,8 +88,11 @@ async def freed_slice_goes_to(market_class: int, rigid_class: int) -> str:
             (running,) = agent.live()
             assert harness.zone.get(blocker.job_id).state == zone_pb2.JOB_RUNNING
             await harness.flush()
+            if rigid_first:
+                job = await harness.zone.submit(rigid(rigid_class), "")
             piece = await harness.zone.submit(atomized(market_class, Path(root) / "ckpt"), "")
-            job = await harness.zone.submit(rigid(rigid_class), "")
+            if not rigid_first:
+                job = await harness.zone.submit(rigid(rigid_class), "")
             await harness.call(harness.zone.queue_pass())  # nothing is free: both wait
             assert [s.spec.subjob_id for s in agent.live()] == [running.spec.subjob_id]
             agent.end(running.spec.subjob_id, common_pb2.SUCCEEDED, EndCause.EXITED, "ok")
@@ -118,3 +124,14 @@ def test_a_freed_slice_goes_to_the_higher_class_rigid_or_atomized(
     market_class: int, rigid_class: int, winner: str
 ) -> None:
     assert asyncio.run(freed_slice_goes_to(market_class, rigid_class)) == winner
+
+
+@pytest.mark.parametrize(("rigid_first", "winner"), [(False, "atomized"), (True, "rigid")])
+def test_within_a_class_the_freed_slice_goes_to_the_job_first_in_queue_order(
+    rigid_first: bool, winner: str
+) -> None:
+    """One order within a class: the atomized job bids before the rigid job of its class
+    submitted after it (and not before one submitted before it), as the queue would order
+    two rigid jobs."""
+    got = asyncio.run(freed_slice_goes_to(common_pb2.BATCH, common_pb2.BATCH, rigid_first))
+    assert got == winner

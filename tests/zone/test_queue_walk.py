@@ -3,11 +3,13 @@ random placement outcomes, checked against EASY backfill's promise and per-famil
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from laminar_base.demand import Demand
-from laminar_zone.queue import QueueItem, QueueWalk
+from laminar_zone.queue import QueueItem, QueueWalk, Waiting
 
 #: Three families: whole GPUs and shares compete for the same GPUs, MIG slices and CPU do not.
 FAMILIES = (Demand(gpus=1), Demand(mig_profile="1g.10gb"), Demand())
@@ -81,3 +83,34 @@ def test_no_job_starts_that_would_delay_a_blocked_head(
         if wait.is_head:
             heads[family] = wait.expected_start
     assert {FAMILIES[f].family for f in heads} == set(walk.heads)
+
+
+def test_a_restarted_job_claims_the_slices_that_fit_it_head_or_not() -> None:
+    """A job requeued after a memory kill (its peak as its need) keeps a claim, (memory,
+    expected start), even behind its family's head; other jobs behind a head claim nothing
+    and are not even estimated."""
+    gib = 1 << 30
+    mig = Demand(mig_profile="3g.40gb", gpu_memory_bytes=30 * gib)
+    walk = QueueWalk(now=0.0)
+    asked: list[str] = []
+
+    def estimate(name: str, start: float) -> Callable[[float], float]:
+        def at(ahead: float) -> float:
+            asked.append(name)
+            return start + ahead
+
+        return at
+
+    def waits(item: QueueItem, start: float, never: bool = False) -> Waiting:
+        return walk.waits(item, estimate(item.job_id, start), never=never, estimate_all=False)
+
+    waits(QueueItem("head", 3, "t", 0.0, mig, 2, 0.0), 100.0)
+    waits(QueueItem("plain", 3, "t", 1.0, mig, 2, 0.0), 200.0)
+    wait = waits(QueueItem("killed", 3, "t", 2.0, mig, 4, 0.0, is_restarted=True), 300.0)
+    assert asked == ["head", "killed"]
+    start = 300.0 + 2 * 2 * 3 / 7  # behind two gangs of two 3g slices (3/7 GPU each)
+    assert wait.expected_start == start and not wait.is_head
+    assert walk.claims == [(30 * gib, start)]
+    never = QueueItem("never", 3, "t", 3.0, mig, 9, 0.0, is_restarted=True)
+    waits(never, 0.0, never=True)  # it can never start: no claim
+    assert walk.claims == [(30 * gib, start)]
