@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import functools
+import dataclasses
 from dataclasses import dataclass, field
 
 from laminar_api.v1 import common_pb2, zone_pb2
@@ -28,6 +28,16 @@ def queue_item(
     )
 
 
+def reclaimed_before(job: zone_pb2.Job) -> bool:
+    """Whether the job's previous attempt ended because Airlock reclaimed a member under
+    GPU-memory pressure (it is placed again, and may be killed again where pieces crowd)."""
+    previous = job.attempts - 1
+    return previous >= 1 and any(
+        p.attempt == previous and end_cause(p.end_cause) is EndCause.RECLAIMED
+        for p in job.placements
+    )
+
+
 @dataclass
 class Entry:
     """A live job in memory: the journaled message plus what placement needs."""
@@ -42,11 +52,23 @@ class Entry:
     #: flow splitting authenticates the tenant with it, as its own Submit would.
     bearer: str = ""
 
-    @functools.cached_property
+    #: The item made for attempt ``_item_attempt`` (every queue pass and usage count reads
+    #: it per job; its spec, need, id and submission time never change).
+    _item: QueueItem | None = field(default=None, repr=False, compare=False)
+    _item_attempt: int = field(default=-1, repr=False, compare=False)
+
+    @property
     def item(self) -> QueueItem:
-        """What the queue reads of the job: made once (its spec, need, id and submission
-        time never change), since every queue pass and usage count reads it per job."""
-        return queue_item(self.job.spec, self.need, self.job.job_id, self.job.submitted_unix)
+        """What the queue reads of the job, made once per attempt: a job whose last
+        attempt Airlock reclaimed under GPU-memory pressure waits as restarted, keeping a
+        claim on the slices that fit it (``QueueItem.is_restarted``), as the simulator's
+        jobs requeued after a memory kill do."""
+        if self._item is None or self._item_attempt != self.job.attempts:
+            item = queue_item(self.job.spec, self.need, self.job.job_id, self.job.submitted_unix)
+            if reclaimed_before(self.job):
+                item = dataclasses.replace(item, is_restarted=True)
+            self._item, self._item_attempt = item, self.job.attempts
+        return self._item
 
     def current(self) -> list[zone_pb2.Placement]:
         """This attempt's subjobs, without copies that were moved elsewhere (re-addressed)."""
