@@ -9,7 +9,13 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, PodShape
+from laminar_base.fragmentation import (
+    MILLI_SLICING,
+    TYPICAL_COVERAGE_RATIO,
+    ObservedWorkload,
+    PodShape,
+    typical_workload,
+)
 
 SHAPES = [
     PodShape(4000, 0, 1, 500),
@@ -78,3 +84,31 @@ def test_peers_past_the_limit_are_not_counted() -> None:
     workload.note_peer("z1", {SHAPES[0]: 2})
     workload.note_peer("z2", {SHAPES[0]: 3})
     assert workload.counts == {SHAPES[0]: 2}
+
+
+def test_a_learned_target_keeps_every_shape_the_papers_cuts_the_tail() -> None:
+    counts = {SHAPES[0]: 96, SHAPES[1]: 3, SHAPES[2]: 1}
+    learned = typical_workload(counts)
+    assert set(learned.shapes) == set(counts)
+    assert dict(zip(learned.shapes, learned.probabilities, strict=True)) == {
+        SHAPES[0]: 0.96,
+        SHAPES[1]: 0.03,
+        SHAPES[2]: 0.01,
+    }
+    assert typical_workload(counts, TYPICAL_COVERAGE_RATIO).shapes == (SHAPES[0],)
+    workload = ObservedWorkload(MILLI_SLICING)
+    workload.add_prior(counts)
+    frag = workload.cache()
+    assert frag is not None and set(frag.target.shapes) == set(counts)
+
+
+def test_the_target_is_rebuilt_at_doublings_then_every_refresh() -> None:
+    workload = ObservedWorkload(MILLI_SLICING, refresh_every=8)
+    builds = []
+    for n in range(1, 41):
+        workload.observe(SHAPES[n % 2])
+        before = workload.version
+        workload.cache()
+        if workload.version != before:
+            builds.append(n)
+    assert builds == [1, 2, 4, 8, 16, 24, 32, 40]
