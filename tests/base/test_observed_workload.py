@@ -11,10 +11,8 @@ from hypothesis import strategies as st
 
 from laminar_base.fragmentation import (
     MILLI_SLICING,
-    TYPICAL_COVERAGE_RATIO,
     ObservedWorkload,
     PodShape,
-    typical_workload,
 )
 
 SHAPES = [
@@ -64,9 +62,11 @@ def test_counts_are_own_plus_each_peers_latest_plus_the_prior(
         want = own + prior + sum(peers.values(), Counter())
         assert +workload.counts == want
         assert workload.own == own  # what peers are told: this router's own arrivals
-    if workload.counts:
-        frag = workload.cache()
+    frag = workload.cache()
+    if workload.counts and workload.observed >= workload.min_observed:
         assert frag is not None and set(frag.target.shapes) <= set(workload.counts)
+    else:
+        assert frag is None
 
 
 def test_a_peers_new_summary_replaces_its_last() -> None:
@@ -86,29 +86,22 @@ def test_peers_past_the_limit_are_not_counted() -> None:
     assert workload.counts == {SHAPES[0]: 2}
 
 
-def test_a_learned_target_keeps_every_shape_the_papers_cuts_the_tail() -> None:
-    counts = {SHAPES[0]: 96, SHAPES[1]: 3, SHAPES[2]: 1}
-    learned = typical_workload(counts)
-    assert set(learned.shapes) == set(counts)
-    assert dict(zip(learned.shapes, learned.probabilities, strict=True)) == {
-        SHAPES[0]: 0.96,
-        SHAPES[1]: 0.03,
-        SHAPES[2]: 0.01,
-    }
-    assert typical_workload(counts, TYPICAL_COVERAGE_RATIO).shapes == (SHAPES[0],)
-    workload = ObservedWorkload(MILLI_SLICING)
-    workload.add_prior(counts)
-    frag = workload.cache()
-    assert frag is not None and set(frag.target.shapes) == set(counts)
-
-
-def test_the_target_is_rebuilt_at_doublings_then_every_refresh() -> None:
-    workload = ObservedWorkload(MILLI_SLICING, refresh_every=8)
+def test_no_target_before_min_observed_then_rebuilt_at_doublings_then_every_refresh() -> None:
+    workload = ObservedWorkload(MILLI_SLICING, refresh_every=8, min_observed=3)
     builds = []
     for n in range(1, 41):
         workload.observe(SHAPES[n % 2])
-        before = workload.version
-        workload.cache()
-        if workload.version != before:
+        frag = workload.cache()
+        assert (frag is None) == (n < 3)
+        if frag is not None and workload.version == n:
             builds.append(n)
-    assert builds == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert builds == [3, 6, 12, 20, 28, 36]
+
+
+def test_a_prior_counts_toward_min_observed() -> None:
+    workload = ObservedWorkload(MILLI_SLICING, min_observed=10)
+    workload.observe(SHAPES[0])
+    assert workload.cache() is None and workload.version == 0
+    workload.add_prior({SHAPES[1]: 9})
+    frag = workload.cache()
+    assert frag is not None and set(frag.target.shapes) == {SHAPES[0], SHAPES[1]}
