@@ -513,15 +513,13 @@ class ObservedWorkload:
     slicing: GpuSlicing
     max_shapes: int = 256
     max_peers: int = 64
-    #: Observations between rebuilds once past the doublings, and observations before the
-    #: first target. A target is as good as its sample is large, and placements made by a
-    #: rough one are not undone (a target fixed from the first 1,024 arrivals, seeds 42-45:
-    #: 5.17% unallocated against 4.82 from the whole list's mix). Measured, ``sim fgd``
-    #: default list, learned, seeds 42-51, % unallocated at 100% arrived, median (mean):
-    #: 1,024 and 0 (before) 5.01 (5.02); 256 and 0 4.99 (5.06); 1,024 and 512 5.00
-    #: (4.97); 256 and 512 4.79 (4.89) (docs/benchmarks.md, "2026-11-27 (evening)").
-    refresh_every: int = 256
-    min_observed: int = 512
+    refresh_every: int = 1024
+    #: Observations before the first target (0: from the first). Measured, ``sim fgd``,
+    #: learned, seeds 42-51, % unallocated at 100% arrived, median (mean), with
+    #: ``refresh_every`` = 256: 512 gave the default list 4.79 (4.89) against 4.99 (5.06)
+    #: at 0, and multigpu50 3.12 (3.11) against 3.04 (3.05): one list better, one worse
+    #: beyond the seeds' spread, so 0 stays (docs/benchmarks.md, "2026-11-27 (evening)").
+    min_observed: int = 0
     counts: Counter[PodShape] = field(default_factory=Counter)
     observed: int = 0
     _built_at: int = 0

@@ -249,11 +249,8 @@ async def test_the_router_sends_its_workload_when_the_agents_version_differs(
 ) -> None:
     membership = Membership(zone)
     assert not membership.on_heartbeat(full(1)).workload  # nothing placed: no workload
-    # What the router is asked to place is its target workload, once it has seen enough.
-    zone.placer.workload.observe(demand_pod(Demand(gpus=1), HostCap()), 3)
-    assert zone.placer.workload.cache() is None
-    assert not membership.on_heartbeat(full(1)).workload  # no target yet: nothing sent
-    zone.placer.workload.min_observed = 3
+    for _ in range(3):  # what the router is asked to place is its target workload
+        zone.placer.workload.observe(demand_pod(Demand(gpus=1), HostCap()))
     assert zone.placer.workload.cache() is not None
     version = zone.placer.workload.version
     reply = membership.on_heartbeat(full(1))
