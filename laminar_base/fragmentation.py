@@ -466,7 +466,7 @@ def fgd_gpus(
 #: FGD paper's cut; also for a learned target). Every shape (1.0) was measured for learned
 #: targets, ``sim fgd``, seeds 42-51, rebuilt every 256 tasks: better on the default list
 #: learned (4.91% unallocated at 100% arrived against 4.99), worse from the pod list's
-#: mix (``--workload-prior``: default 4.78 against 4.69, gpushare40 6.19 against 5.98),
+#: mix (``--workload-prior``: default 4.78 against 4.69, gpushare40 6.19 against 5.93),
 #: so the cut stays (docs/benchmarks.md, "2026-11-27 (evening): learned workload").
 TYPICAL_COVERAGE_RATIO = 0.95
 
