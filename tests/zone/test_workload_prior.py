@@ -114,11 +114,11 @@ async def test_a_restarted_router_ranks_by_what_it_observed_before(tmp_path: Pat
     state = open_state(tmp_path)
     needs = [Demand(gpu_milli=500), Demand(gpu_milli=500), Demand(gpus=2), Demand(cpu_milli=4000)]
     try:
-        for need in needs:  # 200 each: past the observations a first target waits for
-            state.placer.workload.observe(demand_pod(need, HostCap()), 200)
+        for need in needs:
+            state.placer.workload.observe(demand_pod(need, HostCap()))
         state.sweep()
         learned = Counter(state.placer.workload.own)
-        assert learned and sum(learned.values()) == 200 * len(needs)
+        assert learned and sum(learned.values()) == len(needs)
     finally:
         await state.close()
         state.store.close()
