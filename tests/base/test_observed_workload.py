@@ -9,7 +9,11 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, PodShape
+from laminar_base.fragmentation import (
+    MILLI_SLICING,
+    ObservedWorkload,
+    PodShape,
+)
 
 SHAPES = [
     PodShape(4000, 0, 1, 500),
@@ -58,9 +62,11 @@ def test_counts_are_own_plus_each_peers_latest_plus_the_prior(
         want = own + prior + sum(peers.values(), Counter())
         assert +workload.counts == want
         assert workload.own == own  # what peers are told: this router's own arrivals
-    if workload.counts:
-        frag = workload.cache()
+    frag = workload.cache()
+    if workload.counts and workload.observed >= workload.min_observed:
         assert frag is not None and set(frag.target.shapes) <= set(workload.counts)
+    else:
+        assert frag is None
 
 
 def test_a_peers_new_summary_replaces_its_last() -> None:
@@ -78,3 +84,24 @@ def test_peers_past_the_limit_are_not_counted() -> None:
     workload.note_peer("z1", {SHAPES[0]: 2})
     workload.note_peer("z2", {SHAPES[0]: 3})
     assert workload.counts == {SHAPES[0]: 2}
+
+
+def test_no_target_before_min_observed_then_rebuilt_at_doublings_then_every_refresh() -> None:
+    workload = ObservedWorkload(MILLI_SLICING, refresh_every=8, min_observed=3)
+    builds = []
+    for n in range(1, 41):
+        workload.observe(SHAPES[n % 2])
+        frag = workload.cache()
+        assert (frag is None) == (n < 3)
+        if frag is not None and workload.version == n:
+            builds.append(n)
+    assert builds == [3, 6, 12, 20, 28, 36]
+
+
+def test_a_prior_counts_toward_min_observed() -> None:
+    workload = ObservedWorkload(MILLI_SLICING, min_observed=10)
+    workload.observe(SHAPES[0])
+    assert workload.cache() is None and workload.version == 0
+    workload.add_prior({SHAPES[1]: 9})
+    frag = workload.cache()
+    assert frag is not None and set(frag.target.shapes) == {SHAPES[0], SHAPES[1]}
