@@ -151,6 +151,14 @@ class PlacementSettings:
             "arrivals alone (and kept in the journal across restarts)"
         ),
     )
+    workload_min_observed: int = field(
+        default=0,
+        metadata=doc(
+            "tasks the router observes (a prior counts) before it ranks by the learned "
+            "target workload; until then it draws in its fixed host order (first fit) and "
+            "agents score without the measure; 0: from the first task"
+        ),
+    )
 
     def limits(self) -> ProbeLimits:
         """The probing budget the pure :class:`~laminar_zone.view.ProbePlan` follows."""
@@ -402,6 +410,11 @@ class ZoneConfig:
             )
         if self.placement.regenerations < 0:
             raise ConfigError("must be >= 0", field="placement.regenerations")
+        if self.placement.workload_min_observed < 0:
+            raise ConfigError(
+                f"must be >= 0, got {self.placement.workload_min_observed}",
+                field="placement.workload_min_observed",
+            )
         if self.peers.gamma < 0:
             raise ConfigError("must be >= 0", field="peers.gamma")
         for key, rate in (

@@ -313,7 +313,7 @@ class Placer:
         self.calls = AgentCalls(clients, lambda: self.settings.rpc_timeout_seconds)
         #: The target workload ranking measures fragmentation against: what this router
         #: was asked to place.
-        self.workload = ObservedWorkload(MILLI_SLICING)
+        self.workload = ObservedWorkload(MILLI_SLICING, min_observed=settings.workload_min_observed)
 
     @property
     def background(self) -> set[asyncio.Task[None]]:
@@ -341,8 +341,9 @@ class Placer:
     def _rank(self, need: Demand) -> Rank | None:
         """Learn the demand's shape; rank candidates by the fragmentation they would take on
         over the workload this router has been asked to place."""
-        self.workload.observe(demand_pod(need, HostCap()))
-        return fragmentation_ranking(need, self.workload.cache())
+        shape = demand_pod(need, HostCap())
+        self.workload.observe(shape)
+        return fragmentation_ranking(need, self.workload.cache(shape))
 
     async def gather(
         self,

@@ -143,3 +143,28 @@ async def test_a_damaged_journaled_workload_is_relearned_not_fatal(tmp_path: Pat
     finally:
         await state.close()
         state.store.close()
+
+
+async def test_the_min_observed_setting_reaches_the_router_and_holds_its_ranking(
+    tmp_path: Path,
+) -> None:
+    """``placement.workload_min_observed``: the router ranks by no target (first fit in its
+    host order) until that many tasks were observed, then by the learned one."""
+    state = open_state(tmp_path, **{"placement.workload_min_observed": 3})
+    try:
+        workload = state.placer.workload
+        assert workload.min_observed == 3
+        need = Demand(gpu_milli=500)
+        ranks = [state.placer._rank(need) for _ in range(3)]
+        assert ranks[:2] == [None, None] and ranks[2] is not None
+        assert workload.observed == 3 and workload.version == 3
+    finally:
+        await state.close()
+        state.store.close()
+
+
+def test_a_negative_min_observed_is_a_config_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match="must be >= 0") as caught:
+        load_config(ZoneConfig, overrides={"placement.workload_min_observed": -1})
+    assert caught.value.field == "placement.workload_min_observed"
+    assert load_config(ZoneConfig).placement.workload_min_observed == 0
