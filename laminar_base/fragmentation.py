@@ -520,6 +520,9 @@ class ObservedWorkload:
     #: at 0, and multigpu50 3.12 (3.11) against 3.04 (3.05): one list better, one worse
     #: beyond the seeds' spread, so 0 stays (docs/benchmarks.md, "2026-11-27 (evening)").
     min_observed: int = 0
+    #: Observations before a pod of several whole GPUs is ranked by the target (its own
+    #: wait: ``min_observed`` applies to the others). See :meth:`cache`.
+    min_observed_multi_gpu: int = 0
     counts: Counter[PodShape] = field(default_factory=Counter)
     observed: int = 0
     _built_at: int = 0
@@ -584,12 +587,18 @@ class ObservedWorkload:
     def version(self) -> int:
         """Names the target the last :meth:`cache` built (0: none yet); it changes when the
         target is rebuilt, so agents that score by it know when to take the new one."""
-        return self._built_at if self._cache is not None else 0
+        if self._cache is None or self.observed < self.min_observed:
+            return 0
+        return self._built_at
 
-    def cache(self) -> FragmentationCache | None:
-        """The fragmentation measure over the current target; None before ``min_observed``
-        observations (a prior counts) or without any."""
-        if not self.counts or self.observed < self.min_observed:
+    def cache(self, shape: PodShape | None = None) -> FragmentationCache | None:
+        """The fragmentation measure over the current target, for ranking ``shape`` (None:
+        the measure agents score by); None without observations, or before ``min_observed``
+        of them (``min_observed_multi_gpu`` for a shape of several GPUs; a prior counts)."""
+        wait = self.min_observed
+        if shape is not None and shape.num_gpu > 1:
+            wait = self.min_observed_multi_gpu
+        if not self.counts or self.observed < wait:
             return None
         since = self.observed - self._built_at
         if self._cache is None or since >= min(self.refresh_every, max(1, self._built_at)):

@@ -306,14 +306,17 @@ class SimZone:
         self.view.note_host(host.agent_id, host.ledger.host_free())
 
     def observe(self, ask: Ask) -> FragmentationCache | None:
-        """Learn the task's shape; the current measure, which the zone's agents then score
-        by too (None before the router has seen any task)."""
-        self.workload.observe(observed_shape(ask))
-        frag = self.workload.cache()
-        if frag is not self.agents_frag:
+        """Learn the task's shape; the measure the router ranks it by (None before the
+        router has seen any task, or before its wait for one: ``ObservedWorkload.cache``).
+        The zone's agents score by the measure for any shape, as a live router's hand it."""
+        shape = observed_shape(ask)
+        self.workload.observe(shape)
+        frag = self.workload.cache(shape)
+        agents = self.workload.cache()
+        if agents is not self.agents_frag:
             for host in self.hosts.values():
-                host.ledger.set_fragmentation(frag)
-            self.agents_frag = frag
+                host.ledger.set_fragmentation(agents)
+            self.agents_frag = agents
         return frag
 
     def heat(self) -> float:

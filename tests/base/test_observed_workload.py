@@ -105,3 +105,22 @@ def test_a_prior_counts_toward_min_observed() -> None:
     workload.add_prior({SHAPES[1]: 9})
     frag = workload.cache()
     assert frag is not None and set(frag.target.shapes) == {SHAPES[0], SHAPES[1]}
+
+
+def test_a_multi_gpu_shape_waits_for_its_own_count_and_agents_for_min_observed() -> None:
+    """Before ``min_observed`` a shape of several GPUs is ranked by the target from
+    ``min_observed_multi_gpu`` on; shapes of one GPU or none, and the agents' measure
+    (``cache()``, ``version``), wait for ``min_observed``."""
+    workload = ObservedWorkload(MILLI_SLICING, min_observed=4, min_observed_multi_gpu=2)
+    multi, single, cpu = SHAPES[1], SHAPES[0], SHAPES[2]
+    workload.observe(multi)
+    assert workload.cache(multi) is None
+    workload.observe(single)
+    frag = workload.cache(multi)
+    assert frag is not None
+    assert workload.cache(single) is None and workload.cache(cpu) is None
+    assert workload.cache() is None and workload.version == 0
+    workload.observe(single)
+    workload.observe(cpu)
+    assert workload.cache(single) is workload.cache() is not None
+    assert workload.version == 4
