@@ -506,23 +506,22 @@ class ObservedWorkload:
     past that replaces none), and :meth:`cache` rebuilds the target and its memo only when
     the count of observations doubled since the last build (then every ``refresh_every``),
     so the cost per placement stays bounded and memoized fragmentation is reused. Before
-    ``min_observed`` observations there is no target: the router draws in its fixed host
-    order (first fit) and agents choose GPUs as without a measure.
+    ``min_observed`` observations a task of one GPU or none is ranked by no target: the
+    router draws in its fixed host order (first fit); see :meth:`cache`.
     """
 
     slicing: GpuSlicing
     max_shapes: int = 256
     max_peers: int = 64
     refresh_every: int = 1024
-    #: Observations before the first target (0: from the first). Measured, ``sim fgd``,
-    #: learned, seeds 42-51, % unallocated at 100% arrived, median (mean), with
-    #: ``refresh_every`` = 256: 512 gave the default list 4.79 (4.89) against 4.99 (5.06)
-    #: at 0, and multigpu50 3.12 (3.11) against 3.04 (3.05): one list better, one worse
-    #: beyond the seeds' spread, so 0 stays (docs/benchmarks.md, "2026-11-27 (evening)").
+    #: Observations before the router ranks a shape of one GPU or none by the target (0:
+    #: from the first); shapes of several GPUs, and the agents' measure, take it from the
+    #: first. Measured, ``sim fgd``, learned, seeds 42-51, % unallocated at 100% arrived,
+    #: median (mean), with ``refresh_every`` = 256: 512 gave the default list 4.83 (4.87)
+    #: against 5.01 (5.02) at 0, multigpu50 3.07 (3.05) against 3.04 (3.02); a wait for
+    #: every shape and for the agents too cost multigpu50 3.12 (3.11) (docs/benchmarks.md,
+    #: "learned workload (issue 16)").
     min_observed: int = 0
-    #: Observations before a pod of several whole GPUs is ranked by the target (its own
-    #: wait: ``min_observed`` applies to the others). See :meth:`cache`.
-    min_observed_multi_gpu: int = 0
     counts: Counter[PodShape] = field(default_factory=Counter)
     observed: int = 0
     _built_at: int = 0
@@ -587,23 +586,21 @@ class ObservedWorkload:
     def version(self) -> int:
         """Names the target the last :meth:`cache` built (0: none yet); it changes when the
         target is rebuilt, so agents that score by it know when to take the new one."""
-        if self._cache is None or self.observed < self.min_observed:
-            return 0
-        return self._built_at
+        return self._built_at if self._cache is not None else 0
 
     def cache(self, shape: PodShape | None = None) -> FragmentationCache | None:
         """The fragmentation measure over the current target, for ranking ``shape`` (None:
-        the measure agents score by); None without observations, or before ``min_observed``
-        of them (``min_observed_multi_gpu`` for a shape of several GPUs; a prior counts)."""
-        wait = self.min_observed
-        if shape is not None and shape.num_gpu > 1:
-            wait = self.min_observed_multi_gpu
-        if not self.counts or self.observed < wait:
+        the measure agents score by); None without observations, or for a shape of one GPU
+        or none before ``min_observed`` of them (a prior counts): the router then draws in
+        its fixed host order (first fit). Built on the same schedule either way."""
+        if not self.counts:
             return None
         since = self.observed - self._built_at
         if self._cache is None or since >= min(self.refresh_every, max(1, self._built_at)):
             self._cache = FragmentationCache(typical_workload(self.counts), self.slicing)
             self._built_at = self.observed
+        if shape is not None and shape.num_gpu <= 1 and self.observed < self.min_observed:
+            return None
         return self._cache
 
 

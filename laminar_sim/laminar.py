@@ -307,8 +307,8 @@ class SimZone:
 
     def observe(self, ask: Ask) -> FragmentationCache | None:
         """Learn the task's shape; the measure the router ranks it by (None before the
-        router has seen any task, or before its wait for one: ``ObservedWorkload.cache``).
-        The zone's agents score by the measure for any shape, as a live router's hand it."""
+        router has seen any task, or during its wait for one: ``ObservedWorkload.cache``),
+        while the zone's agents score by the current measure, as a live router's do."""
         shape = observed_shape(ask)
         self.workload.observe(shape)
         frag = self.workload.cache(shape)

@@ -154,9 +154,9 @@ class PlacementSettings:
     workload_min_observed: int = field(
         default=0,
         metadata=doc(
-            "tasks the router observes (a prior counts) before it ranks by the learned "
-            "target workload; until then it draws in its fixed host order (first fit) and "
-            "agents score without the measure; 0: from the first task"
+            "tasks the router observes (a prior counts) before it ranks tasks of one GPU or "
+            "none by the learned target workload (until then: first fit in its host order); "
+            "tasks of several GPUs, and agents, use the target from the first task"
         ),
     )
 

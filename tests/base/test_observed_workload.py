@@ -91,36 +91,31 @@ def test_no_target_before_min_observed_then_rebuilt_at_doublings_then_every_refr
     builds = []
     for n in range(1, 41):
         workload.observe(SHAPES[n % 2])
-        frag = workload.cache()
+        frag = workload.cache(SHAPES[0])
         assert (frag is None) == (n < 3)
-        if frag is not None and workload.version == n:
+        if workload.version == n:
             builds.append(n)
-    assert builds == [3, 6, 12, 20, 28, 36]
+    assert builds == [1, 2, 4, 8, 16, 24, 32, 40]
 
 
 def test_a_prior_counts_toward_min_observed() -> None:
     workload = ObservedWorkload(MILLI_SLICING, min_observed=10)
     workload.observe(SHAPES[0])
-    assert workload.cache() is None and workload.version == 0
+    assert workload.cache(SHAPES[0]) is None
     workload.add_prior({SHAPES[1]: 9})
-    frag = workload.cache()
+    frag = workload.cache(SHAPES[0])
     assert frag is not None and set(frag.target.shapes) == {SHAPES[0], SHAPES[1]}
 
 
-def test_a_multi_gpu_shape_waits_for_its_own_count_and_agents_for_min_observed() -> None:
-    """Before ``min_observed`` a shape of several GPUs is ranked by the target from
-    ``min_observed_multi_gpu`` on; shapes of one GPU or none, and the agents' measure
-    (``cache()``, ``version``), wait for ``min_observed``."""
-    workload = ObservedWorkload(MILLI_SLICING, min_observed=4, min_observed_multi_gpu=2)
-    multi, single, cpu = SHAPES[1], SHAPES[0], SHAPES[2]
+def test_only_shapes_of_one_gpu_or_none_wait_for_min_observed() -> None:
+    """Before ``min_observed`` a shape of several GPUs, and the agents' measure
+    (``cache()``), use the target; shapes of one GPU (whole or shared) or none do not."""
+    workload = ObservedWorkload(MILLI_SLICING, min_observed=3)
+    multi, shared, cpu, whole = SHAPES[1], SHAPES[0], SHAPES[2], PodShape(4000, 0, 1, 1000)
     workload.observe(multi)
-    assert workload.cache(multi) is None
-    workload.observe(single)
+    workload.observe(shared)
     frag = workload.cache(multi)
-    assert frag is not None
-    assert workload.cache(single) is None and workload.cache(cpu) is None
-    assert workload.cache() is None and workload.version == 0
-    workload.observe(single)
+    assert frag is not None and workload.cache() is frag and workload.version == 2
+    assert [workload.cache(s) for s in (shared, cpu, whole)] == [None, None, None]
     workload.observe(cpu)
-    assert workload.cache(single) is workload.cache() is not None
-    assert workload.version == 4
+    assert all(workload.cache(s) is not None for s in (shared, cpu, whole))

@@ -148,16 +148,18 @@ async def test_a_damaged_journaled_workload_is_relearned_not_fatal(tmp_path: Pat
 async def test_the_min_observed_setting_reaches_the_router_and_holds_its_ranking(
     tmp_path: Path,
 ) -> None:
-    """``placement.workload_min_observed``: the router ranks by no target (first fit in its
-    host order) until that many tasks were observed, then by the learned one."""
-    state = open_state(tmp_path, **{"placement.workload_min_observed": 3})
+    """``placement.workload_min_observed``: until that many tasks were observed the router
+    ranks tasks of one GPU by no target (first fit in its host order); a task of several
+    GPUs is ranked from the first, and the agents are handed the target from the first."""
+    state = open_state(tmp_path, **{"placement.workload_min_observed": 4})
     try:
         workload = state.placer.workload
-        assert workload.min_observed == 3
-        need = Demand(gpu_milli=500)
-        ranks = [state.placer._rank(need) for _ in range(3)]
-        assert ranks[:2] == [None, None] and ranks[2] is not None
-        assert workload.observed == 3 and workload.version == 3
+        assert workload.min_observed == 4
+        ranks = [state.placer._rank(Demand(gpu_milli=500)) for _ in range(2)]
+        assert ranks == [None, None] and workload.version != 0
+        assert state.placer._rank(Demand(gpus=2)) is not None
+        assert state.placer._rank(Demand(gpu_milli=500)) is not None
+        assert workload.observed == 4
     finally:
         await state.close()
         state.store.close()
