@@ -497,6 +497,11 @@ def typical_workload(
     return TargetWorkload(shapes, tuple(count / covered for _, count in chosen))
 
 
+#: Observations a router waits for before it ranks tasks of one GPU or none by the target
+#: it learned (:attr:`ObservedWorkload.min_observed`; the zone's default too).
+MIN_OBSERVED = 512
+
+
 @dataclass
 class ObservedWorkload:
     """The target workload learned from the tasks a router has seen (the zone's own mix).
@@ -513,15 +518,17 @@ class ObservedWorkload:
     slicing: GpuSlicing
     max_shapes: int = 256
     max_peers: int = 64
-    refresh_every: int = 1024
+    #: Observations between rebuilds once past the doublings.
+    refresh_every: int = 256
     #: Observations before the router ranks a shape of one GPU or none by the target (0:
     #: from the first); shapes of several GPUs, and the agents' measure, take it from the
     #: first. Measured, ``sim fgd``, learned, seeds 42-51, % unallocated at 100% arrived,
-    #: median (mean), with ``refresh_every`` = 256: 512 gave the default list 4.83 (4.87)
-    #: against 5.01 (5.02) at 0, multigpu50 3.07 (3.05) against 3.04 (3.02); a wait for
-    #: every shape and for the agents too cost multigpu50 3.12 (3.11) (docs/benchmarks.md,
-    #: "learned workload (issue 16)").
-    min_observed: int = 0
+    #: median (mean): 512 with ``refresh_every`` = 256 gave the default list 4.83 (4.87)
+    #: against 5.01 (5.02) at 0 and 1,024, gpushare40 6.07 against 6.18, the other lists
+    #: within their seeds' spread (multigpu50 3.07 against 3.04); a wait for every shape
+    #: and for the agents too cost multigpu50 3.12 (docs/benchmarks.md, "learned workload
+    #: (issue 16)").
+    min_observed: int = MIN_OBSERVED
     counts: Counter[PodShape] = field(default_factory=Counter)
     observed: int = 0
     _built_at: int = 0

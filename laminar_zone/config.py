@@ -9,7 +9,7 @@ from pathlib import Path
 
 from laminar_base.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_base.errors import ConfigError, InvalidArgument
-from laminar_base.fragmentation import PodShape, workload_from_rows
+from laminar_base.fragmentation import MIN_OBSERVED, PodShape, workload_from_rows
 from laminar_base.settings import (
     ControlSettings,
     TlsSettings,
@@ -152,11 +152,11 @@ class PlacementSettings:
         ),
     )
     workload_min_observed: int = field(
-        default=0,
+        default=MIN_OBSERVED,
         metadata=doc(
             "tasks the router observes (a prior counts) before it ranks tasks of one GPU or "
             "none by the learned target workload (until then: first fit in its host order); "
-            "tasks of several GPUs, and agents, use the target from the first task"
+            "tasks of several GPUs, and agents, use the target from the first; 0: no wait"
         ),
     )
 

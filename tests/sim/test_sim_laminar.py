@@ -206,8 +206,9 @@ def test_a_workload_prior_is_every_routers_target_before_the_first_arrival() -> 
     )
     # The first task a router sees, a CPU-only one, does not make its whole target.
     zone = sim.zones[0]
-    frag = zone.observe(Ask(Demand(cpu_milli=1000, host_memory_bytes=MIB)))
-    assert frag is not None
+    ranked = zone.observe(Ask(Demand(cpu_milli=1000, host_memory_bytes=MIB)))
+    frag = zone.agents_frag  # the router ranks it by none yet (min_observed); agents score
+    assert ranked is None and frag is not None
     target = dict(zip(frag.target.shapes, frag.target.probabilities, strict=True))
     assert target[PodShape(4000, 0, 1, 500)] == pytest.approx(3 / 5)
     assert all(h.ledger._frag is frag for h in zone.hosts.values())

@@ -18,6 +18,7 @@ from laminar_base.demand import Demand, HostCap
 from laminar_base.errors import ConfigError
 from laminar_base.fragmentation import (
     MILLI_SLICING,
+    MIN_OBSERVED,
     ObservedWorkload,
     PodShape,
     demand_pod,
@@ -169,4 +170,4 @@ def test_a_negative_min_observed_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="must be >= 0") as caught:
         load_config(ZoneConfig, overrides={"placement.workload_min_observed": -1})
     assert caught.value.field == "placement.workload_min_observed"
-    assert load_config(ZoneConfig).placement.workload_min_observed == 0
+    assert load_config(ZoneConfig).placement.workload_min_observed == MIN_OBSERVED
