@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from laminar_agent.core import EVENT_GAP_SECONDS
 from laminar_airlock.levels import Marks
 from laminar_airlock.policy import PolicyConfig
 from laminar_base.configlib import check_message_bytes, doc, max_message_bytes_field
@@ -174,7 +175,7 @@ class ZoneSettings:
         metadata=doc("most time x capacity windows advertised per heartbeat (atomization)"),
     )
     heartbeat_event_gap_seconds: float = field(
-        default=0.1,
+        default=EVENT_GAP_SECONDS,
         metadata=doc(
             "least time between two heartbeats that subjob events woke, so a burst's events "
             "share one; the first event after a quieter spell goes at once",

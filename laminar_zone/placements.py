@@ -24,8 +24,6 @@ from laminar_zone.reasons import Reason, set_reason
 COMMITTING = "committing"
 #: Reason prefix, for people, of a copy moved elsewhere; its cause is EndCause.READDRESSED.
 READDRESSED = "readdressed:"
-LIVE_SUBJOB = LIVE_SUBJOB_STATES
-ENDED_SUBJOB = ENDED_SUBJOB_STATES
 
 
 def fresh(job: zone_pb2.Job) -> zone_pb2.Job:
@@ -49,7 +47,8 @@ def moves_from_live_copy(older: Sequence[zone_pb2.Placement], p: zone_pb2.Placem
     """Whether ``p`` is a move's copy: a copy of its member in its attempt placed before it
     (``older``) lives."""
     return any(
-        q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB for q in older
+        q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB_STATES
+        for q in older
     )
 
 
@@ -62,7 +61,7 @@ def apply_start_reply(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> bool:
     placement already ended: the agent's report of its end reached the router first (a
     short subjob, a reply held behind a batch), and a reply is older than any report.
     Returns whether the reply was applied."""
-    if p.state in ENDED_SUBJOB and subjob.state not in ENDED_SUBJOB:
+    if p.state in ENDED_SUBJOB_STATES and subjob.state not in ENDED_SUBJOB_STATES:
         if not p.slice_ids:
             p.slice_ids.extend(subjob.slice_ids)
         return False
@@ -73,7 +72,7 @@ def apply_start_reply(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> bool:
 def copy_subjob(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
     p.state = subjob.state
     p.reason = subjob.reason
-    ended = subjob.state in ENDED_SUBJOB
+    ended = subjob.state in ENDED_SUBJOB_STATES
     p.end_cause = (end_cause(subjob.end_cause) if ended else EndCause.UNSPECIFIED).wire
     p.exit_code = subjob.exit_code
     if subjob.slice_ids:
