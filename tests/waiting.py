@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,16 @@ def wait_for(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> No
             return
         time.sleep(0.05)
     raise AssertionError(f"condition not met within {timeout_seconds:.0f} s")
+
+
+async def until(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
+    """:func:`wait_for` for async tests whose subject shares their event loop (it runs
+    between polls)."""
+    deadline = time.monotonic() + timeout_seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_seconds:.0f} s")
+        await asyncio.sleep(0.01)
 
 
 def is_gone(pid: int) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -21,7 +20,7 @@ import grpc
 import pytest
 from gpu_backends import BACKENDS, GpuHost
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import gate_code, wait_for
+from waiting import gate_code, until, wait_for
 
 from laminar_agent.config import AgentConfig
 from laminar_agent.server import AgentServer
@@ -342,15 +341,6 @@ async def in_process_agent(
         for subjob_id in list(node.live_states):  # no orphans, whatever the test did
             await node.signal(subjob_id, agent_pb2.TERMINATE, "test over", 2.0)
         await server.stop()
-
-
-async def until(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
-    """Poll-with-deadline for async tests (the agent shares this event loop)."""
-    deadline = time.monotonic() + timeout_seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_seconds:.0f} s")
-        await asyncio.sleep(0.05)
 
 
 async def test_host_memory_pressure_reclaims_lowest_class(tmp_path: Path) -> None:

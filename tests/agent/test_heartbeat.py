@@ -11,16 +11,15 @@ import asyncio
 import contextlib
 import sys
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from waiting import gate_code, wait_for
+from waiting import gate_code, until, wait_for
 
 from laminar_agent import heartbeat
 from laminar_agent.heartbeat import HeartbeatClient, write_fence
@@ -561,15 +560,6 @@ class AckingZone(RecordingZone):
         )
 
 
-async def until(predicate: Callable[[], bool], timeout_seconds: float = 10.0) -> None:
-    """Poll-with-deadline for async tests (the heartbeat client shares this event loop)."""
-    deadline = time.monotonic() + timeout_seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_seconds:.0f} s")
-        await asyncio.sleep(0.01)
-
-
 async def test_events_of_a_burst_share_one_heartbeat_and_a_quiet_spells_first_goes_at_once(
     tmp_path: Path,
 ) -> None:
@@ -591,7 +581,7 @@ async def test_events_of_a_burst_share_one_heartbeat_and_a_quiet_spells_first_go
             journal.add(seq)
             client.wake.set()
             count = len(servicer.snapshot())
-            await until(lambda: len(servicer.snapshot()) > count)  # within 10 s, not 60
+            await until(lambda: len(servicer.snapshot()) > count, 10.0)  # within 10 s, not 60
             return [[e.seq for e in r.events] for r in servicer.snapshot()]
 
         await until(lambda: len(servicer.snapshot()) == 1)  # the first beat, at start
