@@ -125,3 +125,18 @@ def test_each_command_is_found_where_the_lazy_parser_looks_for_it() -> None:
         assert command in _subparsers(build_parser(command)), command
     assert command_of(["--zone", "h:1", "--ca-file", "x", "submit", "--gpus", "1"]) == "submit"
     assert command_of(["--help"]) is None
+
+
+def test_python_dash_m_runs_the_cli_with_its_exit_codes() -> None:
+    """`python -m laminar_cli` is the `laminar` command where no script was installed (the
+    submit benchmark falls back to it): a bad flag is one line and exit 2, not "cannot be
+    directly executed"."""
+    result = subprocess.run(
+        [sys.executable, "-m", "laminar_cli", "submit", "--gpus", "many", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("laminar: ") and "--gpus" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
