@@ -622,7 +622,8 @@ class Executor:
         tracked.task = asyncio.create_task(
             self._watch_child(spec.subjob_id, tracked), name=f"watch-{spec.subjob_id}"
         )
-        log.info(
+        # DEBUG: the node logs each start once, at INFO (ops see one line per start and end).
+        log.debug(
             "launched subjob %s pid=%d devices=%s units=%d+%d as %s%s",
             spec.subjob_id,
             pid,
@@ -668,7 +669,7 @@ class Executor:
             if self.cgroups.pids(subjob_id):
                 self.cgroups.kill(subjob_id)
             self.cgroups.remove(subjob_id)
-        log.info(
+        log.debug(  # the node logs the end, with its cause, at INFO
             "subjob %s ended exit_code=%s signal=%s peak_rss_bytes=%d run_seconds=%.3f%s",
             subjob_id,
             info.exit_code,

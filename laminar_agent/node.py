@@ -685,12 +685,14 @@ class Node:
             self._apply(self.core.launch_failed(spec.subjob_id, str(exc), time.time()))
             raise
         self._apply(self.core.launched(spec.subjob_id, pid, time.time()))
+        # The one INFO line of a start (the executor's own is DEBUG); its end has one too.
         log.info(
-            "subjob %s of job %s running as pid %d on %s",
+            "subjob %s of job %s running as pid %d on %s%s",
             spec.subjob_id,
             new_row.job_id,
             pid,
             [a.slice_id for a in new_row.lease.allocations],
+            f", units {spec.unit_start}+{spec.unit_count}" if spec.unit_count else "",
         )
         return self.reads.message(spec.subjob_id)
 
