@@ -584,8 +584,10 @@ class Node:
             if not future.done():
                 future.set_result(result)
 
-    def _set_capacity_gauges(self) -> None:
-        """Allocated and stranded shares of the host's GPU capacity (each summary)."""
+    def set_capacity_gauges(self) -> None:
+        """Allocated and stranded shares of the host's GPU capacity. The agent's tick sets
+        them (at most ``airlock.poll_seconds`` old), not each summary: a summary goes with
+        every probe and release reply, and the gauges are read at a scrape."""
         if self.metrics is None:
             return
         total = committed = stranded = 0
@@ -871,7 +873,6 @@ class Node:
         Slices under memory pressure (``pressured``: slice or GPU names) advertise none:
         new work there would only be Airlock's next victim."""
         self._expire()  # a summary never counts a lease that has already lapsed
-        self._set_capacity_gauges()
         summary = common_pb2.AgentSummary(
             agent_id=self.agent_id,
             pending_probes=self.pending_probes,

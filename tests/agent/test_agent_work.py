@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from waiting import gate_code, wait_for
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -373,3 +375,24 @@ def test_sigterm_restart_keeps_subjobs_running(cluster: LocalCluster, tmp_path: 
         ).state == (common_pb2.RUNNING)
         gate.write_text("go")
         assert _final(stub, "survivor").state == common_pb2.SUCCEEDED
+
+
+def _gauge(agent: AgentProcess, name: str) -> float:
+    body = urllib.request.urlopen(f"http://{agent.metrics_address}/metrics", timeout=10).read()
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    return float(families[name].samples[0].value)
+
+
+def test_the_tick_keeps_the_capacity_gauges(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The allocated share follows commits and ends: the agent's tick sets it (summaries,
+    one per probe and release reply, no longer do)."""
+    agent = cluster.start_agent("h", "2xA100-40GB")
+    gate = tmp_path / "gate"
+    channel, stub = _stub(agent)
+    with channel:
+        reply = _run_now(stub, "held", common_pb2.Resources(gpus=1), gate_code(gate))
+        assert reply.WhichOneof("outcome") == "lease"
+        wait_for(lambda: _gauge(agent, "laminar_agent_gpu_allocated_ratio") == 0.5)
+        gate.write_text("")
+        assert _final(stub, "held").state == common_pb2.SUCCEEDED
+        wait_for(lambda: _gauge(agent, "laminar_agent_gpu_allocated_ratio") == 0.0)
