@@ -402,8 +402,14 @@ class Node:
             request.lease_ttl_seconds, "lease_ttl_seconds", high=MAX_LEASE_TTL_SECONDS
         )
         demand = parse_demand(request.resources)
-        if request.commit_if_fits:
-            validate_spec(request.spec)
+        spec: common_pb2.SubjobSpec | None = None
+        if request.commit_if_fits:  # the spec the commit runs, checked once, before a lease
+            spec = common_pb2.SubjobSpec()
+            spec.CopyFrom(request.spec)
+            if not spec.HasField("resources"):
+                spec.resources.CopyFrom(request.resources)
+            spec.priority = spec.priority or request.priority
+            validate_spec(spec)
         if request.dry_run:
             fit = self.ledger.fit_or_bounce(demand, request.slice_id)
             if isinstance(fit, Bounced):
@@ -451,13 +457,8 @@ class Node:
             summary=self.summary(),
             preempted_subjob_ids=preempted,
         )
-        if request.commit_if_fits:
-            spec = common_pb2.SubjobSpec()
-            spec.CopyFrom(request.spec)
-            if not spec.HasField("resources"):
-                spec.resources.CopyFrom(request.resources)
-            spec.priority = spec.priority or request.priority
-            reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec, caller))
+        if spec is not None:
+            reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec, caller, checked=True))
             if not all(reply.lease.device_uuids):  # a MIG layout applied at the commit
                 reply.lease.CopyFrom(self._lease_message(lease))
         return reply
@@ -632,10 +633,17 @@ class Node:
     # -- commit, launch and exit ----------------------------------------------------------
 
     async def commit(
-        self, lease_id: str, spec: common_pb2.SubjobSpec, caller: str = ""
+        self,
+        lease_id: str,
+        spec: common_pb2.SubjobSpec,
+        caller: str = "",
+        *,
+        checked: bool = False,
     ) -> common_pb2.Subjob:
+        """``checked``: ``spec`` passed :func:`validate_spec` already (a probe that commits)."""
         check_str(lease_id, "lease_id", required=True)
-        validate_spec(spec)
+        if not checked:
+            validate_spec(spec)
         if not spec.subjob_id:
             spec.subjob_id = f"s-{uuid.uuid4().hex[:12]}"
         if self.journal.get_subjob(spec.subjob_id) is not None:  # an ended one, too

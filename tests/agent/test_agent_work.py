@@ -396,3 +396,28 @@ def test_the_tick_keeps_the_capacity_gauges(cluster: LocalCluster, tmp_path: Pat
         gate.write_text("")
         assert _final(stub, "held").state == common_pb2.SUCCEEDED
         wait_for(lambda: _gauge(agent, "laminar_agent_gpu_allocated_ratio") == 0.0)
+
+
+def test_a_commit_carrying_probe_checks_its_spec_before_any_lease(cluster: LocalCluster) -> None:
+    """The spec a probe would commit (its priority taken from the probe when the spec has
+    none) is checked once, before the ledger settles anything: a bad one is refused naming
+    its field (it was bounced by the ledger before), and holds no lease."""
+    agent = cluster.start_agent("h", "2xA100-40GB")
+    channel, stub = _stub(agent)
+    with channel:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Probe(
+                agent_pb2.ProbeRequest(
+                    job_id="j",
+                    resources=common_pb2.Resources(gpus=1),
+                    priority=99,  # no such class
+                    commit_if_fits=True,
+                    spec=_spec("bad", "pass"),
+                ),
+                timeout=10,
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "spec.priority" in (info.value.details() or "")
+        summary = stub.GetSummary(agent_pb2.GetSummaryRequest(), timeout=10)
+        assert summary.active_leases == 0
+        assert {s.shape: s.free for s in summary.shapes}["gpu:A100-40GB"] == 2
