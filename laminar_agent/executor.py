@@ -542,18 +542,22 @@ class Executor:
         """Where the subjob's ``stdout`` or ``stderr`` is (text: no Path per call)."""
         return f"{self._subjobs_prefix}{subjob_id}{os.sep}{stream}"
 
+    def _scratch_text(self, subjob_id: str) -> str:
+        """:meth:`scratch_dir` as text (the paths built on each launch)."""
+        sdir = f"{self._subjobs_prefix}{subjob_id}"
+        return sdir if self.run_as is None else f"{sdir}{os.sep}scratch"
+
     def scratch_dir(self, subjob_id: str) -> Path:
         """Where the subjob itself may write (its usage file, progress notes).
 
         Without ``run_as`` that is the subjob directory. With it, a ``scratch`` folder the
         subjob's user owns: the subjob directory stays root's, so a subjob cannot swap its
         ``stdout`` or ``exit.json`` for a link to a file only root may read or write."""
-        sdir = self.subjob_dir(subjob_id)
-        return sdir if self.run_as is None else sdir / "scratch"
+        return Path(self._scratch_text(subjob_id))
 
     def gpu_mem_file(self, subjob_id: str) -> Path:
         """``$LAMINAR_GPU_MEM_FILE``: where a subjob on the fake backend reports its usage."""
-        return self.scratch_dir(subjob_id) / GPU_MEM_FILE
+        return Path(f"{self._scratch_text(subjob_id)}{os.sep}{GPU_MEM_FILE}")
 
     def owner_uid(self, tenant: str) -> int | None:
         """The uid whose files of a tenant's subjob the agent may read; None = any (the
@@ -564,7 +568,7 @@ class Executor:
     def _build_env(self, spec: LaunchSpec, user: RunAs | None) -> dict[str, str]:
         env = dict(self._base_env)
         if user is not None:
-            home = user.home or str(self.scratch_dir(spec.subjob_id))
+            home = user.home or self._scratch_text(spec.subjob_id)
             env.update(USER=user.user, LOGNAME=user.user, HOME=home)
         env.update(filter_user_env(spec.env))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_uuids)
@@ -575,7 +579,7 @@ class Executor:
         if spec.unit_count > 0:
             env["LAMINAR_CHECKPOINT_DIR"] = spec.checkpoint_dir
             env["LAMINAR_PROGRESS_FILE"] = str(Path(spec.checkpoint_dir) / PROGRESS_FILE)
-        env["LAMINAR_GPU_MEM_FILE"] = str(self.gpu_mem_file(spec.subjob_id))
+        env["LAMINAR_GPU_MEM_FILE"] = f"{self._scratch_text(spec.subjob_id)}{os.sep}{GPU_MEM_FILE}"
         if spec.array_job_id:
             env["LAMINAR_ARRAY_JOB_ID"] = spec.array_job_id
             env["LAMINAR_ARRAY_INDEX"] = str(spec.array_index)
@@ -609,7 +613,7 @@ class Executor:
             "dir": str(sdir),
             "command": list(spec.command),
             "env": self._build_env(spec, user),
-            "cwd": spec.workdir or str(self.scratch_dir(spec.subjob_id)),
+            "cwd": spec.workdir or self._scratch_text(spec.subjob_id),
             "mkdirs": make_dirs,
             "user": None
             if user is None
@@ -744,7 +748,9 @@ class Executor:
         """Read the shim's ``exit.json``; None when absent or unreadable."""
         try:
             data = read_job_file(
-                self.subjob_dir(subjob_id) / EXIT_FILE, max_bytes=1 << 16, owner_uid=os.geteuid()
+                f"{self._subjobs_prefix}{subjob_id}{os.sep}{EXIT_FILE}",
+                max_bytes=1 << 16,
+                owner_uid=os.geteuid(),
             )
             raw = json.loads(data)
         except (OSError, ValueError):

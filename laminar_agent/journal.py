@@ -467,6 +467,11 @@ class Journal:
         if cur.rowcount == 0:
             raise NotFound(f"unknown subjob {subjob_id!r}", field="subjob_id")
 
+    def has_subjob(self, subjob_id: str) -> bool:
+        """Whether a row for ``subjob_id`` exists (ended ones too), without reading it."""
+        sql = "SELECT 1 FROM subjobs WHERE subjob_id=?"
+        return self._conn.execute(sql, (subjob_id,)).fetchone() is not None
+
     def get_subjob(self, subjob_id: str) -> SubjobRow | None:
         r = self._conn.execute(_SUBJOB_SELECT + " WHERE s.subjob_id=?", (subjob_id,)).fetchone()
         return None if r is None else _subjob_from_db(r)

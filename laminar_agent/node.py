@@ -646,7 +646,7 @@ class Node:
             validate_spec(spec)
         if not spec.subjob_id:
             spec.subjob_id = f"s-{uuid.uuid4().hex[:12]}"
-        if self.journal.get_subjob(spec.subjob_id) is not None:  # an ended one, too
+        if self.journal.has_subjob(spec.subjob_id):  # an ended one, too
             raise TransitionRefused(
                 f"subjob {spec.subjob_id} already exists", field="spec.subjob_id"
             )

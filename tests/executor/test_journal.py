@@ -61,6 +61,7 @@ def test_subjob_round_trip_and_update(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument):
         j.update_subjob("s1", priority=1)  # joined from the lease, not a subjob column
     assert j.get_subjob("nope") is None
+    assert j.has_subjob("s1") and not j.has_subjob("nope")
     j.close()
 
 
