@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -110,6 +110,29 @@ def validate_spec(spec: common_pb2.SubjobSpec) -> None:
     check_spec(spec)
 
 
+@dataclass(frozen=True)
+class _SpecFacts:
+    """What the node reads from a live subjob's spec after its commit (its end, the windows
+    of each heartbeat), kept from the commit or the restart so that nothing re-reads and
+    re-parses the stored spec for it."""
+
+    tenant: str
+    unit_start: int
+    unit_count: int
+    checkpoint_dir: str
+    expected_seconds: float
+
+    @classmethod
+    def of(cls, spec: common_pb2.SubjobSpec) -> _SpecFacts:
+        return cls(
+            spec.tenant,
+            spec.unit_start,
+            spec.unit_count,
+            spec.checkpoint_dir,
+            spec.expected_seconds,
+        )
+
+
 def _merge_row_writes(instructions: Iterable[Instruction]) -> list[Instruction]:
     """Adjacent writes to one subjob's row as one UPDATE (a transition's state after the
     figures of a launch or an end), the later value of a field winning, as it would."""
@@ -172,6 +195,8 @@ class Node:
         on_demand = self._restore_mig_layouts(backend) if mig_on_demand else ()
         self.slices = slices_from_gpus(backend.gpus())
         self._devices = {s.slice_id: s.device_uuid for s in self.slices}
+        #: Live subjobs' spec facts (:class:`_SpecFacts`), dropped at their end.
+        self._facts: dict[str, _SpecFacts] = {}
         #: Device UUID -> slice name, for what Airlock shows (it reads memory per device).
         self._slice_names = {s.device_uuid: s.slice_id for s in self.slices}
         self._mig_lock = asyncio.Lock()  # one MIG repartition at a time
@@ -265,6 +290,7 @@ class Node:
                 assert spec is not None, "a new row needs its spec"
                 self.journal.put_subjob(self._new_row(ins, spec))
             elif isinstance(ins, Ended):
+                self._facts.pop(ins.subjob_id, None)
                 if isinstance(self.backend, FakeGpuBackend):
                     self.backend.detach_subjob(ins.subjob_id)
                 log.info(
@@ -361,6 +387,7 @@ class Node:
                     peak_gpu_memory_bytes=row.peak_gpu_memory_bytes,
                 )
             )
+            self._facts[row.subjob_id] = _SpecFacts.of(spec)
             if row.pid and self.executor.adopt(row.subjob_id, row.pid, row.started_unix):
                 allocations = [Allocation(**a) for a in json.loads(row.allocations_json or "[]")]
                 # The host CPU and memory it holds: what its demand takes here, as at its probe.
@@ -663,6 +690,7 @@ class Node:
             now_unix=time.time(),
         )
         self._apply(instructions, spec)
+        self._facts[spec.subjob_id] = _SpecFacts.of(spec)
         new_row = next(i for i in instructions if isinstance(i, NewRow))
         devices = [self._devices[a.slice_id] for a in new_row.lease.allocations]
         if isinstance(self.backend, FakeGpuBackend) and devices:
@@ -785,15 +813,19 @@ class Node:
         """The core decides the end; an atomized subjob's reason also says what its
         checkpoint covers."""
         decision = self.core.decide_exit(subjob_id, info, context)
-        spec = common_pb2.SubjobSpec.FromString(self.reads.row(subjob_id).spec_blob)
+        facts = self._facts.get(subjob_id)
+        if facts is None:  # pragma: no cover - every live subjob has its facts
+            facts = _SpecFacts.of(
+                common_pb2.SubjobSpec.FromString(self.reads.row(subjob_id).spec_blob)
+            )
         units_done = 0
-        if spec.unit_count > 0:
+        if facts.unit_count > 0:
             units_done, note = units_from_checkpoint(
-                spec.checkpoint_dir,
-                spec.unit_start,
-                spec.unit_count,
+                facts.checkpoint_dir,
+                facts.unit_start,
+                facts.unit_count,
                 decision.state == SUCCEEDED,
-                owner_uid=self.executor.owner_uid(spec.tenant),
+                owner_uid=self.executor.owner_uid(facts.tenant),
             )
             if note:
                 decision = replace(decision, reason=f"{decision.reason}; {note}")
@@ -917,14 +949,13 @@ class Node:
         """Windows from the ledger; busy slices open when their holders are expected to end
         (started + declared expected_seconds, the latest holder on a shared slice)."""
         busy_until: dict[str, float] = {}
-        if self.live_states:
-            for row in self.journal.subjobs(states=sorted(set(self.live_states.values()))):
-                spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
-                if spec.expected_seconds <= 0 or row.started_unix <= 0:
-                    continue
-                end = row.started_unix + spec.expected_seconds
-                for slice_id in json.loads(row.slice_ids_json):
-                    busy_until[slice_id] = max(busy_until.get(slice_id, 0.0), end)
+        for subjob_id, facts in self._facts.items():  # no journal read, no spec parsed
+            live = self.core.subjob(subjob_id)
+            if facts.expected_seconds <= 0 or live is None or live.started_unix <= 0:
+                continue
+            end = live.started_unix + facts.expected_seconds
+            for slice_id in live.slice_ids:
+                busy_until[slice_id] = max(busy_until.get(slice_id, 0.0), end)
         kinds = {
             SliceKind.WHOLE_GPU: common_pb2.WHOLE_GPU,
             SliceKind.MIG: common_pb2.MIG,
