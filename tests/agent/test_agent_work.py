@@ -410,7 +410,7 @@ def test_a_commit_carrying_probe_checks_its_spec_before_any_lease(cluster: Local
                 agent_pb2.ProbeRequest(
                     job_id="j",
                     resources=common_pb2.Resources(gpus=1),
-                    priority=99,  # no such class
+                    priority=99,  # type: ignore[arg-type]  # no such class
                     commit_if_fits=True,
                     spec=_spec("bad", "pass"),
                 ),
