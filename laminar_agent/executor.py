@@ -8,10 +8,15 @@ but never kills, and a restarted agent re-attaches with :meth:`Executor.adopt` a
 learns the exit status from the shim's ``exit.json``.
 
 Trust boundary: the shim is started with a fixed clean environment and ``python -I
--S`` (see the shim's docstring); the job's command, environment and working
-directory travel in ``launch.json``, in a folder only root may write, and are
-applied by the shim's child after it has dropped privileges. Each tenant runs as
-its own user (:class:`TenantIdentities`).
+-S`` (see the shim's docstring); the job's command, environment and working directory
+travel in the launch record (a line on the launcher's stdin, or ``launch.json`` in a
+folder only root may write when the shim is started directly), and are applied by the
+shim's child after it has dropped privileges. Each tenant runs as its own user
+(:class:`TenantIdentities`).
+
+A launch on the event loop is a JSON dump and a pipe write: the subjob's folder and
+cgroup are made by its supervisor (:func:`laminar_agent.shim.prepare`), whose mkdirs took
+about a millisecond of the loop's time each under load.
 """
 
 from __future__ import annotations
@@ -359,15 +364,17 @@ class Launcher:
         """The running launcher's pid, 0 when none is running."""
         return self._pid
 
-    async def launch(self, sdir: Path) -> int | None:
-        """The supervisor's pid, or None when the launcher is unusable (use the shim)."""
+    async def launch(self, record: str) -> tuple[int, str] | None:
+        """The supervisor's pid and its warning ("" if none) for the launch record
+        ``record`` (JSON, one line), or None when the launcher is unusable or the
+        supervisor could not start (use the shim)."""
         if self.is_broken:
             return None
         async with self._lock:  # one request, one answer, in order
             try:
                 if self._pid == 0:
                     self._start()
-                os.write(self._to, f"{sdir}\n".encode())
+                _write_all(self._to, record.encode() + b"\n")
                 line = await asyncio.wait_for(self._readline(), LAUNCHER_TIMEOUT_SECONDS)
             except (OSError, TimeoutError, EOFError) as exc:
                 log.warning(
@@ -378,11 +385,11 @@ class Launcher:
                 self._stop()
                 self._broken_until = time.monotonic() + LAUNCHER_RETRY_SECONDS
                 return None
-            text = line.strip()
-            if not text.isdigit():
-                log.warning("launcher answered %r; starting this shim directly", text)
+            head, _, warning = line.strip().partition(" ")
+            if not head.isdigit():
+                log.warning("launcher answered %r; starting this shim directly", line.strip())
                 return None
-            return int(text)
+            return int(head), warning
 
     def _start(self) -> None:
         child_in, self._to = os.pipe()
@@ -450,6 +457,13 @@ class Launcher:
             self._stop()
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to a blocking pipe (a long record may take more than one write)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _spawn(python: str, argv: list[str], sdir: Path) -> int:
     """Start the shim in a new session, with the clean :data:`SHIM_ENV` and with
     stdout/stderr appended to files in ``sdir`` (a folder only the agent may write;
@@ -505,6 +519,8 @@ class Executor:
         self.fence_file = fence_file
         self._state_dir = Path(state_dir)
         self._subjobs_dir = self._state_dir / "subjobs"
+        #: ``subjob_dir`` as text, for the paths built on each launch and event.
+        self._subjobs_prefix = f"{self._subjobs_dir}{os.sep}"
         self._python = python
         base = dict(os.environ if base_env is None else base_env)
         for key in _AGENT_ONLY_ENV:
@@ -522,18 +538,26 @@ class Executor:
     def subjob_dir(self, subjob_id: str) -> Path:
         return self._subjobs_dir / subjob_id
 
+    def log_path(self, subjob_id: str, stream: str) -> str:
+        """Where the subjob's ``stdout`` or ``stderr`` is (text: no Path per call)."""
+        return f"{self._subjobs_prefix}{subjob_id}{os.sep}{stream}"
+
+    def _scratch_text(self, subjob_id: str) -> str:
+        """:meth:`scratch_dir` as text (the paths built on each launch)."""
+        sdir = f"{self._subjobs_prefix}{subjob_id}"
+        return sdir if self.run_as is None else f"{sdir}{os.sep}scratch"
+
     def scratch_dir(self, subjob_id: str) -> Path:
         """Where the subjob itself may write (its usage file, progress notes).
 
         Without ``run_as`` that is the subjob directory. With it, a ``scratch`` folder the
         subjob's user owns: the subjob directory stays root's, so a subjob cannot swap its
         ``stdout`` or ``exit.json`` for a link to a file only root may read or write."""
-        sdir = self.subjob_dir(subjob_id)
-        return sdir if self.run_as is None else sdir / "scratch"
+        return Path(self._scratch_text(subjob_id))
 
     def gpu_mem_file(self, subjob_id: str) -> Path:
         """``$LAMINAR_GPU_MEM_FILE``: where a subjob on the fake backend reports its usage."""
-        return self.scratch_dir(subjob_id) / GPU_MEM_FILE
+        return Path(f"{self._scratch_text(subjob_id)}{os.sep}{GPU_MEM_FILE}")
 
     def owner_uid(self, tenant: str) -> int | None:
         """The uid whose files of a tenant's subjob the agent may read; None = any (the
@@ -544,7 +568,7 @@ class Executor:
     def _build_env(self, spec: LaunchSpec, user: RunAs | None) -> dict[str, str]:
         env = dict(self._base_env)
         if user is not None:
-            home = user.home or str(self.scratch_dir(spec.subjob_id))
+            home = user.home or self._scratch_text(spec.subjob_id)
             env.update(USER=user.user, LOGNAME=user.user, HOME=home)
         env.update(filter_user_env(spec.env))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_uuids)
@@ -555,7 +579,7 @@ class Executor:
         if spec.unit_count > 0:
             env["LAMINAR_CHECKPOINT_DIR"] = spec.checkpoint_dir
             env["LAMINAR_PROGRESS_FILE"] = str(Path(spec.checkpoint_dir) / PROGRESS_FILE)
-        env["LAMINAR_GPU_MEM_FILE"] = str(self.gpu_mem_file(spec.subjob_id))
+        env["LAMINAR_GPU_MEM_FILE"] = f"{self._scratch_text(spec.subjob_id)}{os.sep}{GPU_MEM_FILE}"
         if spec.array_job_id:
             env["LAMINAR_ARRAY_JOB_ID"] = spec.array_job_id
             env["LAMINAR_ARRAY_INDEX"] = str(spec.array_index)
@@ -578,31 +602,18 @@ class Executor:
         sdir = self.subjob_dir(spec.subjob_id)
         if spec.unit_count > 0 and not spec.checkpoint_dir:
             raise InvalidArgument("an atomized subjob needs one", field="checkpoint_dir")
-        try:
-            os.mkdir(sdir, 0o700)  # a fresh folder holds nothing stale
-        except FileNotFoundError:  # the first subjob: "subjobs" itself is new
-            sdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except FileExistsError:
-            for stale in (EXIT_FILE, "exec_error"):
-                with contextlib.suppress(FileNotFoundError):
-                    (sdir / stale).unlink()
         make_dirs: list[str] = []
-        if user is not None:
-            self._hand_over(sdir, user)
         if spec.unit_count > 0:
             # Created by the subjob's own user in its child, so it is theirs; never
             # created or chowned by root at a path the job chose.
             make_dirs.append(spec.checkpoint_dir)
-        cgroup = ""
-        if self.cgroups is not None:
-            try:
-                cgroup = str(self.cgroups.create(spec.subjob_id))
-            except OSError as exc:
-                log.warning("subjob %s without a cgroup: %s", spec.subjob_id, exc)
-        launch = {
+        # The supervisor makes the folder (with the user's scratch folder) and the cgroup.
+        cgroup = str(self.cgroups.path(spec.subjob_id)) if self.cgroups is not None else ""
+        launch: dict[str, object] = {
+            "dir": str(sdir),
             "command": list(spec.command),
             "env": self._build_env(spec, user),
-            "cwd": spec.workdir or str(self.scratch_dir(spec.subjob_id)),
+            "cwd": spec.workdir or self._scratch_text(spec.subjob_id),
             "mkdirs": make_dirs,
             "user": None
             if user is None
@@ -612,17 +623,21 @@ class Executor:
             "fenced": spec.fenced,
             "grace_seconds": spec.grace_seconds,
         }
-        write_private(sdir / LAUNCH_FILE, json.dumps(launch))
-        pid = await self._launcher.launch(sdir) if self._launcher is not None else None
-        if pid is None:
-            argv = [self._python, "-I", "-S", SHIM_PATH, str(sdir)]
-            pid = _spawn(self._python, argv, sdir)
+        started = None
+        if self._launcher is not None:
+            started = await self._launcher.launch(json.dumps(launch))
+        if started is None:
+            started = self._launch_shim(sdir, launch)
+        pid, warning = started
+        if warning:
+            log.warning("subjob %s %s", spec.subjob_id, warning)
         tracked = _Tracked(pid=pid, grace_seconds=spec.grace_seconds)
         self._tracked[spec.subjob_id] = tracked
         tracked.task = asyncio.create_task(
             self._watch_child(spec.subjob_id, tracked), name=f"watch-{spec.subjob_id}"
         )
-        log.info(
+        # DEBUG: the node logs each start once, at INFO (ops see one line per start and end).
+        log.debug(
             "launched subjob %s pid=%d devices=%s units=%d+%d as %s%s",
             spec.subjob_id,
             pid,
@@ -634,15 +649,15 @@ class Executor:
         )
         return pid
 
-    def _hand_over(self, sdir: Path, user: RunAs) -> None:
-        """Give the subjob's user a scratch folder it alone owns; the subjob directory
-        stays root's (traverse only), and its logs root's (the subjob writes them through
-        inherited descriptors), so it cannot swap them for links."""
-        os.chmod(sdir, 0o711)
-        scratch = sdir / "scratch"
-        scratch.mkdir(mode=0o700, exist_ok=True)
-        os.chown(scratch, user.uid, user.gid, follow_symlinks=False)
-        os.chmod(scratch, 0o700, follow_symlinks=False)
+    def _launch_shim(self, sdir: Path, launch: dict[str, object]) -> tuple[int, str]:
+        """Without a launcher: make the folder and cgroup here, as a supervisor would,
+        write ``launch.json`` and start ``python -I -S shim.py DIR`` (its pid, the warning).
+        Raises OSError when the folder cannot be made."""
+        warning = shim.prepare(str(sdir), launch)
+        record = {key: value for key, value in launch.items() if key != "dir"}
+        write_private(sdir / LAUNCH_FILE, json.dumps(record))
+        argv = [self._python, "-I", "-S", SHIM_PATH, str(sdir)]
+        return _spawn(self._python, argv, sdir), warning
 
     async def _watch_child(self, subjob_id: str, tracked: _Tracked) -> None:
         status = await _wait_child(tracked.pid)
@@ -668,7 +683,7 @@ class Executor:
             if self.cgroups.pids(subjob_id):
                 self.cgroups.kill(subjob_id)
             self.cgroups.remove(subjob_id)
-        log.info(
+        log.debug(  # the node logs the end, with its cause, at INFO
             "subjob %s ended exit_code=%s signal=%s peak_rss_bytes=%d run_seconds=%.3f%s",
             subjob_id,
             info.exit_code,
@@ -733,7 +748,9 @@ class Executor:
         """Read the shim's ``exit.json``; None when absent or unreadable."""
         try:
             data = read_job_file(
-                self.subjob_dir(subjob_id) / EXIT_FILE, max_bytes=1 << 16, owner_uid=os.geteuid()
+                f"{self._subjobs_prefix}{subjob_id}{os.sep}{EXIT_FILE}",
+                max_bytes=1 << 16,
+                owner_uid=os.geteuid(),
             )
             raw = json.loads(data)
         except (OSError, ValueError):

@@ -283,6 +283,8 @@ class Journal:
         Checkpointer.defer(self._conn)
         self.checkpointer = Checkpointer(self.path)
         self._batch_depth = 0
+        #: Whether the outermost batch has begun its transaction (at its first write).
+        self._batch_began = False
         self._migrate()
         # Uncommitted leases are no longer journaled (they die with the agent); rows an
         # older agent left are never read, so they go now.
@@ -323,7 +325,8 @@ class Journal:
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Every write inside is one transaction: all of them or (on an exception) none.
-        Nests: only the outermost commits."""
+        Nests: only the outermost commits. The transaction begins at the first write, so
+        a batch that writes nothing (a probe's lease lives in memory) costs no commit."""
         if self._batch_depth:
             self._batch_depth += 1
             try:
@@ -331,19 +334,25 @@ class Journal:
             finally:
                 self._batch_depth -= 1
             return
-        self._conn.execute("BEGIN IMMEDIATE")
         self._batch_depth = 1
         try:
             yield
         except BaseException:
             self._batch_depth = 0
-            self._conn.execute("ROLLBACK")
+            if self._batch_began:
+                self._batch_began = False
+                self._conn.execute("ROLLBACK")
             raise
         self._batch_depth = 0
-        self._commit()
+        if self._batch_began:
+            self._batch_began = False
+            self._commit()
 
     def _write(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         if self._batch_depth:
+            if not self._batch_began:
+                self._conn.execute("BEGIN IMMEDIATE")
+                self._batch_began = True
             return self._conn.execute(sql, params)
         self._conn.execute("BEGIN IMMEDIATE")
         try:
@@ -457,6 +466,11 @@ class Journal:
         )
         if cur.rowcount == 0:
             raise NotFound(f"unknown subjob {subjob_id!r}", field="subjob_id")
+
+    def has_subjob(self, subjob_id: str) -> bool:
+        """Whether a row for ``subjob_id`` exists (ended ones too), without reading it."""
+        sql = "SELECT 1 FROM subjobs WHERE subjob_id=?"
+        return self._conn.execute(sql, (subjob_id,)).fetchone() is not None
 
     def get_subjob(self, subjob_id: str) -> SubjobRow | None:
         r = self._conn.execute(_SUBJOB_SELECT + " WHERE s.subjob_id=?", (subjob_id,)).fetchone()

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -110,6 +110,29 @@ def validate_spec(spec: common_pb2.SubjobSpec) -> None:
     check_spec(spec)
 
 
+@dataclass(frozen=True)
+class _SpecFacts:
+    """What the node reads from a live subjob's spec after its commit (its end, the windows
+    of each heartbeat), kept from the commit or the restart so that nothing re-reads and
+    re-parses the stored spec for it."""
+
+    tenant: str
+    unit_start: int
+    unit_count: int
+    checkpoint_dir: str
+    expected_seconds: float
+
+    @classmethod
+    def of(cls, spec: common_pb2.SubjobSpec) -> _SpecFacts:
+        return cls(
+            spec.tenant,
+            spec.unit_start,
+            spec.unit_count,
+            spec.checkpoint_dir,
+            spec.expected_seconds,
+        )
+
+
 def _merge_row_writes(instructions: Iterable[Instruction]) -> list[Instruction]:
     """Adjacent writes to one subjob's row as one UPDATE (a transition's state after the
     figures of a launch or an end), the later value of a field winning, as it would."""
@@ -172,6 +195,8 @@ class Node:
         on_demand = self._restore_mig_layouts(backend) if mig_on_demand else ()
         self.slices = slices_from_gpus(backend.gpus())
         self._devices = {s.slice_id: s.device_uuid for s in self.slices}
+        #: Live subjobs' spec facts (:class:`_SpecFacts`), dropped at their end.
+        self._facts: dict[str, _SpecFacts] = {}
         #: Device UUID -> slice name, for what Airlock shows (it reads memory per device).
         self._slice_names = {s.device_uuid: s.slice_id for s in self.slices}
         self._mig_lock = asyncio.Lock()  # one MIG repartition at a time
@@ -265,6 +290,7 @@ class Node:
                 assert spec is not None, "a new row needs its spec"
                 self.journal.put_subjob(self._new_row(ins, spec))
             elif isinstance(ins, Ended):
+                self._facts.pop(ins.subjob_id, None)
                 if isinstance(self.backend, FakeGpuBackend):
                     self.backend.detach_subjob(ins.subjob_id)
                 log.info(
@@ -361,6 +387,7 @@ class Node:
                     peak_gpu_memory_bytes=row.peak_gpu_memory_bytes,
                 )
             )
+            self._facts[row.subjob_id] = _SpecFacts.of(spec)
             if row.pid and self.executor.adopt(row.subjob_id, row.pid, row.started_unix):
                 allocations = [Allocation(**a) for a in json.loads(row.allocations_json or "[]")]
                 # The host CPU and memory it holds: what its demand takes here, as at its probe.
@@ -402,8 +429,14 @@ class Node:
             request.lease_ttl_seconds, "lease_ttl_seconds", high=MAX_LEASE_TTL_SECONDS
         )
         demand = parse_demand(request.resources)
-        if request.commit_if_fits:
-            validate_spec(request.spec)
+        spec: common_pb2.SubjobSpec | None = None
+        if request.commit_if_fits:  # the spec the commit runs, checked once, before a lease
+            spec = common_pb2.SubjobSpec()
+            spec.CopyFrom(request.spec)
+            if not spec.HasField("resources"):
+                spec.resources.CopyFrom(request.resources)
+            spec.priority = spec.priority or request.priority
+            validate_spec(spec)
         if request.dry_run:
             fit = self.ledger.fit_or_bounce(demand, request.slice_id)
             if isinstance(fit, Bounced):
@@ -451,13 +484,8 @@ class Node:
             summary=self.summary(),
             preempted_subjob_ids=preempted,
         )
-        if request.commit_if_fits:
-            spec = common_pb2.SubjobSpec()
-            spec.CopyFrom(request.spec)
-            if not spec.HasField("resources"):
-                spec.resources.CopyFrom(request.resources)
-            spec.priority = spec.priority or request.priority
-            reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec, caller))
+        if spec is not None:
+            reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec, caller, checked=True))
             if not all(reply.lease.device_uuids):  # a MIG layout applied at the commit
                 reply.lease.CopyFrom(self._lease_message(lease))
         return reply
@@ -584,8 +612,10 @@ class Node:
             if not future.done():
                 future.set_result(result)
 
-    def _set_capacity_gauges(self) -> None:
-        """Allocated and stranded shares of the host's GPU capacity (each summary)."""
+    def set_capacity_gauges(self) -> None:
+        """Allocated and stranded shares of the host's GPU capacity. The agent's tick sets
+        them (at most ``airlock.poll_seconds`` old), not each summary: a summary goes with
+        every probe and release reply, and the gauges are read at a scrape."""
         if self.metrics is None:
             return
         total = committed = stranded = 0
@@ -630,13 +660,20 @@ class Node:
     # -- commit, launch and exit ----------------------------------------------------------
 
     async def commit(
-        self, lease_id: str, spec: common_pb2.SubjobSpec, caller: str = ""
+        self,
+        lease_id: str,
+        spec: common_pb2.SubjobSpec,
+        caller: str = "",
+        *,
+        checked: bool = False,
     ) -> common_pb2.Subjob:
+        """``checked``: ``spec`` passed :func:`validate_spec` already (a probe that commits)."""
         check_str(lease_id, "lease_id", required=True)
-        validate_spec(spec)
+        if not checked:
+            validate_spec(spec)
         if not spec.subjob_id:
             spec.subjob_id = f"s-{uuid.uuid4().hex[:12]}"
-        if self.journal.get_subjob(spec.subjob_id) is not None:  # an ended one, too
+        if self.journal.has_subjob(spec.subjob_id):  # an ended one, too
             raise TransitionRefused(
                 f"subjob {spec.subjob_id} already exists", field="spec.subjob_id"
             )
@@ -653,6 +690,7 @@ class Node:
             now_unix=time.time(),
         )
         self._apply(instructions, spec)
+        self._facts[spec.subjob_id] = _SpecFacts.of(spec)
         new_row = next(i for i in instructions if isinstance(i, NewRow))
         devices = [self._devices[a.slice_id] for a in new_row.lease.allocations]
         if isinstance(self.backend, FakeGpuBackend) and devices:
@@ -685,12 +723,14 @@ class Node:
             self._apply(self.core.launch_failed(spec.subjob_id, str(exc), time.time()))
             raise
         self._apply(self.core.launched(spec.subjob_id, pid, time.time()))
+        # The one INFO line of a start (the executor's own is DEBUG); its end has one too.
         log.info(
-            "subjob %s of job %s running as pid %d on %s",
+            "subjob %s of job %s running as pid %d on %s%s",
             spec.subjob_id,
             new_row.job_id,
             pid,
             [a.slice_id for a in new_row.lease.allocations],
+            f", units {spec.unit_start}+{spec.unit_count}" if spec.unit_count else "",
         )
         return self.reads.message(spec.subjob_id)
 
@@ -773,15 +813,19 @@ class Node:
         """The core decides the end; an atomized subjob's reason also says what its
         checkpoint covers."""
         decision = self.core.decide_exit(subjob_id, info, context)
-        spec = common_pb2.SubjobSpec.FromString(self.reads.row(subjob_id).spec_blob)
+        facts = self._facts.get(subjob_id)
+        if facts is None:  # pragma: no cover - every live subjob has its facts
+            facts = _SpecFacts.of(
+                common_pb2.SubjobSpec.FromString(self.reads.row(subjob_id).spec_blob)
+            )
         units_done = 0
-        if spec.unit_count > 0:
+        if facts.unit_count > 0:
             units_done, note = units_from_checkpoint(
-                spec.checkpoint_dir,
-                spec.unit_start,
-                spec.unit_count,
+                facts.checkpoint_dir,
+                facts.unit_start,
+                facts.unit_count,
                 decision.state == SUCCEEDED,
-                owner_uid=self.executor.owner_uid(spec.tenant),
+                owner_uid=self.executor.owner_uid(facts.tenant),
             )
             if note:
                 decision = replace(decision, reason=f"{decision.reason}; {note}")
@@ -869,7 +913,6 @@ class Node:
         Slices under memory pressure (``pressured``: slice or GPU names) advertise none:
         new work there would only be Airlock's next victim."""
         self._expire()  # a summary never counts a lease that has already lapsed
-        self._set_capacity_gauges()
         summary = common_pb2.AgentSummary(
             agent_id=self.agent_id,
             pending_probes=self.pending_probes,
@@ -906,14 +949,13 @@ class Node:
         """Windows from the ledger; busy slices open when their holders are expected to end
         (started + declared expected_seconds, the latest holder on a shared slice)."""
         busy_until: dict[str, float] = {}
-        if self.live_states:
-            for row in self.journal.subjobs(states=sorted(set(self.live_states.values()))):
-                spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
-                if spec.expected_seconds <= 0 or row.started_unix <= 0:
-                    continue
-                end = row.started_unix + spec.expected_seconds
-                for slice_id in json.loads(row.slice_ids_json):
-                    busy_until[slice_id] = max(busy_until.get(slice_id, 0.0), end)
+        for subjob_id, facts in self._facts.items():  # no journal read, no spec parsed
+            live = self.core.subjob(subjob_id)
+            if facts.expected_seconds <= 0 or live is None or live.started_unix <= 0:
+                continue
+            end = live.started_unix + facts.expected_seconds
+            for slice_id in live.slice_ids:
+                busy_until[slice_id] = max(busy_until.get(slice_id, 0.0), end)
         kinds = {
             SliceKind.WHOLE_GPU: common_pb2.WHOLE_GPU,
             SliceKind.MIG: common_pb2.MIG,

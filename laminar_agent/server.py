@@ -382,6 +382,7 @@ class AgentServer:
             # Leases lapse on the agent's own clock, not only when a probe comes by: an
             # expired lease never holds capacity nor shows in a summary.
             self.state.node.expire_leases()
+            self.state.node.set_capacity_gauges()
             # Read on a worker thread: NVML may take its deadline, the loop may not.
             readings = self.state.poll_memory(await self.state.read_memory())
             airlock = self.state.airlock

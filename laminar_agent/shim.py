@@ -12,11 +12,14 @@ a folder the subjob cannot touch), so it must never run anything of the job's. I
 started as ``python -I -S shim.py <subjob_dir>`` with a fixed clean environment: ``-I``
 ignores every ``PYTHON*`` variable and the user site, ``-S`` skips ``site``, and the job's
 environment never reaches the shim's own process (no ``LD_PRELOAD``,
-``LD_LIBRARY_PATH``, ``PYTHONPATH``, ``PYTHONSTARTUP``). What to run comes from
-``<subjob_dir>/launch.json``, which the agent wrote in a folder only root can write. The
-child joins the subjob's cgroup, drops privileges (groups, gid, uid), and only then
-applies anything of the job: its working directory, the folders it creates, and its
-environment, which goes straight to ``execve``.
+``LD_LIBRARY_PATH``, ``PYTHONPATH``, ``PYTHONSTARTUP``). What to run is the agent's
+launch record: one line on the launcher's stdin (:func:`serve`), or, for a shim the agent
+starts directly, ``<subjob_dir>/launch.json`` in a folder only root can write. The
+supervisor creates the subjob's folder and cgroup (:func:`prepare`: paths the agent
+chose, under its own state directory and cgroup, never the job's). The child joins the
+subjob's cgroup, drops privileges (groups, gid, uid), and only then applies anything of
+the job: its working directory, the folders it creates, and its environment, which goes
+straight to ``execve``.
 
 It imports the standard library only, and little of it: its start-up is on every
 launch's path.
@@ -263,6 +266,47 @@ def finish_cgroup(cgroup: str) -> int:
     return peak
 
 
+def prepare(subjob_dir: str, spec: dict[str, object]) -> str:
+    """Before anything of the job runs: the subjob's folder (root's, 0700; with a user, 0711
+    and a ``scratch`` folder that user alone owns) and its cgroup. Both paths come from the
+    agent (its state directory, its delegated cgroup), never from the job. A folder left by
+    an earlier run of the same id loses its exit record. A cgroup that cannot be made is
+    left out of ``spec`` (the subjob runs in its process group) and named in the warning
+    returned ("" when none). Raises OSError when the folder cannot be made."""
+    try:
+        os.mkdir(subjob_dir, 0o700)  # a fresh folder holds nothing stale
+    except FileNotFoundError:  # the first subjob: "subjobs" itself is new
+        os.makedirs(subjob_dir, 0o700, exist_ok=True)
+    except FileExistsError:
+        for stale in (EXIT_FILE, "exec_error"):
+            try:
+                os.unlink(os.path.join(subjob_dir, stale))
+            except FileNotFoundError:
+                pass
+    user = spec.get("user")
+    if isinstance(user, dict):
+        # The subjob folder stays root's (traverse only) and so do its logs (the subjob
+        # writes them through inherited descriptors): it cannot swap them for links.
+        os.chmod(subjob_dir, 0o711)
+        scratch = os.path.join(subjob_dir, "scratch")
+        try:
+            os.mkdir(scratch, 0o700)
+        except FileExistsError:
+            pass
+        os.chown(scratch, int(user["uid"]), int(user["gid"]), follow_symlinks=False)
+        os.chmod(scratch, 0o700, follow_symlinks=False)
+    cgroup = str(spec.get("cgroup") or "")
+    if cgroup:
+        try:
+            os.mkdir(cgroup, 0o755)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            spec["cgroup"] = ""
+            return f"runs without a cgroup: {exc.strerror or exc}"
+    return ""
+
+
 class Exec:
     """What the child needs, prepared by the supervisor from ``launch.json`` before the
     fork (parsed as before, by the same root process; nothing of it is applied here):
@@ -457,7 +501,7 @@ def _failed_record(started: float, error: str) -> dict[str, object]:
 
 USAGE = (
     "usage: python -I -S shim.py <subjob_dir>   (reads <subjob_dir>/launch.json)\n"
-    "       python -I -S shim.py --serve        (launcher: subjob dirs on stdin, pids out)"
+    "       python -I -S shim.py --serve        (launcher: launch records on stdin, pids out)"
 )
 
 
@@ -465,9 +509,12 @@ def serve() -> int:
     """The pre-forked launcher: one long-lived copy of this module, started by the agent
     with the same clean environment, that forks a supervisor per subjob instead of the
     agent starting a new interpreter for each (the interpreter's start-up was most of a
-    launch's CPU). It reads one subjob folder per line on stdin and answers the
-    supervisor's pid (or ``error ...``) per line on stdout. The supervisor is exactly the
-    shim above: a new session, logs on fds 1 and 2, ``run()``, ``exit.json``. It does not
+    launch's CPU). It reads one launch record per line on stdin (the JSON of
+    ``launch.json`` with the subjob's folder as ``dir``) and answers per line on stdout
+    the supervisor's pid, a space and a warning if any, or ``error ...``. The supervisor
+    makes the folder and cgroup (:func:`prepare`: the agent's event loop no longer waits
+    on those file-system calls) and is then exactly the shim above: a new session, logs
+    on fds 1 and 2, ``run()``, ``exit.json``. It does not
     depend on the launcher: if the launcher ends (its agent died: stdin reaches EOF),
     running supervisors go on and a restarted agent re-adopts them as before."""
     # Reap supervisors as they end (waiting, not ignoring SIGCHLD, so their CPU time
@@ -491,7 +538,6 @@ def serve() -> int:
     gc.freeze()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while line := stdin.readline():
-        subjob_dir = line.decode(errors="replace").strip()
         ready_r, ready_w = os.pipe()
         try:
             pid = os.fork()
@@ -503,13 +549,19 @@ def serve() -> int:
             continue
         if pid == 0:
             os.close(ready_r)
-            os._exit(_supervise(subjob_dir, ready_w))
+            os._exit(_supervise(line, ready_w))
         os.close(ready_w)
         # Answer only once the supervisor leads its own session with the stop signals
-        # held: a stop the agent sends to the group right away is then never lost.
-        os.read(ready_r, 1)
+        # held and its folder and cgroup exist: a stop the agent sends to the group right
+        # away is then never lost. Its word: "ok", "ok WARNING" or "error WHY"; nothing
+        # when it died first (its pid then ends without an exit record, which the agent
+        # reports).
+        said = os.read(ready_r, 4096)
         os.close(ready_r)
-        stdout.write(f"{pid}\n".encode())
+        if said.startswith(b"error"):
+            stdout.write(said.replace(b"\n", b" ") + b"\n")
+        else:
+            stdout.write(f"{pid}".encode() + said[2:].replace(b"\n", b" ") + b"\n")
         stdout.flush()
     return 0
 
@@ -522,13 +574,25 @@ def _reap_supervisors(signum: int, frame: object) -> None:
         pass
 
 
-def _supervise(subjob_dir: str, ready_w: int) -> int:
-    """In a forked supervisor: become what ``python -I -S shim.py DIR`` would have been."""
+def _supervise(line: bytes, ready_w: int) -> int:
+    """In a forked supervisor: make the subjob's folder and cgroup (:func:`prepare`) from
+    the launch record ``line`` (the agent's JSON, with the folder as ``dir``), then become
+    what ``python -I -S shim.py DIR`` would have been."""
+    subjob_dir = ""
     try:
         _signal.pthread_sigmask(_SIG_BLOCK, STOPS)
         _signal.signal(int(signal.SIGCHLD), _SIG_DFL)  # it waits for its own child
         os.setsid()
-        os.write(ready_w, b"1")
+        try:
+            spec = json.loads(line)
+            if not isinstance(spec, dict) or not spec.get("command") or not spec.get("dir"):
+                raise ValueError("no command or no dir")
+            warning = prepare(str(spec["dir"]), spec)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            os.write(ready_w, f"error supervisor: {exc}".encode(errors="replace"))
+            return EXEC_FAILED_CODE
+        subjob_dir = str(spec["dir"])
+        os.write(ready_w, f"ok {warning}".encode(errors="replace") if warning else b"ok")
         os.close(ready_w)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -538,10 +602,11 @@ def _supervise(subjob_dir: str, ready_w: int) -> int:
             os.dup2(log, fd)
             os.close(log)
         os.close(null)
-        return main([subjob_dir])
+        return run(subjob_dir, spec)
     except BaseException as exc:  # never return into the launcher's loop
         try:
-            write_exit(subjob_dir, _failed_record(time.monotonic(), f"supervisor: {exc}"))
+            if subjob_dir:
+                write_exit(subjob_dir, _failed_record(time.monotonic(), f"supervisor: {exc}"))
         except OSError:
             pass
         return EXEC_FAILED_CODE

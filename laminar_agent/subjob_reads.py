@@ -55,7 +55,6 @@ class SubjobReads:
 
     def _to_message(self, row: SubjobRow) -> common_pb2.Subjob:
         spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
-        directory = self._executor.subjob_dir(row.subjob_id)
         return common_pb2.Subjob(
             spec=spec,
             agent_id=self._agent_id,
@@ -81,8 +80,8 @@ class SubjobReads:
             ),
             gpu_memory_used_bytes=self._core.gpu_memory_bytes(row.subjob_id),
             pid=row.pid,
-            stdout_path=str(directory / "stdout"),
-            stderr_path=str(directory / "stderr"),
+            stdout_path=self._executor.log_path(row.subjob_id, "stdout"),
+            stderr_path=self._executor.log_path(row.subjob_id, "stderr"),
             lease_id=row.lease_id,
             units_done=row.units_done,
         )

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from waiting import gate_code, wait_for
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -373,3 +375,49 @@ def test_sigterm_restart_keeps_subjobs_running(cluster: LocalCluster, tmp_path: 
         ).state == (common_pb2.RUNNING)
         gate.write_text("go")
         assert _final(stub, "survivor").state == common_pb2.SUCCEEDED
+
+
+def _gauge(agent: AgentProcess, name: str) -> float:
+    body = urllib.request.urlopen(f"http://{agent.metrics_address}/metrics", timeout=10).read()
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    return float(families[name].samples[0].value)
+
+
+def test_the_tick_keeps_the_capacity_gauges(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The allocated share follows commits and ends: the agent's tick sets it (summaries,
+    one per probe and release reply, no longer do)."""
+    agent = cluster.start_agent("h", "2xA100-40GB")
+    gate = tmp_path / "gate"
+    channel, stub = _stub(agent)
+    with channel:
+        reply = _run_now(stub, "held", common_pb2.Resources(gpus=1), gate_code(gate))
+        assert reply.WhichOneof("outcome") == "lease"
+        wait_for(lambda: _gauge(agent, "laminar_agent_gpu_allocated_ratio") == 0.5)
+        gate.write_text("")
+        assert _final(stub, "held").state == common_pb2.SUCCEEDED
+        wait_for(lambda: _gauge(agent, "laminar_agent_gpu_allocated_ratio") == 0.0)
+
+
+def test_a_commit_carrying_probe_checks_its_spec_before_any_lease(cluster: LocalCluster) -> None:
+    """The spec a probe would commit (its priority taken from the probe when the spec has
+    none) is checked once, before the ledger settles anything: a bad one is refused naming
+    its field (it was bounced by the ledger before), and holds no lease."""
+    agent = cluster.start_agent("h", "2xA100-40GB")
+    channel, stub = _stub(agent)
+    with channel:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Probe(
+                agent_pb2.ProbeRequest(
+                    job_id="j",
+                    resources=common_pb2.Resources(gpus=1),
+                    priority=99,  # type: ignore[arg-type]  # no such class
+                    commit_if_fits=True,
+                    spec=_spec("bad", "pass"),
+                ),
+                timeout=10,
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "spec.priority" in (info.value.details() or "")
+        summary = stub.GetSummary(agent_pb2.GetSummaryRequest(), timeout=10)
+        assert summary.active_leases == 0
+        assert {s.shape: s.free for s in summary.shapes}["gpu:A100-40GB"] == 2

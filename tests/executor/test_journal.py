@@ -61,6 +61,7 @@ def test_subjob_round_trip_and_update(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument):
         j.update_subjob("s1", priority=1)  # joined from the lease, not a subjob column
     assert j.get_subjob("nope") is None
+    assert j.has_subjob("s1") and not j.has_subjob("nope")
     j.close()
 
 
@@ -205,6 +206,29 @@ def test_batch_commits_all_writes_or_none(tmp_path: Path) -> None:
     assert [e.state for e in other.unacked_events(10)] == ["RUNNING"]
     j.append_event("s1", "EXITED")  # outside a batch: a transaction of its own again
     assert [e.state for e in other.unacked_events(10)] == ["RUNNING", "EXITED"]
+    other.close()
+    j.close()
+
+
+def test_a_batch_that_writes_nothing_commits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe's batch often writes nothing (its lease lives in memory): it takes no write
+    lock and costs no commit; the first write inside a batch begins its transaction."""
+    commits: list[int] = []
+    monkeypatch.setattr(Checkpointer, "committed", lambda self: commits.append(1))
+    j = Journal(tmp_path)
+    other = Journal(tmp_path)
+    commits.clear()
+    with j.batch():
+        assert j.unacked_events(10) == []
+        other.append_event("s0", "RUNNING")  # no lock held by the empty batch
+    assert commits == [1]  # the other connection's commit only
+    with j.batch():
+        j.append_event("s1", "RUNNING")
+        j.append_event("s1", "SUCCEEDED")
+    assert commits == [1, 1]
+    assert [e.state for e in other.unacked_events(10)] == ["RUNNING", "RUNNING", "SUCCEEDED"]
     other.close()
     j.close()
 

@@ -5,6 +5,7 @@ Real processes: the agent's Executor, its launcher, supervisors and commands.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -14,6 +15,7 @@ import pytest
 from test_executor import Recorder, poll_until
 
 from laminar_agent import executor as executor_module
+from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.executor import Executor, LaunchSpec
 
 
@@ -110,4 +112,67 @@ async def test_the_launcher_loads_what_every_supervisor_would_load_again(
     await _run(ex, rec, _spec(tmp_path, "a", 0))
     maps = Path(f"/proc/{launcher.pid}/maps").read_text()
     assert "resource.cpython" in maps
+    await ex.close()
+
+
+async def test_a_launch_sends_the_record_and_the_supervisor_makes_the_folder(
+    tmp_path: Path,
+) -> None:
+    """The agent writes no file to launch: the supervisor makes the subjob's folder (a
+    stale exit record of an earlier run of the same id goes) and the record travels over
+    the launcher's pipe, so no launch.json is left on disk."""
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    sdir = ex.subjob_dir("again")
+    sdir.mkdir(parents=True)
+    (sdir / "exit.json").write_text('{"exit_code": 99}')
+    spec = _spec(tmp_path, "again", 0)
+    code = "import os, time\nwhile not os.path.exists('gate2'): time.sleep(0.02)\n"
+    spec.command = [sys.executable, "-c", code]
+    await ex.launch(spec)
+    assert not (sdir / "exit.json").exists()  # gone before the pid was answered
+    assert not (sdir / "launch.json").exists()
+    (tmp_path / "gate2").write_text("")
+    await poll_until(lambda: "again" in rec.exits, "exit of again")
+    assert rec.exits["again"].exit_code == 0
+    fresh = ex.subjob_dir("fresh")
+    await _run(ex, rec, _spec(tmp_path, "fresh", 7))
+    assert rec.exits["fresh"].exit_code == 7
+    assert oct(fresh.stat().st_mode & 0o777) == oct(0o700)
+    assert ex._launcher is not None and ex._launcher.starts == 1
+    await ex.close()
+
+
+async def test_a_folder_that_cannot_be_made_fails_the_launch_not_the_launcher(
+    tmp_path: Path,
+) -> None:
+    """The supervisor answers an error (no pid to watch); the agent then tries the shim
+    directly, which cannot make the folder either: the launch fails with the reason. The
+    launcher stays in use for the next launch."""
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "subjobs").write_text("not a folder")
+    with pytest.raises(OSError):
+        await ex.launch(_spec(tmp_path, "nowhere", 0))
+    launcher = ex._launcher
+    assert launcher is not None and launcher.pid > 0 and not launcher.is_broken
+    (tmp_path / "state" / "subjobs").unlink()
+    await _run(ex, rec, _spec(tmp_path, "somewhere", 3))
+    assert rec.exits["somewhere"].exit_code == 3
+    assert launcher.starts == 1
+    await ex.close()
+
+
+@pytest.mark.parametrize("use_launcher", [True, False])
+async def test_a_cgroup_that_cannot_be_made_is_a_warning_not_a_failure(
+    tmp_path: Path, use_launcher: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = Recorder()
+    cgroups = SubjobCgroups(tmp_path / "no-such-hierarchy" / "laminar.a")
+    ex = Executor(tmp_path / "state", on_exit=rec, cgroups=cgroups, use_launcher=use_launcher)
+    with caplog.at_level(logging.WARNING, logger="laminar_agent.executor"):
+        await _run(ex, rec, _spec(tmp_path, "loose", 5))
+    assert rec.exits["loose"].exit_code == 5
+    assert "subjob loose runs without a cgroup" in caplog.text
     await ex.close()

@@ -129,10 +129,14 @@ async def test_root_agent_runs_subjobs_as_the_configured_user(open_dir: Path) ->
     # descriptors), so a subjob can neither swap them for links nor another read them.
     for path in (checkpoint, checkpoint / "step"):
         assert path.stat().st_uid == nobody.pw_uid, path
-    for path in (sdir / "stdout", sdir / "stderr", sdir / "exit.json", sdir / "launch.json"):
+    for path in (sdir / "stdout", sdir / "stderr", sdir / "exit.json"):
         assert path.stat().st_uid == 0, path
         assert path.stat().st_mode & 0o077 == 0, path
     assert sdir.stat().st_uid == 0
+    assert stat.S_IMODE(sdir.stat().st_mode) == 0o711  # made by the (root) supervisor
+    # The launch record went to the launcher through its pipe: no copy of the job's
+    # environment is left on disk.
+    assert not (sdir / "launch.json").exists()
     assert ex.gpu_mem_file("u1").read_text() == "123"
     assert ex.gpu_mem_file("u1").parent != sdir
     await ex.close()

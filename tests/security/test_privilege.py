@@ -311,6 +311,8 @@ def test_the_journal_logs_and_state_folder_are_private(agent: AgentProcess, open
         if (state / name).exists():
             assert stat.S_IMODE((state / name).stat().st_mode) == 0o600, name
     sdir = state / "subjobs" / "quiet"
-    for name in ("stdout", "stderr", "launch.json", "exit.json"):
+    for name in ("stdout", "stderr", "exit.json"):
         assert stat.S_IMODE((sdir / name).stat().st_mode) == 0o600, name
         assert (sdir / name).stat().st_uid == 0
+    # The launch record (the job's environment) went to the launcher through its pipe.
+    assert not (sdir / "launch.json").exists()
