@@ -367,6 +367,12 @@ class Ledger:
         models = {s.gpu_model for s in self._gpus}
         self._model = models.pop() if len(models) == 1 else ""
         self._frag: FragmentationCache | None = None
+        # Bumped by every change of use, slices, layouts or reservations: the summary's
+        # shapes and host figures are computed once per state (a summary goes with every
+        # probe and release reply, and most of them follow no change).
+        self._version = 0
+        self._shapes_memo: tuple[tuple[int, bool], list[ShapeFree]] | None = None
+        self._host_memo: tuple[tuple[int, bool], HostCap] | None = None
 
     def set_fragmentation(self, frag: FragmentationCache | None) -> None:
         """Score and choose by FGD's fragmentation gradient over ``frag``'s target workload
@@ -381,8 +387,18 @@ class Ledger:
         )
         return (cpu if self.cpu_total_milli else 0, memory if self.memory_total_bytes else 0)
 
+    def _state_key(self) -> tuple[int, bool]:
+        return (self._version, self.mig_carve_busy)
+
     def host_free(self) -> HostCap:
-        """The host's free CPU and memory and each GPU's free share, for the summary."""
+        """The host's free CPU and memory and each GPU's free share, for the summary
+        (computed once per ledger state)."""
+        key = self._state_key()
+        if self._host_memo is None or self._host_memo[0] != key:
+            self._host_memo = (key, self._host_free())
+        return self._host_memo[1]
+
+    def _host_free(self) -> HostCap:
         u = self._host
         return HostCap(
             cpu_free_milli=self.cpu_total_milli - u[0] - u[1],
@@ -449,7 +465,14 @@ class Ledger:
         return milli == 0 and memory == 0
 
     def shapes(self) -> list[ShapeFree]:
-        """Free capacity per shape: ``gpu:<model>``, ``mig:<profile>``, ``share:<model>``."""
+        """Free capacity per shape: ``gpu:<model>``, ``mig:<profile>``, ``share:<model>``
+        (computed once per ledger state)."""
+        key = self._state_key()
+        if self._shapes_memo is None or self._shapes_memo[0] != key:
+            self._shapes_memo = (key, self._shapes())
+        return list(self._shapes_memo[1])
+
+    def _shapes(self) -> list[ShapeFree]:
         groups: dict[str, list[tuple[bool, int, int]]] = {}
         idle = {gpu.gpu_index for gpu in self._idle_on_demand("")}
         held = self._held_gpus() if self.mig_carve_busy else set()
@@ -590,6 +613,7 @@ class Ledger:
                 )
         for sid in slice_ids:
             self._reserved[sid] = (owner, expires_at)
+        self._version += 1
 
     def hold_back(self, key: str, slice_ids: Sequence[str]) -> None:
         """Keep ``slice_ids`` from new work until :meth:`release_hold` (a GPU whose driver
@@ -610,6 +634,7 @@ class Ledger:
         mine = sorted(sid for sid, (who, _) in self._reserved.items() if who == owner)
         for sid in mine:
             del self._reserved[sid]
+        self._version += 1
         return mine
 
     def _open_to(self, s: Slice, owner: str) -> bool:
@@ -759,6 +784,7 @@ class Ledger:
         added = [sid for sid in wanted if sid not in old]
         if not gone and not added:
             return
+        self._version += 1
         for s in gone:
             del self._slices[s.slice_id]
             del self._usage[s.slice_id]
@@ -928,6 +954,7 @@ class Ledger:
                 memory_total_bytes=inst.memory_total_bytes,
             )
         del self.mig_pending[index]
+        self._version += 1
 
     def on_demand_layout(self, index: int) -> tuple[Instance, ...]:
         """The MIG layout the ledger holds for on-demand GPU ``index``."""
@@ -1134,6 +1161,7 @@ class Ledger:
     # --------------------------------------------------------------- mutations
 
     def _add(self, lease: LeaseRecord, sign: int) -> None:
+        self._version += 1
         offset = 0 if lease.committed else 1
         for a in lease.allocations:
             u = self._usage[a.slice_id]
@@ -1248,6 +1276,7 @@ class Ledger:
         """Drop uncommitted leases (and reservations) whose deadline is at or before ``now``."""
         for sid in [sid for sid, (_, until) in self._reserved.items() if until <= now]:
             del self._reserved[sid]
+            self._version += 1
         lapsed = [
             lease for lease in self.leases() if not lease.committed and lease.expires_at <= now
         ]
@@ -1361,6 +1390,8 @@ class Ledger:
                 raise AssertionError(f"GPU {index}: illegal MIG layout {layout}")
         if min(host) < 0:
             raise AssertionError(f"host: negative usage {host}")
+        if self.shapes() != self._shapes() or self.host_free() != self._host_free():
+            raise AssertionError("the summary kept for this state differs from a fresh one")
         if self.cpu_total_milli and host[0] + host[1] > self.cpu_total_milli:
             raise AssertionError(
                 f"host: {host[0] + host[1]} milli-cores used > {self.cpu_total_milli}"
