@@ -29,6 +29,7 @@ from laminar_base.causes import (
 from laminar_base.errors import PermissionDenied
 from laminar_base.grpcutil import check_str
 from laminar_zone.entry import Entry
+from laminar_zone.failures import outcome_unknown
 from laminar_zone.jobs import MAX_LIVE_IDS, ZoneState
 from laminar_zone.lifecycle import Record, Report, job_of, judge_report, rigid_subjob_id
 from laminar_zone.placements import (
@@ -36,7 +37,6 @@ from laminar_zone.placements import (
     READDRESSED,
     copy_subjob,
     note_true_end,
-    outcome_unknown,
     state_name,
 )
 from laminar_zone.placer import Ask, host_from, shapes_from

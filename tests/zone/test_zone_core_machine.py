@@ -1,0 +1,597 @@
+"""The router's decision core (laminar_zone.core.ZoneCore) with no sockets, no journal and
+no ZoneState: events in, instructions out.
+
+The unit tests feed one transition each and assert the instructions and the state. The
+property test drives the core alone through random interleavings of submits, placement
+tries (each member's Commit taken, refused, or unanswered whether or not the agent
+started it), stop deliveries, exits, confirmations, cancels and lost agents, against a
+model of the agents (which copies really run), and checks the core's promises: no job
+lost, no member run twice while an old copy may run, every subjob the core ends has a
+cause, gangs all-or-nothing; and at the end, after every job is cancelled and every stop
+and confirmation delivered, nothing left in memory or running.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import (
+    ENDED_SUBJOB_STATES,
+    LIVE_SUBJOB_STATES,
+    TERMINAL_JOB_STATES,
+    EndCause,
+    end_cause,
+)
+from laminar_base.demand import Demand
+from laminar_base.errors import FailedPrecondition
+from laminar_zone import core as core_module
+from laminar_zone.core import (
+    Confirm,
+    Count,
+    Failure,
+    Forget,
+    Instruction,
+    Journal,
+    Loop,
+    Member,
+    Next,
+    Place,
+    Release,
+    Terminate,
+    Wake,
+    ZoneCore,
+    journaled,
+)
+from laminar_zone.entry import Entry
+from laminar_zone.placement import ShapeCap
+from laminar_zone.placements import COMMITTING
+from laminar_zone.reasons import Reason, reason_of
+from laminar_zone.view import ZoneView
+
+GIB = 1 << 30
+AGENTS = ("a0", "a1", "a2", "a3")
+NOW = 1_700_000_000.0
+
+_ids = itertools.count()
+
+
+def _view(agents: tuple[str, ...] = AGENTS, free: int = 1) -> ZoneView:
+    view = ZoneView(stale_after_seconds=3.0)
+    for i, agent_id in enumerate(agents):
+        view.update(
+            agent_id,
+            f"127.0.0.1:{i + 1}",
+            {"gpu:H100-80GB": ShapeCap(free, 1, 0, 80 * GIB)},
+            heat=0,
+            draining=False,
+            now=0.0,
+        )
+    return view
+
+
+def _core(view: ZoneView | None = None) -> ZoneCore:
+    return ZoneCore(view or _view(), {}, lost_after_seconds=10.0)
+
+
+def _submit(core: ZoneCore, gang: int = 1, retries: int = 0, after: tuple[str, ...] = ()) -> Entry:
+    job = zone_pb2.Job(
+        job_id=f"j-{next(_ids)}",
+        spec=zone_pb2.JobSpec(
+            command=["true"],
+            resources=common_pb2.Resources(gpus=1),
+            gang_size=gang,
+            max_retries=retries,
+            after=list(after),
+        ),
+        state=zone_pb2.PENDING,
+        reason="placing",
+        submitted_unix=NOW,
+        attempts=1,
+    )
+    entry = Entry(job=job, need=Demand(gpus=1), submitted_mono=0.0)
+    core.admit(entry)
+    core.route(entry, allow_forward=False, now_mono=0.0)
+    return entry
+
+
+def _members(*agents: str) -> list[Member]:
+    return [Member(a, f"addr-{a}", (f"{a}/gpu0",)) for a in agents]
+
+
+def _started(p: zone_pb2.Placement) -> None:
+    """The driver recorded the agent's reply to the Commit: the subjob runs."""
+    p.state = common_pb2.RUNNING
+    p.reason = "running"
+
+
+def _ended(p: zone_pb2.Placement, state: int, cause: EndCause, reason: str = "") -> None:
+    """The agent reported the subjob's end."""
+    p.state = state  # type: ignore[assignment]
+    p.end_cause = cause.wire
+    p.reason = reason or cause.name.lower()
+    p.ended_unix = NOW
+
+
+LOST_REPLY = Failure("DEADLINE_EXCEEDED: no answer", unknown=True)
+REFUSED = Failure(
+    "INVALID_ARGUMENT: workdir /nope does not exist", unknown=False, refused_input=True
+)
+BUSY = Failure("FAILED_PRECONDITION: lease expired", unknown=False)
+
+
+# ==================================================================== one transition each
+
+
+def test_a_gang_whose_second_reply_was_lost_stops_the_first_and_confirms_the_second() -> None:
+    core = _core()
+    entry = _submit(core, gang=2)
+    assert core.begin_commit(entry, _members("a0", "a1")) == [Journal((entry,))]
+    first, second = entry.current()
+    assert first.reason == second.reason == COMMITTING
+    _started(first)  # member 0's Commit was answered; member 1's reply was lost
+
+    ok, out = core.committed(entry, [None, LOST_REPLY], NOW)
+
+    assert not ok
+    stops = [i for i in out if isinstance(i, Terminate)]
+    assert [(t.placement.subjob_id, t.cause) for t in stops] == [
+        (first.subjob_id, EndCause.COMMIT_FAILED)
+    ]
+    assert Confirm("a1", entry.job.job_id) in out
+    assert core.unconfirmed == {"a1": {entry.job.job_id}}
+    assert isinstance(out[-1], Journal)
+    assert entry.job.attempts == 2 and entry.job.retries_used == 0
+    assert second.state == common_pb2.STARTING  # may run: not ended by the core
+    # Not placed again while either copy may run: member 0 until its end is reported,
+    # member 1 until its agent says whether it started it.
+    waits, _ = core.old_copy(entry, 0.0)
+    assert waits
+    _ended(first, common_pb2.KILLED, EndCause.COMMIT_FAILED)
+    waits, out = core.old_copy(entry, 0.0)
+    assert waits and "confirm whether it started" in entry.job.reason
+    assert reason_of(entry.job.reason_code) is Reason.PREVIOUS_COPY
+    _ended(second, common_pb2.FAILED, EndCause.COMMIT_UNCONFIRMED)
+    assert core.old_copy(entry, 0.0) == (False, [])
+
+
+def test_a_member_whose_commit_was_refused_outright_fails_to_commit_with_a_cause() -> None:
+    core = _core()
+    entry = _submit(core, gang=2)
+    core.begin_commit(entry, _members("a0", "a1"))
+    first, second = entry.current()
+    ok, out = core.committed(entry, [BUSY, BUSY], NOW)
+    assert not ok
+    assert not [i for i in out if isinstance(i, (Terminate, Confirm))]
+    assert {p.state for p in (first, second)} == {common_pb2.FAILED}
+    assert {end_cause(p.end_cause) for p in (first, second)} == {EndCause.COMMIT_FAILED}
+    assert entry.job.state == zone_pb2.PENDING and entry.job.attempts == 2
+    # The lost commit is transient: the try gathers once more, then the job queues.
+    step, out = core.commit_lost(entry, True, 0.0, NOW)
+    assert step is Next.RETRY and Count("placements", "commit_failed") in out
+    step, out = core.commit_lost(entry, False, 0.0, NOW)
+    assert step is Next.STOP
+    assert entry.job.state == zone_pb2.QUEUED
+    assert Wake(Loop.QUEUE) in out
+
+
+def test_a_refused_input_fails_the_job_naming_the_agents_reason() -> None:
+    core = _core()
+    entry = _submit(core)
+    step, out = core.gathered(entry, None, [BUSY, REFUSED], ["no room"], 0.0, NOW)
+    assert step is Next.STOP
+    assert entry.job.state == zone_pb2.JOB_FAILED
+    assert "workdir /nope does not exist" in entry.job.reason
+    assert reason_of(entry.job.reason_code) is Reason.REFUSED
+    assert Count("finished", "job_failed") in out and journaled(out) == [entry]
+
+    gang = _submit(core, gang=2)
+    core.begin_commit(gang, _members("a0", "a1"))
+    _started(gang.current()[0])
+    ok, out = core.committed(gang, [None, REFUSED], NOW)
+    assert not ok and gang.job.state == zone_pb2.JOB_FAILED
+    assert "workdir /nope" in gang.job.reason
+    assert [i.cause for i in out if isinstance(i, Terminate)] == [EndCause.COMMIT_FAILED]
+
+
+def test_a_gather_that_found_nothing_queues_the_job_and_blocks_its_family() -> None:
+    core = _core(_view(free=0))
+    entry = _submit(core)
+    step, out = core.gathered(entry, None, [], ["no host fits"], 5.0, NOW)
+    assert step is Next.STOP
+    assert out == [Count("placements", "queued"), Journal((entry,)), Wake(Loop.QUEUE)]
+    assert entry.job.state == zone_pb2.QUEUED and entry.job.queue_position == 1
+    assert entry.queued_at == 5.0
+    assert core.blocked_families == {entry.need.family: common_pb2.BATCH}
+    # A later job of the family waits its turn behind the blocked head.
+    later = _submit(core)
+    assert later.job.state == zone_pb2.QUEUED
+    assert reason_of(later.job.reason_code) is Reason.PRIORITY
+
+
+def test_a_job_cancelled_while_probing_releases_what_was_gathered() -> None:
+    core = _core()
+    entry = _submit(core)
+    core.cancel(entry.job, "", NOW)
+    step, out = core.gathered(entry, ["lease"], [], [], 0.0, NOW)
+    assert step is Next.STOP and out == [Release(("lease",))]
+
+
+def test_a_cancel_during_a_commit_stops_every_member_and_stays_cancelled() -> None:
+    core = _core()
+    entry = _submit(core, gang=2)
+    core.begin_commit(entry, _members("a0", "a1"))
+    out = core.cancel(entry.job, "user", NOW)
+    assert entry.job.state == zone_pb2.JOB_CANCELLED
+    stops = [i for i in out if isinstance(i, Terminate)]
+    assert [t.placement.member for t in stops] == [0, 1]
+    assert {t.cause for t in stops} == {EndCause.CANCELLED}
+    # The Commits' answers come after: the job stays cancelled, its copies are stopped.
+    for p in entry.current():
+        _started(p)
+    assert core.committed(entry, [None, None], NOW)[0]
+    assert entry.job.state == zone_pb2.JOB_CANCELLED
+    assert core.cancel(entry.job, "again", NOW) == []  # twice is harmless
+    assert core.forget_if_done(entry) == []  # its copies still run
+    for p in entry.current():
+        _ended(p, common_pb2.KILLED, EndCause.CANCELLED)
+    assert core.forget_if_done(entry) == [Forget(entry.job.job_id)]
+    assert entry.job.job_id not in core.entries
+
+
+def test_cancelling_an_ended_job_is_refused() -> None:
+    core = _core()
+    entry = _submit(core)
+    core.finish(entry, zone_pb2.JOB_SUCCEEDED, "done", NOW)
+    with pytest.raises(FailedPrecondition):
+        core.cancel(entry.job, "", NOW)
+
+
+def test_a_probe_that_started_a_cancelled_job_is_stopped() -> None:
+    core = _core()
+    entry = _submit(core)
+    placement, out = core.probe_intent(entry, "a0", "addr-a0")
+    assert journaled(out) == [entry] and core.by_agent == {"a0": {entry.job.job_id}}
+    core.cancel(entry.job, "", NOW)
+    reply = common_pb2.Subjob(state=common_pb2.RUNNING, reason="running")
+    ok, out = core.probe_committed(entry, placement, reply, ["a0/gpu0"], "", NOW)
+    assert not ok
+    assert Terminate(placement, "cancelled while starting", EndCause.CANCELLED) in out
+
+
+def test_a_probe_carrying_the_commit_with_no_answer_is_confirmed_before_a_retry() -> None:
+    core = _core()
+    entry = _submit(core)
+    placement, _ = core.probe_intent(entry, "a2", "addr-a2")
+    ok, out = core.probe_committed(entry, placement, None, [], "DEADLINE_EXCEEDED", NOW)
+    assert not ok and Confirm("a2", entry.job.job_id) in out
+    assert entry.job.attempts == 2
+    assert core.old_copy(entry, 0.0)[0]
+
+
+def test_a_bounced_probe_forgets_its_placement() -> None:
+    core = _core()
+    entry = _submit(core)
+    placement, _ = core.probe_intent(entry, "a1", "addr-a1")
+    core.probe_bounced(entry, placement)
+    assert list(entry.job.placements) == [] and core.by_agent == {"a1": set()}
+
+
+def test_one_members_failure_stops_the_gang_and_retries_it() -> None:
+    core = _core()
+    entry = _submit(core, gang=3, retries=1)
+    core.begin_commit(entry, _members("a0", "a1", "a2"))
+    for p in entry.current():
+        _started(p)
+    core.committed(entry, [None, None, None], NOW)
+    assert entry.job.state == zone_pb2.JOB_RUNNING
+    first = entry.current()[1]
+    _ended(first, common_pb2.FAILED, EndCause.EXITED, "exit 1")
+    out = core.evaluate(entry, NOW)
+    stops = [i for i in out if isinstance(i, Terminate)]
+    assert sorted(t.placement.member for t in stops) == [0, 2]
+    assert {t.cause for t in stops} == {EndCause.GANG_STOPPED}
+    assert Place(entry) in out and Count("retries") in out
+    assert entry.job.attempts == 2 and entry.job.retries_used == 1
+    # The retry waits for the stopped members' ends.
+    assert core.old_copy(entry, 0.0)[0]
+
+
+def test_an_agent_silent_past_the_limit_loses_its_subjobs_with_a_cause() -> None:
+    core = _core()
+    entry = _submit(core, retries=2)
+    core.begin_commit(entry, _members("a3"))
+    _started(entry.current()[0])
+    core.committed(entry, [None], NOW)
+    core.view.agents["a3"].last_heartbeat = -100.0
+    out = core.sweep(0.0, NOW)
+    (lost,) = [p for p in entry.job.placements if p.agent_id == "a3"]
+    assert lost.state == common_pb2.LOST and end_cause(lost.end_cause) is EndCause.LOST
+    assert "membership.lost_after_seconds=10" in lost.reason
+    assert Place(entry) in out and entry.job.attempts == 2
+    assert core.by_agent["a3"] == set()
+
+
+def test_a_failed_dependency_fails_its_dependent_and_a_succeeded_one_releases_it() -> None:
+    core = _core()
+    first, second = _submit(core), _submit(core)
+    waiting = _submit(core, after=(first.job.job_id,))
+    other = _submit(core, after=(second.job.job_id,))
+    assert waiting.job.state == other.job.state == zone_pb2.WAITING
+    core.finish(first, zone_pb2.JOB_FAILED, "exit 1", NOW)
+    core.finish(second, zone_pb2.JOB_SUCCEEDED, "ok", NOW)
+    out = core.resolve_waiting(NOW)
+    assert waiting.job.state == zone_pb2.JOB_FAILED
+    assert reason_of(waiting.job.reason_code) is Reason.DEPENDENCY_FAILED
+    assert journaled(out) == [waiting]
+    assert other.job.state == zone_pb2.WAITING
+    assert reason_of(other.job.reason_code) is Reason.PLACING
+
+
+def test_a_placed_try_counts_its_latency_from_the_queue() -> None:
+    core = _core()
+    entry = _submit(core)
+    entry.queued_at = 10.0
+    out = core.placed(entry, True, 0.25, 12.0, probes=3, bounces=1)
+    assert Count("queue_seconds", "batch", 2.0) in out
+    assert Count("probes_per_placement", value=3) in out
+
+
+# ==================================================================== the property
+
+
+@dataclass
+class World:
+    """What really runs on the agents, and the driver's side of each instruction."""
+
+    core: ZoneCore
+    #: subjob id -> (job id, member, agent): copies the agents run.
+    running: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    #: stops sent and not delivered yet: subjob id -> cause
+    stops: dict[str, EndCause] = field(default_factory=dict)
+    jobs: dict[str, Entry] = field(default_factory=dict)
+
+    def carry_out(self, out: list[Instruction]) -> None:
+        for i in out:
+            if isinstance(i, Terminate):
+                self.stops[i.placement.subjob_id] = i.cause
+            elif isinstance(i, Journal):
+                for entry in i.entries:
+                    self.carry_out(self.core.forget_if_done(entry))
+            elif isinstance(i, Release):
+                raise AssertionError("nothing is gathered without a try")
+
+    def placement(self, subjob_id: str) -> tuple[Entry, zone_pb2.Placement] | None:
+        for entry in self.jobs.values():
+            for p in entry.job.placements:
+                if p.subjob_id == subjob_id:
+                    return entry, p
+        return None
+
+    def end(self, subjob_id: str, state: int, cause: EndCause) -> None:
+        """A copy ends on its agent, which reports it."""
+        self.running.pop(subjob_id, None)
+        self.stops.pop(subjob_id, None)
+        found = self.placement(subjob_id)
+        if found is None:
+            return
+        entry, p = found
+        if p.state in ENDED_SUBJOB_STATES:
+            return
+        _ended(p, state, cause)
+        self.carry_out(self.core.evaluate(entry, NOW))
+        self.carry_out([Journal((entry,))])
+
+    def confirm(self, agent_id: str) -> None:
+        """The agent heartbeats: the router asks it about its unconfirmed commits."""
+        for job_id in sorted(self.core.unconfirmed.pop(agent_id, set())):
+            entry = self.core.entries.get(job_id)
+            if entry is None:
+                continue
+            job = entry.job
+            for p in job.placements:
+                if p.agent_id != agent_id or p.reason != COMMITTING:
+                    continue
+                if p.state not in LIVE_SUBJOB_STATES:
+                    continue
+                if p.subjob_id in self.running:
+                    _started(p)
+                    if p.attempt != job.attempts or job.state in TERMINAL_JOB_STATES:
+                        self.stops[p.subjob_id] = EndCause.SUPERSEDED
+                else:
+                    _ended(p, common_pb2.FAILED, EndCause.COMMIT_UNCONFIRMED)
+            self.carry_out(self.core.evaluate(entry, NOW))
+            self.carry_out([Journal((entry,))])
+
+    def check(self) -> None:
+        core = self.core
+        seen: set[tuple[str, int]] = set()
+        for job_id, member, _ in self.running.values():
+            assert (job_id, member) not in seen, f"{job_id} member {member} runs twice"
+            seen.add((job_id, member))
+        for job_id, entry in self.jobs.items():
+            job = entry.job
+            assert job_id in core.entries or job.state in TERMINAL_JOB_STATES, "job lost"
+            if job_id not in core.entries:
+                assert not any(p.state in LIVE_SUBJOB_STATES for p in job.placements)
+            for p in job.placements:
+                if p.state in ENDED_SUBJOB_STATES:
+                    assert end_cause(p.end_cause) is not EndCause.UNSPECIFIED, p
+            current = entry.current()
+            if job.state == zone_pb2.JOB_SUCCEEDED:
+                gang = max(1, job.spec.gang_size)
+                assert len(current) == gang
+                assert all(p.state == common_pb2.SUCCEEDED for p in current)
+            if job.state == zone_pb2.JOB_RUNNING:
+                assert len(current) == max(1, job.spec.gang_size)
+                assert all(p.state in LIVE_SUBJOB_STATES for p in current)
+
+
+events = st.one_of(
+    st.tuples(st.just("submit"), st.integers(1, 3), st.integers(0, 2)),
+    st.tuples(
+        st.just("place"),
+        st.integers(0, 20),
+        st.lists(
+            st.sampled_from(["ok", "busy", "refused", "lost_started", "lost_not_started"]),
+            min_size=3,
+            max_size=3,
+        ),
+    ),
+    st.tuples(st.just("deliver_stop"), st.integers(0, 20)),
+    st.tuples(st.just("exit"), st.integers(0, 20), st.booleans()),
+    st.tuples(st.just("confirm"), st.sampled_from(AGENTS)),
+    st.tuples(st.just("cancel"), st.integers(0, 20)),
+    st.tuples(st.just("lose"), st.sampled_from(AGENTS)),
+)
+
+ANSWERS = {
+    "ok": None,
+    "busy": BUSY,
+    "refused": REFUSED,
+    "lost_started": LOST_REPLY,
+    "lost_not_started": LOST_REPLY,
+}
+
+
+def _step(world: World, event: tuple[object, ...]) -> None:
+    core = world.core
+    kind = event[0]
+    jobs = sorted(world.jobs)
+    if kind == "submit":
+        gang, retries = event[1], event[2]
+        assert isinstance(gang, int) and isinstance(retries, int)
+        entry = _submit(core, gang=gang, retries=retries)
+        world.jobs[entry.job.job_id] = entry
+    elif kind == "place" and jobs:
+        pick, answers = event[1], event[2]
+        assert isinstance(pick, int) and isinstance(answers, list)
+        entry = world.jobs[jobs[pick % len(jobs)]]
+        if entry.job.state not in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING):
+            return
+        if not core.may_place(entry):
+            return
+        waits, out = core.old_copy(entry, 0.0)
+        world.carry_out(out)
+        if waits:
+            return
+        # The invariant the core keeps: no copy of an earlier attempt may still run.
+        assert not any(
+            p.state in LIVE_SUBJOB_STATES and p.attempt != entry.job.attempts
+            for p in entry.job.placements
+        )
+        gang = max(1, entry.job.spec.gang_size)
+        world.carry_out(core.begin_commit(entry, _members(*AGENTS[:gang])))
+        replies = []
+        for p, answer in zip(entry.current(), answers, strict=False):
+            if answer in ("ok", "lost_started"):
+                world.running[p.subjob_id] = (entry.job.job_id, p.member, p.agent_id)
+            if answer == "ok":
+                _started(p)
+            replies.append(ANSWERS[str(answer)])
+        _, out = core.committed(entry, replies, NOW)
+        world.carry_out(out)
+    elif kind == "deliver_stop" and world.stops:
+        pick = event[1]
+        assert isinstance(pick, int)
+        subjob_id = sorted(world.stops)[pick % len(world.stops)]
+        cause = world.stops.pop(subjob_id)
+        if subjob_id in world.running:
+            world.end(subjob_id, common_pb2.KILLED, cause)
+    elif kind == "exit" and world.running:
+        pick, success = event[1], event[2]
+        assert isinstance(pick, int)
+        subjob_id = sorted(world.running)[pick % len(world.running)]
+        state = common_pb2.SUCCEEDED if success else common_pb2.FAILED
+        world.end(subjob_id, state, EndCause.EXITED)
+    elif kind == "confirm":
+        world.confirm(str(event[1]))
+    elif kind == "cancel" and jobs:
+        pick = event[1]
+        assert isinstance(pick, int)
+        entry = world.jobs[jobs[pick % len(jobs)]]
+        if entry.job.state in TERMINAL_JOB_STATES and entry.job.state != zone_pb2.JOB_CANCELLED:
+            return
+        world.carry_out(core.cancel(entry.job, "test", NOW))
+    elif kind == "lose":
+        agent_id = str(event[1])
+        # Its fence stops its work; the router declares its subjobs lost.
+        for subjob_id, (_, _, agent) in list(world.running.items()):
+            if agent == agent_id:
+                del world.running[subjob_id]
+        record = core.view.agents[agent_id]
+        record.is_stale = True
+        record.last_heartbeat = -100.0
+        core.unconfirmed.pop(agent_id, None)
+        world.carry_out(core.agents_lost(0.0, NOW))
+        record.is_stale = False  # it comes back, empty
+        record.last_heartbeat = 0.0
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(st.lists(events, max_size=40))
+def test_random_event_sequences_keep_the_cores_promises(ops: list[tuple[object, ...]]) -> None:
+    world = World(_core())
+    for event in ops:
+        _step(world, event)
+        world.check()
+    # Wind down: cancel everything, deliver every stop and confirmation.
+    for job_id in sorted(world.jobs):
+        entry = world.jobs[job_id]
+        if entry.job.state not in TERMINAL_JOB_STATES:
+            world.carry_out(world.core.cancel(entry.job, "wind down", NOW))
+        world.check()
+    for _ in range(4):
+        for agent_id in AGENTS:
+            world.confirm(agent_id)
+        for subjob_id in sorted(world.stops):
+            cause = world.stops.pop(subjob_id)
+            if subjob_id in world.running:
+                world.end(subjob_id, common_pb2.KILLED, cause)
+        world.check()
+    assert world.running == {}, "a copy runs that nothing stops"
+    assert world.core.entries == {}, "an ended job stays in memory"
+    assert all(not jobs for jobs in world.core.by_agent.values())
+    assert all(e.job.state in TERMINAL_JOB_STATES for e in world.jobs.values())
+
+
+# ==================================================================== no I/O
+
+
+def test_the_core_imports_no_io() -> None:
+    """The core reads no clock and opens no socket, journal or event loop: importing it
+    alone brings in no gRPC, asyncio, sqlite3 or socket, and it imports no clock."""
+    code = (
+        "import sys, laminar_zone.core; "
+        "print(sorted(m for m in ('grpc', 'asyncio', 'sqlite3', 'socket') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
+    tree = ast.parse(Path(core_module.__file__ or "").read_text())
+    imported = {  # at run time (not the names imported for type checking only)
+        name.split(".")[0]
+        for node in tree.body
+        for name in (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+    }
+    assert not imported & {"time", "asyncio", "grpc", "random", "uuid"}
