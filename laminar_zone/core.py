@@ -118,6 +118,14 @@ class Forward:
 
 
 @dataclass(frozen=True)
+class ResumeForward:
+    """A forward to a peer was in flight at a restart: only the peer may say whether it
+    took the job, so ask it again (same idempotency key)."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True)
 class Confirm:
     """Ask the agent, at its next heartbeat, whether it started the job's subjob (its
     commit went unanswered); the core holds the job out of placement until then."""
@@ -187,6 +195,7 @@ Instruction = (
     | Release
     | Place
     | Forward
+    | ResumeForward
     | Confirm
     | Wake
     | Count
@@ -361,6 +370,55 @@ class ZoneCore:
         head_priority = self.blocked_families.get(entry.need.family)
         priority = entry.job.spec.priority or common_pb2.BATCH
         return head_priority is not None and priority >= head_priority
+
+    # ---------------------------------------------------------------- recovery
+
+    def recover_array(self, array_job: zone_pb2.Job) -> None:
+        """An array's journaled record: its counts of ended elements."""
+        self.arrays[array_job.job_id] = ArrayProgress(
+            array_job.array.total,
+            array_job.array.limit,
+            succeeded=array_job.array.succeeded,
+            failed=array_job.array.failed,
+            cancelled=array_job.array.cancelled,
+        )
+
+    def recovered(self, entry: Entry, atomized: bool, now_mono: float) -> list[Instruction]:
+        """A live job read back from the journal after a restart (an ended one is loaded
+        for a subjob still settling): where its copies may run, what it waits for, and
+        what to start again."""
+        job = entry.job
+        self.admit(entry)
+        ended = job.state in TERMINAL_JOB_STATES
+        if job.array_id and job.state != zone_pb2.WAITING and not ended:
+            # Under way at the crash (its array's record precedes it in the journal).
+            progress = self.arrays.get(job.array_id)
+            if progress is not None:
+                progress.active.add(job.job_id)
+        instructions: list[Instruction] = []
+        for p in job.placements:  # earlier attempts too: a copy may still run
+            if p.state in LIVE_SUBJOB_STATES:
+                self.view.add_placeholder(p.agent_id, p.agent_address, now_mono)
+                self.track(entry, p.agent_id)
+                if p.reason == COMMITTING:
+                    self.unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
+        if not atomized:
+            # A move the crash cut short after its copy started: the copy it moved from
+            # is retired now, not left running until its own end.
+            instructions += self.finish_moves(entry, entry.current())
+            self.watch_time_limit(entry)
+        if job.state == zone_pb2.PENDING and not any(
+            p.state in LIVE_SUBJOB_STATES for p in entry.current()
+        ):
+            if job.forwarded_to.startswith("pending:"):
+                instructions.append(ResumeForward(entry))
+            elif job.job_id in self.atoms:
+                job.state = zone_pb2.QUEUED  # it waits for the next window
+            else:
+                instructions.append(Place(entry))
+        elif job.state in (zone_pb2.QUEUED, zone_pb2.WAITING):
+            entry.queued_at = now_mono
+        return instructions
 
     # ---------------------------------------------------------------- submit and route
 

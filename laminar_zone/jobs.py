@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
-from laminar_base.causes import LIVE_SUBJOB_STATES, TERMINAL_JOB_STATES, EndCause
+from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -63,6 +63,7 @@ from laminar_zone.core import (
     Place,
     Publish,
     Release,
+    ResumeForward,
     Retire,
     SumUpArray,
     Terminate,
@@ -73,7 +74,7 @@ from laminar_zone.entry import Entry, queue_item
 from laminar_zone.failures import failure_of
 from laminar_zone.kept import KeptLeases
 from laminar_zone.metrics import ZoneMetrics
-from laminar_zone.placements import COMMITTING, apply_start_reply, fresh
+from laminar_zone.placements import apply_start_reply, fresh
 from laminar_zone.placer import AgentClients, Ask, Placer
 from laminar_zone.queue import Clear, class_order, drive_awaiting, quota_never_fits
 from laminar_zone.reasons import Reason
@@ -221,6 +222,9 @@ class ZoneState:
                     self.spawn(self.placer.release(list(leases)), "release")
                 case Retire(entry, old, new):
                     self.spawn(self.retire_moved(entry, old, new), f"moved-{old.subjob_id}")
+                case ResumeForward(entry):
+                    # Resumed once the server has its peers (resume_forwards).
+                    self._resume_forwards.append(entry)
                 case _:
                     self._carry_out(instruction)
 
@@ -301,49 +305,14 @@ class ZoneState:
         self._restore_workload()
         for job in self.store.live():
             if job.spec.array:  # an array's record: its counts of ended elements
-                self.core.arrays[job.job_id] = ArrayProgress(
-                    job.array.total,
-                    job.array.limit,
-                    succeeded=job.array.succeeded,
-                    failed=job.array.failed,
-                    cancelled=job.array.cancelled,
-                )
+                self.core.recover_array(job)
                 continue
             entry = Entry(job=job, need=demand_of(job.spec.resources), submitted_mono=now)
-            self.core.admit(entry)
             self.usage_ledger.ends_known(job)
-            ended = job.state in TERMINAL_JOB_STATES  # loaded for a subjob still settling
-            if job.array_id and job.state != zone_pb2.WAITING and not ended:
-                # Under way at the crash (its array's record precedes it in the journal).
-                progress = self.arrays.get(job.array_id)
-                if progress is not None:
-                    progress.active.add(job.job_id)
-            if is_atomized(job.spec) and not ended:
+            atomized = is_atomized(job.spec)
+            if atomized and job.state not in TERMINAL_JOB_STATES:
                 self.atomizer.admit(job)
-            for p in job.placements:  # earlier attempts too: a copy may still run
-                if p.state in LIVE_SUBJOB_STATES:
-                    self.view.add_placeholder(p.agent_id, p.agent_address, now)
-                    self.core.track(entry, p.agent_id)
-                    if p.reason == COMMITTING:
-                        self.unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
-            if not is_atomized(job.spec):
-                # A move the crash cut short after its copy started: the copy it moved
-                # from is retired now, not left running until its own end.
-                self._do(self.core.finish_moves(entry, entry.current()))
-                self.core.watch_time_limit(entry)
-            if job.state == zone_pb2.PENDING and not any(
-                p.state in LIVE_SUBJOB_STATES for p in entry.current()
-            ):
-                if job.forwarded_to.startswith("pending:"):
-                    # A forward was in flight at the crash: only the peer may say whether
-                    # it took the job, so ask it again (same idempotency key).
-                    self._resume_forwards.append(entry)
-                elif job.job_id in self.atomizer.atoms:
-                    job.state = zone_pb2.QUEUED  # it waits for the next window
-                else:
-                    self.spawn(self._place(entry), f"place-{job.job_id}")
-            elif job.state in (zone_pb2.QUEUED, zone_pb2.WAITING):
-                entry.queued_at = now
+            self._do(self.core.recovered(entry, atomized, now))
         # Agents heard from lately, idle ones too, so drain, undrain and pressure reach an
         # agent that has not heartbeated since this restart (frozen, partitioned).
         for agent_id, (address, seen_unix) in self.store.known_agents().items():

@@ -47,6 +47,7 @@ from laminar_zone.core import (
     Next,
     Place,
     Release,
+    ResumeForward,
     Terminate,
     Wake,
     ZoneCore,
@@ -344,6 +345,37 @@ def test_a_placed_try_counts_its_latency_from_the_queue() -> None:
     out = core.placed(entry, True, 0.25, 12.0, probes=3, bounces=1)
     assert Count("queue_seconds", "batch", 2.0) in out
     assert Count("probes_per_placement", value=3) in out
+
+
+def test_a_restart_confirms_commits_in_flight_and_places_what_had_not_started() -> None:
+    core = _core()
+    committing = Entry(
+        job=zone_pb2.Job(job_id="j-c", state=zone_pb2.PENDING, attempts=1),
+        need=Demand(gpus=1),
+    )
+    committing.job.placements.add(
+        subjob_id="j-c.1.0",
+        agent_id="a9",
+        agent_address="addr-a9",
+        state=common_pb2.STARTING,
+        reason=COMMITTING,
+        attempt=1,
+    )
+    pending = Entry(
+        job=zone_pb2.Job(job_id="j-p", state=zone_pb2.PENDING, attempts=1), need=Demand(gpus=1)
+    )
+    forwarded = Entry(
+        job=zone_pb2.Job(
+            job_id="j-f", state=zone_pb2.PENDING, attempts=1, forwarded_to="pending:z2"
+        ),
+        need=Demand(gpus=1),
+    )
+    assert core.recovered(committing, False, 7.0) == []
+    assert core.unconfirmed == {"a9": {"j-c"}} and core.by_agent == {"a9": {"j-c"}}
+    assert core.view.agents["a9"].is_stale  # known from the journal until it heartbeats
+    assert core.recovered(pending, False, 7.0) == [Place(pending)]
+    assert core.recovered(forwarded, False, 7.0) == [ResumeForward(forwarded)]
+    assert set(core.entries) == {"j-c", "j-p", "j-f"}
 
 
 # ==================================================================== the property
