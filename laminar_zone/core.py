@@ -259,13 +259,15 @@ class ZoneCore:
         lost_after_seconds: float = 30.0,
         may_forward: bool = False,
         demand_of: Callable[[common_pb2.Resources], Demand] | None = None,
+        units_done: Callable[[zone_pb2.Job], int] = lambda job: 0,
     ) -> None:
         """``atoms``: the atomized jobs (the market places them); ``lookup``: a job no
         longer live (its journaled record), for dependencies; ``recheck_seconds``: how
         often a time limit is looked at again; ``lost_after_seconds``: silence after which
         an agent's subjobs are lost; ``may_forward``: whether peer zones may take jobs;
         ``demand_of``: what a piece's resources ask (``laminar_base.wire.demand_of``, which
-        reads the wire; the core imports no gRPC)."""
+        reads the wire; the core imports no gRPC); ``units_done``: how far an atomized job
+        got (``laminar_zone.atomizer.units_done``), for its reason while it waits."""
         self.view = view
         self.quotas = quotas
         self.atoms = atoms
@@ -273,6 +275,7 @@ class ZoneCore:
         self.lost_after_seconds = lost_after_seconds
         self.may_forward = may_forward
         self.demand_of = demand_of or _no_pieces
+        self.units_done = units_done
         self.entries: dict[str, Entry] = {}
         #: agent id -> job ids with live placements there
         self.by_agent: dict[str, set[str]] = {}
@@ -505,14 +508,11 @@ class ZoneCore:
         """An atomized job stays in this zone: it waits for a window (the market starts it)."""
         job = entry.job
         job.state = zone_pb2.QUEUED
-        done = max(
-            (p.unit_start + p.units_done for p in job.placements if p.state in ENDED_SUBJOB_STATES),
-            default=0,
-        )
         set_reason(
             job,
             Reason.WINDOW,
-            f"waiting for a window; {done} of {job.spec.atomization.total_units} units done",
+            f"waiting for a window; {self.units_done(job)} of "
+            f"{job.spec.atomization.total_units} units done",
         )
         entry.queued_at = now_mono
         return [Wake(Loop.MARKET)]

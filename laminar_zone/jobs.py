@@ -45,7 +45,7 @@ from laminar_base.grpcutil import check_count, check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import demand_of
 from laminar_zone.arrays import ArrayProgress, element_id, parse_array
-from laminar_zone.atomizer import Atomizer, is_atomized
+from laminar_zone.atomizer import Atomizer, is_atomized, units_done
 from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
@@ -137,6 +137,7 @@ class ZoneState:
             lost_after_seconds=config.membership.lost_after_seconds,
             may_forward=bool(config.peers.peers),
             demand_of=demand_of,
+            units_done=units_done,
         )
         self.array_watchers: dict[str, list[asyncio.Queue[zone_pb2.Job]]] = {}
         self.queue_wake = asyncio.Event()

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ast
 import itertools
+import random
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +58,7 @@ from laminar_zone.core import (
 from laminar_zone.entry import Entry
 from laminar_zone.placement import ShapeCap
 from laminar_zone.placements import COMMITTING
+from laminar_zone.queue import class_order, drive
 from laminar_zone.reasons import Reason, reason_of
 from laminar_zone.view import ZoneView
 
@@ -378,6 +381,91 @@ def test_a_restart_confirms_commits_in_flight_and_places_what_had_not_started() 
     assert set(core.entries) == {"j-c", "j-p", "j-f"}
 
 
+def _pass(core: ZoneCore, start: Callable[[Entry], bool]) -> list[Instruction]:
+    """One queue pass, its starts answered at once (the router awaits them)."""
+    out = core.resolve_waiting(NOW)
+    units, memory = core.tenant_usage()
+    book = core.begin_pass(core.waiting(), units, memory, {}, NOW, 3.0, backfill=True)
+
+    def started(entry: Entry) -> bool:
+        return book.may_start(entry, random.Random(0)) and book.started(entry, start(entry))
+
+    steps = class_order(
+        book.walk,
+        book.waiting,
+        lambda e: e.item,
+        book.expected_start,
+        admit=book.admit,
+        waited=book.waited,
+        estimate_all=True,
+    )
+    drive(steps, started, lambda clear: None)
+    return out + core.end_pass(book)
+
+
+def test_a_pass_places_in_order_explains_the_rest_and_blocks_the_family() -> None:
+    core = _core()
+    entries = [_submit(core) for _ in range(4)]
+    for e in entries:
+        e.job.state = zone_pb2.QUEUED
+    room = [True, True]  # two slots: the first two start
+
+    def start(entry: Entry) -> bool:
+        if not room:
+            return False
+        room.pop()
+        entry.job.state = zone_pb2.JOB_RUNNING
+        return True
+
+    out = _pass(core, start)
+    assert [e.job.state for e in entries] == [zone_pb2.JOB_RUNNING] * 2 + [zone_pb2.QUEUED] * 2
+    assert [e.job.queue_position for e in entries[2:]] == [1, 2]
+    assert journaled(out) == entries[2:]  # only what changed
+    assert core.blocked_families == {entries[0].need.family: common_pb2.BATCH}
+    assert core.queued_per_family == {entries[0].need.family: 2}
+
+
+def test_a_pass_skips_a_job_whose_old_copy_may_still_run() -> None:
+    core = _core()
+    entry = _submit(core, gang=2)
+    core.begin_commit(entry, _members("a0", "a1"))
+    _started(entry.current()[0])
+    core.committed(entry, [None, BUSY], NOW)
+    entry.job.state = zone_pb2.QUEUED
+    tried: list[Entry] = []
+
+    def start(e: Entry) -> bool:
+        tried.append(e)
+        return True
+
+    out = _pass(core, start)
+    assert tried == []
+    assert reason_of(entry.job.reason_code) is Reason.PREVIOUS_COPY
+    assert journaled(out) == [entry] and entry.queued_at == 3.0
+
+
+def test_a_pass_holds_array_elements_past_the_limit() -> None:
+    core = _core()
+    array = zone_pb2.Job(job_id="arr")
+    core.admit_array(array, total=3, limit=1)
+    elements = []
+    for index in range(3):
+        entry = _submit(core)
+        entry.job.array_id = "arr"
+        entry.job.array_index = index
+        entry.job.state = zone_pb2.WAITING
+        elements.append(entry)
+    started: list[str] = []
+
+    def start(e: Entry) -> bool:
+        started.append(e.job.job_id)
+        return True
+
+    _pass(core, start)
+    assert started == [elements[0].job.job_id]
+    assert all(reason_of(e.job.reason_code) is Reason.ARRAY_LIMIT for e in elements[1:])
+
+
 # ==================================================================== the property
 
 
@@ -468,17 +556,16 @@ class World:
                 assert all(p.state in LIVE_SUBJOB_STATES for p in current)
 
 
+_answers = st.lists(
+    st.sampled_from(["ok", "busy", "refused", "lost_started", "lost_not_started"]),
+    min_size=3,
+    max_size=3,
+)
+
 events = st.one_of(
     st.tuples(st.just("submit"), st.integers(1, 3), st.integers(0, 2)),
-    st.tuples(
-        st.just("place"),
-        st.integers(0, 20),
-        st.lists(
-            st.sampled_from(["ok", "busy", "refused", "lost_started", "lost_not_started"]),
-            min_size=3,
-            max_size=3,
-        ),
-    ),
+    st.tuples(st.just("place"), st.integers(0, 20), _answers),
+    st.tuples(st.just("queue_pass"), _answers),
     st.tuples(st.just("deliver_stop"), st.integers(0, 20)),
     st.tuples(st.just("exit"), st.integers(0, 20), st.booleans()),
     st.tuples(st.just("confirm"), st.sampled_from(AGENTS)),
@@ -495,6 +582,38 @@ ANSWERS = {
 }
 
 
+def _try(world: World, entry: Entry, answers: list[object]) -> bool:
+    """One placement try: each member's Commit answered as ``answers`` says. Returns
+    whether the job was placed."""
+    core = world.core
+    if not core.may_place(entry):
+        return False
+    waits, out = core.old_copy(entry, 0.0)
+    world.carry_out(out)
+    if waits:
+        return False
+    # The invariant the core keeps: no copy of an earlier attempt may still run.
+    assert not any(
+        p.state in LIVE_SUBJOB_STATES and p.attempt != entry.job.attempts
+        for p in entry.job.placements
+    )
+    gang = max(1, entry.job.spec.gang_size)
+    world.carry_out(core.begin_commit(entry, _members(*AGENTS[:gang])))
+    replies = []
+    for p, answer in zip(entry.current(), answers, strict=False):
+        if answer in ("ok", "lost_started"):
+            world.running[p.subjob_id] = (entry.job.job_id, p.member, p.agent_id)
+        if answer == "ok":
+            _started(p)
+        replies.append(ANSWERS[str(answer)])
+    placed, out = core.committed(entry, replies, NOW)
+    world.carry_out(out)
+    if not placed:
+        _, out = core.commit_lost(entry, False, 0.0, NOW)
+        world.carry_out(out)
+    return placed
+
+
 def _step(world: World, event: tuple[object, ...]) -> None:
     core = world.core
     kind = event[0]
@@ -508,30 +627,12 @@ def _step(world: World, event: tuple[object, ...]) -> None:
         pick, answers = event[1], event[2]
         assert isinstance(pick, int) and isinstance(answers, list)
         entry = world.jobs[jobs[pick % len(jobs)]]
-        if entry.job.state not in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING):
-            return
-        if not core.may_place(entry):
-            return
-        waits, out = core.old_copy(entry, 0.0)
-        world.carry_out(out)
-        if waits:
-            return
-        # The invariant the core keeps: no copy of an earlier attempt may still run.
-        assert not any(
-            p.state in LIVE_SUBJOB_STATES and p.attempt != entry.job.attempts
-            for p in entry.job.placements
-        )
-        gang = max(1, entry.job.spec.gang_size)
-        world.carry_out(core.begin_commit(entry, _members(*AGENTS[:gang])))
-        replies = []
-        for p, answer in zip(entry.current(), answers, strict=False):
-            if answer in ("ok", "lost_started"):
-                world.running[p.subjob_id] = (entry.job.job_id, p.member, p.agent_id)
-            if answer == "ok":
-                _started(p)
-            replies.append(ANSWERS[str(answer)])
-        _, out = core.committed(entry, replies, NOW)
-        world.carry_out(out)
+        if entry.job.state in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING):
+            _try(world, entry, answers)
+    elif kind == "queue_pass":
+        answers = event[1]
+        assert isinstance(answers, list)
+        world.carry_out(_pass(core, lambda entry: _try(world, entry, answers)))
     elif kind == "deliver_stop" and world.stops:
         pick = event[1]
         assert isinstance(pick, int)
@@ -570,11 +671,11 @@ def _step(world: World, event: tuple[object, ...]) -> None:
 
 
 @settings(
-    max_examples=150,
+    max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(st.lists(events, max_size=40))
+@given(st.lists(events, min_size=8, max_size=60))
 def test_random_event_sequences_keep_the_cores_promises(ops: list[tuple[object, ...]]) -> None:
     world = World(_core())
     for event in ops:
