@@ -41,10 +41,10 @@ from laminar_base.causes import (
     end_cause,
 )
 from laminar_base.demand import Demand
-from laminar_base.errors import FailedPrecondition
-from laminar_zone.arrays import ArrayProgress
+from laminar_base.errors import FailedPrecondition, InvalidArgument
+from laminar_zone.arrays import ArrayProgress, element_id, parse_array
 from laminar_zone.config import Quota
-from laminar_zone.entry import Entry
+from laminar_zone.entry import Entry, queue_item
 from laminar_zone.lifecycle import Outcome, job_of, judge_attempt, rigid_subjob_id, taken_over
 from laminar_zone.placement import ReleaseCurve
 from laminar_zone.placements import (
@@ -57,7 +57,15 @@ from laminar_zone.placements import (
     now_running,
     state_name,
 )
-from laminar_zone.queue import Admit, QueueWalk, Waiting, order_key, quota_block, why_waiting
+from laminar_zone.queue import (
+    Admit,
+    QueueWalk,
+    Waiting,
+    order_key,
+    quota_block,
+    quota_never_fits,
+    why_waiting,
+)
 from laminar_zone.reasons import END_REASONS, Reason, reason_of, set_reason
 from laminar_zone.time_limits import TimeLimits
 from laminar_zone.view import HostCounts, ZoneView
@@ -228,6 +236,30 @@ class Member:
     agent_id: str
     address: str
     slice_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """What the driver gives a new job: its id (drawn by the driver), its zone, and who
+    asked."""
+
+    job_id: str
+    zone: str
+    request_id: str = ""
+    forwarded_from: str = ""
+    #: The submitter's bearer token, in memory only (a peer that takes the job uses it).
+    bearer: str = ""
+
+
+@dataclass(frozen=True)
+class TryPlan:
+    """How a placement try gathers: members, their class, how long its leases live, and
+    whether the probes carry the commit (one member: no second round trip)."""
+
+    gang_size: int
+    priority: int
+    lease_ttl_seconds: float
+    commit_on_probe: bool
 
 
 class Next(enum.Enum):
@@ -425,6 +457,62 @@ class ZoneCore:
 
     # ---------------------------------------------------------------- submit and route
 
+    def new_entries(
+        self, spec: zone_pb2.JobSpec, need: Demand, new: NewJob, now_unix: float, now_mono: float
+    ) -> list[Entry]:
+        """A new job whose spec is valid (``need`` per member): refuse what this zone can
+        never run, and make its record (an array: its record, then its elements', taken in
+        order); nothing is kept yet."""
+        largest = self.view.largest_gpus
+        if need.gpus > largest > 0 and not self.may_forward:
+            # No peer zone to send it to, and no host here was ever that large.
+            raise InvalidArgument(
+                f"{need.gpus} GPUs on one host, but the largest host of zone {new.zone} "
+                f"has {largest}; ask for at most {largest} per member (a gang spreads "
+                "members over hosts)",
+                field="spec.resources.gpus",
+            )
+        array = parse_array(spec.array) if spec.array else None
+        for dep in spec.after:
+            if self.job(dep) is None:
+                raise InvalidArgument(f"no job {dep!r} to wait for", field="spec.after")
+        refusal = quota_never_fits(queue_item(spec, need), self.quotas.get(spec.tenant))
+        if refusal:
+            raise FailedPrecondition(refusal, field="spec.resources")
+        forwarded = new.forwarded_from
+        job = zone_pb2.Job(
+            job_id=new.job_id,
+            spec=spec,
+            state=zone_pb2.PENDING,
+            reason=f"forwarded from zone {forwarded}" if forwarded else "placing",
+            submitted_unix=now_unix,
+            zone=new.zone,
+            client_request_id=new.request_id,
+            attempts=1,
+        )
+        entries = [Entry(job=job, need=need, submitted_mono=now_mono, bearer=new.bearer)]
+        if array is None:
+            return entries
+        for order, index in enumerate(array.indices):
+            element_spec = zone_pb2.JobSpec()
+            element_spec.CopyFrom(spec)
+            element_spec.ClearField("array")
+            element = zone_pb2.Job(
+                job_id=element_id(job.job_id, index),
+                spec=element_spec,
+                state=zone_pb2.PENDING,
+                reason="placing",
+                submitted_unix=now_unix + order * 1e-6,  # the queue takes elements in order
+                zone=new.zone,
+                attempts=1,
+                array_id=job.job_id,
+                array_index=index,
+            )
+            entries.append(
+                Entry(job=element, need=need, submitted_mono=now_mono, bearer=new.bearer)
+            )
+        return entries
+
     def admit(self, entry: Entry) -> None:
         """A new job (or an array's element) is live; an array's own record is kept as
         its progress (:meth:`admit_array`)."""
@@ -531,6 +619,16 @@ class ZoneCore:
     def may_place(self, entry: Entry) -> bool:
         """Whether a placement try may begin (none under way, the job not ended)."""
         return not entry.placing and entry.job.state not in TERMINAL_JOB_STATES
+
+    def plan_try(self, entry: Entry, lease_ttl_seconds: float, budget_seconds: float) -> TryPlan:
+        """A gang's leases outlive the whole probe budget (the first member's lease must
+        still hold when the last one is found); one member commits on probe."""
+        gang = max(1, entry.job.spec.gang_size)
+        ttl = lease_ttl_seconds
+        if gang > 1:
+            ttl = max(ttl, budget_seconds + 2 * ttl)
+        priority = entry.job.spec.priority or common_pb2.BATCH
+        return TryPlan(gang, priority, ttl, commit_on_probe=gang == 1)
 
     def old_copy(self, entry: Entry, now_mono: float) -> tuple[bool, list[Instruction]]:
         """A copy from an earlier attempt may still run (being stopped, or its commit went

@@ -35,8 +35,6 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.errors import (
     AlreadyExists,
-    FailedPrecondition,
-    InvalidArgument,
     LaminarError,
     NotFound,
 )
@@ -44,7 +42,7 @@ from laminar_base.fragmentation import workload_from_rows, workload_rows
 from laminar_base.grpcutil import check_count, check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import demand_of
-from laminar_zone.arrays import ArrayProgress, element_id, parse_array
+from laminar_zone.arrays import ArrayProgress, parse_array
 from laminar_zone.atomizer import Atomizer, is_atomized, units_done
 from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
@@ -59,6 +57,7 @@ from laminar_zone.core import (
     JudgeAtomized,
     Loop,
     Member,
+    NewJob,
     Next,
     Place,
     Publish,
@@ -70,13 +69,13 @@ from laminar_zone.core import (
     Wake,
     ZoneCore,
 )
-from laminar_zone.entry import Entry, queue_item
+from laminar_zone.entry import Entry
 from laminar_zone.failures import failure_of
 from laminar_zone.kept import KeptLeases
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placements import apply_start_reply, fresh
 from laminar_zone.placer import AgentClients, Ask, Placer
-from laminar_zone.queue import Clear, class_order, drive_awaiting, quota_never_fits
+from laminar_zone.queue import Clear, class_order, drive_awaiting
 from laminar_zone.reasons import Reason
 from laminar_zone.spec import MAX_BATCH_JOBS, validate_spec
 from laminar_zone.store import JobStore
@@ -433,58 +432,24 @@ class ZoneState:
     def _new_entries(
         self, spec: zone_pb2.JobSpec, request_id: str, forwarded_from: str, bearer: str
     ) -> list[Entry]:
-        """Check one new job and make its record (an array: its record, then its
-        elements'); nothing is kept yet."""
+        """Check one new job's input and let the core make its record (an array: its
+        record, then its elements'); nothing is kept yet."""
         need = validate_spec(spec)
-        largest = self.view.largest_gpus
-        if need.gpus > largest > 0 and not self.config.peers.peers:
-            # No peer zone to send it to, and no host here was ever that large.
-            raise InvalidArgument(
-                f"{need.gpus} GPUs on one host, but the largest host of zone {self.zone_name} "
-                f"has {largest}; ask for at most {largest} per member (a gang spreads "
-                "members over hosts)",
-                field="spec.resources.gpus",
-            )
-        array = parse_array(spec.array) if spec.array else None
         for dep in spec.after:
             check_str(dep, "spec.after", required=True)
-            if self.core.job(dep) is None:
-                raise InvalidArgument(f"no job {dep!r} to wait for", field="spec.after")
-        item = queue_item(spec, need)
-        refusal = quota_never_fits(item, self.quotas.get(spec.tenant))
-        if refusal:
-            raise FailedPrecondition(refusal, field="spec.resources")
-        now, now_mono = time.time(), time.monotonic()
-        job = zone_pb2.Job(
-            job_id=f"j-{uuid.uuid4().hex[:10]}",
-            spec=spec,
-            state=zone_pb2.PENDING,
-            reason="placing" if not forwarded_from else f"forwarded from zone {forwarded_from}",
-            submitted_unix=now,
-            zone=self.zone_name,
-            client_request_id=request_id,
-            attempts=1,
-        )
-        entries = [Entry(job=job, need=need, submitted_mono=now_mono, bearer=bearer)]
-        if array is None:
-            return entries
-        for order, index in enumerate(array.indices):
-            element_spec = zone_pb2.JobSpec()
-            element_spec.CopyFrom(spec)
-            element_spec.ClearField("array")
-            element = zone_pb2.Job(
-                job_id=element_id(job.job_id, index),
-                spec=element_spec,
-                state=zone_pb2.PENDING,
-                reason="placing",
-                submitted_unix=now + order * 1e-6,  # the queue takes elements in order
+        return self.core.new_entries(
+            spec,
+            need,
+            NewJob(
+                job_id=f"j-{uuid.uuid4().hex[:10]}",
                 zone=self.zone_name,
-                attempts=1,
-                array_id=job.job_id,
-                array_index=index,
-            )
-            entries.append(Entry(job=element, need=need, submitted_mono=now_mono, bearer=bearer))
-        return entries
+                request_id=request_id,
+                forwarded_from=forwarded_from,
+                bearer=bearer,
+            ),
+            time.time(),
+            time.monotonic(),
+        )
 
     # ================================================================ routing
 
@@ -525,20 +490,21 @@ class ZoneState:
         await self._run(instructions)
         if waits:
             return False
-        gang = max(1, job.spec.gang_size)
+        plan = self.core.plan_try(
+            entry, self.config.placement.lease_ttl_seconds, self.config.placement.budget_seconds
+        )
         ask = Ask(
             job_id=job.job_id,
             resources=job.spec.resources,
-            gang_size=gang,
-            priority=job.spec.priority or common_pb2.BATCH,
+            gang_size=plan.gang_size,
+            priority=plan.priority,
             value=job.spec.value,
             tenant=job.spec.tenant,
         )
-        ttl = self.config.placement.lease_ttl_seconds
-        if gang > 1:
-            ttl = max(ttl, self.config.placement.budget_seconds + 2 * ttl)
-        hook = _ProbeCommit(self, entry) if gang == 1 else None
-        gathered = await self.placer.gather(ask, lease_ttl_seconds=ttl, commit=hook)
+        hook = _ProbeCommit(self, entry) if plan.commit_on_probe else None
+        gathered = await self.placer.gather(
+            ask, lease_ttl_seconds=plan.lease_ttl_seconds, commit=hook
+        )
         job.probes += max(0, gathered.probes - (hook.probes if hook is not None else 0))
         job.bounces += gathered.bounces
         if hook is not None and hook.pending is not None:

@@ -35,7 +35,7 @@ from laminar_base.causes import (
     end_cause,
 )
 from laminar_base.demand import Demand
-from laminar_base.errors import FailedPrecondition
+from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_zone import core as core_module
 from laminar_zone.core import (
     Confirm,
@@ -46,11 +46,13 @@ from laminar_zone.core import (
     Journal,
     Loop,
     Member,
+    NewJob,
     Next,
     Place,
     Release,
     ResumeForward,
     Terminate,
+    TryPlan,
     Wake,
     ZoneCore,
     journaled,
@@ -79,6 +81,7 @@ def _view(agents: tuple[str, ...] = AGENTS, free: int = 1) -> ZoneView:
             heat=0,
             draining=False,
             now=0.0,
+            total_gpus=1,
         )
     return view
 
@@ -379,6 +382,39 @@ def test_a_restart_confirms_commits_in_flight_and_places_what_had_not_started() 
     assert core.recovered(pending, False, 7.0) == [Place(pending)]
     assert core.recovered(forwarded, False, 7.0) == [ResumeForward(forwarded)]
     assert set(core.entries) == {"j-c", "j-p", "j-f"}
+
+
+def test_a_new_array_is_its_record_then_its_elements_in_order() -> None:
+    core = _core()
+    spec = zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1))
+    spec.array = "0-2%1"
+    entries = core.new_entries(spec, Demand(gpus=1), NewJob("j-a", "z1", "r1"), NOW, 4.0)
+    assert entries[0].job.job_id == "j-a"
+    elements = [e.job for e in entries[1:]]
+    assert [j.array_index for j in elements] == [0, 1, 2]
+    assert all(j.array_id == "j-a" and not j.spec.array for j in elements)
+    assert [j.submitted_unix for j in elements] == sorted(j.submitted_unix for j in elements)
+    assert entries[0].job.client_request_id == "r1" and core.entries == {}  # nothing kept
+
+
+def test_a_new_job_this_zone_can_never_run_is_refused_naming_the_field() -> None:
+    core = _core()
+    spec = zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1))
+    spec.after.append("j-nowhere")
+    with pytest.raises(InvalidArgument) as refused:
+        core.new_entries(spec, Demand(gpus=1), NewJob("j-b", "z1"), NOW, 0.0)
+    assert refused.value.field == "spec.after"
+    big = zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=9))
+    with pytest.raises(InvalidArgument) as too_big:
+        core.new_entries(big, Demand(gpus=9), NewJob("j-c", "z1"), NOW, 0.0)
+    assert too_big.value.field == "spec.resources.gpus" and "has 1" in str(too_big.value)
+
+
+def test_a_gangs_leases_outlive_the_probe_budget_and_one_member_commits_on_probe() -> None:
+    core = _core()
+    single, gang = _submit(core), _submit(core, gang=4)
+    assert core.plan_try(single, 2.0, 5.0) == TryPlan(1, common_pb2.BATCH, 2.0, True)
+    assert core.plan_try(gang, 2.0, 5.0) == TryPlan(4, common_pb2.BATCH, 9.0, False)
 
 
 def _pass(core: ZoneCore, start: Callable[[Entry], bool]) -> list[Instruction]:
