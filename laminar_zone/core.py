@@ -45,7 +45,16 @@ from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_zone.arrays import ArrayProgress, element_id, parse_array
 from laminar_zone.config import Quota
 from laminar_zone.entry import Entry, queue_item
-from laminar_zone.lifecycle import Outcome, job_of, judge_attempt, rigid_subjob_id, taken_over
+from laminar_zone.lifecycle import (
+    Outcome,
+    Record,
+    Report,
+    job_of,
+    judge_attempt,
+    judge_report,
+    rigid_subjob_id,
+    taken_over,
+)
 from laminar_zone.placement import ReleaseCurve
 from laminar_zone.placements import (
     COMMITTING,
@@ -54,6 +63,7 @@ from laminar_zone.placements import (
     copy_subjob,
     member_states,
     moves_from_live_copy,
+    note_true_end,
     now_running,
     state_name,
 )
@@ -165,6 +175,17 @@ class Count:
 
 
 @dataclass(frozen=True)
+class StopCopy:
+    """Stop a copy of a subjob on ``agent_id`` that the router does not count on (its end
+    records :attr:`EndCause.SUPERSEDED`); ``context`` says what found it, for people."""
+
+    agent_id: str
+    subjob_id: str
+    why: str
+    context: str = ""
+
+
+@dataclass(frozen=True)
 class Retire:
     """The move's copy ``new`` started: retire ``old``, the copy it moved from
     (:meth:`ZoneCore.retire`, then stop it), after this transition."""
@@ -207,6 +228,7 @@ Instruction = (
     | Confirm
     | Wake
     | Count
+    | StopCopy
     | Retire
     | JudgeAtomized
     | SumUpArray
@@ -227,6 +249,8 @@ class Failure:
     unknown: bool = True
     #: Whether the agent refused the spec as bad input (retrying cannot help).
     refused_input: bool = False
+    #: The status's details alone (what the agent said).
+    details: str = ""
 
 
 @dataclass(frozen=True)
@@ -1117,6 +1141,251 @@ class ZoneCore:
     def stop_taken(self, subjob_id: str) -> None:
         """Taken, ended already, or unknown to the agent: nothing more is owed."""
         self.owed_stops.pop(subjob_id, None)
+
+    # ---------------------------------------------------------------- agents' reports
+
+    def placement_of(self, job: zone_pb2.Job | None, subjob_id: str) -> zone_pb2.Placement | None:
+        if job is None:
+            return None
+        return next((p for p in job.placements if p.subjob_id == subjob_id), None)
+
+    def report(
+        self,
+        agent_id: str,
+        subjob: common_pb2.Subjob,
+        ended_job: zone_pb2.Job | None,
+        now_unix: float,
+    ) -> tuple[Entry | None, bool, list[Instruction]]:
+        """An agent's event on one of its subjobs, judged by
+        :func:`~laminar_zone.lifecycle.judge_report` and carried into the record.
+        ``ended_job``: the journal's record when the job is no longer live. Returns the
+        live entry whose record changed (to be evaluated), whether ``ended_job`` changed
+        (to be journaled), and what to do."""
+        subjob_id = subjob.spec.subjob_id
+        job_id = subjob.spec.job_id or job_of(subjob_id)
+        entry = self.entries.get(job_id)
+        job = entry.job if entry is not None else ended_job
+        p = self.placement_of(job, subjob_id)
+        verdict = judge_report(
+            Record(p.agent_id, p.state, p.attempt) if p is not None else None,
+            agent_id,
+            job.attempts if job is not None else 0,
+            job is None or job.state in TERMINAL_JOB_STATES,
+            subjob.state,
+        )
+        if verdict is Report.IGNORE:
+            if p is not None and p.agent_id != agent_id:
+                log.warning(
+                    "ignoring an event for subjob %s from agent %s: it is placed on %s",
+                    subjob_id,
+                    agent_id,
+                    p.agent_id,
+                )
+            return None, False, []
+        if verdict is Report.STOP:
+            why = (
+                f"superseded: the router replaced this copy ({p.reason})"
+                if p is not None
+                else "superseded: its job has ended or is unknown to the router"
+            )
+            return None, False, [StopCopy(agent_id, subjob_id, why)]
+        assert job is not None and p is not None
+        instructions: list[Instruction] = []
+        if verdict is Report.TRUE_END:
+            if entry is None:
+                note_true_end(p, subjob)
+            else:
+                instructions += self.true_end(entry, p, subjob, now_unix)
+        else:
+            copy_subjob(p, subjob)
+            if verdict is Report.APPLY_AND_STOP:
+                instructions.append(StopCopy(agent_id, subjob_id, "superseded: the job moved on"))
+        return entry, entry is None, instructions
+
+    def true_end(
+        self, entry: Entry, p: zone_pb2.Placement, subjob: common_pb2.Subjob, now_unix: float
+    ) -> list[Instruction]:
+        """A copy declared LOST while its agent was out of touch reports how it really
+        ended: the record says so. If it succeeded and the job has not ended, it wins:
+        the retry still running is stopped, the retry spent on it is given back, and the
+        job succeeds (first finisher wins; gangs, which retry as a whole, excepted)."""
+        note_true_end(p, subjob)
+        job = entry.job
+        log.info(
+            "subjob %s of job %s declared lost ended %s on %s",
+            p.subjob_id,
+            job.job_id,
+            state_name(subjob.state),
+            p.agent_id,
+        )
+        if (
+            subjob.state != common_pb2.SUCCEEDED
+            or job.state in TERMINAL_JOB_STATES
+            or max(1, job.spec.gang_size) > 1
+            or job.job_id in self.atoms
+        ):
+            return []
+        why = f"superseded: copy {p.subjob_id} on {p.agent_id} succeeded first"
+        instructions: list[Instruction] = [
+            Terminate(other, why, EndCause.SUPERSEDED)
+            for other in job.placements
+            if other is not p and other.state in LIVE_SUBJOB_STATES
+        ]
+        if job.retries_used > 0 and p.attempt < job.attempts:
+            job.retries_used -= 1
+        return instructions + self.finish(
+            entry,
+            zone_pb2.JOB_SUCCEEDED,
+            f"subjob {p.subjob_id} succeeded (reported late)",
+            now_unix,
+        )
+
+    def reconcile(self, agent_id: str, live_ids: Sequence[str]) -> list[Instruction]:
+        """The agent lists the subjobs it runs: stop each copy this router no longer
+        counts on (declared lost and retried, superseded, of an ended or unknown job),
+        as :func:`~laminar_zone.lifecycle.judge_report` decides for a live report."""
+        instructions: list[Instruction] = []
+        for subjob_id in live_ids:
+            entry = self.entries.get(job_of(subjob_id))
+            p = self.placement_of(entry.job if entry is not None else None, subjob_id)
+            verdict = judge_report(
+                Record(p.agent_id, p.state, p.attempt) if p is not None else None,
+                agent_id,
+                entry.job.attempts if entry is not None else 0,
+                entry is None or entry.job.state in TERMINAL_JOB_STATES,
+                common_pb2.RUNNING,
+            )
+            if verdict in (Report.STOP, Report.APPLY_AND_STOP):
+                why = (
+                    f"superseded: the router replaced this copy ({p.reason})"
+                    if p is not None and p.state in ENDED_SUBJOB_STATES
+                    else "superseded: the job moved on or is unknown to the router"
+                )
+                instructions.append(
+                    StopCopy(agent_id, subjob_id, why, f"reconciling agent {agent_id}")
+                )
+        return instructions
+
+    def to_confirm(self, agent_id: str) -> list[str]:
+        """The agent heartbeats: the jobs with commits of unknown outcome on it, to ask it
+        about (they leave the set; :meth:`reconfirm` puts back what could not be asked)."""
+        return sorted(self.unconfirmed.pop(agent_id, set()))
+
+    @staticmethod
+    def is_unsure(p: zone_pb2.Placement, agent_id: str) -> bool:
+        """Whether ``p`` is a commit on ``agent_id`` whose outcome is not known yet."""
+        return p.agent_id == agent_id and p.reason == COMMITTING and p.state in LIVE_SUBJOB_STATES
+
+    def reconfirm(self, agent_id: str, job_id: str) -> None:
+        """The agent could not say (no answer): ask again at its next heartbeat."""
+        self.unconfirmed.setdefault(agent_id, set()).add(job_id)
+
+    def confirmed(
+        self,
+        entry: Entry,
+        p: zone_pb2.Placement,
+        subjob: common_pb2.Subjob | None,
+        now_unix: float,
+    ) -> list[Instruction]:
+        """The agent says whether it started a commit of unknown outcome: ``subjob`` as it
+        stands, or None (it knows no such subjob: the commit never started it). A copy
+        the job no longer counts on is stopped."""
+        job = entry.job
+        if subjob is None:
+            index = list(job.placements).index(p)
+            # A move's copy that never started leaves the member where it was.
+            moved = moves_from_live_copy(job.placements[:index], p)
+            p.state = common_pb2.FAILED
+            p.end_cause = (EndCause.READDRESSED if moved else EndCause.COMMIT_UNCONFIRMED).wire
+            p.reason = "commit unconfirmed: the agent never started it"
+            p.ended_unix = now_unix
+            return []
+        copy_subjob(p, subjob)
+        moved_on = p.attempt != job.attempts or job.state in TERMINAL_JOB_STATES
+        if moved_on and p.state in LIVE_SUBJOB_STATES:
+            return [StopCopy(p.agent_id, p.subjob_id, "superseded: the job moved on")]
+        return []
+
+    # ---------------------------------------------------------------- re-addressing
+
+    def readdress(self, agent_id: str, subjob_id: str) -> tuple[Entry | None, list[Instruction]]:
+        """Airlock on ``agent_id`` asks to move a long-suspended subjob. Returns the job's
+        entry when a copy is to be placed elsewhere (the old one is retired once the copy
+        runs: :meth:`move_committed`), or what to do instead: an atomized piece goes back
+        to the market (it resumes from its checkpoint); a gang member moves only with its
+        gang, by retry; a member already moving waits."""
+        job_id = job_of(subjob_id)
+        entry = self.entries.get(job_id)
+        if entry is None or subjob_id in self.readdressing:
+            return None, []
+        placement = next((p for p in entry.current() if p.subjob_id == subjob_id), None)
+        if placement is None or placement.agent_id != agent_id:
+            return None, []
+        if placement.state not in LIVE_SUBJOB_STATES:
+            return None, []
+        if any(
+            p is not placement and p.member == placement.member and p.state in LIVE_SUBJOB_STATES
+            for p in entry.current()
+        ):
+            return None, []  # a move of this member is under way (or awaits its agent's word)
+        if max(1, entry.job.spec.gang_size) > 1:
+            log.info("not re-addressing %s: gang members move together only by retry", subjob_id)
+            return None, []
+        if job_id in self.atoms:  # back to the market: it resumes from its checkpoint
+            why = f"{READDRESSED} Airlock suspended it too long on {agent_id}; back to the market"
+            return None, [Terminate(placement, why, EndCause.READDRESSED)]
+        self.readdressing.add(subjob_id)
+        return entry, []
+
+    def move_to(
+        self, entry: Entry, old: zone_pb2.Placement, member: Member
+    ) -> tuple[zone_pb2.Placement, int, list[Instruction]]:
+        """A host was found for a move of ``old``: journal its copy as committing there.
+        Returns the copy, how many moves of the member came before it, and what to do."""
+        job = entry.job
+        moves = sum(
+            1 for p in job.placements if p.member == old.member and p.attempt == old.attempt
+        )
+        job.placements.append(
+            zone_pb2.Placement(
+                subjob_id=rigid_subjob_id(job.job_id, old.attempt, old.member, moves),
+                agent_id=member.agent_id,
+                agent_address=member.address,
+                slice_ids=list(member.slice_ids),
+                member=old.member,
+                state=common_pb2.STARTING,
+                reason=COMMITTING,
+                attempt=old.attempt,
+            )
+        )
+        self.track(entry, member.agent_id)
+        return job.placements[-1], moves, [Journal((entry,))]
+
+    def move_committed(
+        self,
+        entry: Entry,
+        old: zone_pb2.Placement,
+        new: zone_pb2.Placement,
+        failure: Failure | None,
+        now_unix: float,
+    ) -> list[Instruction]:
+        """The Commit of a move's copy was answered (``failure`` None) or failed: the
+        copy runs, and the old one is retired; or the agent may run it (confirmed at its
+        next report, the copy counting as live meanwhile, so the member is not moved
+        again); or it surely did not start, and the member stays where it was."""
+        if failure is not None and new.reason == COMMITTING:
+            if failure.unknown:
+                return [self._confirm(new.agent_id, entry.job.job_id), Journal((entry,))]
+            new.state = common_pb2.FAILED
+            new.end_cause = EndCause.READDRESSED.wire
+            new.reason = f"{READDRESSED} commit of the copy failed: {failure.details}"
+            return [Journal((entry,))]
+        # Answered, or its agent reported it before the lost reply: it ran, the move is done.
+        return self.retire(entry, old, new, now_unix)
+
+    def moved(self, subjob_id: str) -> None:
+        """A move of ``subjob_id`` is over (done, or given up)."""
+        self.readdressing.discard(subjob_id)
 
     # ---------------------------------------------------------------- the sweep
 

@@ -39,4 +39,5 @@ def is_refused_input(exc: BaseException) -> bool:
 def failure_of(exc: BaseException) -> Failure:
     """The core's view of a failed call: why, whether it may have been carried out, and
     whether the agent refused the spec itself."""
-    return Failure(rpc_reason(exc), outcome_unknown(exc), is_refused_input(exc))
+    details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    return Failure(rpc_reason(exc), outcome_unknown(exc), is_refused_input(exc), details or "")

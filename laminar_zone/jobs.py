@@ -64,6 +64,7 @@ from laminar_zone.core import (
     Release,
     ResumeForward,
     Retire,
+    StopCopy,
     SumUpArray,
     Terminate,
     Wake,
@@ -294,6 +295,8 @@ class ZoneState:
                     self.store.put(array_job)
             case Forget(job_id):
                 self.atomizer.forget(job_id)
+            case StopCopy(agent_id, subjob_id, why, context):
+                self.stop_copy(agent_id, subjob_id, why, context)
             case _:
                 raise AssertionError(f"not carried out here: {instruction!r}")
 

@@ -51,6 +51,7 @@ from laminar_zone.core import (
     Place,
     Release,
     ResumeForward,
+    StopCopy,
     Terminate,
     TryPlan,
     Wake,
@@ -384,6 +385,152 @@ def test_a_restart_confirms_commits_in_flight_and_places_what_had_not_started() 
     assert set(core.entries) == {"j-c", "j-p", "j-f"}
 
 
+def _running(core: ZoneCore, agent: str = "a0", retries: int = 1) -> Entry:
+    entry = _submit(core, retries=retries)
+    core.begin_commit(entry, _members(agent))
+    _started(entry.current()[0])
+    core.committed(entry, [None], NOW)
+    return entry
+
+
+def _report(
+    p: zone_pb2.Placement, state: int, cause: EndCause = EndCause.UNSPECIFIED
+) -> common_pb2.Subjob:
+    return common_pb2.Subjob(
+        spec=common_pb2.SubjobSpec(subjob_id=p.subjob_id, job_id=p.subjob_id.split("-a")[0]),
+        state=state,  # type: ignore[arg-type]
+        end_cause=cause.wire,
+        reason="reported",
+    )
+
+
+def test_a_report_from_another_agent_is_ignored_and_a_copy_of_an_unknown_job_stopped() -> None:
+    core = _core()
+    entry = _running(core, "a0")
+    (p,) = entry.current()
+    assert core.report("a1", _report(p, common_pb2.SUCCEEDED, EndCause.EXITED), None, NOW) == (
+        None,
+        False,
+        [],
+    )
+    assert p.state == common_pb2.RUNNING
+    stray = zone_pb2.Placement(subjob_id="j-gone-a1-m0")
+    entry_of, _, out = core.report("a2", _report(stray, common_pb2.RUNNING), None, NOW)
+    assert entry_of is None
+    assert [(i.agent_id, i.subjob_id) for i in out if isinstance(i, StopCopy)] == [
+        ("a2", "j-gone-a1-m0")
+    ]
+
+
+def test_a_copy_declared_lost_that_succeeded_first_wins_and_gives_its_retry_back() -> None:
+    core = _core()
+    entry = _running(core, "a3")
+    core.view.agents["a3"].last_heartbeat = -100.0
+    core.sweep(0.0, NOW)  # lost: the job retries (counted)
+    assert entry.job.retries_used == 1 and entry.job.attempts == 2
+    core.begin_commit(entry, _members("a1"))
+    (retry,) = entry.current()
+    _started(retry)
+    core.committed(entry, [None], NOW)
+    lost = entry.job.placements[0]
+    touched, _, out = core.report(
+        "a3", _report(lost, common_pb2.SUCCEEDED, EndCause.EXITED), None, NOW
+    )
+    assert touched is entry
+    assert entry.job.state == zone_pb2.JOB_SUCCEEDED and entry.job.retries_used == 0
+    assert "declared lost" in lost.reason
+    assert [(t.placement.subjob_id, t.cause) for t in out if isinstance(t, Terminate)] == [
+        (retry.subjob_id, EndCause.SUPERSEDED)
+    ]
+
+
+def test_a_commit_confirmed_after_the_job_moved_on_is_stopped() -> None:
+    core = _core()
+    entry = _submit(core)
+    placement, _ = core.probe_intent(entry, "a2", "addr-a2")
+    core.probe_committed(entry, placement, None, [], "no answer", NOW)
+    assert core.to_confirm("a2") == [entry.job.job_id] and core.unconfirmed == {}
+    assert core.is_unsure(placement, "a2")
+    out = core.confirmed(entry, placement, common_pb2.Subjob(state=common_pb2.RUNNING), NOW)
+    assert out == [StopCopy("a2", placement.subjob_id, "superseded: the job moved on")]
+
+
+def test_a_commit_the_agent_never_started_ends_with_its_cause() -> None:
+    core = _core()
+    entry = _submit(core)
+    placement, _ = core.probe_intent(entry, "a2", "addr-a2")
+    core.probe_committed(entry, placement, None, [], "no answer", NOW)
+    assert core.confirmed(entry, placement, None, NOW) == []
+    assert placement.state == common_pb2.FAILED
+    assert end_cause(placement.end_cause) is EndCause.COMMIT_UNCONFIRMED
+    assert core.old_copy(entry, 0.0) == (False, [])
+
+
+def test_a_readdress_moves_a_single_member_and_retires_the_old_copy_once_the_new_runs() -> None:
+    core = _core()
+    entry = _running(core, "a0")
+    (old,) = entry.current()
+    assert core.readdress("a1", old.subjob_id) == (None, [])  # not the reporter's
+    moving, out = core.readdress("a0", old.subjob_id)
+    assert moving is entry and out == [] and old.subjob_id in core.readdressing
+    assert core.readdress("a0", old.subjob_id) == (None, [])  # one move at a time
+    new, moves, out = core.move_to(entry, old, Member("a2", "addr-a2", ("a2/gpu0",)))
+    assert moves == 1 and new.subjob_id == f"{old.subjob_id}-r1" and new.reason == COMMITTING
+    _started(new)
+    out = core.move_committed(entry, old, new, None, NOW)
+    assert old.state == common_pb2.KILLED
+    assert end_cause(old.end_cause) is EndCause.READDRESSED
+    assert Terminate(old, old.reason, EndCause.READDRESSED) in out
+    core.moved(old.subjob_id)
+    assert core.readdressing == set()
+    assert [p.subjob_id for p in entry.current()] == [new.subjob_id]
+
+
+def test_a_moves_commit_that_surely_failed_leaves_the_member_where_it_was() -> None:
+    core = _core()
+    entry = _running(core, "a0")
+    (old,) = entry.current()
+    core.readdress("a0", old.subjob_id)
+    new, _, _ = core.move_to(entry, old, Member("a2", "addr-a2"))
+    refused = Failure("RESOURCE_EXHAUSTED: full", unknown=False, details="full")
+    assert core.move_committed(entry, old, new, refused, NOW) == [Journal((entry,))]
+    assert end_cause(new.end_cause) is EndCause.READDRESSED and "full" in new.reason
+    assert old.state == common_pb2.RUNNING
+    unsure = core.move_to(entry, old, Member("a3", "addr-a3"))[0]
+    out = core.move_committed(entry, old, unsure, LOST_REPLY, NOW)
+    assert Confirm("a3", entry.job.job_id) in out and old.state == common_pb2.RUNNING
+
+
+def test_a_gang_member_or_a_piece_is_not_moved_by_a_copy() -> None:
+    core = _core()
+    gang = _submit(core, gang=2)
+    core.begin_commit(gang, _members("a0", "a1"))
+    for p in gang.current():
+        _started(p)
+    assert core.readdress("a0", gang.current()[0].subjob_id) == (None, [])
+    atoms = {"j-piece"}
+    pieces = ZoneCore(_view(), {}, atoms=atoms)
+    piece = Entry(job=zone_pb2.Job(job_id="j-piece", attempts=1), need=Demand(gpus=1))
+    pieces.admit(piece)
+    p = piece.job.placements.add(
+        subjob_id="j-piece-u0-s0", agent_id="a0", state=common_pb2.SUSPENDED, attempt=1
+    )
+    entry_of, out = pieces.readdress("a0", p.subjob_id)
+    assert entry_of is None
+    assert [(t.placement.subjob_id, t.cause) for t in out if isinstance(t, Terminate)] == [
+        (p.subjob_id, EndCause.READDRESSED)
+    ]
+
+
+def test_reconciling_stops_what_the_router_no_longer_counts_on() -> None:
+    core = _core()
+    entry = _running(core, "a0")
+    (p,) = entry.current()
+    out = core.reconcile("a0", [p.subjob_id, "j-unknown-a1-m0"])
+    assert [i.subjob_id for i in out if isinstance(i, StopCopy)] == ["j-unknown-a1-m0"]
+    assert all(i.context == "reconciling agent a0" for i in out if isinstance(i, StopCopy))
+
+
 def test_a_new_array_is_its_record_then_its_elements_in_order() -> None:
     core = _core()
     spec = zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1))
@@ -520,51 +667,44 @@ class World:
         for i in out:
             if isinstance(i, Terminate):
                 self.stops[i.placement.subjob_id] = i.cause
+            elif isinstance(i, StopCopy):
+                self.stops[i.subjob_id] = EndCause.SUPERSEDED
             elif isinstance(i, Journal):
                 for entry in i.entries:
                     self.carry_out(self.core.forget_if_done(entry))
             elif isinstance(i, Release):
                 raise AssertionError("nothing is gathered without a try")
 
-    def placement(self, subjob_id: str) -> tuple[Entry, zone_pb2.Placement] | None:
-        for entry in self.jobs.values():
-            for p in entry.job.placements:
-                if p.subjob_id == subjob_id:
-                    return entry, p
-        return None
-
     def end(self, subjob_id: str, state: int, cause: EndCause) -> None:
-        """A copy ends on its agent, which reports it."""
-        self.running.pop(subjob_id, None)
+        """A copy ends on its agent, which reports it (the core judges the report)."""
+        job_id, _, agent_id = self.running.pop(subjob_id)
         self.stops.pop(subjob_id, None)
-        found = self.placement(subjob_id)
-        if found is None:
-            return
-        entry, p = found
-        if p.state in ENDED_SUBJOB_STATES:
-            return
-        _ended(p, state, cause)
-        self.carry_out(self.core.evaluate(entry, NOW))
-        self.carry_out([Journal((entry,))])
+        subjob = common_pb2.Subjob(
+            spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=job_id),
+            state=state,  # type: ignore[arg-type]
+            end_cause=cause.wire,
+            reason=cause.name.lower(),
+            ended_unix=NOW,
+        )
+        entry, _, out = self.core.report(agent_id, subjob, None, NOW)
+        self.carry_out(out)
+        if entry is not None:
+            self.carry_out(self.core.evaluate(entry, NOW))
+            self.carry_out([Journal((entry,))])
 
     def confirm(self, agent_id: str) -> None:
         """The agent heartbeats: the router asks it about its unconfirmed commits."""
-        for job_id in sorted(self.core.unconfirmed.pop(agent_id, set())):
+        for job_id in self.core.to_confirm(agent_id):
             entry = self.core.entries.get(job_id)
             if entry is None:
                 continue
-            job = entry.job
-            for p in job.placements:
-                if p.agent_id != agent_id or p.reason != COMMITTING:
+            for p in entry.job.placements:
+                if not self.core.is_unsure(p, agent_id):
                     continue
-                if p.state not in LIVE_SUBJOB_STATES:
-                    continue
+                subjob = None
                 if p.subjob_id in self.running:
-                    _started(p)
-                    if p.attempt != job.attempts or job.state in TERMINAL_JOB_STATES:
-                        self.stops[p.subjob_id] = EndCause.SUPERSEDED
-                else:
-                    _ended(p, common_pb2.FAILED, EndCause.COMMIT_UNCONFIRMED)
+                    subjob = common_pb2.Subjob(state=common_pb2.RUNNING, reason="running")
+                self.carry_out(self.core.confirmed(entry, p, subjob, NOW))
             self.carry_out(self.core.evaluate(entry, NOW))
             self.carry_out([Journal((entry,))])
 
@@ -589,7 +729,11 @@ class World:
                 assert all(p.state == common_pb2.SUCCEEDED for p in current)
             if job.state == zone_pb2.JOB_RUNNING:
                 assert len(current) == max(1, job.spec.gang_size)
-                assert all(p.state in LIVE_SUBJOB_STATES for p in current)
+                # Every member runs, or is done (a gang waits for its last member).
+                assert all(
+                    p.state in LIVE_SUBJOB_STATES or p.state == common_pb2.SUCCEEDED
+                    for p in current
+                )
 
 
 _answers = st.lists(
