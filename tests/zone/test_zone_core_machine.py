@@ -662,6 +662,29 @@ class World:
     #: stops sent and not delivered yet: subjob id -> cause
     stops: dict[str, EndCause] = field(default_factory=dict)
     jobs: dict[str, Entry] = field(default_factory=dict)
+    #: The journal: job id -> the job as last written.
+    journal: dict[str, bytes] = field(default_factory=dict)
+
+    def write(self, entry: Entry) -> None:
+        self.journal[entry.job.job_id] = entry.job.SerializeToString()
+
+    def restart(self) -> None:
+        """The router restarts: a new core from what the journal holds (its live jobs, and
+        ended ones with a subjob whose end is not recorded); stops in flight are lost."""
+        self.stops.clear()
+        self.core = _core()
+        for job_id, body in self.journal.items():
+            job = zone_pb2.Job.FromString(body)
+            entry = Entry(job=job, need=Demand(gpus=1))
+            self.jobs[job_id] = entry
+            live = any(p.state in LIVE_SUBJOB_STATES for p in job.placements)
+            if job.state not in TERMINAL_JOB_STATES or live:
+                self.carry_out(self.core.recovered(entry, False, 0.0))
+
+    def reconcile(self, agent_id: str) -> None:
+        """The agent lists what it runs (after a gap, or a router restart)."""
+        ids = sorted(s for s, (_, _, agent) in self.running.items() if agent == agent_id)
+        self.carry_out(self.core.reconcile(agent_id, ids))
 
     def carry_out(self, out: list[Instruction]) -> None:
         for i in out:
@@ -671,6 +694,7 @@ class World:
                 self.stops[i.subjob_id] = EndCause.SUPERSEDED
             elif isinstance(i, Journal):
                 for entry in i.entries:
+                    self.write(entry)
                     self.carry_out(self.core.forget_if_done(entry))
             elif isinstance(i, Release):
                 raise AssertionError("nothing is gathered without a try")
@@ -744,13 +768,17 @@ _answers = st.lists(
 
 events = st.one_of(
     st.tuples(st.just("submit"), st.integers(1, 3), st.integers(0, 2)),
-    st.tuples(st.just("place"), st.integers(0, 20), _answers),
+    st.tuples(
+        st.just("place"), st.integers(0, 20), _answers, st.sampled_from([False] * 4 + [True])
+    ),
     st.tuples(st.just("queue_pass"), _answers),
     st.tuples(st.just("deliver_stop"), st.integers(0, 20)),
     st.tuples(st.just("exit"), st.integers(0, 20), st.booleans()),
     st.tuples(st.just("confirm"), st.sampled_from(AGENTS)),
     st.tuples(st.just("cancel"), st.integers(0, 20)),
     st.tuples(st.just("lose"), st.sampled_from(AGENTS)),
+    st.tuples(st.just("restart")),
+    st.tuples(st.just("reconcile"), st.sampled_from(AGENTS)),
 )
 
 ANSWERS = {
@@ -762,9 +790,10 @@ ANSWERS = {
 }
 
 
-def _try(world: World, entry: Entry, answers: list[object]) -> bool:
-    """One placement try: each member's Commit answered as ``answers`` says. Returns
-    whether the job was placed."""
+def _try(world: World, entry: Entry, answers: list[object], crash: bool = False) -> bool:
+    """One placement try: each member's Commit answered as ``answers`` says, or the
+    router crashes (``crash``) with the Commits sent and unanswered. Returns whether the
+    job was placed."""
     core = world.core
     if not core.may_place(entry):
         return False
@@ -786,6 +815,9 @@ def _try(world: World, entry: Entry, answers: list[object]) -> bool:
         if answer == "ok":
             _started(p)
         replies.append(ANSWERS[str(answer)])
+    if crash:
+        world.restart()
+        return False
     placed, out = core.committed(entry, replies, NOW)
     world.carry_out(out)
     if not placed:
@@ -803,12 +835,13 @@ def _step(world: World, event: tuple[object, ...]) -> None:
         assert isinstance(gang, int) and isinstance(retries, int)
         entry = _submit(core, gang=gang, retries=retries)
         world.jobs[entry.job.job_id] = entry
+        world.write(entry)  # a Submit is journaled before it is answered
     elif kind == "place" and jobs:
         pick, answers = event[1], event[2]
         assert isinstance(pick, int) and isinstance(answers, list)
         entry = world.jobs[jobs[pick % len(jobs)]]
         if entry.job.state in (zone_pb2.PENDING, zone_pb2.QUEUED, zone_pb2.WAITING):
-            _try(world, entry, answers)
+            _try(world, entry, answers, crash=bool(event[3]))
     elif kind == "queue_pass":
         answers = event[1]
         assert isinstance(answers, list)
@@ -844,10 +877,13 @@ def _step(world: World, event: tuple[object, ...]) -> None:
         record = core.view.agents[agent_id]
         record.is_stale = True
         record.last_heartbeat = -100.0
-        core.unconfirmed.pop(agent_id, None)
         world.carry_out(core.agents_lost(0.0, NOW))
         record.is_stale = False  # it comes back, empty
         record.last_heartbeat = 0.0
+    elif kind == "restart":
+        world.restart()
+    elif kind == "reconcile":
+        world.reconcile(str(event[1]))
 
 
 @settings(
@@ -870,6 +906,7 @@ def test_random_event_sequences_keep_the_cores_promises(ops: list[tuple[object, 
     for _ in range(4):
         for agent_id in AGENTS:
             world.confirm(agent_id)
+            world.reconcile(agent_id)
         for subjob_id in sorted(world.stops):
             cause = world.stops.pop(subjob_id)
             if subjob_id in world.running:
