@@ -553,8 +553,10 @@ class ZoneCore:
     def route(self, entry: Entry, allow_forward: bool, now_mono: float) -> list[Instruction]:
         """Decide a new job's first state: waiting for dependencies, its array's limit or
         quota; waiting for a window; queued (too large, or behind a blocked head of its
-        family); or placing (here, or a peer zone's by flow splitting)."""
+        family); or placing (here, or a peer zone's by flow splitting). ``allow_forward``:
+        whether the request lets a peer take it and the router has a way to peers."""
         job = entry.job
+        allow_forward = allow_forward and _may_leave(job)
         blocks = (
             (Reason.DEPENDENCY, self.dependency_block),
             (Reason.ARRAY_LIMIT, self.array_block),
@@ -597,7 +599,8 @@ class ZoneCore:
     def kick(self, entry: Entry, allow_forward: bool) -> list[Instruction]:
         """After a new job is journaled: start what :meth:`route` decided."""
         if entry.job.state == zone_pb2.PENDING:
-            return [Forward(entry) if allow_forward else Place(entry)]
+            forward = allow_forward and _may_leave(entry.job)
+            return [Forward(entry) if forward else Place(entry)]
         return [Wake(Loop.QUEUE), Publish(entry)]
 
     def forwarded(self, entry: Entry, taken: bool, now_mono: float) -> list[Instruction]:
@@ -1654,6 +1657,12 @@ class PassBook:
             job.queue_position = wait.position
             job.expected_start_unix = wait.expected_start or 0.0
             self.changed.append(entry)
+
+
+def _may_leave(job: zone_pb2.Job) -> bool:
+    """Flow splitting sends rigid and atomized jobs alike to peers (an atomized job then
+    bids for the peer's windows); an array's elements stay with their array."""
+    return not job.array_id
 
 
 def journaled(instructions: Iterable[Instruction]) -> list[Entry]:

@@ -416,9 +416,7 @@ class ZoneState:
             self.core.admit(entry)
             if is_atomized(job.spec):
                 self.atomizer.admit(job)
-            self._do(
-                self.core.route(entry, self._may_forward(job, allow_forward), time.monotonic())
-            )
+            self._do(self.core.route(entry, self._may_forward(allow_forward), time.monotonic()))
         try:
             self.store.put_many([e.job for e in new])
         except Exception:
@@ -429,7 +427,7 @@ class ZoneState:
         self.metrics.submitted.inc(len([e for e in new if not e.job.spec.array]))
         for entry in new:
             if not entry.job.spec.array:
-                self._do(self.core.kick(entry, self._may_forward(entry.job, allow_forward)))
+                self._do(self.core.kick(entry, self._may_forward(allow_forward)))
         return [fresh(answer[0].job if isinstance(answer, list) else answer) for answer in answers]
 
     def _new_entries(
@@ -456,10 +454,10 @@ class ZoneState:
 
     # ================================================================ routing
 
-    def _may_forward(self, job: zone_pb2.Job, allow_forward: bool) -> bool:
-        """Flow splitting sends rigid and atomized jobs alike to peers (an atomized job then
-        bids for the peer's windows); an array's elements stay with their array."""
-        return allow_forward and self.forwarder is not None and not job.array_id
+    def _may_forward(self, allow_forward: bool) -> bool:
+        """Whether a peer may take the request's jobs: the request allows it and the
+        server gave this router a way to its peers."""
+        return allow_forward and self.forwarder is not None
 
     async def _forward_or_place(self, entry: Entry) -> None:
         assert self.forwarder is not None
