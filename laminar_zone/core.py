@@ -644,8 +644,15 @@ class ZoneCore:
     # ---------------------------------------------------------------- a placement try
 
     def may_place(self, entry: Entry) -> bool:
-        """Whether a placement try may begin (none under way, the job not ended)."""
-        return not entry.placing and entry.job.state not in TERMINAL_JOB_STATES
+        """Whether a placement try may begin: none under way, the job not ended, and no copy
+        of its current attempt live (one recovered mid-commit waits for its agent's word;
+        a retry or a failed commit starts a new attempt first)."""
+        if entry.placing or entry.job.state in TERMINAL_JOB_STATES:
+            return False
+        attempt = entry.job.attempts
+        return not any(
+            p.attempt == attempt and p.state in LIVE_SUBJOB_STATES for p in entry.job.placements
+        )
 
     def plan_try(self, entry: Entry, lease_ttl_seconds: float, budget_seconds: float) -> TryPlan:
         """A gang's leases outlive the whole probe budget (the first member's lease must

@@ -945,3 +945,17 @@ def test_the_core_imports_no_io() -> None:
         )
     }
     assert not imported & {"time", "asyncio", "grpc", "random", "uuid"}
+
+
+def test_a_job_recovered_mid_commit_is_not_placed_again_before_its_agent_answers() -> None:
+    core = _core()
+    entry = _submit(core)
+    core.begin_commit(entry, _members("a1"))
+    restarted = _core()
+    copy = Entry(job=zone_pb2.Job.FromString(entry.job.SerializeToString()), need=entry.need)
+    assert restarted.recovered(copy, False, 0.0) == []
+    assert not restarted.may_place(copy)
+    (p,) = copy.current()
+    restarted.confirmed(copy, p, None, NOW)  # it never started
+    restarted.evaluate(copy, NOW)
+    assert restarted.may_place(copy)
