@@ -959,3 +959,49 @@ def test_a_job_recovered_mid_commit_is_not_placed_again_before_its_agent_answers
     restarted.confirmed(copy, p, None, NOW)  # it never started
     restarted.evaluate(copy, NOW)
     assert restarted.may_place(copy)
+
+
+#: What only the core may do with a job: the leaf decisions it strings together, and the
+#: writes of a job's or a placement's state, reason and counts.
+DECISIONS = frozenset(
+    {
+        "judge_attempt",
+        "judge_report",
+        "taken_over",
+        "why_waiting",
+        "quota_block",
+        "quota_never_fits",
+        "order_key",
+        "set_reason",
+        "now_running",
+        "copy_subjob",
+        "note_true_end",
+    }
+)
+WRITTEN = frozenset(
+    {"state", "reason", "end_cause", "attempts", "retries_used", "queue_position", "queued_at"}
+)
+
+
+def test_the_router_s_drivers_decide_nothing() -> None:
+    """ZoneState (jobs.py) and AgentReports (reports.py) carry out the core's instructions:
+    they call none of the leaf decisions and write no job's or placement's state, reason,
+    cause, attempt or queue position themselves."""
+    root = Path(core_module.__file__ or "").parent
+    for name in ("jobs.py", "reports.py"):
+        tree = ast.parse((root / name).read_text())
+        called = {
+            node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+        }
+        assert not called & DECISIONS, (name, called & DECISIONS)
+        written = {
+            target.attr
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Assign, ast.AugAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Attribute)
+            and not (isinstance(target.value, ast.Name) and target.value.id == "self")
+        }
+        assert not written & WRITTEN, (name, written & WRITTEN)
