@@ -329,6 +329,31 @@ def test_an_agent_silent_past_the_limit_loses_its_subjobs_with_a_cause() -> None
     assert core.by_agent["a3"] == set()
 
 
+def test_the_sweep_stops_a_run_past_its_time_limit_and_asks_again_for_a_stop_owed() -> None:
+    core = _core()
+    entry = _submit(core)
+    entry.job.spec.time_limit_seconds = 60
+    core.begin_commit(entry, _members("a0"))
+    (p,) = entry.current()
+    _started(p)
+    p.started_unix = NOW
+    core.committed(entry, [None], NOW)
+    core.evaluate(entry, NOW)  # running: its subjob goes on the clock
+    assert core.sweep(0.0, NOW + 30) == []
+    out = core.sweep(0.0, NOW + 61)
+    assert [(t.placement.subjob_id, t.cause) for t in out if isinstance(t, Terminate)] == [
+        (p.subjob_id, EndCause.TIME_LIMIT)
+    ]
+    # The agent did not take a stop: asked again while it is reachable, once.
+    stop = zone_pb2.Placement(subjob_id="j-x-a1-m0", agent_id="a1")
+    core.owe_stop(stop, "cancelled", EndCause.CANCELLED)
+    core.view.agents["a1"].is_stale = True
+    assert core.sweep(0.0, NOW) == []
+    core.view.agents["a1"].is_stale = False
+    assert core.sweep(0.0, NOW) == [Terminate(stop, "cancelled", EndCause.CANCELLED)]
+    assert core.sweep(0.0, NOW) == []
+
+
 def test_a_failed_dependency_fails_its_dependent_and_a_succeeded_one_releases_it() -> None:
     core = _core()
     first, second = _submit(core), _submit(core)
