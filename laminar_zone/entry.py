@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import EndCause, end_cause
 from laminar_base.demand import Demand
 from laminar_zone.queue import QueueItem
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 def queue_item(

@@ -1,14 +1,20 @@
-"""The zone's job state machine: admission, placement, queue, subjob events, recovery.
+"""The zone's job table, driven: journal, RPCs, loops and metrics around :mod:`laminar_zone.core`.
 
-Jobs are journaled (``store.JobStore``) before any reply or action that
-depends on them: a Submit is committed before it is acknowledged; a placement
-intent (subjob id, agent) is committed before the Commit RPC, so a router
-killed mid-commit finds out afterwards, from the agent, whether the subjob
-exists. Agent events are applied and journaled before they are acknowledged.
+:class:`ZoneState` is the driver of the router's decision core
+(:class:`laminar_zone.core.ZoneCore`): it feeds it events (a submit, a gather's outcome,
+a commit's answers, a cancel, the sweep's tick, a queue pass) with the time, and carries
+out the instructions it returns (:meth:`ZoneState._do` from synchronous code, where a stop
+or a placement becomes a task; :meth:`ZoneState._run` from a task, where it is awaited).
+It decides nothing itself.
 
-Capacity knowledge is soft: the view comes from heartbeats and probe replies
-and is rebuilt after a restart. Queue order, backfill and quotas are decided
-by :mod:`laminar_zone.queue`; candidate choice by :mod:`laminar_zone.placement`.
+Jobs are journaled (``store.JobStore``) before any reply or action that depends on them:
+a Submit is committed before it is acknowledged; a placement intent (subjob id, agent) is
+committed before the Commit RPC, so a router killed mid-commit finds out afterwards, from
+the agent, whether the subjob exists. Agent events are applied and journaled before they
+are acknowledged.
+
+Capacity knowledge is soft: the view comes from heartbeats and probe replies and is
+rebuilt after a restart.
 """
 
 from __future__ import annotations
@@ -26,19 +32,9 @@ from typing import Any
 import grpc
 
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
-from laminar_base.causes import (
-    ENDED_SUBJOB_STATES,
-    LIVE_SUBJOB_STATES,
-    RUNNING_JOB_STATES,
-    TERMINAL_JOB_STATES,
-    EndCause,
-    end_cause,
-)
-from laminar_base.demand import Demand
+from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.errors import (
     AlreadyExists,
-    FailedPrecondition,
-    InvalidArgument,
     LaminarError,
     NotFound,
 )
@@ -46,72 +42,56 @@ from laminar_base.fragmentation import workload_from_rows, workload_rows
 from laminar_base.grpcutil import check_count, check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import demand_of
-from laminar_zone.arrays import (
-    ArrayProgress,
-    element_id,
-    parse_array,
-)
+from laminar_zone.arrays import ArrayProgress, parse_array
 from laminar_zone.atomizer import Atomizer, is_atomized, units_done
 from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
-from laminar_zone.entry import Entry, queue_item
+from laminar_zone.core import (
+    Confirm,
+    Count,
+    Forget,
+    Forward,
+    Instruction,
+    Journal,
+    JudgeAtomized,
+    Loop,
+    Member,
+    NewJob,
+    Next,
+    Place,
+    Publish,
+    Release,
+    ResumeForward,
+    Retire,
+    StopCopy,
+    SumUpArray,
+    Terminate,
+    Wake,
+    ZoneCore,
+)
+from laminar_zone.entry import Entry
+from laminar_zone.failures import failure_of
 from laminar_zone.kept import KeptLeases
-from laminar_zone.lifecycle import (
-    MemberState,
-    Outcome,
-    job_of,
-    judge_attempt,
-    rigid_subjob_id,
-    taken_over,
-)
 from laminar_zone.metrics import ZoneMetrics
-from laminar_zone.placement import ReleaseCurve
-from laminar_zone.placements import (
-    COMMITTING,
-    READDRESSED,
-    apply_start_reply,
-    copy_subjob,
-    fresh,
-    is_refused_input,
-    member_states,
-    moves_from_live_copy,
-    now_running,
-    outcome_unknown,
-    state_name,
-)
-from laminar_zone.placer import AgentClients, Ask, Gathered, Placer, rpc_reason
-from laminar_zone.queue import (
-    Admit,
-    Clear,
-    QueueWalk,
-    Waiting,
-    class_order,
-    drive_awaiting,
-    order_key,
-    quota_block,
-    quota_never_fits,
-    why_waiting,
-)
-from laminar_zone.reasons import END_REASONS, Reason, reason_of, set_reason
+from laminar_zone.placements import apply_start_reply, fresh
+from laminar_zone.placer import AgentClients, Ask, Placer
+from laminar_zone.queue import Clear, class_order, drive_awaiting
+from laminar_zone.reasons import Reason
 from laminar_zone.spec import MAX_BATCH_JOBS, validate_spec
 from laminar_zone.store import JobStore
 from laminar_zone.time_limits import TimeLimits
 from laminar_zone.usage import UsageLedger
-from laminar_zone.view import AgentRecord, HostCounts, ZoneView
+from laminar_zone.view import AgentRecord, ZoneView
 
 log = logging.getLogger("laminar.zone.jobs")
 
-LIVE_SUBJOB = LIVE_SUBJOB_STATES
-ENDED_SUBJOB = ENDED_SUBJOB_STATES
 #: A restarted router lists journaled agents heard from within this long.
 KNOWN_AGENT_SECONDS = 86400.0
 #: Most live subjob ids of one heartbeat the router reconciles.
 MAX_LIVE_IDS = 4096
 #: Journal meta key of the task shapes this router observed (its target workload).
 WORKLOAD_META = "workload"
-
-
 #: Least time between two gauge refreshes by queue passes (the sweep refreshes always).
 GAUGE_SECONDS = 0.5
 
@@ -144,27 +124,25 @@ class ZoneState:
         self.placer = Placer(self.view, self.clients, config.placement, self.rng)
         self.shares = config.shares()
         self.quotas = config.quotas()
-        self.entries: dict[str, Entry] = {}
-        self.by_agent: dict[str, set[str]] = {}  # agent id -> job ids with live placements
-        self.unconfirmed: dict[str, set[str]] = {}  # agent id -> job ids to verify
-        self.readdressing: set[str] = set()
-        #: Arrays not yet ended: array job id -> where its elements stand.
-        self.arrays: dict[str, ArrayProgress] = {}
+        self.heartbeat_seconds = config.membership.heartbeat_seconds
+        #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
+        self.atomizer = Atomizer(self)
+        #: The decisions: the job table and its transitions (laminar_zone.core).
+        self.core = ZoneCore(
+            self.view,
+            self.quotas,
+            atoms=self.atomizer.atoms,
+            lookup=self._journaled,
+            recheck_seconds=config.membership.heartbeat_seconds,
+            lost_after_seconds=config.membership.lost_after_seconds,
+            may_forward=bool(config.peers.peers),
+            demand_of=demand_of,
+            units_done=units_done,
+        )
         self.array_watchers: dict[str, list[asyncio.Queue[zone_pb2.Job]]] = {}
-        #: Stops the agent has not taken yet (it did not answer): subjob id -> the copy to
-        #: stop, why, and the cause. Each sweep asks again while the agent is reachable.
-        self._owed_stops: dict[str, tuple[zone_pb2.Placement, str, EndCause]] = {}
-        #: The clock of jobs' time limits (spec.time_limit_seconds), read by the sweep.
-        self.time_limits = TimeLimits(recheck_seconds=config.membership.heartbeat_seconds)
         self.queue_wake = asyncio.Event()
         #: One pass at a time: the queue's loop and the market's both run queue_pass.
         self._pass_lock = asyncio.Lock()
-        self._blocked_families: dict[str, int] = {}  # family -> priority of its blocked head
-        #: family -> jobs waiting in it, as the last queue pass left them plus those since.
-        self._queued_per_family: dict[str, int] = {}
-        #: family -> (its blocked head's priority class, expected start)
-        self.blocked_starts: dict[str, tuple[int, float]] = {}
-        self._mean_run_seconds: dict[str, float] = {}
         self._semaphore = asyncio.Semaphore(config.placement.concurrency)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.forwarder: Callable[[Entry], Coroutine[Any, Any, bool]] | None = None
@@ -175,20 +153,152 @@ class ZoneState:
         self.kept_leases = KeptLeases()
         self._gauges_at = -math.inf
         self.started_mono = time.monotonic()
-        self.heartbeat_seconds = config.membership.heartbeat_seconds
-        #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
-        self.atomizer = Atomizer(self)
         #: The target workload's count of observations last journaled (sweep).
         self._workload_saved = 0
         self.placer.workload.add_prior(config.workload_prior())
 
+    # The core's state, read (and, by reports.py and the atomizer, changed) by name.
+
+    @property
+    def entries(self) -> dict[str, Entry]:
+        return self.core.entries
+
+    @entries.setter
+    def entries(self, entries: dict[str, Entry]) -> None:
+        self.core.entries = entries
+
+    @property
+    def by_agent(self) -> dict[str, set[str]]:
+        return self.core.by_agent
+
+    @property
+    def unconfirmed(self) -> dict[str, set[str]]:
+        return self.core.unconfirmed
+
+    @property
+    def readdressing(self) -> set[str]:
+        return self.core.readdressing
+
+    @property
+    def arrays(self) -> dict[str, ArrayProgress]:
+        return self.core.arrays
+
+    @property
+    def time_limits(self) -> TimeLimits:
+        return self.core.time_limits
+
+    @property
+    def blocked_starts(self) -> dict[str, tuple[int, float]]:
+        return self.core.blocked_starts
+
+    @blocked_starts.setter
+    def blocked_starts(self, starts: dict[str, tuple[int, float]]) -> None:
+        self.core.blocked_starts = starts
+
     #: For the atomizer (its Zone protocol): a subjob's report into its placement (the
-    #: module function, defined below the class).
+    #: module function).
     apply_start_reply = staticmethod(lambda p, subjob: apply_start_reply(p, subjob))
 
     def track(self, entry: Entry, agent_id: str) -> None:
         """The job has (or is about to have) a live subjob on this agent."""
-        self.by_agent.setdefault(agent_id, set()).add(entry.job.job_id)
+        self.core.track(entry, agent_id)
+
+    # ================================================================ carrying out
+
+    def _do(self, instructions: Sequence[Instruction]) -> None:
+        """Carry out the core's instructions from synchronous code: stops, placements,
+        forwards, releases and retirements become tasks."""
+        for instruction in instructions:
+            match instruction:
+                case Terminate(placement, why, cause):
+                    name = f"stop-{placement.subjob_id}"
+                    self.spawn(self.terminate(placement, why, cause), name)
+                case Place(entry, from_queue):
+                    self.spawn(
+                        self._place(entry, from_queue=from_queue), f"place-{entry.job.job_id}"
+                    )
+                case Forward(entry):
+                    self.spawn(self._forward_or_place(entry), f"route-{entry.job.job_id}")
+                case Release(leases):
+                    self.spawn(self.placer.release(list(leases)), "release")
+                case Retire(entry, old, new):
+                    self.spawn(self.retire_moved(entry, old, new), f"moved-{old.subjob_id}")
+                case ResumeForward(entry):
+                    # Resumed once the server has its peers (resume_forwards).
+                    self._resume_forwards.append(entry)
+                case _:
+                    self._carry_out(instruction)
+
+    async def _run(self, instructions: Sequence[Instruction]) -> None:
+        """Carry out the core's instructions from a task, awaiting stops (together, as a
+        batch of consecutive ones), placements, forwards and releases in order."""
+        stops: list[Terminate] = []
+        for instruction in [*instructions, None]:
+            if isinstance(instruction, Terminate):
+                stops.append(instruction)
+                continue
+            if stops:
+                await asyncio.gather(
+                    *(self.terminate(t.placement, t.why, t.cause) for t in stops),
+                    return_exceptions=True,
+                )
+                stops = []
+            match instruction:
+                case None:
+                    pass
+                case Place(entry, from_queue):
+                    await self._place(entry, from_queue=from_queue)
+                case Forward(entry):
+                    await self._forward_or_place(entry)
+                case Release(leases):
+                    await self.placer.release(list(leases))
+                case Retire(entry, old, new):
+                    await self.retire_moved(entry, old, new)
+                case _:
+                    self._carry_out(instruction)
+
+    def _carry_out(self, instruction: Instruction) -> None:
+        """The instructions carried out at once, alike from synchronous code and tasks."""
+        match instruction:
+            case Journal(entries):
+                if entries:
+                    self.save_many(entries)
+            case Publish(entry):
+                self._publish(entry)
+            case Wake(Loop.QUEUE):
+                self.queue_wake.set()
+            case Wake(Loop.MARKET):
+                self.atomizer.wake.set()
+            case Count(metric, label, value):
+                counted = getattr(self.metrics, metric)
+                if label:
+                    counted = counted.labels(label)
+                if value is None:
+                    counted.inc()
+                else:
+                    counted.observe(value)
+            case Confirm(agent_id, job_id):
+                log.info(
+                    "job %s: agent %s is asked at its next heartbeat whether it started it",
+                    job_id,
+                    agent_id,
+                )
+            case JudgeAtomized(entry):
+                self.atomizer.evaluate(entry)
+                progress = self.atomizer.progress(entry.job)
+                if progress is not None:
+                    entry.job.atomization.CopyFrom(progress)
+            case SumUpArray(array_id):
+                array_job = self.store.get(array_id)
+                if array_job is not None:
+                    self.core.sum_up_array(array_job, time.time())
+                    self.store.put(array_job)
+            case Forget(job_id):
+                self.atomizer.forget(job_id)
+            case StopCopy(agent_id, subjob_id, why, context):
+                self.stop_copy(agent_id, subjob_id, why, context)
+            case _:
+                raise AssertionError(f"not carried out here: {instruction!r}")
 
     # ================================================================ recovery
 
@@ -198,50 +308,14 @@ class ZoneState:
         self._restore_workload()
         for job in self.store.live():
             if job.spec.array:  # an array's record: its counts of ended elements
-                self.arrays[job.job_id] = ArrayProgress(
-                    job.array.total,
-                    job.array.limit,
-                    succeeded=job.array.succeeded,
-                    failed=job.array.failed,
-                    cancelled=job.array.cancelled,
-                )
+                self.core.recover_array(job)
                 continue
             entry = Entry(job=job, need=demand_of(job.spec.resources), submitted_mono=now)
-            self.entries[job.job_id] = entry
             self.usage_ledger.ends_known(job)
-            ended = job.state in TERMINAL_JOB_STATES  # loaded for a subjob still settling
-            if job.array_id and job.state != zone_pb2.WAITING and not ended:
-                # Under way at the crash (its array's record precedes it in the journal).
-                progress = self.arrays.get(job.array_id)
-                if progress is not None:
-                    progress.active.add(job.job_id)
-            if is_atomized(job.spec) and not ended:
+            atomized = is_atomized(job.spec)
+            if atomized and job.state not in TERMINAL_JOB_STATES:
                 self.atomizer.admit(job)
-            for p in job.placements:  # earlier attempts too: a copy may still run
-                if p.state in LIVE_SUBJOB:
-                    self.view.add_placeholder(p.agent_id, p.agent_address, now)
-                    self.by_agent.setdefault(p.agent_id, set()).add(job.job_id)
-                    if p.reason == COMMITTING:
-                        self.unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
-            if not is_atomized(job.spec):
-                # A move the crash cut short after its copy started: the copy it moved
-                # from is retired now, not left running until its own end.
-                current = entry.current()
-                self._finish_moves(entry, current, member_states(current))
-                self._watch_time_limit(entry)
-            if job.state == zone_pb2.PENDING and not any(
-                p.state in LIVE_SUBJOB for p in entry.current()
-            ):
-                if job.forwarded_to.startswith("pending:"):
-                    # A forward was in flight at the crash: only the peer may say whether
-                    # it took the job, so ask it again (same idempotency key).
-                    self._resume_forwards.append(entry)
-                elif job.job_id in self.atomizer.atoms:
-                    job.state = zone_pb2.QUEUED  # it waits for the next window
-                else:
-                    self.spawn(self._place(entry), f"place-{job.job_id}")
-            elif job.state in (zone_pb2.QUEUED, zone_pb2.WAITING):
-                entry.queued_at = now
+            self._do(self.core.recovered(entry, atomized, now))
         # Agents heard from lately, idle ones too, so drain, undrain and pressure reach an
         # agent that has not heartbeated since this restart (frozen, partitioned).
         for agent_id, (address, seen_unix) in self.store.known_agents().items():
@@ -264,10 +338,12 @@ class ZoneState:
         target: str,
         resume: Callable[[Entry, str], Coroutine[Any, Any, bool]],
     ) -> None:
-        if await resume(entry, target):
-            self.atomizer.forget(entry.job.job_id)
-        else:
-            await self._keep_here(entry)
+        taken = await resume(entry, target)
+        await self._run(
+            self.core.forwarded(entry, taken, time.monotonic())
+            if taken
+            else self.core.keep_here(entry, time.monotonic())
+        )
 
     # ================================================================ admission
 
@@ -334,268 +410,68 @@ class ZoneState:
             job = entry.job
             if job.spec.array:  # the array's own record: its elements are the work
                 array = parse_array(job.spec.array)
-                self.arrays[job.job_id] = ArrayProgress(len(array.indices), array.limit)
-                self._sum_up_array(job)
+                self.core.admit_array(job, len(array.indices), array.limit)
+                self.core.sum_up_array(job, time.time())
                 continue
-            self.entries[job.job_id] = entry
+            self.core.admit(entry)
             if is_atomized(job.spec):
                 self.atomizer.admit(job)
-            self._route(entry, allow_forward and _may_forward(job))
+            self._do(self.core.route(entry, self._may_forward(allow_forward), time.monotonic()))
         try:
             self.store.put_many([e.job for e in new])
         except Exception:
             for entry in new:
-                self.entries.pop(entry.job.job_id, None)
-                self.arrays.pop(entry.job.job_id, None)
+                self.core.drop(entry.job.job_id)
                 self.atomizer.forget(entry.job.job_id)
             raise
         self.metrics.submitted.inc(len([e for e in new if not e.job.spec.array]))
         for entry in new:
             if not entry.job.spec.array:
-                self._kick(entry, allow_forward and _may_forward(entry.job))
+                self._do(self.core.kick(entry, self._may_forward(allow_forward)))
         return [fresh(answer[0].job if isinstance(answer, list) else answer) for answer in answers]
 
     def _new_entries(
         self, spec: zone_pb2.JobSpec, request_id: str, forwarded_from: str, bearer: str
     ) -> list[Entry]:
-        """Check one new job and make its record (an array: its record, then its
-        elements'); nothing is kept yet."""
+        """Check one new job's input and let the core make its record (an array: its
+        record, then its elements'); nothing is kept yet."""
         need = validate_spec(spec)
-        largest = self.view.largest_gpus
-        if need.gpus > largest > 0 and not self.config.peers.peers:
-            # No peer zone to send it to, and no host here was ever that large.
-            raise InvalidArgument(
-                f"{need.gpus} GPUs on one host, but the largest host of zone {self.zone_name} "
-                f"has {largest}; ask for at most {largest} per member (a gang spreads "
-                "members over hosts)",
-                field="spec.resources.gpus",
-            )
-        array = parse_array(spec.array) if spec.array else None
         for dep in spec.after:
             check_str(dep, "spec.after", required=True)
-            if self._job(dep) is None:
-                raise InvalidArgument(f"no job {dep!r} to wait for", field="spec.after")
-        item = queue_item(spec, need)
-        refusal = quota_never_fits(item, self.quotas.get(spec.tenant))
-        if refusal:
-            raise FailedPrecondition(refusal, field="spec.resources")
-        now, now_mono = time.time(), time.monotonic()
-        job = zone_pb2.Job(
-            job_id=f"j-{uuid.uuid4().hex[:10]}",
-            spec=spec,
-            state=zone_pb2.PENDING,
-            reason="placing" if not forwarded_from else f"forwarded from zone {forwarded_from}",
-            submitted_unix=now,
-            zone=self.zone_name,
-            client_request_id=request_id,
-            attempts=1,
-        )
-        entries = [Entry(job=job, need=need, submitted_mono=now_mono, bearer=bearer)]
-        if array is None:
-            return entries
-        for order, index in enumerate(array.indices):
-            element_spec = zone_pb2.JobSpec()
-            element_spec.CopyFrom(spec)
-            element_spec.ClearField("array")
-            element = zone_pb2.Job(
-                job_id=element_id(job.job_id, index),
-                spec=element_spec,
-                state=zone_pb2.PENDING,
-                reason="placing",
-                submitted_unix=now + order * 1e-6,  # the queue takes elements in order
+        return self.core.new_entries(
+            spec,
+            need,
+            NewJob(
+                job_id=f"j-{uuid.uuid4().hex[:10]}",
                 zone=self.zone_name,
-                attempts=1,
-                array_id=job.job_id,
-                array_index=index,
-            )
-            entries.append(Entry(job=element, need=need, submitted_mono=now_mono, bearer=bearer))
-        return entries
-
-    # ================================================================ job arrays
-
-    def _array_block(self, entry: Entry) -> str:
-        """Why an array element may not be under way yet (its array's %N limit), or "";
-        an element that may go counts against the limit from then on."""
-        job = entry.job
-        progress = self.arrays.get(job.array_id) if job.array_id else None
-        if progress is None or progress.may_start(job.job_id):
-            return ""
-        return (
-            f"array {job.array_id}: {progress.limit} elements under way at once "
-            f"(%{progress.limit}); this one starts when one of them ends"
+                request_id=request_id,
+                forwarded_from=forwarded_from,
+                bearer=bearer,
+            ),
+            time.time(),
+            time.monotonic(),
         )
 
-    def _sum_up_array(self, array_job: zone_pb2.Job) -> None:
-        """Write where the array's elements stand into its record; end it with its last."""
-        progress = self.arrays.get(array_job.job_id)
-        if progress is None:
-            return
-        running = any(
-            (e := self.entries.get(element)) is not None and e.job.state in RUNNING_JOB_STATES
-            for element in progress.active
-        )
-        progress.sum_up(array_job, any_running=running, now_unix=time.time())
-        if progress.done:
-            del self.arrays[array_job.job_id]
+    # ================================================================ routing
 
-    def _element_ended(self, job: zone_pb2.Job) -> None:
-        """An array element reached its end: count it, and journal the array's record."""
-        progress = self.arrays.get(job.array_id)
-        if progress is None:
-            return
-        progress.element_ended(job)
-        array_job = self.store.get(job.array_id)
-        if array_job is not None:
-            self._sum_up_array(array_job)
-            self.store.put(array_job)
-
-    def _route(self, entry: Entry, allow_forward: bool) -> None:
-        """Decide the first state: waiting for dependencies or quota, queued, or placing."""
-        job = entry.job
-        blocks = (
-            (Reason.DEPENDENCY, self._dependency_block),
-            (Reason.ARRAY_LIMIT, self._array_block),
-            (Reason.QUOTA, self._quota_block),
-        )
-        for reason, block in blocks:
-            waiting = block(entry)
-            if waiting:
-                job.state = zone_pb2.WAITING
-                set_reason(job, reason, waiting)
-                entry.queued_at = time.monotonic()
-                return
-        if job.job_id in self.atomizer.atoms:
-            if allow_forward and self.forwarder is not None:
-                # Flow splitting picks its zone as for a rigid job (_kick): a peer, or a
-                # window here.
-                set_reason(job, Reason.PLACING, "routing: flow splitting picks its zone")
-                return
-            self._await_window(entry)
-            return
-        gang = max(1, job.spec.gang_size)
-        members_total = self.view.counts(entry.need).members_total
-        if gang > 1 and members_total < gang:
-            job.state = zone_pb2.QUEUED
-            set_reason(
-                job,
-                Reason.TOO_LARGE,
-                f"the zone cannot hold this gang even when idle: its ready hosts hold "
-                f"{members_total} of {gang} x {entry.need.label()}; waiting for more hosts",
-            )
-            entry.queued_at = time.monotonic()
-            return
-        may_forward = allow_forward and self.forwarder is not None and bool(self.config.peers.peers)
-        if not may_forward and self._behind_blocked_head(entry):
-            self._queue_behind_head(entry)
-            return
-        # A peer zone may take it (flow splitting decides first); if it stays here behind
-        # a blocked head, _forward_or_place queues it then.
-        set_reason(job, Reason.PLACING, job.reason or "placing")
-
-    def _await_window(self, entry: Entry) -> None:
-        """An atomized job stays in this zone: it waits for a window (the market starts it)."""
-        job = entry.job
-        job.state = zone_pb2.QUEUED
-        set_reason(
-            job,
-            Reason.WINDOW,
-            f"waiting for a window; {units_done(job)} of {job.spec.atomization.total_units} "
-            "units done",
-        )
-        entry.queued_at = time.monotonic()
-        self.atomizer.wake.set()
-
-    async def _keep_here(self, entry: Entry) -> None:
-        """No peer took ``entry``: an atomized job waits here for a window, a rigid one is
-        placed."""
-        if entry.job.job_id in self.atomizer.atoms:
-            self._await_window(entry)
-            self.save(entry)
-            self._publish(entry)
-            return
-        await self._place(entry)
-
-    def _behind_blocked_head(self, entry: Entry) -> bool:
-        """Whether a job of its kind and no higher class waits blocked at the queue's head:
-        then this one may not start before it (it waits its turn in the queue)."""
-        head_priority = self._blocked_families.get(entry.need.family)
-        priority = entry.job.spec.priority or common_pb2.BATCH
-        return head_priority is not None and priority >= head_priority
-
-    def _queue_behind_head(self, entry: Entry) -> None:
-        entry.job.state = zone_pb2.QUEUED
-        set_reason(
-            entry.job,
-            Reason.PRIORITY,
-            "behind queued work of the same kind; waiting for the next queue pass",
-        )
-        entry.queued_at = time.monotonic()
-
-    def _kick(self, entry: Entry, allow_forward: bool) -> None:
-        if entry.job.state == zone_pb2.PENDING:
-            if allow_forward and self.forwarder is not None:
-                self.spawn(self._forward_or_place(entry), f"route-{entry.job.job_id}")
-            else:
-                self.spawn(self._place(entry), f"place-{entry.job.job_id}")
-        else:
-            self.queue_wake.set()
-            self._publish(entry)
+    def _may_forward(self, allow_forward: bool) -> bool:
+        """Whether a peer may take the request's jobs: the request allows it and the
+        server gave this router a way to its peers."""
+        return allow_forward and self.forwarder is not None
 
     async def _forward_or_place(self, entry: Entry) -> None:
         assert self.forwarder is not None
-        if await self.forwarder(entry):
-            self.atomizer.forget(entry.job.job_id)  # the peer's market runs it
-            return
-        if entry.job.job_id not in self.atomizer.atoms and self._behind_blocked_head(entry):
-            self._queue_behind_head(entry)  # it stays here: after the blocked head
-            self.save(entry)
-            self.queue_wake.set()
-            return
-        await self._keep_here(entry)
-
-    def _dependency_block(self, entry: Entry) -> str:
-        pending = []
-        for dep in entry.job.spec.after:
-            job = self._job(dep)
-            if job is None or job.state == zone_pb2.JOB_SUCCEEDED:
-                continue
-            if job.state in TERMINAL_JOB_STATES:
-                return f"!dependency {dep} ended {zone_pb2.JobState.Name(job.state).lower()}"
-            pending.append(dep)
-        if pending:
-            return f"waiting for {', '.join(pending)} to succeed"
-        return ""
+        taken = await self.forwarder(entry)
+        await self._run(self.core.forwarded(entry, taken, time.monotonic()))
 
     def tenant_usage(self) -> tuple[dict[str, float], dict[str, int]]:
-        units: dict[str, float] = {}
-        memory: dict[str, int] = {}
-        for e in self.entries.values():
-            tenant = e.job.spec.tenant
-            if e.job.job_id in self.atomizer.atoms:
-                # An atomized job holds what its live pieces hold (its spec asks nothing).
-                for p in e.job.placements:
-                    if p.state in LIVE_SUBJOB:
-                        piece = demand_of(p.resources)
-                        units[tenant] = units.get(tenant, 0.0) + piece.gpu_units
-                        memory[tenant] = memory.get(tenant, 0) + piece.memory_bytes
-            elif e.job.state in RUNNING_JOB_STATES or e.placing:
-                units[tenant] = units.get(tenant, 0.0) + e.item.units
-                memory[tenant] = memory.get(tenant, 0) + e.need.memory_bytes * e.item.gang_size
-        return units, memory
-
-    def _quota_block(self, entry: Entry) -> str:
-        quota = self.quotas.get(entry.job.spec.tenant)
-        if quota is None:
-            return ""
-        units, memory = self.tenant_usage()
-        tenant = entry.job.spec.tenant
-        return quota_block(entry.item, quota, units.get(tenant, 0.0), memory.get(tenant, 0))
+        return self.core.tenant_usage()
 
     # ================================================================ placement
 
     async def _place(self, entry: Entry, *, from_queue: bool = False) -> bool:
         """One placement try within the probe budget; on failure the job waits in the queue."""
-        if entry.placing or entry.job.state in TERMINAL_JOB_STATES:
+        if not self.core.may_place(entry):
             return False
         entry.placing = True
         started = time.monotonic()
@@ -606,182 +482,94 @@ class ZoneState:
             entry.placing = False
 
     async def _place_once(
-        self, entry: Entry, started: float, from_queue: bool, *, retry_commit: bool = True
+        self, entry: Entry, started: float, from_queue: bool, *, may_retry: bool = True
     ) -> bool:
+        """Gather leases (or commit on probe for one member), commit them, and carry out
+        what the core makes of each outcome."""
         job = entry.job
-        if self._wait_for_old_copy(entry):
+        waits, instructions = self.core.old_copy(entry, time.monotonic())
+        await self._run(instructions)
+        if waits:
             return False
-        gang = max(1, job.spec.gang_size)
+        plan = self.core.plan_try(
+            entry, self.config.placement.lease_ttl_seconds, self.config.placement.budget_seconds
+        )
         ask = Ask(
             job_id=job.job_id,
             resources=job.spec.resources,
-            gang_size=gang,
-            priority=job.spec.priority or common_pb2.BATCH,
+            gang_size=plan.gang_size,
+            priority=plan.priority,
             value=job.spec.value,
             tenant=job.spec.tenant,
         )
-        ttl = self.config.placement.lease_ttl_seconds
-        if gang > 1:
-            ttl = max(ttl, self.config.placement.budget_seconds + 2 * ttl)
-        hook = _ProbeCommit(self, entry) if gang == 1 else None
-        gathered = await self.placer.gather(ask, lease_ttl_seconds=ttl, commit=hook)
+        hook = _ProbeCommit(self, entry) if plan.commit_on_probe else None
+        gathered = await self.placer.gather(
+            ask, lease_ttl_seconds=plan.lease_ttl_seconds, commit=hook
+        )
         job.probes += max(0, gathered.probes - (hook.probes if hook is not None else 0))
         job.bounces += gathered.bounces
         if hook is not None and hook.pending is not None:
-            ok = await self._probe_committed(entry, hook.pending, gathered)
+            reply = gathered.committed
+            ok, instructions = self.core.probe_committed(
+                entry,
+                hook.pending,
+                reply.subjob if reply is not None else None,
+                list(reply.lease.slice_ids) if reply is not None else [],
+                gathered.unsure,
+                time.time(),
+            )
+            await self._run(instructions)
         else:
-            if job.state in TERMINAL_JOB_STATES:  # cancelled while probing
-                if gathered.chosen:
-                    await self.placer.release(gathered.chosen)
-                return False
-            if gathered.chosen is None:
-                refused = [e for e in gathered.errors if is_refused_input(e)]
-                if refused:
-                    self.finish(
-                        entry,
-                        zone_pb2.JOB_FAILED,
-                        f"the agent refused the job: {rpc_reason(refused[0])}",
-                        Reason.REFUSED,
-                    )
-                    return False
-                self.metrics.placements.labels("queued").inc()
-                self._enqueue(entry, gathered.reasons)
+            step, instructions = self.core.gathered(
+                entry,
+                gathered.chosen,
+                [failure_of(e) for e in gathered.errors],
+                gathered.reasons,
+                time.monotonic(),
+                time.time(),
+            )
+            await self._run(instructions)
+            if step is not Next.COMMIT or gathered.chosen is None:
                 return False
             ok = await self.commit_all(entry, gathered.chosen)
         if not ok:
-            self.metrics.placements.labels("commit_failed").inc()
-            if job.state in TERMINAL_JOB_STATES:
+            step, instructions = self.core.commit_lost(
+                entry, may_retry, time.monotonic(), time.time()
+            )
+            await self._run(instructions)
+            if step is not Next.RETRY:
                 return False
-            if not retry_commit:
-                self._enqueue(entry, [job.reason])
-                return False
-            # A lost commit (lease expired on a busy agent) is transient: try once more now.
-            return await self._place_once(entry, started, from_queue, retry_commit=False)
-        latency = time.monotonic() - (entry.queued_at if from_queue else entry.submitted_mono)
-        priority = common_pb2.PriorityClass.Name(job.spec.priority or common_pb2.BATCH).lower()
-        self.metrics.placements.labels("placed").inc()
-        self.metrics.placement_seconds.observe(time.monotonic() - started)
-        self.metrics.probes_per_placement.observe(gathered.probes)
-        self.metrics.bounces_per_placement.observe(gathered.bounces)
-        if from_queue:
-            self.metrics.queue_seconds.labels(priority).observe(latency)
+            return await self._place_once(entry, started, from_queue, may_retry=False)
+        now = time.monotonic()
+        self._do(
+            self.core.placed(
+                entry, from_queue, now - started, now, gathered.probes, gathered.bounces
+            )
+        )
         return True
-
-    async def _probe_committed(
-        self, entry: Entry, placement: zone_pb2.Placement, gathered: Gathered
-    ) -> bool:
-        """The end of a try whose probes carried the commit: the member runs (its probe's
-        reply says so), or may run where a probe got no answer (confirmed with that agent
-        before the job is placed again, as for a commit of unknown outcome)."""
-        job = entry.job
-        reply = gathered.committed
-        if placement.state in ENDED_SUBJOB:
-            # Its end was reported before the probe's reply came (or instead of it: a lost
-            # reply): it ran, and the report already judged the job.
-            if reply is not None:
-                apply_start_reply(placement, reply.subjob)
-            self.save(entry)
-            return True
-        if reply is not None:
-            del placement.slice_ids[:]
-            placement.slice_ids.extend(reply.lease.slice_ids)
-            copy_subjob(placement, reply.subjob)
-            if job.state in TERMINAL_JOB_STATES:  # cancelled while it started: stop it
-                self.save(entry)
-                await self.terminate(placement, "cancelled while starting", EndCause.CANCELLED)
-                return False
-            now_running(job)
-            self.save(entry)
-            return True
-        why = gathered.unsure or "no answer"
-        log.warning("job %s: a probe carrying the commit got no answer (%s)", job.job_id, why)
-        self.unconfirmed.setdefault(placement.agent_id, set()).add(job.job_id)
-        job.attempts += 1
-        if job.state not in TERMINAL_JOB_STATES:
-            set_reason(job, Reason.RETRYING, f"commit failed: {why}")
-        self.save(entry)
-        return False
 
     async def commit_all(
         self, entry: Entry, chosen: list[tuple[AgentRecord, agent_pb2.Lease]]
     ) -> bool:
-        """Journal the intent, commit every lease, and roll back all members if any fails."""
-        job = entry.job
-        attempt = job.attempts
-        for member, (record, lease) in enumerate(chosen):
-            job.placements.append(
-                zone_pb2.Placement(
-                    subjob_id=rigid_subjob_id(job.job_id, attempt, member),
-                    agent_id=record.agent_id,
-                    agent_address=record.address,
-                    slice_ids=list(lease.slice_ids),
-                    member=member,
-                    state=common_pb2.STARTING,
-                    reason=COMMITTING,
-                    attempt=attempt,
-                )
-            )
-            self.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
-        job.state = zone_pb2.PENDING
-        set_reason(job, Reason.PLACING, "committing leases")
-        self.save(entry)
+        """Journal the intent, commit every lease, and roll back all members if any fails
+        (the core says how)."""
+        members = [Member(r.agent_id, r.address, tuple(lease.slice_ids)) for r, lease in chosen]
+        await self._run(self.core.begin_commit(entry, members))
+        current = entry.current()
         outcomes = await asyncio.gather(
             *(
-                self._commit_one(entry, member, record, lease)
-                for member, (record, lease) in enumerate(chosen)
+                self.commit_placement(entry, current[member], lease)
+                for member, (_, lease) in enumerate(chosen)
             ),
             return_exceptions=True,
         )
-        failures = [o for o in outcomes if isinstance(o, BaseException)]
-        if not failures:
-            now_running(job)
-            self.save(entry)
-            return True
-        why = "; ".join(rpc_reason(f) for f in failures)
-        log.warning("job %s: commit failed (%s); rolling back all members", job.job_id, why)
-        current = entry.current()
-        unknown = {
-            current[member].subjob_id
-            for member, outcome in enumerate(outcomes)
-            if isinstance(outcome, BaseException) and outcome_unknown(outcome)
-        }
-        for p in current:
-            if p.state not in LIVE_SUBJOB:
-                continue
-            if p.reason != COMMITTING:
-                # Started: stop it. Its record stays live until the agent reports the end,
-                # and the job is not placed again before that (nothing runs twice).
-                await self.terminate(
-                    p,
-                    f"gang rollback: another member failed to commit ({why})",
-                    EndCause.COMMIT_FAILED,
-                )
-            elif p.subjob_id in unknown:
-                # No answer: the agent may have started it. Ask it (at its next heartbeat)
-                # before placing the job again; a silent agent is declared lost in time.
-                self.unconfirmed.setdefault(p.agent_id, set()).add(job.job_id)
-            else:
-                p.state = common_pb2.FAILED
-                p.end_cause = EndCause.COMMIT_FAILED.wire
-                p.reason = f"commit failed: {why}"
-                p.ended_unix = time.time()
-        job.attempts += 1
-        set_reason(job, Reason.RETRYING, f"commit failed: {why}")
-        if any(is_refused_input(f) for f in failures):
-            # The agent refused the spec itself (a workdir or command it cannot use). Hosts
-            # are meant to be alike, and each retry left one more failed subjob on the agent
-            # (a retry storm of several a second): the job fails for good, saying why.
-            self.finish(
-                entry, zone_pb2.JOB_FAILED, f"the agent refused the job: {why}", Reason.REFUSED
-            )
-        self.save(entry)
-        return False
-
-    async def _commit_one(
-        self, entry: Entry, member: int, record: AgentRecord, lease: agent_pb2.Lease
-    ) -> None:
-        del record  # the lease names its agent; the placement holds the address
-        await self.commit_placement(entry, entry.current()[member], lease)
+        ok, instructions = self.core.committed(
+            entry,
+            [failure_of(o) if isinstance(o, BaseException) else None for o in outcomes],
+            time.time(),
+        )
+        await self._run(instructions)
+        return ok
 
     async def commit_placement(
         self,
@@ -821,67 +609,6 @@ class ZoneState:
             array_job_id=job.array_id,
             array_index=job.array_index,
         )
-
-    def _wait_for_old_copy(self, entry: Entry) -> bool:
-        """A copy from an earlier attempt may still run (being stopped, or its commit went
-        unanswered): the job waits in the queue until its agent reports the end, confirms
-        it never started, or is declared lost. Returns whether the job waits."""
-        job = entry.job
-        old = next(
-            (p for p in job.placements if p.state in LIVE_SUBJOB and p.attempt != job.attempts),
-            None,
-        )
-        if old is None:
-            return False
-        reason = (
-            f"waiting for agent {old.agent_id} to confirm whether it started subjob "
-            f"{old.subjob_id} (its commit went unanswered) before placing the job again"
-            if old.reason == COMMITTING
-            else f"waiting for subjob {old.subjob_id} of an earlier attempt to stop on "
-            f"{old.agent_id} before placing the job again"
-        )
-        if job.state != zone_pb2.QUEUED or job.reason != reason:
-            job.state = zone_pb2.QUEUED
-            set_reason(job, Reason.PREVIOUS_COPY, reason)
-            entry.queued_at = time.monotonic()
-            self.save(entry)
-            self._publish(entry)
-        return True
-
-    def _enqueue(self, entry: Entry, reasons: list[str]) -> None:
-        job = entry.job
-        if job.state in TERMINAL_JOB_STATES:
-            return
-        job.state = zone_pb2.QUEUED
-        if reasons:
-            log.info("job %s queued after %d probe(s): %s", job.job_id, job.probes, reasons[-1])
-        entry.queued_at = time.monotonic()
-        self._explain_one(entry)
-        self._blocked_families.setdefault(entry.need.family, job.spec.priority or common_pb2.BATCH)
-        self.save(entry)
-        self.queue_wake.set()
-
-    def _explain_one(self, entry: Entry) -> None:
-        """Why a job just queued waits. Its position is behind the jobs of its family the
-        last queue pass left waiting and those queued since (the next pass places it
-        exactly): counting them here was a scan of every job, per job queued."""
-        counts = self.view.counts(entry.need)
-        family = entry.need.family
-        position = self._queued_per_family.get(family, 0) + 1
-        self._queued_per_family[family] = position
-        entry.job.queue_position = position
-        why = why_waiting(
-            entry.need,
-            gang_size=max(1, entry.job.spec.gang_size),
-            hosts_ready=counts.ready,
-            hosts_matching=counts.matching,
-            hosts_fitting=counts.fitting,
-            position=position,
-            expected_start=None,
-            now=time.time(),
-            members_total=counts.members_total,
-        )
-        set_reason(entry.job, Reason[why.token.upper()], why.text)
 
     # ================================================================ the queue
 
@@ -926,183 +653,55 @@ class ZoneState:
             await self._one_pass()
 
     async def _one_pass(self) -> None:
+        """Drive :func:`laminar_zone.queue.class_order` with the core's pass bookkeeping
+        (:class:`laminar_zone.core.PassBook`): the walk's starts are placed here, awaited,
+        and the market's rounds cleared by the atomizer."""
         now_unix = time.time()
-        self._resolve_waiting()
-        waiting = [
-            e
-            for e in self.entries.values()
-            if e.job.state in (zone_pb2.QUEUED, zone_pb2.WAITING) and not e.placing
-        ]
-        units, memory = self.tenant_usage()
+        self._do(self.core.resolve_waiting(now_unix))
+        waiting = self.core.waiting()
+        units, memory = self.core.tenant_usage()
         market = await self.atomizer.open_round(units, memory)
         if not waiting and market is None:
-            self._blocked_families.clear()
-            self.blocked_starts.clear()
-            self._queued_per_family.clear()
+            self.core.idle_pass()
             self._update_gauges()
             return
-        waiting.sort(key=lambda e: order_key(e.item, units, self.shares))
-        walk = QueueWalk(now_unix, backfill=self.config.queue.backfill)
-        changed: list[Entry] = []
-        counts: dict[Demand, HostCounts] = {}
-        releases: dict[str, ReleaseCurve] = {}  # per family, this pass
-        queued_per_family: dict[str, int] = {}
-
-        def admit(entry: Entry) -> Admit:
-            """Whether ``entry`` is walked in this pass, and whether it could ever fit."""
-            job = entry.job
-            if job.state in TERMINAL_JOB_STATES or entry.placing:
-                return Admit.SKIP
-            if job.state == zone_pb2.WAITING and self._dependency_block(entry):
-                return Admit.SKIP
-            held = self._array_block(entry) if job.state == zone_pb2.WAITING else ""
-            if held:
-                if job.reason != held:
-                    set_reason(job, Reason.ARRAY_LIMIT, held)
-                    changed.append(entry)
-                return Admit.SKIP
-            if self._wait_for_old_copy(entry):
-                return Admit.SKIP
-            if job.job_id in self.atomizer.atoms:  # placed by the market, not by this walk
-                if job.state == zone_pb2.WAITING:
-                    job.state = zone_pb2.QUEUED
-                    set_reason(job, Reason.WINDOW, "dependencies succeeded; waiting for a window")
-                    changed.append(entry)
-                    self.atomizer.wake.set()
-                return Admit.SKIP
-            tenant = job.spec.tenant
-            blocked = quota_block(
-                entry.item, self.quotas.get(tenant), units.get(tenant, 0.0), memory.get(tenant, 0)
-            )
-            if blocked:
-                if job.state != zone_pb2.WAITING or job.reason != blocked:
-                    job.state = zone_pb2.WAITING
-                    set_reason(job, Reason.QUOTA, blocked)
-                    changed.append(entry)
-                return Admit.SKIP
-            if entry.need not in counts:
-                counts[entry.need] = self.view.counts(entry.need)
-            # A job the zone cannot hold even when idle blocks nobody.
-            never = counts[entry.need].members_total < entry.item.gang_size
-            return Admit.NEVER if never else Admit.WALK
+        book = self.core.begin_pass(
+            waiting,
+            units,
+            memory,
+            self.shares,
+            now_unix,
+            time.monotonic(),
+            backfill=self.config.queue.backfill,
+        )
 
         async def start(entry: Entry) -> bool:
-            if not self.view.any_fits(entry.need, self.rng):
+            if not book.may_start(entry, self.rng):
                 return False
-            entry.job.state = zone_pb2.PENDING
-            set_reason(entry.job, Reason.PLACING, "placing from the queue")
             placed = await self._place(entry, from_queue=True)
-            if not placed and entry.job.state in TERMINAL_JOB_STATES:
-                # It ended while being placed (cancelled, or it ran and its end was
-                # reported before the placement returned): it waits for nothing.
-                return True
-            if placed:
-                tenant = entry.job.spec.tenant
-                units[tenant] = units.get(tenant, 0.0) + entry.item.units
-                memory[tenant] = memory.get(tenant, 0) + entry.need.memory_bytes
-                counts.pop(entry.need, None)
-                releases.pop(entry.need.family, None)
-                if market is not None:
-                    market.note_started(entry.job.placements)
-                return True
-            counts[entry.need] = self.view.counts(entry.need)
-            return False
-
-        def waited(entry: Entry, wait: Waiting) -> None:
-            job = entry.job
-            hosts = counts[entry.need]
-            why = why_waiting(
-                entry.need,
-                gang_size=entry.item.gang_size,
-                hosts_ready=hosts.ready,
-                hosts_matching=hosts.matching,
-                hosts_fitting=hosts.fitting,
-                position=wait.position,
-                expected_start=wait.expected_start,
-                now=now_unix,
-                blocked_by=wait.blocked_by if hosts.fitting else "",
-                members_total=hosts.members_total,
-            )
-            queued_per_family[entry.need.family] = wait.position
-            if (
-                job.state != zone_pb2.QUEUED
-                or job.reason != why.text
-                or job.queue_position != wait.position
-            ):
-                job.state = zone_pb2.QUEUED
-                set_reason(job, Reason[why.token.upper()], why.text)
-                job.queue_position = wait.position
-                job.expected_start_unix = wait.expected_start or 0.0
-                changed.append(entry)
-
-        steps = class_order(
-            walk,
-            waiting,
-            lambda e: e.item,
-            lambda e, ahead: self._expected_start(e, ahead, now_unix, releases),
-            market.classes if market is not None else (),
-            admit=admit,
-            waited=waited,
-            estimate_all=True,
-        )
+            if placed and market is not None:
+                market.note_started(entry.job.placements)
+            return book.started(entry, placed)
 
         async def clear(step: Clear) -> None:
             assert market is not None  # a round is asked only for a class with market work
             await self.atomizer.clear_class(market, step)
 
+        steps = class_order(
+            book.walk,
+            book.waiting,
+            lambda e: e.item,
+            book.expected_start,
+            market.classes if market is not None else (),
+            admit=book.admit,
+            waited=book.waited,
+            estimate_all=True,
+        )
         await drive_awaiting(steps, start, clear)
         if market is not None:
             await self.atomizer.close_round(market)
-        self._queued_per_family = queued_per_family
-        self._blocked_families = {
-            family: self.entries[head.job_id].job.spec.priority or common_pb2.BATCH
-            for family, head in walk.heads.items()
-            if head.job_id in self.entries
-        }
-        #: When each family's blocked head is expected to start: windows of that family
-        #: end there, so atomized work backfills it without delaying it (EASY).
-        self.blocked_starts = {
-            family: (self._blocked_families[family], head.expected_start)
-            for family, head in walk.heads.items()
-            if head.expected_start is not None and family in self._blocked_families
-        }
-        self.save_many(changed)
+        self._do(self.core.end_pass(book))
         self._update_gauges()
-
-    def _expected_start(
-        self,
-        entry: Entry,
-        units_ahead: float,
-        now_unix: float,
-        releases: dict[str, ReleaseCurve],
-    ) -> float | None:
-        """When ``entry`` may start, from the expected ends of running work of its family;
-        ``releases`` holds each family's, made once per pass (one scan of the live jobs per
-        family, not per waiting job) and dropped when the pass starts a job of it."""
-        family = entry.need.family
-        if family not in releases:
-            ends: list[tuple[float, float]] = []
-            mean = self._mean_run_seconds.get(family, 0.0)
-            for other in self.entries.values():
-                if other.job.state not in RUNNING_JOB_STATES or other.need.family != family:
-                    continue
-                run = other.item.expected_seconds or mean  # the estimate, else the limit
-                if run > 0:
-                    ends.append((other.job.started_unix + run, other.item.units))
-            releases[family] = ReleaseCurve(ends)
-        return releases[family].start(now_unix, 0.0, units_ahead, entry.item.units)
-
-    def _resolve_waiting(self) -> None:
-        """Dependencies: fail jobs whose dependency failed, release those whose all succeeded."""
-        for entry in list(self.entries.values()):
-            if entry.job.state != zone_pb2.WAITING:
-                continue
-            block = self._dependency_block(entry)
-            if block.startswith("!"):
-                self.finish(entry, zone_pb2.JOB_FAILED, block[1:], Reason.DEPENDENCY_FAILED)
-                self.save(entry)
-            elif not block and reason_of(entry.job.reason_code) is Reason.DEPENDENCY:
-                set_reason(entry.job, Reason.PLACING, "dependencies succeeded")
 
     # ================================================================ agent events
 
@@ -1110,19 +709,7 @@ class ZoneState:
         self, entry: Entry, old: zone_pb2.Placement, new: zone_pb2.Placement
     ) -> None:
         """The copy ``new`` runs: the one it moved away from ends (a free retry's cause)."""
-        if old.state not in LIVE_SUBJOB:
-            return  # retired already (the move's own task and an event both saw it run)
-        why = f"{READDRESSED} moved to {new.agent_id} after Airlock suspended it on {old.agent_id}"
-        old.state = common_pb2.KILLED
-        old.end_cause = EndCause.READDRESSED.wire
-        old.reason = why
-        old.ended_unix = time.time()
-        if new.state in ENDED_SUBJOB:
-            self.evaluate(entry)  # the copy ended before its move was done: judge the job now
-        self.save(entry)
-        self.metrics.readdressed.inc()
-        log.info("job %s: subjob %s %s as %s", entry.job.job_id, old.subjob_id, why, new.subjob_id)
-        await self.terminate(old, why, EndCause.READDRESSED)
+        await self._run(self.core.retire(entry, old, new, time.time()))
 
     def stop_copy(self, agent_id: str, subjob_id: str, why: str, context: str = "") -> None:
         """Stop a copy of a subjob on ``agent_id`` that the router does not count on."""
@@ -1143,176 +730,20 @@ class ZoneState:
 
     def evaluate(self, entry: Entry) -> None:
         """Derive the job's state from its current attempt's subjobs; retry or finish."""
-        job = entry.job
-        if job.state in TERMINAL_JOB_STATES:
-            return
-        if job.job_id in self.atomizer.atoms:
-            self.atomizer.evaluate(entry)
-            progress = self.atomizer.progress(job)
-            if progress is not None:
-                job.atomization.CopyFrom(progress)
-            return
-        current = entry.current()
-        copies = member_states(current)
-        self._finish_moves(entry, current, copies)
-        verdict = judge_attempt(
-            copies,
-            job.spec.gang_size,
-            job.retries_used,
-            job.spec.max_retries,
-        )
-        if verdict.outcome is Outcome.SUCCEEDED:
-            run = max(p.run_seconds for p in current)
-            family = entry.need.family
-            old = self._mean_run_seconds.get(family)
-            self._mean_run_seconds[family] = run if old is None else 0.8 * old + 0.2 * run
-            self.finish(entry, zone_pb2.JOB_SUCCEEDED, "all subjobs succeeded")
-        elif verdict.outcome in (Outcome.RETRY, Outcome.FAILED):
-            assert verdict.failed_member is not None
-            first = current[verdict.failed_member]
-            for index in verdict.stop:
-                self.spawn(
-                    self.terminate(
-                        current[index],
-                        f"gang member {first.member} ended: {first.reason}",
-                        EndCause.GANG_STOPPED,
-                    ),
-                    "gang-stop",
-                )
-            what = f"subjob {first.subjob_id} on {first.agent_id} ended {state_name(first.state)}: {first.reason}"
-            if verdict.outcome is Outcome.FAILED:
-                limited = end_cause(first.end_cause) is EndCause.TIME_LIMIT
-                self.finish(
-                    entry, zone_pb2.JOB_FAILED, what, Reason.TIME_LIMIT if limited else None
-                )
-                return
-            if verdict.counted:
-                job.retries_used += 1
-            job.attempts += 1
-            job.state = zone_pb2.PENDING
-            counted = f"retry {job.retries_used} of {job.spec.max_retries}"
-            set_reason(
-                job,
-                Reason.RETRYING,
-                f"retrying ({counted if verdict.counted else 'not counted'}) after {what}",
-            )
-            self.metrics.retries.inc()
-            self.spawn(self._place(entry), f"retry-{job.job_id}")
-        elif verdict.outcome is Outcome.RUNNING:
-            suspended = verdict.suspended
-            job.state = zone_pb2.JOB_SUSPENDED if suspended else zone_pb2.JOB_RUNNING
-            job.started_unix = job.started_unix or time.time()
-            set_reason(
-                job,
-                Reason.SUSPENDED if suspended else Reason.NONE,
-                f"{suspended} subjob(s) suspended by Airlock (GPU memory pressure on "
-                f"{', '.join(sorted({p.agent_id for p in current if p.state == common_pb2.SUSPENDED}))})"
-                if suspended
-                else "",
-            )
-            self._watch_time_limit(entry)
-
-    def _watch_time_limit(self, entry: Entry) -> None:
-        if entry.job.job_id not in self.atomizer.atoms:  # pieces end with their windows
-            self.time_limits.watch(entry.job, entry.current())
-
-    def _enforce_time_limits(self, now_unix: float) -> None:
-        """Stop each running subjob past its job's time limit (laminar_zone.time_limits)."""
-        for placement, why in self.time_limits.due(now_unix, self._live_job):
-            log.info("job %s: subjob %s %s", job_of(placement.subjob_id), placement.subjob_id, why)
-            self.spawn(
-                self.terminate(placement, why, EndCause.TIME_LIMIT), f"limit-{placement.subjob_id}"
-            )
-
-    def _finish_moves(
-        self, entry: Entry, current: list[zone_pb2.Placement], copies: list[MemberState]
-    ) -> None:
-        """A move's copy started (it runs, or already ended) while the copy it moved away
-        from still lives (the move was cut short by a restart, or its copy's report came
-        first): retire the old one."""
-        for index, by in taken_over(copies).items():
-            old = current[index]
-            if old.state in LIVE_SUBJOB:
-                self.spawn(self.retire_moved(entry, old, current[by]), f"moved-{old.subjob_id}")
+        self._do(self.core.evaluate(entry, time.time()))
 
     def finish(self, entry: Entry, state: int, reason: str, code: Reason | None = None) -> None:
         """End the job in ``state``; ``code`` (default: by the state) says why for scripts."""
-        job = entry.job
-        job.state = state  # type: ignore[assignment]
-        set_reason(job, END_REASONS.get(state, Reason.NONE) if code is None else code, reason)
-        job.ended_unix = time.time()
-        job.queue_position = 0
-        job.expected_start_unix = 0
-        self.metrics.finished.labels(zone_pb2.JobState.Name(state).lower()).inc()
-        log.info("job %s %s: %s", job.job_id, zone_pb2.JobState.Name(state).lower(), reason)
-        if job.array_id:
-            self._element_ended(job)
-        self.queue_wake.set()
+        self._do(self.core.finish(entry, state, reason, time.time(), code))
 
     def forget_if_done(self, entry: Entry) -> None:
-        job = entry.job
-        if job.state not in TERMINAL_JOB_STATES:
-            return
-        if any(p.state in LIVE_SUBJOB for p in job.placements):
-            return
-        for p in job.placements:
-            jobs = self.by_agent.get(p.agent_id)
-            if jobs is not None:
-                jobs.discard(job.job_id)
-        self.time_limits.forget(p.subjob_id for p in job.placements)
-        # Keep it in memory while dependents may ask; the journal has it anyway.
-        self.entries.pop(job.job_id, None)
-        self.atomizer.forget(job.job_id)
+        self._do(self.core.forget_if_done(entry))
 
     # ================================================================ membership tick
 
     def sweep(self) -> None:
         """Once a period: stale agents, lost agents and their subjobs."""
-        now = time.monotonic()
-        for stale in self.view.sweep(now):
-            log.warning(
-                "agent %s stale: no heartbeat for %.1f s; no more probes to it",
-                stale.agent_id,
-                now - stale.last_heartbeat,
-            )
-        self._enforce_time_limits(time.time())
-        for subjob_id, (stop, why, cause) in list(self._owed_stops.items()):
-            record = self.view.agents.get(stop.agent_id)
-            if record is not None and not record.is_stale:
-                # A stale agent's fence stops its work; when it is back, reconciling does.
-                del self._owed_stops[subjob_id]
-                self.spawn(self.terminate(stop, why, cause), f"stop-again-{subjob_id}")
-        lost_after = self.config.membership.lost_after_seconds
-        for agent_id, job_ids in list(self.by_agent.items()):
-            record = self.view.agents.get(agent_id)
-            if record is None or not record.is_stale:
-                continue
-            silent = now - record.last_heartbeat
-            if silent < lost_after:
-                continue
-            for job_id in list(job_ids):
-                entry = self.entries.get(job_id)
-                if entry is None:
-                    job_ids.discard(job_id)
-                    continue
-                placements = entry.job.placements
-                for i, p in enumerate(placements):
-                    if p.agent_id == agent_id and p.state in LIVE_SUBJOB:
-                        p.state = common_pb2.LOST
-                        # A move's copy never confirmed (its fence stopped it if it ran)
-                        # leaves the member where it was, as when its agent says it never
-                        # started it; any other copy is the member, lost.
-                        moved = p.reason == COMMITTING and moves_from_live_copy(placements[:i], p)
-                        p.end_cause = (EndCause.READDRESSED if moved else EndCause.LOST).wire
-                        p.reason = (
-                            f"agent {agent_id} silent for {silent:.0f} s "
-                            f"(membership.lost_after_seconds={lost_after:g})"
-                        )
-                        p.ended_unix = time.time()
-                job_ids.discard(job_id)
-                self.evaluate(entry)
-                self.save(entry)
-                self.forget_if_done(entry)
+        self._do(self.core.sweep(time.monotonic(), time.time()))
         self._save_workload()
         self._update_gauges(force=True)
 
@@ -1346,18 +777,15 @@ class ZoneState:
     # ================================================================ user operations
     # (reads live in laminar_zone.queries, ProbeJob/CommitJob in laminar_zone.client_leases)
 
-    def _live_job(self, job_id: str) -> zone_pb2.Job | None:
-        entry = self.entries.get(job_id)
-        return None if entry is None else entry.job
+    def _journaled(self, job_id: str) -> zone_pb2.Job | None:
+        """A job no longer in memory, as the journal has it (an array: summed up now)."""
+        job = self.store.get(job_id)
+        if job is not None and job.job_id in self.core.arrays:
+            self.core.sum_up_array(job, time.time())  # where its elements stand now
+        return job
 
     def _job(self, job_id: str) -> zone_pb2.Job | None:
-        entry = self.entries.get(job_id)
-        if entry is not None:
-            return entry.job
-        job = self.store.get(job_id)
-        if job is not None and job.job_id in self.arrays:
-            self._sum_up_array(job)  # an array under way: where its elements stand now
-        return job
+        return self.core.job(job_id)
 
     def get(self, job_id: str) -> zone_pb2.Job:
         check_str(job_id, "job_id", required=True)
@@ -1369,36 +797,15 @@ class ZoneState:
     async def cancel(self, job_id: str, reason: str) -> zone_pb2.Job:
         check_str(reason, "reason", max_chars=1024)
         job = self.get(job_id)
-        if job_id in self.arrays:  # an array: every element not ended yet
-            elements = [
-                e.job.job_id
-                for e in list(self.entries.values())
-                if e.job.array_id == job_id and e.job.state not in TERMINAL_JOB_STATES
-            ]
-            for element in elements:
+        if job_id in self.core.arrays:  # an array: every element not ended yet
+            for element in self.core.array_elements(job_id):
                 await self.cancel(element, reason)
             return self.get(job_id)
-        entry = self.entries.get(job_id)
-        if job.state == zone_pb2.JOB_CANCELLED:
-            # Cancelling twice is harmless: a resend whose first reply was lost, or two
-            # users at once, get the cancelled job.
-            return job
-        if entry is None or job.state in TERMINAL_JOB_STATES:
-            raise FailedPrecondition(
-                f"job {job_id} has already ended ({zone_pb2.JobState.Name(job.state).lower()})",
-                field="job_id",
-            )
-        why = f"cancelled: {reason or 'by request'}"
-        self.finish(entry, zone_pb2.JOB_CANCELLED, why)
-        self.save(entry)
-        await asyncio.gather(
-            *(
-                self.terminate(p, why, EndCause.CANCELLED)
-                for p in entry.current()
-                if p.state in LIVE_SUBJOB
-            ),
-            return_exceptions=True,
-        )
+        instructions = self.core.cancel(job, reason, time.time())
+        entry = self.core.entries.get(job_id)
+        if entry is None:
+            return job  # cancelled before
+        await self._run(instructions)
         self.forget_if_done(entry)
         return fresh(entry.job)
 
@@ -1432,10 +839,9 @@ class ZoneState:
                     agent_id=placement.agent_id,
                     agent_address=address,
                 )
-                self._owed_stops[placement.subjob_id] = (stop, reason, cause)
+                self.core.owe_stop(stop, reason, cause)
                 return
-        # Taken, ended already, or unknown to the agent: nothing more is owed.
-        self._owed_stops.pop(placement.subjob_id, None)
+        self.core.stop_taken(placement.subjob_id)
 
     # ================================================================ plumbing
 
@@ -1524,41 +930,22 @@ class _ProbeCommit:
         self.probes = 0
 
     def intent(self, record: AgentRecord) -> common_pb2.SubjobSpec:
-        job = self.entry.job
-        # Counted now: the member may end, and its job be judged and published as ended,
-        # before this try returns.
-        job.probes += 1
-        self.probes += 1
-        placement = job.placements.add(
-            subjob_id=rigid_subjob_id(job.job_id, job.attempts, 0),
-            agent_id=record.agent_id,
-            agent_address=record.address,
-            member=0,
-            state=common_pb2.STARTING,
-            reason=COMMITTING,
-            attempt=job.attempts,
+        placement, instructions = self.state.core.probe_intent(
+            self.entry, record.agent_id, record.address
         )
-        self.state.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
-        if job.state not in TERMINAL_JOB_STATES:
-            job.state = zone_pb2.PENDING
-            set_reason(job, Reason.PLACING, "probing with commit")
-        self.state.save(self.entry)
+        self.probes += 1
+        self.state._do(instructions)
         self.pending = placement
         return self.state.subjob_spec(self.entry, placement)
 
     def bounced(self, record: AgentRecord) -> None:
-        job = self.entry.job
         if self.pending is None or self.pending.agent_id != record.agent_id:
             return
-        job.placements.remove(self.pending)
+        self.state.core.probe_bounced(self.entry, self.pending)
         self.pending = None
-        if not any(p.agent_id == record.agent_id for p in job.placements):
-            self.state.by_agent.get(record.agent_id, set()).discard(job.job_id)
-        # Journaled with the next change: a router that restarts before then finds a
-        # committing placement and asks that agent, which knows no such subjob.
 
     def may_have_run(self, exc: BaseException) -> bool:
-        return outcome_unknown(exc)
+        return failure_of(exc).unknown
 
 
 def pass_gap(least: float, spent: float) -> float:
@@ -1566,12 +953,6 @@ def pass_gap(least: float, spent: float) -> float:
     (``queue.min_pass_seconds``), or twice the event loop's CPU the pass took (its own and
     what the loop ran while it awaited), whichever is longer."""
     return max(least, 2.0 * spent)
-
-
-def _may_forward(job: zone_pb2.Job) -> bool:
-    """Flow splitting sends rigid and atomized jobs alike to peers (an atomized job then
-    bids for the peer's windows); an array's elements stay with their array."""
-    return not job.array_id
 
 
 __all__ = ["AlreadyExists", "Entry", "ZoneState"]

@@ -1,13 +1,10 @@
 """A job's placements as the router records them, with no I/O: copies handed out, a
-member's start and end copied from its agent's subjob, and which failed calls may still
-have been carried out."""
+member's start and end copied from its agent's subjob. (Which failed calls may still have
+been carried out: :mod:`laminar_zone.failures`.)"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-
-import grpc
 
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import (
@@ -33,12 +30,12 @@ def fresh(job: zone_pb2.Job) -> zone_pb2.Job:
     return copy
 
 
-def now_running(job: zone_pb2.Job) -> None:
+def now_running(job: zone_pb2.Job, now_unix: float) -> None:
     """Every member committed: a job still pending (not cancelled meanwhile) runs."""
     if job.state == zone_pb2.PENDING:
         job.state = zone_pb2.JOB_RUNNING
         set_reason(job, Reason.NONE, "")
-        job.started_unix = job.started_unix or time.time()
+        job.started_unix = job.started_unix or now_unix
         job.queue_position = 0
         job.expected_start_unix = 0
 
@@ -97,31 +94,3 @@ def note_true_end(p: zone_pb2.Placement, subjob: common_pb2.Subjob) -> None:
 
 def state_name(state: int) -> str:
     return common_pb2.SubjobState.Name(state).lower()
-
-
-#: Answers after which the agent surely did not take the call (it refused, or never saw it
-#: authenticated); any other failure (no answer in time, a dropped connection) may have
-#: come after the agent acted.
-_REFUSALS = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.ALREADY_EXISTS,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.OUT_OF_RANGE,
-        grpc.StatusCode.UNIMPLEMENTED,
-    }
-)
-
-
-def outcome_unknown(exc: BaseException) -> bool:
-    """Whether a failed call may still have been carried out by the agent."""
-    return not (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSALS)
-
-
-def is_refused_input(exc: BaseException) -> bool:
-    """A commit the agent refused as bad input: retrying the same spec cannot help."""
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -28,17 +28,11 @@ from laminar_base.causes import (
 )
 from laminar_base.errors import PermissionDenied
 from laminar_base.grpcutil import check_str
+from laminar_zone.core import Member
 from laminar_zone.entry import Entry
+from laminar_zone.failures import failure_of
 from laminar_zone.jobs import MAX_LIVE_IDS, ZoneState
-from laminar_zone.lifecycle import Record, Report, job_of, judge_report, rigid_subjob_id
-from laminar_zone.placements import (
-    COMMITTING,
-    READDRESSED,
-    copy_subjob,
-    note_true_end,
-    outcome_unknown,
-    state_name,
-)
+from laminar_zone.lifecycle import job_of
 from laminar_zone.placer import Ask, host_from, shapes_from
 from laminar_zone.view import AgentRecord
 
@@ -180,30 +174,14 @@ class AgentReports:
         )
 
     def _reconcile(self, agent_id: str, live_ids: list[str]) -> None:
-        """The agent lists the subjobs it runs: stop each copy this router no longer
-        counts on (declared lost and retried, superseded, of an ended or unknown job),
-        as :func:`~laminar_zone.lifecycle.judge_report` decides for a live report."""
-        for subjob_id in live_ids[:MAX_LIVE_IDS]:
-            if not isinstance(subjob_id, str) or len(subjob_id) > 256:
-                continue
-            entry = self.state.entries.get(job_of(subjob_id))
-            p = None
-            if entry is not None:
-                p = next((p for p in entry.job.placements if p.subjob_id == subjob_id), None)
-            verdict = judge_report(
-                Record(p.agent_id, p.state, p.attempt) if p is not None else None,
-                agent_id,
-                entry.job.attempts if entry is not None else 0,
-                entry is None or entry.job.state in TERMINAL_JOB_STATES,
-                common_pb2.RUNNING,
-            )
-            if verdict in (Report.STOP, Report.APPLY_AND_STOP):
-                why = (
-                    f"superseded: the router replaced this copy ({p.reason})"
-                    if p is not None and p.state in ENDED_SUBJOB
-                    else "superseded: the job moved on or is unknown to the router"
-                )
-                self.state.stop_copy(agent_id, subjob_id, why, f"reconciling agent {agent_id}")
+        """The agent lists the subjobs it runs: the core stops each copy this router no
+        longer counts on (:meth:`~laminar_zone.core.ZoneCore.reconcile`)."""
+        ids = [
+            subjob_id
+            for subjob_id in live_ids[:MAX_LIVE_IDS]
+            if isinstance(subjob_id, str) and len(subjob_id) <= 256
+        ]
+        self.state._do(self.state.core.reconcile(agent_id, ids))
 
     def _holds(self, agent_id: str, job_id: str, subjob_id: str) -> bool:
         """Whether ``agent_id`` holds (or held) the placement of ``subjob_id`` of ``job_id``."""
@@ -213,38 +191,19 @@ class AgentReports:
         )
 
     def _start_readdress(self, agent_id: str, subjob_id: str) -> None:
-        """Airlock asks to move a long-suspended subjob: place a copy, then stop the old one."""
+        """Airlock asks to move a long-suspended subjob: place a copy, then stop the old one
+        (:meth:`~laminar_zone.core.ZoneCore.readdress` says whether and how)."""
         check_str(subjob_id, "readdress_subjob_ids")
-        job_id = job_of(subjob_id)
-        entry = self.state.entries.get(job_id)
-        if entry is None or subjob_id in self.state.readdressing:
+        entry, instructions = self.state.core.readdress(agent_id, subjob_id)
+        self.state._do(instructions)
+        if entry is None:
             return
-        placement = next((p for p in entry.current() if p.subjob_id == subjob_id), None)
-        if placement is None or placement.agent_id != agent_id:
-            return
-        if placement.state not in LIVE_SUBJOB:
-            return
-        if any(
-            p is not placement and p.member == placement.member and p.state in LIVE_SUBJOB
-            for p in entry.current()
-        ):
-            return  # a move of this member is under way (or awaits its agent's word)
-        if max(1, entry.job.spec.gang_size) > 1:
-            log.info("not re-addressing %s: gang members move together only by retry", subjob_id)
-            return
-        if (
-            job_id in self.state.atomizer.atoms
-        ):  # back to the market: it resumes from its checkpoint
-            why = f"{READDRESSED} Airlock suspended it too long on {agent_id}; back to the market"
-            self.state.spawn(
-                self.state.terminate(placement, why, EndCause.READDRESSED), f"readdress-{subjob_id}"
-            )
-            return
-        self.state.readdressing.add(subjob_id)
+        placement = next(p for p in entry.current() if p.subjob_id == subjob_id)
         self.state.spawn(self._readdress(entry, placement, agent_id), f"readdress-{subjob_id}")
 
     async def _readdress(self, entry: Entry, old: zone_pb2.Placement, agent_id: str) -> None:
         job = entry.job
+        core = self.state.core
         try:
             gathered = await self.state.placer.gather(
                 Ask(
@@ -265,175 +224,61 @@ class AgentReports:
                 )
                 return
             ((record, lease),) = gathered.chosen
-            moves = sum(
-                1 for p in job.placements if p.member == old.member and p.attempt == old.attempt
-            )
-            new = zone_pb2.Placement(
-                subjob_id=rigid_subjob_id(job.job_id, old.attempt, old.member, moves),
-                agent_id=record.agent_id,
-                agent_address=record.address,
-                slice_ids=list(lease.slice_ids),
-                member=old.member,
-                state=common_pb2.STARTING,
-                reason=COMMITTING,
-                attempt=old.attempt,
-            )
-            job.placements.append(new)
-            self.state.by_agent.setdefault(record.agent_id, set()).add(job.job_id)
-            self.state.save(entry)
-            placement = job.placements[-1]
+            member = Member(record.agent_id, record.address, tuple(lease.slice_ids))
+            placement, moves, instructions = core.move_to(entry, old, member)
+            await self.state._run(instructions)
+            failure = None
             try:
                 await self.state.commit_placement(
                     entry, placement, lease, env={"LAMINAR_READDRESS_COUNT": str(moves)}
                 )
             except grpc.aio.AioRpcError as exc:
-                if placement.reason != COMMITTING:
-                    pass  # its agent reported it before the lost reply: it ran, the move is done
-                elif outcome_unknown(exc):
-                    # No answer: the agent may run the copy. Ask it at its next report; till
-                    # then the copy counts as live, so the member is not moved again.
-                    self.state.unconfirmed.setdefault(placement.agent_id, set()).add(job.job_id)
-                    self.state.save(entry)
-                    return
-                else:
-                    placement.state = common_pb2.FAILED
-                    placement.end_cause = EndCause.READDRESSED.wire
-                    placement.reason = f"{READDRESSED} commit of the copy failed: {exc.details()}"
-                    self.state.save(entry)
-                    return
-            await self.state.retire_moved(entry, old, placement)
+                failure = failure_of(exc)
+            await self.state._run(core.move_committed(entry, old, placement, failure, time.time()))
         finally:
-            self.state.readdressing.discard(old.subjob_id)
+            core.moved(old.subjob_id)
 
     def _apply_event(self, agent_id: str, subjob: common_pb2.Subjob) -> Entry | None:
-        """Carry out :func:`~laminar_zone.lifecycle.judge_report` on one subjob event;
-        returns the job's entry when its record changed (the caller evaluates it)."""
-        subjob_id = subjob.spec.subjob_id
-        job_id = subjob.spec.job_id or job_of(subjob_id)
-        entry = self.state.entries.get(job_id)
+        """Carry out the core's judgement of one subjob event
+        (:meth:`~laminar_zone.core.ZoneCore.report`); returns the job's entry when its
+        record changed (the caller evaluates it)."""
+        job_id = subjob.spec.job_id or job_of(subjob.spec.subjob_id)
         # A job no longer in memory has ended: its journal record decides.
-        job = entry.job if entry is not None else self.state.store.get(job_id) if job_id else None
-        p = None
-        if job is not None:
-            p = next((p for p in job.placements if p.subjob_id == subjob_id), None)
-        verdict = judge_report(
-            Record(p.agent_id, p.state, p.attempt) if p is not None else None,
-            agent_id,
-            job.attempts if job is not None else 0,
-            job is None or job.state in TERMINAL_JOB_STATES,
-            subjob.state,
+        ended_job = None
+        if job_id not in self.state.entries and job_id:
+            ended_job = self.state.store.get(job_id)
+        entry, ended_changed, instructions = self.state.core.report(
+            agent_id, subjob, ended_job, time.time()
         )
-        if verdict is Report.IGNORE:
-            if p is not None and p.agent_id != agent_id:
-                log.warning(
-                    "ignoring an event for subjob %s from agent %s: it is placed on %s",
-                    subjob_id,
-                    agent_id,
-                    p.agent_id,
-                )
-            return None
-        if verdict is Report.STOP:
-            why = (
-                f"superseded: the router replaced this copy ({p.reason})"
-                if p is not None
-                else "superseded: its job has ended or is unknown to the router"
-            )
-            self.state.stop_copy(agent_id, subjob_id, why)
-            return None
-        assert job is not None and p is not None
-        if verdict is Report.TRUE_END:
-            if entry is None:
-                note_true_end(p, subjob)
-            else:
-                self._record_true_end(entry, p, subjob)
-        else:
-            copy_subjob(p, subjob)
-            if verdict is Report.APPLY_AND_STOP:
-                self.state.stop_copy(agent_id, subjob_id, "superseded: the job moved on")
-        if entry is None:
-            self.state.store.put(job)  # an ended job: only its record changes
+        self.state._do(instructions)
+        if ended_changed and ended_job is not None:
+            self.state.store.put(ended_job)  # an ended job: only its record changes
         return entry
-
-    def _record_true_end(
-        self, entry: Entry, p: zone_pb2.Placement, subjob: common_pb2.Subjob
-    ) -> None:
-        """A copy declared LOST while its agent was out of touch reports how it really
-        ended: the record says so. If it succeeded and the job has not ended, it wins:
-        the retry still running is stopped, the retry spent on it is given back, and the
-        job succeeds (first finisher wins; gangs, which retry as a whole, excepted)."""
-        note_true_end(p, subjob)
-        job = entry.job
-        log.info(
-            "subjob %s of job %s declared lost ended %s on %s",
-            p.subjob_id,
-            job.job_id,
-            state_name(subjob.state),
-            p.agent_id,
-        )
-        if (
-            subjob.state != common_pb2.SUCCEEDED
-            or job.state in TERMINAL_JOB_STATES
-            or max(1, job.spec.gang_size) > 1
-            or job.job_id in self.state.atomizer.atoms
-        ):
-            return
-        why = f"superseded: copy {p.subjob_id} on {p.agent_id} succeeded first"
-        for other in job.placements:
-            if other is not p and other.state in LIVE_SUBJOB:
-                self.state.spawn(
-                    self.state.terminate(other, why, EndCause.SUPERSEDED), "first-finisher"
-                )
-        if job.retries_used > 0 and p.attempt < job.attempts:
-            job.retries_used -= 1
-        self.state.finish(
-            entry, zone_pb2.JOB_SUCCEEDED, f"subjob {p.subjob_id} succeeded (reported late)"
-        )
 
     async def _verify_unconfirmed(self, record: AgentRecord) -> None:
         """Commits whose outcome is unknown (in flight at a crash, or unanswered): did the
-        agent start them? Ask it; a copy the job no longer counts on is stopped."""
-        job_ids = self.state.unconfirmed.pop(record.agent_id, set())
+        agent start them? Ask it; the core records the answer
+        (:meth:`~laminar_zone.core.ZoneCore.confirmed`)."""
+        core = self.state.core
         stub = self.state.clients.stub(record.address)
-        for job_id in job_ids:
-            entry = self.state.entries.get(job_id)
+        for job_id in core.to_confirm(record.agent_id):
+            entry = core.entries.get(job_id)
             if entry is None:
                 continue
-            job = entry.job
-            for p in job.placements:
-                if (
-                    p.agent_id != record.agent_id
-                    or p.reason != COMMITTING
-                    or p.state not in LIVE_SUBJOB
-                ):
+            for p in entry.job.placements:
+                if not core.is_unsure(p, record.agent_id):
                     continue
-                # Live copies of the same member made before this one: it was a move.
-                older = [
-                    q
-                    for q in job.placements[: list(job.placements).index(p)]
-                    if q.member == p.member and q.attempt == p.attempt and q.state in LIVE_SUBJOB
-                ]
                 try:
                     subjob = await stub.GetSubjob(
                         agent_pb2.GetSubjobRequest(subjob_id=p.subjob_id), timeout=5
                     )
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() != grpc.StatusCode.NOT_FOUND:
-                        self.state.unconfirmed.setdefault(record.agent_id, set()).add(job_id)
+                        core.reconfirm(record.agent_id, entry.job.job_id)
                         continue
-                    p.state = common_pb2.FAILED
-                    # A move's copy that never started leaves the member where it was.
-                    cause = EndCause.READDRESSED if older else EndCause.COMMIT_UNCONFIRMED
-                    p.end_cause = cause.wire
-                    p.reason = "commit unconfirmed: the agent never started it"
-                    p.ended_unix = time.time()
+                    self.state._do(core.confirmed(entry, p, None, time.time()))
                 else:
-                    copy_subjob(p, subjob)
-                    moved_on = p.attempt != job.attempts or job.state in TERMINAL_JOB_STATES
-                    if moved_on and p.state in LIVE_SUBJOB:
-                        self.state.stop_copy(
-                            p.agent_id, p.subjob_id, "superseded: the job moved on"
-                        )
-
+                    self.state._do(core.confirmed(entry, p, subjob, time.time()))
             self.state.evaluate(entry)
             self.state.save(entry)
             self.state.forget_if_done(entry)
