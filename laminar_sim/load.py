@@ -394,7 +394,7 @@ class LaminarRun(_Base):
         self.chains: set[tuple[str, Demand]] = set()
         #: Shapes whose queue head found no room on its last try: new tasks of the shape
         #: wait behind it, as the router queues a job behind its family's blocked head
-        #: (``ZoneState._behind_blocked_head``); otherwise they are placed at once.
+        #: (``ZoneCore.behind_blocked_head``); otherwise they are placed at once.
         self.blocked: set[tuple[str, Demand]] = set()
         self.ticking: set[tuple[str, Demand]] = set()
         #: Per host: when its last event-woken heartbeat went (or will go), and whether one
