@@ -159,6 +159,48 @@ def test_the_router_s_skipped_atomized_jobs_bid_in_their_place_too() -> None:
     assert log == ["start b1", "start b2", "clear None []"]
 
 
+def test_shorter_first_walks_a_gang_ahead_of_longer_atomized_work_submitted_before_it() -> None:
+    """``shorter_first``: a bidding met in the walk bids before a rigid job behind it only if
+    its work left is no longer than that job's run time; a longer one waits for the next
+    rigid job it is no longer than, or the class's full round. Unknown work (0) on either
+    side keeps queue order."""
+    jobs = [
+        item("a1", 2),  # long single-GPU work
+        item("a2", 2),  # short
+        item("g1", 2, expected=500.0),  # a gang of 500 s
+        item("a3", 2),  # unknown work
+        item("g2", 2, expected=5000.0),
+        item("a4", 2),
+        item("g3", 2, expected=0.0),  # declares no run time
+    ]
+    market: list[int | Bidding] = [
+        Bidding("a1", 2, 2000.0),
+        Bidding("a2", 2, 100.0),
+        Bidding("a3", 2, 0.0),
+        Bidding("a4", 2, 9000.0),
+    ]
+    log, _ = trace(jobs, market=market, starts={"g1", "g2", "g3"}, shorter_first=True)
+    assert log == [
+        "clear 2 [] part ['a2']",  # a1 (2000 s) is longer than g1 (500 s): g1 goes first
+        "start g1",
+        "clear 2 [] part ['a1', 'a3']",  # a1 no longer than g2; a3's work is unknown
+        "start g2",
+        "clear 2 [] part ['a4']",  # g3 declares no run time: queue order
+        "start g3",
+        "clear 2 []",
+    ]
+    log, _ = trace(jobs, market=market, starts={"g1", "g2", "g3"})
+    assert log[:2] == ["clear 2 [] part ['a1', 'a2']", "start g1"]  # queue order alone
+
+
+def test_a_bidding_longer_than_every_gang_of_its_class_bids_in_the_full_round() -> None:
+    jobs = [item("a1", 2), item("g1", 2, expected=50.0), item("o1", 3, expected=10.0)]
+    market: list[int | Bidding] = [Bidding("a1", 2, 1000.0), 3]
+    log, _ = trace(jobs, market=market, starts={"g1", "o1"}, shorter_first=True)
+    # a1 never bids in a part: the class's full round has it, before the lower class's walk
+    assert log == ["start g1", "clear 2 []", "start o1", "clear 3 []"]
+
+
 def test_walk_queue_is_the_pass_without_a_market() -> None:
     jobs = [item("a", 3, expected=50.0), item("b", 3, expected=500.0), item("c", 3, expected=5)]
     tried: list[str] = []
