@@ -17,6 +17,7 @@ from laminar_zone.queue import (
     QueueItem,
     QueueWalk,
     Waiting,
+    bids_ahead,
     class_order,
     drive,
     drive_awaiting,
@@ -247,6 +248,57 @@ def test_every_step_of_a_class_comes_before_any_step_of_a_lower_class(
     assert classes == sorted(classes)
     assert cleared == sorted(market)  # one round per class with market work, none else
     assert [j.job_id for j in kept] == [j.job_id for j in jobs if j.job_id not in started]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    work=st.lists(
+        st.tuples(st.booleans(), st.integers(2, 3), st.sampled_from([0.0, 10.0, 100.0, 1000.0])),
+        max_size=16,
+    ),
+)
+def test_shorter_first_bids_each_job_once_and_never_ahead_of_shorter_rigid_work(
+    work: list[tuple[bool, int, float]],
+) -> None:
+    """With ``shorter_first`` every bidding met in the walk bids in at most one part of its
+    class's round, only before a rigid job of its class it is no longer than (or where either
+    is unknown), and a longer one is never dropped: the class's full round follows."""
+    jobs: list[QueueItem] = []
+    market: list[int | Bidding] = []
+    biddings: dict[str, Bidding] = {}
+    for i, (atomized, prio, seconds) in enumerate(work):
+        jobs.append(item(f"j{i}", prio, expected=0.0 if atomized else seconds))
+        if atomized:
+            biddings[f"j{i}"] = Bidding(f"j{i}", prio, seconds)
+    market.extend(biddings.values())
+    jobs.sort(key=lambda j: order_key(j, {}, {}))
+    parts: list[frozenset[str]] = []
+    full: list[int] = []
+    pending: list[frozenset[str]] = []
+
+    def start(job: QueueItem) -> bool:
+        for part in pending:
+            for name in part:
+                assert biddings[name].priority == job.priority
+                assert bids_ahead(biddings[name], job)
+        pending.clear()
+        return True
+
+    def clear(step: Clear) -> None:
+        assert step.priority is not None
+        if step.jobs is None:
+            full.append(step.priority)
+        else:
+            parts.append(step.jobs)
+            pending.append(step.jobs)
+
+    steps = class_order(
+        QueueWalk(now=0.0), jobs, lambda j: j, lambda j, a: 10.0, market, shorter_first=True
+    )
+    drive(steps, start, clear)
+    named = [name for part in parts for name in part]
+    assert len(named) == len(set(named))  # at most one part each
+    assert full == sorted({b.priority for b in biddings.values()})  # and every class's round
 
 
 def test_the_awaiting_driver_carries_out_the_same_instructions() -> None:
