@@ -216,8 +216,8 @@ class AtomizeSpec:
     part_best_fit: bool = False
     #: ``class_order(shorter_first=...)``: a waiting atomized job bids ahead of a rigid job
     #: (a gang) behind it in queue order only if its work left is no longer than the gang's
-    #: run time. False: every one met in the walk bids ahead (queue order).
-    shorter_first: bool = False
+    #: run time. False: every one met in the walk bids ahead (queue order alone).
+    shorter_first: bool = True
 
 
 @dataclass(frozen=True)

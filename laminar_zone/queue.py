@@ -223,8 +223,8 @@ class Bidding:
     job_id: str
     priority: int
     #: The job's work left at its profile's median speed (``market.work_left_seconds``);
-    #: 0 = unknown. With ``class_order(shorter_first=True)`` it bids ahead of a rigid job
-    #: met after it only if this is at most that job's declared run time.
+    #: 0 = unknown. It bids ahead of a rigid job met after it only if this is at most that
+    #: job's declared run time (``class_order``'s ``shorter_first``, the default).
     work_seconds: float = 0.0
 
 
@@ -248,7 +248,7 @@ def class_order(
     waited: Callable[[T, Waiting], None] | None = None,
     estimate_all: bool = False,
     interleave: bool = True,
-    shorter_first: bool = False,
+    shorter_first: bool = True,
 ) -> Generator[Start[T] | Clear, bool | None, list[T]]:
     """One pass over all waiting work in one class order: the router's and the simulators'.
 
@@ -267,10 +267,11 @@ def class_order(
     (``Clear.jobs``) on the windows free then; the class's full round (those that won
     nothing, the biddings not in ``jobs``, the pieces whose window ends) follows its rigid
     walk. A class given as a bare number clears after its walk only. With ``shorter_first``
-    a bidding met in the walk bids before a rigid job behind it only if its work is no
-    longer (:func:`bids_ahead`); a longer one waits for the next rigid job of its class it
-    is no longer than, or the class's full round: so a gang shorter than the single-GPU jobs
-    submitted before it is walked ahead of them, as ``srpt`` orders the market's own bids.
+    (the default) a bidding met in the walk bids before a rigid job behind it only if its
+    work is no longer (:func:`bids_ahead`); a longer one waits for the next rigid job of its
+    class it is no longer than, or the class's full round: so a gang shorter than the
+    single-GPU jobs submitted before it is walked ahead of them, as ``srpt`` orders the
+    market's own bids (docs/benchmarks.md, "2026-11-28"). False: queue order alone.
 
     A generator of instructions: :class:`Start` (send back whether the job started) and
     :class:`Clear` (send back None); it returns the rigid jobs left waiting. A simulator

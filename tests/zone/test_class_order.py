@@ -161,10 +161,10 @@ def test_the_router_s_skipped_atomized_jobs_bid_in_their_place_too() -> None:
 
 
 def test_shorter_first_walks_a_gang_ahead_of_longer_atomized_work_submitted_before_it() -> None:
-    """``shorter_first``: a bidding met in the walk bids before a rigid job behind it only if
-    its work left is no longer than that job's run time; a longer one waits for the next
-    rigid job it is no longer than, or the class's full round. Unknown work (0) on either
-    side keeps queue order."""
+    """``shorter_first`` (the default): a bidding met in the walk bids before a rigid job
+    behind it only if its work left is no longer than that job's run time; a longer one
+    waits for the next rigid job it is no longer than, or the class's full round. Unknown
+    work (0) on either side keeps queue order."""
     jobs = [
         item("a1", 2),  # long single-GPU work
         item("a2", 2),  # short
@@ -190,7 +190,7 @@ def test_shorter_first_walks_a_gang_ahead_of_longer_atomized_work_submitted_befo
         "start g3",
         "clear 2 []",
     ]
-    log, _ = trace(jobs, market=market, starts={"g1", "g2", "g3"})
+    log, _ = trace(jobs, market=market, starts={"g1", "g2", "g3"}, shorter_first=False)
     assert log[:2] == ["clear 2 [] part ['a1', 'a2']", "start g1"]  # queue order alone
 
 
