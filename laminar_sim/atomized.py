@@ -46,7 +46,8 @@ heads cut the windows of that class and the lower ones: EASY backfill) and then 
 clearing round for that class (``--no-class-order``: every rigid job first, then one
 round). Within a class the waiting atomized jobs are sorted into the walk in queue order:
 each bids, in a part of the class's round on the free slices, before the rigid jobs of its
-class behind it are walked. A round's windows are the free slices, each offered for the
+class behind it are walked whose run time is no shorter than its work left (shorter first;
+``--no-shorter-first``: before every one). A round's windows are the free slices, each offered for the
 horizon, cut at the expected start of a blocked rigid job of its family of that class or
 higher (and a held slice at the claim of a rigid job of that class or higher requeued after
 a memory kill, on every slice with the memory it now needs: ``--no-restart-claims`` turns
