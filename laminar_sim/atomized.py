@@ -47,12 +47,11 @@ clearing round for that class (``--no-class-order``: every rigid job first, then
 round). Within a class the waiting atomized jobs are sorted into the walk in queue order:
 each bids, in a part of the class's round on the free slices, before the rigid jobs of its
 class behind it are walked whose run time is no shorter than its work left (shorter first;
-``--no-shorter-first``: before every one). A round's windows are the free slices, each offered for the
-horizon, cut at the expected start of a blocked rigid job of its family of that class or
-higher (and a held slice at the claim of a rigid job of that class or higher requeued after
-a memory kill, on every slice with the memory it now needs: ``--no-restart-claims`` turns
-it off); every waiting
-job of the class bids with :func:`laminar_zone.market.best_bid` (its profile as its
+``--no-shorter-first``: before every one). A round's windows are the free slices, each
+offered for the horizon, cut at the expected start of a blocked rigid job of its family of
+that class or higher (and a held slice at the claim of a rigid job of that class or higher
+requeued after a memory kill, on every slice with the memory it now needs:
+``--no-restart-claims`` turns it off); every waiting job of the class bids with :func:`laminar_zone.market.best_bid` (its profile as its
 :class:`~laminar_zone.market.Calibrator` has inflated it) and
 :func:`laminar_zone.market.clear` awards them with the clearing policy (tenant usage, for
 the fair share, is the GPU-equivalents the tenant runs now, as the router counts it; a

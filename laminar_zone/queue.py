@@ -298,9 +298,9 @@ def class_order(
                 ahead.append(bidding[item.job_id])
             continue
         if interleave and ahead:
-            now = [b for b in ahead if not shorter_first or bids_ahead(b, item)]
-            if now:
-                ids = frozenset(b.job_id for b in now)
+            first = [b for b in ahead if not shorter_first or bids_ahead(b, item)]
+            if first:
+                ids = frozenset(b.job_id for b in first)
                 yield Clear(item.priority, _heads(walk), ids, tuple(walk.claims))
                 ahead = [b for b in ahead if b.job_id not in ids]
         never = how is Admit.NEVER
