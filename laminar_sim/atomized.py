@@ -46,12 +46,12 @@ heads cut the windows of that class and the lower ones: EASY backfill) and then 
 clearing round for that class (``--no-class-order``: every rigid job first, then one
 round). Within a class the waiting atomized jobs are sorted into the walk in queue order:
 each bids, in a part of the class's round on the free slices, before the rigid jobs of its
-class behind it are walked. A round's windows are the free slices, each offered for the
-horizon, cut at the expected start of a blocked rigid job of its family of that class or
-higher (and a held slice at the claim of a rigid job of that class or higher requeued after
-a memory kill, on every slice with the memory it now needs: ``--no-restart-claims`` turns
-it off); every waiting
-job of the class bids with :func:`laminar_zone.market.best_bid` (its profile as its
+class behind it are walked whose run time is no shorter than its work left (shorter first;
+``--no-shorter-first``: before every one). A round's windows are the free slices, each
+offered for the horizon, cut at the expected start of a blocked rigid job of its family of
+that class or higher (and a held slice at the claim of a rigid job of that class or higher
+requeued after a memory kill, on every slice with the memory it now needs:
+``--no-restart-claims`` turns it off); every waiting job of the class bids with :func:`laminar_zone.market.best_bid` (its profile as its
 :class:`~laminar_zone.market.Calibrator` has inflated it) and
 :func:`laminar_zone.market.clear` awards them with the clearing policy (tenant usage, for
 the fair share, is the GPU-equivalents the tenant runs now, as the router counts it; a
@@ -136,6 +136,7 @@ from laminar_zone.market import (
     contract_from,
     default_min_samples,
     slice_family,
+    work_left_seconds,
 )
 from laminar_zone.placement import Offer, expected_start
 from laminar_zone.queue import (
@@ -213,6 +214,10 @@ class AtomizeSpec:
     #: queue order) clears best fit (``ClearingContext.best_fit``); measured, not kept
     #: (docs/benchmarks.md, "2026-11-27 (evening)"). False: lowest agent and slice.
     part_best_fit: bool = False
+    #: ``class_order(shorter_first=...)``: a waiting atomized job bids ahead of a rigid job
+    #: (a gang) behind it in queue order only if its work left is no longer than the gang's
+    #: run time. False: every one met in the walk bids ahead (queue order alone).
+    shorter_first: bool = True
 
 
 @dataclass(frozen=True)
@@ -583,6 +588,11 @@ class MigReplay:
         smallest = min(needs)
         self.frag_now = sum(compute_of(p) for p, mem in self.free.values() if mem < smallest)
 
+    def work_left(self, state: _JobState) -> float:
+        """A waiting atomized job's work left, as ``srpt`` ranks it (its calibrated profile)."""
+        assert state.contract is not None
+        return work_left_seconds(state.contract, self.believed(state), state.next_unit)
+
     def _atom_need(self, state: _JobState) -> int:
         assert state.calibrator is not None
         return int(self.believed(state).peak_memory_bytes.value_at(1 - self.spec.epsilon))
@@ -613,7 +623,10 @@ class MigReplay:
             # The waiting atomized jobs take their place in the queue order among the rigid
             # ones: each bids ahead of the rigid jobs of its class behind it.
             self.bidding = {self.item(s).job_id: s for s in self.waiting}
-            market = [Bidding(job_id, s.job.priority) for job_id, s in self.bidding.items()]
+            market = [
+                Bidding(job_id, s.job.priority, self.work_left(s))
+                for job_id, s in self.bidding.items()
+            ]
             market.extend({p.state.job.priority for p in self.deciding})
         work = self.rigid_queue + (self.waiting if self.spec.class_order else [])
         work.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
@@ -624,6 +637,7 @@ class MigReplay:
             self.head_start,
             market,
             interleave=self.spec.class_order,
+            shorter_first=self.spec.shorter_first,
         )
         self.rigid_queue = drive(steps, self.try_start, self.clear_round)
         for piece in list(self.deciding):

@@ -251,6 +251,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "of their class take the smallest of equal windows, not the lowest agent and slice",
     )
     rp.add_argument(
+        "--no-shorter-first",
+        action="store_true",
+        help="with atomized: a waiting atomized job bids ahead of every gang behind it in "
+        "queue order, however long its work left (default: only gangs that run longer)",
+    )
+    rp.add_argument(
         "--calibrator-min-samples",
         type=int,
         default=None,
@@ -1049,6 +1055,7 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         class_order=not args.no_class_order,
         restart_claims=not args.no_restart_claims,
         part_best_fit=args.part_best_fit,
+        shorter_first=not args.no_shorter_first,
         pool_calibration=not args.no_pool_calibration,
         **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
         **starvation,

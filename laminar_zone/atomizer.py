@@ -67,6 +67,7 @@ from laminar_zone.market import (
     feasibility,
     quantiles_from,
     slice_family,
+    work_left_seconds,
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
@@ -274,8 +275,17 @@ class MarketRound:
     def classes(self) -> list[int | Bidding]:
         """The market's work for the pass (laminar_zone.queue.class_order): each waiting job
         (met in the pass's queue order, it bids ahead of the rigid jobs of its class behind
-        it), and the classes of held pieces and client bids."""
-        work: list[int | Bidding] = [Bidding(e.job.job_id, e.item.priority) for e in self.waiting]
+        it), and the classes of held pieces and client bids. Each carries its work left as the
+        router prices it (``market.work_left_seconds``; 0 for a client bidder's job)."""
+        left = {
+            b.job_id: work_left_seconds(b.contract, b.profile, b.next_unit)
+            for b in self.bidders
+            if b.holds is None
+        }
+        work: list[int | Bidding] = [
+            Bidding(e.job.job_id, e.item.priority, left.get(e.job.job_id, 0.0))
+            for e in self.waiting
+        ]
         work.extend({b.priority for b in self.bidders} | {b.priority for b in self.client_bids})
         return work
 

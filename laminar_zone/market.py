@@ -239,6 +239,16 @@ class Bid:
     incumbent: bool = False
 
 
+def work_left_seconds(contract: Contract, profile: Profile, next_unit: int) -> float:
+    """A job's work left from ``next_unit`` at its profile's median speed, with one
+    checkpoint overhead: what ``srpt`` ranks by (``Bid.remaining_seconds``); 0 when done."""
+    left = contract.total_units - next_unit
+    if left <= 0:
+        return 0.0
+    median = profile.seconds_per_unit.value_at(0.5)
+    return left * median + contract.checkpoint_overhead_seconds
+
+
 def best_bid(
     job_id: str,
     tenant: str,
@@ -276,7 +286,7 @@ def best_bid(
         low * median + overhead,
         waited_seconds,
         priority,
-        remaining_seconds=left * median + overhead,
+        remaining_seconds=work_left_seconds(contract, profile, next_unit),
         incumbent=bool(window.held_by) and window.held_by == job_id,
     )
 

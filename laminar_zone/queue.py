@@ -222,6 +222,19 @@ class Bidding:
 
     job_id: str
     priority: int
+    #: The job's work left at its profile's median speed (``market.work_left_seconds``);
+    #: 0 = unknown. It bids ahead of a rigid job met after it only if this is at most that
+    #: job's declared run time (``class_order``'s ``shorter_first``, the default).
+    work_seconds: float = 0.0
+
+
+def bids_ahead(bidding: Bidding, item: QueueItem) -> bool:
+    """Whether a waiting atomized job met in the walk bids before rigid ``item`` behind it:
+    when its work left is at most the rigid job's declared run time (shorter work first,
+    as ``srpt`` ranks the market's bids), or either is unknown (0: queue order)."""
+    if bidding.work_seconds <= 0 or item.expected_seconds <= 0:
+        return True
+    return bidding.work_seconds <= item.expected_seconds
 
 
 def class_order(
@@ -235,6 +248,7 @@ def class_order(
     waited: Callable[[T, Waiting], None] | None = None,
     estimate_all: bool = False,
     interleave: bool = True,
+    shorter_first: bool = True,
 ) -> Generator[Start[T] | Clear, bool | None, list[T]]:
     """One pass over all waiting work in one class order: the router's and the simulators'.
 
@@ -252,7 +266,12 @@ def class_order(
     before the next rigid job of its class is walked, in a part of the class's round
     (``Clear.jobs``) on the windows free then; the class's full round (those that won
     nothing, the biddings not in ``jobs``, the pieces whose window ends) follows its rigid
-    walk. A class given as a bare number clears after its walk only.
+    walk. A class given as a bare number clears after its walk only. With ``shorter_first``
+    (the default) a bidding met in the walk bids before a rigid job behind it only if its
+    work is no longer (:func:`bids_ahead`); a longer one waits for the next rigid job of its
+    class it is no longer than, or the class's full round: so a gang shorter than the
+    single-GPU jobs submitted before it is walked ahead of them, as ``srpt`` orders the
+    market's own bids (docs/benchmarks.md, "2026-11-28"). False: queue order alone.
 
     A generator of instructions: :class:`Start` (send back whether the job started) and
     :class:`Clear` (send back None); it returns the rigid jobs left waiting. A simulator
@@ -264,10 +283,10 @@ def class_order(
     round for all classes (``Clear(None)``).
     """
     work = list(market)
-    bidding = {w.job_id for w in work if isinstance(w, Bidding)}
+    bidding = {w.job_id: w for w in work if isinstance(w, Bidding)}
     classes = sorted({w.priority if isinstance(w, Bidding) else w for w in work})
     kept: list[T] = []
-    ahead: list[str] = []  # biddings met in the walk since its last rigid job
+    ahead: list[Bidding] = []  # biddings met in the walk that have not bid yet
     for job in jobs:
         item = item_of(job)
         while interleave and classes and classes[0] < item.priority:
@@ -276,11 +295,14 @@ def class_order(
         how = admit(job) if admit is not None else Admit.WALK
         if how is Admit.SKIP or item.job_id in bidding:
             if item.job_id in bidding:
-                ahead.append(item.job_id)
+                ahead.append(bidding[item.job_id])
             continue
         if interleave and ahead:
-            yield Clear(item.priority, _heads(walk), frozenset(ahead), tuple(walk.claims))
-            ahead.clear()
+            first = [b for b in ahead if not shorter_first or bids_ahead(b, item)]
+            if first:
+                ids = frozenset(b.job_id for b in first)
+                yield Clear(item.priority, _heads(walk), ids, tuple(walk.claims))
+                ahead = [b for b in ahead if b.job_id not in ids]
         never = how is Admit.NEVER
         if walk.may_try(item, never=never) and (yield Start(job)):
             continue

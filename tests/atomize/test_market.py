@@ -24,6 +24,7 @@ from laminar_zone.market import (
     contract_from,
     feasibility,
     round_bids,
+    work_left_seconds,
 )
 
 GIB = 1024**3
@@ -115,6 +116,18 @@ def test_best_bid_takes_the_most_units_that_fit_with_1_minus_epsilon() -> None:
 
 def bid(job: str, tenant: str, expected: float, waited: float, slice_id: str = "gpu0") -> Bid:
     return Bid(job, tenant, window(100.0, slice_id=slice_id), 0, 10, 0.99, expected, waited)
+
+
+def test_work_left_is_what_srpt_ranks_a_bid_by() -> None:
+    """``work_left_seconds``: the units left at the profile's median, plus one checkpoint;
+    the same figure a bid carries (``remaining_seconds``), and 0 once every unit is done."""
+    c = contract()
+    assert isinstance(c, Contract)
+    assert work_left_seconds(c, c.profile, 40) == pytest.approx(60 * 1.0 + 5.0)
+    bid = best_bid("j", "t", c, c.profile, window(), 40, 0.0)
+    assert bid is not None
+    assert bid.remaining_seconds == work_left_seconds(c, c.profile, 40)
+    assert work_left_seconds(c, c.profile, 100) == 0.0
 
 
 def test_each_policy_prefers_what_it_is_for() -> None:

@@ -17,6 +17,7 @@ from laminar_zone.queue import (
     QueueItem,
     QueueWalk,
     Waiting,
+    bids_ahead,
     class_order,
     drive,
     drive_awaiting,
@@ -159,6 +160,48 @@ def test_the_router_s_skipped_atomized_jobs_bid_in_their_place_too() -> None:
     assert log == ["start b1", "start b2", "clear None []"]
 
 
+def test_shorter_first_walks_a_gang_ahead_of_longer_atomized_work_submitted_before_it() -> None:
+    """``shorter_first`` (the default): a bidding met in the walk bids before a rigid job
+    behind it only if its work left is no longer than that job's run time; a longer one
+    waits for the next rigid job it is no longer than, or the class's full round. Unknown
+    work (0) on either side keeps queue order."""
+    jobs = [
+        item("a1", 2),  # long single-GPU work
+        item("a2", 2),  # short
+        item("g1", 2, expected=500.0),  # a gang of 500 s
+        item("a3", 2),  # unknown work
+        item("g2", 2, expected=5000.0),
+        item("a4", 2),
+        item("g3", 2, expected=0.0),  # declares no run time
+    ]
+    market: list[int | Bidding] = [
+        Bidding("a1", 2, 2000.0),
+        Bidding("a2", 2, 100.0),
+        Bidding("a3", 2, 0.0),
+        Bidding("a4", 2, 9000.0),
+    ]
+    log, _ = trace(jobs, market=market, starts={"g1", "g2", "g3"}, shorter_first=True)
+    assert log == [
+        "clear 2 [] part ['a2']",  # a1 (2000 s) is longer than g1 (500 s): g1 goes first
+        "start g1",
+        "clear 2 [] part ['a1', 'a3']",  # a1 no longer than g2; a3's work is unknown
+        "start g2",
+        "clear 2 [] part ['a4']",  # g3 declares no run time: queue order
+        "start g3",
+        "clear 2 []",
+    ]
+    log, _ = trace(jobs, market=market, starts={"g1", "g2", "g3"}, shorter_first=False)
+    assert log[:2] == ["clear 2 [] part ['a1', 'a2']", "start g1"]  # queue order alone
+
+
+def test_a_bidding_longer_than_every_gang_of_its_class_bids_in_the_full_round() -> None:
+    jobs = [item("a1", 2), item("g1", 2, expected=50.0), item("o1", 3, expected=10.0)]
+    market: list[int | Bidding] = [Bidding("a1", 2, 1000.0), 3]
+    log, _ = trace(jobs, market=market, starts={"g1", "o1"}, shorter_first=True)
+    # a1 never bids in a part: the class's full round has it, before the lower class's walk
+    assert log == ["start g1", "clear 2 []", "start o1", "clear 3 []"]
+
+
 def test_walk_queue_is_the_pass_without_a_market() -> None:
     jobs = [item("a", 3, expected=50.0), item("b", 3, expected=500.0), item("c", 3, expected=5)]
     tried: list[str] = []
@@ -205,6 +248,57 @@ def test_every_step_of_a_class_comes_before_any_step_of_a_lower_class(
     assert classes == sorted(classes)
     assert cleared == sorted(market)  # one round per class with market work, none else
     assert [j.job_id for j in kept] == [j.job_id for j in jobs if j.job_id not in started]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    work=st.lists(
+        st.tuples(st.booleans(), st.integers(2, 3), st.sampled_from([0.0, 10.0, 100.0, 1000.0])),
+        max_size=16,
+    ),
+)
+def test_shorter_first_bids_each_job_once_and_never_ahead_of_shorter_rigid_work(
+    work: list[tuple[bool, int, float]],
+) -> None:
+    """With ``shorter_first`` every bidding met in the walk bids in at most one part of its
+    class's round, only before a rigid job of its class it is no longer than (or where either
+    is unknown), and a longer one is never dropped: the class's full round follows."""
+    jobs: list[QueueItem] = []
+    market: list[int | Bidding] = []
+    biddings: dict[str, Bidding] = {}
+    for i, (atomized, prio, seconds) in enumerate(work):
+        jobs.append(item(f"j{i}", prio, expected=0.0 if atomized else seconds))
+        if atomized:
+            biddings[f"j{i}"] = Bidding(f"j{i}", prio, seconds)
+    market.extend(biddings.values())
+    jobs.sort(key=lambda j: order_key(j, {}, {}))
+    parts: list[frozenset[str]] = []
+    full: list[int] = []
+    pending: list[frozenset[str]] = []
+
+    def start(job: QueueItem) -> bool:
+        for part in pending:
+            for name in part:
+                assert biddings[name].priority == job.priority
+                assert bids_ahead(biddings[name], job)
+        pending.clear()
+        return True
+
+    def clear(step: Clear) -> None:
+        assert step.priority is not None
+        if step.jobs is None:
+            full.append(step.priority)
+        else:
+            parts.append(step.jobs)
+            pending.append(step.jobs)
+
+    steps = class_order(
+        QueueWalk(now=0.0), jobs, lambda j: j, lambda j, a: 10.0, market, shorter_first=True
+    )
+    drive(steps, start, clear)
+    named = [name for part in parts for name in part]
+    assert len(named) == len(set(named))  # at most one part each
+    assert full == sorted({b.priority for b in biddings.values()})  # and every class's round
 
 
 def test_the_awaiting_driver_carries_out_the_same_instructions() -> None:

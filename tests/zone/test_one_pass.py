@@ -64,16 +64,17 @@ def atomized(priority: int, checkpoint: Path) -> zone_pb2.JobSpec:
     )
 
 
-def rigid(priority: int) -> zone_pb2.JobSpec:
+def rigid(priority: int, expected_seconds: float = 0.0) -> zone_pb2.JobSpec:
     return zone_pb2.JobSpec(
         command=["true"],
         resources=common_pb2.Resources(gpus=1),
         priority=priority,  # type: ignore[arg-type]
+        expected_seconds=expected_seconds,
     )
 
 
 async def freed_slice_goes_to(
-    market_class: int, rigid_class: int, rigid_first: bool = False
+    market_class: int, rigid_class: int, rigid_first: bool = False, rigid_seconds: float = 0.0
 ) -> str:
     """One GPU busy with a blocker; an atomized job of ``market_class`` and a rigid job of
     ``rigid_class`` wait (submitted in that order, or the other with ``rigid_first``); the
@@ -89,10 +90,10 @@ async def freed_slice_goes_to(
             assert harness.zone.get(blocker.job_id).state == zone_pb2.JOB_RUNNING
             await harness.flush()
             if rigid_first:
-                job = await harness.zone.submit(rigid(rigid_class), "")
+                job = await harness.zone.submit(rigid(rigid_class, rigid_seconds), "")
             piece = await harness.zone.submit(atomized(market_class, Path(root) / "ckpt"), "")
             if not rigid_first:
-                job = await harness.zone.submit(rigid(rigid_class), "")
+                job = await harness.zone.submit(rigid(rigid_class, rigid_seconds), "")
             await harness.call(harness.zone.queue_pass())  # nothing is free: both wait
             assert [s.spec.subjob_id for s in agent.live()] == [running.spec.subjob_id]
             agent.end(running.spec.subjob_id, common_pb2.SUCCEEDED, EndCause.EXITED, "ok")
@@ -134,4 +135,17 @@ def test_within_a_class_the_freed_slice_goes_to_the_job_first_in_queue_order(
     submitted after it (and not before one submitted before it), as the queue would order
     two rigid jobs."""
     got = asyncio.run(freed_slice_goes_to(common_pb2.BATCH, common_pb2.BATCH, rigid_first))
+    assert got == winner
+
+
+@pytest.mark.parametrize(("rigid_seconds", "winner"), [(5.0, "rigid"), (60.0, "atomized")])
+def test_a_rigid_job_shorter_than_the_atomized_work_before_it_goes_first(
+    rigid_seconds: float, winner: str
+) -> None:
+    """Shorter first (``queue.bids_ahead``): the atomized job (10 units of 1 s at its
+    median, about 10 s of work) submitted first bids ahead of the rigid job of its class only
+    if the rigid job declares a longer run; the router fills the bidding's work itself."""
+    got = asyncio.run(
+        freed_slice_goes_to(common_pb2.BATCH, common_pb2.BATCH, rigid_seconds=rigid_seconds)
+    )
     assert got == winner
