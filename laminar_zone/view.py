@@ -405,14 +405,15 @@ class ZoneView:
         """Up to k ready agents whose summary fits ``need``, from the lowest free-capacity
         level of its GPU shape up (free whole GPUs, a MIG profile's free instances, or the
         largest free share in 50 milli steps), each level in the view's fixed host order,
-        passing over agents with a probe in flight; none for a CPU-only ``need``.
+        passing over agents with a probe in flight; none unless ``need`` asks for whole
+        GPUs (not a share, a MIG profile or no GPU).
 
-        Why: the host FGD's score likes best for a task of several GPUs is often one the
+        Why: the host FGD's score likes best for a task of whole GPUs is often one the
         task fills exactly, and such hosts are scattered through the host order, past the
         first fitting ones (:meth:`first_in_order`) and rare in a uniform sample. Ranking
         them beside those finds them as a best fit would. Bounded like
         :meth:`first_in_order`: the walk stops after ``8k + 16`` agents."""
-        if k <= 0 or need.family == "cpu":
+        if k <= 0 or need.family == "cpu" or need.gpu_milli or need.mig_profile:
             return []
         by_level: dict[int, list[_IndexedSet]] = {}
         for level, pool in self._level_pools(need):
@@ -559,10 +560,11 @@ Rank = Callable[[AgentRecord], float | None]
 ORDERED_SIZE = 24
 
 
-#: Candidates a draw takes from the tightest fitting level of the index
-#: (:meth:`ZoneView.tightest_in_order`) beside the ordered and the random ones: hosts a
-#: task would fill exactly, which FGD's score often likes best (docs/benchmarks.md, issue
-#: 16, "one zone").
+#: Candidates a draw for whole GPUs takes from the tightest fitting level of the index
+#: (:meth:`ZoneView.tightest_in_order`) beside the ordered and the random ones: hosts the
+#: task would fill exactly, which FGD's score often likes best. One zone, seeds 42-51:
+#: multigpu50 3.05% -> 2.90% unallocated (FGD 2.98); for shares too it cost gpuspec33
+#: 8.94 -> 10.24 (docs/benchmarks.md, issue 16, "one zone").
 TIGHT_SIZE = 8
 
 

@@ -191,14 +191,14 @@ def test_tightest_in_order_takes_fitting_agents_from_the_lowest_level_up(
     excluded: set[str],
     salt: int,
 ) -> None:
-    """Against a scan: the k fitting agents (not excluded) with the least free capacity of
-    the demand's shape first (its pool level), equal levels in the view's host order; none
-    for a CPU-only demand."""
+    """Against a scan: the k fitting agents (not excluded) with the fewest free GPUs of the
+    demand's shape first (its pool level), equal levels in the view's host order; none for
+    a demand of a share, a MIG profile or no GPU."""
     view = ZoneView(stale_after_seconds=2.0, order_salt=salt)
     apply(view, events)
     for need in needs:
         got = [r.agent_id for r in view.tightest_in_order(need, k, exclude=excluded)]
-        if need.family == "cpu":
+        if need.family == "cpu" or need.gpu_milli or need.mig_profile:
             assert got == []
             continue
 
