@@ -402,11 +402,11 @@ class ZoneView:
     def tightest_in_order(
         self, need: Demand, k: int, *, exclude: set[str] | None = None
     ) -> list[AgentRecord]:
-        """Up to k ready agents whose summary fits ``need``, from the lowest free-capacity
-        level of its GPU shape up (free whole GPUs, a MIG profile's free instances, or the
-        largest free share in 50 milli steps), each level in the view's fixed host order,
-        passing over agents with a probe in flight; none unless ``need`` asks for whole
-        GPUs (not a share, a MIG profile or no GPU).
+        """Up to k ready agents whose summary fits ``need``, those with the fewest free
+        whole GPUs first (the index's level of the GPU shape), each level in the view's
+        fixed host order, passing over agents with a probe in flight; none unless ``need``
+        asks for whole GPUs (not a share, a MIG profile or no GPU: for shares it was
+        measured worse, :data:`TIGHT_SIZE`).
 
         Why: the host FGD's score likes best for a task of whole GPUs is often one the
         task fills exactly, and such hosts are scattered through the host order, past the
@@ -563,8 +563,9 @@ ORDERED_SIZE = 24
 #: Candidates a draw for whole GPUs takes from the tightest fitting level of the index
 #: (:meth:`ZoneView.tightest_in_order`) beside the ordered and the random ones: hosts the
 #: task would fill exactly, which FGD's score often likes best. One zone, seeds 42-51:
-#: multigpu50 3.05% -> 2.90% unallocated (FGD 2.98); for shares too it cost gpuspec33
-#: 8.94 -> 10.24 (docs/benchmarks.md, issue 16, "one zone").
+#: multigpu50 3.05% -> 2.91% unallocated (FGD 2.98); taken for shares too (the tightest
+#: largest free share) it moved gpuspec33 from 8.94 to 10.24 and helped no list
+#: (docs/benchmarks.md, "one zone, a tight draw and MIG on commit (issue 16)").
 TIGHT_SIZE = 8
 
 
@@ -598,7 +599,7 @@ class ProbeLimits:
         2026-11-28 (d = 1 had cost ``sim fgd --mig`` 6.97% -> 8.11% unallocated with the
         ranking of 2026-11-25); with the ranking of now, in one zone, d = 1 gives 2.53%
         against 2.59% at 1.52 messages per placement against 3.23 (docs/benchmarks.md,
-        issue 16, "one zone")."""
+        "one zone, a tight draw and MIG on commit (issue 16)")."""
         if gang <= 1 or self.probes_per_attempt >= COMPARED_PROBES_PER_ATTEMPT:
             return self
         return replace(self, probes_per_attempt=COMPARED_PROBES_PER_ATTEMPT)
@@ -615,8 +616,7 @@ class ProbePlan:
     up to ``probes_per_attempt`` not yet tried; when the draw is used up it is redrawn at
     most ``regenerations`` times; at most ``max_attempts`` attempts. Scoring work per try
     is thus at most ``(ordered_size + tight_size + sample_size) * (1 + regenerations)``
-    candidates,
-    whatever the zone's size. An empty batch means stop, and :attr:`reason` says why when
+    candidates (144 by default), whatever the zone's size. An empty batch means stop, and :attr:`reason` says why when
     no host looked suitable at all.
     """
 
