@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -82,7 +83,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--zone-hosts",
         type=int,
         default=fgd.LAMINAR_ZONE_HOSTS,
-        help=f"laminar: hosts per zone (default {fgd.LAMINAR_ZONE_HOSTS})",
+        help=f"laminar: hosts per zone (default {fgd.LAMINAR_ZONE_HOSTS}, what one router is "
+        "sized for: the trace's nodes make one zone; 500 gives the 3 zones of before)",
     )
     exp.add_argument(
         "--workload-prior",
@@ -419,6 +421,15 @@ def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
     return emit(report, args, console, render_fgd, lambda path: save_plot(report, path))
 
 
+def _zones_text(nodes: int, zone_hosts: int | None) -> str:
+    """How the run split the nodes: "1 zone of 1213 hosts", "3 zones of up to 500 hosts"."""
+    per_zone = zone_hosts or fgd.LAMINAR_ZONE_HOSTS
+    zones = max(1, math.ceil(nodes / per_zone))
+    if zones == 1:
+        return f"1 zone of {nodes} hosts"
+    return f"{zones} zones of up to {per_zone} hosts"
+
+
 def render_fgd(report: dict[str, Any], console: Console) -> None:
     """The human summary: ours next to the paper's, then the curve at a few levels."""
     paper = report.get("paper_unallocated_pct_at_100") or {}
@@ -457,7 +468,7 @@ def render_fgd(report: dict[str, Any], console: Console) -> None:
             f"{laminar['bounces_per_placement']:.2f} bounces, "
             f"{laminar['forwards_per_placement']:.3f} forwards; plus "
             f"{laminar['exchange_messages_per_placement']:.2f} zone-summary exchange messages); "
-            f"zones of {report.get('laminar_zone_hosts', fgd.LAMINAR_ZONE_HOSTS)} hosts, "
+            f"{_zones_text(report['nodes'], report.get('laminar_zone_hosts'))}, "
             f"d={report.get('laminar_probes_per_attempt', 1)} probes per attempt"
             + (
                 " (a probe carries the commit)"

@@ -156,8 +156,12 @@ def node_rank(seed: int, num_nodes: int) -> IntArray:
 FGD_POLICIES = (*POLICIES, "laminar")
 #: In MIG mode, the H100/A100-80GB profile a share rounded up to N of 7 slices asks for.
 MIG_PROFILE_OF_SLICES = {1: "1g.10gb", 2: "2g.20gb", 3: "3g.40gb", 4: "4g.40gb", 7: "7g.80gb"}
-#: Hosts per zone of the ``laminar`` policy (the default node list makes 3 zones).
-LAMINAR_ZONE_HOSTS = 500
+#: Hosts per zone of the ``laminar`` policy: as many as one router is sized for (issue 15's
+#: idle heartbeat goal is 4,096 agents per router), so the trace's 1,213 nodes are one zone.
+#: Zones of 500 (3 zones, the default until 2026-11-28) cost packing (cpu250 7.30% against
+#: 6.74% unallocated) and 1.33 messages per placement of forwards: docs/benchmarks.md,
+#: "one zone, a tight draw and MIG on commit (issue 16)".
+LAMINAR_ZONE_HOSTS = 4096
 
 
 @dataclass

@@ -399,11 +399,54 @@ class ZoneView:
                 chosen.append(record)
         return chosen
 
+    def tightest_in_order(
+        self, need: Demand, k: int, *, exclude: set[str] | None = None
+    ) -> list[AgentRecord]:
+        """Up to k ready agents whose summary fits ``need``, those with the fewest free
+        whole GPUs first (the index's level of the GPU shape), each level in the view's
+        fixed host order, passing over agents with a probe in flight; none unless ``need``
+        asks for whole GPUs (not a share, a MIG profile or no GPU: for shares it was
+        measured worse, :data:`TIGHT_SIZE`).
+
+        Why: the host FGD's score likes best for a task of whole GPUs is often one the
+        task fills exactly, and such hosts are scattered through the host order, past the
+        first fitting ones (:meth:`first_in_order`) and rare in a uniform sample. Ranking
+        them beside those finds them as a best fit would. Bounded like
+        :meth:`first_in_order`: the walk stops after ``8k + 16`` agents."""
+        if k <= 0 or need.family == "cpu" or need.gpu_milli or need.mig_profile:
+            return []
+        by_level: dict[int, list[_IndexedSet]] = {}
+        for level, pool in self._level_pools(need):
+            by_level.setdefault(level, []).append(pool)
+        chosen: list[AgentRecord] = []
+        seen: set[str] = set()  # an agent sits in one pool per shape it advertises
+        max_tries = 8 * k + 16
+        tries = 0
+        for level in sorted(by_level):
+            for _, agent_id in heapq.merge(*(p.ordered for p in by_level[level])):
+                if len(chosen) >= k or tries >= max_tries:
+                    return chosen
+                tries += 1
+                if agent_id in seen or (exclude and agent_id in exclude):
+                    continue
+                seen.add(agent_id)
+                if agent_id in self._probing:
+                    continue
+                record = self.agents[agent_id]
+                host = record.host
+                if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
+                    chosen.append(record)
+        return chosen
+
     def _pools(self, need: Demand) -> list[_IndexedSet]:
         """The non-empty pools whose agents may fit ``need``: every agent that fits is in
         one of them (the levels are lower bounds), so drawing from them and checking each
         draw is a uniform draw over the agents that fit. O(pools of the matching shapes):
         bounded by the levels, not by the zone's size."""
+        return [pool for _, pool in self._level_pools(need)]
+
+    def _level_pools(self, need: Demand) -> list[tuple[int, _IndexedSet]]:
+        """:meth:`_pools` with each pool's free-capacity level of its shape."""
         floor_shape, floor_cpu, floor_memory = _need_levels(need)
         if need.family == "cpu":
             shapes = [""]
@@ -417,7 +460,7 @@ class ZoneView:
                 if s.startswith(kind) and (not need.gpu_model or s == kind + need.gpu_model)
             ]
         return [
-            pool
+            (level, pool)
             for shape in shapes
             for (level, cpu, memory), pool in self._by_shape.get(shape, {}).items()
             if level >= floor_shape and cpu >= floor_cpu and memory >= floor_memory and len(pool)
@@ -517,9 +560,17 @@ Rank = Callable[[AgentRecord], float | None]
 ORDERED_SIZE = 24
 
 
+#: Candidates a draw for whole GPUs takes from the tightest fitting level of the index
+#: (:meth:`ZoneView.tightest_in_order`) beside the ordered and the random ones: hosts the
+#: task would fill exactly, which FGD's score often likes best. One zone, seeds 42-51:
+#: multigpu50 3.05% -> 2.91% unallocated (FGD 2.98); taken for shares too (the tightest
+#: largest free share) it moved gpuspec33 from 8.94 to 10.24 and helped no list
+#: (docs/benchmarks.md, "one zone, a tight draw and MIG on commit (issue 16)").
+TIGHT_SIZE = 8
+
+
 #: d for a try that compares agents' answers when the configured d is 1: a gang gathers
-#: leases over several hosts and commits them all or none, and a MIG profile's placement is
-#: the agent's choice of layout, which the router's view ranks only coarsely.
+#: leases over several hosts and commits them all or none.
 COMPARED_PROBES_PER_ATTEMPT = 2
 
 
@@ -529,7 +580,7 @@ class ProbeLimits:
 
     d = 1 (the default): a one-member job's probe carries the commit
     (:class:`laminar_zone.gather.Gather`'s commit on probe), chosen by measurement
-    (docs/zone.md); gangs and MIG profiles still compare two (:meth:`for_try`)."""
+    (docs/zone.md); gangs still compare two (:meth:`for_try`)."""
 
     probes_per_attempt: int = 1
     sample_size: int = SAMPLE_SIZE
@@ -538,14 +589,18 @@ class ProbeLimits:
     #: Candidates taken first in the view's fixed host order (:meth:`ZoneView.first_in_order`),
     #: ranked beside the ``sample_size`` drawn at random; on equal scores they come first.
     ordered_size: int = ORDERED_SIZE
+    #: Candidates taken from the tightest fitting level up (:meth:`ZoneView.tightest_in_order`).
+    tight_size: int = TIGHT_SIZE
 
     def for_try(self, need: Demand, gang: int) -> ProbeLimits:
         """The limits a try of ``gang`` members of ``need`` probes with: at least
-        :data:`COMPARED_PROBES_PER_ATTEMPT` hosts per round for a gang or a MIG profile
-        (measured: d = 1 took ``sim fgd --mig`` from 6.97% to 8.11% unallocated), else
-        as configured (d = 1: the probe carries the commit)."""
-        compare = gang > 1 or bool(need.mig_profile)
-        if not compare or self.probes_per_attempt >= COMPARED_PROBES_PER_ATTEMPT:
+        :data:`COMPARED_PROBES_PER_ATTEMPT` hosts per round for a gang, else as configured
+        (d = 1: the probe carries the commit). A MIG profile compared two until
+        2026-11-28 (d = 1 had cost ``sim fgd --mig`` 6.97% -> 8.11% unallocated with the
+        ranking of 2026-11-25); with the ranking of now, in one zone, d = 1 gives 2.53%
+        against 2.59% at 1.52 messages per placement against 3.23 (docs/benchmarks.md,
+        "one zone, a tight draw and MIG on commit (issue 16)")."""
+        if gang <= 1 or self.probes_per_attempt >= COMPARED_PROBES_PER_ATTEMPT:
             return self
         return replace(self, probes_per_attempt=COMPARED_PROBES_PER_ATTEMPT)
 
@@ -554,13 +609,14 @@ class ProbePlan:
     """Which agents one placement try probes, attempt by attempt (router and simulator).
 
     A draw takes the ``ordered_size`` fitting candidates first in the view's fixed host
-    order (:meth:`ZoneView.first_in_order`) and ``sample_size`` more at random; with a
+    order (:meth:`ZoneView.first_in_order`), ``tight_size`` from the tightest fitting level
+    up (:meth:`ZoneView.tightest_in_order`) and ``sample_size`` more at random; with a
     ``rank`` they are scored from their summaries (best first, equal scores in host
     order, those it rules out dropped), else taken in the order drawn; each attempt probes
     up to ``probes_per_attempt`` not yet tried; when the draw is used up it is redrawn at
     most ``regenerations`` times; at most ``max_attempts`` attempts. Scoring work per try
-    is thus at most ``(ordered_size + sample_size) * (1 + regenerations)`` candidates,
-    whatever the zone's size. An empty batch means stop, and :attr:`reason` says why when
+    is thus at most ``(ordered_size + tight_size + sample_size) * (1 + regenerations)``
+    candidates (144 by default), whatever the zone's size. An empty batch means stop, and :attr:`reason` says why when
     no host looked suitable at all.
     """
 
@@ -609,8 +665,13 @@ class ProbePlan:
     def _draw(self) -> list[AgentRecord]:
         first = self.view.first_in_order(self.need, self.limits.ordered_size, exclude=self.tried)
         exclude = self.tried | {r.agent_id for r in first} if first else self.tried
-        drawn = first + self.view.sample(
-            self.need, self.limits.sample_size, self.rng, exclude=exclude
+        tight = self.view.tightest_in_order(self.need, self.limits.tight_size, exclude=exclude)
+        if tight:
+            exclude = exclude | {r.agent_id for r in tight}
+        drawn = (
+            first
+            + tight
+            + self.view.sample(self.need, self.limits.sample_size, self.rng, exclude=exclude)
         )
         if self.rank is None:
             return drawn

@@ -68,6 +68,18 @@ def tiny_args(trace: Path, *more: str) -> list[str]:
     return ["--trace-dir", str(trace), "--workload", "tiny", "--seeds", "1", *more]
 
 
+def test_laminar_line_says_how_the_nodes_were_split_into_zones(tiny_trace: Path) -> None:
+    """By default the trace's nodes are one zone (one router is sized for more hosts than
+    the trace has); a smaller ``--zone-hosts`` splits them, and forwards appear."""
+    args = tiny_args(tiny_trace, "--policies", "laminar")
+    code, out = run_cli(["sim", "fgd", *args])
+    assert code == 0 and "1 zone of 16 hosts" in out
+    one = fgd_json(args)
+    assert one["policies"]["laminar"]["forwards_per_placement"] == 0
+    code, out = run_cli(["sim", "fgd", *args, "--zone-hosts", "6"])
+    assert code == 0 and "3 zones of up to 6 hosts" in out
+
+
 def test_table_output_and_plot(tiny_trace: Path, tmp_path: Path) -> None:
     plot = tmp_path / "curves.png"
     code, out = run_cli(

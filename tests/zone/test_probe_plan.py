@@ -29,6 +29,7 @@ from laminar_zone.view import (
     ProbePlan,
     ZoneView,
     fragmentation_ranking,
+    host_order,
 )
 
 GIB = 1 << 30
@@ -85,7 +86,8 @@ def test_ranked_plan_probes_at_most_d_of_a_bounded_sample_best_first(
         probed += [r.agent_id for r in batch]
     assert len(probed) == len(set(probed)) <= d * max_attempts
     # Scoring is bounded by the sample and its redraws, not by the zone's size.
-    assert len(calls) == plan.scored <= (sample_size + ordered_size) * (1 + regenerations)
+    drawn = sample_size + ordered_size + limits.tight_size
+    assert len(calls) == plan.scored <= drawn * (1 + regenerations)
     # Too little host CPU left shows in the summary: such a host is never probed.
     assert all(cpu_free[int(a[1:])] >= NEED.cpu_milli for a in probed)
     if any(c >= NEED.cpu_milli for c in cpu_free):
@@ -154,12 +156,13 @@ def test_the_simulators_default_limits_are_the_routers() -> None:
     from laminar_zone.config import PlacementSettings
 
     assert PlacementSettings().limits() == ProbeLimits()
-    # d = 1 commits on probe; a gang or a MIG profile still compares two hosts per round.
+    # d = 1 commits on probe, a MIG profile too; a gang still compares two hosts per round.
     one = Demand(gpus=1)
     assert ProbeLimits().probes_per_attempt == 1
     assert ProbeLimits().for_try(one, 1).probes_per_attempt == 1
     assert ProbeLimits().for_try(one, 3).probes_per_attempt == 2
-    assert ProbeLimits().for_try(Demand(mig_profile="3g.40gb"), 1).probes_per_attempt == 2
+    assert ProbeLimits().for_try(Demand(mig_profile="3g.40gb"), 1).probes_per_attempt == 1
+    assert ProbeLimits().for_try(Demand(mig_profile="3g.40gb"), 2).probes_per_attempt == 2
     assert ProbeLimits(probes_per_attempt=4).for_try(one, 3).probes_per_attempt == 4
 
 
@@ -245,7 +248,7 @@ def test_the_default_draw_ranks_the_first_fitting_hosts_in_order(salt: int, seed
     order, past hosts that cannot take the demand: with no random sample, a better score
     there is probed first, and one host further is never drawn."""
     hosts = 120
-    limits = replace(ProbeLimits(), sample_size=0, regenerations=0)
+    limits = replace(ProbeLimits(), sample_size=0, regenerations=0, tight_size=0)
     last = ORDERED_SIZE - 1
     assert limits.ordered_size == ORDERED_SIZE
     for place, probed in ((last, last), (last + 1, 0)):
@@ -258,3 +261,32 @@ def test_the_default_draw_ranks_the_first_fitting_hosts_in_order(salt: int, seed
 
         plan = ProbePlan(view, NEED, limits, random.Random(seed), rank=rank)
         assert [r.agent_id for r in plan.next_batch()] == [fitting[probed]]
+
+
+@settings(max_examples=20, deadline=None)
+@given(salt=st.integers(0, 2**16), seed=st.integers(0, 2**16), place=st.integers(40, 119))
+def test_a_host_the_task_fills_exactly_is_ranked_wherever_it_is_in_the_order(
+    salt: int, seed: int, place: int
+) -> None:
+    """Hosts with all 8 GPUs free, one with exactly the 2 a task asks for, far past the
+    ordered draw: the tight draw brings it to the ranking, so a better score there is
+    probed first; without the tight draw (and no random sample) it is never drawn."""
+    view = ZoneView(stale_after_seconds=1e9, order_salt=salt)
+    ids = [f"h{i}" for i in range(120)]
+    by_order = sorted(ids, key=lambda a: host_order(a, salt))
+    exact = by_order[place]
+    for agent in ids:
+        free = 2 if agent == exact else 8
+        shapes = {"gpu:A100": ShapeCap(free, 8, 0, 80 * GIB)}
+        view.update(agent, "addr", shapes, heat=0, draining=False, now=0.0)
+        gpus = (1000,) * free + (0,) * (8 - free)
+        view.note_host(agent, HostCap(64_000, 64_000, 256 * GIB, 512 * GIB, gpus, 8))
+    need = Demand(gpus=2, cpu_milli=1000, host_memory_bytes=GIB)
+
+    def rank(record: AgentRecord) -> float:
+        return 90.0 if record.agent_id == exact else 50.0
+
+    for tight, probed in ((1, exact), (0, by_order[0])):
+        limits = replace(ProbeLimits(), sample_size=0, regenerations=0, tight_size=tight)
+        plan = ProbePlan(view, need, limits, random.Random(seed), rank=rank)
+        assert [r.agent_id for r in plan.next_batch()] == [probed]

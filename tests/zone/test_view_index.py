@@ -168,6 +168,48 @@ def test_first_in_order_takes_the_first_fitting_agents_in_the_fixed_order(
         assert [r.agent_id for r in got] == expected
 
 
+def matches(shape: str, need: Demand) -> bool:
+    """Whether an advertised shape is one a GPU ``need`` is drawn from."""
+    if need.mig_profile:
+        return shape == f"mig:{need.mig_profile}"
+    kind = "share:" if need.gpu_milli else "gpu:"
+    return shape.startswith(kind) and (not need.gpu_model or shape == kind + need.gpu_model)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=st.lists(event_st, max_size=40),
+    needs=st.lists(need_st, min_size=1, max_size=6),
+    k=st.integers(0, 8),
+    excluded=st.sets(st.sampled_from(AGENTS), max_size=3),
+    salt=st.integers(0, 3),
+)
+def test_tightest_in_order_takes_fitting_agents_from_the_lowest_level_up(
+    events: list[tuple[object, ...]],
+    needs: list[Demand],
+    k: int,
+    excluded: set[str],
+    salt: int,
+) -> None:
+    """Against a scan: the k fitting agents (not excluded) with the fewest free GPUs of the
+    demand's shape first (its pool level), equal levels in the view's host order; none for
+    a demand of a share, a MIG profile or no GPU."""
+    view = ZoneView(stale_after_seconds=2.0, order_salt=salt)
+    apply(view, events)
+    for need in needs:
+        got = [r.agent_id for r in view.tightest_in_order(need, k, exclude=excluded)]
+        if need.family == "cpu" or need.gpu_milli or need.mig_profile:
+            assert got == []
+            continue
+
+        def level(agent: str, need: Demand = need) -> int:
+            return min(lv[0] for shape, lv in view._pools_of[agent] if matches(shape, need))
+
+        fitting = [a for a, r in view.agents.items() if fits(r, need) and a not in excluded]
+        expected = sorted(fitting, key=lambda a: (level(a), host_order(a, salt)))[:k]
+        assert got == expected
+
+
 def test_a_full_host_is_not_drawn_from_even_when_most_hosts_are_full() -> None:
     """Late in a fill most hosts have a GPU free and no CPU: a draw touches only the
     pools that could fit, so it finds the few that do in a handful of lookups."""
