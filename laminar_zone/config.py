@@ -116,7 +116,7 @@ class PlacementSettings:
         default=1,
         metadata=doc(
             "d: agents probed in parallel per attempt; 1: a one-member job's probe carries "
-            "the commit (one call per placement; gangs and MIG profiles probe 2 per attempt)"
+            "the commit (one call per placement; gangs probe 2 per attempt)"
         ),
     )
     sample_size: int = field(
