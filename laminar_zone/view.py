@@ -353,8 +353,7 @@ class ZoneView:
                     break
                 continue
             record = self.agents[agent_id]
-            host = record.host
-            if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
+            if _summary_fits(record, need):
                 chosen[agent_id] = record
         return list(chosen.values())
 
@@ -394,8 +393,7 @@ class ZoneView:
             if (exclude and agent_id in exclude) or agent_id in self._probing:
                 continue
             record = self.agents[agent_id]
-            host = record.host
-            if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
+            if _summary_fits(record, need):
                 chosen.append(record)
         return chosen
 
@@ -433,8 +431,7 @@ class ZoneView:
                 if agent_id in self._probing:
                     continue
                 record = self.agents[agent_id]
-                host = record.host
-                if members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need)):
+                if _summary_fits(record, need):
                     chosen.append(record)
         return chosen
 
@@ -708,3 +705,10 @@ def choose_offers(offers: list[Offer], gang: int) -> list[Offer] | None:
     if gang == 1:
         return [best_offers(offers)[0]]
     return assign_gang(offers, gang)
+
+
+def _summary_fits(record: AgentRecord, need: Demand) -> bool:
+    """Whether ``record``'s summary holds one member of ``need``: a shape with room, and
+    host CPU and memory (when the summary carries them)."""
+    host = record.host
+    return members_fitting(need, record.shapes) >= 1 and (host is None or host.fits(need))
