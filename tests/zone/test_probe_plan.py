@@ -290,3 +290,43 @@ def test_a_host_the_task_fills_exactly_is_ranked_wherever_it_is_in_the_order(
         limits = replace(ProbeLimits(), sample_size=0, regenerations=0, tight_size=tight)
         plan = ProbePlan(view, need, limits, random.Random(seed), rank=rank)
         assert [r.agent_id for r in plan.next_batch()] == [probed]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["h0", "h1", "h2"]),
+            st.sampled_from(["summary", "host", "measure", "rank"]),
+            st.integers(0, 8),
+            st.sampled_from([0, 4000, 64_000]),
+            st.sampled_from([NEED, Demand(gpus=1), Demand(gpus=2, cpu_milli=8000)]),
+        ),
+        max_size=40,
+    )
+)
+def test_a_remembered_rank_is_the_rank_of_the_present_summary(
+    steps: list[tuple[str, str, int, int, Demand]],
+) -> None:
+    """The router's rank memo answers, after any sequence of new summaries, new host
+    figures and rebuilt measures, what scoring the agent's present summary answers."""
+    view = make_view([64_000, 64_000, 64_000])
+    frag = FragmentationCache(TARGET, MILLI_SLICING)
+    memo: dict[str, object] = {}
+    for agent, kind, free, cpu, need in steps:
+        if kind == "summary":
+            shapes = {
+                "gpu:A100": ShapeCap(free, 8, 0, 80 * GIB),
+                "share:A100": ShapeCap(free, 8, 1000 if free else 0, 80 * GIB),
+            }
+            view.update(agent, "addr", shapes, heat=0, draining=False, now=0.0)
+        elif kind == "host":
+            gpus = (1000,) * free + (0,) * (8 - free)
+            view.note_host(agent, HostCap(cpu, 64_000, 256 * GIB, 512 * GIB, gpus, 8))
+        elif kind == "measure":
+            frag = FragmentationCache(TARGET, MILLI_SLICING)
+        remembered = fragmentation_ranking(need, frag, memo)  # type: ignore[arg-type]
+        plain = fragmentation_ranking(need, frag)
+        assert remembered is not None and plain is not None
+        for record in view.agents.values():
+            assert remembered(record) == plain(record)
