@@ -28,14 +28,7 @@ from laminar_base.wire import demand_of
 from laminar_zone.config import PlacementSettings
 from laminar_zone.gather import Bind, Gather, ProbeHost, Release, Unsure
 from laminar_zone.placement import Offer, ShapeCap
-from laminar_zone.view import (
-    AgentRecord,
-    ProbePlan,
-    Rank,
-    RankMemo,
-    ZoneView,
-    fragmentation_ranking,
-)
+from laminar_zone.view import AgentRecord, ProbePlan, Rank, ZoneView, fragmentation_ranking
 
 log = logging.getLogger("laminar.zone.placer")
 
@@ -321,8 +314,6 @@ class Placer:
         #: The target workload ranking measures fragmentation against: what this router
         #: was asked to place.
         self.workload = ObservedWorkload(MILLI_SLICING, min_observed=settings.workload_min_observed)
-        #: Each agent's last rank and what it was computed from (one entry per agent).
-        self._ranks: RankMemo = {}
 
     @property
     def background(self) -> set[asyncio.Task[None]]:
@@ -350,7 +341,7 @@ class Placer:
         over the workload this router has been asked to place."""
         shape = demand_pod(need, HostCap())
         self.workload.observe(shape)
-        return fragmentation_ranking(need, self.workload.cache(shape), self._ranks)
+        return fragmentation_ranking(need, self.workload.cache(shape))
 
     async def gather(
         self,

@@ -17,7 +17,7 @@ import enum
 import hashlib
 import heapq
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from laminar_base.demand import Demand, HostCap
@@ -722,54 +722,19 @@ class ProbePlan:
         return [r for _, _, r in scored]
 
 
-#: Per agent, the last score :func:`fragmentation_ranking` computed with a memo and what it
-#: was computed from: the measure, the demand, and the summary's host figures and shapes
-#: (held, so compared by identity: a new summary brings new objects).
-RankMemo = dict[
-    str, tuple[FragmentationCache, Demand, HostCap | None, Mapping[str, ShapeCap], float | None]
-]
-
-
-def fragmentation_ranking(
-    need: Demand, frag: FragmentationCache | None, memo: RankMemo | None = None
-) -> Rank | None:
+def fragmentation_ranking(need: Demand, frag: FragmentationCache | None) -> Rank | None:
     """Rank candidates for ``need`` by :func:`~laminar_zone.placement.fragmentation_rank`
     over ``frag``'s target workload; None (draw order) without one. A MIG profile is ranked
     as the share of a GPU its compute slices are (``sim fgd --mig``, seeds 42-51: 3.69% ->
-    3.07% unallocated against random draws).
-
-    ``memo`` (kept by the caller between tries): an agent whose summary, the demand and
-    the measure are the ones of its last score keeps that score instead of being scored
-    again. A draw scores up to 48 candidates, and between two placements only the hosts
-    probed have a new summary (256 agents: most of a try's ranking CPU)."""
+    3.07% unallocated against random draws)."""
     if frag is None:
         return None
     measure = frag
 
-    if memo is None:
+    def rank(record: AgentRecord) -> float | None:
+        return fragmentation_rank(need, record.host, record.shapes, measure)
 
-        def rank(record: AgentRecord) -> float | None:
-            return fragmentation_rank(need, record.host, record.shapes, measure)
-
-        return rank
-    kept = memo
-
-    def remembered(record: AgentRecord) -> float | None:
-        host, shapes = record.host, record.shapes
-        last = kept.get(record.agent_id)
-        if (
-            last is not None
-            and last[0] is measure
-            and last[2] is host
-            and last[3] is shapes
-            and last[1] == need
-        ):
-            return last[4]
-        score = fragmentation_rank(need, host, shapes, measure)
-        kept[record.agent_id] = (measure, need, host, shapes, score)
-        return score
-
-    return remembered
+    return rank
 
 
 def choose_offers(offers: list[Offer], gang: int) -> list[Offer] | None:
