@@ -39,8 +39,8 @@ class ClientLeases:
         need = validate_spec(spec)
         max_hosts = min(request.max_hosts or 8, 64)
         check_number(request.lease_ttl_seconds, "lease_ttl_seconds", high=60)
-        ready, matching = self._state.view.matching(need)
-        reply = zone_pb2.ProbeJobReply(hosts_matching=matching, hosts_total=ready)
+        hosts = self._state.view.counts(need)
+        reply = zone_pb2.ProbeJobReply(hosts_matching=hosts.matching, hosts_total=hosts.ready)
         if request.keep_leases:
             gathered = await self._state.placer.gather(
                 Ask(

@@ -136,9 +136,6 @@ class HostCounts:
     members_total: int  # members the whole zone could hold if it were empty
 
 
-#: Demands :meth:`ZoneView.matching` keeps answers for (all dropped when full).
-MATCHING_KEPT = 1024
-
 #: Candidates one probe round is chosen from by default: enough for ranking to find a
 #: host that strands little, few enough that scoring them costs well under a probe's RPC.
 SAMPLE_SIZE = 16
@@ -172,12 +169,6 @@ class ZoneView:
         #: from, so a sample late in a fill does not spend its tries on full hosts.
         self._by_shape: dict[str, dict[tuple[int, int, int], _IndexedSet]] = {}
         self._pools_of: dict[str, list[tuple[str, tuple[int, int, int]]]] = {}
-        #: Each agent's readiness and total slots per shape as last indexed, and a version
-        #: bumped whenever one of them changes: what :meth:`matching` answers depends on
-        #: nothing else, so it is kept per demand until the version moves.
-        self._layout_of: dict[str, tuple[bool, tuple[tuple[str, int], ...]]] = {}
-        self._layout_version = 0
-        self._matching: dict[Demand, tuple[int, tuple[int, int]]] = {}
 
     # -------------------------------------------------------------- updates
 
@@ -318,10 +309,6 @@ class ZoneView:
     def _reindex(self, record: AgentRecord) -> None:
         """Move the agent to the pools its summary puts it in now: O(its shapes)."""
         agent_id = record.agent_id
-        layout = (record.is_ready, tuple((s, c.total) for s, c in record.shapes.items()))
-        if self._layout_of.get(agent_id) != layout:
-            self._layout_of[agent_id] = layout
-            self._layout_version += 1
         order = self.order_of(agent_id)
         for shape, levels in self._pools_of.pop(agent_id, ()):
             by_level = self._by_shape[shape]
@@ -485,25 +472,6 @@ class ZoneView:
 
     def any_fits(self, need: Demand, rng: random.Random) -> bool:
         return bool(self.sample(need, 1, rng))
-
-    def matching(self, need: Demand) -> tuple[int, int]:
-        """Ready hosts, and those that could ever hold one member of ``need`` (the first two
-        of :meth:`counts`): O(agents) once, then O(1) per demand until an agent's readiness
-        or total slots change (a probe reply moves free slots only), so a ProbeJob does not
-        scan the zone."""
-        kept = self._matching.get(need)
-        if kept is not None and kept[0] == self._layout_version:
-            return kept[1]
-        ready = matching = 0
-        for record in self.agents.values():
-            if record.is_ready:
-                ready += 1
-                if members_fitting(need, record.shapes, total=True) >= 1:
-                    matching += 1
-        if len(self._matching) >= MATCHING_KEPT:
-            self._matching.clear()  # bounded: demands are few, but a client chooses them
-        self._matching[need] = (self._layout_version, (ready, matching))
-        return ready, matching
 
     def counts(self, need: Demand) -> HostCounts:
         """How many ready hosts match ``need`` ever and now: O(agents), off the hot path."""

@@ -303,18 +303,3 @@ def test_a_summary_with_its_host_figures_lands_as_update_then_note_host(
         if host is not None:
             two.note_host(agent, host)
         assert _placed(one) == _placed(two)
-
-
-@settings(max_examples=200, deadline=None)
-@given(events=st.lists(event_st, max_size=30), needs=st.lists(need_st, min_size=1, max_size=4))
-def test_matching_kept_between_changes_agrees_with_a_scan(
-    events: list[tuple[object, ...]], needs: list[Demand]
-) -> None:
-    """ProbeJob's host counts, kept per demand until an agent's readiness or total slots
-    change, equal a scan of every agent after each summary, reply, drain and sweep."""
-    view = ZoneView(stale_after_seconds=2.0)
-    for event in events:
-        apply(view, [event])
-        for need in needs:
-            counts = view.counts(need)
-            assert view.matching(need) == (counts.ready, counts.matching)
