@@ -12,7 +12,7 @@ import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -176,34 +176,6 @@ def channel_options() -> list[tuple[str, Any]]:
     ]
 
 
-class _GenericOnly:
-    """A server as ``add_*Servicer_to_server`` sees it, serving each method through the
-    service's generic handler only (the generated code adds both).
-
-    Why: grpc.aio (1.6x-1.8x) keeps one request-call task per registered method and waits
-    on all of them, ``asyncio.wait(FIRST_COMPLETED)``, for every call that arrives. The
-    router registers about two dozen methods, so each call it serves paid two dozen
-    done-callbacks added and removed; with the generic handler alone it waits on one.
-    What a method does, its errors and its interceptors are unchanged."""
-
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
-
-    def add_generic_rpc_handlers(
-        self, handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]
-    ) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(self, service_name: str, handlers: object) -> None:
-        """Left out on purpose: the generic handler already serves these methods."""
-
-
-def generic_only(server: grpc.aio.Server) -> grpc.aio.Server:
-    """``server`` for ``add_*Servicer_to_server``: its methods served by the generic
-    handler alone (:class:`_GenericOnly` says why)."""
-    return cast("grpc.aio.Server", _GenericOnly(server))
-
-
 def add_health_and_reflection(
     server: grpc.aio.Server, service_names: Iterable[str]
 ) -> HealthServicer:
@@ -213,20 +185,16 @@ def add_health_and_reflection(
     and should not pay for the server side."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_health.v1._async import HealthServicer
-    from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
-    from grpc_reflection.v1alpha._async import ReflectionServicer
+    from grpc_reflection.v1alpha import reflection
 
     servicer = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, generic_only(server))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     names = [
         *service_names,
         reflection.SERVICE_NAME,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
     ]
-    # reflection.enable_server_reflection(names, server), generic handler only.
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-        ReflectionServicer(names), generic_only(server)
-    )
+    reflection.enable_server_reflection(names, server)
     return servicer
 
 

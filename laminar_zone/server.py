@@ -30,12 +30,7 @@ from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_base.configlib import changed_keys
 from laminar_base.daemon import prepare_state_dir, serve_until_signalled
 from laminar_base.errors import LaminarError
-from laminar_base.grpcutil import (
-    add_health_and_reflection,
-    generic_only,
-    server_options,
-    set_serving,
-)
+from laminar_base.grpcutil import add_health_and_reflection, server_options, set_serving
 from laminar_base.sdnotify import Notifier
 from laminar_base.security import check_exposure, load_trust, log_trust, server_interceptors
 from laminar_base.supervise import RootLoopFailed, Supervisor
@@ -196,10 +191,9 @@ class ZoneServer:
             interceptors=server_interceptors(trust, [CONTROL_SERVICE], CONTROL_ROLES, PEER_METHODS),
         )
         submitters = ZoneService(self.state, self.guard)
-        # Generic handlers only: one request-call task, not one per method (generic_only).
-        zone_pb2_grpc.add_ZoneServicer_to_server(submitters, generic_only(server))
+        zone_pb2_grpc.add_ZoneServicer_to_server(submitters, server)
         self._control = ZoneControlService(self.state, self.peers, submitters)
-        zone_pb2_grpc.add_ZoneControlServicer_to_server(self._control, generic_only(server))
+        zone_pb2_grpc.add_ZoneControlServicer_to_server(self._control, server)
         health = add_health_and_reflection(server, SERVICE_NAMES)
         port = trust.bind(server, cfg.server.listen)
         if port == 0:
