@@ -45,6 +45,12 @@ def parse_demand(resources: common_pb2.Resources) -> Demand:
     return demand
 
 
+#: The classes a spec may name, read once (``EnumTypeWrapper.values()`` builds a list on
+#: every call, and every Submit, ProbeJob and commit checks both).
+_PRIORITY_CLASSES = frozenset(common_pb2.PriorityClass.values())
+_LIFECYCLE_CLASSES = frozenset(common_pb2.LifecycleClass.values())
+
+
 def check_spec(spec: zone_pb2.JobSpec | common_pb2.SubjobSpec) -> Demand:
     """What a job (router) and a subjob (agent) share, checked one way with one set of
     messages, each naming its field (``spec.<name>``); returns the per-member demand."""
@@ -72,9 +78,9 @@ def check_spec(spec: zone_pb2.JobSpec | common_pb2.SubjobSpec) -> Demand:
     check_exec_size(spec.command, spec.env, "spec")
     check_number(spec.grace_seconds, "spec.grace_seconds", high=3600)
     # Queue order, Airlock and preemption rank by these classes: an unknown one is bad input.
-    if spec.priority not in common_pb2.PriorityClass.values():
+    if spec.priority not in _PRIORITY_CLASSES:
         raise InvalidArgument(f"unknown priority class {spec.priority}", field="spec.priority")
-    if spec.lifecycle not in common_pb2.LifecycleClass.values():
+    if spec.lifecycle not in _LIFECYCLE_CLASSES:
         raise InvalidArgument(f"unknown lifecycle class {spec.lifecycle}", field="spec.lifecycle")
     check_number(spec.value, "spec.value", low=-1e12, high=1e12)
     check_number(spec.expected_seconds, "spec.expected_seconds", high=10 * 365 * 86400)

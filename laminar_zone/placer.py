@@ -333,10 +333,8 @@ class Placer:
             now=time.monotonic(),
             running_subjobs=summary.running_subjobs,
             is_heartbeat=False,
+            host=host_from(summary),
         )
-        host = host_from(summary)
-        if host is not None:
-            self.view.note_host(summary.agent_id, host)
 
     def _rank(self, need: Demand) -> Rank | None:
         """Learn the demand's shape; rank candidates by the fragmentation they would take on

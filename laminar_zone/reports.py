@@ -92,10 +92,8 @@ class AgentReports:
             total_gpus=summary.total_gpus,
             pressure=summary.pressure,
             generation=summary.generation,
+            host=host_from(summary),
         )
-        host = host_from(summary)
-        if host is not None:
-            self.state.view.note_host(agent_id, host)
         if update.is_new or update.came_back:
             self.state.store.note_agent(agent_id, address, time.time())
             log.info(

@@ -188,7 +188,11 @@ class ZoneView:
         pressure: int = 0,
         generation: int = 0,
         is_heartbeat: bool = True,
+        host: HostCap | None = None,
     ) -> Update:
+        """Fold an agent's summary into the view. ``host``: the summary's host figures, as
+        :meth:`note_host` records them, in the same reindex (one per summary, not two: a
+        probe reply's summary is folded in on every placement)."""
         self._probing.discard(agent_id)
         record = self.agents.get(agent_id)
         is_new = record is None
@@ -224,6 +228,9 @@ class ZoneView:
             # the agent's last heartbeat, so the next delta is refused and the summary sent
             # (a lease taken and released in between leaves the agent's summary unchanged).
             record.summary_version = 0
+        if host is not None:
+            record.reported_host = host
+            record.reported_host_at = record.last_heartbeat
         self._reindex(record)
         return Update(record, is_new, came_back, freed or came_back or is_new)
 

@@ -257,3 +257,49 @@ def test_a_host_with_a_probe_in_flight_is_passed_over_until_it_reports() -> None
     view.agents[first].summary_version = 3
     assert view.refresh(first, 3, "", now=2.0, now_unix=2.0)
     assert [r.agent_id for r in view.first_in_order(need, 1)] == [first]
+
+
+def _placed(view: ZoneView) -> dict[str, object]:
+    """Where each agent sits and what the view holds of its host figures."""
+    pools = {
+        (shape, levels): sorted(pool.items)
+        for shape, by_level in view._by_shape.items()
+        for levels, pool in by_level.items()
+    }
+    hosts = {a: (r.reported_host, r.reported_host_at, r.host) for a, r in view.agents.items()}
+    return {"pools": pools, "hosts": hosts}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    events=st.lists(event_st, max_size=20),
+    summaries=st.lists(
+        st.tuples(
+            st.sampled_from(AGENTS),
+            shapes_st,
+            st.booleans(),
+            st.booleans(),
+            st.one_of(st.none(), host_st),
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+)
+def test_a_summary_with_its_host_figures_lands_as_update_then_note_host(
+    events: list[tuple[object, ...]],
+    summaries: list[tuple[str, dict[str, ShapeCap], bool, bool, HostCap | None]],
+) -> None:
+    """``update(host=...)`` (one reindex per summary) leaves the view as ``update`` then
+    ``note_host`` (two) did: the same pools, the same host figures and their time."""
+    one, two = ZoneView(stale_after_seconds=2.0), ZoneView(stale_after_seconds=2.0)
+    apply(one, events)
+    apply(two, events)
+    now = 100.0
+    for agent, shapes, draining, is_heartbeat, host in summaries:
+        now += 1.0
+        kwargs = {"heat": 0, "draining": draining, "now": now, "is_heartbeat": is_heartbeat}
+        one.update(agent, "addr", dict(shapes), host=host, **kwargs)  # type: ignore[arg-type]
+        two.update(agent, "addr", dict(shapes), **kwargs)  # type: ignore[arg-type]
+        if host is not None:
+            two.note_host(agent, host)
+        assert _placed(one) == _placed(two)
