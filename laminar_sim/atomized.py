@@ -210,10 +210,6 @@ class AtomizeSpec:
     #: that fit it: no piece extends in place on one past its expected start
     #: (``QueueItem.is_restarted``, ``Clear.claims``). False: only blocked heads cut.
     restart_claims: bool = True
-    #: Ablation, not the router's: a part of a class's round (jobs ahead of a rigid one in
-    #: queue order) clears best fit (``ClearingContext.best_fit``); measured, not kept
-    #: (docs/benchmarks.md, "2026-11-27 (evening)"). False: lowest agent and slice.
-    part_best_fit: bool = False
     #: ``class_order(shorter_first=...)``: a waiting atomized job bids ahead of a rigid job
     #: (a gang) behind it in queue order only if its work left is no longer than the gang's
     #: run time. False: every one met in the walk bids ahead (queue order alone).
@@ -912,7 +908,6 @@ class MigReplay:
             hysteresis=self.spec.hysteresis,
             starvation_ratio=self.spec.starvation_ratio,
             starvation_floor_seconds=self.spec.starvation_floor_seconds,
-            best_fit=step.jobs is not None and self.spec.part_best_fit,
         )
         # The router's own round: alike windows are priced once per bidder (round_bids).
         bids, awards = clearing_round(bidders, windows, self.spec.clearing_policy, ctx)

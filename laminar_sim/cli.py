@@ -247,12 +247,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "slices that fit it (pieces extend in place across its expected start)",
     )
     rp.add_argument(
-        "--part-best-fit",
-        action="store_true",
-        help="with atomized (ablation, not the router's): jobs that bid ahead of a rigid job "
-        "of their class take the smallest of equal windows, not the lowest agent and slice",
-    )
-    rp.add_argument(
         "--no-shorter-first",
         action="store_true",
         help="with atomized: a waiting atomized job bids ahead of every gang behind it in "
@@ -1065,7 +1059,6 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         incumbency=not args.no_incumbency,
         class_order=not args.no_class_order,
         restart_claims=not args.no_restart_claims,
-        part_best_fit=args.part_best_fit,
         shorter_first=not args.no_shorter_first,
         pool_calibration=not args.no_pool_calibration,
         **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),

@@ -366,11 +366,6 @@ class ClearingContext:
     #: ``srpt``'s starvation guard (:func:`patience_seconds`); 0 = pure SRPT.
     starvation_ratio: float = DEFAULT_STARVATION_RATIO
     starvation_floor_seconds: float = DEFAULT_STARVATION_FLOOR_SECONDS
-    #: Among windows a job scores the same, the one with the least memory first (else the
-    #: lowest agent and slice). Only the simulator's ``--part-best-fit`` ablation sets it
-    #: (a part of a class's round taking the slice a rigid job in its place would): measured
-    #: and not kept, docs/benchmarks.md "2026-11-27 (evening)"; the router never does.
-    best_fit: bool = False
 
 
 def utilization_score(bid: Bid) -> float:
@@ -577,23 +572,21 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
     before bids on held ones, so a piece is displaced only by work no free window served.
     An award on a held window to another job means: the piece checkpoints and stops."""
     context = ctx or ClearingContext()
-    heap: list[tuple[int, int, float, str, int, str, str, int, int, float, Bid]] = []
-    best_fit = context.best_fit
+    heap: list[tuple[int, int, float, str, str, str, int, int, float, Bid]] = []
     for seq, bid in enumerate(bids):
         value = score(bid, policy, context)
         w = bid.window
         rank = value + context.hysteresis if bid.incumbent else value
         tier = 1 if w.held_by else 0
-        fit = w.memory_bytes if best_fit else 0  # a pool's windows are alike: one memory
         heap.append(
-            (bid.priority, tier, -rank, bid.job_id, fit, w.agent_id, w.slice_id, seq, 0, value, bid)
+            (bid.priority, tier, -rank, bid.job_id, w.agent_id, w.slice_id, seq, 0, value, bid)
         )
     heapq.heapify(heap)
     taken_windows: set[tuple[str, str]] = set()
     taken_jobs: set[str] = set()
     awards = []
     while heap:
-        prio, tier, neg, job_id, fit, _, _, seq, at, value, bid = heapq.heappop(heap)
+        prio, tier, neg, job_id, _, _, seq, at, value, bid = heapq.heappop(heap)
         if job_id in taken_jobs:
             continue
         pool = bid.pool or (bid.window,)
@@ -602,8 +595,8 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
         if at == len(pool):
             continue
         window = pool[at]
-        here = (prio, tier, neg, job_id, fit, window.agent_id, window.slice_id)
-        if at and (heap and heap[0][:7] < here):
+        here = (prio, tier, neg, job_id, window.agent_id, window.slice_id)
+        if at and (heap and heap[0][:6] < here):
             # Its next free window sorts after bids still queued: wait for its turn.
             heapq.heappush(heap, (*here, seq, at, value, bid))
             continue

@@ -161,27 +161,6 @@ def test_ties_break_deterministically_on_ids() -> None:
     assert err.value.field == "market.policy"
 
 
-def test_best_fit_takes_the_smallest_of_equal_windows_and_a_pool_keeps_its_turn() -> None:
-    """A part of a class's round (ClearingContext.best_fit): among windows it scores the
-    same, a job takes the one with the least memory, as a rigid job in its place would;
-    otherwise the lowest slice. A pool bid on the small windows moves on to the next one."""
-    from dataclasses import replace
-
-    big = Bid("j1", "a", window(100.0, 80 * GIB, "gpu0"), 0, 10, 0.99, 50.0, 0.0)
-    small = replace(big, window=window(100.0, 20 * GIB, "gpu1"))
-    assert clear([big, small], "srpt")[0].bid.window.slice_id == "gpu0"
-    fit = ClearingContext(best_fit=True)
-    assert clear([big, small], "srpt", fit)[0].bid.window.slice_id == "gpu1"
-    pool = (window(100.0, 20 * GIB, "gpu1"), window(100.0, 20 * GIB, "gpu2"))
-    first = replace(small, job_id="j0", pool=pool)
-    second = replace(small, pool=pool)
-    awards = clear([replace(big, job_id="j0"), first, big, second], "srpt", fit)
-    assert [(a.bid.job_id, a.bid.window.slice_id) for a in awards] == [
-        ("j0", "gpu1"),
-        ("j1", "gpu2"),  # the pool's next small window, before any large one
-    ]
-
-
 # ---- calibration ----
 
 
