@@ -391,18 +391,7 @@ class ZoneView:
         after a bounded number of agents, as :meth:`sample` does."""
         if k <= 0:
             return []
-        pools = self._pools(need)
-        chosen: list[AgentRecord] = []
-        max_tries = 8 * k + 16
-        for tries, (_, agent_id) in enumerate(heapq.merge(*(p.ordered for p in pools))):
-            if len(chosen) >= k or tries >= max_tries:
-                break
-            if (exclude and agent_id in exclude) or agent_id in self._probing:
-                continue
-            record = self.agents[agent_id]
-            if _summary_fits(record, need):
-                chosen.append(record)
-        return chosen
+        return self._walk_in_order([self._pools(need)], need, k, exclude)
 
     def tightest_in_order(
         self, need: Demand, k: int, *, exclude: set[str] | None = None
@@ -423,12 +412,28 @@ class ZoneView:
         by_level: dict[int, list[_IndexedSet]] = {}
         for level, pool in self._level_pools(need):
             by_level.setdefault(level, []).append(pool)
+        return self._walk_in_order(
+            [by_level[level] for level in sorted(by_level)], need, k, exclude
+        )
+
+    def _walk_in_order(
+        self,
+        groups: list[list[_IndexedSet]],
+        need: Demand,
+        k: int,
+        exclude: set[str] | None,
+    ) -> list[AgentRecord]:
+        """Up to k distinct agents that fit ``need``, walking each group of pools merged by
+        the host order, one group after another, passing over ``exclude`` and agents with a
+        probe in flight. Stops after ``8k + 16`` agents met (repeats included), so a walk
+        never scans the zone: the bound :meth:`first_in_order` and
+        :meth:`tightest_in_order` share."""
         chosen: list[AgentRecord] = []
         seen: set[str] = set()  # an agent sits in one pool per shape it advertises
         max_tries = 8 * k + 16
         tries = 0
-        for level in sorted(by_level):
-            for _, agent_id in heapq.merge(*(p.ordered for p in by_level[level])):
+        for pools in groups:
+            for _, agent_id in heapq.merge(*(p.ordered for p in pools)):
                 if len(chosen) >= k or tries >= max_tries:
                     return chosen
                 tries += 1

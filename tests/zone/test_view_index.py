@@ -142,14 +142,19 @@ def test_each_agent_sits_where_its_present_summary_puts_it(
             assert pool.ordered == sorted((host_order(a), a) for a in pool.items)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
+#: The examples both ordered walks are checked against a scan with.
+walk_given = given(
     events=st.lists(event_st, max_size=40),
     needs=st.lists(need_st, min_size=1, max_size=6),
     k=st.integers(0, 8),
     excluded=st.sets(st.sampled_from(AGENTS), max_size=3),
     salt=st.integers(0, 3),
 )
+walk_settings = settings(max_examples=300, deadline=None)
+
+
+@walk_settings
+@walk_given
 def test_first_in_order_takes_the_first_fitting_agents_in_the_fixed_order(
     events: list[tuple[object, ...]],
     needs: list[Demand],
@@ -176,14 +181,8 @@ def matches(shape: str, need: Demand) -> bool:
     return shape.startswith(kind) and (not need.gpu_model or shape == kind + need.gpu_model)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    events=st.lists(event_st, max_size=40),
-    needs=st.lists(need_st, min_size=1, max_size=6),
-    k=st.integers(0, 8),
-    excluded=st.sets(st.sampled_from(AGENTS), max_size=3),
-    salt=st.integers(0, 3),
-)
+@walk_settings
+@walk_given
 def test_tightest_in_order_takes_fitting_agents_from_the_lowest_level_up(
     events: list[tuple[object, ...]],
     needs: list[Demand],
