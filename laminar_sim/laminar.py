@@ -302,8 +302,8 @@ class SimZone:
             draining=False,
             now=0.0,
             is_heartbeat=False,
+            host=host.ledger.host_free(),
         )
-        self.view.note_host(host.agent_id, host.ledger.host_free())
 
     def observe(self, ask: Ask) -> FragmentationCache | None:
         """Learn the task's shape; the measure the router ranks it by (None before the
@@ -353,8 +353,15 @@ class LaminarCluster:
             zone = SimZone(f"z{len(self.zones)}", {h.agent_id: h for h in members}, view)
             zone.workload.add_prior(workload_prior or {})
             for host in members:
-                zone.view.update(host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0)
-                zone.view.note_host(host.agent_id, host.ledger.host_free())
+                zone.view.update(
+                    host.agent_id,
+                    "",
+                    host.shapes(),
+                    heat=0,
+                    draining=False,
+                    now=0.0,
+                    host=host.ledger.host_free(),
+                )
             self.zones.append(zone)
         self._since_exchange = 0
         self.exchange()

@@ -229,8 +229,7 @@ class ZoneView:
             # (a lease taken and released in between leaves the agent's summary unchanged).
             record.summary_version = 0
         if host is not None:
-            record.reported_host = host
-            record.reported_host_at = record.last_heartbeat
+            _record_host(record, host)
         self._reindex(record)
         return Update(record, is_new, came_back, freed or came_back or is_new)
 
@@ -262,8 +261,7 @@ class ZoneView:
         :meth:`sample` filters on and ranking reads); unknown agents are ignored."""
         record = self.agents.get(agent_id)
         if record is not None:
-            record.reported_host = host
-            record.reported_host_at = record.last_heartbeat
+            _record_host(record, host)
             self._reindex(record)
 
     def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
@@ -717,6 +715,13 @@ def choose_offers(offers: list[Offer], gang: int) -> list[Offer] | None:
     if gang == 1:
         return [best_offers(offers)[0]]
     return assign_gang(offers, gang)
+
+
+def _record_host(record: AgentRecord, host: HostCap) -> None:
+    """The host figures of the record's latest summary, stamped with its heartbeat: they
+    hold until the next one (``AgentRecord.host``)."""
+    record.reported_host = host
+    record.reported_host_at = record.last_heartbeat
 
 
 def _summary_fits(record: AgentRecord, need: Demand) -> bool:
