@@ -18,7 +18,6 @@ def test_the_bench_reports_both_ways_of_submitting_and_the_clis_start() -> None:
     cli = report["cli"]
     assert cli["submit"]["runs"] == cli["python_floor"]["runs"] == 2
     assert cli["submit"]["wall_ms_median"] > 0 and cli["python_floor"]["cpu_ms_median"] > 0
-    assert cli["submit"]["cpu_ms_median"] > cli["python_floor"]["cpu_ms_median"]
 
 
 @pytest.mark.parametrize(
