@@ -21,8 +21,10 @@ about a millisecond of the loop's time each under load.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
+import fcntl
 import inspect
 import json
 import logging
@@ -31,6 +33,7 @@ import pwd
 import re
 import signal
 import sys
+import termios
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -339,8 +342,10 @@ class Launcher:
     """The pre-forked launcher (``shim.py --serve``): a long-lived clean-environment
     process that forks one supervisor per subjob, so a launch costs a fork instead of a
     Python start-up. Started on first use over two plain pipes (its stdin and stdout);
-    if it cannot start, dies, or does not answer, that launch falls back to starting the
-    shim directly (:func:`_spawn`), and so do the next ones until
+    if it cannot start or is dead before it reads the record, that launch falls back to
+    starting the shim directly (:func:`_spawn`); if it does not answer a record it was
+    sent, that launch fails (its supervisor may still run the subjob). Either way the
+    next launches start shims directly until
     :data:`LAUNCHER_RETRY_SECONDS` have passed; then a fresh launcher is started (one
     killed by the OOM killer or by mistake does not leave the host on the slow path for
     good, and one that cannot start costs one try per period)."""
@@ -366,8 +371,11 @@ class Launcher:
 
     async def launch(self, record: str) -> tuple[int, str] | None:
         """The supervisor's pid and its warning ("" if none) for the launch record
-        ``record`` (JSON, one line), or None when the launcher is unusable or the
-        supervisor could not start (use the shim)."""
+        ``record`` (JSON, one line), or None when the supervisor certainly did not start:
+        the launcher was unusable before the record reached it, or it could not fork (use
+        the shim). Raises OSError once the record was sent but no answer came (a timeout,
+        the launcher ending): the supervisor may still run this subjob, so starting a shim
+        for the same id would run it twice."""
         if self.is_broken:
             return None
         async with self._lock:  # one request, one answer, in order
@@ -375,21 +383,42 @@ class Launcher:
                 if self._pid == 0:
                     self._start()
                 _write_all(self._to, record.encode() + b"\n")
+            except OSError as exc:  # it never read the whole record: nothing started
+                self._give_up(exc)
+                return None
+            try:
                 line = await asyncio.wait_for(self._readline(), LAUNCHER_TIMEOUT_SECONDS)
             except (OSError, TimeoutError, EOFError) as exc:
-                log.warning(
-                    "launcher unusable (%r); starting shims directly for %.0f s",
-                    exc,
-                    LAUNCHER_RETRY_SECONDS,
-                )
+                # Ended with part of the record still in its pipe: it never read the
+                # whole line, so nothing started.
+                unread = isinstance(exc, EOFError) and _unread_bytes(self._to) > 0
+                self._give_up(exc)
+                if unread:
+                    return None
+                raise OSError(
+                    f"the launcher gave no answer within {LAUNCHER_TIMEOUT_SECONDS:.0f} s"
+                    f" ({exc!r}); its supervisor may still start the subjob"
+                ) from exc
+            except BaseException:
+                # Cancelled: its answer would be read as the next launch's. A fresh
+                # launcher answers the next one.
                 self._stop()
-                self._broken_until = time.monotonic() + LAUNCHER_RETRY_SECONDS
-                return None
+                raise
             head, _, warning = line.strip().partition(" ")
             if not head.isdigit():
                 log.warning("launcher answered %r; starting this shim directly", line.strip())
                 return None
             return int(head), warning
+
+    def _give_up(self, exc: BaseException) -> None:
+        """Stop the launcher; launches start shims directly for a while."""
+        log.warning(
+            "launcher unusable (%r); starting shims directly for %.0f s",
+            exc,
+            LAUNCHER_RETRY_SECONDS,
+        )
+        self._stop()
+        self._broken_until = time.monotonic() + LAUNCHER_RETRY_SECONDS
 
     def _start(self) -> None:
         child_in, self._to = os.pipe()
@@ -441,6 +470,7 @@ class Launcher:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._to = self._from = -1
+        self._buffer = b""  # a stopped launcher's unread answer is nobody's
         if self._pid:
             pid, self._pid = self._pid, 0
             with contextlib.suppress(ChildProcessError):
@@ -455,6 +485,17 @@ class Launcher:
     async def close(self) -> None:
         async with self._lock:
             self._stop()
+
+
+def _unread_bytes(fd: int) -> int:
+    """How many bytes written to the pipe ``fd`` (either end) are still unread; 0 when
+    that cannot be told."""
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    except OSError:
+        return 0
+    return count[0]
 
 
 def _write_all(fd: int, data: bytes) -> None:

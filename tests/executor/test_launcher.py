@@ -34,6 +34,10 @@ def _ppid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 async def _run(ex: Executor, rec: Recorder, spec: LaunchSpec) -> int:
     pid = await ex.launch(spec)
     await poll_until(lambda: spec.subjob_id in rec.exits, f"exit of {spec.subjob_id}")
@@ -70,6 +74,9 @@ async def test_a_killed_launcher_falls_back_then_is_replaced(
     first = launcher.pid
     assert first > 0
     os.kill(first, signal.SIGKILL)
+    # Ended (its pipes closed) before the next record is sent: a launcher killed only
+    # after the record reached it may have started the subjob, and that launch fails.
+    await poll_until(lambda: _state(first) == "Z", "the launcher to end")
     # The next launch finds it dead: this subjob still runs (a shim started directly),
     # and its real exit status is recorded.
     await _run(ex, rec, _spec(tmp_path, "during", 5))
@@ -175,4 +182,32 @@ async def test_a_cgroup_that_cannot_be_made_is_a_warning_not_a_failure(
         await _run(ex, rec, _spec(tmp_path, "loose", 5))
     assert rec.exits["loose"].exit_code == 5
     assert "subjob loose runs without a cgroup" in caplog.text
+    await ex.close()
+
+
+async def test_a_launch_whose_answer_never_comes_fails_and_starts_no_second_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record reached the launcher, so its supervisor may run the subjob: the launch
+    fails (naming the timeout) instead of starting a shim for the same id, which would
+    run it twice. The launcher is given up on for the retry period."""
+
+    async def no_answer(self: executor_module.Launcher) -> str:
+        raise TimeoutError
+
+    monkeypatch.setattr(executor_module.Launcher, "_readline", no_answer)
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    runs = tmp_path / "runs"
+    spec = _spec(tmp_path, "once", 0)
+    spec.command = [sys.executable, "-c", f"open({str(runs)!r}, 'a').write('ran\\n')"]
+    with pytest.raises(OSError, match="no answer within"):
+        await ex.launch(spec)
+    launcher = ex._launcher
+    assert launcher is not None and launcher.is_broken and launcher.pid == 0
+    assert "once" not in ex._tracked
+    sdir = ex.subjob_dir("once")
+    assert not (sdir / "launch.json").exists()  # no direct shim was started
+    await poll_until(lambda: (sdir / "exit.json").exists(), "the supervisor's exit record")
+    assert runs.read_text() == "ran\n"
     await ex.close()
