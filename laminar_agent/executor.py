@@ -375,7 +375,8 @@ class Launcher:
         the launcher was unusable before the record reached it, or it could not fork (use
         the shim). Raises OSError once the record was sent but no answer came (a timeout,
         the launcher ending): the supervisor may still run this subjob, so starting a shim
-        for the same id would run it twice."""
+        for the same id would run it twice; and with the supervisor's reason when it could
+        not make the subjob's folder (a shim would fail the same way)."""
         if self.is_broken:
             return None
         async with self._lock:  # one request, one answer, in order
@@ -405,7 +406,9 @@ class Launcher:
                 self._stop()
                 raise
             head, _, warning = line.strip().partition(" ")
-            if not head.isdigit():
+            if line.startswith("error supervisor:"):  # it could not make the folder
+                raise OSError(line.strip())
+            if not head.isdigit():  # it could not fork: nothing started
                 log.warning("launcher answered %r; starting this shim directly", line.strip())
                 return None
             return int(head), warning

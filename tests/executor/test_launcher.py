@@ -151,17 +151,26 @@ async def test_a_launch_sends_the_record_and_the_supervisor_makes_the_folder(
 
 
 async def test_a_folder_that_cannot_be_made_fails_the_launch_not_the_launcher(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The supervisor answers an error (no pid to watch); the agent then tries the shim
-    directly, which cannot make the folder either: the launch fails with the reason. The
-    launcher stays in use for the next launch."""
+    """The supervisor answers an error (no pid to watch): the launch fails with its
+    reason, and no shim tries the same again. The launcher stays in use for the next
+    launch."""
     rec = Recorder()
     ex = Executor(tmp_path / "state", on_exit=rec)
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "subjobs").write_text("not a folder")
-    with pytest.raises(OSError):
+    direct: list[Path] = []
+
+    def shim_directly(self: Executor, sdir: Path, launch: dict[str, object]) -> tuple[int, str]:
+        direct.append(sdir)
+        raise OSError("tried again")
+
+    monkeypatch.setattr(Executor, "_launch_shim", shim_directly)
+    with pytest.raises(OSError, match="error supervisor:"):
         await ex.launch(_spec(tmp_path, "nowhere", 0))
+    assert direct == []
+    monkeypatch.undo()
     launcher = ex._launcher
     assert launcher is not None and launcher.pid > 0 and not launcher.is_broken
     (tmp_path / "state" / "subjobs").unlink()
