@@ -587,17 +587,14 @@ class Executor:
         return f"{self._subjobs_prefix}{subjob_id}{os.sep}{stream}"
 
     def _scratch_text(self, subjob_id: str) -> str:
-        """:meth:`scratch_dir` as text (the paths built on each launch)."""
-        sdir = f"{self._subjobs_prefix}{subjob_id}"
-        return sdir if self.run_as is None else f"{sdir}{os.sep}scratch"
-
-    def scratch_dir(self, subjob_id: str) -> Path:
-        """Where the subjob itself may write (its usage file, progress notes).
+        """Where the subjob itself may write (its usage file, progress notes), as text
+        (the paths built on each launch).
 
         Without ``run_as`` that is the subjob directory. With it, a ``scratch`` folder the
         subjob's user owns: the subjob directory stays root's, so a subjob cannot swap its
         ``stdout`` or ``exit.json`` for a link to a file only root may read or write."""
-        return Path(self._scratch_text(subjob_id))
+        sdir = f"{self._subjobs_prefix}{subjob_id}"
+        return sdir if self.run_as is None else f"{sdir}{os.sep}scratch"
 
     def gpu_mem_file(self, subjob_id: str) -> Path:
         """``$LAMINAR_GPU_MEM_FILE``: where a subjob on the fake backend reports its usage."""
