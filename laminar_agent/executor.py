@@ -598,7 +598,11 @@ class Executor:
 
     def gpu_mem_file(self, subjob_id: str) -> Path:
         """``$LAMINAR_GPU_MEM_FILE``: where a subjob on the fake backend reports its usage."""
-        return Path(f"{self._scratch_text(subjob_id)}{os.sep}{GPU_MEM_FILE}")
+        return Path(self._gpu_mem_text(subjob_id))
+
+    def _gpu_mem_text(self, subjob_id: str) -> str:
+        """:meth:`gpu_mem_file` as text (its environment, on each launch)."""
+        return f"{self._scratch_text(subjob_id)}{os.sep}{GPU_MEM_FILE}"
 
     def owner_uid(self, tenant: str) -> int | None:
         """The uid whose files of a tenant's subjob the agent may read; None = any (the
@@ -620,7 +624,7 @@ class Executor:
         if spec.unit_count > 0:
             env["LAMINAR_CHECKPOINT_DIR"] = spec.checkpoint_dir
             env["LAMINAR_PROGRESS_FILE"] = str(Path(spec.checkpoint_dir) / PROGRESS_FILE)
-        env["LAMINAR_GPU_MEM_FILE"] = f"{self._scratch_text(spec.subjob_id)}{os.sep}{GPU_MEM_FILE}"
+        env["LAMINAR_GPU_MEM_FILE"] = self._gpu_mem_text(spec.subjob_id)
         if spec.array_job_id:
             env["LAMINAR_ARRAY_JOB_ID"] = spec.array_job_id
             env["LAMINAR_ARRAY_INDEX"] = str(spec.array_index)
