@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_executor import Recorder, poll_until
+from waiting import gate_code
 
 from laminar_agent import executor as executor_module
 from laminar_agent.cgroups import SubjobCgroups
@@ -93,15 +94,15 @@ async def test_a_killed_launcher_falls_back_then_is_replaced(
 async def test_without_the_launcher_each_subjob_gets_a_clean_shim(tmp_path: Path) -> None:
     rec = Recorder()
     ex = Executor(tmp_path / "state", on_exit=rec, use_launcher=False)
-    code = "import os, time\nwhile not os.path.exists('gate'): time.sleep(0.02)\n"
+    gate = tmp_path / "gate"
     spec = _spec(tmp_path, "direct", 0)
-    spec.command = [sys.executable, "-c", code]
+    spec.command = [sys.executable, "-c", gate_code(gate)]
     pid = await ex.launch(spec)
     env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     keys = {item.partition(b"=")[0].decode() for item in env if item}
     assert not keys & {"PYTHONPATH", "LD_PRELOAD"}, keys
     assert _ppid(pid) == os.getpid()  # our own child: no launcher in between
-    (tmp_path / "gate").write_text("")
+    gate.write_text("")
     await poll_until(lambda: "direct" in rec.exits, "exit of direct")
     assert rec.exits["direct"].exit_code == 0
     await ex.close()
@@ -134,12 +135,12 @@ async def test_a_launch_sends_the_record_and_the_supervisor_makes_the_folder(
     sdir.mkdir(parents=True)
     (sdir / "exit.json").write_text('{"exit_code": 99}')
     spec = _spec(tmp_path, "again", 0)
-    code = "import os, time\nwhile not os.path.exists('gate2'): time.sleep(0.02)\n"
-    spec.command = [sys.executable, "-c", code]
+    gate = tmp_path / "gate2"
+    spec.command = [sys.executable, "-c", gate_code(gate)]
     await ex.launch(spec)
     assert not (sdir / "exit.json").exists()  # gone before the pid was answered
     assert not (sdir / "launch.json").exists()
-    (tmp_path / "gate2").write_text("")
+    gate.write_text("")
     await poll_until(lambda: "again" in rec.exits, "exit of again")
     assert rec.exits["again"].exit_code == 0
     fresh = ex.subjob_dir("fresh")
