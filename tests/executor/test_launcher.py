@@ -5,6 +5,7 @@ Real processes: the agent's Executor, its launcher, supervisors and commands.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -220,4 +221,41 @@ async def test_a_launch_whose_answer_never_comes_fails_and_starts_no_second_copy
     assert not (sdir / "launch.json").exists()  # no direct shim was started
     await poll_until(lambda: (sdir / "exit.json").exists(), "the supervisor's exit record")
     assert runs.read_text() == "ran\n"
+    await ex.close()
+
+
+async def test_a_cancelled_launch_stops_the_launcher_so_its_answer_is_nobody_elses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled after the record was sent: the launcher's late answer would be read as
+    the next launch's (another subjob's pid). It is stopped; the next launch gets a fresh
+    launcher and its own supervisor."""
+    waiting = asyncio.Event()
+    readline = executor_module.Launcher._readline
+
+    async def stuck(self: executor_module.Launcher) -> str:
+        waiting.set()
+        await asyncio.Future()  # never answered
+        return ""
+
+    monkeypatch.setattr(executor_module.Launcher, "_readline", stuck)
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    launcher = ex._launcher
+    assert launcher is not None
+    task = asyncio.create_task(ex.launch(_spec(tmp_path, "cancelled", 0)))
+    await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert launcher.pid == 0 and not launcher.is_broken
+    monkeypatch.setattr(executor_module.Launcher, "_readline", readline)
+    gate = tmp_path / "gate"
+    spec = _spec(tmp_path, "next", 0)
+    spec.command = [sys.executable, "-c", gate_code(gate, 4)]
+    pid = await ex.launch(spec)
+    assert launcher.starts == 2 and _ppid(pid) == launcher.pid
+    gate.write_text("")
+    await poll_until(lambda: "next" in rec.exits, "exit of next")
+    assert rec.exits["next"].exit_code == 4
     await ex.close()
