@@ -396,9 +396,13 @@ class Launcher:
                 self._give_up(exc)
                 if unread:
                     return None
+                why = (
+                    f"within {LAUNCHER_TIMEOUT_SECONDS:.0f} s"
+                    if isinstance(exc, TimeoutError)
+                    else f"({exc!r})"
+                )
                 raise OSError(
-                    f"the launcher gave no answer within {LAUNCHER_TIMEOUT_SECONDS:.0f} s"
-                    f" ({exc!r}); its supervisor may still start the subjob"
+                    f"the launcher gave no answer {why}; its supervisor may still start the subjob"
                 ) from exc
             except BaseException:
                 # Cancelled: its answer would be read as the next launch's. A fresh
