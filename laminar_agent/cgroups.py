@@ -56,18 +56,14 @@ def own_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str:
 
 
 class SubjobCgroups:
-    """Creates and removes the subjobs' cgroups under one agent's folder."""
+    """Names, reads and removes the subjobs' cgroups under one agent's folder (each
+    subjob's supervisor creates its own: :func:`laminar_agent.shim.prepare`)."""
 
     def __init__(self, base: Path) -> None:
         self.base = base
 
     def path(self, subjob_id: str) -> Path:
         return self.base / subjob_id
-
-    def create(self, subjob_id: str) -> Path:
-        path = self.path(subjob_id)
-        path.mkdir(mode=0o755, exist_ok=True)
-        return path
 
     def pids(self, subjob_id: str) -> list[int]:
         try:

@@ -21,8 +21,10 @@ about a millisecond of the loop's time each under load.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
+import fcntl
 import inspect
 import json
 import logging
@@ -31,6 +33,7 @@ import pwd
 import re
 import signal
 import sys
+import termios
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -339,8 +342,10 @@ class Launcher:
     """The pre-forked launcher (``shim.py --serve``): a long-lived clean-environment
     process that forks one supervisor per subjob, so a launch costs a fork instead of a
     Python start-up. Started on first use over two plain pipes (its stdin and stdout);
-    if it cannot start, dies, or does not answer, that launch falls back to starting the
-    shim directly (:func:`_spawn`), and so do the next ones until
+    if it cannot start or is dead before it reads the record, that launch falls back to
+    starting the shim directly (:func:`_spawn`); if it does not answer a record it was
+    sent, that launch fails (its supervisor may still run the subjob). Either way the
+    next launches start shims directly until
     :data:`LAUNCHER_RETRY_SECONDS` have passed; then a fresh launcher is started (one
     killed by the OOM killer or by mistake does not leave the host on the slow path for
     good, and one that cannot start costs one try per period)."""
@@ -366,8 +371,12 @@ class Launcher:
 
     async def launch(self, record: str) -> tuple[int, str] | None:
         """The supervisor's pid and its warning ("" if none) for the launch record
-        ``record`` (JSON, one line), or None when the launcher is unusable or the
-        supervisor could not start (use the shim)."""
+        ``record`` (JSON, one line), or None when the supervisor certainly did not start:
+        the launcher was unusable before the record reached it, or it could not fork (use
+        the shim). Raises OSError once the record was sent but no answer came (a timeout,
+        the launcher ending): the supervisor may still run this subjob, so starting a shim
+        for the same id would run it twice; and with the supervisor's reason when it could
+        not make the subjob's folder (a shim would fail the same way)."""
         if self.is_broken:
             return None
         async with self._lock:  # one request, one answer, in order
@@ -375,21 +384,48 @@ class Launcher:
                 if self._pid == 0:
                     self._start()
                 _write_all(self._to, record.encode() + b"\n")
+            except OSError as exc:  # it never read the whole record: nothing started
+                self._give_up(exc)
+                return None
+            try:
                 line = await asyncio.wait_for(self._readline(), LAUNCHER_TIMEOUT_SECONDS)
             except (OSError, TimeoutError, EOFError) as exc:
-                log.warning(
-                    "launcher unusable (%r); starting shims directly for %.0f s",
-                    exc,
-                    LAUNCHER_RETRY_SECONDS,
+                # Ended with part of the record still in its pipe: it never read the
+                # whole line, so nothing started.
+                unread = isinstance(exc, EOFError) and _unread_bytes(self._to) > 0
+                self._give_up(exc)
+                if unread:
+                    return None
+                why = (
+                    f"within {LAUNCHER_TIMEOUT_SECONDS:.0f} s"
+                    if isinstance(exc, TimeoutError)
+                    else f"({exc!r})"
                 )
+                raise OSError(
+                    f"the launcher gave no answer {why}; its supervisor may still start the subjob"
+                ) from exc
+            except BaseException:
+                # Cancelled: its answer would be read as the next launch's. A fresh
+                # launcher answers the next one.
                 self._stop()
-                self._broken_until = time.monotonic() + LAUNCHER_RETRY_SECONDS
-                return None
+                raise
             head, _, warning = line.strip().partition(" ")
-            if not head.isdigit():
+            if line.startswith("error supervisor:"):  # it could not make the folder
+                raise OSError(line.strip())
+            if not head.isdigit():  # it could not fork: nothing started
                 log.warning("launcher answered %r; starting this shim directly", line.strip())
                 return None
             return int(head), warning
+
+    def _give_up(self, exc: BaseException) -> None:
+        """Stop the launcher; launches start shims directly for a while."""
+        log.warning(
+            "launcher unusable (%r); starting shims directly for %.0f s",
+            exc,
+            LAUNCHER_RETRY_SECONDS,
+        )
+        self._stop()
+        self._broken_until = time.monotonic() + LAUNCHER_RETRY_SECONDS
 
     def _start(self) -> None:
         child_in, self._to = os.pipe()
@@ -441,6 +477,7 @@ class Launcher:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._to = self._from = -1
+        self._buffer = b""  # a stopped launcher's unread answer is nobody's
         if self._pid:
             pid, self._pid = self._pid, 0
             with contextlib.suppress(ChildProcessError):
@@ -455,6 +492,17 @@ class Launcher:
     async def close(self) -> None:
         async with self._lock:
             self._stop()
+
+
+def _unread_bytes(fd: int) -> int:
+    """How many bytes written to the pipe ``fd`` (either end) are still unread; 0 when
+    that cannot be told."""
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    except OSError:
+        return 0
+    return count[0]
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -543,21 +591,22 @@ class Executor:
         return f"{self._subjobs_prefix}{subjob_id}{os.sep}{stream}"
 
     def _scratch_text(self, subjob_id: str) -> str:
-        """:meth:`scratch_dir` as text (the paths built on each launch)."""
-        sdir = f"{self._subjobs_prefix}{subjob_id}"
-        return sdir if self.run_as is None else f"{sdir}{os.sep}scratch"
-
-    def scratch_dir(self, subjob_id: str) -> Path:
-        """Where the subjob itself may write (its usage file, progress notes).
+        """Where the subjob itself may write (its usage file, progress notes), as text
+        (the paths built on each launch).
 
         Without ``run_as`` that is the subjob directory. With it, a ``scratch`` folder the
         subjob's user owns: the subjob directory stays root's, so a subjob cannot swap its
         ``stdout`` or ``exit.json`` for a link to a file only root may read or write."""
-        return Path(self._scratch_text(subjob_id))
+        sdir = f"{self._subjobs_prefix}{subjob_id}"
+        return sdir if self.run_as is None else f"{sdir}{os.sep}scratch"
 
     def gpu_mem_file(self, subjob_id: str) -> Path:
         """``$LAMINAR_GPU_MEM_FILE``: where a subjob on the fake backend reports its usage."""
-        return Path(f"{self._scratch_text(subjob_id)}{os.sep}{GPU_MEM_FILE}")
+        return Path(self._gpu_mem_text(subjob_id))
+
+    def _gpu_mem_text(self, subjob_id: str) -> str:
+        """:meth:`gpu_mem_file` as text (its environment, on each launch)."""
+        return f"{self._scratch_text(subjob_id)}{os.sep}{GPU_MEM_FILE}"
 
     def owner_uid(self, tenant: str) -> int | None:
         """The uid whose files of a tenant's subjob the agent may read; None = any (the
@@ -579,7 +628,7 @@ class Executor:
         if spec.unit_count > 0:
             env["LAMINAR_CHECKPOINT_DIR"] = spec.checkpoint_dir
             env["LAMINAR_PROGRESS_FILE"] = str(Path(spec.checkpoint_dir) / PROGRESS_FILE)
-        env["LAMINAR_GPU_MEM_FILE"] = f"{self._scratch_text(spec.subjob_id)}{os.sep}{GPU_MEM_FILE}"
+        env["LAMINAR_GPU_MEM_FILE"] = self._gpu_mem_text(spec.subjob_id)
         if spec.array_job_id:
             env["LAMINAR_ARRAY_JOB_ID"] = spec.array_job_id
             env["LAMINAR_ARRAY_INDEX"] = str(spec.array_index)

@@ -240,6 +240,11 @@ class Checkpointer:
         if self._commits >= self.every_commits:
             self.start()
 
+    def reset(self) -> None:
+        """Count commits from zero again (those before are not counted); a checkpoint
+        under way goes on, and :meth:`close` still waits for it."""
+        self._commits = 0
+
     def start(self) -> None:
         """Checkpoint now on the worker thread, unless one is at it (the next commit asks
         again)."""
@@ -289,7 +294,7 @@ class Journal:
         # Uncommitted leases are no longer journaled (they die with the agent); rows an
         # older agent left are never read, so they go now.
         self._write("DELETE FROM leases WHERE committed=0")
-        self.checkpointer = Checkpointer(self.path)  # start-up's commits are not counted
+        self.checkpointer.reset()  # start-up's commits are not counted
 
     def _migrate(self) -> None:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])

@@ -813,11 +813,9 @@ class Node:
         """The core decides the end; an atomized subjob's reason also says what its
         checkpoint covers."""
         decision = self.core.decide_exit(subjob_id, info, context)
-        facts = self._facts.get(subjob_id)
-        if facts is None:  # pragma: no cover - every live subjob has its facts
-            facts = _SpecFacts.of(
-                common_pb2.SubjobSpec.FromString(self.reads.row(subjob_id).spec_blob)
-            )
+        # Every live subjob has its facts: set in the step that makes it live (commit,
+        # restart), dropped when it ends; decide_exit refused an ended one above.
+        facts = self._facts[subjob_id]
         units_done = 0
         if facts.unit_count > 0:
             units_done, note = units_from_checkpoint(

@@ -5,6 +5,7 @@ Real processes: the agent's Executor, its launcher, supervisors and commands.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_executor import Recorder, poll_until
+from waiting import gate_code
 
 from laminar_agent import executor as executor_module
 from laminar_agent.cgroups import SubjobCgroups
@@ -32,6 +34,10 @@ def _spec(tmp_path: Path, subjob_id: str, code: int) -> LaunchSpec:
 
 def _ppid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 async def _run(ex: Executor, rec: Recorder, spec: LaunchSpec) -> int:
@@ -70,6 +76,9 @@ async def test_a_killed_launcher_falls_back_then_is_replaced(
     first = launcher.pid
     assert first > 0
     os.kill(first, signal.SIGKILL)
+    # Ended (its pipes closed) before the next record is sent: a launcher killed only
+    # after the record reached it may have started the subjob, and that launch fails.
+    await poll_until(lambda: _state(first) == "Z", "the launcher to end")
     # The next launch finds it dead: this subjob still runs (a shim started directly),
     # and its real exit status is recorded.
     await _run(ex, rec, _spec(tmp_path, "during", 5))
@@ -86,15 +95,15 @@ async def test_a_killed_launcher_falls_back_then_is_replaced(
 async def test_without_the_launcher_each_subjob_gets_a_clean_shim(tmp_path: Path) -> None:
     rec = Recorder()
     ex = Executor(tmp_path / "state", on_exit=rec, use_launcher=False)
-    code = "import os, time\nwhile not os.path.exists('gate'): time.sleep(0.02)\n"
+    gate = tmp_path / "gate"
     spec = _spec(tmp_path, "direct", 0)
-    spec.command = [sys.executable, "-c", code]
+    spec.command = [sys.executable, "-c", gate_code(gate)]
     pid = await ex.launch(spec)
     env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     keys = {item.partition(b"=")[0].decode() for item in env if item}
     assert not keys & {"PYTHONPATH", "LD_PRELOAD"}, keys
     assert _ppid(pid) == os.getpid()  # our own child: no launcher in between
-    (tmp_path / "gate").write_text("")
+    gate.write_text("")
     await poll_until(lambda: "direct" in rec.exits, "exit of direct")
     assert rec.exits["direct"].exit_code == 0
     await ex.close()
@@ -127,12 +136,12 @@ async def test_a_launch_sends_the_record_and_the_supervisor_makes_the_folder(
     sdir.mkdir(parents=True)
     (sdir / "exit.json").write_text('{"exit_code": 99}')
     spec = _spec(tmp_path, "again", 0)
-    code = "import os, time\nwhile not os.path.exists('gate2'): time.sleep(0.02)\n"
-    spec.command = [sys.executable, "-c", code]
+    gate = tmp_path / "gate2"
+    spec.command = [sys.executable, "-c", gate_code(gate)]
     await ex.launch(spec)
     assert not (sdir / "exit.json").exists()  # gone before the pid was answered
     assert not (sdir / "launch.json").exists()
-    (tmp_path / "gate2").write_text("")
+    gate.write_text("")
     await poll_until(lambda: "again" in rec.exits, "exit of again")
     assert rec.exits["again"].exit_code == 0
     fresh = ex.subjob_dir("fresh")
@@ -144,17 +153,26 @@ async def test_a_launch_sends_the_record_and_the_supervisor_makes_the_folder(
 
 
 async def test_a_folder_that_cannot_be_made_fails_the_launch_not_the_launcher(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The supervisor answers an error (no pid to watch); the agent then tries the shim
-    directly, which cannot make the folder either: the launch fails with the reason. The
-    launcher stays in use for the next launch."""
+    """The supervisor answers an error (no pid to watch): the launch fails with its
+    reason, and no shim tries the same again. The launcher stays in use for the next
+    launch."""
     rec = Recorder()
     ex = Executor(tmp_path / "state", on_exit=rec)
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "subjobs").write_text("not a folder")
-    with pytest.raises(OSError):
+    direct: list[Path] = []
+
+    def shim_directly(self: Executor, sdir: Path, launch: dict[str, object]) -> tuple[int, str]:
+        direct.append(sdir)
+        raise OSError("tried again")
+
+    monkeypatch.setattr(Executor, "_launch_shim", shim_directly)
+    with pytest.raises(OSError, match="error supervisor:"):
         await ex.launch(_spec(tmp_path, "nowhere", 0))
+    assert direct == []
+    monkeypatch.undo()
     launcher = ex._launcher
     assert launcher is not None and launcher.pid > 0 and not launcher.is_broken
     (tmp_path / "state" / "subjobs").unlink()
@@ -175,4 +193,69 @@ async def test_a_cgroup_that_cannot_be_made_is_a_warning_not_a_failure(
         await _run(ex, rec, _spec(tmp_path, "loose", 5))
     assert rec.exits["loose"].exit_code == 5
     assert "subjob loose runs without a cgroup" in caplog.text
+    await ex.close()
+
+
+async def test_a_launch_whose_answer_never_comes_fails_and_starts_no_second_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record reached the launcher, so its supervisor may run the subjob: the launch
+    fails (naming the timeout) instead of starting a shim for the same id, which would
+    run it twice. The launcher is given up on for the retry period."""
+
+    async def no_answer(self: executor_module.Launcher) -> str:
+        raise TimeoutError
+
+    monkeypatch.setattr(executor_module.Launcher, "_readline", no_answer)
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    runs = tmp_path / "runs"
+    spec = _spec(tmp_path, "once", 0)
+    spec.command = [sys.executable, "-c", f"open({str(runs)!r}, 'a').write('ran\\n')"]
+    with pytest.raises(OSError, match="no answer within"):
+        await ex.launch(spec)
+    launcher = ex._launcher
+    assert launcher is not None and launcher.is_broken and launcher.pid == 0
+    assert "once" not in ex._tracked
+    sdir = ex.subjob_dir("once")
+    assert not (sdir / "launch.json").exists()  # no direct shim was started
+    await poll_until(lambda: (sdir / "exit.json").exists(), "the supervisor's exit record")
+    assert runs.read_text() == "ran\n"
+    await ex.close()
+
+
+async def test_a_cancelled_launch_stops_the_launcher_so_its_answer_is_nobody_elses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled after the record was sent: the launcher's late answer would be read as
+    the next launch's (another subjob's pid). It is stopped; the next launch gets a fresh
+    launcher and its own supervisor."""
+    waiting = asyncio.Event()
+    readline = executor_module.Launcher._readline
+
+    async def stuck(self: executor_module.Launcher) -> str:
+        waiting.set()
+        await asyncio.Future()  # never answered
+        return ""
+
+    monkeypatch.setattr(executor_module.Launcher, "_readline", stuck)
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    launcher = ex._launcher
+    assert launcher is not None
+    task = asyncio.create_task(ex.launch(_spec(tmp_path, "cancelled", 0)))
+    await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert launcher.pid == 0 and not launcher.is_broken
+    monkeypatch.setattr(executor_module.Launcher, "_readline", readline)
+    gate = tmp_path / "gate"
+    spec = _spec(tmp_path, "next", 0)
+    spec.command = [sys.executable, "-c", gate_code(gate, 4)]
+    pid = await ex.launch(spec)
+    assert launcher.starts == 2 and _ppid(pid) == launcher.pid
+    gate.write_text("")
+    await poll_until(lambda: "next" in rec.exits, "exit of next")
+    assert rec.exits["next"].exit_code == 4
     await ex.close()
