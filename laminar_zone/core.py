@@ -1048,11 +1048,13 @@ class ZoneCore:
             # The copy ended before its move was done: judge the job now.
             instructions += self.evaluate(entry, now_unix)
         log.info("job %s: subjob %s %s as %s", entry.job.job_id, old.subjob_id, why, new.subjob_id)
+        # The old copy is stopped first: a retry's Place, awaited inline by the driver,
+        # must not keep the suspended copy alive for a whole placement try.
         return [
-            *instructions,
             Journal((entry,)),
             Count("readdressed"),
             Terminate(old, why, EndCause.READDRESSED),
+            *instructions,
         ]
 
     # ---------------------------------------------------------------- ends

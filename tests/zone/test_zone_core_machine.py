@@ -511,6 +511,21 @@ def test_a_readdress_moves_a_single_member_and_retires_the_old_copy_once_the_new
     assert [p.subjob_id for p in entry.current()] == [new.subjob_id]
 
 
+def test_a_move_whose_copy_already_failed_stops_the_old_copy_before_placing_a_retry() -> None:
+    """The driver awaits a Place inline: the suspended old copy is stopped first."""
+    core = _core()
+    entry = _running(core, "a0", retries=1)
+    (old,) = entry.current()
+    core.readdress("a0", old.subjob_id)
+    new, _, _ = core.move_to(entry, old, Member("a2", "addr-a2", ("a2/gpu0",)))
+    _started(new)
+    _ended(new, common_pb2.FAILED, EndCause.EXITED, "exit 1")
+    out = core.move_committed(entry, old, new, None, NOW)
+    assert Place(entry) in out  # the failed copy's retry
+    stop = out.index(Terminate(old, old.reason, EndCause.READDRESSED))
+    assert stop < out.index(Place(entry))
+
+
 def test_a_moves_commit_that_surely_failed_leaves_the_member_where_it_was() -> None:
     core = _core()
     entry = _running(core, "a0")
