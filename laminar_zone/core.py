@@ -1454,8 +1454,7 @@ class ZoneCore:
                         p.ended_unix = now_unix
                 job_ids.discard(job_id)
                 instructions += self.evaluate(entry, now_unix)
-                instructions.append(Journal((entry,)))
-                instructions += self.forget_if_done(entry)
+                instructions.append(Journal((entry,)))  # the driver forgets it if done
         return instructions
 
     # ---------------------------------------------------------------- the queue
