@@ -80,7 +80,6 @@ from laminar_zone.queue import Clear, class_order, drive_awaiting
 from laminar_zone.reasons import Reason
 from laminar_zone.spec import MAX_BATCH_JOBS, validate_spec
 from laminar_zone.store import JobStore
-from laminar_zone.time_limits import TimeLimits
 from laminar_zone.usage import UsageLedger
 from laminar_zone.view import AgentRecord, ZoneView
 
@@ -168,24 +167,12 @@ class ZoneState:
         self.core.entries = entries
 
     @property
-    def by_agent(self) -> dict[str, set[str]]:
-        return self.core.by_agent
-
-    @property
     def unconfirmed(self) -> dict[str, set[str]]:
         return self.core.unconfirmed
 
     @property
-    def readdressing(self) -> set[str]:
-        return self.core.readdressing
-
-    @property
     def arrays(self) -> dict[str, ArrayProgress]:
         return self.core.arrays
-
-    @property
-    def time_limits(self) -> TimeLimits:
-        return self.core.time_limits
 
     @property
     def blocked_starts(self) -> dict[str, tuple[int, float]]:
@@ -197,7 +184,7 @@ class ZoneState:
 
     #: For the atomizer (its Zone protocol): a subjob's report into its placement (the
     #: module function).
-    apply_start_reply = staticmethod(lambda p, subjob: apply_start_reply(p, subjob))
+    apply_start_reply = staticmethod(apply_start_reply)
 
     def track(self, entry: Entry, agent_id: str) -> None:
         """The job has (or is about to have) a live subjob on this agent."""
