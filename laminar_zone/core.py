@@ -65,6 +65,7 @@ from laminar_zone.placements import (
     moves_from_live_copy,
     note_true_end,
     now_running,
+    placement_of,
     state_name,
 )
 from laminar_zone.queue import (
@@ -1156,11 +1157,6 @@ class ZoneCore:
 
     # ---------------------------------------------------------------- agents' reports
 
-    def placement_of(self, job: zone_pb2.Job | None, subjob_id: str) -> zone_pb2.Placement | None:
-        if job is None:
-            return None
-        return next((p for p in job.placements if p.subjob_id == subjob_id), None)
-
     def report(
         self,
         agent_id: str,
@@ -1177,7 +1173,7 @@ class ZoneCore:
         job_id = subjob.spec.job_id or job_of(subjob_id)
         entry = self.entries.get(job_id)
         job = entry.job if entry is not None else ended_job
-        p = self.placement_of(job, subjob_id)
+        p = placement_of(job, subjob_id)
         verdict = judge_report(
             Record(p.agent_id, p.state, p.attempt) if p is not None else None,
             agent_id,
@@ -1259,7 +1255,7 @@ class ZoneCore:
         instructions: list[Instruction] = []
         for subjob_id in live_ids:
             entry = self.entries.get(job_of(subjob_id))
-            p = self.placement_of(entry.job if entry is not None else None, subjob_id)
+            p = placement_of(entry.job if entry is not None else None, subjob_id)
             verdict = judge_report(
                 Record(p.agent_id, p.state, p.attempt) if p is not None else None,
                 agent_id,
