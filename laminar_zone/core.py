@@ -385,7 +385,7 @@ class ZoneCore:
                         memory[tenant] = memory.get(tenant, 0) + piece.memory_bytes
             elif e.job.state in RUNNING_JOB_STATES or e.placing:
                 units[tenant] = units.get(tenant, 0.0) + e.item.units
-                memory[tenant] = memory.get(tenant, 0) + e.need.memory_bytes * e.item.gang_size
+                memory[tenant] = memory.get(tenant, 0) + e.item.memory_bytes
         return units, memory
 
     # ---------------------------------------------------------------- blocks
@@ -1624,7 +1624,7 @@ class PassBook:
         if placed:
             tenant = entry.job.spec.tenant
             self.units[tenant] = self.units.get(tenant, 0.0) + entry.item.units
-            self.memory[tenant] = self.memory.get(tenant, 0) + entry.need.memory_bytes
+            self.memory[tenant] = self.memory.get(tenant, 0) + entry.item.memory_bytes
             self.counts.pop(entry.need, None)
             self.releases.pop(entry.need.family, None)
             return True

@@ -70,6 +70,7 @@ AGENTS = ("a0", "a1", "a2", "a3")
 NOW = 1_700_000_000.0
 
 _ids = itertools.count()
+ONE_GPU = Demand(gpus=1)
 
 
 def _view(agents: tuple[str, ...] = AGENTS, free: int = 1) -> ZoneView:
@@ -91,7 +92,13 @@ def _core(view: ZoneView | None = None) -> ZoneCore:
     return ZoneCore(view or _view(), {}, lost_after_seconds=10.0)
 
 
-def _submit(core: ZoneCore, gang: int = 1, retries: int = 0, after: tuple[str, ...] = ()) -> Entry:
+def _submit(
+    core: ZoneCore,
+    gang: int = 1,
+    retries: int = 0,
+    after: tuple[str, ...] = (),
+    need: Demand = ONE_GPU,
+) -> Entry:
     job = zone_pb2.Job(
         job_id=f"j-{next(_ids)}",
         spec=zone_pb2.JobSpec(
@@ -106,7 +113,7 @@ def _submit(core: ZoneCore, gang: int = 1, retries: int = 0, after: tuple[str, .
         submitted_unix=NOW,
         attempts=1,
     )
-    entry = Entry(job=job, need=Demand(gpus=1), submitted_mono=0.0)
+    entry = Entry(job=job, need=need, submitted_mono=0.0)
     core.admit(entry)
     core.route(entry, allow_forward=False, now_mono=0.0)
     return entry
@@ -602,6 +609,18 @@ def test_a_gangs_leases_outlive_the_probe_budget_and_one_member_commits_on_probe
     single, gang = _submit(core), _submit(core, gang=4)
     assert core.plan_try(single, 2.0, 5.0) == TryPlan(1, common_pb2.BATCH, 2.0, True)
     assert core.plan_try(gang, 2.0, 5.0) == TryPlan(4, common_pb2.BATCH, 9.0, False)
+
+
+def test_a_gang_started_in_a_pass_counts_every_members_memory_as_tenant_usage_does() -> None:
+    core = _core()
+    entry = _submit(core, gang=2, need=Demand(gpus=1, gpu_memory_bytes=10 * GIB))
+    book = core.begin_pass([], {}, {}, {}, NOW, 3.0, backfill=True)
+    assert book.started(entry, True)
+    entry.job.state = zone_pb2.JOB_RUNNING
+    units, memory = core.tenant_usage()
+    tenant = entry.job.spec.tenant
+    assert book.memory == memory == {tenant: 20 * GIB}
+    assert book.units == units == {tenant: 2.0}
 
 
 def _pass(core: ZoneCore, start: Callable[[Entry], bool]) -> list[Instruction]:
