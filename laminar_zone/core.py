@@ -176,17 +176,6 @@ class Count:
 
 
 @dataclass(frozen=True)
-class StopCopy:
-    """Stop a copy of a subjob on ``agent_id`` that the router does not count on (its end
-    records :attr:`EndCause.SUPERSEDED`); ``context`` says what found it, for people."""
-
-    agent_id: str
-    subjob_id: str
-    why: str
-    context: str = ""
-
-
-@dataclass(frozen=True)
 class Retire:
     """The move's copy ``new`` started: retire ``old``, the copy it moved from
     (:meth:`ZoneCore.retire`, then stop it), after this transition."""
@@ -229,7 +218,6 @@ Instruction = (
     | Confirm
     | Wake
     | Count
-    | StopCopy
     | Retire
     | JudgeAtomized
     | SumUpArray
@@ -296,6 +284,21 @@ class Next(enum.Enum):
 
 
 # ==================================================================== the core
+
+
+def stop_copy(agent_id: str, subjob_id: str, why: str, context: str = "") -> Terminate:
+    """Stop a copy of a subjob on ``agent_id`` that the router does not count on (its end
+    records :attr:`EndCause.SUPERSEDED`); ``context`` says what found it, for people. The
+    driver finds the agent's address as for any stop."""
+    log.warning(
+        "%sstopping subjob %s on agent %s: %s",
+        f"{context}: " if context else "",
+        subjob_id,
+        agent_id,
+        why,
+    )
+    stop = zone_pb2.Placement(subjob_id=subjob_id, agent_id=agent_id)
+    return Terminate(stop, why, EndCause.SUPERSEDED)
 
 
 def _no_pieces(resources: common_pb2.Resources) -> Demand:
@@ -1196,7 +1199,7 @@ class ZoneCore:
                 if p is not None
                 else "superseded: its job has ended or is unknown to the router"
             )
-            return None, False, [StopCopy(agent_id, subjob_id, why)]
+            return None, False, [stop_copy(agent_id, subjob_id, why)]
         assert job is not None and p is not None
         instructions: list[Instruction] = []
         if verdict is Report.TRUE_END:
@@ -1207,7 +1210,7 @@ class ZoneCore:
         else:
             copy_subjob(p, subjob)
             if verdict is Report.APPLY_AND_STOP:
-                instructions.append(StopCopy(agent_id, subjob_id, "superseded: the job moved on"))
+                instructions.append(stop_copy(agent_id, subjob_id, "superseded: the job moved on"))
         return entry, entry is None, instructions
 
     def true_end(
@@ -1270,7 +1273,7 @@ class ZoneCore:
                     else "superseded: the job moved on or is unknown to the router"
                 )
                 instructions.append(
-                    StopCopy(agent_id, subjob_id, why, f"reconciling agent {agent_id}")
+                    stop_copy(agent_id, subjob_id, why, f"reconciling agent {agent_id}")
                 )
         return instructions
 
@@ -1311,7 +1314,7 @@ class ZoneCore:
         copy_subjob(p, subjob)
         moved_on = p.attempt != job.attempts or job.state in TERMINAL_JOB_STATES
         if moved_on and p.state in LIVE_SUBJOB_STATES:
-            return [StopCopy(p.agent_id, p.subjob_id, "superseded: the job moved on")]
+            return [stop_copy(p.agent_id, p.subjob_id, "superseded: the job moved on")]
         return []
 
     # ---------------------------------------------------------------- re-addressing

@@ -64,7 +64,6 @@ from laminar_zone.core import (
     Release,
     ResumeForward,
     Retire,
-    StopCopy,
     SumUpArray,
     Terminate,
     Wake,
@@ -282,8 +281,6 @@ class ZoneState:
                     self.store.put(array_job)
             case Forget(job_id):
                 self.atomizer.forget(job_id)
-            case StopCopy(agent_id, subjob_id, why, context):
-                self.stop_copy(agent_id, subjob_id, why, context)
             case _:
                 raise AssertionError(f"not carried out here: {instruction!r}")
 
@@ -697,23 +694,6 @@ class ZoneState:
     ) -> None:
         """The copy ``new`` runs: the one it moved away from ends (a free retry's cause)."""
         await self._run(self.core.retire(entry, old, new, time.time()))
-
-    def stop_copy(self, agent_id: str, subjob_id: str, why: str, context: str = "") -> None:
-        """Stop a copy of a subjob on ``agent_id`` that the router does not count on."""
-        log.warning(
-            "%sstopping subjob %s on agent %s: %s",
-            f"{context}: " if context else "",
-            subjob_id,
-            agent_id,
-            why,
-        )
-        record = self.view.agents.get(agent_id)
-        stop = zone_pb2.Placement(
-            subjob_id=subjob_id,
-            agent_id=agent_id,
-            agent_address=record.address if record is not None else "",
-        )
-        self.spawn(self.terminate(stop, why, EndCause.SUPERSEDED), f"supersede-{subjob_id}")
 
     def evaluate(self, entry: Entry) -> None:
         """Derive the job's state from its current attempt's subjobs; retry or finish."""

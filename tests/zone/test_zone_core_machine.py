@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import logging
 import random
 import subprocess
 import sys
@@ -51,7 +52,6 @@ from laminar_zone.core import (
     Place,
     Release,
     ResumeForward,
-    StopCopy,
     Terminate,
     TryPlan,
     Wake,
@@ -449,9 +449,11 @@ def test_a_report_from_another_agent_is_ignored_and_a_copy_of_an_unknown_job_sto
     stray = zone_pb2.Placement(subjob_id="j-gone-a1-m0")
     entry_of, _, out = core.report("a2", _report(stray, common_pb2.RUNNING), None, NOW)
     assert entry_of is None
-    assert [(i.agent_id, i.subjob_id) for i in out if isinstance(i, StopCopy)] == [
-        ("a2", "j-gone-a1-m0")
-    ]
+    assert [
+        (t.placement.agent_id, t.placement.subjob_id, t.cause)
+        for t in out
+        if isinstance(t, Terminate)
+    ] == [("a2", "j-gone-a1-m0", EndCause.SUPERSEDED)]
 
 
 def test_a_copy_declared_lost_that_succeeded_first_wins_and_gives_its_retry_back() -> None:
@@ -484,7 +486,8 @@ def test_a_commit_confirmed_after_the_job_moved_on_is_stopped() -> None:
     assert core.to_confirm("a2") == [entry.job.job_id] and core.unconfirmed == {}
     assert core.is_unsure(placement, "a2")
     out = core.confirmed(entry, placement, common_pb2.Subjob(state=common_pb2.RUNNING), NOW)
-    assert out == [StopCopy("a2", placement.subjob_id, "superseded: the job moved on")]
+    stop = zone_pb2.Placement(subjob_id=placement.subjob_id, agent_id="a2")
+    assert out == [Terminate(stop, "superseded: the job moved on", EndCause.SUPERSEDED)]
 
 
 def test_a_commit_the_agent_never_started_ends_with_its_cause() -> None:
@@ -569,13 +572,20 @@ def test_a_gang_member_or_a_piece_is_not_moved_by_a_copy() -> None:
     ]
 
 
-def test_reconciling_stops_what_the_router_no_longer_counts_on() -> None:
+def test_reconciling_stops_what_the_router_no_longer_counts_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     core = _core()
     entry = _running(core, "a0")
     (p,) = entry.current()
-    out = core.reconcile("a0", [p.subjob_id, "j-unknown-a1-m0"])
-    assert [i.subjob_id for i in out if isinstance(i, StopCopy)] == ["j-unknown-a1-m0"]
-    assert all(i.context == "reconciling agent a0" for i in out if isinstance(i, StopCopy))
+    with caplog.at_level(logging.WARNING, logger="laminar.zone.core"):
+        out = core.reconcile("a0", [p.subjob_id, "j-unknown-a1-m0"])
+    assert [(t.placement.subjob_id, t.cause) for t in out if isinstance(t, Terminate)] == [
+        ("j-unknown-a1-m0", EndCause.SUPERSEDED)
+    ]
+    assert [r.getMessage().split(": stopping")[0] for r in caplog.records] == [
+        "reconciling agent a0"
+    ]
 
 
 def test_a_new_array_is_its_record_then_its_elements_in_order() -> None:
@@ -749,8 +759,6 @@ class World:
         for i in out:
             if isinstance(i, Terminate):
                 self.stops[i.placement.subjob_id] = i.cause
-            elif isinstance(i, StopCopy):
-                self.stops[i.subjob_id] = EndCause.SUPERSEDED
             elif isinstance(i, Journal):
                 for entry in i.entries:
                     self.write(entry)
