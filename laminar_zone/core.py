@@ -65,6 +65,7 @@ from laminar_zone.placements import (
     moves_from_live_copy,
     note_true_end,
     now_running,
+    placement_of,
     state_name,
 )
 from laminar_zone.queue import (
@@ -175,17 +176,6 @@ class Count:
 
 
 @dataclass(frozen=True)
-class StopCopy:
-    """Stop a copy of a subjob on ``agent_id`` that the router does not count on (its end
-    records :attr:`EndCause.SUPERSEDED`); ``context`` says what found it, for people."""
-
-    agent_id: str
-    subjob_id: str
-    why: str
-    context: str = ""
-
-
-@dataclass(frozen=True)
 class Retire:
     """The move's copy ``new`` started: retire ``old``, the copy it moved from
     (:meth:`ZoneCore.retire`, then stop it), after this transition."""
@@ -228,7 +218,6 @@ Instruction = (
     | Confirm
     | Wake
     | Count
-    | StopCopy
     | Retire
     | JudgeAtomized
     | SumUpArray
@@ -295,6 +284,21 @@ class Next(enum.Enum):
 
 
 # ==================================================================== the core
+
+
+def stop_copy(agent_id: str, subjob_id: str, why: str, context: str = "") -> Terminate:
+    """Stop a copy of a subjob on ``agent_id`` that the router does not count on (its end
+    records :attr:`EndCause.SUPERSEDED`); ``context`` says what found it, for people. The
+    driver finds the agent's address as for any stop."""
+    log.warning(
+        "%sstopping subjob %s on agent %s: %s",
+        f"{context}: " if context else "",
+        subjob_id,
+        agent_id,
+        why,
+    )
+    stop = zone_pb2.Placement(subjob_id=subjob_id, agent_id=agent_id)
+    return Terminate(stop, why, EndCause.SUPERSEDED)
 
 
 def _no_pieces(resources: common_pb2.Resources) -> Demand:
@@ -384,7 +388,7 @@ class ZoneCore:
                         memory[tenant] = memory.get(tenant, 0) + piece.memory_bytes
             elif e.job.state in RUNNING_JOB_STATES or e.placing:
                 units[tenant] = units.get(tenant, 0.0) + e.item.units
-                memory[tenant] = memory.get(tenant, 0) + e.need.memory_bytes * e.item.gang_size
+                memory[tenant] = memory.get(tenant, 0) + e.item.memory_bytes
         return units, memory
 
     # ---------------------------------------------------------------- blocks
@@ -1048,11 +1052,13 @@ class ZoneCore:
             # The copy ended before its move was done: judge the job now.
             instructions += self.evaluate(entry, now_unix)
         log.info("job %s: subjob %s %s as %s", entry.job.job_id, old.subjob_id, why, new.subjob_id)
+        # The old copy is stopped first: a retry's Place, awaited inline by the driver,
+        # must not keep the suspended copy alive for a whole placement try.
         return [
-            *instructions,
             Journal((entry,)),
             Count("readdressed"),
             Terminate(old, why, EndCause.READDRESSED),
+            *instructions,
         ]
 
     # ---------------------------------------------------------------- ends
@@ -1154,11 +1160,6 @@ class ZoneCore:
 
     # ---------------------------------------------------------------- agents' reports
 
-    def placement_of(self, job: zone_pb2.Job | None, subjob_id: str) -> zone_pb2.Placement | None:
-        if job is None:
-            return None
-        return next((p for p in job.placements if p.subjob_id == subjob_id), None)
-
     def report(
         self,
         agent_id: str,
@@ -1175,7 +1176,7 @@ class ZoneCore:
         job_id = subjob.spec.job_id or job_of(subjob_id)
         entry = self.entries.get(job_id)
         job = entry.job if entry is not None else ended_job
-        p = self.placement_of(job, subjob_id)
+        p = placement_of(job, subjob_id)
         verdict = judge_report(
             Record(p.agent_id, p.state, p.attempt) if p is not None else None,
             agent_id,
@@ -1198,7 +1199,7 @@ class ZoneCore:
                 if p is not None
                 else "superseded: its job has ended or is unknown to the router"
             )
-            return None, False, [StopCopy(agent_id, subjob_id, why)]
+            return None, False, [stop_copy(agent_id, subjob_id, why)]
         assert job is not None and p is not None
         instructions: list[Instruction] = []
         if verdict is Report.TRUE_END:
@@ -1209,7 +1210,7 @@ class ZoneCore:
         else:
             copy_subjob(p, subjob)
             if verdict is Report.APPLY_AND_STOP:
-                instructions.append(StopCopy(agent_id, subjob_id, "superseded: the job moved on"))
+                instructions.append(stop_copy(agent_id, subjob_id, "superseded: the job moved on"))
         return entry, entry is None, instructions
 
     def true_end(
@@ -1257,7 +1258,7 @@ class ZoneCore:
         instructions: list[Instruction] = []
         for subjob_id in live_ids:
             entry = self.entries.get(job_of(subjob_id))
-            p = self.placement_of(entry.job if entry is not None else None, subjob_id)
+            p = placement_of(entry.job if entry is not None else None, subjob_id)
             verdict = judge_report(
                 Record(p.agent_id, p.state, p.attempt) if p is not None else None,
                 agent_id,
@@ -1272,7 +1273,7 @@ class ZoneCore:
                     else "superseded: the job moved on or is unknown to the router"
                 )
                 instructions.append(
-                    StopCopy(agent_id, subjob_id, why, f"reconciling agent {agent_id}")
+                    stop_copy(agent_id, subjob_id, why, f"reconciling agent {agent_id}")
                 )
         return instructions
 
@@ -1313,7 +1314,7 @@ class ZoneCore:
         copy_subjob(p, subjob)
         moved_on = p.attempt != job.attempts or job.state in TERMINAL_JOB_STATES
         if moved_on and p.state in LIVE_SUBJOB_STATES:
-            return [StopCopy(p.agent_id, p.subjob_id, "superseded: the job moved on")]
+            return [stop_copy(p.agent_id, p.subjob_id, "superseded: the job moved on")]
         return []
 
     # ---------------------------------------------------------------- re-addressing
@@ -1452,8 +1453,7 @@ class ZoneCore:
                         p.ended_unix = now_unix
                 job_ids.discard(job_id)
                 instructions += self.evaluate(entry, now_unix)
-                instructions.append(Journal((entry,)))
-                instructions += self.forget_if_done(entry)
+                instructions.append(Journal((entry,)))  # the driver forgets it if done
         return instructions
 
     # ---------------------------------------------------------------- the queue
@@ -1627,7 +1627,7 @@ class PassBook:
         if placed:
             tenant = entry.job.spec.tenant
             self.units[tenant] = self.units.get(tenant, 0.0) + entry.item.units
-            self.memory[tenant] = self.memory.get(tenant, 0) + entry.need.memory_bytes
+            self.memory[tenant] = self.memory.get(tenant, 0) + entry.item.memory_bytes
             self.counts.pop(entry.need, None)
             self.releases.pop(entry.need.family, None)
             return True

@@ -64,7 +64,6 @@ from laminar_zone.core import (
     Release,
     ResumeForward,
     Retire,
-    StopCopy,
     SumUpArray,
     Terminate,
     Wake,
@@ -80,7 +79,6 @@ from laminar_zone.queue import Clear, class_order, drive_awaiting
 from laminar_zone.reasons import Reason
 from laminar_zone.spec import MAX_BATCH_JOBS, validate_spec
 from laminar_zone.store import JobStore
-from laminar_zone.time_limits import TimeLimits
 from laminar_zone.usage import UsageLedger
 from laminar_zone.view import AgentRecord, ZoneView
 
@@ -168,24 +166,12 @@ class ZoneState:
         self.core.entries = entries
 
     @property
-    def by_agent(self) -> dict[str, set[str]]:
-        return self.core.by_agent
-
-    @property
     def unconfirmed(self) -> dict[str, set[str]]:
         return self.core.unconfirmed
 
     @property
-    def readdressing(self) -> set[str]:
-        return self.core.readdressing
-
-    @property
     def arrays(self) -> dict[str, ArrayProgress]:
         return self.core.arrays
-
-    @property
-    def time_limits(self) -> TimeLimits:
-        return self.core.time_limits
 
     @property
     def blocked_starts(self) -> dict[str, tuple[int, float]]:
@@ -197,7 +183,7 @@ class ZoneState:
 
     #: For the atomizer (its Zone protocol): a subjob's report into its placement (the
     #: module function).
-    apply_start_reply = staticmethod(lambda p, subjob: apply_start_reply(p, subjob))
+    apply_start_reply = staticmethod(apply_start_reply)
 
     def track(self, entry: Entry, agent_id: str) -> None:
         """The job has (or is about to have) a live subjob on this agent."""
@@ -295,8 +281,6 @@ class ZoneState:
                     self.store.put(array_job)
             case Forget(job_id):
                 self.atomizer.forget(job_id)
-            case StopCopy(agent_id, subjob_id, why, context):
-                self.stop_copy(agent_id, subjob_id, why, context)
             case _:
                 raise AssertionError(f"not carried out here: {instruction!r}")
 
@@ -710,23 +694,6 @@ class ZoneState:
     ) -> None:
         """The copy ``new`` runs: the one it moved away from ends (a free retry's cause)."""
         await self._run(self.core.retire(entry, old, new, time.time()))
-
-    def stop_copy(self, agent_id: str, subjob_id: str, why: str, context: str = "") -> None:
-        """Stop a copy of a subjob on ``agent_id`` that the router does not count on."""
-        log.warning(
-            "%sstopping subjob %s on agent %s: %s",
-            f"{context}: " if context else "",
-            subjob_id,
-            agent_id,
-            why,
-        )
-        record = self.view.agents.get(agent_id)
-        stop = zone_pb2.Placement(
-            subjob_id=subjob_id,
-            agent_id=agent_id,
-            agent_address=record.address if record is not None else "",
-        )
-        self.spawn(self.terminate(stop, why, EndCause.SUPERSEDED), f"supersede-{subjob_id}")
 
     def evaluate(self, entry: Entry) -> None:
         """Derive the job's state from its current attempt's subjobs; retry or finish."""

@@ -30,6 +30,13 @@ def fresh(job: zone_pb2.Job) -> zone_pb2.Job:
     return copy
 
 
+def placement_of(job: zone_pb2.Job | None, subjob_id: str) -> zone_pb2.Placement | None:
+    """The placement of ``job`` (None: gone) named ``subjob_id``, or None."""
+    if job is None:
+        return None
+    return next((p for p in job.placements if p.subjob_id == subjob_id), None)
+
+
 def now_running(job: zone_pb2.Job, now_unix: float) -> None:
     """Every member committed: a job still pending (not cancelled meanwhile) runs."""
     if job.state == zone_pb2.PENDING:

@@ -38,6 +38,11 @@ class QueueItem:
     def units(self) -> float:
         return self.need.gpu_units * max(1, self.gang_size)
 
+    @property
+    def memory_bytes(self) -> int:
+        """The GPU memory the whole job declares (every member's), as quotas count it."""
+        return self.need.memory_bytes * max(1, self.gang_size)
+
 
 def order_key(
     item: QueueItem, usage: Mapping[str, float], shares: Mapping[str, float]
@@ -55,13 +60,12 @@ def quota_block(
     """Why ``item`` must wait for its tenant's quota now ('' = it may run)."""
     if quota is None:
         return ""
-    members = max(1, item.gang_size)
     if quota.max_gpus and running_units + item.units > quota.max_gpus + 1e-9:
         return (
             f"waiting for quota: tenant {item.tenant} runs {running_units:g} of "
             f"{quota.max_gpus:g} GPUs and this job needs {item.units:g}"
         )
-    memory = item.need.memory_bytes * members
+    memory = item.memory_bytes
     if quota.max_gpu_memory_bytes and running_memory_bytes + memory > quota.max_gpu_memory_bytes:
         return (
             f"waiting for quota: tenant {item.tenant} holds {_gib(running_memory_bytes)} of "

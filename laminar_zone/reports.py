@@ -20,8 +20,6 @@ import grpc
 
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import (
-    ENDED_SUBJOB_STATES,
-    LIVE_SUBJOB_STATES,
     TERMINAL_JOB_STATES,
     EndCause,
     end_cause,
@@ -37,9 +35,6 @@ from laminar_zone.placer import Ask, host_from, shapes_from
 from laminar_zone.view import AgentRecord
 
 log = logging.getLogger("laminar.zone.reports")
-
-LIVE_SUBJOB = LIVE_SUBJOB_STATES
-ENDED_SUBJOB = ENDED_SUBJOB_STATES
 
 
 class AgentReports:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import LIVE_SUBJOB_STATES
+from laminar_zone.placements import placement_of
 
 
 class TimeLimits:
@@ -52,7 +53,7 @@ class TimeLimits:
         while self._heap and self._heap[0][0] <= now_unix:
             _, job_id, subjob_id = heapq.heappop(self._heap)
             job = job_of(job_id)
-            placement = None if job is None else _placement(job, subjob_id)
+            placement = placement_of(job, subjob_id)
             if job is None or placement is None or placement.state not in LIVE_SUBJOB_STATES:
                 self._watched.discard(subjob_id)
                 continue
@@ -80,7 +81,3 @@ class TimeLimits:
         for subjob_id in subjob_ids:
             self._watched.discard(subjob_id)
             self._named.discard(subjob_id)
-
-
-def _placement(job: zone_pb2.Job, subjob_id: str) -> zone_pb2.Placement | None:
-    return next((p for p in job.placements if p.subjob_id == subjob_id), None)

@@ -15,6 +15,4 @@ def test_short_passes_are_the_least_interval_apart() -> None:
 def test_a_long_pass_leaves_the_loop_as_much_time_again() -> None:
     # 5,000 queued jobs took about 60 ms a pass (bench/queue_pass.py): the next starts
     # 120 ms after this one did, so the loop spends at most half its time in passes.
-    gap = pass_gap(0.02, 0.06)
-    assert gap == 0.12
-    assert 0.06 / gap <= 0.5
+    assert pass_gap(0.02, 0.06) == 0.12

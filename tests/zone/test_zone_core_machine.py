@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import logging
 import random
 import subprocess
 import sys
@@ -51,7 +52,6 @@ from laminar_zone.core import (
     Place,
     Release,
     ResumeForward,
-    StopCopy,
     Terminate,
     TryPlan,
     Wake,
@@ -70,6 +70,7 @@ AGENTS = ("a0", "a1", "a2", "a3")
 NOW = 1_700_000_000.0
 
 _ids = itertools.count()
+ONE_GPU = Demand(gpus=1)
 
 
 def _view(agents: tuple[str, ...] = AGENTS, free: int = 1) -> ZoneView:
@@ -91,7 +92,13 @@ def _core(view: ZoneView | None = None) -> ZoneCore:
     return ZoneCore(view or _view(), {}, lost_after_seconds=10.0)
 
 
-def _submit(core: ZoneCore, gang: int = 1, retries: int = 0, after: tuple[str, ...] = ()) -> Entry:
+def _submit(
+    core: ZoneCore,
+    gang: int = 1,
+    retries: int = 0,
+    after: tuple[str, ...] = (),
+    need: Demand = ONE_GPU,
+) -> Entry:
     job = zone_pb2.Job(
         job_id=f"j-{next(_ids)}",
         spec=zone_pb2.JobSpec(
@@ -106,7 +113,7 @@ def _submit(core: ZoneCore, gang: int = 1, retries: int = 0, after: tuple[str, .
         submitted_unix=NOW,
         attempts=1,
     )
-    entry = Entry(job=job, need=Demand(gpus=1), submitted_mono=0.0)
+    entry = Entry(job=job, need=need, submitted_mono=0.0)
     core.admit(entry)
     core.route(entry, allow_forward=False, now_mono=0.0)
     return entry
@@ -442,9 +449,11 @@ def test_a_report_from_another_agent_is_ignored_and_a_copy_of_an_unknown_job_sto
     stray = zone_pb2.Placement(subjob_id="j-gone-a1-m0")
     entry_of, _, out = core.report("a2", _report(stray, common_pb2.RUNNING), None, NOW)
     assert entry_of is None
-    assert [(i.agent_id, i.subjob_id) for i in out if isinstance(i, StopCopy)] == [
-        ("a2", "j-gone-a1-m0")
-    ]
+    assert [
+        (t.placement.agent_id, t.placement.subjob_id, t.cause)
+        for t in out
+        if isinstance(t, Terminate)
+    ] == [("a2", "j-gone-a1-m0", EndCause.SUPERSEDED)]
 
 
 def test_a_copy_declared_lost_that_succeeded_first_wins_and_gives_its_retry_back() -> None:
@@ -477,7 +486,8 @@ def test_a_commit_confirmed_after_the_job_moved_on_is_stopped() -> None:
     assert core.to_confirm("a2") == [entry.job.job_id] and core.unconfirmed == {}
     assert core.is_unsure(placement, "a2")
     out = core.confirmed(entry, placement, common_pb2.Subjob(state=common_pb2.RUNNING), NOW)
-    assert out == [StopCopy("a2", placement.subjob_id, "superseded: the job moved on")]
+    stop = zone_pb2.Placement(subjob_id=placement.subjob_id, agent_id="a2")
+    assert out == [Terminate(stop, "superseded: the job moved on", EndCause.SUPERSEDED)]
 
 
 def test_a_commit_the_agent_never_started_ends_with_its_cause() -> None:
@@ -509,6 +519,21 @@ def test_a_readdress_moves_a_single_member_and_retires_the_old_copy_once_the_new
     core.moved(old.subjob_id)
     assert core.readdressing == set()
     assert [p.subjob_id for p in entry.current()] == [new.subjob_id]
+
+
+def test_a_move_whose_copy_already_failed_stops_the_old_copy_before_placing_a_retry() -> None:
+    """The driver awaits a Place inline: the suspended old copy is stopped first."""
+    core = _core()
+    entry = _running(core, "a0", retries=1)
+    (old,) = entry.current()
+    core.readdress("a0", old.subjob_id)
+    new, _, _ = core.move_to(entry, old, Member("a2", "addr-a2", ("a2/gpu0",)))
+    _started(new)
+    _ended(new, common_pb2.FAILED, EndCause.EXITED, "exit 1")
+    out = core.move_committed(entry, old, new, None, NOW)
+    assert Place(entry) in out  # the failed copy's retry
+    stop = out.index(Terminate(old, old.reason, EndCause.READDRESSED))
+    assert stop < out.index(Place(entry))
 
 
 def test_a_moves_commit_that_surely_failed_leaves_the_member_where_it_was() -> None:
@@ -547,13 +572,20 @@ def test_a_gang_member_or_a_piece_is_not_moved_by_a_copy() -> None:
     ]
 
 
-def test_reconciling_stops_what_the_router_no_longer_counts_on() -> None:
+def test_reconciling_stops_what_the_router_no_longer_counts_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     core = _core()
     entry = _running(core, "a0")
     (p,) = entry.current()
-    out = core.reconcile("a0", [p.subjob_id, "j-unknown-a1-m0"])
-    assert [i.subjob_id for i in out if isinstance(i, StopCopy)] == ["j-unknown-a1-m0"]
-    assert all(i.context == "reconciling agent a0" for i in out if isinstance(i, StopCopy))
+    with caplog.at_level(logging.WARNING, logger="laminar.zone.core"):
+        out = core.reconcile("a0", [p.subjob_id, "j-unknown-a1-m0"])
+    assert [(t.placement.subjob_id, t.cause) for t in out if isinstance(t, Terminate)] == [
+        ("j-unknown-a1-m0", EndCause.SUPERSEDED)
+    ]
+    assert [r.getMessage().split(": stopping")[0] for r in caplog.records] == [
+        "reconciling agent a0"
+    ]
 
 
 def test_a_new_array_is_its_record_then_its_elements_in_order() -> None:
@@ -587,6 +619,18 @@ def test_a_gangs_leases_outlive_the_probe_budget_and_one_member_commits_on_probe
     single, gang = _submit(core), _submit(core, gang=4)
     assert core.plan_try(single, 2.0, 5.0) == TryPlan(1, common_pb2.BATCH, 2.0, True)
     assert core.plan_try(gang, 2.0, 5.0) == TryPlan(4, common_pb2.BATCH, 9.0, False)
+
+
+def test_a_gang_started_in_a_pass_counts_every_members_memory_as_tenant_usage_does() -> None:
+    core = _core()
+    entry = _submit(core, gang=2, need=Demand(gpus=1, gpu_memory_bytes=10 * GIB))
+    book = core.begin_pass([], {}, {}, {}, NOW, 3.0, backfill=True)
+    assert book.started(entry, True)
+    entry.job.state = zone_pb2.JOB_RUNNING
+    units, memory = core.tenant_usage()
+    tenant = entry.job.spec.tenant
+    assert book.memory == memory == {tenant: 20 * GIB}
+    assert book.units == units == {tenant: 2.0}
 
 
 def _pass(core: ZoneCore, start: Callable[[Entry], bool]) -> list[Instruction]:
@@ -715,8 +759,6 @@ class World:
         for i in out:
             if isinstance(i, Terminate):
                 self.stops[i.placement.subjob_id] = i.cause
-            elif isinstance(i, StopCopy):
-                self.stops[i.subjob_id] = EndCause.SUPERSEDED
             elif isinstance(i, Journal):
                 for entry in i.entries:
                     self.write(entry)
