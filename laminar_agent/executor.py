@@ -338,13 +338,18 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+class LaunchUnanswered(OSError):
+    """The launch record reached the launcher and no answer came: its supervisor may
+    still start (the caller voids the launch: :meth:`Executor.void`)."""
+
+
 class Launcher:
     """The pre-forked launcher (``shim.py --serve``): a long-lived clean-environment
     process that forks one supervisor per subjob, so a launch costs a fork instead of a
     Python start-up. Started on first use over two plain pipes (its stdin and stdout);
     if it cannot start or is dead before it reads the record, that launch falls back to
     starting the shim directly (:func:`_spawn`); if it does not answer a record it was
-    sent, that launch fails (its supervisor may still run the subjob). Either way the
+    sent, that launch fails and is void (:meth:`Executor.void`). Either way the
     next launches start shims directly until
     :data:`LAUNCHER_RETRY_SECONDS` have passed; then a fresh launcher is started (one
     killed by the OOM killer or by mistake does not leave the host on the slow path for
@@ -373,10 +378,11 @@ class Launcher:
         """The supervisor's pid and its warning ("" if none) for the launch record
         ``record`` (JSON, one line), or None when the supervisor certainly did not start:
         the launcher was unusable before the record reached it, or it could not fork (use
-        the shim). Raises OSError once the record was sent but no answer came (a timeout,
-        the launcher ending): the supervisor may still run this subjob, so starting a shim
-        for the same id would run it twice; and with the supervisor's reason when it could
-        not make the subjob's folder (a shim would fail the same way)."""
+        the shim). Raises :class:`LaunchUnanswered` once the record was sent but no answer
+        came (a timeout, the launcher ending): the supervisor may still start, so starting
+        a shim for the same id would run it twice (the caller voids the launch instead);
+        and OSError with the supervisor's reason when it could not make the subjob's folder
+        (a shim would fail the same way)."""
         if self.is_broken:
             return None
         async with self._lock:  # one request, one answer, in order
@@ -401,8 +407,9 @@ class Launcher:
                     if isinstance(exc, TimeoutError)
                     else f"({exc!r})"
                 )
-                raise OSError(
-                    f"the launcher gave no answer {why}; its supervisor may still start the subjob"
+                raise LaunchUnanswered(
+                    f"the launcher gave no answer {why}; the launch is void (a late supervisor "
+                    "runs nothing of it)"
                 ) from exc
             except BaseException:
                 # Cancelled: its answer would be read as the next launch's. A fresh
@@ -674,7 +681,11 @@ class Executor:
         }
         started = None
         if self._launcher is not None:
-            started = await self._launcher.launch(json.dumps(launch))
+            try:
+                started = await self._launcher.launch(json.dumps(launch))
+            except (LaunchUnanswered, asyncio.CancelledError):
+                self.void(spec.subjob_id)
+                raise
         if started is None:
             started = self._launch_shim(sdir, launch)
         pid, warning = started
@@ -697,6 +708,28 @@ class Executor:
             f" in cgroup {cgroup}" if cgroup else "",
         )
         return pid
+
+    def void(self, subjob_id: str) -> None:
+        """Give up on a launch whose supervisor may still start (its launcher did not
+        answer, or the launch was cancelled after its record went out), so that nothing of
+        it runs: the void mark in its folder first (a late supervisor's child checks it
+        after joining the cgroup, before anything of the job), then every process already
+        in its cgroup killed. Without a cgroup, a child that passed its check before the
+        mark was written is not found here (the subjob runs; the agent has recorded it
+        failed)."""
+        sdir = self.subjob_dir(subjob_id)
+        try:
+            os.makedirs(sdir, 0o700, exist_ok=True)
+            os.close(
+                os.open(sdir / shim.VOID_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            )
+        except OSError as exc:
+            log.error("subjob %s: cannot void its launch: %s", subjob_id, exc)
+        if self.cgroups is not None and not self.cgroups.kill(subjob_id):
+            for pid in self.cgroups.pids(subjob_id):  # a kernel without cgroup.kill
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        log.warning("subjob %s: launch void; nothing of it runs", subjob_id)
 
     def _launch_shim(self, sdir: Path, launch: dict[str, object]) -> tuple[int, str]:
         """Without a launcher: make the folder and cgroup here, as a supervisor would,

@@ -46,6 +46,12 @@ if TYPE_CHECKING:
 
 EXIT_FILE = "exit.json"
 LAUNCH_FILE = "launch.json"
+#: In a subjob's folder: the agent gave up on this launch (its launcher did not answer in
+#: time, or the launch was cancelled) and recorded it failed. A supervisor that starts
+#: late finds it after its child joined the cgroup and runs nothing of the job; the
+#: agent, having written it, kills whatever already joined the cgroup (one of the two
+#: always sees the other).
+VOID_FILE = "void"
 #: The agent's fence, in its state directory: a CLOCK_MONOTONIC deadline the agent moves
 #: forward while its router hears from it. Past it, fenced subjobs are stopped.
 FENCE_FILE = "fence"
@@ -314,11 +320,23 @@ class Exec:
     touches (so copies) pages it shares with its parent, which was a millisecond of CPU
     per launch."""
 
-    __slots__ = ("argv", "cgroup_procs", "cwd", "env", "gid", "groups", "mkdirs", "paths", "uid")
+    __slots__ = (
+        "argv",
+        "cgroup_procs",
+        "cwd",
+        "env",
+        "gid",
+        "groups",
+        "mkdirs",
+        "paths",
+        "uid",
+        "void",
+    )
 
-    def __init__(self, spec: dict[str, object]) -> None:
+    def __init__(self, spec: dict[str, object], subjob_dir: str) -> None:
         cgroup = str(spec.get("cgroup") or "")
         self.cgroup_procs = os.path.join(cgroup, "cgroup.procs") if cgroup else ""
+        self.void = os.path.join(subjob_dir, VOID_FILE)
         user = spec.get("user")
         self.uid = self.gid = -1
         self.groups: list[int] = []
@@ -354,6 +372,12 @@ def _child(job: Exec, errors_w: int) -> None:
                 os.write(fd, b"0")
             finally:
                 os.close(fd)
+        # After joining the cgroup, before anything of the job: an agent that gave up on
+        # this launch wrote the void mark before killing the cgroup's processes, so either
+        # this sees the mark or the agent's kill sees this process (VOID_FILE).
+        step = "launch"
+        if os.path.lexists(job.void):
+            raise ValueError("the agent gave up on it (no answer in time); nothing of it ran")
         if job.uid >= 0:
             step = "user"
             os.setgroups(job.groups)
@@ -426,7 +450,7 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
     _signal.pthread_sigmask(_SIG_BLOCK, STOPS)
     started = time.monotonic()
     try:
-        job = Exec(spec)
+        job = Exec(spec, subjob_dir)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         write_exit(subjob_dir, _failed_record(started, f"bad {LAUNCH_FILE}: {exc!r}"))
         return EXEC_FAILED_CODE

@@ -196,12 +196,14 @@ async def test_a_cgroup_that_cannot_be_made_is_a_warning_not_a_failure(
     await ex.close()
 
 
-async def test_a_launch_whose_answer_never_comes_fails_and_starts_no_second_copy(
+async def test_a_launch_whose_answer_never_comes_fails_and_nothing_of_it_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The record reached the launcher, so its supervisor may run the subjob: the launch
-    fails (naming the timeout) instead of starting a shim for the same id, which would
-    run it twice. The launcher is given up on for the retry period."""
+    """The record reached the launcher, so its supervisor may start the subjob late: the
+    launch fails (naming the timeout), starts no shim for the same id (that would run it
+    twice), and is void, so the late supervisor runs nothing of it. The supervisor is
+    held here after its answer by its stdout being a FIFO nobody reads: it starts its
+    child only once the test opens the FIFO, after the agent gave up."""
 
     async def no_answer(self: executor_module.Launcher) -> str:
         raise TimeoutError
@@ -212,15 +214,26 @@ async def test_a_launch_whose_answer_never_comes_fails_and_starts_no_second_copy
     runs = tmp_path / "runs"
     spec = _spec(tmp_path, "once", 0)
     spec.command = [sys.executable, "-c", f"open({str(runs)!r}, 'a').write('ran\\n')"]
-    with pytest.raises(OSError, match="no answer within"):
+    sdir = ex.subjob_dir("once")
+    sdir.mkdir(parents=True)
+    os.mkfifo(sdir / "stdout")
+    with pytest.raises(executor_module.LaunchUnanswered, match="no answer within"):
         await ex.launch(spec)
     launcher = ex._launcher
     assert launcher is not None and launcher.is_broken and launcher.pid == 0
     assert "once" not in ex._tracked
-    sdir = ex.subjob_dir("once")
     assert not (sdir / "launch.json").exists()  # no direct shim was started
-    await poll_until(lambda: (sdir / "exit.json").exists(), "the supervisor's exit record")
-    assert runs.read_text() == "ran\n"
+    assert (sdir / "void").exists()
+    # Let the late supervisor go on: it reaches its child, which finds the launch void.
+    fifo = os.open(sdir / "stdout", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        await poll_until(lambda: (sdir / "exit.json").exists(), "the supervisor's exit record")
+    finally:
+        os.close(fifo)
+    assert not runs.exists()
+    record = ex.read_exit("once")
+    assert record is not None and record.exit_code == 127
+    assert "gave up on it" in (record.error or "")
     await ex.close()
 
 
