@@ -49,7 +49,6 @@ from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.demand import Demand, HostCap
 from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, demand_pod
-from laminar_base.wire import demand_of
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import SimHost, settle
 from laminar_zone.config import PlacementSettings
@@ -313,7 +312,7 @@ class LaminarReplay(_Replay):
         self.workload = ObservedWorkload(
             MILLI_SLICING, min_observed=self.settings.workload_min_observed
         )
-        self.core = ZoneCore(self.view, {}, may_forward=False, demand_of=demand_of)
+        self.core = ZoneCore(self.view, {}, may_forward=False)
         self.clocks = Clock(mono=lambda: self.engine.now, unix=lambda: self.engine.now)
         self.failures = dict(failures or {})
         self.max_retries = max_retries
@@ -355,9 +354,7 @@ class LaminarReplay(_Replay):
             max_retries=self.max_retries,
         )
         now = self.engine.now
-        (entry,) = self.core.new_entries(
-            spec, demand_of(spec.resources), NewJob(f"j{job.index}", "sim"), now, now
-        )
+        (entry,) = self.core.new_entries(spec, need, NewJob(f"j{job.index}", "sim"), now, now)
         self.core.admit(entry)
         self.carry_out(self.core.route(entry, False, now))
         self.carry_out(self.core.kick(entry, False))
