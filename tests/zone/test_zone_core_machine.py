@@ -62,7 +62,19 @@ from laminar_zone.entry import Entry
 from laminar_zone.placement import ShapeCap
 from laminar_zone.placements import COMMITTING
 from laminar_zone.reasons import Reason, reason_of
-from laminar_zone.trying import Clock, DoInstructions, OpenRound, StartJob, pass_steps
+from laminar_zone.trying import (
+    Clock,
+    CommitMembers,
+    DoInstructions,
+    Gathered,
+    GatherLeases,
+    OpenRound,
+    RunInstructions,
+    Slot,
+    StartJob,
+    pass_steps,
+    place_try,
+)
 from laminar_zone.view import ZoneView
 
 GIB = 1 << 30
@@ -862,39 +874,52 @@ ANSWERS = {
 
 
 def _try(world: World, entry: Entry, answers: list[object], crash: bool = False) -> bool:
-    """One placement try: each member's Commit answered as ``answers`` says, or the
-    router crashes (``crash``) with the Commits sent and unanswered. Returns whether the
-    job was placed."""
+    """One placement try (laminar_zone.trying.place_try): every gather binds the first
+    agents, each member's Commit is answered as ``answers`` says (a lost commit gathers
+    once more, answered alike), or the router crashes (``crash``) with the Commits sent
+    and unanswered. Returns whether the job was placed."""
     core = world.core
-    if not core.may_place(entry):
-        return False
-    waits, out = core.old_copy(entry, 0.0)
-    world.carry_out(out)
-    if waits:
-        return False
-    # The invariant the core keeps: no copy of an earlier attempt may still run.
-    assert not any(
-        p.state in LIVE_SUBJOB_STATES and p.attempt != entry.job.attempts
-        for p in entry.job.placements
-    )
     gang = max(1, entry.job.spec.gang_size)
-    world.carry_out(core.begin_commit(entry, _members(*AGENTS[:gang])))
-    replies = []
-    for p, answer in zip(entry.current(), answers, strict=False):
-        if answer in ("ok", "lost_started"):
-            world.running[p.subjob_id] = (entry.job.job_id, p.member, p.agent_id)
-        if answer == "ok":
-            _started(p)
-        replies.append(ANSWERS[str(answer)])
-    if crash:
-        world.restart()
-        return False
-    placed, out = core.committed(entry, replies, NOW)
-    world.carry_out(out)
-    if not placed:
-        _, out = core.commit_lost(entry, False, 0.0, NOW)
-        world.carry_out(out)
-    return placed
+    steps = place_try(
+        core,
+        entry,
+        from_queue=False,
+        lease_ttl_seconds=5.0,
+        budget_seconds=2.0,
+        clock=Clock(mono=lambda: 0.0, unix=lambda: NOW),
+    )
+    answer: object = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            return bool(done.value)
+        answer = None
+        if isinstance(step, (RunInstructions, DoInstructions)):
+            world.carry_out(list(step.instructions))
+        elif isinstance(step, GatherLeases):
+            members = _members(*AGENTS[:gang])
+            answer = Gathered(chosen=tuple(m.agent_id for m in members), members=tuple(members))
+        elif isinstance(step, CommitMembers):
+            # The invariant the core keeps: no copy of an earlier attempt may still run.
+            assert not any(
+                p.state in LIVE_SUBJOB_STATES and p.attempt != entry.job.attempts
+                for p in entry.job.placements
+            )
+            replies = []
+            for p, reply in zip(step.placements, answers, strict=False):
+                if reply in ("ok", "lost_started"):
+                    world.running[p.subjob_id] = (entry.job.job_id, p.member, p.agent_id)
+                if reply == "ok":
+                    _started(p)
+                replies.append(ANSWERS[str(reply)])
+            if crash:
+                steps.close()
+                world.restart()
+                return False
+            answer = replies
+        else:
+            assert isinstance(step, Slot)
 
 
 def _step(world: World, event: tuple[object, ...]) -> None:
