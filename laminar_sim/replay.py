@@ -408,8 +408,13 @@ class LaminarReplay(_Replay):
                         self.note(host)
                 case Wake(Loop.QUEUE):
                     self.wake()
-                case Journal() | Publish() | Count() | Confirm() | Forget() | Wake():
-                    pass  # no journal, watchers or metrics here; commits are never lost
+                case Journal(entries):
+                    # No journal here; a job written as ended leaves memory, as the
+                    # router's save does once no subjob of it lives.
+                    for entry in entries:
+                        self.carry_out(self.core.forget_if_done(entry))
+                case Publish() | Count() | Confirm() | Forget() | Wake():
+                    pass  # no watchers, metrics or market here; commits are never lost
                 case _:
                     raise AssertionError(f"not carried out by sim replay: {instruction!r}")
 
@@ -640,7 +645,7 @@ class LaminarReplay(_Replay):
             self.stats.jct.append(now - trace_job.arrival)
             self.stats.probes += entry.job.probes
             self.stats.bounces += entry.job.bounces
-            self.carry_out(self.core.forget_if_done(entry))
+        self.carry_out(self.core.forget_if_done(entry))
         self.wake()  # freed capacity wakes the queue (the agent's heartbeat does at once)
 
 

@@ -104,6 +104,9 @@ def test_a_job_that_fails_is_retried_by_the_router_s_lifecycle(tmp_path: Path) -
     # Job 0's retry is placed as its first attempt ends (30 s), before the gang, which
     # needs every GPU: the gang starts at 60 s, fails at 80 s, and its retry ends at 100 s.
     assert laminar.stats.jct == [60.0, 95.0]
+    # Nothing runs and nothing is left in the router's memory.
+    assert laminar.held == {} and laminar.core.entries == {}
+    assert all(not host.core.live_states for host in laminar.hosts)
 
 
 def test_free_gpus_split_across_hosts_count_as_fragmentation(tmp_path: Path) -> None:
