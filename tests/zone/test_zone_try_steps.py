@@ -12,15 +12,26 @@ from typing import Any
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import LIVE_SUBJOB_STATES, EndCause, end_cause
 from laminar_base.demand import Demand
-from laminar_zone.core import Failure, Instruction, Loop, Member, Terminate, Wake, ZoneCore
+from laminar_zone.core import (
+    Confirm,
+    Failure,
+    Instruction,
+    Loop,
+    Member,
+    Terminate,
+    Wake,
+    ZoneCore,
+)
 from laminar_zone.entry import Entry
 from laminar_zone.placement import ShapeCap
+from laminar_zone.placements import COMMITTING
 from laminar_zone.reasons import Reason, reason_of
 from laminar_zone.trying import (
     ClearMarket,
     Clock,
     CloseRound,
     CommitMembers,
+    CommitOnProbe,
     DoInstructions,
     Gathered,
     GatherLeases,
@@ -276,3 +287,56 @@ def test_a_pass_with_nothing_waiting_clears_the_blocked_families() -> None:
     left, requests = _pass(core, lambda e: True)
     assert left == [] and core.blocked_families == {}
     assert [type(r) for r in requests] == [OpenRound]
+
+
+def _on_probe(core: ZoneCore, started: bool) -> Callable[[GatherLeases], Gathered]:
+    """A gather whose one probe carries the commit to a0 (journaled first, as the
+    router's and the simulator's gathers do through CommitOnProbe); the agent starts the
+    member (``started``) or the probe's answer is lost."""
+
+    def gather(step: GatherLeases) -> Gathered:
+        assert step.plan.commit_on_probe and step.plan.gang_size == 1
+        book = CommitOnProbe(core, step.entry)
+        book.bounced("a1")  # a bounce elsewhere drops nothing
+        placement, journal = book.intent("a0", "addr-a0")
+        assert placement.reason == COMMITTING and journal
+        if not started:
+            return Gathered(
+                pending=book.pending, unsure="DEADLINE_EXCEEDED", probes=1, counted_probes=1
+            )
+        reply = common_pb2.Subjob(state=common_pb2.RUNNING, reason="running")
+        return Gathered(
+            pending=book.pending,
+            committed=reply,
+            slice_ids=("a0/gpu0",),
+            probes=1,
+            counted_probes=book.probes,
+        )
+
+    return gather
+
+
+def test_a_probe_that_carried_the_commit_places_the_job_without_a_commit() -> None:
+    core = _core()
+    entry = _submit(core)
+    driver = Driver(_on_probe(core, started=True), lambda _: [])
+    assert _try(core, entry, driver)
+    assert driver.count(CommitMembers) == 0
+    (placement,) = entry.job.placements
+    assert placement.state == common_pb2.RUNNING and list(placement.slice_ids) == ["a0/gpu0"]
+    assert entry.job.state == zone_pb2.JOB_RUNNING
+    assert entry.job.probes == 1  # counted once, by the intent
+
+
+def test_a_probe_carrying_the_commit_that_got_no_answer_is_confirmed_not_retried() -> None:
+    core = _core()
+    entry = _submit(core)
+    driver = Driver(_on_probe(core, started=False), lambda _: [])
+    assert not _try(core, entry, driver)
+    assert Confirm("a0", entry.job.job_id) in driver.instructions
+    # The member may run on a0: the try does not gather again, and the job waits for a0's
+    # word before it is placed again.
+    assert driver.count(GatherLeases) == 1
+    assert entry.job.attempts == 2 and entry.job.state == zone_pb2.QUEUED
+    waits, _ = core.old_copy(entry, 0.0)
+    assert waits
