@@ -5,13 +5,15 @@ cluster``) arrives at its time and runs for its duration on whole GPUs: up to
 ``gpus_per_host`` GPUs on one host, or a gang of full hosts (``ceil(n / gpus_per_host)``
 members placed all or nothing) for bigger jobs.
 
-**laminar** drives the router's own decisions: the queue walk
-(:class:`laminar_zone.queue.QueueWalk`: order by ``order_key`` with the tenant's running
-GPUs as fair share, per-family blocked heads, EASY backfill against the head's expected
-start from :func:`laminar_zone.placement.expected_start`; run times are the trace's, given
-to the router as the jobs' declared ``expected_seconds``), and each placement try through
-the router's :class:`laminar_zone.gather.Gather` (probe plan, late binding, gangs) over
-hosts that are the agent's own :class:`~laminar_agent.ledger.Ledger`.
+**laminar** drives the router's own decision core (:class:`laminar_zone.core.ZoneCore`):
+each trace job is submitted as a ``zone_pb2.Job`` (one tenant, batch class, the trace's
+run time as its declared ``expected_seconds``) and routed by the core; queue passes and
+placement tries are the steps :mod:`laminar_zone.trying` strings together (order by
+``order_key`` with the tenants' usage from the core, per-family blocked heads, EASY
+backfill against the core's expected start; the router's default probe limits,
+fragmentation ranking, commit on probe and host heat); the hosts are agents' own
+:class:`~laminar_agent.core.AgentCore` over their ledgers, and a subjob's end goes back to
+the core as the agent's report, so retries and end causes are the router's.
 
 **fifo** is the baseline: one queue served strictly in arrival order (no backfill), each
 job on the first hosts that fit, with exact knowledge of every host.
@@ -29,25 +31,65 @@ milliseconds do not show. Issue 6 adds an ``atomized`` mode next to ``rigid``.
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from laminar_agent.core import FAILED, KILLED, SUCCEEDED, EndDecision
 from laminar_agent.ledger import Granted, ProbeOrder
-from laminar_base.demand import Demand
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
+from laminar_base.demand import Demand, HostCap
+from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, demand_pod
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import SimHost, settle
+from laminar_zone.config import PlacementSettings
+from laminar_zone.core import (
+    Confirm,
+    Count,
+    Failure,
+    Forget,
+    Instruction,
+    Journal,
+    Loop,
+    Member,
+    NewJob,
+    Place,
+    Publish,
+    Release,
+    Terminate,
+    TryPlan,
+    Wake,
+    ZoneCore,
+)
+from laminar_zone.entry import Entry
 from laminar_zone.gather import Bind, Gather, ProbeHost
-from laminar_zone.placement import Offer, expected_start
-from laminar_zone.queue import QueueItem, QueueWalk, order_key, walk_queue
-from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView
+from laminar_zone.lifecycle import job_of
+from laminar_zone.placement import Offer
+from laminar_zone.placements import apply_start_reply
+from laminar_zone.trying import (
+    Clock,
+    CommitMembers,
+    CommitOnProbe,
+    DoInstructions,
+    Gathered,
+    GatherLeases,
+    OpenRound,
+    RunInstructions,
+    Slot,
+    StartJob,
+    pass_steps,
+    place_try,
+)
+from laminar_zone.view import ProbePlan, Rank, ZoneView, fragmentation_ranking
 
 ProgressFn = Callable[[str, int, int], None]
 POLICIES = ("laminar", "fifo")
@@ -239,98 +281,376 @@ class _Replay:
 
 
 class LaminarReplay(_Replay):
-    """The zone router's queue order, EASY backfill and probe path over agents' ledgers."""
+    """The zone router's own decision core over agents' cores: every trace job is a
+    ``zone_pb2.Job`` submitted to :class:`~laminar_zone.core.ZoneCore` (its routing, its
+    queue passes and placement tries as :mod:`laminar_zone.trying` strings them, its job
+    lifecycle), and every host is an agent's :class:`~laminar_agent.core.AgentCore`.
 
-    def __init__(self, spec: ReplaySpec, jobs: list[TraceJob]) -> None:
+    This driver only answers the core's requests at once: a gather is the router's
+    :class:`~laminar_zone.gather.Gather` settled over the hosts (:func:`settle`), with the
+    router's default probe limits and its fragmentation ranking; a commit is
+    ``AgentCore.commit``; a subjob's end is ``AgentCore.end`` reported back to the core
+    (``ZoneCore.report`` and ``evaluate``), so retries and end causes are the router's.
+    ``failures``: job index -> how many of its first attempts exit with a failure (tests).
+    """
+
+    def __init__(
+        self,
+        spec: ReplaySpec,
+        jobs: list[TraceJob],
+        *,
+        failures: Mapping[int, int] | None = None,
+        max_retries: int = 0,
+    ) -> None:
         super().__init__(spec, jobs)
         self.view = ZoneView(1e18)
         self.by_id = {h.agent_id: h for h in self.hosts}
         for host in self.hosts:
             self.note(host)
         self.rng = random.Random(spec.seed)
-        self.limits = ProbeLimits(sample_size=8, probes_per_attempt=4)
+        self.settings = PlacementSettings()
+        self.workload = ObservedWorkload(
+            MILLI_SLICING, min_observed=self.settings.workload_min_observed
+        )
+        self.core = ZoneCore(self.view, {}, may_forward=False)
+        self.clocks = Clock(mono=lambda: self.engine.now, unix=lambda: self.engine.now)
+        self.failures = dict(failures or {})
+        self.max_retries = max_retries
+        self.trace_jobs = {f"j{job.index}": job for job in jobs}
+        #: GPUs each live subjob holds.
+        self.held: dict[str, int] = {}
+        #: Jobs that ended, as the core left them (tests read them).
+        self.ended: dict[str, zone_pb2.Job] = {}
+        self.pass_due = False
+        self.in_pass = False
+        self._probe_ids = itertools.count()
+        #: When each trace job first started (its queue time).
+        self.first_start: dict[int, float] = {}
 
     def note(self, host: SimHost) -> None:
-        self.view.update(host.agent_id, "", host.shapes(), heat=0, draining=False, now=0.0)
+        """The host's summary, as a probe reply or heartbeat carries it to the router."""
+        self.view.update(
+            host.agent_id,
+            host.agent_id,
+            host.shapes(),
+            heat=host.ledger.pending_leases(),
+            draining=False,
+            now=self.engine.now,
+        )
 
-    def item(self, job: TraceJob) -> QueueItem:
+    # ---------------------------------------------------------------- events
+
+    def arrive(self, job: TraceJob) -> None:
+        """A Submit: the core makes the job's record, routes it and kicks it."""
+        self.clock()
         need, gang = _shape(job, self.spec.gpus_per_host)
-        return QueueItem(f"j{job.index}", 3, "philly", job.arrival, need, gang, job.duration)
-
-    def schedule(self) -> None:
-        """The router's queue walk (:class:`QueueWalk`): order, per-family heads, EASY backfill."""
-        usage = self.running_units()
-        self.queue.sort(key=lambda j: order_key(self.item(j), usage, {}))
+        spec = zone_pb2.JobSpec(
+            command=["trace"],
+            tenant=TENANT,
+            resources=common_pb2.Resources(gpus=need.gpus),
+            gang_size=gang,
+            priority=common_pb2.BATCH,
+            expected_seconds=job.duration,
+            max_retries=self.max_retries,
+        )
         now = self.engine.now
-        walk = QueueWalk(now)
-        self.queue = walk_queue(walk, self.queue, self.item, self.try_start, self.head_start)
-        if not walk.heads:
-            self.frag_now = 0
+        (entry,) = self.core.new_entries(spec, need, NewJob(f"j{job.index}", "sim"), now, now)
+        self.core.admit(entry)
+        self.carry_out(self.core.route(entry, False, now))
+        self.carry_out(self.core.kick(entry, False))
 
-    def try_start(self, job: TraceJob) -> bool:
-        leases = self.place(job)
-        if leases is not None:
-            self.started(job, leases)
-        return leases is not None
+    def queue_pass(self) -> None:
+        """The router's queue pass (:func:`laminar_zone.trying.pass_steps`)."""
+        self.pass_due = False
+        self.clock()
+        steps = pass_steps(self.core, shares={}, backfill=True, rng=self.rng, clock=self.clocks)
+        answer: Any = None
+        self.in_pass = True
+        while True:
+            try:
+                step = steps.send(answer)
+            except StopIteration as done:
+                kept: list[Entry] = done.value
+                break
+            answer = None
+            if isinstance(step, DoInstructions):
+                self.carry_out(step.instructions)
+            elif isinstance(step, StartJob):
+                answer = self.place(step.entry, from_queue=True)
+            else:
+                assert isinstance(step, OpenRound)  # no atomized work here: no round
+        self.in_pass = False
+        head = kept[0] if kept else None
+        gpus = head.need.gpus * max(1, head.job.spec.gang_size) if head is not None else 0
+        self.frag_now = self.free if head is not None and self.free >= gpus else 0
 
-    def head_start(self, job: TraceJob, units_ahead: float) -> float | None:
-        """``job`` became the blocked head (fragmentation is measured now): its expected start."""
-        self.head_blocked(job)
-        releases = [(end, float(gpus)) for end, gpus in self.ends.values()]
-        return expected_start(self.engine.now, float(self.free), releases, units_ahead, job.gpus)
+    def wake(self) -> None:
+        """The router's queue wake: a pass at this instant. A wake from the pass's own tries
+        (a try that found nothing queues its job and wakes the queue) is not one: the
+        router's next pass, ``queue.min_pass_seconds`` later, would see the same hosts, as
+        nothing changes here between events."""
+        if self.in_pass:
+            return
+        if not self.pass_due:
+            self.pass_due = True
+            self.engine.schedule(0.0, self.queue_pass)
 
-    def running_units(self) -> dict[str, float]:
-        """GPU-equivalents each tenant runs now: the fair-share term of the queue order."""
-        return {"philly": float(sum(gpus for _, gpus in self.ends.values()))}
+    def carry_out(self, instructions: Sequence[Instruction]) -> None:
+        for instruction in instructions:
+            match instruction:
+                case Place(entry, from_queue):
+                    self.place(entry, from_queue=from_queue)
+                case Terminate(placement, why, cause):
+                    self.engine.schedule(0.0, partial(self.stop, placement, why, cause))
+                case Release(leases):
+                    for host, lease_id in leases:
+                        host.release(lease_id)
+                        self.note(host)
+                case Wake(Loop.QUEUE):
+                    self.wake()
+                case Journal(entries):
+                    # No journal here; a job written as ended leaves memory, as the
+                    # router's save does once no subjob of it lives.
+                    for entry in entries:
+                        self.carry_out(self.core.forget_if_done(entry))
+                case Publish() | Count() | Confirm() | Forget() | Wake():
+                    pass  # no watchers, metrics or market here; commits are never lost
+                case _:
+                    raise AssertionError(f"not carried out by sim replay: {instruction!r}")
 
-    def started(self, job: TraceJob, leases: list[tuple[SimHost, str]]) -> None:
-        super().started(job, leases)
-        for host, _ in leases:
-            self.note(host)
+    # ---------------------------------------------------------------- a placement try
 
-    def ended_on(self, host: SimHost) -> None:
-        self.note(host)
+    def place(self, entry: Entry, *, from_queue: bool) -> bool:
+        """One placement try (:func:`laminar_zone.trying.place_try`), answered at once."""
+        steps = place_try(
+            self.core,
+            entry,
+            from_queue=from_queue,
+            lease_ttl_seconds=self.settings.lease_ttl_seconds,
+            budget_seconds=self.settings.budget_seconds,
+            clock=self.clocks,
+        )
+        answer: Any = None
+        while True:
+            try:
+                step = steps.send(answer)
+            except StopIteration as done:
+                placed = bool(done.value)
+                break
+            answer = None
+            if isinstance(step, (RunInstructions, DoInstructions)):
+                self.carry_out(step.instructions)
+            elif isinstance(step, GatherLeases):
+                answer = self.gather(step.entry, step.plan)
+            elif isinstance(step, CommitMembers):
+                answer = self.commit(step.entry, step.placements, step.leases)
+            else:
+                assert isinstance(step, Slot)
+        if placed:
+            self.started_job(entry)
+        return placed
 
-    def place(self, job: TraceJob) -> list[tuple[SimHost, str]] | None:
-        need, gang = _shape(job, self.spec.gpus_per_host)
-        machine = Gather(ProbePlan(self.view, need, self.limits, self.rng), gang)
+    def _rank(self, need: Demand) -> Rank | None:
+        shape = demand_pod(need, HostCap())
+        self.workload.observe(shape)
+        return fragmentation_ranking(need, self.workload.cache(shape))
+
+    def gather(self, entry: Entry, plan: TryPlan) -> Gathered:
+        """The router's gather over the hosts: its probe plan, limits and ranking, each
+        probe arbitrated by the host's core; a probe that carries the commit commits there."""
+        need = entry.need
+        job = entry.job
         now = self.engine.now
+        limits = self.settings.limits().for_try(need, plan.gang_size)
+        on_probe = plan.commit_on_probe and limits.probes_per_attempt == 1
+        machine = Gather(
+            ProbePlan(self.view, need, limits, self.rng, rank=self._rank(need)),
+            plan.gang_size,
+            deadline=now + self.settings.budget_seconds,
+            budget_seconds=self.settings.budget_seconds,
+            commit_on_probe=on_probe,
+        )
+        book = CommitOnProbe(self.core, entry) if on_probe else None
+        leases: dict[str, tuple[SimHost, str]] = {}
+        slices: dict[str, tuple[str, ...]] = {}
+        started: list[common_pb2.Subjob] = []
 
         def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
             host = self.by_id[step.record.agent_id]
+            placement = None
+            if step.commit and book is not None:
+                placement, instructions = book.intent(host.agent_id, host.agent_id)
+                self.carry_out(instructions)
             orders = [
-                ProbeOrder(f"{job.index}/{m}", f"j{job.index}", m, need, 3, 0.0, m, 60.0)
+                ProbeOrder(
+                    f"{job.job_id}/{m}/{next(self._probe_ids)}",
+                    job.job_id,
+                    m,
+                    need,
+                    plan.priority,
+                    job.spec.value,
+                    next(self._probe_ids),
+                    plan.lease_ttl_seconds,
+                )
                 for m in range(step.members)
             ]
             grants: list[Offer] = []
             bounces: list[str] = []
             for reply in host.arbitrate(orders, now):
-                self.stats.probes += 1
                 if isinstance(reply, Granted):
                     lease = reply.lease
+                    ids = tuple(a.slice_id for a in lease.allocations)
+                    if placement is not None:
+                        started.append(
+                            self.start_subjob(host, lease.lease_id, placement, job.job_id, ids)
+                        )
+                    else:
+                        leases[lease.lease_id] = (host, lease.lease_id)
+                        slices[lease.lease_id] = ids
                     grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
                 else:
-                    self.stats.bounces += 1
+                    if book is not None and placement is not None:
+                        book.bounced(host.agent_id)
                     bounces.append(reply.reason)
             self.note(host)
             return grants, bounces
 
         def release(offer: Offer) -> None:
-            host = self.by_id[offer.agent_id]
-            host.release(offer.lease_id)
+            host, lease_id = leases.pop(offer.lease_id)
+            host.release(lease_id)
             self.note(host)
 
         outcome = settle(machine, probe, release, now)
-        if not isinstance(outcome, Bind):
-            return None
-        chosen = []
-        for offer in outcome.offers:
-            host = self.by_id[offer.agent_id]
-            subjob_id = f"j{job.index}-m{offer.member}"
-            host.commit(offer.lease_id, subjob_id, now)
-            chosen.append((host, subjob_id))
-            self.note(host)
-        return chosen
+        chosen = None
+        if isinstance(outcome, Bind) and not outcome.committed:
+            chosen = tuple(leases.pop(o.lease_id) for o in outcome.offers)
+            members = tuple(
+                Member(o.agent_id, o.agent_id, slices[o.lease_id]) for o in outcome.offers
+            )
+        else:
+            members = ()
+        reply = started[-1] if started else None
+        return Gathered(
+            chosen=chosen,
+            members=members,
+            reasons=tuple(machine.reasons),
+            probes=machine.probes,
+            bounces=machine.bounces,
+            pending=book.pending if book is not None else None,
+            committed=reply,
+            slice_ids=tuple(reply.slice_ids) if reply is not None else (),
+            counted_probes=book.probes if book is not None else 0,
+        )
+
+    def start_subjob(
+        self,
+        host: SimHost,
+        lease_id: str,
+        placement: zone_pb2.Placement,
+        job_id: str,
+        slice_ids: tuple[str, ...],
+    ) -> common_pb2.Subjob:
+        """The agent commits the lease to the placement's subjob: its reply."""
+        now = self.engine.now
+        host.commit(lease_id, placement.subjob_id, now)
+        self.held[placement.subjob_id] = (
+            sum(a.milli for a in host.allocations(placement.subjob_id)) // 1000
+        )
+        self.free -= self.held[placement.subjob_id]
+        self.note(host)
+        return common_pb2.Subjob(
+            spec=common_pb2.SubjobSpec(subjob_id=placement.subjob_id, job_id=job_id),
+            state=common_pb2.RUNNING,
+            reason="running",
+            slice_ids=list(slice_ids),
+            started_unix=now,
+        )
+
+    def commit(
+        self,
+        entry: Entry,
+        placements: Sequence[zone_pb2.Placement],
+        leases: Sequence[tuple[SimHost, str]],
+    ) -> list[Failure | None]:
+        """Every member's Commit, taken by its agent's core (no call is lost here)."""
+        for placement, (host, lease_id) in zip(placements, leases, strict=True):
+            reply = self.start_subjob(
+                host, lease_id, placement, entry.job.job_id, tuple(placement.slice_ids)
+            )
+            apply_start_reply(placement, reply)
+        return [None] * len(placements)
+
+    # ---------------------------------------------------------------- a job's life
+
+    def started_job(self, entry: Entry) -> None:
+        """The try placed the job: each member runs for the job's duration, then exits
+        (with a failure for as many attempts as ``failures`` says)."""
+        trace_job = self.trace_jobs[entry.job.job_id]
+        if trace_job.index not in self.first_start:
+            self.first_start[trace_job.index] = self.engine.now
+            self.stats.queue.append(self.engine.now - trace_job.arrival)
+        failing = self.failures.get(trace_job.index, 0) >= entry.job.attempts
+        for placement in entry.current():
+            self.engine.schedule(
+                trace_job.duration, partial(self.exit, entry, placement.subjob_id, failing)
+            )
+
+    def exit(self, entry: Entry, subjob_id: str, failing: bool) -> None:
+        decision = (
+            EndDecision(FAILED, EndCause.EXITED, "exited 1")
+            if failing
+            else EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0")
+        )
+        self.end_subjob(entry, subjob_id, decision, 1 if failing else 0)
+
+    def stop(self, placement: zone_pb2.Placement, why: str, cause: EndCause) -> None:
+        """The router's SignalSubjob(TERMINATE): the agent stops the subjob."""
+        entry = self.core.entries.get(job_of(placement.subjob_id))
+        if entry is None:
+            return
+        self.end_subjob(entry, placement.subjob_id, EndDecision(KILLED, cause, why), -15)
+
+    def end_subjob(
+        self, entry: Entry, subjob_id: str, decision: EndDecision, exit_code: int
+    ) -> None:
+        """The agent's core ends the subjob (if it still runs) and its heartbeat reports
+        the end: the router's core judges the report and the job."""
+        placement = next((p for p in entry.job.placements if p.subjob_id == subjob_id), None)
+        if placement is None or subjob_id not in self.held:
+            return  # ended already (stopped, or exited)
+        self.clock()
+        host = self.by_id[placement.agent_id]
+        now = self.engine.now
+        host.core.end(subjob_id, decision, now)
+        self.free += self.held.pop(subjob_id)
+        self.note(host)
+        event = common_pb2.Subjob(
+            spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=entry.job.job_id),
+            state=_STATES[decision.state],
+            reason=decision.reason,
+            end_cause=decision.cause.wire,
+            exit_code=exit_code,
+            slice_ids=list(placement.slice_ids),
+            started_unix=placement.started_unix,
+            ended_unix=now,
+            run_seconds=now - placement.started_unix,
+        )
+        touched, _, instructions = self.core.report(host.agent_id, event, None, now)
+        self.carry_out(instructions)
+        if touched is not None:
+            self.carry_out(self.core.evaluate(touched, now))
+        if entry.job.state in TERMINAL_JOB_STATES and entry.job.job_id not in self.ended:
+            self.ended[entry.job.job_id] = entry.job
+            trace_job = self.trace_jobs[entry.job.job_id]
+            self.stats.jct.append(now - trace_job.arrival)
+            self.stats.probes += entry.job.probes
+            self.stats.bounces += entry.job.bounces
+        self.carry_out(self.core.forget_if_done(entry))
+        self.wake()  # freed capacity wakes the queue (the agent's heartbeat does at once)
+
+
+_STATES = {SUCCEEDED: common_pb2.SUCCEEDED, FAILED: common_pb2.FAILED, KILLED: common_pb2.KILLED}
+TENANT = "philly"
 
 
 class FifoReplay(_Replay):

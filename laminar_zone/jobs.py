@@ -20,14 +20,15 @@ rebuilt after a restart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import random
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Generator, Sequence
+from typing import Any, cast
 
 import grpc
 
@@ -43,13 +44,14 @@ from laminar_base.grpcutil import check_count, check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import demand_of
 from laminar_zone.arrays import ArrayProgress, parse_array
-from laminar_zone.atomizer import Atomizer, is_atomized, units_done
+from laminar_zone.atomizer import Atomizer, MarketRound, is_atomized, units_done
 from laminar_zone.audit import AuditLog
 from laminar_zone.auth import DEFAULT_TENANT
 from laminar_zone.config import ZoneConfig
 from laminar_zone.core import (
     Confirm,
     Count,
+    Failure,
     Forget,
     Forward,
     Instruction,
@@ -58,7 +60,6 @@ from laminar_zone.core import (
     Loop,
     Member,
     NewJob,
-    Next,
     Place,
     Publish,
     Release,
@@ -66,6 +67,7 @@ from laminar_zone.core import (
     Retire,
     SumUpArray,
     Terminate,
+    TryPlan,
     Wake,
     ZoneCore,
 )
@@ -75,10 +77,27 @@ from laminar_zone.kept import KeptLeases
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placements import apply_start_reply, fresh
 from laminar_zone.placer import AgentClients, Ask, Placer
-from laminar_zone.queue import Clear, class_order, drive_awaiting
 from laminar_zone.reasons import Reason
 from laminar_zone.spec import MAX_BATCH_JOBS, validate_spec
 from laminar_zone.store import JobStore
+from laminar_zone.trying import (
+    ClearMarket,
+    Clock,
+    CloseRound,
+    CommitMembers,
+    CommitOnProbe,
+    DoInstructions,
+    Gathered,
+    GatherLeases,
+    OpenRound,
+    RunInstructions,
+    Slot,
+    StartJob,
+    TryStep,
+    commit_steps,
+    pass_steps,
+    place_try,
+)
 from laminar_zone.usage import UsageLedger
 from laminar_zone.view import AgentRecord, ZoneView
 
@@ -90,6 +109,8 @@ KNOWN_AGENT_SECONDS = 86400.0
 MAX_LIVE_IDS = 4096
 #: Journal meta key of the task shapes this router observed (its target workload).
 WORKLOAD_META = "workload"
+#: The router's clocks, which the core's steps read their time from.
+CLOCK = Clock(mono=time.monotonic, unix=time.time)
 #: Least time between two gauge refreshes by queue passes (the sweep refreshes always).
 GAUGE_SECONDS = 0.5
 
@@ -454,30 +475,54 @@ class ZoneState:
     # ================================================================ placement
 
     async def _place(self, entry: Entry, *, from_queue: bool = False) -> bool:
-        """One placement try within the probe budget; on failure the job waits in the queue."""
-        if not self.core.may_place(entry):
-            return False
-        entry.placing = True
-        started = time.monotonic()
-        try:
-            async with self._semaphore:
-                return await self._place_once(entry, started, from_queue)
-        finally:
-            entry.placing = False
-
-    async def _place_once(
-        self, entry: Entry, started: float, from_queue: bool, *, may_retry: bool = True
-    ) -> bool:
-        """Gather leases (or commit on probe for one member), commit them, and carry out
-        what the core makes of each outcome."""
-        job = entry.job
-        waits, instructions = self.core.old_copy(entry, time.monotonic())
-        await self._run(instructions)
-        if waits:
-            return False
-        plan = self.core.plan_try(
-            entry, self.config.placement.lease_ttl_seconds, self.config.placement.budget_seconds
+        """One placement try (:func:`laminar_zone.trying.place_try`), its requests awaited."""
+        return await self._drive(
+            place_try(
+                self.core,
+                entry,
+                from_queue=from_queue,
+                lease_ttl_seconds=self.config.placement.lease_ttl_seconds,
+                budget_seconds=self.config.placement.budget_seconds,
+                clock=CLOCK,
+            )
         )
+
+    async def commit_all(
+        self, entry: Entry, chosen: list[tuple[AgentRecord, agent_pb2.Lease]]
+    ) -> bool:
+        """Commit leases a client probed (CommitJob): :func:`laminar_zone.trying.commit_steps`."""
+        members = [Member(r.agent_id, r.address, tuple(lease.slice_ids)) for r, lease in chosen]
+        return await self._drive(commit_steps(self.core, entry, members, chosen, CLOCK))
+
+    async def _drive(self, steps: Generator[TryStep, Any, bool]) -> bool:
+        """Carry out a try's requests in order, each awaited; the slot it asks for is held
+        until it ends."""
+        async with contextlib.AsyncExitStack() as held:
+            try:
+                answer: Any = None
+                while True:
+                    try:
+                        step = steps.send(answer)
+                    except StopIteration as done:
+                        return bool(done.value)
+                    answer = None
+                    match step:
+                        case Slot():
+                            await held.enter_async_context(self._semaphore)
+                        case RunInstructions(instructions):
+                            await self._run(instructions)
+                        case DoInstructions(instructions):
+                            self._do(instructions)
+                        case GatherLeases(entry, plan):
+                            answer = await self._gather(entry, plan)
+                        case CommitMembers(entry, placements, leases):
+                            answer = await self._commit(entry, placements, leases)
+            finally:
+                steps.close()
+
+    async def _gather(self, entry: Entry, plan: TryPlan) -> Gathered:
+        """Probe for the try's leases (Placer.gather), the commit on probe journaled first."""
+        job = entry.job
         ask = Ask(
             job_id=job.job_id,
             resources=job.spec.resources,
@@ -487,73 +532,40 @@ class ZoneState:
             tenant=job.spec.tenant,
         )
         hook = _ProbeCommit(self, entry) if plan.commit_on_probe else None
-        gathered = await self.placer.gather(
-            ask, lease_ttl_seconds=plan.lease_ttl_seconds, commit=hook
+        got = await self.placer.gather(ask, lease_ttl_seconds=plan.lease_ttl_seconds, commit=hook)
+        reply = got.committed
+        return Gathered(
+            chosen=tuple(got.chosen) if got.chosen is not None else None,
+            members=tuple(
+                Member(r.agent_id, r.address, tuple(lease.slice_ids))
+                for r, lease in got.chosen or ()
+            ),
+            failures=tuple(failure_of(e) for e in got.errors),
+            reasons=tuple(got.reasons),
+            probes=got.probes,
+            bounces=got.bounces,
+            pending=hook.book.pending if hook is not None else None,
+            committed=reply.subjob if reply is not None else None,
+            slice_ids=tuple(reply.lease.slice_ids) if reply is not None else (),
+            unsure=got.unsure,
+            counted_probes=hook.book.probes if hook is not None else 0,
         )
-        job.probes += max(0, gathered.probes - (hook.probes if hook is not None else 0))
-        job.bounces += gathered.bounces
-        if hook is not None and hook.pending is not None:
-            reply = gathered.committed
-            ok, instructions = self.core.probe_committed(
-                entry,
-                hook.pending,
-                reply.subjob if reply is not None else None,
-                list(reply.lease.slice_ids) if reply is not None else [],
-                gathered.unsure,
-                time.time(),
-            )
-            await self._run(instructions)
-        else:
-            step, instructions = self.core.gathered(
-                entry,
-                gathered.chosen,
-                [failure_of(e) for e in gathered.errors],
-                gathered.reasons,
-                time.monotonic(),
-                time.time(),
-            )
-            await self._run(instructions)
-            if step is not Next.COMMIT or gathered.chosen is None:
-                return False
-            ok = await self.commit_all(entry, gathered.chosen)
-        if not ok:
-            step, instructions = self.core.commit_lost(
-                entry, may_retry, time.monotonic(), time.time()
-            )
-            await self._run(instructions)
-            if step is not Next.RETRY:
-                return False
-            return await self._place_once(entry, started, from_queue, may_retry=False)
-        now = time.monotonic()
-        self._do(
-            self.core.placed(
-                entry, from_queue, now - started, now, gathered.probes, gathered.bounces
-            )
-        )
-        return True
 
-    async def commit_all(
-        self, entry: Entry, chosen: list[tuple[AgentRecord, agent_pb2.Lease]]
-    ) -> bool:
-        """Journal the intent, commit every lease, and roll back all members if any fails
-        (the core says how)."""
-        members = [Member(r.agent_id, r.address, tuple(lease.slice_ids)) for r, lease in chosen]
-        await self._run(self.core.begin_commit(entry, members))
-        current = entry.current()
+    async def _commit(
+        self,
+        entry: Entry,
+        placements: Sequence[zone_pb2.Placement],
+        leases: Sequence[tuple[AgentRecord, agent_pb2.Lease]],
+    ) -> list[Failure | None]:
+        """Commit every member at once; each failure as the core reads it."""
         outcomes = await asyncio.gather(
             *(
-                self.commit_placement(entry, current[member], lease)
-                for member, (_, lease) in enumerate(chosen)
+                self.commit_placement(entry, placement, lease)
+                for placement, (_, lease) in zip(placements, leases, strict=True)
             ),
             return_exceptions=True,
         )
-        ok, instructions = self.core.committed(
-            entry,
-            [failure_of(o) if isinstance(o, BaseException) else None for o in outcomes],
-            time.time(),
-        )
-        await self._run(instructions)
-        return ok
+        return [failure_of(o) if isinstance(o, BaseException) else None for o in outcomes]
 
     async def commit_placement(
         self,
@@ -637,54 +649,33 @@ class ZoneState:
             await self._one_pass()
 
     async def _one_pass(self) -> None:
-        """Drive :func:`laminar_zone.queue.class_order` with the core's pass bookkeeping
-        (:class:`laminar_zone.core.PassBook`): the walk's starts are placed here, awaited,
-        and the market's rounds cleared by the atomizer."""
-        now_unix = time.time()
-        self._do(self.core.resolve_waiting(now_unix))
-        waiting = self.core.waiting()
-        units, memory = self.core.tenant_usage()
-        market = await self.atomizer.open_round(units, memory)
-        if not waiting and market is None:
-            self.core.idle_pass()
-            self._update_gauges()
-            return
-        book = self.core.begin_pass(
-            waiting,
-            units,
-            memory,
-            self.shares,
-            now_unix,
-            time.monotonic(),
+        """Drive :func:`laminar_zone.trying.pass_steps`: the walk's starts are placed here,
+        awaited, and the market's rounds cleared by the atomizer."""
+        steps = pass_steps(
+            self.core,
+            shares=self.shares,
             backfill=self.config.queue.backfill,
+            rng=self.rng,
+            clock=CLOCK,
         )
-
-        async def start(entry: Entry) -> bool:
-            if not book.may_start(entry, self.rng):
-                return False
-            placed = await self._place(entry, from_queue=True)
-            if placed and market is not None:
-                market.note_started(entry.job.placements)
-            return book.started(entry, placed)
-
-        async def clear(step: Clear) -> None:
-            assert market is not None  # a round is asked only for a class with market work
-            await self.atomizer.clear_class(market, step)
-
-        steps = class_order(
-            book.walk,
-            book.waiting,
-            lambda e: e.item,
-            book.expected_start,
-            market.classes if market is not None else (),
-            admit=book.admit,
-            waited=book.waited,
-            estimate_all=True,
-        )
-        await drive_awaiting(steps, start, clear)
-        if market is not None:
-            await self.atomizer.close_round(market)
-        self._do(self.core.end_pass(book))
+        answer: Any = None
+        while True:
+            try:
+                step = steps.send(answer)
+            except StopIteration:
+                break
+            answer = None
+            match step:
+                case DoInstructions(instructions):
+                    self._do(instructions)
+                case OpenRound(units, memory):
+                    answer = await self.atomizer.open_round(units, memory)
+                case StartJob(entry):
+                    answer = await self._place(entry, from_queue=True)
+                case ClearMarket(market, clear):
+                    await self.atomizer.clear_class(cast(MarketRound, market), clear)
+                case CloseRound(market):
+                    await self.atomizer.close_round(cast(MarketRound, market))
         self._update_gauges()
 
     # ================================================================ agent events
@@ -884,32 +875,22 @@ class ZoneState:
 
 
 class _ProbeCommit:
-    """Commit on probe for one job's try (:class:`laminar_zone.placer.ProbeCommit`): the
-    member's placement is journaled as committing on each host before the probe that
-    carries the commit goes out, and dropped again when that host bounced it."""
+    """Commit on probe for one job's try (:class:`laminar_zone.placer.ProbeCommit`), as
+    :class:`laminar_zone.trying.CommitOnProbe` keeps it: the intent is journaled before
+    the probe goes out, and the agent is told how to run the member."""
 
     def __init__(self, state: ZoneState, entry: Entry) -> None:
         self.state = state
         self.entry = entry
-        #: The placement journaled for the probe under way, if any.
-        self.pending: zone_pb2.Placement | None = None
-        #: Probes already counted into the job (the try's total adds the rest).
-        self.probes = 0
+        self.book = CommitOnProbe(state.core, entry)
 
     def intent(self, record: AgentRecord) -> common_pb2.SubjobSpec:
-        placement, instructions = self.state.core.probe_intent(
-            self.entry, record.agent_id, record.address
-        )
-        self.probes += 1
+        placement, instructions = self.book.intent(record.agent_id, record.address)
         self.state._do(instructions)
-        self.pending = placement
         return self.state.subjob_spec(self.entry, placement)
 
     def bounced(self, record: AgentRecord) -> None:
-        if self.pending is None or self.pending.agent_id != record.agent_id:
-            return
-        self.state.core.probe_bounced(self.entry, self.pending)
-        self.pending = None
+        self.book.bounced(record.agent_id)
 
     def may_have_run(self, exc: BaseException) -> bool:
         return failure_of(exc).unknown

@@ -100,15 +100,18 @@ def calls(path: Path) -> set[str]:
 
 def test_the_router_and_the_atomized_replay_drive_one_class_order() -> None:
     """Rigid walks and clearing rounds are strung together in class order once, in
-    laminar_zone.queue.class_order: the router's pass and MigReplay.schedule both drive it,
-    and neither steps a queue walk itself (QueueWalk.may_try)."""
+    laminar_zone.queue.class_order: the router's pass (laminar_zone.trying.pass_steps,
+    driven by jobs.py) and MigReplay.schedule both drive it, and none steps a queue walk
+    itself (QueueWalk.may_try)."""
     root = Path(laminar_sim.__file__).parents[1]
     router = root / "laminar_zone" / "jobs.py"
+    steps = root / "laminar_zone" / "trying.py"
     market = root / "laminar_zone" / "atomizer.py"
     replay = root / "laminar_sim" / "atomized.py"
-    assert {"class_order", "drive_awaiting"} <= calls(router)
+    assert "pass_steps" in calls(router) and "class_order" not in calls(router)
+    assert "class_order" in calls(steps)
     assert {"class_order", "drive"} <= calls(replay)
-    for path in (router, market, replay):
+    for path in (router, steps, market, replay):
         assert "may_try" not in calls(path), path
     # The market clears one class per instruction: one clearing_round call, in clear_class.
     assert "clearing_round" in calls(market)
@@ -144,3 +147,28 @@ def test_the_window_scan_sees_a_window_built_by_hand(tmp_path: Path) -> None:
         "    return [m.MarketWindow(*k, 1, 1, offer_seconds(now, 0.0, cap, None)) for k in free]\n"
     )
     assert calls(sample) & WINDOW_BUILDERS == {"MarketWindow", "offer_seconds"}
+
+
+def test_the_router_and_sim_replay_drive_one_try_and_one_pass() -> None:
+    """A placement try and a queue pass are strung together once, in laminar_zone.trying:
+    the router (jobs.py) and ``sim replay`` (replay.py) drive place_try and pass_steps, and
+    neither walks a queue or strings the core's try steps itself."""
+    root = Path(laminar_sim.__file__).parents[1]
+    router = root / "laminar_zone" / "jobs.py"
+    replay = root / "laminar_sim" / "replay.py"
+    own_steps = {
+        "class_order",
+        "walk_queue",
+        "QueueWalk",
+        "order_key",
+        "begin_pass",
+        "old_copy",
+        "plan_try",
+        "begin_commit",
+        "committed",
+        "commit_lost",
+        "probe_intent",
+    }
+    for path in (router, replay):
+        assert {"place_try", "pass_steps"} <= calls(path), path
+        assert not calls(path) & own_steps, (path, calls(path) & own_steps)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import EndCause, end_cause
 from laminar_base.errors import InvalidArgument
 from laminar_sim.cli import register
 from laminar_sim.replay import FifoReplay, LaminarReplay, ReplaySpec, read_jobs, run_replay
@@ -17,7 +20,7 @@ from laminar_sim.replay import FifoReplay, LaminarReplay, ReplaySpec, read_jobs,
 HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 
 
-def trace(tmp_path: Path, rows: list[tuple[str, float, int]], cluster: str = "c1") -> Path:
+def trace(tmp_path: Path, rows: Sequence[tuple[str, float, int]], cluster: str = "c1") -> Path:
     path = tmp_path / "philly_jobs_pollux.csv"
     body = "".join(f"{t},{d},{g},{d * g},{cluster}\n" for t, d, g in rows)
     path.write_text(HEADER + body)
@@ -27,30 +30,83 @@ def trace(tmp_path: Path, rows: list[tuple[str, float, int]], cluster: str = "c1
 def test_backfill_runs_a_short_job_ahead_of_a_blocked_gang_without_delaying_it(
     tmp_path: Path,
 ) -> None:
-    # 2 hosts x 8 GPUs. A: one host for 100 s. B (gang of 2 full hosts) waits for A.
-    # C: 1 GPU for 10 s fits on the other host and ends before B can start: backfilled.
-    # D: 1 GPU for 500 s would delay B: it waits.
+    # 3 hosts x 8 GPUs. A and A2: one host each for 100 s. B (gang of 2 full hosts) waits
+    # for them: the router expects it to start at 100 s, when their 16 GPUs are released
+    # (ZoneCore.expected_start counts releases, not GPUs free now). C: 1 GPU for 10 s fits
+    # on the third host and ends before B can start: backfilled. D: 1 GPU for 500 s would
+    # delay B: it waits.
     path = trace(
         tmp_path,
         [
+            ("2017-10-01 00:00:00", 100, 8),
             ("2017-10-01 00:00:00", 100, 8),
             ("2017-10-01 00:00:01", 50, 16),
             ("2017-10-01 00:00:02", 10, 1),
             ("2017-10-01 00:00:03", 500, 1),
         ],
     )
-    spec = ReplaySpec(path, hosts=2)
+    spec = ReplaySpec(path, hosts=3)
     jobs = read_jobs(spec)
     laminar = LaminarReplay(spec, jobs)
     laminar_report = laminar.run("laminar", None)
     fifo = FifoReplay(spec, jobs)
     fifo_report = fifo.run("fifo", None)
-    # Queue times in start order. Laminar: A 0, C 0 (backfilled), B 99 (when A ends, not
-    # later), D 147 (after B). FIFO: A 0, B 99, C 148, D 147.
-    assert sorted(laminar.stats.queue) == [0.0, 0.0, 99.0, 147.0]
-    assert sorted(fifo.stats.queue) == [0.0, 99.0, 147.0, 148.0]
+    # Queue times. Laminar: A 0, A2 0, C 0 (backfilled), B 99 (when A and A2 end, not
+    # later), D 97 (beside B). FIFO: A 0, A2 0, B 99, C 98, D 97.
+    assert sorted(laminar.stats.queue) == [0.0, 0.0, 0.0, 97.0, 99.0]
+    assert sorted(fifo.stats.queue) == [0.0, 0.0, 97.0, 98.0, 99.0]
     assert fifo_report["queue_seconds"]["mean"] > laminar_report["queue_seconds"]["mean"]
-    assert laminar_report["finished"] == fifo_report["finished"] == 4
+    assert laminar_report["finished"] == fifo_report["finished"] == 5
+
+
+def test_a_gang_whose_start_the_router_cannot_estimate_is_not_backfilled(
+    tmp_path: Path,
+) -> None:
+    # 2 hosts x 8 GPUs. A: one host for 100 s. B (gang of 2 full hosts) needs A's host and
+    # the free one: the releases alone (8 GPUs) do not cover it, so the router's expected
+    # start is unknown, and it lets nothing of its family backfill: C waits behind B.
+    # (Before sim replay drove the router's core it backfilled C here.)
+    path = trace(
+        tmp_path,
+        [
+            ("2017-10-01 00:00:00", 100, 8),
+            ("2017-10-01 00:00:01", 50, 16),
+            ("2017-10-01 00:00:02", 10, 1),
+        ],
+    )
+    laminar = LaminarReplay(ReplaySpec(path, hosts=2), read_jobs(ReplaySpec(path, hosts=2)))
+    laminar.run("laminar", None)
+    assert sorted(laminar.stats.queue) == [0.0, 99.0, 148.0]
+
+
+def test_a_job_that_fails_is_retried_by_the_router_s_lifecycle(tmp_path: Path) -> None:
+    # Job 1 (a gang of 2 hosts) exits with a failure on its first attempt; with one retry
+    # allowed, the router's core (ZoneCore.evaluate) retries it, and it succeeds. Job 0
+    # fails and has no retry left: the router fails it.
+    path = trace(
+        tmp_path,
+        [("2017-10-01 00:00:00", 30, 1), ("2017-10-01 00:00:05", 20, 16)],
+    )
+    spec = ReplaySpec(path, hosts=2)
+    laminar = LaminarReplay(spec, read_jobs(spec), failures={0: 2, 1: 1}, max_retries=1)
+    report = laminar.run("laminar", None)
+    assert report["finished"] == 2
+    once, gang = laminar.ended["j0"], laminar.ended["j1"]
+    assert gang.state == zone_pb2.JOB_SUCCEEDED and gang.retries_used == 1
+    assert [(p.attempt, p.state) for p in gang.placements] == [
+        (1, common_pb2.FAILED),
+        (1, common_pb2.FAILED),
+        (2, common_pb2.SUCCEEDED),
+        (2, common_pb2.SUCCEEDED),
+    ]
+    assert {end_cause(p.end_cause) for p in gang.placements} == {EndCause.EXITED}
+    assert once.state == zone_pb2.JOB_FAILED and once.attempts == 2
+    # Job 0's retry is placed as its first attempt ends (30 s), before the gang, which
+    # needs every GPU: the gang starts at 60 s, fails at 80 s, and its retry ends at 100 s.
+    assert laminar.stats.jct == [60.0, 95.0]
+    # Nothing runs and nothing is left in the router's memory.
+    assert laminar.held == {} and laminar.core.entries == {}
+    assert all(not host.core.live_states for host in laminar.hosts)
 
 
 def test_free_gpus_split_across_hosts_count_as_fragmentation(tmp_path: Path) -> None:

@@ -61,8 +61,20 @@ from laminar_zone.core import (
 from laminar_zone.entry import Entry
 from laminar_zone.placement import ShapeCap
 from laminar_zone.placements import COMMITTING
-from laminar_zone.queue import class_order, drive
 from laminar_zone.reasons import Reason, reason_of
+from laminar_zone.trying import (
+    Clock,
+    CommitMembers,
+    DoInstructions,
+    Gathered,
+    GatherLeases,
+    OpenRound,
+    RunInstructions,
+    Slot,
+    StartJob,
+    pass_steps,
+    place_try,
+)
 from laminar_zone.view import ZoneView
 
 GIB = 1 << 30
@@ -634,25 +646,29 @@ def test_a_gang_started_in_a_pass_counts_every_members_memory_as_tenant_usage_do
 
 
 def _pass(core: ZoneCore, start: Callable[[Entry], bool]) -> list[Instruction]:
-    """One queue pass, its starts answered at once (the router awaits them)."""
-    out = core.resolve_waiting(NOW)
-    units, memory = core.tenant_usage()
-    book = core.begin_pass(core.waiting(), units, memory, {}, NOW, 3.0, backfill=True)
-
-    def started(entry: Entry) -> bool:
-        return book.may_start(entry, random.Random(0)) and book.started(entry, start(entry))
-
-    steps = class_order(
-        book.walk,
-        book.waiting,
-        lambda e: e.item,
-        book.expected_start,
-        admit=book.admit,
-        waited=book.waited,
-        estimate_all=True,
+    """One queue pass (laminar_zone.trying.pass_steps), its starts answered at once by
+    ``start`` (the router awaits a placement try); no market. Returns the instructions."""
+    steps = pass_steps(
+        core,
+        shares={},
+        backfill=True,
+        rng=random.Random(0),
+        clock=Clock(mono=lambda: 3.0, unix=lambda: NOW),
     )
-    drive(steps, started, lambda clear: None)
-    return out + core.end_pass(book)
+    out: list[Instruction] = []
+    answer: bool | None = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration:
+            return out
+        answer = None
+        if isinstance(step, DoInstructions):
+            out += step.instructions
+        elif isinstance(step, StartJob):
+            answer = start(step.entry)
+        else:
+            assert isinstance(step, OpenRound)  # no market: no round
 
 
 def test_a_pass_places_in_order_explains_the_rest_and_blocks_the_family() -> None:
@@ -858,39 +874,52 @@ ANSWERS = {
 
 
 def _try(world: World, entry: Entry, answers: list[object], crash: bool = False) -> bool:
-    """One placement try: each member's Commit answered as ``answers`` says, or the
-    router crashes (``crash``) with the Commits sent and unanswered. Returns whether the
-    job was placed."""
+    """One placement try (laminar_zone.trying.place_try): every gather binds the first
+    agents, each member's Commit is answered as ``answers`` says (a lost commit gathers
+    once more, answered alike), or the router crashes (``crash``) with the Commits sent
+    and unanswered. Returns whether the job was placed."""
     core = world.core
-    if not core.may_place(entry):
-        return False
-    waits, out = core.old_copy(entry, 0.0)
-    world.carry_out(out)
-    if waits:
-        return False
-    # The invariant the core keeps: no copy of an earlier attempt may still run.
-    assert not any(
-        p.state in LIVE_SUBJOB_STATES and p.attempt != entry.job.attempts
-        for p in entry.job.placements
-    )
     gang = max(1, entry.job.spec.gang_size)
-    world.carry_out(core.begin_commit(entry, _members(*AGENTS[:gang])))
-    replies = []
-    for p, answer in zip(entry.current(), answers, strict=False):
-        if answer in ("ok", "lost_started"):
-            world.running[p.subjob_id] = (entry.job.job_id, p.member, p.agent_id)
-        if answer == "ok":
-            _started(p)
-        replies.append(ANSWERS[str(answer)])
-    if crash:
-        world.restart()
-        return False
-    placed, out = core.committed(entry, replies, NOW)
-    world.carry_out(out)
-    if not placed:
-        _, out = core.commit_lost(entry, False, 0.0, NOW)
-        world.carry_out(out)
-    return placed
+    steps = place_try(
+        core,
+        entry,
+        from_queue=False,
+        lease_ttl_seconds=5.0,
+        budget_seconds=2.0,
+        clock=Clock(mono=lambda: 0.0, unix=lambda: NOW),
+    )
+    answer: object = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            return bool(done.value)
+        answer = None
+        if isinstance(step, (RunInstructions, DoInstructions)):
+            world.carry_out(list(step.instructions))
+        elif isinstance(step, GatherLeases):
+            members = _members(*AGENTS[:gang])
+            answer = Gathered(chosen=tuple(m.agent_id for m in members), members=tuple(members))
+        elif isinstance(step, CommitMembers):
+            # The invariant the core keeps: no copy of an earlier attempt may still run.
+            assert not any(
+                p.state in LIVE_SUBJOB_STATES and p.attempt != entry.job.attempts
+                for p in entry.job.placements
+            )
+            replies = []
+            for p, reply in zip(step.placements, answers, strict=False):
+                if reply in ("ok", "lost_started"):
+                    world.running[p.subjob_id] = (entry.job.job_id, p.member, p.agent_id)
+                if reply == "ok":
+                    _started(p)
+                replies.append(ANSWERS[str(reply)])
+            if crash:
+                steps.close()
+                world.restart()
+                return False
+            answer = replies
+        else:
+            assert isinstance(step, Slot)
 
 
 def _step(world: World, event: tuple[object, ...]) -> None:
@@ -988,18 +1017,20 @@ def test_random_event_sequences_keep_the_cores_promises(ops: list[tuple[object, 
 # ==================================================================== no I/O
 
 
-def test_the_core_imports_no_io() -> None:
-    """The core reads no clock and opens no socket, journal or event loop: importing it
-    alone brings in no gRPC, asyncio, sqlite3 or socket, and it imports no clock."""
+@pytest.mark.parametrize("module", ["core", "trying"])
+def test_the_core_imports_no_io(module: str) -> None:
+    """The core and its try and pass steps read no clock and open no socket, journal or
+    event loop: importing either alone brings in no gRPC, asyncio, sqlite3 or socket, and
+    neither imports a clock."""
     code = (
-        "import sys, laminar_zone.core; "
+        f"import sys, laminar_zone.{module}; "
         "print(sorted(m for m in ('grpc', 'asyncio', 'sqlite3', 'socket') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
-    tree = ast.parse(Path(core_module.__file__ or "").read_text())
+    tree = ast.parse((Path(core_module.__file__ or "").parent / f"{module}.py").read_text())
     imported = {  # at run time (not the names imported for type checking only)
         name.split(".")[0]
         for node in tree.body
@@ -1046,14 +1077,48 @@ DECISIONS = frozenset(
     }
 )
 WRITTEN = frozenset(
-    {"state", "reason", "end_cause", "attempts", "retries_used", "queue_position", "queued_at"}
+    {
+        "state",
+        "reason",
+        "end_cause",
+        "attempts",
+        "retries_used",
+        "queue_position",
+        "queued_at",
+        "placing",
+        "probes",
+        "bounces",
+    }
+)
+#: The core's steps of a placement try and a queue pass: strung together once, by
+#: laminar_zone.trying (place_try, commit_steps, pass_steps), which the drivers drive.
+STRUNG = frozenset(
+    {
+        "may_place",
+        "old_copy",
+        "plan_try",
+        "gathered",
+        "begin_commit",
+        "committed",
+        "probe_committed",
+        "commit_lost",
+        "placed",
+        "resolve_waiting",
+        "begin_pass",
+        "end_pass",
+        "idle_pass",
+        "may_start",
+        "class_order",
+        "drive_awaiting",
+    }
 )
 
 
 def test_the_router_s_drivers_decide_nothing() -> None:
     """ZoneState (jobs.py) and AgentReports (reports.py) carry out the core's instructions:
-    they call none of the leaf decisions and write no job's or placement's state, reason,
-    cause, attempt or queue position themselves."""
+    they call none of the leaf decisions, string none of a try's or a pass's steps
+    together (laminar_zone.trying does), and write no job's or placement's state, reason,
+    cause, attempt, queue position or probe counts themselves."""
     root = Path(core_module.__file__ or "").parent
     for name in ("jobs.py", "reports.py"):
         tree = ast.parse((root / name).read_text())
@@ -1063,6 +1128,7 @@ def test_the_router_s_drivers_decide_nothing() -> None:
             if isinstance(node, ast.Call)
         }
         assert not called & DECISIONS, (name, called & DECISIONS)
+        assert not called & STRUNG, (name, called & STRUNG)
         written = {
             target.attr
             for node in ast.walk(tree)

@@ -1,0 +1,383 @@
+"""A placement try and a queue pass as sans-IO steps of the zone core.
+
+The decisions of one placement try and of one queue pass are the core's
+(:class:`laminar_zone.core.ZoneCore`); the *order* in which they are strung together is
+here, once, as generators that yield I/O requests (frozen dataclasses) and receive their
+results through ``send``:
+
+* :func:`place_try`: may the job be placed -> a placement slot -> an old copy holds it
+  out? -> the try's plan -> gather leases (or commit on probe) -> what the gather's
+  outcome means -> journal the intent, commit every member, judge the answers (a gang
+  rolls back) -> a lost commit gathers once more -> placed, or queued;
+* :func:`commit_steps`: the commit part alone (the router's CommitJob commits leases a
+  client probed);
+* :func:`pass_steps`: dependencies resolved -> the waiting jobs -> the market's round
+  opened -> the pass's book -> :func:`laminar_zone.queue.class_order` (each start tried,
+  each clearing round asked) -> the round closed -> the pass's bookkeeping journaled.
+
+The router (``laminar_zone.jobs.ZoneState``) drives them with awaits (gRPC, the journal,
+tasks); ``sim replay`` answers them at once with the agents' own code. Neither strings
+the decisions together itself. Time comes from the ``clock`` each generator is given
+(the router's clocks, or the simulator's); nothing here awaits, reads the clock or does
+I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_zone.core import Failure, Instruction, Member, Next, TryPlan, ZoneCore
+from laminar_zone.entry import Entry
+from laminar_zone.queue import Bidding, Clear, Start, class_order
+
+if TYPE_CHECKING:
+    import random
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The driver's clocks: monotonic seconds (durations, ages) and Unix seconds (records)."""
+
+    mono: Callable[[], float]
+    unix: Callable[[], float]
+
+
+# ==================================================================== requests of a try
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Wait for a placement slot (the router's bound on concurrent tries); answer None.
+    The slot is held until the try ends."""
+
+
+@dataclass(frozen=True)
+class RunInstructions:
+    """Carry out the core's instructions, awaiting stops, placements and forwards;
+    answer None."""
+
+    instructions: tuple[Instruction, ...]
+
+
+@dataclass(frozen=True)
+class DoInstructions:
+    """Carry out the core's instructions without waiting for them (stops and placements
+    become tasks); answer None."""
+
+    instructions: tuple[Instruction, ...]
+
+
+@dataclass(frozen=True)
+class GatherLeases:
+    """Gather leases for every member of ``entry``'s try as ``plan`` says (with
+    ``plan.commit_on_probe`` the probes may carry the commit, each recorded first with
+    :meth:`ZoneCore.probe_intent`); answer a :class:`Gathered`."""
+
+    entry: Entry
+    plan: TryPlan
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What a gather came to, as the driver read it."""
+
+    #: One lease per member, as the driver holds them (what a ``Release`` gives back);
+    #: None: nothing was bound (or the probe that carried the commit bound it).
+    chosen: tuple[Any, ...] | None = None
+    #: Where each chosen lease is (same order as ``chosen``).
+    members: tuple[Member, ...] = ()
+    #: The calls that failed, as :class:`Failure` values.
+    failures: tuple[Failure, ...] = ()
+    #: The probes' reasons for not placing (bounces, no candidate).
+    reasons: tuple[str, ...] = ()
+    probes: int = 0
+    bounces: int = 0
+    #: Commit on probe: the placement journaled for the last probe that carried the commit
+    #: and was not surely bounced (None: no such probe is outstanding).
+    pending: zone_pb2.Placement | None = None
+    #: The subjob the probe that carried the commit started (None: not started).
+    committed: common_pb2.Subjob | None = None
+    #: The slices the started subjob took.
+    slice_ids: tuple[str, ...] = ()
+    #: Why a probe carrying the commit got no answer (the member may run there).
+    unsure: str = ""
+    #: Probes :meth:`ZoneCore.probe_intent` counted into the job already.
+    counted_probes: int = 0
+
+
+@dataclass(frozen=True)
+class CommitMembers:
+    """Commit every member: ``placements[i]`` (journaled as committing) with ``leases[i]``;
+    record each reply into its placement; answer, per member, None (taken) or the
+    :class:`Failure`."""
+
+    entry: Entry
+    placements: tuple[zone_pb2.Placement, ...]
+    leases: tuple[Any, ...]
+
+
+TryStep = Slot | RunInstructions | DoInstructions | GatherLeases | CommitMembers
+
+
+class CommitOnProbe:
+    """Commit on probe for one try (a :class:`GatherLeases` whose ``plan`` says so): the
+    member's placement is journaled as committing on each host before the probe that
+    carries the commit goes out, and dropped again when that host bounced it. The driver
+    of the gather calls :meth:`intent` and :meth:`bounced` and answers the try with
+    :attr:`pending` and :attr:`probes` (:class:`Gathered`)."""
+
+    def __init__(self, core: ZoneCore, entry: Entry) -> None:
+        self.core = core
+        self.entry = entry
+        #: The placement journaled for the probe under way, if any.
+        self.pending: zone_pb2.Placement | None = None
+        #: Probes already counted into the job (the try's total adds the rest).
+        self.probes = 0
+
+    def intent(self, agent_id: str, address: str) -> tuple[zone_pb2.Placement, list[Instruction]]:
+        """The member may start on ``agent_id`` with the probe about to go out: its
+        placement (how the agent runs it), and the instructions that journal it."""
+        placement, instructions = self.core.probe_intent(self.entry, agent_id, address)
+        self.probes += 1
+        self.pending = placement
+        return placement, instructions
+
+    def bounced(self, agent_id: str) -> None:
+        """The probe to ``agent_id`` surely did not start the member (a bounce, or a call
+        the agent refused)."""
+        if self.pending is None or self.pending.agent_id != agent_id:
+            return
+        self.core.probe_bounced(self.entry, self.pending)
+        self.pending = None
+
+
+# ==================================================================== the try
+
+
+def place_try(
+    core: ZoneCore,
+    entry: Entry,
+    *,
+    from_queue: bool,
+    lease_ttl_seconds: float,
+    budget_seconds: float,
+    clock: Clock,
+) -> Generator[TryStep, Any, bool]:
+    """One placement try within the probe budget; returns whether the job was placed (if
+    not, it waits in the queue, or has ended). A lost commit gathers once more.
+
+    The driver must close the generator if it stops driving it early (the job is then no
+    longer placing)."""
+    if not core.may_place(entry):
+        return False
+    entry.placing = True
+    try:
+        started = clock.mono()
+        yield Slot()
+        may_retry = True
+        while True:
+            outcome, gathered = yield from _gather_and_commit(
+                core, entry, lease_ttl_seconds, budget_seconds, clock
+            )
+            if outcome is Next.STOP:
+                return False
+            if outcome is Next.COMMIT:  # committed: the job runs
+                break
+            step, instructions = core.commit_lost(entry, may_retry, clock.mono(), clock.unix())
+            yield RunInstructions(tuple(instructions))
+            if step is not Next.RETRY:
+                return False
+            may_retry = False
+        now = clock.mono()
+        yield DoInstructions(
+            tuple(
+                core.placed(
+                    entry, from_queue, now - started, now, gathered.probes, gathered.bounces
+                )
+            )
+        )
+        return True
+    finally:
+        entry.placing = False
+
+
+def _gather_and_commit(
+    core: ZoneCore,
+    entry: Entry,
+    lease_ttl_seconds: float,
+    budget_seconds: float,
+    clock: Clock,
+) -> Generator[TryStep, Any, tuple[Next, Gathered]]:
+    """One gather and its commit: :attr:`Next.COMMIT` when the job runs, :attr:`Next.RETRY`
+    when the commit did not place it (the caller asks :meth:`ZoneCore.commit_lost`),
+    :attr:`Next.STOP` when the try is over (an old copy holds the job out, nothing was
+    found, or the job ended)."""
+    job = entry.job
+    waits, instructions = core.old_copy(entry, clock.mono())
+    if instructions:
+        yield RunInstructions(tuple(instructions))
+    if waits:
+        return Next.STOP, Gathered()
+    plan = core.plan_try(entry, lease_ttl_seconds, budget_seconds)
+    gathered: Gathered = yield GatherLeases(entry, plan)
+    job.probes += max(0, gathered.probes - gathered.counted_probes)
+    job.bounces += gathered.bounces
+    if gathered.pending is not None:
+        ok, instructions = core.probe_committed(
+            entry,
+            gathered.pending,
+            gathered.committed,
+            list(gathered.slice_ids),
+            gathered.unsure,
+            clock.unix(),
+        )
+        yield RunInstructions(tuple(instructions))
+    else:
+        step, instructions = core.gathered(
+            entry,
+            gathered.chosen,
+            gathered.failures,
+            gathered.reasons,
+            clock.mono(),
+            clock.unix(),
+        )
+        if instructions:
+            yield RunInstructions(tuple(instructions))
+        if step is not Next.COMMIT or gathered.chosen is None:
+            return Next.STOP, gathered
+        ok = yield from commit_steps(core, entry, gathered.members, gathered.chosen, clock)
+    return (Next.COMMIT if ok else Next.RETRY), gathered
+
+
+def commit_steps(
+    core: ZoneCore,
+    entry: Entry,
+    members: Sequence[Member],
+    leases: Sequence[Any],
+    clock: Clock,
+) -> Generator[TryStep, Any, bool]:
+    """Journal the intent, commit every lease, and roll back all members if any fails (the
+    core says how). Returns whether the job runs."""
+    yield RunInstructions(tuple(core.begin_commit(entry, members)))
+    answers: Sequence[Failure | None] = yield CommitMembers(
+        entry, tuple(entry.current()), tuple(leases)
+    )
+    ok, instructions = core.committed(entry, answers, clock.unix())
+    yield RunInstructions(tuple(instructions))
+    return ok
+
+
+# ==================================================================== the pass
+
+
+class Round(Protocol):
+    """A clearing round spread over a pass's classes, as the driver opened it (the
+    router's ``laminar_zone.atomizer.MarketRound``)."""
+
+    @property
+    def classes(self) -> Iterable[int | Bidding]: ...
+
+    def note_started(self, placements: Iterable[zone_pb2.Placement]) -> None: ...
+
+
+@dataclass(frozen=True)
+class OpenRound:
+    """Open the market's clearing round for this pass with the tenants' usage; answer the
+    :class:`Round`, or None when no atomized work waits. ``units``/``memory`` are the
+    pass's running tally per tenant, the very dicts the pass's book counts its starts
+    into: the round counts its awards into them too (one quota for rigid and atomized
+    work)."""
+
+    units: dict[str, float]
+    memory: dict[str, int]
+
+
+@dataclass(frozen=True)
+class StartJob:
+    """Run a placement try of ``entry`` from the queue (:func:`place_try`,
+    ``from_queue=True``); answer whether it placed the job."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True)
+class ClearMarket:
+    """Run the clearing round ``step`` asks (``Atomizer.clear_class``); answer None."""
+
+    round: Round
+    step: Clear
+
+
+@dataclass(frozen=True)
+class CloseRound:
+    """The pass's last class is done: close the round (``Atomizer.close_round``); answer
+    None."""
+
+    round: Round
+
+
+PassStep = DoInstructions | OpenRound | StartJob | ClearMarket | CloseRound
+
+
+def pass_steps(
+    core: ZoneCore,
+    *,
+    shares: Mapping[str, float],
+    backfill: bool,
+    rng: random.Random,
+    clock: Clock,
+) -> Generator[PassStep, Any, list[Entry]]:
+    """One pass over all waiting work in one class order (:func:`class_order`): per
+    priority class, highest first, the walk of its rigid jobs (each start a placement try
+    the driver runs; a blocked head of one family blocks no other family) and then its
+    clearing round. Returns the rigid jobs left waiting."""
+    now_unix = clock.unix()
+    instructions = core.resolve_waiting(now_unix)
+    if instructions:
+        yield DoInstructions(tuple(instructions))
+    waiting = core.waiting()
+    units, memory = core.tenant_usage()
+    market: Round | None = yield OpenRound(units, memory)
+    if not waiting and market is None:
+        core.idle_pass()
+        return []
+    book = core.begin_pass(
+        waiting, units, memory, shares, now_unix, clock.mono(), backfill=backfill
+    )
+    steps = class_order(
+        book.walk,
+        book.waiting,
+        lambda e: e.item,
+        book.expected_start,
+        market.classes if market is not None else (),
+        admit=book.admit,
+        waited=book.waited,
+        estimate_all=True,
+    )
+    answer: bool | None = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            kept: list[Entry] = done.value
+            break
+        answer = None
+        if isinstance(step, Start):
+            entry: Entry = step.job
+            if not book.may_start(entry, rng):
+                answer = False
+                continue
+            placed: bool = yield StartJob(entry)
+            if placed and market is not None:
+                market.note_started(entry.job.placements)
+            answer = book.started(entry, placed)
+        else:
+            assert market is not None  # a round is asked only for a class with market work
+            yield ClearMarket(market, step)
+    if market is not None:
+        yield CloseRound(market)
+    yield DoInstructions(tuple(core.end_pass(book)))
+    return kept

@@ -1,0 +1,342 @@
+"""A placement try and a queue pass as the core's sans-IO steps (laminar_zone.trying),
+driven here with no sockets, journal or ZoneState: each request is answered at once, as
+the test says, and the order of the requests and the core's decisions are asserted."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import LIVE_SUBJOB_STATES, EndCause, end_cause
+from laminar_base.demand import Demand
+from laminar_zone.core import (
+    Confirm,
+    Failure,
+    Instruction,
+    Loop,
+    Member,
+    Terminate,
+    Wake,
+    ZoneCore,
+)
+from laminar_zone.entry import Entry
+from laminar_zone.placement import ShapeCap
+from laminar_zone.placements import COMMITTING
+from laminar_zone.reasons import Reason, reason_of
+from laminar_zone.trying import (
+    ClearMarket,
+    Clock,
+    CloseRound,
+    CommitMembers,
+    CommitOnProbe,
+    DoInstructions,
+    Gathered,
+    GatherLeases,
+    OpenRound,
+    RunInstructions,
+    Slot,
+    StartJob,
+    pass_steps,
+    place_try,
+)
+from laminar_zone.view import ZoneView
+
+GIB = 1 << 30
+NOW = 1_700_000_000.0
+CLOCK = Clock(mono=lambda: 5.0, unix=lambda: NOW)
+BUSY = Failure("FAILED_PRECONDITION: lease expired", unknown=False)
+_ids = itertools.count()
+
+
+def _core(agents: int = 4) -> ZoneCore:
+    view = ZoneView(stale_after_seconds=3.0)
+    for i in range(agents):
+        view.update(
+            f"a{i}",
+            f"127.0.0.1:{i + 1}",
+            {"gpu:H100-80GB": ShapeCap(1, 1, 0, 80 * GIB)},
+            heat=0,
+            draining=False,
+            now=0.0,
+            total_gpus=1,
+        )
+    return ZoneCore(view, {}, lost_after_seconds=10.0)
+
+
+def _submit(core: ZoneCore, gang: int = 1, need: Demand | None = None) -> Entry:
+    need = need or Demand(gpus=1)
+    resources = (
+        common_pb2.Resources(cpu_milli=need.cpu_milli)
+        if need.cpu_milli
+        else common_pb2.Resources(gpus=need.gpus)
+    )
+    job = zone_pb2.Job(
+        job_id=f"j-{next(_ids)}",
+        spec=zone_pb2.JobSpec(command=["true"], resources=resources, gang_size=gang),
+        state=zone_pb2.PENDING,
+        reason="placing",
+        submitted_unix=NOW,
+        attempts=1,
+    )
+    entry = Entry(job=job, need=need, submitted_mono=0.0)
+    core.admit(entry)
+    core.route(entry, allow_forward=False, now_mono=0.0)
+    return entry
+
+
+def _leases(*agents: str) -> Gathered:
+    """A gather that bound one lease per member, on these agents."""
+    return Gathered(
+        chosen=tuple(f"lease-{a}" for a in agents),
+        members=tuple(Member(a, f"addr-{a}", (f"{a}/gpu0",)) for a in agents),
+        probes=len(agents),
+    )
+
+
+class Driver:
+    """Answers a try's requests at once and records them."""
+
+    def __init__(
+        self,
+        gather: Callable[[GatherLeases], Gathered],
+        commit: Callable[[CommitMembers], Sequence[Failure | None]],
+    ) -> None:
+        self.gather = gather
+        self.commit = commit
+        self.requests: list[object] = []
+        self.instructions: list[Instruction] = []
+
+    def drive(self, steps: Generator[Any, Any, Any]) -> Any:
+        answer: Any = None
+        while True:
+            try:
+                step = steps.send(answer)
+            except StopIteration as done:
+                return done.value
+            self.requests.append(step)
+            answer = None
+            if isinstance(step, (RunInstructions, DoInstructions)):
+                self.instructions += step.instructions
+            elif isinstance(step, GatherLeases):
+                answer = self.gather(step)
+            elif isinstance(step, CommitMembers):
+                answer = list(self.commit(step))
+            else:
+                assert isinstance(step, Slot)
+
+    def count(self, kind: type) -> int:
+        return sum(isinstance(r, kind) for r in self.requests)
+
+
+def _try(core: ZoneCore, entry: Entry, driver: Driver, *, from_queue: bool = False) -> bool:
+    steps = place_try(
+        core,
+        entry,
+        from_queue=from_queue,
+        lease_ttl_seconds=5.0,
+        budget_seconds=2.0,
+        clock=CLOCK,
+    )
+    return bool(driver.drive(steps))
+
+
+def test_a_lost_commit_is_tried_once_more_and_then_the_job_is_queued() -> None:
+    core = _core()
+    entry = _submit(core, gang=2)
+    driver = Driver(lambda _: _leases("a0", "a1"), lambda step: [BUSY] * len(step.placements))
+
+    assert not _try(core, entry, driver)
+
+    # Slot, then two gathers, each followed by one commit of both members: no third.
+    assert isinstance(driver.requests[0], Slot) and driver.count(Slot) == 1
+    assert driver.count(GatherLeases) == 2 and driver.count(CommitMembers) == 2
+    kinds = [type(r) for r in driver.requests if isinstance(r, (GatherLeases, CommitMembers))]
+    assert kinds == [GatherLeases, CommitMembers, GatherLeases, CommitMembers]
+    job = entry.job
+    assert job.state == zone_pb2.QUEUED and not entry.placing
+    assert job.attempts == 3  # each lost commit began a new attempt
+    assert Wake(Loop.QUEUE) in driver.instructions
+    assert len(job.placements) == 4
+    assert {end_cause(p.end_cause) for p in job.placements} == {EndCause.COMMIT_FAILED}
+
+
+def test_a_commit_lost_once_is_placed_by_the_second_gather() -> None:
+    core = _core()
+    entry = _submit(core, gang=2)
+    answers: list[list[Failure | None]] = [[BUSY, BUSY], [None, None]]
+
+    def commit(step: CommitMembers) -> list[Failure | None]:
+        out = answers.pop(0)
+        for placement, answer in zip(step.placements, out, strict=True):
+            if answer is None:
+                placement.state = common_pb2.RUNNING
+        return out
+
+    driver = Driver(lambda _: _leases("a2", "a3"), commit)
+    assert _try(core, entry, driver, from_queue=True)
+    assert driver.count(GatherLeases) == 2
+    assert entry.job.state == zone_pb2.JOB_RUNNING and not entry.placing
+    assert [p.agent_id for p in entry.current()] == ["a2", "a3"]
+
+
+def test_a_gang_whose_one_member_fails_to_commit_rolls_back_every_member() -> None:
+    core = _core()
+    entry = _submit(core, gang=2)
+
+    def commit(step: CommitMembers) -> list[Failure | None]:
+        step.placements[0].state = common_pb2.RUNNING  # member 0 started
+        step.placements[0].reason = "running"
+        return [None, BUSY]
+
+    driver = Driver(lambda _: _leases("a0", "a1"), commit)
+    assert not _try(core, entry, driver)
+
+    first, second = entry.job.placements
+    stops = [i for i in driver.instructions if isinstance(i, Terminate)]
+    assert [(s.placement.subjob_id, s.cause) for s in stops] == [
+        (first.subjob_id, EndCause.COMMIT_FAILED)
+    ]
+    assert second.state == common_pb2.FAILED
+    # The retry finds member 0's copy still live: the job waits for its end, and is not
+    # committed again meanwhile (nothing runs twice).
+    assert driver.count(CommitMembers) == 1 and driver.count(GatherLeases) == 1
+    assert first.state in LIVE_SUBJOB_STATES
+    assert entry.job.state == zone_pb2.QUEUED
+    assert reason_of(entry.job.reason_code) is Reason.PREVIOUS_COPY
+
+
+def test_a_gather_that_finds_nothing_queues_the_job_without_a_commit() -> None:
+    core = _core()
+    entry = _submit(core)
+    driver = Driver(lambda _: Gathered(reasons=("no free gpu",), probes=3, bounces=3), lambda _: [])
+    assert not _try(core, entry, driver)
+    assert driver.count(CommitMembers) == 0
+    assert entry.job.state == zone_pb2.QUEUED and entry.job.bounces == 3
+
+
+def test_a_try_stopped_early_leaves_the_job_free_to_place_again() -> None:
+    core = _core()
+    entry = _submit(core, gang=2)
+    steps = place_try(
+        core, entry, from_queue=False, lease_ttl_seconds=5.0, budget_seconds=2.0, clock=CLOCK
+    )
+    assert isinstance(next(steps), Slot)
+    assert entry.placing and not core.may_place(entry)
+    steps.close()  # the driver's task was cancelled
+    assert not entry.placing and core.may_place(entry)
+
+
+def _pass(
+    core: ZoneCore, start: Callable[[Entry], bool], market: object | None = None
+) -> tuple[list[Entry], list[object]]:
+    """One pass, each start answered by ``start``; returns the jobs left and the requests."""
+    steps = pass_steps(core, shares={}, backfill=True, rng=random.Random(0), clock=CLOCK)
+    requests: list[object] = []
+    answer: Any = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            return done.value, requests
+        requests.append(step)
+        answer = None
+        if isinstance(step, OpenRound):
+            answer = market
+        elif isinstance(step, StartJob):
+            answer = start(step.entry)
+        else:
+            assert isinstance(step, (DoInstructions, ClearMarket, CloseRound))
+
+
+def test_a_blocked_head_blocks_its_family_but_not_another() -> None:
+    core = _core()
+    gpu_head = _submit(core)
+    gpu_next = _submit(core)
+    cpu_job = _submit(core, need=Demand(cpu_milli=1000))
+    for e in (gpu_head, gpu_next, cpu_job):
+        e.job.state = zone_pb2.QUEUED
+    tried: list[Entry] = []
+
+    def start(entry: Entry) -> bool:
+        tried.append(entry)
+        if entry is gpu_head:  # the try found no room: it stays queued
+            entry.job.state = zone_pb2.QUEUED
+            return False
+        entry.job.state = zone_pb2.JOB_RUNNING
+        return True
+
+    left, requests = _pass(core, start)
+
+    # The gpu head blocks the next gpu job (no backfill: no run time is declared), but the
+    # cpu job, of another family, is tried and starts.
+    assert tried == [gpu_head, cpu_job]
+    assert left == [gpu_head, gpu_next]
+    assert cpu_job.job.state == zone_pb2.JOB_RUNNING
+    assert core.blocked_families == {"gpu": common_pb2.BATCH}
+    assert reason_of(gpu_next.job.reason_code) is Reason.PRIORITY
+    assert not any(isinstance(r, (ClearMarket, CloseRound)) for r in requests)
+    assert isinstance(requests[-1], DoInstructions)  # the pass's bookkeeping, journaled
+
+
+def test_a_pass_with_nothing_waiting_clears_the_blocked_families() -> None:
+    core = _core()
+    core.blocked_families["gpu"] = common_pb2.BATCH
+    left, requests = _pass(core, lambda e: True)
+    assert left == [] and core.blocked_families == {}
+    assert [type(r) for r in requests] == [OpenRound]
+
+
+def _on_probe(core: ZoneCore, started: bool) -> Callable[[GatherLeases], Gathered]:
+    """A gather whose one probe carries the commit to a0 (journaled first, as the
+    router's and the simulator's gathers do through CommitOnProbe); the agent starts the
+    member (``started``) or the probe's answer is lost."""
+
+    def gather(step: GatherLeases) -> Gathered:
+        assert step.plan.commit_on_probe and step.plan.gang_size == 1
+        book = CommitOnProbe(core, step.entry)
+        book.bounced("a1")  # a bounce elsewhere drops nothing
+        placement, journal = book.intent("a0", "addr-a0")
+        assert placement.reason == COMMITTING and journal
+        if not started:
+            return Gathered(
+                pending=book.pending, unsure="DEADLINE_EXCEEDED", probes=1, counted_probes=1
+            )
+        reply = common_pb2.Subjob(state=common_pb2.RUNNING, reason="running")
+        return Gathered(
+            pending=book.pending,
+            committed=reply,
+            slice_ids=("a0/gpu0",),
+            probes=1,
+            counted_probes=book.probes,
+        )
+
+    return gather
+
+
+def test_a_probe_that_carried_the_commit_places_the_job_without_a_commit() -> None:
+    core = _core()
+    entry = _submit(core)
+    driver = Driver(_on_probe(core, started=True), lambda _: [])
+    assert _try(core, entry, driver)
+    assert driver.count(CommitMembers) == 0
+    (placement,) = entry.job.placements
+    assert placement.state == common_pb2.RUNNING and list(placement.slice_ids) == ["a0/gpu0"]
+    assert entry.job.state == zone_pb2.JOB_RUNNING
+    assert entry.job.probes == 1  # counted once, by the intent
+
+
+def test_a_probe_carrying_the_commit_that_got_no_answer_is_confirmed_not_retried() -> None:
+    core = _core()
+    entry = _submit(core)
+    driver = Driver(_on_probe(core, started=False), lambda _: [])
+    assert not _try(core, entry, driver)
+    assert Confirm("a0", entry.job.job_id) in driver.instructions
+    # The member may run on a0: the try does not gather again, and the job waits for a0's
+    # word before it is placed again.
+    assert driver.count(GatherLeases) == 1
+    assert entry.job.attempts == 2 and entry.job.state == zone_pb2.QUEUED
+    waits, _ = core.old_copy(entry, 0.0)
+    assert waits
