@@ -120,7 +120,9 @@ class ClearingRound:
     simulator); else tenant -> :class:`Quota`, checked against ``units``/``memory``, the
     pass's running tally per tenant, which the round adds its awards to (the caller's
     dicts: the queue walk counts its starts in the same ones). ``allows(job_id, key)``: the
-    job's spec allows that slice (None: every slice)."""
+    job's spec allows that slice (None: every slice); asked once per class of alike windows
+    (:attr:`~laminar_zone.market.MarketWindow.alike`), so it reads only what their tag
+    says (kind, MIG profile, GPU model)."""
 
     now: float
     slices: list[OpenSlice]
@@ -193,20 +195,22 @@ class ClearingRound:
                 return False
             return part is None or (job_id in part and not on_held)
 
-        ours = [
-            b
-            for b in self.bidders
-            if bids_now(b.job_id, b.priority, b.holds is not None)
-            and (b.holds is None or b.holds not in self.decided)
-        ]
         theirs = [
             b
             for b in self.client_bids
             if bids_now(b.job_id, b.priority, bool(b.window.held_by))
             and b.window.key not in self.taken
         ]
-        if not theirs and (not windows or not ours):
-            return Cleared([], [], len(windows), len(ours))
+        if not windows and not theirs:
+            return Cleared([], [])
+        ours = [
+            b
+            for b in self.bidders
+            if bids_now(b.job_id, b.priority, b.holds is not None)
+            and (b.holds is None or b.holds not in self.decided)
+        ]
+        if not ours and not theirs:
+            return Cleared([], [], len(windows))
         checks = self.quotas is not None or self.allows is not None
         bids, awards = clearing_round(
             ours,
