@@ -57,6 +57,12 @@ requeued after a memory kill, on every slice with the memory it now needs:
 the fair share, is the GPU-equivalents the tenant runs now, as the router counts it; a
 bid's waiting time is the time since the job arrived).
 
+Each class's step of a pass's round is the router's own machine
+(:class:`laminar_zone.round.ClearingRound`, opened once per pass with the free slices,
+the held ones and every bidder; no quota, no spec constraint): this module only carries
+out its decisions (start a piece, extend one in place, stop one whose slice another job
+won, and at its close stop the pieces no step decided).
+
 A winner starts a **piece** that runs every unit the job has left (one speed draw for the
 piece), not only the units the bid said would fit: the bid's units are what it commits to
 by its window's end. A checkpoint's length before the window ends, the piece is a

@@ -19,7 +19,8 @@ from ``LAMINAR_CHECKPOINT_DIR/progress``), its observed time per unit and peak m
 feed the job's :class:`~laminar_zone.market.Calibrator`, and a subjob that overran its
 window (stopped here) or its memory (reclaimed by Airlock) widens the profile and the
 job resumes from its checkpoint in a later window. All policy is in
-:mod:`laminar_zone.market`; this module is the I/O around it.
+:mod:`laminar_zone.market` and :mod:`laminar_zone.round` (the round's per-class steps,
+which the simulator drives too); this module is the I/O around them.
 """
 
 from __future__ import annotations
