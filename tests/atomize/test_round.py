@@ -6,6 +6,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import laminar_zone.round
 from laminar_zone.config import Quota
 from laminar_zone.market import (
@@ -187,3 +190,92 @@ def test_the_machine_does_no_io() -> None:
         if isinstance(node, ast.ImportFrom)
     }
     assert imported.isdisjoint({"asyncio", "grpc", "time", "socket", "laminar_api", "random"})
+
+
+@st.composite
+def rounds(draw: st.DrawFn) -> tuple[ClearingRound, list[Clear | list[tuple[str, str]]], float]:
+    """A round over random free and held slices, bidders of random classes and tenants, a
+    quota, and a pass of steps (parts, full rounds, rigid starts) in class order."""
+    n_slices = draw(st.integers(1, 6))
+    names = [f"s{i}" for i in range(n_slices)]
+    held_by = draw(st.lists(st.booleans(), min_size=n_slices, max_size=n_slices))
+    slices = []
+    bidders = []
+    for i, name in enumerate(names):
+        tag = draw(st.sampled_from(["MIG:3g.40gb", "MIG:1g.10gb"]))
+        if held_by[i]:
+            job = f"h{i}"
+            slices.append(open_slice(name, held_by=job, tag=tag))
+            bidders.append(
+                bidder(
+                    job,
+                    draw(st.integers(2, 4)),
+                    units=draw(st.integers(1, 90)),
+                    tenant=draw(st.sampled_from("tu")),
+                    holds=("h0", name),
+                )
+            )
+        else:
+            slices.append(open_slice(name, tag=tag))
+    waiting = [f"w{i}" for i in range(draw(st.integers(0, 6)))]
+    for job in waiting:
+        bidders.append(
+            bidder(
+                job,
+                draw(st.integers(2, 4)),
+                units=draw(st.integers(1, 90)),
+                tenant=draw(st.sampled_from("tu")),
+            )
+        )
+    quota = draw(st.integers(1, 4)) * 3000 // 7 / 1000 + 1e-6
+    rnd = machine(slices, bidders, quotas={"t": Quota(max_gpus=quota)}, units={}, memory={})
+    steps: list[Clear | list[tuple[str, str]]] = []
+    for priority in (2, 3, 4):
+        for _ in range(draw(st.integers(0, 2))):
+            if draw(st.booleans()):
+                steps.append([("h0", draw(st.sampled_from(names)))])  # a rigid start
+            else:
+                part = draw(st.sets(st.sampled_from(waiting))) if waiting else set()
+                steps.append(Clear(priority, {}, jobs=frozenset(part)))
+        heads = {FAMILY: NOW + draw(st.sampled_from([0.0, 600.0, 7200.0]))}
+        steps.append(Clear(priority, draw(st.sampled_from([{}, heads]))))
+    return rnd, steps, quota
+
+
+@settings(max_examples=150, deadline=None)
+@given(rounds())
+def test_property_a_round_never_gives_a_slice_or_a_job_twice_nor_passes_a_quota(
+    drawn: tuple[ClearingRound, list[Clear | list[tuple[str, str]]], float],
+) -> None:
+    rnd, steps, quota = drawn
+    held = {s.key: s.held_by for s in rnd.slices if s.held_by}
+    gone: set[tuple[str, str]] = set()  # slices a rigid start or a decision took
+    jobs: set[str] = set()
+    tally = 0.0
+    for step in steps:
+        if isinstance(step, list):
+            rnd.take(step)
+            gone.update(step)
+            continue
+        for d in rnd.clear(step).decisions:
+            award = d.award
+            assert award is not None
+            key, job = award.bid.window.key, award.bid.job_id
+            assert key not in gone and job not in jobs
+            gone.add(key)
+            jobs.add(job)
+            assert step.priority is None or award.bid.priority == step.priority
+            if isinstance(d, Start):
+                assert key not in held
+                assert step.jobs is None or job in step.jobs
+            else:
+                assert step.jobs is None  # held slices only in a class's full round
+                assert key in held and d.key == key
+                assert isinstance(d, Extend) == (job == held[key])
+            if award.bid.tenant == "t" and not award.bid.incumbent:
+                tally += award.bid.window.gpu_milli / 1000
+                assert tally <= quota
+    closed = rnd.close()
+    decided = {a.bid.window.key for a in closed.awards if a.bid.window.held_by}
+    assert [s.key for s in closed.stops] == [k for k in held if k not in decided]
+    assert closed.winners == jobs
