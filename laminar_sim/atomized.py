@@ -57,6 +57,12 @@ requeued after a memory kill, on every slice with the memory it now needs:
 the fair share, is the GPU-equivalents the tenant runs now, as the router counts it; a
 bid's waiting time is the time since the job arrived).
 
+Each class's step of a pass's round is the router's own machine
+(:class:`laminar_zone.round.ClearingRound`, opened once per pass with the free slices,
+the held ones and every bidder; no quota, no spec constraint): this module only carries
+out its decisions (start a piece, extend one in place, stop one whose slice another job
+won, and at its close stop the pieces no step decided).
+
 A winner starts a **piece** that runs every unit the job has left (one speed draw for the
 piece), not only the units the bid said would fit: the bid's units are what it commits to
 by its window's end. A checkpoint's length before the window ends, the piece is a
@@ -92,7 +98,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -131,10 +137,9 @@ from laminar_zone.market import (
     OpenSlice,
     Profile,
     RatioPool,
-    class_windows,
-    clearing_round,
     contract_from,
     default_min_samples,
+    make_bidder,
     slice_family,
     work_left_seconds,
 )
@@ -148,6 +153,7 @@ from laminar_zone.queue import (
     drive,
     order_key,
 )
+from laminar_zone.round import ClearingRound, Extend, Start
 from laminar_zone.view import AgentRecord
 
 ProgressFn = Callable[[str, int, int], None]
@@ -538,6 +544,11 @@ class MigReplay:
         self.slices_seen: dict[tuple[tuple[str, str], str, int, str], OpenSlice] = {}
         #: The waiting atomized jobs of this pass by queue id (class_order's biddings).
         self.bidding: dict[str, _JobState] = {}
+        #: This pass's clearing round (the router's machine) and, for what it decides, the
+        #: waiting jobs by bidder id and the pieces whose window ends by held slice.
+        self.round: ClearingRound | None = None
+        self.bidders: dict[str, _JobState] = {}
+        self.held: dict[tuple[str, str], _Piece] = {}
 
     # ----------------------------------------------------------------- set-up
 
@@ -609,12 +620,14 @@ class MigReplay:
         class and the lower ones) and its waiting atomized jobs in one queue order (each
         bids, in a part of the class's round, before the rigid jobs behind it are walked),
         then the class's full round (its pieces whose window ends, and the bids that won
-        nothing): :func:`laminar_zone.queue.class_order`, the pass the router runs too.
-        Pieces left undecided stop."""
+        nothing): :func:`laminar_zone.queue.class_order`, the pass the router runs too, its
+        rounds the router's :class:`~laminar_zone.round.ClearingRound`. Pieces it left
+        undecided stop when it closes."""
         if not self.spec.incumbency:
             for piece in list(self.deciding):
                 self.stop(piece)
         market: list[int | Bidding] = []
+        self.round = None
         if self.mode == "atomized":
             # The waiting atomized jobs take their place in the queue order among the rigid
             # ones: each bids ahead of the rigid jobs of its class behind it.
@@ -624,6 +637,7 @@ class MigReplay:
                 for job_id, s in self.bidding.items()
             ]
             market.extend({p.state.job.priority for p in self.deciding})
+            self.round = self.open_round()
         work = self.rigid_queue + (self.waiting if self.spec.class_order else [])
         work.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
         steps = class_order(
@@ -636,8 +650,10 @@ class MigReplay:
             shorter_first=self.spec.shorter_first,
         )
         self.rigid_queue = drive(steps, self.try_start, self.clear_round)
-        for piece in list(self.deciding):
-            self.stop(piece)
+        if self.round is not None:
+            for stop in self.round.close().stops:
+                self.stop(self.held[stop.key])
+            self.round = None
         self.measure_fragmentation()
 
     # ------------------------------------------------------------------- rigid
@@ -671,6 +687,8 @@ class MigReplay:
         leases = self.place(state)
         if leases is not None:
             self.start_rigid(state, leases)
+            if self.round is not None:  # no later class's round offers its slices
+                self.round.take((host.agent_id, slice_id) for host, _, slice_id in leases)
         return leases is not None
 
     def head_start(self, state: _JobState, units_ahead: float) -> float | None:
@@ -857,87 +875,71 @@ class MigReplay:
         state.believed = (calibrator.version, profile)
         return profile
 
-    def clear_round(self, step: Clear) -> None:
-        """One clearing round over the free slices and the held ones (pieces whose window
-        ends now), for the waiting jobs of class ``step.priority`` (None: every class) and
-        the pieces of that class that may extend in place: the router's ``clearing_round``,
-        as :func:`class_order` asks for it."""
-        priority = step.priority
+    @staticmethod
+    def bidder_id(state: _JobState) -> str:
+        """The job's id in the market (what ties in a round break on)."""
+        return f"j{state.job.index:07d}"
+
+    def open_round(self) -> ClearingRound:
+        """The pass's clearing round, the router's machine: the free slices and the held
+        ones (pieces whose window ends now), every waiting job's bidder and every holder's,
+        the tenants' usage now; no quota, no spec constraint (every job may use any slice)."""
         now = self.engine.now
-        # A part of the class's round (step.jobs) is for waiting jobs on free slices: the
-        # pieces whose window ends are decided in the class's full round.
-        deciding = self.deciding if step.jobs is None else []
-        held: dict[tuple[str, str], _Piece] = {p.window_key: p for p in deciding}
-        # The router's windows (class_windows): the slices left free by higher classes and
-        # rigid starts of this pass, then the held ones, cut at this class's heads.
+        self.held = {p.window_key: p for p in self.deciding}
+        self.bidders = {self.bidder_id(s): s for s in self.waiting}
         slices = [self.open_slice(key, *free) for key, free in sorted(self.free.items())]
         slices.extend(
-            self.open_slice(key, p.profile, p.memory, f"j{p.state.job.index:07d}")
-            for key, p in sorted(held.items())
+            self.open_slice(p.window_key, p.profile, p.memory, self.bidder_id(p.state))
+            for p in self.deciding
         )
-        windows = class_windows(
-            now, slices, step.heads, self.spec.horizon_seconds, claims=step.claims
-        )
-        if not windows:
-            return
-        bidders: list[Bidder] = []
-        by_job: dict[str, _JobState] = {}
-        waiting = self.waiting
-        if step.jobs is not None:  # a part of the round: those jobs (still waiting) only
-            waiting = [s for s in map(self.bidding.get, sorted(step.jobs)) if s is not None]
-        for state in waiting:
-            if priority is not None and state.job.priority != priority:
-                continue
-            if state.piece is not None or state.end is not None:
-                continue
-            job_id = f"j{state.job.index:07d}"
-            by_job[job_id] = state
-            bidders.append(self._bidder(state, job_id, state.next_unit, None))
-        for piece in deciding:
-            state = piece.state
-            if priority is not None and state.job.priority != priority:
-                continue
-            job_id = f"j{state.job.index:07d}"
-            by_job[job_id] = state
-            bidders.append(self._bidder(state, job_id, piece.progress(now), piece.window_key))
-        if not bidders:
-            return
-        self.totals.rounds += 1
+        bidders = [self._bidder(s, s.next_unit, None) for s in self.waiting]
+        bidders.extend(self._bidder(p.state, p.progress(now), p.window_key) for p in self.deciding)
         ctx = ClearingContext(
             usage=dict(self.usage),
             hysteresis=self.spec.hysteresis,
             starvation_ratio=self.spec.starvation_ratio,
             starvation_floor_seconds=self.spec.starvation_floor_seconds,
         )
-        # The router's own round: alike windows are priced once per bidder (round_bids).
-        bids, awards = clearing_round(bidders, windows, self.spec.clearing_policy, ctx)
-        self.totals.bids += len(bids)
-        for award in awards:
-            bid = award.bid
-            state = by_job[bid.job_id]
-            taker = held.get(bid.window.key) if bid.window.held_by else None
-            if taker is None:
+        return ClearingRound(
+            now, slices, bidders, self.spec.clearing_policy, ctx, self.spec.horizon_seconds
+        )
+
+    def clear_round(self, step: Clear) -> None:
+        """One class's step of the pass's round (:meth:`ClearingRound.clear`), as
+        :func:`class_order` asks for it; its decisions carried out here: a start on a free
+        window, an extension in place, a stop of a piece whose slice another job won."""
+        assert self.round is not None
+        if step.jobs is not None:  # a part of the round: queue ids to the market's
+            states = (self.bidding.get(job_id) for job_id in step.jobs)
+            step = replace(step, jobs=frozenset(self.bidder_id(s) for s in states if s is not None))
+        cleared = self.round.clear(step)
+        if not cleared.is_cleared:
+            return
+        self.totals.rounds += 1
+        self.totals.bids += len(cleared.bids)
+        for decision in cleared.decisions:
+            if isinstance(decision, Start):
+                bid = decision.award.bid
+                state = self.bidders[bid.job_id]
                 self.waiting.remove(state)
                 self.start_piece(state, bid.window, bid.unit_start, bid.unit_count)
-            elif bid.incumbent:
-                self.extend(taker, bid)
+            elif isinstance(decision, Extend):
+                self.extend(self.held[decision.key], decision.award.bid)
             else:  # taken by a better bid: the piece checkpoints and stops
                 self.totals.displaced += 1
-                self.stop(taker)
+                self.stop(self.held[decision.key])
 
-    def _bidder(
-        self, state: _JobState, job_id: str, next_unit: int, holds: tuple[str, str] | None
-    ) -> Bidder:
+    def _bidder(self, state: _JobState, next_unit: int, holds: tuple[str, str] | None) -> Bidder:
         assert state.contract is not None
-        return Bidder(
-            job_id,
+        return make_bidder(
+            self.bidder_id(state),
             state.job.tenant,
             state.contract,
             self.believed(state),
             next_unit,
             self.engine.now - state.job.arrival,
             state.job.priority,
-            holds,
+            holds=holds,
         )
 
     def start_piece(self, state: _JobState, window: MarketWindow, start: int, count: int) -> None:

@@ -19,7 +19,8 @@ from ``LAMINAR_CHECKPOINT_DIR/progress``), its observed time per unit and peak m
 feed the job's :class:`~laminar_zone.market.Calibrator`, and a subjob that overran its
 window (stopped here) or its memory (reclaimed by Airlock) widens the profile and the
 job resumes from its checkpoint in a later window. All policy is in
-:mod:`laminar_zone.market`; this module is the I/O around it.
+:mod:`laminar_zone.market` and :mod:`laminar_zone.round` (the round's per-class steps,
+which the simulator drives too); this module is the I/O around them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -44,14 +45,12 @@ from laminar_base.causes import (
     is_free_retry,
     widens_profile,
 )
-from laminar_base.demand import Demand
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_str
 from laminar_zone.config import Quota, ZoneConfig
 from laminar_zone.entry import Entry
 from laminar_zone.lifecycle import atomized_subjob_id
 from laminar_zone.market import (
-    Award,
     Bid,
     Bidder,
     Calibrator,
@@ -62,17 +61,18 @@ from laminar_zone.market import (
     Profile,
     RatioPool,
     class_windows,
-    clearing_round,
     contract_from,
     feasibility,
+    make_bidder,
     quantiles_from,
     slice_family,
     work_left_seconds,
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
-from laminar_zone.queue import Bidding, Clear, QueueItem, quota_block
+from laminar_zone.queue import Bidding, Clear
 from laminar_zone.reasons import Reason, set_reason
+from laminar_zone.round import ClearingRound, Extend, Start, Stop
 from laminar_zone.view import ZoneView
 
 
@@ -237,7 +237,9 @@ def units_done(job: zone_pb2.Job) -> int:
 
 @dataclass
 class MarketRound:
-    """One clearing round spread over a pass's classes (:meth:`Atomizer.open_round`)."""
+    """One clearing round spread over a pass's classes (:meth:`Atomizer.open_round`): the
+    round's decisions are its :class:`~laminar_zone.round.ClearingRound`'s (the simulator
+    drives the same one); this is what the router needs to carry them out."""
 
     now: float
     now_unix: float
@@ -249,25 +251,13 @@ class MarketRound:
     offered: int
     #: (agent, slice) -> (window, agent address, length offered to any class).
     by_key: dict[tuple[str, str], tuple[common_pb2.Window, str, float]]
-    #: The pass's running tally per tenant (GPU-equivalents, GPU memory bytes).
-    units: dict[str, float]
-    memory: dict[str, int]
-    ctx: ClearingContext
-    bidders: list[Bidder] = field(default_factory=list)
+    machine: ClearingRound
     specs: dict[str, zone_pb2.JobSpec] = field(default_factory=dict)
     clients: list[tuple[Entry, Atom]] = field(default_factory=list)
-    client_bids: list[Bid] = field(default_factory=list)
     #: Pieces whose window ends now: (agent, slice) -> (job, placement, window).
     held: dict[tuple[str, str], tuple[Entry, zone_pb2.Placement, common_pb2.Window]] = field(
         default_factory=dict
     )
-    #: What the round may offer (laminar_zone.market.class_windows): the free slices
-    #: announced when it opened, then the held ones.
-    slices: list[OpenSlice] = field(default_factory=list)
-    #: Windows a higher class won, or a rigid job started on, in this pass.
-    taken: set[tuple[str, str]] = field(default_factory=set)
-    bids: list[Bid] = field(default_factory=list)
-    awards: list[Award] = field(default_factory=list)
     materialized: int = 0
     seconds: float = 0.0
 
@@ -277,22 +267,23 @@ class MarketRound:
         (met in the pass's queue order, it bids ahead of the rigid jobs of its class behind
         it), and the classes of held pieces and client bids. Each carries its work left as the
         router prices it (``market.work_left_seconds``; 0 for a client bidder's job)."""
+        bidders = self.machine.bidders
         left = {
             b.job_id: work_left_seconds(b.contract, b.profile, b.next_unit)
-            for b in self.bidders
+            for b in bidders
             if b.holds is None
         }
         work: list[int | Bidding] = [
             Bidding(e.job.job_id, e.item.priority, left.get(e.job.job_id, 0.0))
             for e in self.waiting
         ]
-        work.extend({b.priority for b in self.bidders} | {b.priority for b in self.client_bids})
+        work.extend({b.priority for b in bidders} | {b.priority for b in self.machine.client_bids})
         return work
 
     def note_started(self, placements: Iterable[zone_pb2.Placement]) -> None:
         """A rigid job of this pass started on these placements: their slices are taken."""
         for p in placements:
-            self.taken.update((p.agent_id, s) for s in p.slice_ids)
+            self.machine.take((p.agent_id, s) for s in p.slice_ids)
 
 
 class Atomizer:
@@ -656,6 +647,56 @@ class Atomizer:
         markets = {m.key: m for m in announced}
         offered = [(w, address, o) for w, address, o in usable if o.key in markets]
         by_key = {o.key: (w, address, markets[o.key].length_seconds) for w, address, o in offered}
+        slices = [o for _, _, o in offered]
+        bidders: list[Bidder] = []
+        specs: dict[str, zone_pb2.JobSpec] = {}
+        clients: list[tuple[Entry, Atom]] = []
+        held: dict[tuple[str, str], tuple[Entry, zone_pb2.Placement, common_pb2.Window]] = {}
+        largest = self.largest_slice_bytes()
+        for entry in waiting:
+            atom = self.atoms[entry.job.job_id]
+            if atom.client is not None:
+                clients.append((entry, atom))
+                continue
+            bidders.append(self._bidder(entry, atom, now, largest))
+            specs[entry.job.job_id] = entry.job.spec
+        for entry, atom, p in due:
+            w = self._held_window(atom, p)
+            key = (w.agent_id, w.slice_id)
+            held[key] = (entry, p, w)
+            slices.append(self._open_slice(w, entry.job.job_id))
+            specs[entry.job.job_id] = entry.job.spec
+            bidders.append(self._bidder(entry, atom, now, largest, holds=key))
+        client_bids: list[Bid] = []
+        if clients:
+            replies = await asyncio.gather(
+                *(self._client_bids(e, a, by_key, markets, now) for e, a in clients)
+            )
+            for got in replies:
+                client_bids.extend(got)
+
+        def allows(job_id: str, key: tuple[str, str]) -> bool:
+            window = by_key[key][0] if key in by_key else held[key][2]
+            return self._allows(specs[job_id], window)
+
+        machine = ClearingRound(
+            now_unix,
+            slices,
+            bidders,
+            self.config.policy,
+            ClearingContext(
+                usage=dict(units),
+                shares=self.zone.shares,
+                blend=self._blend,
+                hysteresis=self.config.hysteresis,
+            ),
+            self.config.max_window_seconds,
+            client_bids=client_bids,
+            quotas=self.zone.quotas,
+            units=units,
+            memory=memory,
+            allows=allows,
+        )
         rnd = MarketRound(
             now=now,
             now_unix=now_unix,
@@ -663,129 +704,31 @@ class Atomizer:
             waiting=waiting,
             offered=len(offered),
             by_key=by_key,
-            slices=[o for _, _, o in offered],
-            units=units,
-            memory=memory,
-            ctx=ClearingContext(
-                usage=dict(units),
-                shares=self.zone.shares,
-                blend=self._blend,
-                hysteresis=self.config.hysteresis,
-            ),
+            machine=machine,
+            specs=specs,
+            clients=clients,
+            held=held,
         )
-        largest = self.largest_slice_bytes()
-        for entry in waiting:
-            atom = self.atoms[entry.job.job_id]
-            if atom.client is not None:
-                rnd.clients.append((entry, atom))
-                continue
-            rnd.bidders.append(self._bidder(entry, atom, now, largest))
-            rnd.specs[entry.job.job_id] = entry.job.spec
-        for entry, atom, p in due:
-            w = self._held_window(atom, p)
-            key = (w.agent_id, w.slice_id)
-            rnd.held[key] = (entry, p, w)
-            rnd.slices.append(self._open_slice(w, entry.job.job_id))
-            rnd.specs[entry.job.job_id] = entry.job.spec
-            holder = self._bidder(entry, atom, now, largest)
-            rnd.bidders.append(replace(holder, holds=key))
-        if rnd.clients:
-            replies = await asyncio.gather(
-                *(self._client_bids(e, a, by_key, markets, now) for e, a in rnd.clients)
-            )
-            for got in replies:
-                rnd.client_bids.extend(
-                    b for b in got if self._within_quota(rnd, b.tenant, b.window)
-                )
         rnd.seconds += time.perf_counter() - started
         return rnd
 
-    @staticmethod
-    def _piece(tenant: str, w: MarketWindow) -> QueueItem:
-        """A piece on ``w``, as the queue's quota rule weighs a job."""
-        need = Demand(gpu_milli=w.gpu_milli, gpu_memory_bytes=w.memory_bytes)
-        return QueueItem("", 0, tenant, 0.0, need, 1, 0.0)
-
-    def _within_quota(self, rnd: MarketRound, tenant: str, w: MarketWindow) -> bool:
-        """A piece on ``w`` keeps its tenant within quota (queue.quota_block), counting what
-        it runs and what this pass has started or awarded it so far."""
-        return not quota_block(
-            self._piece(tenant, w),
-            self.zone.quotas.get(tenant),
-            rnd.units.get(tenant, 0.0),
-            rnd.memory.get(tenant, 0),
-        )
-
     async def clear_class(self, rnd: MarketRound, step: Clear) -> None:
-        """The clearing round of class ``step.priority`` (None: every class): its waiting
-        jobs and its pieces whose window ends, on the windows no higher class (nor a rigid
-        job started in this pass) took, each cut at the blocked rigid heads of this class or
-        a higher one (``step.heads``). Pieces that lost their slice stop; winners on free
-        windows start now, before any lower class's rigid job may try."""
-        priority = step.priority
+        """The clearing round of class ``step.priority`` (None: every class), as the round's
+        machine decides it (:meth:`laminar_zone.round.ClearingRound.clear`): pieces that
+        lost their slice stop, pieces that kept it extend, winners on free windows start
+        now, before any lower class's rigid job may try."""
         rnd.started = time.perf_counter()
-
-        def eligible(b: Bidder, w: MarketWindow) -> bool:
-            if w.held_by and w.held_by == b.job_id:
-                return True  # its own slice: it holds it already, within its quota
-            window = rnd.by_key[w.key][0] if w.key in rnd.by_key else rnd.held[w.key][2]
-            return self._within_quota(rnd, b.tenant, w) and self._allows(
-                rnd.specs[b.job_id], window
-            )
-
-        # A part of the class's round (step.jobs: waiting jobs submitted before the class's
-        # next rigid job) is on free slices only; held ones wait for the class's full round.
-        part = step.jobs
-        slices = rnd.slices if part is None else [o for o in rnd.slices if not o.held_by]
-        windows = class_windows(
-            rnd.now_unix,
-            slices,
-            step.heads,
-            self.config.max_window_seconds,
-            rnd.taken,
-            step.claims,
-        )
-        awarded = {a.bid.job_id for a in rnd.awards}
-
-        def bids_now(job_id: str, job_priority: int, on_held: bool) -> bool:
-            if (priority is not None and job_priority != priority) or job_id in awarded:
-                return False
-            return part is None or (job_id in part and not on_held)
-
-        ours = [b for b in rnd.bidders if bids_now(b.job_id, b.priority, b.holds is not None)]
-        theirs = [
-            b
-            for b in rnd.client_bids
-            if bids_now(b.job_id, b.priority, bool(b.window.held_by))
-            and b.window.key not in rnd.taken
-        ]
-        class_bids, class_awards = clearing_round(
-            ours, windows, self.config.policy, rnd.ctx, eligible=eligible, extra_bids=theirs
-        )
-        rnd.bids.extend(class_bids)
-        mine: list[Award] = []
-        for won in class_awards:  # in clearing order: the best keep the tenant's quota
-            tenant, market = won.bid.tenant, won.bid.window
-            if won.bid.incumbent:
-                mine.append(won)
-            elif self._within_quota(rnd, tenant, market):
-                mine.append(won)
-                item = self._piece(tenant, market)
-                rnd.units[tenant] = rnd.units.get(tenant, 0.0) + item.units
-                rnd.memory[tenant] = rnd.memory.get(tenant, 0) + item.need.memory_bytes
-            else:
-                continue
-            rnd.taken.add(market.key)
-        rnd.awards.extend(mine)
-        decided = {a.bid.window.key for a in mine if a.bid.window.held_by}
-        await self._decide_held(
-            {k: v for k, v in rnd.held.items() if k in decided}, mine, rnd.now_unix
-        )
+        cleared = rnd.machine.clear(step)
+        order = {key: i for i, key in enumerate(rnd.held)}
+        held = [d for d in cleared.decisions if not isinstance(d, Start)]
+        await self._decide_held(rnd, sorted(held, key=lambda d: order[d.key]))
         results = await asyncio.gather(
             *(
-                self._materialize(self.zone.entries[a.bid.job_id], a.bid, a.score, rnd.by_key)
-                for a in mine
-                if not a.bid.window.held_by and a.bid.job_id in self.zone.entries
+                self._materialize(
+                    self.zone.entries[d.award.bid.job_id], d.award.bid, d.award.score, rnd.by_key
+                )
+                for d in cleared.decisions
+                if isinstance(d, Start) and d.award.bid.job_id in self.zone.entries
             )
         )
         rnd.materialized += sum(results)
@@ -796,13 +739,12 @@ class Atomizer:
         the score that beat them, clients hear the outcome, waiting jobs say why. Returns
         the winning bids (tests and benchmarks read them)."""
         rnd.started = time.perf_counter()
-        awards = rnd.awards
-        winning = {a.bid.window.key: a.score for a in awards}
-        winners = {a.bid.job_id for a in awards}
-        for bid in rnd.bids:  # losers learn the score that beat them
-            loser = self.atoms.get(bid.job_id)
-            if loser is not None and bid.job_id not in winners and bid.window.key in winning:
-                loser.last_losing_score = max(loser.last_losing_score, winning[bid.window.key])
+        closed = rnd.machine.close()
+        awards = closed.awards
+        for job_id, best in closed.losing_scores.items():  # losers learn what beat them
+            loser = self.atoms.get(job_id)
+            if loser is not None:
+                loser.last_losing_score = max(loser.last_losing_score, best)
         for entry, atom in rnd.clients:
             award = next((a for a in awards if a.bid.job_id == entry.job.job_id), None)
             refused = list(atom.result.refused) if atom.result is not None else []
@@ -812,13 +754,10 @@ class Atomizer:
                 winning_bid=_bid_message(award.bid, award.score) if award else None,
                 refused=refused,  # this round's, set while its bids were taken
             )
-        decided = {a.bid.window.key for a in awards if a.bid.window.held_by}
-        await self._decide_held(
-            {k: v for k, v in rnd.held.items() if k not in decided}, awards, rnd.now_unix
-        )
+        await self._decide_held(rnd, closed.stops)
         future = self.future_windows(rnd.now_unix)
         for entry in rnd.waiting:
-            if entry.job.job_id not in winners or all(
+            if entry.job.job_id not in closed.winners or all(
                 a.bid.window.held_by for a in awards if a.bid.job_id == entry.job.job_id
             ):
                 self._explain_wait(entry, bool(rnd.offered), rnd.now_unix, future)
@@ -831,26 +770,23 @@ class Atomizer:
                 self.config.policy,
                 rnd.offered,
                 len(rnd.held),
-                len(rnd.bids),
+                len(rnd.machine.bids),
                 len(awards),
                 rnd.materialized,
             )
         return [a.bid for a in awards]
 
-    async def _decide_held(
-        self,
-        held: dict[tuple[str, str], tuple[Entry, zone_pb2.Placement, common_pb2.Window]],
-        awards: list[Award],
-        now_unix: float,
-    ) -> None:
-        """Each piece whose window ends: extended in place when its own bid won its slice;
-        otherwise stopped (it checkpoints; the job resumes from there in a later window)."""
-        by_key = {a.bid.window.key: a for a in awards if a.bid.window.held_by}
-        for key, (entry, p, _) in held.items():
-            award = by_key.get(key)
-            if award is not None and award.bid.incumbent:
-                length = award.bid.window.length_seconds
-                p.window_end_unix = now_unix + length if math.isfinite(length) else 0.0
+    async def _decide_held(self, rnd: MarketRound, decisions: Iterable[Extend | Stop]) -> None:
+        """Carry out the round's decisions on pieces whose window ends: extended in place
+        (:class:`~laminar_zone.round.Extend`), or stopped (:class:`~laminar_zone.round.Stop`:
+        it checkpoints; the job resumes from there in a later window)."""
+        for decision in decisions:
+            key = decision.key
+            entry, p, _ = rnd.held[key]
+            if isinstance(decision, Extend):
+                kept = decision.award
+                length = kept.bid.window.length_seconds
+                p.window_end_unix = rnd.now_unix + length if math.isfinite(length) else 0.0
                 self.zone.save(entry)
                 self.zone.metrics.window_extensions.inc()
                 log.info(
@@ -862,9 +798,10 @@ class Atomizer:
                     key[1],
                     length,
                     self.config.hysteresis,
-                    award.score,
+                    kept.score,
                 )
                 continue
+            award = decision.award
             if award is not None:
                 why = (
                     f"window ended: {key[0]}/{key[1]} goes to job {award.bid.job_id} "
@@ -936,33 +873,31 @@ class Atomizer:
         """The largest slice any agent advertises a window on (0 before any window)."""
         return max((w.memory_bytes for ws in self.windows.values() for w in ws), default=0)
 
-    def _bidder(self, entry: Entry, atom: Atom, now: float, largest_bytes: int) -> Bidder:
+    def _bidder(
+        self,
+        entry: Entry,
+        atom: Atom,
+        now: float,
+        largest_bytes: int,
+        holds: tuple[str, str] | None = None,
+    ) -> Bidder:
         """The router bidding for a job: its calibrated profile, within its current phase
         (a subjob never crosses a phase boundary, so each bid has one phase's profile)."""
         job = entry.job
         next_unit = units_done(job)
         phase = atom.phase_at(next_unit)
-        limit = atom.phases[phase].end - next_unit
-        contract = atom.contract
-        if limit < contract.total_units - next_unit:
-            contract = Contract(
-                contract.total_units,
-                contract.profile,
-                contract.checkpoint_overhead_seconds,
-                min(contract.min_units, limit),
-                min(contract.max_units, limit),
-                contract.epsilon,
-            )
-        return Bidder(
+        return make_bidder(
             job.job_id,
             job.spec.tenant,
-            contract,
+            atom.contract,
             self._believed(entry, atom.calibrators[phase], largest_bytes),
             next_unit,
             # Time in the system since submission, as the simulator counts it: what the
             # clearing scores that age (srpt's starvation guard, slowdown, responsive) read.
             now - entry.submitted_mono,
             job.spec.priority or common_pb2.BATCH,
+            phase_end=atom.phases[phase].end,
+            holds=holds,
         )
 
     @staticmethod

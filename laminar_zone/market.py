@@ -307,6 +307,35 @@ class Bidder:
     holds: tuple[str, str] | None = None
 
 
+def make_bidder(
+    job_id: str,
+    tenant: str,
+    contract: Contract,
+    profile: Profile,
+    next_unit: int,
+    waited_seconds: float,
+    priority: int,
+    *,
+    phase_end: int | None = None,
+    holds: tuple[str, str] | None = None,
+) -> Bidder:
+    """A job as a round sees it, the router's and the simulator's: its calibrated
+    ``profile`` (:meth:`Calibrator.believed`), bidding from ``next_unit`` within its current
+    phase (a piece never crosses ``phase_end``; None: the contract's end), having been in
+    the system ``waited_seconds`` (what the scores that age read)."""
+    limit = (contract.total_units if phase_end is None else phase_end) - next_unit
+    if limit < contract.total_units - next_unit:
+        contract = Contract(
+            contract.total_units,
+            contract.profile,
+            contract.checkpoint_overhead_seconds,
+            min(contract.min_units, limit),
+            min(contract.max_units, limit),
+            contract.epsilon,
+        )
+    return Bidder(job_id, tenant, contract, profile, next_unit, waited_seconds, priority, holds)
+
+
 def round_bids(
     bidders: Iterable[Bidder],
     windows: Iterable[MarketWindow],

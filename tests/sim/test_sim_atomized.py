@@ -8,12 +8,16 @@ from __future__ import annotations
 import argparse
 import io
 import json
+from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
+import laminar_sim.atomized
+from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.errors import InvalidArgument
 from laminar_sim.atomized import (
     AtomizeSpec,
@@ -25,6 +29,9 @@ from laminar_sim.atomized import (
 )
 from laminar_sim.cli import register
 from laminar_sim.replay import TraceJob
+from laminar_zone.atomizer import Atomizer
+from laminar_zone.queue import Clear
+from laminar_zone.round import Cleared, ClearingRound, Closed, Extend, Start, Stop
 
 GIB = 1024**3
 #: Two hosts: per host two GPUs in halves (3g.40gb) and one in sevenths (1g.10gb).
@@ -293,3 +300,95 @@ def test_srpts_starvation_guard_lets_a_long_job_through_a_stream_of_short_ones()
     assert 10 * 3600.0 < long_end < (16 + 10) * 3600.0
     assert long_end < stream_end - 5 * 3600.0
     assert worst_short < 12 * 3600.0  # the short jobs wait out its run, no longer
+
+
+class RecordingRound(ClearingRound):
+    """The simulator's round, recorded: what it was given and what each step decided."""
+
+    rounds: list[RecordingRound] = []
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.events: list[tuple[str, Any, Any]] = []
+        RecordingRound.rounds.append(self)
+
+    def take(self, keys: Iterable[tuple[str, str]]) -> None:
+        keys = list(keys)
+        self.events.append(("take", keys, None))
+        super().take(keys)
+
+    def clear(self, step: Clear) -> Cleared:
+        cleared = super().clear(step)
+        self.events.append(("clear", step, cleared))
+        return cleared
+
+    def close(self) -> Closed:
+        closed = super().close()
+        self.events.append(("close", None, closed))
+        return closed
+
+
+def allowed(
+    spec: zone_pb2.JobSpec,
+    windows: dict[tuple[str, str], common_pb2.Window],
+    job_id: str,
+    key: tuple[str, str],
+) -> bool:
+    """The router's spec check (Atomizer._allows) on a slice as an agent advertises it."""
+    return Atomizer._allows(spec, windows[key])
+
+
+def test_the_simulator_carries_out_the_routers_round_decisions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MigReplay and the router drive one round machine: each pass of a contended run is
+    replayed through a ClearingRound set up as Atomizer.open_round sets it up (a quota
+    table, the pass's tally, the spec check of Atomizer._allows on the slice as a
+    common_pb2.Window), and gives the same decisions; and the simulator carried out exactly
+    those (pieces started, extended, displaced and stopped at close)."""
+    RecordingRound.rounds = []
+    monkeypatch.setattr(laminar_sim.atomized, "ClearingRound", RecordingRound)
+    s = spec(horizon_seconds=900.0)
+    sim = MigReplay(s, make_jobs(trace_jobs(), profiles(), s.seed), "atomized")
+    report = sim.run()
+    assert report["finished"] == report["jobs"]
+    rounds = RecordingRound.rounds
+    job_spec = zone_pb2.JobSpec(name="replayed")
+    starts = extends = displaced = closed_stops = 0
+    for rnd in rounds:
+        windows = {
+            s.key: common_pb2.Window(
+                agent_id=s.agent_id,
+                slice_id=s.slice_id,
+                kind=common_pb2.MIG,
+                memory_bytes=s.memory_bytes,
+            )
+            for s in rnd.slices
+        }
+        router = ClearingRound(
+            rnd.now,
+            rnd.slices,
+            rnd.bidders,
+            rnd.policy,
+            rnd.ctx,
+            rnd.max_window_seconds,
+            quotas={},
+            units={},
+            memory={},
+            allows=partial(allowed, job_spec, windows),
+        )
+        for kind, given, got in rnd.events:
+            if kind == "take":
+                router.take(given)
+            elif kind == "clear":
+                assert router.clear(given).decisions == got.decisions
+                starts += sum(isinstance(d, Start) for d in got.decisions)
+                extends += sum(isinstance(d, Extend) for d in got.decisions)
+                displaced += sum(isinstance(d, Stop) for d in got.decisions)
+            else:
+                assert router.close() == got
+                closed_stops += len(got.stops)
+    assert starts == report["subjobs"] - sum(st.runs for st in sim.states if st.contract is None)
+    assert extends == report["extensions"] > 0
+    assert displaced == report["displaced"]
+    assert closed_stops > 0  # pieces no extension fitted stopped at the round's close

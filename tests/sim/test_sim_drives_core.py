@@ -113,9 +113,22 @@ def test_the_router_and_the_atomized_replay_drive_one_class_order() -> None:
     assert {"class_order", "drive"} <= calls(replay)
     for path in (router, steps, market, replay):
         assert "may_try" not in calls(path), path
-    # The market clears one class per instruction: one clearing_round call, in clear_class.
-    assert "clearing_round" in calls(market)
     assert "open_round" in calls(router) and "clear_class" in calls(router)
+
+
+def test_the_router_and_the_atomized_replay_drive_one_clearing_round() -> None:
+    """What a class's round decides (its slices, who bids, the clearing, quota admission,
+    starts, extensions, stops) is laminar_zone.round.ClearingRound's: the atomizer and
+    MigReplay each build one per pass and carry out its decisions; neither clears bids
+    (clearing_round, clear) nor prices them (round_bids, best_bid) itself."""
+    root = Path(laminar_sim.__file__).parents[1]
+    market = root / "laminar_zone" / "atomizer.py"
+    replay = root / "laminar_sim" / "atomized.py"
+    for path in (market, replay):
+        used = calls(path)
+        assert "ClearingRound" in used, path
+        assert not used & {"clearing_round", "round_bids", "best_bid"}, path
+    assert "clearing_round" in calls(root / "laminar_zone" / "round.py")
 
 
 #: What only laminar_zone.market.class_windows may do: build the windows a class's round
@@ -126,12 +139,12 @@ WINDOW_BUILDERS = frozenset({"MarketWindow", "offer_seconds"})
 def test_the_router_and_the_atomized_replay_build_windows_with_one_function() -> None:
     """Which slices a class's round offers, for how long (the class's blocked heads, the
     max window), which a piece holds and which were taken this pass: decided once, in
-    laminar_zone.market.class_windows, that the router's clear_class and MigReplay's
-    clear_round both call; neither builds a MarketWindow or cuts one at a head itself."""
+    laminar_zone.market.class_windows, that the round machine both drive calls (and the
+    router's announcement to clients); neither builds a MarketWindow or cuts one at a head
+    itself."""
     root = Path(laminar_sim.__file__).parents[1]
     market = root / "laminar_zone" / "atomizer.py"
-    replay = root / "laminar_sim" / "atomized.py"
-    assert "class_windows" in calls(market) and "class_windows" in calls(replay)
+    assert "class_windows" in calls(root / "laminar_zone" / "round.py")
     package = Path(laminar_sim.__file__).parent
     builders = {
         str(path.relative_to(root)): sorted(calls(path) & WINDOW_BUILDERS)
