@@ -1527,11 +1527,20 @@ class ZoneCore:
         units_ahead: float,
         now_unix: float,
         releases: dict[str, ReleaseCurve],
+        free_now: dict[Demand, float],
     ) -> float | None:
-        """When ``entry`` may start, from the expected ends of running work of its family;
-        ``releases`` holds each family's, made once per pass (one scan of the live jobs per
-        family, not per waiting job) and dropped when the pass starts a job of it."""
+        """When ``entry`` may start: from what of its need is free now (in GPU units) and
+        the expected ends of running work of its family. ``releases`` holds each family's
+        ends and ``free_now`` each demand's free units, made once per pass (one scan of the
+        live jobs per family and of the view per demand, not per waiting job) and dropped
+        when the pass starts a job of that family."""
         family = entry.need.family
+        free = free_now.get(entry.need)
+        if free is None:
+            # What the head could use now, members that fit a ready host as its summary
+            # shows (fragments too small for one member count for nothing): EASY's shadow
+            # time counts them beside the running jobs' ends.
+            free = free_now[entry.need] = self.view.free_for(entry.need) * entry.need.gpu_units
         if family not in releases:
             ends: list[tuple[float, float]] = []
             mean = self.mean_run_seconds.get(family, 0.0)
@@ -1542,7 +1551,7 @@ class ZoneCore:
                 if run > 0:
                     ends.append((other.job.started_unix + run, other.item.units))
             releases[family] = ReleaseCurve(ends)
-        return releases[family].start(now_unix, 0.0, units_ahead, entry.item.units)
+        return releases[family].start(now_unix, free, units_ahead, entry.item.units)
 
 
 @dataclass
@@ -1563,6 +1572,7 @@ class PassBook:
     instructions: list[Instruction] = field(default_factory=list)
     counts: dict[Demand, HostCounts] = field(default_factory=dict)
     releases: dict[str, ReleaseCurve] = field(default_factory=dict)  # per family, this pass
+    free_now: dict[Demand, float] = field(default_factory=dict)  # per demand, this pass
     queued_per_family: dict[str, int] = field(default_factory=dict)
 
     def admit(self, entry: Entry) -> Admit:
@@ -1630,12 +1640,17 @@ class PassBook:
             self.memory[tenant] = self.memory.get(tenant, 0) + entry.item.memory_bytes
             self.counts.pop(entry.need, None)
             self.releases.pop(entry.need.family, None)
+            family = entry.need.family  # the room it took was its family's
+            for need in [n for n in self.free_now if n.family == family]:
+                del self.free_now[need]
             return True
         self.counts[entry.need] = self.core.view.counts(entry.need)
         return False
 
     def expected_start(self, entry: Entry, units_ahead: float) -> float | None:
-        return self.core.expected_start(entry, units_ahead, self.now_unix, self.releases)
+        return self.core.expected_start(
+            entry, units_ahead, self.now_unix, self.releases, self.free_now
+        )
 
     def waited(self, entry: Entry, wait: Waiting) -> None:
         """The walk left ``entry`` waiting: say why, where, and until when."""

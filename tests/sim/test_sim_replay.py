@@ -31,8 +31,9 @@ def test_backfill_runs_a_short_job_ahead_of_a_blocked_gang_without_delaying_it(
     tmp_path: Path,
 ) -> None:
     # 3 hosts x 8 GPUs. A and A2: one host each for 100 s. B (gang of 2 full hosts) waits
-    # for them: the router expects it to start at 100 s, when their 16 GPUs are released
-    # (ZoneCore.expected_start counts releases, not GPUs free now). C: 1 GPU for 10 s fits
+    # for them and the free third host: the router expects it to start at 100 s, when the
+    # third host's 8 free GPUs and A's 8 cover its 16 (ZoneCore.expected_start counts what
+    # is free now and the running jobs' ends). C: 1 GPU for 10 s fits
     # on the third host and ends before B can start: backfilled. D: 1 GPU for 500 s would
     # delay B: it waits.
     path = trace(
@@ -59,24 +60,26 @@ def test_backfill_runs_a_short_job_ahead_of_a_blocked_gang_without_delaying_it(
     assert laminar_report["finished"] == fifo_report["finished"] == 5
 
 
-def test_a_gang_whose_start_the_router_cannot_estimate_is_not_backfilled(
-    tmp_path: Path,
-) -> None:
+def test_a_gang_s_expected_start_counts_the_host_free_now(tmp_path: Path) -> None:
     # 2 hosts x 8 GPUs. A: one host for 100 s. B (gang of 2 full hosts) needs A's host and
-    # the free one: the releases alone (8 GPUs) do not cover it, so the router's expected
-    # start is unknown, and it lets nothing of its family backfill: C waits behind B.
-    # (Before sim replay drove the router's core it backfilled C here.)
+    # the free one: with the free host counted (EASY's shadow time), B is expected at 100 s,
+    # so C (1 GPU for 10 s) backfills onto the free host and ends long before; D (1 GPU for
+    # 500 s) would hold that host past 100 s and delay B: it waits until B is done. Counting
+    # only the running jobs' ends (8 GPUs, short of B's 16), the router had no estimate for
+    # B and let nothing backfill: C waited behind B.
     path = trace(
         tmp_path,
         [
             ("2017-10-01 00:00:00", 100, 8),
             ("2017-10-01 00:00:01", 50, 16),
             ("2017-10-01 00:00:02", 10, 1),
+            ("2017-10-01 00:00:03", 500, 1),
         ],
     )
     laminar = LaminarReplay(ReplaySpec(path, hosts=2), read_jobs(ReplaySpec(path, hosts=2)))
     laminar.run("laminar", None)
-    assert sorted(laminar.stats.queue) == [0.0, 99.0, 148.0]
+    # Queue times: A 0, C 0 (backfilled), B 99 (at 100 s, undelayed), D 147 (after B).
+    assert sorted(laminar.stats.queue) == [0.0, 0.0, 99.0, 147.0]
 
 
 def test_a_job_that_fails_is_retried_by_the_router_s_lifecycle(tmp_path: Path) -> None:
