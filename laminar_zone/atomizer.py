@@ -62,6 +62,7 @@ from laminar_zone.market import (
     RatioPool,
     class_windows,
     contract_from,
+    expected_progress,
     feasibility,
     make_bidder,
     quantiles_from,
@@ -666,7 +667,9 @@ class Atomizer:
             held[key] = (entry, p, w)
             slices.append(self._open_slice(w, entry.job.job_id))
             specs[entry.job.job_id] = entry.job.spec
-            bidders.append(self._bidder(entry, atom, now, largest, holds=key))
+            bidders.append(
+                self._bidder(entry, atom, now, largest, holds=key, running=p, now_unix=now_unix)
+            )
         client_bids: list[Bid] = []
         if clients:
             replies = await asyncio.gather(
@@ -880,17 +883,32 @@ class Atomizer:
         now: float,
         largest_bytes: int,
         holds: tuple[str, str] | None = None,
+        running: zone_pb2.Placement | None = None,
+        now_unix: float = 0.0,
     ) -> Bidder:
         """The router bidding for a job: its calibrated profile, within its current phase
-        (a subjob never crosses a phase boundary, so each bid has one phase's profile)."""
+        (a subjob never crosses a phase boundary, so each bid has one phase's profile).
+        From the furthest checkpoint an ended piece reported; for the incumbent
+        ``running`` piece (its window ends at ``now_unix``), from where it is expected to
+        be (:func:`expected_progress`), so its work left is not counted from its start."""
         job = entry.job
         next_unit = units_done(job)
+        if running is not None and running.started_unix > 0:
+            next_unit = max(next_unit, running.unit_start)
         phase = atom.phase_at(next_unit)
+        profile = self._believed(entry, atom.calibrators[phase], largest_bytes)
+        if running is not None and running.started_unix > 0:
+            next_unit = expected_progress(
+                running.unit_start,
+                running.unit_count,
+                now_unix - running.started_unix,
+                profile,
+            )
         return make_bidder(
             job.job_id,
             job.spec.tenant,
             atom.contract,
-            self._believed(entry, atom.calibrators[phase], largest_bytes),
+            profile,
             next_unit,
             # Time in the system since submission, as the simulator counts it: what the
             # clearing scores that age (srpt's starvation guard, slowdown, responsive) read.

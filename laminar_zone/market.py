@@ -307,6 +307,22 @@ class Bidder:
     holds: tuple[str, str] | None = None
 
 
+def expected_progress(
+    unit_start: int, unit_count: int, elapsed_seconds: float, profile: Profile
+) -> int:
+    """The next unit a running piece is expected to be at, ``elapsed_seconds`` after it
+    started on units ``unit_start`` .. ``unit_start + unit_count - 1``: its median seconds
+    per unit (``profile``, the calibrated one) into the time it ran, at most its last unit
+    (it bids for the rest of its own piece, never past it). What an incumbent's extension
+    bid counts its work left from, where the router has no checkpoint of a running piece
+    yet (its units are reported when it ends)."""
+    if unit_count <= 0:
+        return unit_start
+    per_unit = profile.seconds_per_unit.value_at(0.5)
+    done = unit_count - 1 if per_unit <= 0 else int(max(0.0, elapsed_seconds) / per_unit)
+    return unit_start + min(unit_count - 1, done)
+
+
 def make_bidder(
     job_id: str,
     tenant: str,

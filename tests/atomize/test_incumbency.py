@@ -3,9 +3,17 @@ of a higher class, or of its class better by the hysteresis, wants it (issue 17)
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any, cast
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.demand import Demand
+from laminar_zone.atomizer import Atomizer
+from laminar_zone.config import ZoneConfig
+from laminar_zone.entry import Entry
 from laminar_zone.market import (
     Bidder,
     ClearingContext,
@@ -13,6 +21,7 @@ from laminar_zone.market import (
     MarketWindow,
     clearing_round,
     contract_from,
+    expected_progress,
     score,
 )
 
@@ -170,3 +179,42 @@ def test_a_held_slice_changes_hands_only_to_a_higher_class_or_a_clearly_better_b
             assert all(w.slice_id in by_slice for w in windows if not w.held_by), (
                 "a challenger took a held slice while a free one stayed unawarded"
             )
+
+
+def test_a_running_piece_is_expected_at_its_median_pace_never_past_its_last_unit() -> None:
+    profile = contract().profile  # median 1 s a unit
+    assert expected_progress(40, 20, 0.0, profile) == 40
+    assert expected_progress(40, 20, 7.9, profile) == 47
+    assert expected_progress(40, 20, 500.0, profile) == 59  # its last unit, not past it
+    assert expected_progress(40, 20, -3.0, profile) == 40  # a clock step back: its start
+    assert expected_progress(40, 0, 9.0, profile) == 40
+
+
+def test_the_router_s_incumbent_bids_its_work_left_from_where_it_is_expected_to_be() -> None:
+    """The router's bidder for a piece whose window ends counts its work left from its
+    expected progress, not from its start (a piece 450 s into 500 units of 1 s is at unit
+    450): under srpt it then scores as the nearly finished job it is."""
+    spec = zone_pb2.JobSpec(
+        command=["x"],
+        atomization=common_pb2.AtomizationContract(
+            total_units=500,
+            seconds_per_unit=[common_pb2.Quantile(q=0.5, value=1.0)],
+            peak_memory_bytes=[common_pb2.Quantile(q=0.95, value=8 * GIB)],
+        ),
+    )
+    job = zone_pb2.Job(job_id="j1", spec=spec)
+    zone = SimpleNamespace(config=ZoneConfig(), blocked_starts={})
+    market = Atomizer(cast(Any, zone))
+    market.admit(job)
+    entry = Entry(job=job, need=Demand(gpus=1))
+    atom = market.atoms["j1"]
+    piece = zone_pb2.Placement(
+        subjob_id="j1-u0-s1", started_unix=1000.0, unit_start=0, unit_count=500
+    )
+    waiting = market._bidder(entry, atom, 0.0, 80 * GIB)
+    incumbent = market._bidder(
+        entry, atom, 0.0, 80 * GIB, holds=("a1", "s"), running=piece, now_unix=1450.0
+    )
+    assert waiting.next_unit == 0
+    assert incumbent.next_unit == 450 and incumbent.holds == ("a1", "s")
+    assert incumbent.contract.total_units - incumbent.next_unit == 50
