@@ -639,6 +639,10 @@ class Atomizer:
         # piece past the expected end it declared shows as a window that opened).
         busy = self._live_slices()
         usable = [o for o in self.open_windows(now_unix, now) if self._key(o[0]) not in busy]
+        # What a client is shown: each usable slice as long as no class's blocked head
+        # cuts it (it may bid for any class). The round itself offers every usable slice;
+        # each class's step cuts them at the heads of that class and the higher ones only
+        # (a batch head due now leaves a production bid its slice).
         announced = class_windows(
             now_unix,
             (o for _, _, o in usable),
@@ -646,9 +650,11 @@ class Atomizer:
             self.config.max_window_seconds,
         )
         markets = {m.key: m for m in announced}
-        offered = [(w, address, o) for w, address, o in usable if o.key in markets]
-        by_key = {o.key: (w, address, markets[o.key].length_seconds) for w, address, o in offered}
-        slices = [o for _, _, o in offered]
+        by_key = {
+            o.key: (w, address, markets[o.key].length_seconds if o.key in markets else 0.0)
+            for w, address, o in usable
+        }
+        slices = [o for _, _, o in usable]
         bidders: list[Bidder] = []
         specs: dict[str, zone_pb2.JobSpec] = {}
         clients: list[tuple[Entry, Atom]] = []
@@ -705,7 +711,7 @@ class Atomizer:
             now_unix=now_unix,
             started=started,
             waiting=waiting,
-            offered=len(offered),
+            offered=len(usable),
             by_key=by_key,
             machine=machine,
             specs=specs,
@@ -947,7 +953,7 @@ class Atomizer:
             announce.MergeFrom(atom.result)
             atom.result = None
         for w, _, length in by_key.values():
-            if self._allows(job.spec, w):
+            if length > 0 and self._allows(job.spec, w):
                 copy = announce.windows.add()
                 copy.CopyFrom(w)
                 if w.end_unix <= 0 or w.end_unix - time.time() > length:

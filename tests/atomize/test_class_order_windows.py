@@ -8,12 +8,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from laminar_api.v1 import common_pb2
+from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.demand import Demand
 from laminar_zone.atomizer import Atomizer
 from laminar_zone.config import ZoneConfig
+from laminar_zone.entry import Entry
 from laminar_zone.market import MarketWindow, OpenSlice, class_windows, slice_family
 from laminar_zone.queue import Clear, QueueItem, QueueWalk, class_order, drive
+from laminar_zone.round import Start
 
 GIB = 1 << 30
 NOW = 1000.0
@@ -147,3 +149,44 @@ def test_the_pass_hands_each_class_the_claims_of_its_class_and_the_higher_ones()
         2: ((30 * GIB, NOW + 50.0),),
         3: ((30 * GIB, NOW + 50.0), (30 * GIB, NOW + 50.0)),
     }
+
+
+async def test_a_lower_class_s_head_due_now_leaves_a_higher_class_its_slice() -> None:
+    """The round offers every usable slice; a batch rigid head expected to start now cuts
+    the batch and lower classes' windows on its family, not production's. (Only what a
+    client bidder of any class is shown is cut at every class's heads.) The round used to
+    drop such slices for every class."""
+    family = Demand(gpus=0, mig_profile="3g.40gb").family
+    spec = zone_pb2.JobSpec(
+        command=["x"],
+        priority=common_pb2.PRODUCTION,
+        resources=common_pb2.Resources(mig_profile="3g.40gb"),
+        atomization=common_pb2.AtomizationContract(
+            total_units=100,
+            seconds_per_unit=[common_pb2.Quantile(q=0.5, value=1.0)],
+            peak_memory_bytes=[common_pb2.Quantile(q=0.95, value=8 * GIB)],
+        ),
+    )
+    job = zone_pb2.Job(job_id="prod", spec=spec, state=zone_pb2.QUEUED)
+    zone = SimpleNamespace(
+        config=ZoneConfig(),
+        blocked_starts={family: (common_pb2.BATCH, 0.0)},  # due long ago: cut to nothing
+        entries={"prod": Entry(job=job, need=Demand(mig_profile="3g.40gb"))},
+        view=SimpleNamespace(agents={"a": SimpleNamespace(is_ready=True, address="a:1")}),
+        shares={},
+        quotas={},
+    )
+    market = Atomizer(cast(Any, zone))
+    market.admit(job)
+    window = common_pb2.Window(
+        agent_id="a", slice_id="gpu1/3g.40gb@0", kind=common_pb2.MIG, mig_profile="3g.40gb",
+        gpu_milli=428, memory_bytes=40 * GIB,
+    )  # fmt: skip
+    market.note_windows("a", [window])
+    rnd = await market.open_round({}, {})
+    assert rnd is not None and rnd.by_key[("a", window.slice_id)][2] == 0.0  # clients: none
+    batch = rnd.machine.clear(Clear(common_pb2.BATCH, {family: 0.0}))
+    assert batch.decisions == []
+    production = rnd.machine.clear(Clear(common_pb2.PRODUCTION, {}))
+    (start,) = production.decisions
+    assert isinstance(start, Start) and start.award.bid.job_id == "prod"
