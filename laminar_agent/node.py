@@ -719,8 +719,11 @@ class Node:
                     array_index=spec.array_index,
                 )
             )
-        except Exception as exc:
-            self._apply(self.core.launch_failed(spec.subjob_id, str(exc), time.time()))
+        except (Exception, asyncio.CancelledError) as exc:
+            # Cancelled too (its Commit call ended): the executor voided the launch, and
+            # the subjob is recorded failed rather than left neither launched nor ended.
+            why = str(exc) or "the launch was cancelled (its Commit call ended)"
+            self._apply(self.core.launch_failed(spec.subjob_id, why, time.time()))
             raise
         self._apply(self.core.launched(spec.subjob_id, pid, time.time()))
         # The one INFO line of a start (the executor's own is DEBUG); its end has one too.

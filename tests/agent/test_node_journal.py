@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from laminar_agent import executor as executor_module
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.node import Node
 from laminar_api.v1 import agent_pb2, common_pb2
@@ -102,3 +106,36 @@ async def test_a_busy_slice_opens_its_window_when_its_holder_expects_to_end(
         assert busy_windows(again) == {}  # ended: both GPUs free from now
     finally:
         await again.close()
+
+
+async def test_a_commit_cancelled_while_launching_records_the_subjob_failed_and_void(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Commit call ends (cancelled) while the launcher has the record and has not
+    answered: the launch is void (a late supervisor runs nothing of it) and the subjob is
+    recorded failed, not left neither launched nor ended."""
+    waiting = asyncio.Event()
+
+    async def stuck(self: executor_module.Launcher) -> str:
+        waiting.set()
+        await asyncio.Future()  # never answered
+        return ""
+
+    monkeypatch.setattr(executor_module.Launcher, "_readline", stuck)
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        granted = await node.probe(_probe("j1"))
+        spec = common_pb2.SubjobSpec(
+            job_id="j1", command=[sys.executable, "-c", "pass"], subjob_id="s1"
+        )
+        task = asyncio.create_task(node.commit(granted.lease.lease_id, spec))
+        await waiting.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        row = node.journal.get_subjob("s1")
+        assert row is not None and row.state == "FAILED"
+        assert "cancelled" in row.reason
+        assert (node.executor.subjob_dir("s1") / "void").exists()
+    finally:
+        await node.close()
