@@ -674,7 +674,7 @@ class Atomizer:
             slices.append(self._open_slice(w, entry.job.job_id))
             specs[entry.job.job_id] = entry.job.spec
             bidders.append(
-                self._bidder(entry, atom, now, largest, holds=key, running=p, now_unix=now_unix)
+                self._bidder(entry, atom, now, largest, holds=key, running=(p, now_unix))
             )
         client_bids: list[Bid] = []
         if clients:
@@ -889,27 +889,24 @@ class Atomizer:
         now: float,
         largest_bytes: int,
         holds: tuple[str, str] | None = None,
-        running: zone_pb2.Placement | None = None,
-        now_unix: float = 0.0,
+        running: tuple[zone_pb2.Placement, float] | None = None,
     ) -> Bidder:
         """The router bidding for a job: its calibrated profile, within its current phase
         (a subjob never crosses a phase boundary, so each bid has one phase's profile).
         From the furthest checkpoint an ended piece reported; for the incumbent
-        ``running`` piece (its window ends at ``now_unix``), from where it is expected to
-        be (:func:`expected_progress`), so its work left is not counted from its start."""
+        ``running`` piece (with the Unix time its window ends, now), from where it is
+        expected to be (:func:`expected_progress`), so its work left is not counted from
+        its start."""
         job = entry.job
         next_unit = units_done(job)
-        if running is not None and running.started_unix > 0:
-            next_unit = max(next_unit, running.unit_start)
+        piece = running[0] if running is not None and running[0].started_unix > 0 else None
+        if piece is not None:
+            next_unit = max(next_unit, piece.unit_start)
         phase = atom.phase_at(next_unit)
         profile = self._believed(entry, atom.calibrators[phase], largest_bytes)
-        if running is not None and running.started_unix > 0:
-            next_unit = expected_progress(
-                running.unit_start,
-                running.unit_count,
-                now_unix - running.started_unix,
-                profile,
-            )
+        if piece is not None and running is not None:
+            elapsed = running[1] - piece.started_unix
+            next_unit = expected_progress(piece.unit_start, piece.unit_count, elapsed, profile)
         return make_bidder(
             job.job_id,
             job.spec.tenant,

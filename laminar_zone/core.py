@@ -1641,8 +1641,7 @@ class PassBook:
             self.counts.pop(entry.need, None)
             self.releases.pop(entry.need.family, None)
             family = entry.need.family  # the room it took was its family's
-            for need in [n for n in self.free_now if n.family == family]:
-                del self.free_now[need]
+            self.free_now = {n: f for n, f in self.free_now.items() if n.family != family}
             return True
         self.counts[entry.need] = self.core.view.counts(entry.need)
         return False

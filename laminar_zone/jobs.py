@@ -517,6 +517,8 @@ class ZoneState:
                             answer = await self._gather(entry, plan)
                         case CommitMembers(entry, placements, leases):
                             answer = await self._commit(entry, placements, leases)
+                        case _:
+                            raise AssertionError(f"a try step the router does not know: {step}")
             finally:
                 steps.close()
 
@@ -659,23 +661,28 @@ class ZoneState:
             clock=CLOCK,
         )
         answer: Any = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration:
-                break
-            answer = None
-            match step:
-                case DoInstructions(instructions):
-                    self._do(instructions)
-                case OpenRound(units, memory):
-                    answer = await self.atomizer.open_round(units, memory)
-                case StartJob(entry):
-                    answer = await self._place(entry, from_queue=True)
-                case ClearMarket(market, clear):
-                    await self.atomizer.clear_class(cast(MarketRound, market), clear)
-                case CloseRound(market):
-                    await self.atomizer.close_round(cast(MarketRound, market))
+        try:
+            while True:
+                try:
+                    step = steps.send(answer)
+                except StopIteration:
+                    break
+                answer = None
+                match step:
+                    case DoInstructions(instructions):
+                        self._do(instructions)
+                    case OpenRound(units, memory):
+                        answer = await self.atomizer.open_round(units, memory)
+                    case StartJob(entry):
+                        answer = await self._place(entry, from_queue=True)
+                    case ClearMarket(market, clear):
+                        await self.atomizer.clear_class(cast(MarketRound, market), clear)
+                    case CloseRound(market):
+                        await self.atomizer.close_round(cast(MarketRound, market))
+                    case _:
+                        raise AssertionError(f"a pass step the router does not know: {step}")
+        finally:
+            steps.close()
         self._update_gauges()
 
     # ================================================================ agent events

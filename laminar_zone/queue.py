@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Generic, NamedTuple, TypeVar
@@ -344,26 +344,6 @@ def drive(
             answer = start(step.job)
         else:
             clear(step)
-            answer = None
-
-
-async def drive_awaiting(
-    steps: Generator[Start[T] | Clear, bool | None, list[T]],
-    start: Callable[[T], Awaitable[bool]],
-    clear: Callable[[Clear], Awaitable[None]],
-) -> list[T]:
-    """:func:`drive` for a driver whose answers take time (the router: a placement probes
-    agents, a round starts its winners); each instruction is awaited before the next."""
-    answer: bool | None = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        if isinstance(step, Start):
-            answer = await start(step.job)
-        else:
-            await clear(step)
             answer = None
 
 

@@ -213,7 +213,7 @@ def test_the_router_s_incumbent_bids_its_work_left_from_where_it_is_expected_to_
     )
     waiting = market._bidder(entry, atom, 0.0, 80 * GIB)
     incumbent = market._bidder(
-        entry, atom, 0.0, 80 * GIB, holds=("a1", "s"), running=piece, now_unix=1450.0
+        entry, atom, 0.0, 80 * GIB, holds=("a1", "s"), running=(piece, 1450.0)
     )
     assert waiting.next_unit == 0
     assert incumbent.next_unit == 450 and incumbent.holds == ("a1", "s")

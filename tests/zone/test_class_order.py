@@ -4,8 +4,6 @@ the router and the simulators only carry out its instructions."""
 
 from __future__ import annotations
 
-import asyncio
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +18,6 @@ from laminar_zone.queue import (
     bids_ahead,
     class_order,
     drive,
-    drive_awaiting,
     order_key,
     walk_queue,
 )
@@ -299,26 +296,3 @@ def test_shorter_first_bids_each_job_once_and_never_ahead_of_shorter_rigid_work(
     named = [name for part in parts for name in part]
     assert len(named) == len(set(named))  # at most one part each
     assert full == sorted({b.priority for b in biddings.values()})  # and every class's round
-
-
-def test_the_awaiting_driver_carries_out_the_same_instructions() -> None:
-    """The router awaits each answer; the instructions and the outcome are the simulator's."""
-    jobs = [item("p1", 1), item("b1", 2), item("b2", 2, MIG), item("o1", 3)]
-    expected_log, expected_kept = trace(jobs, market={1, 2, 3}, starts={"p1", "b2"})
-    log: list[str] = []
-
-    async def start(job: QueueItem) -> bool:
-        await asyncio.sleep(0)  # an answer that takes a turn of the loop, as a probe does
-        log.append(f"start {job.job_id}")
-        return job.job_id in {"p1", "b2"}
-
-    async def clear(step: Clear) -> None:
-        await asyncio.sleep(0)
-        log.append(f"clear {step.priority} {sorted(step.heads.items())}")
-
-    steps = class_order(
-        QueueWalk(now=0.0), jobs, lambda j: j, lambda j, ahead: 100.0 + ahead, {1, 2, 3}
-    )
-    kept = asyncio.run(drive_awaiting(steps, start, clear))
-    assert log == expected_log
-    assert kept == expected_kept

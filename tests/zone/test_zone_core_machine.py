@@ -1109,7 +1109,6 @@ STRUNG = frozenset(
         "idle_pass",
         "may_start",
         "class_order",
-        "drive_awaiting",
     }
 )
 
