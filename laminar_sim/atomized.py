@@ -726,21 +726,29 @@ class MigReplay:
                 break
         length = run if killed_at is None else killed_at
         ids = [p.subjob_id for p in members]
-        why = f"GPU memory peak {peak} B above the slice's {smallest} B"
         self.engine.schedule(
             length,
-            partial(self.rigid_run_ends, entry, ids, length * compute, killed_at is not None, why),
+            partial(
+                self.rigid_run_ends,
+                entry,
+                ids,
+                length * compute,
+                peak if killed_at is not None else 0,
+                smallest,
+            ),
         )
 
     def rigid_run_ends(
-        self, entry: Entry, subjob_ids: list[str], held: float, killed: bool, why: str
+        self, entry: Entry, subjob_ids: list[str], held: float, peak: int, slice_bytes: int
     ) -> None:
-        """The run ends: every member exits 0, or one is killed by its memory peak (the
-        agent reports it reclaimed for memory; the core stops the gang and retries it)."""
+        """The run ends: every member exits 0, or (``peak`` above ``slice_bytes``) one is
+        killed by its memory peak: the agent reports it reclaimed for memory with the peak
+        it saw, and the core stops the gang and retries it asking that much memory
+        (:func:`laminar_zone.core.widened_for_memory`)."""
         self.clock()
         state = self.by_job[entry.job.job_id]
         self.totals.held += held
-        if not killed:
+        if not peak:
             self.totals.useful += held
             for subjob_id in subjob_ids:
                 decision = EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0")
@@ -750,8 +758,10 @@ class MigReplay:
         # Rigid violations are counted per job: its first kill names the cause.
         self.totals.rigid_killed += int(state.violations == 0)
         state.violations += 1
+        why = f"GPU memory peak {peak} B above the slice's {slice_bytes} B"
         decision = EndDecision(KILLED, EndCause.RECLAIMED, why)
-        self.driver.end_subjob(entry, subjob_ids[0], decision, -9)
+        self.driver.end_subjob(entry, subjob_ids[0], decision, -9, peak_gpu_memory_bytes=peak)
+        state.need_bytes = entry.need.gpu_memory_bytes  # what it declares now
 
     def job_ended(self, entry: Entry) -> None:
         """The core ended a rigid job: it succeeded, or failed with no retry left."""

@@ -366,6 +366,8 @@ class CoreDriver:
         self.owner = owner
         self.view = ZoneView(1e18)
         self.by_id = {h.agent_id: h for h in hosts}
+        #: Hosts whose summary changed since the view last read it.
+        self.stale: dict[str, CoreHost] = {}
         for host in hosts:
             self.note(host)
         self.rng = random.Random(seed)
@@ -382,21 +384,30 @@ class CoreDriver:
         self.live: set[str] = set()
 
     def note(self, host: CoreHost) -> None:
-        """The host's summary, as a probe reply or heartbeat carries it to the router."""
-        self.view.update(
-            host.agent_id,
-            host.agent_id,
-            host.shapes(),
-            heat=host.core.ledger.pending_leases(),
-            draining=False,
-            now=self.engine.now,
-        )
+        """The host's summary changed: the router's view holds it (a probe reply or a
+        heartbeat carries it) from the next time anything reads the view (:meth:`sync`;
+        nothing else changes the host in between, so the view reads what it would)."""
+        self.stale[host.agent_id] = host
+
+    def sync(self) -> None:
+        """Fold the changed hosts' summaries into the router's view."""
+        for host in self.stale.values():
+            self.view.update(
+                host.agent_id,
+                host.agent_id,
+                host.shapes(),
+                heat=host.core.ledger.pending_leases(),
+                draining=False,
+                now=self.engine.now,
+            )
+        self.stale.clear()
 
     # ---------------------------------------------------------------- events
 
     def submit(self, spec: zone_pb2.JobSpec, need: Demand, job_id: str) -> Entry:
         """A Submit: the core makes the job's record, routes it and kicks it."""
         now = self.engine.now
+        self.sync()
         (entry,) = self.core.new_entries(spec, need, NewJob(job_id, "sim"), now, now)
         self.core.admit(entry)
         self.carry_out(self.core.route(entry, False, now))
@@ -411,6 +422,7 @@ class CoreDriver:
         answer: Any = None
         self.in_pass = True
         while True:
+            self.sync()
             try:
                 step = steps.send(answer)
             except StopIteration as done:
@@ -479,6 +491,7 @@ class CoreDriver:
         )
         answer: Any = None
         while True:
+            self.sync()
             try:
                 step = steps.send(answer)
             except StopIteration as done:
@@ -560,12 +573,14 @@ class CoreDriver:
                         book.bounced(host.agent_id)
                     bounces.append(reply.reason)
             self.note(host)
+            self.sync()  # the reply carries the summary the gather's next round reads
             return grants, bounces
 
         def release(offer: Offer) -> None:
             host, lease_id = leases.pop(offer.lease_id)
             host.release(lease_id)
             self.note(host)
+            self.sync()
 
         outcome = settle(machine, probe, release, now)
         chosen = None
@@ -635,10 +650,17 @@ class CoreDriver:
         self.end_subjob(entry, placement.subjob_id, EndDecision(KILLED, cause, why), -15)
 
     def end_subjob(
-        self, entry: Entry, subjob_id: str, decision: EndDecision, exit_code: int
+        self,
+        entry: Entry,
+        subjob_id: str,
+        decision: EndDecision,
+        exit_code: int,
+        *,
+        peak_gpu_memory_bytes: int = 0,
     ) -> None:
         """The agent's core ends the subjob (if it still runs) and its heartbeat reports
-        the end: the router's core judges the report and the job."""
+        the end (with the GPU memory peak it saw, if given): the router's core judges the
+        report and the job."""
         placement = next((p for p in entry.job.placements if p.subjob_id == subjob_id), None)
         if placement is None or subjob_id not in self.live:
             return  # ended already (stopped, or exited)
@@ -659,7 +681,9 @@ class CoreDriver:
             started_unix=placement.started_unix,
             ended_unix=now,
             run_seconds=now - placement.started_unix,
+            peak_gpu_memory_bytes=peak_gpu_memory_bytes,
         )
+        self.sync()
         touched, _, instructions = self.core.report(host.agent_id, event, None, now)
         self.carry_out(instructions)
         if touched is not None:
