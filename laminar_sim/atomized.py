@@ -845,10 +845,10 @@ class MigReplay:
             Bidding(job_id, s.job.priority, self.work_left(s)) for job_id, s in self.bidding.items()
         ]
         market.extend({p.state.job.priority for p in self.deciding})
-        self.round = self.clearing_round(step.units)
+        self.round = self.open_clearing(step.units)
         return _MigRound(self.round, market)
 
-    def clearing_round(self, usage: dict[str, float]) -> ClearingRound:
+    def open_clearing(self, usage: dict[str, float]) -> ClearingRound:
         """The pass's clearing round, the router's machine: the free slices and the held
         ones (pieces whose window ends now), every waiting job's bidder and every holder's,
         the tenants' usage as the pass opened (the core's count); no quota, no spec
