@@ -21,41 +21,46 @@ draw per run (a rigid job, or one subjob: the market's model, where ``n`` units 
 times one draw), one peak draw per started hour of running. A peak above the slice's memory
 kills the run at that hour; the work since the last checkpoint is lost.
 
-**rigid.** A job of ``g`` GPUs is a gang of ``g`` members, each on one MIG slice with at
-least its declared memory: the ``1 - epsilon`` quantile of its peaks (the same figure the
-atomization contract declares). The smallest profile that fits is tried first, then larger
-ones (all members on one profile). Queue order is the router's
-(:func:`laminar_zone.queue.order_key`: priority class, tenant usage, arrival), walked by the
-router's :class:`~laminar_zone.queue.QueueWalk` (EASY backfill behind the first blocked job
-of each family, the smallest profile it fits, whose start is estimated by
-:func:`~laminar_zone.placement.expected_start`). Each try is the router's
-:class:`~laminar_zone.gather.Gather` over every host with a free slice of the profile (a
-:class:`~laminar_zone.gather.FixedPlan`: with a few hosts the probe set is all of them),
-offers scored by the ledger's MIG packing score. A
-rigid job has no checkpoint: killed by a peak, it is requeued with its declared memory
-raised to the peak seen, and starts again from zero.
+**rigid.** Every job is an entry of the router's own decision core
+(:class:`~laminar_zone.core.ZoneCore`), driven by the driver ``sim replay`` shares
+(:class:`~laminar_sim.replay.CoreDriver`). A job of ``g`` GPUs is a gang of ``g`` members
+asking one MIG profile each (``resources.mig_profile``) with its declared memory
+(``gpu_memory_bytes``: the ``1 - epsilon`` quantile of its peaks, the same figure the
+atomization contract declares): the smallest profile that holds it and has a slice for
+every member. The core routes it on arrival (placed at once, or queued behind a blocked
+head of its family), its queue passes are :func:`laminar_zone.trying.pass_steps` (order by
+``order_key`` with the tenants' usage as the core counts it, per-family blocked heads, EASY
+backfill against the core's expected start) and its tries
+:func:`laminar_zone.trying.place_try`: the router's gather over the router's view of the
+hosts' summaries, with its probe limits and ranking, each probe arbitrated by the host's
+:class:`~laminar_agent.core.AgentCore`. A rigid job has no checkpoint: killed by a peak,
+its member is reported to the core as the agent reports it (KILLED, ``RECLAIMED`` for
+memory, with the peak); the core stops the gang and retries it (counted, up to the spec's
+limit of 100), asking that peak (:func:`laminar_zone.core.widened_for_memory`), and it
+waits as restarted (its claim cuts held windows that would fit it). It starts again from
+zero.
 
 **atomized.** Jobs of one GPU declare a contract (:func:`laminar_zone.market.contract_from`):
 ``units = round(duration / unit_seconds)``, the quantiles above, the checkpoint overhead
-and epsilon. Gangs (more than one GPU) stay rigid, placed as above: a gang needs all its
+and epsilon. They are the core's ``atoms``: entries that wait (queued) in its passes while
+no piece runs. Gangs (more than one GPU) stay rigid, placed as above: a gang needs all its
 slices at once and cannot be cut into single-slice pieces.
 
-After every event all waiting work is taken in **one class order** (the router's): per
-priority class, highest first, that class's rigid jobs (the queue walk, whose blocked
-heads cut the windows of that class and the lower ones: EASY backfill) and then one
-clearing round for that class (``--no-class-order``: every rigid job first, then one
-round). Within a class the waiting atomized jobs are sorted into the walk in queue order:
+All waiting work is taken in the router's **one class order** at each queue pass (a pass
+after every event that changed something, as the router's wakes run one): per priority
+class, highest first, that class's rigid jobs (the queue walk, whose blocked heads cut the
+windows of that class and the lower ones: EASY backfill) and then one clearing round for
+that class. Within a class the waiting atomized jobs are met in the walk in queue order:
 each bids, in a part of the class's round on the free slices, before the rigid jobs of its
-class behind it are walked whose run time is no shorter than its work left (shorter first;
-``--no-shorter-first``: before every one). A round's windows are the free slices, each
-offered for the horizon, cut at the expected start of a blocked rigid job of its family of
-that class or higher (and a held slice at the claim of a rigid job of that class or higher
-requeued after a memory kill, on every slice with the memory it now needs:
-``--no-restart-claims`` turns it off); every waiting job of the class bids with :func:`laminar_zone.market.best_bid` (its profile as its
+class behind it are walked whose run time is no shorter than its work left. A round's
+windows are the free slices, each offered for the horizon, cut at the expected start of a
+blocked rigid job of its family of that class or higher (and a held slice at the claim of
+a restarted rigid job of that class or higher); every waiting job of the class bids with
+:func:`laminar_zone.market.best_bid` (its profile as its
 :class:`~laminar_zone.market.Calibrator` has inflated it) and
 :func:`laminar_zone.market.clear` awards them with the clearing policy (tenant usage, for
-the fair share, is the GPU-equivalents the tenant runs now, as the router counts it; a
-bid's waiting time is the time since the job arrived).
+the fair share, is the GPU-equivalents the tenant ran when the pass opened, as the core
+counts it; a bid's waiting time is the time since the job arrived).
 
 Each class's step of a pass's round is the router's own machine
 (:class:`laminar_zone.round.ClearingRound`, opened once per pass with the free slices,
@@ -200,18 +205,19 @@ class AtomizeSpec:
     starvation_ratio: float = DEFAULT_STARVATION_RATIO
     starvation_floor_seconds: float = DEFAULT_STARVATION_FLOOR_SECONDS
     #: One class order for all work: per priority class, its rigid jobs (the queue walk)
-    #: then its atomized bids (a clearing round). False: every rigid job first.
+    #: then its atomized bids (a clearing round). Only True: the router's pass
+    #: (``pass_steps``) has no other order, and MigReplay refuses False.
     class_order: bool = True
     #: Calibration pooled per job family (``RatioPool``): here the jobs of one tenant with
     #: one memory profile (the same workload). False: each job learns alone.
     pool_calibration: bool = True
     #: A rigid job requeued after a memory kill (its peak as its need) claims the slices
     #: that fit it: no piece extends in place on one past its expected start
-    #: (``QueueItem.is_restarted``, ``Clear.claims``). False: only blocked heads cut.
+    #: (``QueueItem.is_restarted``, ``Clear.claims``). Only True (the router's pass).
     restart_claims: bool = True
     #: ``class_order(shorter_first=...)``: a waiting atomized job bids ahead of a rigid job
     #: (a gang) behind it in queue order only if its work left is no longer than the gang's
-    #: run time. False: every one met in the walk bids ahead (queue order alone).
+    #: run time. Only True (the router's pass).
     shorter_first: bool = True
 
 
