@@ -124,7 +124,6 @@ from laminar_airlock.traces import MemoryCurve, load_memory_curves
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
-from laminar_base.wire import demand_of
 from laminar_sim.engine import Engine
 from laminar_sim.replay import CoreDriver, CoreHost, TraceJob
 from laminar_zone.entry import Entry
@@ -151,7 +150,6 @@ from laminar_zone.market import (
 from laminar_zone.placement import ShapeCap
 from laminar_zone.queue import Bidding
 from laminar_zone.round import ClearingRound, Extend, Start
-from laminar_zone.spec import MAX_RETRIES
 from laminar_zone.trying import ClearMarket, CloseRound, OpenRound
 
 ProgressFn = Callable[[str, int, int], None]
@@ -174,6 +172,15 @@ TIME_SIGMA_RANGE = (0.05, 0.25)
 #: Quantile levels declared in a contract.
 QUANTILE_LEVELS = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 LEASE_TTL_SECONDS = 60.0
+#: A rigid job's ``max_retries``: the most a spec may ask (``laminar_zone.spec.MAX_RETRIES``,
+#: which this module does not import: it pulls in gRPC). Each memory kill is one retry.
+RIGID_MAX_RETRIES = 100
+
+
+def piece_demand(resources: common_pb2.Resources) -> Demand:
+    """What a piece's placement holds (its slice's profile and memory): the tenant's usage
+    as the core counts it."""
+    return Demand(mig_profile=resources.mig_profile, gpu_memory_bytes=resources.gpu_memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -570,7 +577,7 @@ class MigReplay:
         #: The atomized jobs: the router's core leaves them to the market (this replay).
         self.atoms: set[str] = set()
         self.driver = CoreDriver(
-            self.engine, self.hosts, self, spec.seed, atoms=self.atoms, demand_of=demand_of
+            self.engine, self.hosts, self, spec.seed, atoms=self.atoms, demand_of=piece_demand
         )
         self.core = self.driver.core
         #: Rigid jobs the last pass left waiting.
@@ -682,7 +689,7 @@ class MigReplay:
                 gang_size=job.gpus,
                 priority=common_pb2.PriorityClass.Name(job.priority),
                 expected_seconds=job.duration,
-                max_retries=MAX_RETRIES,
+                max_retries=RIGID_MAX_RETRIES,
             )
         state.entry = self.driver.submit(spec, need, job_id)
 

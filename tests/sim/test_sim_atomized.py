@@ -434,3 +434,9 @@ def test_a_rigid_job_killed_for_memory_is_retried_by_the_routers_core() -> None:
     assert done.spec.resources.mig_profile == "3g.40gb"
     assert report["rigid_jobs_killed"] == 1 and report["rigid_jobs_failed"] == 0
     assert state.runs == done.attempts and sim.core.entries == {}
+
+
+def test_rigid_jobs_ask_the_most_retries_a_spec_may() -> None:
+    from laminar_zone.spec import MAX_RETRIES
+
+    assert laminar_sim.atomized.RIGID_MAX_RETRIES == MAX_RETRIES
