@@ -21,41 +21,46 @@ draw per run (a rigid job, or one subjob: the market's model, where ``n`` units 
 times one draw), one peak draw per started hour of running. A peak above the slice's memory
 kills the run at that hour; the work since the last checkpoint is lost.
 
-**rigid.** A job of ``g`` GPUs is a gang of ``g`` members, each on one MIG slice with at
-least its declared memory: the ``1 - epsilon`` quantile of its peaks (the same figure the
-atomization contract declares). The smallest profile that fits is tried first, then larger
-ones (all members on one profile). Queue order is the router's
-(:func:`laminar_zone.queue.order_key`: priority class, tenant usage, arrival), walked by the
-router's :class:`~laminar_zone.queue.QueueWalk` (EASY backfill behind the first blocked job
-of each family, the smallest profile it fits, whose start is estimated by
-:func:`~laminar_zone.placement.expected_start`). Each try is the router's
-:class:`~laminar_zone.gather.Gather` over every host with a free slice of the profile (a
-:class:`~laminar_zone.gather.FixedPlan`: with a few hosts the probe set is all of them),
-offers scored by the ledger's MIG packing score. A
-rigid job has no checkpoint: killed by a peak, it is requeued with its declared memory
-raised to the peak seen, and starts again from zero.
+**rigid.** Every job is an entry of the router's own decision core
+(:class:`~laminar_zone.core.ZoneCore`), driven by the driver ``sim replay`` shares
+(:class:`~laminar_sim.replay.CoreDriver`). A job of ``g`` GPUs is a gang of ``g`` members
+asking one MIG profile each (``resources.mig_profile``) with its declared memory
+(``gpu_memory_bytes``: the ``1 - epsilon`` quantile of its peaks, the same figure the
+atomization contract declares): the smallest profile that holds it and has a slice for
+every member. The core routes it on arrival (placed at once, or queued behind a blocked
+head of its family), its queue passes are :func:`laminar_zone.trying.pass_steps` (order by
+``order_key`` with the tenants' usage as the core counts it, per-family blocked heads, EASY
+backfill against the core's expected start) and its tries
+:func:`laminar_zone.trying.place_try`: the router's gather over the router's view of the
+hosts' summaries, with its probe limits and ranking, each probe arbitrated by the host's
+:class:`~laminar_agent.core.AgentCore`. A rigid job has no checkpoint: killed by a peak,
+its member is reported to the core as the agent reports it (KILLED, ``RECLAIMED`` for
+memory, with the peak); the core stops the gang and retries it (counted, up to the spec's
+limit of 100), asking that peak (:func:`laminar_zone.core.widened_for_memory`), and it
+waits as restarted (its claim cuts held windows that would fit it). It starts again from
+zero.
 
 **atomized.** Jobs of one GPU declare a contract (:func:`laminar_zone.market.contract_from`):
 ``units = round(duration / unit_seconds)``, the quantiles above, the checkpoint overhead
-and epsilon. Gangs (more than one GPU) stay rigid, placed as above: a gang needs all its
+and epsilon. They are the core's ``atoms``: entries that wait (queued) in its passes while
+no piece runs. Gangs (more than one GPU) stay rigid, placed as above: a gang needs all its
 slices at once and cannot be cut into single-slice pieces.
 
-After every event all waiting work is taken in **one class order** (the router's): per
-priority class, highest first, that class's rigid jobs (the queue walk, whose blocked
-heads cut the windows of that class and the lower ones: EASY backfill) and then one
-clearing round for that class (``--no-class-order``: every rigid job first, then one
-round). Within a class the waiting atomized jobs are sorted into the walk in queue order:
+All waiting work is taken in the router's **one class order** at each queue pass (a pass
+after every event that changed something, as the router's wakes run one): per priority
+class, highest first, that class's rigid jobs (the queue walk, whose blocked heads cut the
+windows of that class and the lower ones: EASY backfill) and then one clearing round for
+that class. Within a class the waiting atomized jobs are met in the walk in queue order:
 each bids, in a part of the class's round on the free slices, before the rigid jobs of its
-class behind it are walked whose run time is no shorter than its work left (shorter first;
-``--no-shorter-first``: before every one). A round's windows are the free slices, each
-offered for the horizon, cut at the expected start of a blocked rigid job of its family of
-that class or higher (and a held slice at the claim of a rigid job of that class or higher
-requeued after a memory kill, on every slice with the memory it now needs:
-``--no-restart-claims`` turns it off); every waiting job of the class bids with :func:`laminar_zone.market.best_bid` (its profile as its
+class behind it are walked whose run time is no shorter than its work left. A round's
+windows are the free slices, each offered for the horizon, cut at the expected start of a
+blocked rigid job of its family of that class or higher (and a held slice at the claim of
+a restarted rigid job of that class or higher); every waiting job of the class bids with
+:func:`laminar_zone.market.best_bid` (its profile as its
 :class:`~laminar_zone.market.Calibrator` has inflated it) and
 :func:`laminar_zone.market.clear` awards them with the clearing policy (tenant usage, for
-the fair share, is the GPU-equivalents the tenant runs now, as the router counts it; a
-bid's waiting time is the time since the job arrived).
+the fair share, is the GPU-equivalents the tenant ran when the pass opened, as the core
+counts it; a bid's waiting time is the time since the job arrived).
 
 Each class's step of a pass's round is the router's own machine
 (:class:`laminar_zone.round.ClearingRound`, opened once per pass with the free slices,
@@ -97,13 +102,13 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from laminar_agent.core import SUCCEEDED, AgentCore, EndDecision
+from laminar_agent.core import KILLED, SUCCEEDED, AgentCore, EndDecision
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.inventory.mig import COMPUTE_SLICES
 from laminar_agent.ledger import (
@@ -116,13 +121,12 @@ from laminar_agent.ledger import (
     slices_from_gpus,
 )
 from laminar_airlock.traces import MemoryCurve, load_memory_curves
-from laminar_api.v1 import common_pb2
+from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
-from laminar_sim.laminar import settle
-from laminar_sim.replay import TraceJob
-from laminar_zone.gather import Bind, FixedPlan, Gather, ProbeHost
+from laminar_sim.replay import CoreDriver, CoreHost, TraceJob
+from laminar_zone.entry import Entry
 from laminar_zone.market import (
     DEFAULT_HYSTERESIS,
     DEFAULT_POLICY,
@@ -143,18 +147,10 @@ from laminar_zone.market import (
     slice_family,
     work_left_seconds,
 )
-from laminar_zone.placement import Offer, expected_start
-from laminar_zone.queue import (
-    Bidding,
-    Clear,
-    QueueItem,
-    QueueWalk,
-    class_order,
-    drive,
-    order_key,
-)
+from laminar_zone.placement import ShapeCap
+from laminar_zone.queue import Bidding
 from laminar_zone.round import ClearingRound, Extend, Start
-from laminar_zone.view import AgentRecord
+from laminar_zone.trying import ClearMarket, CloseRound, OpenRound
 
 ProgressFn = Callable[[str, int, int], None]
 MODES = ("rigid", "atomized")
@@ -176,6 +172,15 @@ TIME_SIGMA_RANGE = (0.05, 0.25)
 #: Quantile levels declared in a contract.
 QUANTILE_LEVELS = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 LEASE_TTL_SECONDS = 60.0
+#: A rigid job's ``max_retries``: the most a spec may ask (``laminar_zone.spec.MAX_RETRIES``,
+#: which this module does not import: it pulls in gRPC). Each memory kill is one retry.
+RIGID_MAX_RETRIES = 100
+
+
+def piece_demand(resources: common_pb2.Resources) -> Demand:
+    """What a piece's placement holds (its slice's profile and memory): the tenant's usage
+    as the core counts it."""
+    return Demand(mig_profile=resources.mig_profile, gpu_memory_bytes=resources.gpu_memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -207,18 +212,19 @@ class AtomizeSpec:
     starvation_ratio: float = DEFAULT_STARVATION_RATIO
     starvation_floor_seconds: float = DEFAULT_STARVATION_FLOOR_SECONDS
     #: One class order for all work: per priority class, its rigid jobs (the queue walk)
-    #: then its atomized bids (a clearing round). False: every rigid job first.
+    #: then its atomized bids (a clearing round). Only True: the router's pass
+    #: (``pass_steps``) has no other order, and MigReplay refuses False.
     class_order: bool = True
     #: Calibration pooled per job family (``RatioPool``): here the jobs of one tenant with
     #: one memory profile (the same workload). False: each job learns alone.
     pool_calibration: bool = True
     #: A rigid job requeued after a memory kill (its peak as its need) claims the slices
     #: that fit it: no piece extends in place on one past its expected start
-    #: (``QueueItem.is_restarted``, ``Clear.claims``). False: only blocked heads cut.
+    #: (``QueueItem.is_restarted``, ``Clear.claims``). Only True (the router's pass).
     restart_claims: bool = True
     #: ``class_order(shorter_first=...)``: a waiting atomized job bids ahead of a rigid job
     #: (a gang) behind it in queue order only if its work left is no longer than the gang's
-    #: run time. False: every one met in the walk bids ahead (queue order alone).
+    #: run time. Only True (the router's pass).
     shorter_first: bool = True
 
 
@@ -326,13 +332,17 @@ class MigHost:
     def __init__(self, agent_id: str, ledger: Ledger) -> None:
         self.agent_id = agent_id
         self.core = AgentCore(ledger)
-        #: Committed lease -> its subjob, to end the subjob when the simulator gives the
-        #: lease back.
-        self._subjobs: dict[str, str] = {}
 
     @property
     def ledger(self) -> Ledger:
         return self.core.ledger
+
+    def shapes(self) -> dict[str, ShapeCap]:
+        """The summary the agent would send (``AgentSummary.shapes``): the router's view."""
+        return {
+            s.shape: ShapeCap(s.free, s.total, s.max_free_milli, s.max_free_memory_bytes)
+            for s in self.ledger.shapes()
+        }
 
     def arbitrate(self, orders: list[ProbeOrder], now: float) -> list[Granted | Bounced]:
         return self.core.arbitrate(orders, now, now)[0]
@@ -353,19 +363,13 @@ class MigHost:
             now=now,
             now_unix=now,
         )
-        self._subjobs[lease_id] = subjob_id
         lease = self.ledger.lease(lease_id)
         assert lease is not None
         return lease
 
-    def end(self, lease_id: str, now: float) -> LeaseRecord:
-        """The subjob holding ``lease_id`` ended; its capacity returns as the agent returns
-        it. The lease as it was."""
-        lease = self.ledger.lease(lease_id)
-        assert lease is not None
-        decision = EndDecision(SUCCEEDED, EndCause.EXITED, "ended")
-        self.core.end(self._subjobs.pop(lease_id), decision, now)
-        return lease
+    def end(self, subjob_id: str, now: float) -> None:
+        """The piece ``subjob_id`` ended; its capacity returns as the agent returns it."""
+        self.core.end(subjob_id, EndDecision(SUCCEEDED, EndCause.EXITED, "ended"), now)
 
 
 def build_hosts(spec: AtomizeSpec) -> list[MigHost]:
@@ -428,8 +432,10 @@ class _JobState:
     done: list[tuple[int, int]] = field(default_factory=list)
     #: Its running piece (atomized), if any.
     piece: _Piece | None = None
-    #: Its queue item and the (need, restarted) it was made for.
-    item: tuple[tuple[int, bool], QueueItem] | None = None
+    #: Its entry in the router's core.
+    entry: Entry | None = None
+    #: A rigid job the core failed (no retry left).
+    failed: bool = False
 
 
 @dataclass(eq=False)
@@ -439,7 +445,9 @@ class _Piece:
 
     state: _JobState
     host: MigHost
-    lease_id: str
+    subjob_id: str
+    #: The piece as the router's core records it on its job.
+    placement: zone_pb2.Placement
     window_key: tuple[str, str]
     profile: str
     memory: int
@@ -486,6 +494,8 @@ class _Totals:
     #: Rigid jobs killed at least once (by memory), in either mode: in the atomized mode
     #: these are the gangs, outside the subjob violations.
     rigid_killed: int = 0
+    #: Rigid jobs the core failed: killed once more than their retries allow.
+    rigid_failed: int = 0
     fills: list[float] = field(default_factory=list)
     rounds: int = 0
     widen_resets: int = 0
@@ -496,12 +506,42 @@ class _Totals:
     displaced: int = 0
 
 
+class _MigRound:
+    """The pass's clearing round as :func:`laminar_zone.trying.pass_steps` asks for it (what
+    the router's ``MarketRound`` is to its pass): the market's work for the class order and
+    the slices a rigid start of the pass took."""
+
+    def __init__(self, machine: ClearingRound, classes: list[int | Bidding]) -> None:
+        self.machine = machine
+        self.classes = classes
+
+    def note_started(self, placements: Iterable[zone_pb2.Placement]) -> None:
+        """A rigid job of this pass started on these placements: their slices are taken
+        (as ``MarketRound.note_started`` takes them)."""
+        for p in placements:
+            self.machine.take((p.agent_id, s) for s in p.slice_ids)
+
+
 class MigReplay:
-    """One mode over the jobs: events, ledgers, the queue, and (atomized) the market."""
+    """One mode over the jobs: events, hosts, the pieces of atomized jobs and their market.
+
+    Every job is an entry of the router's :class:`~laminar_zone.core.ZoneCore`, driven by
+    :class:`~laminar_sim.replay.CoreDriver`: its queue passes
+    (:func:`~laminar_zone.trying.pass_steps`) order rigid and atomized work in one class
+    order, its placement tries (:func:`~laminar_zone.trying.place_try`) place the rigid
+    jobs over the MIG hosts, and a rigid member's end goes back as the agent's report
+    (retries and end causes are the core's). The atomized jobs are the core's ``atoms``:
+    the pass meets them in its queue order and asks this replay's clearing round
+    (:class:`~laminar_zone.round.ClearingRound`) for them; their pieces live here."""
 
     def __init__(self, spec: AtomizeSpec, jobs: Sequence[SimJob], mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+        if not (spec.class_order and spec.shorter_first and spec.restart_claims):
+            raise ValueError(
+                "the router's queue pass has one class order, shorter work first and "
+                "restart claims; the simulator drives that pass and cannot turn them off"
+            )
         self.spec = spec
         self.mode = mode
         self.engine = Engine(spec.seed)
@@ -513,36 +553,45 @@ class MigReplay:
             {(s.memory_total_bytes, s.mig_profile) for s in first}, key=lambda p: (p[0], p[1])
         )
         self.memory_of = {p: m for m, p in self.profiles}
+        #: Slices of each profile over all hosts (what a gang may ask at most).
+        self.profile_slices: dict[str, int] = {}
+        for host in self.hosts:
+            for s in host.ledger.slices.values():
+                self.profile_slices[s.mig_profile] = self.profile_slices.get(s.mig_profile, 0) + 1
         self.largest_bytes = self.profiles[-1][0]
         self.capacity = sum(
             compute_of(s.mig_profile) for h in self.hosts for s in h.ledger.slices.values()
         )
-        #: Free slices: (agent, slice id) -> (profile, memory).
-        self.free: dict[tuple[str, str], tuple[str, int]] = {
+        #: Every slice: (agent, slice id) -> (profile, memory).
+        self.slice_of: dict[tuple[str, str], tuple[str, int]] = {
             (h.agent_id, s.slice_id): (s.mig_profile, s.memory_total_bytes)
             for h in self.hosts
             for s in h.ledger.slices.values()
         }
+        #: Free slices: (agent, slice id) -> (profile, memory).
+        self.free = dict(self.slice_of)
         self.free_compute = self.capacity
         self.pools: dict[tuple[str, str], RatioPool] = {}
         self.states = [self._state(job) for job in jobs]
+        self.by_job = {self.job_id(s): s for s in self.states}
+        #: The atomized jobs: the router's core leaves them to the market (this replay).
+        self.atoms: set[str] = set()
+        self.driver = CoreDriver(
+            self.engine, self.hosts, self, spec.seed, atoms=self.atoms, demand_of=piece_demand
+        )
+        self.core = self.driver.core
+        #: Rigid jobs the last pass left waiting.
         self.rigid_queue: list[_JobState] = []
         self.waiting: list[_JobState] = []  # atomized jobs without a running subjob
         #: Pieces whose window ends now: they extend in place or stop, in this event's rounds.
         self.deciding: list[_Piece] = []
-        #: Running work: key -> (expected end, compute units of GPU-equivalents, memory).
-        self.running: dict[str, tuple[float, float, int]] = {}
-        #: GPU-equivalents each tenant runs now: the router's fair-share usage
-        #: (``ZoneState.tenant_usage``), for the queue order and the market alike.
-        self.usage: dict[str, float] = {}
-        self.tenant_of: dict[str, str] = {}
         self.totals = _Totals()
         self.last = 0.0
         self.frag_now = 0
         self.window_end = jobs[-1].arrival if jobs else 0.0
         self.next_key = 0
         self.slices_seen: dict[tuple[tuple[str, str], str, int, str], OpenSlice] = {}
-        #: The waiting atomized jobs of this pass by queue id (class_order's biddings).
+        #: The waiting atomized jobs of this pass by job id (class_order's biddings).
         self.bidding: dict[str, _JobState] = {}
         #: This pass's clearing round (the router's machine) and, for what it decides, the
         #: waiting jobs by bidder id and the pieces whose window ends by held slice.
@@ -568,6 +617,11 @@ class MigReplay:
                 pool,
             )
         return state
+
+    @staticmethod
+    def job_id(state: _JobState) -> str:
+        """The job's id in the router's core."""
+        return f"j{state.job.index}"
 
     def rng(self, state: _JobState) -> random.Random:
         """The job's stream for its run number ``state.runs``: the same in both modes."""
@@ -607,188 +661,70 @@ class MigReplay:
     # ------------------------------------------------------------------ events
 
     def arrive(self, state: _JobState) -> None:
+        """A Submit to the router's core: a rigid job asks its MIG profile per member (the
+        smallest that holds its declared memory and has a slice for every member); an
+        atomized one asks nothing (it waits for a window)."""
         self.clock()
-        if state.contract is not None:
-            self.waiting.append(state)
-        else:
-            self.rigid_queue.append(state)
-        self.schedule()
-
-    def schedule(self) -> None:
-        """After every event: all waiting work in one class order. Per priority class, its
-        rigid jobs (the router's queue walk, whose blocked heads cut the windows of this
-        class and the lower ones) and its waiting atomized jobs in one queue order (each
-        bids, in a part of the class's round, before the rigid jobs behind it are walked),
-        then the class's full round (its pieces whose window ends, and the bids that won
-        nothing): :func:`laminar_zone.queue.class_order`, the pass the router runs too, its
-        rounds the router's :class:`~laminar_zone.round.ClearingRound`. Pieces it left
-        undecided stop when it closes."""
-        if not self.spec.incumbency:
-            for piece in list(self.deciding):
-                self.stop(piece)
-        market: list[int | Bidding] = []
-        self.round = None
-        if self.mode == "atomized":
-            # The waiting atomized jobs take their place in the queue order among the rigid
-            # ones: each bids ahead of the rigid jobs of its class behind it.
-            self.bidding = {self.item(s).job_id: s for s in self.waiting}
-            market = [
-                Bidding(job_id, s.job.priority, self.work_left(s))
-                for job_id, s in self.bidding.items()
-            ]
-            market.extend({p.state.job.priority for p in self.deciding})
-            self.round = self.open_round()
-        work = self.rigid_queue + (self.waiting if self.spec.class_order else [])
-        work.sort(key=lambda s: order_key(self.item(s), self.usage, {}))
-        steps = class_order(
-            QueueWalk(self.engine.now),
-            work,
-            self.item,
-            self.head_start,
-            market,
-            interleave=self.spec.class_order,
-            shorter_first=self.spec.shorter_first,
-        )
-        self.rigid_queue = drive(steps, self.try_start, self.clear_round)
-        if self.round is not None:
-            for stop in self.round.close().stops:
-                self.stop(self.held[stop.key])
-            self.round = None
-        self.measure_fragmentation()
-
-    # ------------------------------------------------------------------- rigid
-
-    def item(self, state: _JobState) -> QueueItem:
-        """The job as the queue orders it (kept until its declared need changes)."""
-        restarted = self.spec.restart_claims and state.violations > 0
-        if state.item is not None and state.item[0] == (state.need_bytes, restarted):
-            return state.item[1]
         job = state.job
-        item = QueueItem(
-            f"j{job.index}",
-            job.priority,
-            job.tenant,
-            job.arrival,
-            Demand(mig_profile=self.family(state), gpu_memory_bytes=state.need_bytes),
-            job.gpus,
-            job.duration,
-            is_restarted=restarted,
-        )
-        state.item = ((state.need_bytes, restarted), item)
-        return item
+        job_id = self.job_id(state)
+        if state.contract is not None:
+            self.atoms.add(job_id)
+            self.waiting.append(state)
+            spec = zone_pb2.JobSpec(
+                command=["piece"],
+                tenant=job.tenant,
+                priority=common_pb2.PriorityClass.Name(job.priority),
+                expected_seconds=job.duration,
+            )
+            need = Demand()
+        else:
+            family = self.family(state)
+            need = Demand(mig_profile=family, gpu_memory_bytes=state.need_bytes)
+            spec = zone_pb2.JobSpec(
+                command=["trace"],
+                tenant=job.tenant,
+                resources=common_pb2.Resources(
+                    mig_profile=family, gpu_memory_bytes=state.need_bytes
+                ),
+                gang_size=job.gpus,
+                priority=common_pb2.PriorityClass.Name(job.priority),
+                expected_seconds=job.duration,
+                max_retries=RIGID_MAX_RETRIES,
+            )
+        state.entry = self.driver.submit(spec, need, job_id)
+
+    # ------------------------------------------------------- the core's owner: rigid jobs
 
     def family(self, state: _JobState) -> str:
+        """The MIG profile a rigid job asks: the smallest that holds its declared memory
+        and has a slice for each of its members (the largest if none does)."""
         for memory, profile in self.profiles:
-            if memory >= state.need_bytes:
+            if memory >= state.need_bytes and self.profile_slices[profile] >= state.job.gpus:
                 return profile
         return self.profiles[-1][1]
 
-    def try_start(self, state: _JobState) -> bool:
-        leases = self.place(state)
-        if leases is not None:
-            self.start_rigid(state, leases)
-            if self.round is not None:  # no later class's round offers its slices
-                self.round.take((host.agent_id, slice_id) for host, _, slice_id in leases)
-        return leases is not None
+    def subjob_started(self, host: CoreHost, subjob_id: str, slice_ids: tuple[str, ...]) -> None:
+        for slice_id in slice_ids:
+            self.take(host.agent_id, slice_id)
 
-    def head_start(self, state: _JobState, units_ahead: float) -> float | None:
-        """When a blocked gang of this family may start: free slices that hold it, then ends."""
-        family = self.family(state)
-        memory = self.memory_of[family]
-        free_units = sum(
-            compute_of(p) / COMPUTE_SLICES for p, m in self.free.values() if m >= memory
-        )
-        releases = [(end, units) for end, units, mem in self.running.values() if mem >= memory]
-        units = state.job.gpus * compute_of(family) / COMPUTE_SLICES
-        return expected_start(self.engine.now, free_units, releases, units_ahead, units)
+    def subjob_ended(self, host: CoreHost, placement: zone_pb2.Placement) -> None:
+        for slice_id in placement.slice_ids:
+            self.give_back(host.agent_id, slice_id)
 
-    def place(self, state: _JobState) -> list[tuple[MigHost, str, str]] | None:
-        """All members on free slices of one profile (smallest that fits first), or None."""
-        gang = state.job.gpus
-        for memory, profile in self.profiles:
-            if memory < state.need_bytes:
-                continue
-            per_host: dict[str, int] = {}
-            for (agent, _), (p, _) in self.free.items():
-                if p == profile:
-                    per_host[agent] = per_host.get(agent, 0) + 1
-            if sum(per_host.values()) < gang:
-                continue
-            chosen = self._place_on(state, profile, per_host)
-            if chosen is not None:
-                return chosen
-        return None
-
-    def _place_on(
-        self, state: _JobState, profile: str, per_host: dict[str, int]
-    ) -> list[tuple[MigHost, str, str]] | None:
-        """One placement try on the hosts with free ``profile`` slices (the router's Gather)."""
-        gang = state.job.gpus
+    def job_placed(self, entry: Entry) -> None:
+        """The core placed a rigid job: its members run for one speed draw of the job; a
+        peak above the smallest of their slices kills the run at that hour."""
         now = self.engine.now
-        demand = Demand(mig_profile=profile, gpu_memory_bytes=state.need_bytes)
-        plan = FixedPlan([AgentRecord(agent, "") for agent in sorted(per_host)], demand)
-        machine = Gather(plan, gang, members=lambda r: min(gang, per_host[r.agent_id]))
-
-        def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
-            host = self.by_id[step.record.agent_id]
-            orders = [
-                ProbeOrder(
-                    f"{state.job.index}/{m}",
-                    f"j{state.job.index}",
-                    m,
-                    demand,
-                    state.job.priority,
-                    0.0,
-                    m,
-                    LEASE_TTL_SECONDS,
-                )
-                for m in range(step.members)
-            ]
-            grants: list[Offer] = []
-            bounces: list[str] = []
-            for reply in host.arbitrate(orders, now):
-                if isinstance(reply, Granted):
-                    lease = reply.lease
-                    grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
-                else:
-                    bounces.append(reply.reason)
-            return grants, bounces
-
-        def release(offer: Offer) -> None:
-            self.by_id[offer.agent_id].release(offer.lease_id)
-
-        outcome = settle(machine, probe, release, now)
-        if not isinstance(outcome, Bind):
-            return None
-        chosen = []
-        for offer in outcome.offers:
-            host = self.by_id[offer.agent_id]
-            subjob_id = f"j{state.job.index}/r{state.runs}/m{offer.member}"
-            lease = host.commit(offer.lease_id, subjob_id, now)
-            chosen.append((host, offer.lease_id, lease.allocations[0].slice_id))
-        return chosen
-
-    def take(self, host: MigHost, slice_id: str) -> tuple[str, int]:
-        profile, memory = self.free.pop((host.agent_id, slice_id))
-        self.free_compute -= compute_of(profile)
-        return profile, memory
-
-    def give_back(self, host: MigHost, lease_id: str) -> None:
-        lease = host.end(lease_id, self.engine.now)
-        s = host.ledger.slices[lease.allocations[0].slice_id]
-        self.free[(host.agent_id, s.slice_id)] = (s.mig_profile, s.memory_total_bytes)
-        self.free_compute += compute_of(s.mig_profile)
-
-    def start_rigid(self, state: _JobState, leases: list[tuple[MigHost, str, str]]) -> None:
-        now = self.engine.now
+        state = self.by_job[entry.job.job_id]
         if state.first_start is None:
             state.first_start = now
         rng = self.rng(state)
         state.runs += 1
         run = state.job.duration * math.exp(state.job.time_sigma * rng.gauss(0.0, 1.0))
-        slices = [self.take(host, sid) for host, _, sid in leases]
+        members = entry.current()
+        slices = [self.slice_of[(p.agent_id, p.slice_ids[0])] for p in members]
         smallest = min(memory for _, memory in slices)
-        compute = sum(compute_of(p) for p, _ in slices)
+        compute = sum(compute_of(profile) for profile, _ in slices)
         killed_at: float | None = None
         peak = 0
         for hour in range(max(1, math.ceil(run / PEAK_WINDOW_SECONDS))):
@@ -802,30 +738,67 @@ class MigReplay:
                 )
                 break
         length = run if killed_at is None else killed_at
-        key = self.new_key()
-        self.running[key] = (now + state.job.duration, compute / COMPUTE_SLICES, smallest)
-        self.charge(key, state.job.tenant)
+        ids = [p.subjob_id for p in members]
+        self.engine.schedule(
+            length,
+            partial(
+                self.rigid_run_ends,
+                entry,
+                ids,
+                length * compute,
+                peak if killed_at is not None else 0,
+                smallest,
+            ),
+        )
 
-        def end() -> None:
-            self.clock()
-            for host, lease_id, _ in leases:
-                self.give_back(host, lease_id)
-            self.discharge(key)
-            self.totals.held += length * compute
-            if killed_at is None:
-                self.totals.useful += length * compute
-                state.done.append((0, 1))
-                self.finish(state)
-            else:
-                self.totals.lost += length * compute
-                # Rigid violations are counted per job: its first kill names the cause.
-                self.totals.rigid_killed += int(state.violations == 0)
-                state.violations += 1
-                state.need_bytes = max(state.need_bytes, peak)
-                self.rigid_queue.append(state)
-            self.schedule()
+    def rigid_run_ends(
+        self, entry: Entry, subjob_ids: list[str], held: float, peak: int, slice_bytes: int
+    ) -> None:
+        """The run ends: every member exits 0, or (``peak`` above ``slice_bytes``) one is
+        killed by its memory peak: the agent reports it reclaimed for memory with the peak
+        it saw, and the core stops the gang and retries it asking that much memory
+        (:func:`laminar_zone.core.widened_for_memory`)."""
+        self.clock()
+        state = self.by_job[entry.job.job_id]
+        self.totals.held += held
+        if not peak:
+            self.totals.useful += held
+            for subjob_id in subjob_ids:
+                decision = EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0")
+                self.driver.end_subjob(entry, subjob_id, decision, 0)
+            return
+        self.totals.lost += held
+        # Rigid violations are counted per job: its first kill names the cause.
+        self.totals.rigid_killed += int(state.violations == 0)
+        state.violations += 1
+        why = f"GPU memory peak {peak} B above the slice's {slice_bytes} B"
+        decision = EndDecision(KILLED, EndCause.RECLAIMED, why)
+        self.driver.end_subjob(entry, subjob_ids[0], decision, -9, peak_gpu_memory_bytes=peak)
+        state.need_bytes = entry.need.gpu_memory_bytes  # what it declares now
 
-        self.engine.schedule(length, end)
+    def job_ended(self, entry: Entry) -> None:
+        """The core ended a rigid job: it succeeded, or failed with no retry left."""
+        state = self.by_job[entry.job.job_id]
+        if entry.job.state == zone_pb2.JOB_SUCCEEDED:
+            state.done.append((0, 1))
+            self.finish(state)
+        else:
+            state.failed = True
+            self.totals.rigid_failed += 1
+
+    def pass_done(self, kept: list[Entry]) -> None:
+        self.rigid_queue = [self.by_job[e.job.job_id] for e in kept]
+        self.measure_fragmentation()
+
+    def take(self, agent_id: str, slice_id: str) -> tuple[str, int]:
+        profile, memory = self.free.pop((agent_id, slice_id))
+        self.free_compute -= compute_of(profile)
+        return profile, memory
+
+    def give_back(self, agent_id: str, slice_id: str) -> None:
+        profile, memory = self.slice_of[(agent_id, slice_id)]
+        self.free[(agent_id, slice_id)] = (profile, memory)
+        self.free_compute += compute_of(profile)
 
     def finish(self, state: _JobState) -> None:
         state.end = self.engine.now
@@ -833,17 +806,6 @@ class MigReplay:
     def new_key(self) -> str:
         self.next_key += 1
         return f"r{self.next_key}"
-
-    def charge(self, key: str, tenant: str) -> None:
-        """Work ``key`` of ``tenant`` started: its GPU-equivalents count towards the tenant's
-        usage while it runs, as the router counts its running jobs."""
-        self.tenant_of[key] = tenant
-        self.usage[tenant] = self.usage.get(tenant, 0.0) + self.running[key][1]
-
-    def discharge(self, key: str) -> None:
-        """Work ``key`` ended: its slices no longer count."""
-        tenant = self.tenant_of.pop(key)
-        self.usage[tenant] = max(0.0, self.usage[tenant] - self.running.pop(key)[1])
 
     # ----------------------------------------------------------------- market
 
@@ -880,10 +842,30 @@ class MigReplay:
         """The job's id in the market (what ties in a round break on)."""
         return f"j{state.job.index:07d}"
 
-    def open_round(self) -> ClearingRound:
+    def open_round(self, step: OpenRound) -> _MigRound | None:
+        """The pass's market (``OpenRound``): None when no atomized work waits. Without
+        incumbency, the pieces whose window ends stop first."""
+        if not self.spec.incumbency:
+            for piece in list(self.deciding):
+                self.stop(piece)
+        self.round = None
+        if self.mode != "atomized" or not (self.waiting or self.deciding):
+            return None
+        # The waiting atomized jobs take their place in the queue order among the rigid
+        # ones: each bids ahead of the rigid jobs of its class behind it.
+        self.bidding = {self.job_id(s): s for s in self.waiting}
+        market: list[int | Bidding] = [
+            Bidding(job_id, s.job.priority, self.work_left(s)) for job_id, s in self.bidding.items()
+        ]
+        market.extend({p.state.job.priority for p in self.deciding})
+        self.round = self.open_clearing(step.units)
+        return _MigRound(self.round, market)
+
+    def open_clearing(self, usage: dict[str, float]) -> ClearingRound:
         """The pass's clearing round, the router's machine: the free slices and the held
         ones (pieces whose window ends now), every waiting job's bidder and every holder's,
-        the tenants' usage now; no quota, no spec constraint (every job may use any slice)."""
+        the tenants' usage as the pass opened (the core's count); no quota, no spec
+        constraint (every job may use any slice)."""
         now = self.engine.now
         self.held = {p.window_key: p for p in self.deciding}
         self.bidders = {self.bidder_id(s): s for s in self.waiting}
@@ -895,7 +877,7 @@ class MigReplay:
         bidders = [self._bidder(s, s.next_unit, None) for s in self.waiting]
         bidders.extend(self._bidder(p.state, p.progress(now), p.window_key) for p in self.deciding)
         ctx = ClearingContext(
-            usage=dict(self.usage),
+            usage=dict(usage),
             hysteresis=self.spec.hysteresis,
             starvation_ratio=self.spec.starvation_ratio,
             starvation_floor_seconds=self.spec.starvation_floor_seconds,
@@ -904,15 +886,18 @@ class MigReplay:
             now, slices, bidders, self.spec.clearing_policy, ctx, self.spec.horizon_seconds
         )
 
-    def clear_round(self, step: Clear) -> None:
-        """One class's step of the pass's round (:meth:`ClearingRound.clear`), as
-        :func:`class_order` asks for it; its decisions carried out here: a start on a free
-        window, an extension in place, a stop of a piece whose slice another job won."""
+    def clear_market(self, step: ClearMarket) -> None:
+        """One class's step of the pass's round (:meth:`ClearingRound.clear`), as the pass
+        asks for it; its decisions carried out here: a start on a free window, an extension
+        in place, a stop of a piece whose slice another job won."""
         assert self.round is not None
-        if step.jobs is not None:  # a part of the round: queue ids to the market's
-            states = (self.bidding.get(job_id) for job_id in step.jobs)
-            step = replace(step, jobs=frozenset(self.bidder_id(s) for s in states if s is not None))
-        cleared = self.round.clear(step)
+        clear = step.step
+        if clear.jobs is not None:  # a part of the round: queue ids to the market's
+            states = (self.bidding.get(job_id) for job_id in clear.jobs)
+            clear = replace(
+                clear, jobs=frozenset(self.bidder_id(s) for s in states if s is not None)
+            )
+        cleared = self.round.clear(clear)
         if not cleared.is_cleared:
             return
         self.totals.rounds += 1
@@ -928,6 +913,13 @@ class MigReplay:
             else:  # taken by a better bid: the piece checkpoints and stops
                 self.totals.displaced += 1
                 self.stop(self.held[decision.key])
+
+    def close_round(self, step: CloseRound) -> None:
+        """The pass's last class is done: the pieces no step decided stop."""
+        assert self.round is not None
+        for stop in self.round.close().stops:
+            self.stop(self.held[stop.key])
+        self.round = None
 
     def _bidder(self, state: _JobState, next_unit: int, holds: tuple[str, str] | None) -> Bidder:
         assert state.contract is not None
@@ -963,8 +955,23 @@ class MigReplay:
         reply = host.arbitrate([order], now)[0]
         assert isinstance(reply, Granted), reply
         lease_id = reply.lease.lease_id
-        host.commit(lease_id, f"j{state.job.index}/s{state.runs}", now)
-        self.take(host, window.slice_id)
+        subjob_id = f"j{state.job.index}/s{state.runs}"
+        host.commit(lease_id, subjob_id, now)
+        self.take(host.agent_id, window.slice_id)
+        self.driver.note(host)
+        # The piece as the router records it on its job: what the tenant's usage counts.
+        entry = state.entry
+        assert entry is not None
+        placement = zone_pb2.Placement(
+            subjob_id=subjob_id,
+            agent_id=host.agent_id,
+            slice_ids=[window.slice_id],
+            state=common_pb2.RUNNING,
+            resources=common_pb2.Resources(mig_profile=profile, gpu_memory_bytes=memory),
+        )
+        entry.job.placements.append(placement)
+        placement = entry.job.placements[-1]  # the job's own copy
+        entry.job.state = zone_pb2.JOB_RUNNING
         if state.first_start is None:
             state.first_start = now
         rng = self.rng(state)
@@ -989,7 +996,8 @@ class MigReplay:
         piece = _Piece(
             state=state,
             host=host,
-            lease_id=lease_id,
+            subjob_id=subjob_id,
+            placement=placement,
             window_key=window.key,
             profile=profile,
             memory=memory,
@@ -1006,9 +1014,6 @@ class MigReplay:
             finish_at=now + run,
         )
         state.piece = piece
-        compute = compute_of(profile)
-        self.running[piece.key] = (piece.release_at(), compute / COMPUTE_SLICES, memory)
-        self.charge(piece.key, state.job.tenant)
         self.totals.subjobs += 1
         self.arm(piece)
 
@@ -1030,7 +1035,7 @@ class MigReplay:
             self.clock()
             if what == "decide":
                 self.deciding.append(piece)
-                self.schedule()
+                self.driver.wake()
             else:
                 self.end_piece(piece, "ok" if what == "finish" else "oom")
 
@@ -1043,7 +1048,6 @@ class MigReplay:
         piece.window_end = now + bid.window.length_seconds
         piece.granted_seconds += bid.window.length_seconds
         piece.committed = bid.unit_start - piece.unit_start + bid.unit_count
-        self.running[piece.key] = (piece.release_at(), *self.running[piece.key][1:])
         self.totals.extensions += 1
         self.arm(piece)
 
@@ -1072,8 +1076,12 @@ class MigReplay:
         assert contract is not None and calibrator is not None
         overhead = contract.checkpoint_overhead_seconds
         state.piece = None
-        self.give_back(piece.host, piece.lease_id)
-        self.discharge(piece.key)
+        piece.host.end(piece.subjob_id, now)
+        self.give_back(*piece.window_key)
+        self.driver.note(piece.host)
+        entry = state.entry
+        assert entry is not None
+        piece.placement.state = common_pb2.KILLED if outcome == "oom" else common_pb2.SUCCEEDED
         compute = compute_of(piece.profile)
         length = now - piece.started
         self.totals.held += length * compute
@@ -1107,9 +1115,12 @@ class MigReplay:
                 calibrator.overran(time=True, memory=False)
         if state.next_unit >= contract.total_units:
             self.finish(state)
+            entry.job.state = zone_pb2.JOB_SUCCEEDED
+            self.driver.carry_out(self.core.forget_if_done(entry))
         else:
+            entry.job.state = zone_pb2.QUEUED
             self.waiting.append(state)
-        self.schedule()
+        self.driver.wake()
 
     # -------------------------------------------------------------------- run
 
@@ -1187,6 +1198,7 @@ class MigReplay:
             if self.mode == "atomized"
             else {"memory": t.rigid_killed, "time": 0},
             "rigid_jobs_killed": t.rigid_killed,
+            "rigid_jobs_failed": t.rigid_failed,
             "subjobs": t.subjobs + rigid_runs,
             "subjobs_per_job": round((t.subjobs + rigid_runs) / max(1, len(states)), 3),
             "subjobs_per_atomized_job": round(t.subjobs / max(1, len(atomized)), 3),

@@ -36,15 +36,15 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from laminar_agent.core import FAILED, KILLED, SUCCEEDED, EndDecision
-from laminar_agent.ledger import Granted, ProbeOrder
+from laminar_agent.core import FAILED, KILLED, SUCCEEDED, AgentCore, EndDecision
+from laminar_agent.ledger import Bounced, Granted, ProbeOrder
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.demand import Demand, HostCap
@@ -73,16 +73,19 @@ from laminar_zone.core import (
 from laminar_zone.entry import Entry
 from laminar_zone.gather import Bind, Gather, ProbeHost
 from laminar_zone.lifecycle import job_of
-from laminar_zone.placement import Offer
+from laminar_zone.placement import Offer, ShapeCap
 from laminar_zone.placements import apply_start_reply
 from laminar_zone.trying import (
+    ClearMarket,
     Clock,
+    CloseRound,
     CommitMembers,
     CommitOnProbe,
     DoInstructions,
     Gathered,
     GatherLeases,
     OpenRound,
+    Round,
     RunInstructions,
     Slot,
     StartJob,
@@ -280,93 +283,146 @@ class _Replay:
         return self.stats.report(self.capacity, len(self.jobs), self.window_end)
 
 
-class LaminarReplay(_Replay):
-    """The zone router's own decision core over agents' cores: every trace job is a
-    ``zone_pb2.Job`` submitted to :class:`~laminar_zone.core.ZoneCore` (its routing, its
-    queue passes and placement tries as :mod:`laminar_zone.trying` strings them, its job
-    lifecycle), and every host is an agent's :class:`~laminar_agent.core.AgentCore`.
+class CoreHost(Protocol):
+    """A simulated agent as :class:`CoreDriver` drives it: its decision core over its
+    ledger (``laminar_sim.laminar.SimHost``, ``laminar_sim.atomized.MigHost``)."""
 
-    This driver only answers the core's requests at once: a gather is the router's
-    :class:`~laminar_zone.gather.Gather` settled over the hosts (:func:`settle`), with the
-    router's default probe limits and its fragmentation ranking; a commit is
+    agent_id: str
+
+    @property
+    def core(self) -> AgentCore: ...
+
+    def arbitrate(self, orders: list[ProbeOrder], now: float) -> list[Granted | Bounced]: ...
+
+    def release(self, lease_id: str) -> None: ...
+
+    def commit(self, lease_id: str, subjob_id: str, now: float) -> object: ...
+
+    def shapes(self) -> dict[str, ShapeCap]: ...
+
+
+class CoreOwner(Protocol):
+    """What a simulator built on :class:`CoreDriver` keeps itself: its clocks and figures,
+    a placed job's run (when each member exits), and (atomized work) the market's round."""
+
+    def clock(self) -> None:
+        """Integrate the figures up to now (something is about to change)."""
+
+    def subjob_started(self, host: CoreHost, subjob_id: str, slice_ids: tuple[str, ...]) -> None:
+        """The agent committed a subjob of a rigid job on these slices."""
+
+    def subjob_ended(self, host: CoreHost, placement: zone_pb2.Placement) -> None:
+        """The agent ended the subjob: its slices are free again."""
+
+    def job_placed(self, entry: Entry) -> None:
+        """A placement try placed the job: its members run (the owner schedules their ends
+        with :meth:`CoreDriver.end_subjob`)."""
+
+    def job_ended(self, entry: Entry) -> None:
+        """The core ended the job (succeeded, or failed with no retry left)."""
+
+    def open_round(self, step: OpenRound) -> Round | None:
+        """The market's round for this pass, or None when no atomized work waits."""
+
+    def clear_market(self, step: ClearMarket) -> None:
+        """Run the clearing round ``step.step`` asks."""
+
+    def close_round(self, step: CloseRound) -> None:
+        """The pass's last class is done: close the round."""
+
+    def pass_done(self, kept: list[Entry]) -> None:
+        """The pass left ``kept`` (rigid jobs) waiting."""
+
+
+class CoreDriver:
+    """The zone router's own decision core (:class:`~laminar_zone.core.ZoneCore`) over
+    simulated agents, answered at once: the one driver of the core's steps every replay
+    shares (``sim replay`` on whole GPUs, and the rigid jobs of ``sim replay --mode``).
+
+    Jobs are ``zone_pb2.Job`` entries (:meth:`submit`: the core routes and kicks them);
+    a queue pass is :func:`laminar_zone.trying.pass_steps` and a placement try
+    :func:`laminar_zone.trying.place_try`; a gather is the router's
+    :class:`~laminar_zone.gather.Gather` settled over the hosts (:func:`settle`) with the
+    router's probe plan over a :class:`~laminar_zone.view.ZoneView` fed the hosts'
+    summaries, its default probe limits and its fragmentation ranking; a commit is
     ``AgentCore.commit``; a subjob's end is ``AgentCore.end`` reported back to the core
     (``ZoneCore.report`` and ``evaluate``), so retries and end causes are the router's.
-    ``failures``: job index -> how many of its first attempts exit with a failure (tests).
-    """
+    The market's round (OpenRound, ClearMarket, CloseRound) and what a placed job's
+    members do are the ``owner``'s."""
 
     def __init__(
         self,
-        spec: ReplaySpec,
-        jobs: list[TraceJob],
+        engine: Engine,
+        hosts: Sequence[CoreHost],
+        owner: CoreOwner,
+        seed: int,
         *,
-        failures: Mapping[int, int] | None = None,
-        max_retries: int = 0,
+        atoms: Container[str] = frozenset(),
+        demand_of: Callable[[common_pb2.Resources], Demand] | None = None,
     ) -> None:
-        super().__init__(spec, jobs)
+        """``atoms``: the jobs the owner's market places (the core skips them in its
+        walks); ``demand_of``: what an atomized piece's placement holds (tenant usage)."""
+        self.engine = engine
+        self.owner = owner
         self.view = ZoneView(1e18)
-        self.by_id = {h.agent_id: h for h in self.hosts}
-        for host in self.hosts:
+        self.by_id = {h.agent_id: h for h in hosts}
+        #: Hosts whose summary changed since the view last read it.
+        self.stale: dict[str, CoreHost] = {}
+        for host in hosts:
             self.note(host)
-        self.rng = random.Random(spec.seed)
+        self.rng = random.Random(seed)
         self.settings = PlacementSettings()
         self.workload = ObservedWorkload(
             MILLI_SLICING, min_observed=self.settings.workload_min_observed
         )
-        self.core = ZoneCore(self.view, {}, may_forward=False)
+        self.core = ZoneCore(self.view, {}, may_forward=False, atoms=atoms, demand_of=demand_of)
         self.clocks = Clock(mono=lambda: self.engine.now, unix=lambda: self.engine.now)
-        self.failures = dict(failures or {})
-        self.max_retries = max_retries
-        self.trace_jobs = {f"j{job.index}": job for job in jobs}
-        #: GPUs each live subjob holds.
-        self.held: dict[str, int] = {}
-        #: Jobs that ended, as the core left them (tests read them).
-        self.ended: dict[str, zone_pb2.Job] = {}
         self.pass_due = False
         self.in_pass = False
         self._probe_ids = itertools.count()
-        #: When each trace job first started (its queue time).
-        self.first_start: dict[int, float] = {}
+        #: Subjobs the agents run now (what a stop or an exit ends once).
+        self.live: set[str] = set()
 
-    def note(self, host: SimHost) -> None:
-        """The host's summary, as a probe reply or heartbeat carries it to the router."""
-        self.view.update(
-            host.agent_id,
-            host.agent_id,
-            host.shapes(),
-            heat=host.ledger.pending_leases(),
-            draining=False,
-            now=self.engine.now,
-        )
+    def note(self, host: CoreHost) -> None:
+        """The host's summary changed: the router's view holds it (a probe reply or a
+        heartbeat carries it) from the next time anything reads the view (:meth:`sync`;
+        nothing else changes the host in between, so the view reads what it would)."""
+        self.stale[host.agent_id] = host
+
+    def sync(self) -> None:
+        """Fold the changed hosts' summaries into the router's view."""
+        for host in self.stale.values():
+            self.view.update(
+                host.agent_id,
+                host.agent_id,
+                host.shapes(),
+                heat=host.core.ledger.pending_leases(),
+                draining=False,
+                now=self.engine.now,
+            )
+        self.stale.clear()
 
     # ---------------------------------------------------------------- events
 
-    def arrive(self, job: TraceJob) -> None:
+    def submit(self, spec: zone_pb2.JobSpec, need: Demand, job_id: str) -> Entry:
         """A Submit: the core makes the job's record, routes it and kicks it."""
-        self.clock()
-        need, gang = _shape(job, self.spec.gpus_per_host)
-        spec = zone_pb2.JobSpec(
-            command=["trace"],
-            tenant=TENANT,
-            resources=common_pb2.Resources(gpus=need.gpus),
-            gang_size=gang,
-            priority=common_pb2.BATCH,
-            expected_seconds=job.duration,
-            max_retries=self.max_retries,
-        )
         now = self.engine.now
-        (entry,) = self.core.new_entries(spec, need, NewJob(f"j{job.index}", "sim"), now, now)
+        self.sync()
+        (entry,) = self.core.new_entries(spec, need, NewJob(job_id, "sim"), now, now)
         self.core.admit(entry)
         self.carry_out(self.core.route(entry, False, now))
         self.carry_out(self.core.kick(entry, False))
+        return entry
 
     def queue_pass(self) -> None:
         """The router's queue pass (:func:`laminar_zone.trying.pass_steps`)."""
         self.pass_due = False
-        self.clock()
+        self.owner.clock()
         steps = pass_steps(self.core, shares={}, backfill=True, rng=self.rng, clock=self.clocks)
         answer: Any = None
         self.in_pass = True
         while True:
+            self.sync()
             try:
                 step = steps.send(answer)
             except StopIteration as done:
@@ -377,12 +433,15 @@ class LaminarReplay(_Replay):
                 self.carry_out(step.instructions)
             elif isinstance(step, StartJob):
                 answer = self.place(step.entry, from_queue=True)
+            elif isinstance(step, OpenRound):
+                answer = self.owner.open_round(step)
+            elif isinstance(step, ClearMarket):
+                self.owner.clear_market(step)
             else:
-                assert isinstance(step, OpenRound)  # no atomized work here: no round
+                assert isinstance(step, CloseRound)
+                self.owner.close_round(step)
         self.in_pass = False
-        head = kept[0] if kept else None
-        gpus = head.need.gpus * max(1, head.job.spec.gang_size) if head is not None else 0
-        self.frag_now = self.free if head is not None and self.free >= gpus else 0
+        self.owner.pass_done(kept)
 
     def wake(self) -> None:
         """The router's queue wake: a pass at this instant. A wake from the pass's own tries
@@ -406,15 +465,15 @@ class LaminarReplay(_Replay):
                     for host, lease_id in leases:
                         host.release(lease_id)
                         self.note(host)
-                case Wake(Loop.QUEUE):
-                    self.wake()
+                case Wake(Loop.QUEUE) | Wake(Loop.MARKET):
+                    self.wake()  # one pass serves the queue and the market (class order)
                 case Journal(entries):
                     # No journal here; a job written as ended leaves memory, as the
                     # router's save does once no subjob of it lives.
                     for entry in entries:
                         self.carry_out(self.core.forget_if_done(entry))
                 case Publish() | Count() | Confirm() | Forget() | Wake():
-                    pass  # no watchers, metrics or market here; commits are never lost
+                    pass  # no watchers or metrics here; commits are never lost
                 case _:
                     raise AssertionError(f"not carried out by sim replay: {instruction!r}")
 
@@ -432,6 +491,7 @@ class LaminarReplay(_Replay):
         )
         answer: Any = None
         while True:
+            self.sync()
             try:
                 step = steps.send(answer)
             except StopIteration as done:
@@ -447,7 +507,7 @@ class LaminarReplay(_Replay):
             else:
                 assert isinstance(step, Slot)
         if placed:
-            self.started_job(entry)
+            self.owner.job_placed(entry)
         return placed
 
     def _rank(self, need: Demand) -> Rank | None:
@@ -471,7 +531,7 @@ class LaminarReplay(_Replay):
             commit_on_probe=on_probe,
         )
         book = CommitOnProbe(self.core, entry) if on_probe else None
-        leases: dict[str, tuple[SimHost, str]] = {}
+        leases: dict[str, tuple[CoreHost, str]] = {}
         slices: dict[str, tuple[str, ...]] = {}
         started: list[common_pb2.Subjob] = []
 
@@ -513,12 +573,14 @@ class LaminarReplay(_Replay):
                         book.bounced(host.agent_id)
                     bounces.append(reply.reason)
             self.note(host)
+            self.sync()  # the reply carries the summary the gather's next round reads
             return grants, bounces
 
         def release(offer: Offer) -> None:
             host, lease_id = leases.pop(offer.lease_id)
             host.release(lease_id)
             self.note(host)
+            self.sync()
 
         outcome = settle(machine, probe, release, now)
         chosen = None
@@ -544,7 +606,7 @@ class LaminarReplay(_Replay):
 
     def start_subjob(
         self,
-        host: SimHost,
+        host: CoreHost,
         lease_id: str,
         placement: zone_pb2.Placement,
         job_id: str,
@@ -553,10 +615,8 @@ class LaminarReplay(_Replay):
         """The agent commits the lease to the placement's subjob: its reply."""
         now = self.engine.now
         host.commit(lease_id, placement.subjob_id, now)
-        self.held[placement.subjob_id] = (
-            sum(a.milli for a in host.allocations(placement.subjob_id)) // 1000
-        )
-        self.free -= self.held[placement.subjob_id]
+        self.live.add(placement.subjob_id)
+        self.owner.subjob_started(host, placement.subjob_id, slice_ids)
         self.note(host)
         return common_pb2.Subjob(
             spec=common_pb2.SubjobSpec(subjob_id=placement.subjob_id, job_id=job_id),
@@ -570,7 +630,7 @@ class LaminarReplay(_Replay):
         self,
         entry: Entry,
         placements: Sequence[zone_pb2.Placement],
-        leases: Sequence[tuple[SimHost, str]],
+        leases: Sequence[tuple[CoreHost, str]],
     ) -> list[Failure | None]:
         """Every member's Commit, taken by its agent's core (no call is lost here)."""
         for placement, (host, lease_id) in zip(placements, leases, strict=True):
@@ -582,7 +642,117 @@ class LaminarReplay(_Replay):
 
     # ---------------------------------------------------------------- a job's life
 
-    def started_job(self, entry: Entry) -> None:
+    def stop(self, placement: zone_pb2.Placement, why: str, cause: EndCause) -> None:
+        """The router's SignalSubjob(TERMINATE): the agent stops the subjob."""
+        entry = self.core.entries.get(job_of(placement.subjob_id))
+        if entry is None:
+            return
+        self.end_subjob(entry, placement.subjob_id, EndDecision(KILLED, cause, why), -15)
+
+    def end_subjob(
+        self,
+        entry: Entry,
+        subjob_id: str,
+        decision: EndDecision,
+        exit_code: int,
+        *,
+        peak_gpu_memory_bytes: int = 0,
+    ) -> None:
+        """The agent's core ends the subjob (if it still runs) and its heartbeat reports
+        the end (with the GPU memory peak it saw, if given): the router's core judges the
+        report and the job."""
+        placement = next((p for p in entry.job.placements if p.subjob_id == subjob_id), None)
+        if placement is None or subjob_id not in self.live:
+            return  # ended already (stopped, or exited)
+        self.owner.clock()
+        host = self.by_id[placement.agent_id]
+        now = self.engine.now
+        host.core.end(subjob_id, decision, now)
+        self.live.discard(subjob_id)
+        self.owner.subjob_ended(host, placement)
+        self.note(host)
+        event = common_pb2.Subjob(
+            spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=entry.job.job_id),
+            state=_STATES[decision.state],
+            reason=decision.reason,
+            end_cause=decision.cause.wire,
+            exit_code=exit_code,
+            slice_ids=list(placement.slice_ids),
+            started_unix=placement.started_unix,
+            ended_unix=now,
+            run_seconds=now - placement.started_unix,
+            peak_gpu_memory_bytes=peak_gpu_memory_bytes,
+        )
+        self.sync()
+        touched, _, instructions = self.core.report(host.agent_id, event, None, now)
+        self.carry_out(instructions)
+        if touched is not None:
+            self.carry_out(self.core.evaluate(touched, now))
+        if entry.job.state in TERMINAL_JOB_STATES:
+            self.owner.job_ended(entry)
+        self.carry_out(self.core.forget_if_done(entry))
+        self.wake()  # freed capacity wakes the queue (the agent's heartbeat does at once)
+
+
+class LaminarReplay(_Replay):
+    """The zone router's own decision core over agents' cores (:class:`CoreDriver`): every
+    trace job is a ``zone_pb2.Job`` submitted to :class:`~laminar_zone.core.ZoneCore` (its
+    routing, its queue passes and placement tries as :mod:`laminar_zone.trying` strings
+    them, its job lifecycle), and every host is an agent's
+    :class:`~laminar_agent.core.AgentCore`. A placed job's members each run for the trace
+    job's duration, then exit. ``failures``: job index -> how many of its first attempts
+    exit with a failure (tests).
+    """
+
+    def __init__(
+        self,
+        spec: ReplaySpec,
+        jobs: list[TraceJob],
+        *,
+        failures: Mapping[int, int] | None = None,
+        max_retries: int = 0,
+    ) -> None:
+        super().__init__(spec, jobs)
+        self.driver = CoreDriver(self.engine, self.hosts, self, spec.seed)
+        self.core = self.driver.core
+        self.failures = dict(failures or {})
+        self.max_retries = max_retries
+        self.trace_jobs = {f"j{job.index}": job for job in jobs}
+        #: GPUs each live subjob holds.
+        self.held: dict[str, int] = {}
+        #: Jobs that ended, as the core left them (tests read them).
+        self.ended: dict[str, zone_pb2.Job] = {}
+        #: When each trace job first started (its queue time).
+        self.first_start: dict[int, float] = {}
+
+    # ---------------------------------------------------------------- events
+
+    def arrive(self, job: TraceJob) -> None:
+        """A Submit of the trace job."""
+        self.clock()
+        need, gang = _shape(job, self.spec.gpus_per_host)
+        spec = zone_pb2.JobSpec(
+            command=["trace"],
+            tenant=TENANT,
+            resources=common_pb2.Resources(gpus=need.gpus),
+            gang_size=gang,
+            priority=common_pb2.BATCH,
+            expected_seconds=job.duration,
+            max_retries=self.max_retries,
+        )
+        self.driver.submit(spec, need, f"j{job.index}")
+
+    # ---------------------------------------------------------------- the driver's owner
+
+    def subjob_started(self, host: CoreHost, subjob_id: str, slice_ids: tuple[str, ...]) -> None:
+        assert isinstance(host, SimHost)
+        self.held[subjob_id] = sum(a.milli for a in host.allocations(subjob_id)) // 1000
+        self.free -= self.held[subjob_id]
+
+    def subjob_ended(self, host: CoreHost, placement: zone_pb2.Placement) -> None:
+        self.free += self.held.pop(placement.subjob_id)
+
+    def job_placed(self, entry: Entry) -> None:
         """The try placed the job: each member runs for the job's duration, then exits
         (with a failure for as many attempts as ``failures`` says)."""
         trace_job = self.trace_jobs[entry.job.job_id]
@@ -595,58 +765,36 @@ class LaminarReplay(_Replay):
                 trace_job.duration, partial(self.exit, entry, placement.subjob_id, failing)
             )
 
+    def job_ended(self, entry: Entry) -> None:
+        if entry.job.job_id in self.ended:
+            return
+        self.ended[entry.job.job_id] = entry.job
+        trace_job = self.trace_jobs[entry.job.job_id]
+        self.stats.jct.append(self.engine.now - trace_job.arrival)
+        self.stats.probes += entry.job.probes
+        self.stats.bounces += entry.job.bounces
+
+    def open_round(self, step: OpenRound) -> Round | None:
+        return None  # no atomized work here
+
+    def clear_market(self, step: ClearMarket) -> None:
+        raise AssertionError("no market in sim replay's rigid mode")
+
+    def close_round(self, step: CloseRound) -> None:
+        raise AssertionError("no market in sim replay's rigid mode")
+
+    def pass_done(self, kept: list[Entry]) -> None:
+        head = kept[0] if kept else None
+        gpus = head.need.gpus * max(1, head.job.spec.gang_size) if head is not None else 0
+        self.frag_now = self.free if head is not None and self.free >= gpus else 0
+
     def exit(self, entry: Entry, subjob_id: str, failing: bool) -> None:
         decision = (
             EndDecision(FAILED, EndCause.EXITED, "exited 1")
             if failing
             else EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0")
         )
-        self.end_subjob(entry, subjob_id, decision, 1 if failing else 0)
-
-    def stop(self, placement: zone_pb2.Placement, why: str, cause: EndCause) -> None:
-        """The router's SignalSubjob(TERMINATE): the agent stops the subjob."""
-        entry = self.core.entries.get(job_of(placement.subjob_id))
-        if entry is None:
-            return
-        self.end_subjob(entry, placement.subjob_id, EndDecision(KILLED, cause, why), -15)
-
-    def end_subjob(
-        self, entry: Entry, subjob_id: str, decision: EndDecision, exit_code: int
-    ) -> None:
-        """The agent's core ends the subjob (if it still runs) and its heartbeat reports
-        the end: the router's core judges the report and the job."""
-        placement = next((p for p in entry.job.placements if p.subjob_id == subjob_id), None)
-        if placement is None or subjob_id not in self.held:
-            return  # ended already (stopped, or exited)
-        self.clock()
-        host = self.by_id[placement.agent_id]
-        now = self.engine.now
-        host.core.end(subjob_id, decision, now)
-        self.free += self.held.pop(subjob_id)
-        self.note(host)
-        event = common_pb2.Subjob(
-            spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=entry.job.job_id),
-            state=_STATES[decision.state],
-            reason=decision.reason,
-            end_cause=decision.cause.wire,
-            exit_code=exit_code,
-            slice_ids=list(placement.slice_ids),
-            started_unix=placement.started_unix,
-            ended_unix=now,
-            run_seconds=now - placement.started_unix,
-        )
-        touched, _, instructions = self.core.report(host.agent_id, event, None, now)
-        self.carry_out(instructions)
-        if touched is not None:
-            self.carry_out(self.core.evaluate(touched, now))
-        if entry.job.state in TERMINAL_JOB_STATES and entry.job.job_id not in self.ended:
-            self.ended[entry.job.job_id] = entry.job
-            trace_job = self.trace_jobs[entry.job.job_id]
-            self.stats.jct.append(now - trace_job.arrival)
-            self.stats.probes += entry.job.probes
-            self.stats.bounces += entry.job.bounces
-        self.carry_out(self.core.forget_if_done(entry))
-        self.wake()  # freed capacity wakes the queue (the agent's heartbeat does at once)
+        self.driver.end_subjob(entry, subjob_id, decision, 1 if failing else 0)
 
 
 _STATES = {SUCCEEDED: common_pb2.SUCCEEDED, FAILED: common_pb2.FAILED, KILLED: common_pb2.KILLED}

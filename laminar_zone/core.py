@@ -28,9 +28,10 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from laminar_agent.inventory.mig import MIG_PROFILES
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import (
     ENDED_SUBJOB_STATES,
@@ -299,6 +300,32 @@ def stop_copy(agent_id: str, subjob_id: str, why: str, context: str = "") -> Ter
     )
     stop = zone_pb2.Placement(subjob_id=subjob_id, agent_id=agent_id)
     return Terminate(stop, why, EndCause.SUPERSEDED)
+
+
+def widened_for_memory(
+    need: Demand, peak_bytes: int, available: Callable[[str], bool]
+) -> Demand | None:
+    """What a rigid job whose member was reclaimed for GPU memory asks on its retry: its
+    declared memory raised to the peak the agent saw, and a MIG profile that holds it (the
+    smallest by memory, then name, of its GPU's table for which ``available(profile)``: the
+    zone has a slice of it for every member). None: the peak is within what it declared, or
+    no profile holds it (it retries as it was)."""
+    if peak_bytes <= need.gpu_memory_bytes:
+        return None
+    if not need.mig_profile:
+        return replace(need, gpu_memory_bytes=peak_bytes)
+    tables = [
+        table
+        for model, table in MIG_PROFILES.items()
+        if need.mig_profile in table and (not need.gpu_model or need.gpu_model == model)
+    ]
+    fitting = sorted(
+        {(p.memory_bytes, p.name) for table in tables for p in table.values()},
+    )
+    for memory, name in fitting:
+        if memory >= peak_bytes and available(name):
+            return replace(need, mig_profile=name, gpu_memory_bytes=peak_bytes)
+    return None
 
 
 def _no_pieces(resources: common_pb2.Resources) -> Demand:
@@ -997,6 +1024,8 @@ class ZoneCore:
                 return instructions + self.finish(entry, zone_pb2.JOB_FAILED, what, now_unix, code)
             if verdict.counted:
                 job.retries_used += 1
+            if end_cause(first.end_cause) is EndCause.RECLAIMED:
+                self.widen_for_memory(entry, first.peak_gpu_memory_bytes)
             job.attempts += 1
             job.state = zone_pb2.PENDING
             counted = f"retry {job.retries_used} of {job.spec.max_retries}"
@@ -1021,6 +1050,23 @@ class ZoneCore:
             )
             self.watch_time_limit(entry)
         return instructions
+
+    def widen_for_memory(self, entry: Entry, peak_bytes: int) -> None:
+        """A member was reclaimed for GPU memory at ``peak_bytes``: the retry asks for that
+        much (:func:`widened_for_memory`), written into the job's spec too (the journal's
+        record, what a recovered router reads)."""
+        gang = max(1, entry.job.spec.gang_size)
+
+        def available(profile: str) -> bool:
+            return self.view.counts(Demand(mig_profile=profile)).members_total >= gang
+
+        need = widened_for_memory(entry.need, peak_bytes, available)
+        if need is None:
+            return
+        entry.need = need
+        resources = entry.job.spec.resources
+        resources.gpu_memory_bytes = need.gpu_memory_bytes
+        resources.mig_profile = need.mig_profile
 
     def watch_time_limit(self, entry: Entry) -> None:
         if entry.job.job_id not in self.atoms:  # pieces end with their windows

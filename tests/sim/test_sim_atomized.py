@@ -18,6 +18,7 @@ from rich.console import Console
 
 import laminar_sim.atomized
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import EndCause, end_cause
 from laminar_base.errors import InvalidArgument
 from laminar_sim.atomized import (
     AtomizeSpec,
@@ -30,6 +31,7 @@ from laminar_sim.atomized import (
 from laminar_sim.cli import register
 from laminar_sim.replay import TraceJob
 from laminar_zone.atomizer import Atomizer
+from laminar_zone.entry import Entry
 from laminar_zone.queue import Clear
 from laminar_zone.round import Cleared, ClearingRound, Closed, Extend, Start, Stop
 
@@ -94,9 +96,12 @@ def test_atomized_runs_every_unit_of_every_job_exactly_once() -> None:
     for state in sim.states:
         assert state.end is not None and state.first_start is not None
         assert state.end >= state.first_start >= state.job.arrival
-    # A horizon shorter than most jobs cuts them into several subjobs.
-    assert report["subjobs_per_atomized_job"] > 1.5
-    assert not sim.running and not sim.waiting and not sim.rigid_queue
+    # A horizon shorter than most jobs cuts their runs into several windows: each window's
+    # end starts a new piece or extends the running one in place.
+    windows = report["subjobs_per_atomized_job"] * len(atomized) + report["extensions"]
+    assert windows > 1.5 * len(atomized)
+    assert not sim.driver.live and not sim.waiting and not sim.rigid_queue
+    assert sim.core.entries == {}  # every job ended and left the router's memory
     assert all(not host.ledger.leases() for host in sim.hosts)
     assert len(sim.free) == sum(len(host.ledger.slices) for host in sim.hosts)
 
@@ -392,3 +397,46 @@ def test_the_simulator_carries_out_the_routers_round_decisions(
     assert extends == report["extensions"] > 0
     assert displaced == report["displaced"]
     assert closed_stops > 0  # pieces no extension fitted stopped at the round's close
+
+
+def test_a_rigid_job_killed_for_memory_is_retried_by_the_routers_core() -> None:
+    """A rigid job whose profile (6 GiB at its 0.95 quantile: a 1g.10gb slice) peaks at
+    30 GiB now and then: the kill is reported to the router's core as the agent reports it
+    (KILLED, reclaimed for memory, with the peak), and the core's lifecycle retries the job
+    (a counted retry, a new attempt) asking a profile that holds the peak (3g.40gb); it
+    then runs to its end. Nothing in the simulator requeues or widens it."""
+    spiky = MemoryProfile("spiky", tuple(sorted([6 * GIB] * 23 + [30 * GIB])))
+    job = SimJob(0, 0.0, 100 * 3600.0, 1, "batch", 3, "t0", spiky, 0.05)
+    sim = MigReplay(spec(), [job], "rigid")
+    ended: list[zone_pb2.Job] = []
+    job_ended = sim.job_ended
+
+    def record(entry: Entry) -> None:
+        copy = zone_pb2.Job()
+        copy.CopyFrom(entry.job)
+        ended.append(copy)
+        job_ended(entry)
+
+    sim.job_ended = record  # type: ignore[method-assign]
+    report = sim.run()
+    (state,) = sim.states
+    (done,) = ended
+    assert done.state == zone_pb2.JOB_SUCCEEDED and state.end is not None
+    assert done.attempts >= 2 and done.retries_used == done.attempts - 1
+    first = [p for p in done.placements if p.attempt == 1]
+    assert [(p.state, end_cause(p.end_cause)) for p in first] == [
+        (common_pb2.KILLED, EndCause.RECLAIMED)
+    ]
+    assert first[0].peak_gpu_memory_bytes == 30 * GIB
+    last = [p for p in done.placements if p.attempt == done.attempts]
+    assert [p.state for p in last] == [common_pb2.SUCCEEDED]
+    assert sim.slice_of[(last[0].agent_id, last[0].slice_ids[0])][0] == "3g.40gb"
+    assert done.spec.resources.mig_profile == "3g.40gb"
+    assert report["rigid_jobs_killed"] == 1 and report["rigid_jobs_failed"] == 0
+    assert state.runs == done.attempts and sim.core.entries == {}
+
+
+def test_rigid_jobs_ask_the_most_retries_a_spec_may() -> None:
+    from laminar_zone.spec import MAX_RETRIES
+
+    assert laminar_sim.atomized.RIGID_MAX_RETRIES == MAX_RETRIES

@@ -101,8 +101,8 @@ def calls(path: Path) -> set[str]:
 def test_the_router_and_the_atomized_replay_drive_one_class_order() -> None:
     """Rigid walks and clearing rounds are strung together in class order once, in
     laminar_zone.queue.class_order: the router's pass (laminar_zone.trying.pass_steps,
-    driven by jobs.py) and MigReplay.schedule both drive it, and none steps a queue walk
-    itself (QueueWalk.may_try)."""
+    driven by jobs.py, and by sim replay's CoreDriver for MigReplay too) drives it, and none
+    steps a queue walk itself (QueueWalk.may_try)."""
     root = Path(laminar_sim.__file__).parents[1]
     router = root / "laminar_zone" / "jobs.py"
     steps = root / "laminar_zone" / "trying.py"
@@ -110,7 +110,7 @@ def test_the_router_and_the_atomized_replay_drive_one_class_order() -> None:
     replay = root / "laminar_sim" / "atomized.py"
     assert "pass_steps" in calls(router) and "class_order" not in calls(router)
     assert "class_order" in calls(steps)
-    assert {"class_order", "drive"} <= calls(replay)
+    assert not {"class_order", "drive"} & calls(replay)
     for path in (router, steps, market, replay):
         assert "may_try" not in calls(path), path
     assert "open_round" in calls(router) and "clear_class" in calls(router)
@@ -185,3 +185,81 @@ def test_the_router_and_sim_replay_drive_one_try_and_one_pass() -> None:
     for path in (router, replay):
         assert {"place_try", "pass_steps"} <= calls(path), path
         assert not calls(path) & own_steps, (path, calls(path) & own_steps)
+
+
+#: What stringing a pass or a try together by hand would call (beside the steps
+#: test_the_router_and_sim_replay_drive_one_try_and_one_pass names): a walk, its order and
+#: its head estimate, a gather of one's own, a commit of a rigid member outside the try.
+OWN_PASS_OR_TRY = frozenset(
+    {
+        "class_order",
+        "drive",
+        "walk_queue",
+        "QueueWalk",
+        "QueueItem",
+        "order_key",
+        "expected_start",
+        "begin_pass",
+        "end_pass",
+        "old_copy",
+        "plan_try",
+        "begin_commit",
+        "committed",
+        "commit_lost",
+        "probe_intent",
+        "Gather",
+        "FixedPlan",
+        "ProbePlan",
+        "settle",
+        "judge_attempt",
+        "judge_report",
+    }
+)
+
+
+def test_the_atomized_replay_drives_the_routers_pass_and_try_through_one_driver() -> None:
+    """MigReplay's rigid jobs are the router's core's entries and its passes and tries are
+    the core's (laminar_zone.trying's pass_steps and place_try), driven by the one driver
+    sim replay shares (laminar_sim.replay.CoreDriver, which LaminarReplay uses too): it
+    submits through it, reports its members' ends through it, and strings none of the
+    steps of a pass or a try itself, nor judges an end."""
+    root = Path(laminar_sim.__file__).parents[1]
+    atomized = root / "laminar_sim" / "atomized.py"
+    replay = root / "laminar_sim" / "replay.py"
+    used = calls(atomized)
+    assert {"CoreDriver", "submit", "end_subjob"} <= used
+    assert not used & OWN_PASS_OR_TRY, sorted(used & OWN_PASS_OR_TRY)
+    assert {"pass_steps", "place_try", "Gather", "settle", "evaluate", "report"} <= calls(replay)
+    # One driver: LaminarReplay builds the same CoreDriver, and no class of replay.py but
+    # CoreDriver drives pass_steps or place_try.
+    tree = ast.parse(replay.read_text())
+    drivers = {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and {"pass_steps", "place_try"}
+        & {
+            n.func.id
+            for n in ast.walk(node)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        }
+    }
+    assert drivers == {"CoreDriver"}
+    laminar_replay = next(
+        n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "LaminarReplay"
+    )
+    assert "CoreDriver" in {
+        n.func.id
+        for n in ast.walk(laminar_replay)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+
+
+def test_the_pass_scan_sees_a_walk_strung_by_hand(tmp_path: Path) -> None:
+    sample = tmp_path / "walk.py"
+    sample.write_text(
+        "def f(jobs, start, clear):\n"
+        "    jobs.sort(key=lambda j: order_key(j, {}, {}))\n"
+        "    return drive(class_order(QueueWalk(0.0), jobs, id, est), start, clear)\n"
+    )
+    assert calls(sample) & OWN_PASS_OR_TRY == {"order_key", "drive", "class_order", "QueueWalk"}
