@@ -143,6 +143,7 @@ from laminar_zone.market import (
     RatioPool,
     contract_from,
     default_min_samples,
+    expected_progress,
     make_bidder,
     slice_family,
     work_left_seconds,
@@ -211,21 +212,9 @@ class AtomizeSpec:
     #: starvation guard (ratio 0: pure SRPT).
     starvation_ratio: float = DEFAULT_STARVATION_RATIO
     starvation_floor_seconds: float = DEFAULT_STARVATION_FLOOR_SECONDS
-    #: One class order for all work: per priority class, its rigid jobs (the queue walk)
-    #: then its atomized bids (a clearing round). Only True: the router's pass
-    #: (``pass_steps``) has no other order, and MigReplay refuses False.
-    class_order: bool = True
     #: Calibration pooled per job family (``RatioPool``): here the jobs of one tenant with
     #: one memory profile (the same workload). False: each job learns alone.
     pool_calibration: bool = True
-    #: A rigid job requeued after a memory kill (its peak as its need) claims the slices
-    #: that fit it: no piece extends in place on one past its expected start
-    #: (``QueueItem.is_restarted``, ``Clear.claims``). Only True (the router's pass).
-    restart_claims: bool = True
-    #: ``class_order(shorter_first=...)``: a waiting atomized job bids ahead of a rigid job
-    #: (a gang) behind it in queue order only if its work left is no longer than the gang's
-    #: run time. Only True (the router's pass).
-    shorter_first: bool = True
 
 
 @dataclass(frozen=True)
@@ -537,11 +526,6 @@ class MigReplay:
     def __init__(self, spec: AtomizeSpec, jobs: Sequence[SimJob], mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
-        if not (spec.class_order and spec.shorter_first and spec.restart_claims):
-            raise ValueError(
-                "the router's queue pass has one class order, shorter work first and "
-                "restart claims; the simulator drives that pass and cannot turn them off"
-            )
         self.spec = spec
         self.mode = mode
         self.engine = Engine(spec.seed)
@@ -875,7 +859,16 @@ class MigReplay:
             for p in self.deciding
         )
         bidders = [self._bidder(s, s.next_unit, None) for s in self.waiting]
-        bidders.extend(self._bidder(p.state, p.progress(now), p.window_key) for p in self.deciding)
+        # An incumbent bids from where the router expects its piece to be (it has no
+        # checkpoint of a running piece), not from the piece's true progress.
+        bidders.extend(
+            self._bidder(
+                p.state,
+                expected_progress(p.unit_start, p.left, now - p.started, self.believed(p.state)),
+                p.window_key,
+            )
+            for p in self.deciding
+        )
         ctx = ClearingContext(
             usage=dict(usage),
             hysteresis=self.spec.hysteresis,

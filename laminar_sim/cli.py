@@ -236,23 +236,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="with atomized: each job's calibrator learns alone, not pooled with its family",
     )
     rp.add_argument(
-        "--no-class-order",
-        action="store_true",
-        help="with atomized: rigid jobs go before every clearing round whatever their class",
-    )
-    rp.add_argument(
-        "--no-restart-claims",
-        action="store_true",
-        help="with atomized: a rigid job requeued after a memory kill keeps no claim on the "
-        "slices that fit it (pieces extend in place across its expected start)",
-    )
-    rp.add_argument(
-        "--no-shorter-first",
-        action="store_true",
-        help="with atomized: a waiting atomized job bids ahead of every gang behind it in "
-        "queue order, however long its work left (default: only gangs that run longer)",
-    )
-    rp.add_argument(
         "--calibrator-min-samples",
         type=int,
         default=None,
@@ -1057,9 +1040,6 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         calibrator_min_samples=args.calibrator_min_samples,
         modes=modes,
         incumbency=not args.no_incumbency,
-        class_order=not args.no_class_order,
-        restart_claims=not args.no_restart_claims,
-        shorter_first=not args.no_shorter_first,
         pool_calibration=not args.no_pool_calibration,
         **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
         **starvation,
