@@ -1063,6 +1063,12 @@ class ZoneCore:
         need = widened_for_memory(entry.need, peak_bytes, available)
         if need is None:
             return
+        log.info(
+            "job %s: reclaimed for GPU memory at %d bytes; its retry asks %s",
+            entry.job.job_id,
+            peak_bytes,
+            f"MIG {need.mig_profile}" if need.mig_profile else f"{need.gpu_memory_bytes} bytes",
+        )
         entry.need = need
         resources = entry.job.spec.resources
         resources.gpu_memory_bytes = need.gpu_memory_bytes

@@ -372,7 +372,7 @@ def pass_steps(
                 continue
             placed: bool = yield StartJob(entry)
             if placed and market is not None:
-                market.note_started(entry.job.placements)
+                market.note_started(entry.current())  # this attempt's, not earlier ones'
             answer = book.started(entry, placed)
         else:
             assert market is not None  # a round is asked only for a class with market work

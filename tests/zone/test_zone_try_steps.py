@@ -340,3 +340,33 @@ def test_a_probe_carrying_the_commit_that_got_no_answer_is_confirmed_not_retried
     assert entry.job.attempts == 2 and entry.job.state == zone_pb2.QUEUED
     waits, _ = core.old_copy(entry, 0.0)
     assert waits
+
+
+def test_a_started_retry_takes_only_its_own_attempt_s_slices_from_the_round() -> None:
+    """A rigid job started in the pass takes its slices from the market's round; a retry's
+    earlier attempts ended, and their slices are free again for the round's bids."""
+    core = _core()
+    entry = _submit(core)
+    entry.job.state = zone_pb2.QUEUED
+    entry.job.attempts = 2
+    entry.job.placements.add(
+        agent_id="a0", subjob_id="old", attempt=1, state=common_pb2.FAILED, slice_ids=["gpu0"]
+    )
+
+    class Round:
+        classes: tuple[int, ...] = ()
+        taken: list[tuple[str, str]] = []
+
+        def note_started(self, placements: Any) -> None:
+            self.taken.extend((p.agent_id, s) for p in placements for s in p.slice_ids)
+
+    def start(e: Entry) -> bool:
+        e.job.placements.add(
+            agent_id="a1", subjob_id="new", attempt=2, state=common_pb2.RUNNING, slice_ids=["gpu3"]
+        )
+        e.job.state = zone_pb2.JOB_RUNNING
+        return True
+
+    market = Round()
+    _pass(core, start, market)
+    assert market.taken == [("a1", "gpu3")]
