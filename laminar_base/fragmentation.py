@@ -479,15 +479,28 @@ def typical_workload(
     Shapes are taken in decreasing count, equal counts larger shape first, so the cut is
     deterministic; probabilities are renormalized to sum to 1.
     """
-    merged: Counter[tuple[int, int, int, tuple[str, ...]]] = Counter()
-    for shape, count in counts.items():
-        merged[(shape.cpu_milli, shape.gpu_milli, shape.num_gpu, shape.gpu_models)] += count
+    merged = _merged(counts)
     if not merged:
         raise ValueError("typical_workload needs at least one task")
+    return _typical(merged, coverage_ratio)
+
+
+_Key = tuple[int, int, int, tuple[str, ...]]  # (cpu_milli, gpu_milli, num_gpu, gpu_models)
+
+
+def _merged(counts: Mapping[PodShape, int]) -> Counter[_Key]:
+    merged: Counter[_Key] = Counter()
+    for shape, count in counts.items():
+        merged[(shape.cpu_milli, shape.gpu_milli, shape.num_gpu, shape.gpu_models)] += count
+    return merged
+
+
+def _typical(merged: Mapping[_Key, float], coverage_ratio: float) -> TargetWorkload:
+    """:func:`typical_workload` over weights by shape key (counts, or smoothed counts)."""
     ordered = sorted(merged.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
     needed = coverage_ratio * sum(merged.values())
-    chosen: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
-    covered = 0
+    chosen: list[tuple[_Key, float]] = []
+    covered = 0.0
     for key, count in ordered:
         if covered >= needed:
             break
@@ -495,6 +508,45 @@ def typical_workload(
         covered += count
     shapes = tuple(PodShape(cpu, 0, num, milli, models) for (cpu, milli, num, models), _ in chosen)
     return TargetWorkload(shapes, tuple(count / covered for _, count in chosen))
+
+
+def smoothed_workload(
+    counts: Mapping[PodShape, int],
+    prior_count: float,
+    coverage_ratio: float = TYPICAL_COVERAGE_RATIO,
+) -> TargetWorkload:
+    """:func:`typical_workload` of an empirical-Bayes estimate of the mix that converges
+    faster than the counts alone: the GPU request (count, per-GPU share, models) is taken
+    as observed, and within each such group the CPU request's frequencies are shrunk
+    toward the CPU requests of all tasks, with weight ``k / (k + n_g)`` on the latter
+    (``k`` = ``prior_count``, ``n_g`` the group's observations):
+
+        p(g, c) = n_g / n * (n_gc + k * n_c / n) / (n_g + k)
+
+    so a group seen a few times borrows the CPU requests of the whole mix, and the estimate
+    tends to the empirical one as the group's observations grow. It puts weight on a
+    (GPU request, CPU request) pair never seen together only when both were seen; 0 gives
+    :func:`typical_workload` of the counts. Then the same cut as the paper's."""
+    merged = _merged(counts)
+    if not merged:
+        raise ValueError("smoothed_workload needs at least one task")
+    if prior_count <= 0:
+        return _typical(merged, coverage_ratio)
+    total = sum(merged.values())
+    by_cpu: Counter[int] = Counter()
+    by_group: Counter[tuple[int, int, tuple[str, ...]]] = Counter()
+    for (cpu, milli, num, models), count in merged.items():
+        by_cpu[cpu] += count
+        by_group[(milli, num, models)] += count
+    weights: dict[_Key, float] = {}
+    for (milli, num, models), group_count in by_group.items():
+        scale = group_count / total / (group_count + prior_count)
+        for cpu, cpu_count in by_cpu.items():
+            seen = merged.get((cpu, milli, num, models), 0)
+            weight = scale * (seen + prior_count * cpu_count / total)
+            if weight > 0:  # a k so small that a pair's weight rounds to none
+                weights[(cpu, milli, num, models)] = weight
+    return _typical(weights, coverage_ratio)
 
 
 #: Observations a router waits for before it ranks tasks of one GPU or none by the target
@@ -529,6 +581,9 @@ class ObservedWorkload:
     #: and for the agents too cost multigpu50 3.12 (docs/benchmarks.md, "learned workload
     #: (issue 16)").
     min_observed: int = MIN_OBSERVED
+    #: The weight ``k`` (in tasks) of the whole mix's CPU requests in each GPU request's
+    #: CPU mix (:func:`smoothed_workload`); 0: the counts as observed.
+    shrink_count: float = 0.0
     counts: Counter[PodShape] = field(default_factory=Counter)
     observed: int = 0
     _built_at: int = 0
@@ -604,7 +659,8 @@ class ObservedWorkload:
             return None
         since = self.observed - self._built_at
         if self._cache is None or since >= min(self.refresh_every, max(1, self._built_at)):
-            self._cache = FragmentationCache(typical_workload(self.counts), self.slicing)
+            target = smoothed_workload(self.counts, self.shrink_count)
+            self._cache = FragmentationCache(target, self.slicing)
             self._built_at = self.observed
         if shape is not None and shape.num_gpu <= 1 and self.observed < self.min_observed:
             return None
