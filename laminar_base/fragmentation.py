@@ -584,6 +584,9 @@ class ObservedWorkload:
     #: The weight ``k`` (in tasks) of the whole mix's CPU requests in each GPU request's
     #: CPU mix (:func:`smoothed_workload`); 0: the counts as observed.
     shrink_count: float = 0.0
+    #: Share of the observed tasks the target's most frequent shapes cover
+    #: (:func:`typical_workload`).
+    coverage_ratio: float = TYPICAL_COVERAGE_RATIO
     counts: Counter[PodShape] = field(default_factory=Counter)
     observed: int = 0
     _built_at: int = 0
@@ -659,7 +662,7 @@ class ObservedWorkload:
             return None
         since = self.observed - self._built_at
         if self._cache is None or since >= min(self.refresh_every, max(1, self._built_at)):
-            target = smoothed_workload(self.counts, self.shrink_count)
+            target = smoothed_workload(self.counts, self.shrink_count, self.coverage_ratio)
             self._cache = FragmentationCache(target, self.slicing)
             self._built_at = self.observed
         if shape is not None and shape.num_gpu <= 1 and self.observed < self.min_observed:
