@@ -463,11 +463,7 @@ def fgd_gpus(
 
 
 #: Share of the tasks the most frequent shapes must cover to make the target workload (the
-#: FGD paper's cut; also for a learned target). Every shape (1.0) was measured for learned
-#: targets, ``sim fgd``, seeds 42-51, rebuilt every 256 tasks: better on the default list
-#: learned (4.91% unallocated at 100% arrived against 4.99), worse from the pod list's
-#: mix (``--workload-prior``: default 4.78 against 4.69, gpushare40 6.19 against 5.93),
-#: so the cut stays (docs/benchmarks.md, "2026-11-27 (evening): learned workload").
+#: FGD paper's cut; also for a learned target: :attr:`ObservedWorkload.coverage_ratio`).
 TYPICAL_COVERAGE_RATIO = 0.95
 
 
@@ -582,10 +578,20 @@ class ObservedWorkload:
     #: (issue 16)").
     min_observed: int = MIN_OBSERVED
     #: The weight ``k`` (in tasks) of the whole mix's CPU requests in each GPU request's
-    #: CPU mix (:func:`smoothed_workload`); 0: the counts as observed.
+    #: CPU mix (:func:`smoothed_workload`); 0: the counts as observed. Measured with the
+    #: 95% cut, seeds 42-45 (default list / gpushare40 at 0: 4.87 / 6.06): 32 gave 4.87 /
+    #: 6.12, 128 gave 4.91 / 5.96; the GPU requests' CPU mixes differ too much for the
+    #: whole mix's to be a prior (docs/benchmarks.md, "2026-11-29: shrinkage and the
+    #: learned target's cut"), so 0 stays.
     shrink_count: float = 0.0
     #: Share of the observed tasks the target's most frequent shapes cover
-    #: (:func:`typical_workload`).
+    #: (:func:`typical_workload`). Every shape (1.0) measured, one zone, seeds 42-51,
+    #: against 0.95: default list 4.66 (4.66) against 4.83 (4.83), lower on every seed
+    #: (FGD 4.77), gpushare40 6.09 against 6.10, multigpu50 2.86 against 2.91, but cpu250
+    #: 7.00 against 6.74 (FGD 6.98) and gpushare100 13.34 against 13.29; every shape until
+    #: 2,048 or 4,096 observations, the cut after: default 4.81 / 4.77, gpushare40 6.21 /
+    #: 6.22. So the paper's cut stays (docs/benchmarks.md, "2026-11-29: shrinkage and the
+    #: learned target's cut (issue 16)").
     coverage_ratio: float = TYPICAL_COVERAGE_RATIO
     counts: Counter[PodShape] = field(default_factory=Counter)
     observed: int = 0

@@ -109,5 +109,5 @@ def test_observed_workload_builds_the_shrunk_target() -> None:
         counts[shape] += 1
     cache = workload.cache()
     assert cache is not None
-    assert cache.target == smoothed_workload(counts, 50.0)
-    assert cache.target != typical_workload(counts)
+    assert cache.target == smoothed_workload(counts, 50.0, workload.coverage_ratio)
+    assert cache.target != typical_workload(counts, workload.coverage_ratio)
