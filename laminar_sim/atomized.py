@@ -141,9 +141,9 @@ from laminar_zone.market import (
     OpenSlice,
     Profile,
     RatioPool,
+    assured_progress,
     contract_from,
     default_min_samples,
-    expected_progress,
     make_bidder,
     slice_family,
     work_left_seconds,
@@ -859,12 +859,18 @@ class MigReplay:
             for p in self.deciding
         )
         bidders = [self._bidder(s, s.next_unit, None) for s in self.waiting]
-        # An incumbent bids from where the router expects its piece to be (it has no
+        # An incumbent bids from where the router can tell its piece surely is (it has no
         # checkpoint of a running piece), not from the piece's true progress.
         bidders.extend(
             self._bidder(
                 p.state,
-                expected_progress(p.unit_start, p.left, now - p.started, self.believed(p.state)),
+                assured_progress(
+                    p.unit_start,
+                    p.left,
+                    now - p.started,
+                    self.believed(p.state),
+                    self.spec.epsilon,
+                ),
                 p.window_key,
             )
             for p in self.deciding

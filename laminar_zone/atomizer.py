@@ -60,9 +60,9 @@ from laminar_zone.market import (
     OpenSlice,
     Profile,
     RatioPool,
+    assured_progress,
     class_windows,
     contract_from,
-    expected_progress,
     feasibility,
     make_bidder,
     quantiles_from,
@@ -895,7 +895,7 @@ class Atomizer:
         (a subjob never crosses a phase boundary, so each bid has one phase's profile).
         From the furthest checkpoint an ended piece reported; for the incumbent
         ``running`` piece (with the Unix time its window ends, now), from where it is
-        expected to be (:func:`expected_progress`), so its work left is not counted from
+        surely reached (:func:`assured_progress`), so its work left is not counted from
         its start."""
         job = entry.job
         next_unit = units_done(job)
@@ -906,7 +906,9 @@ class Atomizer:
         profile = self._believed(entry, atom.calibrators[phase], largest_bytes)
         if piece is not None and running is not None:
             elapsed = running[1] - piece.started_unix
-            next_unit = expected_progress(piece.unit_start, piece.unit_count, elapsed, profile)
+            next_unit = assured_progress(
+                piece.unit_start, piece.unit_count, elapsed, profile, atom.contract.epsilon
+            )
         return make_bidder(
             job.job_id,
             job.spec.tenant,

@@ -307,18 +307,21 @@ class Bidder:
     holds: tuple[str, str] | None = None
 
 
-def expected_progress(
-    unit_start: int, unit_count: int, elapsed_seconds: float, profile: Profile
+def assured_progress(
+    unit_start: int, unit_count: int, elapsed_seconds: float, profile: Profile, epsilon: float
 ) -> int:
-    """The next unit a running piece is expected to be at, ``elapsed_seconds`` after it
-    started on units ``unit_start`` .. ``unit_start + unit_count - 1``: its median seconds
-    per unit (``profile``, the calibrated one) into the time it ran, at most its last unit
-    (it bids for the rest of its own piece, never past it). What an incumbent's extension
-    bid counts its work left from, where the router has no checkpoint of a running piece
-    yet (its units are reported when it ends)."""
+    """The unit a running piece has reached with probability at least ``1 - epsilon``,
+    ``elapsed_seconds`` after it started on units ``unit_start`` .. ``unit_start +
+    unit_count - 1``: the time it ran over its profile's ``1 - epsilon`` quantile of seconds
+    per unit (the calibrated profile: its slow pace), at most its last unit (it bids for the
+    rest of its own piece, never past it). What an incumbent's extension bid counts its work
+    left from, where the router has no checkpoint of a running piece yet (its units are
+    reported when it ends): not from the piece's start (a nearly finished piece is not
+    scored as a fresh one), and not from a median guess that a slow piece has not reached
+    (its extension would promise units it cannot do by the window's end)."""
     if unit_count <= 0:
         return unit_start
-    per_unit = profile.seconds_per_unit.value_at(0.5)
+    per_unit = profile.seconds_per_unit.value_at(1.0 - epsilon)
     done = unit_count - 1 if per_unit <= 0 else int(max(0.0, elapsed_seconds) / per_unit)
     return unit_start + min(unit_count - 1, done)
 

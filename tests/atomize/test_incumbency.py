@@ -19,9 +19,9 @@ from laminar_zone.market import (
     ClearingContext,
     Contract,
     MarketWindow,
+    assured_progress,
     clearing_round,
     contract_from,
-    expected_progress,
     score,
 )
 
@@ -181,19 +181,21 @@ def test_a_held_slice_changes_hands_only_to_a_higher_class_or_a_clearly_better_b
             )
 
 
-def test_a_running_piece_is_expected_at_its_median_pace_never_past_its_last_unit() -> None:
-    profile = contract().profile  # median 1 s a unit
-    assert expected_progress(40, 20, 0.0, profile) == 40
-    assert expected_progress(40, 20, 7.9, profile) == 47
-    assert expected_progress(40, 20, 500.0, profile) == 59  # its last unit, not past it
-    assert expected_progress(40, 20, -3.0, profile) == 40  # a clock step back: its start
-    assert expected_progress(40, 0, 9.0, profile) == 40
+def test_a_running_piece_is_assured_at_its_slow_pace_never_past_its_last_unit() -> None:
+    profile = contract().profile  # 1 s a unit at the median, 2 s at the 0.95 quantile
+    assert assured_progress(40, 20, 0.0, profile, 0.05) == 40
+    assert assured_progress(40, 20, 15.9, profile, 0.05) == 47  # 7 units at 2 s each
+    assert assured_progress(40, 20, 7.9, profile, 0.5) == 47  # epsilon 0.5: the median
+    assert assured_progress(40, 20, 500.0, profile, 0.05) == 59  # its last unit, not past it
+    assert assured_progress(40, 20, -3.0, profile, 0.05) == 40  # a clock step back: its start
+    assert assured_progress(40, 0, 9.0, profile, 0.05) == 40
 
 
-def test_the_router_s_incumbent_bids_its_work_left_from_where_it_is_expected_to_be() -> None:
-    """The router's bidder for a piece whose window ends counts its work left from its
-    expected progress, not from its start (a piece 450 s into 500 units of 1 s is at unit
-    450): under srpt it then scores as the nearly finished job it is."""
+def test_the_router_s_incumbent_bids_its_work_left_from_where_it_surely_is() -> None:
+    """The router's bidder for a piece whose window ends counts its work left from the
+    progress it has surely made, not from its start (a piece 450 s into 500 units of 1 s,
+    epsilon 0.05 and one quantile, is at unit 450): under srpt it then scores as the nearly
+    finished job it is."""
     spec = zone_pb2.JobSpec(
         command=["x"],
         atomization=common_pb2.AtomizationContract(
