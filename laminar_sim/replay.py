@@ -50,17 +50,16 @@ from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.demand import Demand, HostCap
 from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, demand_pod
 from laminar_sim.engine import Engine
-from laminar_sim.laminar import SimHost, settle
+from laminar_sim.laminar import SimHost
+from laminar_sim.zone_driver import commit_at_once, drive, gather_at_once, start_on
 from laminar_zone.config import PlacementSettings
 from laminar_zone.core import (
     Confirm,
     Count,
-    Failure,
     Forget,
     Instruction,
     Journal,
     Loop,
-    Member,
     NewJob,
     Place,
     Publish,
@@ -71,21 +70,19 @@ from laminar_zone.core import (
     ZoneCore,
 )
 from laminar_zone.entry import Entry
-from laminar_zone.gather import Bind, Gather, ProbeHost
 from laminar_zone.lifecycle import job_of
-from laminar_zone.placement import Offer
-from laminar_zone.placements import apply_start_reply
 from laminar_zone.trying import (
     Clock,
     CommitMembers,
-    CommitOnProbe,
     DoInstructions,
     Gathered,
     GatherLeases,
     OpenRound,
+    PassStep,
     RunInstructions,
     Slot,
     StartJob,
+    TryStep,
     pass_steps,
     place_try,
 )
@@ -364,25 +361,21 @@ class LaminarReplay(_Replay):
         self.pass_due = False
         self.clock()
         steps = pass_steps(self.core, shares={}, backfill=True, rng=self.rng, clock=self.clocks)
-        answer: Any = None
         self.in_pass = True
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                kept: list[Entry] = done.value
-                break
-            answer = None
-            if isinstance(step, DoInstructions):
-                self.carry_out(step.instructions)
-            elif isinstance(step, StartJob):
-                answer = self.place(step.entry, from_queue=True)
-            else:
-                assert isinstance(step, OpenRound)  # no atomized work here: no round
+        kept: list[Entry] = drive(steps, self.answer_pass)
         self.in_pass = False
         head = kept[0] if kept else None
         gpus = head.need.gpus * max(1, head.job.spec.gang_size) if head is not None else 0
         self.frag_now = self.free if head is not None and self.free >= gpus else 0
+
+    def answer_pass(self, step: PassStep) -> Any:
+        if isinstance(step, DoInstructions):
+            self.carry_out(step.instructions)
+        elif isinstance(step, StartJob):
+            return self.place(step.entry, from_queue=True)
+        else:
+            assert isinstance(step, OpenRound)  # no atomized work here: no round
+        return None
 
     def wake(self) -> None:
         """The router's queue wake: a pass at this instant. A wake from the pass's own tries
@@ -430,25 +423,21 @@ class LaminarReplay(_Replay):
             budget_seconds=self.settings.budget_seconds,
             clock=self.clocks,
         )
-        answer: Any = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                placed = bool(done.value)
-                break
-            answer = None
-            if isinstance(step, (RunInstructions, DoInstructions)):
-                self.carry_out(step.instructions)
-            elif isinstance(step, GatherLeases):
-                answer = self.gather(step.entry, step.plan)
-            elif isinstance(step, CommitMembers):
-                answer = self.commit(step.entry, step.placements, step.leases)
-            else:
-                assert isinstance(step, Slot)
+        placed = bool(drive(steps, self.answer))
         if placed:
             self.started_job(entry)
         return placed
+
+    def answer(self, step: TryStep) -> Any:
+        if isinstance(step, (RunInstructions, DoInstructions)):
+            self.carry_out(step.instructions)
+        elif isinstance(step, GatherLeases):
+            return self.gather(step.entry, step.plan)
+        elif isinstance(step, CommitMembers):
+            return commit_at_once(step.placements, step.leases, self.start_subjob)
+        else:
+            assert isinstance(step, Slot)
+        return None
 
     def _rank(self, need: Demand) -> Rank | None:
         shape = demand_pod(need, HostCap())
@@ -459,87 +448,19 @@ class LaminarReplay(_Replay):
         """The router's gather over the hosts: its probe plan, limits and ranking, each
         probe arbitrated by the host's core; a probe that carries the commit commits there."""
         need = entry.need
-        job = entry.job
-        now = self.engine.now
         limits = self.settings.limits().for_try(need, plan.gang_size)
-        on_probe = plan.commit_on_probe and limits.probes_per_attempt == 1
-        machine = Gather(
+        return gather_at_once(
+            self.core,
+            entry,
+            plan,
             ProbePlan(self.view, need, limits, self.rng, rank=self._rank(need)),
-            plan.gang_size,
-            deadline=now + self.settings.budget_seconds,
+            self.by_id,
+            now=self.engine.now,
             budget_seconds=self.settings.budget_seconds,
-            commit_on_probe=on_probe,
-        )
-        book = CommitOnProbe(self.core, entry) if on_probe else None
-        leases: dict[str, tuple[SimHost, str]] = {}
-        slices: dict[str, tuple[str, ...]] = {}
-        started: list[common_pb2.Subjob] = []
-
-        def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
-            host = self.by_id[step.record.agent_id]
-            placement = None
-            if step.commit and book is not None:
-                placement, instructions = book.intent(host.agent_id, host.agent_id)
-                self.carry_out(instructions)
-            orders = [
-                ProbeOrder(
-                    f"{job.job_id}/{m}/{next(self._probe_ids)}",
-                    job.job_id,
-                    m,
-                    need,
-                    plan.priority,
-                    job.spec.value,
-                    next(self._probe_ids),
-                    plan.lease_ttl_seconds,
-                )
-                for m in range(step.members)
-            ]
-            grants: list[Offer] = []
-            bounces: list[str] = []
-            for reply in host.arbitrate(orders, now):
-                if isinstance(reply, Granted):
-                    lease = reply.lease
-                    ids = tuple(a.slice_id for a in lease.allocations)
-                    if placement is not None:
-                        started.append(
-                            self.start_subjob(host, lease.lease_id, placement, job.job_id, ids)
-                        )
-                    else:
-                        leases[lease.lease_id] = (host, lease.lease_id)
-                        slices[lease.lease_id] = ids
-                    grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
-                else:
-                    if book is not None and placement is not None:
-                        book.bounced(host.agent_id)
-                    bounces.append(reply.reason)
-            self.note(host)
-            return grants, bounces
-
-        def release(offer: Offer) -> None:
-            host, lease_id = leases.pop(offer.lease_id)
-            host.release(lease_id)
-            self.note(host)
-
-        outcome = settle(machine, probe, release, now)
-        chosen = None
-        if isinstance(outcome, Bind) and not outcome.committed:
-            chosen = tuple(leases.pop(o.lease_id) for o in outcome.offers)
-            members = tuple(
-                Member(o.agent_id, o.agent_id, slices[o.lease_id]) for o in outcome.offers
-            )
-        else:
-            members = ()
-        reply = started[-1] if started else None
-        return Gathered(
-            chosen=chosen,
-            members=members,
-            reasons=tuple(machine.reasons),
-            probes=machine.probes,
-            bounces=machine.bounces,
-            pending=book.pending if book is not None else None,
-            committed=reply,
-            slice_ids=tuple(reply.slice_ids) if reply is not None else (),
-            counted_probes=book.probes if book is not None else 0,
+            probe_ids=self._probe_ids,
+            note=self.note,
+            start=self.start_subjob,
+            carry_out=self.carry_out,
         )
 
     def start_subjob(
@@ -547,38 +468,16 @@ class LaminarReplay(_Replay):
         host: SimHost,
         lease_id: str,
         placement: zone_pb2.Placement,
-        job_id: str,
         slice_ids: tuple[str, ...],
     ) -> common_pb2.Subjob:
         """The agent commits the lease to the placement's subjob: its reply."""
-        now = self.engine.now
-        host.commit(lease_id, placement.subjob_id, now)
+        reply = start_on(host, lease_id, placement, slice_ids, self.engine.now)
         self.held[placement.subjob_id] = (
             sum(a.milli for a in host.allocations(placement.subjob_id)) // 1000
         )
         self.free -= self.held[placement.subjob_id]
         self.note(host)
-        return common_pb2.Subjob(
-            spec=common_pb2.SubjobSpec(subjob_id=placement.subjob_id, job_id=job_id),
-            state=common_pb2.RUNNING,
-            reason="running",
-            slice_ids=list(slice_ids),
-            started_unix=now,
-        )
-
-    def commit(
-        self,
-        entry: Entry,
-        placements: Sequence[zone_pb2.Placement],
-        leases: Sequence[tuple[SimHost, str]],
-    ) -> list[Failure | None]:
-        """Every member's Commit, taken by its agent's core (no call is lost here)."""
-        for placement, (host, lease_id) in zip(placements, leases, strict=True):
-            reply = self.start_subjob(
-                host, lease_id, placement, entry.job.job_id, tuple(placement.slice_ids)
-            )
-            apply_start_reply(placement, reply)
-        return [None] * len(placements)
+        return reply
 
     # ---------------------------------------------------------------- a job's life
 
