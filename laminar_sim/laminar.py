@@ -8,6 +8,12 @@ Nothing here decides anything the daemons do not decide the same way:
   ``AgentCore.arbitrate``, a commit ``AgentCore.commit``, a release ``AgentCore.release``
   and a task's end ``AgentCore.end``, so a subjob's lifecycle is checked as on the agent
   (the journal rows and lease rows it returns are the driver's, and dropped here);
+* each zone router is the router's own decision core, :class:`laminar_zone.core.ZoneCore`:
+  a pod is submitted to it as a ``zone_pb2.Job`` (``new_entries``, ``admit``, ``route``,
+  ``kick``) and placed by its try, :func:`laminar_zone.trying.place_try`, whose requests
+  are answered at once over the zone's hosts (:mod:`laminar_sim.zone_driver`); a pod that
+  does not place is cancelled (the fill-up protocol queues nothing) and the queue wake
+  that follows runs the core's pass (:func:`laminar_zone.trying.pass_steps`);
 * each zone router holds a real :class:`laminar_zone.view.ZoneView`, draws candidates
   with :class:`laminar_zone.view.ProbePlan` (a bounded sample, ranked by
   :func:`laminar_zone.placement.fragmentation_rank`, d probes per attempt, redraws,

@@ -185,3 +185,38 @@ def test_the_router_and_sim_replay_drive_one_try_and_one_pass() -> None:
     for path in (router, replay):
         assert {"place_try", "pass_steps"} <= calls(path), path
         assert not calls(path) & own_steps, (path, calls(path) & own_steps)
+
+
+def test_sim_fgd_drives_the_routers_try_and_pass() -> None:
+    """``sim fgd``'s routers (LaminarCluster, laminar.py) place each pod through their
+    core's place_try and run its pass_steps on a queue wake; neither they nor the glue they
+    share with sim replay (zone_driver.py) string the core's try steps or walk a queue. The
+    router's gather (Gather) is driven in one place only, zone_driver.gather_at_once, the
+    answer to GatherLeases."""
+    package = Path(laminar_sim.__file__).parent
+    laminar = package / "laminar.py"
+    glue = package / "zone_driver.py"
+    replay = package / "replay.py"
+    own_steps = {
+        "class_order",
+        "walk_queue",
+        "QueueWalk",
+        "order_key",
+        "begin_pass",
+        "old_copy",
+        "plan_try",
+        "gathered",
+        "begin_commit",
+        "committed",
+        "commit_lost",
+        "probe_intent",
+        "probe_committed",
+        "placed",
+        "enqueue",
+    }
+    assert {"place_try", "pass_steps", "drive", "gather_at_once"} <= calls(laminar)
+    assert {"gather_at_once", "commit_at_once", "drive"} <= calls(replay)
+    for path in (laminar, glue, replay):
+        assert not calls(path) & own_steps, (path, calls(path) & own_steps)
+    assert "Gather" not in names_used(laminar) | names_used(replay)
+    assert "GatherMachine" in calls(glue)
