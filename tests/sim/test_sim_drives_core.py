@@ -220,3 +220,31 @@ def test_sim_fgd_drives_the_routers_try_and_pass() -> None:
         assert not calls(path) & own_steps, (path, calls(path) & own_steps)
     assert "Gather" not in names_used(laminar) | names_used(replay)
     assert "GatherMachine" in calls(glue)
+
+
+def test_sim_load_drives_the_routers_try_and_pass_over_the_network() -> None:
+    """``sim load``'s routers (LaminarRun, load.py) submit each task to their zone's core,
+    resume its place_try and pass_steps when a reply arrives in simulated time, and string
+    none of the core's steps or a queue of their own (no per-shape queues, chains or
+    blocked sets: the core's route and pass decide who waits)."""
+    load = Path(laminar_sim.__file__).parent / "load.py"
+    used = calls(load)
+    assert {"place_try", "pass_steps", "new_entries", "route", "kick", "cancel"} <= used
+    steps = {
+        "class_order",
+        "QueueWalk",
+        "order_key",
+        "begin_pass",
+        "old_copy",
+        "plan_try",
+        "gathered",
+        "begin_commit",
+        "committed",
+        "commit_lost",
+        "probe_committed",
+        "placed",
+        "enqueue",
+        "behind_blocked_head",
+    }
+    assert not used & steps, used & steps
+    assert not names_used(load) & {"chains", "queues", "_next_in_chain", "_tick_later"}
