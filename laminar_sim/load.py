@@ -6,18 +6,25 @@ the arrival rate gives the offered ``load`` (GPU-seconds asked per GPU-second of
 cluster). Every task has a start deadline; a task not started by then is dropped and
 counts in the latency percentiles at its deadline.
 
-**laminar**: zones of ``zone_hosts`` hosts, one router each. A task arrives at a random
-zone, which keeps it or forwards it once by flow splitting (peer summaries refreshed
-every ``exchange_seconds``). The router draws candidates from its view with the
-router's own :class:`~laminar_zone.view.ProbePlan`, probes them in parallel over the
-network model, binds late (:func:`~laminar_zone.view.choose_offers`), commits, and
-releases the losers; every reply refreshes the view. Hosts are the agent's own
-:class:`~laminar_agent.ledger.Ledger`, so a probe is judged against ground truth at the
-moment it arrives, leases hold capacity until they are committed or released, and a
-commit or release can be late or lost. When a task finds no room it waits in its zone's
-queue, which is retried when a host's heartbeat shows freed capacity (the agent sends one
-at once when a subjob ends, as the real agent's heartbeat loop wakes on a subjob event) and
-on a tick.
+**laminar**: zones of ``zone_hosts`` hosts, one router each, and each router is the
+router's own decision core (:class:`~laminar_zone.core.ZoneCore`). A task arrives at a
+random zone, which keeps it or forwards it once by flow splitting (peer summaries
+refreshed every ``exchange_seconds``), and is submitted there as a ``zone_pb2.Job``: the
+core routes it (placing, or queued behind its family's blocked head) and its placement
+tries and queue passes are :func:`~laminar_zone.trying.place_try` and
+:func:`~laminar_zone.trying.pass_steps`, suspended while a request travels and resumed
+when its reply arrives. A gather is the router's :class:`~laminar_zone.gather.Gather`
+over its :class:`~laminar_zone.view.ProbePlan`, its probes sent to the hosts (with
+d = 1 the probe carries the commit); a commit is the agent core's, and can be late or
+lost. Hosts are the agent's own :class:`~laminar_agent.core.AgentCore` over its ledger,
+so a probe is judged against ground truth at the moment it arrives, and leases hold
+capacity until they are committed or released; every reply refreshes the view. A
+subjob's end goes back to the core as the agent's report. The router's queue loop runs a
+pass per wake (a task queued, a host's heartbeat showing freed capacity: the agent sends
+one at once when a subjob ends, as the real agent's heartbeat loop wakes on a subjob
+event), at least ``queue.min_pass_seconds`` apart, and every ``queue.retry_seconds``;
+the pass awaits each start it tries, as the router's does. A task not started by its
+deadline is cancelled at its router.
 
 **central**: one global FIFO queue and one scheduler that knows every host exactly and
 picks the best fit over all of them. Its decisions are serialized, and each one takes the
@@ -53,13 +60,13 @@ from laminar_agent.core import (
     EndDecision,
     event_hold,
 )
-from laminar_agent.ledger import Bounced, Granted, ProbeOrder
+from laminar_agent.ledger import Bounced, Granted
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.demand import Demand
 from laminar_sim.engine import Engine, LossyDelay
 from laminar_sim.laminar import TENANT, Ask, LaminarCluster, SimHost, SimZone
-from laminar_sim.zone_driver import start_on
+from laminar_sim.zone_driver import gathered_of, probe_orders, start_on
 from laminar_zone.config import PlacementSettings, QueueSettings
 from laminar_zone.core import (
     Confirm,
@@ -69,7 +76,6 @@ from laminar_zone.core import (
     Instruction,
     Journal,
     Loop,
-    Member,
     NewJob,
     Place,
     Publish,
@@ -933,20 +939,7 @@ class _NetGather:
     ) -> None:
         run = self.run
         now = run.engine.now
-        job = self.entry.job
-        orders = [
-            ProbeOrder(
-                f"{job.job_id}/{m}/{next(run.probe_ids)}",
-                job.job_id,
-                m,
-                self.entry.need,
-                self.plan.priority,
-                job.spec.value,
-                next(run.probe_ids),
-                self.plan.lease_ttl_seconds,
-            )
-            for m in range(step.members)
-        ]
+        orders = probe_orders(self.entry, self.plan, step.members, run.probe_ids)
         replies = host.arbitrate(orders, now)
         started: list[common_pb2.Subjob] = []
         if placement is not None:
@@ -1003,29 +996,8 @@ class _NetGather:
         if self.over:
             return
         self.over = True
-        machine = self.machine
-        chosen = None
-        members: tuple[Member, ...] = ()
-        if isinstance(outcome, Bind) and not outcome.committed:
-            chosen = tuple(self.leases.pop(o.lease_id) for o in outcome.offers)
-            members = tuple(
-                Member(o.agent_id, o.agent_id, self.slices[o.lease_id]) for o in outcome.offers
-            )
-        reply = self.started[-1] if self.started else None
-        book = self.book
         self.done(
-            Gathered(
-                chosen=chosen,
-                members=members,
-                reasons=tuple(machine.reasons),
-                probes=machine.probes,
-                bounces=machine.bounces,
-                pending=book.pending if book is not None else None,
-                committed=reply,
-                slice_ids=tuple(reply.slice_ids) if reply is not None else (),
-                unsure="no answer" if isinstance(outcome, Unsure) else "",
-                counted_probes=book.probes if book is not None else 0,
-            )
+            gathered_of(self.machine, self.book, outcome, self.leases, self.slices, self.started)
         )
 
 

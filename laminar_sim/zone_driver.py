@@ -101,8 +101,6 @@ def gather_at_once(
     member journaled first, started on the host that grants it). ``carry_out``: the
     driver's hand for the core's instructions (the intent's journal); ``released``: called for
     each lease given back."""
-    job = entry.job
-    need = probes.need
     on_probe = plan.commit_on_probe and probes.limits.probes_per_attempt == 1
     machine = GatherMachine(
         probes,
@@ -122,19 +120,7 @@ def gather_at_once(
         if step.commit and book is not None:
             placement, instructions = book.intent(host.agent_id, host.agent_id)
             carry_out(instructions)
-        orders = [
-            ProbeOrder(
-                f"{job.job_id}/{m}/{next(probe_ids)}",
-                job.job_id,
-                m,
-                need,
-                plan.priority,
-                job.spec.value,
-                next(probe_ids),
-                plan.lease_ttl_seconds,
-            )
-            for m in range(step.members)
-        ]
+        orders = probe_orders(entry, plan, step.members, probe_ids)
         grants: list[Offer] = []
         bounces: list[str] = []
         for reply in host.arbitrate(orders, now):
@@ -162,6 +148,41 @@ def gather_at_once(
         note(host)
 
     outcome = settle(machine, probe, release, now)
+    return gathered_of(machine, book, outcome, leases, slices, started)
+
+
+def probe_orders(
+    entry: Entry, plan: TryPlan, members: int, probe_ids: Iterator[int]
+) -> list[ProbeOrder]:
+    """The probes of one :class:`ProbeHost` for ``members`` of ``entry``'s try, as the
+    router's Probe call carries them to the agent's arbitration."""
+    job = entry.job
+    return [
+        ProbeOrder(
+            f"{job.job_id}/{m}/{next(probe_ids)}",
+            job.job_id,
+            m,
+            entry.need,
+            plan.priority,
+            job.spec.value,
+            next(probe_ids),
+            plan.lease_ttl_seconds,
+        )
+        for m in range(members)
+    ]
+
+
+def gathered_of(
+    machine: GatherMachine,
+    book: CommitOnProbe | None,
+    outcome: Bind | GiveUp | Unsure,
+    leases: dict[str, tuple[SimHost, str]],
+    slices: Mapping[str, tuple[str, ...]],
+    started: Sequence[common_pb2.Subjob],
+) -> Gathered:
+    """What a gather came to, for the try: the chosen leases (taken out of ``leases``, the
+    uncommitted ones held) and where they are, or the probe that carried the commit and the
+    subjob it ``started``; the machine's counts and reasons."""
     chosen = None
     members: tuple[Member, ...] = ()
     if isinstance(outcome, Bind) and not outcome.committed:
@@ -177,6 +198,7 @@ def gather_at_once(
         pending=book.pending if book is not None else None,
         committed=reply,
         slice_ids=tuple(reply.slice_ids) if reply is not None else (),
+        unsure=outcome.reason if isinstance(outcome, Unsure) else "",
         counted_probes=book.probes if book is not None else 0,
     )
 
