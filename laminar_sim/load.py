@@ -465,6 +465,8 @@ class LaminarRun(_Base):
         #: is held now (it carries every change until it goes).
         self.woken_at: dict[str, float] = {}
         self.held: set[str] = set()
+        #: Per host: subjob ends its heartbeats have not carried to the router yet.
+        self.unreported: dict[str, list[common_pb2.Subjob]] = {}
         if len(self.cluster.zones) > 1:
             self.engine.schedule(spec.exchange_seconds, self.exchange)
         self.engine.schedule(self.queue_settings.retry_seconds, self.tick)
@@ -551,25 +553,24 @@ class LaminarRun(_Base):
     def end_subjob(
         self, zone: SimZone, host: SimHost, subjob_id: str, decision: EndDecision
     ) -> None:
-        """The agent's core ends the subjob (if it still runs); its heartbeat wakes and its
-        report of the end reaches the router's core one network delay later."""
+        """The agent's core ends the subjob (if it still runs): the event wakes its
+        heartbeat, which carries the report of the end to the router's core."""
         live = host.core.subjob(subjob_id)
         if live is None:
             return
         now = self.engine.now
-        started = live.started_unix
         host.core.end(subjob_id, decision, now)
-        self.freed(host)
         event = common_pb2.Subjob(
             spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=job_of(subjob_id)),
             state=_STATES[decision.state],
             reason=decision.reason,
             end_cause=decision.cause.wire,
             exit_code=0 if decision.state == SUCCEEDED else -15,
-            started_unix=started,
+            started_unix=live.started_unix,
             ended_unix=now,
         )
-        self.engine.send(host.agent_id, zone.name, partial(self.reported, zone, host, event))
+        self.unreported.setdefault(host.agent_id, []).append(event)
+        self.freed(host)
 
     def reported(self, zone: SimZone, host: SimHost, event: common_pb2.Subjob) -> None:
         core = zone.core
@@ -652,8 +653,8 @@ class LaminarRun(_Base):
         wakes, the host sends a heartbeat, at once after a quieter spell or when the
         event gap since its last event-woken one has passed (laminar_agent.core.
         event_hold; one held heartbeat carries every change until it goes); the router
-        sees it one network delay later (or never, when the message is lost: then its
-        queue's period runs the next pass)."""
+        sees it, and the subjob ends it reports, one network delay later (a lost one:
+        its ends go with the host's next heartbeat, and the queue's period runs a pass)."""
         agent_id = host.agent_id
         if agent_id in self.held:
             return  # the held heartbeat reads the host when it goes
@@ -662,13 +663,18 @@ class LaminarRun(_Base):
         hold = event_hold(now, self.woken_at.get(agent_id, -math.inf), self.spec.event_gap_seconds)
         self.woken_at[agent_id] = now + hold
 
-        def heartbeat() -> None:
+        def heartbeat(events: list[common_pb2.Subjob]) -> None:
             zone.note(host)
+            for event in events:
+                self.reported(zone, host, event)
             self.wake(zone)
 
         def send() -> None:
             self.held.discard(agent_id)
-            self.engine.send(agent_id, zone.name, heartbeat)
+            events = self.unreported.pop(agent_id, [])
+            if self.engine.send(agent_id, zone.name, partial(heartbeat, events)) is None:
+                # Lost: the agent reports them again with its next heartbeat.
+                self.unreported.setdefault(agent_id, [])[:0] = events
 
         if hold > 0:
             self.held.add(agent_id)
