@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from laminar_api.v1 import zone_pb2
+from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.demand import Demand
 from laminar_base.errors import InvalidArgument
 from laminar_sim.cli import register
-from laminar_sim.laminar import Ask
+from laminar_sim.laminar import Ask, SimHost, SimZone
 from laminar_sim.load import (
     LaminarRun,
     LoadSpec,
@@ -179,6 +179,17 @@ def test_a_task_behind_its_familys_blocked_head_waits_for_the_cores_pass() -> No
     assert run.done == set() and run.out.probes == 0
     run.engine.run(until_seconds=0.6)
     assert run.done == {0, 1} and run.out.placements == 1 and run.out.probes == 1
+    ended: list[common_pb2.Subjob] = []
+    report = run.reported
+
+    def reported(zone: SimZone, host: SimHost, event: common_pb2.Subjob) -> None:
+        ended.append(event)
+        report(zone, host, event)
+
+    run.reported = reported  # type: ignore[method-assign]
+    run.engine.run(until_seconds=1.7)  # it ran 1 s: its end rides the heartbeat it woke
+    assert [e.state for e in ended] == [common_pb2.SUCCEEDED]
+    assert "t1" not in zone.core.entries  # the core judged the job ended and forgot it
 
 
 def test_a_task_past_its_deadline_is_cancelled_by_its_router_and_counted_dropped() -> None:
