@@ -8,6 +8,12 @@ Nothing here decides anything the daemons do not decide the same way:
   ``AgentCore.arbitrate``, a commit ``AgentCore.commit``, a release ``AgentCore.release``
   and a task's end ``AgentCore.end``, so a subjob's lifecycle is checked as on the agent
   (the journal rows and lease rows it returns are the driver's, and dropped here);
+* each zone router is the router's own decision core, :class:`laminar_zone.core.ZoneCore`:
+  a pod is submitted to it as a ``zone_pb2.Job`` (``new_entries``, ``admit``, ``route``,
+  ``kick``) and placed by its try, :func:`laminar_zone.trying.place_try`, whose requests
+  are answered at once over the zone's hosts (:mod:`laminar_sim.zone_driver`); a pod that
+  does not place is cancelled (the fill-up protocol queues nothing) and the queue wake
+  that follows runs the core's pass (:func:`laminar_zone.trying.pass_steps`);
 * each zone router holds a real :class:`laminar_zone.view.ZoneView`, draws candidates
   with :class:`laminar_zone.view.ProbePlan` (a bounded sample, ranked by
   :func:`laminar_zone.placement.fragmentation_rank`, d probes per attempt, redraws,
@@ -37,9 +43,11 @@ then one call.
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from laminar_agent.core import KILLED, SUCCEEDED, AgentCore, EndDecision
 from laminar_agent.inventory.mig import MIG_PROFILES
@@ -54,9 +62,10 @@ from laminar_agent.ledger import (
     counter_ids,
 )
 from laminar_agent.mig_layout import MigGpu
-from laminar_api.v1 import common_pb2
+from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import EndCause
 from laminar_base.demand import MIG_COMPUTE_SLICES, Demand, HostCap
+from laminar_base.errors import InvalidArgument
 from laminar_base.fragmentation import (
     MILLI_SLICING,
     FragmentationCache,
@@ -64,12 +73,25 @@ from laminar_base.fragmentation import (
     PodShape,
     demand_pod,
 )
-from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release, Unsure
-from laminar_zone.placement import (
-    Offer,
-    ShapeCap,
-    choose_weighted,
-    split_weights,
+from laminar_sim.zone_driver import commit_at_once, drive, gather_at_once, start_on
+from laminar_sim.zone_driver import settle as settle  # atomized.py imports it from here
+from laminar_zone.config import PlacementSettings
+from laminar_zone.core import Count, Forget, Journal, Loop, NewJob, Place, Publish, Wake, ZoneCore
+from laminar_zone.core import Instruction as CoreInstruction
+from laminar_zone.entry import Entry
+from laminar_zone.placement import ShapeCap, choose_weighted, split_weights
+from laminar_zone.trying import (
+    Clock,
+    CommitMembers,
+    DoInstructions,
+    GatherLeases,
+    OpenRound,
+    PassStep,
+    RunInstructions,
+    StartJob,
+    TryStep,
+    pass_steps,
+    place_try,
 )
 from laminar_zone.view import ProbeLimits, ProbePlan, ZoneView, fragmentation_ranking
 
@@ -79,8 +101,14 @@ SIM_GPU_MEMORY_BYTES = 80 * 1024**3
 SIM_MIG_GEOMETRY = "H100-80GB"
 #: Lease TTL of a simulated probe; the commit follows within the same event.
 LEASE_TTL_SECONDS = 5.0
+#: The router's probe budget of one try (its default).
+BUDGET_SECONDS = PlacementSettings().budget_seconds
 #: gRPC request + reply.
 MESSAGES_PER_CALL = 2
+#: The tenant every simulated task is submitted as.
+TENANT = "sim"
+#: Why the fill-up protocol drops a pod that did not place (it queues nothing).
+CANCEL_UNPLACED = "no room: the fill-up protocol drops a pod that does not place"
 #: A host that arbitrates no CPU or memory: a task's shape as the router learns it
 #: carries the CPU and memory it asks for, not a host's default share.
 _NO_HOST = HostCap()
@@ -290,6 +318,11 @@ class SimZone:
     workload: ObservedWorkload = field(default_factory=lambda: ObservedWorkload(MILLI_SLICING))
     #: The measure its agents score by (the last one handed to them).
     agents_frag: FragmentationCache | None = None
+    #: The router's decision core over its view (jobs, tries, queue passes).
+    core: ZoneCore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.core = ZoneCore(self.view, {}, may_forward=False)
 
     def note(self, host: SimHost) -> None:
         """A reply's fresh summary folded into the view (not a heartbeat): its heat is the
@@ -364,6 +397,9 @@ class LaminarCluster:
                 )
             self.zones.append(zone)
         self._since_exchange = 0
+        self._jobs = 0
+        #: Ids of the probes the routers send (the agents' ProbeOrder ids).
+        self.probe_ids = itertools.count()
         self.exchange()
 
     def exchange(self) -> None:
@@ -442,44 +478,139 @@ class LaminarCluster:
     def _place_in(
         self, zone: SimZone, ask: Ask, now: float, plan: ProbePlan
     ) -> tuple[int, tuple[int, ...]] | None:
-        limits = plan.limits
-        machine = Gather(plan, commit_on_probe=limits.probes_per_attempt == 1)
-        committed: dict[str, tuple[int, ...]] = {}
+        """One pod through its zone's router core: submitted, routed and kicked into a
+        placement try (:func:`laminar_zone.trying.place_try`), its gather over ``plan``. A
+        pod that does not place is cancelled, as the fill-up protocol queues nothing, and
+        the queue wake that follows runs the core's pass (which then finds nothing waiting
+        and unblocks the family)."""
+        core = zone.core
+        self._jobs += 1
+        spec = zone_pb2.JobSpec(
+            command=["pod"],
+            tenant=TENANT,
+            resources=common_pb2.Resources(gpus=ask.need.gpus),
+            priority=common_pb2.BATCH,
+        )
+        try:
+            (entry,) = core.new_entries(
+                spec, ask.need, NewJob(f"p{self._jobs}", zone.name), now, now
+            )
+        except InvalidArgument:
+            return None  # no host of the zone was ever that large: the router refuses it
+        core.admit(entry)
+        router = _Router(self, zone, plan, now)
+        router.carry_out(core.route(entry, False, now))
+        router.carry_out(core.kick(entry, False))
+        placed = None
+        if entry.job.state == zone_pb2.JOB_RUNNING:
+            (member,) = entry.current()
+            host = zone.hosts[member.agent_id]
+            slices = host.ledger.slices
+            gpus = tuple(slices[a.slice_id].gpu_index for a in host.allocations(member.subjob_id))
+            placed = self.host_index[host.agent_id], gpus
+            # A pod of the fill-up protocol never ends and nothing asks for it again: its
+            # record leaves the core now rather than at an end report that never comes
+            # (it only counted into the one tenant's usage, which orders nothing here).
+            core.drop(entry.job.job_id)
+        else:
+            router.carry_out(core.cancel(entry.job, CANCEL_UNPLACED, now))
+        router.pass_if_woken()
+        return placed
 
-        def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
-            host = zone.hosts[step.record.agent_id]
-            self.counters.view_lookups += 1
-            self.counters.probes += 1
-            reply = host.probe(ask, now)
-            if isinstance(reply, Granted):
-                lease = reply.lease
-                if step.commit:
-                    committed[lease.lease_id] = host.commit(
-                        lease.lease_id, f"s-{lease.lease_id}", now
-                    )
-                zone.note(host)
-                return [Offer(lease.lease_id, host.agent_id, 0, lease.score)], []
-            zone.note(host)
-            self.counters.bounces += 1
-            return [], [reply.reason]
 
-        def release(offer: Offer) -> None:
-            host = zone.hosts[offer.agent_id]
-            self.counters.releases += 1
-            host.release(offer.lease_id)
-            zone.note(host)
+class _Router:
+    """The zone router's driver for one pod: carries out its core's instructions and
+    answers the requests of its placement try and queue pass at once, over the zone's
+    hosts (:mod:`laminar_sim.zone_driver`)."""
 
-        outcome = settle(machine, probe, release, now)
-        if not isinstance(outcome, Bind):
-            return None
-        best = outcome.offers[0]
-        host = zone.hosts[best.agent_id]
-        if outcome.committed:
-            return self.host_index[host.agent_id], committed[best.lease_id]
-        self.counters.commits += 1
-        gpus = host.commit(best.lease_id, f"s-{best.lease_id}", now)
-        zone.note(host)
-        return self.host_index[host.agent_id], gpus
+    def __init__(self, cluster: LaminarCluster, zone: SimZone, plan: ProbePlan, now: float) -> None:
+        self.cluster = cluster
+        self.zone = zone
+        self.plan = plan
+        self.now = now
+        self.clock = Clock(mono=lambda: now, unix=lambda: now)
+        self.woken = False
+
+    def carry_out(self, instructions: Sequence[CoreInstruction]) -> None:
+        for instruction in instructions:
+            match instruction:
+                case Place(entry, from_queue):
+                    self.place(entry, from_queue)
+                case Wake(Loop.QUEUE):
+                    self.woken = True
+                case Journal(entries):
+                    # No journal here; a job written as ended leaves memory, as the
+                    # router's save does once no subjob of it lives.
+                    for entry in entries:
+                        self.carry_out(self.zone.core.forget_if_done(entry))
+                case Publish() | Count() | Forget() | Wake():
+                    pass  # no watchers, metrics or market here
+                case _:
+                    raise AssertionError(f"not carried out by sim fgd: {instruction!r}")
+
+    def place(self, entry: Entry, from_queue: bool) -> bool:
+        steps = place_try(
+            self.zone.core,
+            entry,
+            from_queue=from_queue,
+            lease_ttl_seconds=LEASE_TTL_SECONDS,
+            budget_seconds=BUDGET_SECONDS,
+            clock=self.clock,
+        )
+        return drive(steps, self.answer)
+
+    def answer(self, step: TryStep | PassStep) -> Any:
+        counters = self.cluster.counters
+        if isinstance(step, (RunInstructions, DoInstructions)):
+            self.carry_out(step.instructions)
+        elif isinstance(step, GatherLeases):
+            gathered = gather_at_once(
+                self.zone.core,
+                step.entry,
+                step.plan,
+                self.plan,
+                self.zone.hosts,
+                now=self.now,
+                budget_seconds=BUDGET_SECONDS,
+                probe_ids=self.cluster.probe_ids,
+                note=self.zone.note,
+                start=self.start,
+                carry_out=self.carry_out,
+                released=self.released,
+            )
+            counters.probes += gathered.probes
+            counters.view_lookups += gathered.probes
+            counters.bounces += gathered.bounces
+            return gathered
+        elif isinstance(step, CommitMembers):
+            counters.commits += len(step.placements)
+            answers = commit_at_once(step.placements, step.leases, self.start)
+            for _, (host, _) in zip(step.placements, step.leases, strict=True):
+                self.zone.note(host)
+            return answers
+        elif isinstance(step, OpenRound):
+            return None  # no atomized work here: no clearing round
+        elif isinstance(step, StartJob):
+            raise AssertionError("the fill-up protocol queues nothing")
+        return None
+
+    def start(
+        self, host: SimHost, lease_id: str, placement: zone_pb2.Placement, ids: tuple[str, ...]
+    ) -> common_pb2.Subjob:
+        return start_on(host, lease_id, placement, ids, self.now)
+
+    def released(self, host: SimHost) -> None:
+        self.cluster.counters.releases += 1
+
+    def pass_if_woken(self) -> None:
+        """The router's queue wake: one pass (:func:`laminar_zone.trying.pass_steps`)."""
+        if not self.woken:
+            return
+        self.woken = False
+        steps = pass_steps(
+            self.zone.core, shares={}, backfill=True, rng=self.cluster.rng, clock=self.clock
+        )
+        drive(steps, self.answer)
 
 
 def _best_candidate(view: ZoneView, plan: ProbePlan) -> tuple[float, int]:
@@ -490,29 +621,3 @@ def _best_candidate(view: ZoneView, plan: ProbePlan) -> tuple[float, int]:
     first = plan.sample[0]
     score = plan.rank(first) if plan.rank is not None else None
     return (-(score if score is not None else 0.0), view.order_of(first.agent_id))
-
-
-def settle(
-    machine: Gather,
-    probe: Callable[[ProbeHost], tuple[list[Offer], list[str]]],
-    release: Callable[[Offer], None],
-    now: float,
-) -> Bind | GiveUp | Unsure:
-    """Drive one placement try where a probe is answered at once (no network in between).
-
-    ``probe`` answers one :class:`ProbeHost` with the leases granted and bounce reasons;
-    ``release`` gives one lease back. The caller commits what :class:`Bind` names.
-    """
-    todo = machine.start(now)
-    while True:
-        answers: list[Instruction] = []
-        for step in todo:
-            if isinstance(step, Release):
-                for offer in step.offers:
-                    release(offer)
-            elif isinstance(step, ProbeHost):
-                grants, bounces = probe(step)
-                answers += machine.answered(step.record.agent_id, step.round, grants, bounces, now)
-        if machine.outcome is not None and not answers:
-            return machine.outcome
-        todo = answers

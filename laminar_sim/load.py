@@ -6,18 +6,25 @@ the arrival rate gives the offered ``load`` (GPU-seconds asked per GPU-second of
 cluster). Every task has a start deadline; a task not started by then is dropped and
 counts in the latency percentiles at its deadline.
 
-**laminar**: zones of ``zone_hosts`` hosts, one router each. A task arrives at a random
-zone, which keeps it or forwards it once by flow splitting (peer summaries refreshed
-every ``exchange_seconds``). The router draws candidates from its view with the
-router's own :class:`~laminar_zone.view.ProbePlan`, probes them in parallel over the
-network model, binds late (:func:`~laminar_zone.view.choose_offers`), commits, and
-releases the losers; every reply refreshes the view. Hosts are the agent's own
-:class:`~laminar_agent.ledger.Ledger`, so a probe is judged against ground truth at the
-moment it arrives, leases hold capacity until they are committed or released, and a
-commit or release can be late or lost. When a task finds no room it waits in its zone's
-queue, which is retried when a host's heartbeat shows freed capacity (the agent sends one
-at once when a subjob ends, as the real agent's heartbeat loop wakes on a subjob event) and
-on a tick.
+**laminar**: zones of ``zone_hosts`` hosts, one router each, and each router is the
+router's own decision core (:class:`~laminar_zone.core.ZoneCore`). A task arrives at a
+random zone, which keeps it or forwards it once by flow splitting (peer summaries
+refreshed every ``exchange_seconds``), and is submitted there as a ``zone_pb2.Job``: the
+core routes it (placing, or queued behind its family's blocked head) and its placement
+tries and queue passes are :func:`~laminar_zone.trying.place_try` and
+:func:`~laminar_zone.trying.pass_steps`, suspended while a request travels and resumed
+when its reply arrives. A gather is the router's :class:`~laminar_zone.gather.Gather`
+over its :class:`~laminar_zone.view.ProbePlan`, its probes sent to the hosts (with
+d = 1 the probe carries the commit); a commit is the agent core's, and can be late or
+lost. Hosts are the agent's own :class:`~laminar_agent.core.AgentCore` over its ledger,
+so a probe is judged against ground truth at the moment it arrives, and leases hold
+capacity until they are committed or released; every reply refreshes the view. A
+subjob's end goes back to the core as the agent's report. The router's queue loop runs a
+pass per wake (a task queued, a host's heartbeat showing freed capacity: the agent sends
+one at once when a subjob ends, as the real agent's heartbeat loop wakes on a subjob
+event), at least ``queue.min_pass_seconds`` apart, and every ``queue.retry_seconds``;
+the pass awaits each start it tries, as the router's does. A task not started by its
+deadline is cancelled at its router.
 
 **central**: one global FIFO queue and one scheduler that knows every host exactly and
 picks the best fit over all of them. Its decisions are serialized, and each one takes the
@@ -32,11 +39,12 @@ Both policies see the same arrivals (same seed) in the same invocation.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -44,13 +52,61 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from laminar_agent.core import EVENT_GAP_SECONDS, event_hold
-from laminar_agent.ledger import Granted
+from laminar_agent.core import (
+    EVENT_GAP_SECONDS,
+    FAILED,
+    KILLED,
+    SUCCEEDED,
+    EndDecision,
+    event_hold,
+)
+from laminar_agent.ledger import Bounced, Granted
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.demand import Demand
 from laminar_sim.engine import Engine, LossyDelay
-from laminar_sim.laminar import Ask, LaminarCluster, SimHost, SimZone
-from laminar_zone.gather import Bind, Gather, GiveUp, Instruction, ProbeHost, Release, Unsure
+from laminar_sim.laminar import TENANT, Ask, LaminarCluster, SimHost, SimZone
+from laminar_sim.zone_driver import gathered_of, probe_orders, start_on
+from laminar_zone.config import PlacementSettings, QueueSettings
+from laminar_zone.core import (
+    Confirm,
+    Count,
+    Failure,
+    Forget,
+    Instruction,
+    Journal,
+    Loop,
+    NewJob,
+    Place,
+    Publish,
+    Terminate,
+    TryPlan,
+    Wake,
+)
+from laminar_zone.core import Release as CoreRelease
+from laminar_zone.entry import Entry
+from laminar_zone.gather import Bind, Gather, GiveUp, ProbeHost, Unsure
+from laminar_zone.gather import Instruction as GatherInstruction
+from laminar_zone.gather import Release as GatherRelease
+from laminar_zone.lifecycle import job_of
 from laminar_zone.placement import Offer
+from laminar_zone.placements import apply_start_reply
+from laminar_zone.trying import (
+    Clock,
+    CommitMembers,
+    CommitOnProbe,
+    DoInstructions,
+    Gathered,
+    GatherLeases,
+    OpenRound,
+    PassStep,
+    RunInstructions,
+    Slot,
+    StartJob,
+    TryStep,
+    pass_steps,
+    place_try,
+)
 from laminar_zone.view import ProbeLimits, ProbePlan
 
 ProgressFn = Callable[[str, int, int], None]
@@ -376,7 +432,14 @@ class _Base:
 
 
 class LaminarRun(_Base):
-    """Routers probing agents over the network model (see the module docstring)."""
+    """Zone routers driving their own decision core over the network model (see the
+    module docstring): each task is a ``zone_pb2.Job`` of its zone's
+    :class:`~laminar_zone.core.ZoneCore`; its placement tries and the queue's passes are
+    :func:`~laminar_zone.trying.place_try` and :func:`~laminar_zone.trying.pass_steps`,
+    suspended while a request travels and resumed when its reply arrives in simulated time.
+    This driver decides nothing: it carries messages, runs the queue loop's clock (a pass
+    per wake, ``queue.min_pass_seconds`` apart, and every ``queue.retry_seconds``) and
+    cancels a task at its start deadline."""
 
     def __init__(self, spec: LoadSpec, tasks: list[Task]) -> None:
         super().__init__(spec, tasks)
@@ -389,21 +452,24 @@ class LaminarRun(_Base):
             exchange_every=1 << 62,  # exchanges run on the simulated clock below
         )
         self.zone_of = {h.agent_id: z for z in self.cluster.zones for h in z.hosts.values()}
-        #: Waiting tasks per (zone, shape), in arrival order; one placement per key at a time.
-        self.queues: dict[tuple[str, Demand], deque[Task]] = {}
-        self.chains: set[tuple[str, Demand]] = set()
-        #: Shapes whose queue head found no room on its last try: new tasks of the shape
-        #: wait behind it, as the router queues a job behind its family's blocked head
-        #: (``ZoneCore.behind_blocked_head``); otherwise they are placed at once.
-        self.blocked: set[tuple[str, Demand]] = set()
-        self.ticking: set[tuple[str, Demand]] = set()
+        self.zones = {z.name: z for z in self.cluster.zones}
+        self.settings = PlacementSettings()
+        self.queue_settings = QueueSettings()
+        self.clock = Clock(mono=lambda: self.engine.now, unix=lambda: self.engine.now)
+        self.probe_ids = itertools.count()
+        #: The task of each job (job id -> task).
+        self.task_of: dict[str, Task] = {}
+        #: The queue loop of each zone.
+        self.loops = {z.name: _QueueLoop() for z in self.cluster.zones}
         #: Per host: when its last event-woken heartbeat went (or will go), and whether one
         #: is held now (it carries every change until it goes).
         self.woken_at: dict[str, float] = {}
         self.held: set[str] = set()
-        self.zones = {z.name: z for z in self.cluster.zones}
+        #: Per host: subjob ends its heartbeats have not carried to the router yet.
+        self.unreported: dict[str, list[common_pb2.Subjob]] = {}
         if len(self.cluster.zones) > 1:
             self.engine.schedule(spec.exchange_seconds, self.exchange)
+        self.engine.schedule(self.queue_settings.retry_seconds, self.tick)
 
     def exchange(self) -> None:
         before = self.cluster.counters.exchange_messages
@@ -411,6 +477,15 @@ class LaminarRun(_Base):
         self.out.messages += self.cluster.counters.exchange_messages - before
         if len(self.done) < len(self.tasks):
             self.engine.schedule(self.spec.exchange_seconds, self.exchange)
+
+    def tick(self) -> None:
+        """The queue loop's period: a pass in every zone."""
+        for zone in self.cluster.zones:
+            self.wake(zone)
+        if len(self.done) < len(self.tasks):
+            self.engine.schedule(self.queue_settings.retry_seconds, self.tick)
+
+    # ---------------------------------------------------------------- a task's life
 
     def arrive(self, task: Task) -> None:
         entry = self.cluster.zones[int(self.engine.rng.integers(len(self.cluster.zones)))]
@@ -424,74 +499,162 @@ class LaminarRun(_Base):
             self.submit(zone, task)
 
     def submit(self, zone: SimZone, task: Task) -> None:
-        """A task at its router: placed at once, or behind its shape's blocked queue head (as
-        the router does: tasks queued behind a head that is being placed do not hold new
-        ones back)."""
-        key = (zone.name, task.ask.need)
-        if key in self.blocked:
-            self.queues.setdefault(key, deque()).append(task)
-            self._tick_later(key)
-            return
-        self.place(zone, task, None)
-
-    def place(self, zone: SimZone, task: Task, key: tuple[str, Demand] | None) -> None:
-        """One placement try; ``key`` is set when it runs for the queue of that shape."""
+        """A Submit at the task's router: its core makes the job's record, routes it and
+        kicks it (a placement try, or the queue behind its family's blocked head)."""
         if self.drop(task):
-            self.placed(key, None)
             return
-        t0 = time.perf_counter()
-        limits = self.cluster.limits.for_try(task.ask.need, 1)
-        plan = ProbePlan(zone.view, task.ask.need, limits, self.cluster.rng)
-        self.out.decision_seconds += time.perf_counter() - t0
-        machine = Gather(plan, commit_on_probe=limits.probes_per_attempt == 1)
-        _Attempt(self, zone, task, machine, key).start()
+        core = zone.core
+        now = self.engine.now
+        spec = zone_pb2.JobSpec(
+            command=["task"],
+            tenant=TENANT,
+            resources=common_pb2.Resources(gpus=task.ask.need.gpus),
+            priority=common_pb2.BATCH,
+        )
+        job_id = f"t{task.index}"
+        (entry,) = core.new_entries(spec, task.ask.need, NewJob(job_id, zone.name), now, now)
+        core.admit(entry)
+        self.task_of[job_id] = task
+        self.engine.schedule_at(task.arrival + task.deadline, partial(self.deadline, zone, entry))
+        self.carry_out(zone, core.route(entry, False, now))
+        self.carry_out(zone, core.kick(entry, False))
 
-    def placed(self, key: tuple[str, Demand] | None, failed: Task | None) -> None:
-        """A try ended (``failed`` is the task that found no room): run the queue on."""
-        if failed is not None:
-            assert key is not None  # a failed try always names its queue
-            self.queues.setdefault(key, deque()).appendleft(failed)
-            self.chains.discard(key)
-            self.blocked.add(key)
-            self._tick_later(key)
+    def deadline(self, zone: SimZone, entry: Entry) -> None:
+        """The task's start deadline: not started, it is dropped (the router cancels it)."""
+        task = self.task_of[entry.job.job_id]
+        if task.index in self.done or entry.job.state in TERMINAL_JOB_STATES:
             return
-        if key is not None:
-            self.blocked.discard(key)  # its head went: new tasks of the shape go at once
-            self._next_in_chain(key)
+        self.drop(task)
+        self.carry_out(zone, zone.core.cancel(entry.job, "start deadline passed", self.engine.now))
 
-    def _next_in_chain(self, key: tuple[str, Demand]) -> None:
-        queue = self.queues.get(key)
-        while queue:
-            task = queue.popleft()
-            if not self.drop(task):
-                self.chains.add(key)
-                self.place(self.zones[key[0]], task, key)
-                return
-        self.chains.discard(key)
+    def started(self, zone: SimZone, host: SimHost, subjob_id: str) -> None:
+        """A commit reached the host: the task runs from now (unless it was dropped: the
+        router stops the copy, as its core says)."""
+        task = self.task_of[job_of(subjob_id)]
+        if task.index in self.done or self.drop(task):
+            return
+        self.done.add(task.index)
+        self.out.placements += 1
+        if self.measured(task):
+            self.out.started += 1
+            self.out.large_started += int(task.large)
+            self.out.latencies.append(self.engine.now - task.arrival)
+        self.engine.schedule(
+            task.duration,
+            partial(
+                self.end_subjob,
+                zone,
+                host,
+                subjob_id,
+                EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0"),
+            ),
+        )
 
-    def _tick_later(self, key: tuple[str, Demand]) -> None:
-        if key not in self.ticking:
-            self.ticking.add(key)
-            self.engine.schedule(self.spec.heartbeat_seconds, partial(self._tick, key))
+    def end_subjob(
+        self, zone: SimZone, host: SimHost, subjob_id: str, decision: EndDecision
+    ) -> None:
+        """The agent's core ends the subjob (if it still runs): the event wakes its
+        heartbeat, which carries the report of the end to the router's core."""
+        live = host.core.subjob(subjob_id)
+        if live is None:
+            return
+        now = self.engine.now
+        host.core.end(subjob_id, decision, now)
+        event = common_pb2.Subjob(
+            spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=job_of(subjob_id)),
+            state=_STATES[decision.state],
+            reason=decision.reason,
+            end_cause=decision.cause.wire,
+            exit_code=0 if decision.state == SUCCEEDED else -15,
+            started_unix=live.started_unix,
+            ended_unix=now,
+        )
+        self.unreported.setdefault(host.agent_id, []).append(event)
+        self.freed(host)
 
-    def _tick(self, key: tuple[str, Demand]) -> None:
-        self.ticking.discard(key)
-        if key not in self.chains:
-            self._next_in_chain(key)
+    def reported(self, zone: SimZone, host: SimHost, event: common_pb2.Subjob) -> None:
+        core = zone.core
+        now = self.engine.now
+        touched, _, instructions = core.report(host.agent_id, event, None, now)
+        self.carry_out(zone, instructions)
+        if touched is not None:
+            self.carry_out(zone, core.evaluate(touched, now))
+            self.carry_out(zone, core.forget_if_done(touched))
 
-    def queue_pass(self, zone: SimZone) -> None:
-        """Freed capacity seen: every waiting shape of the zone gets a try."""
-        for key, queue in self.queues.items():
-            if key[0] == zone.name and queue and key not in self.chains:
-                self._next_in_chain(key)
+    def finish_prefilled(self, host: SimHost, lease_id: str) -> None:
+        host.end(lease_id, self.engine.now)
+        self.freed(host)
+
+    # ---------------------------------------------------------------- the core's hands
+
+    def carry_out(self, zone: SimZone, instructions: Sequence[Instruction]) -> None:
+        for instruction in instructions:
+            match instruction:
+                case Place(entry, from_queue):
+                    self.start_try(zone, entry, from_queue, lambda placed: None)
+                case Terminate(placement, why, cause):
+                    host = zone.hosts[placement.agent_id]
+                    decision = EndDecision(KILLED, cause, why)
+                    self.engine.send(
+                        zone.name,
+                        host.agent_id,
+                        partial(self.end_subjob, zone, host, placement.subjob_id, decision),
+                    )
+                case CoreRelease(leases):
+                    for host, lease_id in leases:
+                        self.release(zone, host, lease_id)
+                case Wake(Loop.QUEUE):
+                    self.wake(zone)
+                case Journal(entries):
+                    # No journal here; a job written as ended leaves memory, as the
+                    # router's save does once no subjob of it lives.
+                    for entry in entries:
+                        self.carry_out(zone, zone.core.forget_if_done(entry))
+                case Confirm(agent_id, _):
+                    self.engine.schedule(
+                        self.spec.heartbeat_seconds, partial(self.confirm, zone, agent_id)
+                    )
+                case Publish() | Count() | Forget() | Wake():
+                    pass  # no watchers, metrics or market here
+                case _:
+                    raise AssertionError(f"not carried out by sim load: {instruction!r}")
+
+    def confirm(self, zone: SimZone, agent_id: str) -> None:
+        """The agent's next heartbeat: the router asks it about commits of unknown outcome."""
+        core = zone.core
+        host = zone.hosts[agent_id]
+        now = self.engine.now
+        for job_id in core.to_confirm(agent_id):
+            entry = core.entries.get(job_id)
+            if entry is None:
+                continue
+            for p in list(entry.job.placements):
+                if not core.is_unsure(p, agent_id):
+                    continue
+                live = host.core.subjob(p.subjob_id)
+                reply = (
+                    None
+                    if live is None
+                    else common_pb2.Subjob(
+                        spec=common_pb2.SubjobSpec(subjob_id=p.subjob_id, job_id=job_id),
+                        state=common_pb2.RUNNING,
+                        reason="running",
+                    )
+                )
+                self.carry_out(zone, core.confirmed(entry, p, reply, now))
+            self.carry_out(zone, core.evaluate(entry, now))
+        self.wake(zone)
+
+    def release(self, zone: SimZone, host: SimHost, lease_id: str) -> None:
+        self.engine.send(zone.name, host.agent_id, partial(host.release, lease_id))
 
     def freed(self, host: SimHost) -> None:
         """A task ended or gave its room back: like the agent, whose heartbeat a subjob event
         wakes, the host sends a heartbeat, at once after a quieter spell or when the
         event gap since its last event-woken one has passed (laminar_agent.core.
         event_hold; one held heartbeat carries every change until it goes); the router
-        sees it one network delay later (or never, when the message is lost: then at the
-        next tick)."""
+        sees it, and the subjob ends it reports, one network delay later (a lost one:
+        its ends go with the host's next heartbeat, and the queue's period runs a pass)."""
         agent_id = host.agent_id
         if agent_id in self.held:
             return  # the held heartbeat reads the host when it goes
@@ -500,13 +663,18 @@ class LaminarRun(_Base):
         hold = event_hold(now, self.woken_at.get(agent_id, -math.inf), self.spec.event_gap_seconds)
         self.woken_at[agent_id] = now + hold
 
-        def heartbeat() -> None:
+        def heartbeat(events: list[common_pb2.Subjob]) -> None:
             zone.note(host)
-            self.queue_pass(zone)
+            for event in events:
+                self.reported(zone, host, event)
+            self.wake(zone)
 
         def send() -> None:
             self.held.discard(agent_id)
-            self.engine.send(agent_id, zone.name, heartbeat)
+            events = self.unreported.pop(agent_id, [])
+            if self.engine.send(agent_id, zone.name, partial(heartbeat, events)) is None:
+                # Lost: the agent reports them again with its next heartbeat.
+                self.unreported.setdefault(agent_id, [])[:0] = events
 
         if hold > 0:
             self.held.add(agent_id)
@@ -514,136 +682,332 @@ class LaminarRun(_Base):
         else:
             send()
 
+    # ---------------------------------------------------------------- the queue loop
 
-class _Attempt:
-    """One placement try of one task: the router's :class:`Gather` driven over the network model."""
+    def wake(self, zone: SimZone) -> None:
+        """The queue loop's wake: a pass now, or when the last one is ``min_pass_seconds``
+        old; a wake during a pass runs one more after it."""
+        loop = self.loops[zone.name]
+        if loop.running:
+            loop.due = True
+            return
+        if loop.scheduled:
+            return
+        loop.scheduled = True
+        self.engine.schedule_at(max(self.engine.now, loop.next_at), partial(self.queue_pass, zone))
+
+    def queue_pass(self, zone: SimZone) -> None:
+        loop = self.loops[zone.name]
+        loop.scheduled = False
+        loop.running = True
+        loop.next_at = self.engine.now + self.queue_settings.min_pass_seconds
+        steps = pass_steps(
+            zone.core, shares={}, backfill=True, rng=self.cluster.rng, clock=self.clock
+        )
+        _Steps(steps, partial(self.answer_pass, zone), partial(self.pass_done, zone)).resume()
+
+    def answer_pass(self, zone: SimZone, step: PassStep, steps: _Steps) -> Any:
+        if isinstance(step, DoInstructions):
+            self.carry_out(zone, step.instructions)
+        elif isinstance(step, StartJob):
+            self.start_try(zone, step.entry, True, steps.resume)
+            return LATER
+        else:
+            assert isinstance(step, OpenRound)  # no atomized work here: no round
+        return None
+
+    def pass_done(self, zone: SimZone, kept: list[Entry]) -> None:
+        loop = self.loops[zone.name]
+        loop.running = False
+        if loop.due:
+            loop.due = False
+            self.wake(zone)
+
+    # ---------------------------------------------------------------- a placement try
+
+    def start_try(
+        self, zone: SimZone, entry: Entry, from_queue: bool, done: Callable[[bool], None]
+    ) -> None:
+        """One placement try (:func:`laminar_zone.trying.place_try`) over the network."""
+        steps = place_try(
+            zone.core,
+            entry,
+            from_queue=from_queue,
+            lease_ttl_seconds=self.settings.lease_ttl_seconds,
+            budget_seconds=self.settings.budget_seconds,
+            clock=self.clock,
+        )
+        zone.in_flight += 1  # as the router's Placer counts tries under way
+
+        def ended(placed: bool) -> None:
+            zone.in_flight -= 1
+            done(placed)
+
+        _Steps(steps, partial(self.answer_try, zone), ended).resume()
+
+    def answer_try(self, zone: SimZone, step: TryStep, steps: _Steps) -> Any:
+        if isinstance(step, (RunInstructions, DoInstructions)):
+            self.carry_out(zone, step.instructions)
+        elif isinstance(step, GatherLeases):
+            _NetGather(self, zone, step.entry, step.plan, steps.resume).start()
+            return LATER
+        elif isinstance(step, CommitMembers):
+            self.commit(zone, step, steps.resume)
+            return LATER
+        else:
+            assert isinstance(step, Slot)  # tries are not bounded here
+        return None
+
+    def commit(
+        self, zone: SimZone, step: CommitMembers, done: Callable[[list[Failure | None]], None]
+    ) -> None:
+        """Every member's Commit over the network; the answers once all are in (a commit or
+        reply lost: no answer within the RPC timeout)."""
+        answers: list[Failure | object | None] = [LATER] * len(step.placements)
+        now = self.engine.now
+
+        def answered(index: int, answer: Failure | None, reply: common_pb2.Subjob | None) -> None:
+            if answers[index] is not LATER:
+                return
+            if reply is not None:
+                apply_start_reply(step.placements[index], reply)
+            answers[index] = answer
+            if all(a is not LATER for a in answers):
+                done([a for a in answers])  # type: ignore[misc]
+
+        for index, (placement, (host, lease_id)) in enumerate(
+            zip(step.placements, step.leases, strict=True)
+        ):
+
+            def at_host(
+                index: int = index,
+                placement: zone_pb2.Placement = placement,
+                host: SimHost = host,
+                lease_id: str = lease_id,
+            ) -> None:
+                lease = host.ledger.lease(lease_id)
+                if lease is None or (not lease.committed and lease.expires_at <= self.engine.now):
+                    why = Failure("lease expired before the commit", unknown=False)
+                    self.engine.send(host.agent_id, zone.name, partial(answered, index, why, None))
+                    return
+                ids = tuple(placement.slice_ids)
+                reply = start_on(host, lease_id, placement, ids, self.engine.now)
+                self.started(zone, host, placement.subjob_id)
+                self.engine.send(
+                    host.agent_id,
+                    zone.name,
+                    partial(self.note_and, zone, host, partial(answered, index, None, reply)),
+                )
+
+            self.engine.send(zone.name, host.agent_id, at_host)
+            lost = Failure("no answer", unknown=True)
+            self.engine.schedule_at(
+                now + self.spec.rpc_timeout_seconds, partial(answered, index, lost, None)
+            )
+
+    def note_and(self, zone: SimZone, host: SimHost, then: Callable[[], None]) -> None:
+        """A reply carries the host's fresh summary into the view, then is read."""
+        zone.note(host)
+        then()
+
+
+@dataclass
+class _QueueLoop:
+    """One router's queue loop: whether a pass runs or is due, and when the next may start."""
+
+    running: bool = False
+    due: bool = False
+    scheduled: bool = False
+    next_at: float = -math.inf
+
+
+#: A request answered later (the driver resumes the generator with the answer).
+LATER: Any = object()
+
+
+class _Steps:
+    """One of the core's generators (a try or a pass) driven over simulated time: each
+    request is answered at once, or :data:`LATER` (then :meth:`resume` carries the answer
+    when it arrives)."""
+
+    def __init__(
+        self,
+        steps: Generator[Any, Any, Any],
+        answer: Callable[[Any, _Steps], Any],
+        done: Callable[[Any], None],
+    ) -> None:
+        self.steps = steps
+        self.answer = answer
+        self.done = done
+        self.inside = False
+        self.early: Any = LATER
+
+    def resume(self, reply: Any = None) -> None:
+        if self.inside:  # answered while the request was being made
+            self.early = reply
+            return
+        while True:
+            try:
+                step = self.steps.send(reply)
+            except StopIteration as end:
+                self.done(end.value)
+                return
+            self.inside = True
+            try:
+                reply = self.answer(step, self)
+            finally:
+                self.inside = False
+            if reply is LATER:
+                if self.early is LATER:
+                    return
+                reply, self.early = self.early, LATER
+
+
+class _NetGather:
+    """A :class:`~laminar_zone.trying.GatherLeases` answered over the network model: the
+    router's :class:`~laminar_zone.gather.Gather` with its probe plan, its probes sent to
+    the hosts' cores and their replies fed back as they arrive (with commit on probe the
+    member journaled first and started by the probe that carries it); the
+    :class:`~laminar_zone.trying.Gathered` goes back to the try once the gather is over."""
 
     def __init__(
         self,
         run: LaminarRun,
         zone: SimZone,
-        task: Task,
-        machine: Gather,
-        key: tuple[str, Demand] | None,
+        entry: Entry,
+        plan: TryPlan,
+        done: Callable[[Gathered], None],
     ) -> None:
         self.run = run
-        self.key = key
         self.zone = zone
-        self.task = task
-        self.machine = machine
+        self.entry = entry
+        self.plan = plan
+        self.done = done
+        now = run.engine.now
+        need = entry.need
+        t0 = time.perf_counter()
+        limits = run.cluster.limits.for_try(need, plan.gang_size)
+        probes = ProbePlan(zone.view, need, limits, run.cluster.rng)
+        run.out.decision_seconds += time.perf_counter() - t0
+        on_probe = plan.commit_on_probe and limits.probes_per_attempt == 1
+        budget = run.settings.budget_seconds
+        self.machine = Gather(
+            probes,
+            plan.gang_size,
+            deadline=now + budget,
+            budget_seconds=budget,
+            commit_on_probe=on_probe,
+        )
+        self.book = CommitOnProbe(zone.core, entry) if on_probe else None
+        self.leases: dict[str, tuple[SimHost, str]] = {}
+        self.slices: dict[str, tuple[str, ...]] = {}
+        self.started: list[common_pb2.Subjob] = []
         self.timer: Any = None
+        self.over = False
 
     def start(self) -> None:
-        self.zone.in_flight += 1  # as the router's Placer counts tries under way
         self._carry(self.machine.start(self.run.engine.now))
 
-    def _carry(self, steps: list[Instruction]) -> None:
+    def _carry(self, steps: list[GatherInstruction]) -> None:
         run = self.run
         probes = [step for step in steps if isinstance(step, ProbeHost)]
         if (probes or self.machine.is_done) and self.timer is not None:
             run.engine.cancel(self.timer)
             self.timer = None
+        outcome: Bind | GiveUp | Unsure | None = None
         for step in steps:
             if isinstance(step, ProbeHost):
                 host = self.zone.hosts[step.record.agent_id]
+                placement = None
+                if step.commit and self.book is not None:
+                    placement, instructions = self.book.intent(host.agent_id, host.agent_id)
+                    run.carry_out(self.zone, instructions)
                 run.out.probes += 1
                 run.out.view_lookups += 1
                 run.engine.send(
-                    self.zone.name,
-                    host.agent_id,
-                    partial(self._at_host, host, step.round, step.commit),
+                    self.zone.name, host.agent_id, partial(self._at_host, host, step, placement)
                 )
-            elif isinstance(step, Release):
+            elif isinstance(step, GatherRelease):
                 for offer in step.offers:
-                    self._release(self.zone.hosts[offer.agent_id], offer.lease_id)
-            elif isinstance(step, Bind):
-                self.zone.in_flight -= 1
-                best = step.offers[0]
-                if not step.committed:
-                    self._commit(self.zone.hosts[best.agent_id], best.lease_id, tries=3)
-                run.placed(self.key, None)
-            elif isinstance(step, Unsure):
-                # The router asks that agent at its next heartbeat whether the task runs
-                # there; if it does not, the task is placed again.
-                self.zone.in_flight -= 1
-                run.placed(self.key, None)
-                host = self.zone.hosts[step.agent_id]
-                run.engine.schedule(
-                    run.spec.heartbeat_seconds, partial(self._confirm, host, self.task)
-                )
-            elif isinstance(step, GiveUp):
-                self.zone.in_flight -= 1
-                run.placed(self.key or (self.zone.name, self.task.ask.need), self.task)
+                    host, lease_id = self.leases.pop(offer.lease_id)
+                    run.release(self.zone, host, lease_id)
+            elif isinstance(step, (Bind, GiveUp, Unsure)):
+                outcome = step
         if probes:
             self.timer = run.engine.schedule(
                 run.spec.rpc_timeout_seconds, partial(self._timed_out, probes[0])
             )
+        if outcome is not None:
+            self._finish(outcome)
+
+    def _at_host(
+        self, host: SimHost, step: ProbeHost, placement: zone_pb2.Placement | None
+    ) -> None:
+        run = self.run
+        now = run.engine.now
+        orders = probe_orders(self.entry, self.plan, step.members, run.probe_ids)
+        replies = host.arbitrate(orders, now)
+        started: list[common_pb2.Subjob] = []
+        if placement is not None:
+            for reply in replies:
+                if isinstance(reply, Granted):
+                    ids = tuple(a.slice_id for a in reply.lease.allocations)
+                    started.append(start_on(host, reply.lease.lease_id, placement, ids, now))
+                    run.started(self.zone, host, placement.subjob_id)
+        run.engine.send(
+            host.agent_id,
+            self.zone.name,
+            partial(self._reply, host, step, placement, replies, started),
+        )
+
+    def _reply(
+        self,
+        host: SimHost,
+        step: ProbeHost,
+        placement: zone_pb2.Placement | None,
+        replies: list[Granted | Bounced],
+        started: list[common_pb2.Subjob],
+    ) -> None:
+        self.zone.note(host)
+        self.started += started
+        grants: list[Offer] = []
+        bounces: list[str] = []
+        for reply in replies:
+            if isinstance(reply, Granted):
+                lease = reply.lease
+                if placement is None:
+                    self.leases[lease.lease_id] = (host, lease.lease_id)
+                    self.slices[lease.lease_id] = tuple(a.slice_id for a in lease.allocations)
+                grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
+            else:
+                if self.book is not None and placement is not None:
+                    self.book.bounced(host.agent_id)
+                bounces.append(reply.reason)
+        self.run.out.bounces += len(bounces)
+        now = self.run.engine.now
+        self._carry(self.machine.answered(host.agent_id, step.round, grants, bounces, now))
 
     def _timed_out(self, probe: ProbeHost) -> None:
         now = self.run.engine.now
+        self.timer = None
         if probe.commit:  # no answer to a probe carrying the commit: it may have run
-            why = "no answer"
             steps = self.machine.failed(
-                probe.record.agent_id, probe.round, why, now, may_have_run=True
+                probe.record.agent_id, probe.round, "no answer", now, may_have_run=True
             )
         else:
             steps = self.machine.timed_out(probe.round, now)
         self._carry(steps)
 
-    def _confirm(self, host: SimHost, task: Task) -> None:
-        """The router learned from the agent whether the task of an unanswered probe runs."""
-        if task.index not in self.run.done:
-            self.run.submit(self.zone, task)
-
-    def _at_host(self, host: SimHost, round_: int, commit: bool) -> None:
-        now = self.run.engine.now
-        reply = host.probe(self.task.ask, now)
-        if commit and isinstance(reply, Granted):
-            host.commit(reply.lease.lease_id, reply.lease.lease_id, now)
-            self.run.start(self.task, host, reply.lease.lease_id)
-        self.run.engine.send(
-            host.agent_id, self.zone.name, lambda: self._reply(host, reply, round_)
+    def _finish(self, outcome: Bind | GiveUp | Unsure) -> None:
+        if self.over:
+            return
+        self.over = True
+        self.done(
+            gathered_of(self.machine, self.book, outcome, self.leases, self.slices, self.started)
         )
 
-    def _reply(self, host: SimHost, reply: Any, round_: int) -> None:
-        self.zone.note(host)
-        grants: list[Offer] = []
-        bounces: list[str] = []
-        if isinstance(reply, Granted):
-            lease = reply.lease
-            grants.append(Offer(lease.lease_id, host.agent_id, 0, lease.score))
-        else:
-            self.run.out.bounces += 1
-            bounces.append(reply.reason)
-        now = self.run.engine.now
-        self._carry(self.machine.answered(host.agent_id, round_, grants, bounces, now))
 
-    def _commit(self, host: SimHost, lease_id: str, tries: int) -> None:
-        run = self.run
-
-        def at_host() -> None:
-            lease = host.ledger.lease(lease_id)
-            if lease is None or (not lease.committed and lease.expires_at <= run.engine.now):
-                # Lapsed before the commit arrived: the router must start over.
-                run.engine.send(
-                    host.agent_id, self.zone.name, partial(run.submit, self.zone, self.task)
-                )
-                return
-            if not lease.committed:
-                host.commit(lease_id, lease_id, run.engine.now)
-                run.start(self.task, host, lease_id)
-            run.engine.send(host.agent_id, self.zone.name, lambda: self.zone.note(host))
-
-        if run.engine.send(self.zone.name, host.agent_id, at_host) is None and tries > 1:
-            run.engine.schedule(
-                run.spec.rpc_timeout_seconds, lambda: self._commit(host, lease_id, tries - 1)
-            )
-
-    def _release(self, host: SimHost, lease_id: str) -> None:
-        def at_host() -> None:
-            host.release(lease_id)
-
-        self.run.engine.send(self.zone.name, host.agent_id, at_host)
+_STATES = {SUCCEEDED: common_pb2.SUCCEEDED, FAILED: common_pb2.FAILED, KILLED: common_pb2.KILLED}
 
 
 class CentralRun(_Base):

@@ -43,24 +43,24 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from laminar_agent.core import FAILED, KILLED, SUCCEEDED, AgentCore, EndDecision
-from laminar_agent.ledger import Bounced, Granted, ProbeOrder
+from laminar_agent.core import FAILED, KILLED, SUCCEEDED, EndDecision
+from laminar_agent.ledger import Granted, ProbeOrder
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.demand import Demand, HostCap
 from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, demand_pod
 from laminar_sim.engine import Engine
-from laminar_sim.laminar import SimHost, settle
+from laminar_sim.laminar import SimHost
+from laminar_sim.zone_driver import CoreHost as CoreHost
+from laminar_sim.zone_driver import commit_at_once, drive, gather_at_once, start_on
 from laminar_zone.config import PlacementSettings
 from laminar_zone.core import (
     Confirm,
     Count,
-    Failure,
     Forget,
     Instruction,
     Journal,
     Loop,
-    Member,
     NewJob,
     Place,
     Publish,
@@ -71,24 +71,22 @@ from laminar_zone.core import (
     ZoneCore,
 )
 from laminar_zone.entry import Entry
-from laminar_zone.gather import Bind, Gather, ProbeHost
 from laminar_zone.lifecycle import job_of
-from laminar_zone.placement import Offer, ShapeCap
-from laminar_zone.placements import apply_start_reply
 from laminar_zone.trying import (
     ClearMarket,
     Clock,
     CloseRound,
     CommitMembers,
-    CommitOnProbe,
     DoInstructions,
     Gathered,
     GatherLeases,
     OpenRound,
+    PassStep,
     Round,
     RunInstructions,
     Slot,
     StartJob,
+    TryStep,
     pass_steps,
     place_try,
 )
@@ -283,24 +281,6 @@ class _Replay:
         return self.stats.report(self.capacity, len(self.jobs), self.window_end)
 
 
-class CoreHost(Protocol):
-    """A simulated agent as :class:`CoreDriver` drives it: its decision core over its
-    ledger (``laminar_sim.laminar.SimHost``, ``laminar_sim.atomized.MigHost``)."""
-
-    agent_id: str
-
-    @property
-    def core(self) -> AgentCore: ...
-
-    def arbitrate(self, orders: list[ProbeOrder], now: float) -> list[Granted | Bounced]: ...
-
-    def release(self, lease_id: str) -> None: ...
-
-    def commit(self, lease_id: str, subjob_id: str, now: float) -> object: ...
-
-    def shapes(self) -> dict[str, ShapeCap]: ...
-
-
 class CoreOwner(Protocol):
     """What a simulator built on :class:`CoreDriver` keeps itself: its clocks and figures,
     a placed job's run (when each member exits), and (atomized work) the market's round."""
@@ -419,29 +399,28 @@ class CoreDriver:
         self.pass_due = False
         self.owner.clock()
         steps = pass_steps(self.core, shares={}, backfill=True, rng=self.rng, clock=self.clocks)
-        answer: Any = None
         self.in_pass = True
-        while True:
-            self.sync()
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                kept: list[Entry] = done.value
-                break
-            answer = None
-            if isinstance(step, DoInstructions):
-                self.carry_out(step.instructions)
-            elif isinstance(step, StartJob):
-                answer = self.place(step.entry, from_queue=True)
-            elif isinstance(step, OpenRound):
-                answer = self.owner.open_round(step)
-            elif isinstance(step, ClearMarket):
-                self.owner.clear_market(step)
-            else:
-                assert isinstance(step, CloseRound)
-                self.owner.close_round(step)
+        self.sync()
+        kept: list[Entry] = drive(steps, self.answer_pass)
         self.in_pass = False
         self.owner.pass_done(kept)
+
+    def answer_pass(self, step: PassStep) -> Any:
+        """A pass's request, answered at once; the view then holds every changed host."""
+        answer: Any = None
+        if isinstance(step, DoInstructions):
+            self.carry_out(step.instructions)
+        elif isinstance(step, StartJob):
+            answer = self.place(step.entry, from_queue=True)
+        elif isinstance(step, OpenRound):
+            answer = self.owner.open_round(step)
+        elif isinstance(step, ClearMarket):
+            self.owner.clear_market(step)
+        else:
+            assert isinstance(step, CloseRound)
+            self.owner.close_round(step)
+        self.sync()
+        return answer
 
     def wake(self) -> None:
         """The router's queue wake: a pass at this instant. A wake from the pass's own tries
@@ -489,26 +468,25 @@ class CoreDriver:
             budget_seconds=self.settings.budget_seconds,
             clock=self.clocks,
         )
-        answer: Any = None
-        while True:
-            self.sync()
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                placed = bool(done.value)
-                break
-            answer = None
-            if isinstance(step, (RunInstructions, DoInstructions)):
-                self.carry_out(step.instructions)
-            elif isinstance(step, GatherLeases):
-                answer = self.gather(step.entry, step.plan)
-            elif isinstance(step, CommitMembers):
-                answer = self.commit(step.entry, step.placements, step.leases)
-            else:
-                assert isinstance(step, Slot)
+        self.sync()
+        placed = bool(drive(steps, self.answer_try))
         if placed:
             self.owner.job_placed(entry)
         return placed
+
+    def answer_try(self, step: TryStep) -> Any:
+        """A try's request, answered at once; the view then holds every changed host."""
+        answer: Any = None
+        if isinstance(step, (RunInstructions, DoInstructions)):
+            self.carry_out(step.instructions)
+        elif isinstance(step, GatherLeases):
+            answer = self.gather(step.entry, step.plan)
+        elif isinstance(step, CommitMembers):
+            answer = commit_at_once(step.placements, step.leases, self.start_subjob)
+        else:
+            assert isinstance(step, Slot)
+        self.sync()
+        return answer
 
     def _rank(self, need: Demand) -> Rank | None:
         shape = demand_pod(need, HostCap())
@@ -519,126 +497,40 @@ class CoreDriver:
         """The router's gather over the hosts: its probe plan, limits and ranking, each
         probe arbitrated by the host's core; a probe that carries the commit commits there."""
         need = entry.need
-        job = entry.job
-        now = self.engine.now
         limits = self.settings.limits().for_try(need, plan.gang_size)
-        on_probe = plan.commit_on_probe and limits.probes_per_attempt == 1
-        machine = Gather(
+        return gather_at_once(
+            self.core,
+            entry,
+            plan,
             ProbePlan(self.view, need, limits, self.rng, rank=self._rank(need)),
-            plan.gang_size,
-            deadline=now + self.settings.budget_seconds,
+            self.by_id,
+            now=self.engine.now,
             budget_seconds=self.settings.budget_seconds,
-            commit_on_probe=on_probe,
+            probe_ids=self._probe_ids,
+            note=self.note_now,
+            start=self.start_subjob,
+            carry_out=self.carry_out,
         )
-        book = CommitOnProbe(self.core, entry) if on_probe else None
-        leases: dict[str, tuple[CoreHost, str]] = {}
-        slices: dict[str, tuple[str, ...]] = {}
-        started: list[common_pb2.Subjob] = []
 
-        def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
-            host = self.by_id[step.record.agent_id]
-            placement = None
-            if step.commit and book is not None:
-                placement, instructions = book.intent(host.agent_id, host.agent_id)
-                self.carry_out(instructions)
-            orders = [
-                ProbeOrder(
-                    f"{job.job_id}/{m}/{next(self._probe_ids)}",
-                    job.job_id,
-                    m,
-                    need,
-                    plan.priority,
-                    job.spec.value,
-                    next(self._probe_ids),
-                    plan.lease_ttl_seconds,
-                )
-                for m in range(step.members)
-            ]
-            grants: list[Offer] = []
-            bounces: list[str] = []
-            for reply in host.arbitrate(orders, now):
-                if isinstance(reply, Granted):
-                    lease = reply.lease
-                    ids = tuple(a.slice_id for a in lease.allocations)
-                    if placement is not None:
-                        started.append(
-                            self.start_subjob(host, lease.lease_id, placement, job.job_id, ids)
-                        )
-                    else:
-                        leases[lease.lease_id] = (host, lease.lease_id)
-                        slices[lease.lease_id] = ids
-                    grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
-                else:
-                    if book is not None and placement is not None:
-                        book.bounced(host.agent_id)
-                    bounces.append(reply.reason)
-            self.note(host)
-            self.sync()  # the reply carries the summary the gather's next round reads
-            return grants, bounces
-
-        def release(offer: Offer) -> None:
-            host, lease_id = leases.pop(offer.lease_id)
-            host.release(lease_id)
-            self.note(host)
-            self.sync()
-
-        outcome = settle(machine, probe, release, now)
-        chosen = None
-        if isinstance(outcome, Bind) and not outcome.committed:
-            chosen = tuple(leases.pop(o.lease_id) for o in outcome.offers)
-            members = tuple(
-                Member(o.agent_id, o.agent_id, slices[o.lease_id]) for o in outcome.offers
-            )
-        else:
-            members = ()
-        reply = started[-1] if started else None
-        return Gathered(
-            chosen=chosen,
-            members=members,
-            reasons=tuple(machine.reasons),
-            probes=machine.probes,
-            bounces=machine.bounces,
-            pending=book.pending if book is not None else None,
-            committed=reply,
-            slice_ids=tuple(reply.slice_ids) if reply is not None else (),
-            counted_probes=book.probes if book is not None else 0,
-        )
+    def note_now(self, host: CoreHost) -> None:
+        """A probe's or release's reply carries the host's summary: the gather's next
+        round reads it."""
+        self.note(host)
+        self.sync()
 
     def start_subjob(
         self,
         host: CoreHost,
         lease_id: str,
         placement: zone_pb2.Placement,
-        job_id: str,
         slice_ids: tuple[str, ...],
     ) -> common_pb2.Subjob:
         """The agent commits the lease to the placement's subjob: its reply."""
-        now = self.engine.now
-        host.commit(lease_id, placement.subjob_id, now)
+        reply = start_on(host, lease_id, placement, slice_ids, self.engine.now)
         self.live.add(placement.subjob_id)
         self.owner.subjob_started(host, placement.subjob_id, slice_ids)
         self.note(host)
-        return common_pb2.Subjob(
-            spec=common_pb2.SubjobSpec(subjob_id=placement.subjob_id, job_id=job_id),
-            state=common_pb2.RUNNING,
-            reason="running",
-            slice_ids=list(slice_ids),
-            started_unix=now,
-        )
-
-    def commit(
-        self,
-        entry: Entry,
-        placements: Sequence[zone_pb2.Placement],
-        leases: Sequence[tuple[CoreHost, str]],
-    ) -> list[Failure | None]:
-        """Every member's Commit, taken by its agent's core (no call is lost here)."""
-        for placement, (host, lease_id) in zip(placements, leases, strict=True):
-            reply = self.start_subjob(
-                host, lease_id, placement, entry.job.job_id, tuple(placement.slice_ids)
-            )
-            apply_start_reply(placement, reply)
-        return [None] * len(placements)
+        return reply
 
     # ---------------------------------------------------------------- a job's life
 

@@ -608,8 +608,8 @@ class ZoneCore:
                 return []
             return self._await_window(entry, now_mono)
         gang = max(1, job.spec.gang_size)
-        members_total = self.view.counts(entry.need).members_total
-        if gang > 1 and members_total < gang:
+        # counts() is O(agents): read only for a gang, not on every Submit's hot path.
+        if gang > 1 and (members_total := self.view.counts(entry.need).members_total) < gang:
             job.state = zone_pb2.QUEUED
             set_reason(
                 job,

@@ -229,7 +229,7 @@ def test_the_atomized_replay_drives_the_routers_pass_and_try_through_one_driver(
     used = calls(atomized)
     assert {"CoreDriver", "submit", "end_subjob"} <= used
     assert not used & OWN_PASS_OR_TRY, sorted(used & OWN_PASS_OR_TRY)
-    assert {"pass_steps", "place_try", "Gather", "settle", "evaluate", "report"} <= calls(replay)
+    assert {"pass_steps", "place_try", "gather_at_once", "evaluate", "report"} <= calls(replay)
     # One driver: LaminarReplay builds the same CoreDriver, and no class of replay.py but
     # CoreDriver drives pass_steps or place_try.
     tree = ast.parse(replay.read_text())
@@ -263,3 +263,66 @@ def test_the_pass_scan_sees_a_walk_strung_by_hand(tmp_path: Path) -> None:
         "    return drive(class_order(QueueWalk(0.0), jobs, id, est), start, clear)\n"
     )
     assert calls(sample) & OWN_PASS_OR_TRY == {"order_key", "drive", "class_order", "QueueWalk"}
+
+
+def test_sim_fgd_drives_the_routers_try_and_pass() -> None:
+    """``sim fgd``'s routers (LaminarCluster, laminar.py) place each pod through their
+    core's place_try and run its pass_steps on a queue wake; neither they nor the glue they
+    share with sim replay (zone_driver.py) string the core's try steps or walk a queue. The
+    router's gather (Gather) is driven in one place only, zone_driver.gather_at_once, the
+    answer to GatherLeases."""
+    package = Path(laminar_sim.__file__).parent
+    laminar = package / "laminar.py"
+    glue = package / "zone_driver.py"
+    replay = package / "replay.py"
+    own_steps = {
+        "class_order",
+        "walk_queue",
+        "QueueWalk",
+        "order_key",
+        "begin_pass",
+        "old_copy",
+        "plan_try",
+        "gathered",
+        "begin_commit",
+        "committed",
+        "commit_lost",
+        "probe_intent",
+        "probe_committed",
+        "placed",
+        "enqueue",
+    }
+    assert {"place_try", "pass_steps", "drive", "gather_at_once"} <= calls(laminar)
+    assert {"gather_at_once", "commit_at_once", "drive"} <= calls(replay)
+    for path in (laminar, glue, replay):
+        assert not calls(path) & own_steps, (path, calls(path) & own_steps)
+    assert "Gather" not in names_used(laminar) | names_used(replay)
+    assert "GatherMachine" in calls(glue)
+
+
+def test_sim_load_drives_the_routers_try_and_pass_over_the_network() -> None:
+    """``sim load``'s routers (LaminarRun, load.py) submit each task to their zone's core,
+    resume its place_try and pass_steps when a reply arrives in simulated time, and string
+    none of the core's steps or a queue of their own (no per-shape queues, chains or
+    blocked sets: the core's route and pass decide who waits)."""
+    load = Path(laminar_sim.__file__).parent / "load.py"
+    used = calls(load)
+    assert {"place_try", "pass_steps", "new_entries", "route", "kick", "cancel"} <= used
+    steps = {
+        "class_order",
+        "QueueWalk",
+        "order_key",
+        "begin_pass",
+        "old_copy",
+        "plan_try",
+        "gathered",
+        "begin_commit",
+        "committed",
+        "commit_lost",
+        "probe_committed",
+        "placed",
+        "enqueue",
+        "behind_blocked_head",
+    }
+    assert not used & steps, used & steps
+    assert not names_used(load) & {"chains", "queues", "_next_in_chain", "_tick_later"}

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from laminar_agent.ledger import Granted
 from laminar_base.demand import Demand
 from laminar_sim import fgd
 from laminar_sim.laminar import Ask, LaminarCluster, SimHost
@@ -213,3 +214,34 @@ def test_a_workload_prior_is_every_routers_target_before_the_first_arrival() -> 
     assert target[PodShape(4000, 0, 1, 500)] == pytest.approx(3 / 5)
     assert all(h.ledger._frag is frag for h in zone.hosts.values())
     assert all(z.workload.observed == 4 for z in sim.zones[1:])
+
+
+def test_each_pod_is_a_job_of_its_zones_core_and_a_pod_left_out_is_cancelled() -> None:
+    """The zone's router core takes every pod (submitted, routed, placed by its try); one
+    that does not place is cancelled, and the queue wake that follows runs the core's pass,
+    so the family's blocked head holds back no later pod (the fill-up protocol queues
+    nothing)."""
+    sim = cluster(2, gpus=1, zone_hosts=2)
+    core = sim.zones[0].core
+    assert sim.place(Ask(Demand(gpu_milli=600))) is not None
+    assert sim.place(Ask(Demand(gpus=1))) is not None
+    assert sim.place(Ask(Demand(gpus=1))) is None  # no whole GPU left
+    assert core.entries == {}  # placed pods never end here; the cancelled one ended
+    assert core.blocked_families == {}  # the pass after the wake found nothing waiting
+    # Same family as the pod left out: placed at once, not queued behind it.
+    assert sim.place(Ask(Demand(gpu_milli=300))) is not None
+    assert sim.counters.failures == 1 and sim.counters.placements == 3
+
+
+def test_a_bounce_on_a_probe_carrying_the_commit_leaves_no_placement_behind() -> None:
+    """With d = 1 the probe carries the commit, journaled first as the member's placement
+    (ZoneCore.probe_intent); a host that bounces it drops it again (probe_bounced)."""
+    sim = cluster(1, gpus=1, zone_hosts=1)
+    host = sim.zones[0].hosts["n0"]
+    # The view still shows the GPU free; the agent's ledger holds it: the probe bounces.
+    reply = host.probe(Ask(Demand(gpus=1)), 0.0)
+    assert isinstance(reply, Granted)
+    assert sim.place(Ask(Demand(gpus=1))) is None
+    assert sim.counters.bounces == 1 and sim.counters.probes == 1
+    assert sim.zones[0].core.entries == {}
+    assert sim.zones[0].core.by_agent.get("n0", set()) == set()

@@ -11,10 +11,20 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.demand import Demand
 from laminar_base.errors import InvalidArgument
 from laminar_sim.cli import register
-from laminar_sim.load import LaminarRun, LoadSpec, best_fit, make_tasks, prefill, run_load
+from laminar_sim.laminar import Ask, SimHost, SimZone
+from laminar_sim.load import (
+    LaminarRun,
+    LoadSpec,
+    Task,
+    best_fit,
+    make_tasks,
+    prefill,
+    run_load,
+)
 
 SMALL = LoadSpec(
     hosts=40,
@@ -149,23 +159,48 @@ def test_cli_plot_writes_a_png(tmp_path: Path) -> None:
         assert len(cdf) == 100 and cdf == sorted(cdf)
 
 
-def test_a_shape_queues_behind_its_blocked_head_only() -> None:
-    """As the router queues a job behind its family's blocked head (and places it at once
-    otherwise), so does the simulated router: tasks of a shape wait in its queue only while
-    the queue's head found no room on its last try. Queuing them behind a head that was
-    being placed made every task of the shape go one placement at a time, which at 1,000
-    hosts and load 0.9 (1,456 small tasks a second) could never drain: 39% started."""
-    spec = LoadSpec(hosts=8, load=0.5, seed=3, window_seconds=1.0, policies=("laminar",))
-    tasks = make_tasks(spec)
-    run = LaminarRun(spec, tasks)
+def test_a_task_behind_its_familys_blocked_head_waits_for_the_cores_pass() -> None:
+    """The simulated router is its zone's core: a task that finds no room is queued and
+    blocks its family; a later task of the family waits behind it in the core's queue (as
+    the router's route decides; no backfill, as no running work declares a run time), not
+    placed by the simulator; once the head leaves (cancelled at its start deadline) the
+    queue loop's next pass starts it."""
+    spec = LoadSpec(hosts=1, load=0.5, seed=3, window_seconds=1.0, policies=("laminar",))
+    big = Task(0, 0.0, Ask(Demand(gpus=8)), 5.0, 0.5, True)
+    small = Task(1, 0.0, Ask(Demand(gpu_milli=500)), 1.0, 2.0, False)
+    run = LaminarRun(spec, [big, small])
     zone = run.cluster.zones[0]
-    small = [t for t in tasks if not t.large][:3]
-    key = (zone.name, small[0].ask.need)
-    placed: list[int] = []
-    run.place = lambda z, task, k: placed.append(task.index)  # type: ignore[method-assign]
-    run.placed(key, small[0])  # the head found no room: the shape is blocked
-    run.submit(zone, small[1])
-    assert placed == [] and [t.index for t in run.queues[key]] == [small[0].index, small[1].index]
-    run.placed(key, None)  # a head of the queue went: new tasks of the shape go at once
-    run.submit(zone, small[2])
-    assert small[2].index in placed and small[2] not in run.queues[key]
+    run.submit(zone, big)  # the host is pre-filled to half: 8 whole GPUs are not free
+    assert zone.core.entries["t0"].job.state == zone_pb2.QUEUED
+    run.submit(zone, small)
+    waiting = zone.core.entries["t1"].job
+    assert waiting.state == zone_pb2.QUEUED and "behind queued work" in waiting.reason
+    run.engine.run(until_seconds=0.45)
+    assert run.done == set() and run.out.probes == 0
+    run.engine.run(until_seconds=0.6)
+    assert run.done == {0, 1} and run.out.placements == 1 and run.out.probes == 1
+    ended: list[common_pb2.Subjob] = []
+    report = run.reported
+
+    def reported(zone: SimZone, host: SimHost, event: common_pb2.Subjob) -> None:
+        ended.append(event)
+        report(zone, host, event)
+
+    run.reported = reported  # type: ignore[method-assign]
+    run.engine.run(until_seconds=1.7)  # it ran 1 s: its end rides the heartbeat it woke
+    assert [e.state for e in ended] == [common_pb2.SUCCEEDED]
+    assert "t1" not in zone.core.entries  # the core judged the job ended and forgot it
+
+
+def test_a_task_past_its_deadline_is_cancelled_by_its_router_and_counted_dropped() -> None:
+    spec = LoadSpec(
+        hosts=1, load=0.5, seed=3, window_seconds=1.0, warmup_seconds=0.0, policies=("laminar",)
+    )
+    big = Task(0, 0.0, Ask(Demand(gpus=8)), 5.0, 0.5, True)
+    run = LaminarRun(spec, [big])
+    zone = run.cluster.zones[0]
+    run.submit(zone, big)
+    job = zone.core.entries["t0"].job
+    run.engine.run(until_seconds=0.6)
+    assert job.state == zone_pb2.JOB_CANCELLED and "t0" not in zone.core.entries
+    assert 0 in run.done and run.out.dropped == 1 and run.out.latencies == [0.5]
