@@ -136,6 +136,9 @@ class HostCounts:
     members_total: int  # members the whole zone could hold if it were empty
 
 
+#: Demands :meth:`ZoneView.counts` keeps answers for (all dropped when full).
+COUNTS_KEPT = 1024
+
 #: Candidates one probe round is chosen from by default: enough for ranking to find a
 #: host that strands little, few enough that scoring them costs well under a probe's RPC.
 SAMPLE_SIZE = 16
@@ -169,6 +172,12 @@ class ZoneView:
         #: from, so a sample late in a fill does not spend its tries on full hosts.
         self._by_shape: dict[str, dict[tuple[int, int, int], _IndexedSet]] = {}
         self._pools_of: dict[str, list[tuple[str, tuple[int, int, int]]]] = {}
+        #: Each agent's readiness and shapes as last indexed, and a version bumped whenever
+        #: one of them changes: :meth:`counts` depends on nothing else, so it is kept per
+        #: demand until the version moves (a reply that repeats a summary moves nothing).
+        self._counted_of: dict[str, tuple[bool, dict[str, ShapeCap]]] = {}
+        self._counts_version = 0
+        self._counts: dict[Demand, tuple[int, HostCounts]] = {}
 
     # -------------------------------------------------------------- updates
 
@@ -307,6 +316,10 @@ class ZoneView:
     def _reindex(self, record: AgentRecord) -> None:
         """Move the agent to the pools its summary puts it in now: O(its shapes)."""
         agent_id = record.agent_id
+        counted = self._counted_of.get(agent_id)
+        if counted is None or counted[0] != record.is_ready or counted[1] != record.shapes:
+            self._counted_of[agent_id] = (record.is_ready, dict(record.shapes))
+            self._counts_version += 1
         order = self.order_of(agent_id)
         for shape, levels in self._pools_of.pop(agent_id, ()):
             by_level = self._by_shape[shape]
@@ -477,7 +490,19 @@ class ZoneView:
         return bool(self.sample(need, 1, rng))
 
     def counts(self, need: Demand) -> HostCounts:
-        """How many ready hosts match ``need`` ever and now: O(agents), off the hot path."""
+        """How many ready hosts match ``need`` ever and now: O(agents) once, then kept per
+        demand until an agent's readiness or shapes change (a job that queues, and the next
+        that fails alike, do not scan the zone again)."""
+        kept = self._counts.get(need)
+        if kept is not None and kept[0] == self._counts_version:
+            return kept[1]
+        counts = self._count(need)
+        if len(self._counts) >= COUNTS_KEPT:
+            self._counts.clear()  # bounded: demands are few, but clients choose them
+        self._counts[need] = (self._counts_version, counts)
+        return counts
+
+    def _count(self, need: Demand) -> HostCounts:
         ready = matching = now = members = 0
         for record in self.agents.values():
             if not record.is_ready:

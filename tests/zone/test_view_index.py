@@ -302,3 +302,18 @@ def test_a_summary_with_its_host_figures_lands_as_update_then_note_host(
         if host is not None:
             two.note_host(agent, host)
         assert _placed(one) == _placed(two)
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=st.lists(event_st, max_size=30), needs=st.lists(need_st, min_size=1, max_size=4))
+def test_host_counts_kept_between_changes_agree_with_a_scan(
+    events: list[tuple[object, ...]], needs: list[Demand]
+) -> None:
+    """The host counts kept per demand until an agent's readiness or shapes change (a job
+    that queues reads them; repeated failures of one demand do not scan the zone again)
+    equal a scan of every agent after each summary, reply, drain and sweep."""
+    view = ZoneView(stale_after_seconds=2.0)
+    for event in events:
+        apply(view, [event])
+        for need in needs:
+            assert view.counts(need) == view._count(need)
