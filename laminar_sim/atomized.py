@@ -967,6 +967,9 @@ class MigReplay:
             slice_ids=[window.slice_id],
             state=common_pb2.RUNNING,
             resources=common_pb2.Resources(mig_profile=profile, gpu_memory_bytes=memory),
+            window_end_unix=now + window.length_seconds
+            if math.isfinite(window.length_seconds)
+            else 0.0,
         )
         entry.job.placements.append(placement)
         placement = entry.job.placements[-1]  # the job's own copy
@@ -1045,6 +1048,10 @@ class MigReplay:
         now = self.engine.now
         self.deciding.remove(piece)
         piece.window_end = now + bid.window.length_seconds
+        # As the router records an extension on the piece's placement (its window's end
+        # is when the core expects the slice back for a blocked head).
+        finite = math.isfinite(bid.window.length_seconds)
+        piece.placement.window_end_unix = piece.window_end if finite else 0.0
         piece.granted_seconds += bid.window.length_seconds
         piece.committed = bid.unit_start - piece.unit_start + bid.unit_count
         self.totals.extensions += 1

@@ -1597,6 +1597,12 @@ class ZoneCore:
             ends: list[tuple[float, float]] = []
             mean = self.mean_run_seconds.get(family, 0.0)
             for other in self.entries.values():
+                if other.job.job_id in self.atoms:
+                    # Its pieces give their slices back when their windows end (a window
+                    # offered past a blocked head's start is cut there: the market's
+                    # class_windows), not when the whole job is expected to end.
+                    ends.extend(self._piece_ends(other, family))
+                    continue
                 if other.job.state not in RUNNING_JOB_STATES or other.need.family != family:
                     continue
                 run = other.item.expected_seconds or mean  # the estimate, else the limit
@@ -1604,6 +1610,16 @@ class ZoneCore:
                     ends.append((other.job.started_unix + run, other.item.units))
             releases[family] = ReleaseCurve(ends)
         return releases[family].start(now_unix, free, units_ahead, entry.item.units)
+
+    def _piece_ends(self, entry: Entry, family: str) -> list[tuple[float, float]]:
+        """(window end, GPU units) of the atomized job's live pieces on ``family``'s slices."""
+        out = []
+        for p in entry.job.placements:
+            if p.state in LIVE_SUBJOB_STATES and p.window_end_unix > 0:
+                need = self.demand_of(p.resources)
+                if need.family == family:
+                    out.append((p.window_end_unix, need.gpu_units))
+        return out
 
 
 @dataclass

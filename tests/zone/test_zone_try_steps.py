@@ -370,3 +370,41 @@ def test_a_started_retry_takes_only_its_own_attempt_s_slices_from_the_round() ->
     market = Round()
     _pass(core, start, market)
     assert market.taken == [("a1", "gpu3")]
+
+
+def test_a_blocked_head_expects_the_slices_an_atomized_piece_holds_at_its_window_s_end() -> None:
+    """Atomized pieces give their slices back when their windows end (a window is cut at a
+    blocked head's start), so the head's expected start counts them there; counting only
+    rigid jobs' ends, the head had no estimate, no window was cut for it, and pieces kept
+    extending in place on the slices the gang waits for."""
+    view = ZoneView(stale_after_seconds=3.0)
+    view.update(
+        "a0",
+        "127.0.0.1:1",
+        {"gpu:H100-80GB": ShapeCap(0, 2, 0, 0)},  # both GPUs busy: nothing free now
+        heat=0,
+        draining=False,
+        now=0.0,
+        total_gpus=2,
+    )
+    atoms = {"piece-job"}
+    core = ZoneCore(
+        view, {}, atoms=atoms, demand_of=lambda r: Demand(gpus=r.gpus), lost_after_seconds=10.0
+    )
+    pieces = Entry(
+        job=zone_pb2.Job(job_id="piece-job", spec=zone_pb2.JobSpec(command=["x"])),
+        need=Demand(gpus=1),
+    )
+    for i, end in enumerate((NOW + 300.0, NOW + 900.0)):
+        pieces.job.placements.add(
+            subjob_id=f"piece-{i}",
+            agent_id="a0",
+            state=common_pb2.RUNNING,
+            resources=common_pb2.Resources(gpus=1),
+            window_end_unix=end,
+        )
+    core.admit(pieces)
+    gang = _submit(core, gang=2)
+    assert core.expected_start(gang, 0.0, NOW, {}, {}) == NOW + 900.0  # both slices back
+    one = _submit(core)
+    assert core.expected_start(one, 0.0, NOW, {}, {}) == NOW + 300.0
