@@ -47,8 +47,8 @@ from laminar_agent.core import FAILED, KILLED, SUCCEEDED, EndDecision
 from laminar_agent.ledger import Granted, ProbeOrder
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
-from laminar_base.demand import Demand, HostCap
-from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, demand_pod
+from laminar_base.demand import Demand
+from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import SimHost
 from laminar_sim.zone_driver import CoreHost as CoreHost
@@ -90,7 +90,7 @@ from laminar_zone.trying import (
     pass_steps,
     place_try,
 )
-from laminar_zone.view import ProbePlan, Rank, ZoneView, fragmentation_ranking
+from laminar_zone.view import ProbePlan, ZoneView, learned_ranking
 
 ProgressFn = Callable[[str, int, int], None]
 POLICIES = ("laminar", "fifo")
@@ -488,11 +488,6 @@ class CoreDriver:
         self.sync()
         return answer
 
-    def _rank(self, need: Demand) -> Rank | None:
-        shape = demand_pod(need, HostCap())
-        self.workload.observe(shape)
-        return fragmentation_ranking(need, self.workload.cache(shape))
-
     def gather(self, entry: Entry, plan: TryPlan) -> Gathered:
         """The router's gather over the hosts: its probe plan, limits and ranking, each
         probe arbitrated by the host's core; a probe that carries the commit commits there."""
@@ -502,7 +497,7 @@ class CoreDriver:
             self.core,
             entry,
             plan,
-            ProbePlan(self.view, need, limits, self.rng, rank=self._rank(need)),
+            ProbePlan(self.view, need, limits, self.rng, rank=learned_ranking(self.workload, need)),
             self.by_id,
             now=self.engine.now,
             budget_seconds=self.settings.budget_seconds,

@@ -20,15 +20,15 @@ from typing import Any, Generic, Protocol, TypeVar
 import grpc
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from laminar_base.demand import Demand, HostCap
-from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload, demand_pod
+from laminar_base.demand import HostCap
+from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload
 from laminar_base.grpcutil import channel_options, rpc_error
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import demand_of
 from laminar_zone.config import PlacementSettings
 from laminar_zone.gather import Bind, Gather, ProbeHost, Release, Unsure
 from laminar_zone.placement import Offer, ShapeCap
-from laminar_zone.view import AgentRecord, ProbePlan, Rank, ZoneView, fragmentation_ranking
+from laminar_zone.view import AgentRecord, ProbePlan, ZoneView, learned_ranking
 
 log = logging.getLogger("laminar.zone.placer")
 
@@ -336,13 +336,6 @@ class Placer:
             host=host_from(summary),
         )
 
-    def _rank(self, need: Demand) -> Rank | None:
-        """Learn the demand's shape; rank candidates by the fragmentation they would take on
-        over the workload this router has been asked to place."""
-        shape = demand_pod(need, HostCap())
-        self.workload.observe(shape)
-        return fragmentation_ranking(need, self.workload.cache(shape))
-
     async def gather(
         self,
         ask: Ask,
@@ -362,7 +355,14 @@ class Placer:
         ttl = lease_ttl_seconds or s.lease_ttl_seconds
         limits = s.limits().for_try(need, gang)
         machine = Gather(
-            ProbePlan(self.view, need, limits, self.rng, exclude, rank=self._rank(need)),
+            ProbePlan(
+                self.view,
+                need,
+                limits,
+                self.rng,
+                exclude,
+                rank=learned_ranking(self.workload, need),
+            ),
             gang,
             deadline=time.monotonic() + s.budget_seconds,
             budget_seconds=s.budget_seconds,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from laminar_base.demand import Demand, HostCap
-from laminar_base.fragmentation import FragmentationCache
+from laminar_base.fragmentation import FragmentationCache, ObservedWorkload, demand_pod
 from laminar_zone.placement import (
     Offer,
     ShapeCap,
@@ -731,6 +731,16 @@ def fragmentation_ranking(need: Demand, frag: FragmentationCache | None) -> Rank
         return fragmentation_rank(need, record.host, record.shapes, measure)
 
     return rank
+
+
+def learned_ranking(workload: ObservedWorkload, need: Demand) -> Rank | None:
+    """The router's ranking of one try: the demand's shape learned into the workload it has
+    been asked to place, and candidates ranked by the fragmentation they would take on over
+    that workload (:func:`fragmentation_ranking`); the router's ``Placer`` and ``sim
+    replay`` both call it."""
+    shape = demand_pod(need, HostCap())
+    workload.observe(shape)
+    return fragmentation_ranking(need, workload.cache(shape))
 
 
 def choose_offers(offers: list[Offer], gang: int) -> list[Offer] | None:

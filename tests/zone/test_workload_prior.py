@@ -29,6 +29,7 @@ from laminar_sim import traces
 from laminar_sim.fgd import laminar_workload_prior
 from laminar_zone.config import ZoneConfig
 from laminar_zone.jobs import WORKLOAD_META
+from laminar_zone.view import learned_ranking
 
 shape_st = st.builds(
     PodShape,
@@ -156,10 +157,10 @@ async def test_the_min_observed_setting_reaches_the_router_and_holds_its_ranking
     try:
         workload = state.placer.workload
         assert workload.min_observed == 4
-        ranks = [state.placer._rank(Demand(gpu_milli=500)) for _ in range(2)]
+        ranks = [learned_ranking(workload, Demand(gpu_milli=500)) for _ in range(2)]
         assert ranks == [None, None] and workload.version != 0
-        assert state.placer._rank(Demand(gpus=2)) is not None
-        assert state.placer._rank(Demand(gpu_milli=500)) is not None
+        assert learned_ranking(workload, Demand(gpus=2)) is not None
+        assert learned_ranking(workload, Demand(gpu_milli=500)) is not None
         assert workload.observed == 4
     finally:
         await state.close()
