@@ -80,7 +80,7 @@ from laminar_zone.queue import (
 )
 from laminar_zone.reasons import END_REASONS, Reason, reason_of, set_reason
 from laminar_zone.time_limits import TimeLimits
-from laminar_zone.view import HostCounts, ZoneView
+from laminar_zone.view import ZoneView
 
 if TYPE_CHECKING:
     import random
@@ -1638,7 +1638,6 @@ class PassBook:
     walk: QueueWalk
     changed: list[Entry] = field(default_factory=list)
     instructions: list[Instruction] = field(default_factory=list)
-    counts: dict[Demand, HostCounts] = field(default_factory=dict)
     releases: dict[str, ReleaseCurve] = field(default_factory=dict)  # per family, this pass
     free_now: dict[Demand, float] = field(default_factory=dict)  # per demand, this pass
     queued_per_family: dict[str, int] = field(default_factory=dict)
@@ -1681,10 +1680,9 @@ class PassBook:
                 set_reason(job, Reason.QUOTA, blocked)
                 self.changed.append(entry)
             return Admit.SKIP
-        if entry.need not in self.counts:
-            self.counts[entry.need] = core.view.counts(entry.need)
-        # A job the zone cannot hold even when idle blocks nobody.
-        never = self.counts[entry.need].members_total < entry.item.gang_size
+        # A job the zone cannot hold even when idle blocks nobody (the view keeps its
+        # counts per demand between changes).
+        never = core.view.counts(entry.need).members_total < entry.item.gang_size
         return Admit.NEVER if never else Admit.WALK
 
     def may_start(self, entry: Entry, rng: random.Random) -> bool:
@@ -1706,12 +1704,10 @@ class PassBook:
             tenant = entry.job.spec.tenant
             self.units[tenant] = self.units.get(tenant, 0.0) + entry.item.units
             self.memory[tenant] = self.memory.get(tenant, 0) + entry.item.memory_bytes
-            self.counts.pop(entry.need, None)
             self.releases.pop(entry.need.family, None)
             family = entry.need.family  # the room it took was its family's
             self.free_now = {n: f for n, f in self.free_now.items() if n.family != family}
             return True
-        self.counts[entry.need] = self.core.view.counts(entry.need)
         return False
 
     def expected_start(self, entry: Entry, units_ahead: float) -> float | None:
@@ -1722,7 +1718,7 @@ class PassBook:
     def waited(self, entry: Entry, wait: Waiting) -> None:
         """The walk left ``entry`` waiting: say why, where, and until when."""
         job = entry.job
-        hosts = self.counts[entry.need]
+        hosts = self.core.view.counts(entry.need)
         why = why_waiting(
             entry.need,
             gang_size=entry.item.gang_size,
