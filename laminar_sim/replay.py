@@ -51,8 +51,7 @@ from laminar_base.demand import Demand
 from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import SimHost
-from laminar_sim.zone_driver import CoreHost as CoreHost
-from laminar_sim.zone_driver import commit_at_once, drive, gather_at_once, start_on
+from laminar_sim.zone_driver import CoreHost, commit_at_once, drive, gather_at_once, start_on
 from laminar_zone.config import PlacementSettings
 from laminar_zone.core import (
     Confirm,
@@ -571,11 +570,13 @@ class CoreDriver:
             peak_gpu_memory_bytes=peak_gpu_memory_bytes,
         )
         self.sync()
+        was_over = entry.job.state in TERMINAL_JOB_STATES
         touched, _, instructions = self.core.report(host.agent_id, event, None, now)
         self.carry_out(instructions)
         if touched is not None:
             self.carry_out(self.core.evaluate(touched, now))
-        if entry.job.state in TERMINAL_JOB_STATES:
+        if not was_over and entry.job.state in TERMINAL_JOB_STATES:
+            # Once, at the end that decided it: a failed gang's other members end after.
             self.owner.job_ended(entry)
         self.carry_out(self.core.forget_if_done(entry))
         self.wake()  # freed capacity wakes the queue (the agent's heartbeat does at once)
@@ -653,8 +654,6 @@ class LaminarReplay(_Replay):
             )
 
     def job_ended(self, entry: Entry) -> None:
-        if entry.job.job_id in self.ended:
-            return
         self.ended[entry.job.job_id] = entry.job
         trace_job = self.trace_jobs[entry.job.job_id]
         self.stats.jct.append(self.engine.now - trace_job.arrival)

@@ -222,3 +222,19 @@ def test_cli_plot_writes_a_png(tmp_path: Path) -> None:
     )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert all(len(f["queue_percentiles_seconds"]) == 100 for f in report["policies"].values())
+
+
+def test_a_failed_gang_ends_once_though_its_other_members_end_after_it(tmp_path: Path) -> None:
+    # Job 1, a gang of 2 hosts, fails on its first attempt with no retry allowed: the core
+    # fails the job at the first member's end and stops the other, whose end comes after.
+    # The job's end is counted once (its completion time recorded once).
+    path = trace(
+        tmp_path,
+        [("2017-10-01 00:00:00", 30, 1), ("2017-10-01 00:00:05", 20, 16)],
+    )
+    spec = ReplaySpec(path, hosts=2)
+    laminar = LaminarReplay(spec, read_jobs(spec), failures={1: 1}, max_retries=0)
+    report = laminar.run("laminar", None)
+    assert laminar.ended["j1"].state == zone_pb2.JOB_FAILED
+    assert report["finished"] == 2
+    assert len(laminar.stats.jct) == 2
