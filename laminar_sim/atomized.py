@@ -125,7 +125,8 @@ from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
-from laminar_sim.replay import CoreDriver, CoreHost, TraceJob
+from laminar_sim.replay import CoreDriver, TraceJob
+from laminar_sim.zone_driver import CoreHost
 from laminar_zone.entry import Entry
 from laminar_zone.market import (
     DEFAULT_HYSTERESIS,
@@ -423,8 +424,6 @@ class _JobState:
     piece: _Piece | None = None
     #: Its entry in the router's core.
     entry: Entry | None = None
-    #: A rigid job the core failed (no retry left).
-    failed: bool = False
 
 
 @dataclass(eq=False)
@@ -767,7 +766,6 @@ class MigReplay:
             state.done.append((0, 1))
             self.finish(state)
         else:
-            state.failed = True
             self.totals.rigid_failed += 1
 
     def pass_done(self, kept: list[Entry]) -> None:

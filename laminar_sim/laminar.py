@@ -74,7 +74,6 @@ from laminar_base.fragmentation import (
     demand_pod,
 )
 from laminar_sim.zone_driver import commit_at_once, drive, gather_at_once, start_on
-from laminar_sim.zone_driver import settle as settle  # atomized.py imports it from here
 from laminar_zone.config import PlacementSettings
 from laminar_zone.core import Count, Forget, Journal, Loop, NewJob, Place, Publish, Wake, ZoneCore
 from laminar_zone.core import Instruction as CoreInstruction
