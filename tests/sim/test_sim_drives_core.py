@@ -162,6 +162,31 @@ def test_the_window_scan_sees_a_window_built_by_hand(tmp_path: Path) -> None:
     assert calls(sample) & WINDOW_BUILDERS == {"MarketWindow", "offer_seconds"}
 
 
+#: The core's own steps of a try or a pass, and a queue walk: what a driver that strung a
+#: try or a pass together itself would call (laminar_zone.trying strings them once).
+CORE_STEPS = frozenset(
+    {
+        "class_order",
+        "walk_queue",
+        "QueueWalk",
+        "order_key",
+        "begin_pass",
+        "end_pass",
+        "old_copy",
+        "plan_try",
+        "gathered",
+        "begin_commit",
+        "committed",
+        "commit_lost",
+        "probe_intent",
+        "probe_committed",
+        "placed",
+        "enqueue",
+        "behind_blocked_head",
+    }
+)
+
+
 def test_the_router_and_sim_replay_drive_one_try_and_one_pass() -> None:
     """A placement try and a queue pass are strung together once, in laminar_zone.trying:
     the router (jobs.py) and ``sim replay`` (replay.py) drive place_try and pass_steps, and
@@ -169,52 +194,25 @@ def test_the_router_and_sim_replay_drive_one_try_and_one_pass() -> None:
     root = Path(laminar_sim.__file__).parents[1]
     router = root / "laminar_zone" / "jobs.py"
     replay = root / "laminar_sim" / "replay.py"
-    own_steps = {
-        "class_order",
-        "walk_queue",
-        "QueueWalk",
-        "order_key",
-        "begin_pass",
-        "old_copy",
-        "plan_try",
-        "begin_commit",
-        "committed",
-        "commit_lost",
-        "probe_intent",
-    }
     for path in (router, replay):
         assert {"place_try", "pass_steps"} <= calls(path), path
-        assert not calls(path) & own_steps, (path, calls(path) & own_steps)
+        assert not calls(path) & CORE_STEPS, (path, calls(path) & CORE_STEPS)
 
 
-#: What stringing a pass or a try together by hand would call (beside the steps
-#: test_the_router_and_sim_replay_drive_one_try_and_one_pass names): a walk, its order and
-#: its head estimate, a gather of one's own, a commit of a rigid member outside the try.
-OWN_PASS_OR_TRY = frozenset(
-    {
-        "class_order",
-        "drive",
-        "walk_queue",
-        "QueueWalk",
-        "QueueItem",
-        "order_key",
-        "expected_start",
-        "begin_pass",
-        "end_pass",
-        "old_copy",
-        "plan_try",
-        "begin_commit",
-        "committed",
-        "commit_lost",
-        "probe_intent",
-        "Gather",
-        "FixedPlan",
-        "ProbePlan",
-        "settle",
-        "judge_attempt",
-        "judge_report",
-    }
-)
+#: What stringing a pass or a try together by hand would call, for a simulator that also
+#: may not gather or judge an end itself: the core's steps, a walk's order and its head
+#: estimate, a gather of one's own, a member's end judged outside the core.
+OWN_PASS_OR_TRY = CORE_STEPS | {
+    "drive",
+    "QueueItem",
+    "expected_start",
+    "Gather",
+    "FixedPlan",
+    "ProbePlan",
+    "settle",
+    "judge_attempt",
+    "judge_report",
+}
 
 
 def test_the_atomized_replay_drives_the_routers_pass_and_try_through_one_driver() -> None:
@@ -275,27 +273,10 @@ def test_sim_fgd_drives_the_routers_try_and_pass() -> None:
     laminar = package / "laminar.py"
     glue = package / "zone_driver.py"
     replay = package / "replay.py"
-    own_steps = {
-        "class_order",
-        "walk_queue",
-        "QueueWalk",
-        "order_key",
-        "begin_pass",
-        "old_copy",
-        "plan_try",
-        "gathered",
-        "begin_commit",
-        "committed",
-        "commit_lost",
-        "probe_intent",
-        "probe_committed",
-        "placed",
-        "enqueue",
-    }
     assert {"place_try", "pass_steps", "drive", "gather_at_once"} <= calls(laminar)
     assert {"gather_at_once", "commit_at_once", "drive"} <= calls(replay)
     for path in (laminar, glue, replay):
-        assert not calls(path) & own_steps, (path, calls(path) & own_steps)
+        assert not calls(path) & CORE_STEPS, (path, calls(path) & CORE_STEPS)
     assert "Gather" not in names_used(laminar) | names_used(replay)
     assert "GatherMachine" in calls(glue)
 
@@ -308,21 +289,5 @@ def test_sim_load_drives_the_routers_try_and_pass_over_the_network() -> None:
     load = Path(laminar_sim.__file__).parent / "load.py"
     used = calls(load)
     assert {"place_try", "pass_steps", "new_entries", "route", "kick", "cancel"} <= used
-    steps = {
-        "class_order",
-        "QueueWalk",
-        "order_key",
-        "begin_pass",
-        "old_copy",
-        "plan_try",
-        "gathered",
-        "begin_commit",
-        "committed",
-        "commit_lost",
-        "probe_committed",
-        "placed",
-        "enqueue",
-        "behind_blocked_head",
-    }
-    assert not used & steps, used & steps
+    assert not used & CORE_STEPS, used & CORE_STEPS
     assert not names_used(load) & {"chains", "queues", "_next_in_chain", "_tick_later"}
