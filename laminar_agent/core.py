@@ -31,8 +31,8 @@ reading (units done) and timing the batch window; those are the driver's.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from laminar_agent.ledger import Allocation, Bounced, Granted, LeaseRecord, Ledger, ProbeOrder
@@ -171,6 +171,24 @@ class RecordReclaim:
 Instruction = NewRow | WriteRow | RecordEvent | KeepLease | DropLease | Ended | Kill | RecordReclaim
 
 
+def merge_row_writes(instructions: Iterable[Instruction]) -> list[Instruction]:
+    """Adjacent writes to one subjob's row as one write (a transition's state after the
+    figures of a launch or an end), the later value of a field winning, as it would: the
+    driver then issues one UPDATE where it would have issued two."""
+    merged: list[Instruction] = []
+    for ins in instructions:
+        last = merged[-1] if merged else None
+        if (
+            isinstance(ins, WriteRow)
+            and isinstance(last, WriteRow)
+            and last.subjob_id == ins.subjob_id
+        ):
+            merged[-1] = WriteRow(ins.subjob_id, {**last.fields, **ins.fields})
+        else:
+            merged.append(ins)
+    return merged
+
+
 # -- events' facts ----------------------------------------------------------------------------
 
 
@@ -185,6 +203,17 @@ class ExitReport(Protocol):
     def fenced(self) -> bool: ...
     @property
     def error(self) -> str: ...
+
+
+class ExitFigures(ExitReport, Protocol):
+    """An exit with the figures journaled at the end (``ExitInfo`` is one)."""
+
+    @property
+    def peak_rss_bytes(self) -> int: ...
+    @property
+    def run_seconds(self) -> float: ...
+    @property
+    def ended_unix(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -266,6 +295,8 @@ class AgentCore:
         self.ledger = ledger
         self._live: dict[str, LiveSubjob] = {}
         self._arrivals = itertools.count()
+        #: Draining: every probe that is not a dry run bounces (not retryable here).
+        self.is_draining = False
 
     # -- queries
 
@@ -281,6 +312,41 @@ class AgentCore:
 
     def subjob(self, subjob_id: str) -> LiveSubjob | None:
         return self._live.get(subjob_id)
+
+    def holding(self, slice_ids: Collection[str]) -> list[str]:
+        """Live subjobs holding any of ``slice_ids`` that are not being stopped already, in
+        the order they became live (a failed GPU's victims)."""
+        return [
+            sid
+            for sid, s in self._live.items()
+            if not s.is_stopping and any(slice_id in slice_ids for slice_id in s.slice_ids)
+        ]
+
+    def busy_until(self, expected_seconds: Mapping[str, float]) -> dict[str, float]:
+        """Slice id -> when its holders are expected to end (started + declared
+        ``expected_seconds``, by subjob id), the latest holder on a shared slice. A holder
+        that declared nothing, or has not started, opens no window."""
+        until: dict[str, float] = {}
+        for subjob_id, expected in expected_seconds.items():
+            live = self._live.get(subjob_id)
+            if expected <= 0 or live is None or live.started_unix <= 0:
+                continue
+            end = live.started_unix + expected
+            for slice_id in live.slice_ids:
+                until[slice_id] = max(until.get(slice_id, 0.0), end)
+        return until
+
+    def capacity_ratios(self) -> tuple[float, float]:
+        """Allocated and stranded shares of the host's GPU capacity: stranded is the idle
+        part of a slice that is partly used (a share too small for most work)."""
+        total = committed = stranded = 0
+        for s in self.ledger.slices.values():
+            used = self.ledger.usage(s.slice_id)[0]
+            total += s.capacity_milli
+            committed += used
+            if 0 < used < s.capacity_milli:
+                stranded += s.capacity_milli - used
+        return (committed / total, stranded / total) if total else (0.0, 0.0)
 
     def peak_gpu_memory_bytes(self, subjob_id: str) -> int:
         live = self._live.get(subjob_id)
@@ -304,6 +370,18 @@ class AgentCore:
     def next_arrival(self) -> int:
         """Arrival order of a probe: the last tie-break of a batch."""
         return next(self._arrivals)
+
+    def admit(self, probe_id: str, agent_id: str) -> Bounced | None:
+        """A probe (not a dry run) bounces at once while the agent drains."""
+        if self.is_draining:
+            return Bounced(probe_id, f"agent {agent_id} is draining", False)
+        return None
+
+    @staticmethod
+    def may_preempt(result: Granted | Bounced, allow_preemption: bool) -> bool:
+        """Whether a settled probe goes on to preempt: it asked to, and its bounce is one a
+        retry could pass (not a demand this host can never hold)."""
+        return isinstance(result, Bounced) and allow_preemption and result.retryable
 
     def expire(self, now: float) -> list[Instruction]:
         """Drop uncommitted leases (and reservations) whose deadline (monotonic ``now``) passed."""
@@ -463,6 +541,31 @@ class AgentCore:
         if context:
             return EndDecision(decision.state, decision.cause, f"{decision.reason}; {context}")
         return decision
+
+    def exited(
+        self,
+        subjob_id: str,
+        decision: EndDecision,
+        info: ExitFigures,
+        now_unix: float,
+        *,
+        units_done: int = 0,
+        note: str = "",
+    ) -> list[Instruction]:
+        """A live subjob's process ended as :meth:`decide_exit` decided: its end, with the
+        exit's figures journaled (an exit code the process never gave is -1). ``units_done``
+        and ``note`` are what an atomized subjob's checkpoint covers, the note added to the
+        reason for people."""
+        if note:
+            decision = replace(decision, reason=f"{decision.reason}; {note}")
+        fields = {
+            "exit_code": info.exit_code if info.exit_code is not None else -1,
+            "signal": info.signal or 0,
+            "peak_rss_bytes": info.peak_rss_bytes,
+            "run_seconds": info.run_seconds,
+            "units_done": units_done,
+        }
+        return self.end(subjob_id, decision, now_unix, ended_unix=info.ended_unix, fields=fields)
 
     def end(
         self,

@@ -49,11 +49,10 @@ async def test_only_committed_leases_reach_the_journal(tmp_path: Path) -> None:
 
 
 def test_adjacent_writes_to_one_row_merge_and_others_keep_their_order() -> None:
-    from laminar_agent.core import RecordEvent, WriteRow
-    from laminar_agent.node import _merge_row_writes
+    from laminar_agent.core import RecordEvent, WriteRow, merge_row_writes
 
     event = RecordEvent("s1", "RUNNING", "started", 1.0)
-    merged = _merge_row_writes(
+    merged = merge_row_writes(
         [
             WriteRow("s1", {"pid": 7, "reason": "old"}),
             WriteRow("s1", {"state": "RUNNING", "reason": "started"}),

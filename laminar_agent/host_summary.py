@@ -1,0 +1,103 @@
+"""What the agent tells its router about its capacity: the summary every probe and release
+reply carries, and with each heartbeat the windows atomized jobs bid for.
+
+Every figure comes from the core (the ledger's free capacity and windows, the live
+subjobs' states, :meth:`~laminar_agent.core.AgentCore.busy_until`); this module builds the
+``AgentSummary`` message from them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from laminar_agent.carrier import Carrier
+from laminar_agent.ledger import SliceKind
+from laminar_api.v1 import common_pb2
+
+_KINDS = {
+    SliceKind.WHOLE_GPU: common_pb2.WHOLE_GPU,
+    SliceKind.MIG: common_pb2.MIG,
+    SliceKind.SHARED_GPU: common_pb2.SHARED_GPU,
+}
+
+
+class HostSummaries:
+    """Builds this agent's summaries. ``pending_probes`` reads the probes waiting for their
+    batch; ``max_windows`` bounds the windows one summary advertises."""
+
+    def __init__(
+        self,
+        carrier: Carrier,
+        agent_id: str,
+        pending_probes: Callable[[], int],
+        max_windows: int,
+    ) -> None:
+        self.carrier = carrier
+        self.core = carrier.core
+        self.agent_id = agent_id
+        self.pending_probes = pending_probes
+        self.max_windows = max_windows
+
+    def summary(
+        self, *, with_windows: bool = False, pressured: frozenset[str] = frozenset()
+    ) -> common_pb2.AgentSummary:
+        """Free capacity per shape; with ``with_windows`` (heartbeats) also the windows
+        atomized jobs bid for. Probe replies skip the windows: they are on the hot path.
+        Slices under memory pressure (``pressured``: slice or GPU names) advertise none:
+        new work there would only be Airlock's next victim."""
+        self.carrier.expire()  # a summary never counts a lease that has already lapsed
+        ledger = self.core.ledger
+        summary = common_pb2.AgentSummary(
+            agent_id=self.agent_id,
+            pending_probes=self.pending_probes(),
+            active_leases=ledger.pending_leases(),
+            draining=self.core.is_draining,
+            pressure=common_pb2.NORMAL,
+            generated_unix=time.time(),
+            total_gpus=len(self.carrier.backend.gpus()),
+        )
+        host = ledger.host_free()
+        summary.cpu_free_milli = host.cpu_free_milli
+        summary.cpu_total_milli = host.cpu_total_milli
+        summary.memory_free_bytes = host.memory_free_bytes
+        summary.memory_total_bytes = host.memory_total_bytes
+        summary.gpu_free_milli.extend(host.gpu_free_milli)
+        for shape in ledger.shapes():
+            summary.shapes.add(
+                shape=shape.shape,
+                free=shape.free,
+                total=shape.total,
+                max_free_milli=shape.max_free_milli,
+                max_free_memory_bytes=shape.max_free_memory_bytes,
+            )
+        states = list(self.core.live_states.values())
+        summary.running_subjobs = states.count("RUNNING") + states.count("STARTING")
+        summary.suspended_subjobs = states.count("SUSPENDED")
+        if with_windows:
+            self._fill_windows(summary, summary.generated_unix, pressured)
+        return summary
+
+    def _fill_windows(
+        self, summary: common_pb2.AgentSummary, now_unix: float, pressured: frozenset[str]
+    ) -> None:
+        """Windows from the ledger; busy slices open when their holders are expected to end
+        (no journal read, no spec parsed: the live subjobs' facts are in memory)."""
+        busy_until = self.core.busy_until(
+            {sid: facts.expected_seconds for sid, facts in self.carrier.facts.items()}
+        )
+        for w in self.core.ledger.windows(now_unix, busy_until, self.max_windows):
+            sid = w.slice.slice_id
+            if sid in pressured or sid.split("/", 1)[0] in pressured:
+                continue
+            summary.windows.add(
+                agent_id=self.agent_id,
+                slice_id=w.slice.slice_id,
+                kind=_KINDS[w.slice.kind],
+                mig_profile=w.slice.mig_profile,
+                gpu_milli=w.milli,
+                memory_bytes=w.memory_bytes,
+                start_unix=w.start_unix,
+                end_unix=w.end_unix,
+                gpu_model=w.slice.gpu_model,
+            )
