@@ -59,6 +59,7 @@ from laminar_agent.ledger import (
     Allocation,
     Bounced,
     Granted,
+    LeaseRecord,
     Ledger,
     ProbeOrder,
     Slice,
@@ -827,3 +828,89 @@ def test_no_victim_among_equal_or_higher_classes_or_holders_being_stopped() -> N
     urgent = replace(order, priority=1)
     choice = core.choose_preemption(urgent, bounce, EPOCH_UNIX, dry_run=False, grace_seconds=5)
     assert choice.victims == () and choice.bounce is not None
+
+
+# -- the decisions the daemon's driver asks for (no sockets, no processes) -------------------------
+
+
+def test_a_failed_gpus_victims_are_its_live_holders_not_already_being_stopped() -> None:
+    core = two_low_priority_holders()
+    assert core.holding({"gpu0"}) == ["s0"]
+    assert core.holding({"gpu2/mig-3g.40gb@0"}) == []
+    core.stop("s0", "drain", EndCause.TERMINATED)
+    assert core.holding({"gpu0", "gpu1"}) == ["s1"]  # s0's stop is under way already
+    core.end("s1", core.decide_exit("s1", Exit(exit_code=0, signal=None)), EPOCH_UNIX)
+    assert core.holding({"gpu0", "gpu1"}) == []
+
+
+def test_a_draining_agent_bounces_probes_for_good_and_only_retryable_bounces_preempt() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    assert core.admit("p1", "a") is None
+    core.is_draining = True
+    refused = core.admit("p1", "a")
+    assert refused == Bounced("p1", "agent a is draining", False)
+    granted = Granted("p", LeaseRecord("l", "j", 0, (), 1.0, 5.0, 3))
+    assert core.may_preempt(Bounced("p", "full", True), True)
+    assert not core.may_preempt(Bounced("p", "full", True), False)  # not asked for
+    assert not core.may_preempt(Bounced("p", "never fits", False), True)
+    assert not core.may_preempt(granted, True)
+
+
+@dataclass(frozen=True)
+class ExitFigures:
+    """An exit with the figures journaled at the end (``ExitInfo``'s shape)."""
+
+    exit_code: int | None
+    signal: int | None
+    peak_rss_bytes: int = 0
+    run_seconds: float = 0.0
+    ended_unix: float = 0.0
+    fenced: bool = False
+    error: str = ""
+
+
+def test_an_exit_journals_its_figures_and_what_its_checkpoint_covers() -> None:
+    core, _ = started_core()
+    info = ExitFigures(None, 9, peak_rss_bytes=1 << 20, run_seconds=7.5, ended_unix=EPOCH_UNIX + 7)
+    decision = core.decide_exit("s1", info)
+    instructions = core.exited(
+        "s1", decision, info, EPOCH_UNIX + 8, units_done=3, note="checkpoint at unit 3"
+    )
+    (row,) = [i for i in instructions if isinstance(i, WriteRow) and "end_cause" in i.fields]
+    assert {k: row.fields[k] for k in ("exit_code", "signal", "units_done")} == {
+        "exit_code": -1,  # killed by a signal: no exit code of its own
+        "signal": 9,
+        "units_done": 3,
+    }
+    assert (row.fields["peak_rss_bytes"], row.fields["run_seconds"]) == (1 << 20, 7.5)
+    assert row.fields["ended_unix"] == EPOCH_UNIX + 7  # when it ended, not when it was seen
+    assert instructions[-1] == Ended(
+        "s1", FAILED, EndCause.EXITED, "ended by signal 9; checkpoint at unit 3"
+    )
+
+
+def test_busy_slices_open_when_their_latest_started_holder_expects_to_end() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    share = Demand(gpu_milli=300, gpu_memory_bytes=8 * GIB)
+    for i, started in enumerate([EPOCH_UNIX, EPOCH_UNIX + 50, 0.0]):
+        commit(core, granted_lease(core, share, "gpu1"), f"s{i}")
+        if started:
+            core.launched(f"s{i}", 40 + i, started)
+    expected = {"s0": 100.0, "s1": 20.0, "s2": 500.0, "gone": 900.0}
+    # s0 ends last (started + 100); s1 sooner; s2 has not started; "gone" is not live.
+    assert core.busy_until(expected) == {"gpu1": EPOCH_UNIX + 100}
+    assert core.busy_until({"s0": 0.0, "s1": 20.0}) == {"gpu1": EPOCH_UNIX + 70}
+
+
+def test_capacity_ratios_count_allocated_and_stranded_gpu_capacity() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    assert core.capacity_ratios() == (0.0, 0.0)
+    total = sum(s.capacity_milli for s in core.ledger.slices.values())
+    whole = core.ledger.slices["gpu0"].capacity_milli
+    shared = core.ledger.slices["gpu1"].capacity_milli
+    commit(core, granted_lease(core, Demand(gpus=1), "gpu0"), "s0")
+    share = Demand(gpu_milli=300, gpu_memory_bytes=8 * GIB)
+    commit(core, granted_lease(core, share, "gpu1"), "s1")
+    allocated, stranded = core.capacity_ratios()
+    assert allocated == pytest.approx((whole + 300) / total)
+    assert stranded == pytest.approx((shared - 300) / total)  # gpu0 is full, not stranded
