@@ -1,10 +1,11 @@
 """The agent's decisions, free of I/O: subjob lifecycle, arbitration batches, preemption, leases.
 
 :class:`AgentCore` owns the host's :class:`~laminar_agent.ledger.Ledger` and the live
-subjobs' lifecycle. The daemon (:class:`laminar_agent.node.Node`) feeds it events as method
-calls (a batch of probes, a commit, a launch, an exit, a signal, an agent restart) with the
-time passed in, and carries out the instructions it returns: journal rows and events,
-lease rows, kills, Airlock action records. The core never awaits, reads the clock, touches
+subjobs' lifecycle. The daemon (:class:`laminar_agent.node.Node` and the drivers it wires)
+feeds it events as method calls (a batch of probes, a commit, a launch, an exit, a signal,
+an agent restart) with the time passed in, and carries out the instructions it returns
+(:class:`laminar_agent.carrier.Carrier`): journal rows and events, lease rows, kills,
+Airlock action records. The core never awaits, reads the clock, touches
 a file or a process, or draws randomness; a test drives it directly (``tests/agent/
 test_agent_core.py``).
 
@@ -35,7 +36,15 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from laminar_agent.ledger import Allocation, Bounced, Granted, LeaseRecord, Ledger, ProbeOrder
+from laminar_agent.ledger import (
+    Allocation,
+    Bounced,
+    FreeWindow,
+    Granted,
+    LeaseRecord,
+    Ledger,
+    ProbeOrder,
+)
 from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
 from laminar_airlock.policy import PRIORITY_NAMES
 from laminar_base.causes import ENDED_SUBJOB_STATE_NAMES, EndCause, cause_from_token
@@ -335,6 +344,25 @@ class AgentCore:
             for slice_id in live.slice_ids:
                 until[slice_id] = max(until.get(slice_id, 0.0), end)
         return until
+
+    def windows(
+        self,
+        now_unix: float,
+        expected_seconds: Mapping[str, float],
+        max_windows: int,
+        pressured: Collection[str] = (),
+    ) -> list[FreeWindow]:
+        """The windows a heartbeat advertises (at most ``max_windows``, the ledger's order):
+        busy slices open when their holders expect to end (:meth:`busy_until`). A slice
+        under memory pressure (``pressured``: slice or GPU names) advertises none: new
+        work there would only be Airlock's next victim."""
+        busy_until = self.busy_until(expected_seconds)
+        return [
+            w
+            for w in self.ledger.windows(now_unix, busy_until, max_windows)
+            if w.slice.slice_id not in pressured
+            and w.slice.slice_id.split("/", 1)[0] not in pressured
+        ]
 
     def capacity_ratios(self) -> tuple[float, float]:
         """Allocated and stranded shares of the host's GPU capacity: stranded is the idle

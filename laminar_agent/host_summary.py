@@ -81,15 +81,10 @@ class HostSummaries:
     def _fill_windows(
         self, summary: common_pb2.AgentSummary, now_unix: float, pressured: frozenset[str]
     ) -> None:
-        """Windows from the ledger; busy slices open when their holders are expected to end
-        (no journal read, no spec parsed: the live subjobs' facts are in memory)."""
-        busy_until = self.core.busy_until(
-            {sid: facts.expected_seconds for sid, facts in self.carrier.facts.items()}
-        )
-        for w in self.core.ledger.windows(now_unix, busy_until, self.max_windows):
-            sid = w.slice.slice_id
-            if sid in pressured or sid.split("/", 1)[0] in pressured:
-                continue
+        """The core's windows (:meth:`~laminar_agent.core.AgentCore.windows`), from the live
+        subjobs' facts in memory: no journal read, no spec parsed."""
+        expected = {sid: facts.expected_seconds for sid, facts in self.carrier.facts.items()}
+        for w in self.core.windows(now_unix, expected, self.max_windows, pressured):
             summary.windows.add(
                 agent_id=self.agent_id,
                 slice_id=w.slice.slice_id,

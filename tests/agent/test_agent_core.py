@@ -914,3 +914,17 @@ def test_capacity_ratios_count_allocated_and_stranded_gpu_capacity() -> None:
     allocated, stranded = core.capacity_ratios()
     assert allocated == pytest.approx((whole + 300) / total)
     assert stranded == pytest.approx((shared - 300) / total)  # gpu0 is full, not stranded
+
+
+def test_a_pressured_slice_or_gpu_advertises_no_window() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+
+    def advertised(pressured: set[str]) -> set[str]:
+        return {w.slice.slice_id for w in core.windows(EPOCH_UNIX, {}, 16, pressured)}
+
+    everything = {s.slice_id for s in SLICES}
+    assert advertised(set()) == everything
+    assert advertised({"gpu1"}) == everything - {"gpu1"}
+    # A GPU's name covers its MIG instances.
+    assert advertised({"gpu2"}) == {"gpu0", "gpu1"}
+    assert advertised({"gpu2/mig-3g.40gb@1"}) == everything - {"gpu2/mig-3g.40gb@1"}
