@@ -9,8 +9,8 @@ subjobs' states, :meth:`~laminar_agent.core.AgentCore.busy_until`); this module 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
+from laminar_agent.arbitration import Arbiter
 from laminar_agent.carrier import Carrier
 from laminar_agent.ledger import SliceKind
 from laminar_api.v1 import common_pb2
@@ -23,20 +23,20 @@ _KINDS = {
 
 
 class HostSummaries:
-    """Builds this agent's summaries. ``pending_probes`` reads the probes waiting for their
-    batch; ``max_windows`` bounds the windows one summary advertises."""
+    """Builds this agent's summaries: ``arbiter`` counts the probes waiting for their batch;
+    ``max_windows`` bounds the windows one summary advertises."""
 
     def __init__(
         self,
         carrier: Carrier,
         agent_id: str,
-        pending_probes: Callable[[], int],
+        arbiter: Arbiter,
         max_windows: int,
     ) -> None:
         self.carrier = carrier
         self.core = carrier.core
         self.agent_id = agent_id
-        self.pending_probes = pending_probes
+        self.arbiter = arbiter
         self.max_windows = max_windows
 
     def summary(
@@ -50,7 +50,7 @@ class HostSummaries:
         ledger = self.core.ledger
         summary = common_pb2.AgentSummary(
             agent_id=self.agent_id,
-            pending_probes=self.pending_probes(),
+            pending_probes=self.arbiter.pending_probes,
             active_leases=ledger.pending_leases(),
             draining=self.core.is_draining,
             pressure=common_pb2.NORMAL,

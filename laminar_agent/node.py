@@ -146,9 +146,7 @@ class Node:
             airlock_dry_run=airlock_dry_run,
         )
         self.launches = Launches(self.carrier, MigLayouts(self.carrier), self.reads)
-        self.summaries = HostSummaries(
-            self.carrier, agent_id, lambda: self.arbiter.pending_probes, max_windows
-        )
+        self.summaries = HostSummaries(self.carrier, agent_id, self.arbiter, max_windows)
 
     @property
     def ledger(self) -> Ledger:
@@ -172,19 +170,6 @@ class Node:
     @is_draining.setter
     def is_draining(self, draining: bool) -> None:
         self.core.is_draining = draining
-
-    @property
-    def airlock_dry_run(self) -> bool:
-        """Preemptions are recorded, not carried out (a reload may change it)."""
-        return self.arbiter.airlock_dry_run
-
-    @airlock_dry_run.setter
-    def airlock_dry_run(self, dry_run: bool) -> None:
-        self.arbiter.airlock_dry_run = dry_run
-
-    @property
-    def pending_probes(self) -> int:
-        return self.arbiter.pending_probes
 
     def recover(self) -> tuple[int, int]:
         """Re-adopt subjobs still running after an agent restart; mark the rest with a reason.
@@ -261,7 +246,9 @@ class Node:
             preempted_subjob_ids=preempted,
         )
         if spec is not None:
-            reply.subjob.CopyFrom(await self.commit(lease.lease_id, spec, caller, checked=True))
+            reply.subjob.CopyFrom(
+                await self.launches.commit(lease.lease_id, spec, caller, checked=True)
+            )
             if not all(reply.lease.device_uuids):  # a MIG layout applied at the commit
                 reply.lease.CopyFrom(self._lease_message(lease))
         return reply
@@ -295,16 +282,10 @@ class Node:
     # -- commit and exit ------------------------------------------------------------------
 
     async def commit(
-        self,
-        lease_id: str,
-        spec: common_pb2.SubjobSpec,
-        caller: str = "",
-        *,
-        checked: bool = False,
+        self, lease_id: str, spec: common_pb2.SubjobSpec, caller: str = ""
     ) -> common_pb2.Subjob:
-        """Commit a lease to ``spec`` and launch it (:meth:`Launches.commit`); ``checked``:
-        ``spec`` passed :func:`validate_spec` already (a probe that commits)."""
-        return await self.launches.commit(lease_id, spec, caller, checked=checked)
+        """Commit a lease to ``spec`` and launch it (:meth:`Launches.commit`)."""
+        return await self.launches.commit(lease_id, spec, caller)
 
     async def _on_exit(self, subjob_id: str, info: ExitInfo) -> None:
         await self.launches.on_exit(subjob_id, info)

@@ -448,7 +448,7 @@ class AgentServer:
         applied = [k for k in changed if k in RELOADABLE_KEYS]
         if any(k.startswith("airlock.") for k in applied):
             self.state.airlock.config = new.airlock.policy_config()
-            self.state.node.airlock_dry_run = new.airlock.dry_run
+            self.state.node.arbiter.airlock_dry_run = new.airlock.dry_run
         if "executor.tenant_users" in applied:
             self.state.node.executor.identities.users = users
         restart = [k for k in changed if k not in RELOADABLE_KEYS]
