@@ -71,6 +71,8 @@ def detect_host_totals() -> tuple[int, int]:
 
 
 class Node:
+    """One agent's core and drivers, and the calls the API makes on them."""
+
     def __init__(
         self,
         agent_id: str,
