@@ -127,6 +127,7 @@ from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
 from laminar_sim.replay import CoreDriver, TraceJob
 from laminar_sim.zone_driver import CoreHost
+from laminar_zone.atoms import AtomState, Running
 from laminar_zone.entry import Entry
 from laminar_zone.market import (
     DEFAULT_HYSTERESIS,
@@ -135,19 +136,14 @@ from laminar_zone.market import (
     DEFAULT_STARVATION_RATIO,
     Bid,
     Bidder,
-    Calibrator,
     ClearingContext,
     Contract,
     MarketWindow,
     OpenSlice,
-    Profile,
     RatioPool,
-    assured_progress,
     contract_from,
     default_min_samples,
-    make_bidder,
     slice_family,
-    work_left_seconds,
 )
 from laminar_zone.placement import ShapeCap
 from laminar_zone.queue import Bidding
@@ -409,21 +405,23 @@ def _percentiles(values: list[float]) -> list[float]:
 class _JobState:
     job: SimJob
     need_bytes: int
-    contract: Contract | None = None
-    calibrator: Calibrator | None = None
-    next_unit: int = 0
+    #: An atomized job's life cycle (the router's :class:`~laminar_zone.atoms.AtomState`).
+    atom: AtomState | None = None
     first_start: float | None = None
     end: float | None = None
     runs: int = 0
     violations: int = 0
-    #: The calibrated profile and the calibrator's version it was computed at.
-    believed: tuple[tuple[int, float, int, float, float, float], Profile] | None = None
     #: Units completed, as (start, count), in completion order.
     done: list[tuple[int, int]] = field(default_factory=list)
     #: Its running piece (atomized), if any.
     piece: _Piece | None = None
     #: Its entry in the router's core.
     entry: Entry | None = None
+
+    @property
+    def contract(self) -> Contract | None:
+        """An atomized job's contract (None: a rigid job)."""
+        return self.atom.contract if self.atom is not None else None
 
 
 @dataclass(eq=False)
@@ -486,7 +484,6 @@ class _Totals:
     rigid_failed: int = 0
     fills: list[float] = field(default_factory=list)
     rounds: int = 0
-    widen_resets: int = 0
     bids: int = 0
     #: Windows a piece kept its slice past (incumbency) and pieces that gave it up to a
     #: better bid.
@@ -589,15 +586,13 @@ class MigReplay:
         need = job.memory.quantile(q)
         state = _JobState(job, need_bytes=need)
         if self.mode == "atomized" and job.gpus == 1:
-            state.contract = contract_for(job, self.spec)
             pool = None
             if self.spec.pool_calibration:  # a family: the tenant's jobs of one workload
                 pool = self.pools.setdefault((job.tenant, job.memory.pod), RatioPool())
-            state.calibrator = Calibrator(
-                state.contract.profile,
-                state.contract.epsilon,
-                self.spec.calibrator_min_samples,
-                pool,
+            state.atom = AtomState.of(
+                contract_for(job, self.spec),
+                pool_of=lambda _: pool,
+                min_samples=self.spec.calibrator_min_samples,
             )
         return state
 
@@ -634,12 +629,12 @@ class MigReplay:
 
     def work_left(self, state: _JobState) -> float:
         """A waiting atomized job's work left, as ``srpt`` ranks it (its calibrated profile)."""
-        assert state.contract is not None
-        return work_left_seconds(state.contract, self.believed(state), state.next_unit)
+        assert state.atom is not None
+        return state.atom.work_left(self.largest_bytes)
 
     def _atom_need(self, state: _JobState) -> int:
-        assert state.calibrator is not None
-        return int(self.believed(state).peak_memory_bytes.value_at(1 - self.spec.epsilon))
+        assert state.atom is not None
+        return state.atom.need_bytes(self.largest_bytes)
 
     # ------------------------------------------------------------------ events
 
@@ -805,20 +800,6 @@ class MigReplay:
                 self.slices_seen[cache_key] = found
         return found
 
-    def believed(self, state: _JobState) -> Profile:
-        """The router's :meth:`Calibrator.believed` profile (a memory widening past every
-        slice is dropped, counted in ``widen_resets``), cached until the calibrator changes."""
-        calibrator = state.calibrator
-        assert calibrator is not None
-        # The calibrated profile changes only when the calibrator (or its pool) observes or
-        # widens.
-        if state.believed is not None and state.believed[0] == calibrator.version:
-            return state.believed[1]
-        profile, reset = calibrator.believed(self.largest_bytes)
-        self.totals.widen_resets += int(reset)
-        state.believed = (calibrator.version, profile)
-        return profile
-
     @staticmethod
     def bidder_id(state: _JobState) -> str:
         """The job's id in the market (what ties in a round break on)."""
@@ -856,21 +837,11 @@ class MigReplay:
             self.open_slice(p.window_key, p.profile, p.memory, self.bidder_id(p.state))
             for p in self.deciding
         )
-        bidders = [self._bidder(s, s.next_unit, None) for s in self.waiting]
+        bidders = [self._bidder(s) for s in self.waiting]
         # An incumbent bids from where the router can tell its piece surely is (it has no
         # checkpoint of a running piece), not from the piece's true progress.
         bidders.extend(
-            self._bidder(
-                p.state,
-                assured_progress(
-                    p.unit_start,
-                    p.left,
-                    now - p.started,
-                    self.believed(p.state),
-                    self.spec.epsilon,
-                ),
-                p.window_key,
-            )
+            self._bidder(p.state, p.window_key, Running(p.unit_start, p.left, now - p.started))
             for p in self.deciding
         )
         ctx = ClearingContext(
@@ -918,18 +889,24 @@ class MigReplay:
             self.stop(self.held[stop.key])
         self.round = None
 
-    def _bidder(self, state: _JobState, next_unit: int, holds: tuple[str, str] | None) -> Bidder:
-        assert state.contract is not None
-        return make_bidder(
+    def _bidder(
+        self,
+        state: _JobState,
+        holds: tuple[str, str] | None = None,
+        running: Running | None = None,
+    ) -> Bidder:
+        """The job as the router bids for it (:meth:`~laminar_zone.atoms.AtomState.bidder`)."""
+        assert state.atom is not None
+        bidder, _ = state.atom.bidder(
             self.bidder_id(state),
             state.job.tenant,
-            state.contract,
-            self.believed(state),
-            next_unit,
-            self.engine.now - state.job.arrival,
             state.job.priority,
+            self.engine.now - state.job.arrival,
+            self.largest_bytes,
             holds=holds,
+            running=running,
         )
+        return bidder
 
     def start_piece(self, state: _JobState, window: MarketWindow, start: int, count: int) -> None:
         """The winner's process on the window's slice, for all the units it has left: it
@@ -1076,8 +1053,9 @@ class MigReplay:
         is lost); ``stopped``: checkpointed at its window's end."""
         now = self.engine.now
         state = piece.state
-        contract, calibrator = state.contract, state.calibrator
-        assert contract is not None and calibrator is not None
+        atom = state.atom
+        assert atom is not None
+        contract, calibrator = atom.contract, atom.calibrators[0]
         overhead = contract.checkpoint_overhead_seconds
         state.piece = None
         piece.host.end(piece.subjob_id, now)
@@ -1110,14 +1088,14 @@ class MigReplay:
             if done:
                 calibrator.observe(piece.per_unit, float(piece.peak))
                 state.done.append((piece.unit_start, done))
-                state.next_unit = piece.unit_start + done
+                atom.next_unit = piece.unit_start + done
             if outcome == "stopped" and done < piece.committed:
                 # The units the bid said would fit by the window's end did not: a violation.
                 t.subjob_violations += 1
                 t.causes["time"] += 1
                 state.violations += 1
                 calibrator.overran(time=True, memory=False)
-        if state.next_unit >= contract.total_units:
+        if atom.next_unit >= contract.total_units:
             self.finish(state)
             entry.job.state = zone_pb2.JOB_SUCCEEDED
             self.driver.carry_out(self.core.forget_if_done(entry))
@@ -1210,7 +1188,7 @@ class MigReplay:
             "lost_gpu_seconds": round(t.lost / COMPUTE_SLICES, 1),
             "checkpoint_gpu_seconds": round(t.overhead / COMPUTE_SLICES, 1),
             "clearing_rounds": t.rounds,
-            "widen_resets": t.widen_resets,
+            "widen_resets": sum(s.atom.widen_resets for s in atomized if s.atom is not None),
             "bids": t.bids,
             "extensions": t.extensions,
             "displaced": t.displaced,
