@@ -127,7 +127,7 @@ from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
 from laminar_sim.replay import CoreDriver, TraceJob
 from laminar_sim.zone_driver import CoreHost
-from laminar_zone.atoms import AtomState, Running
+from laminar_zone.atoms import AtomState, Running, market_work
 from laminar_zone.entry import Entry
 from laminar_zone.market import (
     DEFAULT_HYSTERESIS,
@@ -627,11 +627,6 @@ class MigReplay:
         smallest = min(needs)
         self.frag_now = sum(compute_of(p) for p, mem in self.free.values() if mem < smallest)
 
-    def work_left(self, state: _JobState) -> float:
-        """A waiting atomized job's work left, as ``srpt`` ranks it (its calibrated profile)."""
-        assert state.atom is not None
-        return state.atom.work_left(self.largest_bytes)
-
     def _atom_need(self, state: _JobState) -> int:
         assert state.atom is not None
         return state.atom.need_bytes(self.largest_bytes)
@@ -817,11 +812,16 @@ class MigReplay:
         # The waiting atomized jobs take their place in the queue order among the rigid
         # ones: each bids ahead of the rigid jobs of its class behind it.
         self.bidding = {self.job_id(s): s for s in self.waiting}
-        market: list[int | Bidding] = [
-            Bidding(job_id, s.job.priority, self.work_left(s)) for job_id, s in self.bidding.items()
-        ]
-        market.extend({p.state.job.priority for p in self.deciding})
         self.round = self.open_clearing(step.units)
+        bidders = self.round.bidders
+        waiting = {b.job_id: b for b in bidders if b.holds is None}
+        market = market_work(
+            (
+                (job_id, s.job.priority, waiting[self.bidder_id(s)])
+                for job_id, s in self.bidding.items()
+            ),
+            bidders,
+        )
         return _MigRound(self.round, market)
 
     def open_clearing(self, usage: dict[str, float]) -> ClearingRound:

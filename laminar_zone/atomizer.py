@@ -53,6 +53,7 @@ from laminar_zone.atoms import (
     PieceEnd,
     Running,
     complete_phases,
+    market_work,
 )
 from laminar_zone.config import Quota, ZoneConfig
 from laminar_zone.entry import Entry
@@ -71,7 +72,6 @@ from laminar_zone.market import (
     feasibility,
     quantiles_from,
     slice_family,
-    work_left_seconds,
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
@@ -263,17 +263,12 @@ class MarketRound:
         it), and the classes of held pieces and client bids. Each carries its work left as the
         router prices it (``market.work_left_seconds``; 0 for a client bidder's job)."""
         bidders = self.machine.bidders
-        left = {
-            b.job_id: work_left_seconds(b.contract, b.profile, b.next_unit)
-            for b in bidders
-            if b.holds is None
-        }
-        work: list[int | Bidding] = [
-            Bidding(e.job.job_id, e.item.priority, left.get(e.job.job_id, 0.0))
-            for e in self.waiting
-        ]
-        work.extend({b.priority for b in bidders} | {b.priority for b in self.machine.client_bids})
-        return work
+        waiting = {b.job_id: b for b in bidders if b.holds is None}
+        return market_work(
+            ((e.job.job_id, e.item.priority, waiting.get(e.job.job_id)) for e in self.waiting),
+            bidders,
+            self.machine.client_bids,
+        )
 
     def note_started(self, placements: Iterable[zone_pb2.Placement]) -> None:
         """A rigid job of this pass started on these placements: their slices are taken."""

@@ -204,11 +204,6 @@ class AtomState:
         self._believed[phase] = (calibrator.version, profile)
         return profile, reset
 
-    def work_left(self, largest_bytes: int) -> float:
-        """The job's work left from its next unit, as ``srpt`` ranks it."""
-        profile, _ = self.believed(self.next_unit, largest_bytes)
-        return work_left_seconds(self.contract, profile, self.next_unit)
-
     def need_bytes(self, largest_bytes: int) -> int:
         """The memory the job's next piece is predicted to peak at (``1 - epsilon``)."""
         profile, _ = self.believed(self.next_unit, largest_bytes)
