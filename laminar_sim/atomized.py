@@ -127,7 +127,7 @@ from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
 from laminar_sim.replay import CoreDriver, TraceJob
 from laminar_sim.zone_driver import CoreHost
-from laminar_zone.atoms import AtomState, Running, market_work
+from laminar_zone.atoms import AtomState, Running, decide_at, market_work, window_end_at
 from laminar_zone.entry import Entry
 from laminar_zone.market import (
     DEFAULT_HYSTERESIS,
@@ -138,7 +138,6 @@ from laminar_zone.market import (
     Bidder,
     ClearingContext,
     Contract,
-    MarketWindow,
     OpenSlice,
     RatioPool,
     contract_from,
@@ -875,7 +874,7 @@ class MigReplay:
                 bid = decision.award.bid
                 state = self.bidders[bid.job_id]
                 self.waiting.remove(state)
-                self.start_piece(state, bid.window, bid.unit_start, bid.unit_count)
+                self.start_piece(state, bid)
             elif isinstance(decision, Extend):
                 self.extend(self.held[decision.key], decision.award.bid)
             else:  # taken by a better bid: the piece checkpoints and stops
@@ -908,11 +907,12 @@ class MigReplay:
         )
         return bidder
 
-    def start_piece(self, state: _JobState, window: MarketWindow, start: int, count: int) -> None:
+    def start_piece(self, state: _JobState, bid: Bid) -> None:
         """The winner's process on the window's slice, for all the units it has left: it
         runs until they are done, it is killed by a peak, or its window ends and it does not
         keep the slice (then it checkpoints and stops)."""
         now = self.engine.now
+        window = bid.window
         host = self.by_id[window.agent_id]
         profile, memory = self.free[window.key]
         order = ProbeOrder(
@@ -942,9 +942,7 @@ class MigReplay:
             slice_ids=[window.slice_id],
             state=common_pb2.RUNNING,
             resources=common_pb2.Resources(mig_profile=profile, gpu_memory_bytes=memory),
-            window_end_unix=now + window.length_seconds
-            if math.isfinite(window.length_seconds)
-            else 0.0,
+            window_end_unix=window_end_at(now, window.length_seconds),
         )
         entry.job.placements.append(placement)
         placement = entry.job.placements[-1]  # the job's own copy
@@ -953,11 +951,15 @@ class MigReplay:
             state.first_start = now
         rng = self.rng(state)
         state.runs += 1
-        contract = state.contract
-        assert contract is not None
+        atom = state.atom
+        assert atom is not None
+        contract = atom.contract
         median = state.job.duration / contract.total_units
         per_unit = median * math.exp(state.job.time_sigma * rng.gauss(0.0, 1.0))
-        left = contract.total_units - start
+        # The piece the router starts for the bid: with incumbency, every unit its job has
+        # left; its bid's units are what it commits to by its window's end.
+        plan = atom.piece(bid, window.length_seconds, runs_on=self.spec.incumbency)
+        start, left = plan.unit_start, plan.unit_count
         run = left * per_unit + contract.checkpoint_overhead_seconds
         peaks = state.job.memory.peaks_bytes
         killed_at: float | None = None
@@ -982,7 +984,7 @@ class MigReplay:
             unit_start=start,
             per_unit=per_unit,
             left=left,
-            committed=count,
+            committed=plan.committed,
             window_end=now + window.length_seconds,
             granted_seconds=window.length_seconds,
             key=self.new_key(),
@@ -999,10 +1001,10 @@ class MigReplay:
         window's end (a checkpoint's length before it) whether it keeps its slice."""
         piece.generation += 1
         generation = piece.generation
-        decide_at = piece.window_end - self.spec.checkpoint_overhead_seconds
+        decide = decide_at(piece.window_end, self.spec.checkpoint_overhead_seconds)
         at, what = piece.finish_at, "finish"
-        if piece.finish_at > piece.window_end and decide_at < at:
-            at, what = decide_at, "decide"
+        if piece.finish_at > piece.window_end and decide < at:
+            at, what = decide, "decide"
         if piece.killed_at is not None and piece.killed_at < at:
             at, what = piece.killed_at, "kill"
 
@@ -1025,8 +1027,7 @@ class MigReplay:
         piece.window_end = now + bid.window.length_seconds
         # As the router records an extension on the piece's placement (its window's end
         # is when the core expects the slice back for a blocked head).
-        finite = math.isfinite(bid.window.length_seconds)
-        piece.placement.window_end_unix = piece.window_end if finite else 0.0
+        piece.placement.window_end_unix = window_end_at(now, bid.window.length_seconds)
         piece.granted_seconds += bid.window.length_seconds
         piece.committed = bid.unit_start - piece.unit_start + bid.unit_count
         self.totals.extensions += 1

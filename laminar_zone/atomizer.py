@@ -53,7 +53,9 @@ from laminar_zone.atoms import (
     PieceEnd,
     Running,
     complete_phases,
+    decide_at,
     market_work,
+    window_end_at,
 )
 from laminar_zone.config import Quota, ZoneConfig
 from laminar_zone.entry import Entry
@@ -528,19 +530,19 @@ class Atomizer:
         rounds): this round decides whether each keeps its slice (incumbency)."""
         if not self.config.incumbency:
             return []
-        lead_floor = 2 * self.config.round_seconds
         out = []
         for job_id, atom in sorted(self.atoms.items()):
             entry = self.zone.entries.get(job_id)
             if entry is None or entry.placing or atom.client is not None:
                 continue  # a client sizes its own pieces to their windows
-            lead = max(lead_floor, atom.contract.checkpoint_overhead_seconds)
+            checkpoint = atom.contract.checkpoint_overhead_seconds
             for p in entry.job.placements:
                 if (
                     p.state == common_pb2.RUNNING
                     and p.reason != COMMITTING
                     and p.window_end_unix > 0
-                    and now_unix >= p.window_end_unix - lead
+                    and now_unix
+                    >= decide_at(p.window_end_unix, checkpoint, self.config.round_seconds)
                     and p.subjob_id not in self._overrunning
                 ):
                     out.append((entry, atom, p))
@@ -765,7 +767,7 @@ class Atomizer:
             if isinstance(decision, Extend):
                 kept = decision.award
                 length = kept.bid.window.length_seconds
-                p.window_end_unix = rnd.now_unix + length if math.isfinite(length) else 0.0
+                p.window_end_unix = window_end_at(rnd.now_unix, length)
                 self.zone.save(entry)
                 self.zone.metrics.window_extensions.inc()
                 log.info(
@@ -1021,23 +1023,12 @@ class Atomizer:
         w, address, _ = by_key[bid.window.key]
         length = bid.window.length_seconds  # as offered to the bid's class
         self._claimed[bid.window.key] = time.monotonic() + 2 * self.zone.heartbeat_seconds
-        count = bid.unit_count
-        expected = bid.expected_seconds
-        if self.config.incumbency and atom.client is None:
-            # The piece runs every unit its job has left (within the phase and max_units):
-            # it keeps its slice while nobody needs it more, and stops, checkpointed, when
-            # its window ends and it does not.
-            phase = atom.phases[atom.phase_at(bid.unit_start)]
-            end = min(phase.end, bid.unit_start + atom.contract.max_units)
-            count = max(count, end - bid.unit_start)
-            expected = min(length, bid.remaining_seconds or expected)
-        profile = atom.calibrators[atom.phase_at(bid.unit_start)].profile()
-        memory = int(
-            min(
-                w.memory_bytes,
-                profile.peak_memory_bytes.value_at(1.0 - atom.contract.epsilon),
-            )
-        )
+        # With incumbency the piece runs every unit its job has left (within the phase and
+        # max_units): it keeps its slice while nobody needs it more, and stops,
+        # checkpointed, when its window ends and it does not. A client sizes its own.
+        plan = atom.piece(bid, length, runs_on=self.config.incumbency and atom.client is None)
+        count, expected = plan.unit_count, plan.expected_seconds
+        memory = min(w.memory_bytes, plan.memory_bytes)
         resources = common_pb2.Resources(gpu_memory_bytes=memory, gpu_model=w.gpu_model)
         if w.kind == common_pb2.MIG:
             resources.mig_profile = w.mig_profile
@@ -1055,7 +1046,7 @@ class Atomizer:
             attempt=job.attempts,
             unit_start=bid.unit_start,
             unit_count=count,
-            window_end_unix=time.time() + length if math.isfinite(length) else 0.0,
+            window_end_unix=window_end_at(time.time(), length),
             resources=resources,
         )
         job.state = zone_pb2.PENDING
