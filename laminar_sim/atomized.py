@@ -76,11 +76,14 @@ holder (which bids to extend in place) and to everyone else. It keeps the slice,
 checkpoint and no restart, unless a bid of a higher class, or of its class with a score
 higher by ``hysteresis``, wins it, or no extension fits before the next commitment on the
 slice (a blocked rigid job's expected start). Then it checkpoints the units done and stops
-at its window's end (``--no-incumbency``: every piece does so). Violations, one per piece
-at most: a piece killed by a peak above its slice (**memory**: the work since the piece
-started is lost, its calibrator widens memory), or a piece stopped at its window's end
-with fewer units done than its bids committed to (**time**: its calibrator widens time).
-A piece that ends observes its speed and peak (``observe``).
+at its window's end, ``PREEMPTED`` as the router stops it: free, its profile left alone.
+Without incumbency (``--no-incumbency``) a piece runs its bid's units only, and one still
+running at its window's end is stopped ``OVERRAN``, as the router's window enforcement
+stops it. What an ended piece means for its job is the router's own
+:meth:`~laminar_zone.atoms.AtomState.piece_ended`: violations, one per piece at most, are
+a piece killed by a peak above its slice (**memory**: the work since the piece started is
+lost, its calibrator widens memory) and a piece that overran its window (**time**: its
+calibrator widens time); a piece that finishes observes its speed and peak (``observe``).
 
 **What is not modelled.** A job runs as fast on a small MIG slice as on a large one (the
 Philly durations were measured on whole GPUs, and no trace says how each job scales), MIG
@@ -127,7 +130,15 @@ from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
 from laminar_sim.replay import CoreDriver, TraceJob
 from laminar_sim.zone_driver import CoreHost
-from laminar_zone.atoms import AtomState, Running, decide_at, market_work, window_end_at
+from laminar_zone.atoms import (
+    AtomState,
+    JobNext,
+    PieceEnd,
+    Running,
+    decide_at,
+    market_work,
+    window_end_at,
+)
 from laminar_zone.entry import Entry
 from laminar_zone.market import (
     DEFAULT_HYSTERESIS,
@@ -804,7 +815,7 @@ class MigReplay:
         incumbency, the pieces whose window ends stop first."""
         if not self.spec.incumbency:
             for piece in list(self.deciding):
-                self.stop(piece)
+                self.stop(piece, EndCause.OVERRAN)
         self.round = None
         if self.mode != "atomized" or not (self.waiting or self.deciding):
             return None
@@ -1016,7 +1027,7 @@ class MigReplay:
                 self.deciding.append(piece)
                 self.driver.wake()
             else:
-                self.end_piece(piece, "ok" if what == "finish" else "oom")
+                self.end_piece(piece, EndCause.EXITED if what == "finish" else EndCause.RECLAIMED)
 
         self.engine.schedule_at(max(at, self.engine.now), fire)
 
@@ -1033,9 +1044,12 @@ class MigReplay:
         self.totals.extensions += 1
         self.arm(piece)
 
-    def stop(self, piece: _Piece) -> None:
+    def stop(self, piece: _Piece, cause: EndCause = EndCause.PREEMPTED) -> None:
         """The piece's window ends and it does not keep the slice: it checkpoints the units
-        done by now and stops a checkpoint's length later, at its window's end."""
+        done by now and stops a checkpoint's length later, at its window's end. ``cause``:
+        the round gave its slice to other work or no extension fit (``PREEMPTED``, the
+        router's stop), or, without incumbency, it ran into its window's end (``OVERRAN``,
+        the router's window enforcement)."""
         if piece in self.deciding:
             self.deciding.remove(piece)
         piece.stopping_at = self.engine.now
@@ -1045,39 +1059,39 @@ class MigReplay:
         def fire() -> None:
             if piece.generation == generation:
                 self.clock()
-                self.end_piece(piece, "stopped")
+                self.end_piece(piece, cause)
 
         self.engine.schedule(self.spec.checkpoint_overhead_seconds, fire)
 
-    def end_piece(self, piece: _Piece, outcome: str) -> None:
-        """``ok``: every unit done; ``oom``: killed by a peak (work since the piece started
-        is lost); ``stopped``: checkpointed at its window's end."""
+    def end_piece(self, piece: _Piece, cause: EndCause) -> None:
+        """``EXITED``: every unit done; ``RECLAIMED``: killed by a peak (work since the piece
+        started is lost); else stopped, checkpointed at its window's end. What that means
+        for the job (units done, calibration, violation, its next state) is its
+        :meth:`~laminar_zone.atoms.AtomState.piece_ended`'s, as for the router's pieces."""
         now = self.engine.now
         state = piece.state
         atom = state.atom
         assert atom is not None
-        contract, calibrator = atom.contract, atom.calibrators[0]
-        overhead = contract.checkpoint_overhead_seconds
+        overhead = atom.contract.checkpoint_overhead_seconds
         state.piece = None
         piece.host.end(piece.subjob_id, now)
         self.give_back(*piece.window_key)
         self.driver.note(piece.host)
         entry = state.entry
         assert entry is not None
-        piece.placement.state = common_pb2.KILLED if outcome == "oom" else common_pb2.SUCCEEDED
+        killed = cause is not EndCause.EXITED
+        piece.placement.state = common_pb2.KILLED if killed else common_pb2.SUCCEEDED
+        piece.placement.end_cause = cause.wire
         compute = compute_of(piece.profile)
         length = now - piece.started
         self.totals.held += length * compute
         self.totals.fills.append(min(1.0, length / piece.granted_seconds))
         t = self.totals
-        if outcome == "oom":
+        done = 0
+        if cause is EndCause.RECLAIMED:
             t.lost += length * compute
-            t.subjob_violations += 1
-            t.causes["memory"] += 1
-            state.violations += 1
-            calibrator.overran(time=False, memory=True)
         else:
-            if outcome == "ok":
+            if cause is EndCause.EXITED:
                 done = piece.left
             else:
                 assert piece.stopping_at is not None
@@ -1087,16 +1101,22 @@ class MigReplay:
             t.overhead += overhead * compute
             t.lost += max(0.0, length - work - overhead) * compute
             if done:
-                calibrator.observe(piece.per_unit, float(piece.peak))
                 state.done.append((piece.unit_start, done))
-                atom.next_unit = piece.unit_start + done
-            if outcome == "stopped" and done < piece.committed:
-                # The units the bid said would fit by the window's end did not: a violation.
-                t.subjob_violations += 1
-                t.causes["time"] += 1
-                state.violations += 1
-                calibrator.overran(time=True, memory=False)
-        if atom.next_unit >= contract.total_units:
+        got = atom.piece_ended(
+            PieceEnd(
+                piece.subjob_id,
+                piece.placement.state,
+                cause,
+                piece.unit_start,
+                done,
+                piece.per_unit,
+                float(piece.peak),
+            )
+        )
+        if got.violation is not None:
+            t.subjob_violations += 1
+            t.causes[got.violation.value] += 1
+        if atom.next_state(has_live=False) is JobNext.DONE:
             self.finish(state)
             entry.job.state = zone_pb2.JOB_SUCCEEDED
             self.driver.carry_out(self.core.forget_if_done(entry))
