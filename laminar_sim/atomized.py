@@ -450,11 +450,8 @@ class _Piece:
     started: float
     unit_start: int
     per_unit: float
-    #: Units the job had left when the piece started: all of them are the piece's.
+    #: Units the piece runs (with incumbency, every unit its job had left).
     left: int
-    #: Units the bids said would be done by ``window_end`` (P >= 1 - epsilon), from
-    #: ``unit_start``.
-    committed: int
     window_end: float
     granted_seconds: float
     key: str
@@ -995,7 +992,6 @@ class MigReplay:
             unit_start=start,
             per_unit=per_unit,
             left=left,
-            committed=plan.committed,
             window_end=now + window.length_seconds,
             granted_seconds=window.length_seconds,
             key=self.new_key(),
@@ -1040,7 +1036,6 @@ class MigReplay:
         # is when the core expects the slice back for a blocked head).
         piece.placement.window_end_unix = window_end_at(now, bid.window.length_seconds)
         piece.granted_seconds += bid.window.length_seconds
-        piece.committed = bid.unit_start - piece.unit_start + bid.unit_count
         self.totals.extensions += 1
         self.arm(piece)
 

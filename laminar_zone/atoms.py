@@ -125,12 +125,11 @@ class Running:
 
 @dataclass(frozen=True)
 class PiecePlan:
-    """A won bid as the piece that starts: units ``unit_start`` .. ``+ unit_count - 1``,
-    of which ``committed`` were bid to be done by the window's end."""
+    """A won bid as the piece that starts: units ``unit_start`` .. ``+ unit_count - 1``
+    (with incumbency more than the bid's, which are what it commits to by the window's end)."""
 
     unit_start: int
     unit_count: int
-    committed: int
     expected_seconds: float
     memory_bytes: int
 
@@ -265,7 +264,7 @@ class AtomState:
             expected = min(window_seconds, bid.remaining_seconds or expected)
         profile = self.calibrators[phase_index].profile()
         memory = profile.peak_memory_bytes.value_at(1.0 - self.contract.epsilon)
-        return PiecePlan(bid.unit_start, count, bid.unit_count, expected, int(memory))
+        return PiecePlan(bid.unit_start, count, expected, int(memory))
 
     def piece_ended(self, end: PieceEnd) -> Observed:
         """Weigh one ended piece (once: a piece already observed changes nothing): the

@@ -184,11 +184,11 @@ def test_a_won_bid_runs_every_unit_left_in_its_phase_with_incumbency() -> None:
     atom = AtomState.of(make_contract(total_units=100, max_units=70))
     won = bid(10, 20, length=300.0, remaining=95.0)
     plan = atom.piece(won, 300.0, runs_on=True)
-    assert (plan.unit_start, plan.unit_count, plan.committed) == (10, 70, 20)
+    assert (plan.unit_start, plan.unit_count) == (10, 70)
     assert plan.expected_seconds == 95.0  # the job's work left, within the window
     assert plan.memory_bytes == int(atom.calibrators[0].profile().peak_memory_bytes.value_at(0.95))
     sized = atom.piece(won, 300.0, runs_on=False)
-    assert (sized.unit_count, sized.committed, sized.expected_seconds) == (20, 20, 40.0)
+    assert (sized.unit_count, sized.expected_seconds) == (20, 40.0)
 
 
 def test_window_ends_and_decisions() -> None:
