@@ -1104,7 +1104,7 @@ class MigReplay:
                 cause,
                 piece.unit_start,
                 done,
-                piece.per_unit,
+                length,  # the process's run, as its agent reports it
                 float(piece.peak),
             )
         )

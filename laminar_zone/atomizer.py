@@ -219,7 +219,7 @@ def piece_end(p: zone_pb2.Placement) -> PieceEnd:
         end_cause(p.end_cause),
         p.unit_start,
         p.units_done,
-        p.run_seconds / p.units_done if p.units_done > 0 else 0.0,
+        p.run_seconds,
         float(p.peak_gpu_memory_bytes),
     )
 

@@ -88,8 +88,9 @@ class PieceEnd:
     unit_start: int
     #: Units its checkpoint covers, from ``unit_start``.
     units_done: int
-    #: Observed seconds per unit and peak GPU memory (0: not known).
-    seconds_per_unit: float = 0.0
+    #: How long its process ran (checkpoint included, as its agent reports it) and its
+    #: peak GPU memory (0: not known).
+    run_seconds: float = 0.0
     peak_bytes: float = 0.0
 
 
@@ -280,7 +281,8 @@ class AtomState:
         calibrator = self.calibrators[self.phase_at(end.unit_start)]
         if end.state == common_pb2.SUCCEEDED and end.units_done > 0:
             declared = calibrator.declared.peak_memory_bytes.value_at(1.0 - self.contract.epsilon)
-            exceeded = calibrator.observe(end.seconds_per_unit, end.peak_bytes or declared)
+            per_unit = end.run_seconds / end.units_done
+            exceeded = calibrator.observe(per_unit, end.peak_bytes or declared)
             return Observed(observed=True, exceeded=exceeded)
         if end.state == common_pb2.KILLED and widens_profile(end.cause):
             over_time = end.cause is EndCause.OVERRAN

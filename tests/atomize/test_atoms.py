@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,10 +72,10 @@ def ended(
     cause: EndCause,
     unit_start: int = 0,
     units_done: int = 0,
-    per_unit: float = 1.0,
+    run_seconds: float = 10.0,
     peak: float = 8 * GIB,
 ) -> PieceEnd:
-    return PieceEnd(subjob_id, state, cause, unit_start, units_done, per_unit, peak)
+    return PieceEnd(subjob_id, state, cause, unit_start, units_done, run_seconds, peak)
 
 
 def test_a_finished_piece_moves_the_job_on_and_feeds_its_calibrator() -> None:
@@ -129,6 +130,8 @@ def test_an_unknown_peak_is_observed_as_the_declared_one() -> None:
     atom = AtomState.of(make_contract())
     atom.piece_ended(ended("s0", common_pb2.SUCCEEDED, EndCause.EXITED, 0, 10, 1.0, 0.0))
     assert atom.calibrators[0].memory_ratios == [1.0]
+    # Its speed is its run over its units, against the declared 2.0 s at 1 - epsilon.
+    assert atom.calibrators[0].time_ratios == [pytest.approx(0.1 / 2.0)]
 
 
 def test_phases_are_completed_with_the_rest_of_the_units() -> None:
