@@ -76,11 +76,14 @@ holder (which bids to extend in place) and to everyone else. It keeps the slice,
 checkpoint and no restart, unless a bid of a higher class, or of its class with a score
 higher by ``hysteresis``, wins it, or no extension fits before the next commitment on the
 slice (a blocked rigid job's expected start). Then it checkpoints the units done and stops
-at its window's end (``--no-incumbency``: every piece does so). Violations, one per piece
-at most: a piece killed by a peak above its slice (**memory**: the work since the piece
-started is lost, its calibrator widens memory), or a piece stopped at its window's end
-with fewer units done than its bids committed to (**time**: its calibrator widens time).
-A piece that ends observes its speed and peak (``observe``).
+at its window's end, ``PREEMPTED`` as the router stops it: free, its profile left alone.
+Without incumbency (``--no-incumbency``) a piece runs its bid's units only, and one still
+running at its window's end is stopped ``OVERRAN``, as the router's window enforcement
+stops it. What an ended piece means for its job is the router's own
+:meth:`~laminar_zone.atoms.AtomState.piece_ended`: violations, one per piece at most, are
+a piece killed by a peak above its slice (**memory**: the work since the piece started is
+lost, its calibrator widens memory) and a piece that overran its window (**time**: its
+calibrator widens time); a piece that finishes observes its speed and peak (``observe``).
 
 **What is not modelled.** A job runs as fast on a small MIG slice as on a large one (the
 Philly durations were measured on whole GPUs, and no trace says how each job scales), MIG
@@ -127,6 +130,15 @@ from laminar_base.demand import Demand
 from laminar_sim.engine import Engine
 from laminar_sim.replay import CoreDriver, TraceJob
 from laminar_sim.zone_driver import CoreHost
+from laminar_zone.atoms import (
+    AtomState,
+    JobNext,
+    PieceEnd,
+    Running,
+    decide_at,
+    market_work,
+    window_end_at,
+)
 from laminar_zone.entry import Entry
 from laminar_zone.market import (
     DEFAULT_HYSTERESIS,
@@ -135,19 +147,13 @@ from laminar_zone.market import (
     DEFAULT_STARVATION_RATIO,
     Bid,
     Bidder,
-    Calibrator,
     ClearingContext,
     Contract,
-    MarketWindow,
     OpenSlice,
-    Profile,
     RatioPool,
-    assured_progress,
     contract_from,
     default_min_samples,
-    make_bidder,
     slice_family,
-    work_left_seconds,
 )
 from laminar_zone.placement import ShapeCap
 from laminar_zone.queue import Bidding
@@ -409,21 +415,23 @@ def _percentiles(values: list[float]) -> list[float]:
 class _JobState:
     job: SimJob
     need_bytes: int
-    contract: Contract | None = None
-    calibrator: Calibrator | None = None
-    next_unit: int = 0
+    #: An atomized job's life cycle (the router's :class:`~laminar_zone.atoms.AtomState`).
+    atom: AtomState | None = None
     first_start: float | None = None
     end: float | None = None
     runs: int = 0
     violations: int = 0
-    #: The calibrated profile and the calibrator's version it was computed at.
-    believed: tuple[tuple[int, float, int, float, float, float], Profile] | None = None
     #: Units completed, as (start, count), in completion order.
     done: list[tuple[int, int]] = field(default_factory=list)
     #: Its running piece (atomized), if any.
     piece: _Piece | None = None
     #: Its entry in the router's core.
     entry: Entry | None = None
+
+    @property
+    def contract(self) -> Contract | None:
+        """An atomized job's contract (None: a rigid job)."""
+        return self.atom.contract if self.atom is not None else None
 
 
 @dataclass(eq=False)
@@ -442,11 +450,8 @@ class _Piece:
     started: float
     unit_start: int
     per_unit: float
-    #: Units the job had left when the piece started: all of them are the piece's.
+    #: Units the piece runs (with incumbency, every unit its job had left).
     left: int
-    #: Units the bids said would be done by ``window_end`` (P >= 1 - epsilon), from
-    #: ``unit_start``.
-    committed: int
     window_end: float
     granted_seconds: float
     key: str
@@ -486,7 +491,6 @@ class _Totals:
     rigid_failed: int = 0
     fills: list[float] = field(default_factory=list)
     rounds: int = 0
-    widen_resets: int = 0
     bids: int = 0
     #: Windows a piece kept its slice past (incumbency) and pieces that gave it up to a
     #: better bid.
@@ -589,15 +593,13 @@ class MigReplay:
         need = job.memory.quantile(q)
         state = _JobState(job, need_bytes=need)
         if self.mode == "atomized" and job.gpus == 1:
-            state.contract = contract_for(job, self.spec)
             pool = None
             if self.spec.pool_calibration:  # a family: the tenant's jobs of one workload
                 pool = self.pools.setdefault((job.tenant, job.memory.pod), RatioPool())
-            state.calibrator = Calibrator(
-                state.contract.profile,
-                state.contract.epsilon,
-                self.spec.calibrator_min_samples,
-                pool,
+            state.atom = AtomState.of(
+                contract_for(job, self.spec),
+                pool_of=lambda _: pool,
+                min_samples=self.spec.calibrator_min_samples,
             )
         return state
 
@@ -632,14 +634,9 @@ class MigReplay:
         smallest = min(needs)
         self.frag_now = sum(compute_of(p) for p, mem in self.free.values() if mem < smallest)
 
-    def work_left(self, state: _JobState) -> float:
-        """A waiting atomized job's work left, as ``srpt`` ranks it (its calibrated profile)."""
-        assert state.contract is not None
-        return work_left_seconds(state.contract, self.believed(state), state.next_unit)
-
     def _atom_need(self, state: _JobState) -> int:
-        assert state.calibrator is not None
-        return int(self.believed(state).peak_memory_bytes.value_at(1 - self.spec.epsilon))
+        assert state.atom is not None
+        return state.atom.need_bytes(self.largest_bytes)
 
     # ------------------------------------------------------------------ events
 
@@ -805,20 +802,6 @@ class MigReplay:
                 self.slices_seen[cache_key] = found
         return found
 
-    def believed(self, state: _JobState) -> Profile:
-        """The router's :meth:`Calibrator.believed` profile (a memory widening past every
-        slice is dropped, counted in ``widen_resets``), cached until the calibrator changes."""
-        calibrator = state.calibrator
-        assert calibrator is not None
-        # The calibrated profile changes only when the calibrator (or its pool) observes or
-        # widens.
-        if state.believed is not None and state.believed[0] == calibrator.version:
-            return state.believed[1]
-        profile, reset = calibrator.believed(self.largest_bytes)
-        self.totals.widen_resets += int(reset)
-        state.believed = (calibrator.version, profile)
-        return profile
-
     @staticmethod
     def bidder_id(state: _JobState) -> str:
         """The job's id in the market (what ties in a round break on)."""
@@ -829,18 +812,23 @@ class MigReplay:
         incumbency, the pieces whose window ends stop first."""
         if not self.spec.incumbency:
             for piece in list(self.deciding):
-                self.stop(piece)
+                self.stop(piece, EndCause.OVERRAN)
         self.round = None
         if self.mode != "atomized" or not (self.waiting or self.deciding):
             return None
         # The waiting atomized jobs take their place in the queue order among the rigid
         # ones: each bids ahead of the rigid jobs of its class behind it.
         self.bidding = {self.job_id(s): s for s in self.waiting}
-        market: list[int | Bidding] = [
-            Bidding(job_id, s.job.priority, self.work_left(s)) for job_id, s in self.bidding.items()
-        ]
-        market.extend({p.state.job.priority for p in self.deciding})
         self.round = self.open_clearing(step.units)
+        bidders = self.round.bidders
+        waiting = {b.job_id: b for b in bidders if b.holds is None}
+        market = market_work(
+            (
+                (job_id, s.job.priority, waiting[self.bidder_id(s)])
+                for job_id, s in self.bidding.items()
+            ),
+            bidders,
+        )
         return _MigRound(self.round, market)
 
     def open_clearing(self, usage: dict[str, float]) -> ClearingRound:
@@ -856,21 +844,11 @@ class MigReplay:
             self.open_slice(p.window_key, p.profile, p.memory, self.bidder_id(p.state))
             for p in self.deciding
         )
-        bidders = [self._bidder(s, s.next_unit, None) for s in self.waiting]
+        bidders = [self._bidder(s) for s in self.waiting]
         # An incumbent bids from where the router can tell its piece surely is (it has no
         # checkpoint of a running piece), not from the piece's true progress.
         bidders.extend(
-            self._bidder(
-                p.state,
-                assured_progress(
-                    p.unit_start,
-                    p.left,
-                    now - p.started,
-                    self.believed(p.state),
-                    self.spec.epsilon,
-                ),
-                p.window_key,
-            )
+            self._bidder(p.state, p.window_key, Running(p.unit_start, p.left, now - p.started))
             for p in self.deciding
         )
         ctx = ClearingContext(
@@ -904,7 +882,7 @@ class MigReplay:
                 bid = decision.award.bid
                 state = self.bidders[bid.job_id]
                 self.waiting.remove(state)
-                self.start_piece(state, bid.window, bid.unit_start, bid.unit_count)
+                self.start_piece(state, bid)
             elif isinstance(decision, Extend):
                 self.extend(self.held[decision.key], decision.award.bid)
             else:  # taken by a better bid: the piece checkpoints and stops
@@ -918,24 +896,31 @@ class MigReplay:
             self.stop(self.held[stop.key])
         self.round = None
 
-    def _bidder(self, state: _JobState, next_unit: int, holds: tuple[str, str] | None) -> Bidder:
-        assert state.contract is not None
-        return make_bidder(
+    def _bidder(
+        self,
+        state: _JobState,
+        holds: tuple[str, str] | None = None,
+        running: Running | None = None,
+    ) -> Bidder:
+        """The job as the router bids for it (:meth:`~laminar_zone.atoms.AtomState.bidder`)."""
+        assert state.atom is not None
+        bidder, _ = state.atom.bidder(
             self.bidder_id(state),
             state.job.tenant,
-            state.contract,
-            self.believed(state),
-            next_unit,
-            self.engine.now - state.job.arrival,
             state.job.priority,
+            self.engine.now - state.job.arrival,
+            self.largest_bytes,
             holds=holds,
+            running=running,
         )
+        return bidder
 
-    def start_piece(self, state: _JobState, window: MarketWindow, start: int, count: int) -> None:
+    def start_piece(self, state: _JobState, bid: Bid) -> None:
         """The winner's process on the window's slice, for all the units it has left: it
         runs until they are done, it is killed by a peak, or its window ends and it does not
         keep the slice (then it checkpoints and stops)."""
         now = self.engine.now
+        window = bid.window
         host = self.by_id[window.agent_id]
         profile, memory = self.free[window.key]
         order = ProbeOrder(
@@ -965,9 +950,7 @@ class MigReplay:
             slice_ids=[window.slice_id],
             state=common_pb2.RUNNING,
             resources=common_pb2.Resources(mig_profile=profile, gpu_memory_bytes=memory),
-            window_end_unix=now + window.length_seconds
-            if math.isfinite(window.length_seconds)
-            else 0.0,
+            window_end_unix=window_end_at(now, window.length_seconds),
         )
         entry.job.placements.append(placement)
         placement = entry.job.placements[-1]  # the job's own copy
@@ -976,11 +959,15 @@ class MigReplay:
             state.first_start = now
         rng = self.rng(state)
         state.runs += 1
-        contract = state.contract
-        assert contract is not None
+        atom = state.atom
+        assert atom is not None
+        contract = atom.contract
         median = state.job.duration / contract.total_units
         per_unit = median * math.exp(state.job.time_sigma * rng.gauss(0.0, 1.0))
-        left = contract.total_units - start
+        # The piece the router starts for the bid: with incumbency, every unit its job has
+        # left; its bid's units are what it commits to by its window's end.
+        plan = atom.piece(bid, window.length_seconds, runs_on=self.spec.incumbency)
+        start, left = plan.unit_start, plan.unit_count
         run = left * per_unit + contract.checkpoint_overhead_seconds
         peaks = state.job.memory.peaks_bytes
         killed_at: float | None = None
@@ -1005,7 +992,6 @@ class MigReplay:
             unit_start=start,
             per_unit=per_unit,
             left=left,
-            committed=count,
             window_end=now + window.length_seconds,
             granted_seconds=window.length_seconds,
             key=self.new_key(),
@@ -1022,10 +1008,10 @@ class MigReplay:
         window's end (a checkpoint's length before it) whether it keeps its slice."""
         piece.generation += 1
         generation = piece.generation
-        decide_at = piece.window_end - self.spec.checkpoint_overhead_seconds
+        decide = decide_at(piece.window_end, self.spec.checkpoint_overhead_seconds)
         at, what = piece.finish_at, "finish"
-        if piece.finish_at > piece.window_end and decide_at < at:
-            at, what = decide_at, "decide"
+        if piece.finish_at > piece.window_end and decide < at:
+            at, what = decide, "decide"
         if piece.killed_at is not None and piece.killed_at < at:
             at, what = piece.killed_at, "kill"
 
@@ -1037,7 +1023,7 @@ class MigReplay:
                 self.deciding.append(piece)
                 self.driver.wake()
             else:
-                self.end_piece(piece, "ok" if what == "finish" else "oom")
+                self.end_piece(piece, EndCause.EXITED if what == "finish" else EndCause.RECLAIMED)
 
         self.engine.schedule_at(max(at, self.engine.now), fire)
 
@@ -1048,16 +1034,17 @@ class MigReplay:
         piece.window_end = now + bid.window.length_seconds
         # As the router records an extension on the piece's placement (its window's end
         # is when the core expects the slice back for a blocked head).
-        finite = math.isfinite(bid.window.length_seconds)
-        piece.placement.window_end_unix = piece.window_end if finite else 0.0
+        piece.placement.window_end_unix = window_end_at(now, bid.window.length_seconds)
         piece.granted_seconds += bid.window.length_seconds
-        piece.committed = bid.unit_start - piece.unit_start + bid.unit_count
         self.totals.extensions += 1
         self.arm(piece)
 
-    def stop(self, piece: _Piece) -> None:
+    def stop(self, piece: _Piece, cause: EndCause = EndCause.PREEMPTED) -> None:
         """The piece's window ends and it does not keep the slice: it checkpoints the units
-        done by now and stops a checkpoint's length later, at its window's end."""
+        done by now and stops a checkpoint's length later, at its window's end. ``cause``:
+        the round gave its slice to other work or no extension fit (``PREEMPTED``, the
+        router's stop), or, without incumbency, it ran into its window's end (``OVERRAN``,
+        the router's window enforcement)."""
         if piece in self.deciding:
             self.deciding.remove(piece)
         piece.stopping_at = self.engine.now
@@ -1067,38 +1054,39 @@ class MigReplay:
         def fire() -> None:
             if piece.generation == generation:
                 self.clock()
-                self.end_piece(piece, "stopped")
+                self.end_piece(piece, cause)
 
         self.engine.schedule(self.spec.checkpoint_overhead_seconds, fire)
 
-    def end_piece(self, piece: _Piece, outcome: str) -> None:
-        """``ok``: every unit done; ``oom``: killed by a peak (work since the piece started
-        is lost); ``stopped``: checkpointed at its window's end."""
+    def end_piece(self, piece: _Piece, cause: EndCause) -> None:
+        """``EXITED``: every unit done; ``RECLAIMED``: killed by a peak (work since the piece
+        started is lost); else stopped, checkpointed at its window's end. What that means
+        for the job (units done, calibration, violation, its next state) is its
+        :meth:`~laminar_zone.atoms.AtomState.piece_ended`'s, as for the router's pieces."""
         now = self.engine.now
         state = piece.state
-        contract, calibrator = state.contract, state.calibrator
-        assert contract is not None and calibrator is not None
-        overhead = contract.checkpoint_overhead_seconds
+        atom = state.atom
+        assert atom is not None
+        overhead = atom.contract.checkpoint_overhead_seconds
         state.piece = None
         piece.host.end(piece.subjob_id, now)
         self.give_back(*piece.window_key)
         self.driver.note(piece.host)
         entry = state.entry
         assert entry is not None
-        piece.placement.state = common_pb2.KILLED if outcome == "oom" else common_pb2.SUCCEEDED
+        killed = cause is not EndCause.EXITED
+        piece.placement.state = common_pb2.KILLED if killed else common_pb2.SUCCEEDED
+        piece.placement.end_cause = cause.wire
         compute = compute_of(piece.profile)
         length = now - piece.started
         self.totals.held += length * compute
         self.totals.fills.append(min(1.0, length / piece.granted_seconds))
         t = self.totals
-        if outcome == "oom":
+        done = 0
+        if cause is EndCause.RECLAIMED:
             t.lost += length * compute
-            t.subjob_violations += 1
-            t.causes["memory"] += 1
-            state.violations += 1
-            calibrator.overran(time=False, memory=True)
         else:
-            if outcome == "ok":
+            if cause is EndCause.EXITED:
                 done = piece.left
             else:
                 assert piece.stopping_at is not None
@@ -1108,16 +1096,22 @@ class MigReplay:
             t.overhead += overhead * compute
             t.lost += max(0.0, length - work - overhead) * compute
             if done:
-                calibrator.observe(piece.per_unit, float(piece.peak))
                 state.done.append((piece.unit_start, done))
-                state.next_unit = piece.unit_start + done
-            if outcome == "stopped" and done < piece.committed:
-                # The units the bid said would fit by the window's end did not: a violation.
-                t.subjob_violations += 1
-                t.causes["time"] += 1
-                state.violations += 1
-                calibrator.overran(time=True, memory=False)
-        if state.next_unit >= contract.total_units:
+        got = atom.piece_ended(
+            PieceEnd(
+                piece.subjob_id,
+                piece.placement.state,
+                cause,
+                piece.unit_start,
+                done,
+                length,  # the process's run, as its agent reports it
+                float(piece.peak),
+            )
+        )
+        if got.violation is not None:
+            t.subjob_violations += 1
+            t.causes[got.violation.value] += 1
+        if atom.next_state(has_live=False) is JobNext.DONE:
             self.finish(state)
             entry.job.state = zone_pb2.JOB_SUCCEEDED
             self.driver.carry_out(self.core.forget_if_done(entry))
@@ -1210,7 +1204,7 @@ class MigReplay:
             "lost_gpu_seconds": round(t.lost / COMPUTE_SLICES, 1),
             "checkpoint_gpu_seconds": round(t.overhead / COMPUTE_SLICES, 1),
             "clearing_rounds": t.rounds,
-            "widen_resets": t.widen_resets,
+            "widen_resets": sum(s.atom.widen_resets for s in atomized if s.atom is not None),
             "bids": t.bids,
             "extensions": t.extensions,
             "displaced": t.displaced,

@@ -31,6 +31,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -42,32 +43,37 @@ from laminar_base.causes import (
     LIVE_SUBJOB_STATES,
     EndCause,
     end_cause,
-    is_free_retry,
-    widens_profile,
 )
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_str
+from laminar_zone.atoms import (
+    AtomState,
+    JobNext,
+    Phase,
+    PieceEnd,
+    Running,
+    complete_phases,
+    decide_at,
+    market_work,
+    window_end_at,
+)
 from laminar_zone.config import Quota, ZoneConfig
 from laminar_zone.entry import Entry
 from laminar_zone.lifecycle import atomized_subjob_id
 from laminar_zone.market import (
     Bid,
     Bidder,
-    Calibrator,
     ClearingContext,
     Contract,
     MarketWindow,
     OpenSlice,
     Profile,
     RatioPool,
-    assured_progress,
     class_windows,
     contract_from,
     feasibility,
-    make_bidder,
     quantiles_from,
     slice_family,
-    work_left_seconds,
 )
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients, Placer
@@ -133,16 +139,6 @@ def _points(rows: Iterable[common_pb2.Quantile]) -> list[tuple[float, float]]:
     return [(q.q, q.value) for q in rows]
 
 
-@dataclass(frozen=True)
-class Phase:
-    """Units ``[start, end)`` of a job and their declared profile."""
-
-    start: int
-    end: int
-    profile: Profile
-    name: str = ""
-
-
 def validate_contract(spec: zone_pb2.JobSpec) -> tuple[Contract, tuple[Phase, ...]]:
     """The contract and its phases; InvalidArgument names the field."""
     a = spec.atomization
@@ -189,11 +185,7 @@ def validate_contract(spec: zone_pb2.JobSpec) -> tuple[Contract, tuple[Phase, ..
         )
         phases.append(Phase(start, start + ph.units, profile, ph.name))
         start += ph.units
-    if start < contract.total_units:
-        phases.append(
-            Phase(start, contract.total_units, contract.profile, "rest" if phases else "")
-        )
-    return contract, tuple(phases)
+    return contract, complete_phases(contract, phases)
 
 
 @dataclass
@@ -206,26 +198,30 @@ class ClientBidder:
 
 
 @dataclass
-class Atom:
-    """Market state of one atomized job (rebuilt from its placements after a restart)."""
+class Atom(AtomState):
+    """Market state of one atomized job (rebuilt from its placements after a restart): its
+    life cycle's (:class:`~laminar_zone.atoms.AtomState`, shared with the simulator) and
+    what the router adds: a client bidder, the last losing score, the held windows."""
 
-    contract: Contract
-    phases: tuple[Phase, ...]
-    calibrators: list[Calibrator]
-    observed: set[str] = field(default_factory=set)
     last_losing_score: float = 0.0
-    violations: int = 0
     client: ClientBidder | None = None
     #: The last round's result for a client bidder, sent with the next announcement.
     result: zone_pb2.AnnounceMessage | None = None
     #: Subjob id -> the window its piece was started on (the slice it may keep).
     held: dict[str, common_pb2.Window] = field(default_factory=dict)
 
-    def phase_at(self, unit: int) -> int:
-        for i, ph in enumerate(self.phases):
-            if ph.start <= unit < ph.end:
-                return i
-        return len(self.phases) - 1
+
+def piece_end(p: zone_pb2.Placement) -> PieceEnd:
+    """An ended placement as its job's life cycle weighs it."""
+    return PieceEnd(
+        p.subjob_id,
+        p.state,
+        end_cause(p.end_cause),
+        p.unit_start,
+        p.units_done,
+        p.run_seconds,
+        float(p.peak_gpu_memory_bytes),
+    )
 
 
 def units_done(job: zone_pb2.Job) -> int:
@@ -269,17 +265,12 @@ class MarketRound:
         it), and the classes of held pieces and client bids. Each carries its work left as the
         router prices it (``market.work_left_seconds``; 0 for a client bidder's job)."""
         bidders = self.machine.bidders
-        left = {
-            b.job_id: work_left_seconds(b.contract, b.profile, b.next_unit)
-            for b in bidders
-            if b.holds is None
-        }
-        work: list[int | Bidding] = [
-            Bidding(e.job.job_id, e.item.priority, left.get(e.job.job_id, 0.0))
-            for e in self.waiting
-        ]
-        work.extend({b.priority for b in bidders} | {b.priority for b in self.machine.client_bids})
-        return work
+        waiting = {b.job_id: b for b in bidders if b.holds is None}
+        return market_work(
+            ((e.job.job_id, e.item.priority, waiting.get(e.job.job_id)) for e in self.waiting),
+            bidders,
+            self.machine.client_bids,
+        )
 
     def note_started(self, placements: Iterable[zone_pb2.Placement]) -> None:
         """A rigid job of this pass started on these placements: their slices are taken."""
@@ -314,14 +305,7 @@ class Atomizer:
         """Start (or, after a restart, rebuild) the market state of an atomized job (a bid's
         waiting time is its entry's, since ``Entry.submitted_mono``)."""
         contract, phases = validate_contract(job.spec)
-        atom = Atom(
-            contract=contract,
-            phases=phases,
-            calibrators=[
-                Calibrator(ph.profile, contract.epsilon, pool=self._pool(job.spec, i))
-                for i, ph in enumerate(phases)
-            ],
-        )
+        atom = Atom.of(contract, phases, partial(self._pool, job.spec))
         self.atoms[job.job_id] = atom
         for p in job.placements:  # a restart: replay what was observed, in order
             if p.state in ENDED:
@@ -369,7 +353,9 @@ class Atomizer:
         return out
 
     def evaluate(self, entry: Entry) -> None:
-        """The job's state from its subjobs: running, waiting for a window, done or failed."""
+        """The job's state from its subjobs: running, waiting for a window, done or failed
+        (what each ended piece means, and the next state, are its
+        :class:`~laminar_zone.atoms.AtomState`'s)."""
         job = entry.job
         atom = self.atoms.get(job.job_id)
         if atom is None or job.state in (
@@ -387,9 +373,10 @@ class Atomizer:
                     self.zone.finish(entry, zone_pb2.JOB_FAILED, failure)
                     return
         live = [p for p in job.placements if p.state in LIVE]
-        done = units_done(job)
+        done = atom.next_unit
         total = atom.contract.total_units
-        if live:
+        state = atom.next_state(bool(live))
+        if state is JobNext.RUNNING:
             p = live[-1]
             job.state = (
                 zone_pb2.JOB_SUSPENDED if p.state == common_pb2.SUSPENDED else zone_pb2.JOB_RUNNING
@@ -405,7 +392,7 @@ class Atomizer:
                 f"{p.agent_id}/{','.join(p.slice_ids)}; {done} of {total} done",
             )
             return
-        if done >= total:
+        if state is JobNext.DONE:
             self.zone.metrics.atomized_subjobs.observe(len(job.placements))
             self.zone.finish(
                 entry,
@@ -419,41 +406,26 @@ class Atomizer:
     def _observe(
         self, job: zone_pb2.Job, atom: Atom, p: zone_pb2.Placement, *, replay: bool
     ) -> str:
-        """Feed one ended subjob to the calibration; returns a failure that ends the job."""
-        atom.observed.add(p.subjob_id)
-        calibrator = atom.calibrators[atom.phase_at(p.unit_start)]
-        metrics = self.zone.metrics
-        if p.state == common_pb2.SUCCEEDED and p.units_done > 0:
-            q = 1.0 - atom.contract.epsilon
-            declared = calibrator.declared.peak_memory_bytes.value_at(q)
-            overran = calibrator.observe(
-                p.run_seconds / p.units_done, float(p.peak_gpu_memory_bytes) or declared
-            )
-            if not replay:
-                metrics.atomized_observations.inc()
-                if overran:
-                    metrics.atomized_violations.inc()
-            return ""
-        cause = end_cause(p.end_cause)
-        if p.state == common_pb2.KILLED and widens_profile(cause):
-            over_time = cause is EndCause.OVERRAN
-            calibrator.overran(time=over_time, memory=not over_time)
-            atom.violations += 1
-            if not replay:
-                metrics.atomized_observations.inc()
-                metrics.atomized_violations.inc()
-                log.info(
-                    "job %s: subjob %s overran (%s); profile widened, resuming at unit %d",
-                    job.job_id,
-                    p.subjob_id,
-                    p.reason,
-                    p.unit_start + p.units_done,
-                )
-            return ""
-        if p.state != common_pb2.FAILED or is_free_retry(cause):
-            return ""  # killed by us or lost: resumes from its checkpoint, no retry used
+        """Weigh one ended subjob (:meth:`~laminar_zone.atoms.AtomState.piece_ended`) and
+        carry it out: metrics, and a retry used or a failure that ends the job (returned)."""
+        got = atom.piece_ended(piece_end(p))
         if replay:
             return ""  # retries_used is journaled with the job
+        metrics = self.zone.metrics
+        if got.observed:
+            metrics.atomized_observations.inc()
+            if got.exceeded or got.violation is not None:
+                metrics.atomized_violations.inc()
+        if got.violation is not None:
+            log.info(
+                "job %s: subjob %s overran (%s); profile widened, resuming at unit %d",
+                job.job_id,
+                p.subjob_id,
+                p.reason,
+                p.unit_start + p.units_done,
+            )
+        if not got.failed:
+            return ""  # done, or killed by us or lost: resumes from its checkpoint
         what = f"subjob {p.subjob_id} on {p.agent_id} failed: {p.reason}"
         if job.retries_used >= job.spec.max_retries:
             return what
@@ -558,19 +530,19 @@ class Atomizer:
         rounds): this round decides whether each keeps its slice (incumbency)."""
         if not self.config.incumbency:
             return []
-        lead_floor = 2 * self.config.round_seconds
         out = []
         for job_id, atom in sorted(self.atoms.items()):
             entry = self.zone.entries.get(job_id)
             if entry is None or entry.placing or atom.client is not None:
                 continue  # a client sizes its own pieces to their windows
-            lead = max(lead_floor, atom.contract.checkpoint_overhead_seconds)
+            checkpoint = atom.contract.checkpoint_overhead_seconds
             for p in entry.job.placements:
                 if (
                     p.state == common_pb2.RUNNING
                     and p.reason != COMMITTING
                     and p.window_end_unix > 0
-                    and now_unix >= p.window_end_unix - lead
+                    and now_unix
+                    >= decide_at(p.window_end_unix, checkpoint, self.config.round_seconds)
                     and p.subjob_id not in self._overrunning
                 ):
                     out.append((entry, atom, p))
@@ -795,7 +767,7 @@ class Atomizer:
             if isinstance(decision, Extend):
                 kept = decision.award
                 length = kept.bid.window.length_seconds
-                p.window_end_unix = rnd.now_unix + length if math.isfinite(length) else 0.0
+                p.window_end_unix = window_end_at(rnd.now_unix, length)
                 self.zone.save(entry)
                 self.zone.metrics.window_extensions.inc()
                 log.info(
@@ -891,49 +863,33 @@ class Atomizer:
         holds: tuple[str, str] | None = None,
         running: tuple[zone_pb2.Placement, float] | None = None,
     ) -> Bidder:
-        """The router bidding for a job: its calibrated profile, within its current phase
-        (a subjob never crosses a phase boundary, so each bid has one phase's profile).
-        From the furthest checkpoint an ended piece reported; for the incumbent
-        ``running`` piece (with the Unix time its window ends, now), from where it is
-        surely reached (:func:`assured_progress`), so its work left is not counted from
-        its start."""
+        """The router bidding for a job (:meth:`~laminar_zone.atoms.AtomState.bidder`): for
+        the incumbent ``running`` piece (with the Unix time its window ends, now), from
+        where it is surely reached."""
         job = entry.job
-        next_unit = units_done(job)
-        piece = running[0] if running is not None and running[0].started_unix > 0 else None
-        if piece is not None:
-            next_unit = max(next_unit, piece.unit_start)
-        phase = atom.phase_at(next_unit)
-        profile = self._believed(entry, atom.calibrators[phase], largest_bytes)
-        if piece is not None and running is not None:
-            elapsed = running[1] - piece.started_unix
-            next_unit = assured_progress(
-                piece.unit_start, piece.unit_count, elapsed, profile, atom.contract.epsilon
-            )
-        return make_bidder(
+        piece = None
+        if running is not None and running[0].started_unix > 0:
+            p, now_unix = running
+            piece = Running(p.unit_start, p.unit_count, now_unix - p.started_unix)
+        bidder, reset = atom.bidder(
             job.job_id,
             job.spec.tenant,
-            atom.contract,
-            profile,
-            next_unit,
+            job.spec.priority or common_pb2.BATCH,
             # Time in the system since submission, as the simulator counts it: what the
             # clearing scores that age (srpt's starvation guard, slowdown, responsive) read.
             now - entry.submitted_mono,
-            job.spec.priority or common_pb2.BATCH,
-            phase_end=atom.phases[phase].end,
+            largest_bytes,
             holds=holds,
+            running=piece,
         )
-
-    @staticmethod
-    def _believed(entry: Entry, calibrator: Calibrator, largest_bytes: int) -> Profile:
-        profile, reset = calibrator.believed(largest_bytes)
         if reset:
             log.info(
                 "job %s: its memory widening predicted more than the largest slice (%d bytes); "
                 "dropped, so it can win a window and be observed",
-                entry.job.job_id,
+                job.job_id,
                 largest_bytes,
             )
-        return profile
+        return bidder
 
     async def _client_bids(
         self,
@@ -1067,23 +1023,12 @@ class Atomizer:
         w, address, _ = by_key[bid.window.key]
         length = bid.window.length_seconds  # as offered to the bid's class
         self._claimed[bid.window.key] = time.monotonic() + 2 * self.zone.heartbeat_seconds
-        count = bid.unit_count
-        expected = bid.expected_seconds
-        if self.config.incumbency and atom.client is None:
-            # The piece runs every unit its job has left (within the phase and max_units):
-            # it keeps its slice while nobody needs it more, and stops, checkpointed, when
-            # its window ends and it does not.
-            phase = atom.phases[atom.phase_at(bid.unit_start)]
-            end = min(phase.end, bid.unit_start + atom.contract.max_units)
-            count = max(count, end - bid.unit_start)
-            expected = min(length, bid.remaining_seconds or expected)
-        profile = atom.calibrators[atom.phase_at(bid.unit_start)].profile()
-        memory = int(
-            min(
-                w.memory_bytes,
-                profile.peak_memory_bytes.value_at(1.0 - atom.contract.epsilon),
-            )
-        )
+        # With incumbency the piece runs every unit its job has left (within the phase and
+        # max_units): it keeps its slice while nobody needs it more, and stops,
+        # checkpointed, when its window ends and it does not. A client sizes its own.
+        plan = atom.piece(bid, length, runs_on=self.config.incumbency and atom.client is None)
+        count, expected = plan.unit_count, plan.expected_seconds
+        memory = min(w.memory_bytes, plan.memory_bytes)
         resources = common_pb2.Resources(gpu_memory_bytes=memory, gpu_model=w.gpu_model)
         if w.kind == common_pb2.MIG:
             resources.mig_profile = w.mig_profile
@@ -1101,7 +1046,7 @@ class Atomizer:
             attempt=job.attempts,
             unit_start=bid.unit_start,
             unit_count=count,
-            window_end_unix=time.time() + length if math.isfinite(length) else 0.0,
+            window_end_unix=window_end_at(time.time(), length),
             resources=resources,
         )
         job.state = zone_pb2.PENDING

@@ -291,3 +291,36 @@ def test_sim_load_drives_the_routers_try_and_pass_over_the_network() -> None:
     assert {"place_try", "pass_steps", "new_entries", "route", "kick", "cancel"} <= used
     assert not used & CORE_STEPS, used & CORE_STEPS
     assert not names_used(load) & {"chains", "queues", "_next_in_chain", "_tick_later"}
+
+
+#: The life cycle of an atomized job's pieces (laminar_zone.atoms.AtomState and
+#: market_work): how a job bids, what a won bid starts, when a held piece is decided and
+#: its window ends, what an ended piece means for its job, and the market's work list.
+PIECE_LIFE_CYCLE = frozenset(
+    {"of", "bidder", "piece", "decide_at", "window_end_at", "piece_ended", "next_state"}
+    | {"market_work"}
+)
+#: What only the life cycle may do: calibrate (a Calibrator's observe, overran, believed),
+#: build a bidder (make_bidder, assured_progress), price a job's work left, or name a
+#: waiting job in the pass's market work (Bidding).
+PIECE_DECISIONS = frozenset(
+    {"Calibrator", "overran", "believed", "make_bidder", "assured_progress"}
+    | {"work_left_seconds", "Bidding"}
+)
+
+
+def test_the_router_and_the_atomized_replay_drive_one_piece_life_cycle() -> None:
+    """The router's Atomizer and MigReplay each hold a laminar_zone.atoms.AtomState per
+    atomized job and call its steps; neither calibrates, builds a bidder or weighs an ended
+    piece itself (MigReplay once set the job's state and counted violations by hand)."""
+    root = Path(laminar_sim.__file__).parents[1]
+    market = root / "laminar_zone" / "atomizer.py"
+    replay = root / "laminar_sim" / "atomized.py"
+    for path in (market, replay):
+        used = calls(path)
+        assert used >= PIECE_LIFE_CYCLE, (path, sorted(PIECE_LIFE_CYCLE - used))
+        assert not used & PIECE_DECISIONS, (path, sorted(used & PIECE_DECISIONS))
+    # A finished piece's figures reach the calibrator through piece_ended only (the
+    # router's metrics also "observe", so this is the simulator's side alone).
+    assert "observe" not in calls(replay)
+    assert PIECE_DECISIONS & calls(root / "laminar_zone" / "atoms.py")
