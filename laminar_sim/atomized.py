@@ -76,7 +76,7 @@ holder (which bids to extend in place) and to everyone else. It keeps the slice,
 checkpoint and no restart, unless a bid of a higher class, or of its class with a score
 higher by ``hysteresis``, wins it, or no extension fits before the next commitment on the
 slice (a blocked rigid job's expected start). Then it checkpoints the units done and stops
-at its window's end, ``PREEMPTED`` as the router stops it: free, its profile left alone.
+at its window's end, ``PREEMPTED`` as the router stops it: free, what it measured observed.
 Without incumbency (``--no-incumbency``) a piece runs its bid's units only, and one still
 running at its window's end is stopped ``OVERRAN``, as the router's window enforcement
 stops it. What an ended piece means for its job is the router's own

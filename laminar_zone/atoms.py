@@ -272,14 +272,19 @@ class AtomState:
         units its checkpoint covers move the job on; a successful piece's speed and peak
         feed its phase's calibrator; a piece killed for memory (``RECLAIMED``) or stopped
         past its window (``OVERRAN``) widens it and is a violation; a piece stopped for
-        other work (``PREEMPTED``) or lost is free and leaves the profile alone; any other
-        failure costs the job a retry."""
+        other work (``PREEMPTED``) is free, no violation, but what it measured (its speed
+        over the units its checkpoint covers, and its peak when its agent reported one) is
+        observed as a finished piece's; a lost piece is free and observes nothing; any
+        other failure costs the job a retry."""
         if end.subjob_id in self.observed:
             return Observed()
         self.observed.add(end.subjob_id)
         self.next_unit = max(self.next_unit, end.unit_start + end.units_done)
         calibrator = self.calibrators[self.phase_at(end.unit_start)]
-        if end.state == common_pb2.SUCCEEDED and end.units_done > 0:
+        stopped = end.state == common_pb2.KILLED and end.cause is EndCause.PREEMPTED
+        if end.units_done > 0 and (
+            end.state == common_pb2.SUCCEEDED or (stopped and end.peak_bytes > 0)
+        ):
             declared = calibrator.declared.peak_memory_bytes.value_at(1.0 - self.contract.epsilon)
             per_unit = end.run_seconds / end.units_done
             exceeded = calibrator.observe(per_unit, end.peak_bytes or declared)

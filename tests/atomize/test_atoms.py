@@ -110,14 +110,28 @@ def test_a_memory_kill_widens_memory_and_an_overrun_widens_time() -> None:
     assert atom.next_unit == 10  # what the overrun piece's checkpoint covered counts
 
 
-def test_a_piece_stopped_for_other_work_is_free_and_leaves_the_profile_alone() -> None:
+def test_a_piece_stopped_for_other_work_is_free_and_what_it_measured_is_observed() -> None:
     atom = AtomState.of(make_contract())
-    version = atom.calibrators[0].version
-    got = atom.piece_ended(ended("s0", common_pb2.KILLED, EndCause.PREEMPTED, 0, 30))
-    assert got == type(got)()  # nothing observed, no violation, no retry
-    assert atom.calibrators[0].version == version
+    got = atom.piece_ended(ended("s0", common_pb2.KILLED, EndCause.PREEMPTED, 0, 30, 3.0))
+    assert got.observed and got.violation is None and not got.failed
+    assert atom.violations == 0
+    calibrator = atom.calibrators[0]
+    assert calibrator.observed == 1 and calibrator.widen_time == calibrator.widen_memory == 1.0
+    # Its speed over the units its checkpoint covers, against the declared 2.0 s.
+    assert calibrator.time_ratios == [pytest.approx(0.1 / 2.0)]
     assert atom.next_unit == 30
     assert atom.next_state(has_live=False) is JobNext.WAITING
+
+
+def test_a_stopped_piece_without_units_or_a_reported_peak_observes_nothing() -> None:
+    atom = AtomState.of(make_contract())
+    version = atom.calibrators[0].version
+    for i, (units, peak) in enumerate(((0, 8 * GIB), (30, 0.0))):
+        got = atom.piece_ended(
+            ended(f"s{i}", common_pb2.KILLED, EndCause.PREEMPTED, 0, units, 3.0, peak)
+        )
+        assert got == type(got)()  # nothing observed, no violation, no retry
+    assert atom.calibrators[0].version == version
 
 
 def test_a_failure_costs_a_retry_unless_the_cause_is_free() -> None:
