@@ -28,7 +28,16 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import LIVE_SUBJOB_STATES, EndCause
 from laminar_base.grpcutil import rpc_error as grpc_rpc_error
 from laminar_base.wire import parse_demand
-from laminar_zone import atomizer, jobs, membership, placer, reports
+from laminar_zone import (
+    admission,
+    atomizer,
+    jobs,
+    membership,
+    persistence,
+    placer,
+    queue_loop,
+    reports,
+)
 
 GPU_MEMORY_BYTES = 80 << 30
 
@@ -67,8 +76,17 @@ class SeededIds:
 
 
 #: The router's modules that read the monotonic clock for a decision, or make ids.
-CLOCKED: tuple[ModuleType, ...] = (atomizer, jobs, membership, placer, reports)
-IDS: tuple[ModuleType, ...] = (jobs, placer)
+CLOCKED: tuple[ModuleType, ...] = (
+    admission,
+    atomizer,
+    jobs,
+    membership,
+    persistence,
+    placer,
+    queue_loop,
+    reports,
+)
+IDS: tuple[ModuleType, ...] = (admission, placer)
 
 
 @contextlib.contextmanager
