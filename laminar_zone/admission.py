@@ -43,6 +43,25 @@ class Admission:
         #: Jobs whose forward to a peer was unanswered at a restart (the server resumes them).
         self.unanswered_forwards: list[Entry] = []
 
+    async def submit(
+        self,
+        spec: zone_pb2.JobSpec,
+        client_request_id: str,
+        *,
+        forwarded_from: str = "",
+        allow_forward: bool = True,
+        bearer: str = "",
+    ) -> zone_pb2.Job:
+        """Accept one job (Submit): as :meth:`submit_many`, its errors naming no item."""
+        (job,) = await self.submit_many(
+            [(spec, client_request_id)],
+            forwarded_from=forwarded_from,
+            allow_forward=allow_forward,
+            bearer=bearer,
+            name_items=False,
+        )
+        return job
+
     async def submit_many(
         self,
         requests: Sequence[tuple[zone_pb2.JobSpec, str]],

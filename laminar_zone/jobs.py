@@ -32,13 +32,12 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from laminar_api.v1 import agent_pb2, zone_pb2
-from laminar_base.causes import EndCause
+from laminar_api.v1 import zone_pb2
 from laminar_base.errors import AlreadyExists, NotFound
 from laminar_base.grpcutil import check_str
 from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import demand_of
-from laminar_zone.admission import Admission, Resume
+from laminar_zone.admission import Admission
 from laminar_zone.arrays import ArrayProgress
 from laminar_zone.atomizer import Atomizer, units_done
 from laminar_zone.audit import AuditLog
@@ -73,7 +72,7 @@ from laminar_zone.reasons import Reason
 from laminar_zone.store import JobStore
 from laminar_zone.try_driver import TryDriver, subjob_spec
 from laminar_zone.usage import UsageLedger
-from laminar_zone.view import AgentRecord, ZoneView
+from laminar_zone.view import ZoneView
 
 log = logging.getLogger("laminar.zone.jobs")
 
@@ -113,7 +112,7 @@ class ZoneState:
         #: Atomized jobs: windows, clearing rounds, bidders (docs/atomization.md).
         self.atomizer = Atomizer(self)
         #: The decisions: the job table and its transitions (laminar_zone.core).
-        self.core = ZoneCore(
+        self.core: ZoneCore = ZoneCore(
             self.view,
             self.quotas,
             atoms=self.atomizer.atoms,
@@ -139,6 +138,18 @@ class ZoneState:
         self.admission = Admission(self)
         self.tries = TryDriver(self)
         self.queue_loop = QueueLoop(self)
+        # Their entries, named here for the service, the server, peers, reports, the
+        # atomizer and client leases.
+        self.recover = self.persistence.recover
+        self.save_many = self.persistence.save_many
+        self.submit = self.admission.submit
+        self.submit_many = self.admission.submit_many
+        self.resume_forwards = self.admission.resume_forwards
+        self.commit_all = self.tries.commit_all
+        self.commit_placement = self.tries.commit_placement
+        self.terminate = self.tries.terminate
+        self.run_queue = self.queue_loop.run
+        self.one_pass = self.queue_loop.one_pass
 
     # The core's state, read (and, by reports.py and the atomizer, changed) by name.
 
@@ -274,84 +285,13 @@ class ZoneState:
                 raise AssertionError(f"not carried out here: {instruction!r}")
 
     # ================================================================ the drivers' entries
-    # (named here for the service, the server, peers, the atomizer and client leases)
-
-    def recover(self) -> int:
-        """Reload live jobs from the journal; returns how many."""
-        return self.persistence.recover()
-
-    def resume_forwards(self, resume: Resume) -> None:
-        """Resend the forwards that were unanswered at a restart."""
-        self.admission.resume_forwards(resume)
-
-    async def submit(
-        self,
-        spec: zone_pb2.JobSpec,
-        client_request_id: str,
-        *,
-        forwarded_from: str = "",
-        allow_forward: bool = True,
-        bearer: str = "",
-    ) -> zone_pb2.Job:
-        (job,) = await self.admission.submit_many(
-            [(spec, client_request_id)],
-            forwarded_from=forwarded_from,
-            allow_forward=allow_forward,
-            bearer=bearer,
-            name_items=False,
-        )
-        return job
-
-    async def submit_many(
-        self,
-        requests: Sequence[tuple[zone_pb2.JobSpec, str]],
-        *,
-        forwarded_from: str = "",
-        allow_forward: bool = True,
-        bearer: str = "",
-    ) -> list[zone_pb2.Job]:
-        """Accept jobs (SubmitBatch): :meth:`laminar_zone.admission.Admission.submit_many`."""
-        return await self.admission.submit_many(
-            requests, forwarded_from=forwarded_from, allow_forward=allow_forward, bearer=bearer
-        )
-
-    async def commit_all(
-        self, entry: Entry, chosen: list[tuple[AgentRecord, agent_pb2.Lease]]
-    ) -> bool:
-        """Commit leases a client probed (CommitJob)."""
-        return await self.tries.commit_all(entry, chosen)
-
-    async def commit_placement(
-        self,
-        entry: Entry,
-        placement: zone_pb2.Placement,
-        lease: agent_pb2.Lease,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        await self.tries.commit_placement(entry, placement, lease, env)
-
-    async def terminate(self, placement: zone_pb2.Placement, reason: str, cause: EndCause) -> None:
-        """Ask the placement's agent to stop it; its end records ``cause``."""
-        await self.tries.terminate(placement, reason, cause)
-
-    async def run_queue(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
-        """The queue's root loop (:meth:`laminar_zone.queue_loop.QueueLoop.run`)."""
-        await self.queue_loop.run(stop, beat)
 
     async def queue_pass(self) -> None:
         """The queue loop's pass (:meth:`one_pass`; the market's loop runs it as well)."""
         await self.one_pass()
 
-    async def one_pass(self) -> None:
-        """One pass over all waiting work (:meth:`laminar_zone.queue_loop.QueueLoop.one_pass`)."""
-        await self.queue_loop.one_pass()
-
     def save(self, entry: Entry) -> None:
         self.save_many([entry])
-
-    def save_many(self, entries: Sequence[Entry]) -> None:
-        """Journal jobs in one write (usage rows first), then tell their watchers."""
-        self.persistence.save_many(entries)
 
     # ================================================================ the core's events
 
