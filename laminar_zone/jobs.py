@@ -287,7 +287,8 @@ class ZoneState:
     # ================================================================ the drivers' entries
 
     async def queue_pass(self) -> None:
-        """The queue loop's pass (:meth:`one_pass`; the market's loop runs it as well)."""
+        """The queue loop's pass (:meth:`one_pass`; the market's loop runs it as well). A
+        method of its own: the loop calls it by this name, and tests replace it."""
         await self.one_pass()
 
     def save(self, entry: Entry) -> None:
