@@ -284,6 +284,33 @@ class Next(enum.Enum):
     STOP = "stop"  # the try is over (queued, failed, or ended meanwhile)
 
 
+#: A restarted router lists the journaled agents heard from within this long.
+KNOWN_AGENT_SECONDS = 86400.0
+#: What the router's gauges report, each (0 when none): job states, queued jobs' classes,
+#: agents' statuses.
+GAUGED_JOB_STATES = ("pending", "queued", "waiting", "job_running", "job_suspended")
+GAUGED_CLASSES = ("critical", "production", "batch", "opportunistic")
+GAUGED_AGENT_STATUSES = ("ready", "stale", "draining")
+
+
+@dataclass(frozen=True)
+class Census:
+    """Live jobs by state, queued jobs by priority class, agents by status: what the
+    router's gauges show, every gauged label present."""
+
+    jobs: dict[str, int]
+    queued: dict[str, int]
+    agents: dict[str, int]
+
+
+def pass_gap(least: float, spent: float) -> float:
+    """Least time from one queue pass's start to the next's: ``least``
+    (``queue.min_pass_seconds``), or twice the event loop's CPU the pass took (its own and
+    what the loop ran while it awaited), whichever is longer: queue passes then take at
+    most half the event loop, and placements, heartbeats and calls keep the rest."""
+    return max(least, 2.0 * spent)
+
+
 # ==================================================================== the core
 
 
@@ -510,6 +537,21 @@ class ZoneCore:
             entry.queued_at = now_mono
         return instructions
 
+    def recalled_agents(
+        self, known: Mapping[str, tuple[str, float]], now_unix: float, now_mono: float
+    ) -> list[str]:
+        """After a restart, the journal's agents (id -> address, last heard, unix) heard
+        from within :data:`KNOWN_AGENT_SECONDS` are listed, idle ones too, as stale
+        placeholders until they heartbeat: drain, undrain and pressure then reach an agent
+        that has not heartbeated since the restart (frozen, partitioned). Returns their
+        ids; older ones are left out."""
+        listed = []
+        for agent_id, (address, seen_unix) in known.items():
+            if now_unix - seen_unix < KNOWN_AGENT_SECONDS:
+                self.view.add_placeholder(agent_id, address, now_mono)
+                listed.append(agent_id)
+        return listed
+
     # ---------------------------------------------------------------- submit and route
 
     def new_entries(
@@ -567,6 +609,19 @@ class ZoneCore:
                 Entry(job=element, need=need, submitted_mono=now_mono, bearer=new.bearer)
             )
         return entries
+
+    def admit_new(self, entry: Entry, now_unix: float) -> bool:
+        """A new job of a Submit, before its journal write: an array's own record is kept
+        as its elements' progress (summed up now) and is no work itself (False); any other
+        job is live, to be routed (True)."""
+        job = entry.job
+        if job.spec.array:
+            array = parse_array(job.spec.array)
+            self.admit_array(job, len(array.indices), array.limit)
+            self.sum_up_array(job, now_unix)
+            return False
+        self.admit(entry)
+        return True
 
     def admit(self, entry: Entry) -> None:
         """A new job (or an array's element) is live; an array's own record is kept as
@@ -1451,6 +1506,25 @@ class ZoneCore:
         self.readdressing.discard(subjob_id)
 
     # ---------------------------------------------------------------- the sweep
+
+    def census(self) -> Census:
+        """The live jobs and the agents counted for the gauges (O(jobs + agents))."""
+        jobs = dict.fromkeys(GAUGED_JOB_STATES, 0)
+        queued = dict.fromkeys(GAUGED_CLASSES, 0)
+        agents = dict.fromkeys(GAUGED_AGENT_STATUSES, 0)
+        for e in self.entries.values():
+            state = zone_pb2.JobState.Name(e.job.state).lower()
+            if state in jobs:
+                jobs[state] += 1
+            if e.job.state == zone_pb2.QUEUED:
+                priority = e.job.spec.priority or common_pb2.BATCH
+                label = common_pb2.PriorityClass.Name(priority).lower()
+                if label in queued:
+                    queued[label] += 1
+        for r in self.view.agents.values():
+            if r.status.value in agents:
+                agents[r.status.value] += 1
+        return Census(jobs, queued, agents)
 
     def sweep(self, now_mono: float, now_unix: float) -> list[Instruction]:
         """Once a period: stale agents, time limits, stops owed, lost agents' subjobs."""

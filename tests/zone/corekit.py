@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import itertools
 import random
 import time
@@ -28,7 +29,6 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import LIVE_SUBJOB_STATES, EndCause
 from laminar_base.grpcutil import rpc_error as grpc_rpc_error
 from laminar_base.wire import parse_demand
-from laminar_zone import atomizer, jobs, membership, placer, reports
 
 GPU_MEMORY_BYTES = 80 << 30
 
@@ -66,9 +66,15 @@ class SeededIds:
         return getattr(uuid, name)
 
 
+def _router_modules(names: str) -> tuple[ModuleType, ...]:
+    return tuple(importlib.import_module(f"laminar_zone.{name}") for name in names.split())
+
+
 #: The router's modules that read the monotonic clock for a decision, or make ids.
-CLOCKED: tuple[ModuleType, ...] = (atomizer, jobs, membership, placer, reports)
-IDS: tuple[ModuleType, ...] = (jobs, placer)
+CLOCKED = _router_modules(
+    "admission atomizer jobs membership persistence placer queue_loop reports"
+)
+IDS = _router_modules("admission placer")
 
 
 @contextlib.contextmanager

@@ -1,10 +1,11 @@
-"""How often the router's queue loop runs a pass (ZoneState.run_queue): wakes within
-``queue.min_pass_seconds`` share one pass, and a pass over a long queue is followed by a
-pause as long as it took, so queue passes never take more than half the event loop."""
+"""How often the router's queue loop runs a pass (laminar_zone.queue_loop.QueueLoop.run):
+wakes within ``queue.min_pass_seconds`` share one pass, and a pass over a long queue is
+followed by a pause as long as it took, so queue passes never take more than half the
+event loop (laminar_zone.core.pass_gap)."""
 
 from __future__ import annotations
 
-from laminar_zone.jobs import pass_gap
+from laminar_zone.core import pass_gap
 
 
 def test_short_passes_are_the_least_interval_apart() -> None:

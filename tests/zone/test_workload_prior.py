@@ -28,7 +28,7 @@ from laminar_base.fragmentation import (
 from laminar_sim import traces
 from laminar_sim.fgd import laminar_workload_prior
 from laminar_zone.config import ZoneConfig
-from laminar_zone.jobs import WORKLOAD_META
+from laminar_zone.persistence import WORKLOAD_META
 from laminar_zone.view import learned_ranking
 
 shape_st = st.builds(

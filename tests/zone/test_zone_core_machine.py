@@ -1114,12 +1114,14 @@ STRUNG = frozenset(
 
 
 def test_the_router_s_drivers_decide_nothing() -> None:
-    """ZoneState (jobs.py) and AgentReports (reports.py) carry out the core's instructions:
-    they call none of the leaf decisions, string none of a try's or a pass's steps
-    together (laminar_zone.trying does), and write no job's or placement's state, reason,
-    cause, attempt, queue position or probe counts themselves."""
+    """ZoneState (jobs.py), its drivers (admission, try_driver, queue_loop, persistence)
+    and AgentReports (reports.py) carry out the core's instructions: they call none of the
+    leaf decisions, string none of a try's or a pass's steps together (laminar_zone.trying
+    does), and write no job's or placement's state, reason, cause, attempt, queue position
+    or probe counts themselves."""
     root = Path(core_module.__file__ or "").parent
-    for name in ("jobs.py", "reports.py"):
+    drivers = ("jobs.py", "admission.py", "try_driver.py", "queue_loop.py", "persistence.py")
+    for name in (*drivers, "reports.py"):
         tree = ast.parse((root / name).read_text())
         called = {
             node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")

@@ -1,0 +1,133 @@
+"""What the router keeps and shows: journal writes and their watchers, recovery from the
+journal, the learned target workload, and the gauges.
+
+:class:`Persistence` writes jobs in one transaction with their usage rows (the ledger's
+rows first), then tells each job's watchers (and its array's); reloads live jobs and
+known agents after a restart (the core decides what each becomes,
+:meth:`~laminar_zone.core.ZoneCore.recovered`); journals the task shapes the placer
+observed, so a restarted router ranks by what it learned; and sets the gauges from the
+core's :meth:`~laminar_zone.core.ZoneCore.census`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from laminar_base.causes import TERMINAL_JOB_STATES
+from laminar_base.fragmentation import workload_from_rows, workload_rows
+from laminar_base.wire import demand_of
+from laminar_zone.atomizer import is_atomized
+from laminar_zone.entry import Entry
+from laminar_zone.placements import fresh
+
+if TYPE_CHECKING:
+    from laminar_zone.jobs import ZoneState
+
+log = logging.getLogger("laminar.zone.jobs")
+
+#: Journal meta key of the task shapes this router observed (its target workload).
+WORKLOAD_META = "workload"
+#: Least time between two gauge refreshes by queue passes (the sweep refreshes always).
+GAUGE_SECONDS = 0.5
+
+
+class Persistence:
+    """The journal's side of the router's jobs, their watchers, and the gauges."""
+
+    def __init__(self, state: ZoneState) -> None:
+        self.state = state
+        self._gauges_at = -math.inf
+        #: The target workload's count of observations last journaled (sweep).
+        self._workload_saved = 0
+
+    def save_many(self, entries: Sequence[Entry]) -> None:
+        """Journal jobs in one write (usage rows first), then tell their watchers."""
+        state = self.state
+        jobs = [e.job for e in entries]
+        with state.store.transaction():  # one commit for the usage rows and the jobs
+            usage = state.usage_ledger.write(jobs, time.time())
+            state.store.put_many(jobs)
+        state.usage_ledger.written(usage)
+        for entry in entries:
+            self.publish(entry)
+            state.forget_if_done(entry)
+
+    def publish(self, entry: Entry) -> None:
+        """Tell the job's watchers what it is now, and its array's that it changed."""
+        array_watchers = self.state.array_watchers
+        for queue in array_watchers.get(entry.job.array_id, ()) if entry.job.array_id else ():
+            queue.put_nowait(entry.job)  # a wake-up: the watcher reads the array afresh
+        if not entry.watchers:
+            return
+        snapshot = fresh(entry.job)
+        for queue in entry.watchers:
+            queue.put_nowait(snapshot)
+
+    def recover(self) -> int:
+        """Reload live jobs from the journal; returns how many."""
+        state = self.state
+        now = time.monotonic()
+        self.restore_workload()
+        for job in state.store.live():
+            if job.spec.array:  # an array's record: its counts of ended elements
+                state.core.recover_array(job)
+                continue
+            entry = Entry(job=job, need=demand_of(job.spec.resources), submitted_mono=now)
+            state.usage_ledger.ends_known(job)
+            atomized = is_atomized(job.spec)
+            if atomized and job.state not in TERMINAL_JOB_STATES:
+                state.atomizer.admit(job)
+            state._do(state.core.recovered(entry, atomized, now))
+        state.core.recalled_agents(state.store.known_agents(), time.time(), now)
+        state.queue_wake.set()
+        return len(state.entries)
+
+    def save_workload(self) -> None:
+        """Journal the task shapes this router observed when they changed (at most once a
+        sweep): a restarted router ranks by what it learned, not from nothing."""
+        workload = self.state.placer.workload
+        if workload.observed == self._workload_saved:
+            return
+        self.state.store.set_meta(WORKLOAD_META, json.dumps(workload_rows(workload.own)))
+        self._workload_saved = workload.observed
+
+    def restore_workload(self) -> None:
+        workload = self.state.placer.workload
+        text = self.state.store.get_meta(WORKLOAD_META)
+        if not text:
+            return
+        try:
+            counts = workload_from_rows(json.loads(text), f"journal meta {WORKLOAD_META!r}")
+        except (json.JSONDecodeError, ValueError) as exc:  # learned again from arrivals
+            log.warning("ignoring the journaled target workload: %s", exc)
+            return
+        for shape, count in counts.items():
+            workload.observe(shape, count)
+        self._workload_saved = workload.observed
+        log.info(
+            "target workload restored from the journal: %d shapes, %d tasks",
+            len(counts),
+            sum(counts.values()),
+        )
+
+    def update_gauges(self, *, force: bool = False) -> None:
+        """Set the job, queue and agent gauges: a scan of every live job and agent, so a
+        pass (one per event) refreshes them at most every :data:`GAUGE_SECONDS`; the
+        sweep (once per heartbeat period, at most 1 s) always does."""
+        now = time.monotonic()
+        if not force and now - self._gauges_at < GAUGE_SECONDS:
+            return
+        self._gauges_at = now
+        census = self.state.core.census()
+        metrics = self.state.metrics
+        for state, count in census.jobs.items():
+            metrics.jobs.labels(state).set(count)
+        for priority, count in census.queued.items():
+            metrics.queue_length.labels(priority).set(count)
+        for status, count in census.agents.items():
+            metrics.agents.labels(status).set(count)
