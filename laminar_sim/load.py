@@ -495,9 +495,18 @@ class LaminarRun(_Base):
         self.out.decision_seconds += time.perf_counter() - t0
         if zone is not entry:
             self.out.forwards += 1
-            self.engine.send(entry.name, zone.name, partial(self.submit, zone, task))
+            self.forward(entry, zone, task)
         else:
             self.submit(zone, task)
+
+    def forward(self, entry: SimZone, zone: SimZone, task: Task) -> None:
+        """The entry router's ForwardJob to ``zone``. A lost call is sent again after the
+        RPC timeout (same idempotency key), as ``PeerRouter.resume_forward`` retries until
+        the peer answers: the task is never lost on the way (and never submitted twice,
+        as only a call that arrives submits it)."""
+        if self.engine.send(entry.name, zone.name, partial(self.submit, zone, task)) is None:
+            retry = partial(self.forward, entry, zone, task)
+            self.engine.schedule(self.spec.rpc_timeout_seconds, retry)
 
     def submit(self, zone: SimZone, task: Task) -> None:
         """A Submit at the task's router: its core makes the job's record, routes it and

@@ -13,7 +13,7 @@ from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
 from laminar_sim.laminar import LEASE_TTL_SECONDS, Ask, SimHost, SimZone
-from laminar_sim.load import LaminarRun, LoadSpec, make_tasks
+from laminar_sim.load import LaminarRun, LoadSpec, Task, make_tasks
 from laminar_sim.zone_driver import CoreHands, commit_on, end_on, start_on, submit
 from laminar_zone.core import Failure, Loop, NewJob, Terminate, Wake
 from laminar_zone.entry import Entry
@@ -142,3 +142,33 @@ def test_sim_load_asks_the_agent_about_a_lost_commit_at_its_next_heartbeat() -> 
     assert asked  # some commit's outcome was unknown and asked about
     assert out.started + out.dropped == len(tasks)
     assert out.placements == out.started
+
+
+def test_sim_load_with_lost_messages_and_several_zones_ends_with_every_task_counted() -> None:
+    """A forward lost on the way is sent again (as the router retries ForwardJob until its
+    peer answers): every task is started once or dropped at its deadline, and the run ends
+    (a lost forward used to leave its task neither, and the run never ended)."""
+    spec = LoadSpec(
+        hosts=100,
+        load=0.9,
+        seed=1,
+        window_seconds=3.0,
+        warmup_seconds=0.0,
+        zone_hosts=25,
+        loss_ratio=0.05,
+        policies=("laminar",),
+    )
+    tasks = make_tasks(spec)
+    run = LaminarRun(spec, tasks)
+    forwards: list[int] = []
+    forward = run.forward
+
+    def forwarding(entry: SimZone, zone: SimZone, task: Task) -> None:
+        forwards.append(task.index)
+        forward(entry, zone, task)
+
+    run.forward = forwarding  # type: ignore[method-assign]
+    out = run.run(None, "laminar")
+    assert len(forwards) > len(set(forwards))  # some forward was lost and sent again
+    assert run.done == {t.index for t in tasks}
+    assert out.started + out.dropped == len(tasks) and out.placements == out.started
