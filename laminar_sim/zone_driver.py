@@ -475,8 +475,9 @@ def confirm_on(
 ) -> None:
     """The agent's heartbeat after a commit of unknown outcome: the router asks it about
     each such commit (GetSubjob), and its core records the answer (the subjob as the agent
-    runs it, launched at ``started_unix[subjob_id]``, or None: never started). The
-    daemon's own loop is ``laminar_zone.reports.Reports._verify_unconfirmed``."""
+    runs it, launched at ``started_unix[subjob_id]``, or None: never started); each job
+    is judged again, and leaves memory if it is done, as in the daemon's own loop
+    (``laminar_zone.reports``, ``_verify_unconfirmed``)."""
     for job_id in core.to_confirm(host.agent_id):
         entry = core.entries.get(job_id)
         if entry is None:
@@ -492,6 +493,7 @@ def confirm_on(
             )
             carry_out(core.confirmed(entry, p, reply, now))
         carry_out(core.evaluate(entry, now))
+        carry_out(core.forget_if_done(entry))
 
 
 # ==================================================================== the core's hands
