@@ -364,18 +364,24 @@ class _Base:
     def start(self, task: Task, host: SimHost, lease_id: str) -> None:
         """The commit reached the host: the task runs from now. Its subjob on the host is named
         by the lease (a task whose commit reply was lost may be committed a second time)."""
-        now = self.engine.now
-        if task.index in self.done or self.drop(task):
-            host.end(lease_id, now, dropped=True)  # past its deadline: room given back
+        if not self.begins(task):
+            host.end(lease_id, self.engine.now, dropped=True)  # room given back
             self.freed(host)
             return
+        self.engine.schedule(task.duration, lambda: self.finish(task, host, lease_id))
+
+    def begins(self, task: Task) -> bool:
+        """The task starts now, counted once: False if it started already or its deadline
+        passed (then it is dropped, if not yet)."""
+        if task.index in self.done or self.drop(task):
+            return False
         self.done.add(task.index)
         self.out.placements += 1
         if self.measured(task):
             self.out.started += 1
             self.out.large_started += int(task.large)
-            self.out.latencies.append(now - task.arrival)
-        self.engine.schedule(task.duration, lambda: self.finish(task, host, lease_id))
+            self.out.latencies.append(self.engine.now - task.arrival)
+        return True
 
     def finish(self, task: Task, host: SimHost, lease_id: str) -> None:
         host.end(lease_id, self.engine.now)
@@ -541,14 +547,8 @@ class LaminarRun(_Base):
         """A commit reached the host: the task runs from now (unless it was dropped: the
         router stops the copy, as its core says)."""
         task = self.task_of[job_of(subjob_id)]
-        if task.index in self.done or self.drop(task):
+        if not self.begins(task):
             return
-        self.done.add(task.index)
-        self.out.placements += 1
-        if self.measured(task):
-            self.out.started += 1
-            self.out.large_started += int(task.large)
-            self.out.latencies.append(self.engine.now - task.arrival)
         self.engine.schedule(
             task.duration,
             partial(
