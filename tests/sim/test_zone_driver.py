@@ -3,7 +3,9 @@ reports, how a commit is taken, how the core's instructions are carried out."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import pytest
 
@@ -13,7 +15,7 @@ from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
 from laminar_sim.laminar import LEASE_TTL_SECONDS, Ask, SimHost, SimZone
-from laminar_sim.load import LaminarRun, LoadSpec, Task, make_tasks
+from laminar_sim.load import LaminarRun, LoadSpec, Outcome, make_tasks
 from laminar_sim.zone_driver import CoreHands, commit_on, end_on, start_on, submit
 from laminar_zone.core import Failure, Loop, NewJob, Terminate, Wake
 from laminar_zone.entry import Entry
@@ -114,61 +116,58 @@ def test_the_hands_carry_out_what_the_simulator_gave_and_refuse_the_rest() -> No
         hands.carry_out([stop])
 
 
-def test_sim_load_asks_the_agent_about_a_lost_commit_at_its_next_heartbeat() -> None:
-    """With messages lost, a commit whose reply is lost is confirmed at the agent's next
-    heartbeat (zone_driver.confirm_on): the core learns whether it runs, and every task
-    is started at most once or dropped."""
+@dataclass
+class LossyRun:
+    """What a lossy run came to, and the calls it recorded."""
+
+    out: Outcome
+    calls: list[tuple[Any, ...]]
+
+
+def run_lossy(hosts: int, zone_hosts: int, loss: float, seed: int, method: str) -> LossyRun:
+    """``sim load``'s Laminar routers with lost messages, recording the arguments of each
+    call of their ``method`` (confirm, forward) on the way."""
     spec = LoadSpec(
-        hosts=4,
+        hosts=hosts,
         load=0.8,
-        seed=5,
-        window_seconds=4.0,
+        seed=seed,
+        window_seconds=3.0,
         warmup_seconds=0.0,
-        loss_ratio=0.2,
+        zone_hosts=zone_hosts,
+        loss_ratio=loss,
         probes_per_attempt=2,
         policies=("laminar",),
     )
     tasks = make_tasks(spec)
     run = LaminarRun(spec, tasks)
-    asked: list[str] = []
-    confirm = run.confirm
+    seen: list[tuple[Any, ...]] = []
+    inner = getattr(run, method)
 
-    def confirming(zone: SimZone, agent_id: str) -> None:
-        asked.append(agent_id)
-        confirm(zone, agent_id)
+    def recording(*args: Any) -> None:
+        seen.append(args)
+        inner(*args)
 
-    run.confirm = confirming  # type: ignore[method-assign]
+    setattr(run, method, recording)
     out = run.run(None, "laminar")
-    assert asked  # some commit's outcome was unknown and asked about
-    assert out.started + out.dropped == len(tasks)
-    assert out.placements == out.started
+    # Every task started once or dropped at its deadline, and the run ended.
+    assert run.done == {t.index for t in tasks}
+    assert out.started + out.dropped == len(tasks) and out.placements == out.started
+    return LossyRun(out, seen)
+
+
+def test_sim_load_asks_the_agent_about_a_lost_commit_at_its_next_heartbeat() -> None:
+    """With messages lost, a commit whose reply is lost is confirmed at the agent's next
+    heartbeat (zone_driver.confirm_on): the core learns whether it runs, and every task
+    is started at most once or dropped."""
+    lossy = run_lossy(hosts=4, zone_hosts=4, loss=0.2, seed=5, method="confirm")
+    assert lossy.calls  # some commit's outcome was unknown and asked about
+    assert lossy.out.started > 0
 
 
 def test_sim_load_with_lost_messages_and_several_zones_ends_with_every_task_counted() -> None:
     """A forward lost on the way is sent again (as the router retries ForwardJob until its
     peer answers): every task is started once or dropped at its deadline, and the run ends
     (a lost forward used to leave its task neither, and the run never ended)."""
-    spec = LoadSpec(
-        hosts=100,
-        load=0.9,
-        seed=1,
-        window_seconds=3.0,
-        warmup_seconds=0.0,
-        zone_hosts=25,
-        loss_ratio=0.05,
-        policies=("laminar",),
-    )
-    tasks = make_tasks(spec)
-    run = LaminarRun(spec, tasks)
-    forwards: list[int] = []
-    forward = run.forward
-
-    def forwarding(entry: SimZone, zone: SimZone, task: Task) -> None:
-        forwards.append(task.index)
-        forward(entry, zone, task)
-
-    run.forward = forwarding  # type: ignore[method-assign]
-    out = run.run(None, "laminar")
-    assert len(forwards) > len(set(forwards))  # some forward was lost and sent again
-    assert run.done == {t.index for t in tasks}
-    assert out.started + out.dropped == len(tasks) and out.placements == out.started
+    lossy = run_lossy(hosts=100, zone_hosts=25, loss=0.05, seed=1, method="forward")
+    forwarded = [task.index for _, _, task in lossy.calls]
+    assert len(forwarded) > len(set(forwarded))  # some forward was lost and sent again
