@@ -8,8 +8,10 @@ counts in the latency percentiles at its deadline.
 
 **laminar**: zones of ``zone_hosts`` hosts, one router each, and each router is the
 router's own decision core (:class:`~laminar_zone.core.ZoneCore`). A task arrives at a
-random zone, which keeps it or forwards it once by flow splitting (peer summaries
-refreshed every ``exchange_seconds``), and is submitted there as a ``zone_pb2.Job``: the
+random zone, which keeps it or forwards it once by the router's flow splitting
+(:func:`laminar_zone.flow.split_flow`; peer summaries refreshed every
+``exchange_seconds``; a lost forward is sent again after the RPC timeout, as the router
+retries), and is submitted there as a ``zone_pb2.Job``: the
 core routes it (placing, or queued behind its family's blocked head) and its placement
 tries and queue passes are :func:`~laminar_zone.trying.place_try` and
 :func:`~laminar_zone.trying.pass_steps`, suspended while a request travels and resumed
@@ -19,7 +21,8 @@ d = 1 the probe carries the commit); a commit is the agent core's, and can be la
 lost. Hosts are the agent's own :class:`~laminar_agent.core.AgentCore` over its ledger,
 so a probe is judged against ground truth at the moment it arrives, and leases hold
 capacity until they are committed or released; every reply refreshes the view. A
-subjob's end goes back to the core as the agent's report. The router's queue loop runs a
+subjob's end goes back to the core as the agent's report (its slices, start, run time and
+GPU memory peak: :func:`laminar_sim.zone_driver.end_on`). The router's queue loop runs a
 pass per wake (a task queued, a host's heartbeat showing freed capacity: the agent sends
 one at once when a subjob ends, as the real agent's heartbeat loop wakes on a subjob
 event), at least ``queue.min_pass_seconds`` apart, and every ``queue.retry_seconds``;
