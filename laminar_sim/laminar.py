@@ -27,8 +27,8 @@ Nothing here decides anything the daemons do not decide the same way:
   simulator hands a router's current measure to its agents as soon as the router rebuilds
   it, where the daemons' heartbeat replies carry it within a heartbeat period;
 * a job enters at a zone drawn at random and is forwarded at most once to the zone
-  :func:`laminar_zone.placement.choose_weighted` picks from the flow-splitting weights
-  ``W_z = (1 + S_z) / (1 + H_z)^gamma`` (:func:`laminar_zone.placement.flow_weight`),
+  the router's own flow splitting picks (:func:`laminar_zone.flow.split_flow`, which
+  the router's ``PeerRouter`` calls too: weights ``W_z = (1 + S_z) / (1 + H_z)^gamma``),
   with peers' summaries as of their last exchange (:meth:`ZoneView.shape_totals`).
 
 Host CPU and memory, which the fill-up protocol of the FGD paper requires, are the
@@ -44,8 +44,9 @@ then one call.
 from __future__ import annotations
 
 import itertools
+import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,12 +74,19 @@ from laminar_base.fragmentation import (
     PodShape,
     demand_pod,
 )
-from laminar_sim.zone_driver import commit_at_once, drive, gather_at_once, start_on
+from laminar_sim.zone_driver import (
+    CoreHands,
+    commit_at_once,
+    drive,
+    gather_at_once,
+    start_on,
+    submit,
+)
 from laminar_zone.config import PlacementSettings
-from laminar_zone.core import Count, Forget, Journal, Loop, NewJob, Place, Publish, Wake, ZoneCore
-from laminar_zone.core import Instruction as CoreInstruction
+from laminar_zone.core import NewJob, ZoneCore
 from laminar_zone.entry import Entry
-from laminar_zone.placement import ShapeCap, choose_weighted, split_weights
+from laminar_zone.flow import PeerSummary, split_flow
+from laminar_zone.placement import ShapeCap
 from laminar_zone.trying import (
     Clock,
     CommitMembers,
@@ -438,16 +446,23 @@ class LaminarCluster:
         """Flow splitting at the entry zone: keep the job or forward it once."""
         if len(self.zones) == 1:
             return entry
-        zones: list[tuple[str, Mapping[str, ShapeCap] | None, float]] = [
-            (entry.name, entry.local_shapes, entry.heat())
+        # Summaries as of the last exchange, which no simulated one outlives: none is stale.
+        peers = [
+            PeerSummary(name, shapes, heat, 0.0)
+            for name, (shapes, heat) in sorted(entry.peer_shapes.items())
         ]
-        for name, (shapes, heat) in sorted(entry.peer_shapes.items()):
-            zones.append((name, shapes, heat))
-        target = choose_weighted(split_weights(ask.need, zones, self.gamma), self.rng)
-        if target == entry.name:
+        split = split_flow(
+            ask.need,
+            (entry.name, entry.local_shapes, entry.heat()),
+            peers,
+            gamma=self.gamma,
+            fresh_for_seconds=math.inf,
+            rng=self.rng,
+        )
+        if split.is_local:
             return entry
         self.counters.forwards += 1
-        return next(z for z in self.zones if z.name == target)
+        return next(z for z in self.zones if z.name == split.target)
 
     def place(self, ask: Ask, now: float = 0.0) -> tuple[int, tuple[int, ...]] | None:
         """Place one task: (host index, GPU indexes), or None when the routers found no room."""
@@ -490,16 +505,13 @@ class LaminarCluster:
             resources=common_pb2.Resources(gpus=ask.need.gpus),
             priority=common_pb2.BATCH,
         )
+        router = _Router(self, zone, plan, now)
         try:
-            (entry,) = core.new_entries(
-                spec, ask.need, NewJob(f"p{self._jobs}", zone.name), now, now
+            entry = submit(
+                core, spec, ask.need, NewJob(f"p{self._jobs}", zone.name), now, router.carry_out
             )
         except InvalidArgument:
             return None  # no host of the zone was ever that large: the router refuses it
-        core.admit(entry)
-        router = _Router(self, zone, plan, now)
-        router.carry_out(core.route(entry, False, now))
-        router.carry_out(core.kick(entry, False))
         placed = None
         if entry.job.state == zone_pb2.JOB_RUNNING:
             (member,) = entry.current()
@@ -529,23 +541,11 @@ class _Router:
         self.now = now
         self.clock = Clock(mono=lambda: now, unix=lambda: now)
         self.woken = False
+        self.carry_out = CoreHands(zone.core, "sim fgd", place=self.place, wake=self.wake).carry_out
 
-    def carry_out(self, instructions: Sequence[CoreInstruction]) -> None:
-        for instruction in instructions:
-            match instruction:
-                case Place(entry, from_queue):
-                    self.place(entry, from_queue)
-                case Wake(Loop.QUEUE):
-                    self.woken = True
-                case Journal(entries):
-                    # No journal here; a job written as ended leaves memory, as the
-                    # router's save does once no subjob of it lives.
-                    for entry in entries:
-                        self.carry_out(self.zone.core.forget_if_done(entry))
-                case Publish() | Count() | Forget() | Wake():
-                    pass  # no watchers, metrics or market here
-                case _:
-                    raise AssertionError(f"not carried out by sim fgd: {instruction!r}")
+    def wake(self) -> None:
+        """The queue's wake: a pass once the pod's try is over (:meth:`pass_if_woken`)."""
+        self.woken = True
 
     def place(self, entry: Entry, from_queue: bool) -> bool:
         steps = place_try(
@@ -583,7 +583,7 @@ class _Router:
             return gathered
         elif isinstance(step, CommitMembers):
             counters.commits += len(step.placements)
-            answers = commit_at_once(step.placements, step.leases, self.start)
+            answers = commit_at_once(step.placements, step.leases, self.start, self.now)
             for _, (host, _) in zip(step.placements, step.leases, strict=True):
                 self.zone.note(host)
             return answers

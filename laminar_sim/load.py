@@ -8,8 +8,10 @@ counts in the latency percentiles at its deadline.
 
 **laminar**: zones of ``zone_hosts`` hosts, one router each, and each router is the
 router's own decision core (:class:`~laminar_zone.core.ZoneCore`). A task arrives at a
-random zone, which keeps it or forwards it once by flow splitting (peer summaries
-refreshed every ``exchange_seconds``), and is submitted there as a ``zone_pb2.Job``: the
+random zone, which keeps it or forwards it once by the router's flow splitting
+(:func:`laminar_zone.flow.split_flow`; peer summaries refreshed every
+``exchange_seconds``; a lost forward is sent again after the RPC timeout, as the router
+retries), and is submitted there as a ``zone_pb2.Job``: the
 core routes it (placing, or queued behind its family's blocked head) and its placement
 tries and queue passes are :func:`~laminar_zone.trying.place_try` and
 :func:`~laminar_zone.trying.pass_steps`, suspended while a request travels and resumed
@@ -19,7 +21,8 @@ d = 1 the probe carries the commit); a commit is the agent core's, and can be la
 lost. Hosts are the agent's own :class:`~laminar_agent.core.AgentCore` over its ledger,
 so a probe is judged against ground truth at the moment it arrives, and leases hold
 capacity until they are committed or released; every reply refreshes the view. A
-subjob's end goes back to the core as the agent's report. The router's queue loop runs a
+subjob's end goes back to the core as the agent's report (its slices, start, run time and
+GPU memory peak: :func:`laminar_sim.zone_driver.end_on`). The router's queue loop runs a
 pass per wake (a task queued, a host's heartbeat showing freed capacity: the agent sends
 one at once when a subjob ends, as the real agent's heartbeat loop wakes on a subjob
 event), at least ``queue.min_pass_seconds`` apart, and every ``queue.retry_seconds``;
@@ -54,7 +57,6 @@ import numpy.typing as npt
 
 from laminar_agent.core import (
     EVENT_GAP_SECONDS,
-    FAILED,
     KILLED,
     SUCCEEDED,
     EndDecision,
@@ -66,35 +68,33 @@ from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.demand import Demand
 from laminar_sim.engine import Engine, LossyDelay
 from laminar_sim.laminar import TENANT, Ask, LaminarCluster, SimHost, SimZone
-from laminar_sim.zone_driver import gathered_of, probe_orders, start_on
+from laminar_sim.zone_driver import (
+    CoreHands,
+    GatherBook,
+    arbitrate_on,
+    commit_on,
+    confirm_on,
+    end_on,
+    report_end,
+    start_on,
+    submit,
+)
 from laminar_zone.config import PlacementSettings, QueueSettings
 from laminar_zone.core import (
-    Confirm,
-    Count,
     Failure,
-    Forget,
     Instruction,
-    Journal,
-    Loop,
     NewJob,
-    Place,
-    Publish,
-    Terminate,
     TryPlan,
-    Wake,
 )
-from laminar_zone.core import Release as CoreRelease
 from laminar_zone.entry import Entry
-from laminar_zone.gather import Bind, Gather, GiveUp, ProbeHost, Unsure
+from laminar_zone.gather import Bind, GiveUp, ProbeHost, Unsure
 from laminar_zone.gather import Instruction as GatherInstruction
 from laminar_zone.gather import Release as GatherRelease
 from laminar_zone.lifecycle import job_of
-from laminar_zone.placement import Offer
 from laminar_zone.placements import apply_start_reply
 from laminar_zone.trying import (
     Clock,
     CommitMembers,
-    CommitOnProbe,
     DoInstructions,
     Gathered,
     GatherLeases,
@@ -367,18 +367,24 @@ class _Base:
     def start(self, task: Task, host: SimHost, lease_id: str) -> None:
         """The commit reached the host: the task runs from now. Its subjob on the host is named
         by the lease (a task whose commit reply was lost may be committed a second time)."""
-        now = self.engine.now
-        if task.index in self.done or self.drop(task):
-            host.end(lease_id, now, dropped=True)  # past its deadline: room given back
+        if not self.begins(task):
+            host.end(lease_id, self.engine.now, dropped=True)  # room given back
             self.freed(host)
             return
+        self.engine.schedule(task.duration, lambda: self.finish(task, host, lease_id))
+
+    def begins(self, task: Task) -> bool:
+        """The task starts now, counted once: False if it started already or its deadline
+        passed (then it is dropped, if not yet)."""
+        if task.index in self.done or self.drop(task):
+            return False
         self.done.add(task.index)
         self.out.placements += 1
         if self.measured(task):
             self.out.started += 1
             self.out.large_started += int(task.large)
-            self.out.latencies.append(now - task.arrival)
-        self.engine.schedule(task.duration, lambda: self.finish(task, host, lease_id))
+            self.out.latencies.append(self.engine.now - task.arrival)
+        return True
 
     def finish(self, task: Task, host: SimHost, lease_id: str) -> None:
         host.end(lease_id, self.engine.now)
@@ -467,6 +473,10 @@ class LaminarRun(_Base):
         self.held: set[str] = set()
         #: Per host: subjob ends its heartbeats have not carried to the router yet.
         self.unreported: dict[str, list[common_pb2.Subjob]] = {}
+        #: When each live subjob launched (what its agent reports of it).
+        self.launched: dict[str, float] = {}
+        #: Each zone router's hands for its core's instructions.
+        self.hands = {z.name: self.hands_of(z) for z in self.cluster.zones}
         if len(self.cluster.zones) > 1:
             self.engine.schedule(spec.exchange_seconds, self.exchange)
         self.engine.schedule(self.queue_settings.retry_seconds, self.tick)
@@ -494,17 +504,24 @@ class LaminarRun(_Base):
         self.out.decision_seconds += time.perf_counter() - t0
         if zone is not entry:
             self.out.forwards += 1
-            self.engine.send(entry.name, zone.name, partial(self.submit, zone, task))
+            self.forward(entry, zone, task)
         else:
             self.submit(zone, task)
+
+    def forward(self, entry: SimZone, zone: SimZone, task: Task) -> None:
+        """The entry router's ForwardJob to ``zone``. A lost call is sent again after the
+        RPC timeout (same idempotency key), as ``PeerRouter.resume_forward`` retries until
+        the peer answers: the task is never lost on the way (and never submitted twice,
+        as only a call that arrives submits it)."""
+        if self.engine.send(entry.name, zone.name, partial(self.submit, zone, task)) is None:
+            retry = partial(self.forward, entry, zone, task)
+            self.engine.schedule(self.spec.rpc_timeout_seconds, retry)
 
     def submit(self, zone: SimZone, task: Task) -> None:
         """A Submit at the task's router: its core makes the job's record, routes it and
         kicks it (a placement try, or the queue behind its family's blocked head)."""
         if self.drop(task):
             return
-        core = zone.core
-        now = self.engine.now
         spec = zone_pb2.JobSpec(
             command=["task"],
             tenant=TENANT,
@@ -512,17 +529,19 @@ class LaminarRun(_Base):
             priority=common_pb2.BATCH,
         )
         job_id = f"t{task.index}"
-        (entry,) = core.new_entries(spec, task.ask.need, NewJob(job_id, zone.name), now, now)
-        core.admit(entry)
         self.task_of[job_id] = task
-        self.engine.schedule_at(task.arrival + task.deadline, partial(self.deadline, zone, entry))
-        self.carry_out(zone, core.route(entry, False, now))
-        self.carry_out(zone, core.kick(entry, False))
+        self.engine.schedule_at(task.arrival + task.deadline, partial(self.deadline, zone, job_id))
+        job = NewJob(job_id, zone.name)
+        submit(
+            zone.core, spec, task.ask.need, job, self.engine.now, self.hands[zone.name].carry_out
+        )
 
-    def deadline(self, zone: SimZone, entry: Entry) -> None:
-        """The task's start deadline: not started, it is dropped (the router cancels it)."""
-        task = self.task_of[entry.job.job_id]
-        if task.index in self.done or entry.job.state in TERMINAL_JOB_STATES:
+    def deadline(self, zone: SimZone, job_id: str) -> None:
+        """The task's start deadline: not started, it is dropped (the router cancels it;
+        a job no longer in its core's memory has ended)."""
+        task = self.task_of[job_id]
+        entry = zone.core.entries.get(job_id)
+        if task.index in self.done or entry is None or entry.job.state in TERMINAL_JOB_STATES:
             return
         self.drop(task)
         self.carry_out(zone, zone.core.cancel(entry.job, "start deadline passed", self.engine.now))
@@ -531,14 +550,8 @@ class LaminarRun(_Base):
         """A commit reached the host: the task runs from now (unless it was dropped: the
         router stops the copy, as its core says)."""
         task = self.task_of[job_of(subjob_id)]
-        if task.index in self.done or self.drop(task):
+        if not self.begins(task):
             return
-        self.done.add(task.index)
-        self.out.placements += 1
-        if self.measured(task):
-            self.out.started += 1
-            self.out.large_started += int(task.large)
-            self.out.latencies.append(self.engine.now - task.arrival)
         self.engine.schedule(
             task.duration,
             partial(
@@ -555,31 +568,40 @@ class LaminarRun(_Base):
     ) -> None:
         """The agent's core ends the subjob (if it still runs): the event wakes its
         heartbeat, which carries the report of the end to the router's core."""
-        live = host.core.subjob(subjob_id)
-        if live is None:
-            return
-        now = self.engine.now
-        host.core.end(subjob_id, decision, now)
-        event = common_pb2.Subjob(
-            spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=job_of(subjob_id)),
-            state=_STATES[decision.state],
-            reason=decision.reason,
-            end_cause=decision.cause.wire,
+        event = end_on(
+            host,
+            subjob_id,
+            decision,
+            self.engine.now,
+            started_unix=self.launched.get(subjob_id, 0.0),
             exit_code=0 if decision.state == SUCCEEDED else -15,
-            started_unix=live.started_unix,
-            ended_unix=now,
         )
+        if event is None:
+            return
+        del self.launched[subjob_id]
         self.unreported.setdefault(host.agent_id, []).append(event)
         self.freed(host)
 
     def reported(self, zone: SimZone, host: SimHost, event: common_pb2.Subjob) -> None:
-        core = zone.core
-        now = self.engine.now
-        touched, _, instructions = core.report(host.agent_id, event, None, now)
-        self.carry_out(zone, instructions)
-        if touched is not None:
-            self.carry_out(zone, core.evaluate(touched, now))
-            self.carry_out(zone, core.forget_if_done(touched))
+        """A heartbeat carried the agent's report of a subjob's end to the router."""
+        report_end(
+            zone.core, host.agent_id, event, self.engine.now, self.hands[zone.name].carry_out
+        )
+
+    def start_subjob(
+        self,
+        zone: SimZone,
+        host: SimHost,
+        lease_id: str,
+        placement: zone_pb2.Placement,
+        slice_ids: tuple[str, ...],
+    ) -> common_pb2.Subjob:
+        """The agent commits the lease to the placement's subjob and launches it: its
+        reply."""
+        reply = start_on(host, lease_id, placement, slice_ids, self.engine.now)
+        self.launched[placement.subjob_id] = self.engine.now
+        self.started(zone, host, placement.subjob_id)
+        return reply
 
     def finish_prefilled(self, host: SimHost, lease_id: str) -> None:
         host.end(lease_id, self.engine.now)
@@ -588,61 +610,42 @@ class LaminarRun(_Base):
     # ---------------------------------------------------------------- the core's hands
 
     def carry_out(self, zone: SimZone, instructions: Sequence[Instruction]) -> None:
-        for instruction in instructions:
-            match instruction:
-                case Place(entry, from_queue):
-                    self.start_try(zone, entry, from_queue, lambda placed: None)
-                case Terminate(placement, why, cause):
-                    host = zone.hosts[placement.agent_id]
-                    decision = EndDecision(KILLED, cause, why)
-                    self.engine.send(
-                        zone.name,
-                        host.agent_id,
-                        partial(self.end_subjob, zone, host, placement.subjob_id, decision),
-                    )
-                case CoreRelease(leases):
-                    for host, lease_id in leases:
-                        self.release(zone, host, lease_id)
-                case Wake(Loop.QUEUE):
-                    self.wake(zone)
-                case Journal(entries):
-                    # No journal here; a job written as ended leaves memory, as the
-                    # router's save does once no subjob of it lives.
-                    for entry in entries:
-                        self.carry_out(zone, zone.core.forget_if_done(entry))
-                case Confirm(agent_id, _):
-                    self.engine.schedule(
-                        self.spec.heartbeat_seconds, partial(self.confirm, zone, agent_id)
-                    )
-                case Publish() | Count() | Forget() | Wake():
-                    pass  # no watchers, metrics or market here
-                case _:
-                    raise AssertionError(f"not carried out by sim load: {instruction!r}")
+        self.hands[zone.name].carry_out(instructions)
+
+    def hands_of(self, zone: SimZone) -> CoreHands:
+        """The zone router's hands for its core's instructions: a try, a stop or a
+        release sent over the network, a queue wake, an ask at the agent's next
+        heartbeat (:meth:`confirm`)."""
+        return CoreHands(
+            zone.core,
+            "sim load",
+            place=lambda entry, from_queue: self.start_try(
+                zone, entry, from_queue, lambda placed: None
+            ),
+            wake=partial(self.wake, zone),
+            terminate=partial(self.terminate, zone),
+            release=partial(self.release, zone),
+            confirm=lambda agent_id: self.engine.schedule(
+                self.spec.heartbeat_seconds, partial(self.confirm, zone, agent_id)
+            ),
+        )
+
+    def terminate(
+        self, zone: SimZone, placement: zone_pb2.Placement, why: str, cause: EndCause
+    ) -> None:
+        """The router's SignalSubjob(TERMINATE), sent to the agent."""
+        host = zone.hosts[placement.agent_id]
+        decision = EndDecision(KILLED, cause, why)
+        self.engine.send(
+            zone.name,
+            host.agent_id,
+            partial(self.end_subjob, zone, host, placement.subjob_id, decision),
+        )
 
     def confirm(self, zone: SimZone, agent_id: str) -> None:
         """The agent's next heartbeat: the router asks it about commits of unknown outcome."""
-        core = zone.core
         host = zone.hosts[agent_id]
-        now = self.engine.now
-        for job_id in core.to_confirm(agent_id):
-            entry = core.entries.get(job_id)
-            if entry is None:
-                continue
-            for p in list(entry.job.placements):
-                if not core.is_unsure(p, agent_id):
-                    continue
-                live = host.core.subjob(p.subjob_id)
-                reply = (
-                    None
-                    if live is None
-                    else common_pb2.Subjob(
-                        spec=common_pb2.SubjobSpec(subjob_id=p.subjob_id, job_id=job_id),
-                        state=common_pb2.RUNNING,
-                        reason="running",
-                    )
-                )
-                self.carry_out(zone, core.confirmed(entry, p, reply, now))
-            self.carry_out(zone, core.evaluate(entry, now))
+        confirm_on(zone.core, host, self.launched, self.engine.now, partial(self.carry_out, zone))
         self.wake(zone)
 
     def release(self, zone: SimZone, host: SimHost, lease_id: str) -> None:
@@ -785,14 +788,13 @@ class LaminarRun(_Base):
                 host: SimHost = host,
                 lease_id: str = lease_id,
             ) -> None:
-                lease = host.ledger.lease(lease_id)
-                if lease is None or (not lease.committed and lease.expires_at <= self.engine.now):
-                    why = Failure("lease expired before the commit", unknown=False)
-                    self.engine.send(host.agent_id, zone.name, partial(answered, index, why, None))
+                start = partial(self.start_subjob, zone)
+                reply = commit_on(host, lease_id, placement, start, self.engine.now)
+                if isinstance(reply, Failure):
+                    self.engine.send(
+                        host.agent_id, zone.name, partial(answered, index, reply, None)
+                    )
                     return
-                ids = tuple(placement.slice_ids)
-                reply = start_on(host, lease_id, placement, ids, self.engine.now)
-                self.started(zone, host, placement.subjob_id)
                 self.engine.send(
                     host.agent_id,
                     zone.name,
@@ -865,9 +867,9 @@ class _Steps:
 
 class _NetGather:
     """A :class:`~laminar_zone.trying.GatherLeases` answered over the network model: the
-    router's :class:`~laminar_zone.gather.Gather` with its probe plan, its probes sent to
-    the hosts' cores and their replies fed back as they arrive (with commit on probe the
-    member journaled first and started by the probe that carries it); the
+    router's gather (:class:`~laminar_sim.zone_driver.GatherBook`) with its probe plan,
+    its probes sent to the hosts' cores (:func:`~laminar_sim.zone_driver.arbitrate_on`)
+    and their replies read as they arrive; the
     :class:`~laminar_zone.trying.Gathered` goes back to the try once the gather is over."""
 
     def __init__(
@@ -880,48 +882,38 @@ class _NetGather:
     ) -> None:
         self.run = run
         self.zone = zone
-        self.entry = entry
-        self.plan = plan
         self.done = done
-        now = run.engine.now
         need = entry.need
         t0 = time.perf_counter()
         limits = run.cluster.limits.for_try(need, plan.gang_size)
         probes = ProbePlan(zone.view, need, limits, run.cluster.rng)
         run.out.decision_seconds += time.perf_counter() - t0
-        on_probe = plan.commit_on_probe and limits.probes_per_attempt == 1
-        budget = run.settings.budget_seconds
-        self.machine = Gather(
+        self.book: GatherBook[SimHost] = GatherBook(
+            zone.core,
+            entry,
+            plan,
             probes,
-            plan.gang_size,
-            deadline=now + budget,
-            budget_seconds=budget,
-            commit_on_probe=on_probe,
+            now=run.engine.now,
+            budget_seconds=run.settings.budget_seconds,
         )
-        self.book = CommitOnProbe(zone.core, entry) if on_probe else None
-        self.leases: dict[str, tuple[SimHost, str]] = {}
-        self.slices: dict[str, tuple[str, ...]] = {}
-        self.started: list[common_pb2.Subjob] = []
         self.timer: Any = None
         self.over = False
 
     def start(self) -> None:
-        self._carry(self.machine.start(self.run.engine.now))
+        self._carry(self.book.machine.start(self.run.engine.now))
 
     def _carry(self, steps: list[GatherInstruction]) -> None:
         run = self.run
         probes = [step for step in steps if isinstance(step, ProbeHost)]
-        if (probes or self.machine.is_done) and self.timer is not None:
+        if (probes or self.book.machine.is_done) and self.timer is not None:
             run.engine.cancel(self.timer)
             self.timer = None
         outcome: Bind | GiveUp | Unsure | None = None
         for step in steps:
             if isinstance(step, ProbeHost):
                 host = self.zone.hosts[step.record.agent_id]
-                placement = None
-                if step.commit and self.book is not None:
-                    placement, instructions = self.book.intent(host.agent_id, host.agent_id)
-                    run.carry_out(self.zone, instructions)
+                placement, instructions = self.book.intent(step, host)
+                run.carry_out(self.zone, instructions)
                 run.out.probes += 1
                 run.out.view_lookups += 1
                 run.engine.send(
@@ -929,7 +921,7 @@ class _NetGather:
                 )
             elif isinstance(step, GatherRelease):
                 for offer in step.offers:
-                    host, lease_id = self.leases.pop(offer.lease_id)
+                    host, lease_id = self.book.released(offer)
                     run.release(self.zone, host, lease_id)
             elif isinstance(step, (Bind, GiveUp, Unsure)):
                 outcome = step
@@ -944,16 +936,9 @@ class _NetGather:
         self, host: SimHost, step: ProbeHost, placement: zone_pb2.Placement | None
     ) -> None:
         run = self.run
-        now = run.engine.now
-        orders = probe_orders(self.entry, self.plan, step.members, run.probe_ids)
-        replies = host.arbitrate(orders, now)
-        started: list[common_pb2.Subjob] = []
-        if placement is not None:
-            for reply in replies:
-                if isinstance(reply, Granted):
-                    ids = tuple(a.slice_id for a in reply.lease.allocations)
-                    started.append(start_on(host, reply.lease.lease_id, placement, ids, now))
-                    run.started(self.zone, host, placement.subjob_id)
+        orders = self.book.orders(step, run.probe_ids)
+        start = partial(run.start_subjob, self.zone)
+        replies, started = arbitrate_on(host, orders, placement, start, run.engine.now)
         run.engine.send(
             host.agent_id,
             self.zone.name,
@@ -969,45 +954,28 @@ class _NetGather:
         started: list[common_pb2.Subjob],
     ) -> None:
         self.zone.note(host)
-        self.started += started
-        grants: list[Offer] = []
-        bounces: list[str] = []
-        for reply in replies:
-            if isinstance(reply, Granted):
-                lease = reply.lease
-                if placement is None:
-                    self.leases[lease.lease_id] = (host, lease.lease_id)
-                    self.slices[lease.lease_id] = tuple(a.slice_id for a in lease.allocations)
-                grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
-            else:
-                if self.book is not None and placement is not None:
-                    self.book.bounced(host.agent_id)
-                bounces.append(reply.reason)
+        grants, bounces = self.book.read(host, placement, replies, started)
         self.run.out.bounces += len(bounces)
         now = self.run.engine.now
-        self._carry(self.machine.answered(host.agent_id, step.round, grants, bounces, now))
+        self._carry(self.book.machine.answered(host.agent_id, step.round, grants, bounces, now))
 
     def _timed_out(self, probe: ProbeHost) -> None:
         now = self.run.engine.now
         self.timer = None
+        machine = self.book.machine
         if probe.commit:  # no answer to a probe carrying the commit: it may have run
-            steps = self.machine.failed(
+            steps = machine.failed(
                 probe.record.agent_id, probe.round, "no answer", now, may_have_run=True
             )
         else:
-            steps = self.machine.timed_out(probe.round, now)
+            steps = machine.timed_out(probe.round, now)
         self._carry(steps)
 
     def _finish(self, outcome: Bind | GiveUp | Unsure) -> None:
         if self.over:
             return
         self.over = True
-        self.done(
-            gathered_of(self.machine, self.book, outcome, self.leases, self.slices, self.started)
-        )
-
-
-_STATES = {SUCCEEDED: common_pb2.SUCCEEDED, FAILED: common_pb2.FAILED, KILLED: common_pb2.KILLED}
+        self.done(self.book.answer(outcome))
 
 
 class CentralRun(_Base):

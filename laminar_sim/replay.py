@@ -51,22 +51,23 @@ from laminar_base.demand import Demand
 from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload
 from laminar_sim.engine import Engine
 from laminar_sim.laminar import SimHost
-from laminar_sim.zone_driver import CoreHost, commit_at_once, drive, gather_at_once, start_on
+from laminar_sim.zone_driver import (
+    CoreHands,
+    CoreHost,
+    commit_at_once,
+    drive,
+    end_on,
+    gather_at_once,
+    report_end,
+    start_on,
+    submit,
+)
 from laminar_zone.config import PlacementSettings
 from laminar_zone.core import (
-    Confirm,
-    Count,
-    Forget,
     Instruction,
-    Journal,
     Loop,
     NewJob,
-    Place,
-    Publish,
-    Release,
-    Terminate,
     TryPlan,
-    Wake,
     ZoneCore,
 )
 from laminar_zone.entry import Entry
@@ -355,6 +356,15 @@ class CoreDriver:
             MILLI_SLICING, min_observed=self.settings.workload_min_observed
         )
         self.core = ZoneCore(self.view, {}, may_forward=False, atoms=atoms, demand_of=demand_of)
+        self.hands = CoreHands(
+            self.core,
+            "sim replay",
+            place=lambda entry, from_queue: self.place(entry, from_queue=from_queue),
+            wake=self.wake,
+            wakes=frozenset(Loop),
+            terminate=self.terminate,
+            release=self.release,
+        )
         self.clocks = Clock(mono=lambda: self.engine.now, unix=lambda: self.engine.now)
         self.pass_due = False
         self.in_pass = False
@@ -385,13 +395,8 @@ class CoreDriver:
 
     def submit(self, spec: zone_pb2.JobSpec, need: Demand, job_id: str) -> Entry:
         """A Submit: the core makes the job's record, routes it and kicks it."""
-        now = self.engine.now
         self.sync()
-        (entry,) = self.core.new_entries(spec, need, NewJob(job_id, "sim"), now, now)
-        self.core.admit(entry)
-        self.carry_out(self.core.route(entry, False, now))
-        self.carry_out(self.core.kick(entry, False))
-        return entry
+        return submit(self.core, spec, need, NewJob(job_id, "sim"), self.engine.now, self.carry_out)
 
     def queue_pass(self) -> None:
         """The router's queue pass (:func:`laminar_zone.trying.pass_steps`)."""
@@ -433,27 +438,16 @@ class CoreDriver:
             self.engine.schedule(0.0, self.queue_pass)
 
     def carry_out(self, instructions: Sequence[Instruction]) -> None:
-        for instruction in instructions:
-            match instruction:
-                case Place(entry, from_queue):
-                    self.place(entry, from_queue=from_queue)
-                case Terminate(placement, why, cause):
-                    self.engine.schedule(0.0, partial(self.stop, placement, why, cause))
-                case Release(leases):
-                    for host, lease_id in leases:
-                        host.release(lease_id)
-                        self.note(host)
-                case Wake(Loop.QUEUE) | Wake(Loop.MARKET):
-                    self.wake()  # one pass serves the queue and the market (class order)
-                case Journal(entries):
-                    # No journal here; a job written as ended leaves memory, as the
-                    # router's save does once no subjob of it lives.
-                    for entry in entries:
-                        self.carry_out(self.core.forget_if_done(entry))
-                case Publish() | Count() | Confirm() | Forget() | Wake():
-                    pass  # no watchers or metrics here; commits are never lost
-                case _:
-                    raise AssertionError(f"not carried out by sim replay: {instruction!r}")
+        """The core's instructions, carried out at once (:class:`CoreHands`): one pass
+        serves the queue and the market (class order); commits are never lost here."""
+        self.hands.carry_out(instructions)
+
+    def terminate(self, placement: zone_pb2.Placement, why: str, cause: EndCause) -> None:
+        self.engine.schedule(0.0, partial(self.stop, placement, why, cause))
+
+    def release(self, host: CoreHost, lease_id: str) -> None:
+        host.release(lease_id)
+        self.note(host)
 
     # ---------------------------------------------------------------- a placement try
 
@@ -481,7 +475,9 @@ class CoreDriver:
         elif isinstance(step, GatherLeases):
             answer = self.gather(step.entry, step.plan)
         elif isinstance(step, CommitMembers):
-            answer = commit_at_once(step.placements, step.leases, self.start_subjob)
+            answer = commit_at_once(
+                step.placements, step.leases, self.start_subjob, self.engine.now
+            )
         else:
             assert isinstance(step, Slot)
         self.sync()
@@ -553,28 +549,22 @@ class CoreDriver:
         self.owner.clock()
         host = self.by_id[placement.agent_id]
         now = self.engine.now
-        host.core.end(subjob_id, decision, now)
+        event = end_on(
+            host,
+            subjob_id,
+            decision,
+            now,
+            started_unix=placement.started_unix,
+            exit_code=exit_code,
+            peak_gpu_memory_bytes=peak_gpu_memory_bytes,
+        )
+        assert event is not None  # live here, so live on its agent
         self.live.discard(subjob_id)
         self.owner.subjob_ended(host, placement)
         self.note(host)
-        event = common_pb2.Subjob(
-            spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=entry.job.job_id),
-            state=_STATES[decision.state],
-            reason=decision.reason,
-            end_cause=decision.cause.wire,
-            exit_code=exit_code,
-            slice_ids=list(placement.slice_ids),
-            started_unix=placement.started_unix,
-            ended_unix=now,
-            run_seconds=now - placement.started_unix,
-            peak_gpu_memory_bytes=peak_gpu_memory_bytes,
-        )
         self.sync()
         was_over = entry.job.state in TERMINAL_JOB_STATES
-        touched, _, instructions = self.core.report(host.agent_id, event, None, now)
-        self.carry_out(instructions)
-        if touched is not None:
-            self.carry_out(self.core.evaluate(touched, now))
+        report_end(self.core, host.agent_id, event, now, self.carry_out)
         if not was_over and entry.job.state in TERMINAL_JOB_STATES:
             # Once, at the end that decided it: a failed gang's other members end after.
             self.owner.job_ended(entry)
@@ -683,7 +673,6 @@ class LaminarReplay(_Replay):
         self.driver.end_subjob(entry, subjob_id, decision, 1 if failing else 0)
 
 
-_STATES = {SUCCEEDED: common_pb2.SUCCEEDED, FAILED: common_pb2.FAILED, KILLED: common_pb2.KILLED}
 TENANT = "philly"
 
 

@@ -3,31 +3,58 @@
 The router's decisions and the order they are strung together in are
 :mod:`laminar_zone.trying`'s (``place_try``, ``pass_steps``) and
 :class:`laminar_zone.core.ZoneCore`'s. A simulator only answers the requests those
-generators yield. Here is the glue that ``sim fgd`` (:mod:`laminar_sim.laminar`) and
-``sim replay`` (:mod:`laminar_sim.replay`) would otherwise both write, answering at once
-(no network in between):
+generators yield and carries out the core's instructions. Here is the glue that
+``sim fgd`` (:mod:`laminar_sim.laminar`), ``sim load`` (:mod:`laminar_sim.load`) and
+``sim replay`` (:mod:`laminar_sim.replay`) would otherwise each write:
 
 * :func:`drive`: send each request's answer back into a generator until it returns;
-* :func:`gather_at_once`: a :class:`~laminar_zone.trying.GatherLeases` answered with the
-  router's own :class:`~laminar_zone.gather.Gather` over a :class:`ProbePlan`, each probe
-  arbitrated by the host's agent core (:func:`settle`), and with commit on probe the
-  member journaled first (:class:`~laminar_zone.trying.CommitOnProbe`) and started by the
-  probe that carries the commit;
-* :func:`commit_at_once`: a :class:`~laminar_zone.trying.CommitMembers` answered by each
-  host's ``AgentCore.commit``, each reply recorded into its placement;
-* :func:`start_on`: an agent commits a lease to a placement's subjob, and its reply.
+* :class:`GatherBook`: one gather's :class:`~laminar_zone.gather.Gather` over a
+  :class:`ProbePlan` and its books (with commit on probe the member journaled first,
+  :class:`~laminar_zone.trying.CommitOnProbe`), a probe's reply read into offers and
+  bounces, and the :class:`~laminar_zone.trying.Gathered` it comes to; a probe at its
+  host is :func:`arbitrate_on` (the host's agent core arbitrates; a probe that carries
+  the commit starts the member there);
+* :func:`gather_at_once`: a :class:`~laminar_zone.trying.GatherLeases` answered at once
+  (no network in between, :func:`settle`); ``sim load`` carries the same book's probes
+  over its network model instead;
+* :func:`commit_on`, :func:`commit_at_once`, :func:`start_on`: a Commit at its host (a
+  lapsed lease refused), and every member's commit answered at once;
+* :func:`submit`: a Submit (the core's record, admission, routing and kick);
+* :func:`end_on`, :func:`report_end`, :func:`confirm_on`: a subjob's end as its agent
+  reports it (slices, start, end, run time, exit code, GPU memory peak) and the core's
+  reading of it; the ask about a commit of unknown outcome at the agent's heartbeat;
+* :class:`CoreHands`: the core's instructions carried out, the common ones here and the
+  rest by the simulator's own hands.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from laminar_agent.core import AgentCore
+from laminar_agent.core import FAILED, KILLED, SUCCEEDED, AgentCore, EndDecision
 from laminar_agent.ledger import Bounced, Granted, ProbeOrder
 from laminar_api.v1 import common_pb2, zone_pb2
-from laminar_zone.core import Failure, Member, TryPlan, ZoneCore
+from laminar_base.causes import EndCause
+from laminar_base.demand import Demand
+from laminar_zone.core import (
+    Confirm,
+    Count,
+    Failure,
+    Forget,
+    Journal,
+    Loop,
+    Member,
+    NewJob,
+    Place,
+    Publish,
+    Terminate,
+    TryPlan,
+    Wake,
+    ZoneCore,
+)
 from laminar_zone.core import Instruction as CoreInstruction
+from laminar_zone.core import Release as CoreRelease
 from laminar_zone.entry import Entry
 from laminar_zone.gather import Bind, GiveUp, Instruction, ProbeHost, Release, Unsure
 from laminar_zone.gather import Gather as GatherMachine
@@ -79,6 +106,19 @@ def drive(steps: Generator[Step, Any, Result], answer: Callable[[Step], Any]) ->
         reply = answer(step)
 
 
+def running_report(
+    subjob_id: str, slice_ids: Sequence[str], started_unix: float
+) -> common_pb2.Subjob:
+    """A live subjob as its agent answers for it (a commit's reply, a GetSubjob)."""
+    return common_pb2.Subjob(
+        spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=job_of(subjob_id)),
+        state=common_pb2.RUNNING,
+        reason="running",
+        slice_ids=list(slice_ids),
+        started_unix=started_unix,
+    )
+
+
 def start_on(
     host: CoreHost,
     lease_id: str,
@@ -88,15 +128,110 @@ def start_on(
 ) -> common_pb2.Subjob:
     """The agent commits the lease to the placement's subjob: its reply (running)."""
     host.commit(lease_id, placement.subjob_id, now)
-    return common_pb2.Subjob(
-        spec=common_pb2.SubjobSpec(
-            subjob_id=placement.subjob_id, job_id=job_of(placement.subjob_id)
-        ),
-        state=common_pb2.RUNNING,
-        reason="running",
-        slice_ids=list(slice_ids),
-        started_unix=now,
-    )
+    return running_report(placement.subjob_id, slice_ids, now)
+
+
+class GatherBook(Generic[H]):
+    """One gather's machine and books, however its probes travel: the router's
+    :class:`~laminar_zone.gather.Gather` over its probe plan and, with
+    ``plan.commit_on_probe`` and one probe per attempt, the
+    :class:`~laminar_zone.trying.CommitOnProbe` that journals a member before the probe
+    that carries its commit; the leases granted (held until released or chosen), the slices
+    they took and the subjobs probes started. :func:`gather_at_once` answers its probes at
+    once; ``sim load`` carries them over its network model and reads each reply when it
+    arrives."""
+
+    def __init__(
+        self,
+        core: ZoneCore,
+        entry: Entry,
+        plan: TryPlan,
+        probes: ProbePlan,
+        *,
+        now: float,
+        budget_seconds: float,
+    ) -> None:
+        self.entry = entry
+        self.plan = plan
+        on_probe = plan.commit_on_probe and probes.limits.probes_per_attempt == 1
+        self.machine = GatherMachine(
+            probes,
+            plan.gang_size,
+            deadline=now + budget_seconds,
+            budget_seconds=budget_seconds,
+            commit_on_probe=on_probe,
+        )
+        self.book = CommitOnProbe(core, entry) if on_probe else None
+        self.leases: dict[str, tuple[H, str]] = {}
+        self.slices: dict[str, tuple[str, ...]] = {}
+        self.started: list[common_pb2.Subjob] = []
+
+    def intent(
+        self, step: ProbeHost, host: H
+    ) -> tuple[zone_pb2.Placement | None, list[CoreInstruction]]:
+        """Before ``step`` goes to ``host``: the placement its commit starts, if it carries
+        one, and the instructions that journal it."""
+        if step.commit and self.book is not None:
+            return self.book.intent(host.agent_id, host.agent_id)
+        return None, []
+
+    def orders(self, step: ProbeHost, probe_ids: Iterator[int]) -> list[ProbeOrder]:
+        """The probes ``step`` carries to its host (one per member)."""
+        return probe_orders(self.entry, self.plan, step.members, probe_ids)
+
+    def read(
+        self,
+        host: H,
+        placement: zone_pb2.Placement | None,
+        replies: Sequence[Granted | Bounced],
+        started: Sequence[common_pb2.Subjob],
+    ) -> tuple[list[Offer], list[str]]:
+        """A probe's reply read by the router (:func:`arbitrate_on`'s answer): the grants,
+        as offers for the machine (a lease kept unless the probe committed it), and the
+        bounce reasons (a bounce of the probe that carried the commit drops its intent)."""
+        self.started += started
+        grants: list[Offer] = []
+        bounces: list[str] = []
+        for reply in replies:
+            if isinstance(reply, Granted):
+                lease = reply.lease
+                if placement is None:
+                    self.leases[lease.lease_id] = (host, lease.lease_id)
+                    self.slices[lease.lease_id] = tuple(a.slice_id for a in lease.allocations)
+                grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
+            else:
+                if self.book is not None and placement is not None:
+                    self.book.bounced(host.agent_id)
+                bounces.append(reply.reason)
+        return grants, bounces
+
+    def released(self, offer: Offer) -> tuple[H, str]:
+        """The lease of ``offer`` given back: its host and id (the caller releases it)."""
+        return self.leases.pop(offer.lease_id)
+
+    def answer(self, outcome: Bind | GiveUp | Unsure) -> Gathered:
+        """The gather is over: what it came to, for the try."""
+        return gathered_of(self.machine, self.book, outcome, self.leases, self.slices, self.started)
+
+
+def arbitrate_on(
+    host: H,
+    orders: list[ProbeOrder],
+    placement: zone_pb2.Placement | None,
+    start: StartFn[H],
+    now: float,
+) -> tuple[list[Granted | Bounced], list[common_pb2.Subjob]]:
+    """A probe at its host: the agent's core arbitrates its orders and, when the probe
+    carries the commit of ``placement``, starts the member on the lease it grants. The
+    replies and the subjobs started, as the probe's answer carries them back."""
+    replies = host.arbitrate(orders, now)
+    started = []
+    if placement is not None:
+        for reply in replies:
+            if isinstance(reply, Granted):
+                ids = tuple(a.slice_id for a in reply.lease.allocations)
+                started.append(start(host, reply.lease.lease_id, placement, ids))
+    return replies, started
 
 
 def gather_at_once(
@@ -120,54 +255,27 @@ def gather_at_once(
     member journaled first, started on the host that grants it). ``carry_out``: the
     driver's hand for the core's instructions (the intent's journal); ``released``: called for
     each lease given back."""
-    on_probe = plan.commit_on_probe and probes.limits.probes_per_attempt == 1
-    machine = GatherMachine(
-        probes,
-        plan.gang_size,
-        deadline=now + budget_seconds,
-        budget_seconds=budget_seconds,
-        commit_on_probe=on_probe,
+    book: GatherBook[H] = GatherBook(
+        core, entry, plan, probes, now=now, budget_seconds=budget_seconds
     )
-    book = CommitOnProbe(core, entry) if on_probe else None
-    leases: dict[str, tuple[H, str]] = {}
-    slices: dict[str, tuple[str, ...]] = {}
-    started: list[common_pb2.Subjob] = []
 
     def probe(step: ProbeHost) -> tuple[list[Offer], list[str]]:
         host = hosts[step.record.agent_id]
-        placement = None
-        if step.commit and book is not None:
-            placement, instructions = book.intent(host.agent_id, host.agent_id)
-            carry_out(instructions)
-        orders = probe_orders(entry, plan, step.members, probe_ids)
-        grants: list[Offer] = []
-        bounces: list[str] = []
-        for reply in host.arbitrate(orders, now):
-            if isinstance(reply, Granted):
-                lease = reply.lease
-                ids = tuple(a.slice_id for a in lease.allocations)
-                if placement is not None:
-                    started.append(start(host, lease.lease_id, placement, ids))
-                else:
-                    leases[lease.lease_id] = (host, lease.lease_id)
-                    slices[lease.lease_id] = ids
-                grants.append(Offer(lease.lease_id, host.agent_id, lease.member, lease.score))
-            else:
-                if book is not None and placement is not None:
-                    book.bounced(host.agent_id)
-                bounces.append(reply.reason)
+        placement, instructions = book.intent(step, host)
+        carry_out(instructions)
+        replies, started = arbitrate_on(host, book.orders(step, probe_ids), placement, start, now)
+        answer = book.read(host, placement, replies, started)
         note(host)
-        return grants, bounces
+        return answer
 
     def release(offer: Offer) -> None:
-        host, lease_id = leases.pop(offer.lease_id)
+        host, lease_id = book.released(offer)
         host.release(lease_id)
         if released is not None:
             released(host)
         note(host)
 
-    outcome = settle(machine, probe, release, now)
-    return gathered_of(machine, book, outcome, leases, slices, started)
+    return book.answer(settle(book.machine, probe, release, now))
 
 
 def probe_orders(
@@ -222,16 +330,38 @@ def gathered_of(
     )
 
 
+def commit_on(
+    host: H,
+    lease_id: str,
+    placement: zone_pb2.Placement,
+    start: StartFn[H],
+    now: float,
+) -> common_pb2.Subjob | Failure:
+    """A Commit at its host: a lease gone or lapsed is refused (the router may gather
+    again); else the agent starts the placement's subjob on it (``start``): its reply."""
+    lease = host.core.ledger.lease(lease_id)
+    if lease is None or (not lease.committed and lease.expires_at <= now):
+        return Failure("lease expired before the commit", unknown=False)
+    return start(host, lease_id, placement, tuple(placement.slice_ids))
+
+
 def commit_at_once(
     placements: Sequence[zone_pb2.Placement],
     leases: Sequence[tuple[H, str]],
     start: StartFn[H],
+    now: float,
 ) -> list[Failure | None]:
-    """Every member's Commit, taken by its agent's core (no call is lost here); each reply
-    recorded into its placement."""
+    """Every member's Commit, taken by its agent's core (:func:`commit_on`; no call is
+    lost here); each reply recorded into its placement."""
+    answers: list[Failure | None] = []
     for placement, (host, lease_id) in zip(placements, leases, strict=True):
-        apply_start_reply(placement, start(host, lease_id, placement, tuple(placement.slice_ids)))
-    return [None] * len(placements)
+        reply = commit_on(host, lease_id, placement, start, now)
+        if isinstance(reply, Failure):
+            answers.append(reply)
+        else:
+            apply_start_reply(placement, reply)
+            answers.append(None)
+    return answers
 
 
 def settle(
@@ -258,3 +388,170 @@ def settle(
         if machine.outcome is not None and not answers:
             return machine.outcome
         todo = answers
+
+
+# ==================================================================== a job's life
+
+
+def submit(
+    core: ZoneCore,
+    spec: zone_pb2.JobSpec,
+    need: Demand,
+    job: NewJob,
+    now: float,
+    carry_out: Callable[[Sequence[CoreInstruction]], None],
+) -> Entry:
+    """A Submit at a simulated router: its core makes the job's record (InvalidArgument
+    if no host of the zone could ever hold it), admits it, routes it and kicks it (a
+    placement try, or the queue behind its family's blocked head)."""
+    (entry,) = core.new_entries(spec, need, job, now, now)
+    core.admit(entry)
+    carry_out(core.route(entry, False, now))
+    carry_out(core.kick(entry, False))
+    return entry
+
+
+#: An agent core's end state as its report carries it.
+END_STATES = {SUCCEEDED: common_pb2.SUCCEEDED, FAILED: common_pb2.FAILED, KILLED: common_pb2.KILLED}
+
+
+def end_on(
+    host: CoreHost,
+    subjob_id: str,
+    decision: EndDecision,
+    now: float,
+    *,
+    started_unix: float,
+    exit_code: int,
+    peak_gpu_memory_bytes: int = 0,
+) -> common_pb2.Subjob | None:
+    """The agent's core ends the subjob, if it still runs (None: it ended already), and
+    the end as the agent's heartbeat reports it: the slices it held, when it started
+    (``started_unix``: its launch, which the simulator's executor knows) and ended, its
+    run time, its exit code and its GPU memory peak (the larger of ``peak_gpu_memory_bytes``
+    and what the core's polls saw), as ``laminar_agent.subjob_reads`` builds it."""
+    live = host.core.subjob(subjob_id)
+    if live is None:
+        return None
+    host.core.end(subjob_id, decision, now)
+    return common_pb2.Subjob(
+        spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=job_of(subjob_id)),
+        agent_id=host.agent_id,
+        slice_ids=list(live.slice_ids),
+        state=END_STATES[decision.state],
+        reason=decision.reason,
+        end_cause=decision.cause.wire,
+        exit_code=exit_code,
+        started_unix=started_unix,
+        ended_unix=now,
+        run_seconds=now - started_unix,
+        peak_gpu_memory_bytes=max(peak_gpu_memory_bytes, live.peak_gpu_memory_bytes),
+    )
+
+
+def report_end(
+    core: ZoneCore,
+    agent_id: str,
+    event: common_pb2.Subjob,
+    now: float,
+    carry_out: Callable[[Sequence[CoreInstruction]], None],
+) -> Entry | None:
+    """The router's core reads an agent's report of a subjob's end: it judges the member
+    and the job, which leaves memory if it is done. The job it touched, if any."""
+    touched, _, instructions = core.report(agent_id, event, None, now)
+    carry_out(instructions)
+    if touched is not None:
+        carry_out(core.evaluate(touched, now))
+        carry_out(core.forget_if_done(touched))
+    return touched
+
+
+def confirm_on(
+    core: ZoneCore,
+    host: CoreHost,
+    started_unix: Mapping[str, float],
+    now: float,
+    carry_out: Callable[[Sequence[CoreInstruction]], None],
+) -> None:
+    """The agent's heartbeat after a commit of unknown outcome: the router asks it about
+    each such commit (GetSubjob), and its core records the answer (the subjob as the agent
+    runs it, launched at ``started_unix[subjob_id]``, or None: never started); each job
+    is judged again, and leaves memory if it is done, as in the daemon's own loop
+    (``laminar_zone.reports``, ``_verify_unconfirmed``)."""
+    for job_id in core.to_confirm(host.agent_id):
+        entry = core.entries.get(job_id)
+        if entry is None:
+            continue
+        for p in list(entry.job.placements):
+            if not core.is_unsure(p, host.agent_id):
+                continue
+            live = host.core.subjob(p.subjob_id)
+            reply = (
+                None
+                if live is None
+                else running_report(p.subjob_id, live.slice_ids, started_unix[p.subjob_id])
+            )
+            carry_out(core.confirmed(entry, p, reply, now))
+        carry_out(core.evaluate(entry, now))
+        carry_out(core.forget_if_done(entry))
+
+
+# ==================================================================== the core's hands
+
+#: A placement try of the entry now (``from_queue``): what ``Place`` asks.
+PlaceFn = Callable[[Entry, bool], object]
+#: The agent is asked to stop the placement's subjob (``why``, ``cause``).
+TerminateFn = Callable[[zone_pb2.Placement, str, EndCause], None]
+
+
+class CoreHands:
+    """What every simulated router does with its core's instructions, written once:
+    ``Place`` a try, ``Terminate`` a stop, ``Release`` each lease, a ``Wake`` of the loops
+    in ``wakes``, ``Confirm`` an ask at the agent's next heartbeat: each by the
+    simulator's own hand (one it was not given is an error: the instruction cannot occur
+    there); ``Journal`` has no journal but lets a job written as ended leave memory, as the
+    router's save does once no subjob of it lives; watchers, metrics, the market and
+    other wakes are not simulated. ``who`` names the simulator in that error."""
+
+    def __init__(
+        self,
+        core: ZoneCore,
+        who: str,
+        *,
+        place: PlaceFn,
+        wake: Callable[[], None],
+        wakes: frozenset[Loop] = frozenset({Loop.QUEUE}),
+        terminate: TerminateFn | None = None,
+        release: Callable[[Any, str], None] | None = None,
+        confirm: Callable[[str], object] | None = None,
+    ) -> None:
+        self.core = core
+        self.who = who
+        self.place = place
+        self.wake = wake
+        self.wakes = wakes
+        self.terminate = terminate
+        self.release = release
+        self.confirm = confirm
+
+    def carry_out(self, instructions: Sequence[CoreInstruction]) -> None:
+        for instruction in instructions:
+            match instruction:
+                case Place(entry, from_queue):
+                    self.place(entry, from_queue)
+                case Terminate(placement, why, cause) if self.terminate is not None:
+                    self.terminate(placement, why, cause)
+                case CoreRelease(leases) if self.release is not None:
+                    for host, lease_id in leases:
+                        self.release(host, lease_id)
+                case Wake(loop) if loop in self.wakes:
+                    self.wake()
+                case Confirm(agent_id, _) if self.confirm is not None:
+                    self.confirm(agent_id)
+                case Journal(entries):
+                    for entry in entries:
+                        self.carry_out(self.core.forget_if_done(entry))
+                case Publish() | Count() | Forget() | Wake():
+                    pass
+                case _:
+                    raise AssertionError(f"not carried out by {self.who}: {instruction!r}")

@@ -25,8 +25,9 @@ from laminar_base.security import INSECURE, Trust
 from laminar_base.wire import workload_counts, workload_message
 from laminar_zone.config import PeerSettings
 from laminar_zone.entry import Entry
+from laminar_zone.flow import PeerSummary, Split, split_flow
 from laminar_zone.jobs import ZoneState
-from laminar_zone.placement import ShapeCap, choose_weighted, split_weights
+from laminar_zone.placement import ShapeCap
 from laminar_zone.placer import StubCache, shapes_from
 
 log = logging.getLogger("laminar.zone.peers")
@@ -172,20 +173,28 @@ class PeerRouter:
 
     # ------------------------------------------------------------- splitting
 
-    def weights(self, entry: Entry) -> list[tuple[str, float]]:
-        need, gamma = entry.need, self.settings.gamma
-        fresh_for = self.settings.exchange_seconds * self.settings.stale_after_periods
+    def split(self, entry: Entry) -> Split:
+        """Where ``entry`` goes by flow splitting (:func:`laminar_zone.flow.split_flow`)
+        over this zone and the peers' summaries as they stand now."""
         now = time.monotonic()
         local_heat = self.state.view.heat() + self.state.placer.in_flight
-        zones: list[tuple[str, dict[str, ShapeCap] | None, float]] = [
-            (LOCAL, self._local, local_heat)
+        peers = [
+            PeerSummary(
+                peer.address,
+                shapes_from_zone(peer.summary) if peer.summary is not None else None,
+                peer.summary.heat if peer.summary is not None else 0.0,
+                now - peer.received,
+            )
+            for peer in self.peers.values()
         ]
-        for peer in self.peers.values():
-            if peer.summary is None or now - peer.received > fresh_for:
-                zones.append((peer.address, None, 0.0))
-            else:
-                zones.append((peer.address, shapes_from_zone(peer.summary), peer.summary.heat))
-        return split_weights(need, zones, gamma)
+        return split_flow(
+            entry.need,
+            (LOCAL, self._local, local_heat),
+            peers,
+            gamma=self.settings.gamma,
+            fresh_for_seconds=self.settings.exchange_seconds * self.settings.stale_after_periods,
+            rng=self.state.rng,
+        )
 
     async def forward(self, entry: Entry) -> bool:
         """Maybe send a fresh job to a peer; True when a peer took it (recorded FORWARDED).
@@ -198,10 +207,10 @@ class PeerRouter:
         journaled first so a router restart resumes the forward instead of placing it."""
         if not self.peers:
             return False
-        weights = self.weights(entry)
-        target = choose_weighted(weights, self.state.rng)
-        if target == LOCAL:
+        split = self.split(entry)
+        if split.is_local:
             return False
+        target, weights = split.target, split.weights
         job = entry.job
         job.forwarded_to = PENDING_FORWARD + target
         job.reason = f"forwarding to zone at {target}"

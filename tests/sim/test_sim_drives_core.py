@@ -101,10 +101,10 @@ def calls(path: Path) -> set[str]:
 def test_the_router_and_the_atomized_replay_drive_one_class_order() -> None:
     """Rigid walks and clearing rounds are strung together in class order once, in
     laminar_zone.queue.class_order: the router's pass (laminar_zone.trying.pass_steps,
-    driven by jobs.py, and by sim replay's CoreDriver for MigReplay too) drives it, and none
-    steps a queue walk itself (QueueWalk.may_try)."""
+    driven by the router's queue_loop.py, and by sim replay's CoreDriver for MigReplay too)
+    drives it, and none steps a queue walk itself (QueueWalk.may_try)."""
     root = Path(laminar_sim.__file__).parents[1]
-    router = root / "laminar_zone" / "jobs.py"
+    router = root / "laminar_zone" / "queue_loop.py"
     steps = root / "laminar_zone" / "trying.py"
     market = root / "laminar_zone" / "atomizer.py"
     replay = root / "laminar_sim" / "atomized.py"
@@ -189,14 +189,19 @@ CORE_STEPS = frozenset(
 
 def test_the_router_and_sim_replay_drive_one_try_and_one_pass() -> None:
     """A placement try and a queue pass are strung together once, in laminar_zone.trying:
-    the router (jobs.py) and ``sim replay`` (replay.py) drive place_try and pass_steps, and
-    neither walks a queue or strings the core's try steps itself."""
+    the router (try_driver.py and queue_loop.py, the drivers ZoneState wires) and ``sim
+    replay`` (replay.py) drive place_try and pass_steps, and neither walks a queue or
+    strings the core's try steps itself."""
     root = Path(laminar_sim.__file__).parents[1]
-    router = root / "laminar_zone" / "jobs.py"
-    replay = root / "laminar_sim" / "replay.py"
-    for path in (router, replay):
-        assert {"place_try", "pass_steps"} <= calls(path), path
-        assert not calls(path) & CORE_STEPS, (path, calls(path) & CORE_STEPS)
+    zone = root / "laminar_zone"
+    router = calls(zone / "try_driver.py") | calls(zone / "queue_loop.py")
+    replay = calls(root / "laminar_sim" / "replay.py")
+    for name, used in (("router", router), ("replay", replay)):
+        assert {"place_try", "pass_steps"} <= used, name
+        assert not used & CORE_STEPS, (name, used & CORE_STEPS)
+    for path in zone.glob("*.py"):  # no other router module strings a try or a pass
+        if path.name not in {"try_driver.py", "queue_loop.py", "trying.py"}:
+            assert not {"place_try", "pass_steps"} & calls(path), path
 
 
 #: What stringing a pass or a try together by hand would call, for a simulator that also
@@ -227,7 +232,9 @@ def test_the_atomized_replay_drives_the_routers_pass_and_try_through_one_driver(
     used = calls(atomized)
     assert {"CoreDriver", "submit", "end_subjob"} <= used
     assert not used & OWN_PASS_OR_TRY, sorted(used & OWN_PASS_OR_TRY)
-    assert {"pass_steps", "place_try", "gather_at_once", "evaluate", "report"} <= calls(replay)
+    assert {"pass_steps", "place_try", "gather_at_once", "submit", "end_on", "report_end"} <= calls(
+        replay
+    )
     # One driver: LaminarReplay builds the same CoreDriver, and no class of replay.py but
     # CoreDriver drives pass_steps or place_try.
     tree = ast.parse(replay.read_text())
@@ -288,7 +295,8 @@ def test_sim_load_drives_the_routers_try_and_pass_over_the_network() -> None:
     blocked sets: the core's route and pass decide who waits)."""
     load = Path(laminar_sim.__file__).parent / "load.py"
     used = calls(load)
-    assert {"place_try", "pass_steps", "new_entries", "route", "kick", "cancel"} <= used
+    assert {"place_try", "pass_steps", "submit", "cancel", "end_on", "report_end"} <= used
+    assert {"GatherBook", "arbitrate_on", "commit_on", "confirm_on", "CoreHands"} <= used
     assert not used & CORE_STEPS, used & CORE_STEPS
     assert not names_used(load) & {"chains", "queues", "_next_in_chain", "_tick_later"}
 
@@ -324,3 +332,135 @@ def test_the_router_and_the_atomized_replay_drive_one_piece_life_cycle() -> None
     # router's metrics also "observe", so this is the simulator's side alone).
     assert "observe" not in calls(replay)
     assert PIECE_DECISIONS & calls(root / "laminar_zone" / "atoms.py")
+
+
+def sim_modules_but_the_glue() -> list[Path]:
+    """Every module of laminar_sim but zone_driver.py, the glue they share."""
+    package = Path(laminar_sim.__file__).parent
+    paths = [p for p in sorted(package.rglob("*.py")) if p.name != "zone_driver.py"]
+    assert len(paths) > 5  # the scan reads the package
+    return paths
+
+
+def core_calls(path: Path) -> set[str]:
+    """Names a module calls on a zone core: ``core.f(...)`` or ``x.core.f(...)``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if (isinstance(owner, ast.Name) and owner.id == "core") or (
+                isinstance(owner, ast.Attribute) and owner.attr == "core"
+            ):
+                found.add(node.func.attr)
+    return found
+
+
+#: The core's events a simulated router feeds when a job is submitted (a record, admitted,
+#: routed, kicked), when an agent reports a subjob's end (judged, then the job evaluated)
+#: and when an agent is asked about a commit of unknown outcome: fed once, in
+#: zone_driver.submit, report_end and confirm_on.
+SUBMIT_REPORT_CONFIRM = frozenset(
+    {
+        "new_entries",
+        "admit",
+        "route",
+        "kick",
+        "report",
+        "evaluate",
+        "to_confirm",
+        "is_unsure",
+        "confirmed",
+    }
+)
+
+
+def test_only_the_glue_submits_reports_ends_and_confirms_commits() -> None:
+    """``sim fgd``, ``sim load`` and ``sim replay`` submit a job, report a subjob's end
+    and ask about an unsure commit through zone_driver's submit, report_end and
+    confirm_on; no other module feeds those events to a core itself."""
+    offenders = {
+        p.name: sorted(core_calls(p) & SUBMIT_REPORT_CONFIRM) for p in sim_modules_but_the_glue()
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    glue = Path(laminar_sim.__file__).parent / "zone_driver.py"
+    assert core_calls(glue) >= SUBMIT_REPORT_CONFIRM
+
+
+def test_the_core_call_scan_sees_a_submit_by_hand(tmp_path: Path) -> None:
+    sample = tmp_path / "submit.py"
+    sample.write_text(
+        "def f(zone, self, spec, entry):\n"
+        "    (e,) = zone.core.new_entries(spec, None, None, 0, 0)\n"
+        "    core = zone.core\n"
+        "    self.carry_out(core.route(e, False, 0))\n"
+        "    self.report(entry)\n"
+    )
+    assert core_calls(sample) == {"new_entries", "route"}
+
+
+#: What only the agents' side of the glue builds: a subjob as an agent reports it (a
+#: commit's reply, a GetSubjob, an end with its slices, run time and peak), in
+#: zone_driver.running_report and end_on.
+AGENT_REPORTS = frozenset({"Subjob", "SubjobSpec"})
+#: The core's instructions every simulated router carries out alike, in
+#: zone_driver.CoreHands (a journal that forgets ended jobs, what is not simulated, and
+#: the simulator's own hands for a try, a stop, a release, a wake, a confirm).
+COMMON_INSTRUCTIONS = frozenset(
+    {"Journal", "Publish", "Count", "Forget", "Place", "Terminate", "Confirm", "Wake"}
+)
+#: The router's gather as one simulator would set it up or read its probes' replies by
+#: itself: zone_driver.GatherBook does, for answers at once and over sim load's network.
+GATHER_BOOKS = frozenset(
+    {"Gather", "GatherMachine", "CommitOnProbe", "gathered_of", "probe_orders", "Offer"}
+)
+
+
+def test_only_the_glue_builds_agent_reports_and_carries_out_the_cores_instructions() -> None:
+    """The end report a simulated agent sends (what the daemon's agent sends: slices,
+    start, end, run time, exit code, peak GPU memory), the instructions every router
+    carries out alike, and a gather's set-up and reply reading are written once, in
+    zone_driver.py: no other simulator module builds a Subjob, names one of those
+    instructions or sets up a gather of its own."""
+    offenders = {
+        p.name: sorted(
+            (calls(p) & AGENT_REPORTS) | (names_used(p) & (COMMON_INSTRUCTIONS | GATHER_BOOKS))
+        )
+        for p in sim_modules_but_the_glue()
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    package = Path(laminar_sim.__file__).parent
+    for name in ("laminar.py", "load.py", "replay.py"):
+        assert "CoreHands" in calls(package / name), name
+    for name in ("load.py", "replay.py"):
+        assert "end_on" in calls(package / name), name
+
+
+def test_the_instruction_scan_sees_a_journal_carried_out_by_hand(tmp_path: Path) -> None:
+    sample = tmp_path / "hands.py"
+    sample.write_text(
+        "from laminar_zone.core import Journal\n"
+        "def f(core, instructions):\n"
+        "    for i in instructions:\n"
+        "        if isinstance(i, Journal):\n"
+        "            return common_pb2.Subjob(state=3)\n"
+    )
+    assert names_used(sample) & COMMON_INSTRUCTIONS == {"Journal"}
+    assert calls(sample) & AGENT_REPORTS == {"Subjob"}
+
+
+#: Flow splitting as a caller would string it itself: laminar_zone.flow.split_flow does.
+FLOW_STEPS = frozenset({"split_weights", "choose_weighted", "flow_weight"})
+
+
+def test_the_router_and_the_simulators_split_flow_with_one_decision() -> None:
+    """Which zone takes a fresh job (stale summaries weigh 0, W_z, the draw) is
+    laminar_zone.flow.split_flow: the router's PeerRouter (which keeps the summaries and
+    sends the forward) and the simulators' routers (sim fgd, and sim load through
+    LaminarCluster.route) call it; none weighs or draws itself."""
+    root = Path(laminar_sim.__file__).parents[1]
+    peers = root / "laminar_zone" / "peers.py"
+    for path in (peers, *sim_modules_but_the_glue()):
+        assert not calls(path) & FLOW_STEPS, path
+    assert "split_flow" in calls(peers)
+    assert "split_flow" in calls(root / "laminar_sim" / "laminar.py")
+    assert "route" in calls(root / "laminar_sim" / "load.py")  # LaminarCluster.route

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
 from laminar_base.errors import InvalidArgument
 from laminar_sim.cli import register
@@ -189,6 +190,14 @@ def test_a_task_behind_its_familys_blocked_head_waits_for_the_cores_pass() -> No
     run.reported = reported  # type: ignore[method-assign]
     run.engine.run(until_seconds=1.7)  # it ran 1 s: its end rides the heartbeat it woke
     assert [e.state for e in ended] == [common_pb2.SUCCEEDED]
+    # The end as the agent reports it: the slices the subjob held, its start and run time.
+    (end,) = ended
+    (host,) = zone.hosts.values()
+    assert end.agent_id == host.agent_id and len(end.slice_ids) == 1
+    assert end.slice_ids[0] in host.ledger.slices
+    assert 0.45 < end.started_unix < 0.6 and end.ended_unix > end.started_unix
+    assert end.run_seconds == pytest.approx(small.duration)  # it ran its 1 s
+    assert end.end_cause == EndCause.EXITED.wire and end.exit_code == 0
     assert "t1" not in zone.core.entries  # the core judged the job ended and forgot it
 
 
