@@ -91,6 +91,7 @@ class QueueLoop:
             clock=CLOCK,
         )
         answer: Any = None
+        with_round = False
         try:
             while True:
                 try:
@@ -103,6 +104,11 @@ class QueueLoop:
                         state._do(instructions)
                     case OpenRound(units, memory):
                         answer = await state.atomizer.open_round(units, memory)
+                        with_round = answer is not None
+                    case StartJob(entry) if with_round:
+                        # The round must know the slices each start took (note_started)
+                        # before it clears: the whole try is awaited.
+                        answer = await state.tries.place(entry, from_queue=True)
                     case StartJob(entry):
                         answer = await state.tries.start_from_pass(entry)
                     case ClearMarket(market, clear):

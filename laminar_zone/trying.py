@@ -286,7 +286,12 @@ class PassTry:
     next pass. The pass's book counted the job started meanwhile, as
     :meth:`ZoneCore.tenant_usage` counts a job that is placing; the next pass counts it
     only while its try is under way (``entry.placing``: :meth:`PassBook.admit` skips it,
-    so no job is tried twice)."""
+    so no job is tried twice).
+
+    Not for a pass with a clearing round open (:class:`OpenRound` answered a
+    :class:`Round`): the round must know the slices each start took
+    (:meth:`Round.note_started`) before it clears a lower class, so there the driver
+    awaits the whole try, as before."""
 
     def __init__(self, noticed: Callable[[], None] = lambda: None) -> None:
         #: Called once, as the try makes its first request that crosses the network.
