@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,56 +75,60 @@ async def _two_queued_with_room(harness: Harness) -> list[str]:
     return jobs
 
 
-def test_a_pass_goes_on_while_its_tries_wait_on_the_network() -> None:
+Scenario = Callable[[Harness, list[GatedAgent], list[str]], Awaitable[None]]
+
+
+def _run(scenario: Scenario) -> None:
+    """``scenario`` on a router over two gated one-GPU agents, once two queued jobs may
+    start (the agents' gates shut)."""
+
     async def run() -> None:
         with tempfile.TemporaryDirectory() as root:
             agents = [GatedAgent("a0", 1), GatedAgent("a1", 1)]
             harness = Harness(Path(root), agents=list(agents))
             try:
-                jobs = await _two_queued_with_room(harness)
-
-                # The pass ends with both probes still held at their agents.
-                await asyncio.wait_for(harness.zone.queue_pass(), 10.0)
-                assert [a.held for a in agents] == [1, 1]
-                assert all(harness.zone.entries[j].placing for j in jobs)
-
-                for agent in agents:
-                    agent.gate.set()
-                await harness.settle()
-                assert [harness.zone.get(j).state for j in jobs] == [zone_pb2.JOB_RUNNING] * 2
-                assert sorted(len(a.live()) for a in agents) == [1, 1]
-                harness.check_always()
+                await scenario(harness, agents, await _two_queued_with_room(harness))
             finally:
                 for agent in agents:
                     agent.gate.set()
                 await harness.close()
 
     asyncio.run(run())
+
+
+async def _pass_goes_on(harness: Harness, agents: list[GatedAgent], jobs: list[str]) -> None:
+    # The pass ends with both probes still held at their agents.
+    await asyncio.wait_for(harness.zone.queue_pass(), 10.0)
+    assert [a.held for a in agents] == [1, 1]
+    assert all(harness.zone.entries[j].placing for j in jobs)
+
+    for agent in agents:
+        agent.gate.set()
+    await harness.settle()
+    assert [harness.zone.get(j).state for j in jobs] == [zone_pb2.JOB_RUNNING] * 2
+    assert sorted(len(a.live()) for a in agents) == [1, 1]
+    harness.check_always()
+
+
+def test_a_pass_goes_on_while_its_tries_wait_on_the_network() -> None:
+    _run(_pass_goes_on)
+
+
+async def _dies_in_flight(harness: Harness, agents: list[GatedAgent], jobs: list[str]) -> None:
+    await asyncio.wait_for(harness.zone.queue_pass(), 10.0)
+    assert len(harness.zone.pending_tasks()) >= 2  # the tries, under way
+
+    await harness.restart()  # cancels them (ZoneState.close)
+    for agent in agents:
+        agent.gate.set()
+    assert [a.held for a in agents] == [0, 0]
+    await harness.flush()
+    await harness.call(harness.zone.queue_pass())
+    await harness.flush()
+    harness.check_always()
+    states = [harness.zone.get(j).state for j in jobs]
+    assert states == [zone_pb2.JOB_RUNNING] * 2, states
 
 
 def test_a_router_that_dies_with_tries_in_flight_keeps_its_promises() -> None:
-    async def run() -> None:
-        with tempfile.TemporaryDirectory() as root:
-            agents = [GatedAgent("a0", 1), GatedAgent("a1", 1)]
-            harness = Harness(Path(root), agents=list(agents))
-            try:
-                jobs = await _two_queued_with_room(harness)
-                await asyncio.wait_for(harness.zone.queue_pass(), 10.0)
-                assert len(harness.zone.pending_tasks()) >= 2  # the tries, under way
-
-                await harness.restart()  # cancels them (ZoneState.close)
-                for agent in agents:
-                    agent.gate.set()
-                assert [a.held for a in agents] == [0, 0]
-                await harness.flush()
-                await harness.call(harness.zone.queue_pass())
-                await harness.flush()
-                harness.check_always()
-                states = [harness.zone.get(j).state for j in jobs]
-                assert states == [zone_pb2.JOB_RUNNING] * 2, states
-            finally:
-                for agent in agents:
-                    agent.gate.set()
-                await harness.close()
-
-    asyncio.run(run())
+    _run(_dies_in_flight)
