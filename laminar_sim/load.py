@@ -26,7 +26,9 @@ GPU memory peak: :func:`laminar_sim.zone_driver.end_on`). The router's queue loo
 pass per wake (a task queued, a host's heartbeat showing freed capacity: the agent sends
 one at once when a subjob ends, as the real agent's heartbeat loop wakes on a subjob
 event), at least ``queue.min_pass_seconds`` apart, and every ``queue.retry_seconds``;
-the pass awaits each start it tries, as the router's does. A task not started by its
+a pass waits for each start it tries only until the try's first request crosses the
+network, as the router's does (:class:`~laminar_zone.trying.PassTry`), and the try goes
+on beside it. A task not started by its
 deadline is cancelled at its router.
 
 **central**: one global FIFO queue and one scheduler that knows every host exactly and
@@ -100,6 +102,7 @@ from laminar_zone.trying import (
     GatherLeases,
     OpenRound,
     PassStep,
+    PassTry,
     RunInstructions,
     Slot,
     StartJob,
@@ -713,8 +716,13 @@ class LaminarRun(_Base):
         if isinstance(step, DoInstructions):
             self.carry_out(zone, step.instructions)
         elif isinstance(step, StartJob):
-            self.start_try(zone, step.entry, True, steps.resume)
-            return LATER
+            # Pipelined (PassTry): the try runs until it waits on the network (tries are
+            # not bounded here: no slot to wait for), then on beside the pass.
+            pending = PassTry()
+            self.start_try(zone, step.entry, True, lambda placed: None, pending)
+            answer = pending.answer()
+            assert answer is not None
+            return answer
         else:
             assert isinstance(step, OpenRound)  # no atomized work here: no round
         return None
@@ -729,9 +737,15 @@ class LaminarRun(_Base):
     # ---------------------------------------------------------------- a placement try
 
     def start_try(
-        self, zone: SimZone, entry: Entry, from_queue: bool, done: Callable[[bool], None]
+        self,
+        zone: SimZone,
+        entry: Entry,
+        from_queue: bool,
+        done: Callable[[bool], None],
+        pending: PassTry | None = None,
     ) -> None:
-        """One placement try (:func:`laminar_zone.trying.place_try`) over the network."""
+        """One placement try (:func:`laminar_zone.trying.place_try`) over the network; a
+        pass's start is driven through ``pending`` (:class:`~laminar_zone.trying.PassTry`)."""
         steps = place_try(
             zone.core,
             entry,
@@ -740,6 +754,8 @@ class LaminarRun(_Base):
             budget_seconds=self.settings.budget_seconds,
             clock=self.clock,
         )
+        if pending is not None:
+            steps = pending.steps(steps)
         zone.in_flight += 1  # as the router's Placer counts tries under way
 
         def ended(placed: bool) -> None:

@@ -30,7 +30,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from laminar_api.v1 import zone_pb2
 from laminar_base.errors import AlreadyExists, NotFound
@@ -73,6 +73,8 @@ from laminar_zone.store import JobStore
 from laminar_zone.try_driver import TryDriver, subjob_spec
 from laminar_zone.usage import UsageLedger
 from laminar_zone.view import ZoneView
+
+T = TypeVar("T")
 
 log = logging.getLogger("laminar.zone.jobs")
 
@@ -353,10 +355,11 @@ class ZoneState:
 
     # ================================================================ tasks and close
 
-    def spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
-        task: asyncio.Task[Any] = asyncio.create_task(coro, name=name)
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        task: asyncio.Task[T] = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def pending_tasks(self) -> set[asyncio.Task[Any]]:
         """The background tasks under way (placements, commits, stops, releases)."""

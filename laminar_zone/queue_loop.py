@@ -3,7 +3,8 @@
 
 :class:`QueueLoop` runs a pass per wake or period, paced by
 :func:`laminar_zone.core.pass_gap`; a pass walks every class, highest first, placing the
-rigid jobs the walk starts (each awaited) and having the atomizer clear that class's
+rigid jobs the walk starts (each awaited until its try waits on the network, then left to
+finish beside the pass: :class:`laminar_zone.trying.PassTry`) and having the atomizer clear that class's
 round. Which jobs start, and in what order, is the core's (:class:`laminar_zone.core.PassBook`).
 """
 
@@ -71,15 +72,16 @@ class QueueLoop:
     async def one_pass(self) -> None:
         """One pass over all waiting work in one class order, the simulator's too
         (laminar_zone.queue.class_order): per priority class, highest first, the walk of its
-        rigid jobs (each placed here, awaited, without delaying a blocked head) and then its
+        rigid jobs (each try awaited only until it waits on the network, without delaying a
+        blocked head) and then its
         clearing round (the atomizer's), so a lower class's rigid job never takes a slice a
         higher class's bid would win. One pass at a time."""
         async with self._pass_lock:
             await self._one_pass()
 
     async def _one_pass(self) -> None:
-        """Drive :func:`laminar_zone.trying.pass_steps`: the walk's starts are placed here,
-        awaited, and the market's rounds cleared by the atomizer."""
+        """Drive :func:`laminar_zone.trying.pass_steps`: the walk's starts are placed here
+        (pipelined: :meth:`TryDriver.start_from_pass`), and the market's rounds cleared by the atomizer."""
         state = self.state
         steps = pass_steps(
             state.core,
@@ -89,6 +91,7 @@ class QueueLoop:
             clock=CLOCK,
         )
         answer: Any = None
+        with_round = False
         try:
             while True:
                 try:
@@ -101,8 +104,13 @@ class QueueLoop:
                         state._do(instructions)
                     case OpenRound(units, memory):
                         answer = await state.atomizer.open_round(units, memory)
-                    case StartJob(entry):
+                        with_round = answer is not None
+                    case StartJob(entry) if with_round:
+                        # The round must know the slices each start took (note_started)
+                        # before it clears: the whole try is awaited.
                         answer = await state.tries.place(entry, from_queue=True)
+                    case StartJob(entry):
+                        answer = await state.tries.start_from_pass(entry)
                     case ClearMarket(market, clear):
                         await state.atomizer.clear_class(cast(MarketRound, market), clear)
                     case CloseRound(market):

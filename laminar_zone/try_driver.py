@@ -35,6 +35,7 @@ from laminar_zone.trying import (
     DoInstructions,
     Gathered,
     GatherLeases,
+    PassTry,
     RunInstructions,
     Slot,
     TryStep,
@@ -62,16 +63,45 @@ class TryDriver:
 
     async def place(self, entry: Entry, *, from_queue: bool = False) -> bool:
         """One placement try (:func:`laminar_zone.trying.place_try`), its requests awaited."""
+        return await self._drive(self._place_try(entry, from_queue))
+
+    async def start_from_pass(self, entry: Entry) -> bool:
+        """A queue pass's start of ``entry``, pipelined (:class:`laminar_zone.trying.PassTry`):
+        the try runs as a task of its own (``ZoneState.spawn``: shutdown cancels it) and
+        this returns once it ended or waits on the network, with the pass's answer. The
+        pass waits with it for a placement slot, so tries started by passes stay within
+        ``placement.concurrency``."""
+        at_network = asyncio.get_running_loop().create_future()
+
+        def noticed() -> None:
+            if not at_network.done():
+                at_network.set_result(None)
+
+        pending = PassTry(noticed)
+        task = self.state.spawn(
+            self._drive(pending.steps(self._place_try(entry, True))),
+            f"place-{entry.job.job_id}",
+        )
+        try:
+            # A gather that sends no probe (no room) ends the try before the pass resumes.
+            await asyncio.wait((task, at_network), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            at_network.cancel()
+        if task.done():
+            return task.result()  # ended before the network: its result, or its error
+        answer = pending.answer()
+        assert answer is not None  # it waits on the network, past its slot
+        return answer
+
+    def _place_try(self, entry: Entry, from_queue: bool) -> Generator[TryStep, Any, bool]:
         placement = self.state.config.placement
-        return await self._drive(
-            place_try(
-                self.state.core,
-                entry,
-                from_queue=from_queue,
-                lease_ttl_seconds=placement.lease_ttl_seconds,
-                budget_seconds=placement.budget_seconds,
-                clock=CLOCK,
-            )
+        return place_try(
+            self.state.core,
+            entry,
+            from_queue=from_queue,
+            lease_ttl_seconds=placement.lease_ttl_seconds,
+            budget_seconds=placement.budget_seconds,
+            clock=CLOCK,
         )
 
     async def commit_all(

@@ -11,6 +11,8 @@ results through ``send``:
   rolls back) -> a lost commit gathers once more -> placed, or queued;
 * :func:`commit_steps`: the commit part alone (the router's CommitJob commits leases a
   client probed);
+* :class:`PassTry`: a pass's start pipelined (the pass waits for a try only until its
+  first request that crosses the network, the rest runs on beside it);
 * :func:`pass_steps`: dependencies resolved -> the waiting jobs -> the market's round
   opened -> the pass's book -> :func:`laminar_zone.queue.class_order` (each start tried,
   each clearing round asked) -> the round closed -> the pass's bookkeeping journaled.
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar_api.v1 import common_pb2, zone_pb2
-from laminar_zone.core import Failure, Instruction, Member, Next, TryPlan, ZoneCore
+from laminar_zone.core import Failure, Instruction, Loop, Member, Next, TryPlan, Wake, ZoneCore
 from laminar_zone.entry import Entry
 from laminar_zone.queue import Bidding, Clear, Start, class_order
 
@@ -268,6 +270,65 @@ def commit_steps(
     ok, instructions = core.committed(entry, answers, clock.unix())
     yield RunInstructions(tuple(instructions))
     return ok
+
+
+class PassTry:
+    """A queue pass's start of one job, pipelined: the pass waits for the job's try only
+    until the try's first request that crosses the network (its gather or its commit),
+    not for the whole try, so one slow or lost probe stalls no job behind it.
+
+    The driver drives :meth:`steps` (the try's own steps, unchanged) as it drives any
+    try; the pass's answer to its :class:`StartJob` is :meth:`answer` once the try ended
+    or waits on the network: the try's result if it ended before (the view showed no room:
+    the job queues, as when the pass awaited the whole try), else True ("started,
+    pending"). The rest of the try runs on beside the pass. A try that then does not place
+    the job ends as any failed try does (the core queues it, or retries it), and wakes the
+    next pass. The pass's book counted the job started meanwhile, as
+    :meth:`ZoneCore.tenant_usage` counts a job that is placing; the next pass counts it
+    only while its try is under way (``entry.placing``: :meth:`PassBook.admit` skips it,
+    so no job is tried twice).
+
+    Not for a pass with a clearing round open (:class:`OpenRound` answered a
+    :class:`Round`): the round must know the slices each start took
+    (:meth:`Round.note_started`) before it clears a lower class, so there the driver
+    awaits the whole try, as before."""
+
+    def __init__(self, noticed: Callable[[], None] = lambda: None) -> None:
+        #: Called once, as the try makes its first request that crosses the network.
+        self.noticed = noticed
+        #: The try made a request that crosses the network.
+        self.at_network = False
+        #: The try's result once it ended (None: under way).
+        self.placed: bool | None = None
+
+    def steps(self, steps: Generator[TryStep, Any, bool]) -> Generator[TryStep, Any, bool]:
+        """``steps`` (a :func:`place_try`) as they are; the first request that crosses the
+        network is noticed, and a try that ends unplaced after it wakes the queue."""
+        try:
+            answer: Any = None
+            while True:
+                try:
+                    step = steps.send(answer)
+                except StopIteration as done:
+                    self.placed = bool(done.value)
+                    break
+                if not self.at_network and isinstance(step, (GatherLeases, CommitMembers)):
+                    self.at_network = True
+                    self.noticed()
+                answer = yield step
+        finally:
+            steps.close()
+        if self.at_network and not self.placed:
+            # The pass may have counted it started: the next pass looks again.
+            yield DoInstructions((Wake(Loop.QUEUE),))
+        return self.placed
+
+    def answer(self) -> bool | None:
+        """The pass's answer now: the try's result once it ended, True while it waits on
+        the network, None before (it waits for a placement slot: so does the pass)."""
+        if self.placed is not None:
+            return self.placed
+        return True if self.at_network else None
 
 
 # ==================================================================== the pass
