@@ -61,7 +61,14 @@ from laminar_zone.gather import Gather as GatherMachine
 from laminar_zone.lifecycle import job_of
 from laminar_zone.placement import Offer, ShapeCap
 from laminar_zone.placements import apply_start_reply
-from laminar_zone.trying import CommitOnProbe, Gathered
+from laminar_zone.trying import (
+    AskSubjob,
+    CommitOnProbe,
+    ConfirmStep,
+    DoInstructions,
+    Gathered,
+    confirm_steps,
+)
 from laminar_zone.view import ProbePlan
 
 
@@ -473,27 +480,23 @@ def confirm_on(
     now: float,
     carry_out: Callable[[Sequence[CoreInstruction]], None],
 ) -> None:
-    """The agent's heartbeat after a commit of unknown outcome: the router asks it about
-    each such commit (GetSubjob), and its core records the answer (the subjob as the agent
-    runs it, launched at ``started_unix[subjob_id]``, or None: never started); each job
-    is judged again, and leaves memory if it is done, as in the daemon's own loop
-    (``laminar_zone.reports``, ``_verify_unconfirmed``)."""
-    for job_id in core.to_confirm(host.agent_id):
-        entry = core.entries.get(job_id)
-        if entry is None:
-            continue
-        for p in list(entry.job.placements):
-            if not core.is_unsure(p, host.agent_id):
-                continue
-            live = host.core.subjob(p.subjob_id)
-            reply = (
-                None
-                if live is None
-                else running_report(p.subjob_id, live.slice_ids, started_unix[p.subjob_id])
-            )
-            carry_out(core.confirmed(entry, p, reply, now))
-        carry_out(core.evaluate(entry, now))
-        carry_out(core.forget_if_done(entry))
+    """The agent's heartbeat after a commit of unknown outcome: the router's
+    :func:`~laminar_zone.trying.confirm_steps`, each GetSubjob answered by ``host`` (the
+    subjob as the agent runs it, launched at ``started_unix[subjob_id]``, or None: never
+    started), as the daemon's ``laminar_zone.reports`` answers it over gRPC."""
+
+    def answer(step: ConfirmStep) -> common_pb2.Subjob | None:
+        match step:
+            case AskSubjob(p):
+                live = host.core.subjob(p.subjob_id)
+                if live is None:
+                    return None
+                return running_report(p.subjob_id, live.slice_ids, started_unix[p.subjob_id])
+            case DoInstructions(instructions):
+                carry_out(instructions)
+        return None
+
+    drive(confirm_steps(core, host.agent_id, clock=lambda: now), answer)
 
 
 # ==================================================================== the core's hands

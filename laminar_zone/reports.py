@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -32,6 +33,7 @@ from laminar_zone.failures import failure_of
 from laminar_zone.jobs import MAX_LIVE_IDS, ZoneState
 from laminar_zone.lifecycle import job_of
 from laminar_zone.placer import Ask, host_from, shapes_from
+from laminar_zone.trying import AskSubjob, DoInstructions, confirm_steps
 from laminar_zone.view import AgentRecord
 
 log = logging.getLogger("laminar.zone.reports")
@@ -250,29 +252,25 @@ class AgentReports:
 
     async def _verify_unconfirmed(self, record: AgentRecord) -> None:
         """Commits whose outcome is unknown (in flight at a crash, or unanswered): did the
-        agent start them? Ask it; the core records the answer
-        (:meth:`~laminar_zone.core.ZoneCore.confirmed`)."""
-        core = self.state.core
+        agent start them? Ask it (:func:`laminar_zone.trying.confirm_steps` strings the
+        questions and what the core makes of the answers)."""
         stub = self.state.clients.stub(record.address)
-        for job_id in core.to_confirm(record.agent_id):
-            entry = core.entries.get(job_id)
-            if entry is None:
-                continue
-            for p in entry.job.placements:
-                if not core.is_unsure(p, record.agent_id):
-                    continue
-                try:
-                    subjob = await stub.GetSubjob(
-                        agent_pb2.GetSubjobRequest(subjob_id=p.subjob_id), timeout=5
-                    )
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.NOT_FOUND:
-                        core.reconfirm(record.agent_id, entry.job.job_id)
-                        continue
-                    self.state._do(core.confirmed(entry, p, None, time.time()))
-                else:
-                    self.state._do(core.confirmed(entry, p, subjob, time.time()))
-            self.state.evaluate(entry)
-            self.state.save(entry)
-            self.state.forget_if_done(entry)
-        self.state.queue_wake.set()
+        steps = confirm_steps(self.state.core, record.agent_id, clock=time.time)
+        answer: Any = None
+        while True:
+            try:
+                step = steps.send(answer)
+            except StopIteration:
+                return
+            answer = None
+            match step:
+                case AskSubjob(p):
+                    try:
+                        answer = await stub.GetSubjob(
+                            agent_pb2.GetSubjobRequest(subjob_id=p.subjob_id), timeout=5
+                        )
+                    except grpc.aio.AioRpcError as exc:
+                        if exc.code() != grpc.StatusCode.NOT_FOUND:
+                            answer = failure_of(exc)
+                case DoInstructions(instructions):
+                    self.state._do(instructions)

@@ -15,7 +15,10 @@ results through ``send``:
   first request that crosses the network, the rest runs on beside it);
 * :func:`pass_steps`: dependencies resolved -> the waiting jobs -> the market's round
   opened -> the pass's book -> :func:`laminar_zone.queue.class_order` (each start tried,
-  each clearing round asked) -> the round closed -> the pass's bookkeeping journaled.
+  each clearing round asked) -> the round closed -> the pass's bookkeeping journaled;
+* :func:`confirm_steps`: an agent heartbeats after commits of unknown outcome on it ->
+  each is asked about -> the answers recorded, each job judged, journaled, forgotten if
+  done -> the queue woken.
 
 The router (``laminar_zone.jobs.ZoneState``) drives them with awaits (gRPC, the journal,
 tasks); ``sim replay`` answers them at once with the agents' own code. Neither strings
@@ -31,7 +34,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar_api.v1 import common_pb2, zone_pb2
-from laminar_zone.core import Failure, Instruction, Loop, Member, Next, TryPlan, Wake, ZoneCore
+from laminar_zone.core import (
+    Failure,
+    Instruction,
+    Journal,
+    Loop,
+    Member,
+    Next,
+    TryPlan,
+    Wake,
+    ZoneCore,
+)
 from laminar_zone.entry import Entry
 from laminar_zone.queue import Bidding, Clear, Start, class_order
 
@@ -442,3 +455,46 @@ def pass_steps(
         yield CloseRound(market)
     yield DoInstructions(tuple(core.end_pass(book)))
     return kept
+
+
+# ==================================================================== confirming commits
+
+
+@dataclass(frozen=True)
+class AskSubjob:
+    """Ask the placement's agent about its subjob, a commit of unknown outcome (GetSubjob);
+    answer the subjob as the agent runs it, None (the agent knows no such subjob: the
+    commit never started it) or a :class:`Failure` (no answer: ask again at the agent's
+    next heartbeat)."""
+
+    placement: zone_pb2.Placement
+
+
+ConfirmStep = AskSubjob | DoInstructions
+
+
+def confirm_steps(
+    core: ZoneCore, agent_id: str, *, clock: Callable[[], float]
+) -> Generator[ConfirmStep, Any, None]:
+    """The agent ``agent_id`` heartbeats while commits of unknown outcome are on it (in
+    flight at a router crash, or unanswered): each is asked about, the core records the
+    answer (:meth:`ZoneCore.confirmed`; an unanswered question is asked again at the next
+    heartbeat), then each job is judged, journaled and forgotten if done, and the queue is
+    woken. ``clock`` gives Unix seconds."""
+    for job_id in core.to_confirm(agent_id):
+        entry = core.entries.get(job_id)
+        if entry is None:
+            continue
+        for p in list(entry.job.placements):
+            if not core.is_unsure(p, agent_id):
+                continue
+            reply = yield AskSubjob(p)
+            if isinstance(reply, Failure):
+                core.reconfirm(agent_id, job_id)
+                continue
+            yield DoInstructions(tuple(core.confirmed(entry, p, reply, clock())))
+        yield DoInstructions(tuple(core.evaluate(entry, clock())))
+        yield DoInstructions((Journal((entry,)),))
+        if core.entries.get(job_id) is entry:
+            yield DoInstructions(tuple(core.forget_if_done(entry)))
+    yield DoInstructions((Wake(Loop.QUEUE),))

@@ -356,22 +356,13 @@ def core_calls(path: Path) -> set[str]:
 
 
 #: The core's events a simulated router feeds when a job is submitted (a record, admitted,
-#: routed, kicked), when an agent reports a subjob's end (judged, then the job evaluated)
-#: and when an agent is asked about a commit of unknown outcome: fed once, in
-#: zone_driver.submit, report_end and confirm_on.
-SUBMIT_REPORT_CONFIRM = frozenset(
-    {
-        "new_entries",
-        "admit",
-        "route",
-        "kick",
-        "report",
-        "evaluate",
-        "to_confirm",
-        "is_unsure",
-        "confirmed",
-    }
-)
+#: routed, kicked) and when an agent reports a subjob's end (judged, then the job
+#: evaluated): fed once, in zone_driver.submit and report_end.
+SUBMIT_REPORT = frozenset({"new_entries", "admit", "route", "kick", "report", "evaluate"})
+#: What an agent's answers about commits of unknown outcome mean, strung once for the
+#: router and every simulator: laminar_zone.trying.confirm_steps.
+CONFIRM = frozenset({"to_confirm", "is_unsure", "confirmed", "reconfirm"})
+SUBMIT_REPORT_CONFIRM = SUBMIT_REPORT | CONFIRM
 
 
 def test_only_the_glue_submits_reports_ends_and_confirms_commits() -> None:
@@ -383,7 +374,13 @@ def test_only_the_glue_submits_reports_ends_and_confirms_commits() -> None:
     }
     assert {k: v for k, v in offenders.items() if v} == {}
     glue = Path(laminar_sim.__file__).parent / "zone_driver.py"
-    assert core_calls(glue) >= SUBMIT_REPORT_CONFIRM
+    assert core_calls(glue) >= SUBMIT_REPORT
+    # Confirming commits: the router's own steps, driven by the daemon and the glue alike.
+    root = Path(laminar_sim.__file__).parents[1]
+    reports = root / "laminar_zone" / "reports.py"
+    assert not (core_calls(glue) | core_calls(reports)) & CONFIRM
+    assert "confirm_steps" in calls(glue) and "confirm_steps" in calls(reports)
+    assert core_calls(root / "laminar_zone" / "trying.py") >= CONFIRM
 
 
 def test_the_core_call_scan_sees_a_submit_by_hand(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from laminar_zone.core import (
     Confirm,
     Failure,
     Instruction,
+    Journal,
     Loop,
     Member,
     Terminate,
@@ -27,6 +28,7 @@ from laminar_zone.placement import ShapeCap
 from laminar_zone.placements import COMMITTING
 from laminar_zone.reasons import Reason, reason_of
 from laminar_zone.trying import (
+    AskSubjob,
     ClearMarket,
     Clock,
     CloseRound,
@@ -39,6 +41,7 @@ from laminar_zone.trying import (
     RunInstructions,
     Slot,
     StartJob,
+    confirm_steps,
     pass_steps,
     place_try,
 )
@@ -408,3 +411,61 @@ def test_a_blocked_head_expects_the_slices_an_atomized_piece_holds_at_its_window
     assert core.expected_start(gang, 0.0, NOW, {}, {}) == NOW + 900.0  # both slices back
     one = _submit(core)
     assert core.expected_start(one, 0.0, NOW, {}, {}) == NOW + 300.0
+
+
+def _unsure(core: ZoneCore) -> Entry:
+    """A job whose probe carried its commit to a0 and got no answer: a0 is to be asked."""
+    entry = _submit(core)
+    assert not _try(core, entry, Driver(_on_probe(core, started=False), lambda _: []))
+    return entry
+
+
+def _confirm(core: ZoneCore, answer: Callable[[AskSubjob], object]) -> list[object]:
+    """Drive confirm_steps for a0, answering each question with ``answer``; the steps."""
+    steps = confirm_steps(core, "a0", clock=lambda: NOW)
+    seen: list[object] = []
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration:
+            return seen
+        seen.append(step)
+        reply = answer(step) if isinstance(step, AskSubjob) else None
+
+
+def test_an_agent_that_started_an_unsure_commit_of_an_attempt_given_up_is_told_to_stop() -> None:
+    """The try gave the unsure attempt up (the job is queued for its next): the copy the
+    agent says it runs is one nothing counts on, so it is stopped; the job is judged,
+    journaled, and the queue woken."""
+    core = _core()
+    entry = _unsure(core)
+    running = common_pb2.Subjob(state=common_pb2.RUNNING, reason="running", slice_ids=["a0/gpu0"])
+    seen = _confirm(core, lambda ask: running)
+    (ask,) = [s for s in seen if isinstance(s, AskSubjob)]
+    assert ask.placement.agent_id == "a0"
+    done = [i for s in seen if isinstance(s, DoInstructions) for i in s.instructions]
+    stops = [i for i in done if isinstance(i, Terminate)]
+    assert [t.placement.subjob_id for t in stops] == [ask.placement.subjob_id]
+    assert Journal((entry,)) in done and done[-1] == Wake(Loop.QUEUE)
+    assert entry.job.state == zone_pb2.QUEUED
+    assert core.to_confirm("a0") == []  # answered: not asked again
+
+
+def test_an_agent_that_never_started_an_unsure_commit_frees_the_job_to_place_again() -> None:
+    core = _core()
+    entry = _unsure(core)
+    _confirm(core, lambda ask: None)
+    assert not [p for p in entry.job.placements if p.state in LIVE_SUBJOB_STATES]
+    waits, _ = core.old_copy(entry, 0.0)
+    assert not waits and entry.job.state == zone_pb2.QUEUED
+
+
+def test_an_unanswered_question_is_asked_again_at_the_next_heartbeat() -> None:
+    core = _core()
+    entry = _unsure(core)
+    seen = _confirm(core, lambda ask: Failure("UNAVAILABLE: connection reset"))
+    assert sum(isinstance(s, AskSubjob) for s in seen) == 1
+    assert core.to_confirm("a0") == [entry.job.job_id]
+    waits, _ = core.old_copy(entry, 0.0)
+    assert waits  # still held out of placement until a0 says
