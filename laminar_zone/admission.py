@@ -29,7 +29,7 @@ from laminar_zone.placements import fresh
 from laminar_zone.spec import MAX_BATCH_JOBS, validate_spec
 
 if TYPE_CHECKING:
-    from laminar_zone.jobs import ZoneState
+    from laminar_zone.zone_parts import ZoneParts
 
 #: Resends a forward to the peer it names; True when the peer took the job.
 Resume = Callable[[Entry, str], Coroutine[Any, Any, bool]]
@@ -38,7 +38,7 @@ Resume = Callable[[Entry, str], Coroutine[Any, Any, bool]]
 class Admission:
     """Submissions and forwards of one router."""
 
-    def __init__(self, state: ZoneState) -> None:
+    def __init__(self, state: ZoneParts) -> None:
         self.state = state
         #: Jobs whose forward to a peer was unanswered at a restart (the server resumes them).
         self.unanswered_forwards: list[Entry] = []

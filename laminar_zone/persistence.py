@@ -26,7 +26,7 @@ from laminar_zone.entry import Entry
 from laminar_zone.placements import fresh
 
 if TYPE_CHECKING:
-    from laminar_zone.jobs import ZoneState
+    from laminar_zone.zone_parts import ZoneParts
 
 log = logging.getLogger("laminar.zone.jobs")
 
@@ -39,7 +39,7 @@ GAUGE_SECONDS = 0.5
 class Persistence:
     """The journal's side of the router's jobs, their watchers, and the gauges."""
 
-    def __init__(self, state: ZoneState) -> None:
+    def __init__(self, state: ZoneParts) -> None:
         self.state = state
         self._gauges_at = -math.inf
         #: The target workload's count of observations last journaled (sweep).

@@ -29,14 +29,14 @@ from laminar_zone.trying import (
 )
 
 if TYPE_CHECKING:
-    from laminar_zone.jobs import ZoneState
+    from laminar_zone.zone_parts import ZoneParts
 
 
 class QueueLoop:
     """The queue's loop and one pass at a time (the queue's loop and the market's both run
     passes)."""
 
-    def __init__(self, state: ZoneState) -> None:
+    def __init__(self, state: ZoneParts) -> None:
         self.state = state
         #: One pass at a time: the queue's loop and the market's both run queue_pass.
         self._pass_lock = asyncio.Lock()

@@ -45,7 +45,7 @@ from laminar_zone.trying import (
 from laminar_zone.view import AgentRecord
 
 if TYPE_CHECKING:
-    from laminar_zone.jobs import ZoneState
+    from laminar_zone.zone_parts import ZoneParts
 
 log = logging.getLogger("laminar.zone.jobs")
 
@@ -56,7 +56,7 @@ CLOCK = Clock(mono=time.monotonic, unix=time.time)
 class TryDriver:
     """Placement tries and the router's calls to agents (Commit, SignalSubjob)."""
 
-    def __init__(self, state: ZoneState) -> None:
+    def __init__(self, state: ZoneParts) -> None:
         self.state = state
         #: Tries under way at once (``placement.concurrency``).
         self._slots = asyncio.Semaphore(state.config.placement.concurrency)
@@ -273,7 +273,7 @@ class _ProbeCommit:
     :class:`laminar_zone.trying.CommitOnProbe` keeps it: the intent is journaled before
     the probe goes out, and the agent is told how to run the member."""
 
-    def __init__(self, state: ZoneState, entry: Entry) -> None:
+    def __init__(self, state: ZoneParts, entry: Entry) -> None:
         self.state = state
         self.entry = entry
         self.book = CommitOnProbe(state.core, entry)
