@@ -360,8 +360,11 @@ class FragmentationCache:
         pod's CPU and GPU request (memory is not part of the measure). What the router ranks
         hosts by: quantized as FGD's is, so that many hosts tie and the router's fixed host
         order breaks the ties (:meth:`laminar_zone.view.ZoneView.first_in_order`), which is
-        what makes FGD pack. The memo is emptied when it holds :data:`SCORE_MEMO_ENTRIES`,
-        so it stays bounded on a long-lived router."""
+        what makes FGD pack (``sim fgd``, one zone, seeds 42-51, the default list: 5.69%
+        unallocated unquantized, 5.01 on 200 levels, 4.83 on FGD's 100, 4.78 on 50 but
+        gpushare40 6.27 against 6.10; docs/benchmarks.md, "2026-11-30"). The memo is
+        emptied when it holds :data:`SCORE_MEMO_ENTRIES`, so it stays bounded on a
+        long-lived router."""
         key = (
             node.model,
             node.cpu_left_milli,
@@ -421,7 +424,10 @@ def placements(
 #: quantized score and a fixed host order): d = 2, default pod list, seed 42, 16
 #: candidates, weights 0, 1e-4, 0.02, 0.1, 0.3 and 1 gave 9.6, 7.0, 6.8, 5.9, 5.7 and 6.0%
 #: unallocated; with d = 1, seeds 42-51, 0.1 beat 0.3 on all six pod lists of
-#: docs/benchmarks.md.
+#: docs/benchmarks.md. Since a one-member try commits on its probe (d = 1) and the router
+#: ranks by FGD's score alone, it orders only gangs' leases: the weight does not move the
+#: agent's choice of a GPU (``used`` is the host's before placing, the same for each) and
+#: 0 gives ``sim fgd`` the same figures seed by seed (docs/benchmarks.md, "2026-11-30").
 PACKING_WEIGHT = 0.1
 
 
