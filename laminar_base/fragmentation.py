@@ -360,8 +360,11 @@ class FragmentationCache:
         pod's CPU and GPU request (memory is not part of the measure). What the router ranks
         hosts by: quantized as FGD's is, so that many hosts tie and the router's fixed host
         order breaks the ties (:meth:`laminar_zone.view.ZoneView.first_in_order`), which is
-        what makes FGD pack. The memo is emptied when it holds :data:`SCORE_MEMO_ENTRIES`,
-        so it stays bounded on a long-lived router."""
+        what makes FGD pack (``sim fgd``, one zone, seeds 42-51, the default list: 5.69%
+        unallocated unquantized, 5.01 on 200 levels, 4.83 on FGD's 100, 4.78 on 50 but
+        gpushare40 6.27 against 6.10; docs/benchmarks.md, "2026-11-30"). The memo is
+        emptied when it holds :data:`SCORE_MEMO_ENTRIES`, so it stays bounded on a
+        long-lived router."""
         key = (
             node.model,
             node.cpu_left_milli,
@@ -421,7 +424,10 @@ def placements(
 #: quantized score and a fixed host order): d = 2, default pod list, seed 42, 16
 #: candidates, weights 0, 1e-4, 0.02, 0.1, 0.3 and 1 gave 9.6, 7.0, 6.8, 5.9, 5.7 and 6.0%
 #: unallocated; with d = 1, seeds 42-51, 0.1 beat 0.3 on all six pod lists of
-#: docs/benchmarks.md.
+#: docs/benchmarks.md. Since a one-member try commits on its probe (d = 1) and the router
+#: ranks by FGD's score alone, it orders only gangs' leases: the weight does not move the
+#: agent's choice of a GPU (``used`` is the host's before placing, the same for each) and
+#: 0 gives ``sim fgd`` the same figures seed by seed (docs/benchmarks.md, "2026-11-30").
 PACKING_WEIGHT = 0.1
 
 
@@ -463,7 +469,12 @@ def fgd_gpus(
 
 
 #: Share of the tasks the most frequent shapes must cover to make the target workload (the
-#: FGD paper's cut; also for a learned target: :attr:`ObservedWorkload.coverage_ratio`).
+#: FGD paper's cut; a learned target's too, :meth:`ObservedWorkload.cache`). Every shape
+#: (1.0) for the learned target, one zone, seeds 42-51: default list 4.66% unallocated
+#: against 4.83 (FGD 4.77), but cpu250 7.00 against 6.74 (FGD 6.98) and gpushare100 13.34
+#: against 13.29 (FGD 13.32); shrinking each GPU request's CPU mix toward the whole mix's
+#: helped neither the default list nor gpushare40 (docs/benchmarks.md, "2026-11-29:
+#: shrinkage and the learned target's cut (issue 16)"; both knobs since removed).
 TYPICAL_COVERAGE_RATIO = 0.95
 
 
@@ -492,7 +503,7 @@ def _merged(counts: Mapping[PodShape, int]) -> Counter[_Key]:
 
 
 def _typical(merged: Mapping[_Key, float], coverage_ratio: float) -> TargetWorkload:
-    """:func:`typical_workload` over weights by shape key (counts, or smoothed counts)."""
+    """:func:`typical_workload` over counts by shape key."""
     ordered = sorted(merged.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
     needed = coverage_ratio * sum(merged.values())
     chosen: list[tuple[_Key, float]] = []
@@ -504,45 +515,6 @@ def _typical(merged: Mapping[_Key, float], coverage_ratio: float) -> TargetWorkl
         covered += count
     shapes = tuple(PodShape(cpu, 0, num, milli, models) for (cpu, milli, num, models), _ in chosen)
     return TargetWorkload(shapes, tuple(count / covered for _, count in chosen))
-
-
-def smoothed_workload(
-    counts: Mapping[PodShape, int],
-    prior_count: float,
-    coverage_ratio: float = TYPICAL_COVERAGE_RATIO,
-) -> TargetWorkload:
-    """:func:`typical_workload` of an empirical-Bayes estimate of the mix that converges
-    faster than the counts alone: the GPU request (count, per-GPU share, models) is taken
-    as observed, and within each such group the CPU request's frequencies are shrunk
-    toward the CPU requests of all tasks, with weight ``k / (k + n_g)`` on the latter
-    (``k`` = ``prior_count``, ``n_g`` the group's observations):
-
-        p(g, c) = n_g / n * (n_gc + k * n_c / n) / (n_g + k)
-
-    so a group seen a few times borrows the CPU requests of the whole mix, and the estimate
-    tends to the empirical one as the group's observations grow. It puts weight on a
-    (GPU request, CPU request) pair never seen together only when both were seen; 0 gives
-    :func:`typical_workload` of the counts. Then the same cut as the paper's."""
-    merged = _merged(counts)
-    if not merged:
-        raise ValueError("smoothed_workload needs at least one task")
-    if prior_count <= 0:
-        return _typical(merged, coverage_ratio)
-    total = sum(merged.values())
-    by_cpu: Counter[int] = Counter()
-    by_group: Counter[tuple[int, int, tuple[str, ...]]] = Counter()
-    for (cpu, milli, num, models), count in merged.items():
-        by_cpu[cpu] += count
-        by_group[(milli, num, models)] += count
-    weights: dict[_Key, float] = {}
-    for (milli, num, models), group_count in by_group.items():
-        scale = group_count / total / (group_count + prior_count)
-        for cpu, cpu_count in by_cpu.items():
-            seen = merged.get((cpu, milli, num, models), 0)
-            weight = scale * (seen + prior_count * cpu_count / total)
-            if weight > 0:  # a k so small that a pair's weight rounds to none
-                weights[(cpu, milli, num, models)] = weight
-    return _typical(weights, coverage_ratio)
 
 
 #: Observations a router waits for before it ranks tasks of one GPU or none by the target
@@ -577,22 +549,6 @@ class ObservedWorkload:
     #: and for the agents too cost multigpu50 3.12 (docs/benchmarks.md, "learned workload
     #: (issue 16)").
     min_observed: int = MIN_OBSERVED
-    #: The weight ``k`` (in tasks) of the whole mix's CPU requests in each GPU request's
-    #: CPU mix (:func:`smoothed_workload`); 0: the counts as observed. Measured with the
-    #: 95% cut, seeds 42-45 (default list / gpushare40 at 0: 4.87 / 6.06): 32 gave 4.87 /
-    #: 6.12, 128 gave 4.91 / 5.96; the GPU requests' CPU mixes differ too much for the
-    #: whole mix's to be a prior (docs/benchmarks.md, "2026-11-29: shrinkage and the
-    #: learned target's cut"), so 0 stays.
-    shrink_count: float = 0.0
-    #: Share of the observed tasks the target's most frequent shapes cover
-    #: (:func:`typical_workload`). Every shape (1.0) measured, one zone, seeds 42-51,
-    #: against 0.95: default list 4.66 (4.66) against 4.83 (4.83), lower on every seed
-    #: (FGD 4.77), gpushare40 6.09 against 6.10, multigpu50 2.86 against 2.91, but cpu250
-    #: 7.00 against 6.74 (FGD 6.98) and gpushare100 13.34 against 13.29; every shape until
-    #: 2,048 or 4,096 observations, the cut after: default 4.81 / 4.77, gpushare40 6.21 /
-    #: 6.22. So the paper's cut stays (docs/benchmarks.md, "2026-11-29: shrinkage and the
-    #: learned target's cut (issue 16)").
-    coverage_ratio: float = TYPICAL_COVERAGE_RATIO
     counts: Counter[PodShape] = field(default_factory=Counter)
     observed: int = 0
     _built_at: int = 0
@@ -668,7 +624,7 @@ class ObservedWorkload:
             return None
         since = self.observed - self._built_at
         if self._cache is None or since >= min(self.refresh_every, max(1, self._built_at)):
-            target = smoothed_workload(self.counts, self.shrink_count, self.coverage_ratio)
+            target = typical_workload(self.counts)
             self._cache = FragmentationCache(target, self.slicing)
             self._built_at = self.observed
         if shape is not None and shape.num_gpu <= 1 and self.observed < self.min_observed:

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from laminar_base.fragmentation import (
     MILLI_SLICING,
+    TYPICAL_COVERAGE_RATIO,
     ObservedWorkload,
     PodShape,
+    typical_workload,
 )
 
 SHAPES = [
@@ -119,3 +121,19 @@ def test_only_shapes_of_one_gpu_or_none_wait_for_min_observed() -> None:
     assert [workload.cache(s) for s in (shared, cpu, whole)] == [None, None, None]
     workload.observe(cpu)
     assert all(workload.cache(s) is not None for s in (shared, cpu, whole))
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=counts_st.filter(lambda c: any(c.values())))
+def test_the_target_is_the_papers_cut_of_the_counts(counts: dict[PodShape, int]) -> None:
+    """The learned target is FGD's: the most frequent observed shapes until they cover
+    :data:`TYPICAL_COVERAGE_RATIO` of the tasks, renormalized."""
+    workload = ObservedWorkload(MILLI_SLICING, min_observed=0)
+    for shape, count in counts.items():
+        workload.observe(shape, count)
+    frag = workload.cache()
+    assert frag is not None
+    assert frag.target == typical_workload(counts, TYPICAL_COVERAGE_RATIO)
+    covered = sum(counts[s] for s in frag.target.shapes)
+    assert covered >= TYPICAL_COVERAGE_RATIO * sum(counts.values())
+    assert abs(sum(frag.target.probabilities) - 1.0) < 1e-9
