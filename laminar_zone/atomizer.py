@@ -372,6 +372,9 @@ class Atomizer:
                 if failure:
                     self.zone.finish(entry, zone_pb2.JOB_FAILED, failure)
                     return
+        # A piece declared lost and observed as such may report its true end later (a
+        # checkpoint it did reach): the placements say how far the job really is.
+        atom.next_unit = max(atom.next_unit, units_done(job))
         live = [p for p in job.placements if p.state in LIVE]
         done = atom.next_unit
         total = atom.contract.total_units

@@ -163,9 +163,9 @@ class AtomState:
     #: Memory widenings dropped because they predicted more than the largest slice.
     widen_resets: int = 0
     #: Per phase: the believed profile and the calibrator version it was computed at.
-    _believed: dict[int, tuple[tuple[int, float, int, float, float, float], Profile]] = field(
-        default_factory=dict
-    )
+    _believed: dict[
+        int, tuple[tuple[tuple[int, float, int, float, float, float], int], Profile]
+    ] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -193,15 +193,19 @@ class AtomState:
     def believed(self, unit: int, largest_bytes: int) -> tuple[Profile, bool]:
         """The profile the job bids with at ``unit`` (its phase's calibrator's
         :meth:`~laminar_zone.market.Calibrator.believed`), and whether a memory widening
-        past ``largest_bytes`` was dropped just now; cached until the calibrator changes."""
+        past ``largest_bytes`` was dropped just now; cached until the calibrator or the
+        largest slice changes (a widening kept while a larger slice was free is dropped
+        once only smaller ones are left)."""
         phase = self.phase_at(unit)
         calibrator = self.calibrators[phase]
+        key = (calibrator.version, largest_bytes)
         cached = self._believed.get(phase)
-        if cached is not None and cached[0] == calibrator.version:
+        if cached is not None and cached[0] == key:
             return cached[1], False
         profile, reset = calibrator.believed(largest_bytes)
         self.widen_resets += int(reset)
-        self._believed[phase] = (calibrator.version, profile)
+        # A reset changed the calibrator: key the profile by its version after it.
+        self._believed[phase] = ((calibrator.version, largest_bytes), profile)
         return profile, reset
 
     def need_bytes(self, largest_bytes: int) -> int:
@@ -287,8 +291,8 @@ class AtomState:
         ):
             declared = calibrator.declared.peak_memory_bytes.value_at(1.0 - self.contract.epsilon)
             per_unit = end.run_seconds / end.units_done
-            exceeded = calibrator.observe(per_unit, end.peak_bytes or declared)
-            return Observed(observed=True, exceeded=exceeded)
+            exceeded = calibrator.observe(per_unit, end.peak_bytes or declared, judged=not stopped)
+            return Observed(observed=True, exceeded=exceeded and not stopped)
         if end.state == common_pb2.KILLED and widens_profile(end.cause):
             over_time = end.cause is EndCause.OVERRAN
             calibrator.overran(time=over_time, memory=not over_time)

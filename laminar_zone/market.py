@@ -729,15 +729,19 @@ class Calibrator:
             ),
         )
 
-    def observe(self, seconds_per_unit: float, peak_memory_bytes: float) -> bool:
-        """A finished subjob's figures; True if it overran the current prediction."""
+    def observe(
+        self, seconds_per_unit: float, peak_memory_bytes: float, *, judged: bool = True
+    ) -> bool:
+        """A finished subjob's figures; True if it overran the current prediction. A piece
+        stopped for other work (``judged`` False) teaches the profile without counting as
+        a violation of it: its run was cut short, so it says nothing of the coverage."""
         current = self.profile()
         q = 1.0 - self.epsilon
         overran = seconds_per_unit > current.seconds_per_unit.value_at(q) or (
             peak_memory_bytes > current.peak_memory_bytes.value_at(q)
         )
         self.observed += 1
-        self.violations += int(overran)
+        self.violations += int(overran and judged)
         base_time = max(self.declared.seconds_per_unit.value_at(q), 1e-12)
         base_memory = max(self.declared.peak_memory_bytes.value_at(q), 1e-12)
         self.time_ratios.append(seconds_per_unit / base_time)

@@ -120,6 +120,10 @@ def test_a_piece_stopped_for_other_work_is_free_and_what_it_measured_is_observed
     # Its speed over the units its checkpoint covers, against the declared 2.0 s.
     assert calibrator.time_ratios == [pytest.approx(0.1 / 2.0)]
     assert atom.next_unit == 30
+    # Slower than predicted: it teaches the profile, and is no violation of it.
+    slow = atom.piece_ended(ended("s1", common_pb2.KILLED, EndCause.PREEMPTED, 30, 10, 100.0))
+    assert slow.observed and not slow.exceeded
+    assert calibrator.observed == 2 and calibrator.violations == 0
     assert atom.next_state(has_live=False) is JobNext.WAITING
 
 
@@ -194,6 +198,19 @@ def test_a_memory_widening_past_every_slice_is_dropped_once_and_counted() -> Non
     assert reset and atom.widen_resets == 1
     _, again = atom.bidder("j", "t", 3, 0.0, 16 * GIB)
     assert not again and atom.widen_resets == 1
+    assert atom.need_bytes(16 * GIB) <= 16 * GIB
+
+
+def test_a_widening_kept_while_a_large_slice_was_free_is_dropped_when_only_small_ones_are() -> None:
+    """The believed profile is cached per calibrator state and largest slice: a widening
+    that fit under a 64 GiB slice is dropped once the largest slice left is 16 GiB."""
+    atom = AtomState.of(make_contract())
+    for i in range(3):  # 10 GiB at 1 - epsilon, widened 1.5^3 (about 34 GiB)
+        atom.piece_ended(ended(f"s{i}", common_pb2.KILLED, EndCause.RECLAIMED))
+    _, kept = atom.bidder("j", "t", 3, 0.0, 64 * GIB)
+    assert not kept and atom.need_bytes(64 * GIB) > 16 * GIB
+    _, dropped = atom.bidder("j", "t", 3, 0.0, 16 * GIB)
+    assert dropped and atom.widen_resets == 1
     assert atom.need_bytes(16 * GIB) <= 16 * GIB
 
 

@@ -220,3 +220,30 @@ def test_the_router_s_incumbent_bids_its_work_left_from_where_it_surely_is() -> 
     assert waiting.next_unit == 0
     assert incumbent.next_unit == 450 and incumbent.holds == ("a1", "s")
     assert incumbent.contract.total_units - incumbent.next_unit == 50
+
+
+def test_a_lost_piece_s_true_end_moves_the_job_on_to_the_checkpoint_it_reached() -> None:
+    """A piece declared lost is weighed once (no units); when its agent later reports how
+    it really ended, the checkpoint it reached counts: the job resumes there, not at 0."""
+    spec = zone_pb2.JobSpec(
+        command=["x"],
+        atomization=common_pb2.AtomizationContract(
+            total_units=500,
+            seconds_per_unit=[common_pb2.Quantile(q=0.5, value=1.0)],
+            peak_memory_bytes=[common_pb2.Quantile(q=0.95, value=8 * GIB)],
+        ),
+    )
+    job = zone_pb2.Job(job_id="j1", spec=spec, state=zone_pb2.JOB_RUNNING)
+    lost = job.placements.add(
+        subjob_id="j1-u0-s1", agent_id="a1", state=common_pb2.LOST, unit_start=0, unit_count=500
+    )
+    zone = SimpleNamespace(config=ZoneConfig(), blocked_starts={}, metrics=SimpleNamespace())
+    market = Atomizer(cast(Any, zone))
+    market.admit(job)
+    entry = Entry(job=job, need=Demand(gpus=1))
+    market.evaluate(entry)
+    assert market.atoms["j1"].next_unit == 0 and job.state == zone_pb2.QUEUED
+    lost.state, lost.units_done = common_pb2.KILLED, 200  # its true end, reported late
+    market.evaluate(entry)
+    assert market.atoms["j1"].next_unit == 200
+    assert "200 of 500 units done" in job.reason
