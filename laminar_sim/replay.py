@@ -84,6 +84,7 @@ from laminar_zone.trying import (
     PassStep,
     Round,
     RunInstructions,
+    SettleStarts,
     Slot,
     StartJob,
     TryStep,
@@ -416,6 +417,8 @@ class CoreDriver:
             self.carry_out(step.instructions)
         elif isinstance(step, StartJob):
             answer = self.place(step.entry, from_queue=True)
+        elif isinstance(step, SettleStarts):
+            answer = list(step.entries)  # each StartJob's answer was its try's result
         elif isinstance(step, OpenRound):
             answer = self.owner.open_round(step)
         elif isinstance(step, ClearMarket):

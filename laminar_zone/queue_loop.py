@@ -4,8 +4,9 @@
 :class:`QueueLoop` runs a pass per wake or period, paced by
 :func:`laminar_zone.core.pass_gap`; a pass walks every class, highest first, placing the
 rigid jobs the walk starts (each awaited until its try waits on the network, then left to
-finish beside the pass: :class:`laminar_zone.trying.PassTry`) and having the atomizer clear that class's
-round. Which jobs start, and in what order, is the core's (:class:`laminar_zone.core.PassBook`).
+finish beside the pass: :class:`laminar_zone.trying.PassTry`; a clearing round first waits
+for the tries it must know of, :class:`laminar_zone.trying.SettleStarts`) and having the
+atomizer clear that class's round. Which jobs start, and in what order, is the core's (:class:`laminar_zone.core.PassBook`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,19 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from laminar_zone.atomizer import MarketRound
 from laminar_zone.core import pass_gap
+from laminar_zone.entry import Entry
 from laminar_zone.try_driver import CLOCK
 from laminar_zone.trying import (
     ClearMarket,
     CloseRound,
     DoInstructions,
     OpenRound,
+    SettleStarts,
     StartJob,
     pass_steps,
 )
@@ -91,7 +94,7 @@ class QueueLoop:
             clock=CLOCK,
         )
         answer: Any = None
-        with_round = False
+        tries: dict[str, asyncio.Task[bool]] = {}  # the pass's pipelined tries, by job
         try:
             while True:
                 try:
@@ -104,13 +107,10 @@ class QueueLoop:
                         state._do(instructions)
                     case OpenRound(units, memory):
                         answer = await state.atomizer.open_round(units, memory)
-                        with_round = answer is not None
-                    case StartJob(entry) if with_round:
-                        # The round must know the slices each start took (note_started)
-                        # before it clears: the whole try is awaited.
-                        answer = await state.tries.place(entry, from_queue=True)
                     case StartJob(entry):
-                        answer = await state.tries.start_from_pass(entry)
+                        answer, tries[entry.job.job_id] = await state.tries.start_from_pass(entry)
+                    case SettleStarts(entries):
+                        answer = await settled(entries, tries)
                     case ClearMarket(market, clear):
                         await state.atomizer.clear_class(cast(MarketRound, market), clear)
                     case CloseRound(market):
@@ -120,3 +120,16 @@ class QueueLoop:
         finally:
             steps.close()
         state.persistence.update_gauges()
+
+
+async def settled(entries: Sequence[Entry], tries: Mapping[str, asyncio.Task[bool]]) -> list[Entry]:
+    """The entries whose pass try placed them, once every one of those tries ended (one
+    that raised placed nothing; its error is logged where the task ends)."""
+    tasks = [tries[e.job.job_id] for e in entries]
+    if tasks:
+        await asyncio.wait(tasks)
+    return [
+        e
+        for e, task in zip(entries, tasks, strict=True)
+        if not task.cancelled() and task.exception() is None and task.result()
+    ]

@@ -65,12 +65,13 @@ class TryDriver:
         """One placement try (:func:`laminar_zone.trying.place_try`), its requests awaited."""
         return await self._drive(self._place_try(entry, from_queue))
 
-    async def start_from_pass(self, entry: Entry) -> bool:
+    async def start_from_pass(self, entry: Entry) -> tuple[bool, asyncio.Task[bool]]:
         """A queue pass's start of ``entry``, pipelined (:class:`laminar_zone.trying.PassTry`):
         the try runs as a task of its own (``ZoneState.spawn``: shutdown cancels it) and
-        this returns once it ended or waits on the network, with the pass's answer. The
-        pass waits with it for a placement slot, so tries started by passes stay within
-        ``placement.concurrency``."""
+        this returns once it ended or waits on the network, with the pass's answer and the
+        task (a pass with a clearing round open awaits it before the round clears:
+        :class:`laminar_zone.trying.SettleStarts`). The pass waits with it for a placement
+        slot, so tries started by passes stay within ``placement.concurrency``."""
         at_network = asyncio.get_running_loop().create_future()
 
         def noticed() -> None:
@@ -88,10 +89,10 @@ class TryDriver:
         finally:
             at_network.cancel()
         if task.done():
-            return task.result()  # ended before the network: its result, or its error
+            return task.result(), task  # ended before the network: its result, or its error
         answer = pending.answer()
         assert answer is not None  # it waits on the network, past its slot
-        return answer
+        return answer, task
 
     def _place_try(self, entry: Entry, from_queue: bool) -> Generator[TryStep, Any, bool]:
         placement = self.state.config.placement

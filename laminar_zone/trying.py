@@ -301,10 +301,9 @@ class PassTry:
     only while its try is under way (``entry.placing``: :meth:`PassBook.admit` skips it,
     so no job is tried twice).
 
-    Not for a pass with a clearing round open (:class:`OpenRound` answered a
-    :class:`Round`): the round must know the slices each start took
-    (:meth:`Round.note_started`) before it clears a lower class, so there the driver
-    awaits the whole try, as before."""
+    With a clearing round open the pass asks, before the round clears or closes, that
+    the tries it started end (:class:`SettleStarts`): the round must know the slices each
+    start took (:meth:`Round.note_started`) before it offers any to a lower class."""
 
     def __init__(self, noticed: Callable[[], None] = lambda: None) -> None:
         #: Called once, as the try makes its first request that crosses the network.
@@ -378,6 +377,17 @@ class StartJob:
 
 
 @dataclass(frozen=True)
+class SettleStarts:
+    """Before a clearing round clears (or closes): wait for the tries of these starts to
+    end (a pipelined start is answered before its try ends, :class:`PassTry`); answer the
+    entries whose try placed them. The round must know the slices a start took before it
+    offers any to a lower class. A driver whose :class:`StartJob` answers are the tries'
+    results answers all of them."""
+
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True)
 class ClearMarket:
     """Run the clearing round ``step`` asks (``Atomizer.clear_class``); answer None."""
 
@@ -393,7 +403,17 @@ class CloseRound:
     round: Round
 
 
-PassStep = DoInstructions | OpenRound | StartJob | ClearMarket | CloseRound
+PassStep = DoInstructions | OpenRound | StartJob | SettleStarts | ClearMarket | CloseRound
+
+
+def _tell_round(market: Round, started: list[Entry]) -> Generator[PassStep, Any, None]:
+    """Tell the round the slices the pass's starts took, once their tries ended."""
+    if not started:
+        return
+    placed: Sequence[Entry] = yield SettleStarts(tuple(started))
+    for entry in placed:
+        market.note_started(entry.current())  # this attempt's, not earlier ones'
+    started.clear()
 
 
 def pass_steps(
@@ -432,6 +452,7 @@ def pass_steps(
         estimate_all=True,
     )
     answer: bool | None = None
+    started: list[Entry] = []  # starts the round has not been told of yet
     while True:
         try:
             step = steps.send(answer)
@@ -446,12 +467,14 @@ def pass_steps(
                 continue
             placed: bool = yield StartJob(entry)
             if placed and market is not None:
-                market.note_started(entry.current())  # this attempt's, not earlier ones'
+                started.append(entry)
             answer = book.started(entry, placed)
         else:
             assert market is not None  # a round is asked only for a class with market work
+            yield from _tell_round(market, started)
             yield ClearMarket(market, step)
     if market is not None:
+        yield from _tell_round(market, started)
         yield CloseRound(market)
     yield DoInstructions(tuple(core.end_pass(book)))
     return kept

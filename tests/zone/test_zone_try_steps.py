@@ -39,6 +39,7 @@ from laminar_zone.trying import (
     GatherLeases,
     OpenRound,
     RunInstructions,
+    SettleStarts,
     Slot,
     StartJob,
     confirm_steps,
@@ -233,9 +234,13 @@ def test_a_try_stopped_early_leaves_the_job_free_to_place_again() -> None:
 
 
 def _pass(
-    core: ZoneCore, start: Callable[[Entry], bool], market: object | None = None
+    core: ZoneCore,
+    start: Callable[[Entry], bool],
+    market: object | None = None,
+    settle: Callable[[tuple[Entry, ...]], list[Entry]] = list,
 ) -> tuple[list[Entry], list[object]]:
-    """One pass, each start answered by ``start``; returns the jobs left and the requests."""
+    """One pass, each start answered by ``start`` and the round's wait for the started
+    tries by ``settle`` (the entries that placed); returns the jobs left and the requests."""
     steps = pass_steps(core, shares={}, backfill=True, rng=random.Random(0), clock=CLOCK)
     requests: list[object] = []
     answer: Any = None
@@ -250,6 +255,8 @@ def _pass(
             answer = market
         elif isinstance(step, StartJob):
             answer = start(step.entry)
+        elif isinstance(step, SettleStarts):
+            answer = settle(step.entries)
         else:
             assert isinstance(step, (DoInstructions, ClearMarket, CloseRound))
 
@@ -469,3 +476,45 @@ def test_an_unanswered_question_is_asked_again_at_the_next_heartbeat() -> None:
     assert core.to_confirm("a0") == [entry.job.job_id]
     waits, _ = core.old_copy(entry, 0.0)
     assert waits  # still held out of placement until a0 says
+
+
+def test_a_round_waits_for_the_pass_s_starts_and_learns_only_the_slices_they_took() -> None:
+    """With a round open, pipelined starts are answered before their tries end: before
+    the round clears or closes, the pass asks for those tries to end (SettleStarts), and
+    the round is told the slices of those that placed, not of one that failed after."""
+    core = _core()
+    first, second = _submit(core), _submit(core)
+    for e in (first, second):
+        e.job.state = zone_pb2.QUEUED
+
+    class Round:
+        classes: tuple[int, ...] = ()
+        taken: list[tuple[str, str]] = []
+
+        def note_started(self, placements: Any) -> None:
+            self.taken.extend((p.agent_id, s) for p in placements for s in p.slice_ids)
+
+    def start(e: Entry) -> bool:  # both reach the network: "started, pending"
+        agent = "a1" if e is first else "a2"
+        e.job.placements.add(
+            agent_id=agent,
+            subjob_id=f"{agent}-s",
+            attempt=e.job.attempts,
+            state=common_pb2.RUNNING,
+            slice_ids=["gpu0"],
+        )
+        return True
+
+    asked: list[tuple[Entry, ...]] = []
+
+    def settle(entries: tuple[Entry, ...]) -> list[Entry]:
+        asked.append(entries)
+        return [first]  # the second's try failed after the pass went on
+
+    market = Round()
+    _, requests = _pass(core, start, market, settle)
+    assert asked == [(first, second)]
+    settles = [i for i, r in enumerate(requests) if isinstance(r, SettleStarts)]
+    closes = [i for i, r in enumerate(requests) if isinstance(r, CloseRound)]
+    assert settles and closes and settles[0] < closes[0]
+    assert market.taken == [("a1", "gpu0")]
