@@ -96,9 +96,9 @@ class PieceEnd:
 
 @dataclass(frozen=True)
 class Observed:
-    """What an ended piece did to its job: ``observed`` fed the calibrator (a successful
-    piece's speed and peak, or a widening), ``exceeded`` (a successful piece above the
-    profile's ``1 - epsilon`` quantile), ``violation`` (killed for memory, stopped past its
+    """What an ended piece did to its job: ``observed`` fed the calibrator (a successful or
+    stopped piece's speed and peak, or a widening), ``exceeded`` (a successful piece above
+    the profile's ``1 - epsilon`` quantile), ``violation`` (killed for memory, stopped past its
     window), ``failed`` (a failure that costs a retry)."""
 
     observed: bool = False

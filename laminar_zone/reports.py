@@ -257,20 +257,23 @@ class AgentReports:
         stub = self.state.clients.stub(record.address)
         steps = confirm_steps(self.state.core, record.agent_id, clock=time.time)
         answer: Any = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration:
-                return
-            answer = None
-            match step:
-                case AskSubjob(p):
-                    try:
-                        answer = await stub.GetSubjob(
-                            agent_pb2.GetSubjobRequest(subjob_id=p.subjob_id), timeout=5
-                        )
-                    except grpc.aio.AioRpcError as exc:
-                        if exc.code() != grpc.StatusCode.NOT_FOUND:
-                            answer = failure_of(exc)
-                case DoInstructions(instructions):
-                    self.state._do(instructions)
+        try:
+            while True:
+                try:
+                    step = steps.send(answer)
+                except StopIteration:
+                    return
+                answer = None
+                match step:
+                    case AskSubjob(p):
+                        try:
+                            answer = await stub.GetSubjob(
+                                agent_pb2.GetSubjobRequest(subjob_id=p.subjob_id), timeout=5
+                            )
+                        except grpc.aio.AioRpcError as exc:
+                            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                                answer = failure_of(exc)
+                    case DoInstructions(instructions):
+                        self.state._do(instructions)
+        finally:
+            steps.close()

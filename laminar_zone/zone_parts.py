@@ -31,8 +31,6 @@ T = TypeVar("T")
 class TryStarts(Protocol):
     """The try driver as a queue pass asks it to start a job."""
 
-    async def place(self, entry: Entry, *, from_queue: bool = False) -> bool: ...
-
     async def start_from_pass(self, entry: Entry) -> tuple[bool, asyncio.Task[bool]]: ...
 
 

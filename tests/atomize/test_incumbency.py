@@ -191,11 +191,8 @@ def test_a_running_piece_is_assured_at_its_slow_pace_never_past_its_last_unit() 
     assert assured_progress(40, 0, 9.0, profile, 0.05) == 40
 
 
-def test_the_router_s_incumbent_bids_its_work_left_from_where_it_surely_is() -> None:
-    """The router's bidder for a piece whose window ends counts its work left from the
-    progress it has surely made, not from its start (a piece 450 s into 500 units of 1 s,
-    epsilon 0.05 and one quantile, is at unit 450): under srpt it then scores as the nearly
-    finished job it is."""
+def _job() -> zone_pb2.Job:
+    """An atomized job of 500 units of 1 s (median), 8 GiB at its 0.95 quantile."""
     spec = zone_pb2.JobSpec(
         command=["x"],
         atomization=common_pb2.AtomizationContract(
@@ -204,10 +201,24 @@ def test_the_router_s_incumbent_bids_its_work_left_from_where_it_surely_is() -> 
             peak_memory_bytes=[common_pb2.Quantile(q=0.95, value=8 * GIB)],
         ),
     )
-    job = zone_pb2.Job(job_id="j1", spec=spec)
-    zone = SimpleNamespace(config=ZoneConfig(), blocked_starts={})
+    return zone_pb2.Job(job_id="j1", spec=spec)
+
+
+def _market(job: zone_pb2.Job) -> Atomizer:
+    """The router's Atomizer over a stand-in zone, with ``job`` admitted."""
+    zone = SimpleNamespace(config=ZoneConfig(), blocked_starts={}, metrics=SimpleNamespace())
     market = Atomizer(cast(Any, zone))
     market.admit(job)
+    return market
+
+
+def test_the_router_s_incumbent_bids_its_work_left_from_where_it_surely_is() -> None:
+    """The router's bidder for a piece whose window ends counts its work left from the
+    progress it has surely made, not from its start (a piece 450 s into 500 units of 1 s,
+    epsilon 0.05 and one quantile, is at unit 450): under srpt it then scores as the nearly
+    finished job it is."""
+    job = _job()
+    market = _market(job)
     entry = Entry(job=job, need=Demand(gpus=1))
     atom = market.atoms["j1"]
     piece = zone_pb2.Placement(
@@ -225,21 +236,12 @@ def test_the_router_s_incumbent_bids_its_work_left_from_where_it_surely_is() -> 
 def test_a_lost_piece_s_true_end_moves_the_job_on_to_the_checkpoint_it_reached() -> None:
     """A piece declared lost is weighed once (no units); when its agent later reports how
     it really ended, the checkpoint it reached counts: the job resumes there, not at 0."""
-    spec = zone_pb2.JobSpec(
-        command=["x"],
-        atomization=common_pb2.AtomizationContract(
-            total_units=500,
-            seconds_per_unit=[common_pb2.Quantile(q=0.5, value=1.0)],
-            peak_memory_bytes=[common_pb2.Quantile(q=0.95, value=8 * GIB)],
-        ),
-    )
-    job = zone_pb2.Job(job_id="j1", spec=spec, state=zone_pb2.JOB_RUNNING)
+    job = _job()
+    job.state = zone_pb2.JOB_RUNNING
     lost = job.placements.add(
         subjob_id="j1-u0-s1", agent_id="a1", state=common_pb2.LOST, unit_start=0, unit_count=500
     )
-    zone = SimpleNamespace(config=ZoneConfig(), blocked_starts={}, metrics=SimpleNamespace())
-    market = Atomizer(cast(Any, zone))
-    market.admit(job)
+    market = _market(job)
     entry = Entry(job=job, need=Demand(gpus=1))
     market.evaluate(entry)
     assert market.atoms["j1"].next_unit == 0 and job.state == zone_pb2.QUEUED
