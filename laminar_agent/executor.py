@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import collections
 import contextlib
 import fcntl
 import inspect
@@ -52,6 +53,9 @@ from laminar_base.errors import ConfigError, InvalidArgument, NotFound
 log = logging.getLogger(__name__)
 
 ADOPT_POLL_SECONDS = 0.2
+#: How often the agent looks for the ``exit.json`` of a subjob that has ended while its
+#: launcher, not connected to this agent, still runs (it writes the record after reaping).
+EXIT_RECORD_POLL_SECONDS = 0.02
 #: Subjob ids name a directory under the state dir, so they must be one safe path component.
 _SAFE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 PROGRESS_FILE = "progress"
@@ -255,6 +259,11 @@ class ExitInfo:
 class _Tracked:
     pid: int
     grace_seconds: float
+    #: The pid is the job's own process (its session and group leader), started by a
+    #: launcher; False for a shim's pid (the shim leads the group and must outlive a kill).
+    is_job: bool = False
+    #: When it was launched or its start time when adopted (against pid reuse).
+    started_unix: float = 0.0
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -344,16 +353,20 @@ class LaunchUnanswered(OSError):
 
 
 class Launcher:
-    """The pre-forked launcher (``shim.py --serve``): a long-lived clean-environment
-    process that forks one supervisor per subjob, so a launch costs a fork instead of a
-    Python start-up. Started on first use over two plain pipes (its stdin and stdout);
-    if it cannot start or is dead before it reads the record, that launch falls back to
+    """The agent's end of its launcher (``shim.py --serve``, :class:`laminar_agent.shim._Launcher`):
+    a long-lived clean-environment process that starts every subjob itself (one fork
+    each) and supervises them all, so a launch costs a fork instead of a Python start-up
+    and no Python process stays per subjob. Started on first use over two plain pipes
+    (its stdin and stdout). Its stdout carries, in order, one answer per launch record
+    and, interleaved, ``x PID`` once a subjob's ``exit.json`` is written
+    (:meth:`wait_exit`).
+
+    If it cannot start or is dead before it reads the record, that launch falls back to
     starting the shim directly (:func:`_spawn`); if it does not answer a record it was
-    sent, that launch fails and is void (:meth:`Executor.void`). Either way the
-    next launches start shims directly until
-    :data:`LAUNCHER_RETRY_SECONDS` have passed; then a fresh launcher is started (one
-    killed by the OOM killer or by mistake does not leave the host on the slow path for
-    good, and one that cannot start costs one try per period)."""
+    sent, that launch fails and is void (:meth:`Executor.void`). Either way the next
+    launches start shims directly until :data:`LAUNCHER_RETRY_SECONDS` have passed; then
+    a fresh launcher is started. A launcher given up on is never killed (its subjobs
+    run on under it): the pipes are closed, and it exits once its last subjob has."""
 
     def __init__(self, python: str) -> None:
         self._python = python
@@ -361,8 +374,16 @@ class Launcher:
         self._to = -1  # our end of its stdin
         self._from = -1  # our end of its stdout
         self._buffer = b""
+        self._lines: collections.deque[str] = collections.deque()
+        self._answered: asyncio.Future[None] | None = None  # wakes _readline
+        self._eof = False
+        self._exits: dict[int, asyncio.Future[bool]] = {}
+        self._recorded: set[int] = set()  # "x PID" read before anyone waited for it
+        self._retired: list[int] = []  # launchers stopped with subjobs: reaped once ended
         self._lock = asyncio.Lock()
         self._broken_until = 0.0  # monotonic: no launcher (direct shims) until then
+        #: The running launcher as a process (its start time guards against pid reuse).
+        self.process: psutil.Process | None = None
         self.starts = 0
 
     @property
@@ -375,20 +396,22 @@ class Launcher:
         return self._pid
 
     async def launch(self, record: str) -> tuple[int, str] | None:
-        """The supervisor's pid and its warning ("" if none) for the launch record
-        ``record`` (JSON, one line), or None when the supervisor certainly did not start:
-        the launcher was unusable before the record reached it, or it could not fork (use
-        the shim). Raises :class:`LaunchUnanswered` once the record was sent but no answer
-        came (a timeout, the launcher ending): the supervisor may still start, so starting
-        a shim for the same id would run it twice (the caller voids the launch instead);
-        and OSError with the supervisor's reason when it could not make the subjob's folder
-        (a shim would fail the same way)."""
+        """The subjob's pid and its warning ("" if none) for the launch record ``record``
+        (JSON, one line), or None when the subjob certainly did not start: the launcher
+        was unusable before the record reached it, or it could not fork (use the shim).
+        Raises :class:`LaunchUnanswered` once the record was sent but no answer came (a
+        timeout, the launcher ending): the subjob may still start, so starting a shim for
+        the same id would run it twice (the caller voids the launch instead); and OSError
+        with the launcher's reason when it could not make the subjob's folder (a shim
+        would fail the same way)."""
         if self.is_broken:
             return None
         async with self._lock:  # one request, one answer, in order
             try:
                 if self._pid == 0:
                     self._start()
+                elif self._eof:  # it ended since the last launch: nothing of this one
+                    raise BrokenPipeError("the launcher ended")
                 _write_all(self._to, record.encode() + b"\n")
             except OSError as exc:  # it never read the whole record: nothing started
                 self._give_up(exc)
@@ -408,7 +431,7 @@ class Launcher:
                     else f"({exc!r})"
                 )
                 raise LaunchUnanswered(
-                    f"the launcher gave no answer {why}; the launch is void (a late supervisor "
+                    f"the launcher gave no answer {why}; the launch is void (a late start "
                     "runs nothing of it)"
                 ) from exc
             except BaseException:
@@ -424,8 +447,64 @@ class Launcher:
                 return None
             return int(head), warning
 
+    async def wait_exit(self, pid: int) -> bool:
+        """Wait until this launcher says it wrote subjob ``pid``'s ``exit.json`` (True),
+        or until it is no longer heard from (False: it ended, or was given up on, with
+        the subjob maybe still running)."""
+        if pid in self._recorded:
+            self._recorded.discard(pid)
+            return True
+        if self._from < 0 or self._eof:
+            return False
+        ended = asyncio.get_running_loop().create_future()
+        self._exits[pid] = ended
+        try:
+            return bool(await ended)
+        finally:
+            self._exits.pop(pid, None)
+
+    def _on_readable(self) -> None:
+        """Its stdout: launch answers (to :meth:`_readline`) and exit notices."""
+        try:
+            chunk = os.read(self._from, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # it ended; whoever waits on it hears so
+            self._eof = True
+            asyncio.get_running_loop().remove_reader(self._from)
+            self._wake()
+            self._forget_exits()
+            return
+        self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            if line.startswith(b"x "):
+                pid = int(line[2:])
+                ended = self._exits.pop(pid, None)
+                if ended is None:
+                    self._recorded.add(pid)
+                elif not ended.done():
+                    ended.set_result(True)
+            else:
+                self._lines.append(line.decode(errors="replace"))
+        if self._lines:
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._answered is not None and not self._answered.done():
+            self._answered.set_result(None)
+
+    def _forget_exits(self) -> None:
+        for ended in self._exits.values():
+            if not ended.done():
+                ended.set_result(False)
+        self._exits.clear()
+        self._recorded.clear()
+
     def _give_up(self, exc: BaseException) -> None:
-        """Stop the launcher; launches start shims directly for a while."""
+        """Stop using the launcher; launches start shims directly for a while."""
         log.warning(
             "launcher unusable (%r); starting shims directly for %.0f s",
             exc,
@@ -435,6 +514,7 @@ class Launcher:
         self._broken_until = time.monotonic() + LAUNCHER_RETRY_SECONDS
 
     def _start(self) -> None:
+        self._reap_retired()
         child_in, self._to = os.pipe()
         self._from, child_out = os.pipe()
         for fd in (self._to, self._from):
@@ -455,46 +535,57 @@ class Launcher:
         finally:
             os.close(child_in)
             os.close(child_out)
+        self._eof = False
+        try:
+            self.process = psutil.Process(self._pid)
+        except psutil.Error:
+            self.process = None
+        asyncio.get_running_loop().add_reader(self._from, self._on_readable)
         self.starts += 1
         log.info("launcher started as pid %d", self._pid)
 
     async def _readline(self) -> str:
-        loop = asyncio.get_running_loop()
-        while b"\n" not in self._buffer:
-            ready = loop.create_future()
-            loop.add_reader(self._from, _resolve, ready)
-            try:
-                await ready
-            finally:
-                loop.remove_reader(self._from)
-            try:
-                chunk = os.read(self._from, 4096)
-            except BlockingIOError:
-                continue
-            if not chunk:
+        """The next launch answer."""
+        while not self._lines:
+            if self._eof:
                 raise EOFError("the launcher ended")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line.decode(errors="replace")
+            self._answered = asyncio.get_running_loop().create_future()
+            try:
+                await self._answered
+            finally:
+                self._answered = None
+        return self._lines.popleft()
 
     def _stop(self) -> None:
-        """Close its stdin (EOF ends it; supervisors go on) and reap it."""
+        """Close its pipes (stdin's EOF: it takes no more launches, and exits once its
+        subjobs have ended); never kill it. Whoever waits on an exit from it is told it
+        is no longer heard from."""
+        if self._from >= 0 and not self._eof:
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().remove_reader(self._from)
         for fd in (self._to, self._from):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._to = self._from = -1
-        self._buffer = b""  # a stopped launcher's unread answer is nobody's
+        self._buffer = b""  # a stopped launcher's unread answers are nobody's
+        self._lines.clear()
+        self._eof = False
+        self._forget_exits()
         if self._pid:
-            pid, self._pid = self._pid, 0
-            with contextlib.suppress(ChildProcessError):
-                deadline = time.monotonic() + 5.0
-                while os.waitpid(pid, os.WNOHANG)[0] == 0:
-                    if time.monotonic() > deadline:
-                        os.kill(pid, signal.SIGKILL)
-                        os.waitpid(pid, 0)
-                        break
-                    time.sleep(0.005)
+            self._retired.append(self._pid)
+            self._pid = 0
+            self.process = None
+        self._reap_retired()
+
+    def _reap_retired(self) -> None:
+        for pid in list(self._retired):
+            try:
+                done = os.waitpid(pid, os.WNOHANG)[0] != 0
+            except ChildProcessError:
+                done = True
+            if done:
+                self._retired.remove(pid)
 
     async def close(self) -> None:
         async with self._lock:
@@ -680,22 +771,25 @@ class Executor:
             "grace_seconds": spec.grace_seconds,
         }
         started = None
-        if self._launcher is not None:
+        launcher = self._launcher
+        if launcher is not None:
             try:
-                started = await self._launcher.launch(json.dumps(launch))
+                started = await launcher.launch(json.dumps(launch))
             except (LaunchUnanswered, asyncio.CancelledError):
                 self.void(spec.subjob_id)
                 raise
-        if started is None:
-            started = self._launch_shim(sdir, launch)
-        pid, warning = started
+        if started is not None and launcher is not None:
+            pid, warning = started
+            tracked = _Tracked(pid, spec.grace_seconds, is_job=True, started_unix=time.time())
+            watch = self._watch_launched(spec.subjob_id, tracked, launcher, launcher.process)
+        else:
+            pid, warning = self._launch_shim(sdir, launch)
+            tracked = _Tracked(pid, spec.grace_seconds, started_unix=time.time())
+            watch = self._watch_child(spec.subjob_id, tracked)
         if warning:
             log.warning("subjob %s %s", spec.subjob_id, warning)
-        tracked = _Tracked(pid=pid, grace_seconds=spec.grace_seconds)
         self._tracked[spec.subjob_id] = tracked
-        tracked.task = asyncio.create_task(
-            self._watch_child(spec.subjob_id, tracked), name=f"watch-{spec.subjob_id}"
-        )
+        tracked.task = asyncio.create_task(watch, name=f"watch-{spec.subjob_id}")
         # DEBUG: the node logs each start once, at INFO (ops see one line per start and end).
         log.debug(
             "launched subjob %s pid=%d devices=%s units=%d+%d as %s%s",
@@ -759,6 +853,48 @@ class Executor:
             )
         await self._finish(subjob_id, tracked, info)
 
+    async def _watch_launched(
+        self,
+        subjob_id: str,
+        tracked: _Tracked,
+        launcher: Launcher,
+        writer: psutil.Process | None,
+    ) -> None:
+        """A subjob its launcher started: the launcher says when ``exit.json`` is written.
+        If the launcher is no longer heard from first (it ended, or was given up on), the
+        subjob is watched as an adopted one (:meth:`_wait_unrecorded`)."""
+        if await launcher.wait_exit(tracked.pid):
+            info = self.read_exit(subjob_id) or _unknown_exit(
+                "its launcher recorded no readable exit.json"
+            )
+        else:
+            info = await self._wait_unrecorded(subjob_id, tracked, writer)
+        await self._finish(subjob_id, tracked, info)
+
+    async def _wait_unrecorded(
+        self, subjob_id: str, tracked: _Tracked, writer: psutil.Process | None
+    ) -> ExitInfo:
+        """The end of a subjob whose launcher does not tell us (a previous agent's, or
+        one given up on): its process's end (pidfd), then its ``exit.json``, written by
+        ``writer`` (that launcher) once it has reaped it. A writer that is gone (SIGKILLed:
+        the subjob was re-parented to init, whose reaping records nothing) leaves the exit
+        status unknown, and the subjob ends with that cause."""
+        if _started_near(tracked.pid, tracked.started_unix):  # else: gone, its pid reused
+            await _wait_child(tracked.pid)
+        deadline = time.monotonic() + shim.CGROUP_DRAIN_SECONDS + LAUNCHER_TIMEOUT_SECONDS
+        while True:
+            info = self.read_exit(subjob_id)
+            if info is not None:
+                return info
+            if not _is_alive(writer) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(EXIT_RECORD_POLL_SECONDS)
+        return self.read_exit(subjob_id) or _unknown_exit(
+            "its launcher ended before recording how it ended: exit status unknown"
+            if tracked.is_job
+            else "adopted shim ended without writing exit.json"
+        )
+
     async def _finish(self, subjob_id: str, tracked: _Tracked, info: ExitInfo) -> None:
         tracked.done.set()
         if self.cgroups is not None:  # the shim removes it; a killed shim cannot
@@ -784,46 +920,36 @@ class Executor:
     def adopt(
         self, subjob_id: str, pid: int, started_unix: float, *, grace_seconds: float = 10.0
     ) -> bool:
-        """Re-attach to a subjob started by a previous agent; False if it is already gone."""
+        """Re-attach to a subjob started by a previous agent; False if it is already gone.
+
+        ``pid`` is the subjob's own process (a launcher started it) or, from an older
+        agent, its shim; either way its start time must match ``started_unix`` (within a
+        second), so a reused pid is never taken for it. The launcher that started it (its
+        parent, while that runs) writes its ``exit.json`` once it has reaped it."""
         try:
             p = psutil.Process(pid)
             alive = (
-                abs(p.create_time() - started_unix) <= 1.0
-                and _is_shim(p.cmdline())
-                and p.status() != psutil.STATUS_ZOMBIE
+                abs(p.create_time() - started_unix) <= 1.0 and p.status() != psutil.STATUS_ZOMBIE
             )
+            is_shim = alive and _is_shim(p.cmdline())
+            parent = p.parent() if alive and not is_shim else None
+            writer = parent if parent is not None and _is_launcher(parent.cmdline()) else None
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             alive = False
         if not alive:
             return False
-        tracked = _Tracked(pid=pid, grace_seconds=grace_seconds)
+        tracked = _Tracked(pid, grace_seconds, is_job=not is_shim, started_unix=p.create_time())
         self._tracked[subjob_id] = tracked
         tracked.task = asyncio.get_running_loop().create_task(
-            self._poll_adopted(subjob_id, tracked, p), name=f"adopt-{subjob_id}"
+            self._watch_adopted(subjob_id, tracked, writer), name=f"adopt-{subjob_id}"
         )
         log.info("adopted subjob %s pid=%d", subjob_id, pid)
         return True
 
-    async def _poll_adopted(self, subjob_id: str, tracked: _Tracked, p: psutil.Process) -> None:
-        while True:
-            try:
-                if p.status() == psutil.STATUS_ZOMBIE:
-                    with contextlib.suppress(ChildProcessError):  # ours if same process
-                        _reap(p.pid)
-                    break
-            except psutil.NoSuchProcess:
-                break
-            await asyncio.sleep(ADOPT_POLL_SECONDS)
-        info = self.read_exit(subjob_id)
-        if info is None:
-            info = ExitInfo(
-                exit_code=None,
-                signal=None,
-                peak_rss_bytes=0,
-                ended_unix=time.time(),
-                run_seconds=0.0,
-                error="adopted shim ended without writing exit.json",
-            )
+    async def _watch_adopted(
+        self, subjob_id: str, tracked: _Tracked, writer: psutil.Process | None
+    ) -> None:
+        info = await self._wait_unrecorded(subjob_id, tracked, writer)
         await self._finish(subjob_id, tracked, info)
 
     def read_exit(self, subjob_id: str) -> ExitInfo | None:
@@ -857,12 +983,13 @@ class Executor:
 
     def _signal_group(self, subjob_id: str, sig: int) -> None:
         """``sig`` to every process of the subjob: those in its cgroup where it has one
-        (which holds the descendants that left the process group, and not the shim),
-        else its process group (the shim ignores the stop signals)."""
+        (which holds the descendants that left the process group, and not the launcher
+        or shim), else its process group: the job's own process leads it (a launcher
+        started it), or the shim does (which ignores the stop signals)."""
         tracked = self._get(subjob_id)
         if sig == signal.SIGCONT:
-            # A stop sent before the child joined its cgroup went to the whole group, the
-            # shim included (SIGSTOP cannot be ignored): a continue must reach the group too,
+            # A stop sent to a shim's group before its child joined the cgroup stopped the
+            # shim too (SIGSTOP cannot be ignored): a continue must reach the group as well,
             # or the shim stays stopped and never records the subjob's end.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(tracked.pid, sig)
@@ -875,6 +1002,11 @@ class Executor:
                     os.kill(pid, sig)
             if pids:
                 return
+        if tracked.is_job:  # the whole group, its leader too: the launcher records the end
+            if sig != signal.SIGCONT:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(tracked.pid, sig)
+            return
         if sig == signal.SIGKILL:
             # Everyone in the group but its leader, the shim: it lives on to record how
             # the subjob ended (it is not our child to wait for when the launcher forked it).
@@ -953,8 +1085,47 @@ def check_subjob_id(subjob_id: str, field: str, *, required: bool = True) -> str
 
 
 def _is_shim(cmdline: Sequence[str]) -> bool:
-    """A shim's command line: this version's (``shim.py``) or an older agent's (``-m``)."""
-    return any(a.endswith("laminar_agent/shim.py") or a == "laminar_agent.shim" for a in cmdline)
+    """A shim's command line: this version's (``shim.py``) or an older agent's (``-m``);
+    a launcher's (``--serve``) is not one."""
+    return "--serve" not in cmdline and any(
+        a.endswith("laminar_agent/shim.py") or a == "laminar_agent.shim" for a in cmdline
+    )
+
+
+def _is_launcher(cmdline: Sequence[str]) -> bool:
+    """A launcher's command line (``shim.py --serve``)."""
+    return "--serve" in cmdline and any(a.endswith("laminar_agent/shim.py") for a in cmdline)
+
+
+def _is_alive(process: psutil.Process | None) -> bool:
+    """Whether ``process`` still runs (a zombie does not; a reused pid is not it)."""
+    if process is None:
+        return False
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _started_near(pid: int, started_unix: float) -> bool:
+    """Whether process ``pid`` exists and started within a second of ``started_unix``
+    (a pid reused since by another process did not)."""
+    try:
+        return abs(psutil.Process(pid).create_time() - started_unix) <= 1.0
+    except psutil.Error:
+        return False
+
+
+def _unknown_exit(why: str) -> ExitInfo:
+    """The end of a subjob whose exit status nobody could record."""
+    return ExitInfo(
+        exit_code=None,
+        signal=None,
+        peak_rss_bytes=0,
+        ended_unix=time.time(),
+        run_seconds=0.0,
+        error=why,
+    )
 
 
 def units_from_checkpoint(

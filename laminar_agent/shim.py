@@ -1,28 +1,33 @@
-"""Subjob shim: runs one command and records how it ended in ``<subjob_dir>/exit.json``.
+"""Subjob launcher and shim: start subjobs, record how each ended in
+``<subjob_dir>/exit.json``.
 
-The agent starts the shim in a new session, so the shim is the process group leader.
-The shim exists because after an agent restart the subjob is no longer the agent's
-child: ``exit.json`` is how a re-adopting agent learns the exit status. It is also what
-supervises the subjob outside the agent process: it enforces the agent's fence (a
-subjob whose agent lost touch with its router is stopped, see ``FENCE_FILE``) and, with
-cgroups, stops whatever the command left behind.
+The agent normally starts one launcher (``python -I -S shim.py --serve``,
+:func:`serve`): a long-lived process that starts every subjob of its agent itself (one
+fork each; the subjob's process is its own session and group leader) and supervises
+them all from one loop: it reaps them (``wait4``), writes ``exit.json`` (how a
+re-adopting agent learns the exit status after a restart), enforces the agent's fence
+(a subjob whose agent lost touch with its router is stopped, see ``FENCE_FILE``) and,
+with cgroups, stops whatever a command left behind. It outlives its agent (see
+:class:`_Launcher`). Where the launcher cannot be used the agent starts a shim per
+subjob (``python -I -S shim.py <subjob_dir>``, :func:`run`): it forks the command, waits
+for it and writes ``exit.json`` the same way.
 
-Trust boundary: when the agent is root the shim stays root (it writes ``exit.json`` in
-a folder the subjob cannot touch), so it must never run anything of the job's. It is
-started as ``python -I -S shim.py <subjob_dir>`` with a fixed clean environment: ``-I``
-ignores every ``PYTHON*`` variable and the user site, ``-S`` skips ``site``, and the job's
-environment never reaches the shim's own process (no ``LD_PRELOAD``,
-``LD_LIBRARY_PATH``, ``PYTHONPATH``, ``PYTHONSTARTUP``). What to run is the agent's
-launch record: one line on the launcher's stdin (:func:`serve`), or, for a shim the agent
-starts directly, ``<subjob_dir>/launch.json`` in a folder only root can write. The
-supervisor creates the subjob's folder and cgroup (:func:`prepare`: paths the agent
-chose, under its own state directory and cgroup, never the job's). The child joins the
-subjob's cgroup, drops privileges (groups, gid, uid), and only then applies anything of
-the job: its working directory, the folders it creates, and its environment, which goes
-straight to ``execve``.
+Trust boundary: when the agent is root the launcher (and a shim) stays root (it writes
+``exit.json`` in a folder the subjob cannot touch), so it must never run anything of the
+job's. It starts with a fixed clean environment: ``-I`` ignores every ``PYTHON*``
+variable and the user site, ``-S`` skips ``site``, and the job's environment never
+reaches its own process (no ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``PYTHONPATH``,
+``PYTHONSTARTUP``); it reads the job's environment only as data to hand to ``execve``.
+What to run is the agent's launch record: one line on the launcher's stdin, or, for a
+shim, ``<subjob_dir>/launch.json`` in a folder only root can write. The launcher (or
+shim) creates the subjob's folder and cgroup (:func:`prepare`: paths the agent chose,
+under its own state directory and cgroup, never the job's) and opens its logs there. The
+forked child joins the subjob's cgroup, drops privileges (groups, gid, uid), and only
+then applies anything of the job: its working directory, the folders it creates, and its
+environment, which goes straight to ``execve``.
 
-It imports the standard library only, and little of it: its start-up is on every
-launch's path.
+It imports the standard library only, and little of it: its start-up is on the path of
+the first launch (and of every launch through a shim).
 """
 
 from __future__ import annotations
@@ -59,6 +64,18 @@ EXEC_FAILED_CODE = 127
 #: The stop signals a supervisor holds back until its child exists (see :func:`run`).
 STOPS = (int(signal.SIGTERM), int(signal.SIGINT))
 _SIG_DFL, _SIG_IGN = int(signal.SIG_DFL), int(signal.SIG_IGN)
+#: Signals a supervisor or the launcher ignores or catches that a subjob must start with
+#: at their default (``exec`` keeps an ignored signal ignored): the stops, SIGUSR1 (the
+#: agent's "release memory"), SIGHUP, SIGPIPE and SIGXFSZ (Python ignores the last two),
+#: SIGCHLD.
+_CHILD_DEFAULTS = (
+    *STOPS,
+    int(signal.SIGUSR1),
+    int(signal.SIGHUP),
+    int(signal.SIGPIPE),
+    int(signal.SIGXFSZ),
+    int(signal.SIGCHLD),
+)
 _SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
 #: How often a fenced subjob's shim looks at the fence file (issue: at least every 0.5 s).
 FENCE_POLL_SECONDS = 0.5
@@ -361,7 +378,7 @@ class Exec:
 
 def _child(job: Exec, errors_w: int) -> None:
     """In the forked child: join the cgroup, drop privileges, then apply the job."""
-    for sig in (*STOPS, int(signal.SIGUSR1)):
+    for sig in _CHILD_DEFAULTS:
         _signal.signal(sig, _SIG_DFL)
     _signal.pthread_sigmask(_SIG_UNBLOCK, STOPS)  # a pending stop ends it here
     step = "cgroup"
@@ -530,110 +547,454 @@ USAGE = (
 
 
 def serve() -> int:
-    """The pre-forked launcher: one long-lived copy of this module, started by the agent
-    with the same clean environment, that forks a supervisor per subjob instead of the
-    agent starting a new interpreter for each (the interpreter's start-up was most of a
-    launch's CPU). It reads one launch record per line on stdin (the JSON of
-    ``launch.json`` with the subjob's folder as ``dir``) and answers per line on stdout
-    the supervisor's pid, a space and a warning if any, or ``error ...``. The supervisor
-    makes the folder and cgroup (:func:`prepare`: the agent's event loop no longer waits
-    on those file-system calls) and is then exactly the shim above: a new session, logs
-    on fds 1 and 2, ``run()``, ``exit.json``. It does not
-    depend on the launcher: if the launcher ends (its agent died: stdin reaches EOF),
-    running supervisors go on and a restarted agent re-adopts them as before."""
-    # Reap supervisors as they end (waiting, not ignoring SIGCHLD, so their CPU time
-    # counts in this process's children's time, where a benchmark can see it).
-    signal.signal(signal.SIGCHLD, _reap_supervisors)
+    """The launcher: one long-lived copy of this module, started by the agent with the
+    same clean environment, that starts every subjob of its agent itself and supervises
+    them all from one loop. No Python process per subjob: a launch is one fork of this
+    small process (the child joins the cgroup, drops privileges, applies the job and
+    execs), and a subjob's end is one ``wait4`` here. See :class:`_Launcher`."""
     global _libc
-    import ctypes  # once here, not in each supervisor (become_subreaper)
-    import resource  # noqa: F401 - os.wait4 imports it (a dlopen) in each supervisor otherwise
+    import ctypes  # once here (become_subreaper)
+    import resource  # noqa: F401 - os.wait4 imports it (a dlopen) at the first reap otherwise
 
     try:
         _libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         pass
+    return _Launcher().run()
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    # Every object of the start-up into the permanent generation: the collector then
-    # never walks them, in here or in a supervisor, whose collections would otherwise
-    # touch (and so copy-on-write) all their pages. Measured: ~0.45 ms less CPU per
-    # launch (5.4 -> 5.0 ms for launcher, supervisor and `true`, 300 launches).
-    gc.freeze()
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    while line := stdin.readline():
-        ready_r, ready_w = os.pipe()
+
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+
+
+class _Job:
+    """One subjob the launcher started: the job's own process, its session and group
+    leader (pid == pgid == sid)."""
+
+    __slots__ = (
+        "cgroup",
+        "dir",
+        "drain_until",
+        "error",
+        "fence",
+        "fenced_at",
+        "grace_seconds",
+        "peak",
+        "pid",
+        "pidfd",
+        "started",
+        "status",
+    )
+
+    def __init__(self, pid: int, pidfd: int, subjob_dir: str, spec: dict[str, object]) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.dir = subjob_dir
+        self.cgroup = str(spec.get("cgroup") or "")
+        self.fence = str(spec.get("fence") or "") if spec.get("fenced", True) else ""
+        self.grace_seconds = float(spec.get("grace_seconds") or 10.0)  # type: ignore[arg-type]
+        self.started = time.monotonic()
+        self.error = ""
+        self.fenced_at = 0.0
+        self.status = 0
+        self.peak = 0
+        self.drain_until = 0.0
+
+
+class _Launcher:
+    """The one loop that starts and supervises an agent's subjobs.
+
+    On stdin, one launch record per line (the JSON of ``launch.json`` with the subjob's
+    folder as ``dir``); on stdout, per launch in order, the job's pid, a space and a
+    warning if any, or ``error ...``; and, once a subjob's ``exit.json`` is written, ``x
+    PID`` (the journaled exit: the record is on disk before the agent is told).
+
+    Per launch: the folder and cgroup (:func:`prepare`), the logs opened, one fork; the
+    child starts its own session, joins the cgroup, drops privileges and only then
+    applies the job (:func:`_child`); the answer goes once it has exec'd (or failed), so
+    a stop the agent sends to the group at once reaches it. Per poll: every ended child
+    reaped with ``wait4`` (status and rusage; a pidfd per job wakes the loop), the fence
+    read once for all fenced subjobs, cgroups emptied and removed without blocking (one
+    still draining is retried on the next polls, its ``exit.json`` written once it is
+    gone or after :data:`CGROUP_DRAIN_SECONDS`).
+
+    It is the child subreaper of its subjobs' descendants: without cgroups, what a subjob
+    leaves in its process group is killed when it ends, and descendants that left the
+    group (``setsid``, double forks) are re-parented here and killed once no subjob
+    without a cgroup is running (they cannot be told apart from such a subjob's own).
+
+    Durability: it outlives its agent. On stdin EOF (the agent ended, was SIGKILLed, or
+    is reloading) or SIGTERM it stops taking launches and goes on reaping and writing
+    ``exit.json`` until no subjob is left, then exits; a restarted agent starts a new
+    launcher and re-adopts running subjobs by pid (start time against pid reuse) and
+    this ``exit.json``. A launcher that is SIGKILLed leaves its subjobs running,
+    re-parented to init; their exit status is then unknown, and the agent records them
+    ended with that cause when they end (never lost, never started again)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, _Job] = {}
+        self.draining: list[_Job] = []
+        self.accepting = True
+        self.inbox = b""
+        self.outbox = bytearray()
+        self.out_waiting = False  # stdout registered for EPOLLOUT
+        self.agent_gone = False  # stdout's reader is gone: answers and notices dropped
+        self.epoll = select.epoll()
+        self.next_fence = 0.0
+        self.orphans_possible = False
+        self.null = os.open(os.devnull, os.O_RDWR)
+        self.is_subreaper = become_subreaper()
+        self.own_cgroup = b""
         try:
-            pid = os.fork()
-        except OSError as exc:
-            os.close(ready_r)
-            os.close(ready_w)
-            stdout.write(f"error fork failed: {exc}\n".encode())
-            stdout.flush()
-            continue
-        if pid == 0:
-            os.close(ready_r)
-            os._exit(_supervise(line, ready_w))
-        os.close(ready_w)
-        # Answer only once the supervisor leads its own session with the stop signals
-        # held and its folder and cgroup exist: a stop the agent sends to the group right
-        # away is then never lost. Its word: "ok", "ok WARNING" or "error WHY"; nothing
-        # when it died first (its pid then ends without an exit record, which the agent
-        # reports).
-        said = os.read(ready_r, 4096)
-        os.close(ready_r)
-        if said.startswith(b"error"):
-            stdout.write(said.replace(b"\n", b" ") + b"\n")
-        else:
-            stdout.write(f"{pid}".encode() + said[2:].replace(b"\n", b" ") + b"\n")
-        stdout.flush()
-    return 0
-
-
-def _reap_supervisors(signum: int, frame: object) -> None:
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            self.own_cgroup = _read_small("/proc/self/cgroup")
+        except OSError:
             pass
-    except ChildProcessError:
-        pass
 
+    def run(self) -> int:
+        wake_r, wake_w = os.pipe()
+        for fd in (wake_r, wake_w, 0, 1):
+            os.set_blocking(fd, False)
+        # A child's end or SIGTERM wakes the loop (the handlers themselves do nothing).
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, _ignore)
+        signal.signal(signal.SIGTERM, self._stop_accepting)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.epoll.register(0, select.EPOLLIN)
+        self.epoll.register(wake_r, select.EPOLLIN)
+        # Every object of the start-up into the permanent generation: the collector never
+        # walks them, here or in a fresh child (whose pages it would copy).
+        gc.freeze()
+        while self.accepting or self.jobs or self.draining:
+            for fd, _events in self.epoll.poll(self._timeout()):
+                if fd == 0:
+                    self._read_launches()
+                elif fd == 1:
+                    self._flush()
+                elif fd == wake_r:
+                    try:
+                        while os.read(wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+            if not self.accepting:
+                self._close_stdin()
+            self._reap()
+            if self.draining:
+                self._drain()
+            if self.jobs:
+                self._check_fence()
+            if self.orphans_possible:
+                self._sweep(final=False)
+            self._flush()
+        self._sweep(final=True)
+        return 0
 
-def _supervise(line: bytes, ready_w: int) -> int:
-    """In a forked supervisor: make the subjob's folder and cgroup (:func:`prepare`) from
-    the launch record ``line`` (the agent's JSON, with the folder as ``dir``), then become
-    what ``python -I -S shim.py DIR`` would have been."""
-    subjob_dir = ""
-    try:
-        _signal.pthread_sigmask(_SIG_BLOCK, STOPS)
-        _signal.signal(int(signal.SIGCHLD), _SIG_DFL)  # it waits for its own child
-        os.setsid()
+    def _stop_accepting(self, signum: int, frame: object) -> None:
+        self.accepting = False
+
+    def _close_stdin(self) -> None:
+        try:
+            self.epoll.unregister(0)
+        except (OSError, ValueError):
+            pass
+
+    def _timeout(self) -> float:
+        """Seconds to the next poll's work: a draining cgroup, the next fence check."""
+        if self.draining or (self.orphans_possible and self._loose_jobs() == 0):
+            return 0.01
+        if any(job.fence for job in self.jobs.values()):
+            return max(0.0, self.next_fence - time.monotonic())
+        return -1.0
+
+    def _loose_jobs(self) -> int:
+        return sum(1 for job in self.jobs.values() if not job.cgroup)
+
+    def _read_launches(self) -> None:
+        try:
+            chunk = os.read(0, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # the agent is gone (or closed us): no more launches
+            self.accepting = False
+            return
+        self.inbox += chunk
+        while self.accepting and b"\n" in self.inbox:
+            line, _, self.inbox = self.inbox.partition(b"\n")
+            self._launch(line)
+            self._flush()
+
+    def _say(self, text: str) -> None:
+        if not self.agent_gone:
+            self.outbox += text.replace("\n", " ").encode(errors="replace") + b"\n"
+
+    def _flush(self) -> None:
+        while self.outbox:
+            try:
+                written = os.write(1, self.outbox)
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE: nobody reads any more
+                self.outbox.clear()
+                self.agent_gone = True
+                break
+            del self.outbox[:written]
+        waiting = bool(self.outbox)
+        if waiting != self.out_waiting:
+            if waiting:
+                self.epoll.register(1, select.EPOLLOUT)
+            else:
+                self.epoll.unregister(1)
+            self.out_waiting = waiting
+
+    def _launch(self, line: bytes) -> None:
+        """Start one subjob and answer its pid (or why not)."""
+        logs: list[int] = []
         try:
             spec = json.loads(line)
             if not isinstance(spec, dict) or not spec.get("command") or not spec.get("dir"):
                 raise ValueError("no command or no dir")
-            warning = prepare(str(spec["dir"]), spec)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            os.write(ready_w, f"error supervisor: {exc}".encode(errors="replace"))
-            return EXEC_FAILED_CODE
-        subjob_dir = str(spec["dir"])
-        os.write(ready_w, f"ok {warning}".encode(errors="replace") if warning else b"ok")
-        os.close(ready_w)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        append = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            log = os.open(os.path.join(subjob_dir, name), append, 0o600)
-            os.dup2(log, fd)
-            os.close(log)
-        os.close(null)
-        return run(subjob_dir, spec)
-    except BaseException as exc:  # never return into the launcher's loop
+            subjob_dir = str(spec["dir"])
+            warning = prepare(subjob_dir, spec)
+            job = Exec(spec, subjob_dir)
+            for name in ("stdout", "stderr"):
+                logs.append(os.open(os.path.join(subjob_dir, name), _APPEND, 0o600))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            for fd in logs:
+                os.close(fd)
+            self._say(f"error supervisor: {exc}")
+            return
+        errors_r, errors_w = os.pipe()
+        # Held pending across the fork: a stop that reaches the child before it has reset
+        # its handlers runs after the reset, so it ends the child instead of a copy of this
+        # loop's handler.
+        _signal.pthread_sigmask(_SIG_BLOCK, STOPS)
         try:
-            if subjob_dir:
-                write_exit(subjob_dir, _failed_record(time.monotonic(), f"supervisor: {exc}"))
+            pid = os.fork()
+        except OSError as exc:
+            _signal.pthread_sigmask(_SIG_UNBLOCK, STOPS)
+            for fd in (*logs, errors_r, errors_w):
+                os.close(fd)
+            self._say(f"error fork failed: {exc}")
+            return
+        if pid == 0:  # pragma: no cover - the child execs or exits
+            try:
+                os.setsid()
+                os.dup2(self.null, 0)
+                os.dup2(logs[0], 1)
+                os.dup2(logs[1], 2)
+                _child(job, errors_w)
+            finally:
+                os._exit(EXEC_FAILED_CODE)
+        _signal.pthread_sigmask(_SIG_UNBLOCK, STOPS)
+        for fd in (*logs, errors_w):
+            os.close(fd)
+        # Until it has exec'd (the pipe closes) or failed (it says why): then it leads its
+        # own session and group, and its cgroup, so any signal the agent sends reaches it.
+        error = _read_all(errors_r).decode(errors="replace")
+        try:
+            pidfd = os.pidfd_open(pid)
+            self.epoll.register(pidfd, select.EPOLLIN)
+        except (AttributeError, OSError):
+            pidfd = -1  # its SIGCHLD wakes the loop instead
+        entry = _Job(pid, pidfd, subjob_dir, spec)
+        entry.error = error
+        self.jobs[pid] = entry
+        if entry.fence:
+            self.next_fence = min(self.next_fence, entry.started + FENCE_POLL_SECONDS)
+        self._say(f"{pid} {warning}" if warning else str(pid))
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status, rusage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job = self.jobs.pop(pid, None)
+            if job is None:  # a descendant re-parented here (subreaper), now ended
+                continue
+            if job.pidfd >= 0:
+                self.epoll.unregister(job.pidfd)
+                os.close(job.pidfd)
+            job.status = status
+            job.peak = int(rusage.ru_maxrss) * 1024
+            if job.cgroup:
+                try:
+                    peak = int(_read_small(os.path.join(job.cgroup, "memory.peak")).strip() or 0)
+                    job.peak = max(job.peak, peak)
+                except (OSError, ValueError):
+                    pass
+                if cgroup_pids(job.cgroup):
+                    self._signal(job, int(signal.SIGKILL))
+                if not _remove_cgroup(job.cgroup):
+                    job.drain_until = time.monotonic() + CGROUP_DRAIN_SECONDS
+                    self.draining.append(job)
+                    continue
+            else:
+                try:  # what it left in its group
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                self.orphans_possible = self.is_subreaper
+            self._record(job)
+
+    def _drain(self) -> None:
+        now = time.monotonic()
+        for job in list(self.draining):
+            if _remove_cgroup(job.cgroup) or now > job.drain_until:
+                self.draining.remove(job)
+                self._record(job)
+
+    def _record(self, job: _Job) -> None:
+        """The journaled exit: ``exit.json``, then the agent is told."""
+        status = job.status
+        record: dict[str, object] = {
+            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            "peak_rss_bytes": job.peak,
+            "ended_unix": time.time(),
+            "run_seconds": time.monotonic() - job.started,
+        }
+        if job.error:
+            record["error"] = job.error
+        if job.fenced_at:
+            record["fenced"] = True
+        try:
+            write_exit(job.dir, record)
         except OSError:
+            pass  # the agent finds no record and says so
+        self._say(f"x {job.pid}")
+
+    def _signal(self, job: _Job, sig: int) -> None:
+        """``sig`` to every process of the subjob: its cgroup where it has one, else its
+        process group."""
+        if job.cgroup:
+            if sig == signal.SIGKILL and _kill_cgroup(job.cgroup):
+                return
+            pids = cgroup_pids(job.cgroup)
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            if pids:
+                return
+        try:
+            os.killpg(job.pid, sig)
+        except (ProcessLookupError, PermissionError):
             pass
-        return EXEC_FAILED_CODE
+
+    def _check_fence(self) -> None:
+        """Once per poll period, for every fenced subjob at once: past the fence, SIGTERM
+        (after a SIGCONT), then SIGKILL after its grace (at most FENCE_GRACE_SECONDS)."""
+        now = time.monotonic()
+        if now < self.next_fence:
+            return
+        expired: dict[str, bool] = {}
+        stopping = False
+        for job in self.jobs.values():
+            if not job.fence:
+                continue
+            if job.fenced_at:
+                stopping = True
+                if now - job.fenced_at > min(job.grace_seconds, FENCE_GRACE_SECONDS):
+                    self._signal(job, int(signal.SIGKILL))
+                continue
+            if job.fence not in expired:
+                expired[job.fence] = fence_expired(job.fence, now)
+            if expired[job.fence]:
+                job.fenced_at = now
+                stopping = True
+                _note(job.dir, b"laminar: fence expired (agent out of touch); stopping subjob\n")
+                self._signal(job, int(signal.SIGCONT))
+                self._signal(job, int(signal.SIGTERM))
+        self.next_fence = now + (FENCE_POLL_SECONDS / 2 if stopping else FENCE_POLL_SECONDS)
+
+    def _orphans(self) -> list[int]:
+        """This process's children that are no subjob: descendants re-parented here."""
+        me = os.getpid()
+        try:
+            text = _read_small(f"/proc/{me}/task/{me}/children")
+            children = [int(pid) for pid in text.split()]
+        except (OSError, ValueError):
+            children = [pid for pid in descendants(me) if _parent(pid) == me]
+        return [pid for pid in children if pid not in self.jobs]
+
+    def _sweep(self, *, final: bool) -> None:
+        """Kill what subjobs without a cgroup left behind outside their groups, once none
+        of them runs (the leftovers of one cannot be told from another's processes); a
+        descendant in a cgroup of its own is its subjob's (``cgroup.kill`` ends it).
+        ``final``: the launcher is about to exit; wait (a little) until they are gone."""
+        if self._loose_jobs():
+            return
+        deadline = time.monotonic() + (CGROUP_DRAIN_SECONDS if final else 0.0)
+        while True:
+            self.orphans_possible = False
+            for pid in self._orphans():
+                try:
+                    if self.own_cgroup and _read_small(f"/proc/{pid}/cgroup") != self.own_cgroup:
+                        continue
+                    os.kill(pid, signal.SIGKILL)
+                    self.orphans_possible = True  # its own children come here next
+                except OSError:
+                    pass
+            self._reap()
+            if not final or not self.orphans_possible or time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A handler that does nothing: the signal only wakes the loop (its wakeup fd)."""
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(_read_small(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _remove_cgroup(cgroup: str) -> bool:
+    """Remove an empty cgroup; False while it still holds processes."""
+    try:
+        os.rmdir(cgroup)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _kill_cgroup(cgroup: str) -> bool:
+    try:
+        fd = os.open(os.path.join(cgroup, "cgroup.kill"), os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"1")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _note(subjob_dir: str, text: bytes) -> None:
+    """A line in the subjob's ``stderr`` log (the launcher's own notes on it)."""
+    try:
+        fd = os.open(os.path.join(subjob_dir, "stderr"), _APPEND, 0o600)
+    except OSError:
+        return
+    try:
+        os.write(fd, text)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:

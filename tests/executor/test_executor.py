@@ -158,12 +158,13 @@ async def test_suspend_resume_and_terminate_escalates(tmp_path: Path) -> None:
     ex = Executor(tmp_path / "state", on_exit=rec)
     pid = await ex.launch(make_spec(tmp_path, "s2", SLEEPER))
     await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
-    child = child_of(pid)
+    child = psutil.Process(pid)  # the job itself, its group's leader: no shim in between
+    assert child.ppid() == ex._launcher.pid and os.getpgid(pid) == os.getsid(pid) == pid  # type: ignore[union-attr]
     ex.suspend("s2")
     await poll_until(lambda: child.status() == psutil.STATUS_STOPPED, "child stopped")
     ex.resume("s2")
     await poll_until(lambda: child.status() != psutil.STATUS_STOPPED, "child resumed")
-    ex.release_memory("s2")  # shim ignores SIGUSR1; the child dies from it by default
+    ex.release_memory("s2")  # the child dies from SIGUSR1 by default
     await poll_until(lambda: "s2" in rec.exits, "exit after SIGUSR1")
     assert rec.exits["s2"].signal == 10
 
@@ -323,7 +324,9 @@ async def test_a_resume_reaches_a_shim_stopped_before_its_child_joined_the_cgrou
     the subjob's end (seen as a subjob RUNNING for ever in `laminar bench airlock`)."""
     rec = Recorder()
     cgroup = LateCgroup()
-    ex = Executor(tmp_path / "state", on_exit=rec)
+    # A shim per subjob: the fallback where the launcher cannot be used. (The launcher
+    # answers once its child has joined the cgroup and exec'd: no such window.)
+    ex = Executor(tmp_path / "state", on_exit=rec, use_launcher=False)
     pid = await ex.launch(make_spec(tmp_path, "s4", SLEEPER))
     await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
     shim, child = psutil.Process(pid), child_of(pid)
