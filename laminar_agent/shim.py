@@ -634,7 +634,7 @@ class _Launcher:
         self.jobs: dict[int, _Job] = {}
         self.draining: list[_Job] = []
         self.accepting = True
-        self.inbox = b""
+        self.inbox: bytes | None = b""  # None once stdin is closed
         self.outbox = bytearray()
         self.out_waiting = False  # stdout registered for EPOLLOUT
         self.agent_gone = False  # stdout's reader is gone: answers and notices dropped
@@ -693,10 +693,24 @@ class _Launcher:
         self.accepting = False
 
     def _close_stdin(self) -> None:
-        try:
-            self.epoll.unregister(0)
-        except (OSError, ValueError):
-            pass
+        """No more launches: both pipes closed, so the agent's next record fails at once
+        (it starts a shim or a fresh launcher) and whoever waits on this one's exit
+        notices hears it ended (the agent then reads ``exit.json`` as this process writes
+        it, as for a subjob it re-adopted)."""
+        if self.agent_gone and self.inbox is None:
+            return
+        for fd in (0, 1):
+            try:
+                self.epoll.unregister(fd)
+            except (OSError, ValueError):
+                pass
+        self._flush()
+        for fd in (0, 1):
+            os.dup2(self.null, fd)  # the pipes closed; the fds stay taken
+        self.outbox.clear()
+        self.out_waiting = False
+        self.agent_gone = True
+        self.inbox = None
 
     def _timeout(self) -> float:
         """Seconds to the next poll's work: a draining cgroup, the next fence check."""
@@ -719,8 +733,8 @@ class _Launcher:
         if not chunk:  # the agent is gone (or closed us): no more launches
             self.accepting = False
             return
-        self.inbox += chunk
-        while self.accepting and b"\n" in self.inbox:
+        self.inbox = (self.inbox or b"") + chunk
+        while self.accepting and self.inbox and b"\n" in self.inbox:
             line, _, self.inbox = self.inbox.partition(b"\n")
             self._launch(line)
             self._flush()
@@ -730,6 +744,8 @@ class _Launcher:
             self.outbox += text.replace("\n", " ").encode(errors="replace") + b"\n"
 
     def _flush(self) -> None:
+        if self.agent_gone:
+            return
         while self.outbox:
             try:
                 written = os.write(1, self.outbox)

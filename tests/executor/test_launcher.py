@@ -1,6 +1,8 @@
-"""The pre-forked launcher (shim.py --serve): clean start, fallback, restart.
+"""The launcher (shim.py --serve): clean start, fallback, restart, and the durability
+contract of a launcher that starts and supervises every subjob itself: it outlives its
+agent, and a launcher SIGKILLed leaves its subjobs running and recorded, never lost.
 
-Real processes: the agent's Executor, its launcher, supervisors and commands.
+Real processes: the agent's Executor, its launcher and the commands.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import signal
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from test_executor import Recorder, poll_until
-from waiting import gate_code
+from waiting import gate_code, is_gone
 
 from laminar_agent import executor as executor_module
 from laminar_agent.cgroups import SubjobCgroups
@@ -36,6 +39,12 @@ def _ppid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _fds(pid: int) -> dict[bytes, str]:
+    """What each open fd of ``pid`` is (as /proc's links say)."""
+    fds = Path(f"/proc/{pid}/fd")
+    return {name.name.encode(): os.readlink(name) for name in fds.iterdir()}
+
+
 def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
@@ -46,7 +55,7 @@ async def _run(ex: Executor, rec: Recorder, spec: LaunchSpec) -> int:
     return pid
 
 
-async def test_the_launcher_starts_clean_and_forks_the_supervisors(tmp_path: Path) -> None:
+async def test_the_launcher_starts_clean_and_starts_the_subjobs_itself(tmp_path: Path) -> None:
     rec = Recorder()
     ex = Executor(tmp_path / "state", on_exit=rec, base_env={"PYTHONPATH": "/evil"})
     launcher = ex._launcher
@@ -61,6 +70,15 @@ async def test_the_launcher_starts_clean_and_forks_the_supervisors(tmp_path: Pat
     await poll_until(lambda: "a" in rec.exits, "exit of a")
     assert rec.exits["a"].exit_code == 4
     assert pid != launcher.pid
+    gate = tmp_path / "gate-b"
+    spec = _spec(tmp_path, "b", 0)
+    spec.command = [sys.executable, "-c", gate_code(gate)]
+    pid = await ex.launch(spec)
+    # No supervisor between them: the launcher's child is the job, its session's leader.
+    assert _ppid(pid) == launcher.pid and os.getsid(pid) == os.getpgid(pid) == pid
+    gate.write_text("")
+    await poll_until(lambda: "b" in rec.exits, "exit of b")
+    assert rec.exits["b"].exit_code == 0
     await ex.close()
 
 
@@ -272,3 +290,104 @@ async def test_a_cancelled_launch_stops_the_launcher_so_its_answer_is_nobody_els
     await poll_until(lambda: "next" in rec.exits, "exit of next")
     assert rec.exits["next"].exit_code == 4
     await ex.close()
+
+
+def _gated(tmp_path: Path, subjob_id: str, code: int) -> tuple[LaunchSpec, Path, Path]:
+    """A subjob that marks each run of it, then waits for its gate and exits ``code``."""
+    gate, runs = tmp_path / f"gate-{subjob_id}", tmp_path / f"runs-{subjob_id}"
+    spec = _spec(tmp_path, subjob_id, code)
+    spec.command = [
+        sys.executable,
+        "-c",
+        f"open({str(runs)!r}, 'a').write('ran\\n')\n" + gate_code(gate, code),
+    ]
+    return spec, gate, runs
+
+
+async def test_the_launcher_outlives_its_agent_and_records_the_real_exit(
+    tmp_path: Path,
+) -> None:
+    """Its agent gone (stdin EOF, as when the agent is SIGKILLed or reloads), the launcher
+    takes no more launches but goes on supervising: the subjob runs on, its real exit
+    status lands in exit.json, a new agent re-adopts it by pid and reads it there; then,
+    with no subjob left, the launcher exits."""
+    state = tmp_path / "state"
+    rec_a = Recorder()
+    a = Executor(state, on_exit=rec_a)
+    spec, gate, runs = _gated(tmp_path, "lives", 9)
+    pid = await a.launch(spec)
+    launcher = a._launcher
+    assert launcher is not None
+    launcher_pid = launcher.pid
+    started_unix = psutil.Process(pid).create_time()
+    await a.close()  # its pipes closed: what a dead agent leaves
+    assert not is_gone(pid) and not is_gone(launcher_pid)
+    rec_b = Recorder()
+    b = Executor(state, on_exit=rec_b)
+    assert b.adopt("lives", pid, started_unix)
+    gate.write_text("")
+    await poll_until(lambda: "lives" in rec_b.exits, "the adopted subjob's end")
+    assert rec_b.exits["lives"].exit_code == 9 and rec_b.exits["lives"].error == ""
+    assert rec_a.exits == {}
+    await poll_until(lambda: is_gone(launcher_pid), "the launcher to exit, its last subjob done")
+    assert runs.read_text() == "ran\n"
+    await b.close()
+
+
+async def test_a_launcher_sigterm_stops_launches_not_subjobs(tmp_path: Path) -> None:
+    """SIGTERM (systemd stopping the unit, say) is an EOF: the running subjob is not
+    signalled; it ends on its own and its status is recorded."""
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    spec, gate, _ = _gated(tmp_path, "term", 5)
+    pid = await ex.launch(spec)
+    launcher = ex._launcher
+    assert launcher is not None
+    os.kill(launcher.pid, signal.SIGTERM)
+    await poll_until(lambda: _fds(launcher.pid)[b"0"] == os.devnull, "stdin closed")
+    assert not is_gone(pid)
+    # The next launch goes elsewhere (a shim now), not into a launcher that takes none.
+    await _run(ex, rec, _spec(tmp_path, "next", 2))
+    assert rec.exits["next"].exit_code == 2
+    gate.write_text("")
+    await poll_until(lambda: "term" in rec.exits, "exit of term")
+    assert rec.exits["term"].exit_code == 5 and rec.exits["term"].signal is None
+    await ex.close()
+
+
+async def test_a_sigkilled_launcher_leaves_its_subjob_running_then_recorded_unknown(
+    tmp_path: Path,
+) -> None:
+    """A launcher SIGKILLed under a running subjob: the subjob runs on (re-parented to
+    init, which reaps it and records nothing), is not started again, and once it ends it
+    is recorded ended with that cause (exit status unknown), never lost. So is one a
+    restarted agent finds still running under no launcher."""
+    state = tmp_path / "state"
+    rec = Recorder()
+    ex = Executor(state, on_exit=rec)
+    spec, gate, runs = _gated(tmp_path, "orphan", 3)
+    pid = await ex.launch(spec)
+    spec2, gate2, runs2 = _gated(tmp_path, "orphan2", 4)
+    pid2 = await ex.launch(spec2)
+    started2 = psutil.Process(pid2).create_time()
+    launcher = ex._launcher
+    assert launcher is not None
+    os.kill(launcher.pid, signal.SIGKILL)
+    await poll_until(lambda: _ppid(pid) != launcher.pid, "the subjob re-parented")
+    assert not is_gone(pid) and ex.is_running("orphan")
+    gate.write_text("")
+    await poll_until(lambda: "orphan" in rec.exits, "the orphan's end")
+    info = rec.exits["orphan"]
+    assert info.exit_code is None and "exit status unknown" in info.error
+    assert runs.read_text() == "ran\n"
+    await ex.close()
+    # A new agent finds the other one still running, with no launcher to record it.
+    rec_b = Recorder()
+    b = Executor(state, on_exit=rec_b)
+    assert b.adopt("orphan2", pid2, started2)
+    gate2.write_text("")
+    await poll_until(lambda: "orphan2" in rec_b.exits, "the adopted orphan's end")
+    assert rec_b.exits["orphan2"].exit_code is None
+    assert "exit status unknown" in rec_b.exits["orphan2"].error
+    assert runs2.read_text() == "ran\n"
+    await b.close()

@@ -154,7 +154,7 @@ def test_a_tenants_environment_never_runs_anything_as_root(
 ) -> None:
     """PYTHONPATH (sitecustomize.py), LD_PRELOAD, LD_LIBRARY_PATH and PYTHONSTARTUP in a
     job's environment: the payload runs, but only ever as the job's own uid, and the
-    shim that stays root starts with none of it."""
+    launcher that stays root starts with none of it."""
     python = _python_for_others()
     marks = _world_writable(open_dir / "marks")
     payload = open_dir / "payload"
@@ -176,11 +176,15 @@ def test_a_tenants_environment_never_runs_anything_as_root(
     stub = _stub(agent)
     _start(stub, "evil", [python, "-c", code], env=env)
     wait_for(lambda: _subjob(stub, "evil").pid > 0)
-    shim_pid = _subjob(stub, "evil").pid
-    shim_env = Path(f"/proc/{shim_pid}/environ").read_bytes().split(b"\0")
-    shim_keys = {item.partition(b"=")[0].decode() for item in shim_env if item}
-    assert Path(f"/proc/{shim_pid}/status").read_text().count("Uid:\t0\t") == 1  # root shim
-    assert not shim_keys & {"PYTHONPATH", "PYTHONSTARTUP", "LD_LIBRARY_PATH", "LD_PRELOAD"}
+    job_pid = _subjob(stub, "evil").pid
+    # The job's own process (not root), started by the launcher, which stays root.
+    assert Path(f"/proc/{job_pid}/status").read_text().count("Uid:\t0\t") == 0
+    launcher_pid = int(Path(f"/proc/{job_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert b"--serve" in Path(f"/proc/{launcher_pid}/cmdline").read_bytes()
+    launcher_env = Path(f"/proc/{launcher_pid}/environ").read_bytes().split(b"\0")
+    launcher_keys = {item.partition(b"=")[0].decode() for item in launcher_env if item}
+    assert Path(f"/proc/{launcher_pid}/status").read_text().count("Uid:\t0\t") == 1
+    assert not launcher_keys & {"PYTHONPATH", "PYTHONSTARTUP", "LD_LIBRARY_PATH", "LD_PRELOAD"}
     gate.write_text("")
     subjob = _final(stub, "evil")
     assert subjob.state == common_pb2.SUCCEEDED, subjob.reason
