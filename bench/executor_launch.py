@@ -2,8 +2,9 @@
 pre-forked launcher (cgroups as the agent opens them, ``executor.cgroup_root = auto``),
 C at a time, in this process (no gRPC, no journal). Reports this process's CPU per launch
 (the agent's side: the launch record, the pipe, watching the pidfd, reading exit.json),
-the launcher's with its reaped children (supervisors and commands) and their page
-faults, and the rate. Numbers are reported, never asserted.
+the launcher's with its reaped children (the commands; before issue 15's one-loop
+launcher, supervisors and commands) and their page faults, the launcher's own, and the
+rate. Numbers are reported, never asserted.
 
     .venv/bin/python bench/executor_launch.py [--launches 300] [--concurrency 4] [-o json]
 """
@@ -27,12 +28,17 @@ from laminar_agent.cgroups import SubjobCgroups, open_cgroups  # noqa: E402
 from laminar_agent.executor import Executor, ExitInfo, LaunchSpec  # noqa: E402
 
 
-def _cpu_and_faults(pid: int) -> tuple[float, int]:
-    """CPU seconds of ``pid`` with its reaped children, and their minor page faults."""
+def _cpu_and_faults(pid: int) -> tuple[float, int, float]:
+    """CPU seconds of ``pid`` with its reaped children, their minor page faults, and the
+    CPU seconds of ``pid`` alone."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     # After the command name: minflt 7, cminflt 8, utime..cstime 11-14 (0-based).
-    return sum(int(x) for x in fields[11:15]) / ticks, int(fields[7]) + int(fields[8])
+    return (
+        sum(int(x) for x in fields[11:15]) / ticks,
+        int(fields[7]) + int(fields[8]),
+        sum(int(x) for x in fields[11:13]) / ticks,
+    )
 
 
 def _remove(cgroups: SubjobCgroups | None) -> None:
@@ -70,16 +76,16 @@ async def measure(launches: int, concurrency: int) -> dict[str, float]:
     await one(-1)  # starts the launcher
     assert executor._launcher is not None
     launcher = executor._launcher.pid
-    launcher_before, faults_before = _cpu_and_faults(launcher)
+    launcher_before, faults_before, self_before = _cpu_and_faults(launcher)
     own_before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(launches)))
     elapsed = time.perf_counter() - started
     own_after = resource.getrusage(resource.RUSAGE_SELF)
-    while True:  # the last supervisors are reaped by the launcher shortly after
-        launcher_after, faults_after = _cpu_and_faults(launcher)
+    while True:  # the last subjobs (or supervisors) are reaped by the launcher shortly after
+        launcher_after, faults_after, self_after = _cpu_and_faults(launcher)
         await asyncio.sleep(0.2)
-        if _cpu_and_faults(launcher) == (launcher_after, faults_after):
+        if _cpu_and_faults(launcher) == (launcher_after, faults_after, self_after):
             break
     await executor.close()
     _remove(cgroups)
@@ -92,6 +98,7 @@ async def measure(launches: int, concurrency: int) -> dict[str, float]:
         "launcher_cpu_ms_per_launch": round(
             1000 * (launcher_after - launcher_before) / launches, 3
         ),
+        "launcher_own_cpu_ms_per_launch": round(1000 * (self_after - self_before) / launches, 3),
         "launcher_page_faults_per_launch": round((faults_after - faults_before) / launches, 1),
         "launches_per_second": round(launches / elapsed, 1),
         "failed": sum(1 for i in range(launches) if codes.get(f"s{i}") != 0),

@@ -567,14 +567,15 @@ _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
 
 
 class _Job:
-    """One subjob the launcher started: the job's own process, its session and group
-    leader (pid == pgid == sid)."""
+    """One subjob the launcher started: the job's own process, its group's leader (pid ==
+    pgid)."""
 
     __slots__ = (
         "cgroup",
         "dir",
         "drain_until",
         "error",
+        "errors",
         "fence",
         "fenced_at",
         "grace_seconds",
@@ -594,6 +595,7 @@ class _Job:
         self.grace_seconds = float(spec.get("grace_seconds") or 10.0)  # type: ignore[arg-type]
         self.started = time.monotonic()
         self.error = ""
+        self.errors = -1  # the pipe its child reports an exec failure on
         self.fenced_at = 0.0
         self.status = 0
         self.peak = 0
@@ -609,9 +611,12 @@ class _Launcher:
     PID`` (the journaled exit: the record is on disk before the agent is told).
 
     Per launch: the folder and cgroup (:func:`prepare`), the logs opened, one fork; the
-    child starts its own session, joins the cgroup, drops privileges and only then
-    applies the job (:func:`_child`); the answer goes once it has exec'd (or failed), so
-    a stop the agent sends to the group at once reaches it. Per poll: every ended child
+    child leads its own process group (set on both sides of the fork, so it is before
+    the pid is answered: a stop the agent sends the group at once reaches it), joins the
+    cgroup, drops privileges and only then applies the job (:func:`_child`). The answer
+    does not wait for the exec (an exec failure comes back on a pipe, read in the loop):
+    joining a cgroup can take milliseconds of wall time, and launches would queue
+    behind it. Per poll: every ended child
     reaped with ``wait4`` (status and rusage; a pidfd per job wakes the loop), the fence
     read once for all fenced subjobs, cgroups emptied and removed without blocking (one
     still draining is retried on the next polls, its ``exit.json`` written once it is
@@ -632,6 +637,7 @@ class _Launcher:
 
     def __init__(self) -> None:
         self.jobs: dict[int, _Job] = {}
+        self.by_errors: dict[int, _Job] = {}
         self.draining: list[_Job] = []
         self.accepting = True
         self.inbox: bytes | None = b""  # None once stdin is closed
@@ -670,6 +676,8 @@ class _Launcher:
                     self._read_launches()
                 elif fd == 1:
                     self._flush()
+                elif fd in self.by_errors:
+                    self._read_errors(self.by_errors[fd])
                 elif fd == wake_r:
                     try:
                         while os.read(wake_r, 512):
@@ -796,30 +804,53 @@ class _Launcher:
             return
         if pid == 0:  # pragma: no cover - the child execs or exits
             try:
-                os.setsid()
+                os.setpgid(0, 0)
                 os.dup2(self.null, 0)
                 os.dup2(logs[0], 1)
                 os.dup2(logs[1], 2)
                 _child(job, errors_w)
             finally:
                 os._exit(EXEC_FAILED_CODE)
+        # Its own group from here on (it sets it too, whichever runs first), so a signal the
+        # agent sends the group as soon as it has the pid reaches it; before it has joined
+        # its cgroup the agent's signals go to the group (the cgroup lists nobody yet).
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass  # it has exec'd already (EACCES) or died: either way it set its group
         _signal.pthread_sigmask(_SIG_UNBLOCK, STOPS)
         for fd in (*logs, errors_w):
             os.close(fd)
-        # Until it has exec'd (the pipe closes) or failed (it says why): then it leads its
-        # own session and group, and its cgroup, so any signal the agent sends reaches it.
-        error = _read_all(errors_r).decode(errors="replace")
         try:
             pidfd = os.pidfd_open(pid)
             self.epoll.register(pidfd, select.EPOLLIN)
         except (AttributeError, OSError):
             pidfd = -1  # its SIGCHLD wakes the loop instead
         entry = _Job(pid, pidfd, subjob_dir, spec)
-        entry.error = error
+        # Why it could not exec, if it could not: read as it comes (the pipe closes at
+        # exec), not waited for, so the next launch does not wait on this one's cgroup join.
+        os.set_blocking(errors_r, False)
+        entry.errors = errors_r
+        self.epoll.register(errors_r, select.EPOLLIN)
+        self.by_errors[errors_r] = entry
         self.jobs[pid] = entry
         if entry.fence:
             self.next_fence = min(self.next_fence, entry.started + FENCE_POLL_SECONDS)
         self._say(f"{pid} {warning}" if warning else str(pid))
+
+    def _read_errors(self, job: _Job) -> None:
+        """What the child said before it exec'd (nothing) or failed (why); closed at EOF."""
+        try:
+            while chunk := os.read(job.errors, 4096):
+                job.error += chunk.decode(errors="replace")
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self.epoll.unregister(job.errors)
+        del self.by_errors[job.errors]
+        os.close(job.errors)
+        job.errors = -1
 
     def _reap(self) -> None:
         while True:
@@ -835,6 +866,8 @@ class _Launcher:
             if job.pidfd >= 0:
                 self.epoll.unregister(job.pidfd)
                 os.close(job.pidfd)
+            if job.errors >= 0:  # it has ended: all it wrote is in the pipe
+                self._read_errors(job)
             job.status = status
             job.peak = int(rusage.ru_maxrss) * 1024
             if job.cgroup:
