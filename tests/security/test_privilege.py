@@ -177,8 +177,9 @@ def test_a_tenants_environment_never_runs_anything_as_root(
     _start(stub, "evil", [python, "-c", code], env=env)
     wait_for(lambda: _subjob(stub, "evil").pid > 0)
     job_pid = _subjob(stub, "evil").pid
-    # The job's own process (not root), started by the launcher, which stays root.
-    assert Path(f"/proc/{job_pid}/status").read_text().count("Uid:\t0\t") == 0
+    # The job's own process, started by the launcher, which stays root. (The pid is
+    # answered right after the fork: the child drops privileges before it execs.)
+    wait_for(lambda: Path(f"/proc/{job_pid}/status").read_text().count("Uid:\t0\t") == 0)
     launcher_pid = int(Path(f"/proc/{job_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     assert b"--serve" in Path(f"/proc/{launcher_pid}/cmdline").read_bytes()
     launcher_env = Path(f"/proc/{launcher_pid}/environ").read_bytes().split(b"\0")
