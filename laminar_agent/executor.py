@@ -928,12 +928,14 @@ class Executor:
         parent, while that runs) writes its ``exit.json`` once it has reaped it."""
         try:
             p = psutil.Process(pid)
-            alive = (
-                abs(p.create_time() - started_unix) <= 1.0 and p.status() != psutil.STATUS_ZOMBIE
-            )
-            is_shim = alive and _is_shim(p.cmdline())
+            alive = abs(p.create_time() - started_unix) <= 1.0
+            ended = alive and p.status() == psutil.STATUS_ZOMBIE
+            is_shim = alive and not ended and _is_shim(p.cmdline())
             parent = p.parent() if alive and not is_shim else None
             writer = parent if parent is not None and _is_launcher(parent.cmdline()) else None
+            # Ended but not yet reaped by its launcher, which writes its exit.json next:
+            # adopted, so that record is waited for rather than the subjob taken as lost.
+            alive = alive and (not ended or writer is not None)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             alive = False
         if not alive:

@@ -391,3 +391,33 @@ async def test_a_sigkilled_launcher_leaves_its_subjob_running_then_recorded_unkn
     assert "exit status unknown" in rec_b.exits["orphan2"].error
     assert runs2.read_text() == "ran\n"
     await b.close()
+
+
+async def test_a_subjob_ended_but_not_yet_reaped_is_adopted_and_its_record_awaited(
+    tmp_path: Path,
+) -> None:
+    """A restarted agent that finds a subjob ended but its launcher not done with it
+    (a zombie, exit.json not yet written: here the launcher is stopped) adopts it and
+    waits for the record instead of taking it as lost."""
+    state = tmp_path / "state"
+    a = Executor(state, on_exit=Recorder())
+    spec, gate, _ = _gated(tmp_path, "late", 6)
+    pid = await a.launch(spec)
+    launcher = a._launcher
+    assert launcher is not None
+    launcher_pid = launcher.pid
+    started_unix = psutil.Process(pid).create_time()
+    await a.close()
+    os.kill(launcher_pid, signal.SIGSTOP)
+    try:
+        gate.write_text("")
+        await poll_until(lambda: _state(pid) == "Z", "the subjob to end, unreaped")
+        rec = Recorder()
+        b = Executor(state, on_exit=rec)
+        assert b.adopt("late", pid, started_unix)
+        assert b.read_exit("late") is None
+    finally:
+        os.kill(launcher_pid, signal.SIGCONT)
+    await poll_until(lambda: "late" in rec.exits, "the adopted subjob's end")
+    assert rec.exits["late"].exit_code == 6 and rec.exits["late"].error == ""
+    await b.close()
