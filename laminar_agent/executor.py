@@ -1,22 +1,27 @@
 """Starts, signals and watches subjob processes.
 
-Each subjob runs under :mod:`laminar_agent.shim` in its own session, so the
-shim's pid is also the process group id; where cgroups are available each subjob
-also has its own cgroup (:mod:`laminar_agent.cgroups`), and signals go to every
-process in it. Subjobs outlive the agent: :meth:`Executor.close` stops watching
-but never kills, and a restarted agent re-attaches with :meth:`Executor.adopt` and
-learns the exit status from the shim's ``exit.json``.
+The agent's launcher (:mod:`laminar_agent.shim`, ``--serve``) starts each subjob's
+process itself, the leader of its own process group, so the pid the agent keeps is the
+job's and also its process group id; where cgroups are available each subjob also has
+its own cgroup (:mod:`laminar_agent.cgroups`), and signals go to every process in it.
+The launcher supervises them all and writes each one's ``exit.json`` before telling the
+agent. Subjobs outlive the agent, and so does the launcher: :meth:`Executor.close`
+stops watching but never kills, and a restarted agent re-attaches with
+:meth:`Executor.adopt` and learns the exit status from ``exit.json``. Where the
+launcher cannot be used a shim per subjob (``shim.py DIR``) does the same for one
+subjob; its pid is then the shim's.
 
-Trust boundary: the shim is started with a fixed clean environment and ``python -I
--S`` (see the shim's docstring); the job's command, environment and working directory
-travel in the launch record (a line on the launcher's stdin, or ``launch.json`` in a
-folder only root may write when the shim is started directly), and are applied by the
-shim's child after it has dropped privileges. Each tenant runs as its own user
-(:class:`TenantIdentities`).
+Trust boundary: the launcher (and a shim) is started with a fixed clean environment and
+``python -I -S`` (see the shim's docstring); the job's command, environment and working
+directory travel in the launch record (a line on the launcher's stdin, or
+``launch.json`` in a folder only root may write when the shim is started directly), and
+are applied by the forked child after it has dropped privileges. Each tenant runs as its
+own user (:class:`TenantIdentities`).
 
 A launch on the event loop is a JSON dump and a pipe write: the subjob's folder and
-cgroup are made by its supervisor (:func:`laminar_agent.shim.prepare`), whose mkdirs took
-about a millisecond of the loop's time each under load.
+cgroup are made by the launcher (:func:`laminar_agent.shim.prepare`), whose mkdirs took
+about a millisecond of the loop's time each under load; its end is a line from the
+launcher, not a pidfd per subjob.
 """
 
 from __future__ import annotations
@@ -281,7 +286,7 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 async def _wait_child(pid: int) -> int | None:
     """Wait for ``pid`` to end without blocking the loop; its wait status when it is our
-    child (reaped here), None when it is not (a supervisor the launcher forked, or one
+    child (reaped here), None when it is not (a subjob a launcher started, or one
     reaped elsewhere). Its pidfd tells when it has ended (a pidfd is readable once its
     process has exited, zombie or reaped), so nothing polls /proc on a launch's path;
     only without pidfds is it polled."""
@@ -348,8 +353,8 @@ def _is_zombie(pid: int) -> bool:
 
 
 class LaunchUnanswered(OSError):
-    """The launch record reached the launcher and no answer came: its supervisor may
-    still start (the caller voids the launch: :meth:`Executor.void`)."""
+    """The launch record reached the launcher and no answer came: the subjob may still
+    start (the caller voids the launch: :meth:`Executor.void`)."""
 
 
 class Launcher:
@@ -655,8 +660,8 @@ class Executor:
         fence_file: Path | None = None,
         use_launcher: bool = True,
     ) -> None:
-        """``use_launcher``: fork supervisors from the pre-forked launcher (else start
-        ``python -I -S shim.py`` for each subjob). ``identities``: who each tenant's subjobs run as (default: every tenant as
+        """``use_launcher``: start subjobs through the launcher (else start ``python -I -S
+        shim.py`` for each subjob). ``identities``: who each tenant's subjobs run as (default: every tenant as
         ``run_as``, see :func:`resolve_run_as`; None runs them as the agent's own user).
         ``cgroups``: one cgroup per subjob, or None for process groups only.
         ``fence_file``: the agent's fence (see the shim), or None for no fencing."""
@@ -754,7 +759,7 @@ class Executor:
             # Created by the subjob's own user in its child, so it is theirs; never
             # created or chowned by root at a path the job chose.
             make_dirs.append(spec.checkpoint_dir)
-        # The supervisor makes the folder (with the user's scratch folder) and the cgroup.
+        # The launcher makes the folder (with the user's scratch folder) and the cgroup.
         cgroup = str(self.cgroups.path(spec.subjob_id)) if self.cgroups is not None else ""
         launch: dict[str, object] = {
             "dir": str(sdir),
@@ -804,9 +809,9 @@ class Executor:
         return pid
 
     def void(self, subjob_id: str) -> None:
-        """Give up on a launch whose supervisor may still start (its launcher did not
-        answer, or the launch was cancelled after its record went out), so that nothing of
-        it runs: the void mark in its folder first (a late supervisor's child checks it
+        """Give up on a launch that may still start (its launcher did not answer, or the
+        launch was cancelled after its record went out), so that nothing of it runs: the
+        void mark in its folder first (a late start's child checks it
         after joining the cgroup, before anything of the job), then every process already
         in its cgroup killed. Without a cgroup, a child that passed its check before the
         mark was written is not found here (the subjob runs; the agent has recorded it
@@ -826,7 +831,7 @@ class Executor:
         log.warning("subjob %s: launch void; nothing of it runs", subjob_id)
 
     def _launch_shim(self, sdir: Path, launch: dict[str, object]) -> tuple[int, str]:
-        """Without a launcher: make the folder and cgroup here, as a supervisor would,
+        """Without a launcher: make the folder and cgroup here, as the launcher would,
         write ``launch.json`` and start ``python -I -S shim.py DIR`` (its pid, the warning).
         Raises OSError when the folder cannot be made."""
         warning = shim.prepare(str(sdir), launch)

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
 EXIT_FILE = "exit.json"
 LAUNCH_FILE = "launch.json"
 #: In a subjob's folder: the agent gave up on this launch (its launcher did not answer in
-#: time, or the launch was cancelled) and recorded it failed. A supervisor that starts
-#: late finds it after its child joined the cgroup and runs nothing of the job; the
+#: time, or the launch was cancelled) and recorded it failed. A launch that starts late
+#: finds it after its child joined the cgroup and runs nothing of the job; the
 #: agent, having written it, kills whatever already joined the cgroup (one of the two
 #: always sees the other).
 VOID_FILE = "void"
@@ -331,11 +331,10 @@ def prepare(subjob_dir: str, spec: dict[str, object]) -> str:
 
 
 class Exec:
-    """What the child needs, prepared by the supervisor from ``launch.json`` before the
-    fork (parsed as before, by the same root process; nothing of it is applied here):
+    """What the child needs, prepared by the launcher (or shim) from the launch record
+    before the fork (parsed by the same root process; nothing of it is applied there):
     the child then runs the fewest Python lines between fork and exec. Each line there
-    touches (so copies) pages it shares with its parent, which was a millisecond of CPU
-    per launch."""
+    touches (so copies) pages it shares with its parent."""
 
     __slots__ = (
         "argv",
