@@ -935,9 +935,21 @@ class Executor:
             p = psutil.Process(pid)
             alive = abs(p.create_time() - started_unix) <= 1.0
             ended = alive and p.status() == psutil.STATUS_ZOMBIE
-            is_shim = alive and not ended and _is_shim(p.cmdline())
-            parent = p.parent() if alive and not is_shim else None
+            parent = p.parent() if alive else None
             writer = parent if parent is not None and _is_launcher(parent.cmdline()) else None
+            # A shim of its own: one started directly has a launch.json (the launcher
+            # writes none); an older agent's supervisors (forked by a launcher that ended
+            # with that agent) say so on their command line. A launcher's child is the job.
+            is_shim = (
+                alive
+                and not ended
+                and (
+                    os.path.lexists(f"{self._subjobs_prefix}{subjob_id}{os.sep}{LAUNCH_FILE}")
+                    or (writer is None and _is_shim(p.cmdline()))
+                )
+            )
+            if is_shim:
+                writer = None
             # Ended but not yet reaped by its launcher, which writes its exit.json next:
             # adopted, so that record is waited for rather than the subjob taken as lost.
             alive = alive and (not ended or writer is not None)

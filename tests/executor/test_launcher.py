@@ -421,3 +421,26 @@ async def test_a_subjob_ended_but_not_yet_reaped_is_adopted_and_its_record_await
     await poll_until(lambda: "late" in rec.exits, "the adopted subjob's end")
     assert rec.exits["late"].exit_code == 6 and rec.exits["late"].error == ""
     await b.close()
+
+
+async def test_an_agent_upgraded_under_a_shim_subjob_adopts_it_and_its_exit(
+    tmp_path: Path,
+) -> None:
+    """A subjob started under a shim of its own (an older agent's way, and the fallback
+    without a launcher) is re-adopted by an agent that uses the launcher: its pid is the
+    shim's, which writes exit.json before it exits, and a stop spares the shim."""
+    state = tmp_path / "state"
+    old = Executor(state, on_exit=Recorder(), use_launcher=False)
+    spec, gate, runs = _gated(tmp_path, "old", 8)
+    pid = await old.launch(spec)
+    started_unix = psutil.Process(pid).create_time()
+    await old.close()
+    rec = Recorder()
+    new = Executor(state, on_exit=rec)
+    assert new.adopt("old", pid, started_unix)
+    assert not new._tracked["old"].is_job  # the shim leads the group, not the job
+    gate.write_text("")
+    await poll_until(lambda: "old" in rec.exits, "the adopted shim's subjob to end")
+    assert rec.exits["old"].exit_code == 8 and rec.exits["old"].error == ""
+    assert runs.read_text() == "ran\n"
+    await new.close()
