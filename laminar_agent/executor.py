@@ -486,7 +486,11 @@ class Launcher:
         while b"\n" in self._buffer:
             line, _, self._buffer = self._buffer.partition(b"\n")
             if line.startswith(b"x "):
-                pid = int(line[2:])
+                try:
+                    pid = int(line[2:])
+                except ValueError:
+                    log.warning("launcher said %r; ignored", line[:80])
+                    continue
                 ended = self._exits.pop(pid, None)
                 if ended is None:
                     self._recorded.add(pid)
