@@ -637,6 +637,8 @@ class _Launcher:
     def __init__(self) -> None:
         self.jobs: dict[int, _Job] = {}
         self.by_errors: dict[int, _Job] = {}
+        self.fenced = 0  # how many of the jobs are fenced
+        self.loose = 0  # how many of the jobs have no cgroup
         self.draining: list[_Job] = []
         self.accepting = True
         self.inbox: bytes | None = b""  # None once stdin is closed
@@ -688,7 +690,7 @@ class _Launcher:
             self._reap()
             if self.draining:
                 self._drain()
-            if self.jobs:
+            if self.fenced:
                 self._check_fence()
             if self.orphans_possible:
                 self._sweep(final=False)
@@ -721,14 +723,11 @@ class _Launcher:
 
     def _timeout(self) -> float:
         """Seconds to the next poll's work: a draining cgroup, the next fence check."""
-        if self.draining or (self.orphans_possible and self._loose_jobs() == 0):
+        if self.draining or (self.orphans_possible and self.loose == 0):
             return 0.01
-        if any(job.fence for job in self.jobs.values()):
+        if self.fenced:
             return max(0.0, self.next_fence - time.monotonic())
         return -1.0
-
-    def _loose_jobs(self) -> int:
-        return sum(1 for job in self.jobs.values() if not job.cgroup)
 
     def _read_launches(self) -> None:
         try:
@@ -833,6 +832,8 @@ class _Launcher:
         self.epoll.register(errors_r, select.EPOLLIN)
         self.by_errors[errors_r] = entry
         self.jobs[pid] = entry
+        self.fenced += bool(entry.fence)
+        self.loose += not entry.cgroup
         if entry.fence:
             self.next_fence = min(self.next_fence, entry.started + FENCE_POLL_SECONDS)
         self._say(f"{pid} {warning}" if warning else str(pid))
@@ -862,6 +863,8 @@ class _Launcher:
             job = self.jobs.pop(pid, None)
             if job is None:  # a descendant re-parented here (subreaper), now ended
                 continue
+            self.fenced -= bool(job.fence)
+            self.loose -= not job.cgroup
             if job.pidfd >= 0:
                 self.epoll.unregister(job.pidfd)
                 os.close(job.pidfd)
@@ -976,7 +979,7 @@ class _Launcher:
         of them runs (the leftovers of one cannot be told from another's processes); a
         descendant in a cgroup of its own is its subjob's (``cgroup.kill`` ends it).
         ``final``: the launcher is about to exit; wait (a little) until they are gone."""
-        if self._loose_jobs():
+        if self.loose:
             return
         deadline = time.monotonic() + (CGROUP_DRAIN_SECONDS if final else 0.0)
         while True:
