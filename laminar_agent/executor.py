@@ -264,10 +264,10 @@ class ExitInfo:
 class _Tracked:
     pid: int
     grace_seconds: float
-    #: The pid is the job's own process (its session and group leader), started by a
+    #: The pid is the job's own process (its process group's leader), started by a
     #: launcher; False for a shim's pid (the shim leads the group and must outlive a kill).
     is_job: bool = False
-    #: When it was launched or its start time when adopted (against pid reuse).
+    #: Its process's start time, as psutil reads it (against pid reuse).
     started_unix: float = 0.0
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -363,7 +363,7 @@ class Launcher:
     each) and supervises them all, so a launch costs a fork instead of a Python start-up
     and no Python process stays per subjob. Started on first use over two plain pipes
     (its stdin and stdout). Its stdout carries, in order, one answer per launch record
-    and, interleaved, ``x PID`` once a subjob's ``exit.json`` is written
+    and, interleaved, ``x PID ID`` once subjob ID's ``exit.json`` is written
     (:meth:`wait_exit`).
 
     If it cannot start or is dead before it reads the record, that launch falls back to
@@ -382,8 +382,10 @@ class Launcher:
         self._lines: collections.deque[str] = collections.deque()
         self._answered: asyncio.Future[None] | None = None  # wakes _readline
         self._eof = False
-        self._exits: dict[int, asyncio.Future[bool]] = {}
-        self._recorded: set[int] = set()  # "x PID" read before anyone waited for it
+        #: By subjob id (never by pid: a pid the kernel reused would take an earlier
+        #: subjob's notice for a later one's).
+        self._exits: dict[str, asyncio.Future[bool]] = {}
+        self._recorded: set[str] = set()  # "x PID ID" read before anyone waited for it
         self._retired: list[int] = []  # launchers stopped with subjobs: reaped once ended
         self._lock = asyncio.Lock()
         self._broken_until = 0.0  # monotonic: no launcher (direct shims) until then
@@ -452,21 +454,21 @@ class Launcher:
                 return None
             return int(head), warning
 
-    async def wait_exit(self, pid: int) -> bool:
-        """Wait until this launcher says it wrote subjob ``pid``'s ``exit.json`` (True),
+    async def wait_exit(self, subjob_id: str) -> bool:
+        """Wait until this launcher says it wrote ``subjob_id``'s ``exit.json`` (True),
         or until it is no longer heard from (False: it ended, or was given up on, with
         the subjob maybe still running)."""
-        if pid in self._recorded:
-            self._recorded.discard(pid)
+        if subjob_id in self._recorded:
+            self._recorded.discard(subjob_id)
             return True
         if self._from < 0 or self._eof:
             return False
         ended = asyncio.get_running_loop().create_future()
-        self._exits[pid] = ended
+        self._exits[subjob_id] = ended
         try:
             return bool(await ended)
         finally:
-            self._exits.pop(pid, None)
+            self._exits.pop(subjob_id, None)
 
     def _on_readable(self) -> None:
         """Its stdout: launch answers (to :meth:`_readline`) and exit notices."""
@@ -486,14 +488,14 @@ class Launcher:
         while b"\n" in self._buffer:
             line, _, self._buffer = self._buffer.partition(b"\n")
             if line.startswith(b"x "):
-                try:
-                    pid = int(line[2:])
-                except ValueError:
+                words = line.split()
+                if len(words) != 3 or not words[1].isdigit():
                     log.warning("launcher said %r; ignored", line[:80])
                     continue
-                ended = self._exits.pop(pid, None)
+                subjob_id = words[2].decode(errors="replace")
+                ended = self._exits.pop(subjob_id, None)
                 if ended is None:
-                    self._recorded.add(pid)
+                    self._recorded.add(subjob_id)
                 elif not ended.done():
                     ended.set_result(True)
             else:
@@ -789,11 +791,11 @@ class Executor:
                 raise
         if started is not None and launcher is not None:
             pid, warning = started
-            tracked = _Tracked(pid, spec.grace_seconds, is_job=True, started_unix=time.time())
+            tracked = _Tracked(pid, spec.grace_seconds, is_job=True, started_unix=_start_time(pid))
             watch = self._watch_launched(spec.subjob_id, tracked, launcher, launcher.process)
         else:
             pid, warning = self._launch_shim(sdir, launch)
-            tracked = _Tracked(pid, spec.grace_seconds, started_unix=time.time())
+            tracked = _Tracked(pid, spec.grace_seconds, started_unix=_start_time(pid))
             watch = self._watch_child(spec.subjob_id, tracked)
         if warning:
             log.warning("subjob %s %s", spec.subjob_id, warning)
@@ -872,7 +874,7 @@ class Executor:
         """A subjob its launcher started: the launcher says when ``exit.json`` is written.
         If the launcher is no longer heard from first (it ended, or was given up on), the
         subjob is watched as an adopted one (:meth:`_wait_unrecorded`)."""
-        if await launcher.wait_exit(tracked.pid):
+        if await launcher.wait_exit(subjob_id):
             info = self.read_exit(subjob_id) or _unknown_exit(
                 "its launcher recorded no readable exit.json"
             )
@@ -1108,11 +1110,11 @@ def check_subjob_id(subjob_id: str, field: str, *, required: bool = True) -> str
 
 
 def _is_shim(cmdline: Sequence[str]) -> bool:
-    """A shim's command line: this version's (``shim.py``) or an older agent's (``-m``);
-    a launcher's (``--serve``) is not one."""
-    return "--serve" not in cmdline and any(
-        a.endswith("laminar_agent/shim.py") or a == "laminar_agent.shim" for a in cmdline
-    )
+    """A shim's command line: this version's (``shim.py``), an older agent's (``-m``), or
+    a supervisor an older launcher forked (which kept the launcher's ``--serve``). Read
+    only for a process whose parent is no launcher: a launcher's child not yet exec'd
+    has the launcher's command line too."""
+    return any(a.endswith("laminar_agent/shim.py") or a == "laminar_agent.shim" for a in cmdline)
 
 
 def _is_launcher(cmdline: Sequence[str]) -> bool:
@@ -1128,6 +1130,16 @@ def _is_alive(process: psutil.Process | None) -> bool:
         return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
+
+
+def _start_time(pid: int) -> float:
+    """When process ``pid`` started, as psutil reads it (what :func:`_started_near` and
+    :meth:`Executor.adopt` compare with): not when its launch was answered, which a
+    lagging loop reads late. Now, for a process already gone."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return time.time()
 
 
 def _started_near(pid: int, started_unix: float) -> bool:

@@ -3,8 +3,8 @@
 
 The agent normally starts one launcher (``python -I -S shim.py --serve``,
 :func:`serve`): a long-lived process that starts every subjob of its agent itself (one
-fork each; the subjob's process is its own session and group leader) and supervises
-them all from one loop: it reaps them (``wait4``), writes ``exit.json`` (how a
+fork each; the subjob's process leads its own process group, in the launcher's session)
+and supervises them all from one loop: it reaps them (``wait4``), writes ``exit.json`` (how a
 re-adopting agent learns the exit status after a restart), enforces the agent's fence
 (a subjob whose agent lost touch with its router is stopped, see ``FENCE_FILE``) and,
 with cgroups, stops whatever a command left behind. It outlives its agent (see
@@ -48,6 +48,7 @@ import time
 TYPE_CHECKING = False  # typing costs the shim's start-up 10 ms; mypy reads this name
 if TYPE_CHECKING:
     import ctypes
+    from collections.abc import Callable
 
 EXIT_FILE = "exit.json"
 LAUNCH_FILE = "launch.json"
@@ -225,22 +226,26 @@ def kill_leftovers() -> None:
         time.sleep(0.01)
 
 
+def signal_cgroup(cgroup: str, sig: int) -> bool:
+    """``sig`` to every process in ``cgroup`` (SIGKILL through ``cgroup.kill`` where the
+    kernel has it); False when it reached nobody (no ``cgroup.kill``, nobody listed). A
+    process it may not signal (a setuid one, for a launcher that is not root) is skipped."""
+    if sig == signal.SIGKILL and _kill_cgroup(cgroup):
+        return True
+    pids = cgroup_pids(cgroup)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return bool(pids)
+
+
 def signal_subjob(cgroup: str, pgid: int, child: int, sig: int) -> None:
     """Send ``sig`` to every process of the subjob but the shim itself: the whole cgroup
     where there is one (descendants that left the process group too), else the group."""
     if cgroup:
-        if sig == signal.SIGKILL:
-            try:
-                with open(os.path.join(cgroup, "cgroup.kill"), "w", encoding="ascii") as f:
-                    f.write("1")
-                return
-            except OSError:
-                pass
-        for pid in cgroup_pids(cgroup):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        signal_cgroup(cgroup, sig)
         return
     if sig == signal.SIGKILL:
         try:  # the group minus the shim: the child, then any process left in the group
@@ -274,18 +279,10 @@ def finish_cgroup(cgroup: str) -> int:
     except (OSError, ValueError):
         pass
     if cgroup_pids(cgroup):
-        signal_subjob(cgroup, 0, 0, signal.SIGKILL)
+        signal_cgroup(cgroup, int(signal.SIGKILL))
     deadline = time.monotonic() + CGROUP_DRAIN_SECONDS
-    while True:
-        try:
-            os.rmdir(cgroup)
-            break
-        except FileNotFoundError:
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
+    while not _remove_cgroup(cgroup) and time.monotonic() <= deadline:
+        time.sleep(0.01)
     return peak
 
 
@@ -301,7 +298,10 @@ def prepare(subjob_dir: str, spec: dict[str, object]) -> str:
     except FileNotFoundError:  # the first subjob: "subjobs" itself is new
         os.makedirs(subjob_dir, 0o700, exist_ok=True)
     except FileExistsError:
-        for stale in (EXIT_FILE, "exec_error"):
+        # A launch.json left by an earlier run would make an adopting agent take this
+        # subjob's process for a shim (the launcher writes none; a shim's is written after
+        # this).
+        for stale in (EXIT_FILE, "exec_error", LAUNCH_FILE):
             try:
                 os.unlink(os.path.join(subjob_dir, stale))
             except FileNotFoundError:
@@ -497,24 +497,34 @@ def run(subjob_dir: str, spec: dict[str, object]) -> int:
     grace = float(spec.get("grace_seconds") or 10.0)  # type: ignore[arg-type]
     status, rusage, fenced = _wait(pid, fence, cgroup, grace)
     run_seconds = time.monotonic() - started
+    ended_unix = time.time()
     peak = int(rusage.ru_maxrss) * 1024  # type: ignore[attr-defined]
     if cgroup:
         peak = max(peak, finish_cgroup(cgroup))
     elif reaper:
         kill_leftovers()
+    write_exit(subjob_dir, exit_record(status, peak, ended_unix, run_seconds, error, fenced))
+    return 0
+
+
+def exit_record(
+    status: int, peak: int, ended_unix: float, run_seconds: float, error: str, fenced: bool
+) -> dict[str, object]:
+    """The ``exit.json`` of a subjob that ended with wait status ``status`` (a shim's and
+    the launcher's alike). ``ended_unix`` and ``run_seconds`` are taken when it ended, not
+    when its cgroup had drained."""
     record: dict[str, object] = {
         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         "peak_rss_bytes": peak,
-        "ended_unix": time.time(),
+        "ended_unix": ended_unix,
         "run_seconds": run_seconds,
     }
     if error:
         record["error"] = error
     if fenced:
         record["fenced"] = True
-    write_exit(subjob_dir, record)
-    return 0
+    return record
 
 
 def _read_all(fd: int) -> bytes:
@@ -573,6 +583,8 @@ class _Job:
         "cgroup",
         "dir",
         "drain_until",
+        "ended",
+        "ended_unix",
         "error",
         "errors",
         "fence",
@@ -582,7 +594,6 @@ class _Job:
         "pid",
         "pidfd",
         "started",
-        "status",
     )
 
     def __init__(self, pid: int, pidfd: int, subjob_dir: str, spec: dict[str, object]) -> None:
@@ -596,9 +607,11 @@ class _Job:
         self.error = ""
         self.errors = -1  # the pipe its child reports an exec failure on
         self.fenced_at = 0.0
-        self.status = 0
         self.peak = 0
         self.drain_until = 0.0
+        #: When it was seen ended (its zombie kept until it is recorded); 0.0 while it runs.
+        self.ended = 0.0
+        self.ended_unix = 0.0
 
 
 class _Launcher:
@@ -607,7 +620,9 @@ class _Launcher:
     On stdin, one launch record per line (the JSON of ``launch.json`` with the subjob's
     folder as ``dir``); on stdout, per launch in order, the job's pid, a space and a
     warning if any, or ``error ...``; and, once a subjob's ``exit.json`` is written, ``x
-    PID`` (the journaled exit: the record is on disk before the agent is told).
+    PID ID`` (ID: the subjob's folder's name, so a notice is never taken for a later subjob
+    given the same pid; the journaled exit: the record is on disk before the agent is
+    told).
 
     Per launch: the folder and cgroup (:func:`prepare`), the logs opened, one fork; the
     child leads its own process group (set on both sides of the fork, so it is before
@@ -616,10 +631,19 @@ class _Launcher:
     does not wait for the exec (an exec failure comes back on a pipe, read in the loop):
     joining a cgroup can take milliseconds of wall time, and launches would queue
     behind it. Per poll: every ended child
-    reaped with ``wait4`` (status and rusage; a pidfd per job wakes the loop), the fence
+    seen (``waitid`` with ``WNOWAIT``, or its pidfd readable) but not yet reaped, the fence
     read once for all fenced subjobs, cgroups emptied and removed without blocking (one
-    still draining is retried on the next polls, its ``exit.json`` written once it is
-    gone or after :data:`CGROUP_DRAIN_SECONDS`).
+    still draining is retried on the next polls, until it is gone or for at most
+    :data:`CGROUP_DRAIN_SECONDS`); only then is the subjob reaped (``wait4``: status and
+    rusage) and its ``exit.json`` written at once. Until then its zombie keeps its pid, so
+    an agent that restarts meanwhile finds it ended, with this launcher as its parent, and
+    waits for the record instead of taking the subjob as lost. A zombie kept while its
+    cgroup drains hides the children that ended after it from ``waitid``: a descendant
+    re-parented here is reaped once it is recorded, and a subjob without a pidfd (kernels
+    before 5.3) is seen ended then too.
+
+    A handler that raises is reported on stderr and the loop goes on: one process carries
+    every subjob's record.
 
     It is the child subreaper of its subjobs' descendants: without cgroups, what a subjob
     leaves in its process group is killed when it ends, and descendants that left the
@@ -635,8 +659,9 @@ class _Launcher:
     ended with that cause when they end (never lost, never started again)."""
 
     def __init__(self) -> None:
-        self.jobs: dict[int, _Job] = {}
+        self.jobs: dict[int, _Job] = {}  # by pid, until recorded (ended ones included)
         self.by_errors: dict[int, _Job] = {}
+        self.by_pidfd: dict[int, _Job] = {}
         self.fenced = 0  # how many of the jobs are fenced
         self.loose = 0  # how many of the jobs have no cgroup
         self.draining: list[_Job] = []
@@ -671,14 +696,17 @@ class _Launcher:
         # Every object of the start-up into the permanent generation: the collector never
         # walks them, here or in a fresh child (whose pages it would copy).
         gc.freeze()
-        while self.accepting or self.jobs or self.draining:
+        guarded = self._guarded
+        while self.accepting or self.jobs:
             for fd, _events in self.epoll.poll(self._timeout()):
                 if fd == 0:
-                    self._read_launches()
+                    guarded(self._read_launches)
                 elif fd == 1:
-                    self._flush()
+                    guarded(self._flush)
                 elif fd in self.by_errors:
-                    self._read_errors(self.by_errors[fd])
+                    guarded(self._read_errors, self.by_errors[fd])
+                elif fd in self.by_pidfd:
+                    guarded(self._end, self.by_pidfd[fd])
                 elif fd == wake_r:
                     try:
                         while os.read(wake_r, 512):
@@ -686,17 +714,31 @@ class _Launcher:
                     except BlockingIOError:
                         pass
             if not self.accepting:
-                self._close_stdin()
-            self._reap()
+                guarded(self._close_stdin)
+            guarded(self._reap)
             if self.draining:
-                self._drain()
+                guarded(self._drain)
             if self.fenced:
-                self._check_fence()
+                guarded(self._check_fence)
             if self.orphans_possible:
-                self._sweep(final=False)
-            self._flush()
-        self._sweep(final=True)
+                guarded(self._sweep, final=False)
+            guarded(self._flush)
+        guarded(self._sweep, final=True)
         return 0
+
+    def _guarded(self, handler: Callable[..., None], *args: object, **kwargs: object) -> None:
+        """One handler of the loop: what it raises is reported on stderr, and the loop
+        goes on (it carries the other subjobs' records)."""
+        try:
+            handler(*args, **kwargs)
+        except Exception as exc:
+            import traceback  # only on this path: the launcher's start-up stays small
+
+            try:
+                text = "".join(traceback.format_exception(exc))
+                os.write(2, f"laminar launcher: {handler.__name__} failed: {text}".encode())
+            except Exception:
+                pass
 
     def _stop_accepting(self, signum: int, frame: object) -> None:
         self.accepting = False
@@ -787,7 +829,13 @@ class _Launcher:
                 os.close(fd)
             self._say(f"error supervisor: {exc}")
             return
-        errors_r, errors_w = os.pipe()
+        try:
+            errors_r, errors_w = os.pipe()
+        except OSError as exc:  # EMFILE: the agent starts a shim for it instead
+            for fd in logs:
+                os.close(fd)
+            self._say(f"error pipe: {exc}")
+            return
         # Held pending across the fork: a stop that reaches the child before it has reset
         # its handlers runs after the reset, so it ends the child instead of a copy of this
         # loop's handler.
@@ -821,10 +869,16 @@ class _Launcher:
             os.close(fd)
         try:
             pidfd = os.pidfd_open(pid)
-            self.epoll.register(pidfd, select.EPOLLIN)
         except (AttributeError, OSError):
             pidfd = -1  # its SIGCHLD wakes the loop instead
         entry = _Job(pid, pidfd, subjob_dir, spec)
+        if pidfd >= 0:
+            try:
+                self.epoll.register(pidfd, select.EPOLLIN)
+                self.by_pidfd[pidfd] = entry
+            except OSError:
+                os.close(pidfd)
+                entry.pidfd = -1
         # Why it could not exec, if it could not: read as it comes (the pipe closes at
         # exec), not waited for, so the next launch does not wait on this one's cgroup join.
         os.set_blocking(errors_r, False)
@@ -853,44 +907,66 @@ class _Launcher:
         job.errors = -1
 
     def _reap(self) -> None:
+        """Every ended child, oldest first, none reaped before it is recorded: a subjob
+        is ended (:meth:`_end`); a descendant re-parented here is reaped. Stops at a
+        subjob whose cgroup still drains (its zombie hides the later ones)."""
         while True:
             try:
-                pid, status, rusage = os.wait4(-1, os.WNOHANG)
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if info is None or info.si_pid == 0:
                 return
-            job = self.jobs.pop(pid, None)
+            job = self.jobs.get(info.si_pid)
             if job is None:  # a descendant re-parented here (subreaper), now ended
-                continue
-            self.fenced -= bool(job.fence)
-            self.loose -= not job.cgroup
-            if job.pidfd >= 0:
-                self.epoll.unregister(job.pidfd)
-                os.close(job.pidfd)
-            if job.errors >= 0:  # it has ended: all it wrote is in the pipe
-                self._read_errors(job)
-            job.status = status
-            job.peak = int(rusage.ru_maxrss) * 1024
-            if job.cgroup:
                 try:
-                    peak = int(_read_small(os.path.join(job.cgroup, "memory.peak")).strip() or 0)
-                    job.peak = max(job.peak, peak)
-                except (OSError, ValueError):
+                    os.waitpid(info.si_pid, os.WNOHANG)
+                except ChildProcessError:
                     pass
-                if cgroup_pids(job.cgroup):
-                    self._signal(job, int(signal.SIGKILL))
-                if not _remove_cgroup(job.cgroup):
-                    job.drain_until = time.monotonic() + CGROUP_DRAIN_SECONDS
-                    self.draining.append(job)
-                    continue
-            else:
-                try:  # what it left in its group
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                self.orphans_possible = self.is_subreaper
-            self._record(job)
+                continue
+            if not job.ended:
+                self._end(job)
+            if job.pid not in self.jobs:  # recorded
+                continue
+            if job in self.draining:  # its cgroup drains: kept till then
+                return
+            self._record(job)  # its end was cut short (a handler raised): recorded now
+
+    def _end(self, job: _Job) -> None:
+        """A subjob's process has ended (a zombie, not reaped: its pid stays taken): stop
+        what it left (its cgroup, else its process group, which the zombie keeps from
+        being reused), then record it, or once its cgroup has drained."""
+        if job.ended:
+            return
+        job.ended = time.monotonic()
+        job.ended_unix = time.time()
+        self.fenced -= bool(job.fence)
+        self.loose -= not job.cgroup
+        if job.pidfd >= 0:  # readable from now on: out of the poll
+            del self.by_pidfd[job.pidfd]
+            self.epoll.unregister(job.pidfd)
+            os.close(job.pidfd)
+            job.pidfd = -1
+        if job.errors >= 0:  # it has ended: all it wrote is in the pipe
+            self._read_errors(job)
+        if job.cgroup:
+            try:
+                job.peak = int(_read_small(os.path.join(job.cgroup, "memory.peak")).strip() or 0)
+            except (OSError, ValueError):
+                pass
+            if cgroup_pids(job.cgroup):
+                self._signal(job, int(signal.SIGKILL))
+            if not _remove_cgroup(job.cgroup):
+                job.drain_until = job.ended + CGROUP_DRAIN_SECONDS
+                self.draining.append(job)
+                return
+        else:
+            try:  # what it left in its group
+                os.killpg(job.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.orphans_possible = self.is_subreaper
+        self._record(job)
 
     def _drain(self) -> None:
         now = time.monotonic()
@@ -900,39 +976,32 @@ class _Launcher:
                 self._record(job)
 
     def _record(self, job: _Job) -> None:
-        """The journaled exit: ``exit.json``, then the agent is told."""
-        status = job.status
-        record: dict[str, object] = {
-            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            "peak_rss_bytes": job.peak,
-            "ended_unix": time.time(),
-            "run_seconds": time.monotonic() - job.started,
-        }
-        if job.error:
-            record["error"] = job.error
-        if job.fenced_at:
-            record["fenced"] = True
+        """The journaled exit: reaped, ``exit.json`` written with nothing in between,
+        then the agent is told."""
+        del self.jobs[job.pid]
+        error = job.error
+        try:
+            _, status, rusage = os.wait4(job.pid, 0)  # a zombie: at once
+            peak = max(job.peak, int(rusage.ru_maxrss) * 1024)
+        except ChildProcessError:  # cannot be (it was our zombie); recorded as unknown
+            status, peak = -1, job.peak
+            error = error or "reaped elsewhere: exit status unknown"
+        record = exit_record(
+            status, peak, job.ended_unix, job.ended - job.started, error, job.fenced_at > 0
+        )
+        if status == -1:
+            record["exit_code"] = record["signal"] = None
         try:
             write_exit(job.dir, record)
         except OSError:
             pass  # the agent finds no record and says so
-        self._say(f"x {job.pid}")
+        self._say(f"x {job.pid} {os.path.basename(job.dir)}")
 
     def _signal(self, job: _Job, sig: int) -> None:
         """``sig`` to every process of the subjob: its cgroup where it has one, else its
         process group."""
-        if job.cgroup:
-            if sig == signal.SIGKILL and _kill_cgroup(job.cgroup):
-                return
-            pids = cgroup_pids(job.cgroup)
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            if pids:
-                return
+        if job.cgroup and signal_cgroup(job.cgroup, sig):
+            return
         try:
             os.killpg(job.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -947,7 +1016,7 @@ class _Launcher:
         expired: dict[str, bool] = {}
         stopping = False
         for job in self.jobs.values():
-            if not job.fence:
+            if not job.fence or job.ended:
                 continue
             if job.fenced_at:
                 stopping = True

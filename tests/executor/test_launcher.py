@@ -8,16 +8,21 @@ Real processes: the agent's Executor, its launcher and the commands.
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import logging
 import os
+import resource
 import signal
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 from test_executor import Recorder, poll_until
-from waiting import gate_code, is_gone
+from waiting import gate_code, is_gone, until
 
 from laminar_agent import executor as executor_module
 from laminar_agent.cgroups import SubjobCgroups
@@ -153,6 +158,9 @@ async def test_a_launch_sends_the_record_and_the_supervisor_makes_the_folder(
     sdir = ex.subjob_dir("again")
     sdir.mkdir(parents=True)
     (sdir / "exit.json").write_text('{"exit_code": 99}')
+    # An earlier run's launch.json too (a shim's): left there, it would make an adopting
+    # agent take this subjob's own process for a shim.
+    (sdir / "launch.json").write_text("{}")
     spec = _spec(tmp_path, "again", 0)
     gate = tmp_path / "gate2"
     spec.command = [sys.executable, "-c", gate_code(gate)]
@@ -444,3 +452,239 @@ async def test_an_agent_upgraded_under_a_shim_subjob_adopts_it_and_its_exit(
     assert rec.exits["old"].exit_code == 8 and rec.exits["old"].error == ""
     assert runs.read_text() == "ran\n"
     await new.close()
+
+
+def _open_writer(path: Path, opened: list[int]) -> bool:
+    """Open FIFO ``path`` for writing once someone is reading it (appended to ``opened``)."""
+    try:
+        opened.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:
+            raise
+        return False
+    return True
+
+
+async def test_a_subjob_is_kept_unreaped_while_its_cgroup_drains_so_a_new_agent_adopts_it(
+    tmp_path: Path,
+) -> None:
+    """The launcher reaps a subjob only once its cgroup has drained and then writes its
+    exit.json at once: meanwhile the subjob is a zombie with the launcher as parent, so an
+    agent restarted during the drain adopts it and gets its real exit status (reaped
+    first, it would find no process and no record, and the subjob would be lost). Its run
+    time ends when it ended, not when its cgroup was gone.
+
+    The cgroup is a plain folder here: the child joins it by writing to /dev/null, it
+    cannot be removed while the test keeps files in it (it drains), and its memory.peak is
+    a FIFO, so the launcher's read of it tells the test the launcher has seen the end."""
+    cgroups = SubjobCgroups(tmp_path / "cgroups")
+    cgroup = cgroups.path("drains")
+    cgroup.mkdir(parents=True)
+    (cgroup / "cgroup.procs").symlink_to(os.devnull)
+    os.mkfifo(cgroup / "memory.peak")
+    state = tmp_path / "state"
+    a = Executor(state, on_exit=Recorder(), cgroups=cgroups)
+    spec, gate, runs = _gated(tmp_path, "drains", 9)
+    before = time.monotonic()
+    pid = await a.launch(spec)
+    started_unix = psutil.Process(pid).create_time()
+    await a.close()
+    opened: list[int] = []
+    try:
+        gate.write_text("")
+        await until(lambda: _open_writer(cgroup / "memory.peak", opened))
+        seen = time.monotonic()  # the launcher has seen the subjob end, and drains
+        os.write(opened[0], b"0\n")
+        os.close(opened.pop())
+        rec = Recorder()
+        b = Executor(state, on_exit=rec, cgroups=cgroups)
+        assert b.adopt("drains", pid, started_unix)
+        assert b.read_exit("drains") is None
+        # The cgroup drains for a while (a stretch of wall time, not a synchronisation).
+        await until(lambda: time.monotonic() > seen + 1.0)
+        assert "drains" not in rec.exits and _state(pid) == "Z"
+    finally:
+        for fd in opened:
+            os.close(fd)
+        (cgroup / "cgroup.procs").unlink()
+        (cgroup / "memory.peak").unlink()
+    await poll_until(lambda: "drains" in rec.exits, "the drained subjob's record")
+    info = rec.exits["drains"]
+    assert info.exit_code == 9 and info.error == ""
+    assert 0 < info.run_seconds <= seen - before
+    assert not cgroup.exists() and is_gone(pid)
+    assert runs.read_text() == "ran\n"
+    await b.close()
+
+
+def _free_below(taken: set[int], count: int) -> int:
+    """A descriptor limit that leaves exactly ``count`` numbers free below it."""
+    limit, free = 0, 0
+    while free < count or limit <= max(taken):
+        if limit not in taken:
+            free += 1
+            if free > count:
+                break
+        limit += 1
+    return limit
+
+
+async def test_a_launcher_out_of_descriptors_answers_an_error_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    """No descriptor left for a launch's pipe (EMFILE): that launch is answered with an
+    error (the agent starts a shim for it), its log descriptors are closed, and the
+    launcher goes on, with every other subjob's record."""
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec)
+    launcher = ex._launcher
+    assert launcher is not None
+    spec, gate, _ = _gated(tmp_path, "running", 2)
+    running = await ex.launch(spec)
+    launcher_pid = launcher.pid
+    assert _ppid(running) == launcher_pid
+    idle = _fds(launcher_pid)
+    # Room for a launch's two logs, none for its pipe.
+    limit = _free_below({int(fd) for fd in idle}, 2)
+    old = resource.prlimit(launcher_pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(launcher_pid, resource.RLIMIT_NOFILE, (limit, old[1]))  # the soft limit
+    try:
+        pid = await ex.launch(_spec(tmp_path, "starved", 4))
+        assert _ppid(pid) == os.getpid()  # a shim, started by the agent itself
+        await poll_until(lambda: "starved" in rec.exits, "exit of starved")
+        assert rec.exits["starved"].exit_code == 4
+        resource.prlimit(launcher_pid, resource.RLIMIT_NOFILE, old)
+        assert launcher.pid == launcher_pid and launcher.starts == 1 and not launcher.is_broken
+        starved = str(ex.subjob_dir("starved"))
+        assert not [fd for fd in _fds(launcher_pid).values() if fd.startswith(starved)]
+    finally:
+        gate.write_text("")
+    await poll_until(lambda: "running" in rec.exits, "exit of running")
+    assert rec.exits["running"].exit_code == 2
+    pid = await _run(ex, rec, _spec(tmp_path, "after", 3))
+    assert rec.exits["after"].exit_code == 3 and launcher.starts == 1
+    await ex.close()
+
+
+#: An older agent's supervisor as its launcher forked it (e2a51cd): the launcher's own
+#: command line (``shim.py --serve``), no launch.json, its own session; it runs the
+#: subjob's command as a shim does and writes exit.json. Here it is this shim's ``run``,
+#: loaded from a file whose path ends as the shim's does.
+_OLD_SUPERVISOR = """
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("shim", {shim!r})
+shim = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shim)
+record = json.loads(sys.stdin.readline())
+sys.exit(shim.run(record["dir"], record))
+"""
+
+
+def _spawn_old_supervisor(script: Path, record: Path, sdir: Path) -> int:
+    """Start ``script`` as an older launcher's supervisor was: ``python -I -S ... --serve``
+    in a session of its own, the launch record on stdin, its logs on stdout and stderr."""
+    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    return os.posix_spawn(
+        sys.executable,
+        [sys.executable, "-I", "-S", str(script), "--serve"],
+        executor_module.SHIM_ENV,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, str(record), os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(sdir / "stdout"), append, 0o600),
+            (os.POSIX_SPAWN_OPEN, 2, str(sdir / "stderr"), append, 0o600),
+        ],
+        setsid=True,
+    )
+
+
+def _reap_if_ours(pid: int) -> None:
+    """Reap ``pid`` if it is an ended child not reaped yet (the adopting agent reaps it)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+async def test_an_older_launchers_supervisor_is_adopted_as_a_shim_and_spared(
+    tmp_path: Path,
+) -> None:
+    """A supervisor forked by an older launcher carries the launcher's command line
+    (``--serve``) and has no launch.json; its launcher has ended (with its agent), so its
+    parent is no launcher. It is adopted as a shim: a kill ends the command, not the
+    supervisor, which records how the command ended."""
+    state = tmp_path / "state"
+    ex = Executor(state, on_exit=Recorder())
+    sdir = ex.subjob_dir("older")
+    sdir.mkdir(parents=True)
+    script = tmp_path / "old" / "laminar_agent" / "shim.py"
+    script.parent.mkdir(parents=True)
+    script.write_text(_OLD_SUPERVISOR.format(shim=executor_module.SHIM_PATH))
+    spec, gate, runs = _gated(tmp_path, "older", 0)
+    record = tmp_path / "record"
+    record.write_text(
+        json.dumps({"dir": str(sdir), "command": spec.command, "env": {}, "cwd": str(tmp_path)})
+        + "\n"
+    )
+    pid = _spawn_old_supervisor(script, record, sdir)
+    rec = Recorder()
+    new = Executor(state, on_exit=rec)
+    try:
+        await poll_until(lambda: runs.exists(), "the older supervisor's command to run")
+        assert not (sdir / "launch.json").exists()
+        assert new.adopt("older", pid, psutil.Process(pid).create_time())
+        assert not new._tracked["older"].is_job  # the supervisor leads the group
+        new.kill("older")
+        await poll_until(lambda: "older" in rec.exits, "the adopted supervisor's record")
+        assert rec.exits["older"].signal == signal.SIGKILL
+        assert rec.exits["older"].error == ""  # written by the supervisor, which lived on
+    finally:
+        gate.write_text("")
+        await until(lambda: is_gone(pid))
+        _reap_if_ours(pid)
+    await new.close()
+    await ex.close()
+
+
+async def test_an_exit_notice_names_its_subjob_so_a_reused_pid_is_not_misrouted() -> None:
+    """``x PID ID``: a notice for an earlier subjob is never taken for a later one the
+    kernel gave the same pid."""
+    launcher = executor_module.Launcher(sys.executable)
+    loop = asyncio.get_running_loop()
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    launcher._from = read
+    loop.add_reader(read, launcher._on_readable)
+    try:
+        later = asyncio.create_task(launcher.wait_exit("later"))
+        os.write(write, b"x 4242 earlier\n")
+        assert await asyncio.wait_for(launcher.wait_exit("earlier"), 5)
+        assert not later.done()
+        os.write(write, b"x 4242 later\n")
+        assert await asyncio.wait_for(later, 5)
+    finally:
+        loop.remove_reader(read)
+        launcher._from = -1
+        os.close(read)
+        os.close(write)
+
+
+@pytest.mark.parametrize("use_launcher", [True, False])
+async def test_a_launch_keeps_its_process_start_time_not_when_its_answer_was_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, use_launcher: bool
+) -> None:
+    """The start time kept against pid reuse is the process's own: an answer read late
+    (a lagging loop, here a clock 5 s ahead) must not make the subjob's own process look
+    like another one later."""
+    real = time.time
+    clock = SimpleNamespace(time=lambda: real() + 5.0, monotonic=time.monotonic)
+    monkeypatch.setattr(executor_module, "time", clock)
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec, use_launcher=use_launcher)
+    spec, gate, _ = _gated(tmp_path, "lagged", 0)
+    pid = await ex.launch(spec)
+    try:
+        assert executor_module._started_near(pid, ex._tracked["lagged"].started_unix)
+    finally:
+        gate.write_text("")
+    await poll_until(lambda: "lagged" in rec.exits, "exit of lagged")
+    await ex.close()
