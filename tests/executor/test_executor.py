@@ -325,7 +325,9 @@ async def test_a_resume_reaches_a_shim_stopped_before_its_child_joined_the_cgrou
     rec = Recorder()
     cgroup = LateCgroup()
     # A shim per subjob: the fallback where the launcher cannot be used. (The launcher
-    # answers once its child has joined the cgroup and exec'd: no such window.)
+    # answers right after the fork, so a stop can reach the group before its child joined
+    # the cgroup too; but no shim is in that group, only the job, and the launcher that
+    # records the end is outside it.)
     ex = Executor(tmp_path / "state", on_exit=rec, use_launcher=False)
     pid = await ex.launch(make_spec(tmp_path, "s4", SLEEPER))
     await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
