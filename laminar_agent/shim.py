@@ -822,6 +822,7 @@ class _Launcher:
             subjob_dir = str(spec["dir"])
             warning = prepare(subjob_dir, spec)
             job = Exec(spec, subjob_dir)
+            entry = _Job(0, -1, subjob_dir, spec)  # before the fork: nothing after it raises
             for name in ("stdout", "stderr"):
                 logs.append(os.open(os.path.join(subjob_dir, name), _APPEND, 0o600))
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -871,7 +872,7 @@ class _Launcher:
             pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError):
             pidfd = -1  # its SIGCHLD wakes the loop instead
-        entry = _Job(pid, pidfd, subjob_dir, spec)
+        entry.pid, entry.pidfd, entry.started = pid, pidfd, time.monotonic()
         if pidfd >= 0:
             try:
                 self.epoll.register(pidfd, select.EPOLLIN)
@@ -879,13 +880,18 @@ class _Launcher:
             except OSError:
                 os.close(pidfd)
                 entry.pidfd = -1
+        # Nothing after the fork may raise before the job is tracked: an untracked job
+        # would run with nobody to record it.
+        self.jobs[pid] = entry
         # Why it could not exec, if it could not: read as it comes (the pipe closes at
         # exec), not waited for, so the next launch does not wait on this one's cgroup join.
-        os.set_blocking(errors_r, False)
-        entry.errors = errors_r
-        self.epoll.register(errors_r, select.EPOLLIN)
-        self.by_errors[errors_r] = entry
-        self.jobs[pid] = entry
+        try:
+            os.set_blocking(errors_r, False)
+            self.epoll.register(errors_r, select.EPOLLIN)
+            entry.errors = errors_r
+            self.by_errors[errors_r] = entry
+        except OSError:  # ENOMEM, ENOSPC: its exec error, if any, is not read
+            os.close(errors_r)
         self.fenced += bool(entry.fence)
         self.loose += not entry.cgroup
         if entry.fence:
