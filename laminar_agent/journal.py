@@ -40,6 +40,8 @@ CHECKPOINT_EVERY_COMMITS = 200
 #: WAL pages at which SQLite checkpoints inside a commit (its default is 1,000).
 BACKSTOP_CHECKPOINT_PAGES = 10_000
 
+_EVENTS_UNACKED_INDEX = "CREATE INDEX IF NOT EXISTS events_unacked ON events(seq) WHERE acked=0"
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
     lease_id TEXT PRIMARY KEY,
@@ -291,6 +293,12 @@ class Journal:
         #: Whether the outermost batch has begun its transaction (at its first write).
         self._batch_began = False
         self._migrate()
+        # Every heartbeat reads the unacknowledged events and acknowledges what the router
+        # confirmed: through this index both touch only the unacknowledged rows, not every
+        # event the agent ever journaled (a scan: 0.16 ms per heartbeat at 2,000 events,
+        # 15 ms at 200,000). Made at every open, not by a schema version: a journal of
+        # version 4 gains it and an older agent still opens the journal.
+        self._conn.execute(_EVENTS_UNACKED_INDEX)
         # Uncommitted leases are no longer journaled (they die with the agent); rows an
         # older agent left are never read, so they go now.
         self._write("DELETE FROM leases WHERE committed=0")

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import gc
 import json
 import logging
 import os
@@ -352,6 +353,11 @@ class AgentServer:
             lambda: self.notifier.notify("WATCHDOG=1"),
         )
         self.status = Status.RUNNING
+        # Start-up's objects (modules, gRPC, protobuf descriptors, config) into the
+        # permanent generation: a full collection no longer walks them (about 26 ms each,
+        # one per ~1,000 launched jobs per agent, measured with gc.callbacks in the
+        # placement bench). Cyclic garbage left by start-up is kept, not collected.
+        gc.freeze()
         self.notifier.notify("READY=1", f"STATUS=serving on {self.address}")
 
     def _write_addresses(self, state_dir: Path, agent_id: str) -> None:

@@ -5,6 +5,7 @@ fails while the test says so (no switch in the agent)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 
@@ -82,3 +83,25 @@ async def _true(value: bool) -> bool:
 
 async def _is(address: str, status: int) -> bool:
     return await health(address, SERVICE_NAME) == status
+
+
+async def test_start_up_objects_are_frozen_out_of_the_collector(tmp_path: Path) -> None:
+    """Once serving, the agent has moved start-up's objects into the permanent generation,
+    so full collections on the hot path do not walk them."""
+    config = load_config(
+        AgentConfig,
+        overrides={
+            "server.listen": "127.0.0.1:0",
+            "server.state_dir": str(tmp_path / "agent"),
+            "server.agent_id": "frozen",
+        },
+    )
+    server = AgentServer(config, backend=FakeGpuBackend("1xA100-40GB", agent_id="frozen"))
+    gc.unfreeze()  # whatever an earlier test froze
+    assert gc.get_freeze_count() == 0
+    await server.start()
+    try:
+        assert gc.get_freeze_count() > 0
+    finally:
+        await server.stop()
+        gc.unfreeze()

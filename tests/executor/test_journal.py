@@ -65,6 +65,39 @@ def test_subjob_round_trip_and_update(tmp_path: Path) -> None:
     j.close()
 
 
+def test_heartbeat_reads_and_acks_touch_only_unacknowledged_events(tmp_path: Path) -> None:
+    """Every heartbeat reads the unacknowledged events and acks what the router took:
+    neither may read the agent's whole event history (a scan costs each heartbeat time
+    linear in the subjobs the agent ever ran). SQLite's virtual-machine steps are
+    counted; a scan of 3,000 rows takes tens of thousands. A journal made before the
+    index (version 4) gains it when opened."""
+    path = tmp_path / "agent.db"
+    j = Journal(path)
+    j._conn.execute("DROP INDEX IF EXISTS events_unacked")  # a journal from before the index
+    with j.batch():
+        for i in range(3000):
+            j.append_event(f"s{i}", "EXITED", reason="r")
+    j.ack_events(3000)
+    j.close()
+    j = Journal(path)
+    fresh = [j.append_event("s-new", st, reason="r") for st in ("RUNNING", "EXITED")]
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0  # go on
+
+    j._conn.set_progress_handler(count, 1)
+    unacked = [e.seq for e in j.unacked_events(10)]
+    acked = j.ack_events(fresh[0])
+    left = [e.seq for e in j.unacked_events(10)]
+    j._conn.set_progress_handler(None, 0)
+    assert unacked == fresh and acked == 1 and left == fresh[1:]
+    assert steps < 500, f"{steps} VM steps for two reads and an ack: the events were scanned"
+    j.close()
+
+
 def test_events_ack_and_reopen(tmp_path: Path) -> None:
     j = Journal(tmp_path)
     seqs = [j.append_event("s1", st, reason="r") for st in ("PENDING", "RUNNING", "EXITED")]

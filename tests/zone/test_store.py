@@ -73,3 +73,37 @@ def test_the_routers_checkpoints_run_off_its_loop_and_keep_every_job(tmp_path: P
     assert store.checkpointer.checkpoints == 1
     store.close()
     assert len(list(JobStore(tmp_path / "zone.db").live())) == CHECKPOINT_EVERY_COMMITS
+
+
+def test_the_idempotency_lookup_finds_the_job_without_reading_the_journal(
+    tmp_path: Path,
+) -> None:
+    """Submit's lookup by (tenant, client_request_id) must search the partial index: a
+    scan makes every Submit cost time linear in the journal's size. SQLite's virtual
+    machine steps are counted: a scan of 2,000 rows takes tens of thousands."""
+    store = JobStore(tmp_path / "zone.db")
+    jobs = []
+    for i in range(2000):
+        job = zone_pb2.Job(job_id=f"j{i}", client_request_id=f"req-{i}", submitted_unix=1.0)
+        job.spec.tenant = "t"
+        jobs.append(job)
+    unkeyed = zone_pb2.Job(job_id="unkeyed", submitted_unix=2.0)
+    unkeyed.spec.tenant = "t"
+    store.put_many([*jobs, unkeyed])
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0  # go on
+
+    store.db.set_progress_handler(count, 1)
+    found = store.by_request("t", "req-1234")
+    missing = store.by_request("t", "req-none")
+    store.db.set_progress_handler(None, 0)
+    assert found is not None and found.job_id == "j1234"
+    assert missing is None
+    assert steps < 200, f"{steps} VM steps for two lookups: the journal was scanned"
+    assert store.by_request("other", "req-1") is None
+    assert store.by_request("t", "") is None  # no key: never some job stored without one
+    store.close()
