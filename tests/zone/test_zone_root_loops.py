@@ -7,6 +7,7 @@ the test (there is no switch in the router)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from pathlib import Path
@@ -120,3 +121,17 @@ def test_a_fatal_loop_failure_exits_1_with_one_line(capsys: pytest.CaptureFixtur
     assert capsys.readouterr().err == (
         "laminar-zone: root loop zone-tick failed (its traceback is in the log)\n"
     )
+
+
+async def test_start_up_objects_are_frozen_out_of_the_collector(tmp_path: Path) -> None:
+    """Once serving, the router has moved start-up's objects into the permanent
+    generation, so full collections on the hot path do not walk them."""
+    server = ZoneServer(zone_config(tmp_path))
+    gc.unfreeze()  # whatever an earlier test froze
+    assert gc.get_freeze_count() == 0
+    await server.start()
+    try:
+        assert gc.get_freeze_count() > 0
+    finally:
+        await server.stop()
+        gc.unfreeze()
