@@ -11,7 +11,11 @@ same single zone (``laminar sim fgd``'s laminar policy, all hosts in one zone), 
 unallocated GPU shares are reported side by side. Numbers are reported, never asserted.
 
     .venv/bin/python bench/fgd_live.py [--pods 2000] [--seed 42] [--workload default]
-        [--trace-dir DIR] [-o bench-out/fgd_live.json]
+        [--trace-dir DIR] [--workload-prior] [-o bench-out/fgd_live.json]
+
+With ``--workload-prior`` the router starts from the pod list's mix: the bench writes it
+as ``placement.workload_prior_file`` (``laminar sim fgd --write-prior``'s text) and the
+simulator's routers start from the same prior (``laminar sim fgd --workload-prior``).
 
 All pods must be placed within the lease TTL (60 s at most); the report says whether they
 were (``within_ttl``). GPU models are not modelled (the pod lists ask for none): every
@@ -141,10 +145,14 @@ async def place_all(address: str, pods: list[PodShape], order: list[int]) -> dic
 
 
 def simulate(
-    nodes: list[traces.NodeSpec], pods: list[PodShape], seed: int, count: int
+    nodes: list[traces.NodeSpec], pods: list[PodShape], seed: int, count: int, prior: bool
 ) -> dict[str, Any]:
     ctx = fgd.PolicyContext(
-        "laminar", fgd.typical_workload(pods), MILLI_SLICING, zone_hosts=len(nodes)
+        "laminar",
+        fgd.typical_workload(pods),
+        MILLI_SLICING,
+        zone_hosts=len(nodes),
+        workload_prior=fgd.laminar_workload_prior(pods, MILLI_SLICING) if prior else None,
     )
     log = fgd.run_fill(nodes, pods, ctx, seed, limit=count)
     return {
@@ -160,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", default="default")
     p.add_argument("--pods", type=int, default=2000, help="the first N arrivals (default 2000)")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument(
+        "--workload-prior",
+        action="store_true",
+        help="the router (and the simulator's) start from the pod list's mix",
+    )
     p.add_argument("--per-pool", type=int, default=MAX_POOL_AGENTS, help="agents per process")
     p.add_argument("-o", "--output", type=Path, help="write the JSON report here")
     args = p.parse_args(argv)
@@ -171,12 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     arrived = sum(pods[i].total_gpu_milli for i in order)
 
     sim_started = time.perf_counter()
-    sim = simulate(nodes, pods, args.seed, len(order))
+    sim = simulate(nodes, pods, args.seed, len(order), args.workload_prior)
     sim["seconds"] = round(time.perf_counter() - sim_started, 2)
 
     with tempfile.TemporaryDirectory(prefix="fgd-live-") as tmp, LocalCluster(Path(tmp)) as lc:
         lc.env["LAMINAR_LIMITS_PROBE_PER_SECOND"] = "0"  # the bench is the only tenant
-        router = lc.start_zone("fgd", heartbeat_seconds=5.0)
+        zone_env = {}
+        if args.workload_prior:
+            prior_file = Path(tmp) / "workload_prior.json"
+            prior_file.write_text(fgd.workload_prior_text(pods, MILLI_SLICING))
+            zone_env["LAMINAR_PLACEMENT_WORKLOAD_PRIOR_FILE"] = str(prior_file)
+        router = lc.start_zone("fgd", heartbeat_seconds=5.0, env=zone_env)
         procs = start_pools(Path(tmp), router.address, nodes, args.per_pool)
         try:
             ready_seconds = asyncio.run(wait_ready(router.address, len(nodes), procs))
@@ -202,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "fgd_live",
         "workload": args.workload,
         "seed": args.seed,
+        "workload_prior": bool(args.workload_prior),
         "nodes": len(nodes),
         "cluster_gpus": capacity // MILLI,
         "pods": len(order),

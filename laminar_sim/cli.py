@@ -25,6 +25,7 @@ from laminar_airlock import traces as airlock_traces
 from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_sim import airlock_sim, atomized, fgd, traces
 from laminar_sim.load import LoadSpec, run_load
+from laminar_sim.policies import MILLI_SLICING, MigSlicing
 from laminar_sim.replay import ReplaySpec, read_jobs, run_replay
 from laminar_zone.market import DEFAULT_POLICY as DEFAULT_MARKET_POLICY
 from laminar_zone.market import DEFAULT_STARVATION_FLOOR_SECONDS, DEFAULT_STARVATION_RATIO
@@ -92,6 +93,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="laminar: routers start from the pod list's mix as their target workload "
         "(FGD is given it; a live router: placement.workload_prior_file), instead of "
         "learning it from the arrivals alone",
+    )
+    exp.add_argument(
+        "--write-prior",
+        type=Path,
+        metavar="FILE",
+        help="write the pod list's mix as routers observe it (MIG profiles with --mig) to "
+        "FILE, a live router's placement.workload_prior_file, and simulate nothing",
     )
     exp.add_argument("-o", "--output", choices=["table", "json"], default="table")
     exp.add_argument("--plot", type=Path, help="save the unallocated-GPU curves to this PNG")
@@ -361,6 +369,8 @@ def _add_probes_flag(parser: argparse.ArgumentParser, prefix: str = "") -> None:
 def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
     """Run the ``fgd`` experiment and print a table or JSON."""
     trace_dir, expected_dir = _trace_dirs(args)
+    if args.write_prior is not None:
+        return _write_prior(trace_dir, args, console)
     policies = list(fgd.FGD_POLICIES) if args.policies is None else _policies(args.policies)
     seeds = _seeds(args.seeds)
     ratio = float(args.tune_ratio)
@@ -396,6 +406,21 @@ def cmd_fgd(args: argparse.Namespace, console: Console) -> int:
         )
     report["trace_dir"] = str(trace_dir)
     return emit(report, args, console, render_fgd, lambda path: save_plot(report, path))
+
+
+def _write_prior(trace_dir: Path, args: argparse.Namespace, console: Console) -> int:
+    """``sim fgd --write-prior FILE``: the pod list's prior file for a live router."""
+    pods = [p.shape for p in traces.read_pods(traces.pod_list_path(trace_dir, args.workload))]
+    path = Path(args.write_prior)
+    text = fgd.workload_prior_text(pods, MigSlicing() if args.mig else MILLI_SLICING)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidArgument(
+            f"cannot write {path}: {exc.strerror}", field="--write-prior"
+        ) from None
+    console.print(f"wrote {path}: the {args.workload} pod list's {len(pods)} pods as a prior")
+    return 0
 
 
 def _zones_text(nodes: int, zone_hosts: int | None) -> str:

@@ -34,6 +34,7 @@ policies of a seed see the same arrivals.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import statistics
 import time
@@ -47,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from laminar_base.demand import Demand
-from laminar_base.fragmentation import TYPICAL_COVERAGE_RATIO
+from laminar_base.fragmentation import TYPICAL_COVERAGE_RATIO, workload_rows
 from laminar_base.fragmentation import typical_workload as shared_typical_workload
 from laminar_sim import traces
 from laminar_sim.engine import Engine
@@ -388,6 +389,13 @@ def laminar_workload_prior(pods: Sequence[PodShape], slicing: GpuSlicing) -> Cou
     that gives the routers the target workload FGD is given (the whole list's mix) before
     the first arrival, as a router that learned the mix before would start with."""
     return Counter(observed_shape(laminar_ask(p, mig_profile_of(p, slicing))) for p in pods)
+
+
+def workload_prior_text(pods: Sequence[PodShape], slicing: GpuSlicing) -> str:
+    """:func:`laminar_workload_prior` as the text of a live router's
+    ``placement.workload_prior_file`` (``laminar sim fgd --write-prior``): the router then
+    starts from the mix ``--workload-prior`` gives the simulator's routers."""
+    return json.dumps(workload_rows(laminar_workload_prior(pods, slicing)), indent=1) + "\n"
 
 
 def laminar_ask(pod: PodShape, mig_profile: str = "") -> Ask:

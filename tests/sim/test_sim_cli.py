@@ -11,8 +11,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from laminar_base.configlib import load_config
 from laminar_base.errors import InvalidArgument
+from laminar_base.fragmentation import ObservedWorkload
+from laminar_sim import fgd, traces
 from laminar_sim.cli import register
+from laminar_sim.policies import MILLI_SLICING, MigSlicing
+from laminar_zone.config import ZoneConfig
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
@@ -158,3 +163,33 @@ def test_workload_prior_is_a_laminar_option_that_the_report_names(tiny_trace: Pa
     assert prior["policies"]["laminar"]["messages_per_placement"] > 0
     code, out = run_cli(["sim", "fgd", *argv, "--policies", "laminar", "--workload-prior"])
     assert code == 0 and "routers start from the pod list's workload" in out
+
+
+@pytest.mark.parametrize("mig", [False, True])
+def test_write_prior_gives_a_live_router_the_simulators_prior(
+    tiny_trace: Path, tmp_path: Path, mig: bool
+) -> None:
+    """``--write-prior FILE`` writes the prior ``--workload-prior`` gives the simulator's
+    routers (MIG profiles with ``--mig``) as a file a router's config loads, and runs no
+    simulation."""
+    path = tmp_path / "prior.json"
+    argv = ["sim", "fgd", "--trace-dir", str(tiny_trace), "--workload", "tiny"]
+    code, out = run_cli([*argv, *(["--mig"] if mig else []), "--write-prior", str(path)])
+    assert code == 0 and "Unallocated" not in out and str(path) in out.replace("\n", "")
+    pods = [p.shape for p in traces.read_pods(traces.pod_list_path(tiny_trace, "tiny"))]
+    slicing = MigSlicing() if mig else MILLI_SLICING
+    simulated = ObservedWorkload(slicing)
+    simulated.add_prior(fgd.laminar_workload_prior(pods, slicing))  # as sim routers start
+    config = load_config(ZoneConfig, overrides={"placement.workload_prior_file": str(path)})
+    assert config.workload_prior() == simulated.counts
+    assert simulated.observed == len(pods) == 12
+    other = ObservedWorkload(slicing)
+    other.add_prior(fgd.laminar_workload_prior(pods, MILLI_SLICING if mig else MigSlicing()))
+    assert config.workload_prior() != other.counts  # --mig decides the shapes
+
+
+def test_write_prior_to_an_unwritable_path_names_the_flag(tiny_trace: Path, tmp_path: Path) -> None:
+    argv = ["sim", "fgd", "--trace-dir", str(tiny_trace), "--workload", "tiny"]
+    with pytest.raises(InvalidArgument) as caught:
+        run_cli([*argv, "--write-prior", str(tmp_path / "none" / "prior.json")])
+    assert caught.value.field == "--write-prior"

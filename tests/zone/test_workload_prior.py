@@ -5,6 +5,7 @@ routers) and what it observed, kept in its journal across a restart."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections import Counter
 from pathlib import Path
 
@@ -134,6 +135,33 @@ async def test_a_restarted_router_ranks_by_what_it_observed_before(tmp_path: Pat
     finally:
         await again.close()
         again.store.close()
+
+
+async def test_the_journaled_workload_is_a_prior_file_for_another_router(tmp_path: Path) -> None:
+    """docs/zone.md's recipe: the journal's ``workload`` meta row, read from ``zone.db`` as
+    it is, is a ``placement.workload_prior_file`` that starts a new router (another zone,
+    or one whose journal is gone) from what this one learned."""
+    state = open_state(tmp_path)
+    needs = [Demand(gpu_milli=500), Demand(gpu_milli=250), Demand(gpus=4), Demand(cpu_milli=1)]
+    try:
+        for need in needs:
+            state.placer.workload.observe(demand_pod(need, HostCap()))
+        state.sweep()
+        learned = Counter(state.placer.workload.own)
+    finally:
+        await state.close()
+        state.store.close()
+    with sqlite3.connect(tmp_path / "zone.db") as db:
+        (text,) = db.execute("SELECT value FROM meta WHERE key = 'workload'").fetchone()
+    path = tmp_path / "prior.json"
+    path.write_text(text)
+    fresh = open_state(tmp_path, "other.db", **{"placement.workload_prior_file": str(path)})
+    try:
+        assert len(learned) == 4 and fresh.placer.workload.counts == learned
+        assert not fresh.placer.workload.own
+    finally:
+        await fresh.close()
+        fresh.store.close()
 
 
 async def test_a_damaged_journaled_workload_is_relearned_not_fatal(tmp_path: Path) -> None:
