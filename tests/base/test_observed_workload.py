@@ -88,6 +88,23 @@ def test_peers_past_the_limit_are_not_counted() -> None:
     assert workload.counts == {SHAPES[0]: 2}
 
 
+def test_a_prior_past_max_shapes_keeps_its_most_frequent_shapes() -> None:
+    """A prior with more shapes than a router keeps loses its rarest, whatever the
+    file's order; shapes that differ only in host memory count as one."""
+    workload = ObservedWorkload(MILLI_SLICING, max_shapes=2)
+    workload.add_prior(
+        {
+            SHAPES[2]: 1,
+            SHAPES[3]: 5,
+            PodShape(4000, 1 << 30, 1, 500): 3,
+            PodShape(4000, 2 << 30, 1, 500): 3,
+            SHAPES[1]: 4,
+        }
+    )
+    assert workload.counts == {SHAPES[0]: 6, SHAPES[3]: 5}
+    assert workload.observed == 11
+
+
 def test_no_target_before_min_observed_then_rebuilt_at_doublings_then_every_refresh() -> None:
     workload = ObservedWorkload(MILLI_SLICING, refresh_every=8, min_observed=3)
     builds = []
