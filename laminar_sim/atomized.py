@@ -44,7 +44,13 @@ zero.
 ``units = round(duration / unit_seconds)``, the quantiles above, the checkpoint overhead
 and epsilon. They are the core's ``atoms``: entries that wait (queued) in its passes while
 no piece runs. Gangs (more than one GPU) stay rigid, placed as above: a gang needs all its
-slices at once and cannot be cut into single-slice pieces.
+slices at once and cannot be cut into single-slice pieces. Experimental
+(``AtomizeSpec.market_gangs``, ``--market-gangs``; the router still refuses atomized
+gangs): a gang declares the same contract (its members move in lockstep) and bids for one
+window per member of one family, all or nothing (:func:`laminar_zone.market.clear`); its
+pieces have a member per won slice, one speed draw and a peak draw per member per hour; a
+member killed by its peak ends the piece (its siblings stop, ``GANG_STOPPED``), and its set
+of slices is extended or stopped together.
 
 All waiting work is taken in the router's **one class order** at each queue pass (a pass
 after every event that changed something, as the router's wakes run one): per priority
