@@ -44,7 +44,13 @@ zero.
 ``units = round(duration / unit_seconds)``, the quantiles above, the checkpoint overhead
 and epsilon. They are the core's ``atoms``: entries that wait (queued) in its passes while
 no piece runs. Gangs (more than one GPU) stay rigid, placed as above: a gang needs all its
-slices at once and cannot be cut into single-slice pieces.
+slices at once and cannot be cut into single-slice pieces. Experimental
+(``AtomizeSpec.market_gangs``, ``--market-gangs``; the router still refuses atomized
+gangs): a gang declares the same contract (its members move in lockstep) and bids for one
+window per member of one family, all or nothing (:func:`laminar_zone.market.clear`); its
+pieces have a member per won slice, one speed draw and a peak draw per member per hour; a
+member killed by its peak ends the piece (its siblings stop, ``GANG_STOPPED``), and its set
+of slices is extended or stopped together.
 
 All waiting work is taken in the router's **one class order** at each queue pass (a pass
 after every event that changed something, as the router's wakes run one): per priority
@@ -145,6 +151,7 @@ from laminar_zone.market import (
     DEFAULT_POLICY,
     DEFAULT_STARVATION_FLOOR_SECONDS,
     DEFAULT_STARVATION_RATIO,
+    Award,
     Bid,
     Bidder,
     ClearingContext,
@@ -222,6 +229,12 @@ class AtomizeSpec:
     #: Calibration pooled per job family (``RatioPool``): here the jobs of one tenant with
     #: one memory profile (the same workload). False: each job learns alone.
     pool_calibration: bool = True
+    #: Experimental: in the atomized mode gangs bid in the market too (``--market-gangs``):
+    #: a gang of ``g`` GPUs bids for ``g`` windows of one MIG profile at once, all or
+    #: nothing (:func:`laminar_zone.market.clear`), and runs pieces of ``g`` members. The
+    #: router still refuses atomized gangs (``gang_size`` <= 1), so this is the simulator's
+    #: measurement of the design only. False: gangs stay rigid, placed as in the rigid mode.
+    market_gangs: bool = False
 
 
 @dataclass(frozen=True)
@@ -435,18 +448,28 @@ class _JobState:
 
 
 @dataclass(eq=False)
-class _Piece:
-    """A running atomized piece: the job's process on one slice, for all the units it has
-    left, extended in place for as long as it keeps the slice."""
+class _Member:
+    """One member of a piece: its process on one slice (a single-GPU job's piece has one)."""
 
-    state: _JobState
     host: MigHost
     subjob_id: str
-    #: The piece as the router's core records it on its job.
+    #: The member as the router's core records it on its job.
     placement: zone_pb2.Placement
     window_key: tuple[str, str]
     profile: str
     memory: int
+    #: Its highest peak drawn so far (the one that killed it, if it was killed).
+    peak: int = 0
+
+
+@dataclass(eq=False)
+class _Piece:
+    """A running atomized piece: the job's process on one slice (a gang's: one per member,
+    in lockstep), for all the units it has left, extended in place for as long as it keeps
+    its slices."""
+
+    state: _JobState
+    members: list[_Member]
     started: float
     unit_start: int
     per_unit: float
@@ -456,10 +479,16 @@ class _Piece:
     granted_seconds: float
     key: str
     killed_at: float | None
-    peak: int
     finish_at: float
     generation: int = 0
     stopping_at: float | None = None
+    #: The member a memory peak kills at ``killed_at`` (its siblings stop with it).
+    killed_member: int = 0
+
+    @property
+    def window_key(self) -> tuple[str, str]:
+        """Its first member's slice: what names it in a round (:attr:`Bidder.holds`)."""
+        return self.members[0].window_key
 
     def progress(self, now: float) -> int:
         """The next unit at ``now``: units are done one after another at ``per_unit``."""
@@ -592,7 +621,7 @@ class MigReplay:
         q = 1.0 - self.spec.epsilon
         need = job.memory.quantile(q)
         state = _JobState(job, need_bytes=need)
-        if self.mode == "atomized" and job.gpus == 1:
+        if self.mode == "atomized" and (job.gpus == 1 or self.spec.market_gangs):
             pool = None
             if self.spec.pool_calibration:  # a family: the tenant's jobs of one workload
                 pool = self.pools.setdefault((job.tenant, job.memory.pod), RatioPool())
@@ -600,6 +629,7 @@ class MigReplay:
                 contract_for(job, self.spec),
                 pool_of=lambda _: pool,
                 min_samples=self.spec.calibrator_min_samples,
+                members=job.gpus,
             )
         return state
 
@@ -837,12 +867,13 @@ class MigReplay:
         the tenants' usage as the pass opened (the core's count); no quota, no spec
         constraint (every job may use any slice)."""
         now = self.engine.now
-        self.held = {p.window_key: p for p in self.deciding}
+        self.held = {m.window_key: p for p in self.deciding for m in p.members}
         self.bidders = {self.bidder_id(s): s for s in self.waiting}
         slices = [self.open_slice(key, *free) for key, free in sorted(self.free.items())]
         slices.extend(
-            self.open_slice(p.window_key, p.profile, p.memory, self.bidder_id(p.state))
+            self.open_slice(m.window_key, m.profile, m.memory, self.bidder_id(p.state))
             for p in self.deciding
+            for m in p.members
         )
         bidders = [self._bidder(s) for s in self.waiting]
         # An incumbent bids from where the router can tell its piece surely is (it has no
@@ -879,15 +910,15 @@ class MigReplay:
         self.totals.bids += len(cleared.bids)
         for decision in cleared.decisions:
             if isinstance(decision, Start):
-                bid = decision.award.bid
-                state = self.bidders[bid.job_id]
+                state = self.bidders[decision.award.bid.job_id]
                 self.waiting.remove(state)
-                self.start_piece(state, bid)
+                self.start_piece(state, decision.award)
             elif isinstance(decision, Extend):
                 self.extend(self.held[decision.key], decision.award.bid)
             else:  # taken by a better bid: the piece checkpoints and stops
-                self.totals.displaced += 1
-                self.stop(self.held[decision.key])
+                piece = self.held[decision.key]
+                self.totals.displaced += int(piece.stopping_at is None)
+                self.stop(piece)
 
     def close_round(self, step: CloseRound) -> None:
         """The pass's last class is done: the pieces no step decided stop."""
@@ -915,45 +946,53 @@ class MigReplay:
         )
         return bidder
 
-    def start_piece(self, state: _JobState, bid: Bid) -> None:
-        """The winner's process on the window's slice, for all the units it has left: it
-        runs until they are done, it is killed by a peak, or its window ends and it does not
-        keep the slice (then it checkpoints and stops)."""
+    def start_piece(self, state: _JobState, award: Award) -> None:
+        """The winner's process on each won window's slice (a gang's: one member per window,
+        one speed draw for all), for all the units it has left: it runs until they are done,
+        a member is killed by a peak (its siblings stop with it), or its window ends and it
+        does not keep its slices (then it checkpoints and stops)."""
         now = self.engine.now
+        bid = award.bid
         window = bid.window
-        host = self.by_id[window.agent_id]
-        profile, memory = self.free[window.key]
-        order = ProbeOrder(
-            f"{state.job.index}/{state.runs}",
-            f"j{state.job.index}",
-            0,
-            Demand(mig_profile=profile),
-            state.job.priority,
-            0.0,
-            0,
-            LEASE_TTL_SECONDS,
-            slice_id=window.slice_id,
-        )
-        reply = host.arbitrate([order], now)[0]
-        assert isinstance(reply, Granted), reply
-        lease_id = reply.lease.lease_id
-        subjob_id = f"j{state.job.index}/s{state.runs}"
-        host.commit(lease_id, subjob_id, now)
-        self.take(host.agent_id, window.slice_id)
-        self.driver.note(host)
-        # The piece as the router records it on its job: what the tenant's usage counts.
+        members: list[_Member] = []
+        for i, won in enumerate(award.windows):
+            host = self.by_id[won.agent_id]
+            profile, memory = self.free[won.key]
+            tag = "" if len(award.windows) == 1 else f"m{i}"
+            order = ProbeOrder(
+                f"{state.job.index}/{state.runs}{tag}",
+                f"j{state.job.index}",
+                0,
+                Demand(mig_profile=profile),
+                state.job.priority,
+                0.0,
+                0,
+                LEASE_TTL_SECONDS,
+                slice_id=won.slice_id,
+            )
+            reply = host.arbitrate([order], now)[0]
+            assert isinstance(reply, Granted), reply
+            subjob_id = f"j{state.job.index}/s{state.runs}{tag}"
+            host.commit(reply.lease.lease_id, subjob_id, now)
+            self.take(host.agent_id, won.slice_id)
+            self.driver.note(host)
+            # The member as the router records it on its job: what the tenant's usage counts.
+            entry = state.entry
+            assert entry is not None
+            entry.job.placements.append(
+                zone_pb2.Placement(
+                    subjob_id=subjob_id,
+                    agent_id=host.agent_id,
+                    slice_ids=[won.slice_id],
+                    state=common_pb2.RUNNING,
+                    resources=common_pb2.Resources(mig_profile=profile, gpu_memory_bytes=memory),
+                    window_end_unix=window_end_at(now, window.length_seconds),
+                )
+            )
+            placement = entry.job.placements[-1]  # the job's own copy
+            members.append(_Member(host, subjob_id, placement, won.key, profile, memory))
         entry = state.entry
         assert entry is not None
-        placement = zone_pb2.Placement(
-            subjob_id=subjob_id,
-            agent_id=host.agent_id,
-            slice_ids=[window.slice_id],
-            state=common_pb2.RUNNING,
-            resources=common_pb2.Resources(mig_profile=profile, gpu_memory_bytes=memory),
-            window_end_unix=window_end_at(now, window.length_seconds),
-        )
-        entry.job.placements.append(placement)
-        placement = entry.job.placements[-1]  # the job's own copy
         entry.job.state = zone_pb2.JOB_RUNNING
         if state.first_start is None:
             state.first_start = now
@@ -971,23 +1010,23 @@ class MigReplay:
         run = left * per_unit + contract.checkpoint_overhead_seconds
         peaks = state.job.memory.peaks_bytes
         killed_at: float | None = None
-        peak = 0
+        killed_member = 0
         for hour in range(max(1, math.ceil(run / PEAK_WINDOW_SECONDS))):
-            peak = max(peak, peaks[rng.randrange(len(peaks))])
-            if peak > memory:
-                begin = hour * PEAK_WINDOW_SECONDS
-                killed_at = (
-                    now + begin + rng.random() * (min(run, begin + PEAK_WINDOW_SECONDS) - begin)
-                )
+            # A peak drawn per member per hour (for one member: the single piece's draws).
+            for i, member in enumerate(members):
+                member.peak = max(member.peak, peaks[rng.randrange(len(peaks))])
+                if member.peak > member.memory:
+                    begin = hour * PEAK_WINDOW_SECONDS
+                    killed_at = (
+                        now + begin + rng.random() * (min(run, begin + PEAK_WINDOW_SECONDS) - begin)
+                    )
+                    killed_member = i
+                    break
+            if killed_at is not None:
                 break
         piece = _Piece(
             state=state,
-            host=host,
-            subjob_id=subjob_id,
-            placement=placement,
-            window_key=window.key,
-            profile=profile,
-            memory=memory,
+            members=members,
             started=now,
             unit_start=start,
             per_unit=per_unit,
@@ -996,11 +1035,11 @@ class MigReplay:
             granted_seconds=window.length_seconds,
             key=self.new_key(),
             killed_at=killed_at,
-            peak=peak,
             finish_at=now + run,
+            killed_member=killed_member,
         )
         state.piece = piece
-        self.totals.subjobs += 1
+        self.totals.subjobs += len(members)
         self.arm(piece)
 
     def arm(self, piece: _Piece) -> None:
@@ -1028,13 +1067,14 @@ class MigReplay:
         self.engine.schedule_at(max(at, self.engine.now), fire)
 
     def extend(self, piece: _Piece, bid: Bid) -> None:
-        """The piece keeps its slice for the held window's length: no checkpoint, no restart."""
+        """The piece keeps its slices for the held window's length: no checkpoint, no restart."""
         now = self.engine.now
         self.deciding.remove(piece)
         piece.window_end = now + bid.window.length_seconds
-        # As the router records an extension on the piece's placement (its window's end
+        # As the router records an extension on the piece's placements (its window's end
         # is when the core expects the slice back for a blocked head).
-        piece.placement.window_end_unix = window_end_at(now, bid.window.length_seconds)
+        for member in piece.members:
+            member.placement.window_end_unix = window_end_at(now, bid.window.length_seconds)
         piece.granted_seconds += bid.window.length_seconds
         self.totals.extensions += 1
         self.arm(piece)
@@ -1044,9 +1084,12 @@ class MigReplay:
         done by now and stops a checkpoint's length later, at its window's end. ``cause``:
         the round gave its slice to other work or no extension fit (``PREEMPTED``, the
         router's stop), or, without incumbency, it ran into its window's end (``OVERRAN``,
-        the router's window enforcement)."""
+        the router's window enforcement). A gang's piece stops once, whichever of its
+        slices was decided first."""
         if piece in self.deciding:
             self.deciding.remove(piece)
+        if piece.stopping_at is not None:
+            return
         piece.stopping_at = self.engine.now
         piece.generation += 1
         generation = piece.generation
@@ -1059,9 +1102,10 @@ class MigReplay:
         self.engine.schedule(self.spec.checkpoint_overhead_seconds, fire)
 
     def end_piece(self, piece: _Piece, cause: EndCause) -> None:
-        """``EXITED``: every unit done; ``RECLAIMED``: killed by a peak (work since the piece
-        started is lost); else stopped, checkpointed at its window's end. What that means
-        for the job (units done, calibration, violation, its next state) is its
+        """``EXITED``: every unit done; ``RECLAIMED``: a member killed by a peak (work since
+        the piece started is lost; its siblings are stopped, ``GANG_STOPPED``); else
+        stopped, checkpointed at its window's end. What each member's end means for the job
+        (units done, calibration, violation, its next state) is its
         :meth:`~laminar_zone.atoms.AtomState.piece_ended`'s, as for the router's pieces."""
         now = self.engine.now
         state = piece.state
@@ -1069,15 +1113,16 @@ class MigReplay:
         assert atom is not None
         overhead = atom.contract.checkpoint_overhead_seconds
         state.piece = None
-        piece.host.end(piece.subjob_id, now)
-        self.give_back(*piece.window_key)
-        self.driver.note(piece.host)
+        killed = cause is not EndCause.EXITED
+        for member in piece.members:
+            member.host.end(member.subjob_id, now)
+            self.give_back(*member.window_key)
+            self.driver.note(member.host)
+            member.placement.state = common_pb2.KILLED if killed else common_pb2.SUCCEEDED
+            member.placement.end_cause = cause.wire
         entry = state.entry
         assert entry is not None
-        killed = cause is not EndCause.EXITED
-        piece.placement.state = common_pb2.KILLED if killed else common_pb2.SUCCEEDED
-        piece.placement.end_cause = cause.wire
-        compute = compute_of(piece.profile)
+        compute = sum(compute_of(m.profile) for m in piece.members)
         length = now - piece.started
         self.totals.held += length * compute
         self.totals.fills.append(min(1.0, length / piece.granted_seconds))
@@ -1097,20 +1142,25 @@ class MigReplay:
             t.lost += max(0.0, length - work - overhead) * compute
             if done:
                 state.done.append((piece.unit_start, done))
-        got = atom.piece_ended(
-            PieceEnd(
-                piece.subjob_id,
-                piece.placement.state,
-                cause,
-                piece.unit_start,
-                done,
-                length,  # the process's run, as its agent reports it
-                float(piece.peak),
+        for i, member in enumerate(piece.members):
+            member_cause = cause
+            if cause is EndCause.RECLAIMED and i != piece.killed_member:
+                member_cause = EndCause.GANG_STOPPED  # stopped with its killed sibling
+                member.placement.end_cause = member_cause.wire
+            got = atom.piece_ended(
+                PieceEnd(
+                    member.subjob_id,
+                    member.placement.state,
+                    member_cause,
+                    piece.unit_start,
+                    done,
+                    length,  # the process's run, as its agent reports it
+                    float(member.peak),
+                )
             )
-        )
-        if got.violation is not None:
-            t.subjob_violations += 1
-            t.causes[got.violation.value] += 1
+            if got.violation is not None:
+                t.subjob_violations += 1
+                t.causes[got.violation.value] += 1
         if atom.next_state(has_live=False) is JobNext.DONE:
             self.finish(state)
             entry.job.state = zone_pb2.JOB_SUCCEEDED
@@ -1276,6 +1326,7 @@ def run_experiment(
         "clearing_policy": spec.clearing_policy,
         "starvation_ratio": spec.starvation_ratio,
         "starvation_floor_seconds": spec.starvation_floor_seconds,
+        "market_gangs": spec.market_gangs,
         "calibrator_min_samples": spec.calibrator_min_samples or default_min_samples(spec.epsilon),
         "arrival_span_seconds": round(jobs[-1].arrival, 1),
         "offered_gpu_load": round(offered, 3),

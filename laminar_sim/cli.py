@@ -239,6 +239,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="with atomized: every piece checkpoints and stops at its window's end",
     )
     rp.add_argument(
+        "--market-gangs",
+        action="store_true",
+        help="with atomized, EXPERIMENTAL (simulator only: the router still refuses atomized "
+        "gangs): gangs bid in the market for one window per member, all or nothing, and run "
+        "as pieces instead of rigid jobs",
+    )
+    rp.add_argument(
         "--no-pool-calibration",
         action="store_true",
         help="with atomized: each job's calibrator learns alone, not pooled with its family",
@@ -1066,6 +1073,7 @@ def cmd_replay_mig(args: argparse.Namespace, modes: tuple[str, ...], console: Co
         modes=modes,
         incumbency=not args.no_incumbency,
         pool_calibration=not args.no_pool_calibration,
+        market_gangs=args.market_gangs,
         **({} if args.hysteresis is None else {"hysteresis": args.hysteresis}),
         **starvation,
     )

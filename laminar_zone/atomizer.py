@@ -143,7 +143,14 @@ def validate_contract(spec: zone_pb2.JobSpec) -> tuple[Contract, tuple[Phase, ..
     """The contract and its phases; InvalidArgument names the field."""
     a = spec.atomization
     if spec.gang_size > 1:
-        raise InvalidArgument("an atomized job runs one subjob at a time", field="spec.gang_size")
+        # The market clears gangs (laminar_zone.market.clear: one window per member, all
+        # or nothing) and the simulator runs them (sim replay --market-gangs, experimental),
+        # but the router does not yet bind a gang's leases for a piece: refused here.
+        raise InvalidArgument(
+            f"must be <= 1 for an atomized job, got {spec.gang_size}: the router runs an "
+            "atomized job's pieces one subjob at a time (atomized gangs are not supported yet)",
+            field="spec.gang_size",
+        )
     r = spec.resources
     if r.gpus > 1 or r.gpu_milli:
         raise InvalidArgument(

@@ -162,6 +162,11 @@ class AtomState:
     next_unit: int = 0
     #: Memory widenings dropped because they predicted more than the largest slice.
     widen_resets: int = 0
+    #: A gang's members (> 1): each piece is that many member pieces, on one slice each,
+    #: started, extended and stopped together (one speed, a peak per member); each member's
+    #: end is weighed as a piece's (:meth:`piece_ended`), a sibling stopped by a member's
+    #: kill (``GANG_STOPPED``) free and unobserved.
+    members: int = 1
     #: Per phase: the believed profile and the calibrator version it was computed at.
     _believed: dict[
         int, tuple[tuple[tuple[int, float, int, float, float, float], int], Profile]
@@ -174,6 +179,7 @@ class AtomState:
         phases: Sequence[Phase] = (),
         pool_of: Callable[[int], RatioPool | None] = lambda _: None,
         min_samples: int | None = None,
+        members: int = 1,
     ) -> Self:
         """A new job's state: one calibrator per phase (the rest of the units a phase of
         their own), each in its family's pool (``pool_of(phase index)``)."""
@@ -182,7 +188,7 @@ class AtomState:
             Calibrator(ph.profile, contract.epsilon, min_samples, pool_of(i))
             for i, ph in enumerate(full)
         ]
-        return cls(contract, full, calibrators)
+        return cls(contract, full, calibrators, members=members)
 
     def phase_at(self, unit: int) -> int:
         for i, ph in enumerate(self.phases):
@@ -252,6 +258,7 @@ class AtomState:
             priority,
             phase_end=self.phases[phase].end,
             holds=holds,
+            members=self.members,
         )
         return bidder, reset
 

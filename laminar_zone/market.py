@@ -237,6 +237,10 @@ class Bid:
     remaining_seconds: float = 0.0
     #: The bid of the running piece that holds ``window`` to extend in place.
     incumbent: bool = False
+    #: A gang's members (> 1: a gang bid): it wins ``members`` windows of its ``pool`` at
+    #: once, with a common start and length, or none (:func:`clear`). Each member runs on
+    #: one slice; ``unit_count`` and the times are every member's (they move in lockstep).
+    members: int = 1
 
 
 def work_left_seconds(contract: Contract, profile: Profile, next_unit: int) -> float:
@@ -303,8 +307,12 @@ class Bidder:
     waited_seconds: float
     priority: int = 3
     #: (agent, slice) this job's running piece holds and may extend in place on (its window
-    #: ends now): it bids on that window only. None: a waiting job, bidding everywhere.
+    #: ends now): it bids on that window only. None: a waiting job, bidding everywhere. A
+    #: gang's piece holds one slice per member: ``holds`` is any of them, and it bids on
+    #: every window held by it (:attr:`MarketWindow.held_by`).
     holds: tuple[str, str] | None = None
+    #: A gang's members (> 1: it bids for that many windows at once, :attr:`Bid.members`).
+    members: int = 1
 
 
 def assured_progress(
@@ -337,6 +345,7 @@ def make_bidder(
     *,
     phase_end: int | None = None,
     holds: tuple[str, str] | None = None,
+    members: int = 1,
 ) -> Bidder:
     """A job as a round sees it, the router's and the simulator's: its calibrated
     ``profile`` (:meth:`Calibrator.believed`), bidding from ``next_unit`` within its current
@@ -352,7 +361,9 @@ def make_bidder(
             min(contract.max_units, limit),
             contract.epsilon,
         )
-    return Bidder(job_id, tenant, contract, profile, next_unit, waited_seconds, priority, holds)
+    return Bidder(
+        job_id, tenant, contract, profile, next_unit, waited_seconds, priority, holds, members
+    )
 
 
 def round_bids(
@@ -369,12 +380,18 @@ def round_bids(
     classes, not bidders x windows. A held window (:attr:`MarketWindow.held_by`) is a class
     of its own; its holder bids on it alone.
     """
+    ordered = sorted(windows, key=lambda w: w.key)
     pool_of: dict[tuple[int, int, float, str, str], list[MarketWindow]] = {}
-    for w in sorted(windows, key=lambda w: w.key):
+    for w in ordered:
         pool_of.setdefault(w.alike, []).append(w)
     pools = [tuple(members) for members in pool_of.values()]
     out: list[Bid] = []
+    gangs = [b for b in bidders if b.members > 1]
+    if gangs:
+        out.extend(gang_bids(gangs, ordered, eligible))
     for b in bidders:
+        if b.members > 1:
+            continue
         for members in pools:
             first = members[0]
             if b.holds is not None and (first.key != b.holds or first.held_by != b.job_id):
@@ -395,6 +412,52 @@ def round_bids(
             )
             if bid is not None:
                 out.append(replace(bid, pool=members) if len(members) > 1 else bid)
+    return out
+
+
+def gang_bids(
+    bidders: Iterable[Bidder],
+    windows: Sequence[MarketWindow],
+    eligible: Callable[[Bidder, MarketWindow], bool] | None = None,
+) -> list[Bid]:
+    """Each gang's bids (:attr:`Bidder.members` > 1), one per family of windows: windows
+    with the same memory, share, offered length and tag (a MIG profile's slices, on any
+    host: a rigid gang's members may be spread so too), held or not. A waiting gang bids on
+    the family's free windows and, after them, on the windows held by other jobs' pieces
+    (:func:`clear` lets it take those only from a lower class); a gang whose piece holds
+    slices (:attr:`Bidder.holds`) bids to extend on its own held windows only. A family
+    with fewer windows than members gets no bid. Priced on the family's first window (all
+    alike in what :func:`best_bid` reads)."""
+    family_of: dict[tuple[int, int, float, str], list[MarketWindow]] = {}
+    for w in windows:
+        family_of.setdefault(w.alike[:4], []).append(w)
+    families = [
+        sorted(members, key=lambda w: (bool(w.held_by), w.key)) for members in family_of.values()
+    ]
+    out: list[Bid] = []
+    for b in bidders:
+        for family in families:
+            if b.holds is not None:
+                pool = [w for w in family if w.held_by == b.job_id]
+            else:
+                pool = [w for w in family if w.held_by != b.job_id]
+            if len(pool) < b.members:
+                continue
+            first = pool[0]
+            if eligible is not None and not eligible(b, first):
+                continue
+            bid = best_bid(
+                b.job_id,
+                b.tenant,
+                b.contract,
+                b.profile,
+                first,
+                b.next_unit,
+                b.waited_seconds,
+                b.priority,
+            )
+            if bid is not None:
+                out.append(replace(bid, members=b.members, pool=tuple(pool)))
     return out
 
 
@@ -502,6 +565,12 @@ def score(bid: Bid, policy: str, ctx: ClearingContext) -> float:
 class Award:
     bid: Bid
     score: float
+
+    @property
+    def windows(self) -> tuple[MarketWindow, ...]:
+        """The windows won: a gang's one per member (its pool as awarded, ``bid.window``
+        first), else ``bid.window``."""
+        return self.bid.pool if self.bid.members > 1 else (self.bid.window,)
 
 
 def offer_seconds(now: float, end: float, cap: float, head_start: float | None) -> float:
@@ -618,8 +687,17 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
     extend in place unless a bid of a higher class, or of the same class with a score higher
     by more than ``ctx.hysteresis``, wants it; within a class, bids on free windows go
     before bids on held ones, so a piece is displaced only by work no free window served.
-    An award on a held window to another job means: the piece checkpoints and stops."""
+    An award on a held window to another job means: the piece checkpoints and stops.
+
+    A gang's bid (:attr:`Bid.members` > 1) wins, at its turn, that many windows of its pool
+    or none (:func:`_gang_windows`): a single ranked below it never takes one of a set it
+    could complete, and a set it cannot complete is left whole to the bids after it. Its
+    award's ``pool`` is the windows won (:attr:`Award.windows`)."""
     context = ctx or ClearingContext()
+    bids = list(bids)
+    # Whose piece holds a window, by class: a gang takes a held window only from a lower
+    # class (or from a holder that does not bid to extend: it stops anyway).
+    holder_priority = {b.window.held_by: b.priority for b in bids if b.incumbent}
     heap: list[tuple[int, int, float, str, str, str, int, int, float, Bid]] = []
     for seq, bid in enumerate(bids):
         value = score(bid, policy, context)
@@ -637,6 +715,14 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
         prio, tier, neg, job_id, _, _, seq, at, value, bid = heapq.heappop(heap)
         if job_id in taken_jobs:
             continue
+        if bid.members > 1:
+            gang = _gang_windows(bid, prio, taken_windows, holder_priority)
+            if gang is None:
+                continue  # fewer than its members free at its turn: it takes none
+            taken_windows.update(w.key for w in gang)
+            taken_jobs.add(job_id)
+            awards.append(Award(replace(bid, window=gang[0], pool=gang), value))
+            continue
         pool = bid.pool or (bid.window,)
         while at < len(pool) and pool[at].key in taken_windows:
             at += 1
@@ -653,6 +739,32 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
         won = bid if window == bid.window and not bid.pool else replace(bid, window=window, pool=())
         awards.append(Award(won, value))
     return awards
+
+
+def _gang_windows(
+    bid: Bid,
+    priority: int,
+    taken: Container[tuple[str, str]],
+    holder_priority: Mapping[str, int],
+) -> tuple[MarketWindow, ...] | None:
+    """The ``bid.members`` windows a gang's bid wins at its turn in :func:`clear`, free ones
+    first (its pool's order), or None when fewer are left: all or nothing, so a gang holds
+    its whole set before any bid ranked below it takes one, and a gang that cannot complete
+    takes nothing. A window held by another job's piece is taken only when that holder is
+    of a lower class or does not bid to extend (a gang never displaces its own class: it
+    would stop a whole set for a hysteresis-sized gain)."""
+    chosen: list[MarketWindow] = []
+    for w in bid.pool or (bid.window,):
+        if w.key in taken:
+            continue
+        if w.held_by and w.held_by != bid.job_id:
+            holder = holder_priority.get(w.held_by)
+            if holder is not None and holder <= priority:
+                continue
+        chosen.append(w)
+        if len(chosen) == bid.members:
+            return tuple(chosen)
+    return None
 
 
 def default_min_samples(epsilon: float) -> int:

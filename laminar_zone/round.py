@@ -21,7 +21,9 @@ simulator's ``MigReplay`` only feed it and carry out what it returns. Per step i
 5. admits the awards in clearing order against the quotas (an incumbent keeps its slice
    whatever its tenant holds: it runs already) and turns them into decisions:
    :class:`Start` (a bid won a free window), :class:`Extend` (a piece keeps its slice),
-   :class:`Stop` (a piece's slice went to another job).
+   :class:`Stop` (a piece's slice went to another job). A gang's award (``Bid.members``
+   > 1) is its whole set: one :class:`Start` or :class:`Extend` for all its windows, a
+   :class:`Stop` per held slice it took.
 
 :meth:`ClearingRound.close` ends the round: held pieces no award decided stop, and the
 losers learn the best score that beat them. No I/O, no clock: ``now`` comes in.
@@ -57,7 +59,8 @@ class Start:
 @dataclass(frozen=True)
 class Extend:
     """The piece holding ``key`` keeps its slice, in place, for the award's window
-    (``award.bid.window.length_seconds``): no checkpoint, no restart."""
+    (``award.bid.window.length_seconds``): no checkpoint, no restart. A gang's piece keeps
+    all its slices (``award.windows``), named by the first."""
 
     key: tuple[str, str]
     award: Award
@@ -223,28 +226,47 @@ class ClearingRound:
         self.bids.extend(bids)
         decisions: list[Decision] = []
         for won in awards:  # in clearing order: the best keep the tenant's quota
-            tenant, window = won.bid.tenant, won.bid.window
+            tenant, won_windows = won.bid.tenant, won.windows
             if not won.bid.incumbent:
-                if not self.within_quota(tenant, window):
+                if not self.within_quotas(tenant, won_windows):
                     continue
-                item = piece_item(tenant, window)
-                self.units[tenant] = self.units.get(tenant, 0.0) + item.units
-                self.memory[tenant] = self.memory.get(tenant, 0) + item.need.memory_bytes
-            self.taken.add(window.key)
+                for window in won_windows:
+                    item = piece_item(tenant, window)
+                    self.units[tenant] = self.units.get(tenant, 0.0) + item.units
+                    self.memory[tenant] = self.memory.get(tenant, 0) + item.need.memory_bytes
+            self.taken.update(w.key for w in won_windows)
             self.awards.append(won)
-            if not window.held_by:
+            held = [w for w in won_windows if w.held_by]
+            if not held:
                 decisions.append(Start(won))
                 continue
-            self.decided.add(window.key)
-            decisions.append(
-                Extend(window.key, won) if won.bid.incumbent else Stop(window.key, won)
-            )
+            self.decided.update(w.key for w in held)
+            if won.bid.incumbent:  # a gang's set is kept whole, its first key names it
+                decisions.append(Extend(held[0].key, won))
+            else:  # each piece holding one of them stops; the winner waits for them
+                decisions.extend(Stop(w.key, won) for w in held)
         return Cleared(decisions, bids, len(windows), len(ours))
+
+    def within_quotas(self, tenant: str, windows: Iterable[MarketWindow]) -> bool:
+        """Pieces on all of ``windows`` (a gang's set) keep ``tenant`` within its quota."""
+        if self.quotas is None:
+            return True
+        windows = list(windows)
+        if len(windows) == 1:
+            return self.within_quota(tenant, windows[0])
+        units, memory = self.units.get(tenant, 0.0), self.memory.get(tenant, 0)
+        for window in windows:
+            item = piece_item(tenant, window)
+            if quota_block(item, self.quotas.get(tenant), units, memory):
+                return False
+            units += item.units
+            memory += item.need.memory_bytes
+        return True
 
     def close(self) -> Closed:
         """After the pass's last step: every held piece no step decided stops; each job
         that won nothing learns the best score that won a window it bid on."""
-        winning = {a.bid.window.key: a.score for a in self.awards}
+        winning = {w.key: a.score for a in self.awards for w in a.windows}
         winners = frozenset(a.bid.job_id for a in self.awards)
         losing: dict[str, float] = {}
         for bid in self.bids:

@@ -75,6 +75,7 @@ def test_an_atomized_job_takes_one_slice_at_a_time() -> None:
     with pytest.raises(InvalidArgument) as err:
         validate_contract(gang)
     assert err.value.field == "spec.gang_size"
+    assert "got 2" in str(err.value) and "not supported yet" in str(err.value)
     wide = _spec()
     wide.resources.gpus = 2
     with pytest.raises(InvalidArgument) as err:

@@ -440,3 +440,48 @@ def test_rigid_jobs_ask_the_most_retries_a_spec_may() -> None:
     from laminar_zone.spec import MAX_RETRIES
 
     assert laminar_sim.atomized.RIGID_MAX_RETRIES == MAX_RETRIES
+
+
+def test_market_gangs_run_every_unit_once_on_one_slice_per_member() -> None:
+    # A loose epsilon: pieces bid on slices their peaks overflow now and then.
+    s = spec(horizon_seconds=900.0, market_gangs=True, epsilon=0.3)
+    jobs = make_jobs(trace_jobs(), profiles(), s.seed)
+    sim = MigReplay(s, jobs, "atomized")
+    report = sim.run()
+    assert report["finished"] == report["jobs"] == 60
+    gangs = [st for st in sim.states if st.job.gpus > 1]
+    assert gangs and all(st.contract is not None for st in gangs)
+    assert report["rigid_jobs"] == 0
+    kills = 0
+    for state in gangs:
+        assert state.contract is not None and state.entry is not None
+        cursor = 0
+        for start, count in sorted(state.done):
+            assert start == cursor and count >= 1  # no gap, no overlap, no repeat
+            cursor += count
+        assert cursor == state.contract.total_units
+        # Each piece is one placement per member, on distinct slices, ended together.
+        runs: dict[str, list[zone_pb2.Placement]] = {}
+        for p in state.entry.job.placements:
+            runs.setdefault(p.subjob_id.rsplit("m", 1)[0], []).append(p)
+        for members in runs.values():
+            assert len(members) == state.job.gpus
+            assert len({(p.agent_id, p.slice_ids[0]) for p in members}) == state.job.gpus
+            assert len({p.resources.mig_profile for p in members}) == 1
+            causes = sorted(end_cause(p.end_cause) for p in members)
+            if EndCause.RECLAIMED in causes:
+                kills += 1
+                assert causes.count(EndCause.RECLAIMED) == 1
+                assert causes.count(EndCause.GANG_STOPPED) == state.job.gpus - 1
+            else:
+                assert len(set(causes)) == 1
+    assert kills > 0  # the profiles' peaks kill some gang pieces: siblings stopped
+    assert all(not host.ledger.leases() for host in sim.hosts)
+    assert len(sim.free) == sum(len(host.ledger.slices) for host in sim.hosts)
+
+
+def test_market_gangs_off_leaves_gangs_rigid() -> None:
+    jobs = make_jobs(trace_jobs(), profiles(), 7)
+    sim = MigReplay(spec(), jobs, "atomized")
+    assert all(st.contract is None for st in sim.states if st.job.gpus > 1)
+    assert sim.run()["rigid_jobs"] == sum(1 for j in jobs if j.gpus > 1)
