@@ -129,8 +129,6 @@ OVERRAN = "overran:"
 #: A window that starts within this many seconds counts as open now.
 START_TOLERANCE_SECONDS = 0.5
 MAX_PHASES = 64
-#: The most members an atomized gang may have (each piece commits one per window).
-MAX_GANG_SIZE = 64
 #: Bids a client may make in one round (more are refused, naming ``bids``).
 MAX_CLIENT_BIDS = 256
 #: Job families whose calibration the router pools at most (the oldest is dropped).
@@ -148,13 +146,9 @@ def _points(rows: Iterable[common_pb2.Quantile]) -> list[tuple[float, float]]:
 def validate_contract(spec: zone_pb2.JobSpec) -> tuple[Contract, tuple[Phase, ...]]:
     """The contract and its phases; InvalidArgument names the field."""
     a = spec.atomization
-    # A gang (gang_size > 1) runs each piece as one member per window, all windows of one
-    # family (laminar_zone.market.gang_bids), started, extended and stopped together.
-    if spec.gang_size > MAX_GANG_SIZE:
-        raise InvalidArgument(
-            f"must be <= {MAX_GANG_SIZE} for an atomized job, got {spec.gang_size}",
-            field="spec.gang_size",
-        )
+    # A gang (gang_size > 1, at most laminar_zone.spec.MAX_GANG) runs each piece as one
+    # member per window, all of one family (laminar_zone.market.gang_bids), started,
+    # extended and stopped together; each member's resources are its window's.
     r = spec.resources
     if r.gpus > 1 or r.gpu_milli:
         raise InvalidArgument(
