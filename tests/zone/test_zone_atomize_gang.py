@@ -16,12 +16,14 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 from waiting import gate_code, wait_for
 from zonekit import HEARTBEAT_SECONDS, TERMINAL, Zone, open_zone
 
-from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2
 from laminar_cli.cluster import AgentProcess, LocalCluster
 
 GIB = 1024**3
@@ -89,7 +91,13 @@ def _contract(units: int, checkpoint: Path) -> common_pb2.AtomizationContract:
 
 
 def _submit_gang(
-    zone: Zone, root: Path, units: int, checkpoint: Path, priority: int
+    zone: Zone,
+    root: Path,
+    units: int,
+    checkpoint: Path,
+    priority: int,
+    resources: common_pb2.Resources | None = None,
+    **fields: Any,
 ) -> zone_pb2.Job:
     worker = root / "gang_worker.py"
     worker.write_text(GANG_WORKER)
@@ -98,7 +106,8 @@ def _submit_gang(
         atomization=_contract(units, checkpoint),
         gang_size=2,
         priority=priority,
-        resources=common_pb2.Resources(mig_profile="3g.40gb"),
+        resources=resources or common_pb2.Resources(mig_profile="3g.40gb"),
+        **fields,
     )
     return zone.stub.Submit(zone_pb2.SubmitRequest(spec=spec), timeout=10)
 
@@ -245,3 +254,71 @@ def test_a_member_whose_commit_fails_rolls_the_other_back_and_the_gang_runs_late
     first_run = min(p.started_unix for p in finished)
     assert all(p.ended_unix <= first_run + 0.05 for p in started), (started, first_run)
     assert done.atomization.violation_rate == 0.0
+
+
+def test_a_member_taken_by_airlock_stops_its_sibling_and_the_gang_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gang's members run on two hosts (a whole GPU each). Memory pressure on
+    one host makes Airlock suspend, then hand back, its member: the piece ends there, its
+    sibling on the other host is stopped with it (``GANG_STOPPED``, free), and the gang
+    resumes from its common checkpoint on the two GPUs free of pressure."""
+    monkeypatch.setenv("LAMINAR_AIRLOCK_HOLD_SECONDS", "0.3")
+    monkeypatch.setenv("LAMINAR_AIRLOCK_READDRESS_AFTER_SECONDS", "1")
+    monkeypatch.setenv("LAMINAR_AIRLOCK_MAX_READDRESS", "1")
+    monkeypatch.setenv("LAMINAR_AIRLOCK_RECLAIM_GRACE_SECONDS", "1")
+    with LocalCluster(tmp_path) as cluster:
+        zone = _zone(cluster, tmp_path, window_seconds=30.0)
+        a = _agent(cluster, zone, "a", "1xH100-80GB")
+        _agent(cluster, zone, "b", "1xH100-80GB")
+        cluster.wait_registered()
+        # Agent c joins once the gang runs on a and b: where Airlock re-addresses to.
+        checkpoint = tmp_path / "ckpt"
+        gang = _submit_gang(
+            zone,
+            tmp_path,
+            24,
+            checkpoint,
+            common_pb2.OPPORTUNISTIC,
+            common_pb2.Resources(gpus=1),
+            lifecycle=common_pb2.TRANSIENT,  # Airlock may hand it back (re-address)
+            restartable=True,
+        )
+        running = zone.wait_state(gang.job_id, zone_pb2.JOB_RUNNING)
+        assert sorted(p.agent_id for p in running.placements) == ["a", "b"]
+        _agent(cluster, zone, "c", "1xH100-80GB")
+        cluster.wait_registered()
+        wait_for(lambda: len(_log(checkpoint)) >= 2)
+        with grpc.insecure_channel(a.address) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            stub.InjectLoad(
+                agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=79 * GIB), timeout=10
+            )
+
+            def sibling_stopped() -> bool:
+                placements = zone.get(gang.job_id).placements
+                return any(p.end_cause == common_pb2.END_CAUSE_GANG_STOPPED for p in placements)
+
+            wait_for(sibling_stopped, timeout_seconds=60)
+        done = zone.wait_state(gang.job_id, *TERMINAL, timeout_seconds=90)
+    assert done.state == zone_pb2.JOB_SUCCEEDED, done.reason
+    first = [p for p in done.placements if p.unit_start == 0 and p.started_unix > 0]
+    assert len(first) == 2
+    taken = next(p for p in first if p.agent_id == "a")
+    sibling = next(p for p in first if p.agent_id == "b")
+    assert taken.state == common_pb2.KILLED
+    assert taken.end_cause in (
+        common_pb2.END_CAUSE_READDRESSED,
+        common_pb2.END_CAUSE_RECLAIMED,
+    ), taken.end_cause
+    assert sibling.state == common_pb2.KILLED
+    assert sibling.end_cause == common_pb2.END_CAUSE_GANG_STOPPED
+    assert sibling.reason.startswith(f"gang member {taken.member} ({taken.subjob_id}) ended")
+    assert sibling.ended_unix >= taken.ended_unix
+    reached = max(p.unit_start + p.units_done for p in first)
+    later = [p for p in done.placements if p.unit_start > 0]
+    assert len(later) >= 2 and min(p.unit_start for p in later) == reached
+    assert {p.agent_id for p in later[:2]} == {"b", "c"}
+    per_member = _by_member(done, checkpoint)
+    assert per_member[0] == Counter(range(24)), per_member[0]
+    assert set(per_member[1]) == set(range(24))
