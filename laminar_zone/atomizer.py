@@ -1253,7 +1253,9 @@ class Atomizer:
 
     async def enforce_windows(self) -> None:
         """Stop subjobs still running past their window's end (plus grace): they resume
-        from their checkpoint later, and their profile is widened."""
+        from their checkpoint later, and their profile is widened. A gang's piece overruns
+        once: its first member so stopped is the violation (``OVERRAN``), the others stop
+        with it (``GANG_STOPPED``, free)."""
         now_unix = time.time()
         grace = self.config.overrun_grace_seconds
         live: set[str] = set()
@@ -1261,6 +1263,7 @@ class Atomizer:
             entry = self.zone.entries.get(job_id)
             if entry is None:
                 continue
+            overran: zone_pb2.Placement | None = None
             for p in entry.job.placements:
                 if p.state in LIVE:
                     live.add(p.subjob_id)
@@ -1275,10 +1278,16 @@ class Atomizer:
                         f"{OVERRAN} window ended at {p.window_end_unix:.0f} "
                         f"({now_unix - p.window_end_unix:.1f} s ago, grace {grace:g} s)"
                     )
+                    cause = EndCause.OVERRAN
+                    if overran is not None and overran.unit_start == p.unit_start:
+                        cause = EndCause.GANG_STOPPED
+                        why = f"gang member {overran.member} ({overran.subjob_id}) {why}"
+                    else:
+                        overran = p
                     p.reason = why
                     self._overrunning.add(p.subjob_id)
                     live.add(p.subjob_id)
-                    await self.zone.terminate(p, why, EndCause.OVERRAN)
+                    await self.zone.terminate(p, why, cause)
         self._overrunning &= live
 
     # ------------------------------------------------------------------ client bidding

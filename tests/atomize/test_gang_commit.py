@@ -74,6 +74,7 @@ class _Zone:
         self.stops: list[tuple[str, EndCause]] = []
         self.finished: list[str] = []
         self.market: Atomizer | None = None
+        self.entries: dict[str, Entry] = {}
 
     def track(self, entry: Entry, agent_id: str) -> None:
         pass
@@ -190,3 +191,23 @@ def test_a_gang_whose_every_member_bounced_leaves_no_subjob_behind() -> None:
     zone, entry, started = _start({"a": "bounce", "b": "bounce"})
     assert not started and not zone.stops
     assert len(entry.job.placements) == 0 and entry.job.state == zone_pb2.QUEUED
+
+
+def test_a_gang_piece_past_its_window_overruns_once() -> None:
+    """Both members run past their window's end: the first is stopped as the overrun (one
+    time violation), the other with it, free (``GANG_STOPPED``)."""
+    zone, entry, started = _start({"a": "start", "b": "start"})
+    assert started
+    for p in entry.job.placements:
+        p.window_end_unix = 1.0  # long past
+    zone.entries["g1"] = entry
+    assert zone.market is not None
+    asyncio.run(zone.market.enforce_windows())
+    first, second = entry.job.placements
+    assert zone.stops == [
+        (first.subjob_id, EndCause.OVERRAN),
+        (second.subjob_id, EndCause.GANG_STOPPED),
+    ]
+    assert second.reason.startswith(f"gang member 0 ({first.subjob_id}) overran:")
+    asyncio.run(zone.market.enforce_windows())  # asked once
+    assert len(zone.stops) == 2
