@@ -43,14 +43,13 @@ zero.
 **atomized.** Jobs of one GPU declare a contract (:func:`laminar_zone.market.contract_from`):
 ``units = round(duration / unit_seconds)``, the quantiles above, the checkpoint overhead
 and epsilon. They are the core's ``atoms``: entries that wait (queued) in its passes while
-no piece runs. Gangs (more than one GPU) stay rigid, placed as above: a gang needs all its
-slices at once and cannot be cut into single-slice pieces. Experimental
-(``AtomizeSpec.market_gangs``, ``--market-gangs``; the router still refuses atomized
-gangs): a gang declares the same contract (its members move in lockstep) and bids for one
-window per member of one family, all or nothing (:func:`laminar_zone.market.clear`); its
-pieces have a member per won slice, one speed draw and a peak draw per member per hour; a
-member killed by its peak ends the piece (its siblings stop, ``GANG_STOPPED``), and its set
-of slices is extended or stopped together.
+no piece runs. Gangs (more than one GPU) are atomized too by default, as the router runs
+atomized gangs (``AtomizeSpec.market_gangs``; ``--no-market-gangs``: they stay rigid,
+placed as above): a gang declares the same contract (its members move in lockstep) and
+bids for one window per member of one family, all or nothing
+(:func:`laminar_zone.market.clear`); its pieces have a member per won slice, one speed draw
+and a peak draw per member per hour; a member killed by its peak ends the piece (its
+siblings stop, ``GANG_STOPPED``), and its set of slices is extended or stopped together.
 
 All waiting work is taken in the router's **one class order** at each queue pass (a pass
 after every event that changed something, as the router's wakes run one): per priority
@@ -229,12 +228,12 @@ class AtomizeSpec:
     #: Calibration pooled per job family (``RatioPool``): here the jobs of one tenant with
     #: one memory profile (the same workload). False: each job learns alone.
     pool_calibration: bool = True
-    #: Experimental: in the atomized mode gangs bid in the market too (``--market-gangs``):
-    #: a gang of ``g`` GPUs bids for ``g`` windows of one MIG profile at once, all or
-    #: nothing (:func:`laminar_zone.market.clear`), and runs pieces of ``g`` members. The
-    #: router still refuses atomized gangs (``gang_size`` <= 1), so this is the simulator's
-    #: measurement of the design only. False: gangs stay rigid, placed as in the rigid mode.
-    market_gangs: bool = False
+    #: In the atomized mode gangs bid in the market too (the default; ``--no-market-gangs``
+    #: for the before): a gang of ``g`` GPUs bids for ``g`` windows of one MIG profile at
+    #: once, all or nothing (:func:`laminar_zone.market.clear`), and runs pieces of ``g``
+    #: members, as the router runs atomized gangs (laminar_zone.atomizer). False: gangs
+    #: stay rigid, placed as in the rigid mode.
+    market_gangs: bool = True
 
 
 @dataclass(frozen=True)

@@ -240,10 +240,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     rp.add_argument(
         "--market-gangs",
-        action="store_true",
-        help="with atomized, EXPERIMENTAL (simulator only: the router still refuses atomized "
-        "gangs): gangs bid in the market for one window per member, all or nothing, and run "
-        "as pieces instead of rigid jobs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with atomized (the default; --no-market-gangs for the before): gangs bid in the "
+        "market for one window per member, all or nothing, and run as pieces instead of rigid "
+        "jobs, as the router runs atomized gangs",
     )
     rp.add_argument(
         "--no-pool-calibration",

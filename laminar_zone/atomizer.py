@@ -29,11 +29,11 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -61,6 +61,7 @@ from laminar_zone.config import Quota, ZoneConfig
 from laminar_zone.entry import Entry
 from laminar_zone.lifecycle import atomized_subjob_id
 from laminar_zone.market import (
+    Award,
     Bid,
     Bidder,
     ClearingContext,
@@ -81,6 +82,8 @@ from laminar_zone.queue import Bidding, Clear
 from laminar_zone.reasons import Reason, set_reason
 from laminar_zone.round import ClearingRound, Extend, Start, Stop
 from laminar_zone.view import ZoneView
+
+T = TypeVar("T")
 
 
 class Zone(Protocol):
@@ -112,6 +115,7 @@ class Zone(Protocol):
         self, placement: zone_pb2.Placement, reason: str, cause: EndCause
     ) -> None: ...
     async def one_pass(self) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]: ...
 
 
 log = logging.getLogger("laminar.zone.atomizer")
@@ -142,15 +146,9 @@ def _points(rows: Iterable[common_pb2.Quantile]) -> list[tuple[float, float]]:
 def validate_contract(spec: zone_pb2.JobSpec) -> tuple[Contract, tuple[Phase, ...]]:
     """The contract and its phases; InvalidArgument names the field."""
     a = spec.atomization
-    if spec.gang_size > 1:
-        # The market clears gangs (laminar_zone.market.clear: one window per member, all
-        # or nothing) and the simulator runs them (sim replay --market-gangs, experimental),
-        # but the router does not yet bind a gang's leases for a piece: refused here.
-        raise InvalidArgument(
-            f"must be <= 1 for an atomized job, got {spec.gang_size}: the router runs an "
-            "atomized job's pieces one subjob at a time (atomized gangs are not supported yet)",
-            field="spec.gang_size",
-        )
+    # A gang (gang_size > 1, at most laminar_zone.spec.MAX_GANG) runs each piece as one
+    # member per window, all of one family (laminar_zone.market.gang_bids), started,
+    # extended and stopped together; each member's resources are its window's.
     r = spec.resources
     if r.gpus > 1 or r.gpu_milli:
         raise InvalidArgument(
@@ -312,7 +310,9 @@ class Atomizer:
         """Start (or, after a restart, rebuild) the market state of an atomized job (a bid's
         waiting time is its entry's, since ``Entry.submitted_mono``)."""
         contract, phases = validate_contract(job.spec)
-        atom = Atom.of(contract, phases, partial(self._pool, job.spec))
+        atom = Atom.of(
+            contract, phases, partial(self._pool, job.spec), members=max(1, job.spec.gang_size)
+        )
         self.atoms[job.job_id] = atom
         for p in job.placements:  # a restart: replay what was observed, in order
             if p.state in ENDED:
@@ -373,12 +373,17 @@ class Atomizer:
             return
         if any(p.state in LIVE and p.reason == COMMITTING for p in job.placements):
             return
+        broken: list[zone_pb2.Placement] = []
         for p in job.placements:
             if p.state in ENDED and p.subjob_id not in atom.observed:
+                if p.state != common_pb2.SUCCEEDED:
+                    broken.append(p)
                 failure = self._observe(job, atom, p, replay=False)
                 if failure:
                     self.zone.finish(entry, zone_pb2.JOB_FAILED, failure)
                     return
+        if broken and atom.members > 1:
+            self._stop_siblings(entry, broken[0])
         # A piece declared lost and observed as such may report its true end later (a
         # checkpoint it did reach): the placements say how far the job really is.
         atom.next_unit = max(atom.next_unit, units_done(job))
@@ -412,6 +417,24 @@ class Atomizer:
             return
         job.state = zone_pb2.QUEUED
         set_reason(job, Reason.WINDOW, f"waiting for a window; {done} of {total} units done")
+
+    def _stop_siblings(self, entry: Entry, ended: zone_pb2.Placement) -> None:
+        """A gang member ended before its piece did (killed for memory, failed, lost): its
+        live siblings stop (``GANG_STOPPED``: free and unobserved, :mod:`laminar_zone.atoms`),
+        so the whole piece ends and the job bids again from the gang's checkpoint."""
+        for p in entry.job.placements:
+            if (
+                p.state in LIVE
+                and p.unit_start == ended.unit_start
+                and p.subjob_id not in self._overrunning
+            ):
+                why = f"gang member {ended.member} ({ended.subjob_id}) ended: {ended.reason}"
+                p.reason = why
+                self._overrunning.add(p.subjob_id)
+                log.info("job %s: subjob %s stops: %s", entry.job.job_id, p.subjob_id, why)
+                self.zone.spawn(
+                    self.zone.terminate(p, why, EndCause.GANG_STOPPED), f"stop-{p.subjob_id}"
+                )
 
     def _observe(
         self, job: zone_pb2.Job, atom: Atom, p: zone_pb2.Placement, *, replay: bool
@@ -535,9 +558,10 @@ class Atomizer:
             return w.kind == common_pb2.WHOLE_GPU
         return True
 
-    def _due(self, now_unix: float) -> list[tuple[Entry, Atom, zone_pb2.Placement]]:
+    def _due(self, now_unix: float) -> list[tuple[Entry, Atom, list[zone_pb2.Placement]]]:
         """Running pieces whose window ends within a checkpoint's length (at least two
-        rounds): this round decides whether each keeps its slice (incumbency)."""
+        rounds): this round decides whether each keeps its slice (incumbency). A piece is
+        its live members (a gang's: one per slice), due only when every one of them is."""
         if not self.config.incumbency:
             return []
         out = []
@@ -546,16 +570,16 @@ class Atomizer:
             if entry is None or entry.placing or atom.client is not None:
                 continue  # a client sizes its own pieces to their windows
             checkpoint = atom.contract.checkpoint_overhead_seconds
-            for p in entry.job.placements:
-                if (
-                    p.state == common_pb2.RUNNING
-                    and p.reason != COMMITTING
-                    and p.window_end_unix > 0
-                    and now_unix
-                    >= decide_at(p.window_end_unix, checkpoint, self.config.round_seconds)
-                    and p.subjob_id not in self._overrunning
-                ):
-                    out.append((entry, atom, p))
+            live = [p for p in entry.job.placements if p.state in LIVE]
+            if live and all(
+                p.state == common_pb2.RUNNING
+                and p.reason != COMMITTING
+                and p.window_end_unix > 0
+                and now_unix >= decide_at(p.window_end_unix, checkpoint, self.config.round_seconds)
+                and p.subjob_id not in self._overrunning
+                for p in live
+            ):
+                out.append((entry, atom, live))
         return out
 
     @staticmethod
@@ -649,14 +673,19 @@ class Atomizer:
                 continue
             bidders.append(self._bidder(entry, atom, now, largest))
             specs[entry.job.job_id] = entry.job.spec
-        for entry, atom, p in due:
-            w = self._held_window(atom, p)
-            key = (w.agent_id, w.slice_id)
-            held[key] = (entry, p, w)
-            slices.append(self._open_slice(w, entry.job.job_id))
+        for entry, atom, members in due:
+            keys = []
+            for p in members:  # a gang's piece holds one slice per member
+                w = self._held_window(atom, p)
+                key = (w.agent_id, w.slice_id)
+                keys.append(key)
+                held[key] = (entry, p, w)
+                slices.append(self._open_slice(w, entry.job.job_id))
             specs[entry.job.job_id] = entry.job.spec
             bidders.append(
-                self._bidder(entry, atom, now, largest, holds=key, running=(p, now_unix))
+                self._bidder(
+                    entry, atom, now, largest, holds=keys[0], running=(members[0], now_unix)
+                )
             )
         client_bids: list[Bid] = []
         if clients:
@@ -715,9 +744,7 @@ class Atomizer:
         await self._decide_held(rnd, sorted(held, key=lambda d: order[d.key]))
         results = await asyncio.gather(
             *(
-                self._materialize(
-                    self.zone.entries[d.award.bid.job_id], d.award.bid, d.award.score, rnd.by_key
-                )
+                self._materialize(self.zone.entries[d.award.bid.job_id], d.award, rnd.by_key)
                 for d in cleared.decisions
                 if isinstance(d, Start) and d.award.bid.job_id in self.zone.entries
             )
@@ -773,20 +800,22 @@ class Atomizer:
         it checkpoints; the job resumes from there in a later window)."""
         for decision in decisions:
             key = decision.key
-            entry, p, _ = rnd.held[key]
+            entry = rnd.held[key][0]
+            # The piece's members (a gang's: one per held slice) are decided together.
+            members = [m for m, (e, _, _) in rnd.held.items() if e is entry]
             if isinstance(decision, Extend):
                 kept = decision.award
                 length = kept.bid.window.length_seconds
-                p.window_end_unix = window_end_at(rnd.now_unix, length)
+                for member in members:
+                    rnd.held[member][1].window_end_unix = window_end_at(rnd.now_unix, length)
                 self.zone.save(entry)
                 self.zone.metrics.window_extensions.inc()
                 log.info(
-                    "job %s: subjob %s keeps %s/%s for another %.1f s (no bid of a higher "
+                    "job %s: subjob %s keeps %s for another %.1f s (no bid of a higher "
                     "class, none of its class better by %.2f; score %.3f)",
                     entry.job.job_id,
-                    p.subjob_id,
-                    key[0],
-                    key[1],
+                    ",".join(rnd.held[m][1].subjob_id for m in members),
+                    ",".join(f"{a}/{s}" for a, s in members),
                     length,
                     self.config.hysteresis,
                     kept.score,
@@ -804,11 +833,23 @@ class Atomizer:
                     f"window ended: {key[0]}/{key[1]} is held for other work (no extension "
                     "fits before the next commitment on it); resumes from its checkpoint"
                 )
-            p.reason = why
-            self._overrunning.add(p.subjob_id)
+            # Every member stops, each checkpointing (a gang's progress is common to them);
+            # a gang's other slices were decided with this one, so each is asked once.
+            stops = [rnd.held[m][1] for m in members]
+            stops = [s for s in stops if s.subjob_id not in self._overrunning]
+            for stop in stops:
+                stop.reason = why
+                self._overrunning.add(stop.subjob_id)
+            if not stops:
+                continue
             self.zone.save(entry)
-            log.info("job %s: subjob %s stops: %s", entry.job.job_id, p.subjob_id, why)
-            await self.zone.terminate(p, why, EndCause.PREEMPTED)
+            log.info(
+                "job %s: subjob(s) %s stop: %s",
+                entry.job.job_id,
+                ",".join(s.subjob_id for s in stops),
+                why,
+            )
+            await asyncio.gather(*(self.zone.terminate(s, why, EndCause.PREEMPTED) for s in stops))
 
     def future_windows(self, now_unix: float) -> list[tuple[float, str, common_pb2.Window]]:
         """Windows of ready agents that open later, soonest first (computed once a round)."""
@@ -1021,66 +1062,130 @@ class Atomizer:
     async def _materialize(
         self,
         entry: Entry,
-        bid: Bid,
-        score: float,
+        award: Award,
         by_key: dict[tuple[str, str], tuple[common_pb2.Window, str, float]],
     ) -> bool:
-        """Start the winner's subjob on its window's slice; False if the window is gone."""
+        """Start the winner's piece on its won windows' slices (a gang's: one member per
+        window, committed together, all or nothing); False if it did not start."""
         job = entry.job
         atom = self.atoms.get(job.job_id)
         if atom is None or job.state != zone_pb2.QUEUED or entry.placing:
             return False
-        w, address, _ = by_key[bid.window.key]
+        bid, score = award.bid, award.score
         length = bid.window.length_seconds  # as offered to the bid's class
-        self._claimed[bid.window.key] = time.monotonic() + 2 * self.zone.heartbeat_seconds
         # With incumbency the piece runs every unit its job has left (within the phase and
         # max_units): it keeps its slice while nobody needs it more, and stops,
         # checkpointed, when its window ends and it does not. A client sizes its own.
         plan = atom.piece(bid, length, runs_on=self.config.incumbency and atom.client is None)
         count, expected = plan.unit_count, plan.expected_seconds
-        memory = min(w.memory_bytes, plan.memory_bytes)
-        resources = common_pb2.Resources(gpu_memory_bytes=memory, gpu_model=w.gpu_model)
-        if w.kind == common_pb2.MIG:
-            resources.mig_profile = w.mig_profile
-        elif w.kind == common_pb2.SHARED_GPU:
-            resources.gpu_milli = w.gpu_milli
-        else:
-            resources.gpus = 1
-        placement = job.placements.add(
-            subjob_id=atomized_subjob_id(job.job_id, bid.unit_start, len(job.placements)),
-            agent_id=w.agent_id,
-            agent_address=address,
-            slice_ids=[w.slice_id],
-            state=common_pb2.STARTING,
-            reason=COMMITTING,
-            attempt=job.attempts,
-            unit_start=bid.unit_start,
-            unit_count=count,
-            window_end_unix=window_end_at(time.time(), length),
-            resources=resources,
-        )
+        won = [by_key[w.key] for w in award.windows]
+        size = len(won)
+        members: list[tuple[zone_pb2.Placement, common_pb2.Window, str]] = []
+        for i, (w, address, _) in enumerate(won):
+            self._claimed[(w.agent_id, w.slice_id)] = (
+                time.monotonic() + 2 * self.zone.heartbeat_seconds
+            )
+            placement = job.placements.add(
+                subjob_id=atomized_subjob_id(job.job_id, bid.unit_start, len(job.placements)),
+                agent_id=w.agent_id,
+                agent_address=address,
+                slice_ids=[w.slice_id],
+                state=common_pb2.STARTING,
+                reason=COMMITTING,
+                attempt=job.attempts,
+                member=i,
+                unit_start=bid.unit_start,
+                unit_count=count,
+                window_end_unix=window_end_at(time.time(), length),
+                resources=_resources(w, min(w.memory_bytes, plan.memory_bytes)),
+            )
+            members.append((placement, w, address))
+        where = ", ".join(f"{w.agent_id}/{w.slice_id}" for _, w, _ in members)
         job.state = zone_pb2.PENDING
         set_reason(
             job,
             Reason.PLACING,
-            f"starting units {bid.unit_start}..{bid.unit_start + count - 1} on "
-            f"{w.agent_id}/{w.slice_id} (score {score:.3f}, P(fits) {bid.feasibility:.3f})",
+            f"starting units {bid.unit_start}..{bid.unit_start + count - 1} on {where} "
+            f"(score {score:.3f}, P(fits) {bid.feasibility:.3f})",
         )
-        self.zone.track(entry, w.agent_id)
+        for agent_id in dict.fromkeys(w.agent_id for _, w, _ in members):
+            self.zone.track(entry, agent_id)
         self.zone.save(entry)
-        spec = self.zone.subjob_spec(entry, placement)
-        spec.resources.CopyFrom(resources)
-        spec.unit_start = bid.unit_start
-        spec.unit_count = count
-        spec.checkpoint_dir = self.checkpoint_dir(job)
-        spec.expected_seconds = expected
         entry.placing = True
+        try:
+            outcomes = await asyncio.gather(
+                *(
+                    self._commit_member(entry, p, w, address, expected, size)
+                    for p, w, address in members
+                )
+            )
+        finally:
+            entry.placing = False
+        started = all(o == "" for o in outcomes)
+        if started:
+            for p, w, _ in members:
+                atom.held[p.subjob_id] = w
+            self.zone.metrics.window_fill.observe(
+                min(1.0, bid.expected_seconds / length) if math.isfinite(length) else 0.0
+            )
+            log.info(
+                "job %s: subjob(s) %s units %d+%d on %s for a %.1f s window "
+                "(expected %.1f s, P(fits) %.3f, score %.3f)",
+                job.job_id,
+                ",".join(p.subjob_id for p, _, _ in members),
+                bid.unit_start,
+                count,
+                where,
+                length,
+                bid.expected_seconds,
+                bid.feasibility,
+                score,
+            )
+        elif all(p.state == common_pb2.STARTING and p.reason == COMMITTING for p, _, _ in members):
+            # Every window was gone (each member bounced): those subjobs never existed.
+            del job.placements[-size:]
+            job.state = zone_pb2.QUEUED
+            set_reason(
+                job,
+                Reason.WINDOW,
+                f"window on {where} was gone ({'; '.join(o for o in outcomes if o)}); "
+                "waiting for the next",
+            )
+        elif size > 1:
+            await self._roll_back(entry, members, outcomes)
+        self.zone.evaluate(entry)
+        self.zone.save(entry)
+        return started
+
+    async def _commit_member(
+        self,
+        entry: Entry,
+        placement: zone_pb2.Placement,
+        w: common_pb2.Window,
+        address: str,
+        expected_seconds: float,
+        size: int,
+    ) -> str:
+        """Commit one member of a piece on its window's slice through the agent's probe
+        (commit-if-fits). Returns "" when it started, else why not; a member whose commit
+        went unanswered is recorded ended (``COMMIT_UNCONFIRMED``), one that bounced is left
+        ``COMMITTING`` for the caller."""
+        job = entry.job
+        # The agent keeps LAMINAR_* for itself: a member learns its place as torch.distributed
+        # does (RANK of WORLD_SIZE).
+        env = {"RANK": str(placement.member), "WORLD_SIZE": str(size)}
+        spec = self.zone.subjob_spec(entry, placement, env if size > 1 else None)
+        spec.resources.CopyFrom(placement.resources)
+        spec.unit_start = placement.unit_start
+        spec.unit_count = placement.unit_count
+        spec.checkpoint_dir = self.checkpoint_dir(job)
+        spec.expected_seconds = expected_seconds
         try:
             reply = await self.zone.clients.stub(address).Probe(
                 agent_pb2.ProbeRequest(
                     probe_id=f"{placement.subjob_id}-r{self.round_number}",
                     job_id=job.job_id,
-                    resources=resources,
+                    resources=placement.resources,
                     priority=spec.priority,
                     value=spec.value,
                     slice_id=w.slice_id,
@@ -1091,52 +1196,66 @@ class Atomizer:
                 timeout=self.zone.config.placement.rpc_timeout_seconds,
             )
         except grpc.aio.AioRpcError as exc:
+            why = f"commit unconfirmed: {exc.code().name}: {exc.details()}"
             placement.state = common_pb2.FAILED
             placement.end_cause = EndCause.COMMIT_UNCONFIRMED.wire
-            placement.reason = f"commit unconfirmed: {exc.code().name}: {exc.details()}"
+            placement.reason = why
             placement.ended_unix = time.time()
-            started = False
-        else:
-            self.zone.placer.note_summary(reply.summary)
-            started = reply.HasField("subjob")
-            if started:
-                atom.held[placement.subjob_id] = w
-                self.zone.apply_start_reply(placement, reply.subjob)
-                self.zone.metrics.window_fill.observe(
-                    min(1.0, bid.expected_seconds / length) if math.isfinite(length) else 0.0
-                )
-                log.info(
-                    "job %s: subjob %s units %d+%d on %s/%s for a %.1f s window "
-                    "(expected %.1f s, P(fits) %.3f, score %.3f)",
-                    job.job_id,
-                    placement.subjob_id,
-                    bid.unit_start,
-                    count,
-                    w.agent_id,
-                    w.slice_id,
-                    length,
-                    bid.expected_seconds,
-                    bid.feasibility,
-                    score,
-                )
-            else:  # the window was gone: that subjob never existed
-                del job.placements[-1]
-                job.state = zone_pb2.QUEUED
-                set_reason(
-                    job,
-                    Reason.WINDOW,
-                    f"window on {w.agent_id}/{w.slice_id} was gone ({reply.bounce.reason}); "
-                    "waiting for the next",
-                )
-        finally:
-            entry.placing = False
-        self.zone.evaluate(entry)
+            return why
+        self.zone.placer.note_summary(reply.summary)
+        if not reply.HasField("subjob"):
+            return f"{w.agent_id}/{w.slice_id} bounced: {reply.bounce.reason or 'no room'}"
+        self.zone.apply_start_reply(placement, reply.subjob)
+        return ""
+
+    async def _roll_back(
+        self,
+        entry: Entry,
+        members: list[tuple[zone_pb2.Placement, common_pb2.Window, str]],
+        outcomes: list[str],
+    ) -> None:
+        """A gang's piece did not start on every member: nothing of it runs. A member that
+        started is stopped (``COMMIT_FAILED``: free, its profile left alone; the job is not
+        placed again before its end is reported, so no member runs twice), one whose commit
+        went unanswered is asked to stop too (it may have started), one that bounced is
+        recorded as never started. The job bids again once they all ended."""
+        job = entry.job
+        why = "; ".join(o for o in outcomes if o)
+        log.warning(
+            "job %s: gang piece did not start on every member (%s); rolling back %d member(s)",
+            job.job_id,
+            why,
+            len(members),
+        )
+        stops: list[zone_pb2.Placement] = []
+        for p, _, _ in members:
+            if p.state in LIVE and p.reason == COMMITTING:  # bounced: it never ran
+                p.state = common_pb2.KILLED
+                p.end_cause = EndCause.COMMIT_FAILED.wire
+                p.reason = f"gang rollback: never started ({why})"
+                p.ended_unix = time.time()
+            elif p.subjob_id not in self._overrunning:
+                stops.append(p)
+                self._overrunning.add(p.subjob_id)
+        job.state = zone_pb2.QUEUED
+        set_reason(job, Reason.WINDOW, f"gang rollback: {why}; bidding again")
         self.zone.save(entry)
-        return started
+        await asyncio.gather(
+            *(
+                self.zone.terminate(
+                    p,
+                    f"gang rollback: another member did not start ({why})",
+                    EndCause.COMMIT_FAILED,
+                )
+                for p in stops
+            )
+        )
 
     async def enforce_windows(self) -> None:
         """Stop subjobs still running past their window's end (plus grace): they resume
-        from their checkpoint later, and their profile is widened."""
+        from their checkpoint later, and their profile is widened. A gang's piece overruns
+        once: its first member so stopped is the violation (``OVERRAN``), the others stop
+        with it (``GANG_STOPPED``, free)."""
         now_unix = time.time()
         grace = self.config.overrun_grace_seconds
         live: set[str] = set()
@@ -1144,6 +1263,7 @@ class Atomizer:
             entry = self.zone.entries.get(job_id)
             if entry is None:
                 continue
+            overran: zone_pb2.Placement | None = None
             for p in entry.job.placements:
                 if p.state in LIVE:
                     live.add(p.subjob_id)
@@ -1158,10 +1278,16 @@ class Atomizer:
                         f"{OVERRAN} window ended at {p.window_end_unix:.0f} "
                         f"({now_unix - p.window_end_unix:.1f} s ago, grace {grace:g} s)"
                     )
+                    cause = EndCause.OVERRAN
+                    if overran is not None and overran.unit_start == p.unit_start:
+                        cause = EndCause.GANG_STOPPED
+                        why = f"gang member {overran.member} ({overran.subjob_id}) {why}"
+                    else:
+                        overran = p
                     p.reason = why
                     self._overrunning.add(p.subjob_id)
                     live.add(p.subjob_id)
-                    await self.zone.terminate(p, why, EndCause.OVERRAN)
+                    await self.zone.terminate(p, why, cause)
         self._overrunning &= live
 
     # ------------------------------------------------------------------ client bidding
@@ -1176,6 +1302,12 @@ class Atomizer:
             raise FailedPrecondition(f"job {job_id} is not a live atomized job", field="job_id")
         if atom.client is not None:
             raise FailedPrecondition(f"job {job_id} already has a client bidder", field="job_id")
+        if atom.members > 1:
+            raise FailedPrecondition(
+                f"job {job_id} is a gang of {atom.members}: the router bids for a gang's "
+                "pieces (a client bids for one window at a time)",
+                field="job_id",
+            )
         client = ClientBidder(job_id)
         atom.client = client
         self.wake.set()
@@ -1212,6 +1344,18 @@ class Atomizer:
             if atom.client is client:
                 atom.client = None
             log.info("job %s: client bidder detached; the router bids for it again", job_id)
+
+
+def _resources(w: common_pb2.Window, memory_bytes: int) -> common_pb2.Resources:
+    """What a piece's member on window ``w`` asks of its slice."""
+    resources = common_pb2.Resources(gpu_memory_bytes=memory_bytes, gpu_model=w.gpu_model)
+    if w.kind == common_pb2.MIG:
+        resources.mig_profile = w.mig_profile
+    elif w.kind == common_pb2.SHARED_GPU:
+        resources.gpu_milli = w.gpu_milli
+    else:
+        resources.gpus = 1
+    return resources
 
 
 def _bid_message(bid: Bid, score: float) -> zone_pb2.SubjobBid:

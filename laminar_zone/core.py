@@ -1446,12 +1446,13 @@ class ZoneCore:
             for p in entry.current()
         ):
             return None, []  # a move of this member is under way (or awaits its agent's word)
+        if job_id in self.atoms:  # back to the market: it resumes from its checkpoint
+            # (an atomized gang's other members stop with it: laminar_zone.atomizer)
+            why = f"{READDRESSED} Airlock suspended it too long on {agent_id}; back to the market"
+            return None, [Terminate(placement, why, EndCause.READDRESSED)]
         if max(1, entry.job.spec.gang_size) > 1:
             log.info("not re-addressing %s: gang members move together only by retry", subjob_id)
             return None, []
-        if job_id in self.atoms:  # back to the market: it resumes from its checkpoint
-            why = f"{READDRESSED} Airlock suspended it too long on {agent_id}; back to the market"
-            return None, [Terminate(placement, why, EndCause.READDRESSED)]
         self.readdressing.add(subjob_id)
         return entry, []
 

@@ -69,13 +69,11 @@ def test_bad_contracts_are_refused_naming_the_field(spec: zone_pb2.JobSpec, fiel
     assert err.value.field == field
 
 
-def test_an_atomized_job_takes_one_slice_at_a_time() -> None:
+def test_an_atomized_gang_is_accepted_but_each_member_takes_one_slice() -> None:
     gang = _spec()
     gang.gang_size = 2
-    with pytest.raises(InvalidArgument) as err:
-        validate_contract(gang)
-    assert err.value.field == "spec.gang_size"
-    assert "got 2" in str(err.value) and "not supported yet" in str(err.value)
+    contract, _ = validate_contract(gang)  # a gang's piece: one member per window
+    assert contract.total_units == gang.atomization.total_units
     wide = _spec()
     wide.resources.gpus = 2
     with pytest.raises(InvalidArgument) as err:

@@ -72,7 +72,14 @@ def trace_jobs(n: int = 60) -> list[TraceJob]:
 
 
 def spec(**overrides: Any) -> AtomizeSpec:
-    base: dict[str, Any] = {"hosts": 2, "mig_layout": SMALL_LAYOUT, "seed": 7}
+    # Gangs in the market are the default (AtomizeSpec.market_gangs); most tests here weigh
+    # single-GPU atomization beside rigid gangs, and the gang tests opt in.
+    base: dict[str, Any] = {
+        "hosts": 2,
+        "mig_layout": SMALL_LAYOUT,
+        "seed": 7,
+        "market_gangs": False,
+    }
     base.update(overrides)
     return AtomizeSpec(**base)
 
@@ -480,8 +487,15 @@ def test_market_gangs_run_every_unit_once_on_one_slice_per_member() -> None:
     assert len(sim.free) == sum(len(host.ledger.slices) for host in sim.hosts)
 
 
+def test_gangs_bid_in_the_market_by_default() -> None:
+    jobs = make_jobs(trace_jobs(), profiles(), 7)
+    sim = MigReplay(AtomizeSpec(hosts=2, mig_layout=SMALL_LAYOUT, seed=7), jobs, "atomized")
+    gangs = [st for st in sim.states if st.job.gpus > 1]
+    assert gangs and all(st.contract is not None for st in gangs)
+
+
 def test_market_gangs_off_leaves_gangs_rigid() -> None:
     jobs = make_jobs(trace_jobs(), profiles(), 7)
-    sim = MigReplay(spec(), jobs, "atomized")
+    sim = MigReplay(spec(market_gangs=False), jobs, "atomized")
     assert all(st.contract is None for st in sim.states if st.job.gpus > 1)
     assert sim.run()["rigid_jobs"] == sum(1 for j in jobs if j.gpus > 1)

@@ -1,0 +1,213 @@
+"""The router's start of an atomized gang's piece (``Atomizer._materialize``) over a
+stand-in zone: the agents' answers are injected per member, the decisions are real.
+
+The live tests (tests/zone/test_zone_atomize_gang.py) cover a member that bounces; here a
+member whose commit goes unanswered (the agent may have started it), which a live test
+cannot make happen on cue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+import grpc
+import pytest
+
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
+from laminar_base.causes import EndCause
+from laminar_base.demand import Demand
+from laminar_zone.atomizer import Atomizer
+from laminar_zone.config import ZoneConfig
+from laminar_zone.entry import Entry
+from laminar_zone.market import Award, Bid, MarketWindow
+
+GIB = 1024**3
+
+
+class _Agents:
+    """Probe answers per agent address: "start", "bounce" or "unanswered"."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.answers = answers
+        self.probes: list[agent_pb2.ProbeRequest] = []
+
+    def stub(self, address: str) -> _Agents._Stub:
+        return _Agents._Stub(self, address)
+
+    class _Stub:
+        def __init__(self, agents: _Agents, address: str) -> None:
+            self.agents, self.address = agents, address
+
+        async def Probe(
+            self, request: agent_pb2.ProbeRequest, timeout: float
+        ) -> agent_pb2.ProbeReply:
+            self.agents.probes.append(request)
+            answer = self.agents.answers[self.address]
+            if answer == "unanswered":
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    "injected: no answer",
+                )
+            if answer == "bounce":
+                return agent_pb2.ProbeReply(bounce=agent_pb2.Bounce(reason="slice busy"))
+            return agent_pb2.ProbeReply(
+                subjob=common_pb2.Subjob(
+                    spec=request.spec, state=common_pb2.RUNNING, started_unix=1.0
+                )
+            )
+
+
+class _Zone:
+    """What the Atomizer needs of the router, recording the stops it asks for."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.config = ZoneConfig()
+        self.blocked_starts: dict[str, Any] = {}
+        self.heartbeat_seconds = 0.2
+        self.clients = _Agents(answers)
+        self.placer = SimpleNamespace(note_summary=lambda _: None)
+        self.metrics = SimpleNamespace(window_fill=SimpleNamespace(observe=lambda _: None))
+        self.stops: list[tuple[str, EndCause]] = []
+        self.finished: list[str] = []
+        self.market: Atomizer | None = None
+        self.entries: dict[str, Entry] = {}
+
+    def track(self, entry: Entry, agent_id: str) -> None:
+        pass
+
+    def save(self, entry: Entry) -> None:
+        pass
+
+    def evaluate(self, entry: Entry) -> None:
+        assert self.market is not None
+        self.market.evaluate(entry)
+
+    def finish(self, entry: Entry, state: int, reason: str, code: object = None) -> None:
+        self.finished.append(reason)
+
+    def subjob_spec(
+        self, entry: Entry, placement: zone_pb2.Placement, env: dict[str, str] | None = None
+    ) -> common_pb2.SubjobSpec:
+        return common_pb2.SubjobSpec(subjob_id=placement.subjob_id, env=env or {})
+
+    def apply_start_reply(self, placement: zone_pb2.Placement, subjob: common_pb2.Subjob) -> bool:
+        placement.state = subjob.state
+        placement.started_unix = subjob.started_unix
+        placement.reason = "running"
+        return True
+
+    async def terminate(self, placement: zone_pb2.Placement, reason: str, cause: EndCause) -> None:
+        self.stops.append((placement.subjob_id, cause))
+
+
+def _gang_job() -> zone_pb2.Job:
+    spec = zone_pb2.JobSpec(
+        command=["x"],
+        gang_size=2,
+        atomization=common_pb2.AtomizationContract(
+            total_units=100,
+            seconds_per_unit=[common_pb2.Quantile(q=0.5, value=1.0)],
+            peak_memory_bytes=[common_pb2.Quantile(q=0.95, value=8 * GIB)],
+            checkpoint_dir="/ckpt",
+        ),
+    )
+    return zone_pb2.Job(job_id="g1", spec=spec, state=zone_pb2.QUEUED)
+
+
+def _start(answers: dict[str, str]) -> tuple[_Zone, Entry, bool]:
+    zone = _Zone(answers)
+    market = Atomizer(cast(Any, zone))
+    zone.market = market
+    job = _gang_job()
+    market.admit(job)
+    entry = Entry(job=job, need=Demand(gpus=1))
+    windows = [
+        MarketWindow(agent, "gpu0/3g.40gb@0", 40 * GIB, 1000, 600.0, "mig") for agent in answers
+    ]
+    by_key = {
+        w.key: (
+            common_pb2.Window(
+                agent_id=w.agent_id,
+                slice_id=w.slice_id,
+                kind=common_pb2.MIG,
+                mig_profile="3g.40gb",
+                memory_bytes=w.memory_bytes,
+            ),
+            w.agent_id,  # the address: the stand-in's agents are named by it
+            600.0,
+        )
+        for w in windows
+    }
+    bid = Bid("g1", "", windows[0], 0, 100, 0.99, 100.0, 0.0, pool=tuple(windows), members=2)
+    started = asyncio.run(market._materialize(entry, Award(bid, 1.0), by_key))
+    return zone, entry, started
+
+
+def test_a_gang_starts_one_member_per_window_with_its_rank() -> None:
+    zone, entry, started = _start({"a": "start", "b": "start"})
+    assert started and not zone.stops
+    members = list(entry.job.placements)
+    assert [(p.agent_id, p.member, p.state) for p in members] == [
+        ("a", 0, common_pb2.RUNNING),
+        ("b", 1, common_pb2.RUNNING),
+    ]
+    envs = [dict(probe.spec.env) for probe in zone.clients.probes]
+    assert sorted(e["RANK"] for e in envs) == ["0", "1"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert all(p.unit_start == 0 and p.unit_count == 100 for p in members)
+    assert entry.job.state == zone_pb2.JOB_RUNNING
+
+
+@pytest.mark.parametrize("other", ["unanswered", "bounce"])
+def test_a_member_that_does_not_start_rolls_the_started_one_back(other: str) -> None:
+    zone, entry, started = _start({"a": "start", "b": other})
+    assert not started
+    first, second = entry.job.placements
+    # The member that started is stopped; one that may have started is asked to stop too.
+    expected = [(first.subjob_id, EndCause.COMMIT_FAILED)]
+    if other == "unanswered":
+        expected.append((second.subjob_id, EndCause.COMMIT_FAILED))
+        assert second.state == common_pb2.FAILED
+        assert second.end_cause == common_pb2.END_CAUSE_COMMIT_UNCONFIRMED
+    else:
+        assert second.state == common_pb2.KILLED
+        assert second.end_cause == common_pb2.END_CAUSE_COMMIT_FAILED
+        assert second.reason.startswith("gang rollback: never started")
+    assert zone.stops == expected
+    # The started member is live until its agent reports its end: the job is not placed
+    # again before (it shows running), and nothing it did costs a retry.
+    assert entry.job.state != zone_pb2.QUEUED and entry.job.retries_used == 0
+    first.state, first.end_cause = common_pb2.KILLED, common_pb2.END_CAUSE_COMMIT_FAILED
+    zone.evaluate(entry)
+    assert entry.job.state == zone_pb2.QUEUED and not zone.finished
+    assert entry.job.retries_used == 0
+
+
+def test_a_gang_whose_every_member_bounced_leaves_no_subjob_behind() -> None:
+    zone, entry, started = _start({"a": "bounce", "b": "bounce"})
+    assert not started and not zone.stops
+    assert len(entry.job.placements) == 0 and entry.job.state == zone_pb2.QUEUED
+
+
+def test_a_gang_piece_past_its_window_overruns_once() -> None:
+    """Both members run past their window's end: the first is stopped as the overrun (one
+    time violation), the other with it, free (``GANG_STOPPED``)."""
+    zone, entry, started = _start({"a": "start", "b": "start"})
+    assert started
+    for p in entry.job.placements:
+        p.window_end_unix = 1.0  # long past
+    zone.entries["g1"] = entry
+    assert zone.market is not None
+    asyncio.run(zone.market.enforce_windows())
+    first, second = entry.job.placements
+    assert zone.stops == [
+        (first.subjob_id, EndCause.OVERRAN),
+        (second.subjob_id, EndCause.GANG_STOPPED),
+    ]
+    assert second.reason.startswith(f"gang member 0 ({first.subjob_id}) overran:")
+    asyncio.run(zone.market.enforce_windows())  # asked once
+    assert len(zone.stops) == 2
