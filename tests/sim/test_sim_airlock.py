@@ -10,6 +10,7 @@ import pytest
 from test_sim_cli import run_cli
 
 from laminar_airlock.traces import MemoryCurve
+from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.errors import InvalidArgument
 from laminar_sim import airlock_sim
 from laminar_sim.airlock_sim import (
@@ -140,11 +141,14 @@ def test_every_subjob_ends_with_a_reason_and_no_gpu_is_over_capacity(policy: str
     assert sum(figures["terminal_states"].values()) == len(ids)
 
 
-def test_killed_work_re_runs_from_its_checkpoint_on_a_gpu_with_room() -> None:
+def test_killed_work_re_runs_through_the_routers_core_from_its_checkpoint() -> None:
     """GPU 0 overflows; GPU 1 runs one small subjob. The OOM killer's victim and the ladder's
-    reclaimed subjob (free mode none) re-run on GPU 1 after the requeue delay, from their
-    checkpoint, and complete; the work since that checkpoint is what is lost."""
-    spec = small_spec(gpus=2, checkpoint_seconds=50.0, requeue_delay_seconds=20.0)
+    reclaimed subjob (free mode none) are reported to the router's core, which retries the
+    job (a reclaim's retry is free, a CUDA OOM's counted): its placement try goes to the
+    agents' cores, GPU 0's refuses it (Airlock's pressure, or the memory in use past the
+    target) and GPU 1's takes it. The re-run starts from the checkpoint and completes; the
+    work since that checkpoint is what is lost."""
+    spec = small_spec(gpus=2, checkpoint_seconds=50.0)
     plans = [
         GpuPlan(
             0,
@@ -157,13 +161,22 @@ def test_killed_work_re_runs_from_its_checkpoint_on_a_gpu_with_room() -> None:
         GpuPlan(1, (MemberPlan("b-batch", flat(10, samples=2), STEP, 3, 2, "checkpoint", True),)),
     ]
     for policy in ("ladder", "oom-killer"):
-        result = run_policy(spec, plans, policy)
+        run = airlock_sim._Run(spec, plans, policy, None)
+        result = run.run()
         victims = [o for o in result.outcomes.values() if killed_runs(o) > 0]
         assert victims, policy
         for victim in victims:
             assert victim.state == "completed", (policy, victim)
-            assert victim.completed_at is not None
-            assert victim.completed_at > 12 * STEP + spec.requeue_delay_seconds
+            job = run.ended_jobs[victim.subjob_id]
+            first, last = job.placements[0], job.placements[-1]
+            assert (first.agent_id, last.agent_id) == ("h0", "h1"), (policy, job)
+            assert first.end_cause == (
+                common_pb2.END_CAUSE_RECLAIMED
+                if victim.ends.get("reclaimed")
+                else common_pb2.END_CAUSE_EXITED
+            )
+            assert last.state == common_pb2.SUCCEEDED and job.attempts == 2
+            assert job.state == zone_pb2.JOB_SUCCEEDED
             # lost = work since the checkpoint (restartable) or since start, times 1/3
             assert 0 < victim.lost_gpu_seconds <= 12 * STEP / 3
     ladder = run_policy(spec, plans, "ladder")
@@ -188,7 +201,13 @@ def test_a_subjob_that_cannot_resume_moves_to_a_gpu_with_room() -> None:
         ),
         GpuPlan(1, (MemberPlan("b-batch", flat(10, samples=2), STEP, 3, 2, "checkpoint", True),)),
     ]
-    result = run_policy(spec, plans, "ladder")
+    run = airlock_sim._Run(spec, plans, "ladder", None)
+    result = run.run()
+    # The router's core moved it: a copy on h1 (the old host excluded), the old one retired.
+    old, copy = run.ended_jobs["a-opp"].placements
+    assert (old.agent_id, old.end_cause) == ("h0", common_pb2.END_CAUSE_READDRESSED)
+    assert (copy.agent_id, copy.subjob_id) == ("h1", "a-opp-a1-m0-r1")
+    assert copy.state == common_pb2.SUCCEEDED
     assert result.actions["suspend"] >= 1 and result.actions["readdress"] == 1
     assert result.moved == 1
     opp = result.outcomes["a-opp"]
