@@ -107,8 +107,8 @@ from laminar_base.causes import EndCause
 from laminar_base.demand import MILLI_PER_GPU, Demand
 from laminar_sim.engine import Engine, EventHandle
 from laminar_sim.replay import CoreDriver
-from laminar_sim.zone_driver import CoreHost, gather_at_once, readdress_at_once
-from laminar_zone.core import NewJob
+from laminar_sim.zone_driver import CoreHost, gather_at_once, readdress_at_once, recover_running
+from laminar_zone.core import NewJob, TryPlan
 from laminar_zone.entry import Entry
 from laminar_zone.lifecycle import job_of, rigid_subjob_id
 from laminar_zone.placement import ShapeCap
@@ -735,7 +735,6 @@ class _Run:
             expected_seconds=plan.run_seconds,
             max_retries=MAX_RETRIES,
         )
-        (entry,) = self.core.new_entries(spec, need, NewJob(plan.subjob_id, "sim"), 0.0, 0.0)
         subjob_id = rigid_subjob_id(plan.subjob_id, 1, 0)
         order = ProbeOrder(
             f"{subjob_id}/recover", plan.subjob_id, 0, need, plan.priority, 0.0, 0, 60.0, SLICE_ID
@@ -745,22 +744,26 @@ class _Run:
         if not isinstance(granted, Granted):
             raise AssertionError(f"{plan.subjob_id}: its own GPU refused it: {granted.reason}")
         agent.commit(granted.lease.lease_id, subjob_id, 0.0)
-        entry.job.state = zone_pb2.JOB_RUNNING
-        entry.job.started_unix = 0.0
-        entry.job.placements.append(
-            zone_pb2.Placement(
-                subjob_id=subjob_id,
-                agent_id=agent.agent_id,
-                agent_address=agent.agent_id,
-                slice_ids=[SLICE_ID],
-                member=0,
-                state=common_pb2.RUNNING,
-                reason="running",
-                attempt=1,
-                started_unix=0.0,
-            )
+        placement = zone_pb2.Placement(
+            subjob_id=subjob_id,
+            agent_id=agent.agent_id,
+            agent_address=agent.agent_id,
+            slice_ids=[SLICE_ID],
+            member=0,
+            state=common_pb2.RUNNING,
+            reason="running",
+            attempt=1,
+            started_unix=0.0,
         )
-        self.driver.carry_out(self.core.recovered(entry, False, 0.0))
+        recover_running(
+            self.core,
+            spec,
+            need,
+            NewJob(plan.subjob_id, "sim"),
+            placement,
+            0.0,
+            self.driver.carry_out,
+        )
         self.driver.live.add(subjob_id)
         sub.run_id = subjob_id
         self.gpus[agent.index].subs.append(sub)
@@ -1201,6 +1204,7 @@ class _Run:
             agent.agent_id,
             sub.run_id,
             gather=self._gather_elsewhere,
+            lease_ttl_seconds=self.driver.settings.lease_ttl_seconds,
             start=self.driver.start_subjob,
             release=self.driver.release,
             now=now,
@@ -1213,20 +1217,18 @@ class _Run:
                 self.spec.readdress_delay_seconds, lambda: self._readdress(sub)
             )
 
-    def _gather_elsewhere(self, entry: Entry, exclude: set[str]) -> Gathered:
-        """The router's gather for a move's copy: one member, its probe plan over every host
-        but ``exclude`` (the router's ``Placer.gather`` with ``exclude``), no commit on the
-        probe."""
+    def _gather_elsewhere(self, entry: Entry, plan: TryPlan, exclude: set[str]) -> Gathered:
+        """The router's gather for a move's copy (``plan``): its probe plan over every host
+        but ``exclude``, its limits and ranking, as ``CoreDriver.gather`` sets them up."""
         driver = self.driver
         driver.sync()
         need = entry.need
         settings = driver.settings
         limits = settings.limits().for_try(need, 1)
-        plan = driver.core.plan_try(entry, settings.lease_ttl_seconds, settings.budget_seconds)
         return gather_at_once(
             driver.core,
             entry,
-            dataclasses.replace(plan, gang_size=1, commit_on_probe=False),
+            plan,
             ProbePlan(
                 driver.view,
                 need,

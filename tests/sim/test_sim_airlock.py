@@ -331,3 +331,32 @@ def test_on_the_genai_trace(traces_dir: Path) -> None:
     assert (
         ladder["high_priority_work_lost_gpu_seconds"] <= oom["high_priority_work_lost_gpu_seconds"]
     )
+
+
+@pytest.mark.parametrize("policy", ["ladder", "oom-killer"])
+def test_every_run_starts_where_the_routers_and_the_agents_cores_put_it(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run the simulator starts on a GPU (the workload's first runs, re-runs, moved
+    copies) is live on that GPU's agent core and placed there by the router's core."""
+    spec = small_spec(gpus=12, release_share=0.5, window=30, seed=5, members=4)
+    plans = build_workload(synthetic_curves(samples=40), spec)
+    place = airlock_sim._Run._place
+    started: list[str] = []
+
+    def checked(run: Any, sub: Any, gpu: Any, now: float) -> None:
+        agent = run.agents[gpu.index]
+        live = agent.core.subjob(sub.run_id)
+        assert live is not None and live.slice_ids == (airlock_sim.SLICE_ID,)
+        entry = run.core.entries[sub.plan.subjob_id]
+        (placement,) = [p for p in entry.job.placements if p.subjob_id == sub.run_id]
+        assert placement.agent_id == agent.agent_id
+        started.append(sub.run_id)
+        place(run, sub, gpu, now)
+
+    monkeypatch.setattr(airlock_sim._Run, "_place", checked)
+    result = run_policy(spec, plans, policy)
+    reruns = sum(killed_runs(o) + o.ends.get("moved", 0) for o in result.outcomes.values())
+    waiting = sum(o.reason.startswith("queued at") for o in result.outcomes.values())
+    # Every run that ended early started again once, unless it still waited at the horizon.
+    assert reruns > 0 and len(started) == reruns - waiting
