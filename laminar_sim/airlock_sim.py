@@ -72,6 +72,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from laminar_agent.config import ZoneSettings
 from laminar_agent.core import FAILED, KILLED, SUCCEEDED, AgentCore, EndDecision, GpuPressure
 from laminar_agent.ledger import (
     Bounced,
@@ -108,6 +109,7 @@ from laminar_base.demand import MILLI_PER_GPU, Demand
 from laminar_sim.engine import Engine, EventHandle
 from laminar_sim.replay import CoreDriver
 from laminar_sim.zone_driver import CoreHost, gather_at_once, readdress_at_once, recover_running
+from laminar_zone.config import QueueSettings
 from laminar_zone.core import NewJob, TryPlan
 from laminar_zone.entry import Entry
 from laminar_zone.lifecycle import job_of, rigid_subjob_id
@@ -173,8 +175,10 @@ class AirlockSimSpec:
     ramp_seconds: float = 5.0
     #: How long an allocation that does not fit stalls before it fails (CUDA OOM).
     oom_grace_seconds: float = 0.2
-    #: Router delay between a readdress request and the copy starting elsewhere.
-    readdress_delay_seconds: float = 5.0
+    #: The agent's heartbeat period (``zone.heartbeat_seconds``): Airlock's ask to move a
+    #: subjob reaches the router with the next heartbeat, and again with each one after
+    #: until the subjob is moved or ends.
+    readdress_delay_seconds: float = ZoneSettings().heartbeat_seconds
     #: Delay before a subjob asked to release memory has released it.
     release_delay_seconds: float = 1.0
     #: Share of its memory a cooperative subjob releases.
@@ -189,9 +193,10 @@ class AirlockSimSpec:
     restartable_share: float = 0.5
     #: Checkpoint period (of progress) of restartable subjobs.
     checkpoint_seconds: float = 600.0
-    #: A reclaimed, OOM-killed or re-queued subjob waits this long in the zone queue before
-    #: the router tries to place it again (and again every as long, until a GPU has room).
-    requeue_delay_seconds: float = 30.0
+    #: The router's queue pass period (``queue.retry_seconds``) while re-runs wait: a
+    #: reclaimed or OOM-killed run's retry is tried at once, then at each pass (and at each
+    #: subjob end, which wakes the queue).
+    requeue_delay_seconds: float = QueueSettings().retry_seconds
     #: Simulated time at which the run stops; subjobs not completed by then are unfinished
     #: (0: twice the window, 2 * window * 57 s on the GenAI trace).
     horizon_seconds: float = 0.0
@@ -653,6 +658,23 @@ class _Agent:
         }
 
 
+class _Driver(CoreDriver):
+    """``sim replay``'s driver of the router's core, but a queue pass that provably places
+    nothing is not run (:meth:`_Run.pass_may_place`): the router's pass is run at every
+    subjob end and every ``queue.retry_seconds``, and on a thousand hosts a pass over a
+    long queue costs the simulator a second. A skipped pass changes no placement; it
+    leaves the waiting jobs' explanations as they were and draws nothing from the
+    router's random stream."""
+
+    def queue_pass(self) -> None:
+        owner = self.owner
+        assert isinstance(owner, _Run)
+        if owner.pass_may_place():
+            super().queue_pass()
+        else:
+            self.pass_due = False
+
+
 class _Run:
     """One policy over the whole cluster, on a fresh engine."""
 
@@ -684,7 +706,7 @@ class _Run:
         self.agents = [_Agent(self, gpu, spec.gpu_total_bytes) for gpu in self.gpus]
         #: The zone router's own core over those agents, answered at once (sim replay's
         #: CoreDriver): re-runs, their queue passes and placement tries are its.
-        self.driver = CoreDriver(self.engine, self.agents, self, spec.seed)
+        self.driver = _Driver(self.engine, self.agents, self, spec.seed)
         self.core = self.driver.core
         self.subs: dict[str, _Sub] = {}
         for plan, gpu in zip(plans, self.gpus, strict=True):
@@ -721,7 +743,10 @@ class _Run:
         router's core reads the running job back as from its journal (``recovered``), so
         that its end, a re-run or a move is the router's from then on."""
         plan = sub.plan
-        need = Demand(gpu_milli=MILLI_PER_GPU // members, gpu_memory_bytes=min(plan.curve))
+        # It declares its share of the GPU and the least memory its curve uses, rounded up
+        # to whole GiB (what a user writes): what the agents' ledgers and admission count.
+        declared = -(-min(plan.curve) // GIB) * GIB
+        need = Demand(gpu_milli=MILLI_PER_GPU // members, gpu_memory_bytes=declared)
         spec = zone_pb2.JobSpec(
             command=["trace"],
             tenant=TENANT,
@@ -857,6 +882,29 @@ class _Run:
         self.router_handle = self.engine.schedule(
             self.spec.requeue_delay_seconds, self._router_pass
         )
+
+    def pass_may_place(self) -> bool:
+        """Whether a queue pass could start a waiting re-run: some agent has a share free
+        for it and its core would admit the smallest declaration waiting
+        (``AgentCore.pressure_refusal`` on Airlock's reading now; a refusal of a smaller
+        declaration is one of every larger). False: every try of the pass would be refused
+        or find no candidate."""
+        needs = [e.need for j in self.queued if (e := self.core.entries.get(j)) is not None]
+        if not needs:
+            return False
+        milli = min(n.gpu_milli for n in needs)
+        declared = min(n.gpu_memory_bytes for n in needs)
+        for agent in self.agents:
+            used_milli, leased_milli, used_bytes, leased_bytes = agent.core.ledger.usage(SLICE_ID)
+            if (
+                MILLI_PER_GPU - used_milli - leased_milli < milli
+                or self.total - used_bytes - leased_bytes < declared
+            ):
+                continue
+            agent.core.note_pressure({SLICE_ID: self._pressure(agent)})
+            if not agent.core.pressure_refusal(declared, (SLICE_ID,)):
+                return True
+        return False
 
     def _pressure(self, agent: _Agent) -> GpuPressure:
         """Airlock's reading of ``agent``'s GPU now, as its latest poll noted it: the level
