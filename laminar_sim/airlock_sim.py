@@ -41,22 +41,49 @@ How the world is modelled (choices, stated because the figures depend on them):
   ``free_mode="release_signal"``) frees ``release_ratio`` of its memory after
   ``release_delay_seconds`` and runs on that much below its curve for the rest of its
   run (it may be asked again in a later episode, which starts when its GPU is NORMAL).
-* **readdress** (restartable subjobs only, as the policy decides): after
-  ``readdress_delay_seconds`` (the router's probe path) the subjob restarts from its last
-  checkpoint on the GPU with the most room, if the copy leaves that GPU at or below the
-  ladder's ``target_ratio`` (counting what its suspended subjobs take back on resume) and
-  its level is NORMAL; otherwise the router tries again every ``readdress_delay_seconds``
-  (the agent names it in every heartbeat) until the ladder reclaims it. A move loses the
-  work since the checkpoint.
-* **reclaim** and **OOM** end the run, not the subjob: it goes back to the zone queue and,
-  after ``requeue_delay_seconds``, re-runs from its last checkpoint (restartable subjobs
-  checkpoint every ``checkpoint_seconds`` of progress) or from its start on the GPU with
-  the most room, under the same rule as a move (the router retries every
-  ``requeue_delay_seconds``, highest class first). Both policies re-run their victims
-  alike. Work lost is the progress a run threw away, times its GPU share (1 / group size).
+* **The cluster is agents and a router, driven through their own cores.** Each GPU is an
+  agent host with its own :class:`~laminar_agent.core.AgentCore` over a ledger of one
+  shared GPU of ``gpu_total_bytes``; each subjob is a job of the router's
+  :class:`~laminar_zone.core.ZoneCore` (``sim replay``'s ``CoreDriver`` answers its
+  steps at once) that declares its share (``gpu_milli`` = 1000 / group size) and the
+  least memory its curve uses, rounded up to whole GiB, with its class, lifecycle,
+  restartability and release signal, its undisturbed run time as ``expected_seconds``,
+  and ``MAX_RETRIES`` retries. The groups running at time 0 are the workload's: each
+  member's share is granted and committed by its GPU's agent core (a probe pinned to the
+  GPU) and the router's core reads the running jobs back as from its journal
+  (``zone_driver.recover_running``). From then on the simulator places nothing itself.
+* **reclaim** and **OOM** end the run, not the subjob: the agent's core ends it (cause
+  ``RECLAIMED``, or a failed exit for a CUDA OOM) and its report goes to the router's
+  core, which retries the job (a reclaim's retry is free and asks the peak memory the
+  agent saw, ``widened_for_memory``; an OOM's is counted) with a placement try at once,
+  then from its queue (class order, fair share, per-family blocked heads, EASY backfill)
+  at every subjob end and every ``requeue_delay_seconds`` (the router's
+  ``queue.retry_seconds``, 1 s). A try probes agents whose summaries show room
+  (the router's probe plan and ranking), and each agent's core admits it or not: it
+  refuses new work on a GPU that Airlock holds ELEVATED or CRITICAL, or where memory in
+  use, what its suspended subjobs take back on resume and the declaration come to more
+  than Airlock's target (``AgentCore.pressure_refusal``; the OOM killer's agent keeps no
+  levels, so only the memory part applies there). The re-run restarts from its last
+  checkpoint (restartable subjobs checkpoint every ``checkpoint_seconds`` of progress) or
+  from its start. Both policies re-run their victims alike. Work lost is the progress a
+  run threw away, times its GPU share (1 / group size).
+* **readdress** (restartable subjobs only, as the policy decides): the agent's heartbeat
+  (every ``readdress_delay_seconds``, the agent's 1 s) names the subjob to the router
+  until it is moved or ends; the router's core decides the move
+  (``ZoneCore.readdress``), gathers one member over every other host, commits the copy
+  there and then stops the old one (``zone_driver.readdress_at_once``, the steps of the
+  router's ``AgentReports``). The copy restarts from the checkpoint, losing the work since.
+  No host takes it: the next heartbeat asks again, until the ladder reclaims it.
+* A queue pass that provably places nothing (no agent has a share free for the smallest
+  declaration waiting, or every such agent's core refuses it) is not run: it would
+  change no placement (it draws nothing from the router's random stream either).
 * The run stops at ``horizon_seconds`` (default twice the window); a subjob completed by
   then counts as completed, whatever happened to its earlier runs.
-* No host-memory pressure, no new arrivals beyond the re-runs.
+* No host-memory pressure, no new arrivals beyond the re-runs, no network delay between
+  router and agents (every request is answered at once).
+* Airlock's view of a subjob (``SubjobView.declared_bytes``) is the least memory of its
+  curve, as before; suspend and resume are carried out on the agent's core too, so that
+  a suspended subjob's memory counts against new work until it resumes.
 """
 
 from __future__ import annotations

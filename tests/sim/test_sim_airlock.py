@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from test_sim_cli import run_cli
 
+from laminar_agent.core import AgentCore
 from laminar_airlock.traces import MemoryCurve
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.errors import InvalidArgument
@@ -360,3 +361,48 @@ def test_every_run_starts_where_the_routers_and_the_agents_cores_put_it(
     waiting = sum(o.reason.startswith("queued at") for o in result.outcomes.values())
     # Every run that ended early started again once, unless it still waited at the horizon.
     assert reruns > 0 and len(started) == reruns - waiting
+
+
+def test_a_move_no_agent_admits_is_asked_again_at_each_heartbeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, but GPU 1's share left free by its short subjob sits beside 66 of 80 GiB in
+    use (its two others declared 10 GiB each, so its summary shows room): with the copy's
+    20 GiB that is past Airlock's 80 % target, its agent's core refuses the copy, the router finds
+    no host; the agent asks again at each heartbeat (every second) until the ladder settles
+    the subjob otherwise, and nothing is moved."""
+    refusals: list[str] = []
+    refuse = AgentCore.pressure_refusal
+
+    def recorded(core: AgentCore, declared: int, slice_ids: Any) -> str:
+        why = refuse(core, declared, slice_ids)
+        if why:
+            refusals.append(why)
+        return why
+
+    monkeypatch.setattr(AgentCore, "pressure_refusal", recorded)
+    spec = small_spec(gpus=2, checkpoint_seconds=20.0)
+    grown = (10 * GIB, *flat(33, samples=19))  # declares 10 GiB, uses 33 from 10 s on
+    plans = [
+        GpuPlan(
+            0,
+            (
+                MemberPlan("a-crit", rising(30, 50), STEP, 1, 1, "checkpoint", False),
+                MemberPlan("a-prod", flat(20), STEP, 2, 1, "checkpoint", False),
+                MemberPlan("a-opp", flat(20), STEP, 4, 3, "checkpoint", True),
+            ),
+        ),
+        GpuPlan(
+            1,
+            (
+                MemberPlan("b-short", flat(5, samples=2), STEP, 3, 2, "checkpoint", True),
+                MemberPlan("b-big", grown, STEP, 3, 2, "checkpoint", True),
+                MemberPlan("b-bigger", grown, STEP, 3, 2, "checkpoint", True),
+            ),
+        ),
+    ]
+    result = run_policy(spec, plans, "ladder")
+    assert result.actions["readdress"] == 1
+    assert result.moved == 0 and result.move_retries > 5
+    assert result.outcomes["a-opp"].ends.get("moved", 0) == 0
+    assert any(why.startswith("gpu0 would hold 86.0 of 80.0 GiB") for why in refusals), refusals[:3]
