@@ -176,9 +176,9 @@ ProgressFn = Callable[[str, int, int], None]
 #: The one GPU of each simulated agent, and the tenant every job is submitted as.
 SLICE_ID = "gpu0"
 TENANT = "genai"
-#: A job's retries (a CUDA OOM's retry is counted; a reclaim's is free): enough that every
-#: killed run re-runs, as in a cluster whose jobs ask to be retried.
-MAX_RETRIES = 1000
+#: A job's retries: a CUDA OOM is a failed exit, whose retry the router counts; a reclaim's
+#: retry is free. A job that fails its last one ends failed (unfinished here).
+MAX_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -366,6 +366,7 @@ class _Sub:
     __slots__ = (
         "done",
         "ends",
+        "failed",
         "finished",
         "gpu",
         "last_reason",
@@ -407,6 +408,8 @@ class _Sub:
         self.done = False
         #: Completed for good.
         self.finished: float | None = None
+        #: Its job failed: the router has no retry left for it.
+        self.failed = False
         #: When it entered the zone queue (None while on a GPU).
         self.queued_at: float | None = None
         self.ends: Counter[str] = Counter()
@@ -686,20 +689,25 @@ class _Agent:
 
 
 class _Driver(CoreDriver):
-    """``sim replay``'s driver of the router's core, but a queue pass that provably places
-    nothing is not run (:meth:`_Run.pass_may_place`): the router's pass is run at every
+    """``sim replay``'s driver of the router's core, but a queue pass whose outcome is
+    known is not run (:meth:`_Run.pass_signature`): none can place anything, or nothing a
+    pass reads changed since a pass that placed nothing. The router's pass runs at every
     subjob end and every ``queue.retry_seconds``, and on a thousand hosts a pass over a
-    long queue costs the simulator a second. A skipped pass changes no placement; it
-    leaves the waiting jobs' explanations as they were and draws nothing from the
-    router's random stream."""
+    long queue costs the simulator a good part of a second. A skipped pass leaves the
+    waiting jobs' explanations as they were and draws nothing from the router's random
+    stream (a pass run again would draw its random probe sample anew: the only thing that
+    could differ)."""
 
     def queue_pass(self) -> None:
         owner = self.owner
         assert isinstance(owner, _Run)
-        if owner.pass_may_place():
-            super().queue_pass()
-        else:
+        signature = owner.pass_signature()
+        if signature is None or signature == owner.idle_signature:
             self.pass_due = False
+            return
+        waiting = set(owner.queued)
+        super().queue_pass()
+        owner.idle_signature = signature if waiting <= owner.queued else None
 
 
 class _Run:
@@ -754,6 +762,8 @@ class _Run:
         self.critical_suspended_seconds = 0.0
         #: Subjobs whose run ended and whose job the router's core has not started again.
         self.queued: set[str] = set()
+        #: What the last queue pass that placed nothing read (:meth:`pass_signature`).
+        self.idle_signature: tuple[object, ...] | None = None
         self.router_handle: EventHandle | None = None
         self.probe_ids = itertools.count(1 << 40)
         #: Jobs the router's core ended, as it left them (tests read them).
@@ -870,8 +880,15 @@ class _Run:
         """Its member started already (:meth:`subjob_started`)."""
 
     def job_ended(self, entry: Entry) -> None:
-        """The router's core ended the job (it succeeded): its record, as the core left it."""
-        self.ended_jobs[entry.job.job_id] = entry.job
+        """The router's core ended the job: it succeeded, or it failed with no retry left
+        (its subjob waits no longer). Its record, as the core left it."""
+        job = entry.job
+        self.ended_jobs[job.job_id] = job
+        sub = self.subs[job.job_id]
+        if job.state != zone_pb2.JOB_SUCCEEDED and sub.finished is None:
+            self.queued.discard(job.job_id)
+            sub.queued_at = None
+            sub.failed = True
 
     def open_round(self, step: OpenRound) -> Round | None:
         return None  # no atomized work here
@@ -910,28 +927,40 @@ class _Run:
             self.spec.requeue_delay_seconds, self._router_pass
         )
 
-    def pass_may_place(self) -> bool:
-        """Whether a queue pass could start a waiting re-run: some agent has a share free
-        for it and its core would admit the smallest declaration waiting
-        (``AgentCore.pressure_refusal`` on Airlock's reading now; a refusal of a smaller
-        declaration is one of every larger). False: every try of the pass would be refused
-        or find no candidate."""
-        needs = [e.need for j in self.queued if (e := self.core.entries.get(j)) is not None]
+    def pass_signature(self) -> tuple[object, ...] | None:
+        """What a queue pass's placements depend on, besides the router's random probe
+        sample: the waiting jobs and their needs and, for each agent with a share free,
+        its ledger's use and how many of the waiting declarations its core admits
+        (``AgentCore.pressure_refusal`` on Airlock's reading now; the declarations it
+        admits are the smallest ones, as a refusal of one is a refusal of every larger).
+        None: no agent admits any waiting job, so no pass can place one."""
+        needs = sorted(
+            ((j, e.need) for j in self.queued if (e := self.core.entries.get(j)) is not None),
+            key=lambda pair: pair[0],
+        )
         if not needs:
-            return False
-        milli = min(n.gpu_milli for n in needs)
-        declared = min(n.gpu_memory_bytes for n in needs)
+            return None
+        milli = min(n.gpu_milli for _, n in needs)
+        declared = sorted(n.gpu_memory_bytes for _, n in needs)
+        hosts = []
+        admitting = False
         for agent in self.agents:
-            used_milli, leased_milli, used_bytes, leased_bytes = agent.core.ledger.usage(SLICE_ID)
-            if (
-                MILLI_PER_GPU - used_milli - leased_milli < milli
-                or self.total - used_bytes - leased_bytes < declared
-            ):
+            usage = agent.core.ledger.usage(SLICE_ID)
+            if MILLI_PER_GPU - usage[0] - usage[1] < milli:
                 continue
+            room = self.total - usage[2] - usage[3]
             agent.core.note_pressure({SLICE_ID: self._pressure(agent)})
-            if not agent.core.pressure_refusal(declared, (SLICE_ID,)):
-                return True
-        return False
+            lo, hi = 0, len(declared)  # how many of the smallest declarations it admits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                d = declared[mid - 1]
+                if d <= room and not agent.core.pressure_refusal(d, (SLICE_ID,)):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            admitting = admitting or lo > 0
+            hosts.append((agent.index, usage, lo))
+        return (tuple(needs), tuple(hosts)) if admitting else None
 
     def _pressure(self, agent: _Agent) -> GpuPressure:
         """Airlock's reading of ``agent``'s GPU now, as its latest poll noted it: the level
@@ -1414,6 +1443,8 @@ class _Run:
             where = (
                 "completed"
                 if sub.finished is not None
+                else "failed (no retry left)"
+                if sub.failed
                 else "queued"
                 if sub.queued_at is not None
                 else "suspended"
