@@ -487,11 +487,12 @@ AIRLOCK_OWN_PLACEMENT = frozenset({"_held_bytes", "_may_take", "_router_tick", "
 def test_sim_airlock_starts_a_run_only_where_the_cores_placed_it() -> None:
     """A re-run or a moved copy starts on a GPU only in ``subjob_started``, the callback an
     agent core's commit triggers (CoreDriver.start_subjob) for a placement the router's core
-    made: sim airlock drives the router's core (CoreDriver; readdress_at_once for Airlock's
+    made: sim airlock drives the router's core (sim replay's CoreDriver; readdress_at_once for Airlock's
     moves; recover_running for the groups running at the start) and picks no GPU itself."""
     path = Path(laminar_sim.__file__).parent / "airlock_sim.py"
     assert callers_of(path, "_place") == {"subjob_started"}
-    assert {"CoreDriver", "readdress_at_once", "recover_running", "gather_at_once"} <= calls(path)
+    assert {"readdress_at_once", "recover_running", "gather_at_once"} <= calls(path)
+    assert "CoreDriver" in names_used(path)  # its driver is sim replay's, passes and tries
     assert not (names_used(path) | functions_defined(path)) & AIRLOCK_OWN_PLACEMENT
 
 
