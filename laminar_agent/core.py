@@ -46,7 +46,8 @@ from laminar_agent.ledger import (
     ProbeOrder,
 )
 from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
-from laminar_airlock.policy import PRIORITY_NAMES
+from laminar_airlock.levels import Level
+from laminar_airlock.policy import PRIORITY_NAMES, PolicyConfig
 from laminar_base.causes import ENDED_SUBJOB_STATE_NAMES, EndCause, cause_from_token
 from laminar_base.errors import FailedPrecondition, LaminarError
 
@@ -271,10 +272,25 @@ class LiveSubjob:
     peak_gpu_memory_bytes: int = 0
     #: The latest poll's reading of its GPU memory.
     gpu_memory_bytes: int = 0
+    #: While suspended: its GPU memory at the last reading before the suspend, what a
+    #: resume takes back (a checkpointed process reads 0 on its GPU meanwhile).
+    resume_bytes: int = 0
 
     @property
     def is_stopping(self) -> bool:
         return self.stop_cause is not EndCause.UNSPECIFIED
+
+
+@dataclass(frozen=True)
+class GpuPressure:
+    """Airlock's latest poll of one GPU or MIG instance: its level and its memory."""
+
+    level: Level
+    used_bytes: int
+    total_bytes: int
+
+
+_GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -306,6 +322,11 @@ class AgentCore:
         self._arrivals = itertools.count()
         #: Draining: every probe that is not a dry run bounces (not retryable here).
         self.is_draining = False
+        #: Airlock's latest poll by slice name (a GPU's, or a MIG instance's): what new
+        #: work is admitted by (:meth:`pressure_refusal`).
+        self.pressure: dict[str, GpuPressure] = {}
+        #: Airlock's target (``airlock.target_ratio``): new work may not take a GPU past it.
+        self.target_ratio = PolicyConfig().target_ratio
 
     # -- queries
 
@@ -418,18 +439,88 @@ class AgentCore:
             for lease in self.ledger.expire(now)
         ]
 
+    def note_pressure(
+        self, pressure: Mapping[str, GpuPressure], target_ratio: float | None = None
+    ) -> None:
+        """Airlock's latest poll (slice name -> its reading; a GPU missing from it is not
+        under watch) and its target ratio: what :meth:`arbitrate` admits new work by."""
+        self.pressure = dict(pressure)
+        if target_ratio is not None:
+            self.target_ratio = target_ratio
+
+    def pressure_refusal(self, declared_bytes: int, slice_ids: Sequence[str]) -> str:
+        """Why new work declaring ``declared_bytes`` of GPU memory on ``slice_ids`` would
+        only be Airlock's next victim, or "": a GPU Airlock holds ELEVATED or CRITICAL, or
+        one where the memory in use, what its suspended subjobs take back on resume and the
+        declaration come to more than Airlock's target (resuming them is what brings the
+        GPU back to calm). A GPU with nothing on it takes whatever its ledger admits (the
+        declaration is the work's own need, and no one else's memory is at stake). Not
+        covered: host memory pressure, and memory a subjob will grow to beyond its
+        declaration (Airlock's ladder handles that once it shows)."""
+        for slice_id in slice_ids:
+            gpu = slice_id.split("/", 1)[0]
+            reading = self.pressure.get(slice_id) or self.pressure.get(gpu)
+            if reading is None or reading.total_bytes <= 0:
+                continue
+            used, total = reading.used_bytes, reading.total_bytes
+            if reading.level != Level.NORMAL:
+                return (
+                    f"{slice_id} is under GPU memory pressure (Airlock {reading.level.name}, "
+                    f"{used / _GIB:.1f} of {total / _GIB:.1f} GiB in use)"
+                )
+            resume = sum(
+                s.resume_bytes
+                for s in self._live.values()
+                if s.state == SUSPENDED
+                and any(x == slice_id or x.split("/", 1)[0] == gpu for x in s.slice_ids)
+            )
+            held = used + resume + declared_bytes
+            if used + resume > 0 and held > self.target_ratio * total:
+                return (
+                    f"{slice_id} would hold {held / _GIB:.1f} of {total / _GIB:.1f} GiB "
+                    f"({used / _GIB:.1f} in use, {resume / _GIB:.1f} to resume, "
+                    f"{declared_bytes / _GIB:.1f} declared), over Airlock's target "
+                    f"{self.target_ratio:.0%}"
+                )
+        return ""
+
     def arbitrate(
         self, orders: Sequence[ProbeOrder], now: float, now_unix: float
     ) -> tuple[list[Granted | Bounced], list[Instruction]]:
         """Settle one batch of probes together: lapsed leases go first, then the ledger grants
-        in (priority, value, arrival) order; each lease granted is announced (KeepLease
-        without a subjob: the driver holds it in memory, see :class:`KeepLease`)."""
+        in (priority, value, arrival) order; a grant on a GPU under memory pressure is
+        given back and bounces, retryable (:meth:`pressure_refusal`: new work there would
+        only be Airlock's next victim); each lease granted is announced (KeepLease without
+        a subjob: the driver holds it in memory, see :class:`KeepLease`).
+
+        A pressured GPU's grant is taken back after the batch is settled, so on a host of
+        several GPUs the probe bounces although another GPU might have held it (the router
+        tries elsewhere or later)."""
         instructions = self.expire(now)
         results = self.ledger.arbitrate(orders, now)
+        if self.pressure:
+            results = [
+                self._admit_under_pressure(order, r)
+                for order, r in zip(orders, results, strict=True)
+            ]
         instructions += [
             KeepLease(r.lease, "", now_unix) for r in results if isinstance(r, Granted)
         ]
         return results, instructions
+
+    def _admit_under_pressure(
+        self, order: ProbeOrder, result: Granted | Bounced
+    ) -> Granted | Bounced:
+        if isinstance(result, Bounced):
+            return result
+        lease = result.lease
+        why = self.pressure_refusal(
+            order.demand.gpu_memory_bytes, [a.slice_id for a in lease.allocations]
+        )
+        if not why:
+            return result
+        self.ledger.release(lease.lease_id)
+        return Bounced(order.probe_id, why, True)
 
     def release(self, lease_ids: Sequence[str], caller: str) -> tuple[int, list[Instruction]]:
         """Give back uncommitted leases issued to ``caller``; others are skipped, not counted."""
@@ -497,11 +588,14 @@ class AgentCore:
     def suspend(self, subjob_id: str, why: str, now_unix: float) -> list[Instruction]:
         """RUNNING -> SUSPENDED (again from SUSPENDED: the signal is repeated, as asked)."""
         live = self.check_signal(subjob_id)
+        if live.state == RUNNING:
+            live.resume_bytes = live.gpu_memory_bytes
         return self._transition(live, SUSPENDED, f"suspended: {why}", now_unix)
 
     def resume(self, subjob_id: str, why: str, now_unix: float) -> list[Instruction]:
         """SUSPENDED -> RUNNING (again from RUNNING: the signal is repeated, as asked)."""
         live = self.check_signal(subjob_id)
+        live.resume_bytes = 0
         return self._transition(live, RUNNING, f"resumed: {why}", now_unix)
 
     def check_release_memory(self, subjob_id: str) -> None:

@@ -19,6 +19,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from laminar_agent.airlock_driver import AirlockDriver
 from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.config import AirlockSettings
+from laminar_agent.core import GpuPressure
 from laminar_agent.executor import RunAs
 from laminar_agent.heartbeat import action_message
 from laminar_agent.inventory import GpuBackend
@@ -174,6 +175,17 @@ class AgentState:
                 self.metrics.airlock_level_seconds_total.labels(
                     self._device_kind(uuid), _LEVEL_NAMES[level]
                 ).inc(elapsed)
+        # New work is admitted by this poll (AgentCore.pressure_refusal); a dry run
+        # changes nothing, admission included.
+        self.node.core.note_pressure(
+            {}
+            if self.airlock.dry_run
+            else {
+                self.node.slice_name(uuid): GpuPressure(self.level_by_device[uuid], used, total)
+                for uuid, (used, total) in readings.items()
+            },
+            self.airlock_settings.target_ratio,
+        )
         self._poll_host(now, elapsed)
         self._hold_degraded()
         self._end_work_on_failed_gpus()

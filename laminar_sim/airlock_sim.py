@@ -41,29 +41,56 @@ How the world is modelled (choices, stated because the figures depend on them):
   ``free_mode="release_signal"``) frees ``release_ratio`` of its memory after
   ``release_delay_seconds`` and runs on that much below its curve for the rest of its
   run (it may be asked again in a later episode, which starts when its GPU is NORMAL).
-* **readdress** (restartable subjobs only, as the policy decides): after
-  ``readdress_delay_seconds`` (the router's probe path) the subjob restarts from its last
-  checkpoint on the GPU with the most room, if the copy leaves that GPU at or below the
-  ladder's ``target_ratio`` (counting what its suspended subjobs take back on resume) and
-  its level is NORMAL; otherwise the router tries again every ``readdress_delay_seconds``
-  (the agent names it in every heartbeat) until the ladder reclaims it. A move loses the
-  work since the checkpoint.
-* **reclaim** and **OOM** end the run, not the subjob: it goes back to the zone queue and,
-  after ``requeue_delay_seconds``, re-runs from its last checkpoint (restartable subjobs
-  checkpoint every ``checkpoint_seconds`` of progress) or from its start on the GPU with
-  the most room, under the same rule as a move (the router retries every
-  ``requeue_delay_seconds``, highest class first). Both policies re-run their victims
-  alike. Work lost is the progress a run threw away, times its GPU share (1 / group size).
+* **The cluster is agents and a router, driven through their own cores.** Each GPU is an
+  agent host with its own :class:`~laminar_agent.core.AgentCore` over a ledger of one
+  shared GPU of ``gpu_total_bytes``; each subjob is a job of the router's
+  :class:`~laminar_zone.core.ZoneCore` (``sim replay``'s ``CoreDriver`` answers its
+  steps at once) that declares its share (``gpu_milli`` = 1000 / group size) and the
+  least memory its curve uses, rounded up to whole GiB, with its class, lifecycle,
+  restartability and release signal, its undisturbed run time as ``expected_seconds``,
+  and ``MAX_RETRIES`` retries. The groups running at time 0 are the workload's: each
+  member's share is granted and committed by its GPU's agent core (a probe pinned to the
+  GPU) and the router's core reads the running jobs back as from its journal
+  (``zone_driver.recover_running``). From then on the simulator places nothing itself.
+* **reclaim** and **OOM** end the run, not the subjob: the agent's core ends it (cause
+  ``RECLAIMED``, or a failed exit for a CUDA OOM) and its report goes to the router's
+  core, which retries the job (a reclaim's retry is free and asks the peak memory the
+  agent saw, ``widened_for_memory``; an OOM's is counted) with a placement try at once,
+  then from its queue (class order, fair share, per-family blocked heads, EASY backfill)
+  at every subjob end and every ``requeue_delay_seconds`` (the router's
+  ``queue.retry_seconds``, 1 s). A try probes agents whose summaries show room
+  (the router's probe plan and ranking), and each agent's core admits it or not: it
+  refuses new work on a GPU that Airlock holds ELEVATED or CRITICAL, or where memory in
+  use, what its suspended subjobs take back on resume and the declaration come to more
+  than Airlock's target (``AgentCore.pressure_refusal``; the OOM killer's agent keeps no
+  levels, so only the memory part applies there). The re-run restarts from its last
+  checkpoint (restartable subjobs checkpoint every ``checkpoint_seconds`` of progress) or
+  from its start. Both policies re-run their victims alike. Work lost is the progress a
+  run threw away, times its GPU share (1 / group size).
+* **readdress** (restartable subjobs only, as the policy decides): the agent's heartbeat
+  (every ``readdress_delay_seconds``, the agent's 1 s) names the subjob to the router
+  until it is moved or ends; the router's core decides the move
+  (``ZoneCore.readdress``), gathers one member over every other host, commits the copy
+  there and then stops the old one (``zone_driver.readdress_at_once``, the steps of the
+  router's ``AgentReports``). The copy restarts from the checkpoint, losing the work since.
+  No host takes it: the next heartbeat asks again, until the ladder reclaims it.
+* A queue pass that provably places nothing (no agent has a share free for the smallest
+  declaration waiting, or every such agent's core refuses it) is not run: it would
+  change no placement (it draws nothing from the router's random stream either).
 * The run stops at ``horizon_seconds`` (default twice the window); a subjob completed by
   then counts as completed, whatever happened to its earlier runs.
-* No host-memory pressure, no new arrivals beyond the re-runs.
+* No host-memory pressure, no new arrivals beyond the re-runs, no network delay between
+  router and agents (every request is answered at once).
+* Airlock's view of a subjob (``SubjobView.declared_bytes``) is the least memory of its
+  curve, as before; suspend and resume are carried out on the agent's core too, so that
+  a suspended subjob's memory counts against new work until it resumes.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import heapq
+import itertools
 import math
 import random
 import time
@@ -72,6 +99,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from laminar_agent.config import ZoneSettings
+from laminar_agent.core import FAILED, KILLED, SUCCEEDED, AgentCore, EndDecision, GpuPressure
+from laminar_agent.ledger import (
+    Bounced,
+    Granted,
+    Ledger,
+    ProbeOrder,
+    Slice,
+    SliceKind,
+    counter_ids,
+)
 from laminar_airlock.episodes import Episodes, Memory
 from laminar_airlock.levels import TREND_WINDOW_SECONDS, Level, LevelTracker, Marks
 from laminar_airlock.policy import (
@@ -92,7 +130,19 @@ from laminar_airlock.policy import (
     next_deadline,
 )
 from laminar_airlock.traces import MemoryCurve, choose_sharing_group
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import EndCause
+from laminar_base.demand import MILLI_PER_GPU, Demand
 from laminar_sim.engine import Engine, EventHandle
+from laminar_sim.replay import CoreDriver
+from laminar_sim.zone_driver import CoreHost, gather_at_once, readdress_at_once, recover_running
+from laminar_zone.config import QueueSettings
+from laminar_zone.core import NewJob, TryPlan
+from laminar_zone.entry import Entry
+from laminar_zone.lifecycle import job_of, rigid_subjob_id
+from laminar_zone.placement import ShapeCap
+from laminar_zone.trying import ClearMarket, CloseRound, Gathered, OpenRound, Round
+from laminar_zone.view import ProbePlan, learned_ranking
 
 GIB = 1024**3
 GPU_TOTAL_BYTES = 80 * GIB
@@ -123,6 +173,12 @@ _EPS = 1e-9
 _SLACK = 1024**2
 
 ProgressFn = Callable[[str, int, int], None]
+#: The one GPU of each simulated agent, and the tenant every job is submitted as.
+SLICE_ID = "gpu0"
+TENANT = "genai"
+#: A job's retries: a CUDA OOM is a failed exit, whose retry the router counts; a reclaim's
+#: retry is free. A job that fails its last one ends failed (unfinished here).
+MAX_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -146,8 +202,10 @@ class AirlockSimSpec:
     ramp_seconds: float = 5.0
     #: How long an allocation that does not fit stalls before it fails (CUDA OOM).
     oom_grace_seconds: float = 0.2
-    #: Router delay between a readdress request and the copy starting elsewhere.
-    readdress_delay_seconds: float = 5.0
+    #: The agent's heartbeat period (``zone.heartbeat_seconds``): Airlock's ask to move a
+    #: subjob reaches the router with the next heartbeat, and again with each one after
+    #: until the subjob is moved or ends.
+    readdress_delay_seconds: float = ZoneSettings().heartbeat_seconds
     #: Delay before a subjob asked to release memory has released it.
     release_delay_seconds: float = 1.0
     #: Share of its memory a cooperative subjob releases.
@@ -162,9 +220,10 @@ class AirlockSimSpec:
     restartable_share: float = 0.5
     #: Checkpoint period (of progress) of restartable subjobs.
     checkpoint_seconds: float = 600.0
-    #: A reclaimed, OOM-killed or re-queued subjob waits this long in the zone queue before
-    #: the router tries to place it again (and again every as long, until a GPU has room).
-    requeue_delay_seconds: float = 30.0
+    #: The router's queue pass period (``queue.retry_seconds``) while re-runs wait: a
+    #: reclaimed or OOM-killed run's retry is tried at once, then at each pass (and at each
+    #: subjob end, which wakes the queue).
+    requeue_delay_seconds: float = QueueSettings().retry_seconds
     #: Simulated time at which the run stops; subjobs not completed by then are unfinished
     #: (0: twice the window, 2 * window * 57 s on the GenAI trace).
     horizon_seconds: float = 0.0
@@ -307,6 +366,7 @@ class _Sub:
     __slots__ = (
         "done",
         "ends",
+        "failed",
         "finished",
         "gpu",
         "last_reason",
@@ -318,6 +378,7 @@ class _Sub:
         "ramp",
         "readdress_count",
         "released_bytes",
+        "run_id",
         "share",
         "stall_bytes",
         "stalled_until",
@@ -339,11 +400,16 @@ class _Sub:
         self.stall_bytes = 0
         self.released_bytes = 0
         self.readdress_count = 0
+        #: The subjob id of its current (or last) run, as the router's core named it.
+        self.run_id = ""
+        #: The agent's next heartbeat that names it for a move (Airlock readdressed it).
         self.move: EventHandle | None = None
         #: Off every GPU: completed, or waiting in the zone queue.
         self.done = False
         #: Completed for good.
         self.finished: float | None = None
+        #: Its job failed: the router has no retry left for it.
+        self.failed = False
         #: When it entered the zone queue (None while on a GPU).
         self.queued_at: float | None = None
         self.ends: Counter[str] = Counter()
@@ -563,6 +629,87 @@ class PolicyResult:
         }
 
 
+class _Agent:
+    """One simulated GPU as an agent host: its own :class:`AgentCore` over a ledger of one
+    shared GPU of the simulation's size (host CPU and memory not arbitrated). Before the
+    core settles a probe it is given Airlock's reading of the GPU, as the live agent's poll
+    gives it (``AgentCore.note_pressure``): what the core admits new work by."""
+
+    def __init__(self, run: _Run, gpu: _Gpu, total_bytes: int) -> None:
+        self.run = run
+        self.index = gpu.index
+        self.agent_id = f"h{gpu.index}"
+        self.core = AgentCore(
+            Ledger(
+                [
+                    Slice(
+                        SLICE_ID,
+                        SliceKind.SHARED_GPU,
+                        0,
+                        f"{self.agent_id}-gpu0",
+                        "GPU",
+                        total_bytes,
+                    )
+                ],
+                lease_prefix=f"{self.agent_id}-",
+                lease_ids=counter_ids(),
+            )
+        )
+        self.core.target_ratio = run.config.target_ratio
+
+    def arbitrate(self, orders: list[ProbeOrder], now: float) -> list[Granted | Bounced]:
+        """A batch of probes, settled by the agent's core on Airlock's reading of now."""
+        self.core.note_pressure({SLICE_ID: self.run._pressure(self)})
+        return self.core.arbitrate(orders, now, now)[0]
+
+    def release(self, lease_id: str) -> None:
+        self.core.release([lease_id], "")
+
+    def commit(self, lease_id: str, subjob_id: str, now: float) -> None:
+        """Commit the lease to the subjob, which launches at once (RUNNING)."""
+        plan = self.run.subs[job_of(subjob_id)].plan
+        self.core.commit(
+            lease_id,
+            subjob_id,
+            job_of(subjob_id),
+            caller="",
+            priority=plan.priority,
+            lifecycle=plan.lifecycle,
+            now=now,
+            now_unix=now,
+        )
+        self.core.launched(subjob_id, 0, now)
+
+    def shapes(self) -> dict[str, ShapeCap]:
+        """The summary the agent would send (``AgentSummary.shapes``)."""
+        return {
+            s.shape: ShapeCap(s.free, s.total, s.max_free_milli, s.max_free_memory_bytes)
+            for s in self.core.ledger.shapes()
+        }
+
+
+class _Driver(CoreDriver):
+    """``sim replay``'s driver of the router's core, but a queue pass whose outcome is
+    known is not run (:meth:`_Run.pass_signature`): none can place anything, or nothing a
+    pass reads changed since a pass that placed nothing. The router's pass runs at every
+    subjob end and every ``queue.retry_seconds``, and on a thousand hosts a pass over a
+    long queue costs the simulator a good part of a second. A skipped pass leaves the
+    waiting jobs' explanations as they were and draws nothing from the router's random
+    stream (a pass run again would draw its random probe sample anew: the only thing that
+    could differ)."""
+
+    def queue_pass(self) -> None:
+        owner = self.owner
+        assert isinstance(owner, _Run)
+        signature = owner.pass_signature()
+        if signature is None or signature == owner.idle_signature:
+            self.pass_due = False
+            return
+        waiting = set(owner.queued)
+        super().queue_pass()
+        owner.idle_signature = signature if waiting <= owner.queued else None
+
+
 class _Run:
     """One policy over the whole cluster, on a fresh engine."""
 
@@ -590,13 +737,19 @@ class _Run:
         self.engine = Engine(spec.seed)
         self.progress = progress
         self.gpus = [_Gpu(p.index, spec.poll_seconds) for p in plans]
+        #: Each GPU is an agent host: its own AgentCore over a ledger of one shared GPU.
+        self.agents = [_Agent(self, gpu, spec.gpu_total_bytes) for gpu in self.gpus]
+        #: The zone router's own core over those agents, answered at once (sim replay's
+        #: CoreDriver): re-runs, their queue passes and placement tries are its.
+        self.driver = _Driver(self.engine, self.agents, self, spec.seed)
+        self.core = self.driver.core
         self.subs: dict[str, _Sub] = {}
         for plan, gpu in zip(plans, self.gpus, strict=True):
             share = 1.0 / max(1, len(plan.members))
             for member in plan.members:
                 sub = _Sub(member, share, gpu.index, spec.ramp_seconds)
-                gpu.subs.append(sub)
                 self.subs[member.subjob_id] = sub
+                self._recover(sub, self.agents[gpu.index], len(plan.members))
         self.outcomes: dict[str, SubjobOutcome] = {}
         self.actions: Counter[str] = Counter()
         self.polls = 0
@@ -607,13 +760,227 @@ class _Run:
         self.completed = 0
         self.critical_stopped = 0
         self.critical_suspended_seconds = 0.0
-        #: Subjobs waiting in the zone queue for a re-run, and the router's next look at it.
-        self.queue: list[_Sub] = []
+        #: Subjobs whose run ended and whose job the router's core has not started again.
+        self.queued: set[str] = set()
+        #: What the last queue pass that placed nothing read (:meth:`pass_signature`).
+        self.idle_signature: tuple[object, ...] | None = None
         self.router_handle: EventHandle | None = None
+        self.probe_ids = itertools.count(1 << 40)
+        #: Jobs the router's core ended, as it left them (tests read them).
+        self.ended_jobs: dict[str, zone_pb2.Job] = {}
         self.tick_every = max(1, len(self.subs) // 200)
         steps = [m.step_seconds for plan in plans for m in plan.members]
         self.window_seconds = spec.window * (steps[0] if steps else 0.0)
         self.horizon = spec.horizon_seconds or 2.0 * self.window_seconds
+
+    # -- the cluster at the window's start, as the router's journal holds it ---------------
+    def _recover(self, sub: _Sub, agent: _Agent, members: int) -> None:
+        """``sub``'s job runs on its GPU at time 0, placed there by the workload: its
+        agent's core grants and commits its share (a probe pinned to the GPU), and the
+        router's core reads the running job back as from its journal (``recovered``), so
+        that its end, a re-run or a move is the router's from then on."""
+        plan = sub.plan
+        # It declares its share of the GPU and the least memory its curve uses, rounded up
+        # to whole GiB (what a user writes): what the agents' ledgers and admission count.
+        declared = -(-min(plan.curve) // GIB) * GIB
+        need = Demand(gpu_milli=MILLI_PER_GPU // members, gpu_memory_bytes=declared)
+        spec = zone_pb2.JobSpec(
+            command=["trace"],
+            tenant=TENANT,
+            resources=common_pb2.Resources(
+                gpu_milli=need.gpu_milli, gpu_memory_bytes=need.gpu_memory_bytes
+            ),
+            priority=plan.priority,  # type: ignore[arg-type]
+            lifecycle=plan.lifecycle,  # type: ignore[arg-type]
+            restartable=plan.restartable,
+            supports_release_signal=plan.free_mode == "release_signal",
+            expected_seconds=plan.run_seconds,
+            max_retries=MAX_RETRIES,
+        )
+        subjob_id = rigid_subjob_id(plan.subjob_id, 1, 0)
+        order = ProbeOrder(
+            f"{subjob_id}/recover", plan.subjob_id, 0, need, plan.priority, 0.0, 0, 60.0, SLICE_ID
+        )
+        agent.core.note_pressure({})  # the workload's co-location, whatever Airlock reads
+        (granted,), _ = agent.core.arbitrate([order], 0.0, 0.0)
+        if not isinstance(granted, Granted):
+            raise AssertionError(f"{plan.subjob_id}: its own GPU refused it: {granted.reason}")
+        agent.commit(granted.lease.lease_id, subjob_id, 0.0)
+        placement = zone_pb2.Placement(
+            subjob_id=subjob_id,
+            agent_id=agent.agent_id,
+            agent_address=agent.agent_id,
+            slice_ids=[SLICE_ID],
+            member=0,
+            state=common_pb2.RUNNING,
+            reason="running",
+            attempt=1,
+            started_unix=0.0,
+        )
+        recover_running(
+            self.core,
+            spec,
+            need,
+            NewJob(plan.subjob_id, "sim"),
+            placement,
+            0.0,
+            self.driver.carry_out,
+        )
+        self.driver.live.add(subjob_id)
+        sub.run_id = subjob_id
+        self.gpus[agent.index].subs.append(sub)
+
+    # -- the driver's owner (laminar_sim.replay.CoreOwner) ---------------------------------
+    def clock(self) -> None:
+        """Nothing to integrate: the figures are kept per GPU as it advances."""
+
+    def subjob_started(self, host: CoreHost, subjob_id: str, slice_ids: tuple[str, ...]) -> None:
+        """The agent's core committed a subjob the router's core placed: a re-run of a job
+        whose run ended, or a move's copy (the run it moves away from ends now, losing the
+        work since its checkpoint). It starts at once from its restart point."""
+        assert isinstance(host, _Agent)
+        sub = self.subs[job_of(subjob_id)]
+        now = self.engine.now
+        if not sub.done:  # a move's copy: this run ends here and restarts there
+            old = self.gpus[sub.gpu]
+            restart, lost = self._restart_point(sub)
+            self._leave_gpu(sub, now)
+            old.subs = [s for s in old.subs if s is not sub]
+            self._schedule(old)
+            sub.lost_before += lost * sub.share
+            sub.progress = restart
+            sub.readdress_count += 1
+            sub.ends[END_MOVED] += 1
+            self.moved += 1
+        self.queued.discard(sub.plan.subjob_id)
+        sub.run_id = subjob_id
+        self._place(sub, self.gpus[host.index], now)
+
+    def subjob_ended(self, host: CoreHost, placement: zone_pb2.Placement) -> None:
+        """The agent's core ended a subjob. The simulator ended its run already (it
+        completed, died or was reclaimed), unless the router stopped it (a copy nothing
+        counts on): then this run ends, losing its work since the checkpoint."""
+        sub = self.subs[job_of(placement.subjob_id)]
+        if sub.run_id != placement.subjob_id or sub.done:
+            return
+        gpu = self.gpus[sub.gpu]
+        self._advance(gpu, self.engine.now)
+        if not sub.done:
+            self._end_run(
+                sub,
+                END_RECLAIMED,
+                f"stopped by the router: {placement.reason}",
+                self.engine.now,
+                report=False,
+            )
+            gpu.subs = [s for s in gpu.subs if not s.done]
+            self._schedule(gpu)
+
+    def job_placed(self, entry: Entry) -> None:
+        """Its member started already (:meth:`subjob_started`)."""
+
+    def job_ended(self, entry: Entry) -> None:
+        """The router's core ended the job: it succeeded, or it failed with no retry left
+        (its subjob waits no longer). Its record, as the core left it."""
+        job = entry.job
+        self.ended_jobs[job.job_id] = job
+        sub = self.subs[job.job_id]
+        if job.state != zone_pb2.JOB_SUCCEEDED and sub.finished is None:
+            self.queued.discard(job.job_id)
+            sub.queued_at = None
+            sub.failed = True
+
+    def open_round(self, step: OpenRound) -> Round | None:
+        return None  # no atomized work here
+
+    def clear_market(self, step: ClearMarket) -> None:
+        raise AssertionError("no market in sim airlock")
+
+    def close_round(self, step: CloseRound) -> None:
+        raise AssertionError("no market in sim airlock")
+
+    def pass_done(self, kept: list[Entry]) -> None:
+        """The jobs left waiting are tried again at the router's next pass."""
+
+    # -- what the agent reports --------------------------------------------------------------
+    def _report_end(self, sub: _Sub, decision: EndDecision, exit_code: int) -> None:
+        """The agent's core ends the run and its heartbeat reports it to the router's core
+        (``CoreDriver.end_subjob``: its verdict, a retry's placement try), as an event of
+        its own at this instant: the simulator's state is settled before the router acts."""
+        run_id = sub.run_id
+        entry = self.core.entries.get(sub.plan.subjob_id)
+        if entry is None:
+            return
+        self.engine.schedule(
+            0.0, lambda: self.driver.end_subjob(entry, run_id, decision, exit_code)
+        )
+
+    def _router_pass(self) -> None:
+        """The router's periodic queue pass (``queue.retry_seconds``) while re-runs wait:
+        the agents' pressure is not in their summaries' free shares, so only a pass sees it
+        ease."""
+        self.router_handle = None
+        if not self.queued:
+            return
+        self.driver.wake()
+        self.router_handle = self.engine.schedule(
+            self.spec.requeue_delay_seconds, self._router_pass
+        )
+
+    def pass_signature(self) -> tuple[object, ...] | None:
+        """What a queue pass's placements depend on, besides the router's random probe
+        sample: the waiting jobs and their needs and, for each agent with a share free,
+        its ledger's use and how many of the waiting declarations its core admits
+        (``AgentCore.pressure_refusal`` on Airlock's reading now; the declarations it
+        admits are the smallest ones, as a refusal of one is a refusal of every larger).
+        None: no agent admits any waiting job, so no pass can place one."""
+        needs = sorted(
+            ((j, e.need) for j in self.queued if (e := self.core.entries.get(j)) is not None),
+            key=lambda pair: pair[0],
+        )
+        if not needs:
+            return None
+        milli = min(n.gpu_milli for _, n in needs)
+        declared = sorted(n.gpu_memory_bytes for _, n in needs)
+        hosts = []
+        admitting = False
+        for agent in self.agents:
+            usage = agent.core.ledger.usage(SLICE_ID)
+            if MILLI_PER_GPU - usage[0] - usage[1] < milli:
+                continue
+            room = self.total - usage[2] - usage[3]
+            agent.core.note_pressure({SLICE_ID: self._pressure(agent)})
+            lo, hi = 0, len(declared)  # how many of the smallest declarations it admits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                d = declared[mid - 1]
+                if d <= room and not agent.core.pressure_refusal(d, (SLICE_ID,)):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            admitting = admitting or lo > 0
+            hosts.append((agent.index, usage, lo))
+        return (tuple(needs), tuple(hosts)) if admitting else None
+
+    def _pressure(self, agent: _Agent) -> GpuPressure:
+        """Airlock's reading of ``agent``'s GPU now, as its latest poll noted it: the level
+        (the ladder's; the OOM killer's agent keeps none) and the memory in use."""
+        gpu = self.gpus[agent.index]
+        level = self.tracker.level(gpu.name) if self.is_ladder else Level.NORMAL
+        return GpuPressure(level, int(self._used_at(gpu, self.engine.now)), self.total)
+
+    def _used_at(self, gpu: _Gpu, now: float) -> float:
+        """Memory in use on ``gpu`` at ``now`` (computed, not advanced: the GPU's state does not
+        change between its wakes, whichever polls were skipped)."""
+        dt = now - gpu.last
+        used = 0.0
+        for s in gpu.subs:
+            if s.is_running() and dt > 0:
+                p = min(s.progress + dt, s.plan.run_seconds)
+                used += max(0.0, s._curve_at(p) - s.released_bytes)
+            else:
+                used += s.demand()
+        return used
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _leave_gpu(self, sub: _Sub, now: float) -> None:
@@ -636,6 +1003,7 @@ class _Run:
         self._leave_gpu(sub, now)
         sub.finished = now
         self.completed += 1
+        self._report_end(sub, EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0"), 0)
         if self.progress is not None and (
             self.completed % self.tick_every == 0 or self.completed == len(self.subs)
         ):
@@ -659,89 +1027,37 @@ class _Run:
         if sub.plan.priority == 1 and not sub.done and self._is_lower_running(sub):
             self.critical_stopped += 1
 
-    def _end_run(self, sub: _Sub, cause: str, reason: str, now: float) -> None:
-        """This run ends without completing (reclaimed, CUDA OOM, or no room for its move):
-        the work since its checkpoint is lost and the subjob goes back to the zone queue,
-        whence it re-runs from its checkpoint once a GPU has room."""
+    def _end_run(
+        self, sub: _Sub, cause: str, reason: str, now: float, *, report: bool = True
+    ) -> None:
+        """This run ends without completing (reclaimed or CUDA OOM): the work since its
+        checkpoint is lost, and its agent reports the end to the router's core, which
+        decides the re-run (a retry: a placement try at once, then the queue)."""
         if sub.done:
             return
         if cause in (END_RECLAIMED, END_OOM):
             self._note_stop(sub)
+        if report:  # the agent's last reading of it (the router widens a reclaimed job's)
+            self.agents[sub.gpu].core.note_gpu_memory(sub.run_id, int(sub.demand()))
         self._leave_gpu(sub, now)
         restart, lost = self._restart_point(sub)
         sub.lost_before += lost * sub.share
         sub.progress = restart
         sub.ends[cause] += 1
         sub.last_reason = reason
-        self._enqueue(sub, now)
-
-    # -- the zone queue: re-runs ----------------------------------------------------------
-    def _enqueue(self, sub: _Sub, now: float) -> None:
         sub.queued_at = now
-        self.queue.append(sub)
+        self.queued.add(sub.plan.subjob_id)
         if self.router_handle is None:
             self.router_handle = self.engine.schedule(
-                self.spec.requeue_delay_seconds, self._router_tick
+                self.spec.requeue_delay_seconds, self._router_pass
             )
-
-    def _held_bytes(self, gpu: _Gpu, now: float) -> float:
-        """What the router counts as taken on ``gpu`` at ``now``: the memory of its running
-        subjobs and what its suspended ones take back on resume. (Computed, not advanced: the
-        GPU's state does not change between its wakes, whichever polls were skipped.)"""
-        dt = now - gpu.last
-        held = 0.0
-        for s in gpu.subs:
-            if s.suspended:
-                held += s.restore_bytes()
-            elif s.is_running() and dt > 0:
-                p = min(s.progress + dt, s.plan.run_seconds)
-                held += max(0.0, s._curve_at(p) - s.released_bytes)
-            else:
-                held += s.demand()
-        return held
-
-    def _may_take(self, gpu: _Gpu) -> bool:
-        return not self.is_ladder or self.tracker.level(gpu.name) == Level.NORMAL
-
-    def _router_tick(self) -> None:
-        """Place queued subjobs that waited ``requeue_delay_seconds``, highest class first, each
-        on the GPU with the most room if it fits there at or below ``target_ratio``."""
-        self.router_handle = None
-        now = self.engine.now
-        delay = self.spec.requeue_delay_seconds
-        due = sorted(
-            (
-                s
-                for s in self.queue
-                if s.queued_at is not None and now - s.queued_at >= delay - _EPS
-            ),
-            key=lambda s: (s.plan.priority, s.queued_at, s.plan.subjob_id),
-        )
-        if due:
-            limit = self.config.target_ratio * self.total
-            room = [
-                (-(limit - self._held_bytes(g, now)), g.index)
-                for g in self.gpus
-                if self._may_take(g)
-            ]
-            heapq.heapify(room)
-            placed: set[str] = set()
-            for sub in due:
-                if not room:
-                    break
-                need = sub.restore_bytes()
-                free, index = room[0]
-                if -free < need:
-                    continue
-                heapq.heappop(room)
-                self._place(sub, self.gpus[index], now)
-                placed.add(sub.plan.subjob_id)
-                heapq.heappush(room, (free + need, index))
-            self.queue = [s for s in self.queue if s.plan.subjob_id not in placed]
-        if self.queue:
-            earliest = min(s.queued_at for s in self.queue if s.queued_at is not None)
-            at = max(now + delay, earliest + delay)
-            self.router_handle = self.engine.schedule_at(at, self._router_tick)
+        if report:
+            decision = (
+                EndDecision(KILLED, EndCause.RECLAIMED, reason)
+                if cause == END_RECLAIMED
+                else EndDecision(FAILED, EndCause.EXITED, reason)
+            )
+            self._report_end(sub, decision, -9 if cause == END_RECLAIMED else 1)
 
     def _place(self, sub: _Sub, gpu: _Gpu, now: float) -> None:
         """A new run of ``sub`` starts on ``gpu`` from its restart point."""
@@ -881,10 +1197,13 @@ class _Run:
         if gpu.subs:
             calm = level == Level.NORMAL  # the pressure episode is over (Episodes.poll)
             views = []
+            core = self.agents[gpu.index].core
             for s in gpu.subs:
                 memory = self.episodes.poll(
                     s.plan.subjob_id, suspended=s.suspended, calm=calm, now=now
                 )
+                if not s.suspended:  # the agent's reading (a checkpointed one reads 0)
+                    core.note_gpu_memory(s.run_id, int(s.demand()))
                 views.append(self._view(s, now, memory))
             snap = Snapshot(
                 now=now,
@@ -928,10 +1247,15 @@ class _Run:
             self.episodes.applied(action, now)
         if action.step in (STEP_SUSPEND, STEP_READDRESS):
             self._note_stop(sub)
+        core = self.agents[sub.gpu].core
         if action.step == STEP_SUSPEND:
+            if not sub.suspended:  # its reading before the stop: what a resume takes back
+                core.note_gpu_memory(sub.run_id, int(sub.demand()))
+            core.suspend(sub.run_id, action.reason, now)
             sub.suspended = True
             sub.stalled_until = None
         elif action.step == STEP_RESUME:
+            core.resume(sub.run_id, action.reason, now)
             if since is not None:
                 sub.suspended_total += now - since
             sub.suspended = False
@@ -942,7 +1266,7 @@ class _Run:
             )
         elif action.step == STEP_READDRESS:
             sub.move = self.engine.schedule(
-                self.spec.readdress_delay_seconds, lambda: self._move(sub)
+                self.spec.readdress_delay_seconds, lambda: self._readdress(sub)
             )
         elif action.step == STEP_RECLAIM:
             self._end_run(sub, END_RECLAIMED, f"airlock_reclaimed: {action.reason}", now)
@@ -963,9 +1287,14 @@ class _Run:
             sub.stall_bytes -= freed
         self._schedule(gpu)
 
-    def _move(self, sub: _Sub) -> None:
+    def _readdress(self, sub: _Sub) -> None:
+        """The agent's heartbeat names ``sub`` for a move (it does at every heartbeat until
+        the subjob ends): the router's core decides it (``ZoneCore.readdress``: a gather
+        elsewhere, the copy committed, the old run stopped), as the router's
+        ``AgentReports`` does; the copy's start is :meth:`subjob_started`. No host: the next
+        heartbeat asks again, until the ladder reclaims it."""
         sub.move = None
-        if sub.done:
+        if sub.done or sub.plan.subjob_id not in self.episodes.readdress_pending:
             return
         now = self.engine.now
         old = self.gpus[sub.gpu]
@@ -973,36 +1302,53 @@ class _Run:
         if sub.done:
             self._schedule(old)
             return
-        restart, lost = self._restart_point(sub)
-        need = sub._curve_at(restart)
-        limit = self.config.target_ratio * self.total
-        best: _Gpu | None = None
-        best_free = -1.0
-        for cand in self.gpus:
-            if cand is old or not self._may_take(cand):
-                continue
-            held = self._held_bytes(cand, now)
-            if held + need <= limit and self.total - held > best_free:
-                best, best_free = cand, self.total - held
-        if best is None:
-            # No GPU has room now: the agent names it again in its next heartbeat, and the
-            # router tries again; the ladder reclaims it at its deadline.
+        agent = self.agents[sub.gpu]
+        moved = readdress_at_once(
+            self.core,
+            agent.agent_id,
+            sub.run_id,
+            gather=self._gather_elsewhere,
+            lease_ttl_seconds=self.driver.settings.lease_ttl_seconds,
+            start=self.driver.start_subjob,
+            release=self.driver.release,
+            now=now,
+            carry_out=self.driver.carry_out,
+        )
+        self.driver.sync()
+        if not moved and not sub.done:
             self.move_retries += 1
             sub.move = self.engine.schedule(
-                self.spec.readdress_delay_seconds, lambda: self._move(sub)
+                self.spec.readdress_delay_seconds, lambda: self._readdress(sub)
             )
-            self._schedule(old)
-            return
-        # The copy restarts from its checkpoint on ``best``; this one ends.
-        self._leave_gpu(sub, now)  # the new copy starts afresh
-        old.subs = [s for s in old.subs if s is not sub]
-        self._schedule(old)
-        sub.lost_before += lost * sub.share
-        sub.progress = restart
-        sub.readdress_count += 1
-        sub.ends[END_MOVED] += 1
-        self.moved += 1
-        self._place(sub, best, now)
+
+    def _gather_elsewhere(self, entry: Entry, plan: TryPlan, exclude: set[str]) -> Gathered:
+        """The router's gather for a move's copy (``plan``): its probe plan over every host
+        but ``exclude``, its limits and ranking, as ``CoreDriver.gather`` sets them up."""
+        driver = self.driver
+        driver.sync()
+        need = entry.need
+        settings = driver.settings
+        limits = settings.limits().for_try(need, 1)
+        return gather_at_once(
+            driver.core,
+            entry,
+            plan,
+            ProbePlan(
+                driver.view,
+                need,
+                limits,
+                driver.rng,
+                exclude,
+                rank=learned_ranking(driver.workload, need),
+            ),
+            driver.by_id,
+            now=self.engine.now,
+            budget_seconds=settings.budget_seconds,
+            probe_ids=self.probe_ids,
+            note=driver.note_now,
+            start=driver.start_subjob,
+            carry_out=driver.carry_out,
+        )
 
     # -- scheduling -----------------------------------------------------------------------
     def _poll_at_or_after(self, gpu: _Gpu, at: float) -> float:
@@ -1097,6 +1443,8 @@ class _Run:
             where = (
                 "completed"
                 if sub.finished is not None
+                else "failed (no retry left)"
+                if sub.failed
                 else "queued"
                 if sub.queued_at is not None
                 else "suspended"

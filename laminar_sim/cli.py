@@ -323,8 +323,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     al.add_argument(
         "--readdress-delay-seconds",
         type=float,
-        default=5.0,
-        help="router delay before a readdressed subjob restarts elsewhere (default 5 s)",
+        default=airlock_sim.AirlockSimSpec.readdress_delay_seconds,
+        help="the agent's heartbeat period, which carries Airlock's move requests to the "
+        "router (default 1 s, the agent's zone.heartbeat_seconds)",
     )
     al.add_argument(
         "--checkpoint-seconds",
@@ -344,8 +345,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--requeue-delay-seconds",
         type=float,
         default=airlock_sim.AirlockSimSpec.requeue_delay_seconds,
-        help="a reclaimed, OOM-killed or re-queued subjob waits this long before it re-runs "
-        "on a GPU with room (default 30 s)",
+        help="the router's queue pass period while re-runs wait (default 1 s, the router's "
+        "queue.retry_seconds)",
     )
     al.add_argument(
         "--horizon-seconds",

@@ -23,6 +23,10 @@ generators yield and carries out the core's instructions. Here is the glue that
 * :func:`end_on`, :func:`report_end`, :func:`confirm_on`: a subjob's end as its agent
   reports it (slices, start, end, run time, exit code, GPU memory peak) and the core's
   reading of it; the ask about a commit of unknown outcome at the agent's heartbeat;
+* :func:`recover_running`: a job running when the simulation starts, as the router's
+  core reads it back from its journal;
+* :func:`readdress_at_once`: Airlock's ask to move a subjob (an agent's heartbeat names
+  it), answered at once as the router's ``AgentReports`` answers it;
 * :class:`CoreHands`: the core's instructions carried out, the common ones here and the
   rest by the simulator's own hands.
 """
@@ -35,7 +39,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from laminar_agent.core import FAILED, KILLED, SUCCEEDED, AgentCore, EndDecision
 from laminar_agent.ledger import Bounced, Granted, ProbeOrder
 from laminar_api.v1 import common_pb2, zone_pb2
-from laminar_base.causes import EndCause
+from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
 from laminar_base.demand import Demand
 from laminar_zone.core import (
     Confirm,
@@ -497,6 +501,77 @@ def confirm_on(
         return None
 
     drive(confirm_steps(core, host.agent_id, clock=lambda: now), answer)
+
+
+def recover_running(
+    core: ZoneCore,
+    spec: zone_pb2.JobSpec,
+    need: Demand,
+    job: NewJob,
+    placement: zone_pb2.Placement,
+    now: float,
+    carry_out: Callable[[Sequence[CoreInstruction]], None],
+) -> Entry:
+    """A job that runs at ``now`` as one member, ``placement`` (committed on its agent
+    already), read back by the router's core as from its journal after a restart
+    (:meth:`~laminar_zone.core.ZoneCore.recovered`): a cluster that is already busy when
+    the simulation starts. Its end, retries and moves are the core's from then on."""
+    (entry,) = core.new_entries(spec, need, job, now, now)
+    entry.job.state = zone_pb2.JOB_RUNNING
+    entry.job.started_unix = now
+    entry.job.placements.append(placement)
+    carry_out(core.recovered(entry, False, now))
+    return entry
+
+
+def readdress_at_once(
+    core: ZoneCore,
+    agent_id: str,
+    subjob_id: str,
+    *,
+    gather: Callable[[Entry, TryPlan, set[str]], Gathered],
+    lease_ttl_seconds: float,
+    start: StartFn[H],
+    release: Callable[[H, str], None],
+    now: float,
+    carry_out: Callable[[Sequence[CoreInstruction]], None],
+) -> bool:
+    """Airlock on ``agent_id`` asks to move ``subjob_id`` (its heartbeat names it): the
+    core says whether (:meth:`~laminar_zone.core.ZoneCore.readdress`); a gather of one
+    member, no commit on the probe, over every other host (``gather(entry, plan,
+    exclude)``, the router's ``Placer.gather`` with ``exclude``); the copy journaled where
+    it was found (``move_to``) and committed there (:func:`commit_on`, ``start``); the
+    core told the outcome (``move_committed``: the old copy is stopped once the copy
+    runs); the move over (``moved``). The steps and their order are
+    ``laminar_zone.reports.AgentReports._readdress``'s, answered at once. Whether the
+    copy runs; False: the core would not move it, or no other host took it (the agent asks
+    again at its next heartbeat)."""
+    entry, instructions = core.readdress(agent_id, subjob_id)
+    carry_out(instructions)
+    if entry is None:
+        return False
+    old = next(p for p in entry.current() if p.subjob_id == subjob_id)
+    try:
+        priority = entry.job.spec.priority or common_pb2.BATCH
+        one = TryPlan(1, priority, lease_ttl_seconds, commit_on_probe=False)
+        gathered = gather(entry, one, {agent_id})
+        if gathered.chosen is None or entry.job.state in TERMINAL_JOB_STATES:
+            for host, lease_id in gathered.chosen or ():
+                release(host, lease_id)
+            return False
+        ((host, lease_id),) = gathered.chosen
+        (member,) = gathered.members
+        placement, _, instructions = core.move_to(entry, old, member)
+        carry_out(instructions)
+        reply = commit_on(host, lease_id, placement, start, now)
+        failure = reply if isinstance(reply, Failure) else None
+        if failure is None:
+            assert not isinstance(reply, Failure)
+            apply_start_reply(placement, reply)
+        carry_out(core.move_committed(entry, old, placement, failure, now))
+        return failure is None
+    finally:
+        core.moved(subjob_id)
 
 
 # ==================================================================== the core's hands

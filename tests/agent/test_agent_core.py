@@ -45,6 +45,7 @@ from laminar_agent.core import (
     DropLease,
     EndDecision,
     Ended,
+    GpuPressure,
     Instruction,
     KeepLease,
     Kill,
@@ -66,6 +67,7 @@ from laminar_agent.ledger import (
     SliceKind,
     counter_ids,
 )
+from laminar_airlock.levels import Level
 from laminar_base.causes import EndCause, cause_from_token
 from laminar_base.demand import Demand
 from laminar_base.errors import LaminarError
@@ -928,3 +930,61 @@ def test_a_pressured_slice_or_gpu_advertises_no_window() -> None:
     # A GPU's name covers its MIG instances.
     assert advertised({"gpu2"}) == {"gpu0", "gpu1"}
     assert advertised({"gpu2/mig-3g.40gb@1"}) == everything - {"gpu2/mig-3g.40gb@1"}
+
+
+def pressure_probe(core: AgentCore, demand: Demand, slice_id: str = "gpu1") -> Granted | Bounced:
+    order = ProbeOrder("p", "j", 0, demand, 3, 1.0, core.next_arrival(), 5.0, slice_id)
+    (result,), _ = core.arbitrate([order], 0.0, EPOCH_UNIX)
+    return result
+
+
+def test_new_work_is_refused_on_a_gpu_airlock_holds_pressured_or_past_its_target() -> None:
+    """Airlock's latest poll decides admission: a GPU it holds ELEVATED or CRITICAL, or one
+    where memory in use, what suspended subjobs take back and the declaration come to more
+    than the target, bounces new work (retryable) and keeps no lease; a calm GPU with room
+    grants it."""
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    share = Demand(gpu_milli=300, gpu_memory_bytes=8 * GIB)
+    assert isinstance(pressure_probe(core, share), Granted)  # no poll yet: nothing to refuse
+    core.release(list_leases(core), "")
+    core.note_pressure({"gpu1": GpuPressure(Level.ELEVATED, 60 * GIB, 80 * GIB)}, 0.8)
+    bounced = pressure_probe(core, share)
+    assert isinstance(bounced, Bounced) and bounced.retryable
+    assert "ELEVATED" in bounced.reason
+    assert core.ledger.usage("gpu1") == (0, 0, 0, 0)  # the lease was given back
+    # Calm, but 57 + 8 GiB is over 80 % of 80 GiB (64 GiB); 55 + 8 is not.
+    core.note_pressure({"gpu1": GpuPressure(Level.NORMAL, 57 * GIB, 80 * GIB)}, 0.8)
+    over = pressure_probe(core, share)
+    assert isinstance(over, Bounced) and "over Airlock's target 80%" in over.reason
+    core.note_pressure({"gpu1": GpuPressure(Level.NORMAL, 55 * GIB, 80 * GIB)}, 0.8)
+    assert isinstance(pressure_probe(core, share), Granted)
+    # An idle GPU takes what its ledger admits, a declaration past the target too.
+    core.release(list_leases(core), "")
+    core.note_pressure({"gpu1": GpuPressure(Level.NORMAL, 0, 80 * GIB)}, 0.8)
+    assert isinstance(pressure_probe(core, replace(share, gpu_memory_bytes=70 * GIB)), Granted)
+    # Other GPUs are not held back by gpu1's pressure; a GPU's name covers its MIG slices.
+    core.note_pressure({"gpu2": GpuPressure(Level.CRITICAL, 39 * GIB, 40 * GIB)}, 0.8)
+    assert isinstance(pressure_probe(core, Demand(gpus=1), "gpu0"), Granted)
+    mig = pressure_probe(core, Demand(mig_profile="3g.40gb"), "gpu2/mig-3g.40gb@0")
+    assert isinstance(mig, Bounced) and "CRITICAL" in mig.reason
+
+
+def test_a_suspended_subjob_s_memory_counts_against_new_work_until_it_resumes() -> None:
+    """A subjob suspended (cuda-checkpoint: 0 bytes on the GPU) takes its last reading back
+    on resume: new work that would leave no room for it is refused."""
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    commit(core, granted_lease(core, Demand(gpu_milli=300), "gpu1"), "s1")
+    core.launched("s1", 42, EPOCH_UNIX)
+    core.note_gpu_memory("s1", 30 * GIB)
+    core.suspend("s1", "pressure", EPOCH_UNIX)
+    core.note_gpu_memory("s1", 0)  # checkpointed: nothing on the GPU now
+    core.note_pressure({"gpu1": GpuPressure(Level.NORMAL, 30 * GIB, 80 * GIB)}, 0.8)
+    share = Demand(gpu_milli=300, gpu_memory_bytes=8 * GIB)
+    refused = pressure_probe(core, share)
+    assert isinstance(refused, Bounced) and "30.0 to resume" in refused.reason
+    core.resume("s1", "calm", EPOCH_UNIX)
+    assert isinstance(pressure_probe(core, share), Granted)
+
+
+def list_leases(core: AgentCore) -> list[str]:
+    return [lease.lease_id for lease in core.ledger.leases() if not lease.committed]

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from test_sim_cli import run_cli
 
+from laminar_agent.core import AgentCore
 from laminar_airlock.traces import MemoryCurve
+from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.errors import InvalidArgument
 from laminar_sim import airlock_sim
 from laminar_sim.airlock_sim import (
@@ -140,11 +142,14 @@ def test_every_subjob_ends_with_a_reason_and_no_gpu_is_over_capacity(policy: str
     assert sum(figures["terminal_states"].values()) == len(ids)
 
 
-def test_killed_work_re_runs_from_its_checkpoint_on_a_gpu_with_room() -> None:
+def test_killed_work_re_runs_through_the_routers_core_from_its_checkpoint() -> None:
     """GPU 0 overflows; GPU 1 runs one small subjob. The OOM killer's victim and the ladder's
-    reclaimed subjob (free mode none) re-run on GPU 1 after the requeue delay, from their
-    checkpoint, and complete; the work since that checkpoint is what is lost."""
-    spec = small_spec(gpus=2, checkpoint_seconds=50.0, requeue_delay_seconds=20.0)
+    reclaimed subjob (free mode none) are reported to the router's core, which retries the
+    job (a reclaim's retry is free, a CUDA OOM's counted): its placement try goes to the
+    agents' cores, GPU 0's refuses it (Airlock's pressure, or the memory in use past the
+    target) and GPU 1's takes it. The re-run starts from the checkpoint and completes; the
+    work since that checkpoint is what is lost."""
+    spec = small_spec(gpus=2, checkpoint_seconds=50.0)
     plans = [
         GpuPlan(
             0,
@@ -157,13 +162,22 @@ def test_killed_work_re_runs_from_its_checkpoint_on_a_gpu_with_room() -> None:
         GpuPlan(1, (MemberPlan("b-batch", flat(10, samples=2), STEP, 3, 2, "checkpoint", True),)),
     ]
     for policy in ("ladder", "oom-killer"):
-        result = run_policy(spec, plans, policy)
+        run = airlock_sim._Run(spec, plans, policy, None)
+        result = run.run()
         victims = [o for o in result.outcomes.values() if killed_runs(o) > 0]
         assert victims, policy
         for victim in victims:
             assert victim.state == "completed", (policy, victim)
-            assert victim.completed_at is not None
-            assert victim.completed_at > 12 * STEP + spec.requeue_delay_seconds
+            job = run.ended_jobs[victim.subjob_id]
+            first, last = job.placements[0], job.placements[-1]
+            assert (first.agent_id, last.agent_id) == ("h0", "h1"), (policy, job)
+            assert first.end_cause == (
+                common_pb2.END_CAUSE_RECLAIMED
+                if victim.ends.get("reclaimed")
+                else common_pb2.END_CAUSE_EXITED
+            )
+            assert last.state == common_pb2.SUCCEEDED and job.attempts == 2
+            assert job.state == zone_pb2.JOB_SUCCEEDED
             # lost = work since the checkpoint (restartable) or since start, times 1/3
             assert 0 < victim.lost_gpu_seconds <= 12 * STEP / 3
     ladder = run_policy(spec, plans, "ladder")
@@ -188,7 +202,13 @@ def test_a_subjob_that_cannot_resume_moves_to_a_gpu_with_room() -> None:
         ),
         GpuPlan(1, (MemberPlan("b-batch", flat(10, samples=2), STEP, 3, 2, "checkpoint", True),)),
     ]
-    result = run_policy(spec, plans, "ladder")
+    run = airlock_sim._Run(spec, plans, "ladder", None)
+    result = run.run()
+    # The router's core moved it: a copy on h1 (the old host excluded), the old one retired.
+    old, copy = run.ended_jobs["a-opp"].placements
+    assert (old.agent_id, old.end_cause) == ("h0", common_pb2.END_CAUSE_READDRESSED)
+    assert (copy.agent_id, copy.subjob_id) == ("h1", "a-opp-a1-m0-r1")
+    assert copy.state == common_pb2.SUCCEEDED
     assert result.actions["suspend"] >= 1 and result.actions["readdress"] == 1
     assert result.moved == 1
     opp = result.outcomes["a-opp"]
@@ -312,3 +332,77 @@ def test_on_the_genai_trace(traces_dir: Path) -> None:
     assert (
         ladder["high_priority_work_lost_gpu_seconds"] <= oom["high_priority_work_lost_gpu_seconds"]
     )
+
+
+@pytest.mark.parametrize("policy", ["ladder", "oom-killer"])
+def test_every_run_starts_where_the_routers_and_the_agents_cores_put_it(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run the simulator starts on a GPU (the workload's first runs, re-runs, moved
+    copies) is live on that GPU's agent core and placed there by the router's core."""
+    spec = small_spec(gpus=12, release_share=0.5, window=30, seed=5, members=4)
+    plans = build_workload(synthetic_curves(samples=40), spec)
+    place = airlock_sim._Run._place
+    started: list[str] = []
+
+    def checked(run: Any, sub: Any, gpu: Any, now: float) -> None:
+        agent = run.agents[gpu.index]
+        live = agent.core.subjob(sub.run_id)
+        assert live is not None and live.slice_ids == (airlock_sim.SLICE_ID,)
+        entry = run.core.entries[sub.plan.subjob_id]
+        (placement,) = [p for p in entry.job.placements if p.subjob_id == sub.run_id]
+        assert placement.agent_id == agent.agent_id
+        started.append(sub.run_id)
+        place(run, sub, gpu, now)
+
+    monkeypatch.setattr(airlock_sim._Run, "_place", checked)
+    result = run_policy(spec, plans, policy)
+    reruns = sum(killed_runs(o) + o.ends.get("moved", 0) for o in result.outcomes.values())
+    waiting = sum(o.reason.startswith("queued at") for o in result.outcomes.values())
+    # Every run that ended early started again once, unless it still waited at the horizon.
+    assert reruns > 0 and len(started) == reruns - waiting
+
+
+def test_a_move_no_agent_admits_is_asked_again_at_each_heartbeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, but GPU 1's share left free by its short subjob sits beside 66 of 80 GiB in
+    use (its two others declared 10 GiB each, so its summary shows room): with the copy's
+    20 GiB that is past Airlock's 80 % target, its agent's core refuses the copy, the router finds
+    no host; the agent asks again at each heartbeat (every second) until the ladder settles
+    the subjob otherwise, and nothing is moved."""
+    refusals: list[str] = []
+    refuse = AgentCore.pressure_refusal
+
+    def recorded(core: AgentCore, declared: int, slice_ids: Any) -> str:
+        why = refuse(core, declared, slice_ids)
+        if why:
+            refusals.append(why)
+        return why
+
+    monkeypatch.setattr(AgentCore, "pressure_refusal", recorded)
+    spec = small_spec(gpus=2, checkpoint_seconds=20.0)
+    grown = (10 * GIB, *flat(33, samples=19))  # declares 10 GiB, uses 33 from 10 s on
+    plans = [
+        GpuPlan(
+            0,
+            (
+                MemberPlan("a-crit", rising(30, 50), STEP, 1, 1, "checkpoint", False),
+                MemberPlan("a-prod", flat(20), STEP, 2, 1, "checkpoint", False),
+                MemberPlan("a-opp", flat(20), STEP, 4, 3, "checkpoint", True),
+            ),
+        ),
+        GpuPlan(
+            1,
+            (
+                MemberPlan("b-short", flat(5, samples=2), STEP, 3, 2, "checkpoint", True),
+                MemberPlan("b-big", grown, STEP, 3, 2, "checkpoint", True),
+                MemberPlan("b-bigger", grown, STEP, 3, 2, "checkpoint", True),
+            ),
+        ),
+    ]
+    result = run_policy(spec, plans, "ladder")
+    assert result.actions["readdress"] == 1
+    assert result.moved == 0 and result.move_retries > 5
+    assert result.outcomes["a-opp"].ends.get("moved", 0) == 0
+    assert any(why.startswith("gpu0 would hold 86.0 of 80.0 GiB") for why in refusals), refusals[:3]

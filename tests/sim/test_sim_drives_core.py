@@ -461,3 +461,54 @@ def test_the_router_and_the_simulators_split_flow_with_one_decision() -> None:
     assert "split_flow" in calls(peers)
     assert "split_flow" in calls(root / "laminar_sim" / "laminar.py")
     assert "route" in calls(root / "laminar_sim" / "load.py")  # LaminarCluster.route
+
+
+def callers_of(path: Path, name: str) -> set[str]:
+    """The functions of a module that call ``name`` (``f(...)`` or ``x.f(...)``)."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if called == name:
+                    found.add(function.name)
+    return found
+
+
+#: The old rule of sim airlock (the GPU with the most room, at or below the target, every
+#: fixed delay): the names it was written with.
+AIRLOCK_OWN_PLACEMENT = frozenset({"_held_bytes", "_may_take", "_router_tick", "_move"})
+
+
+def test_sim_airlock_starts_a_run_only_where_the_cores_placed_it() -> None:
+    """A re-run or a moved copy starts on a GPU only in ``subjob_started``, the callback an
+    agent core's commit triggers (CoreDriver.start_subjob) for a placement the router's core
+    made: sim airlock drives the router's core (sim replay's CoreDriver; readdress_at_once for Airlock's
+    moves; recover_running for the groups running at the start) and picks no GPU itself."""
+    path = Path(laminar_sim.__file__).parent / "airlock_sim.py"
+    assert callers_of(path, "_place") == {"subjob_started"}
+    assert {"readdress_at_once", "recover_running", "gather_at_once"} <= calls(path)
+    assert "CoreDriver" in names_used(path)  # its driver is sim replay's, passes and tries
+    assert not (names_used(path) | functions_defined(path)) & AIRLOCK_OWN_PLACEMENT
+
+
+def functions_defined(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+
+
+def test_the_caller_scan_sees_a_run_placed_by_hand(tmp_path: Path) -> None:
+    sample = tmp_path / "own.py"
+    sample.write_text(
+        "class R:\n"
+        "    def _router_tick(self):\n"
+        "        best = max(self.gpus, key=self._held_bytes)\n"
+        "        self._place(self.queue.pop(), best, 0.0)\n"
+    )
+    assert callers_of(sample, "_place") == {"_router_tick"}
+    found = names_used(sample) | functions_defined(sample)
+    assert found & AIRLOCK_OWN_PLACEMENT == {"_router_tick", "_held_bytes"}
