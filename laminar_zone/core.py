@@ -1079,7 +1079,9 @@ class ZoneCore:
                 return instructions + self.finish(entry, zone_pb2.JOB_FAILED, what, now_unix, code)
             if verdict.counted:
                 job.retries_used += 1
-            if end_cause(first.end_cause) is EndCause.RECLAIMED:
+            if end_cause(first.end_cause) in (EndCause.RECLAIMED, EndCause.EXITED):
+                # Reclaimed for memory, or failed on its own (a CUDA OOM is an exit): a
+                # peak past what it declared was the declaration's error either way.
                 self.widen_for_memory(entry, first.peak_gpu_memory_bytes)
             job.attempts += 1
             job.state = zone_pb2.PENDING
@@ -1107,9 +1109,10 @@ class ZoneCore:
         return instructions
 
     def widen_for_memory(self, entry: Entry, peak_bytes: int) -> None:
-        """A member was reclaimed for GPU memory at ``peak_bytes``: the retry asks for that
-        much (:func:`widened_for_memory`), written into the job's spec too (the journal's
-        record, what a recovered router reads)."""
+        """A member was reclaimed, or failed, having used ``peak_bytes`` of GPU memory: the
+        retry asks for that much (:func:`widened_for_memory`; nothing where the peak is
+        within the declaration), written into the job's spec too (the journal's record,
+        what a recovered router reads)."""
         gang = max(1, entry.job.spec.gang_size)
 
         def available(profile: str) -> bool:
@@ -1119,7 +1122,7 @@ class ZoneCore:
         if need is None:
             return
         log.info(
-            "job %s: reclaimed for GPU memory at %d bytes; its retry asks %s",
+            "job %s: ended past its declared GPU memory, at %d bytes; its retry asks %s",
             entry.job.job_id,
             peak_bytes,
             f"MIG {need.mig_profile}" if need.mig_profile else f"{need.gpu_memory_bytes} bytes",

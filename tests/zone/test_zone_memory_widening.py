@@ -98,12 +98,35 @@ def test_a_gang_reclaimed_for_memory_retries_on_a_profile_that_holds_the_peak() 
     assert (resources.mig_profile, resources.gpu_memory_bytes) == ("3g.40gb", 15 * GIB)
 
 
-def test_a_member_that_failed_otherwise_retries_as_it_was() -> None:
+def test_a_member_that_failed_past_its_declaration_retries_asking_its_peak() -> None:
+    # A CUDA OOM is the job's own exit: the peak its agent saw says what it needs.
     core = _core({"1g.10gb": 7, "3g.40gb": 2})
     entry = _running_gang(core, gang=1)
     first = entry.current()[0]
     first.state = common_pb2.FAILED
     first.end_cause = EndCause.EXITED.wire
-    first.peak_gpu_memory_bytes = 15 * GIB  # its peak, but the end was its own exit
+    first.peak_gpu_memory_bytes = 15 * GIB
+    assert Place(entry) in core.evaluate(entry, NOW)
+    assert entry.need == Demand(mig_profile="3g.40gb", gpu_memory_bytes=15 * GIB)
+
+
+def test_a_member_that_failed_within_its_declaration_retries_as_it_was() -> None:
+    core = _core({"1g.10gb": 7, "3g.40gb": 2})
+    entry = _running_gang(core, gang=1)
+    first = entry.current()[0]
+    first.state = common_pb2.FAILED
+    first.end_cause = EndCause.EXITED.wire
+    first.peak_gpu_memory_bytes = 5 * GIB
     assert Place(entry) in core.evaluate(entry, NOW)
     assert entry.need == SMALL and entry.job.spec.resources.mig_profile == "1g.10gb"
+
+
+def test_a_member_preempted_for_other_work_retries_as_it_was() -> None:
+    core = _core({"1g.10gb": 7, "3g.40gb": 2})
+    entry = _running_gang(core, gang=2)
+    first = entry.current()[0]
+    first.state = common_pb2.KILLED
+    first.end_cause = EndCause.PREEMPTED.wire
+    first.peak_gpu_memory_bytes = 15 * GIB
+    core.evaluate(entry, NOW)
+    assert entry.need == SMALL
