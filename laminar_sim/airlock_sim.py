@@ -1310,7 +1310,6 @@ class _Run:
             gather=self._gather_elsewhere,
             lease_ttl_seconds=self.driver.settings.lease_ttl_seconds,
             start=self.driver.start_subjob,
-            release=self.driver.release,
             now=now,
             carry_out=self.driver.carry_out,
         )

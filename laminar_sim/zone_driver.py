@@ -39,7 +39,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from laminar_agent.core import FAILED, KILLED, SUCCEEDED, AgentCore, EndDecision
 from laminar_agent.ledger import Bounced, Granted, ProbeOrder
 from laminar_api.v1 import common_pb2, zone_pb2
-from laminar_base.causes import TERMINAL_JOB_STATES, EndCause
+from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
 from laminar_zone.core import (
     Confirm,
@@ -67,11 +67,16 @@ from laminar_zone.placement import Offer, ShapeCap
 from laminar_zone.placements import apply_start_reply
 from laminar_zone.trying import (
     AskSubjob,
+    CommitMembers,
     CommitOnProbe,
     ConfirmStep,
     DoInstructions,
     Gathered,
+    GatherLeases,
+    ReaddressStep,
+    RunInstructions,
     confirm_steps,
+    readdress_steps,
 )
 from laminar_zone.view import ProbePlan
 
@@ -532,46 +537,33 @@ def readdress_at_once(
     gather: Callable[[Entry, TryPlan, set[str]], Gathered],
     lease_ttl_seconds: float,
     start: StartFn[H],
-    release: Callable[[H, str], None],
     now: float,
     carry_out: Callable[[Sequence[CoreInstruction]], None],
 ) -> bool:
     """Airlock on ``agent_id`` asks to move ``subjob_id`` (its heartbeat names it): the
-    core says whether (:meth:`~laminar_zone.core.ZoneCore.readdress`); a gather of one
-    member, no commit on the probe, over every other host (``gather(entry, plan,
-    exclude)``, the router's ``Placer.gather`` with ``exclude``); the copy journaled where
-    it was found (``move_to``) and committed there (:func:`commit_on`, ``start``); the
-    core told the outcome (``move_committed``: the old copy is stopped once the copy
-    runs); the move over (``moved``). The steps and their order are
-    ``laminar_zone.reports.AgentReports._readdress``'s, answered at once. Whether the
-    copy runs; False: the core would not move it, or no other host took it (the agent asks
-    again at its next heartbeat)."""
-    entry, instructions = core.readdress(agent_id, subjob_id)
-    carry_out(instructions)
-    if entry is None:
-        return False
-    old = next(p for p in entry.current() if p.subjob_id == subjob_id)
-    try:
-        priority = entry.job.spec.priority or common_pb2.BATCH
-        one = TryPlan(1, priority, lease_ttl_seconds, commit_on_probe=False)
-        gathered = gather(entry, one, {agent_id})
-        if gathered.chosen is None or entry.job.state in TERMINAL_JOB_STATES:
-            for host, lease_id in gathered.chosen or ():
-                release(host, lease_id)
-            return False
-        ((host, lease_id),) = gathered.chosen
-        (member,) = gathered.members
-        placement, _, instructions = core.move_to(entry, old, member)
-        carry_out(instructions)
-        reply = commit_on(host, lease_id, placement, start, now)
-        failure = reply if isinstance(reply, Failure) else None
-        if failure is None:
-            assert not isinstance(reply, Failure)
-            apply_start_reply(placement, reply)
-        carry_out(core.move_committed(entry, old, placement, failure, now))
-        return failure is None
-    finally:
-        core.moved(subjob_id)
+    router's :func:`~laminar_zone.trying.readdress_steps`, answered at once as the daemon's
+    ``laminar_zone.reports.AgentReports`` answers them over gRPC: the gather of one member
+    over every other host by ``gather(entry, plan, exclude)`` (the router's
+    ``Placer.gather`` with ``exclude``), the copy's Commit by its host's agent core
+    (:func:`commit_at_once`, ``start``), the core's instructions by ``carry_out`` (a lease
+    given back included: its hands must release). Whether the copy runs; False: the core
+    would not move it, or no other host took it (the agent asks again at its next
+    heartbeat)."""
+
+    def answer(step: ReaddressStep) -> Any:
+        match step:
+            case GatherLeases(entry, plan, exclude):
+                return gather(entry, plan, set(exclude))
+            case CommitMembers(_, placements, leases):
+                return commit_at_once(placements, leases, start, now)
+            case RunInstructions(instructions) | DoInstructions(instructions):
+                carry_out(instructions)
+        return None
+
+    steps = readdress_steps(
+        core, agent_id, subjob_id, lease_ttl_seconds=lease_ttl_seconds, clock=lambda: now
+    )
+    return drive(steps, answer)
 
 
 # ==================================================================== the core's hands

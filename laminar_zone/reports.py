@@ -14,26 +14,32 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import grpc
 
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
-from laminar_base.causes import (
-    TERMINAL_JOB_STATES,
-    EndCause,
-    end_cause,
-)
+from laminar_base.causes import EndCause, end_cause
 from laminar_base.errors import PermissionDenied
 from laminar_base.grpcutil import check_str
-from laminar_zone.core import Member
+from laminar_zone.core import Member, TryPlan
 from laminar_zone.entry import Entry
 from laminar_zone.failures import failure_of
 from laminar_zone.jobs import MAX_LIVE_IDS, ZoneState
 from laminar_zone.lifecycle import job_of
 from laminar_zone.placer import Ask, host_from, shapes_from
-from laminar_zone.trying import AskSubjob, DoInstructions, confirm_steps
+from laminar_zone.trying import (
+    AskSubjob,
+    CommitMembers,
+    DoInstructions,
+    Gathered,
+    GatherLeases,
+    ReaddressStep,
+    RunInstructions,
+    confirm_steps,
+    readdress_steps,
+)
 from laminar_zone.view import AgentRecord
 
 log = logging.getLogger("laminar.zone.reports")
@@ -187,51 +193,85 @@ class AgentReports:
 
     def _start_readdress(self, agent_id: str, subjob_id: str) -> None:
         """Airlock asks to move a long-suspended subjob: place a copy, then stop the old one
-        (:meth:`~laminar_zone.core.ZoneCore.readdress` says whether and how)."""
+        (:func:`~laminar_zone.trying.readdress_steps` strings the steps). Whether it moves is
+        decided now, within this heartbeat (a second ask waits for this move); the rest
+        runs as a task."""
         check_str(subjob_id, "readdress_subjob_ids")
-        entry, instructions = self.state.core.readdress(agent_id, subjob_id)
-        self.state._do(instructions)
-        if entry is None:
-            return
-        placement = next(p for p in entry.current() if p.subjob_id == subjob_id)
-        self.state.spawn(self._readdress(entry, placement, agent_id), f"readdress-{subjob_id}")
-
-    async def _readdress(self, entry: Entry, old: zone_pb2.Placement, agent_id: str) -> None:
-        job = entry.job
-        core = self.state.core
+        steps = readdress_steps(
+            self.state.core,
+            agent_id,
+            subjob_id,
+            lease_ttl_seconds=self.state.config.placement.lease_ttl_seconds,
+            clock=time.time,
+        )
         try:
-            gathered = await self.state.placer.gather(
-                Ask(
-                    job_id=job.job_id,
-                    resources=job.spec.resources,
-                    gang_size=1,
-                    priority=job.spec.priority or common_pb2.BATCH,
-                    value=job.spec.value,
-                    tenant=job.spec.tenant,
-                ),
-                exclude={agent_id},
-            )
-            if gathered.chosen is None or job.state in TERMINAL_JOB_STATES:
-                if gathered.chosen:
-                    await self.state.placer.release(gathered.chosen)
-                log.info(
-                    "re-addressing %s: no other host now (%s)", old.subjob_id, gathered.reasons[-1:]
-                )
-                return
-            ((record, lease),) = gathered.chosen
-            member = Member(record.agent_id, record.address, tuple(lease.slice_ids))
-            placement, moves, instructions = core.move_to(entry, old, member)
-            await self.state._run(instructions)
-            failure = None
-            try:
-                await self.state.commit_placement(
-                    entry, placement, lease, env={"LAMINAR_READDRESS_COUNT": str(moves)}
-                )
-            except grpc.aio.AioRpcError as exc:
-                failure = failure_of(exc)
-            await self.state._run(core.move_committed(entry, old, placement, failure, time.time()))
+            step = next(steps)
+            while isinstance(step, DoInstructions):
+                self.state._do(step.instructions)
+                step = steps.send(None)
+        except StopIteration:
+            return
+        self.state.spawn(self._readdress(steps, step), f"readdress-{subjob_id}")
+
+    async def _readdress(
+        self, steps: Generator[ReaddressStep, Any, bool], step: ReaddressStep
+    ) -> None:
+        """Carry out a move's requests from ``step`` on, each awaited: the gather over
+        every other agent (Placer.gather), the copy's Commit with its environment."""
+        answer: Any
+        try:
+            while True:
+                answer = None
+                match step:
+                    case GatherLeases(entry, plan, exclude):
+                        answer = await self._gather_elsewhere(entry, plan, exclude)
+                    case CommitMembers(entry, placements, leases, env):
+                        answer = []
+                        for placement, (_, lease) in zip(placements, leases, strict=True):
+                            try:
+                                await self.state.commit_placement(
+                                    entry, placement, lease, env=dict(env)
+                                )
+                            except grpc.aio.AioRpcError as exc:
+                                answer.append(failure_of(exc))
+                            else:
+                                answer.append(None)
+                    case RunInstructions(instructions):
+                        await self.state._run(instructions)
+                    case DoInstructions(instructions):
+                        self.state._do(instructions)
+                try:
+                    step = steps.send(answer)
+                except StopIteration:
+                    return
         finally:
-            core.moved(old.subjob_id)
+            steps.close()
+
+    async def _gather_elsewhere(
+        self, entry: Entry, plan: TryPlan, exclude: frozenset[str]
+    ) -> Gathered:
+        """A move's gather (no commit on the probe), read for the steps."""
+        job = entry.job
+        got = await self.state.placer.gather(
+            Ask(
+                job_id=job.job_id,
+                resources=job.spec.resources,
+                gang_size=plan.gang_size,
+                priority=plan.priority,
+                value=job.spec.value,
+                tenant=job.spec.tenant,
+            ),
+            lease_ttl_seconds=plan.lease_ttl_seconds,
+            exclude=set(exclude),
+        )
+        return Gathered(
+            chosen=tuple(got.chosen) if got.chosen is not None else None,
+            members=tuple(
+                Member(r.agent_id, r.address, tuple(lease.slice_ids))
+                for r, lease in got.chosen or ()
+            ),
+            reasons=tuple(got.reasons),
+        )
 
     def _apply_event(self, agent_id: str, subjob: common_pb2.Subjob) -> Entry | None:
         """Carry out the core's judgement of one subjob event

@@ -18,7 +18,11 @@ results through ``send``:
   each clearing round asked) -> the round closed -> the pass's bookkeeping journaled;
 * :func:`confirm_steps`: an agent heartbeats after commits of unknown outcome on it ->
   each is asked about -> the answers recorded, each job judged, journaled, forgotten if
-  done -> the queue woken.
+  done -> the queue woken;
+* :func:`readdress_steps`: Airlock asks to move a subjob -> may it move? -> a gather of
+  one member elsewhere -> nothing found (or the job ended): the lease given back -> the
+  copy journaled where it was found -> its commit -> the outcome told to the core -> the
+  move over.
 
 The router (``laminar_zone.jobs.ZoneState``) drives them with awaits (gRPC, the journal,
 tasks); ``sim replay`` answers them at once with the agents' own code. Neither strings
@@ -29,11 +33,13 @@ I/O.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_zone.core import (
     Failure,
     Instruction,
@@ -41,6 +47,7 @@ from laminar_zone.core import (
     Loop,
     Member,
     Next,
+    Release,
     TryPlan,
     Wake,
     ZoneCore,
@@ -50,6 +57,8 @@ from laminar_zone.queue import Bidding, Clear, Start, class_order
 
 if TYPE_CHECKING:
     import random
+
+log = logging.getLogger("laminar.zone.trying")
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,8 @@ class GatherLeases:
 
     entry: Entry
     plan: TryPlan
+    #: Agents the gather must not probe (a move's copy goes elsewhere); a try excludes none.
+    exclude: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,9 @@ class CommitMembers:
     entry: Entry
     placements: tuple[zone_pb2.Placement, ...]
     leases: tuple[Any, ...]
+    #: Variables added to the job's environment for these members (a move's count); a
+    #: try adds none.
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 TryStep = Slot | RunInstructions | DoInstructions | GatherLeases | CommitMembers
@@ -521,3 +535,60 @@ def confirm_steps(
         if core.entries.get(job_id) is entry:
             yield DoInstructions(tuple(core.forget_if_done(entry)))
     yield DoInstructions((Wake(Loop.QUEUE),))
+
+
+# ==================================================================== moving a subjob
+
+#: The variable that tells a moved copy how many moves of its member came before it.
+READDRESS_COUNT_ENV = "LAMINAR_READDRESS_COUNT"
+
+ReaddressStep = DoInstructions | RunInstructions | GatherLeases | CommitMembers
+
+
+def readdress_steps(
+    core: ZoneCore,
+    agent_id: str,
+    subjob_id: str,
+    *,
+    lease_ttl_seconds: float,
+    clock: Callable[[], float],
+) -> Generator[ReaddressStep, Any, bool]:
+    """Airlock on ``agent_id`` asks to move ``subjob_id`` (its heartbeat names it): the core
+    says whether (:meth:`ZoneCore.readdress`; its instructions come first, as
+    :class:`DoInstructions`, so a driver can carry them out before the next heartbeat is
+    read); a gather of one member, no commit on the probe, over every other agent; a lease
+    found for a job that ended meanwhile is given back; the copy is journaled where the
+    lease is (:meth:`ZoneCore.move_to`) and committed there with the count of earlier
+    moves in its environment; the core is told the outcome (:meth:`ZoneCore.move_committed`:
+    the old copy is retired once the copy runs, kept if the commit surely failed); the move
+    is over (:meth:`ZoneCore.moved`) however the steps end, closed early included. Returns
+    whether the copy was committed (False: no move, nothing found, or the commit failed;
+    the agent asks again at its next heartbeat). ``clock`` gives Unix seconds."""
+    entry, instructions = core.readdress(agent_id, subjob_id)
+    if instructions:
+        yield DoInstructions(tuple(instructions))
+    if entry is None:
+        return False
+    job = entry.job
+    old = next(p for p in entry.current() if p.subjob_id == subjob_id)
+    try:
+        priority = job.spec.priority or common_pb2.BATCH
+        plan = TryPlan(1, priority, lease_ttl_seconds, commit_on_probe=False)
+        gathered: Gathered = yield GatherLeases(entry, plan, exclude=frozenset({agent_id}))
+        if gathered.chosen is None or job.state in TERMINAL_JOB_STATES:
+            if gathered.chosen:
+                yield RunInstructions((Release(tuple(gathered.chosen)),))
+            log.info("re-addressing %s: no other host now (%s)", subjob_id, gathered.reasons[-1:])
+            return False
+        (lease,) = gathered.chosen
+        (member,) = gathered.members
+        placement, moves, instructions = core.move_to(entry, old, member)
+        yield RunInstructions(tuple(instructions))
+        answers: Sequence[Failure | None] = yield CommitMembers(
+            entry, (placement,), (lease,), env={READDRESS_COUNT_ENV: str(moves)}
+        )
+        (failure,) = answers
+        yield RunInstructions(tuple(core.move_committed(entry, old, placement, failure, clock())))
+        return failure is None
+    finally:
+        core.moved(subjob_id)

@@ -512,3 +512,36 @@ def test_the_caller_scan_sees_a_run_placed_by_hand(tmp_path: Path) -> None:
     assert callers_of(sample, "_place") == {"_router_tick"}
     found = names_used(sample) | functions_defined(sample)
     assert found & AIRLOCK_OWN_PLACEMENT == {"_router_tick", "_held_bytes"}
+
+
+#: The core's steps of an Airlock move (whether to move, the copy journaled, the commit's
+#: outcome, the move over): strung once, in laminar_zone.trying.readdress_steps.
+MOVE_STEPS = frozenset({"readdress", "move_to", "move_committed", "moved"})
+
+
+def test_the_router_and_the_simulators_drive_one_move() -> None:
+    """An Airlock move's steps are strung once, in laminar_zone.trying.readdress_steps: the
+    router's AgentReports and sim airlock's glue (zone_driver.readdress_at_once) drive it,
+    and neither they nor any other simulator module feeds a move's steps to a core
+    itself."""
+    root = Path(laminar_sim.__file__).parents[1]
+    package = Path(laminar_sim.__file__).parent
+    reports = root / "laminar_zone" / "reports.py"
+    glue = package / "zone_driver.py"
+    offenders = {
+        str(p.relative_to(root)): sorted(core_calls(p) & MOVE_STEPS)
+        for p in [reports, *sorted(package.rglob("*.py"))]
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    assert "readdress_steps" in calls(reports) and "readdress_steps" in calls(glue)
+    assert core_calls(root / "laminar_zone" / "trying.py") >= MOVE_STEPS
+
+
+def test_the_move_scan_sees_a_move_strung_by_hand(tmp_path: Path) -> None:
+    sample = tmp_path / "move.py"
+    sample.write_text(
+        "def f(core, entry, old, member, failure):\n"
+        "    placement, _, out = core.move_to(entry, old, member)\n"
+        "    out += core.move_committed(entry, old, placement, failure, 0.0)\n"
+    )
+    assert core_calls(sample) & MOVE_STEPS == {"move_to", "move_committed"}

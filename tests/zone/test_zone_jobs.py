@@ -9,7 +9,7 @@ import pytest
 from waiting import gate_code, wait_for
 from zonekit import TERMINAL, Zone
 
-from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2
 
 
 def test_submit_runs_to_success_with_placement_and_logs(zone: Zone) -> None:
@@ -386,6 +386,12 @@ def test_readdress_request_moves_the_subjob_and_stops_the_old_copy(
     assert first.end_cause == common_pb2.END_CAUSE_READDRESSED
     assert copy.agent_id != old.agent_id and copy.subjob_id.endswith("-r1")
     assert moved_job.retries_used == 0 and moved_job.state == zone_pb2.JOB_RUNNING
+    # The copy's agent runs it knowing one move came before (its Airlock's budget).
+    with grpc.insecure_channel(copy.agent_address) as channel:
+        ran = agent_pb2_grpc.AgentStub(channel).GetSubjob(
+            agent_pb2.GetSubjobRequest(subjob_id=copy.subjob_id), timeout=10
+        )
+    assert ran.spec.env["LAMINAR_READDRESS_COUNT"] == "1"
     gate.touch()
     done = zone.wait_state(job.job_id, zone_pb2.JOB_SUCCEEDED)
     assert done.placements[0].reason.startswith("readdressed:")

@@ -19,6 +19,7 @@ from laminar_zone.core import (
     Journal,
     Loop,
     Member,
+    Release,
     Terminate,
     Wake,
     ZoneCore,
@@ -45,6 +46,7 @@ from laminar_zone.trying import (
     confirm_steps,
     pass_steps,
     place_try,
+    readdress_steps,
 )
 from laminar_zone.view import ZoneView
 
@@ -518,3 +520,134 @@ def test_a_round_waits_for_the_pass_s_starts_and_learns_only_the_slices_they_too
     closes = [i for i, r in enumerate(requests) if isinstance(r, CloseRound)]
     assert settles and closes and settles[0] < closes[0]
     assert market.taken == [("a1", "gpu0")]
+
+
+# ==================================================================== moving a subjob
+
+LOST = Failure("UNAVAILABLE: connection reset", unknown=True)
+
+
+def _started(step: CommitMembers) -> list[Failure | None]:
+    """Every member's Commit answered: its agent runs it."""
+    for placement in step.placements:
+        placement.state = common_pb2.RUNNING
+        placement.reason = "running"
+    return [None] * len(step.placements)
+
+
+def _running_on(core: ZoneCore, agent: str) -> tuple[Entry, zone_pb2.Placement]:
+    """A single-member job running on ``agent``, and its placement."""
+    entry = _submit(core)
+    assert _try(core, entry, Driver(lambda _: _leases(agent), _started))
+    (placement,) = entry.current()
+    assert placement.agent_id == agent and placement.state == common_pb2.RUNNING
+    return entry, placement
+
+
+def _move(
+    core: ZoneCore,
+    agent: str,
+    subjob_id: str,
+    gather: Callable[[GatherLeases], Gathered],
+    commit: Callable[[CommitMembers], Sequence[Failure | None]] = _started,
+) -> tuple[bool, Driver]:
+    driver = Driver(gather, commit)
+    steps = readdress_steps(core, agent, subjob_id, lease_ttl_seconds=5.0, clock=lambda: NOW)
+    return bool(driver.drive(steps)), driver
+
+
+def test_a_move_gathers_elsewhere_commits_the_copy_with_its_count_and_retires_the_old() -> None:
+    core = _core()
+    entry, old = _running_on(core, "a0")
+
+    moved, driver = _move(core, "a0", old.subjob_id, lambda _: _leases("a2"))
+
+    assert moved
+    gather, journal, commit, told = driver.requests
+    assert isinstance(gather, GatherLeases) and gather.entry is entry
+    assert gather.exclude == frozenset({"a0"})  # elsewhere only
+    assert gather.plan.gang_size == 1 and not gather.plan.commit_on_probe
+    assert journal == RunInstructions((Journal((entry,)),))  # the copy, before its commit
+    assert isinstance(commit, CommitMembers) and commit.leases == ("lease-a2",)
+    (copy,) = commit.placements
+    assert copy.agent_id == "a2" and copy.slice_ids == ["a2/gpu0"]
+    assert commit.env == {"LAMINAR_READDRESS_COUNT": "1"}
+    assert isinstance(told, RunInstructions)
+    assert Terminate(old, old.reason, EndCause.READDRESSED) in told.instructions
+    assert end_cause(old.end_cause) is EndCause.READDRESSED
+    assert entry.current() == [copy]
+    assert core.readdressing == set()  # the move is over: the copy may move in turn
+
+
+def test_a_subjob_the_core_will_not_move_asks_for_nothing() -> None:
+    core = _core()
+    _, old = _running_on(core, "a0")
+    gang = _submit(core, gang=2)
+    assert _try(core, gang, Driver(lambda _: _leases("a1", "a2"), _started))
+    member = gang.current()[0]
+
+    for agent, subjob_id in (("a1", old.subjob_id), (member.agent_id, member.subjob_id)):
+        moved, driver = _move(core, agent, subjob_id, lambda _: _leases("a3"))
+        assert not moved and driver.requests == []  # not the reporter's; a gang member
+    assert old.state == common_pb2.RUNNING and core.readdressing == set()
+
+
+def test_a_move_that_finds_no_host_commits_nothing_and_holds_no_lease() -> None:
+    core = _core()
+    entry, old = _running_on(core, "a0")
+
+    moved, driver = _move(core, "a0", old.subjob_id, lambda _: Gathered(reasons=("no room",)))
+
+    assert not moved
+    assert [type(r) for r in driver.requests] == [GatherLeases]
+    assert entry.current() == [old] and old.state == common_pb2.RUNNING
+    assert core.readdressing == set()  # the next heartbeat may ask again
+    again, _ = _move(core, "a0", old.subjob_id, lambda _: _leases("a1"))
+    assert again
+
+
+def test_a_moves_commit_that_failed_is_told_to_the_core_and_the_old_copy_kept() -> None:
+    core = _core()
+    entry, old = _running_on(core, "a0")
+
+    moved, driver = _move(core, "a0", old.subjob_id, lambda _: _leases("a2"), lambda _: [BUSY])
+
+    assert not moved
+    commit = next(r for r in driver.requests if isinstance(r, CommitMembers))
+    (copy,) = commit.placements
+    assert copy.state == common_pb2.FAILED and end_cause(copy.end_cause) is EndCause.READDRESSED
+    assert isinstance(driver.requests[-1], RunInstructions)
+    assert driver.requests[-1].instructions == (Journal((entry,)),)
+    assert entry.current() == [old] and old.state == common_pb2.RUNNING
+    assert not [i for i in driver.instructions if isinstance(i, Terminate)]
+    assert core.readdressing == set()
+    # A lost reply: the copy may run, so its agent is asked; the old copy still runs.
+    moved, driver = _move(core, "a0", old.subjob_id, lambda _: _leases("a3"), lambda _: [LOST])
+    assert not moved and Confirm("a3", entry.job.job_id) in driver.instructions
+    assert old.state == common_pb2.RUNNING
+
+
+def test_a_job_that_ended_while_its_move_gathered_gives_the_lease_back() -> None:
+    core = _core()
+    entry, old = _running_on(core, "a0")
+
+    def gather(_: GatherLeases) -> Gathered:
+        entry.job.state = zone_pb2.JOB_CANCELLED  # cancelled while the probes were out
+        return _leases("a2")
+
+    moved, driver = _move(core, "a0", old.subjob_id, gather)
+
+    assert not moved
+    assert driver.requests[1:] == [RunInstructions((Release(("lease-a2",)),))]
+    assert entry.current() == [old]  # no copy journaled
+    assert core.readdressing == set()
+
+
+def test_a_move_stopped_early_is_over_for_the_core() -> None:
+    core = _core()
+    _, old = _running_on(core, "a0")
+    steps = readdress_steps(core, "a0", old.subjob_id, lease_ttl_seconds=5.0, clock=lambda: NOW)
+    assert isinstance(next(steps), GatherLeases)
+    assert core.readdressing == {old.subjob_id}  # a second ask waits for this move
+    steps.close()  # the driver's task was cancelled
+    assert core.readdressing == set()
