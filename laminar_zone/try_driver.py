@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -131,16 +131,18 @@ class TryDriver:
                             await self.state._run(instructions)
                         case DoInstructions(instructions):
                             self.state._do(instructions)
-                        case GatherLeases(entry, plan):
-                            answer = await self._gather(entry, plan)
-                        case CommitMembers(entry, placements, leases):
-                            answer = await self._commit(entry, placements, leases)
+                        case GatherLeases(entry, plan, exclude):
+                            answer = await self._gather(entry, plan, exclude)
+                        case CommitMembers(entry, placements, leases, env):
+                            answer = await self._commit(entry, placements, leases, env)
                         case _:
                             raise AssertionError(f"a try step the router does not know: {step}")
             finally:
                 steps.close()
 
-    async def _gather(self, entry: Entry, plan: TryPlan) -> Gathered:
+    async def _gather(
+        self, entry: Entry, plan: TryPlan, exclude: frozenset[str] = frozenset()
+    ) -> Gathered:
         """Probe for the try's leases (Placer.gather), the commit on probe journaled first."""
         job = entry.job
         ask = Ask(
@@ -153,7 +155,7 @@ class TryDriver:
         )
         hook = _ProbeCommit(self.state, entry) if plan.commit_on_probe else None
         got = await self.state.placer.gather(
-            ask, lease_ttl_seconds=plan.lease_ttl_seconds, commit=hook
+            ask, exclude=set(exclude) or None, lease_ttl_seconds=plan.lease_ttl_seconds, commit=hook
         )
         reply = got.committed
         return Gathered(
@@ -178,11 +180,12 @@ class TryDriver:
         entry: Entry,
         placements: Sequence[zone_pb2.Placement],
         leases: Sequence[tuple[AgentRecord, agent_pb2.Lease]],
+        env: Mapping[str, str] | None = None,
     ) -> list[Failure | None]:
         """Commit every member at once; each failure as the core reads it."""
         outcomes = await asyncio.gather(
             *(
-                self.commit_placement(entry, placement, lease)
+                self.commit_placement(entry, placement, lease, dict(env or {}))
                 for placement, (_, lease) in zip(placements, leases, strict=True)
             ),
             return_exceptions=True,
