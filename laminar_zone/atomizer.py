@@ -229,6 +229,29 @@ def piece_end(p: zone_pb2.Placement) -> PieceEnd:
     )
 
 
+def broken_gang_pieces(
+    placements: Iterable[zone_pb2.Placement],
+) -> list[tuple[zone_pb2.Placement, list[zone_pb2.Placement]]]:
+    """A gang's pieces with a member that ended other than successfully while siblings
+    still run: (that member, its live siblings). A piece is its run of placements from a
+    ``member == 0`` on (its members are added together, rank 0 first); a member still
+    committing is not yet a survivor. From the placements alone, so a restart finds them."""
+    pieces: list[list[zone_pb2.Placement]] = []
+    for p in placements:
+        if p.member == 0 or not pieces:
+            pieces.append([])
+        pieces[-1].append(p)
+    out = []
+    for piece in pieces:
+        ended = next(
+            (p for p in piece if p.state in ENDED and p.state != common_pb2.SUCCEEDED), None
+        )
+        survivors = [p for p in piece if p.state in LIVE and p.reason != COMMITTING]
+        if ended is not None and survivors:
+            out.append((ended, survivors))
+    return out
+
+
 def units_done(job: zone_pb2.Job) -> int:
     """The next unit to do: the furthest any ended subjob's checkpoint reached."""
     return max(
@@ -373,17 +396,18 @@ class Atomizer:
             return
         if any(p.state in LIVE and p.reason == COMMITTING for p in job.placements):
             return
-        broken: list[zone_pb2.Placement] = []
         for p in job.placements:
             if p.state in ENDED and p.subjob_id not in atom.observed:
-                if p.state != common_pb2.SUCCEEDED:
-                    broken.append(p)
                 failure = self._observe(job, atom, p, replay=False)
                 if failure:
                     self.zone.finish(entry, zone_pb2.JOB_FAILED, failure)
                     return
-        if broken and atom.members > 1:
-            self._stop_siblings(entry, broken[0])
+        if atom.members > 1:
+            # From the placements' states, not from the ends observed just now: after a
+            # restart every ended member is replayed as observed, and a survivor whose
+            # sibling ended before the stop was sent must still be stopped.
+            for ended, survivors in broken_gang_pieces(job.placements):
+                self._stop_siblings(entry, ended, survivors)
         # A piece declared lost and observed as such may report its true end later (a
         # checkpoint it did reach): the placements say how far the job really is.
         atom.next_unit = max(atom.next_unit, units_done(job))
@@ -418,16 +442,15 @@ class Atomizer:
         job.state = zone_pb2.QUEUED
         set_reason(job, Reason.WINDOW, f"waiting for a window; {done} of {total} units done")
 
-    def _stop_siblings(self, entry: Entry, ended: zone_pb2.Placement) -> None:
+    def _stop_siblings(
+        self, entry: Entry, ended: zone_pb2.Placement, survivors: Iterable[zone_pb2.Placement]
+    ) -> None:
         """A gang member ended before its piece did (killed for memory, failed, lost): its
         live siblings stop (``GANG_STOPPED``: free and unobserved, :mod:`laminar_zone.atoms`),
-        so the whole piece ends and the job bids again from the gang's checkpoint."""
-        for p in entry.job.placements:
-            if (
-                p.state in LIVE
-                and p.unit_start == ended.unit_start
-                and p.subjob_id not in self._overrunning
-            ):
+        each once, so the whole piece ends and the job bids again from the gang's
+        checkpoint."""
+        for p in survivors:
+            if p.subjob_id not in self._overrunning:
                 why = f"gang member {ended.member} ({ended.subjob_id}) ended: {ended.reason}"
                 p.reason = why
                 self._overrunning.add(p.subjob_id)

@@ -9,6 +9,7 @@ cannot make happen on cue.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -75,6 +76,12 @@ class _Zone:
         self.finished: list[str] = []
         self.market: Atomizer | None = None
         self.entries: dict[str, Entry] = {}
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.tasks.append(task)
+        return task
 
     def track(self, entry: Entry, agent_id: str) -> None:
         pass
@@ -211,3 +218,26 @@ def test_a_gang_piece_past_its_window_overruns_once() -> None:
     assert second.reason.startswith(f"gang member 0 ({first.subjob_id}) overran:")
     asyncio.run(zone.market.enforce_windows())  # asked once
     assert len(zone.stops) == 2
+
+
+def test_after_a_restart_a_survivor_of_a_broken_gang_piece_is_stopped() -> None:
+    """Member 1 was killed and the router went down before it stopped member 0: the
+    rebuilt market replays member 1's end as observed, and still stops member 0 (all or
+    nothing), once."""
+    zone, entry, started = _start({"a": "start", "b": "start"})
+    assert started
+    first, second = entry.job.placements
+    second.state, second.end_cause = common_pb2.KILLED, common_pb2.END_CAUSE_RECLAIMED
+    second.reason = "killed for memory"
+
+    async def restart() -> None:
+        market = Atomizer(cast(Any, zone))  # a new router process: nothing in memory
+        zone.market = market
+        market.admit(entry.job)
+        market.evaluate(entry)
+        market.evaluate(entry)  # asked once
+        await asyncio.gather(*zone.tasks)
+
+    asyncio.run(restart())
+    assert zone.stops == [(first.subjob_id, EndCause.GANG_STOPPED)]
+    assert first.reason.startswith(f"gang member 1 ({second.subjob_id}) ended")
