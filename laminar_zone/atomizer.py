@@ -54,6 +54,7 @@ from laminar_zone.atoms import (
     Running,
     complete_phases,
     decide_at,
+    gang_member_cause,
     market_work,
     window_end_at,
 )
@@ -1301,12 +1302,11 @@ class Atomizer:
                         f"{OVERRAN} window ended at {p.window_end_unix:.0f} "
                         f"({now_unix - p.window_end_unix:.1f} s ago, grace {grace:g} s)"
                     )
-                    cause = EndCause.OVERRAN
-                    if overran is not None and overran.unit_start == p.unit_start:
-                        cause = EndCause.GANG_STOPPED
+                    if overran is None or overran.unit_start != p.unit_start:
+                        overran = p  # the piece's overrun: this member carries it
+                    cause = gang_member_cause(EndCause.OVERRAN, p.member, overran.member)
+                    if cause is not EndCause.OVERRAN:
                         why = f"gang member {overran.member} ({overran.subjob_id}) {why}"
-                    else:
-                        overran = p
                     p.reason = why
                     self._overrunning.add(p.subjob_id)
                     live.add(p.subjob_id)

@@ -140,6 +140,17 @@ def window_end_at(now: float, length_seconds: float) -> float:
     return now + length_seconds if math.isfinite(length_seconds) else 0.0
 
 
+def gang_member_cause(cause: EndCause, member: int, carrier: int = 0) -> EndCause:
+    """How member ``member`` of a gang's piece that ended with ``cause`` reports its end,
+    the router's and the simulator's: a violation (killed for memory, stopped past its
+    window: a cause that widens the profile) is the piece's, once, so only ``carrier`` (the
+    member killed, or the first stopped) ends with it and its siblings ``GANG_STOPPED``
+    (free, unobserved); any other cause is every member's."""
+    if member != carrier and widens_profile(cause):
+        return EndCause.GANG_STOPPED
+    return cause
+
+
 def decide_at(window_end: float, checkpoint_seconds: float, round_seconds: float = 0.0) -> float:
     """When a running piece's slice is offered again as a held window: a checkpoint's length
     (at least two rounds) before its window ends, so a stop still checkpoints in time."""
