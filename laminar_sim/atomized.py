@@ -1157,6 +1157,7 @@ class MigReplay:
                     done,
                     length,  # the process's run, as its agent reports it
                     float(member.peak),
+                    i,
                 )
             )
             if got.violation is not None:

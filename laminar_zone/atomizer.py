@@ -227,6 +227,7 @@ def piece_end(p: zone_pb2.Placement) -> PieceEnd:
         p.units_done,
         p.run_seconds,
         float(p.peak_gpu_memory_bytes),
+        p.member,
     )
 
 

@@ -92,6 +92,9 @@ class PieceEnd:
     #: peak GPU memory (0: not known).
     run_seconds: float = 0.0
     peak_bytes: float = 0.0
+    #: Its rank in a gang's piece (0 for a single piece): the members share one progress
+    #: file and one pace, so only member 0's end is the piece's speed and observation.
+    member: int = 0
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,8 @@ class AtomState:
     #: A gang's members (> 1): each piece is that many member pieces, on one slice each,
     #: started, extended and stopped together (one speed, a peak per member); each member's
     #: end is weighed as a piece's (:meth:`piece_ended`), a sibling stopped by a member's
-    #: kill (``GANG_STOPPED``) free and unobserved.
+    #: kill (``GANG_STOPPED``) free and unobserved; a finished or stopped piece is one
+    #: observation of its speed (member 0's end), a peak per member.
     members: int = 1
     #: Per phase: the believed profile and the calibrator version it was computed at.
     _believed: dict[
@@ -307,6 +311,12 @@ class AtomState:
         if end.units_done > 0 and (
             end.state == common_pb2.SUCCEEDED or (stopped and end.peak_bytes > 0)
         ):
+            if end.member > 0:
+                # The piece's pace and its observation are member 0's: N members would be N
+                # correlated samples of one run. Each member's own peak is still learned.
+                if end.peak_bytes > 0:
+                    calibrator.observe_memory(end.peak_bytes)
+                return Observed()
             declared = calibrator.declared.peak_memory_bytes.value_at(1.0 - self.contract.epsilon)
             per_unit = end.run_seconds / end.units_done
             exceeded = calibrator.observe(per_unit, end.peak_bytes or declared, judged=not stopped)

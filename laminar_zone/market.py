@@ -873,6 +873,16 @@ class Calibrator:
         self.widen_time = self.widen_memory = 1.0  # real figures are in the ratios now
         return overran
 
+    def observe_memory(self, peak_memory_bytes: float) -> None:
+        """A peak without a speed of its own: a gang member beside the one whose end
+        stands for the piece's pace (its members share one progress file, so their times
+        are one sample, not several). Learned, not counted as an observation."""
+        q = 1.0 - self.epsilon
+        base_memory = max(self.declared.peak_memory_bytes.value_at(q), 1e-12)
+        self.memory_ratios.append(peak_memory_bytes / base_memory)
+        del self.memory_ratios[:-POOL_RATIOS]
+        self.widen_memory = 1.0  # a real figure is in the ratios now
+
     def overran(self, factor: float = 1.5, *, time: bool = True, memory: bool = True) -> None:
         """A subjob ran out of its window (``time``) or its memory (``memory``) and restarts
         from its checkpoint: widen that prediction at once, until real figures are observed.

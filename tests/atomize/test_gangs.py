@@ -168,6 +168,30 @@ def test_a_members_memory_kill_is_one_violation_and_its_siblings_are_free() -> N
     assert atom.calibrators[0].widen_memory > 1.0
 
 
+def test_a_gang_piece_is_one_observation_of_its_speed_and_a_peak_per_member() -> None:
+    """Its members share one progress file and one pace: N ends of one piece are one
+    sample of its speed (else min_samples is reached after 19 / N pieces and the coverage
+    overstated), while each member's own peak is learned."""
+    c = contract_from(
+        total_units=40,
+        seconds_per_unit=[(0.5, 60.0), (1.0, 66.0)],
+        peak_memory_bytes=[(0.5, 8.0 * GIB), (1.0, 10.0 * GIB)],
+    )
+    atom = AtomState.of(c, members=3)
+    peaks = [9.0 * GIB, 7.0 * GIB, 8.0 * GIB]
+    got = [
+        atom.piece_ended(
+            PieceEnd(f"g/s0m{i}", common_pb2.SUCCEEDED, EndCause.EXITED, 0, 10, 620.0, peak, i)
+        )
+        for i, peak in enumerate(peaks)
+    ]
+    assert [g.observed for g in got] == [True, False, False]
+    calibrator = atom.calibrators[0]
+    assert calibrator.observed == 1 and len(calibrator.time_ratios) == 1
+    assert len(calibrator.memory_ratios) == 3
+    assert atom.next_unit == 10
+
+
 @st.composite
 def rounds(draw: st.DrawFn) -> tuple[list[Bid], list[MarketWindow]]:
     n_windows = draw(st.integers(1, 8))
