@@ -101,6 +101,12 @@ class Zone(Protocol):
     blocked_starts: dict[str, tuple[int, float]]
     heartbeat_seconds: float
 
+    @property
+    def unconfirmed(self) -> dict[str, set[str]]:
+        """Agent id -> jobs with a commit of unknown outcome there (asked at its next
+        heartbeat: laminar_zone.trying.confirm_steps)."""
+        ...
+
     def apply_start_reply(
         self, placement: zone_pb2.Placement, subjob: common_pb2.Subjob
     ) -> bool: ...
@@ -1137,10 +1143,11 @@ class Atomizer:
             self.zone.track(entry, agent_id)
         self.zone.save(entry)
         entry.placing = True
+        unanswered: set[str] = set()
         try:
             outcomes = await asyncio.gather(
                 *(
-                    self._commit_member(entry, p, w, address, expected, size)
+                    self._commit_member(entry, p, w, address, expected, size, unanswered)
                     for p, w, address in members
                 )
             )
@@ -1166,7 +1173,9 @@ class Atomizer:
                 bid.feasibility,
                 score,
             )
-        elif all(p.state == common_pb2.STARTING and p.reason == COMMITTING for p, _, _ in members):
+        elif not unanswered and all(
+            p.state == common_pb2.STARTING and p.reason == COMMITTING for p, _, _ in members
+        ):
             # Every window was gone (each member bounced): those subjobs never existed.
             del job.placements[-size:]
             job.state = zone_pb2.QUEUED
@@ -1177,7 +1186,7 @@ class Atomizer:
                 "waiting for the next",
             )
         elif size > 1:
-            await self._roll_back(entry, members, outcomes)
+            await self._roll_back(entry, members, outcomes, unanswered)
         self.zone.evaluate(entry)
         self.zone.save(entry)
         return started
@@ -1190,11 +1199,15 @@ class Atomizer:
         address: str,
         expected_seconds: float,
         size: int,
+        unanswered: set[str],
     ) -> str:
         """Commit one member of a piece on its window's slice through the agent's probe
-        (commit-if-fits). Returns "" when it started, else why not; a member whose commit
-        went unanswered is recorded ended (``COMMIT_UNCONFIRMED``), one that bounced is left
-        ``COMMITTING`` for the caller."""
+        (commit-if-fits). Returns "" when it started, else why not; one that bounced is left
+        ``COMMITTING`` for the caller. A single piece whose commit went unanswered is
+        recorded ended (``COMMIT_UNCONFIRMED``); a gang's member so is left live and
+        ``COMMITTING`` (added to ``unanswered``): a commit of unknown outcome, which its
+        agent is asked about at its next heartbeat (``ZoneCore.confirmed``), so the job does
+        not bid again while it may run beside a new piece."""
         job = entry.job
         # The agent keeps LAMINAR_* for itself: a member learns its place as torch.distributed
         # does (RANK of WORLD_SIZE).
@@ -1222,6 +1235,10 @@ class Atomizer:
             )
         except grpc.aio.AioRpcError as exc:
             why = f"commit unconfirmed: {exc.code().name}: {exc.details()}"
+            if size > 1:
+                unanswered.add(placement.subjob_id)
+                self.zone.unconfirmed.setdefault(placement.agent_id, set()).add(job.job_id)
+                return why
             placement.state = common_pb2.FAILED
             placement.end_cause = EndCause.COMMIT_UNCONFIRMED.wire
             placement.reason = why
@@ -1238,12 +1255,14 @@ class Atomizer:
         entry: Entry,
         members: list[tuple[zone_pb2.Placement, common_pb2.Window, str]],
         outcomes: list[str],
+        unanswered: set[str],
     ) -> None:
         """A gang's piece did not start on every member: nothing of it runs. A member that
         started is stopped (``COMMIT_FAILED``: free, its profile left alone; the job is not
         placed again before its end is reported, so no member runs twice), one whose commit
-        went unanswered is asked to stop too (it may have started), one that bounced is
-        recorded as never started. The job bids again once they all ended."""
+        went unanswered is asked to stop too (it may have started) and stays live until its
+        agent confirms it or reports its end, one that bounced is recorded as never
+        started. The job bids again once they all ended (:meth:`evaluate`)."""
         job = entry.job
         why = "; ".join(o for o in outcomes if o)
         log.warning(
@@ -1254,7 +1273,8 @@ class Atomizer:
         )
         stops: list[zone_pb2.Placement] = []
         for p, _, _ in members:
-            if p.state in LIVE and p.reason == COMMITTING:  # bounced: it never ran
+            bounced = p.reason == COMMITTING and p.subjob_id not in unanswered
+            if p.state in LIVE and bounced:  # it never ran
                 p.state = common_pb2.KILLED
                 p.end_cause = EndCause.COMMIT_FAILED.wire
                 p.reason = f"gang rollback: never started ({why})"
@@ -1262,8 +1282,14 @@ class Atomizer:
             elif p.subjob_id not in self._overrunning:
                 stops.append(p)
                 self._overrunning.add(p.subjob_id)
-        job.state = zone_pb2.QUEUED
-        set_reason(job, Reason.WINDOW, f"gang rollback: {why}; bidding again")
+        # Not QUEUED: the job bids again once every stopped member's end is known
+        # (evaluate); one whose commit is unconfirmed keeps it from bidding meanwhile.
+        job.state = zone_pb2.PENDING
+        set_reason(
+            job,
+            Reason.PLACING,
+            f"gang rollback: {why}; stopping {len(stops)} member(s), then bidding again",
+        )
         self.zone.save(entry)
         await asyncio.gather(
             *(
