@@ -837,8 +837,9 @@ class Atomizer:
             if isinstance(decision, Extend):
                 kept = decision.award
                 length = kept.bid.window.length_seconds
+                window_end = window_end_at(rnd.now_unix, length)
                 for member in members:
-                    rnd.held[member][1].window_end_unix = window_end_at(rnd.now_unix, length)
+                    rnd.held[member][1].window_end_unix = window_end
                 self.zone.save(entry)
                 self.zone.metrics.window_extensions.inc()
                 log.info(
@@ -1112,6 +1113,7 @@ class Atomizer:
         won = [by_key[w.key] for w in award.windows]
         size = len(won)
         members: list[tuple[zone_pb2.Placement, common_pb2.Window, str]] = []
+        window_end = window_end_at(time.time(), length)  # one end for every member
         for i, (w, address, _) in enumerate(won):
             self._claimed[(w.agent_id, w.slice_id)] = (
                 time.monotonic() + 2 * self.zone.heartbeat_seconds
@@ -1127,7 +1129,7 @@ class Atomizer:
                 member=i,
                 unit_start=bid.unit_start,
                 unit_count=count,
-                window_end_unix=window_end_at(time.time(), length),
+                window_end_unix=window_end,
                 resources=_resources(w, min(w.memory_bytes, plan.memory_bytes)),
             )
             members.append((placement, w, address))

@@ -167,6 +167,9 @@ def test_a_gang_starts_one_member_per_window_with_its_rank() -> None:
     assert sorted(e["RANK"] for e in envs) == ["0", "1"]
     assert {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert all(p.unit_start == 0 and p.unit_count == 100 for p in members)
+    # One window for the piece: every member's ends at the same instant (due together).
+    assert members[0].window_end_unix > 0
+    assert len({p.window_end_unix for p in members}) == 1
     assert entry.job.state == zone_pb2.JOB_RUNNING
 
 
