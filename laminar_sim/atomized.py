@@ -84,7 +84,8 @@ slice (a blocked rigid job's expected start). Then it checkpoints the units done
 at its window's end, ``PREEMPTED`` as the router stops it: free, what it measured observed.
 Without incumbency (``--no-incumbency``) a piece runs its bid's units only, and one still
 running at its window's end is stopped ``OVERRAN``, as the router's window enforcement
-stops it. What an ended piece means for its job is the router's own
+stops it (a gang's piece once: one member ``OVERRAN``, its siblings ``GANG_STOPPED``,
+:func:`~laminar_zone.atoms.gang_member_cause`). What an ended piece means for its job is the router's own
 :meth:`~laminar_zone.atoms.AtomState.piece_ended`: violations, one per piece at most, are
 a piece killed by a peak above its slice (**memory**: the work since the piece started is
 lost, its calibrator widens memory) and a piece that overran its window (**time**: its
@@ -141,6 +142,7 @@ from laminar_zone.atoms import (
     PieceEnd,
     Running,
     decide_at,
+    gang_member_cause,
     market_work,
     window_end_at,
 )
@@ -1142,10 +1144,10 @@ class MigReplay:
             if done:
                 state.done.append((piece.unit_start, done))
         for i, member in enumerate(piece.members):
-            member_cause = cause
-            if cause is EndCause.RECLAIMED and i != piece.killed_member:
-                member_cause = EndCause.GANG_STOPPED  # stopped with its killed sibling
-                member.placement.end_cause = member_cause.wire
+            # A kill or an overrun is the piece's once: its siblings stop with it.
+            carrier = piece.killed_member if cause is EndCause.RECLAIMED else 0
+            member_cause = gang_member_cause(cause, i, carrier)
+            member.placement.end_cause = member_cause.wire
             got = atom.piece_ended(
                 PieceEnd(
                     member.subjob_id,
@@ -1155,6 +1157,7 @@ class MigReplay:
                     done,
                     length,  # the process's run, as its agent reports it
                     float(member.peak),
+                    i,
                 )
             )
             if got.violation is not None:

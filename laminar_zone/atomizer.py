@@ -54,6 +54,7 @@ from laminar_zone.atoms import (
     Running,
     complete_phases,
     decide_at,
+    gang_member_cause,
     market_work,
     window_end_at,
 )
@@ -99,6 +100,12 @@ class Zone(Protocol):
     quotas: dict[str, Quota]
     blocked_starts: dict[str, tuple[int, float]]
     heartbeat_seconds: float
+
+    @property
+    def unconfirmed(self) -> dict[str, set[str]]:
+        """Agent id -> jobs with a commit of unknown outcome there (asked at its next
+        heartbeat: laminar_zone.trying.confirm_steps)."""
+        ...
 
     def apply_start_reply(
         self, placement: zone_pb2.Placement, subjob: common_pb2.Subjob
@@ -226,7 +233,31 @@ def piece_end(p: zone_pb2.Placement) -> PieceEnd:
         p.units_done,
         p.run_seconds,
         float(p.peak_gpu_memory_bytes),
+        p.member,
     )
+
+
+def broken_gang_pieces(
+    placements: Iterable[zone_pb2.Placement],
+) -> list[tuple[zone_pb2.Placement, list[zone_pb2.Placement]]]:
+    """A gang's pieces with a member that ended other than successfully while siblings
+    still run: (that member, its live siblings). A piece is its run of placements from a
+    ``member == 0`` on (its members are added together, rank 0 first); a member still
+    committing is not yet a survivor. From the placements alone, so a restart finds them."""
+    pieces: list[list[zone_pb2.Placement]] = []
+    for p in placements:
+        if p.member == 0 or not pieces:
+            pieces.append([])
+        pieces[-1].append(p)
+    out = []
+    for piece in pieces:
+        ended = next(
+            (p for p in piece if p.state in ENDED and p.state != common_pb2.SUCCEEDED), None
+        )
+        survivors = [p for p in piece if p.state in LIVE and p.reason != COMMITTING]
+        if ended is not None and survivors:
+            out.append((ended, survivors))
+    return out
 
 
 def units_done(job: zone_pb2.Job) -> int:
@@ -373,17 +404,18 @@ class Atomizer:
             return
         if any(p.state in LIVE and p.reason == COMMITTING for p in job.placements):
             return
-        broken: list[zone_pb2.Placement] = []
         for p in job.placements:
             if p.state in ENDED and p.subjob_id not in atom.observed:
-                if p.state != common_pb2.SUCCEEDED:
-                    broken.append(p)
                 failure = self._observe(job, atom, p, replay=False)
                 if failure:
                     self.zone.finish(entry, zone_pb2.JOB_FAILED, failure)
                     return
-        if broken and atom.members > 1:
-            self._stop_siblings(entry, broken[0])
+        if atom.members > 1:
+            # From the placements' states, not from the ends observed just now: after a
+            # restart every ended member is replayed as observed, and a survivor whose
+            # sibling ended before the stop was sent must still be stopped.
+            for ended, survivors in broken_gang_pieces(job.placements):
+                self._stop_siblings(entry, ended, survivors)
         # A piece declared lost and observed as such may report its true end later (a
         # checkpoint it did reach): the placements say how far the job really is.
         atom.next_unit = max(atom.next_unit, units_done(job))
@@ -418,16 +450,15 @@ class Atomizer:
         job.state = zone_pb2.QUEUED
         set_reason(job, Reason.WINDOW, f"waiting for a window; {done} of {total} units done")
 
-    def _stop_siblings(self, entry: Entry, ended: zone_pb2.Placement) -> None:
+    def _stop_siblings(
+        self, entry: Entry, ended: zone_pb2.Placement, survivors: Iterable[zone_pb2.Placement]
+    ) -> None:
         """A gang member ended before its piece did (killed for memory, failed, lost): its
         live siblings stop (``GANG_STOPPED``: free and unobserved, :mod:`laminar_zone.atoms`),
-        so the whole piece ends and the job bids again from the gang's checkpoint."""
-        for p in entry.job.placements:
-            if (
-                p.state in LIVE
-                and p.unit_start == ended.unit_start
-                and p.subjob_id not in self._overrunning
-            ):
+        each once, so the whole piece ends and the job bids again from the gang's
+        checkpoint."""
+        for p in survivors:
+            if p.subjob_id not in self._overrunning:
                 why = f"gang member {ended.member} ({ended.subjob_id}) ended: {ended.reason}"
                 p.reason = why
                 self._overrunning.add(p.subjob_id)
@@ -806,8 +837,9 @@ class Atomizer:
             if isinstance(decision, Extend):
                 kept = decision.award
                 length = kept.bid.window.length_seconds
+                window_end = window_end_at(rnd.now_unix, length)
                 for member in members:
-                    rnd.held[member][1].window_end_unix = window_end_at(rnd.now_unix, length)
+                    rnd.held[member][1].window_end_unix = window_end
                 self.zone.save(entry)
                 self.zone.metrics.window_extensions.inc()
                 log.info(
@@ -1081,6 +1113,7 @@ class Atomizer:
         won = [by_key[w.key] for w in award.windows]
         size = len(won)
         members: list[tuple[zone_pb2.Placement, common_pb2.Window, str]] = []
+        window_end = window_end_at(time.time(), length)  # one end for every member
         for i, (w, address, _) in enumerate(won):
             self._claimed[(w.agent_id, w.slice_id)] = (
                 time.monotonic() + 2 * self.zone.heartbeat_seconds
@@ -1096,7 +1129,7 @@ class Atomizer:
                 member=i,
                 unit_start=bid.unit_start,
                 unit_count=count,
-                window_end_unix=window_end_at(time.time(), length),
+                window_end_unix=window_end,
                 resources=_resources(w, min(w.memory_bytes, plan.memory_bytes)),
             )
             members.append((placement, w, address))
@@ -1112,10 +1145,11 @@ class Atomizer:
             self.zone.track(entry, agent_id)
         self.zone.save(entry)
         entry.placing = True
+        unanswered: set[str] = set()
         try:
             outcomes = await asyncio.gather(
                 *(
-                    self._commit_member(entry, p, w, address, expected, size)
+                    self._commit_member(entry, p, w, address, expected, size, unanswered)
                     for p, w, address in members
                 )
             )
@@ -1141,7 +1175,9 @@ class Atomizer:
                 bid.feasibility,
                 score,
             )
-        elif all(p.state == common_pb2.STARTING and p.reason == COMMITTING for p, _, _ in members):
+        elif not unanswered and all(
+            p.state == common_pb2.STARTING and p.reason == COMMITTING for p, _, _ in members
+        ):
             # Every window was gone (each member bounced): those subjobs never existed.
             del job.placements[-size:]
             job.state = zone_pb2.QUEUED
@@ -1152,7 +1188,7 @@ class Atomizer:
                 "waiting for the next",
             )
         elif size > 1:
-            await self._roll_back(entry, members, outcomes)
+            await self._roll_back(entry, members, outcomes, unanswered)
         self.zone.evaluate(entry)
         self.zone.save(entry)
         return started
@@ -1165,11 +1201,15 @@ class Atomizer:
         address: str,
         expected_seconds: float,
         size: int,
+        unanswered: set[str],
     ) -> str:
         """Commit one member of a piece on its window's slice through the agent's probe
-        (commit-if-fits). Returns "" when it started, else why not; a member whose commit
-        went unanswered is recorded ended (``COMMIT_UNCONFIRMED``), one that bounced is left
-        ``COMMITTING`` for the caller."""
+        (commit-if-fits). Returns "" when it started, else why not; one that bounced is left
+        ``COMMITTING`` for the caller. A single piece whose commit went unanswered is
+        recorded ended (``COMMIT_UNCONFIRMED``); a gang's member so is left live and
+        ``COMMITTING`` (added to ``unanswered``): a commit of unknown outcome, which its
+        agent is asked about at its next heartbeat (``ZoneCore.confirmed``), so the job does
+        not bid again while it may run beside a new piece."""
         job = entry.job
         # The agent keeps LAMINAR_* for itself: a member learns its place as torch.distributed
         # does (RANK of WORLD_SIZE).
@@ -1197,6 +1237,10 @@ class Atomizer:
             )
         except grpc.aio.AioRpcError as exc:
             why = f"commit unconfirmed: {exc.code().name}: {exc.details()}"
+            if size > 1:
+                unanswered.add(placement.subjob_id)
+                self.zone.unconfirmed.setdefault(placement.agent_id, set()).add(job.job_id)
+                return why
             placement.state = common_pb2.FAILED
             placement.end_cause = EndCause.COMMIT_UNCONFIRMED.wire
             placement.reason = why
@@ -1213,12 +1257,14 @@ class Atomizer:
         entry: Entry,
         members: list[tuple[zone_pb2.Placement, common_pb2.Window, str]],
         outcomes: list[str],
+        unanswered: set[str],
     ) -> None:
         """A gang's piece did not start on every member: nothing of it runs. A member that
         started is stopped (``COMMIT_FAILED``: free, its profile left alone; the job is not
         placed again before its end is reported, so no member runs twice), one whose commit
-        went unanswered is asked to stop too (it may have started), one that bounced is
-        recorded as never started. The job bids again once they all ended."""
+        went unanswered is asked to stop too (it may have started) and stays live until its
+        agent confirms it or reports its end, one that bounced is recorded as never
+        started. The job bids again once they all ended (:meth:`evaluate`)."""
         job = entry.job
         why = "; ".join(o for o in outcomes if o)
         log.warning(
@@ -1229,7 +1275,8 @@ class Atomizer:
         )
         stops: list[zone_pb2.Placement] = []
         for p, _, _ in members:
-            if p.state in LIVE and p.reason == COMMITTING:  # bounced: it never ran
+            bounced = p.reason == COMMITTING and p.subjob_id not in unanswered
+            if p.state in LIVE and bounced:  # it never ran
                 p.state = common_pb2.KILLED
                 p.end_cause = EndCause.COMMIT_FAILED.wire
                 p.reason = f"gang rollback: never started ({why})"
@@ -1237,8 +1284,14 @@ class Atomizer:
             elif p.subjob_id not in self._overrunning:
                 stops.append(p)
                 self._overrunning.add(p.subjob_id)
-        job.state = zone_pb2.QUEUED
-        set_reason(job, Reason.WINDOW, f"gang rollback: {why}; bidding again")
+        # Not QUEUED: the job bids again once every stopped member's end is known
+        # (evaluate); one whose commit is unconfirmed keeps it from bidding meanwhile.
+        job.state = zone_pb2.PENDING
+        set_reason(
+            job,
+            Reason.PLACING,
+            f"gang rollback: {why}; stopping {len(stops)} member(s), then bidding again",
+        )
         self.zone.save(entry)
         await asyncio.gather(
             *(
@@ -1278,12 +1331,11 @@ class Atomizer:
                         f"{OVERRAN} window ended at {p.window_end_unix:.0f} "
                         f"({now_unix - p.window_end_unix:.1f} s ago, grace {grace:g} s)"
                     )
-                    cause = EndCause.OVERRAN
-                    if overran is not None and overran.unit_start == p.unit_start:
-                        cause = EndCause.GANG_STOPPED
+                    if overran is None or overran.unit_start != p.unit_start:
+                        overran = p  # the piece's overrun: this member carries it
+                    cause = gang_member_cause(EndCause.OVERRAN, p.member, overran.member)
+                    if cause is not EndCause.OVERRAN:
                         why = f"gang member {overran.member} ({overran.subjob_id}) {why}"
-                    else:
-                        overran = p
                     p.reason = why
                     self._overrunning.add(p.subjob_id)
                     live.add(p.subjob_id)

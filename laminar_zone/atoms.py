@@ -92,6 +92,9 @@ class PieceEnd:
     #: peak GPU memory (0: not known).
     run_seconds: float = 0.0
     peak_bytes: float = 0.0
+    #: Its rank in a gang's piece (0 for a single piece): the members share one progress
+    #: file and one pace, so only member 0's end is the piece's speed and observation.
+    member: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,17 @@ def window_end_at(now: float, length_seconds: float) -> float:
     return now + length_seconds if math.isfinite(length_seconds) else 0.0
 
 
+def gang_member_cause(cause: EndCause, member: int, carrier: int = 0) -> EndCause:
+    """How member ``member`` of a gang's piece that ended with ``cause`` reports its end,
+    the router's and the simulator's: a violation (killed for memory, stopped past its
+    window: a cause that widens the profile) is the piece's, once, so only ``carrier`` (the
+    member killed, or the first stopped) ends with it and its siblings ``GANG_STOPPED``
+    (free, unobserved); any other cause is every member's."""
+    if member != carrier and widens_profile(cause):
+        return EndCause.GANG_STOPPED
+    return cause
+
+
 def decide_at(window_end: float, checkpoint_seconds: float, round_seconds: float = 0.0) -> float:
     """When a running piece's slice is offered again as a held window: a checkpoint's length
     (at least two rounds) before its window ends, so a stop still checkpoints in time."""
@@ -165,7 +179,8 @@ class AtomState:
     #: A gang's members (> 1): each piece is that many member pieces, on one slice each,
     #: started, extended and stopped together (one speed, a peak per member); each member's
     #: end is weighed as a piece's (:meth:`piece_ended`), a sibling stopped by a member's
-    #: kill (``GANG_STOPPED``) free and unobserved.
+    #: kill (``GANG_STOPPED``) free and unobserved; a finished or stopped piece is one
+    #: observation of its speed (member 0's end), a peak per member.
     members: int = 1
     #: Per phase: the believed profile and the calibrator version it was computed at.
     _believed: dict[
@@ -296,6 +311,12 @@ class AtomState:
         if end.units_done > 0 and (
             end.state == common_pb2.SUCCEEDED or (stopped and end.peak_bytes > 0)
         ):
+            if end.member > 0:
+                # The piece's pace and its observation are member 0's: N members would be N
+                # correlated samples of one run. Each member's own peak is still learned.
+                if end.peak_bytes > 0:
+                    calibrator.observe_memory(end.peak_bytes)
+                return Observed()
             declared = calibrator.declared.peak_memory_bytes.value_at(1.0 - self.contract.epsilon)
             per_unit = end.run_seconds / end.units_done
             exceeded = calibrator.observe(per_unit, end.peak_bytes or declared, judged=not stopped)

@@ -687,7 +687,9 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
     extend in place unless a bid of a higher class, or of the same class with a score higher
     by more than ``ctx.hysteresis``, wants it; within a class, bids on free windows go
     before bids on held ones, so a piece is displaced only by work no free window served.
-    An award on a held window to another job means: the piece checkpoints and stops.
+    An award on a held window to another job means: the piece checkpoints and stops. A
+    gang's piece extending in place keeps its set from every bid of its class, a single's
+    as a gang's: one slice taken stops all its members.
 
     A gang's bid (:attr:`Bid.members` > 1) wins, at its turn, that many windows of its pool
     or none (:func:`_gang_windows`): a single ranked below it never takes one of a set it
@@ -698,6 +700,14 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
     # Whose piece holds a window, by class: a gang takes a held window only from a lower
     # class (or from a holder that does not bid to extend: it stops anyway).
     holder_priority = {b.window.held_by: b.priority for b in bids if b.incumbent}
+    # A gang extending in place: no bid of its class or a lower one takes one of its slices
+    # (a single would stop the whole set for a hysteresis-sized gain, as a gang would).
+    gang_holder = {b.window.held_by: b.priority for b in bids if b.incumbent and b.members > 1}
+
+    def kept_from(w: MarketWindow, bid: Bid) -> bool:
+        holder = gang_holder.get(w.held_by) if w.held_by and w.held_by != bid.job_id else None
+        return holder is not None and holder <= bid.priority
+
     heap: list[tuple[int, int, float, str, str, str, int, int, float, Bid]] = []
     for seq, bid in enumerate(bids):
         value = score(bid, policy, context)
@@ -724,7 +734,7 @@ def clear(bids: Iterable[Bid], policy: str, ctx: ClearingContext | None = None) 
             awards.append(Award(replace(bid, window=gang[0], pool=gang), value))
             continue
         pool = bid.pool or (bid.window,)
-        while at < len(pool) and pool[at].key in taken_windows:
+        while at < len(pool) and (pool[at].key in taken_windows or kept_from(pool[at], bid)):
             at += 1
         if at == len(pool):
             continue
@@ -862,6 +872,16 @@ class Calibrator:
             del ratios[:-POOL_RATIOS]
         self.widen_time = self.widen_memory = 1.0  # real figures are in the ratios now
         return overran
+
+    def observe_memory(self, peak_memory_bytes: float) -> None:
+        """A peak without a speed of its own: a gang member beside the one whose end
+        stands for the piece's pace (its members share one progress file, so their times
+        are one sample, not several). Learned, not counted as an observation."""
+        q = 1.0 - self.epsilon
+        base_memory = max(self.declared.peak_memory_bytes.value_at(q), 1e-12)
+        self.memory_ratios.append(peak_memory_bytes / base_memory)
+        del self.memory_ratios[:-POOL_RATIOS]
+        self.widen_memory = 1.0  # a real figure is in the ratios now
 
     def overran(self, factor: float = 1.5, *, time: bool = True, memory: bool = True) -> None:
         """A subjob ran out of its window (``time``) or its memory (``memory``) and restarts

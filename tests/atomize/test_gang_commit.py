@@ -9,6 +9,7 @@ cannot make happen on cue.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -75,6 +76,13 @@ class _Zone:
         self.finished: list[str] = []
         self.market: Atomizer | None = None
         self.entries: dict[str, Entry] = {}
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.unconfirmed: dict[str, set[str]] = {}
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.tasks.append(task)
+        return task
 
     def track(self, entry: Entry, agent_id: str) -> None:
         pass
@@ -159,6 +167,9 @@ def test_a_gang_starts_one_member_per_window_with_its_rank() -> None:
     assert sorted(e["RANK"] for e in envs) == ["0", "1"]
     assert {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert all(p.unit_start == 0 and p.unit_count == 100 for p in members)
+    # One window for the piece: every member's ends at the same instant (due together).
+    assert members[0].window_end_unix > 0
+    assert len({p.window_end_unix for p in members}) == 1
     assert entry.job.state == zone_pb2.JOB_RUNNING
 
 
@@ -171,8 +182,7 @@ def test_a_member_that_does_not_start_rolls_the_started_one_back(other: str) -> 
     expected = [(first.subjob_id, EndCause.COMMIT_FAILED)]
     if other == "unanswered":
         expected.append((second.subjob_id, EndCause.COMMIT_FAILED))
-        assert second.state == common_pb2.FAILED
-        assert second.end_cause == common_pb2.END_CAUSE_COMMIT_UNCONFIRMED
+        assert second.state == common_pb2.STARTING  # live until its agent says
     else:
         assert second.state == common_pb2.KILLED
         assert second.end_cause == common_pb2.END_CAUSE_COMMIT_FAILED
@@ -183,6 +193,16 @@ def test_a_member_that_does_not_start_rolls_the_started_one_back(other: str) -> 
     assert entry.job.state != zone_pb2.QUEUED and entry.job.retries_used == 0
     first.state, first.end_cause = common_pb2.KILLED, common_pb2.END_CAUSE_COMMIT_FAILED
     zone.evaluate(entry)
+    if other == "unanswered":
+        # The unanswered member may run: it stays a commit of unknown outcome, which its
+        # agent is asked about at its next heartbeat, and the job does not bid again.
+        assert entry.job.state != zone_pb2.QUEUED
+        assert zone.unconfirmed == {"b": {"g1"}}
+        # Its agent says it never started it (ZoneCore.confirmed records so).
+        second.state = common_pb2.FAILED
+        second.end_cause = common_pb2.END_CAUSE_COMMIT_UNCONFIRMED
+        second.reason = "commit unconfirmed: the agent never started it"
+        zone.evaluate(entry)
     assert entry.job.state == zone_pb2.QUEUED and not zone.finished
     assert entry.job.retries_used == 0
 
@@ -211,3 +231,26 @@ def test_a_gang_piece_past_its_window_overruns_once() -> None:
     assert second.reason.startswith(f"gang member 0 ({first.subjob_id}) overran:")
     asyncio.run(zone.market.enforce_windows())  # asked once
     assert len(zone.stops) == 2
+
+
+def test_after_a_restart_a_survivor_of_a_broken_gang_piece_is_stopped() -> None:
+    """Member 1 was killed and the router went down before it stopped member 0: the
+    rebuilt market replays member 1's end as observed, and still stops member 0 (all or
+    nothing), once."""
+    zone, entry, started = _start({"a": "start", "b": "start"})
+    assert started
+    first, second = entry.job.placements
+    second.state, second.end_cause = common_pb2.KILLED, common_pb2.END_CAUSE_RECLAIMED
+    second.reason = "killed for memory"
+
+    async def restart() -> None:
+        market = Atomizer(cast(Any, zone))  # a new router process: nothing in memory
+        zone.market = market
+        market.admit(entry.job)
+        market.evaluate(entry)
+        market.evaluate(entry)  # asked once
+        await asyncio.gather(*zone.tasks)
+
+    asyncio.run(restart())
+    assert zone.stops == [(first.subjob_id, EndCause.GANG_STOPPED)]
+    assert first.reason.startswith(f"gang member 1 ({second.subjob_id}) ended")

@@ -103,6 +103,18 @@ def test_a_gang_takes_a_lower_class_holders_slices_but_not_its_own_class() -> No
     assert got == {"low": ["s0", "s1"]}
 
 
+def test_a_same_class_single_never_takes_a_slice_of_an_extending_gang() -> None:
+    """Scored far above the gang (srpt: 1 unit left against 25), a single of the gang's
+    class still does not take one of its slices (it would stop every member); a higher
+    class's single does."""
+    held = [window("s0", held_by="g"), window("s1", held_by="g")]
+    gang = bidder("g", 3, members=2, holds=("h0", "s0"), next_unit=5)
+    assert awards_of([bidder("short", 3, units=1), gang], held) == {"g": ["s0", "s1"]}
+    assert awards_of([bidder("short", 4, units=1), gang], held) == {"g": ["s0", "s1"]}
+    got = awards_of([bidder("urgent", 2, units=1), gang], held)
+    assert got == {"urgent": ["s0"]}  # the gang, one slice short, does not extend
+
+
 def test_the_round_extends_a_gangs_set_together() -> None:
     keys = [("h0", "s0"), ("h1", "s1")]
     rnd = machine(
@@ -156,6 +168,30 @@ def test_a_members_memory_kill_is_one_violation_and_its_siblings_are_free() -> N
     assert atom.calibrators[0].widen_memory > 1.0
 
 
+def test_a_gang_piece_is_one_observation_of_its_speed_and_a_peak_per_member() -> None:
+    """Its members share one progress file and one pace: N ends of one piece are one
+    sample of its speed (else min_samples is reached after 19 / N pieces and the coverage
+    overstated), while each member's own peak is learned."""
+    c = contract_from(
+        total_units=40,
+        seconds_per_unit=[(0.5, 60.0), (1.0, 66.0)],
+        peak_memory_bytes=[(0.5, 8.0 * GIB), (1.0, 10.0 * GIB)],
+    )
+    atom = AtomState.of(c, members=3)
+    peaks = [9.0 * GIB, 7.0 * GIB, 8.0 * GIB]
+    got = [
+        atom.piece_ended(
+            PieceEnd(f"g/s0m{i}", common_pb2.SUCCEEDED, EndCause.EXITED, 0, 10, 620.0, peak, i)
+        )
+        for i, peak in enumerate(peaks)
+    ]
+    assert [g.observed for g in got] == [True, False, False]
+    calibrator = atom.calibrators[0]
+    assert calibrator.observed == 1 and len(calibrator.time_ratios) == 1
+    assert len(calibrator.memory_ratios) == 3
+    assert atom.next_unit == 10
+
+
 @st.composite
 def rounds(draw: st.DrawFn) -> tuple[list[Bid], list[MarketWindow]]:
     n_windows = draw(st.integers(1, 8))
@@ -203,6 +239,7 @@ def test_gangs_get_all_their_windows_or_none_and_no_slice_twice(
     assert all(n == 1 for n in owners.values())  # never two pieces on one slice
     assert len({a.bid.job_id for a in awards}) == len(awards)  # one award per job
     incumbents = {b.window.held_by: b.priority for b in bids if b.incumbent}
+    gangs = {b.window.held_by: b.priority for b in bids if b.incumbent and b.members > 1}
     for a in awards:
         won = a.windows
         assert len(won) == a.bid.members  # never fewer than N, never more
@@ -212,6 +249,9 @@ def test_gangs_get_all_their_windows_or_none_and_no_slice_twice(
             for w in won:  # only a lower class's (or a non-bidding holder's) slice is taken
                 if w.held_by and w.held_by != a.bid.job_id and w.held_by in incumbents:
                     assert incumbents[w.held_by] > a.bid.priority
+        for w in won:  # a single takes an extending gang's slice only from a lower class
+            if w.held_by and w.held_by != a.bid.job_id and w.held_by in gangs:
+                assert gangs[w.held_by] > a.bid.priority
     # All or nothing is not wasteful: a gang that lost had fewer free windows of a family
     # at its turn than members, so whatever its family had left went to others or to no bid.
     for b in bids:

@@ -127,10 +127,11 @@ def test_starved_jobs_rank_above_the_rest_and_the_others_keep_srpt_order(
     for b in starved:
         assert 1.5 <= score(b, "srpt", ctx) < 2.0
         assert all(score(b, "srpt", ctx) > score(o, "srpt", ctx) for o in others)
-    # Among the starved, the more overdue for its size (waited / patience) ranks first.
+    # Among the starved, the more overdue for its size (waited / patience) ranks first
+    # (overdue by more than float resolution: waits one ulp apart score alike).
     for a in starved:
         for b in starved:
-            if a.waited_seconds / patience_seconds(a, ctx) > b.waited_seconds / patience_seconds(
-                b, ctx
-            ):
+            overdue_a = a.waited_seconds / patience_seconds(a, ctx)
+            overdue_b = b.waited_seconds / patience_seconds(b, ctx)
+            if overdue_a > overdue_b * (1.0 + 1e-9):
                 assert score(a, "srpt", ctx) > score(b, "srpt", ctx)

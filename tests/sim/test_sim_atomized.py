@@ -499,3 +499,28 @@ def test_market_gangs_off_leaves_gangs_rigid() -> None:
     sim = MigReplay(spec(market_gangs=False), jobs, "atomized")
     assert all(st.contract is None for st in sim.states if st.job.gpus > 1)
     assert sim.run()["rigid_jobs"] == sum(1 for j in jobs if j.gpus > 1)
+
+
+def test_a_gang_piece_past_its_window_overruns_once_as_in_the_router() -> None:
+    """Without incumbency a gang's piece runs into its window's end: one member carries
+    the overrun (one violation, one widening), the others stop with it (``GANG_STOPPED``),
+    as the router's window enforcement reports it (laminar_zone.atoms.gang_member_cause)."""
+    s = spec(horizon_seconds=900.0, market_gangs=True, incumbency=False)
+    jobs = make_jobs(trace_jobs(), profiles(), s.seed)
+    sim = MigReplay(s, jobs, "atomized")
+    report = sim.run()
+    assert report["finished"] == report["jobs"]
+    overruns = 0
+    for state in sim.states:
+        if state.job.gpus < 2 or state.entry is None:
+            continue
+        runs: dict[str, list[zone_pb2.Placement]] = {}
+        for p in state.entry.job.placements:
+            runs.setdefault(p.subjob_id.rsplit("m", 1)[0], []).append(p)
+        for members in runs.values():
+            causes = [end_cause(p.end_cause) for p in members]
+            if EndCause.OVERRAN in causes:
+                overruns += 1
+                assert causes.count(EndCause.OVERRAN) == 1
+                assert causes.count(EndCause.GANG_STOPPED) == state.job.gpus - 1
+    assert overruns > 0  # gang pieces do run into their windows' end
