@@ -5,9 +5,12 @@ the router starts a won piece as one unit (one commit per member, all or nothing
 it in place for all members together, and stops all of them when a higher class takes
 one slice (each checkpoints; the gang's progress is common to its members).
 
-The members run ``GANG_WORKER``: member 0 does each unit and moves the shared checkpoint;
-every other member does the same unit and logs it once member 0 checkpointed it (a gang
-in lockstep). ``units.log`` thus says which subjob did which unit.
+The members run ``GANG_WORKER``, a gang in lockstep: every member does each unit and marks
+it done; member 0 checkpoints a unit (logs it for every member of its piece, then moves
+the shared progress) once all of them did it, and no member starts the next unit before
+that checkpoint. ``units.log`` thus says which subjob did which unit, and a unit is in it
+only if the whole piece did it (a member stopped mid-unit is not in it, as in a real
+gang's collective step).
 """
 
 from __future__ import annotations
@@ -36,20 +39,30 @@ seconds = float(sys.argv[1])
 start = int(os.environ["LAMINAR_UNIT_START"])
 count = int(os.environ["LAMINAR_UNIT_COUNT"])
 member = int(os.environ["RANK"])
+size = int(os.environ["WORLD_SIZE"])
 checkpoint = Path(os.environ["LAMINAR_CHECKPOINT_DIR"])
 subjob = os.environ["LAMINAR_SUBJOB_ID"]
 progress = checkpoint / "progress"
+ready = checkpoint / "ready"
+ready.mkdir(exist_ok=True)
 for unit in range(start, start + count):
     time.sleep(seconds)
-    while member and not (progress.exists() and int(progress.read_text() or 0) > unit):
-        time.sleep(0.01)  # the follower waits for member 0's checkpoint of this unit
+    mark = ready / f"{start}.{unit}.{member}"
+    (ready / f"{mark.name}.tmp").write_text(subjob)
+    os.replace(ready / f"{mark.name}.tmp", mark)  # this member did the unit
+    if member:
+        while not (progress.exists() and int(progress.read_text() or 0) > unit):
+            time.sleep(0.01)  # the follower waits for the gang's checkpoint of this unit
+        continue
+    marks = [ready / f"{start}.{unit}.{m}" for m in range(size)]
+    while not all(m.exists() for m in marks):
+        time.sleep(0.01)  # member 0 checkpoints a unit once every member of its piece did it
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     with (checkpoint / "units.log").open("a") as log:
-        log.write(f"{unit} {subjob}\\n")
-    if member == 0:
-        tmp = checkpoint / "progress.tmp"
-        tmp.write_text(str(unit + 1))
-        os.replace(tmp, progress)
+        log.write("".join(f"{unit} {m.read_text()}\\n" for m in marks))
+    tmp = checkpoint / "progress.tmp"
+    tmp.write_text(str(unit + 1))
+    os.replace(tmp, progress)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 """
 
