@@ -6,6 +6,12 @@ figure is the router's decision work alone: order, backfill, explanations, estim
 Numbers are reported, never asserted.
 
     .venv/bin/python bench/queue_pass.py --running 256 --waiting 2000 --passes 5 [-o json]
+
+``--hosts`` sets the agents (default: as many as the running jobs fill) and ``--demands K``
+gives the waiting jobs K distinct demands (GPU memory declared in whole GiB, 1..K), as a
+re-run's queue has: the view's counts and free members are then asked per demand. The
+default rows keep one demand; add a zone of 1,000 hosts with a varied queue with
+``--running 256 --waiting 2000 --hosts 1000 --demands 64``.
 """
 
 from __future__ import annotations
@@ -31,15 +37,20 @@ from laminar_api.v1 import common_pb2, zone_pb2  # noqa: E402
 GPUS_PER_AGENT = 8
 
 
-def _spec() -> zone_pb2.JobSpec:
+def _spec(gpu_memory_gib: int = 0) -> zone_pb2.JobSpec:
     return zone_pb2.JobSpec(
-        command=["true"], resources=common_pb2.Resources(gpus=1), expected_seconds=600
+        command=["true"],
+        resources=common_pb2.Resources(gpus=1, gpu_memory_bytes=gpu_memory_gib << 30),
+        expected_seconds=600,
     )
 
 
-async def measure(running: int, waiting: int, passes: int) -> dict[str, object]:
+async def measure(
+    running: int, waiting: int, passes: int, hosts: int = 0, demands: int = 1
+) -> dict[str, object]:
+    hosts = hosts or -(-running // GPUS_PER_AGENT)
     with tempfile.TemporaryDirectory() as root:
-        agents = [FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(-(-running // GPUS_PER_AGENT))]
+        agents = [FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(hosts)]
         harness = Harness(Path(root), agents=agents)
         try:
             await harness.flush()
@@ -47,8 +58,8 @@ async def measure(running: int, waiting: int, passes: int) -> dict[str, object]:
                 await harness.zone.submit(_spec(), "")
             await harness.call(harness.zone.queue_pass())
             await harness.flush()
-            for _ in range(waiting):
-                await harness.zone.submit(_spec(), "")
+            for i in range(waiting):
+                await harness.zone.submit(_spec(i % demands + 1 if demands > 1 else 0), "")
             await harness.call(harness.zone.queue_pass())
             await harness.flush()
             times = []
@@ -60,6 +71,8 @@ async def measure(running: int, waiting: int, passes: int) -> dict[str, object]:
         finally:
             await harness.close()
     return {
+        "hosts": hosts,
+        "demands": demands,
         "running": states.count(zone_pb2.JOB_RUNNING),
         "queued": states.count(zone_pb2.QUEUED),
         "pass_cpu_ms_min": round(1000 * min(times), 2),
@@ -73,13 +86,19 @@ def main() -> int:
     parser.add_argument("--running", type=int, nargs="+", default=[64, 256, 512])
     parser.add_argument("--waiting", type=int, nargs="+", default=[500, 2000, 5000])
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument(
+        "--hosts", type=int, default=0, help="agents (0: as many as the running jobs fill)"
+    )
+    parser.add_argument(
+        "--demands", type=int, default=1, help="distinct demands among the waiting jobs"
+    )
     parser.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = parser.parse_args()
     if len(args.running) != len(args.waiting):
         print("queue_pass: --running and --waiting need as many values", file=sys.stderr)
         return 2
     rows = [
-        asyncio.run(measure(r, w, args.passes))
+        asyncio.run(measure(r, w, args.passes, args.hosts, args.demands))
         for r, w in zip(args.running, args.waiting, strict=True)
     ]
     report = {
@@ -95,6 +114,7 @@ def main() -> int:
     else:
         for row in rows:
             print(
+                f"hosts {row['hosts']:>5}  demands {row['demands']:>3}  "
                 f"running {row['running']:>5}  queued {row['queued']:>6}  one pass "
                 f"{row['pass_cpu_ms_min']:>8} ms CPU (min of {args.passes}), "
                 f"{row['per_queued_job_us']} us per queued job"

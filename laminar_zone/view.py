@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from laminar_base.demand import Demand, HostCap
 from laminar_base.fragmentation import FragmentationCache, ObservedWorkload, demand_pod
 from laminar_zone.placement import (
+    CPU_ONLY_CAPACITY,
     Offer,
     ShapeCap,
     assign_gang,
@@ -178,6 +179,14 @@ class ZoneView:
         self._counted_of: dict[str, tuple[bool, dict[str, ShapeCap]]] = {}
         self._counts_version = 0
         self._counts: dict[Demand, tuple[int, HostCounts]] = {}
+        #: Ready agents, kept as readiness changes (:meth:`counts`' ``ready`` without a scan).
+        self._ready_count = 0
+        #: A version bumped only when an agent's readiness or its shapes' totals change:
+        #: what a demand could ever fit (``matching``, ``members_total``) depends on nothing
+        #: else, so it is kept per demand across the free-capacity changes of every
+        #: placement, which move :attr:`_counts_version`.
+        self._totals_version = 0
+        self._ever: dict[Demand, tuple[int, int, int]] = {}
 
     # -------------------------------------------------------------- updates
 
@@ -318,6 +327,15 @@ class ZoneView:
         agent_id = record.agent_id
         counted = self._counted_of.get(agent_id)
         if counted is None or counted[0] != record.is_ready or counted[1] != record.shapes:
+            was_ready = counted is not None and counted[0]
+            if was_ready != record.is_ready:
+                self._ready_count += 1 if record.is_ready else -1
+            if was_ready != record.is_ready or (
+                record.is_ready
+                and counted is not None
+                and not _same_totals(counted[1], record.shapes)
+            ):
+                self._totals_version += 1
             self._counted_of[agent_id] = (record.is_ready, dict(record.shapes))
             self._counts_version += 1
         order = self.order_of(agent_id)
@@ -490,19 +508,53 @@ class ZoneView:
         return bool(self.sample(need, 1, rng))
 
     def counts(self, need: Demand) -> HostCounts:
-        """How many ready hosts match ``need`` ever and now: O(agents) once, then kept per
-        demand until an agent's readiness or shapes change (a job that queues, and the next
-        that fails alike, do not scan the zone again)."""
+        """How many ready hosts match ``need`` ever and now, never a scan of the zone per
+        call: ``ready`` is kept as agents come and go, ``matching`` and ``members_total``
+        (which read only the shapes' totals) are kept per demand until an agent's readiness
+        or totals change (O(agents) then), and ``fitting`` counts the agents of the index's
+        pools that could hold a member (:meth:`_free_candidates`). The whole answer is also
+        kept per demand until an agent's readiness or shapes change, so a job that queues,
+        and the next that fails alike, cost a dictionary lookup."""
         kept = self._counts.get(need)
         if kept is not None and kept[0] == self._counts_version:
             return kept[1]
-        counts = self._count(need)
+        matching, members = self._ever_counts(need)
+        if need.family == "cpu":
+            fits_now = members_fitting(need, {}) >= 1 and matching > 0
+            fitting = self._ready_count if fits_now else 0
+        else:
+            fitting = sum(
+                1
+                for record in self._free_candidates(need)
+                if members_fitting(need, record.shapes) >= 1
+                and members_fitting(need, record.shapes, total=True) >= 1
+            )
+        counts = HostCounts(self._ready_count, matching, fitting, members)
         if len(self._counts) >= COUNTS_KEPT:
             self._counts.clear()  # bounded: demands are few, but clients choose them
         self._counts[need] = (self._counts_version, counts)
         return counts
 
+    def _ever_counts(self, need: Demand) -> tuple[int, int]:
+        """Ready hosts that could ever hold a member of ``need``, and how many members they
+        could hold if empty: O(agents) once per demand, then kept until an agent's readiness
+        or totals change (:attr:`_totals_version`), bounded like :meth:`counts`."""
+        kept = self._ever.get(need)
+        if kept is not None and kept[0] == self._totals_version:
+            return kept[1], kept[2]
+        matching = members = 0
+        for record in self.agents.values():
+            if record.is_ready and (ever := members_fitting(need, record.shapes, total=True)) >= 1:
+                matching += 1
+                members += ever
+        if len(self._ever) >= COUNTS_KEPT:
+            self._ever.clear()
+        self._ever[need] = (self._totals_version, matching, members)
+        return matching, members
+
     def _count(self, need: Demand) -> HostCounts:
+        """:meth:`counts` by a plain scan of every agent: the reference the property tests
+        hold the kept answers to (tests/zone/test_view_counts_props.py), never used else."""
         ready = matching = now = members = 0
         for record in self.agents.values():
             if not record.is_ready:
@@ -517,12 +569,53 @@ class ZoneView:
         return HostCounts(ready, matching, now, members)
 
     def free_for(self, need: Demand) -> int:
-        """Free members of ``need`` summed over ready agents (flow splitting's S)."""
+        """Free members of ``need`` summed over ready agents (flow splitting's S): over the
+        agents of the index's pools that could hold one (:meth:`_free_candidates`; the others
+        hold none), so a busy zone costs the few hosts with room, not a scan."""
+        if need.family == "cpu":
+            return self._ready_count * min(members_fitting(need, {}), CPU_ONLY_CAPACITY)
         return sum(
-            min(members_fitting(need, r.shapes), 1_000_000)
+            min(members_fitting(need, r.shapes), CPU_ONLY_CAPACITY)
+            for r in self._free_candidates(need)
+        )
+
+    def _free_for_scan(self, need: Demand) -> int:
+        """:meth:`free_for` by a plain scan of every agent: the property tests' reference."""
+        return sum(
+            min(members_fitting(need, r.shapes), CPU_ONLY_CAPACITY)
             for r in self.agents.values()
             if r.is_ready
         )
+
+    def _free_candidates(self, need: Demand) -> list[AgentRecord]:
+        """The ready agents whose free capacity of a shape ``need`` could use is at or above
+        the demand's level (each once), whatever their host CPU and memory: every ready agent
+        with a member of ``need`` free in its shapes is among them, since the index's levels
+        are lower bounds and shapes with nothing free are in no pool. Not for CPU-only
+        demands (every ready agent holds those). O(pools of the shapes + agents returned)."""
+        # A share of a MIG profile is counted by its largest free share, which the level
+        # of a MIG pool (free instances) does not bound: take every pool of the shape.
+        floor_shape = 0 if need.mig_profile and need.gpu_milli else _need_levels(need)[0]
+        if need.mig_profile:
+            shapes = [f"mig:{need.mig_profile}"]
+        else:
+            kind = "share:" if need.gpu_milli else "gpu:"
+            shapes = [
+                s
+                for s in self._by_shape
+                if s.startswith(kind) and (not need.gpu_model or s == kind + need.gpu_model)
+            ]
+        pools = [
+            pool
+            for shape in shapes
+            for (level, _, _), pool in self._by_shape.get(shape, {}).items()
+            if level >= floor_shape
+        ]
+        agents = self.agents
+        if len(shapes) <= 1:  # an agent sits in one pool per shape
+            return [agents[agent_id] for pool in pools for agent_id in pool.items]
+        ids = {agent_id for pool in pools for agent_id in pool.items}
+        return [agents[agent_id] for agent_id in ids]
 
     def heat(self) -> int:
         return sum(r.heat for r in self.agents.values() if r.is_ready)
@@ -551,6 +644,14 @@ UNBOUNDED_LEVEL = 1 << 10
 
 #: Width of a level of free share (milli-GPUs): 21 levels from 0 to a whole GPU.
 SHARE_LEVEL_MILLI = 50
+
+
+def _same_totals(before: dict[str, ShapeCap], after: dict[str, ShapeCap]) -> bool:
+    """Whether two summaries advertise the same shapes with the same totals (what a demand
+    could ever fit depends on nothing else)."""
+    return before.keys() == after.keys() and all(
+        cap.total == before[shape].total for shape, cap in after.items()
+    )
 
 
 def _shape_level(shape: str, cap: ShapeCap) -> int:
