@@ -23,17 +23,15 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import EndCause, end_cause
 from laminar_base.errors import PermissionDenied
 from laminar_base.grpcutil import check_str
-from laminar_zone.core import Member, TryPlan
 from laminar_zone.entry import Entry
 from laminar_zone.failures import failure_of
 from laminar_zone.jobs import MAX_LIVE_IDS, ZoneState
 from laminar_zone.lifecycle import job_of
-from laminar_zone.placer import Ask, host_from, shapes_from
+from laminar_zone.placer import host_from, shapes_from
 from laminar_zone.trying import (
     AskSubjob,
     CommitMembers,
     DoInstructions,
-    Gathered,
     GatherLeases,
     ReaddressStep,
     RunInstructions,
@@ -224,18 +222,11 @@ class AgentReports:
                 answer = None
                 match step:
                     case GatherLeases(entry, plan, exclude):
-                        answer = await self._gather_elsewhere(entry, plan, exclude)
+                        answer = await self.state.tries.gather_leases(entry, plan, exclude)
                     case CommitMembers(entry, placements, leases, env):
-                        answer = []
-                        for placement, (_, lease) in zip(placements, leases, strict=True):
-                            try:
-                                await self.state.commit_placement(
-                                    entry, placement, lease, env=dict(env)
-                                )
-                            except grpc.aio.AioRpcError as exc:
-                                answer.append(failure_of(exc))
-                            else:
-                                answer.append(None)
+                        answer = await self.state.tries.commit_members(
+                            entry, placements, leases, env
+                        )
                     case RunInstructions(instructions):
                         await self.state._run(instructions)
                     case DoInstructions(instructions):
@@ -246,32 +237,6 @@ class AgentReports:
                     return
         finally:
             steps.close()
-
-    async def _gather_elsewhere(
-        self, entry: Entry, plan: TryPlan, exclude: frozenset[str]
-    ) -> Gathered:
-        """A move's gather (no commit on the probe), read for the steps."""
-        job = entry.job
-        got = await self.state.placer.gather(
-            Ask(
-                job_id=job.job_id,
-                resources=job.spec.resources,
-                gang_size=plan.gang_size,
-                priority=plan.priority,
-                value=job.spec.value,
-                tenant=job.spec.tenant,
-            ),
-            lease_ttl_seconds=plan.lease_ttl_seconds,
-            exclude=set(exclude),
-        )
-        return Gathered(
-            chosen=tuple(got.chosen) if got.chosen is not None else None,
-            members=tuple(
-                Member(r.agent_id, r.address, tuple(lease.slice_ids))
-                for r, lease in got.chosen or ()
-            ),
-            reasons=tuple(got.reasons),
-        )
 
     def _apply_event(self, agent_id: str, subjob: common_pb2.Subjob) -> Entry | None:
         """Carry out the core's judgement of one subjob event

@@ -132,18 +132,19 @@ class TryDriver:
                         case DoInstructions(instructions):
                             self.state._do(instructions)
                         case GatherLeases(entry, plan, exclude):
-                            answer = await self._gather(entry, plan, exclude)
+                            answer = await self.gather_leases(entry, plan, exclude)
                         case CommitMembers(entry, placements, leases, env):
-                            answer = await self._commit(entry, placements, leases, env)
+                            answer = await self.commit_members(entry, placements, leases, env)
                         case _:
                             raise AssertionError(f"a try step the router does not know: {step}")
             finally:
                 steps.close()
 
-    async def _gather(
+    async def gather_leases(
         self, entry: Entry, plan: TryPlan, exclude: frozenset[str] = frozenset()
     ) -> Gathered:
-        """Probe for the try's leases (Placer.gather), the commit on probe journaled first."""
+        """Probe for the try's leases (Placer.gather), the commit on probe journaled first
+        (a :class:`~laminar_zone.trying.GatherLeases` request answered; a move's too)."""
         job = entry.job
         ask = Ask(
             job_id=job.job_id,
@@ -175,14 +176,15 @@ class TryDriver:
             counted_probes=hook.book.probes if hook is not None else 0,
         )
 
-    async def _commit(
+    async def commit_members(
         self,
         entry: Entry,
         placements: Sequence[zone_pb2.Placement],
         leases: Sequence[tuple[AgentRecord, agent_pb2.Lease]],
         env: Mapping[str, str] | None = None,
     ) -> list[Failure | None]:
-        """Commit every member at once; each failure as the core reads it."""
+        """Commit every member at once; each failure as the core reads it (a
+        :class:`~laminar_zone.trying.CommitMembers` request answered; a move's too)."""
         outcomes = await asyncio.gather(
             *(
                 self.commit_placement(entry, placement, lease, dict(env or {}))

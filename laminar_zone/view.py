@@ -483,20 +483,22 @@ class ZoneView:
         bounded by the levels, not by the zone's size."""
         return [pool for _, pool in self._level_pools(need)]
 
+    def _gpu_shapes(self, need: Demand) -> list[str]:
+        """The index's shapes a GPU demand may use: its MIG profile's, else every whole-GPU
+        (or share) shape of its model, or of any model."""
+        if need.mig_profile:
+            return [f"mig:{need.mig_profile}"]
+        kind = "share:" if need.gpu_milli else "gpu:"
+        return [
+            s
+            for s in self._by_shape
+            if s.startswith(kind) and (not need.gpu_model or s == kind + need.gpu_model)
+        ]
+
     def _level_pools(self, need: Demand) -> list[tuple[int, _IndexedSet]]:
         """:meth:`_pools` with each pool's free-capacity level of its shape."""
         floor_shape, floor_cpu, floor_memory = _need_levels(need)
-        if need.family == "cpu":
-            shapes = [""]
-        elif need.mig_profile:
-            shapes = [f"mig:{need.mig_profile}"]
-        else:
-            kind = "share:" if need.gpu_milli else "gpu:"
-            shapes = [
-                s
-                for s in self._by_shape
-                if s.startswith(kind) and (not need.gpu_model or s == kind + need.gpu_model)
-            ]
+        shapes = [""] if need.family == "cpu" else self._gpu_shapes(need)
         return [
             (level, pool)
             for shape in shapes
@@ -596,15 +598,7 @@ class ZoneView:
         # A share of a MIG profile is counted by its largest free share, which the level
         # of a MIG pool (free instances) does not bound: take every pool of the shape.
         floor_shape = 0 if need.mig_profile and need.gpu_milli else _need_levels(need)[0]
-        if need.mig_profile:
-            shapes = [f"mig:{need.mig_profile}"]
-        else:
-            kind = "share:" if need.gpu_milli else "gpu:"
-            shapes = [
-                s
-                for s in self._by_shape
-                if s.startswith(kind) and (not need.gpu_model or s == kind + need.gpu_model)
-            ]
+        shapes = self._gpu_shapes(need)
         pools = [
             pool
             for shape in shapes
