@@ -46,8 +46,8 @@ from laminar_agent.ledger import (
     ProbeOrder,
 )
 from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
-from laminar_airlock.levels import Level
-from laminar_airlock.policy import PRIORITY_NAMES, PolicyConfig
+from laminar_airlock.levels import Level, Marks
+from laminar_airlock.policy import PRIORITY_NAMES
 from laminar_base.causes import ENDED_SUBJOB_STATE_NAMES, EndCause, cause_from_token
 from laminar_base.errors import FailedPrecondition, LaminarError
 
@@ -325,8 +325,9 @@ class AgentCore:
         #: Airlock's latest poll by slice name (a GPU's, or a MIG instance's): what new
         #: work is admitted by (:meth:`pressure_refusal`).
         self.pressure: dict[str, GpuPressure] = {}
-        #: Airlock's target (``airlock.target_ratio``): new work may not take a GPU past it.
-        self.target_ratio = PolicyConfig().target_ratio
+        #: Airlock's critical mark (``airlock.critical_ratio``): new work may not take a GPU
+        #: to it.
+        self.critical_ratio = Marks().critical_ratio
 
     # -- queries
 
@@ -440,20 +441,22 @@ class AgentCore:
         ]
 
     def note_pressure(
-        self, pressure: Mapping[str, GpuPressure], target_ratio: float | None = None
+        self, pressure: Mapping[str, GpuPressure], critical_ratio: float | None = None
     ) -> None:
         """Airlock's latest poll (slice name -> its reading; a GPU missing from it is not
-        under watch) and its target ratio: what :meth:`arbitrate` admits new work by."""
+        under watch) and its critical mark: what :meth:`arbitrate` admits new work by."""
         self.pressure = dict(pressure)
-        if target_ratio is not None:
-            self.target_ratio = target_ratio
+        if critical_ratio is not None:
+            self.critical_ratio = critical_ratio
 
     def pressure_refusal(self, declared_bytes: int, slice_ids: Sequence[str]) -> str:
         """Why new work declaring ``declared_bytes`` of GPU memory on ``slice_ids`` would
         only be Airlock's next victim, or "": a GPU Airlock holds ELEVATED or CRITICAL, or
         one where the memory in use, what its suspended subjobs take back on resume and the
-        declaration come to more than Airlock's target (resuming them is what brings the
-        GPU back to calm). A GPU with nothing on it takes whatever its ledger admits (the
+        declaration reach Airlock's critical mark (the ledger admits by declarations; this
+        is what is on the GPU now, work grown past its declaration included): new work may
+        fill a GPU by its declarations, past Airlock's target, but not to where Airlock
+        reclaims (admitted there, it would be the next victim, and its retry again). A GPU with nothing on it takes whatever its ledger admits (the
         declaration is the work's own need, and no one else's memory is at stake). Not
         covered: host memory pressure, and memory a subjob will grow to beyond its
         declaration (Airlock's ladder handles that once it shows)."""
@@ -475,12 +478,12 @@ class AgentCore:
                 and any(x == slice_id or x.split("/", 1)[0] == gpu for x in s.slice_ids)
             )
             held = used + resume + declared_bytes
-            if used + resume > 0 and held > self.target_ratio * total:
+            if used + resume > 0 and held >= self.critical_ratio * total:
                 return (
                     f"{slice_id} would hold {held / _GIB:.1f} of {total / _GIB:.1f} GiB "
                     f"({used / _GIB:.1f} in use, {resume / _GIB:.1f} to resume, "
-                    f"{declared_bytes / _GIB:.1f} declared), over Airlock's target "
-                    f"{self.target_ratio:.0%}"
+                    f"{declared_bytes / _GIB:.1f} declared), at Airlock's critical mark "
+                    f"{self.critical_ratio:.0%}"
                 )
         return ""
 

@@ -184,7 +184,7 @@ class AgentState:
                 self.node.slice_name(uuid): GpuPressure(self.level_by_device[uuid], used, total)
                 for uuid, (used, total) in readings.items()
             },
-            self.airlock_settings.target_ratio,
+            self.airlock_settings.critical_ratio,
         )
         self._poll_host(now, elapsed)
         self._hold_degraded()

@@ -146,8 +146,8 @@ def test_killed_work_re_runs_through_the_routers_core_from_its_checkpoint() -> N
     """GPU 0 overflows; GPU 1 runs one small subjob. The OOM killer's victim and the ladder's
     reclaimed subjob (free mode none) are reported to the router's core, which retries the
     job (a reclaim's retry is free, a CUDA OOM's counted): its placement try goes to the
-    agents' cores, GPU 0's refuses it (Airlock's pressure, or the memory in use past the
-    target) and GPU 1's takes it. The re-run starts from the checkpoint and completes; the
+    agents' cores, GPU 0's refuses it (Airlock's pressure, or the memory in use and its
+    declaration reaching the critical mark) and GPU 1's takes it. The re-run starts from the checkpoint and completes; the
     work since that checkpoint is what is lost."""
     spec = small_spec(gpus=2, checkpoint_seconds=50.0)
     plans = [
@@ -155,8 +155,8 @@ def test_killed_work_re_runs_through_the_routers_core_from_its_checkpoint() -> N
             0,
             (
                 MemberPlan("a-crit", rising(30, 50), STEP, 1, 1, "checkpoint", False),
-                MemberPlan("a-prod", flat(20), STEP, 2, 1, "checkpoint", False),
-                MemberPlan("a-opp", flat(20), STEP, 4, 3, "none", True),
+                MemberPlan("a-prod", flat(25), STEP, 2, 1, "checkpoint", False),
+                MemberPlan("a-opp", flat(22), STEP, 4, 3, "none", True),
             ),
         ),
         GpuPlan(1, (MemberPlan("b-batch", flat(10, samples=2), STEP, 3, 2, "checkpoint", True),)),
