@@ -61,8 +61,8 @@ How the world is modelled (choices, stated because the figures depend on them):
   ``queue.retry_seconds``, 1 s). A try probes agents whose summaries show room
   (the router's probe plan and ranking), and each agent's core admits it or not: it
   refuses new work on a GPU that Airlock holds ELEVATED or CRITICAL, or where memory in
-  use, what its suspended subjobs take back on resume and the declaration come to more
-  than Airlock's target (``AgentCore.pressure_refusal``; the OOM killer's agent keeps no
+  use, what its suspended subjobs take back on resume and the declaration reach
+  Airlock's critical mark (``AgentCore.pressure_refusal``; the OOM killer's agent keeps no
   levels, so only the memory part applies there). The re-run restarts from its last
   checkpoint (restartable subjobs checkpoint every ``checkpoint_seconds`` of progress) or
   from its start. Both policies re-run their victims alike. Work lost is the progress a
@@ -655,7 +655,7 @@ class _Agent:
                 lease_ids=counter_ids(),
             )
         )
-        self.core.target_ratio = run.config.target_ratio
+        self.core.critical_ratio = run.tracker.marks.critical_ratio
 
     def arbitrate(self, orders: list[ProbeOrder], now: float) -> list[Granted | Bounced]:
         """A batch of probes, settled by the agent's core on Airlock's reading of now."""
