@@ -449,6 +449,18 @@ class AgentCore:
         if critical_ratio is not None:
             self.critical_ratio = critical_ratio
 
+    def _forget_reading(self, live: LiveSubjob) -> None:
+        """An ended subjob's memory leaves Airlock's latest reading of its GPU at once: the
+        next poll would show it gone, and new work admitted meanwhile by the reading one
+        poll old would be refused for memory no one holds."""
+        if live.gpu_memory_bytes <= 0:
+            return
+        for key in {k for s in live.slice_ids for k in (s, s.split("/", 1)[0])}:
+            reading = self.pressure.get(key)
+            if reading is not None:
+                used = max(0, reading.used_bytes - live.gpu_memory_bytes)
+                self.pressure[key] = GpuPressure(reading.level, used, reading.total_bytes)
+
     def pressure_refusal(self, declared_bytes: int, slice_ids: Sequence[str]) -> str:
         """Why new work declaring ``declared_bytes`` of GPU memory on ``slice_ids`` would
         only be Airlock's next victim, or "": a GPU Airlock holds ELEVATED or CRITICAL, or
@@ -707,6 +719,7 @@ class AgentCore:
             raise ValueError(f"not an end: {decision.state} ({decision.cause.name})")
         live = self._require(subjob_id)
         del self._live[subjob_id]
+        self._forget_reading(live)
         instructions: list[Instruction] = []
         lease = self.ledger.release(live.lease_id) if live.lease_id else None
         if live.lease_id:

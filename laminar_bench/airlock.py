@@ -146,6 +146,11 @@ class BenchAgent:
     def inject(self, used_bytes: int) -> None:
         self.stub.InjectLoad(agent_pb2.InjectLoadRequest(gpu_index=0, used_bytes=used_bytes))
 
+    def reads_idle(self) -> bool:
+        """Airlock's latest reading shows no GPU memory in use on any slice."""
+        state = self.stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=1), timeout=10)
+        return all(s.used_bytes == 0 for s in state.slices)
+
     def last_action_seq(self) -> int:
         state = self.stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=1), timeout=10)
         return max((a.seq for a in state.recent_actions), default=0)
@@ -268,6 +273,9 @@ def _finish_trial(agent: BenchAgent, gate: Path, subjob_ids: list[str], timeout:
         timeout,
         "the trial's subjobs to end",
     )
+    # The next trial starts on a GPU Airlock reads idle: the agent admits new work by its
+    # latest reading (AgentCore.pressure_refusal), which lags the ends by up to one poll.
+    _wait(agent.reads_idle, timeout, "Airlock to read the GPU idle")
 
 
 def run_step_trials(

@@ -992,3 +992,18 @@ def test_a_suspended_subjob_s_memory_counts_against_new_work_until_it_resumes() 
 
 def list_leases(core: AgentCore) -> list[str]:
     return [lease.lease_id for lease in core.ledger.leases() if not lease.committed]
+
+
+def test_an_ended_subjob_s_memory_leaves_the_reading_new_work_is_admitted_by() -> None:
+    """Airlock's reading lags an end by up to one poll: the core takes the ended subjob's
+    last reading off its GPU at once, so new work is not refused for memory no one holds."""
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    commit(core, granted_lease(core, Demand(gpu_milli=300), "gpu1"), "s1")
+    core.launched("s1", 42, EPOCH_UNIX)
+    core.note_gpu_memory("s1", 70 * GIB)
+    core.note_pressure({"gpu1": GpuPressure(Level.NORMAL, 70 * GIB, 80 * GIB)})
+    share = Demand(gpu_milli=300, gpu_memory_bytes=20 * GIB)
+    assert isinstance(pressure_probe(core, share), Bounced)  # 70 + 20 reaches 76 GiB
+    core.end("s1", EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0"), EPOCH_UNIX)
+    assert core.pressure["gpu1"].used_bytes == 0
+    assert isinstance(pressure_probe(core, share), Granted)
