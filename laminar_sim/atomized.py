@@ -1120,7 +1120,6 @@ class MigReplay:
             self.give_back(*member.window_key)
             self.driver.note(member.host)
             member.placement.state = common_pb2.KILLED if killed else common_pb2.SUCCEEDED
-            member.placement.end_cause = cause.wire
         entry = state.entry
         assert entry is not None
         compute = sum(compute_of(m.profile) for m in piece.members)
@@ -1143,9 +1142,9 @@ class MigReplay:
             t.lost += max(0.0, length - work - overhead) * compute
             if done:
                 state.done.append((piece.unit_start, done))
+        # A kill or an overrun is the piece's once: its siblings stop with it.
+        carrier = piece.killed_member if cause is EndCause.RECLAIMED else 0
         for i, member in enumerate(piece.members):
-            # A kill or an overrun is the piece's once: its siblings stop with it.
-            carrier = piece.killed_member if cause is EndCause.RECLAIMED else 0
             member_cause = gang_member_cause(cause, i, carrier)
             member.placement.end_cause = member_cause.wire
             got = atom.piece_ended(

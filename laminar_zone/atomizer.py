@@ -52,6 +52,7 @@ from laminar_zone.atoms import (
     Phase,
     PieceEnd,
     Running,
+    broken_gang_pieces,
     complete_phases,
     decide_at,
     gang_member_cause,
@@ -78,6 +79,7 @@ from laminar_zone.market import (
     slice_family,
 )
 from laminar_zone.metrics import ZoneMetrics
+from laminar_zone.placements import COMMITTING
 from laminar_zone.placer import AgentClients, Placer
 from laminar_zone.queue import Bidding, Clear
 from laminar_zone.reasons import Reason, set_reason
@@ -129,7 +131,6 @@ log = logging.getLogger("laminar.zone.atomizer")
 
 LIVE = LIVE_SUBJOB_STATES
 ENDED = ENDED_SUBJOB_STATES
-COMMITTING = "committing"
 #: Reason prefix, for people, of a subjob stopped at its window's end (EndCause.OVERRAN).
 #: Which ends are free and which widen the profile: laminar_base.causes.
 OVERRAN = "overran:"
@@ -235,29 +236,6 @@ def piece_end(p: zone_pb2.Placement) -> PieceEnd:
         float(p.peak_gpu_memory_bytes),
         p.member,
     )
-
-
-def broken_gang_pieces(
-    placements: Iterable[zone_pb2.Placement],
-) -> list[tuple[zone_pb2.Placement, list[zone_pb2.Placement]]]:
-    """A gang's pieces with a member that ended other than successfully while siblings
-    still run: (that member, its live siblings). A piece is its run of placements from a
-    ``member == 0`` on (its members are added together, rank 0 first); a member still
-    committing is not yet a survivor. From the placements alone, so a restart finds them."""
-    pieces: list[list[zone_pb2.Placement]] = []
-    for p in placements:
-        if p.member == 0 or not pieces:
-            pieces.append([])
-        pieces[-1].append(p)
-    out = []
-    for piece in pieces:
-        ended = next(
-            (p for p in piece if p.state in ENDED and p.state != common_pb2.SUCCEEDED), None
-        )
-        survivors = [p for p in piece if p.state in LIVE and p.reason != COMMITTING]
-        if ended is not None and survivors:
-            out.append((ended, survivors))
-    return out
 
 
 def units_done(job: zone_pb2.Job) -> int:

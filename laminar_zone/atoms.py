@@ -32,8 +32,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Self
 
-from laminar_api.v1 import common_pb2
-from laminar_base.causes import EndCause, is_free_retry, widens_profile
+from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_base.causes import (
+    ENDED_SUBJOB_STATES,
+    LIVE_SUBJOB_STATES,
+    EndCause,
+    is_free_retry,
+    widens_profile,
+)
 from laminar_zone.market import (
     Bid,
     Bidder,
@@ -45,6 +51,7 @@ from laminar_zone.market import (
     make_bidder,
     work_left_seconds,
 )
+from laminar_zone.placements import COMMITTING
 from laminar_zone.queue import Bidding
 
 
@@ -360,3 +367,31 @@ def market_work(
     ]
     work.extend({b.priority for b in bidders} | {b.priority for b in client_bids})
     return work
+
+
+def broken_gang_pieces(
+    placements: Iterable[zone_pb2.Placement],
+) -> list[tuple[zone_pb2.Placement, list[zone_pb2.Placement]]]:
+    """A gang's pieces with a member that ended other than successfully while siblings
+    still run: (that member, its live siblings). A piece is its run of placements from a
+    ``member == 0`` on (its members are added together, rank 0 first); a member still
+    committing is not yet a survivor. From the placements alone, so a restart finds them."""
+    pieces: list[list[zone_pb2.Placement]] = []
+    for p in placements:
+        if p.member == 0 or not pieces:
+            pieces.append([])
+        pieces[-1].append(p)
+    out = []
+    for piece in pieces:
+        ended = next(
+            (
+                p
+                for p in piece
+                if p.state in ENDED_SUBJOB_STATES and p.state != common_pb2.SUCCEEDED
+            ),
+            None,
+        )
+        survivors = [p for p in piece if p.state in LIVE_SUBJOB_STATES and p.reason != COMMITTING]
+        if ended is not None and survivors:
+            out.append((ended, survivors))
+    return out

@@ -400,19 +400,24 @@ def round_bids(
                 continue
             if eligible is not None and not eligible(b, first):
                 continue
-            bid = best_bid(
-                b.job_id,
-                b.tenant,
-                b.contract,
-                b.profile,
-                first,
-                b.next_unit,
-                b.waited_seconds,
-                b.priority,
-            )
+            bid = _priced(b, first)
             if bid is not None:
                 out.append(replace(bid, pool=members) if len(members) > 1 else bid)
     return out
+
+
+def _priced(b: Bidder, window: MarketWindow) -> Bid | None:
+    """``b``'s best bid for ``window`` (:func:`best_bid`), or None."""
+    return best_bid(
+        b.job_id,
+        b.tenant,
+        b.contract,
+        b.profile,
+        window,
+        b.next_unit,
+        b.waited_seconds,
+        b.priority,
+    )
 
 
 def gang_bids(
@@ -446,16 +451,7 @@ def gang_bids(
             first = pool[0]
             if eligible is not None and not eligible(b, first):
                 continue
-            bid = best_bid(
-                b.job_id,
-                b.tenant,
-                b.contract,
-                b.profile,
-                first,
-                b.next_unit,
-                b.waited_seconds,
-                b.priority,
-            )
+            bid = _priced(b, first)
             if bid is not None:
                 out.append(replace(bid, members=b.members, pool=tuple(pool)))
     return out

@@ -251,9 +251,6 @@ class ClearingRound:
         """Pieces on all of ``windows`` (a gang's set) keep ``tenant`` within its quota."""
         if self.quotas is None:
             return True
-        windows = list(windows)
-        if len(windows) == 1:
-            return self.within_quota(tenant, windows[0])
         units, memory = self.units.get(tenant, 0.0), self.memory.get(tenant, 0)
         for window in windows:
             item = piece_item(tenant, window)
