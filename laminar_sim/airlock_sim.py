@@ -90,7 +90,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 import math
 import random
 import time
@@ -135,14 +134,13 @@ from laminar_base.causes import EndCause
 from laminar_base.demand import MILLI_PER_GPU, Demand
 from laminar_sim.engine import Engine, EventHandle
 from laminar_sim.replay import CoreDriver
-from laminar_sim.zone_driver import CoreHost, gather_at_once, readdress_at_once, recover_running
+from laminar_sim.zone_driver import CoreHost, readdress_at_once, recover_running
 from laminar_zone.config import QueueSettings
-from laminar_zone.core import NewJob, TryPlan
+from laminar_zone.core import NewJob
 from laminar_zone.entry import Entry
 from laminar_zone.lifecycle import job_of, rigid_subjob_id
 from laminar_zone.placement import ShapeCap
-from laminar_zone.trying import ClearMarket, CloseRound, Gathered, OpenRound, Round
-from laminar_zone.view import ProbePlan, learned_ranking
+from laminar_zone.trying import ClearMarket, CloseRound, OpenRound, Round
 
 GIB = 1024**3
 GPU_TOTAL_BYTES = 80 * GIB
@@ -765,7 +763,6 @@ class _Run:
         #: What the last queue pass that placed nothing read (:meth:`pass_signature`).
         self.idle_signature: tuple[object, ...] | None = None
         self.router_handle: EventHandle | None = None
-        self.probe_ids = itertools.count(1 << 40)
         #: Jobs the router's core ended, as it left them (tests read them).
         self.ended_jobs: dict[str, zone_pb2.Job] = {}
         self.tick_every = max(1, len(self.subs) // 200)
@@ -1303,11 +1300,12 @@ class _Run:
             self._schedule(old)
             return
         agent = self.agents[sub.gpu]
+        self.driver.sync()
         moved = readdress_at_once(
             self.core,
             agent.agent_id,
             sub.run_id,
-            gather=self._gather_elsewhere,
+            gather=self.driver.gather,
             lease_ttl_seconds=self.driver.settings.lease_ttl_seconds,
             start=self.driver.start_subjob,
             now=now,
@@ -1319,35 +1317,6 @@ class _Run:
             sub.move = self.engine.schedule(
                 self.spec.readdress_delay_seconds, lambda: self._readdress(sub)
             )
-
-    def _gather_elsewhere(self, entry: Entry, plan: TryPlan, exclude: set[str]) -> Gathered:
-        """The router's gather for a move's copy (``plan``): its probe plan over every host
-        but ``exclude``, its limits and ranking, as ``CoreDriver.gather`` sets them up."""
-        driver = self.driver
-        driver.sync()
-        need = entry.need
-        settings = driver.settings
-        limits = settings.limits().for_try(need, 1)
-        return gather_at_once(
-            driver.core,
-            entry,
-            plan,
-            ProbePlan(
-                driver.view,
-                need,
-                limits,
-                driver.rng,
-                exclude,
-                rank=learned_ranking(driver.workload, need),
-            ),
-            driver.by_id,
-            now=self.engine.now,
-            budget_seconds=settings.budget_seconds,
-            probe_ids=self.probe_ids,
-            note=driver.note_now,
-            start=driver.start_subjob,
-            carry_out=driver.carry_out,
-        )
 
     # -- scheduling -----------------------------------------------------------------------
     def _poll_at_or_after(self, gpu: _Gpu, at: float) -> float:

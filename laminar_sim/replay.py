@@ -36,7 +36,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -486,16 +486,26 @@ class CoreDriver:
         self.sync()
         return answer
 
-    def gather(self, entry: Entry, plan: TryPlan) -> Gathered:
-        """The router's gather over the hosts: its probe plan, limits and ranking, each
-        probe arbitrated by the host's core; a probe that carries the commit commits there."""
+    def gather(
+        self, entry: Entry, plan: TryPlan, exclude: Collection[str] = frozenset()
+    ) -> Gathered:
+        """The router's gather over the hosts but ``exclude`` (a move's copy goes elsewhere):
+        its probe plan, limits and ranking, each probe arbitrated by the host's core; a
+        probe that carries the commit commits there."""
         need = entry.need
         limits = self.settings.limits().for_try(need, plan.gang_size)
         return gather_at_once(
             self.core,
             entry,
             plan,
-            ProbePlan(self.view, need, limits, self.rng, rank=learned_ranking(self.workload, need)),
+            ProbePlan(
+                self.view,
+                need,
+                limits,
+                self.rng,
+                set(exclude),
+                rank=learned_ranking(self.workload, need),
+            ),
             self.by_id,
             now=self.engine.now,
             budget_seconds=self.settings.budget_seconds,

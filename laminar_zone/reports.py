@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -30,11 +30,7 @@ from laminar_zone.lifecycle import job_of
 from laminar_zone.placer import host_from, shapes_from
 from laminar_zone.trying import (
     AskSubjob,
-    CommitMembers,
     DoInstructions,
-    GatherLeases,
-    ReaddressStep,
-    RunInstructions,
     confirm_steps,
     readdress_steps,
 )
@@ -209,34 +205,8 @@ class AgentReports:
                 step = steps.send(None)
         except StopIteration:
             return
-        self.state.spawn(self._readdress(steps, step), f"readdress-{subjob_id}")
-
-    async def _readdress(
-        self, steps: Generator[ReaddressStep, Any, bool], step: ReaddressStep
-    ) -> None:
-        """Carry out a move's requests from ``step`` on, each awaited: the gather over
-        every other agent (Placer.gather), the copy's Commit with its environment."""
-        answer: Any
-        try:
-            while True:
-                answer = None
-                match step:
-                    case GatherLeases(entry, plan, exclude):
-                        answer = await self.state.tries.gather_leases(entry, plan, exclude)
-                    case CommitMembers(entry, placements, leases, env):
-                        answer = await self.state.tries.commit_members(
-                            entry, placements, leases, env
-                        )
-                    case RunInstructions(instructions):
-                        await self.state._run(instructions)
-                    case DoInstructions(instructions):
-                        self.state._do(instructions)
-                try:
-                    step = steps.send(answer)
-                except StopIteration:
-                    return
-        finally:
-            steps.close()
+        # The gather over every other agent and the copy's Commit, each awaited.
+        self.state.spawn(self.state.tries.drive(steps, step), f"readdress-{subjob_id}")
 
     def _apply_event(self, agent_id: str, subjob: common_pb2.Subjob) -> Entry | None:
         """Carry out the core's judgement of one subjob event

@@ -63,7 +63,7 @@ class TryDriver:
 
     async def place(self, entry: Entry, *, from_queue: bool = False) -> bool:
         """One placement try (:func:`laminar_zone.trying.place_try`), its requests awaited."""
-        return await self._drive(self._place_try(entry, from_queue))
+        return await self.drive(self._place_try(entry, from_queue))
 
     async def start_from_pass(self, entry: Entry) -> tuple[bool, asyncio.Task[bool]]:
         """A queue pass's start of ``entry``, pipelined (:class:`laminar_zone.trying.PassTry`):
@@ -80,7 +80,7 @@ class TryDriver:
 
         pending = PassTry(noticed)
         task = self.state.spawn(
-            self._drive(pending.steps(self._place_try(entry, True))),
+            self.drive(pending.steps(self._place_try(entry, True))),
             f"place-{entry.job.job_id}",
         )
         try:
@@ -110,19 +110,25 @@ class TryDriver:
     ) -> bool:
         """Commit leases a client probed (CommitJob): :func:`laminar_zone.trying.commit_steps`."""
         members = [Member(r.agent_id, r.address, tuple(lease.slice_ids)) for r, lease in chosen]
-        return await self._drive(commit_steps(self.state.core, entry, members, chosen, CLOCK))
+        return await self.drive(commit_steps(self.state.core, entry, members, chosen, CLOCK))
 
-    async def _drive(self, steps: Generator[TryStep, Any, bool]) -> bool:
-        """Carry out a try's requests in order, each awaited; the slot it asks for is held
-        until it ends."""
+    async def drive(
+        self, steps: Generator[TryStep, Any, bool], first: TryStep | None = None
+    ) -> bool:
+        """Carry out a try's requests in order, each awaited, from ``first`` on when the
+        caller already took it from ``steps`` (a move decided within its heartbeat); the
+        slot it asks for is held until it ends."""
         async with contextlib.AsyncExitStack() as held:
             try:
                 answer: Any = None
                 while True:
-                    try:
-                        step = steps.send(answer)
-                    except StopIteration as done:
-                        return bool(done.value)
+                    if first is not None:
+                        step, first = first, None
+                    else:
+                        try:
+                            step = steps.send(answer)
+                        except StopIteration as done:
+                            return bool(done.value)
                     answer = None
                     match step:
                         case Slot():
