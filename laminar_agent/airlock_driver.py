@@ -65,11 +65,10 @@ from laminar_airlock.policy import (
 from laminar_airlock.signals import HostMemory
 from laminar_api.v1 import agent_pb2, common_pb2
 from laminar_base.causes import EndCause
+from laminar_base.jobenv import READDRESS_COUNT_ENV
 
 log = logging.getLogger("laminar.agent.airlock")
 
-#: Env key of a subjob spec: how many times its job was already re-addressed (set by the router).
-READDRESS_COUNT_ENV = "LAMINAR_READDRESS_COUNT"
 #: Reason prefixes, for people, the agent writes (the cause is ``EndCause.RECLAIMED``); the
 #: zone router's own end of a moved copy uses "readdressed:".
 RECLAIMED_PREFIX = "airlock_reclaimed: "

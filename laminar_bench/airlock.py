@@ -274,7 +274,8 @@ def _finish_trial(agent: BenchAgent, gate: Path, subjob_ids: list[str], timeout:
         "the trial's subjobs to end",
     )
     # The next trial starts on a GPU Airlock reads idle: the agent admits new work by its
-    # latest reading (AgentCore.pressure_refusal), which lags the ends by up to one poll.
+    # latest reading (AgentCore.pressure_refusal), whose pressure level lags the ends by up
+    # to one poll (an ended subjob's memory leaves the reading at once).
     _wait(agent.reads_idle, timeout, "Airlock to read the GPU idle")
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from laminar_agent.core import FAILED, KILLED, SUCCEEDED, AgentCore, EndDecision
+from laminar_agent.core import AgentCore, EndDecision
 from laminar_agent.ledger import Bounced, Granted, ProbeOrder
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import EndCause
@@ -427,10 +427,6 @@ def submit(
     return entry
 
 
-#: An agent core's end state as its report carries it.
-END_STATES = {SUCCEEDED: common_pb2.SUCCEEDED, FAILED: common_pb2.FAILED, KILLED: common_pb2.KILLED}
-
-
 def end_on(
     host: CoreHost,
     subjob_id: str,
@@ -454,7 +450,7 @@ def end_on(
         spec=common_pb2.SubjobSpec(subjob_id=subjob_id, job_id=job_of(subjob_id)),
         agent_id=host.agent_id,
         slice_ids=list(live.slice_ids),
-        state=END_STATES[decision.state],
+        state=decision.state,  # the state's name, as the agent's journal holds it
         reason=decision.reason,
         end_cause=decision.cause.wire,
         exit_code=exit_code,

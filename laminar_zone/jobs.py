@@ -148,7 +148,6 @@ class ZoneState:
         self.submit_many = self.admission.submit_many
         self.resume_forwards = self.admission.resume_forwards
         self.commit_all = self.tries.commit_all
-        self.commit_placement = self.tries.commit_placement
         self.terminate = self.tries.terminate
         self.run_queue = self.queue_loop.run
         self.one_pass = self.queue_loop.one_pass

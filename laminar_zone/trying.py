@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.causes import TERMINAL_JOB_STATES
+from laminar_base.jobenv import READDRESS_COUNT_ENV
 from laminar_zone.core import (
     Failure,
     Instruction,
@@ -539,8 +540,6 @@ def confirm_steps(
 
 # ==================================================================== moving a subjob
 
-#: The variable that tells a moved copy how many moves of its member came before it.
-READDRESS_COUNT_ENV = "LAMINAR_READDRESS_COUNT"
 
 ReaddressStep = DoInstructions | RunInstructions | GatherLeases | CommitMembers
 

@@ -554,22 +554,6 @@ class ZoneView:
         self._ever[need] = (self._totals_version, matching, members)
         return matching, members
 
-    def _count(self, need: Demand) -> HostCounts:
-        """:meth:`counts` by a plain scan of every agent: the reference the property tests
-        hold the kept answers to (tests/zone/test_view_counts_props.py), never used else."""
-        ready = matching = now = members = 0
-        for record in self.agents.values():
-            if not record.is_ready:
-                continue
-            ready += 1
-            ever = members_fitting(need, record.shapes, total=True)
-            if ever >= 1:
-                matching += 1
-                members += ever
-                if members_fitting(need, record.shapes) >= 1:
-                    now += 1
-        return HostCounts(ready, matching, now, members)
-
     def free_for(self, need: Demand) -> int:
         """Free members of ``need`` summed over ready agents (flow splitting's S): over the
         agents of the index's pools that could hold one (:meth:`_free_candidates`; the others
@@ -579,14 +563,6 @@ class ZoneView:
         return sum(
             min(members_fitting(need, r.shapes), CPU_ONLY_CAPACITY)
             for r in self._free_candidates(need)
-        )
-
-    def _free_for_scan(self, need: Demand) -> int:
-        """:meth:`free_for` by a plain scan of every agent: the property tests' reference."""
-        return sum(
-            min(members_fitting(need, r.shapes), CPU_ONLY_CAPACITY)
-            for r in self.agents.values()
-            if r.is_ready
         )
 
     def _free_candidates(self, need: Demand) -> list[AgentRecord]:
