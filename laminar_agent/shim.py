@@ -428,6 +428,24 @@ def _child(job: Exec, errors_w: int) -> None:
             os._exit(EXEC_FAILED_CODE)
 
 
+FENCE_NOTE = b"laminar: fence expired (agent out of touch); stopping subjob\n"
+_SIGCONT, _SIGTERM, _SIGKILL = int(signal.SIGCONT), int(signal.SIGTERM), int(signal.SIGKILL)
+
+
+def fence_step(
+    fenced_at: float, expired: bool, grace_seconds: float, now: float
+) -> tuple[float, tuple[int, ...]]:
+    """One look at a fenced subjob, by the shim's wait and the launcher's loop alike: (when
+    its fence stop began, 0.0 while none has; the signals to send it now). Past the fence
+    (``expired``, which the caller reads only while no stop began): SIGCONT then SIGTERM,
+    once; SIGKILL once its grace (at most FENCE_GRACE_SECONDS) is over."""
+    if not fenced_at:
+        return (now, (_SIGCONT, _SIGTERM)) if expired else (0.0, ())
+    if now - fenced_at > min(grace_seconds, FENCE_GRACE_SECONDS):
+        return fenced_at, (_SIGKILL,)
+    return fenced_at, ()
+
+
 def _wait(pid: int, fence: str, cgroup: str, grace_seconds: float) -> tuple[int, object, bool]:
     """Wait for the child; stop it when the fence expires. (status, rusage, fenced)."""
     if not fence:
@@ -444,13 +462,13 @@ def _wait(pid: int, fence: str, cgroup: str, grace_seconds: float) -> tuple[int,
             if done == pid:
                 return status, rusage, fenced_at > 0
             now = time.monotonic()
-            if fenced_at == 0.0 and fence_expired(fence, now):
-                fenced_at = now
-                os.write(2, b"laminar: fence expired (agent out of touch); stopping subjob\n")
-                signal_subjob(cgroup, os.getpgid(0), pid, signal.SIGCONT)
-                signal_subjob(cgroup, os.getpgid(0), pid, signal.SIGTERM)
-            elif fenced_at and now - fenced_at > min(grace_seconds, FENCE_GRACE_SECONDS):
-                signal_subjob(cgroup, os.getpgid(0), pid, signal.SIGKILL)
+            was = fenced_at
+            expired = not was and fence_expired(fence, now)
+            fenced_at, signals = fence_step(was, expired, grace_seconds, now)
+            if fenced_at and not was:
+                os.write(2, FENCE_NOTE)
+            for sig in signals:
+                signal_subjob(cgroup, os.getpgid(0), pid, sig)
     finally:
         os.close(pidfd)
 
@@ -1019,24 +1037,25 @@ class _Launcher:
         now = time.monotonic()
         if now < self.next_fence:
             return
-        expired: dict[str, bool] = {}
+        read: dict[str, bool] = {}  # each fence file read once per look
+
+        def past(fence: str) -> bool:
+            if fence not in read:
+                read[fence] = fence_expired(fence, now)
+            return read[fence]
+
         stopping = False
         for job in self.jobs.values():
             if not job.fence or job.ended:
                 continue
-            if job.fenced_at:
-                stopping = True
-                if now - job.fenced_at > min(job.grace_seconds, FENCE_GRACE_SECONDS):
-                    self._signal(job, int(signal.SIGKILL))
-                continue
-            if job.fence not in expired:
-                expired[job.fence] = fence_expired(job.fence, now)
-            if expired[job.fence]:
-                job.fenced_at = now
-                stopping = True
-                _note(job.dir, b"laminar: fence expired (agent out of touch); stopping subjob\n")
-                self._signal(job, int(signal.SIGCONT))
-                self._signal(job, int(signal.SIGTERM))
+            was = job.fenced_at
+            expired = not was and past(job.fence)
+            job.fenced_at, signals = fence_step(was, expired, job.grace_seconds, now)
+            if job.fenced_at and not was:
+                _note(job.dir, FENCE_NOTE)
+            for sig in signals:
+                self._signal(job, sig)
+            stopping = stopping or bool(job.fenced_at)
         self.next_fence = now + (FENCE_POLL_SECONDS / 2 if stopping else FENCE_POLL_SECONDS)
 
     def _orphans(self) -> list[int]:

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from laminar_agent.executor import Executor, ExitInfo, LaunchSpec
+from laminar_agent.shim import FENCE_GRACE_SECONDS, fence_step
 from laminar_base.errors import InvalidArgument, NotFound
 
 DEADLINE_SECONDS = 20.0
@@ -275,13 +276,16 @@ async def test_the_shim_stops_a_fenced_subjob_once_the_fence_deadline_passes(
     fence.write_text(f"{time.monotonic() + 600}\n")
     sleeper = "import time\ntime.sleep(120)\n"
     await ex.launch(make_spec(tmp_path, "fenced", sleeper, grace_seconds=1.0))
+    await ex.launch(make_spec(tmp_path, "fenced-too", sleeper, grace_seconds=1.0))
     await ex.launch(make_spec(tmp_path, "free", sleeper, fenced=False))
     await poll_until(lambda: ex.pid_of("fenced") is not None, "fenced started")
     assert "fenced" not in rec.exits  # a deadline ahead keeps it running
     fence.write_text(f"{time.monotonic() - 1}\n")
-    await poll_until(lambda: "fenced" in rec.exits, "fenced stopped")
-    info = rec.exits["fenced"]
-    assert info.fenced and info.signal == signal.SIGTERM
+    # Every fenced subjob is stopped at one look (the fence file is read once for all).
+    await poll_until(lambda: {"fenced", "fenced-too"} <= set(rec.exits), "fenced stopped")
+    for name in ("fenced", "fenced-too"):
+        info = rec.exits[name]
+        assert info.fenced and info.signal == signal.SIGTERM
     assert ex.is_running("free")
     await ex.terminate("free", grace_seconds=1.0)
     assert not rec.exits["free"].fenced
@@ -376,3 +380,15 @@ async def test_waiting_for_a_child_or_for_another_process_by_pidfd() -> None:
     sleeper = _spawn_orphan()
     assert await asyncio.wait_for(_wait_child(sleeper), 30) is None
     assert not psutil.pid_exists(sleeper) or psutil.Process(sleeper).status() == "zombie"
+
+
+def test_a_fence_step_stops_once_then_kills_after_the_grace() -> None:
+    """The fence's steps, as the shim's wait and the launcher's loop take them: nothing
+    before the fence passes; past it SIGCONT and SIGTERM once; SIGKILL once the grace (at
+    most FENCE_GRACE_SECONDS) is over."""
+    cont, term, kill = int(signal.SIGCONT), int(signal.SIGTERM), int(signal.SIGKILL)
+    assert fence_step(0.0, False, 10.0, 100.0) == (0.0, ())
+    assert fence_step(0.0, True, 10.0, 100.0) == (100.0, (cont, term))
+    assert fence_step(100.0, False, 10.0, 100.5) == (100.0, ())
+    assert fence_step(100.0, False, 10.0, 100.0 + FENCE_GRACE_SECONDS + 0.1) == (100.0, (kill,))
+    assert fence_step(100.0, False, 0.2, 100.3) == (100.0, (kill,))  # a shorter own grace
