@@ -928,13 +928,6 @@ class Executor:
         except Exception:
             log.exception("on_exit callback failed for subjob %s", subjob_id)
 
-    def started_unix(self, subjob_id: str) -> float:
-        """When the tracked subjob's process started, as :meth:`adopt` will compare it after
-        a restart (the process's own start time, not when its launch was answered); now,
-        for a subjob not tracked."""
-        tracked = self._tracked.get(subjob_id)
-        return tracked.started_unix if tracked is not None else time.time()
-
     def adopt(
         self, subjob_id: str, pid: int, started_unix: float, *, grace_seconds: float = 10.0
     ) -> bool:
@@ -946,7 +939,7 @@ class Executor:
         parent, while that runs) writes its ``exit.json`` once it has reaped it."""
         try:
             p = psutil.Process(pid)
-            alive = _started_near(pid, started_unix)
+            alive = abs(p.create_time() - started_unix) <= 1.0
             ended = alive and p.status() == psutil.STATUS_ZOMBIE
             parent = p.parent() if alive else None
             writer = parent if parent is not None and _is_launcher(parent.cmdline()) else None

@@ -117,10 +117,7 @@ class Launches:
             why = str(exc) or "the launch was cancelled (its Commit call ended)"
             carrier.apply(self.core.launch_failed(spec.subjob_id, why, time.time()))
             raise
-        # Journaled with the process's own start time: what a restarted agent's adopt
-        # compares the pid's with (the answer's arrival lags it under load).
-        started = carrier.executor.started_unix(spec.subjob_id)
-        carrier.apply(self.core.launched(spec.subjob_id, pid, started))
+        carrier.apply(self.core.launched(spec.subjob_id, pid, time.time()))
         # The one INFO line of a start (the executor's own is DEBUG); its end has one too.
         log.info(
             "subjob %s of job %s running as pid %d on %s%s",

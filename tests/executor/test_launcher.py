@@ -684,8 +684,6 @@ async def test_a_launch_keeps_its_process_start_time_not_when_its_answer_was_rea
     pid = await ex.launch(spec)
     try:
         assert executor_module._started_near(pid, ex._tracked["lagged"].started_unix)
-        # What the agent journals for a restart's adopt is that same start time.
-        assert ex.started_unix("lagged") == ex._tracked["lagged"].started_unix
     finally:
         gate.write_text("")
     await poll_until(lambda: "lagged" in rec.exits, "exit of lagged")
