@@ -583,14 +583,20 @@ class AgentCore:
             KeepLease(lease, subjob_id, now_unix),
         ]
 
-    def launched(self, subjob_id: str, pid: int, now_unix: float) -> list[Instruction]:
-        """Its process started: STARTING -> RUNNING (only once)."""
+    def launched(
+        self, subjob_id: str, pid: int, now_unix: float, pid_started_unix: float = 0.0
+    ) -> list[Instruction]:
+        """Its process started: STARTING -> RUNNING (only once). ``now_unix`` (when the
+        launch was answered) is the subjob's start; ``pid_started_unix`` is the process's
+        own start time as the executor read it (0: unknown), journaled apart for a
+        restart's adopt to tell this process from a reused pid."""
         live = self._require(subjob_id, STARTING)
         live.state = RUNNING
         live.started_unix = now_unix
         reason = f"started as pid {pid} on {','.join(live.slice_ids) or 'cpu'}"
+        row = {"pid": pid, "started_unix": now_unix, "pid_started_unix": pid_started_unix}
         return [
-            WriteRow(subjob_id, {"pid": pid, "started_unix": now_unix}),
+            WriteRow(subjob_id, row),
             *self._transition(live, RUNNING, reason, now_unix),
         ]
 

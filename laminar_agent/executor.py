@@ -58,6 +58,16 @@ from laminar_base.errors import ConfigError, InvalidArgument, NotFound
 log = logging.getLogger(__name__)
 
 ADOPT_POLL_SECONDS = 0.2
+#: How far a pid's start time, read again at a restart, may be from the one read at its
+#: launch and journaled (``pid_started_unix``) for it to be the same process. Both are
+#: psutil's ``create_time()``: the boot time (whole seconds, /proc/stat) plus the start
+#: in clock ticks (/proc/PID/stat, fixed for the process's life), so for one process the
+#: two readings are equal unless the wall clock was stepped in between. A reused pid
+#: started in another tick, at least 1/USER_HZ (10 ms) apart: half a tick tells them apart
+#: and leaves room for float rounding. A clock stepped between launch and restart makes a
+#: live subjob look like a reused pid (it is recorded lost; the old 1 s check did the same
+#: for a step over a second).
+PID_START_TOLERANCE_SECONDS = 0.005
 #: How often the agent looks for the ``exit.json`` of a subjob that has ended while its
 #: launcher, not connected to this agent, still runs (it writes the record after reaping).
 EXIT_RECORD_POLL_SECONDS = 0.02
@@ -928,18 +938,33 @@ class Executor:
         except Exception:
             log.exception("on_exit callback failed for subjob %s", subjob_id)
 
+    def pid_started_unix(self, subjob_id: str) -> float:
+        """When the tracked subjob's process started, as psutil read it at its launch (what
+        :meth:`adopt` compares after a restart); 0.0 for a subjob not tracked."""
+        tracked = self._tracked.get(subjob_id)
+        return tracked.started_unix if tracked is not None else 0.0
+
     def adopt(
-        self, subjob_id: str, pid: int, started_unix: float, *, grace_seconds: float = 10.0
+        self,
+        subjob_id: str,
+        pid: int,
+        started_unix: float,
+        *,
+        pid_started_unix: float = 0.0,
+        grace_seconds: float = 10.0,
     ) -> bool:
         """Re-attach to a subjob started by a previous agent; False if it is already gone.
 
         ``pid`` is the subjob's own process (a launcher started it) or, from an older
-        agent, its shim; either way its start time must match ``started_unix`` (within a
-        second), so a reused pid is never taken for it. The launcher that started it (its
-        parent, while that runs) writes its ``exit.json`` once it has reaped it."""
+        agent, its shim; its start time must match, so a reused pid is never taken for it:
+        ``pid_started_unix`` (the start the executor read at the launch, same source) within
+        :data:`PID_START_TOLERANCE_SECONDS`; without one (a row an older agent journaled),
+        ``started_unix`` within a second, which a launch answered late misses. The launcher
+        that started it (its parent, while that runs) writes its ``exit.json`` once it has
+        reaped it."""
         try:
             p = psutil.Process(pid)
-            alive = abs(p.create_time() - started_unix) <= 1.0
+            alive = _same_start(p.create_time(), started_unix, pid_started_unix)
             ended = alive and p.status() == psutil.STATUS_ZOMBIE
             parent = p.parent() if alive else None
             writer = parent if parent is not None and _is_launcher(parent.cmdline()) else None
@@ -1140,6 +1165,15 @@ def _start_time(pid: int) -> float:
         return float(psutil.Process(pid).create_time())
     except psutil.Error:
         return time.time()
+
+
+def _same_start(create_time: float, started_unix: float, pid_started_unix: float) -> bool:
+    """Whether a process started at ``create_time`` (psutil's reading now) is the one
+    journaled: against its own start as read at the launch (``pid_started_unix``) when
+    there is one, else against the subjob's start within a second."""
+    if pid_started_unix > 0:
+        return abs(create_time - pid_started_unix) <= PID_START_TOLERANCE_SECONDS
+    return abs(create_time - started_unix) <= 1.0
 
 
 def _started_near(pid: int, started_unix: float) -> bool:

@@ -49,7 +49,9 @@ def recover(carrier: Carrier, launches: Launches) -> tuple[int, int]:
         spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
         core.restore(restored(row, spec))
         carrier.facts[row.subjob_id] = SpecFacts.of(spec)
-        if row.pid and executor.adopt(row.subjob_id, row.pid, row.started_unix):
+        if row.pid and executor.adopt(
+            row.subjob_id, row.pid, row.started_unix, pid_started_unix=row.pid_started_unix
+        ):
             allocations = [Allocation(**a) for a in json.loads(row.allocations_json or "[]")]
             # The host CPU and memory it holds: what its demand takes here, as at its probe.
             cpu, memory = core.ledger.host_need(demand_of(spec.resources))

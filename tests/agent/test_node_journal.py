@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from laminar_agent import executor as executor_module
@@ -105,6 +109,78 @@ async def test_a_busy_slice_opens_its_window_when_its_holder_expects_to_end(
         assert busy_windows(again) == {}  # ended: both GPUs free from now
     finally:
         await again.close()
+
+
+async def test_a_subjob_whose_launch_was_answered_late_is_readopted_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load the launch's answer arrives seconds after the process started (here the
+    agent's clock reads 5 s late at that point). The subjob's start stays when the answer
+    came; the process's own start is journaled apart, and a restarted agent re-adopts the
+    live subjob by it instead of taking its pid for a reused one and losing it."""
+    from types import SimpleNamespace
+
+    from laminar_agent import launch as launch_module
+
+    real = time.time
+    monkeypatch.setattr(
+        launch_module, "time", SimpleNamespace(time=lambda: real() + 5.0, monotonic=time.monotonic)
+    )
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    granted = await node.probe(_probe("j1"))
+    spec = common_pb2.SubjobSpec(
+        job_id="j1", subjob_id="s1", command=[sys.executable, "-c", "import time; time.sleep(60)"]
+    )
+    subjob = await node.commit(granted.lease.lease_id, spec)
+    row = node.journal.get_subjob("s1")
+    assert row is not None and row.state == "RUNNING"
+    assert row.started_unix == subjob.started_unix  # the subjob's start: the answer's time
+    process_started = psutil.Process(row.pid).create_time()
+    assert row.started_unix - process_started > 4.0
+    await node.close()  # the subjob runs on
+    monkeypatch.undo()
+    again = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        assert again.recover() == (1, 0)
+        assert again.executor.is_running("s1")
+        # What it was told apart by: the process's start, journaled as read at the launch.
+        kept = again.journal.get_subjob("s1")
+        assert kept is not None and kept.pid_started_unix == process_started
+        assert kept.state == "RUNNING"
+        again.executor.kill("s1")
+        await again.executor.wait("s1")
+    finally:
+        await again.close()
+
+
+async def test_a_reused_pid_is_not_readopted(tmp_path: Path) -> None:
+    """A journaled pid now held by a process that started in another clock tick than the
+    one journaled is not the subjob's: the restart does not adopt it (the subjob is lost),
+    though the subjob's start is within a second of that process's."""
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    granted = await node.probe(_probe("j1"))
+    spec = common_pb2.SubjobSpec(
+        job_id="j1", subjob_id="s1", command=[sys.executable, "-c", "import time; time.sleep(60)"]
+    )
+    await node.commit(granted.lease.lease_id, spec)
+    row = node.journal.get_subjob("s1")
+    assert row is not None
+    pid = row.pid
+    # As if the subjob's process had ended unseen and another took its pid 20 ms after.
+    node.journal.update_subjob(
+        "s1", pid_started_unix=row.pid_started_unix - 0.02, started_unix=row.pid_started_unix
+    )
+    await node.close()
+    again = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        assert again.recover() == (0, 1)
+        assert not again.executor.is_running("s1")
+        lost = again.journal.get_subjob("s1")
+        assert lost is not None and lost.state not in ("RUNNING", "STARTING", "SUSPENDED")
+    finally:
+        await again.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 async def test_a_commit_cancelled_while_launching_records_the_subjob_failed_and_void(

@@ -225,6 +225,41 @@ async def test_adopt_after_restart_reads_exit_json(tmp_path: Path) -> None:
     await b.close()
 
 
+async def test_adopt_compares_the_pids_own_start_not_the_subjobs(tmp_path: Path) -> None:
+    """With the pid's start as read at its launch journaled, adopt compares that (same
+    source, half a tick): a subjob whose start (its launch's answer) lags its process by
+    seconds is still adopted, and a process that started a tick away from the journaled
+    one is a reused pid, refused even where the subjob's start is within a second."""
+    state = tmp_path / "state"
+    a = Executor(state, on_exit=Recorder())
+    code = (
+        "import os, pathlib, time\n"
+        "pathlib.Path('ready').write_text('1')\n"
+        "while not os.path.exists('go'): time.sleep(0.02)\n"
+    )
+    pid = await a.launch(make_spec(tmp_path, "lag", code))
+    await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
+    pid_started = a.pid_started_unix("lag")
+    assert pid_started == psutil.Process(pid).create_time()
+    assert a.pid_started_unix("unknown") == 0.0
+    await a.close()  # must not kill the subjob
+
+    rec = Recorder()
+    b = Executor(state, on_exit=rec)
+    try:
+        tick = 0.01  # one clock tick at USER_HZ 100: the nearest another process starts
+        assert not b.adopt("lag", pid, pid_started, pid_started_unix=pid_started - tick)
+        assert not b.adopt("lag", pid, pid_started, pid_started_unix=pid_started + tick)
+        assert not b.adopt("lag", pid, pid_started + 5.0)  # no pid start: 1 s on the start
+        assert b.adopt("lag", pid, pid_started + 5.0, pid_started_unix=pid_started)
+        assert b.is_running("lag")
+    finally:
+        (tmp_path / "go").write_text("1")
+    await poll_until(lambda: "lag" in rec.exits, "adopted exit")
+    assert rec.exits["lag"].exit_code == 0
+    await b.close()
+
+
 async def test_terminate_sweeps_stragglers_in_the_group(tmp_path: Path) -> None:
     rec = Recorder()
     ex = Executor(tmp_path / "state", on_exit=rec)

@@ -161,15 +161,19 @@ def test_kill_9_leaves_no_half_written_rows(tmp_path: Path) -> None:
 
 
 def _old_journal(path: Path, version: int) -> None:
-    """A journal as an older build wrote it: no end_cause column (v3), nor units_done (v1)."""
+    """A journal as an older build wrote it: no pid_started_unix column (v4), nor end_cause
+    (v3), nor units_done (v1)."""
     import sqlite3
 
     from laminar_agent import journal as journal_module
 
-    schema = journal_module._SCHEMA.replace(",\n    end_cause TEXT NOT NULL DEFAULT ''", "")
+    schema = journal_module._SCHEMA.replace(",\n    pid_started_unix REAL NOT NULL DEFAULT 0", "")
+    if version < 4:
+        schema = schema.replace(",\n    end_cause TEXT NOT NULL DEFAULT ''", "")
+        assert "end_cause" not in schema
     if version < 2:
         schema = schema.replace(",\n    units_done INTEGER NOT NULL DEFAULT 0", "")
-    assert "end_cause" not in schema
+    assert "pid_started_unix" not in schema
     conn = sqlite3.connect(path / "agent.db")
     conn.executescript(schema)
     columns = "subjob_id, job_id, spec_blob, state, reason, pid, slice_ids_json, "
@@ -193,7 +197,7 @@ def test_migration_adds_end_cause(tmp_path: Path, version: int) -> None:
     reason text is kept, never parsed into one), and new ends persist theirs."""
     _old_journal(tmp_path, version)
     j = Journal(tmp_path)
-    assert j.schema_version == SCHEMA_VERSION == 4
+    assert j.schema_version == SCHEMA_VERSION == 5
     old = j.get_subjob("s1")
     assert old is not None
     assert (old.state, old.end_cause, old.units_done) == ("KILLED", "", 0)
@@ -307,3 +311,22 @@ def test_checkpoints_run_on_a_worker_thread_and_keep_every_commit(
     assert len(Journal(tmp_path).unacked_events(10 * CHECKPOINT_EVERY_COMMITS)) == (
         CHECKPOINT_EVERY_COMMITS
     )
+
+
+@pytest.mark.parametrize("version", [1, 3, 4])
+def test_an_old_journal_opens_with_no_pid_start_on_its_rows(tmp_path: Path, version: int) -> None:
+    """A journal from before pid_started_unix opens: its live rows read 0 there (unknown,
+    so a restart's adopt falls back to started_unix), and a new launch persists its own."""
+    _old_journal(tmp_path, version)
+    j = Journal(tmp_path)
+    running = j.get_subjob("s0")
+    assert running is not None and (running.pid, running.started_unix) == (7, 2.0)
+    assert running.pid_started_unix == 0.0
+    j.put_subjob(SubjobRow("s2", "j1", b"", "RUNNING", created_unix=4.0))
+    j.update_subjob("s2", pid=8, started_unix=6.5, pid_started_unix=3.25)
+    j.close()
+    reopened = Journal(tmp_path)
+    assert reopened.schema_version == SCHEMA_VERSION
+    again = reopened.get_subjob("s2")
+    assert again is not None and (again.started_unix, again.pid_started_unix) == (6.5, 3.25)
+    reopened.close()
