@@ -22,8 +22,9 @@ allow (an exit after the end, a resume of an ended or a stopping subjob, a secon
 refused with :class:`TransitionRefused` and changes nothing.
 
 The core keeps only live subjobs; the journal keeps every row. After an agent restart the
-core is rebuilt from the journal's live rows (:meth:`AgentCore.restore`), then each is
-re-adopted, recorded as ended while the agent was down, or lost.
+core is rebuilt from the journal's live rows (:meth:`AgentCore.restore`), then
+:meth:`AgentCore.recover` decides from what the driver found (its process check, its exit
+record) whether each is re-adopted, recorded as ended while the agent was down, or lost.
 
 What this does not cover: building protobuf messages, checking request fields, checkpoint
 reading (units done) and timing the batch window; those are the driver's.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Protocol
 
 from laminar_agent.ledger import (
@@ -49,6 +51,7 @@ from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemptio
 from laminar_airlock.levels import Level, Marks
 from laminar_airlock.policy import PRIORITY_NAMES
 from laminar_base.causes import ENDED_SUBJOB_STATE_NAMES, EndCause, cause_from_token
+from laminar_base.demand import Demand
 from laminar_base.errors import FailedPrecondition, LaminarError
 
 STARTING = "STARTING"
@@ -233,6 +236,51 @@ class EndDecision:
     state: str
     cause: EndCause
     reason: str
+
+
+#: What a subjob's end reason adds when its exit record was found at an agent restart.
+ENDED_WHILE_DOWN = "ended while the agent was down"
+
+
+@dataclass(frozen=True)
+class RestartFacts:
+    """What an agent restart's driver found of one restored subjob (its I/O, done before
+    the core decides): whether its journaled pid is still its process (the executor's
+    check, which re-attaches to it), and its exit record if it left one."""
+
+    #: Its journaled pid is its process and that runs (or awaits its launcher's record).
+    is_running: bool
+    #: Its exit record, when its process ended while the agent was down; None: none found.
+    exit: ExitReport | None = None
+    #: What it holds here, held again if it runs: its lease's allocations and priority,
+    #: and the demand whose host CPU and memory share it takes (as at its probe).
+    allocations: tuple[Allocation, ...] = ()
+    lease_priority: int = 0
+    demand: Demand | None = None
+
+
+class Restarted(Enum):
+    """What an agent restart made of a restored subjob."""
+
+    #: Its process runs: its capacity is held again.
+    READOPTED = "re-adopted"
+    #: Its process runs but its capacity cannot be held (the inventory changed): stopped.
+    UNHELD = "stopped: its capacity cannot be held"
+    #: Its process ended while the agent was down: ended as its exit record says.
+    ENDED = "ended while the agent was down"
+    #: Gone without a record: lost.
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class RestartOutcome:
+    """:meth:`AgentCore.recover`'s answer: the fate, the instructions to carry out and, for
+    :attr:`Restarted.ENDED`, the end to record with the exit's figures (the driver adds what
+    an atomized subjob's checkpoint covers, which it reads, then :meth:`AgentCore.exited`)."""
+
+    fate: Restarted
+    instructions: list[Instruction]
+    end: EndDecision | None = None
 
 
 @dataclass(frozen=True)
@@ -815,6 +863,26 @@ class AgentCore:
             return [*instructions, Kill(subjob_id)]
         live.lease_id = lease_id
         return []
+
+    def recover(self, subjob_id: str, facts: RestartFacts, now_unix: float) -> RestartOutcome:
+        """A restored subjob after an agent restart, from what the driver found: re-adopted
+        while its process runs (its capacity held again, or it is stopped where that cannot
+        be held), else ended as its exit record says, else lost. A running process wins over
+        an exit record (its watcher reports the end it leaves)."""
+        if facts.is_running:
+            cpu, memory = (0, 0) if facts.demand is None else self.ledger.host_need(facts.demand)
+            refused = self.adopt(
+                subjob_id,
+                facts.allocations,
+                facts.lease_priority,
+                cpu_milli=cpu,
+                host_memory_bytes=memory,
+            )
+            return RestartOutcome(Restarted.UNHELD if refused else Restarted.READOPTED, refused)
+        if facts.exit is not None:
+            end = self.decide_exit(subjob_id, facts.exit, ENDED_WHILE_DOWN)
+            return RestartOutcome(Restarted.ENDED, [], end)
+        return RestartOutcome(Restarted.LOST, self.lose(subjob_id, now_unix))
 
     def lose(self, subjob_id: str, now_unix: float) -> list[Instruction]:
         """A restored subjob's process is gone and left no exit record."""

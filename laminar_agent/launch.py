@@ -16,7 +16,7 @@ import time
 import uuid
 
 from laminar_agent.carrier import Carrier, SpecFacts
-from laminar_agent.core import SUCCEEDED, NewRow, TransitionRefused
+from laminar_agent.core import SUCCEEDED, EndDecision, NewRow, TransitionRefused
 from laminar_agent.executor import ExitInfo, LaunchSpec, check_subjob_id, units_from_checkpoint
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.mig_driver import MigLayouts
@@ -142,7 +142,11 @@ class Launches:
     def record_exit(self, subjob_id: str, info: ExitInfo, context: str) -> None:
         """The core decides the end; an atomized subjob's reason also says what its
         checkpoint covers."""
-        decision = self.core.decide_exit(subjob_id, info, context)
+        self.record_end(subjob_id, self.core.decide_exit(subjob_id, info, context), info)
+
+    def record_end(self, subjob_id: str, decision: EndDecision, info: ExitInfo) -> None:
+        """Record the end the core decided for ``info``, with what an atomized subjob's
+        checkpoint covers (read here)."""
         # Every live subjob has its facts: set in the step that makes it live (commit,
         # restart), dropped when it ends; decide_exit refused an ended one above.
         facts = self.carrier.facts[subjob_id]

@@ -1,6 +1,7 @@
-"""An agent restart: the core is rebuilt from the journal's live rows, then each subjob is
-re-adopted (its process still runs), ended as its exit file says (it ended while the agent
-was down), or lost (gone without a record).
+"""An agent restart: the core is rebuilt from the journal's live rows, then each subjob's
+facts are gathered here (is its journaled pid still its process? did it leave an exit
+record?) and the core decides (:meth:`~laminar_agent.core.AgentCore.recover`): re-adopted,
+ended as its exit record says (it ended while the agent was down), or lost.
 
 Re-adopting holds the subjob's capacity again; capacity the ledger cannot hold (the
 inventory changed under it) is killed rather than overcommitted, as the core decides.
@@ -13,7 +14,7 @@ import logging
 import time
 
 from laminar_agent.carrier import Carrier, SpecFacts
-from laminar_agent.core import LIVE_STATES, RestoredSubjob
+from laminar_agent.core import LIVE_STATES, Restarted, RestartFacts, RestoredSubjob
 from laminar_agent.journal import SubjobRow
 from laminar_agent.launch import Launches
 from laminar_agent.ledger import Allocation
@@ -49,30 +50,27 @@ def recover(carrier: Carrier, launches: Launches) -> tuple[int, int]:
         spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
         core.restore(restored(row, spec))
         carrier.facts[row.subjob_id] = SpecFacts.of(spec)
-        if row.pid and executor.adopt(
+        # The process check re-attaches the executor to a match; only a process that is
+        # not running may have left its exit record.
+        is_running = row.pid > 0 and executor.adopt(
             row.subjob_id, row.pid, row.started_unix, pid_started_unix=row.pid_started_unix
-        ):
-            allocations = [Allocation(**a) for a in json.loads(row.allocations_json or "[]")]
-            # The host CPU and memory it holds: what its demand takes here, as at its probe.
-            cpu, memory = core.ledger.host_need(demand_of(spec.resources))
-            refused = core.adopt(
-                row.subjob_id,
-                allocations,
-                row.priority or common_pb2.BATCH,
-                cpu_milli=cpu,
-                host_memory_bytes=memory,
-            )
-            carrier.apply(refused)  # its capacity cannot be held: it is stopped
-            if refused:
-                lost += 1
-            else:
-                adopted += 1
-                log.info("re-adopted subjob %s (pid %d)", row.subjob_id, row.pid)
-            continue
-        info = executor.read_exit(row.subjob_id)
-        if info is not None:
-            launches.record_exit(row.subjob_id, info, "ended while the agent was down")
+        )
+        info = None if is_running else executor.read_exit(row.subjob_id)
+        facts = RestartFacts(
+            is_running=is_running,
+            exit=info,
+            allocations=tuple(Allocation(**a) for a in json.loads(row.allocations_json or "[]")),
+            lease_priority=row.priority or common_pb2.BATCH,
+            demand=demand_of(spec.resources),
+        )
+        outcome = core.recover(row.subjob_id, facts, time.time())
+        carrier.apply(outcome.instructions)
+        if outcome.end is not None and info is not None:
+            launches.record_end(row.subjob_id, outcome.end, info)
+        if outcome.fate is Restarted.READOPTED:
+            adopted += 1
+            log.info("re-adopted subjob %s (pid %d)", row.subjob_id, row.pid)
         else:
-            carrier.apply(core.lose(row.subjob_id, time.time()))
-        lost += 1
+            lost += 1
+            log.info("subjob %s not re-adopted: %s", row.subjob_id, outcome.fate.value)
     return adopted, lost

@@ -52,6 +52,8 @@ from laminar_agent.core import (
     NewRow,
     RecordEvent,
     RecordReclaim,
+    Restarted,
+    RestartFacts,
     RestoredSubjob,
     TransitionRefused,
     WriteRow,
@@ -474,19 +476,22 @@ class CoreMachine(RuleBasedStateMachine):
                     end_cause=str(row["end_cause"]),
                 )
             )
-            fate = data.draw(st.sampled_from(["adopt", "exited", "lost"]), label=subjob_id)
-            event(f"restart: {fate}")
-            if fate == "adopt":
-                _, allocations, lease_priority = self.journal.leases[str(row["lease_id"])]
-                refused = self.core.adopt(subjob_id, allocations, lease_priority)
-                assert refused == [], "capacity that fit before a restart fits after it"
-            elif fate == "exited":
-                decision = self.core.decide_exit(
-                    subjob_id, Exit(exit_code=1, signal=None), "ended while the agent was down"
-                )
-                self.journal.apply(self.core.end(subjob_id, decision, self.now_unix))
-            else:
-                self.journal.apply(self.core.lose(subjob_id, self.now_unix))
+            # What the driver finds: is its process still running, did it leave an exit
+            # record? The core decides what becomes of it (AgentCore.recover).
+            is_running = data.draw(st.booleans(), label=f"{subjob_id} runs")
+            exit_record = data.draw(st.none() | exits, label=f"{subjob_id} exit record")
+            _, allocations, lease_priority = self.journal.leases[str(row["lease_id"])]
+            facts = RestartFacts(is_running, exit_record, tuple(allocations), lease_priority)
+            outcome = self.core.recover(subjob_id, facts, self.now_unix)
+            event(f"restart: {outcome.fate.name}")
+            self.journal.apply(outcome.instructions)
+            if outcome.fate is Restarted.ENDED:
+                assert outcome.end is not None
+                self.journal.apply(self.core.end(subjob_id, outcome.end, self.now_unix))
+            assert (outcome.fate is Restarted.READOPTED) == is_running, (
+                "capacity that fit before a restart fits after it"
+            )
+            if outcome.fate is Restarted.LOST:
                 assert self.journal.rows[subjob_id]["state"] == LOST
 
     # -- invariants
@@ -717,6 +722,62 @@ def test_a_restored_stop_keeps_its_cause() -> None:
     assert decision == EndDecision(
         KILLED, EndCause.CANCELLED, "drained; ended by signal 15; ended while down"
     )
+
+
+def _restored_core() -> AgentCore:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-", cpu_total_milli=8000))
+    core.restore(RestoredSubjob("s1", "j", RUNNING, "", "l-s1", ("gpu0",), 3, 2, 1.0))
+    return core
+
+
+def test_a_restart_readopts_a_running_process_with_its_capacity_and_host_share() -> None:
+    """Its process runs: it is re-adopted, its slice and host CPU share held again (the
+    share its demand takes here, as at its probe), whatever exit record lies about."""
+    core = _restored_core()
+    facts = RestartFacts(
+        is_running=True,
+        exit=Exit(exit_code=0, signal=None),
+        allocations=(Allocation("gpu0", 1000, 80 * GIB),),
+        lease_priority=3,
+        demand=Demand(gpus=1, cpu_milli=2000),
+    )
+    outcome = core.recover("s1", facts, EPOCH_UNIX)
+    assert (outcome.fate, outcome.instructions, outcome.end) == (Restarted.READOPTED, [], None)
+    assert core.live_states == {"s1": RUNNING}
+    assert core.ledger.usage("gpu0")[0] == 1000
+    assert core.ledger.host_free().cpu_free_milli == 6000
+
+
+def test_a_restart_stops_a_running_process_whose_capacity_is_taken() -> None:
+    core = _restored_core()
+    core.restore(RestoredSubjob("s2", "j", RUNNING, "", "l-s2", ("gpu0",), 3, 2, 1.0))
+    whole = (Allocation("gpu0", 1000, 80 * GIB),)
+    assert core.recover("s1", RestartFacts(True, None, whole, 3), EPOCH_UNIX).fate is (
+        Restarted.READOPTED
+    )
+    outcome = core.recover("s2", RestartFacts(True, None, whole, 3), EPOCH_UNIX)
+    assert outcome.fate is Restarted.UNHELD and outcome.instructions[-1] == Kill("s2")
+    assert core.stopping == {"s2"}
+
+
+def test_a_restart_ends_a_gone_process_as_its_exit_record_says() -> None:
+    core = _restored_core()
+    outcome = core.recover("s1", RestartFacts(False, Exit(exit_code=3, signal=None)), EPOCH_UNIX)
+    assert outcome.fate is Restarted.ENDED and outcome.instructions == []
+    assert outcome.end == EndDecision(
+        FAILED, EndCause.EXITED, "exited 3; ended while the agent was down"
+    )
+    assert core.live_states == {"s1": RUNNING}  # ended once the driver records it
+    assert core.ledger.usage("gpu0") == (0, 0, 0, 0)  # nothing held again
+
+
+def test_a_restart_loses_a_gone_process_that_left_no_record() -> None:
+    core = _restored_core()
+    outcome = core.recover("s1", RestartFacts(False), EPOCH_UNIX)
+    assert outcome.fate is Restarted.LOST and outcome.end is None
+    last = outcome.instructions[-1]
+    assert isinstance(last, Ended) and (last.state, last.cause) == (LOST, EndCause.LOST)
+    assert core.live_states == {}
 
 
 def test_capacity_that_cannot_be_readopted_is_killed_not_held() -> None:
@@ -1007,3 +1068,24 @@ def test_an_ended_subjob_s_memory_leaves_the_reading_new_work_is_admitted_by() -
     core.end("s1", EndDecision(SUCCEEDED, EndCause.EXITED, "exited 0"), EPOCH_UNIX)
     assert core.pressure["gpu1"].used_bytes == 0
     assert isinstance(pressure_probe(core, share), Granted)
+
+
+def test_the_restart_driver_leaves_each_subjob_s_fate_to_the_core() -> None:
+    """laminar_agent.recovery gathers the facts (the process check, the exit record) and
+    carries out what :meth:`AgentCore.recover` decides: of the core it calls only
+    ``restore`` and ``recover``, never ``adopt``, ``lose`` or ``decide_exit`` itself."""
+    import ast
+    from pathlib import Path
+
+    from laminar_agent import recovery
+
+    tree = ast.parse(Path(recovery.__file__ or "").read_text())
+    on_core = {
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "core"
+    }
+    assert on_core == {"restore", "recover"}
