@@ -1236,6 +1236,24 @@ class ZoneCore:
             if e.job.array_id == array_id and e.job.state not in TERMINAL_JOB_STATES
         ]
 
+    def cancel_job(self, job: zone_pb2.Job, reason: str, now_unix: float) -> list[Instruction]:
+        """A user's cancel of ``job`` (as the journal or memory has it): an array cancels
+        each of its elements not ended yet (its own record sums them up; an element that
+        ended meanwhile is not refused), any other job itself (:meth:`cancel`). A cancelled
+        job with nothing left running leaves memory at once; one with copies still running
+        leaves when their ends are reported."""
+        if job.job_id in self.arrays:
+            targets = [self.entries[element].job for element in self.array_elements(job.job_id)]
+        else:
+            targets = [job]
+        instructions: list[Instruction] = []
+        for target in targets:
+            instructions += self.cancel(target, reason, now_unix)
+            entry = self.entries.get(target.job_id)
+            if entry is not None:
+                instructions += self.forget_if_done(entry)
+        return instructions
+
     def cancel(self, job: zone_pb2.Job, reason: str, now_unix: float) -> list[Instruction]:
         """Cancel a job (``job``: as the journal or memory has it): it ends now, and every
         live subjob of its attempt is stopped. Cancelling twice is harmless."""

@@ -340,17 +340,12 @@ class ZoneState:
     async def cancel(self, job_id: str, reason: str) -> zone_pb2.Job:
         check_str(reason, "reason", max_chars=1024)
         job = self.get(job_id)
-        if job_id in self.core.arrays:  # an array: every element not ended yet
-            for element in self.core.array_elements(job_id):
-                await self.cancel(element, reason)
-            return self.get(job_id)
-        instructions = self.core.cancel(job, reason, time.time())
-        entry = self.core.entries.get(job_id)
-        if entry is None:
-            return job  # cancelled before
-        await self._run(instructions)
-        self.forget_if_done(entry)
-        return fresh(entry.job)
+        entry = self.core.entries.get(job_id)  # None: an array's own record, or ended
+        # The core decides what a cancel stops (an array: each element not ended yet).
+        await self._run(self.core.cancel_job(job, reason, time.time()))
+        if entry is not None:
+            return fresh(entry.job)
+        return self.get(job_id)  # an array summed up now, or a job cancelled before
 
     # ================================================================ tasks and close
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_zone_core_props import Harness
 
-from laminar_api.v1 import common_pb2, zone_pb2
+from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import LIVE_SUBJOB_STATES, TERMINAL_JOB_STATES, EndCause
 from laminar_base.errors import InvalidArgument
 from laminar_zone.arrays import MAX_ARRAY_SIZE, ArrayProgress, parse_array
@@ -145,6 +145,58 @@ def test_cancelling_the_array_cancels_the_elements_left() -> None:
     assert done.state == zone_pb2.JOB_CANCELLED, done
     assert done.array.succeeded + done.array.cancelled == 5 and done.array.cancelled >= 3
     assert len(indices) < 5
+
+
+def test_an_element_that_ends_while_its_array_is_cancelled_does_not_fail_the_cancel() -> None:
+    """What a cancel of an array stops is decided at once (ZoneCore.cancel_job): an element
+    whose exit is reported while the stop of another is awaited is already cancelled, and
+    the cancel goes on (cancelling it then, one element at a time, found it ended and
+    failed the whole call, the elements after it left running)."""
+
+    async def scenario() -> None:
+        with tempfile.TemporaryDirectory() as root:
+            harness = Harness(Path(root))
+            try:
+                await harness.flush()
+                spec = zone_pb2.JobSpec(
+                    command=["true"], resources=common_pb2.Resources(gpus=1), array="0-1"
+                )
+                array = await harness.zone.submit(spec, "array-race")
+                await harness.call(harness.zone.queue_pass())
+                await harness.flush()
+                running = {
+                    s.spec.array_index: (agent, s)
+                    for agent in harness.agents.values()
+                    for s in agent.live()
+                }
+                assert set(running) == {0, 1}
+                first_agent, first = running[0]
+                other_agent, other = running[1]
+                stop = first_agent.SignalSubjob
+
+                async def stop_while_the_other_ends(
+                    request: agent_pb2.SignalSubjobRequest, timeout: float = 0
+                ) -> common_pb2.Subjob:
+                    if request.subjob_id == first.spec.subjob_id:
+                        other_agent.end(
+                            other.spec.subjob_id, common_pb2.SUCCEEDED, EndCause.EXITED, "ok"
+                        )
+                        harness.heartbeat(other_agent)  # its exit reaches the router now
+                    return await stop(request, timeout)
+
+                first_agent.SignalSubjob = stop_while_the_other_ends  # type: ignore[method-assign]
+                record = await harness.zone.cancel(array.job_id, "enough")
+                await harness.flush()
+                elements = [harness.zone.get(f"{array.job_id}_{i}") for i in range(2)]
+                assert [e.state for e in elements] == [zone_pb2.JOB_CANCELLED] * 2
+                assert first_agent.subjobs[first.spec.subjob_id].state == common_pb2.KILLED
+                assert record.array.cancelled == 2
+                assert harness.zone.get(array.job_id).state == zone_pb2.JOB_CANCELLED
+                assert harness.failures == []
+            finally:
+                await harness.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_batch_is_all_or_nothing_and_names_the_bad_request() -> None:

@@ -275,6 +275,50 @@ def test_a_cancel_during_a_commit_stops_every_member_and_stays_cancelled() -> No
     assert entry.job.job_id not in core.entries
 
 
+def test_cancelling_an_array_cancels_each_element_not_ended_and_forgets_the_idle_ones() -> None:
+    """One decision for the whole array: an element that ended is left alone (not refused),
+    a running one is stopped and stays in memory until its copy's end is reported, a
+    waiting one is cancelled and forgotten at once; cancelling again does nothing more."""
+    core = _core()
+    array = zone_pb2.Job(job_id="arr", spec=zone_pb2.JobSpec(array="0-2"))
+    core.admit_array(array, total=3, limit=3)
+    done, running, waiting = (_submit(core) for _ in range(3))
+    for index, entry in enumerate((done, running, waiting)):
+        entry.job.array_id, entry.job.array_index = "arr", index
+    core.finish(done, zone_pb2.JOB_SUCCEEDED, "exited 0", NOW)
+    core.begin_commit(running, _members("a0"))
+    (copy,) = running.current()
+    _started(copy)
+    core.committed(running, [None], NOW)
+
+    out = core.cancel_job(array, "enough", NOW)
+
+    assert done.job.state == zone_pb2.JOB_SUCCEEDED
+    assert running.job.state == waiting.job.state == zone_pb2.JOB_CANCELLED
+    assert [t for t in out if isinstance(t, Terminate)] == [
+        Terminate(copy, "cancelled: enough", EndCause.CANCELLED)
+    ]
+    assert [f for f in out if isinstance(f, Forget)] == [Forget(waiting.job.job_id)]
+    assert [e.job.job_id for e in journaled(out)] == [running.job.job_id, waiting.job.job_id]
+    assert waiting.job.job_id not in core.entries and running.job.job_id in core.entries
+    assert core.cancel_job(array, "again", NOW) == []
+    _ended(copy, common_pb2.KILLED, EndCause.CANCELLED)
+    assert core.forget_if_done(running) == [Forget(running.job.job_id)]
+
+
+def test_cancelling_one_job_with_nothing_running_forgets_it() -> None:
+    core = _core()
+    entry = _submit(core)
+    out = core.cancel_job(entry.job, "", NOW)
+    assert entry.job.state == zone_pb2.JOB_CANCELLED
+    assert journaled(out) == [entry] and out[-1] == Forget(entry.job.job_id)
+    assert entry.job.job_id not in core.entries
+    with pytest.raises(FailedPrecondition):  # ended otherwise: refused, as one cancel is
+        done = _submit(core)
+        core.finish(done, zone_pb2.JOB_SUCCEEDED, "exited 0", NOW)
+        core.cancel_job(done.job, "", NOW)
+
+
 def test_cancelling_an_ended_job_is_refused() -> None:
     core = _core()
     entry = _submit(core)
@@ -1074,6 +1118,13 @@ DECISIONS = frozenset(
         "now_running",
         "copy_subjob",
         "note_true_end",
+        # What a cancel stops (ZoneCore.cancel_job) and how a commit of unknown outcome
+        # is confirmed (laminar_zone.trying.confirm_steps) are the core's too.
+        "array_elements",
+        "confirmed",
+        "reconfirm",
+        "is_unsure",
+        "to_confirm",
     }
 )
 WRITTEN = frozenset(
