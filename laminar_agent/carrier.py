@@ -20,7 +20,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
 
@@ -47,6 +48,10 @@ from laminar_api.v1 import common_pb2
 
 log = logging.getLogger("laminar.agent.node")
 
+#: Ended subjobs whose rows :class:`Carrier` keeps in memory (their end event's heartbeat,
+#: a GetSubjob after the end), newest kept; older ones are read from the journal.
+ENDED_ROWS_KEPT = 1024
+
 
 @dataclass(frozen=True)
 class SpecFacts:
@@ -69,6 +74,18 @@ class SpecFacts:
             spec.checkpoint_dir,
             spec.expected_seconds,
         )
+
+
+@dataclass(frozen=True)
+class _RowChange:
+    """One change a batch makes to the journal's subjob rows (kept once it commits):
+    ``key`` is the subjob's id, or the lease's for ``lease_dropped``; with neither ``new``
+    nor ``fields`` nor ``lease_dropped``, the subjob ended."""
+
+    key: str
+    new: SubjobRow | None = None
+    fields: Mapping[str, object] | None = None
+    lease_dropped: bool = False
 
 
 class Carrier:
@@ -100,14 +117,31 @@ class Carrier:
         #: Set on every subjob transition (heartbeats and Watch streams wait on them).
         self.waiters: set[asyncio.Event] = set()
         self._background: set[asyncio.Task[None]] = set()
+        #: The journal's rows of the subjobs this process wrote (every live one it committed,
+        #: the last :data:`ENDED_ROWS_KEPT` ended), as they were committed: the reply to a
+        #: commit and each event's message are built from them instead of read back from
+        #: the journal. Subjobs re-adopted at a restart are not here (read from the journal).
+        self._rows: dict[str, SubjobRow] = {}
+        self._ended_rows: OrderedDict[str, SubjobRow] = OrderedDict()
+        #: Kept rows by their journaled lease (the journal joins the lease's columns).
+        self._lease_rows: dict[str, SubjobRow] = {}
 
     def apply(
         self, instructions: Iterable[Instruction], spec: common_pb2.SubjobSpec | None = None
     ) -> None:
         """Do what the core decided, in order; ``spec`` is the new subjob's, for a NewRow.
         The journal writes of one call commit as one transaction."""
-        with self.journal.batch():
-            woken = self._carry_out(instructions, spec)
+        rows: list[_RowChange] = []
+        try:
+            with self.journal.batch():
+                woken = self._carry_out(instructions, spec, rows)
+        except BaseException:
+            # Rolled back, or not known to be committed: the journal answers for every row.
+            self._rows.clear()
+            self._ended_rows.clear()
+            self._lease_rows.clear()
+            raise
+        self._keep_rows(rows)
         if woken:
             for waiter in list(self.waiters):
                 waiter.set()
@@ -128,14 +162,49 @@ class Carrier:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
 
+    def row(self, subjob_id: str) -> SubjobRow | None:
+        """The committed journal row of ``subjob_id`` as this process wrote it (None: not
+        kept, read the journal). The caller must not change it."""
+        row = self._rows.get(subjob_id)
+        return self._ended_rows.get(subjob_id) if row is None else row
+
+    def _keep_rows(self, rows: list[_RowChange]) -> None:
+        """Bring the kept rows to what the batch just committed: a new row, a write to a
+        kept row's fields, a dropped lease (the journal joins its columns no more), an end
+        (the row moves to the ended ones)."""
+        for change in rows:
+            if change.new is not None:
+                self._rows[change.key] = change.new
+                self._lease_rows[change.new.lease_id] = change.new
+            elif change.fields is not None:
+                kept = self.row(change.key)
+                if kept is not None:
+                    for name, value in change.fields.items():
+                        setattr(kept, name, value)
+            elif change.lease_dropped:
+                kept = self._lease_rows.pop(change.key, None)
+                if kept is not None:
+                    kept.allocations_json, kept.priority = "", 0
+            else:
+                kept = self._rows.pop(change.key, None)
+                if kept is not None:
+                    self._ended_rows[change.key] = kept
+                    if len(self._ended_rows) > ENDED_ROWS_KEPT:
+                        self._ended_rows.popitem(last=False)
+
     def _carry_out(
-        self, instructions: Iterable[Instruction], spec: common_pb2.SubjobSpec | None
+        self,
+        instructions: Iterable[Instruction],
+        spec: common_pb2.SubjobSpec | None,
+        rows: list[_RowChange],
     ) -> bool:
-        """The instructions, in order; whether any journaled an event (watchers wake)."""
+        """The instructions, in order; whether any journaled an event (watchers wake).
+        ``rows`` gains each change to a subjob row, kept once the batch commits."""
         woken = False
         for ins in merge_row_writes(instructions):
             if isinstance(ins, WriteRow):
                 self.journal.update_subjob(ins.subjob_id, **ins.fields)
+                rows.append(_RowChange(ins.subjob_id, fields=ins.fields))
             elif isinstance(ins, RecordEvent):
                 self.journal.append_event(ins.subjob_id, ins.state, ins.reason, ins.at_unix)
                 woken = True
@@ -145,11 +214,15 @@ class Carrier:
             elif isinstance(ins, DropLease):
                 if ins.journaled:
                     self.journal.delete_lease(ins.lease_id)
+                    rows.append(_RowChange(ins.lease_id, lease_dropped=True))
                 log.debug("lease %s for job %s %s", ins.lease_id, ins.job_id, ins.why)
             elif isinstance(ins, NewRow):
                 assert spec is not None, "a new row needs its spec"
-                self.journal.put_subjob(self._new_row(ins, spec))
+                row = self._new_row(ins, spec)
+                self.journal.put_subjob(row)
+                rows.append(_RowChange(ins.subjob_id, new=row))
             elif isinstance(ins, Ended):
+                rows.append(_RowChange(ins.subjob_id))
                 self.facts.pop(ins.subjob_id, None)
                 if isinstance(self.backend, FakeGpuBackend):
                     self.backend.detach_subjob(ins.subjob_id)
@@ -170,6 +243,8 @@ class Carrier:
         return woken
 
     def _new_row(self, ins: NewRow, spec: common_pb2.SubjobSpec) -> SubjobRow:
+        """The row journaled, with the lease's columns the journal joins to it (its
+        allocations and priority, as :meth:`_journal_lease` writes them)."""
         slice_ids = [a.slice_id for a in ins.lease.allocations]
         return SubjobRow(
             subjob_id=ins.subjob_id,
@@ -183,6 +258,8 @@ class Carrier:
             exit_code=0,
             signal=0,
             lease_id=ins.lease.lease_id,
+            allocations_json=_allocations_json(ins.lease),
+            priority=ins.lease.priority,
         )
 
     def _journal_lease(self, lease: LeaseRecord, subjob_id: str, at_unix: float) -> None:
@@ -190,7 +267,7 @@ class Carrier:
             lease.lease_id,
             lease.job_id,
             lease.member,
-            json.dumps([a.__dict__ for a in lease.allocations]),
+            _allocations_json(lease),
             lease.score,
             lease.priority,
             bool(subjob_id),
@@ -224,3 +301,8 @@ class Carrier:
                 work_lost_gpu_seconds=ins.work_lost_gpu_seconds,
                 dry_run=ins.dry_run,
             )
+
+
+def _allocations_json(lease: LeaseRecord) -> str:
+    """A lease's allocations as its journal row holds them."""
+    return json.dumps([a.__dict__ for a in lease.allocations])

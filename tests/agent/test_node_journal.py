@@ -138,3 +138,58 @@ async def test_a_commit_cancelled_while_launching_records_the_subjob_failed_and_
         assert (node.executor.subjob_dir("s1") / "void").exists()
     finally:
         await node.close()
+
+
+async def test_the_rows_kept_in_memory_are_the_journals_rows_at_every_step(
+    tmp_path: Path,
+) -> None:
+    """A commit's reply and each event's message are built from the rows the carrier kept
+    as it committed them, not read back: at every step (commit, suspend, resume, stop, end)
+    each kept row equals the journal's, and the messages equal those built from the journal
+    (a restarted agent, which keeps none, reads the same)."""
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+
+    def assert_kept_as_journaled(subjob_id: str) -> None:
+        kept = node.carrier.row(subjob_id)
+        assert kept is not None and kept == node.journal.get_subjob(subjob_id)
+
+    try:
+        granted = await node.probe(_probe("j1"))
+        spec = common_pb2.SubjobSpec(
+            job_id="j1",
+            subjob_id="s1",
+            command=[sys.executable, "-c", "import time; time.sleep(60)"],
+            priority=common_pb2.BATCH,
+        )
+        reply = await node.commit(granted.lease.lease_id, spec)
+        assert_kept_as_journaled("s1")
+        journaled = node.journal.get_subjob("s1")
+        assert journaled is not None and journaled.allocations_json not in ("", "[]")
+        assert reply == node.reads._to_message(journaled)
+        assert reply.state == common_pb2.RUNNING and reply.pid > 0
+        await node.signal("s1", agent_pb2.SUSPEND, "test", 0)
+        assert_kept_as_journaled("s1")
+        await node.signal("s1", agent_pb2.RESUME, "test", 0)
+        assert_kept_as_journaled("s1")
+        await node.signal("s1", agent_pb2.TERMINATE, "test", 0.1)
+        await node.executor.wait("s1")
+        assert_kept_as_journaled("s1")  # ended: its lease's columns are gone from both
+        ended = node.journal.get_subjob("s1")
+        assert ended is not None and ended.state == "KILLED" and ended.allocations_json == ""
+        events = node.journal.events_after(0)
+        assert [e.state for e in events] == ["RUNNING", "SUSPENDED", "RUNNING", "KILLED"]
+        kept_messages = [
+            node.reads.event_message(e.seq, e.subjob_id, e.state, e.reason, e.at_unix)
+            for e in events
+        ]
+    finally:
+        await node.close()
+    again = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        assert again.carrier.row("s1") is None  # nothing kept across a restart
+        assert kept_messages == [
+            again.reads.event_message(e.seq, e.subjob_id, e.state, e.reason, e.at_unix)
+            for e in events
+        ]
+    finally:
+        await again.close()
