@@ -1132,14 +1132,42 @@ def _is_alive(process: psutil.Process | None) -> bool:
         return False
 
 
+#: Clock ticks per second of ``/proc/PID/stat``'s times.
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: How long a boot time read from ``/proc/stat`` is reused: it moves only when the wall
+#: clock is stepped, and a start time within a second is what is compared.
+BOOT_TIME_REUSE_SECONDS = 10.0
+#: The boot time last read (wall-clock seconds) and when (monotonic).
+_boot_time_read: tuple[float, float] = (float("-inf"), 0.0)
+
+
+def _boot_time() -> float:
+    """``psutil.boot_time()``, read again at most every :data:`BOOT_TIME_REUSE_SECONDS`."""
+    global _boot_time_read
+    read_at, boot = _boot_time_read
+    now = time.monotonic()
+    if now - read_at >= BOOT_TIME_REUSE_SECONDS:
+        boot = psutil.boot_time()
+        _boot_time_read = (now, boot)
+    return boot
+
+
 def _start_time(pid: int) -> float:
     """When process ``pid`` started, as psutil reads it (what :func:`_started_near` and
     :meth:`Executor.adopt` compare with): not when its launch was answered, which a
-    lagging loop reads late. Now, for a process already gone."""
+    lagging loop reads late. Now, for a process already gone.
+
+    psutil's sum (``starttime`` ticks after boot + the boot time), reading only
+    ``/proc/PID/stat``: ``psutil.Process(pid).create_time()`` also reads ``/proc/stat``
+    for the boot time on each call, and cost 0.1 ms of the agent's CPU per launch under
+    load."""
     try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        ticks = int(data[data.rfind(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
         return time.time()
+    return ticks / _CLOCK_TICKS + _boot_time()
 
 
 def _started_near(pid: int, started_unix: float) -> bool:
