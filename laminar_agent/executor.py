@@ -909,9 +909,7 @@ class Executor:
     async def _finish(self, subjob_id: str, tracked: _Tracked, info: ExitInfo) -> None:
         tracked.done.set()
         if self.cgroups is not None:  # the shim removes it; a killed shim cannot
-            if self.cgroups.pids(subjob_id):
-                self.cgroups.kill(subjob_id)
-            self.cgroups.remove(subjob_id)
+            self.cgroups.clear(subjob_id)
         log.debug(  # the node logs the end, with its cause, at INFO
             "subjob %s ended exit_code=%s signal=%s peak_rss_bytes=%d run_seconds=%.3f%s",
             subjob_id,

@@ -711,3 +711,29 @@ def test_a_process_start_time_is_the_one_psutil_reads(monkeypatch: pytest.Monkey
         child.wait()
     before = time.time()
     assert before <= executor_module._start_time(child.pid) <= time.time()
+
+
+def test_an_ended_subjobs_cgroup_is_removed_before_anything_is_read_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a subjob's end its cgroup is removed; ``cgroup.procs`` is read (and what is left
+    killed) only when the removal fails. Plain folders stand in for cgroups: a folder with
+    files cannot be removed, as a cgroup with processes cannot."""
+    cgroups = SubjobCgroups(tmp_path / "cgroups")
+    read: list[str] = []
+    pids = SubjobCgroups.pids
+
+    def counted(self: SubjobCgroups, subjob_id: str) -> list[int]:
+        read.append(subjob_id)
+        return pids(self, subjob_id)
+
+    monkeypatch.setattr(SubjobCgroups, "pids", counted)
+    cgroups.path("empty").mkdir(parents=True)
+    cgroups.clear("empty")
+    cgroups.clear("gone")  # its launcher removed it already
+    assert not cgroups.path("empty").exists() and read == []
+    busy = cgroups.path("busy")
+    busy.mkdir()
+    (busy / "cgroup.procs").write_text("4242\n")
+    cgroups.clear("busy")
+    assert read == ["busy"] and (busy / "cgroup.kill").read_text() == "1"
