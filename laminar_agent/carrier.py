@@ -210,7 +210,8 @@ class Carrier:
                 woken = True
             elif isinstance(ins, KeepLease):
                 if ins.subjob_id:  # uncommitted leases live in memory only
-                    self._journal_lease(ins.lease, ins.subjob_id, ins.at_unix)
+                    joined = self._journal_lease(ins.lease, ins.subjob_id, ins.at_unix)
+                    rows.append(_RowChange(ins.subjob_id, fields=joined))
             elif isinstance(ins, DropLease):
                 if ins.journaled:
                     self.journal.delete_lease(ins.lease_id)
@@ -243,8 +244,6 @@ class Carrier:
         return woken
 
     def _new_row(self, ins: NewRow, spec: common_pb2.SubjobSpec) -> SubjobRow:
-        """The row journaled, with the lease's columns the journal joins to it (its
-        allocations and priority, as :meth:`_journal_lease` writes them)."""
         slice_ids = [a.slice_id for a in ins.lease.allocations]
         return SubjobRow(
             subjob_id=ins.subjob_id,
@@ -258,22 +257,26 @@ class Carrier:
             exit_code=0,
             signal=0,
             lease_id=ins.lease.lease_id,
-            allocations_json=_allocations_json(ins.lease),
-            priority=ins.lease.priority,
         )
 
-    def _journal_lease(self, lease: LeaseRecord, subjob_id: str, at_unix: float) -> None:
+    def _journal_lease(
+        self, lease: LeaseRecord, subjob_id: str, at_unix: float
+    ) -> dict[str, object]:
+        """Journal a committed lease; returns the columns the journal joins from it to its
+        subjob's row."""
+        allocations_json = json.dumps([a.__dict__ for a in lease.allocations])
         self.journal.put_lease(
             lease.lease_id,
             lease.job_id,
             lease.member,
-            _allocations_json(lease),
+            allocations_json,
             lease.score,
             lease.priority,
             bool(subjob_id),
             subjob_id,
             at_unix,
         )
+        return {"allocations_json": allocations_json, "priority": lease.priority}
 
     def _record_reclaim(self, ins: RecordReclaim) -> None:
         self.journal.append_action(
@@ -301,8 +304,3 @@ class Carrier:
                 work_lost_gpu_seconds=ins.work_lost_gpu_seconds,
                 dry_run=ins.dry_run,
             )
-
-
-def _allocations_json(lease: LeaseRecord) -> str:
-    """A lease's allocations as its journal row holds them."""
-    return json.dumps([a.__dict__ for a in lease.allocations])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -61,9 +62,14 @@ class SubjobCgroups:
 
     def __init__(self, base: Path) -> None:
         self.base = base
+        self._prefix = f"{base}{os.sep}"
 
     def path(self, subjob_id: str) -> Path:
         return self.base / subjob_id
+
+    def path_text(self, subjob_id: str) -> str:
+        """:meth:`path` as text (each launch and each end use it: no Path per call)."""
+        return f"{self._prefix}{subjob_id}"
 
     def pids(self, subjob_id: str) -> list[int]:
         try:
@@ -91,7 +97,7 @@ class SubjobCgroups:
         A cgroup that cannot be removed is read, its processes killed, and removed if it
         can be by then."""
         try:
-            self.path(subjob_id).rmdir()
+            os.rmdir(self.path_text(subjob_id))
             return
         except FileNotFoundError:
             return

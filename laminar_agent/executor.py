@@ -757,7 +757,7 @@ class Executor:
         if spec.subjob_id in self._tracked and not self._tracked[spec.subjob_id].done.is_set():
             raise InvalidArgument(f"{spec.subjob_id!r} is already running", field="subjob_id")
         user = self.identities.for_tenant(spec.tenant)
-        sdir = self.subjob_dir(spec.subjob_id)
+        sdir = f"{self._subjobs_prefix}{spec.subjob_id}"  # text: no Path per launch
         if spec.unit_count > 0 and not spec.checkpoint_dir:
             raise InvalidArgument("an atomized subjob needs one", field="checkpoint_dir")
         make_dirs: list[str] = []
@@ -766,9 +766,9 @@ class Executor:
             # created or chowned by root at a path the job chose.
             make_dirs.append(spec.checkpoint_dir)
         # The launcher makes the folder (with the user's scratch folder) and the cgroup.
-        cgroup = str(self.cgroups.path(spec.subjob_id)) if self.cgroups is not None else ""
+        cgroup = self.cgroups.path_text(spec.subjob_id) if self.cgroups is not None else ""
         launch: dict[str, object] = {
-            "dir": str(sdir),
+            "dir": sdir,
             "command": list(spec.command),
             "env": self._build_env(spec, user),
             "cwd": spec.workdir or self._scratch_text(spec.subjob_id),
@@ -794,7 +794,7 @@ class Executor:
             tracked = _Tracked(pid, spec.grace_seconds, is_job=True, started_unix=_start_time(pid))
             watch = self._watch_launched(spec.subjob_id, tracked, launcher, launcher.process)
         else:
-            pid, warning = self._launch_shim(sdir, launch)
+            pid, warning = self._launch_shim(Path(sdir), launch)
             tracked = _Tracked(pid, spec.grace_seconds, started_unix=_start_time(pid))
             watch = self._watch_child(spec.subjob_id, tracked)
         if warning:
