@@ -48,12 +48,14 @@ class SubjobReads:
         self._core = core
         self._waiters = waiters
 
-    def _get(self, subjob_id: str) -> SubjobRow | None:
+    def find(self, subjob_id: str) -> SubjobRow | None:
+        """A subjob's journal row (None: no such subjob), from memory where it is kept.
+        The caller must not change it."""
         row = self._kept_row(subjob_id)
         return self._journal.get_subjob(subjob_id) if row is None else row
 
     def row(self, subjob_id: str) -> SubjobRow:
-        row = self._get(subjob_id)
+        row = self.find(subjob_id)
         if row is None:
             raise NotFound(f"no subjob {subjob_id!r} on agent {self._agent_id}", field="subjob_id")
         return row
@@ -133,7 +135,7 @@ class SubjobReads:
         self, seq: int, subjob_id: str, state: str, reason: str, at_unix: float, job_id: str = ""
     ) -> common_pb2.SubjobEvent | None:
         """One journaled transition as an API event (the subjob as it is now, state as it was)."""
-        row = self._get(subjob_id)
+        row = self.find(subjob_id)
         if row is None or (job_id and row.job_id != job_id):
             return None
         message = self._to_message(row)

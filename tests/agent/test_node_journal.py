@@ -11,6 +11,7 @@ import pytest
 
 from laminar_agent import executor as executor_module
 from laminar_agent.inventory.fake import FakeGpuBackend
+from laminar_agent.journal import SubjobRow
 from laminar_agent.node import Node
 from laminar_api.v1 import agent_pb2, common_pb2
 
@@ -141,17 +142,25 @@ async def test_a_commit_cancelled_while_launching_records_the_subjob_failed_and_
 
 
 async def test_the_rows_kept_in_memory_are_the_journals_rows_at_every_step(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A commit's reply and each event's message are built from the rows the carrier kept
     as it committed them, not read back: at every step (commit, suspend, resume, stop, end)
     each kept row equals the journal's, and the messages equal those built from the journal
     (a restarted agent, which keeps none, reads the same)."""
     node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    journal_reads: list[str] = []
+    get_subjob = node.journal.get_subjob
+
+    def read(subjob_id: str) -> SubjobRow | None:
+        journal_reads.append(subjob_id)
+        return get_subjob(subjob_id)
+
+    monkeypatch.setattr(node.journal, "get_subjob", read)
 
     def assert_kept_as_journaled(subjob_id: str) -> None:
         kept = node.carrier.row(subjob_id)
-        assert kept is not None and kept == node.journal.get_subjob(subjob_id)
+        assert kept is not None and kept == get_subjob(subjob_id)
 
     try:
         granted = await node.probe(_probe("j1"))
@@ -162,8 +171,9 @@ async def test_the_rows_kept_in_memory_are_the_journals_rows_at_every_step(
             priority=common_pb2.BATCH,
         )
         reply = await node.commit(granted.lease.lease_id, spec)
+        assert journal_reads == []  # the reply was built from memory
         assert_kept_as_journaled("s1")
-        journaled = node.journal.get_subjob("s1")
+        journaled = get_subjob("s1")
         assert journaled is not None and journaled.allocations_json not in ("", "[]")
         assert reply == node.reads._to_message(journaled)
         assert reply.state == common_pb2.RUNNING and reply.pid > 0
@@ -174,7 +184,7 @@ async def test_the_rows_kept_in_memory_are_the_journals_rows_at_every_step(
         await node.signal("s1", agent_pb2.TERMINATE, "test", 0.1)
         await node.executor.wait("s1")
         assert_kept_as_journaled("s1")  # ended: its lease's columns are gone from both
-        ended = node.journal.get_subjob("s1")
+        ended = get_subjob("s1")
         assert ended is not None and ended.state == "KILLED" and ended.allocations_json == ""
         events = node.journal.events_after(0)
         assert [e.state for e in events] == ["RUNNING", "SUSPENDED", "RUNNING", "KILLED"]
@@ -182,6 +192,7 @@ async def test_the_rows_kept_in_memory_are_the_journals_rows_at_every_step(
             node.reads.event_message(e.seq, e.subjob_id, e.state, e.reason, e.at_unix)
             for e in events
         ]
+        assert journal_reads == []  # nor the events' messages, the end's included
     finally:
         await node.close()
     again = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
