@@ -147,8 +147,11 @@ class Carrier:
                 waiter.set()
 
     def expire(self) -> None:
-        """Drop the uncommitted leases whose TTL has passed."""
-        self.apply(self.core.expire(time.monotonic()))
+        """Drop the uncommitted leases whose TTL has passed (nothing to carry out, most
+        calls: no batch is opened for none)."""
+        instructions = self.core.expire(time.monotonic())
+        if instructions:
+            self.apply(instructions)
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``coro`` to completion even if the RPC that started it is cancelled."""
