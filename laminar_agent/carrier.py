@@ -51,6 +51,9 @@ log = logging.getLogger("laminar.agent.node")
 #: Ended subjobs whose rows :class:`Carrier` keeps in memory (their end event's heartbeat,
 #: a GetSubjob after the end), newest kept; older ones are read from the journal.
 ENDED_ROWS_KEPT = 1024
+#: A row whose stored spec (command and environment, up to 512 KiB) is larger is not kept:
+#: the kept rows stay within (live + :data:`ENDED_ROWS_KEPT`) x this, 16 MiB past the live.
+KEPT_ROW_MAX_SPEC_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -177,8 +180,9 @@ class Carrier:
         (the row moves to the ended ones)."""
         for change in rows:
             if change.new is not None:
-                self._rows[change.key] = change.new
-                self._lease_rows[change.new.lease_id] = change.new
+                if len(change.new.spec_blob) <= KEPT_ROW_MAX_SPEC_BYTES:
+                    self._rows[change.key] = change.new
+                    self._lease_rows[change.new.lease_id] = change.new
             elif change.fields is not None:
                 kept = self.row(change.key)
                 if kept is not None:

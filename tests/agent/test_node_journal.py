@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from laminar_agent import executor as executor_module
+from laminar_agent.carrier import KEPT_ROW_MAX_SPEC_BYTES
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.journal import SubjobRow
 from laminar_agent.node import Node
@@ -204,3 +205,27 @@ async def test_the_rows_kept_in_memory_are_the_journals_rows_at_every_step(
         ]
     finally:
         await again.close()
+
+
+async def test_a_row_with_a_large_spec_is_read_from_the_journal_not_kept(tmp_path: Path) -> None:
+    """Kept rows hold their stored spec: one larger than ``KEPT_ROW_MAX_SPEC_BYTES`` (a
+    large environment) is not kept, so what memory holds stays bounded, and its reply is
+    the journal's all the same."""
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        granted = await node.probe(_probe("j1"))
+        spec = common_pb2.SubjobSpec(
+            job_id="j1",
+            subjob_id="s1",
+            command=[sys.executable, "-c", "pass"],
+            env={"BIG": "x" * KEPT_ROW_MAX_SPEC_BYTES},
+        )
+        reply = await node.commit(granted.lease.lease_id, spec)
+        assert node.carrier.row("s1") is None
+        journaled = node.journal.get_subjob("s1")
+        assert journaled is not None and reply == node.reads._to_message(journaled)
+        assert reply.spec.env["BIG"] == spec.env["BIG"]
+        await node.executor.wait("s1")
+        assert node.carrier.row("s1") is None  # nor once it ended
+    finally:
+        await node.close()
