@@ -135,16 +135,15 @@ class Carrier:
         """Do what the core decided, in order; ``spec`` is the new subjob's, for a NewRow.
         The journal writes of one call commit as one transaction."""
         rows: list[_RowChange] = []
-        try:
-            with self.journal.batch():
-                woken = self._carry_out(instructions, spec, rows)
-        except BaseException:
-            # Rolled back, or not known to be committed: the journal answers for every row.
+        nested = self.journal.in_batch
+        with self.journal.batch():  # raises, rolled back: the kept rows stay as committed
+            woken = self._carry_out(instructions, spec, rows)
+        if nested:  # not committed yet, and the outer batch may roll back: keep none
             self._rows.clear()
             self._ended_rows.clear()
             self._lease_rows.clear()
-            raise
-        self._keep_rows(rows)
+        else:
+            self._keep_rows(rows)
         if woken:
             for waiter in list(self.waiters):
                 waiter.set()

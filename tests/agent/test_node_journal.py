@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -227,5 +228,43 @@ async def test_a_row_with_a_large_spec_is_read_from_the_journal_not_kept(tmp_pat
         assert reply.spec.env["BIG"] == spec.env["BIG"]
         await node.executor.wait("s1")
         assert node.carrier.row("s1") is None  # nor once it ended
+    finally:
+        await node.close()
+
+
+async def test_a_batch_that_fails_leaves_no_kept_row_ahead_of_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transition whose journal batch raises is rolled back, and the kept row with it:
+    every read answers what the journal holds, never the write that did not commit. A batch
+    inside another (committed only with the outer one) keeps no row at all."""
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        granted = await node.probe(_probe("j1"))
+        spec = common_pb2.SubjobSpec(
+            job_id="j1",
+            subjob_id="s1",
+            command=[sys.executable, "-c", "import time; time.sleep(60)"],
+        )
+        await node.commit(granted.lease.lease_id, spec)
+
+        def broken(*args: object, **kwargs: object) -> int:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(node.journal, "append_event", broken)
+            with pytest.raises(sqlite3.OperationalError):
+                await node.signal("s1", agent_pb2.SUSPEND, "test", 0)
+        journaled = node.journal.get_subjob("s1")
+        assert journaled is not None and journaled.state == "RUNNING"  # rolled back
+        assert node.reads.find("s1") == journaled
+        assert node.reads.message("s1").state == common_pb2.RUNNING
+        with pytest.raises(RuntimeError), node.journal.batch():
+            await node.signal("s1", agent_pb2.SUSPEND, "test", 0)
+            raise RuntimeError("the outer batch rolls back")
+        assert node.carrier.row("s1") is None
+        assert node.reads.find("s1") == journaled
+        node.executor.kill("s1")
+        await node.executor.wait("s1")
     finally:
         await node.close()
