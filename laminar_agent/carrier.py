@@ -6,7 +6,9 @@ maps the API needs from them (slice -> device, device -> slice name, each live s
 :class:`SpecFacts`) and the watchers that subjob events wake. Its :meth:`Carrier.apply`
 turns a list of :data:`~laminar_agent.core.Instruction` into journal writes (one
 transaction a call), lease rows, Airlock reclaim records, kills and log lines, in order;
-it decides nothing (``laminar_agent.core`` has every decision).
+it decides nothing (``laminar_agent.core`` has every decision). It also keeps the subjob
+rows it wrote as they were committed (:meth:`Carrier.row`), so that what the API and the
+heartbeats show of a subjob is not read back from the journal it was just written to.
 
 The drivers that feed the core events: :mod:`laminar_agent.arbitration` (probe batches
 and preemption), :mod:`laminar_agent.launch` (commit, launch, exit),
