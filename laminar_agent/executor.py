@@ -424,7 +424,9 @@ class Launcher:
                 self._give_up(exc)
                 return None
             try:
-                line = await asyncio.wait_for(self._readline(), LAUNCHER_TIMEOUT_SECONDS)
+                # A timeout scope, not wait_for: no task per launch (15 -> 9 us idle).
+                async with asyncio.timeout(LAUNCHER_TIMEOUT_SECONDS):
+                    line = await self._readline()
             except (OSError, TimeoutError, EOFError) as exc:
                 # Ended with part of the record still in its pipe: it never read the
                 # whole line, so nothing started.

@@ -737,3 +737,28 @@ def test_an_ended_subjobs_cgroup_is_removed_before_anything_is_read_from_it(
     (busy / "cgroup.procs").write_text("4242\n")
     cgroups.clear("busy")
     assert read == ["busy"] and (busy / "cgroup.kill").read_text() == "1"
+
+
+async def test_a_launch_answer_that_never_comes_times_out_and_voids_the_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for the launcher's answer is bounded by ``LAUNCHER_TIMEOUT_SECONDS`` itself
+    (a launcher that reads the record and never answers): the launch fails naming the
+    timeout, and is void."""
+    answered = asyncio.Event()
+
+    async def silent(self: executor_module.Launcher) -> str:
+        try:
+            await asyncio.Future()  # never answered
+        finally:
+            answered.set()  # the wait was given up (cancelled), not left behind
+        return ""
+
+    monkeypatch.setattr(executor_module, "LAUNCHER_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr(executor_module.Launcher, "_readline", silent)
+    ex = Executor(tmp_path / "state", on_exit=Recorder())
+    with pytest.raises(executor_module.LaunchUnanswered, match="no answer within"):
+        await ex.launch(_spec(tmp_path, "silent", 0))
+    assert answered.is_set()
+    assert (ex.subjob_dir("silent") / "void").exists() and "silent" not in ex._tracked
+    await ex.close()
