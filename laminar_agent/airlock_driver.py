@@ -298,7 +298,7 @@ class AirlockDriver:
         cached = self._static.get(subjob_id)
         if cached is not None:
             return cached
-        row = self.node.journal.get_subjob(subjob_id)
+        row = self.node.reads.find(subjob_id)
         if row is None:
             return None
         spec = common_pb2.SubjobSpec.FromString(row.spec_blob)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -61,9 +62,14 @@ class SubjobCgroups:
 
     def __init__(self, base: Path) -> None:
         self.base = base
+        self._prefix = f"{base}{os.sep}"
 
     def path(self, subjob_id: str) -> Path:
         return self.base / subjob_id
+
+    def path_text(self, subjob_id: str) -> str:
+        """:meth:`path` as text (each launch and each end use it: no Path per call)."""
+        return f"{self._prefix}{subjob_id}"
 
     def pids(self, subjob_id: str) -> list[int]:
         try:
@@ -83,6 +89,23 @@ class SubjobCgroups:
     def remove(self, subjob_id: str) -> None:
         with contextlib.suppress(OSError):
             self.path(subjob_id).rmdir()
+
+    def clear(self, subjob_id: str) -> None:
+        """After a subjob's end: SIGKILL what still runs in its cgroup and remove it. The
+        removal is tried first: an ended subjob's cgroup is empty (or gone, its launcher
+        removed it), and reading ``cgroup.procs`` first cost every end three system calls.
+        A cgroup that cannot be removed is read, its processes killed, and removed if it
+        can be by then."""
+        try:
+            os.rmdir(self.path_text(subjob_id))
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # busy: processes still in it (or another reason to find out)
+            pass
+        if self.pids(subjob_id):
+            self.kill(subjob_id)
+        self.remove(subjob_id)
 
 
 def open_cgroups(setting: str, agent_name: str) -> SubjobCgroups | None:

@@ -434,7 +434,9 @@ class Launcher:
                 self._give_up(exc)
                 return None
             try:
-                line = await asyncio.wait_for(self._readline(), LAUNCHER_TIMEOUT_SECONDS)
+                # A timeout scope, not wait_for: no task per launch (15 -> 9 us idle).
+                async with asyncio.timeout(LAUNCHER_TIMEOUT_SECONDS):
+                    line = await self._readline()
             except (OSError, TimeoutError, EOFError) as exc:
                 # Ended with part of the record still in its pipe: it never read the
                 # whole line, so nothing started.
@@ -767,7 +769,7 @@ class Executor:
         if spec.subjob_id in self._tracked and not self._tracked[spec.subjob_id].done.is_set():
             raise InvalidArgument(f"{spec.subjob_id!r} is already running", field="subjob_id")
         user = self.identities.for_tenant(spec.tenant)
-        sdir = self.subjob_dir(spec.subjob_id)
+        sdir = f"{self._subjobs_prefix}{spec.subjob_id}"  # text: no Path per launch
         if spec.unit_count > 0 and not spec.checkpoint_dir:
             raise InvalidArgument("an atomized subjob needs one", field="checkpoint_dir")
         make_dirs: list[str] = []
@@ -776,9 +778,9 @@ class Executor:
             # created or chowned by root at a path the job chose.
             make_dirs.append(spec.checkpoint_dir)
         # The launcher makes the folder (with the user's scratch folder) and the cgroup.
-        cgroup = str(self.cgroups.path(spec.subjob_id)) if self.cgroups is not None else ""
+        cgroup = self.cgroups.path_text(spec.subjob_id) if self.cgroups is not None else ""
         launch: dict[str, object] = {
-            "dir": str(sdir),
+            "dir": sdir,
             "command": list(spec.command),
             "env": self._build_env(spec, user),
             "cwd": spec.workdir or self._scratch_text(spec.subjob_id),
@@ -804,7 +806,7 @@ class Executor:
             tracked = _Tracked(pid, spec.grace_seconds, is_job=True, started_unix=_start_time(pid))
             watch = self._watch_launched(spec.subjob_id, tracked, launcher, launcher.process)
         else:
-            pid, warning = self._launch_shim(sdir, launch)
+            pid, warning = self._launch_shim(Path(sdir), launch)
             tracked = _Tracked(pid, spec.grace_seconds, started_unix=_start_time(pid))
             watch = self._watch_child(spec.subjob_id, tracked)
         if warning:
@@ -919,9 +921,7 @@ class Executor:
     async def _finish(self, subjob_id: str, tracked: _Tracked, info: ExitInfo) -> None:
         tracked.done.set()
         if self.cgroups is not None:  # the shim removes it; a killed shim cannot
-            if self.cgroups.pids(subjob_id):
-                self.cgroups.kill(subjob_id)
-            self.cgroups.remove(subjob_id)
+            self.cgroups.clear(subjob_id)
         log.debug(  # the node logs the end, with its cause, at INFO
             "subjob %s ended exit_code=%s signal=%s peak_rss_bytes=%d run_seconds=%.3f%s",
             subjob_id,
@@ -1157,14 +1157,42 @@ def _is_alive(process: psutil.Process | None) -> bool:
         return False
 
 
+#: Clock ticks per second of ``/proc/PID/stat``'s times.
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: How long a boot time read from ``/proc/stat`` is reused: it moves only when the wall
+#: clock is stepped, and a start time within a second is what is compared.
+BOOT_TIME_REUSE_SECONDS = 10.0
+#: The boot time last read (wall-clock seconds) and when (monotonic).
+_boot_time_read: tuple[float, float] = (float("-inf"), 0.0)
+
+
+def _boot_time() -> float:
+    """``psutil.boot_time()``, read again at most every :data:`BOOT_TIME_REUSE_SECONDS`."""
+    global _boot_time_read
+    read_at, boot = _boot_time_read
+    now = time.monotonic()
+    if now - read_at >= BOOT_TIME_REUSE_SECONDS:
+        boot = psutil.boot_time()
+        _boot_time_read = (now, boot)
+    return boot
+
+
 def _start_time(pid: int) -> float:
     """When process ``pid`` started, as psutil reads it (what :func:`_started_near` and
     :meth:`Executor.adopt` compare with): not when its launch was answered, which a
-    lagging loop reads late. Now, for a process already gone."""
+    lagging loop reads late. Now, for a process already gone.
+
+    psutil's sum (``starttime`` ticks after boot + the boot time), reading only
+    ``/proc/PID/stat``: ``psutil.Process(pid).create_time()`` also reads ``/proc/stat``
+    for the boot time on each call, and cost 0.1 ms of the agent's CPU per launch under
+    load."""
     try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        ticks = int(data[data.rfind(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
         return time.time()
+    return ticks / _CLOCK_TICKS + _boot_time()
 
 
 def _same_start(create_time: float, started_unix: float, pid_started_unix: float) -> bool:

@@ -346,6 +346,11 @@ class Journal:
             self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._conn.execute("COMMIT")
 
+    @property
+    def in_batch(self) -> bool:
+        """Whether a :meth:`batch` is open (a write now commits only with the outermost)."""
+        return self._batch_depth > 0
+
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Every write inside is one transaction: all of them or (on an exception) none.

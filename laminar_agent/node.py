@@ -138,7 +138,7 @@ class Node:
         self.metrics = metrics
         #: Subjobs as the API shows them (get, list, watch, logs).
         self.reads = SubjobReads(
-            agent_id, self.journal, self.executor, self.core, self.carrier.waiters
+            agent_id, self.journal, self.executor, self.core, self.carrier.waiters, self.carrier.row
         )
         self.arbiter = Arbiter(
             self.carrier,

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from laminar_agent.core import TERMINAL_STATES, AgentCore
 from laminar_agent.executor import Executor, check_subjob_id
@@ -36,16 +36,26 @@ class SubjobReads:
         executor: Executor,
         core: AgentCore,
         waiters: set[asyncio.Event],
+        kept_row: Callable[[str], SubjobRow | None] = lambda _subjob_id: None,
     ) -> None:
-        """``waiters``: the node's set of events set on every journaled transition."""
+        """``waiters``: the node's set of events set on every journaled transition;
+        ``kept_row``: a subjob's committed row where memory holds it (the carrier's, so a
+        commit's reply and each event's message read no journal), else None."""
+        self._kept_row = kept_row
         self._agent_id = agent_id
         self._journal = journal
         self._executor = executor
         self._core = core
         self._waiters = waiters
 
+    def find(self, subjob_id: str) -> SubjobRow | None:
+        """A subjob's journal row (None: no such subjob), from memory where it is kept.
+        The caller must not change it."""
+        row = self._kept_row(subjob_id)
+        return self._journal.get_subjob(subjob_id) if row is None else row
+
     def row(self, subjob_id: str) -> SubjobRow:
-        row = self._journal.get_subjob(subjob_id)
+        row = self.find(subjob_id)
         if row is None:
             raise NotFound(f"no subjob {subjob_id!r} on agent {self._agent_id}", field="subjob_id")
         return row
@@ -125,7 +135,7 @@ class SubjobReads:
         self, seq: int, subjob_id: str, state: str, reason: str, at_unix: float, job_id: str = ""
     ) -> common_pb2.SubjobEvent | None:
         """One journaled transition as an API event (the subjob as it is now, state as it was)."""
-        row = self._journal.get_subjob(subjob_id)
+        row = self.find(subjob_id)
         if row is None or (job_id and row.job_id != job_id):
             return None
         message = self._to_message(row)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,9 @@ import psutil
 import pytest
 
 from laminar_agent import executor as executor_module
+from laminar_agent.carrier import KEPT_ROW_MAX_SPEC_BYTES
 from laminar_agent.inventory.fake import FakeGpuBackend
+from laminar_agent.journal import SubjobRow
 from laminar_agent.node import Node
 from laminar_api.v1 import agent_pb2, common_pb2
 
@@ -212,5 +215,132 @@ async def test_a_commit_cancelled_while_launching_records_the_subjob_failed_and_
         assert row is not None and row.state == "FAILED"
         assert "cancelled" in row.reason
         assert (node.executor.subjob_dir("s1") / "void").exists()
+    finally:
+        await node.close()
+
+
+async def test_the_rows_kept_in_memory_are_the_journals_rows_at_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit's reply and each event's message are built from the rows the carrier kept
+    as it committed them, not read back: at every step (commit, suspend, resume, stop, end)
+    each kept row equals the journal's, and the messages equal those built from the journal
+    (a restarted agent, which keeps none, reads the same)."""
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    journal_reads: list[str] = []
+    get_subjob = node.journal.get_subjob
+
+    def read(subjob_id: str) -> SubjobRow | None:
+        journal_reads.append(subjob_id)
+        return get_subjob(subjob_id)
+
+    monkeypatch.setattr(node.journal, "get_subjob", read)
+
+    def assert_kept_as_journaled(subjob_id: str) -> None:
+        kept = node.carrier.row(subjob_id)
+        assert kept is not None and kept == get_subjob(subjob_id)
+
+    try:
+        granted = await node.probe(_probe("j1"))
+        spec = common_pb2.SubjobSpec(
+            job_id="j1",
+            subjob_id="s1",
+            command=[sys.executable, "-c", "import time; time.sleep(60)"],
+            priority=common_pb2.BATCH,
+        )
+        reply = await node.commit(granted.lease.lease_id, spec)
+        assert journal_reads == []  # the reply was built from memory
+        assert_kept_as_journaled("s1")
+        journaled = get_subjob("s1")
+        assert journaled is not None and journaled.allocations_json not in ("", "[]")
+        assert reply == node.reads._to_message(journaled)
+        assert reply.state == common_pb2.RUNNING and reply.pid > 0
+        await node.signal("s1", agent_pb2.SUSPEND, "test", 0)
+        assert_kept_as_journaled("s1")
+        await node.signal("s1", agent_pb2.RESUME, "test", 0)
+        assert_kept_as_journaled("s1")
+        await node.signal("s1", agent_pb2.TERMINATE, "test", 0.1)
+        await node.executor.wait("s1")
+        assert_kept_as_journaled("s1")  # ended: its lease's columns are gone from both
+        ended = get_subjob("s1")
+        assert ended is not None and ended.state == "KILLED" and ended.allocations_json == ""
+        events = node.journal.events_after(0)
+        assert [e.state for e in events] == ["RUNNING", "SUSPENDED", "RUNNING", "KILLED"]
+        kept_messages = [
+            node.reads.event_message(e.seq, e.subjob_id, e.state, e.reason, e.at_unix)
+            for e in events
+        ]
+        assert journal_reads == []  # nor the events' messages, the end's included
+    finally:
+        await node.close()
+    again = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        assert again.carrier.row("s1") is None  # nothing kept across a restart
+        assert kept_messages == [
+            again.reads.event_message(e.seq, e.subjob_id, e.state, e.reason, e.at_unix)
+            for e in events
+        ]
+    finally:
+        await again.close()
+
+
+async def test_a_row_with_a_large_spec_is_read_from_the_journal_not_kept(tmp_path: Path) -> None:
+    """Kept rows hold their stored spec: one larger than ``KEPT_ROW_MAX_SPEC_BYTES`` (a
+    large environment) is not kept, so what memory holds stays bounded, and its reply is
+    the journal's all the same."""
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        granted = await node.probe(_probe("j1"))
+        spec = common_pb2.SubjobSpec(
+            job_id="j1",
+            subjob_id="s1",
+            command=[sys.executable, "-c", "pass"],
+            env={"BIG": "x" * KEPT_ROW_MAX_SPEC_BYTES},
+        )
+        reply = await node.commit(granted.lease.lease_id, spec)
+        assert node.carrier.row("s1") is None
+        journaled = node.journal.get_subjob("s1")
+        assert journaled is not None and reply == node.reads._to_message(journaled)
+        assert reply.spec.env["BIG"] == spec.env["BIG"]
+        await node.executor.wait("s1")
+        assert node.carrier.row("s1") is None  # nor once it ended
+    finally:
+        await node.close()
+
+
+async def test_a_batch_that_fails_leaves_no_kept_row_ahead_of_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transition whose journal batch raises is rolled back, and the kept row with it:
+    every read answers what the journal holds, never the write that did not commit. A batch
+    inside another (committed only with the outer one) keeps no row at all."""
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        granted = await node.probe(_probe("j1"))
+        spec = common_pb2.SubjobSpec(
+            job_id="j1",
+            subjob_id="s1",
+            command=[sys.executable, "-c", "import time; time.sleep(60)"],
+        )
+        await node.commit(granted.lease.lease_id, spec)
+
+        def broken(*args: object, **kwargs: object) -> int:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(node.journal, "append_event", broken)
+            with pytest.raises(sqlite3.OperationalError):
+                await node.signal("s1", agent_pb2.SUSPEND, "test", 0)
+        journaled = node.journal.get_subjob("s1")
+        assert journaled is not None and journaled.state == "RUNNING"  # rolled back
+        assert node.reads.find("s1") == journaled
+        assert node.reads.message("s1").state == common_pb2.RUNNING
+        with pytest.raises(RuntimeError), node.journal.batch():
+            await node.signal("s1", agent_pb2.SUSPEND, "test", 0)
+            raise RuntimeError("the outer batch rolls back")
+        assert node.carrier.row("s1") is None
+        assert node.reads.find("s1") == journaled
+        node.executor.kill("s1")
+        await node.executor.wait("s1")
     finally:
         await node.close()

@@ -14,6 +14,7 @@ import logging
 import os
 import resource
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -687,4 +688,77 @@ async def test_a_launch_keeps_its_process_start_time_not_when_its_answer_was_rea
     finally:
         gate.write_text("")
     await poll_until(lambda: "lagged" in rec.exits, "exit of lagged")
+    await ex.close()
+
+
+def test_a_process_start_time_is_the_one_psutil_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_start_time`` reads only ``/proc/PID/stat`` (psutil also reads ``/proc/stat``
+    on every call) and must give what :meth:`Executor.adopt` and ``_started_near`` later
+    read with psutil; a boot time read long ago is read again; a gone pid gives now."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for pid in (os.getpid(), os.getppid(), child.pid):
+            assert executor_module._start_time(pid) == psutil.Process(pid).create_time()
+        # A boot time that was wrong (the wall clock stepped since) is not kept for long.
+        monkeypatch.setattr(
+            executor_module,
+            "_boot_time_read",
+            (time.monotonic() - executor_module.BOOT_TIME_REUSE_SECONDS, 0.0),
+        )
+        assert executor_module._start_time(child.pid) == psutil.Process(child.pid).create_time()
+    finally:
+        child.kill()
+        child.wait()
+    before = time.time()
+    assert before <= executor_module._start_time(child.pid) <= time.time()
+
+
+def test_an_ended_subjobs_cgroup_is_removed_before_anything_is_read_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a subjob's end its cgroup is removed; ``cgroup.procs`` is read (and what is left
+    killed) only when the removal fails. Plain folders stand in for cgroups: a folder with
+    files cannot be removed, as a cgroup with processes cannot."""
+    cgroups = SubjobCgroups(tmp_path / "cgroups")
+    read: list[str] = []
+    pids = SubjobCgroups.pids
+
+    def counted(self: SubjobCgroups, subjob_id: str) -> list[int]:
+        read.append(subjob_id)
+        return pids(self, subjob_id)
+
+    monkeypatch.setattr(SubjobCgroups, "pids", counted)
+    cgroups.path("empty").mkdir(parents=True)
+    cgroups.clear("empty")
+    cgroups.clear("gone")  # its launcher removed it already
+    assert not cgroups.path("empty").exists() and read == []
+    busy = cgroups.path("busy")
+    busy.mkdir()
+    (busy / "cgroup.procs").write_text("4242\n")
+    cgroups.clear("busy")
+    assert read == ["busy"] and (busy / "cgroup.kill").read_text() == "1"
+
+
+async def test_a_launch_answer_that_never_comes_times_out_and_voids_the_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for the launcher's answer is bounded by ``LAUNCHER_TIMEOUT_SECONDS`` itself
+    (a launcher that reads the record and never answers): the launch fails naming the
+    timeout, and is void."""
+    answered = asyncio.Event()
+
+    async def silent(self: executor_module.Launcher) -> str:
+        try:
+            await asyncio.Future()  # never answered
+        finally:
+            answered.set()  # the wait was given up (cancelled), not left behind
+        return ""
+
+    monkeypatch.setattr(executor_module, "LAUNCHER_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr(executor_module.Launcher, "_readline", silent)
+    ex = Executor(tmp_path / "state", on_exit=Recorder())
+    with pytest.raises(executor_module.LaunchUnanswered, match="no answer within"):
+        await ex.launch(_spec(tmp_path, "silent", 0))
+    assert answered.is_set()
+    assert (ex.subjob_dir("silent") / "void").exists() and "silent" not in ex._tracked
     await ex.close()
