@@ -632,17 +632,17 @@ class AgentCore:
         ]
 
     def launched(
-        self, subjob_id: str, pid: int, now_unix: float, pid_started_unix: float = 0.0
+        self, subjob_id: str, pid: int, now_unix: float, pid_start: str = ""
     ) -> list[Instruction]:
         """Its process started: STARTING -> RUNNING (only once). ``now_unix`` (when the
-        launch was answered) is the subjob's start; ``pid_started_unix`` is the process's
-        own start time as the executor read it (0: unknown), journaled apart for a
-        restart's adopt to tell this process from a reused pid."""
+        launch was answered) is the subjob's start; ``pid_start`` is the process's identity
+        as the executor read it ("": unknown), journaled apart for a restart's adopt to
+        tell this process from a reused pid."""
         live = self._require(subjob_id, STARTING)
         live.state = RUNNING
         live.started_unix = now_unix
         reason = f"started as pid {pid} on {','.join(live.slice_ids) or 'cpu'}"
-        row = {"pid": pid, "started_unix": now_unix, "pid_started_unix": pid_started_unix}
+        row = {"pid": pid, "started_unix": now_unix, "pid_start": pid_start}
         return [
             WriteRow(subjob_id, row),
             *self._transition(live, RUNNING, reason, now_unix),

@@ -58,16 +58,8 @@ from laminar_base.errors import ConfigError, InvalidArgument, NotFound
 log = logging.getLogger(__name__)
 
 ADOPT_POLL_SECONDS = 0.2
-#: How far a pid's start time, read again at a restart, may be from the one read at its
-#: launch and journaled (``pid_started_unix``) for it to be the same process. Both are
-#: psutil's ``create_time()``: the boot time (whole seconds, /proc/stat) plus the start
-#: in clock ticks (/proc/PID/stat, fixed for the process's life), so for one process the
-#: two readings are equal unless the wall clock was stepped in between. A reused pid
-#: started in another tick, at least 1/USER_HZ (10 ms) apart: half a tick tells them apart
-#: and leaves room for float rounding. A clock stepped between launch and restart makes a
-#: live subjob look like a reused pid (it is recorded lost; the old 1 s check did the same
-#: for a step over a second).
-PID_START_TOLERANCE_SECONDS = 0.005
+#: Where the kernel names this boot (a new random id at every boot).
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 #: How often the agent looks for the ``exit.json`` of a subjob that has ended while its
 #: launcher, not connected to this agent, still runs (it writes the record after reaping).
 EXIT_RECORD_POLL_SECONDS = 0.02
@@ -277,8 +269,11 @@ class _Tracked:
     #: The pid is the job's own process (its process group's leader), started by a
     #: launcher; False for a shim's pid (the shim leads the group and must outlive a kill).
     is_job: bool = False
-    #: Its process's start time, as psutil reads it (against pid reuse).
+    #: Its process's start time, as psutil reads it (run time; a 1 s check against reuse).
     started_unix: float = 0.0
+    #: Its process's identity (:func:`_process_start`: this boot, its start tick), journaled
+    #: for a restarted agent's adopt; "" when unknown.
+    identity: str = ""
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -803,11 +798,13 @@ class Executor:
                 raise
         if started is not None and launcher is not None:
             pid, warning = started
-            tracked = _Tracked(pid, spec.grace_seconds, is_job=True, started_unix=_start_time(pid))
+            identity, started_unix = _process_start(pid)
+            tracked = _Tracked(pid, spec.grace_seconds, True, started_unix, identity)
             watch = self._watch_launched(spec.subjob_id, tracked, launcher, launcher.process)
         else:
             pid, warning = self._launch_shim(Path(sdir), launch)
-            tracked = _Tracked(pid, spec.grace_seconds, started_unix=_start_time(pid))
+            identity, started_unix = _process_start(pid)
+            tracked = _Tracked(pid, spec.grace_seconds, False, started_unix, identity)
             watch = self._watch_child(spec.subjob_id, tracked)
         if warning:
             log.warning("subjob %s %s", spec.subjob_id, warning)
@@ -938,11 +935,12 @@ class Executor:
         except Exception:
             log.exception("on_exit callback failed for subjob %s", subjob_id)
 
-    def pid_started_unix(self, subjob_id: str) -> float:
-        """When the tracked subjob's process started, as psutil read it at its launch (what
-        :meth:`adopt` compares after a restart); 0.0 for a subjob not tracked."""
+    def pid_start(self, subjob_id: str) -> str:
+        """The tracked subjob's process identity as read at its launch (this boot's id and
+        the process's start tick, :func:`_process_start`), what :meth:`adopt` compares after
+        a restart; "" for a subjob not tracked or a process gone before it was read."""
         tracked = self._tracked.get(subjob_id)
-        return tracked.started_unix if tracked is not None else 0.0
+        return tracked.identity if tracked is not None else ""
 
     def adopt(
         self,
@@ -950,21 +948,25 @@ class Executor:
         pid: int,
         started_unix: float,
         *,
-        pid_started_unix: float = 0.0,
+        pid_start: str = "",
         grace_seconds: float = 10.0,
     ) -> bool:
         """Re-attach to a subjob started by a previous agent; False if it is already gone.
 
         ``pid`` is the subjob's own process (a launcher started it) or, from an older
-        agent, its shim; its start time must match, so a reused pid is never taken for it:
-        ``pid_started_unix`` (the start the executor read at the launch, same source) within
-        :data:`PID_START_TOLERANCE_SECONDS`; without one (a row an older agent journaled),
-        ``started_unix`` within a second, which a launch answered late misses. The launcher
+        agent, its shim; its start must match, so a reused pid is never taken for it:
+        ``pid_start`` (the identity read at the launch: this boot's id and the start tick,
+        both fixed for the process's life and read alike by any agent) equal to the pid's
+        now; without one (a row an older agent journaled), ``started_unix`` within a second
+        of psutil's start time, which a launch answered late misses. The launcher
         that started it (its parent, while that runs) writes its ``exit.json`` once it has
         reaped it."""
         try:
             p = psutil.Process(pid)
-            alive = _same_start(p.create_time(), started_unix, pid_started_unix)
+            if pid_start:
+                alive = _process_start(pid)[0] == pid_start
+            else:
+                alive = abs(p.create_time() - started_unix) <= 1.0
             ended = alive and p.status() == psutil.STATUS_ZOMBIE
             parent = p.parent() if alive else None
             writer = parent if parent is not None and _is_launcher(parent.cmdline()) else None
@@ -988,7 +990,8 @@ class Executor:
             alive = False
         if not alive:
             return False
-        tracked = _Tracked(pid, grace_seconds, is_job=not is_shim, started_unix=p.create_time())
+        identity, started = _process_start(pid)
+        tracked = _Tracked(pid, grace_seconds, not is_shim, started, identity)
         self._tracked[subjob_id] = tracked
         tracked.task = asyncio.get_running_loop().create_task(
             self._watch_adopted(subjob_id, tracked, writer), name=f"adopt-{subjob_id}"
@@ -1177,31 +1180,42 @@ def _boot_time() -> float:
     return boot
 
 
-def _start_time(pid: int) -> float:
-    """When process ``pid`` started, as psutil reads it (what :func:`_started_near` and
-    :meth:`Executor.adopt` compare with): not when its launch was answered, which a
-    lagging loop reads late. Now, for a process already gone.
+_boot_id: str | None = None
 
-    psutil's sum (``starttime`` ticks after boot + the boot time), reading only
-    ``/proc/PID/stat``: ``psutil.Process(pid).create_time()`` also reads ``/proc/stat``
-    for the boot time on each call, and cost 0.1 ms of the agent's CPU per launch under
-    load."""
+
+def _this_boot() -> str:
+    """This boot's id (:data:`BOOT_ID_PATH`, read once: it changes only with a reboot)."""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open(BOOT_ID_PATH, encoding="ascii") as handle:
+                _boot_id = handle.read().strip()
+        except OSError:
+            _boot_id = ""
+    return _boot_id
+
+
+def _process_start(pid: int) -> tuple[str, float]:
+    """Process ``pid``'s identity and its start time, from ``/proc/PID/stat`` alone.
+
+    The identity is this boot's id and the process's ``starttime`` in clock ticks after
+    boot: both are fixed for the process's life and every reader sees the same two values,
+    so a restarted agent compares them for equality (a reused pid started in another tick;
+    a reboot has another id). A wall-clock time would not do: the boot time the kernel
+    gives (``/proc/stat``'s ``btime``, whole seconds) is recomputed from the wall clock at
+    each read and may differ by a second between two agent processes, or more after the
+    clock is stepped. The start time (psutil's sum, ticks + boot time; run time and the
+    1 s check) is not when the launch was answered, which a lagging loop reads late.
+    ("", now) for a process already gone. Reading only ``/proc/PID/stat``:
+    ``psutil.Process(pid).create_time()`` also reads ``/proc/stat`` for the boot time on
+    each call, and cost 0.1 ms of the agent's CPU per launch under load."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
         ticks = int(data[data.rfind(b")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
-        return time.time()
-    return ticks / _CLOCK_TICKS + _boot_time()
-
-
-def _same_start(create_time: float, started_unix: float, pid_started_unix: float) -> bool:
-    """Whether a process started at ``create_time`` (psutil's reading now) is the one
-    journaled: against its own start as read at the launch (``pid_started_unix``) when
-    there is one, else against the subjob's start within a second."""
-    if pid_started_unix > 0:
-        return abs(create_time - pid_started_unix) <= PID_START_TOLERANCE_SECONDS
-    return abs(create_time - started_unix) <= 1.0
+        return "", time.time()
+    return f"{_this_boot()}:{ticks}", ticks / _CLOCK_TICKS + _boot_time()
 
 
 def _started_near(pid: int, started_unix: float) -> bool:

@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS subjobs (
     lease_id TEXT NOT NULL,
     units_done INTEGER NOT NULL DEFAULT 0,
     end_cause TEXT NOT NULL DEFAULT '',
-    pid_started_unix REAL NOT NULL DEFAULT 0
+    pid_start TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS subjobs_job ON subjobs(job_id);
 CREATE TABLE IF NOT EXISTS events (
@@ -148,12 +148,12 @@ class SubjobRow:
     #: agent carries out writes its cause here as the stop begins, so the end records it
     #: however the process exits, after an agent restart too; empty while live otherwise.
     end_cause: str = ""
-    #: When process ``pid`` started, as psutil read it at the launch (the executor's
-    #: reading, not ``started_unix``, which is when the launch's answer arrived and lags it
-    #: under load): what a restarted agent's adopt compares the pid's start with, against
-    #: pid reuse. 0 when unknown (a row an older agent wrote): adopt falls back to
-    #: ``started_unix`` with a second's tolerance.
-    pid_started_unix: float = 0.0
+    #: Process ``pid``'s identity as the executor read it at the launch (this boot's id and
+    #: the process's start tick, ``executor._process_start``; not ``started_unix``, which is
+    #: when the launch's answer arrived and lags it under load): what a restarted agent's
+    #: adopt compares the pid's with, against pid reuse. "" when unknown (a row an older
+    #: agent wrote): adopt falls back to ``started_unix`` with a second's tolerance.
+    pid_start: str = ""
     #: Read-only, joined from the subjob's lease (empty once the lease is gone);
     #: recovery needs them to re-adopt the allocation. Never written by put_subjob.
     allocations_json: str = ""
@@ -336,9 +336,9 @@ class Journal:
                     "UPDATE subjobs SET end_cause='terminated' WHERE reason LIKE 'terminating:%' "
                     "AND state IN ('STARTING', 'RUNNING', 'SUSPENDED')"
                 )
-            if 1 <= version < 5:  # v5 added subjobs.pid_started_unix; older rows read 0
+            if 1 <= version < 5:  # v5 added subjobs.pid_start; older rows read ""
                 self._conn.execute(
-                    "ALTER TABLE subjobs ADD COLUMN pid_started_unix REAL NOT NULL DEFAULT 0"
+                    "ALTER TABLE subjobs ADD COLUMN pid_start TEXT NOT NULL DEFAULT ''"
                 )
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():

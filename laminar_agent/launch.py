@@ -117,10 +117,10 @@ class Launches:
             why = str(exc) or "the launch was cancelled (its Commit call ended)"
             carrier.apply(self.core.launch_failed(spec.subjob_id, why, time.time()))
             raise
-        # Its start is when the answer came; the process's own start time goes with it for
+        # Its start is when the answer came; the process's identity goes with it for
         # a restart's adopt (the answer lags it under load, by seconds).
-        pid_started = carrier.executor.pid_started_unix(spec.subjob_id)
-        carrier.apply(self.core.launched(spec.subjob_id, pid, time.time(), pid_started))
+        pid_start = carrier.executor.pid_start(spec.subjob_id)
+        carrier.apply(self.core.launched(spec.subjob_id, pid, time.time(), pid_start))
         # The one INFO line of a start (the executor's own is DEBUG); its end has one too.
         log.info(
             "subjob %s of job %s running as pid %d on %s%s",

@@ -53,7 +53,7 @@ def recover(carrier: Carrier, launches: Launches) -> tuple[int, int]:
         # The process check re-attaches the executor to a match; only a process that is
         # not running may have left its exit record.
         is_running = row.pid > 0 and executor.adopt(
-            row.subjob_id, row.pid, row.started_unix, pid_started_unix=row.pid_started_unix
+            row.subjob_id, row.pid, row.started_unix, pid_start=row.pid_start
         )
         info = None if is_running else executor.read_exit(row.subjob_id)
         facts = RestartFacts(

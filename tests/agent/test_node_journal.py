@@ -146,9 +146,10 @@ async def test_a_subjob_whose_launch_was_answered_late_is_readopted_after_a_rest
     try:
         assert again.recover() == (1, 0)
         assert again.executor.is_running("s1")
-        # What it was told apart by: the process's start, journaled as read at the launch.
+        # What it was told apart by: the process's identity, journaled as read at the launch.
         kept = again.journal.get_subjob("s1")
-        assert kept is not None and kept.pid_started_unix == process_started
+        assert kept is not None and kept.pid_start == executor_module._process_start(kept.pid)[0]
+        assert kept.pid_start.endswith(":" + _stat_field(kept.pid, 22))
         assert kept.state == "RUNNING"
         again.executor.kill("s1")
         await again.executor.wait("s1")
@@ -160,6 +161,7 @@ async def test_a_reused_pid_is_not_readopted(tmp_path: Path) -> None:
     """A journaled pid now held by a process that started in another clock tick than the
     one journaled is not the subjob's: the restart does not adopt it (the subjob is lost),
     though the subjob's start is within a second of that process's."""
+    assert Path(executor_module.BOOT_ID_PATH).exists(), "needs Linux's boot id"
     node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
     granted = await node.probe(_probe("j1"))
     spec = common_pb2.SubjobSpec(
@@ -169,10 +171,9 @@ async def test_a_reused_pid_is_not_readopted(tmp_path: Path) -> None:
     row = node.journal.get_subjob("s1")
     assert row is not None
     pid = row.pid
-    # As if the subjob's process had ended unseen and another took its pid 20 ms after.
-    node.journal.update_subjob(
-        "s1", pid_started_unix=row.pid_started_unix - 0.02, started_unix=row.pid_started_unix
-    )
+    # As if the subjob's process had ended unseen and another took its pid two ticks after.
+    boot, ticks = row.pid_start.rsplit(":", 1)
+    node.journal.update_subjob("s1", pid_start=f"{boot}:{int(ticks) - 2}")
     await node.close()
     again = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
     try:
@@ -344,3 +345,9 @@ async def test_a_batch_that_fails_leaves_no_kept_row_ahead_of_the_journal(
         await node.executor.wait("s1")
     finally:
         await node.close()
+
+
+def _stat_field(pid: int, number: int) -> str:
+    """Field ``number`` (1-based, as proc(5) numbers them) of ``/proc/PID/stat``."""
+    data = Path(f"/proc/{pid}/stat").read_text()
+    return data[data.rfind(")") + 2 :].split()[number - 3]

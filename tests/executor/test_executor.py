@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from laminar_agent import executor as executor_module
 from laminar_agent.executor import Executor, ExitInfo, LaunchSpec
 from laminar_agent.shim import FENCE_GRACE_SECONDS, fence_step
 from laminar_base.errors import InvalidArgument, NotFound
@@ -225,11 +226,15 @@ async def test_adopt_after_restart_reads_exit_json(tmp_path: Path) -> None:
     await b.close()
 
 
-async def test_adopt_compares_the_pids_own_start_not_the_subjobs(tmp_path: Path) -> None:
-    """With the pid's start as read at its launch journaled, adopt compares that (same
-    source, half a tick): a subjob whose start (its launch's answer) lags its process by
-    seconds is still adopted, and a process that started a tick away from the journaled
-    one is a reused pid, refused even where the subjob's start is within a second."""
+async def test_adopt_compares_the_pids_own_start_not_the_subjobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the pid's identity as read at its launch journaled (this boot, its start tick),
+    adopt compares that: a subjob whose start (its launch's answer) lags its process by
+    seconds is still adopted, also by an agent whose boot time reads a second apart (the
+    kernel recomputes it from the wall clock at each read); a process that started a tick
+    away, or in another boot, is a reused pid, refused even where the subjob's start is
+    within a second."""
     state = tmp_path / "state"
     a = Executor(state, on_exit=Recorder())
     code = (
@@ -239,19 +244,25 @@ async def test_adopt_compares_the_pids_own_start_not_the_subjobs(tmp_path: Path)
     )
     pid = await a.launch(make_spec(tmp_path, "lag", code))
     await poll_until(lambda: (tmp_path / "ready").exists(), "child ready")
-    pid_started = a.pid_started_unix("lag")
-    assert pid_started == psutil.Process(pid).create_time()
-    assert a.pid_started_unix("unknown") == 0.0
+    pid_start = a.pid_start("lag")
+    boot, ticks = pid_start.rsplit(":", 1)
+    assert boot == Path(executor_module.BOOT_ID_PATH).read_text().strip()
+    started = psutil.Process(pid).create_time()
+    assert abs(int(ticks) / os.sysconf("SC_CLK_TCK") + psutil.boot_time() - started) < 1e-6
+    assert a.pid_start("unknown") == ""
     await a.close()  # must not kill the subjob
 
+    # The restarted agent reads the boot time a second later than the first did.
+    monkeypatch.setattr(executor_module, "_boot_time_read", (float("-inf"), 0.0))
+    monkeypatch.setattr(psutil, "boot_time", lambda: started + 1.0)
     rec = Recorder()
     b = Executor(state, on_exit=rec)
     try:
-        tick = 0.01  # one clock tick at USER_HZ 100: the nearest another process starts
-        assert not b.adopt("lag", pid, pid_started, pid_started_unix=pid_started - tick)
-        assert not b.adopt("lag", pid, pid_started, pid_started_unix=pid_started + tick)
-        assert not b.adopt("lag", pid, pid_started + 5.0)  # no pid start: 1 s on the start
-        assert b.adopt("lag", pid, pid_started + 5.0, pid_started_unix=pid_started)
+        assert not b.adopt("lag", pid, started, pid_start=f"{boot}:{int(ticks) - 1}")
+        assert not b.adopt("lag", pid, started, pid_start=f"{boot}:{int(ticks) + 1}")
+        assert not b.adopt("lag", pid, started, pid_start=f"another-boot:{ticks}")
+        assert not b.adopt("lag", pid, started + 5.0)  # no pid start: 1 s on the start
+        assert b.adopt("lag", pid, started + 5.0, pid_start=pid_start)
         assert b.is_running("lag")
     finally:
         (tmp_path / "go").write_text("1")

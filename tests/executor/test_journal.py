@@ -161,19 +161,19 @@ def test_kill_9_leaves_no_half_written_rows(tmp_path: Path) -> None:
 
 
 def _old_journal(path: Path, version: int) -> None:
-    """A journal as an older build wrote it: no pid_started_unix column (v4), nor end_cause
+    """A journal as an older build wrote it: no pid_start column (v4), nor end_cause
     (v3), nor units_done (v1)."""
     import sqlite3
 
     from laminar_agent import journal as journal_module
 
-    schema = journal_module._SCHEMA.replace(",\n    pid_started_unix REAL NOT NULL DEFAULT 0", "")
+    schema = journal_module._SCHEMA.replace(",\n    pid_start TEXT NOT NULL DEFAULT ''", "")
     if version < 4:
         schema = schema.replace(",\n    end_cause TEXT NOT NULL DEFAULT ''", "")
         assert "end_cause" not in schema
     if version < 2:
         schema = schema.replace(",\n    units_done INTEGER NOT NULL DEFAULT 0", "")
-    assert "pid_started_unix" not in schema
+    assert "pid_start" not in schema
     conn = sqlite3.connect(path / "agent.db")
     conn.executescript(schema)
     columns = "subjob_id, job_id, spec_blob, state, reason, pid, slice_ids_json, "
@@ -315,18 +315,18 @@ def test_checkpoints_run_on_a_worker_thread_and_keep_every_commit(
 
 @pytest.mark.parametrize("version", [1, 3, 4])
 def test_an_old_journal_opens_with_no_pid_start_on_its_rows(tmp_path: Path, version: int) -> None:
-    """A journal from before pid_started_unix opens: its live rows read 0 there (unknown,
+    """A journal from before pid_start opens: its live rows read "" there (unknown,
     so a restart's adopt falls back to started_unix), and a new launch persists its own."""
     _old_journal(tmp_path, version)
     j = Journal(tmp_path)
     running = j.get_subjob("s0")
     assert running is not None and (running.pid, running.started_unix) == (7, 2.0)
-    assert running.pid_started_unix == 0.0
+    assert running.pid_start == ""
     j.put_subjob(SubjobRow("s2", "j1", b"", "RUNNING", created_unix=4.0))
-    j.update_subjob("s2", pid=8, started_unix=6.5, pid_started_unix=3.25)
+    j.update_subjob("s2", pid=8, started_unix=6.5, pid_start="boot:325")
     j.close()
     reopened = Journal(tmp_path)
     assert reopened.schema_version == SCHEMA_VERSION
     again = reopened.get_subjob("s2")
-    assert again is not None and (again.started_unix, again.pid_started_unix) == (6.5, 3.25)
+    assert again is not None and (again.started_unix, again.pid_start) == (6.5, "boot:325")
     reopened.close()

@@ -692,25 +692,29 @@ async def test_a_launch_keeps_its_process_start_time_not_when_its_answer_was_rea
 
 
 def test_a_process_start_time_is_the_one_psutil_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_start_time`` reads only ``/proc/PID/stat`` (psutil also reads ``/proc/stat``
-    on every call) and must give what :meth:`Executor.adopt` and ``_started_near`` later
-    read with psutil; a boot time read long ago is read again; a gone pid gives now."""
+    """``_process_start`` reads only ``/proc/PID/stat`` (psutil also reads ``/proc/stat``
+    on every call) and its start time must be what ``_started_near`` later reads with
+    psutil; a boot time read long ago is read again; a gone pid gives now and no
+    identity."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         for pid in (os.getpid(), os.getppid(), child.pid):
-            assert executor_module._start_time(pid) == psutil.Process(pid).create_time()
+            assert executor_module._process_start(pid)[1] == psutil.Process(pid).create_time()
         # A boot time that was wrong (the wall clock stepped since) is not kept for long.
         monkeypatch.setattr(
             executor_module,
             "_boot_time_read",
             (time.monotonic() - executor_module.BOOT_TIME_REUSE_SECONDS, 0.0),
         )
-        assert executor_module._start_time(child.pid) == psutil.Process(child.pid).create_time()
+        assert (
+            executor_module._process_start(child.pid)[1] == psutil.Process(child.pid).create_time()
+        )
     finally:
         child.kill()
         child.wait()
     before = time.time()
-    assert before <= executor_module._start_time(child.pid) <= time.time()
+    identity, started = executor_module._process_start(child.pid)
+    assert identity == "" and before <= started <= time.time()
 
 
 def test_an_ended_subjobs_cgroup_is_removed_before_anything_is_read_from_it(
