@@ -1213,9 +1213,10 @@ class ZoneCore:
             del self.arrays[array_job.job_id]
 
     def forget_if_done(self, entry: Entry) -> list[Instruction]:
-        """An ended job with no live subjob leaves memory (the journal keeps it)."""
+        """An ended job with no live subjob leaves memory (the journal keeps it); once:
+        an entry no longer in memory (or replaced) gives nothing."""
         job = entry.job
-        if job.state not in TERMINAL_JOB_STATES:
+        if job.state not in TERMINAL_JOB_STATES or self.entries.get(job.job_id) is not entry:
             return []
         if any(p.state in LIVE_SUBJOB_STATES for p in job.placements):
             return []
@@ -1228,11 +1229,11 @@ class ZoneCore:
         self.entries.pop(job.job_id, None)
         return [Forget(job.job_id)]
 
-    def array_elements(self, array_id: str) -> list[str]:
+    def array_elements(self, array_id: str) -> list[zone_pb2.Job]:
         """The elements of an array not ended yet (a cancel of the array cancels them)."""
         return [
-            e.job.job_id
-            for e in list(self.entries.values())
+            e.job
+            for e in self.entries.values()
             if e.job.array_id == array_id and e.job.state not in TERMINAL_JOB_STATES
         ]
 
@@ -1241,18 +1242,18 @@ class ZoneCore:
         each of its elements not ended yet (its own record sums them up; an element that
         ended meanwhile is not refused), any other job itself (:meth:`cancel`). A cancelled
         job with nothing left running leaves memory at once; one with copies still running
-        leaves when their ends are reported."""
-        if job.job_id in self.arrays:
-            targets = [self.entries[element].job for element in self.array_elements(job.job_id)]
-        else:
-            targets = [job]
+        leaves when their ends are reported. The stops come last, after every element's
+        journal write, so a driver sends them together rather than one after another."""
+        targets = self.array_elements(job.job_id) if job.job_id in self.arrays else [job]
         instructions: list[Instruction] = []
         for target in targets:
             instructions += self.cancel(target, reason, now_unix)
             entry = self.entries.get(target.job_id)
             if entry is not None:
                 instructions += self.forget_if_done(entry)
-        return instructions
+        return [i for i in instructions if not isinstance(i, Terminate)] + [
+            i for i in instructions if isinstance(i, Terminate)
+        ]
 
     def cancel(self, job: zone_pb2.Job, reason: str, now_unix: float) -> list[Instruction]:
         """Cancel a job (``job``: as the journal or memory has it): it ends now, and every

@@ -533,8 +533,7 @@ def confirm_steps(
             yield DoInstructions(tuple(core.confirmed(entry, p, reply, clock())))
         yield DoInstructions(tuple(core.evaluate(entry, clock())))
         yield DoInstructions((Journal((entry,)),))
-        if core.entries.get(job_id) is entry:
-            yield DoInstructions(tuple(core.forget_if_done(entry)))
+        yield DoInstructions(tuple(core.forget_if_done(entry)))
     yield DoInstructions((Wake(Loop.QUEUE),))
 
 

@@ -298,12 +298,16 @@ def test_cancelling_an_array_cancels_each_element_not_ended_and_forgets_the_idle
     assert [t for t in out if isinstance(t, Terminate)] == [
         Terminate(copy, "cancelled: enough", EndCause.CANCELLED)
     ]
+    # The stops come after every element's other instructions: a driver sends them together.
+    first_stop = next(i for i, x in enumerate(out) if isinstance(x, Terminate))
+    assert all(isinstance(x, Terminate) for x in out[first_stop:])
     assert [f for f in out if isinstance(f, Forget)] == [Forget(waiting.job.job_id)]
     assert [e.job.job_id for e in journaled(out)] == [running.job.job_id, waiting.job.job_id]
     assert waiting.job.job_id not in core.entries and running.job.job_id in core.entries
     assert core.cancel_job(array, "again", NOW) == []
     _ended(copy, common_pb2.KILLED, EndCause.CANCELLED)
     assert core.forget_if_done(running) == [Forget(running.job.job_id)]
+    assert core.forget_if_done(running) == []  # once
 
 
 def test_cancelling_one_job_with_nothing_running_forgets_it() -> None:
@@ -313,9 +317,9 @@ def test_cancelling_one_job_with_nothing_running_forgets_it() -> None:
     assert entry.job.state == zone_pb2.JOB_CANCELLED
     assert journaled(out) == [entry] and out[-1] == Forget(entry.job.job_id)
     assert entry.job.job_id not in core.entries
+    done = _submit(core)
+    core.finish(done, zone_pb2.JOB_SUCCEEDED, "exited 0", NOW)
     with pytest.raises(FailedPrecondition):  # ended otherwise: refused, as one cancel is
-        done = _submit(core)
-        core.finish(done, zone_pb2.JOB_SUCCEEDED, "exited 0", NOW)
         core.cancel_job(done.job, "", NOW)
 
 
