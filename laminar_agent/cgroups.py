@@ -22,7 +22,10 @@ import contextlib
 import logging
 import os
 import re
+import signal
 from pathlib import Path
+
+from laminar_agent import shim
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,11 @@ class SubjobCgroups:
             return False
         return True
 
+    def kill_all(self, subjob_id: str) -> None:
+        """SIGKILL every process in the subjob's cgroup, through ``cgroup.kill`` or, on a
+        kernel without it, one by one (:func:`shim.signal_cgroup`)."""
+        shim.signal_cgroup(self.path_text(subjob_id), signal.SIGKILL)
+
     def remove(self, subjob_id: str) -> None:
         with contextlib.suppress(OSError):
             self.path(subjob_id).rmdir()
@@ -103,8 +111,7 @@ class SubjobCgroups:
             return
         except OSError:  # busy: processes still in it (or another reason to find out)
             pass
-        if self.pids(subjob_id):
-            self.kill(subjob_id)
+        self.kill_all(subjob_id)
         self.remove(subjob_id)
 
 

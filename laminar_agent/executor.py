@@ -269,8 +269,6 @@ class _Tracked:
     #: The pid is the job's own process (its process group's leader), started by a
     #: launcher; False for a shim's pid (the shim leads the group and must outlive a kill).
     is_job: bool = False
-    #: Its process's start time, as psutil reads it (run time; a 1 s check against reuse).
-    started_unix: float = 0.0
     #: Its process's identity (:func:`_process_start`: this boot, its start tick), journaled
     #: for a restarted agent's adopt; "" when unknown.
     identity: str = ""
@@ -798,13 +796,11 @@ class Executor:
                 raise
         if started is not None and launcher is not None:
             pid, warning = started
-            identity, started_unix = _process_start(pid)
-            tracked = _Tracked(pid, spec.grace_seconds, True, started_unix, identity)
+            tracked = _Tracked(pid, spec.grace_seconds, True, _process_start(pid))
             watch = self._watch_launched(spec.subjob_id, tracked, launcher, launcher.process)
         else:
             pid, warning = self._launch_shim(Path(sdir), launch)
-            identity, started_unix = _process_start(pid)
-            tracked = _Tracked(pid, spec.grace_seconds, False, started_unix, identity)
+            tracked = _Tracked(pid, spec.grace_seconds, False, _process_start(pid))
             watch = self._watch_child(spec.subjob_id, tracked)
         if warning:
             log.warning("subjob %s %s", spec.subjob_id, warning)
@@ -839,10 +835,8 @@ class Executor:
             )
         except OSError as exc:
             log.error("subjob %s: cannot void its launch: %s", subjob_id, exc)
-        if self.cgroups is not None and not self.cgroups.kill(subjob_id):
-            for pid in self.cgroups.pids(subjob_id):  # a kernel without cgroup.kill
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        if self.cgroups is not None:
+            self.cgroups.kill_all(subjob_id)
         log.warning("subjob %s: launch void; nothing of it runs", subjob_id)
 
     def _launch_shim(self, sdir: Path, launch: dict[str, object]) -> tuple[int, str]:
@@ -899,7 +893,8 @@ class Executor:
         ``writer`` (that launcher) once it has reaped it. A writer that is gone (SIGKILLed:
         the subjob was re-parented to init, whose reaping records nothing) leaves the exit
         status unknown, and the subjob ends with that cause."""
-        if _started_near(tracked.pid, tracked.started_unix):  # else: gone, its pid reused
+        if tracked.identity and _process_start(tracked.pid) == tracked.identity:
+            # Else gone, its pid perhaps reused: nothing of it to wait for.
             await _wait_child(tracked.pid)
         deadline = time.monotonic() + shim.CGROUP_DRAIN_SECONDS + LAUNCHER_TIMEOUT_SECONDS
         while True:
@@ -963,8 +958,9 @@ class Executor:
         reaped it."""
         try:
             p = psutil.Process(pid)
+            identity = _process_start(pid)
             if pid_start:
-                alive = _process_start(pid)[0] == pid_start
+                alive = identity == pid_start
             else:
                 alive = abs(p.create_time() - started_unix) <= 1.0
             ended = alive and p.status() == psutil.STATUS_ZOMBIE
@@ -990,8 +986,7 @@ class Executor:
             alive = False
         if not alive:
             return False
-        identity, started = _process_start(pid)
-        tracked = _Tracked(pid, grace_seconds, not is_shim, started, identity)
+        tracked = _Tracked(pid, grace_seconds, not is_shim, identity)
         self._tracked[subjob_id] = tracked
         tracked.task = asyncio.get_running_loop().create_task(
             self._watch_adopted(subjob_id, tracked, writer), name=f"adopt-{subjob_id}"
@@ -1160,26 +1155,6 @@ def _is_alive(process: psutil.Process | None) -> bool:
         return False
 
 
-#: Clock ticks per second of ``/proc/PID/stat``'s times.
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-#: How long a boot time read from ``/proc/stat`` is reused: it moves only when the wall
-#: clock is stepped, and a start time within a second is what is compared.
-BOOT_TIME_REUSE_SECONDS = 10.0
-#: The boot time last read (wall-clock seconds) and when (monotonic).
-_boot_time_read: tuple[float, float] = (float("-inf"), 0.0)
-
-
-def _boot_time() -> float:
-    """``psutil.boot_time()``, read again at most every :data:`BOOT_TIME_REUSE_SECONDS`."""
-    global _boot_time_read
-    read_at, boot = _boot_time_read
-    now = time.monotonic()
-    if now - read_at >= BOOT_TIME_REUSE_SECONDS:
-        boot = psutil.boot_time()
-        _boot_time_read = (now, boot)
-    return boot
-
-
 _boot_id: str | None = None
 
 
@@ -1195,36 +1170,21 @@ def _this_boot() -> str:
     return _boot_id
 
 
-def _process_start(pid: int) -> tuple[str, float]:
-    """Process ``pid``'s identity and its start time, from ``/proc/PID/stat`` alone.
-
-    The identity is this boot's id and the process's ``starttime`` in clock ticks after
-    boot: both are fixed for the process's life and every reader sees the same two values,
-    so a restarted agent compares them for equality (a reused pid started in another tick;
-    a reboot has another id). A wall-clock time would not do: the boot time the kernel
-    gives (``/proc/stat``'s ``btime``, whole seconds) is recomputed from the wall clock at
-    each read and may differ by a second between two agent processes, or more after the
-    clock is stepped. The start time (psutil's sum, ticks + boot time; run time and the
-    1 s check) is not when the launch was answered, which a lagging loop reads late.
-    ("", now) for a process already gone. Reading only ``/proc/PID/stat``:
-    ``psutil.Process(pid).create_time()`` also reads ``/proc/stat`` for the boot time on
-    each call, and cost 0.1 ms of the agent's CPU per launch under load."""
+def _process_start(pid: int) -> str:
+    """Process ``pid``'s identity, from ``/proc/PID/stat`` alone: this boot's id and the
+    process's ``starttime`` in clock ticks after boot. Both are fixed for the process's
+    life and every reader sees the same two values, so they are compared for equality (a
+    reused pid started in another tick; a reboot has another id). A wall-clock start time
+    would not do: the kernel's boot time (``/proc/stat``'s ``btime``, whole seconds) is
+    recomputed from the wall clock at each read, so two agent processes (or one, after the
+    clock is stepped) may read a process's start a second or more apart; and it is not when
+    the launch was answered, which a lagging loop reads late. "" for a process gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
+        data = shim._read_small(f"/proc/{pid}/stat")
         ticks = int(data[data.rfind(b")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
-        return "", time.time()
-    return f"{_this_boot()}:{ticks}", ticks / _CLOCK_TICKS + _boot_time()
-
-
-def _started_near(pid: int, started_unix: float) -> bool:
-    """Whether process ``pid`` exists and started within a second of ``started_unix``
-    (a pid reused since by another process did not)."""
-    try:
-        return abs(psutil.Process(pid).create_time() - started_unix) <= 1.0
-    except psutil.Error:
-        return False
+        return ""
+    return f"{_this_boot()}:{ticks}"
 
 
 def _unknown_exit(why: str) -> ExitInfo:

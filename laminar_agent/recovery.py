@@ -64,6 +64,11 @@ def recover(carrier: Carrier, launches: Launches) -> tuple[int, int]:
             demand=demand_of(spec.resources),
         )
         outcome = core.recover(row.subjob_id, facts, time.time())
+        if outcome.fate is Restarted.LOST:
+            # Nothing of a lost subjob may run on (its job is retried elsewhere): one
+            # launched but not yet journaled with its pid when the agent died (pid 0) runs
+            # in its cgroup, and a late start of its launch must find it void.
+            executor.void(row.subjob_id)
         carrier.apply(outcome.instructions)
         if outcome.end is not None and info is not None:
             launches.record_end(row.subjob_id, outcome.end, info)

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from laminar_agent import executor as executor_module
+from laminar_agent import shim
 from laminar_agent.carrier import KEPT_ROW_MAX_SPEC_BYTES
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.journal import SubjobRow
@@ -148,13 +149,41 @@ async def test_a_subjob_whose_launch_was_answered_late_is_readopted_after_a_rest
         assert again.executor.is_running("s1")
         # What it was told apart by: the process's identity, journaled as read at the launch.
         kept = again.journal.get_subjob("s1")
-        assert kept is not None and kept.pid_start == executor_module._process_start(kept.pid)[0]
+        assert kept is not None and kept.pid_start == executor_module._process_start(kept.pid)
         assert kept.pid_start.endswith(":" + _stat_field(kept.pid, 22))
         assert kept.state == "RUNNING"
         again.executor.kill("s1")
         await again.executor.wait("s1")
     finally:
         await again.close()
+
+
+async def test_a_subjob_lost_at_a_restart_is_voided(tmp_path: Path) -> None:
+    """The agent died between its launcher's fork and journaling the pid (a row STARTING
+    with pid 0): the restart records the subjob lost, and voids its launch, so that a late
+    start runs nothing of it and its cgroup, where there is one, is killed (its job is
+    retried elsewhere; nothing of it may run twice)."""
+    node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    granted = await node.probe(_probe("j1"))
+    spec = common_pb2.SubjobSpec(
+        job_id="j1", subjob_id="s1", command=[sys.executable, "-c", "import time; time.sleep(60)"]
+    )
+    await node.commit(granted.lease.lease_id, spec)
+    row = node.journal.get_subjob("s1")
+    assert row is not None
+    pid = row.pid
+    node.journal.update_subjob("s1", state="STARTING", pid=0, pid_start="")
+    await node.close()
+    again = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path)
+    try:
+        assert again.recover() == (0, 1)
+        lost = again.journal.get_subjob("s1")
+        assert lost is not None and lost.state not in ("RUNNING", "STARTING", "SUSPENDED")
+        assert (again.executor.subjob_dir("s1") / shim.VOID_FILE).exists()
+    finally:
+        await again.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 async def test_a_reused_pid_is_not_readopted(tmp_path: Path) -> None:

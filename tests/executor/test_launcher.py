@@ -26,6 +26,7 @@ from test_executor import Recorder, poll_until
 from waiting import gate_code, is_gone, until
 
 from laminar_agent import executor as executor_module
+from laminar_agent import shim
 from laminar_agent.cgroups import SubjobCgroups
 from laminar_agent.executor import Executor, LaunchSpec
 
@@ -673,9 +674,9 @@ async def test_an_exit_notice_names_its_subjob_so_a_reused_pid_is_not_misrouted(
 async def test_a_launch_keeps_its_process_start_time_not_when_its_answer_was_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, use_launcher: bool
 ) -> None:
-    """The start time kept against pid reuse is the process's own: an answer read late
-    (a lagging loop, here a clock 5 s ahead) must not make the subjob's own process look
-    like another one later."""
+    """The identity kept against pid reuse is the process's own (its boot and start tick),
+    whatever the clock read when its answer came (a lagging loop, here a clock 5 s ahead):
+    its own process must not look like another one later."""
     real = time.time
     clock = SimpleNamespace(time=lambda: real() + 5.0, monotonic=time.monotonic)
     monkeypatch.setattr(executor_module, "time", clock)
@@ -684,63 +685,72 @@ async def test_a_launch_keeps_its_process_start_time_not_when_its_answer_was_rea
     spec, gate, _ = _gated(tmp_path, "lagged", 0)
     pid = await ex.launch(spec)
     try:
-        assert executor_module._started_near(pid, ex._tracked["lagged"].started_unix)
+        identity = ex._tracked["lagged"].identity
+        assert identity and identity == executor_module._process_start(pid)
+        assert identity == f"{_boot_id()}:{_start_tick(pid)}"
     finally:
         gate.write_text("")
     await poll_until(lambda: "lagged" in rec.exits, "exit of lagged")
     await ex.close()
 
 
-def test_a_process_start_time_is_the_one_psutil_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_process_start`` reads only ``/proc/PID/stat`` (psutil also reads ``/proc/stat``
-    on every call) and its start time must be what ``_started_near`` later reads with
-    psutil; a boot time read long ago is read again; a gone pid gives now and no
-    identity."""
+def test_a_process_identity_is_its_boot_and_start_tick() -> None:
+    """``_process_start`` reads only ``/proc/PID/stat`` (no wall-clock time, which two
+    agent processes may read a second apart): this boot's id and the process's start in
+    clock ticks, the same for every reader; a gone pid has none."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         for pid in (os.getpid(), os.getppid(), child.pid):
-            assert executor_module._process_start(pid)[1] == psutil.Process(pid).create_time()
-        # A boot time that was wrong (the wall clock stepped since) is not kept for long.
-        monkeypatch.setattr(
-            executor_module,
-            "_boot_time_read",
-            (time.monotonic() - executor_module.BOOT_TIME_REUSE_SECONDS, 0.0),
-        )
-        assert (
-            executor_module._process_start(child.pid)[1] == psutil.Process(child.pid).create_time()
-        )
+            assert executor_module._process_start(pid) == f"{_boot_id()}:{_start_tick(pid)}"
     finally:
         child.kill()
         child.wait()
-    before = time.time()
-    identity, started = executor_module._process_start(child.pid)
-    assert identity == "" and before <= started <= time.time()
+    assert executor_module._process_start(child.pid) == ""
+
+
+def _boot_id() -> str:
+    return Path(executor_module.BOOT_ID_PATH).read_text().strip()
+
+
+def _start_tick(pid: int) -> int:
+    """Field 22 of ``/proc/PID/stat`` (proc(5)): the process's start in clock ticks."""
+    data = Path(f"/proc/{pid}/stat").read_text()
+    return int(data[data.rfind(")") + 2 :].split()[19])
 
 
 def test_an_ended_subjobs_cgroup_is_removed_before_anything_is_read_from_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At a subjob's end its cgroup is removed; ``cgroup.procs`` is read (and what is left
-    killed) only when the removal fails. Plain folders stand in for cgroups: a folder with
-    files cannot be removed, as a cgroup with processes cannot."""
+    """At a subjob's end its cgroup is removed; what is left is killed only when the
+    removal fails, through ``cgroup.kill`` (``cgroup.procs`` is read only on a kernel
+    without it). Plain folders stand in for cgroups: a folder with files cannot be
+    removed, as a cgroup with processes cannot."""
     cgroups = SubjobCgroups(tmp_path / "cgroups")
     read: list[str] = []
-    pids = SubjobCgroups.pids
+    pids = shim.cgroup_pids
 
-    def counted(self: SubjobCgroups, subjob_id: str) -> list[int]:
-        read.append(subjob_id)
-        return pids(self, subjob_id)
+    def counted(cgroup: str) -> list[int]:
+        read.append(os.path.basename(cgroup))
+        return pids(cgroup)
 
-    monkeypatch.setattr(SubjobCgroups, "pids", counted)
+    monkeypatch.setattr(shim, "cgroup_pids", counted)
     cgroups.path("empty").mkdir(parents=True)
     cgroups.clear("empty")
     cgroups.clear("gone")  # its launcher removed it already
-    assert not cgroups.path("empty").exists() and read == []
+    assert not cgroups.path("empty").exists() and not cgroups.path("gone").exists()
     busy = cgroups.path("busy")
     busy.mkdir()
     (busy / "cgroup.procs").write_text("4242\n")
+    (busy / "cgroup.kill").write_text("")  # as the kernel has it
     cgroups.clear("busy")
-    assert read == ["busy"] and (busy / "cgroup.kill").read_text() == "1"
+    assert (busy / "cgroup.kill").read_text() == "1" and read == []
+    # A kernel without cgroup.kill (here: a folder in its place) gets each process killed.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    old = cgroups.path("old")
+    (old / "cgroup.kill").mkdir(parents=True)
+    (old / "cgroup.procs").write_text(f"{child.pid}\n")
+    cgroups.clear("old")
+    assert read == ["old"] and child.wait(timeout=30) == -signal.SIGKILL
 
 
 async def test_a_launch_answer_that_never_comes_times_out_and_voids_the_launch(
