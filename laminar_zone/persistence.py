@@ -11,6 +11,7 @@ core's :meth:`~laminar_zone.core.ZoneCore.census`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -42,11 +43,51 @@ class Persistence:
     def __init__(self, state: ZoneParts) -> None:
         self.state = state
         self._gauges_at = -math.inf
+        #: Grouped writes waiting for the tick's commit, by job id (see :meth:`save_many`).
+        self._grouped: dict[str, Entry] = {}
+        self._flush_handle: asyncio.Handle | None = None
         #: The target workload's count of observations last journaled (sweep).
         self._workload_saved = 0
 
-    def save_many(self, entries: Sequence[Entry]) -> None:
-        """Journal jobs in one write (usage rows first), then tell their watchers."""
+    def save_many(self, entries: Sequence[Entry], *, grouped: bool = False) -> None:
+        """Journal jobs in one write (usage rows first), then tell their watchers.
+
+        ``grouped`` (group commit, :class:`~laminar_zone.core.Journal`): the jobs are
+        written with the other grouped writes of this loop tick, in one commit at its end
+        (:meth:`flush`); a write not grouped commits those waiting with its own, so the
+        journal never holds a job older than one written after it."""
+        if grouped:
+            for entry in entries:
+                self._grouped[entry.job.job_id] = entry
+            if self._flush_handle is None:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:  # no loop to end a tick (embedded use): commit now
+                    self.flush()
+                    return
+                self._flush_handle = loop.call_soon(self.flush)
+            return
+        if self._grouped:
+            waiting = self._take_grouped()
+            ids = {e.job.job_id for e in entries}
+            entries = [*(e for e in waiting if e.job.job_id not in ids), *entries]
+        self._write(entries)
+
+    def flush(self) -> None:
+        """Commit the grouped writes waiting (the tick's end, a probe about to leave, a
+        read of the journal, shutdown); nothing when none wait."""
+        if self._grouped:
+            self._write(self._take_grouped())
+
+    def _take_grouped(self) -> list[Entry]:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()  # a no-op when it is the one running
+            self._flush_handle = None
+        waiting = list(self._grouped.values())
+        self._grouped.clear()
+        return waiting
+
+    def _write(self, entries: Sequence[Entry]) -> None:
         state = self.state
         jobs = [e.job for e in entries]
         with state.store.transaction():  # one commit for the usage rows and the jobs
