@@ -946,7 +946,7 @@ class ZoneCore:
             # reply): it ran, and the report already judged the job.
             if reply is not None:
                 apply_start_reply(placement, reply)
-            return True, [Journal((entry,))]
+            return True, [Journal((entry,), grouped=True)]  # its end is journaled
         if reply is not None:
             del placement.slice_ids[:]
             placement.slice_ids.extend(slice_ids)

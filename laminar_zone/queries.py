@@ -95,11 +95,15 @@ class ZoneQueries:
         queue: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
         entry.watchers.append(queue)
         try:
+            last = job
             while True:
                 update = newest(await queue.get(), queue)
+                if update == last:  # a write that changed nothing the watcher sees
+                    continue
                 yield update
                 if update.state in TERMINAL_JOB_STATES:
                     return
+                last = update
         finally:
             if queue in entry.watchers:
                 entry.watchers.remove(queue)

@@ -24,7 +24,7 @@ from laminar_zone.jobs import ZoneState
 from laminar_zone.membership import Membership
 from laminar_zone.metrics import ZoneMetrics
 from laminar_zone.placer import AgentClients
-from laminar_zone.queries import newest
+from laminar_zone.queries import ZoneQueries, newest
 from laminar_zone.store import JobStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -206,3 +206,21 @@ def test_a_watcher_not_behind_gets_each_state() -> None:
     queue.put_nowait(_job(zone_pb2.PENDING, "retrying"))
     assert newest(queue.get_nowait(), queue).reason == "retrying"  # newest, not terminal
     assert queue.empty()
+
+
+async def test_a_watcher_is_not_sent_a_state_it_already_has(zone: ZoneState) -> None:
+    entry = _entry(zone, "j-a")
+    updates = ZoneQueries(zone).watch("j-a")
+    first = await anext(updates)
+    assert first.state == zone_pb2.JOB_RUNNING
+    pending = asyncio.ensure_future(anext(updates))
+    await _next_tick()  # the watcher waits for a change
+    zone.persistence.publish(entry)  # written again, nothing changed
+    await _next_tick()
+    await _next_tick()
+    assert not pending.done()
+    entry.job.state = zone_pb2.JOB_SUCCEEDED
+    zone.persistence.publish(entry)
+    ended = await asyncio.wait_for(pending, 5)
+    assert ended.state == zone_pb2.JOB_SUCCEEDED
+    assert [u async for u in updates] == []  # the terminal state ended the watch
