@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,3 +225,58 @@ async def test_a_watcher_is_not_sent_a_state_it_already_has(zone: ZoneState) -> 
     ended = await asyncio.wait_for(pending, 5)
     assert ended.state == zone_pb2.JOB_SUCCEEDED
     assert [u async for u in updates] == []  # the terminal state ended the watch
+
+
+def _spec() -> zone_pb2.JobSpec:
+    return zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1))
+
+
+async def test_concurrent_submits_share_a_commit_and_each_is_durable_when_answered(
+    zone: ZoneState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[set[str]] = []  # the job ids of each journal write (one transaction each)
+    put_many = zone.store.put_many
+
+    def recorded(jobs: list[zone_pb2.Job]) -> None:
+        writes.append({job.job_id for job in jobs})
+        put_many(jobs)
+
+    monkeypatch.setattr(zone.store, "put_many", recorded)
+    durable: list[bool] = []
+
+    async def submit(i: int) -> zone_pb2.Job:
+        job = await zone.submit(_spec(), f"r{i}")
+        durable.append(zone.store.get(job.job_id) is not None)  # as the reply leaves
+        return job
+
+    jobs = await asyncio.gather(*(submit(i) for i in range(5)))
+    assert durable == [True] * 5
+    ids = {job.job_id for job in jobs}
+    assert len(ids) == 5
+    first = next(w for w in writes if w & ids)
+    assert ids <= first  # one tick's Submits, one commit (with what else it wrote)
+
+
+async def test_a_submit_repeated_before_the_first_is_answered_gets_the_same_job(
+    zone: ZoneState,
+) -> None:
+    first, again = await asyncio.gather(zone.submit(_spec(), "r1"), zone.submit(_spec(), "r1"))
+    assert first.job_id == again.job_id
+    assert zone.store.count() == 1
+
+
+async def test_a_failed_group_commit_fails_its_submits_and_keeps_none_of_their_jobs(
+    zone: ZoneState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(jobs: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(zone.store, "put_many", full)
+    results = await asyncio.gather(
+        zone.submit(_spec(), "r1"), zone.submit(_spec(), "r2"), return_exceptions=True
+    )
+    assert all(isinstance(r, sqlite3.OperationalError) for r in results), results
+    assert zone.entries == {}
+    monkeypatch.undo()
+    job = await zone.submit(_spec(), "r1")  # the journal works again: accepted anew
+    assert zone.store.get(job.job_id) is not None
