@@ -21,6 +21,7 @@ if any("laminar_zone" in a for a in sys.orig_argv) and os.environ.get("LAMINAR_C
     import atexit
     import collections
     import functools
+    import inspect
     import json
     import sqlite3
     from typing import Any
@@ -51,7 +52,13 @@ if any("laminar_zone" in a for a in sys.orig_argv) and os.environ.get("LAMINAR_C
             counts[key] += 1
             return method(*args, **kwargs)
 
-        setattr(cls, name, wrapper)
+        @functools.wraps(method)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[key] += 1
+            return await method(*args, **kwargs)
+
+        # grpc.aio awaits a handler only if it is a coroutine function.
+        setattr(cls, name, async_wrapper if inspect.iscoroutinefunction(method) else wrapper)
 
     def _install() -> None:
         import grpc.aio._channel as channel
