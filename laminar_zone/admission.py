@@ -78,6 +78,7 @@ class Admission:
         state, core = self.state, self.state.core
         check_count(requests, "requests", max_items=MAX_BATCH_JOBS)
         answers: list[zone_pb2.Job | list[Entry]] = []
+        uncommitted = 0  # answers that are jobs another Submit is committing now
         taken: dict[tuple[str, str], int] = {}
         for i, (spec, request_id) in enumerate(requests):
             try:
@@ -87,7 +88,12 @@ class Admission:
                 if request_id and (spec.tenant, request_id) in taken:
                     answers.append(answers[taken[(spec.tenant, request_id)]])
                     continue
-                existing = state.store.by_request(spec.tenant, request_id) if request_id else None
+                existing = None
+                if request_id:
+                    existing = state.store.by_request(spec.tenant, request_id)
+                    if existing is None:
+                        existing = state.persistence.new_by_request(spec.tenant, request_id)
+                        uncommitted += existing is not None
                 if existing is not None:
                     answers.append(existing)
                     continue
@@ -114,7 +120,8 @@ class Admission:
             state._do(core.route(entry, may_forward, time.monotonic()))
             work.append(entry)
         try:
-            state.store.put_many([e.job for e in new])
+            if new or uncommitted:  # acknowledged once durable, in the tick's group commit
+                await state.persistence.journal_new([e.job for e in new])
         except Exception:
             for entry in new:
                 core.drop(entry.job.job_id)

@@ -93,9 +93,17 @@ log = logging.getLogger("laminar.zone.core")
 
 @dataclass(frozen=True)
 class Journal:
-    """Write these jobs to the journal (usage rows first), then tell their watchers."""
+    """Write these jobs to the journal (usage rows first), then tell their watchers.
+
+    ``grouped``: the write may share one commit with the others of this loop tick (group
+    commit), since nothing outside the router depends on it before then: the driver
+    commits it at the tick's end, with any write not grouped that comes first, and before
+    any probe leaves for an agent (a commit on probe's intent). Watchers hear of it once it
+    is committed. A router killed before that commit loses only what the journal already
+    recovers from (a job still queued; a committing placement it confirms with the agent)."""
 
     entries: tuple[Entry, ...]
+    grouped: bool = False
 
 
 @dataclass(frozen=True)
@@ -801,7 +809,7 @@ class ZoneCore:
         if job.state not in TERMINAL_JOB_STATES:
             job.state = zone_pb2.PENDING
             set_reason(job, Reason.PLACING, "probing with commit")
-        return placement, [Journal((entry,))]
+        return placement, [Journal((entry,), grouped=True)]  # committed before the probe leaves
 
     def probe_bounced(self, entry: Entry, placement: zone_pb2.Placement) -> None:
         """The host bounced the probe that carried the commit: it surely did not start."""
@@ -938,7 +946,7 @@ class ZoneCore:
             # reply): it ran, and the report already judged the job.
             if reply is not None:
                 apply_start_reply(placement, reply)
-            return True, [Journal((entry,))]
+            return True, [Journal((entry,), grouped=True)]  # its end is journaled
         if reply is not None:
             del placement.slice_ids[:]
             placement.slice_ids.extend(slice_ids)
@@ -949,7 +957,7 @@ class ZoneCore:
                     Terminate(placement, "cancelled while starting", EndCause.CANCELLED),
                 ]
             now_running(job, now_unix)
-            return True, [Journal((entry,))]
+            return True, [Journal((entry,), grouped=True)]  # the intent recovers it
         why = unsure or "no answer"
         log.warning("job %s: a probe carrying the commit got no answer (%s)", job.job_id, why)
         confirm = self._confirm(placement.agent_id, job.job_id)

@@ -140,6 +140,9 @@ class ZoneState:
         self.admission = Admission(self)
         self.tries = TryDriver(self)
         self.queue_loop = QueueLoop(self)
+        # A commit on probe's intent, grouped with its tick's writes, is committed before
+        # its probe leaves.
+        self.placer.calls.before_probes = self.persistence.flush
         # Their entries, named here for the service, the server, peers, reports, the
         # atomizer and client leases.
         self.recover = self.persistence.recover
@@ -247,9 +250,9 @@ class ZoneState:
     def _carry_out(self, instruction: Instruction) -> None:
         """The instructions carried out at once, alike from synchronous code and tasks."""
         match instruction:
-            case Journal(entries):
+            case Journal(entries, grouped):
                 if entries:
-                    self.save_many(entries)
+                    self.save_many(entries, grouped=grouped)
             case Publish(entry):
                 self.persistence.publish(entry)
             case Wake(Loop.QUEUE):
@@ -365,6 +368,7 @@ class ZoneState:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
 
     async def close(self) -> None:
+        self.persistence.flush()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -11,6 +11,7 @@ core's :meth:`~laminar_zone.core.ZoneCore.census`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -18,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from laminar_api.v1 import zone_pb2
 from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.fragmentation import workload_from_rows, workload_rows
 from laminar_base.wire import demand_of
@@ -42,16 +44,105 @@ class Persistence:
     def __init__(self, state: ZoneParts) -> None:
         self.state = state
         self._gauges_at = -math.inf
+        #: Grouped writes waiting for the tick's commit, by job id (see :meth:`save_many`).
+        self._grouped: dict[str, Entry] = {}
+        #: New jobs' records waiting for it (:meth:`journal_new`), by job id, and by
+        #: (tenant, client_request_id) for Submit's idempotency lookup.
+        self._new: dict[str, zone_pb2.Job] = {}
+        self._new_requests: dict[tuple[str, str], zone_pb2.Job] = {}
+        #: Resolved once what waits now is committed (None: nobody waits for it).
+        self._committed: asyncio.Future[None] | None = None
+        self._flush_handle: asyncio.Handle | None = None
         #: The target workload's count of observations last journaled (sweep).
         self._workload_saved = 0
 
-    def save_many(self, entries: Sequence[Entry]) -> None:
-        """Journal jobs in one write (usage rows first), then tell their watchers."""
+    def save_many(self, entries: Sequence[Entry], *, grouped: bool = False) -> None:
+        """Journal jobs in one write (usage rows first), then tell their watchers.
+
+        ``grouped`` (group commit, :class:`~laminar_zone.core.Journal`): the jobs are
+        written with the other grouped writes of this loop tick, in one commit at its end
+        (:meth:`flush`); a write not grouped commits those waiting with its own, so the
+        journal never holds a job older than one written after it."""
+        if grouped:
+            for entry in entries:
+                self._grouped[entry.job.job_id] = entry
+            self._flush_soon()
+            return
+        self._commit(entries)
+
+    async def journal_new(self, jobs: Sequence[zone_pb2.Job]) -> None:
+        """Journal new jobs (Submit) in this tick's group commit; returns once they are
+        committed, and raises its error if it failed: a Submit is acknowledged only once
+        its job is durable, and concurrent Submits share one commit."""
+        for job in jobs:
+            self._new[job.job_id] = job
+            if job.client_request_id:
+                self._new_requests[(job.spec.tenant, job.client_request_id)] = job
+        await self.until_committed()
+
+    def new_by_request(self, tenant: str, client_request_id: str) -> zone_pb2.Job | None:
+        """A new job waiting for the tick's commit with this idempotency key (a Submit
+        repeated before the first one was answered: the same job, once committed)."""
+        return self._new_requests.get((tenant, client_request_id))
+
+    async def until_committed(self) -> None:
+        """Wait until what waits for the group commit now is committed (its error if not)."""
+        if self._committed is None:
+            self._committed = asyncio.get_running_loop().create_future()
+        done = self._committed
+        self._flush_soon()
+        await asyncio.shield(done)  # a waiter cancelled leaves the others theirs
+
+    def flush(self) -> None:
+        """Commit the writes waiting (the tick's end, a probe about to leave, a read of the
+        journal, shutdown); nothing when none wait."""
+        if self._grouped or self._new or self._committed is not None:
+            self._commit(())
+
+    def _flush_soon(self) -> None:
+        if self._flush_handle is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to end a tick (embedded use): commit now
+            self.flush()
+            return
+        self._flush_handle = loop.call_soon(self.flush)
+
+    def _commit(self, entries: Sequence[Entry]) -> None:
+        """Write ``entries`` with everything waiting for the group commit, in one commit."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()  # a no-op when it is the one running
+            self._flush_handle = None
+        waiting, new, done = list(self._grouped.values()), list(self._new.values()), self._committed
+        self._grouped.clear()
+        self._new.clear()
+        self._new_requests.clear()
+        self._committed = None
+        ids = {e.job.job_id for e in entries}
+        entries = [*(e for e in waiting if e.job.job_id not in ids), *entries]
+        try:
+            if entries or new:
+                self._write(entries, new)
+        except Exception as exc:
+            # Written by the next commit, but for jobs whose Submit fails now (dropped).
+            failed = {job.job_id for job in new}
+            for entry in waiting:
+                if entry.job.job_id not in failed:
+                    self._grouped.setdefault(entry.job.job_id, entry)
+            if done is not None and not done.done():
+                done.set_exception(exc)
+            raise
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    def _write(self, entries: Sequence[Entry], new: Sequence[zone_pb2.Job] = ()) -> None:
         state = self.state
         jobs = [e.job for e in entries]
+        ids = {job.job_id for job in jobs}
         with state.store.transaction():  # one commit for the usage rows and the jobs
             usage = state.usage_ledger.write(jobs, time.time())
-            state.store.put_many(jobs)
+            state.store.put_many([*jobs, *(job for job in new if job.job_id not in ids)])
         state.usage_ledger.written(usage)
         for entry in entries:
             self.publish(entry)

@@ -105,6 +105,9 @@ class AgentCalls:
         self._queued: dict[tuple[str, str], list[_Queued[Any]]] = {}
         self._in_flight: dict[tuple[str, str], int] = {}
         self._flushes: dict[tuple[str, str], asyncio.Handle] = {}
+        #: Called before any probe leaves: the router commits the journal's grouped writes
+        #: (a commit on probe's intent must be durable before its probe goes out).
+        self.before_probes: Callable[[], None] = _nothing
         #: The calls under way (the router's idle check and close wait for them).
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -137,6 +140,12 @@ class AgentCalls:
             return
         if kind == "release":
             self._start(key, self._send_releases(address, queued))
+            return
+        try:
+            self.before_probes()
+        except Exception as exc:  # not journaled: no probe of the call may leave
+            log.exception("probes for %s not sent: the journal's commit failed", address)
+            _settle_all(queued, exc)
             return
         for first in range(0, len(queued), MAX_PROBES_PER_CALL):
             self._start(
@@ -217,6 +226,10 @@ _BEFORE_HANDLING = frozenset(
 
 def _refused_before_handling(exc: BaseException) -> bool:
     return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _BEFORE_HANDLING
+
+
+def _nothing() -> None:
+    pass
 
 
 def _settle_all(queued: Sequence[_Queued[Any]], exc: BaseException) -> None:
@@ -483,6 +496,7 @@ class Placer:
             return [await self.calls.probe(record.address, probes[0])]
         stub = self.clients.stub(record.address)
         timeout = self.settings.rpc_timeout_seconds
+        self.calls.before_probes()  # a grouped intent is committed before the probe leaves
         if len(probes) == 1:
             return [await stub.Probe(probes[0], timeout=timeout)]
         reply = await stub.ProbeBatch(agent_pb2.ProbeBatchRequest(probes=probes), timeout=timeout)

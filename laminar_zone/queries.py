@@ -62,7 +62,9 @@ class ZoneQueries:
                 raise InvalidArgument(f"unknown job state {s}", field="states")
         limit = min(limit or MAX_LIST_PAGE, MAX_LIST_PAGE)
         before = _decode_page_token(page_token) if page_token else None
-        # Live jobs change in memory first; the journal has everything else.
+        # Live jobs change in memory first; the journal has everything else (with the
+        # tick's grouped writes committed, so a job's row matches its state filter).
+        self._state.persistence.flush()
         out = self._state.store.query(tenant, states, limit + 1, before)
         reply = zone_pb2.ListJobsReply()
         size = 0
@@ -93,11 +95,15 @@ class ZoneQueries:
         queue: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
         entry.watchers.append(queue)
         try:
+            last = job
             while True:
-                update = await queue.get()
+                update = newest(await queue.get(), queue)
+                if update == last:  # a write that changed nothing the watcher sees
+                    continue
                 yield update
                 if update.state in TERMINAL_JOB_STATES:
                     return
+                last = update
         finally:
             if queue in entry.watchers:
                 entry.watchers.remove(queue)
@@ -228,3 +234,13 @@ class ZoneQueries:
         if not draining:
             self._state.queue_wake.set()
         return self.agent_info(record)
+
+
+def newest(update: zone_pb2.Job, queue: asyncio.Queue[zone_pb2.Job]) -> zone_pb2.Job:
+    """The newest of ``update`` and the updates queued behind it, up to the first terminal
+    one: a watcher slower than the job gets its latest state in one message, not every
+    state it went through, and still the terminal state that ends its watch (a job's
+    record may change after it ended: a subjob's end confirmed later)."""
+    while update.state not in TERMINAL_JOB_STATES and not queue.empty():
+        update = queue.get_nowait()
+    return update

@@ -34,10 +34,15 @@ class TryStarts(Protocol):
     async def start_from_pass(self, entry: Entry) -> tuple[bool, asyncio.Task[bool]]: ...
 
 
-class Gauges(Protocol):
-    """The gauges a queue pass refreshes."""
+class Journaling(Protocol):
+    """The journal's side as the drivers use it: the gauges a queue pass refreshes, and
+    Submit's group commit (:class:`laminar_zone.persistence.Persistence`)."""
 
     def update_gauges(self, *, force: bool = False) -> None: ...
+
+    async def journal_new(self, jobs: Sequence[zone_pb2.Job]) -> None: ...
+
+    def new_by_request(self, tenant: str, client_request_id: str) -> zone_pb2.Job | None: ...
 
 
 class ZoneParts(Protocol):
@@ -78,7 +83,7 @@ class ZoneParts(Protocol):
     @property
     def tries(self) -> TryStarts: ...
     @property
-    def persistence(self) -> Gauges: ...
+    def persistence(self) -> Journaling: ...
 
     def _do(self, instructions: Sequence[Instruction]) -> None: ...
 

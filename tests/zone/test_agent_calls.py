@@ -202,3 +202,25 @@ async def test_a_batch_failed_as_a_whole_leaves_its_commits_unknown(
         assert isinstance(committing, RuntimeError) and "outcome unknown" in str(committing)
     else:
         assert isinstance(committing, grpc.aio.AioRpcError) and committing.code() == code
+
+
+async def test_the_hook_before_probes_runs_before_any_probe_leaves() -> None:
+    """The router commits its grouped journal writes there (a commit on probe's intent);
+    a hook that fails sends none of the call's probes and fails each, as the call would."""
+    a = CountingStub()
+    calls = AgentCalls(Clients({"a": a}), lambda: 5.0)  # type: ignore[arg-type]
+    seen: list[int] = []
+    calls.before_probes = lambda: seen.append(len(a.calls))
+    await asyncio.gather(
+        calls.probe("a", _probe("p1", commit=True)), calls.probe("a", _probe("p2"))
+    )
+    await calls.release("a", ["x"])
+    assert seen == [0] and a.calls[0] == ("ProbeBatch", ["p1", "p2"])  # once, before it
+
+    def broken() -> None:
+        raise OSError("disk full")
+
+    calls.before_probes = broken
+    results = await asyncio.gather(calls.probe("a", _probe("p3")), return_exceptions=True)
+    assert isinstance(results[0], OSError)
+    assert [c for c in a.calls if "p3" in c[1]] == []
