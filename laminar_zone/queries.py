@@ -83,18 +83,22 @@ class ZoneQueries:
         return reply
 
     async def watch(self, job_id: str) -> AsyncIterator[zone_pb2.Job]:
+        """The job now, then each change until it ends. The watcher's queue is in place
+        before the first record goes out: while the client receives it the job may change,
+        or end and leave memory, and the stream must still carry that to its last state."""
         job = self._state.get(job_id)
-        yield job
         if job_id in self._state.arrays:
             async for update in self._watch_array(job):
                 yield update
             return
         entry = self._state.entries.get(job_id)
         if entry is None or job.state in TERMINAL_JOB_STATES:
+            yield job
             return
         queue: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
         entry.watchers.append(queue)
         try:
+            yield job
             last = job
             while True:
                 update = newest(await queue.get(), queue)
@@ -109,12 +113,14 @@ class ZoneQueries:
                 entry.watchers.remove(queue)
 
     async def _watch_array(self, job: zone_pb2.Job) -> AsyncIterator[zone_pb2.Job]:
-        """An array's record each time one of its elements changes, until it ends."""
+        """An array's record now, then each time one of its elements changes, until it
+        ends (the queue in place before the first record goes out, as in :meth:`watch`)."""
         queue: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
         watchers = self._state.array_watchers.setdefault(job.job_id, [])
         watchers.append(queue)
         last = job
         try:
+            yield job
             while last.state not in TERMINAL_JOB_STATES:
                 await queue.get()
                 update = self._state.get(job.job_id)

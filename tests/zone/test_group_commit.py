@@ -227,6 +227,21 @@ async def test_a_watcher_is_not_sent_a_state_it_already_has(zone: ZoneState) -> 
     assert [u async for u in updates] == []  # the terminal state ended the watch
 
 
+async def test_a_job_that_ends_while_its_first_record_is_sent_still_reaches_its_watcher(
+    zone: ZoneState,
+) -> None:
+    """The watcher's queue is in place before the first record goes out: a job that ends
+    and leaves memory while the client receives that record still sends its end."""
+    entry = _entry(zone, "j-a")
+    updates = ZoneQueries(zone).watch("j-a")
+    first = await anext(updates)  # the stream is sending it: the watch waits at its yield
+    assert first.state == zone_pb2.JOB_RUNNING
+    entry.job.state = zone_pb2.JOB_SUCCEEDED
+    zone.persistence.publish(entry)
+    del zone.entries["j-a"]  # ended and forgotten before the watch goes on
+    assert [u.state async for u in updates] == [zone_pb2.JOB_SUCCEEDED]
+
+
 def _spec() -> zone_pb2.JobSpec:
     return zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1))
 
