@@ -708,6 +708,29 @@ class _Driver(CoreDriver):
         owner.idle_signature = signature if waiting <= owner.queued else None
 
 
+def _admitted(declared: Sequence[int], room: float, core: AgentCore) -> int:
+    """How many of the ascending ``declared`` memories an agent with ``room`` left in its
+    ledger admits on its GPU (a refusal of one is a refusal of every larger): the ends are
+    asked first, since most agents admit all or none, then a bisection between them."""
+
+    def admits(d: int) -> bool:
+        return d <= room and not core.pressure_refusal(d, (SLICE_ID,))
+
+    if not declared or not admits(declared[0]):
+        return 0
+    lo, hi = 1, len(declared)
+    if admits(declared[-1]):
+        return hi
+    hi -= 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if admits(declared[mid - 1]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class _Run:
     """One policy over the whole cluster, on a fresh engine."""
 
@@ -947,14 +970,7 @@ class _Run:
                 continue
             room = self.total - usage[2] - usage[3]
             agent.core.note_pressure({SLICE_ID: self._pressure(agent)})
-            lo, hi = 0, len(declared)  # how many of the smallest declarations it admits
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                d = declared[mid - 1]
-                if d <= room and not agent.core.pressure_refusal(d, (SLICE_ID,)):
-                    lo = mid
-                else:
-                    hi = mid - 1
+            lo = _admitted(declared, room, agent.core)
             admitting = admitting or lo > 0
             hosts.append((agent.index, usage, lo))
         return (tuple(needs), tuple(hosts)) if admitting else None

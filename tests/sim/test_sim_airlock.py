@@ -406,3 +406,32 @@ def test_a_move_no_agent_admits_is_asked_again_at_each_heartbeat(
     assert result.moved == 0 and result.move_retries > 5
     assert result.outcomes["a-opp"].ends.get("moved", 0) == 0
     assert any(why.startswith("gpu0 would hold 86.0 of 80.0 GiB") for why in refusals), refusals[:3]
+
+
+class _Refusing:
+    """An agent core that refuses declarations from ``limit`` bytes up (the refusal is
+    monotone, as ``AgentCore.pressure_refusal``'s is)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.asked = 0
+
+    def pressure_refusal(self, declared_bytes: int, slice_ids: tuple[str, ...]) -> str:
+        self.asked += 1
+        return "full" if declared_bytes >= self.limit else ""
+
+
+@pytest.mark.parametrize("limit", [0, 1, 5, 9, 10, 11, 40, 100])
+@pytest.mark.parametrize("room", [0, 7, 10, 1000])
+def test_pass_signature_counts_the_admitted_declarations(limit: int, room: int) -> None:
+    """What the skipped pass's signature reads of an agent: how many of the ascending
+    declarations it admits (its ledger's room and its core's refusal), as asking each would
+    count, with the ends asked first (one or two questions for an agent that admits all
+    or none)."""
+    declared = [1, 3, 3, 5, 8, 10, 10, 12, 30, 50]
+    core = _Refusing(limit)
+    got = airlock_sim._admitted(declared, room, core)  # type: ignore[arg-type]
+    assert got == sum(1 for d in declared if d <= room and d < limit)
+    if got in (0, len(declared)):
+        assert core.asked <= 2
+    assert airlock_sim._admitted([], room, core) == 0  # type: ignore[arg-type]
