@@ -710,25 +710,11 @@ class _Driver(CoreDriver):
 
 def _admitted(declared: Sequence[int], room: float, core: AgentCore) -> int:
     """How many of the ascending ``declared`` memories an agent with ``room`` left in its
-    ledger admits on its GPU (a refusal of one is a refusal of every larger): the ends are
-    asked first, since most agents admit all or none, then a bisection between them."""
-
-    def admits(d: int) -> bool:
-        return d <= room and not core.pressure_refusal(d, (SLICE_ID,))
-
-    if not declared or not admits(declared[0]):
-        return 0
-    lo, hi = 1, len(declared)
-    if admits(declared[-1]):
-        return hi
-    hi -= 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if admits(declared[mid - 1]):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    ledger admits on its GPU: those within the room that its core does not refuse
+    (``AgentCore.admitted_declarations``; a refusal of one is a refusal of every larger)."""
+    return min(
+        bisect.bisect_right(declared, room), core.admitted_declarations(declared, (SLICE_ID,))
+    )
 
 
 class _Run:
