@@ -521,24 +521,18 @@ class AgentCore:
         covered: host memory pressure, and memory a subjob will grow to beyond its
         declaration (Airlock's ladder handles that once it shows)."""
         for slice_id in slice_ids:
-            gpu = slice_id.split("/", 1)[0]
-            reading = self.pressure.get(slice_id) or self.pressure.get(gpu)
-            if reading is None or reading.total_bytes <= 0:
+            watched = self._watched(slice_id)
+            if watched is None:
                 continue
+            reading, resume = watched
             used, total = reading.used_bytes, reading.total_bytes
             if reading.level != Level.NORMAL:
                 return (
                     f"{slice_id} is under GPU memory pressure (Airlock {reading.level.name}, "
                     f"{used / _GIB:.1f} of {total / _GIB:.1f} GiB in use)"
                 )
-            resume = sum(
-                s.resume_bytes
-                for s in self._live.values()
-                if s.state == SUSPENDED
-                and any(x == slice_id or x.split("/", 1)[0] == gpu for x in s.slice_ids)
-            )
-            held = used + resume + declared_bytes
-            if used + resume > 0 and held >= self.critical_ratio * total:
+            if self._past_critical(reading, resume, declared_bytes):
+                held = used + resume + declared_bytes
                 return (
                     f"{slice_id} would hold {held / _GIB:.1f} of {total / _GIB:.1f} GiB "
                     f"({used / _GIB:.1f} in use, {resume / _GIB:.1f} to resume, "
@@ -546,6 +540,52 @@ class AgentCore:
                     f"{self.critical_ratio:.0%}"
                 )
         return ""
+
+    def admitted_declarations(self, declared: Sequence[int], slice_ids: Sequence[str]) -> int:
+        """How many of the ascending ``declared`` memories :meth:`pressure_refusal` admits
+        on ``slice_ids`` (a refusal of one is a refusal of every larger): each slice's
+        reading and resume memory once, then a bisection, where asking each would sum the
+        suspended subjobs' memory per declaration (``sim airlock`` asks this of every
+        agent with a share free before each queue pass)."""
+        watched = []
+        for slice_id in slice_ids:
+            state = self._watched(slice_id)
+            if state is None:
+                continue
+            if state[0].level != Level.NORMAL:
+                return 0
+            watched.append(state)
+        lo, hi = 0, len(declared)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            d = declared[mid - 1]
+            if any(self._past_critical(reading, resume, d) for reading, resume in watched):
+                hi = mid - 1
+            else:
+                lo = mid
+        return lo
+
+    def _watched(self, slice_id: str) -> tuple[GpuPressure, int] | None:
+        """Airlock's reading of the slice's GPU and the memory its suspended subjobs take
+        back on resume; None when Airlock does not watch it."""
+        gpu = slice_id.split("/", 1)[0]
+        reading = self.pressure.get(slice_id) or self.pressure.get(gpu)
+        if reading is None or reading.total_bytes <= 0:
+            return None
+        resume = sum(
+            s.resume_bytes
+            for s in self._live.values()
+            if s.state == SUSPENDED
+            and any(x == slice_id or x.split("/", 1)[0] == gpu for x in s.slice_ids)
+        )
+        return reading, resume
+
+    def _past_critical(self, reading: GpuPressure, resume: int, declared_bytes: int) -> bool:
+        """Whether memory in use, ``resume`` and ``declared_bytes`` reach the critical mark
+        on a GPU with something on it (an idle GPU takes what its ledger admits)."""
+        used = reading.used_bytes
+        held = used + resume + declared_bytes
+        return used + resume > 0 and held >= self.critical_ratio * reading.total_bytes
 
     def arbitrate(
         self, orders: Sequence[ProbeOrder], now: float, now_unix: float

@@ -708,6 +708,15 @@ class _Driver(CoreDriver):
         owner.idle_signature = signature if waiting <= owner.queued else None
 
 
+def _admitted(declared: Sequence[int], room: float, core: AgentCore) -> int:
+    """How many of the ascending ``declared`` memories an agent with ``room`` left in its
+    ledger admits on its GPU: those within the room that its core does not refuse
+    (``AgentCore.admitted_declarations``; a refusal of one is a refusal of every larger)."""
+    return min(
+        bisect.bisect_right(declared, room), core.admitted_declarations(declared, (SLICE_ID,))
+    )
+
+
 class _Run:
     """One policy over the whole cluster, on a fresh engine."""
 
@@ -947,14 +956,7 @@ class _Run:
                 continue
             room = self.total - usage[2] - usage[3]
             agent.core.note_pressure({SLICE_ID: self._pressure(agent)})
-            lo, hi = 0, len(declared)  # how many of the smallest declarations it admits
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                d = declared[mid - 1]
-                if d <= room and not agent.core.pressure_refusal(d, (SLICE_ID,)):
-                    lo = mid
-                else:
-                    hi = mid - 1
+            lo = _admitted(declared, room, agent.core)
             admitting = admitting or lo > 0
             hosts.append((agent.index, usage, lo))
         return (tuple(needs), tuple(hosts)) if admitting else None

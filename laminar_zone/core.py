@@ -439,18 +439,21 @@ class ZoneCore:
         """GPU units and memory each tenant's running and placing jobs hold."""
         units: dict[str, float] = {}
         memory: dict[str, int] = {}
+        atoms = self.atoms
         for e in self.entries.values():
-            tenant = e.job.spec.tenant
-            if e.job.job_id in self.atoms:
+            job = e.job
+            if job.job_id in atoms:
                 # An atomized job holds what its live pieces hold (its spec asks nothing).
-                for p in e.job.placements:
+                tenant = job.spec.tenant
+                for p in job.placements:
                     if p.state in LIVE_SUBJOB_STATES:
                         piece = self.demand_of(p.resources)
                         units[tenant] = units.get(tenant, 0.0) + piece.gpu_units
                         memory[tenant] = memory.get(tenant, 0) + piece.memory_bytes
-            elif e.job.state in RUNNING_JOB_STATES or e.placing:
-                units[tenant] = units.get(tenant, 0.0) + e.item.units
-                memory[tenant] = memory.get(tenant, 0) + e.item.memory_bytes
+            elif job.state in RUNNING_JOB_STATES or e.placing:
+                item = e.item  # its tenant is the spec's
+                units[item.tenant] = units.get(item.tenant, 0.0) + item.units
+                memory[item.tenant] = memory.get(item.tenant, 0) + item.memory_bytes
         return units, memory
 
     # ---------------------------------------------------------------- blocks
@@ -1701,18 +1704,21 @@ class ZoneCore:
         if family not in releases:
             ends: list[tuple[float, float]] = []
             mean = self.mean_run_seconds.get(family, 0.0)
+            atoms = self.atoms
             for other in self.entries.values():
-                if other.job.job_id in self.atoms:
+                job = other.job
+                if job.job_id in atoms:
                     # Its pieces give their slices back when their windows end (a window
                     # offered past a blocked head's start is cut there: the market's
                     # class_windows), not when the whole job is expected to end.
                     ends.extend(self._piece_ends(other, family))
                     continue
-                if other.job.state not in RUNNING_JOB_STATES or other.need.family != family:
+                if job.state not in RUNNING_JOB_STATES or other.need.family != family:
                     continue
-                run = other.item.expected_seconds or mean  # the estimate, else the limit
+                item = other.item
+                run = item.expected_seconds or mean  # the estimate, else the limit
                 if run > 0:
-                    ends.append((other.job.started_unix + run, other.item.units))
+                    ends.append((job.started_unix + run, item.units))
             releases[family] = ReleaseCurve(ends)
         return releases[family].start(now_unix, free, units_ahead, entry.item.units)
 

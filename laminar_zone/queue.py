@@ -14,7 +14,7 @@ import enum
 import math
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Generic, NamedTuple, TypeVar
 
 from laminar_base.demand import Demand
@@ -34,11 +34,12 @@ class QueueItem:
     #: claim on the slices that fit it (:attr:`QueueWalk.claims`).
     is_restarted: bool = False
 
-    @property
+    # Cached: every queue pass reads them per running job (usage, release curves).
+    @cached_property
     def units(self) -> float:
         return self.need.gpu_units * max(1, self.gang_size)
 
-    @property
+    @cached_property
     def memory_bytes(self) -> int:
         """The GPU memory the whole job declares (every member's), as quotas count it."""
         return self.need.memory_bytes * max(1, self.gang_size)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from laminar_base.demand import Demand, HostCap
 from laminar_base.fragmentation import FragmentationCache, ObservedWorkload, demand_pod
+from laminar_zone.free_index import FreeIndex
 from laminar_zone.placement import (
     CPU_ONLY_CAPACITY,
     Offer,
@@ -187,6 +188,10 @@ class ZoneView:
         #: placement, which move :attr:`_counts_version`.
         self._totals_version = 0
         self._ever: dict[Demand, tuple[int, int, int]] = {}
+        #: Ready agents' free capacity grouped by what a demand's member count reads, kept
+        #: as readiness and shapes change: :meth:`free_for` and :meth:`counts`' "fits now"
+        #: for a demand never asked before are a few bisections, not a walk over hosts.
+        self._free = FreeIndex()
 
     # -------------------------------------------------------------- updates
 
@@ -336,7 +341,13 @@ class ZoneView:
                 and not _same_totals(counted[1], record.shapes)
             ):
                 self._totals_version += 1
-            self._counted_of[agent_id] = (record.is_ready, dict(record.shapes))
+            if was_ready:
+                assert counted is not None
+                self._free.remove(agent_id, counted[1])
+            shapes = dict(record.shapes)
+            if record.is_ready:
+                self._free.add(agent_id, shapes)
+            self._counted_of[agent_id] = (record.is_ready, shapes)
             self._counts_version += 1
         order = self.order_of(agent_id)
         for shape, levels in self._pools_of.pop(agent_id, ()):
@@ -513,8 +524,8 @@ class ZoneView:
         """How many ready hosts match ``need`` ever and now, never a scan of the zone per
         call: ``ready`` is kept as agents come and go, ``matching`` and ``members_total``
         (which read only the shapes' totals) are kept per demand until an agent's readiness
-        or totals change (O(agents) then), and ``fitting`` counts the agents of the index's
-        pools that could hold a member (:meth:`_free_candidates`). The whole answer is also
+        or totals change (O(agents) then), and ``fitting`` is read from the index of free
+        capacity (:class:`~laminar_zone.free_index.FreeIndex`). The whole answer is also
         kept per demand until an agent's readiness or shapes change, so a job that queues,
         and the next that fails alike, cost a dictionary lookup."""
         kept = self._counts.get(need)
@@ -525,12 +536,7 @@ class ZoneView:
             fits_now = members_fitting(need, {}) >= 1 and matching > 0
             fitting = self._ready_count if fits_now else 0
         else:
-            fitting = sum(
-                1
-                for record in self._free_candidates(need)
-                if members_fitting(need, record.shapes) >= 1
-                and members_fitting(need, record.shapes, total=True) >= 1
-            )
+            fitting = self._free.hosts_fitting(need)
         counts = HostCounts(self._ready_count, matching, fitting, members)
         if len(self._counts) >= COUNTS_KEPT:
             self._counts.clear()  # bounded: demands are few, but clients choose them
@@ -555,37 +561,13 @@ class ZoneView:
         return matching, members
 
     def free_for(self, need: Demand) -> int:
-        """Free members of ``need`` summed over ready agents (flow splitting's S): over the
-        agents of the index's pools that could hold one (:meth:`_free_candidates`; the others
-        hold none), so a busy zone costs the few hosts with room, not a scan."""
+        """Free members of ``need`` summed over ready agents (flow splitting's S), from the
+        index of free capacity (:class:`~laminar_zone.free_index.FreeIndex`): a few
+        bisections per shape the demand may use, whatever the zone's size or how many
+        distinct demands ask."""
         if need.family == "cpu":
             return self._ready_count * min(members_fitting(need, {}), CPU_ONLY_CAPACITY)
-        return sum(
-            min(members_fitting(need, r.shapes), CPU_ONLY_CAPACITY)
-            for r in self._free_candidates(need)
-        )
-
-    def _free_candidates(self, need: Demand) -> list[AgentRecord]:
-        """The ready agents whose free capacity of a shape ``need`` could use is at or above
-        the demand's level (each once), whatever their host CPU and memory: every ready agent
-        with a member of ``need`` free in its shapes is among them, since the index's levels
-        are lower bounds and shapes with nothing free are in no pool. Not for CPU-only
-        demands (every ready agent holds those). O(pools of the shapes + agents returned)."""
-        # A share of a MIG profile is counted by its largest free share, which the level
-        # of a MIG pool (free instances) does not bound: take every pool of the shape.
-        floor_shape = 0 if need.mig_profile and need.gpu_milli else _need_levels(need)[0]
-        shapes = self._gpu_shapes(need)
-        pools = [
-            pool
-            for shape in shapes
-            for (level, _, _), pool in self._by_shape.get(shape, {}).items()
-            if level >= floor_shape
-        ]
-        agents = self.agents
-        if len(shapes) <= 1:  # an agent sits in one pool per shape
-            return [agents[agent_id] for pool in pools for agent_id in pool.items]
-        ids = {agent_id for pool in pools for agent_id in pool.items}
-        return [agents[agent_id] for agent_id in ids]
+        return self._free.free_members(need)
 
     def heat(self) -> int:
         return sum(r.heat for r in self.agents.values() if r.is_ready)

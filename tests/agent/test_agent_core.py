@@ -1051,6 +1051,31 @@ def test_a_suspended_subjob_s_memory_counts_against_new_work_until_it_resumes() 
     assert isinstance(pressure_probe(core, share), Granted)
 
 
+def test_the_admitted_declarations_are_those_pressure_refusal_admits() -> None:
+    """``admitted_declarations`` counts the ascending declarations ``pressure_refusal``
+    admits (reading, resume memory and the critical mark read once, not per declaration):
+    with a suspended subjob's memory to take back, on a calm and on an elevated GPU, and
+    on a GPU Airlock does not watch."""
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    commit(core, granted_lease(core, Demand(gpu_milli=300), "gpu1"), "s1")
+    core.launched("s1", 42, EPOCH_UNIX)
+    core.note_gpu_memory("s1", 30 * GIB)
+    core.suspend("s1", "pressure", EPOCH_UNIX)
+    core.note_gpu_memory("s1", 0)
+    declared = [g * GIB for g in (0, 1, 5, 10, 15, 16, 17, 20, 40, 76)]
+    for level, used, slice_id in [
+        (Level.NORMAL, 30 * GIB, "gpu1"),
+        (Level.NORMAL, 0, "gpu1"),
+        (Level.NORMAL, 0, "gpu0"),
+        (Level.ELEVATED, 10 * GIB, "gpu1"),
+    ]:
+        core.note_pressure({"gpu1": GpuPressure(level, used, 80 * GIB)})
+        plain = sum(1 for d in declared if not core.pressure_refusal(d, (slice_id,)))
+        assert core.admitted_declarations(declared, (slice_id,)) == plain
+    core.note_pressure({"gpu1": GpuPressure(Level.NORMAL, 30 * GIB, 80 * GIB)})
+    assert core.admitted_declarations(declared, ("gpu1",)) == 5  # 30 + 30 + 16 reaches 76
+
+
 def list_leases(core: AgentCore) -> list[str]:
     return [lease.lease_id for lease in core.ledger.leases() if not lease.committed]
 

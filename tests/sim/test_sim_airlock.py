@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from test_sim_cli import run_cli
 
-from laminar_agent.core import AgentCore
+from laminar_agent.core import AgentCore, GpuPressure
+from laminar_agent.ledger import Ledger, Slice, SliceKind
+from laminar_airlock.levels import Level
 from laminar_airlock.traces import MemoryCurve
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.errors import InvalidArgument
@@ -17,6 +19,7 @@ from laminar_sim import airlock_sim
 from laminar_sim.airlock_sim import (
     ACTION_STEPS,
     GIB,
+    SLICE_ID,
     TERMINAL_STATES,
     AirlockSimSpec,
     GpuPlan,
@@ -406,3 +409,23 @@ def test_a_move_no_agent_admits_is_asked_again_at_each_heartbeat(
     assert result.moved == 0 and result.move_retries > 5
     assert result.outcomes["a-opp"].ends.get("moved", 0) == 0
     assert any(why.startswith("gpu0 would hold 86.0 of 80.0 GiB") for why in refusals), refusals[:3]
+
+
+@pytest.mark.parametrize("used_gib", [0, 1, 30, 60, 70, 75, 76, 80])
+@pytest.mark.parametrize("room_gib", [0, 7, 10, 80])
+@pytest.mark.parametrize("level", [Level.NORMAL, Level.ELEVATED])
+def test_pass_signature_counts_the_declarations_the_agent_admits(
+    used_gib: int, room_gib: int, level: Level
+) -> None:
+    """What the skipped pass's signature reads of an agent: how many of the ascending
+    declarations its ledger has room for and its core does not refuse, as asking each
+    (``AgentCore.pressure_refusal``) would count."""
+    core = AgentCore(Ledger([Slice(SLICE_ID, SliceKind.SHARED_GPU, 0, "u", "GPU", 80 * GIB)]))
+    core.note_pressure({SLICE_ID: GpuPressure(level, used_gib * GIB, 80 * GIB)})
+    declared = [g * GIB for g in (1, 3, 3, 5, 8, 10, 10, 12, 19, 30, 50)]
+    room = room_gib * GIB
+    got = airlock_sim._admitted(declared, room, core)
+    assert got == sum(
+        1 for d in declared if d <= room and not core.pressure_refusal(d, (SLICE_ID,))
+    )
+    assert airlock_sim._admitted([], room, core) == 0
