@@ -111,6 +111,14 @@ preempting_probes = st.tuples(
     st.sampled_from(["", "gpu0", "gpu1"]),
     st.sampled_from(["", "A"]),
 )
+#: Airlock's readings: a GPU's name, or one MIG instance's.
+pressure_keys = st.sampled_from(["gpu0", "gpu1", "gpu2", "gpu2/mig-3g.40gb@1"])
+pressure_readings = st.builds(
+    lambda level, used_gib, total_gib: GpuPressure(level, used_gib * GIB, total_gib * GIB),
+    st.sampled_from(list(Level)),
+    st.sampled_from([0, 10, 30, 60, 70, 79]),
+    st.sampled_from([40, 80]),
+)
 causes = st.sampled_from(
     [EndCause.UNSPECIFIED, EndCause.TERMINATED, EndCause.CANCELLED, EndCause.READDRESSED]
 )
@@ -239,6 +247,10 @@ class CoreMachine(RuleBasedStateMachine):
     def _arbitrate(self, orders: list[ProbeOrder]) -> list[Granted | Bounced]:
         results, instructions = self.core.arbitrate(orders, self.now, self.now_unix)
         assert len(results) == len(orders)
+        for order, result in zip(orders, results, strict=True):
+            if isinstance(result, Granted):  # never on a slice the pressure rule refuses
+                slice_ids = [a.slice_id for a in result.lease.allocations]
+                assert not self.core.pressure_refusal(order.demand.gpu_memory_bytes, slice_ids)
         self.journal.apply(instructions)
         return results
 
@@ -247,6 +259,11 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(batch=st.lists(probes, min_size=1, max_size=4))
     def probe_batch(self, batch: list[tuple[Demand, int, float, float, str, str]]) -> None:
         self._arbitrate([self._order(spec) for spec in batch])
+
+    @rule(readings=st.dictionaries(pressure_keys, pressure_readings, max_size=3))
+    def airlock_polls(self, readings: dict[str, GpuPressure]) -> None:
+        """Airlock's latest poll: what the ledger's choice of slices is filtered by."""
+        self.core.note_pressure(readings)
 
     @rule(dt=st.floats(0.0, 3.0))
     def time_passes(self, dt: float) -> None:
