@@ -591,39 +591,22 @@ class AgentCore:
         self, orders: Sequence[ProbeOrder], now: float, now_unix: float
     ) -> tuple[list[Granted | Bounced], list[Instruction]]:
         """Settle one batch of probes together: lapsed leases go first, then the ledger grants
-        in (priority, value, arrival) order; a grant on a GPU under memory pressure is
-        given back and bounces, retryable (:meth:`pressure_refusal`: new work there would
-        only be Airlock's next victim); each lease granted is announced (KeepLease without
-        a subjob: the driver holds it in memory, see :class:`KeepLease`).
-
-        A pressured GPU's grant is taken back after the batch is settled, so on a host of
-        several GPUs the probe bounces although another GPU might have held it (the router
-        tries elsewhere or later)."""
+        in (priority, value, arrival) order, choosing among the slices Airlock's pressure
+        admits for each probe's declaration (:meth:`pressure_refusal`, asked per slice: new
+        work on a refused GPU would only be Airlock's next victim); a probe with no admitted
+        choice bounces, retryable, for the refusal of the slices the ledger would have
+        chosen; each lease granted is announced (KeepLease without a subjob: the driver
+        holds it in memory, see :class:`KeepLease`)."""
         instructions = self.expire(now)
-        results = self.ledger.arbitrate(orders, now)
-        if self.pressure:
-            results = [
-                self._admit_under_pressure(order, r)
-                for order, r in zip(orders, results, strict=True)
-            ]
+        results = self.ledger.arbitrate(orders, now, self._refusal if self.pressure else None)
         instructions += [
             KeepLease(r.lease, "", now_unix) for r in results if isinstance(r, Granted)
         ]
         return results, instructions
 
-    def _admit_under_pressure(
-        self, order: ProbeOrder, result: Granted | Bounced
-    ) -> Granted | Bounced:
-        if isinstance(result, Bounced):
-            return result
-        lease = result.lease
-        why = self.pressure_refusal(
-            order.demand.gpu_memory_bytes, [a.slice_id for a in lease.allocations]
-        )
-        if not why:
-            return result
-        self.ledger.release(lease.lease_id)
-        return Bounced(order.probe_id, why, True)
+    def _refusal(self, demand: Demand, slice_ids: Sequence[str]) -> str:
+        """:meth:`pressure_refusal` as the ledger asks it (:data:`ledger.Refusal`)."""
+        return self.pressure_refusal(demand.gpu_memory_bytes, slice_ids)
 
     def release(self, lease_ids: Sequence[str], caller: str) -> tuple[int, list[Instruction]]:
         """Give back uncommitted leases issued to ``caller``; others are skipped, not counted."""

@@ -276,6 +276,10 @@ class _NoFit:
 
 _Fit = tuple[tuple[Allocation, ...], float]
 
+#: Why new work of a demand on some slices would be refused although the ledger has room
+#: for it, or "" (the agent's pressure rule, ``AgentCore.pressure_refusal``).
+Refusal = Callable[[Demand, Sequence[str]], str]
+
 
 def _memory_fit(demand_bytes: int, total_bytes: int) -> float:
     if demand_bytes <= 0 or total_bytes <= 0:
@@ -697,7 +701,15 @@ class Ledger:
             return Bounced("", result.reason, result.retryable)
         return result
 
-    def _fit(self, demand: Demand, slice_id: str, owner: str = "") -> _Fit | _NoFit:
+    def _fit(
+        self,
+        demand: Demand,
+        slice_id: str,
+        owner: str = "",
+        admits: Callable[[str], bool] | None = None,
+    ) -> _Fit | _NoFit:
+        """Where ``demand`` goes now, or why not; with ``admits``, only on slices (and
+        MIG-on-demand GPUs, by GPU name) it admits."""
         validate_demand(demand)
         self._planned = []
         short = self._host_short(demand)
@@ -726,6 +738,9 @@ class Ledger:
             candidates = [s for s in candidates if s.gpu_model == demand.gpu_model]
             model_note = f" {demand.gpu_model}"
         idle = [] if slice_id else self._idle_on_demand(demand.gpu_model)
+        if admits is not None:
+            candidates = [s for s in candidates if admits(s.slice_id)]
+            idle = [gpu for gpu in idle if admits(f"gpu{gpu.gpu_index}")]
         if demand.gpus > 0:
             return self._fit_whole(demand, candidates, model_note, idle)
         if demand.mig_profile:
@@ -1176,11 +1191,14 @@ class Ledger:
             if lease_id not in self._leases:
                 return lease_id
 
-    def arbitrate(self, probes: Sequence[ProbeOrder], now: float) -> list[Granted | Bounced]:
+    def arbitrate(
+        self, probes: Sequence[ProbeOrder], now: float, refusal: Refusal | None = None
+    ) -> list[Granted | Bounced]:
         """Settle a batch: expire first, then grant in (priority, -value, arrival_seq) order.
 
         Results come back in input order. Invalid probes bounce (not retryable)
-        rather than failing the whole batch.
+        rather than failing the whole batch. A slice ``refusal`` refuses for a probe's
+        demand is left out of its choice (:meth:`_fit_admitted`).
         """
         self.expire(now)
         results: list[Granted | Bounced | None] = [None] * len(probes)
@@ -1190,10 +1208,10 @@ class Ledger:
         )
         for i in order:
             probe = probes[i]
-            results[i] = self._settle(probe, now)
+            results[i] = self._settle(probe, now, refusal)
         return [r for r in results if r is not None]
 
-    def _settle(self, probe: ProbeOrder, now: float) -> Granted | Bounced:
+    def _settle(self, probe: ProbeOrder, now: float, refusal: Refusal | None) -> Granted | Bounced:
         if not PRIORITY_MIN <= probe.priority <= PRIORITY_MAX:
             return Bounced(
                 probe.probe_id,
@@ -1207,7 +1225,7 @@ class Ledger:
         if not math.isfinite(probe.value):
             return Bounced(probe.probe_id, f"value: must be finite, got {probe.value}", False)
         try:
-            result = self._fit(probe.demand, probe.slice_id, probe.owner)
+            result = self._fit_admitted(probe, refusal)
         except InvalidArgument as exc:
             return Bounced(probe.probe_id, exc.message, False)
         if isinstance(result, _NoFit):
@@ -1231,6 +1249,43 @@ class Ledger:
         self._leases[lease.lease_id] = lease
         self._add(lease, +1)
         return Granted(probe.probe_id, lease)
+
+    def _fit_admitted(self, probe: ProbeOrder, refusal: Refusal | None) -> _Fit | _NoFit:
+        """The probe's fit among the slices ``refusal`` admits for its demand (asked one
+        slice at a time): a host with a refused GPU beside one that is not places on the
+        latter. Where no admitted choice exists, the choice the ledger would make without
+        ``refusal`` bounces, retryable, for the reason ``refusal`` gives for its first
+        refused slice; a probe the ledger could not place anyway keeps the ledger's own
+        reason. A refusal is not counted against the ledger's room, and a choice that
+        creates a MIG instance is checked by the instance's name once chosen."""
+        demand = probe.demand
+        if refusal is None:
+            return self._fit(demand, probe.slice_id, probe.owner)
+        verdicts: dict[str, str] = {}
+
+        def why(slice_id: str) -> str:
+            verdict = verdicts.get(slice_id)
+            if verdict is None:
+                verdict = verdicts[slice_id] = refusal(demand, (slice_id,))
+            return verdict
+
+        def refused(found: _Fit) -> str:
+            return next((w for a in found[0] if (w := why(a.slice_id))), "")
+
+        if demand.family != "cpu":
+            ids = [probe.slice_id] if probe.slice_id in self.slices else list(self.slices)
+            if any(why(i) for i in ids) and (self._on_demand or not all(why(i) for i in ids)):
+                found = self._fit(demand, probe.slice_id, probe.owner, lambda i: not why(i))
+                if not isinstance(found, _NoFit) and not refused(found):
+                    return found
+        found = self._fit(demand, probe.slice_id, probe.owner)
+        if isinstance(found, _NoFit):
+            return found
+        reason = refused(found)
+        if reason:
+            self._planned = []
+            return _NoFit(reason, True)
+        return found
 
     def commit(self, lease_id: str, subjob_id: str, now: float, caller: str = "") -> LeaseRecord:
         """Turn a lease into a committed one (never expires); Aborted if it already lapsed.

@@ -111,6 +111,14 @@ preempting_probes = st.tuples(
     st.sampled_from(["", "gpu0", "gpu1"]),
     st.sampled_from(["", "A"]),
 )
+#: Airlock's readings: a GPU's name, or one MIG instance's.
+pressure_keys = st.sampled_from(["gpu0", "gpu1", "gpu2", "gpu2/mig-3g.40gb@1"])
+pressure_readings = st.builds(
+    lambda level, used_gib, total_gib: GpuPressure(level, used_gib * GIB, total_gib * GIB),
+    st.sampled_from(list(Level)),
+    st.sampled_from([0, 10, 30, 60, 70, 79]),
+    st.sampled_from([40, 80]),
+)
 causes = st.sampled_from(
     [EndCause.UNSPECIFIED, EndCause.TERMINATED, EndCause.CANCELLED, EndCause.READDRESSED]
 )
@@ -239,6 +247,10 @@ class CoreMachine(RuleBasedStateMachine):
     def _arbitrate(self, orders: list[ProbeOrder]) -> list[Granted | Bounced]:
         results, instructions = self.core.arbitrate(orders, self.now, self.now_unix)
         assert len(results) == len(orders)
+        for order, result in zip(orders, results, strict=True):
+            if isinstance(result, Granted):  # never on a slice the pressure rule refuses
+                slice_ids = [a.slice_id for a in result.lease.allocations]
+                assert not self.core.pressure_refusal(order.demand.gpu_memory_bytes, slice_ids)
         self.journal.apply(instructions)
         return results
 
@@ -247,6 +259,11 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(batch=st.lists(probes, min_size=1, max_size=4))
     def probe_batch(self, batch: list[tuple[Demand, int, float, float, str, str]]) -> None:
         self._arbitrate([self._order(spec) for spec in batch])
+
+    @rule(readings=st.dictionaries(pressure_keys, pressure_readings, max_size=3))
+    def airlock_polls(self, readings: dict[str, GpuPressure]) -> None:
+        """Airlock's latest poll: what the ledger's choice of slices is filtered by."""
+        self.core.note_pressure(readings)
 
     @rule(dt=st.floats(0.0, 3.0))
     def time_passes(self, dt: float) -> None:
@@ -1032,6 +1049,72 @@ def test_new_work_is_refused_on_a_gpu_airlock_holds_pressured_or_that_it_would_t
     assert isinstance(pressure_probe(core, Demand(gpus=1), "gpu0"), Granted)
     mig = pressure_probe(core, Demand(mig_profile="3g.40gb"), "gpu2/mig-3g.40gb@0")
     assert isinstance(mig, Bounced) and "CRITICAL" in mig.reason
+
+
+#: A host of two whole GPUs and two shared ones, for the pressure filter's tests.
+TWO_BY_TWO = [
+    Slice("gpu0", SliceKind.WHOLE_GPU, 0, "GPU-0", "H100", 80 * GIB),
+    Slice("gpu1", SliceKind.WHOLE_GPU, 1, "GPU-1", "H100", 80 * GIB),
+    Slice("gpu2", SliceKind.SHARED_GPU, 2, "GPU-2", "H100", 80 * GIB),
+    Slice("gpu3", SliceKind.SHARED_GPU, 3, "GPU-3", "H100", 80 * GIB),
+]
+
+
+def test_a_calm_gpu_beside_a_pressured_one_takes_the_new_work() -> None:
+    """The ledger chooses among the slices the pressure rule admits: a whole GPU and a share
+    the ledger would rank first (the lower id; the fuller shared GPU) sit on GPUs Airlock
+    holds pressured, so the probes go to the calm GPU beside each instead of bouncing."""
+    core = AgentCore(Ledger(TWO_BY_TWO, lease_prefix="t-"))
+    commit(core, granted_lease(core, Demand(gpu_milli=300), "gpu2"), "s1")
+    core.note_pressure(
+        {
+            "gpu0": GpuPressure(Level.ELEVATED, 70 * GIB, 80 * GIB),
+            "gpu2": GpuPressure(Level.NORMAL, 70 * GIB, 80 * GIB),  # 70 + 8 reaches 76 GiB
+        }
+    )
+    whole = pressure_probe(core, Demand(gpus=1), "")
+    assert isinstance(whole, Granted), whole
+    assert [a.slice_id for a in whole.lease.allocations] == ["gpu1"]
+    share = pressure_probe(core, Demand(gpu_milli=300, gpu_memory_bytes=8 * GIB), "")
+    assert isinstance(share, Granted), share
+    assert [a.slice_id for a in share.lease.allocations] == ["gpu3"]
+    assert core.ledger.usage("gpu0") == (0, 0, 0, 0)
+    assert core.ledger.usage("gpu2")[1] == 0  # nothing leased there beside s1
+    # Without pressure the same share goes to the fuller shared GPU (what the filter changed).
+    core.release(list_leases(core), "")
+    core.note_pressure({})
+    again = pressure_probe(core, Demand(gpu_milli=300, gpu_memory_bytes=8 * GIB), "")
+    assert isinstance(again, Granted)
+    assert [a.slice_id for a in again.lease.allocations] == ["gpu2"]
+
+
+def test_a_probe_bounces_only_when_no_gpu_it_could_use_passes_the_pressure_rule() -> None:
+    """Both whole GPUs pressured: the probe bounces, retryable, with the refusal of the GPU
+    the ledger would have chosen, and keeps no lease. A demand for both GPUs bounces while
+    one of them is pressured; one the host can never hold keeps the ledger's own reason."""
+    core = AgentCore(Ledger(TWO_BY_TWO[:2], lease_prefix="t-"))
+    core.note_pressure(
+        {
+            "gpu0": GpuPressure(Level.CRITICAL, 79 * GIB, 80 * GIB),
+            "gpu1": GpuPressure(Level.NORMAL, 60 * GIB, 80 * GIB),
+        }
+    )
+    demand = Demand(gpus=1, gpu_memory_bytes=20 * GIB)  # 60 + 20 reaches 76 GiB on gpu1
+    both = pressure_probe(core, demand, "")
+    assert isinstance(both, Bounced) and both.retryable
+    assert both.reason == core.pressure_refusal(20 * GIB, ["gpu0"])
+    assert "CRITICAL" in both.reason
+    assert list_leases(core) == []
+    core.note_pressure({"gpu0": GpuPressure(Level.ELEVATED, 70 * GIB, 80 * GIB)})
+    assert isinstance(pressure_probe(core, Demand(gpus=1), ""), Granted)
+    core.release(list_leases(core), "")
+    pair = pressure_probe(core, Demand(gpus=2), "")
+    assert isinstance(pair, Bounced) and pair.retryable
+    assert pair.reason == core.pressure_refusal(0, ["gpu0"]) and "ELEVATED" in pair.reason
+    assert list_leases(core) == []
+    never = pressure_probe(core, Demand(gpus=3), "")
+    assert isinstance(never, Bounced) and not never.retryable
+    assert never.reason.startswith("needs 3 whole GPUs")
 
 
 def test_a_suspended_subjob_s_memory_counts_against_new_work_until_it_resumes() -> None:
