@@ -176,6 +176,29 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
             yield zone_pb2.JobEvent(job=job, at_unix=time.time())
 
     @map_errors
+    async def SubmitAndWatch(
+        self, request: zone_pb2.SubmitRequest, context: Ctx
+    ) -> AsyncIterator[zone_pb2.JobEvent]:
+        """Submit, then WatchJob in the same call: a submitter that follows its job makes
+        one call, not two. The first event is Submit's answer (sent once the submit is
+        durable); then :meth:`ZoneQueries.watch`, whose first record is the job when the
+        watch starts (skipped when it is still the one Submit answered) and whose queue is
+        in place before that record, so no change after the submit is lost. A resent request
+        streams the job it made before; a revoked token ends the stream as in WatchJob."""
+        answered = await self.Submit(request, context)
+        yield zone_pb2.JobEvent(job=answered, at_unix=time.time())
+        if answered.state in TERMINAL_JOB_STATES:
+            return
+        watch = self._queries.watch(answered.job_id)
+        is_first = True
+        async for job in self._while_authorized(context, watch):
+            if is_first and job == answered:
+                is_first = False
+                continue
+            is_first = False
+            yield zone_pb2.JobEvent(job=job, at_unix=time.time())
+
+    @map_errors
     async def GetLogs(
         self, request: zone_pb2.GetLogsRequest, context: Ctx
     ) -> zone_pb2.GetLogsReply:

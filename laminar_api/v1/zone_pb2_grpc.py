@@ -65,6 +65,11 @@ class ZoneStub:
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.WatchJobRequest.SerializeToString,
                 response_deserializer=laminar__api_dot_v1_dot_zone__pb2.JobEvent.FromString,
                 _registered_method=True)
+        self.SubmitAndWatch = channel.unary_stream(
+                '/laminar.v1.Zone/SubmitAndWatch',
+                request_serializer=laminar__api_dot_v1_dot_zone__pb2.SubmitRequest.SerializeToString,
+                response_deserializer=laminar__api_dot_v1_dot_zone__pb2.JobEvent.FromString,
+                _registered_method=True)
         self.GetLogs = channel.unary_unary(
                 '/laminar.v1.Zone/GetLogs',
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.GetLogsRequest.SerializeToString,
@@ -155,6 +160,16 @@ class ZoneServicer:
 
     def WatchJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitAndWatch(self, request, context):
+        """Submit, then follow the job in the same call: the first event is the job exactly as
+        Submit answers it (after its journal commit), then each change as WatchJob sends them,
+        until a terminal state. Idempotent per (tenant, client_request_id) as Submit: a resent
+        request streams the job it made before. An older router answers UNIMPLEMENTED.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -254,6 +269,11 @@ def add_ZoneServicer_to_server(servicer, server):
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
                     request_deserializer=laminar__api_dot_v1_dot_zone__pb2.WatchJobRequest.FromString,
+                    response_serializer=laminar__api_dot_v1_dot_zone__pb2.JobEvent.SerializeToString,
+            ),
+            'SubmitAndWatch': grpc.unary_stream_rpc_method_handler(
+                    servicer.SubmitAndWatch,
+                    request_deserializer=laminar__api_dot_v1_dot_zone__pb2.SubmitRequest.FromString,
                     response_serializer=laminar__api_dot_v1_dot_zone__pb2.JobEvent.SerializeToString,
             ),
             'GetLogs': grpc.unary_unary_rpc_method_handler(
@@ -468,6 +488,33 @@ class Zone:
             target,
             '/laminar.v1.Zone/WatchJob',
             laminar__api_dot_v1_dot_zone__pb2.WatchJobRequest.SerializeToString,
+            laminar__api_dot_v1_dot_zone__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitAndWatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/laminar.v1.Zone/SubmitAndWatch',
+            laminar__api_dot_v1_dot_zone__pb2.SubmitRequest.SerializeToString,
             laminar__api_dot_v1_dot_zone__pb2.JobEvent.FromString,
             options,
             channel_credentials,

@@ -44,6 +44,12 @@ class ZoneStub:
     ListJobs: _grpc.UnaryUnaryMultiCallable[_zone_pb2.ListJobsRequest, _zone_pb2.ListJobsReply]
     CancelJob: _grpc.UnaryUnaryMultiCallable[_zone_pb2.CancelJobRequest, _zone_pb2.Job]
     WatchJob: _grpc.UnaryStreamMultiCallable[_zone_pb2.WatchJobRequest, _zone_pb2.JobEvent]
+    SubmitAndWatch: _grpc.UnaryStreamMultiCallable[_zone_pb2.SubmitRequest, _zone_pb2.JobEvent]
+    """Submit, then follow the job in the same call: the first event is the job exactly as
+    Submit answers it (after its journal commit), then each change as WatchJob sends them,
+    until a terminal state. Idempotent per (tenant, client_request_id) as Submit: a resent
+    request streams the job it made before. An older router answers UNIMPLEMENTED.
+    """
     GetLogs: _grpc.UnaryUnaryMultiCallable[_zone_pb2.GetLogsRequest, _zone_pb2.GetLogsReply]
     ProbeJob: _grpc.UnaryUnaryMultiCallable[_zone_pb2.ProbeJobRequest, _zone_pb2.ProbeJobReply]
     """Dry-run (which hosts could take this job now, with scores, no leases
@@ -74,6 +80,12 @@ class ZoneAsyncStub(ZoneStub):
     ListJobs: _aio.UnaryUnaryMultiCallable[_zone_pb2.ListJobsRequest, _zone_pb2.ListJobsReply]  # type: ignore[assignment]
     CancelJob: _aio.UnaryUnaryMultiCallable[_zone_pb2.CancelJobRequest, _zone_pb2.Job]  # type: ignore[assignment]
     WatchJob: _aio.UnaryStreamMultiCallable[_zone_pb2.WatchJobRequest, _zone_pb2.JobEvent]  # type: ignore[assignment]
+    SubmitAndWatch: _aio.UnaryStreamMultiCallable[_zone_pb2.SubmitRequest, _zone_pb2.JobEvent]  # type: ignore[assignment]
+    """Submit, then follow the job in the same call: the first event is the job exactly as
+    Submit answers it (after its journal commit), then each change as WatchJob sends them,
+    until a terminal state. Idempotent per (tenant, client_request_id) as Submit: a resent
+    request streams the job it made before. An older router answers UNIMPLEMENTED.
+    """
     GetLogs: _aio.UnaryUnaryMultiCallable[_zone_pb2.GetLogsRequest, _zone_pb2.GetLogsReply]  # type: ignore[assignment]
     ProbeJob: _aio.UnaryUnaryMultiCallable[_zone_pb2.ProbeJobRequest, _zone_pb2.ProbeJobReply]  # type: ignore[assignment]
     """Dry-run (which hosts could take this job now, with scores, no leases
@@ -137,6 +149,18 @@ class ZoneServicer(metaclass=_abc_1.ABCMeta):
         request: _zone_pb2.WatchJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_zone_pb2.JobEvent], _abc.AsyncIterator[_zone_pb2.JobEvent]]: ...
+
+    @_abc_1.abstractmethod
+    def SubmitAndWatch(
+        self,
+        request: _zone_pb2.SubmitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_zone_pb2.JobEvent], _abc.AsyncIterator[_zone_pb2.JobEvent]]:
+        """Submit, then follow the job in the same call: the first event is the job exactly as
+        Submit answers it (after its journal commit), then each change as WatchJob sends them,
+        until a terminal state. Idempotent per (tenant, client_request_id) as Submit: a resent
+        request streams the job it made before. An older router answers UNIMPLEMENTED.
+        """
 
     @_abc_1.abstractmethod
     def GetLogs(

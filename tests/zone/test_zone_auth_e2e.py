@@ -95,6 +95,9 @@ def test_tokens_roles_and_tenant_isolation_on_every_submitter_rpc(
 
         calls: dict[str, Callable[[list[tuple[str, str]]], Any]] = {
             "Submit": lambda m: stub.Submit(zone_pb2.SubmitRequest(spec=spec), metadata=m),
+            "SubmitAndWatch": lambda m: stub.SubmitAndWatch(
+                zone_pb2.SubmitRequest(spec=spec), metadata=m, timeout=2
+            ),
             "GetJob": lambda m: stub.GetJob(zone_pb2.GetJobRequest(job_id=job_id), metadata=m),
             "ListJobs": lambda m: stub.ListJobs(zone_pb2.ListJobsRequest(), metadata=m),
             "WatchJob": lambda m: stub.WatchJob(
@@ -144,6 +147,14 @@ def test_tokens_roles_and_tenant_isolation_on_every_submitter_rpc(
         foreign.tenant = "alice"
         assert (
             code_of(lambda: stub.Submit(zone_pb2.SubmitRequest(spec=foreign), metadata=meta("bob")))
+            == grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert (
+            code_of(
+                lambda: stub.SubmitAndWatch(
+                    zone_pb2.SubmitRequest(spec=foreign), metadata=meta("bob"), timeout=2
+                )
+            )
             == grpc.StatusCode.PERMISSION_DENIED
         )
         # Administrative calls need the admin role.
