@@ -346,12 +346,28 @@ def test_a_revoked_token_ends_its_stream_and_an_empty_tokens_file_is_refused(
             except grpc.RpcError as exc:
                 ended.append(exc.code())
 
+        # A second job followed by SubmitAndWatch: its first event (the submit) is in, the
+        # stream is open (the job queues behind the first on the one GPU).
+        submitted = stub.SubmitAndWatch(
+            zone_pb2.SubmitRequest(spec=job.spec), metadata=_meta("alice"), timeout=60
+        )
+        assert next(submitted).job.spec.tenant == "alice"
+
+        def follow() -> None:
+            try:
+                for _ in submitted:
+                    pass
+            except grpc.RpcError as exc:
+                ended.append(exc.code())
+
         reader = threading.Thread(target=watch, daemon=True)
         reader.start()
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
         _write_tokens(tokens, ["bob"])  # alice's token is revoked
         os.kill(zone.process.pid, signal.SIGHUP)
-        wait_for(lambda: bool(ended))
-        assert ended == [grpc.StatusCode.UNAUTHENTICATED]
+        wait_for(lambda: len(ended) == 2)
+        assert ended == [grpc.StatusCode.UNAUTHENTICATED] * 2
         tokens.write_text("# nobody\n")  # an empty table would lock everyone out
         os.kill(zone.process.pid, signal.SIGHUP)
         wait_for(lambda: "no [[token]] entry" in zone.log_path.read_text())
