@@ -32,6 +32,7 @@ from laminar_bench.placement import (
     DEFAULT_AGENT_POLL_SECONDS,
     DEFAULT_FAKE_GPUS,
     DEFAULT_GPU_MILLI,
+    WATCH_MODES,
     BenchSpec,
     run_bench,
 )
@@ -60,6 +61,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--launch", action="store_true", help="submit real jobs (`true`); each starts a process"
+    )
+    p.add_argument(
+        "--watch",
+        choices=WATCH_MODES,
+        default="together",
+        help="launch mode: follow each job in its SubmitAndWatch call (together, default) "
+        "or with Submit and then WatchJob (separately: two calls per job)",
     )
     p.add_argument(
         "--submitters", type=int, default=32, help="concurrent submitters in a burst (default 32)"
@@ -211,6 +219,7 @@ def cmd_placement(args: argparse.Namespace, console: Console) -> int:
         jobs=args.jobs,
         rate=args.rate,
         launch=bool(args.launch),
+        watch=args.watch,
         submitters=args.submitters,
         fake_gpus=args.fake_gpus,
         gpu_milli=args.gpu_milli,
@@ -297,6 +306,7 @@ def render(report: dict[str, Any], console: Console) -> None:
     if report["observed_running_p50_ms"] is not None:
         rows.append(("client saw running, p50 (ms)", f"{report['observed_running_p50_ms']:.2f}"))
     rows += [
+        ("calls to the router per job", f"{report['zone_calls_per_job']:.2f}"),
         ("probes per placement", f"{report['probes_per_placement']:.2f}"),
         ("bounces per placement", f"{report['bounces_per_placement']:.2f}"),
         (

@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -85,6 +85,9 @@ _POLL_SECONDS = 0.02
 
 ProgressFn = Callable[[str, int, int], None]
 
+#: How launch mode follows its jobs: in the submitting call, or by a WatchJob of its own.
+WATCH_MODES = ("together", "separately")
+
 
 @dataclass(frozen=True)
 class BenchSpec:
@@ -94,6 +97,9 @@ class BenchSpec:
     jobs: int
     rate: float = 0.0  # jobs per second, open-loop; 0 = burst
     launch: bool = False
+    #: launch mode: "together" follows each job in its SubmitAndWatch call; "separately"
+    #: submits with Submit and then opens a WatchJob stream (two calls per job).
+    watch: str = "together"
     submitters: int = 32
     fake_gpus: str = DEFAULT_FAKE_GPUS
     gpu_milli: int = DEFAULT_GPU_MILLI  # 0 = one whole GPU per job
@@ -113,6 +119,10 @@ class BenchSpec:
             raise InvalidArgument(f"must be in 1..1000000, got {self.jobs}", field="--jobs")
         if not (math.isfinite(self.rate) and 0 <= self.rate <= 100_000):
             raise InvalidArgument(f"must be in 0..100000 jobs/s, got {self.rate}", field="--rate")
+        if self.watch not in WATCH_MODES:
+            raise InvalidArgument(
+                f"must be one of {', '.join(WATCH_MODES)}, got {self.watch!r}", field="--watch"
+            )
         if not 1 <= self.submitters <= 4096:
             raise InvalidArgument(
                 f"must be in 1..4096, got {self.submitters}", field="--submitters"
@@ -555,6 +565,8 @@ class Driver:
         self.agent_channels: dict[str, grpc.aio.Channel] = {}
         self.deadline = 0.0
         self.run_id = f"bench-{os.getpid()}-{int(time.time())}"
+        #: Calls this driver made to the router's Zone service (load-independent per job).
+        self.zone_calls = 0
 
     def _settle(self, outcome: Outcome) -> None:
         self.settled += 1
@@ -592,6 +604,7 @@ class Driver:
         outcome.sent_mono = time.monotonic()
         outcome.submit_unix = time.time()
         t0 = time.perf_counter()
+        self.zone_calls += 1
         try:
             reply = await stub.ProbeJob(request, timeout=self._remaining())
         except grpc.aio.AioRpcError as exc:
@@ -622,28 +635,47 @@ class Driver:
             )
 
     async def launch_one(self, stub: zone_pb2_grpc.ZoneAsyncStub, outcome: Outcome) -> None:
-        """Launch mode: Submit, then follow the job with WatchJob in the background."""
+        """Launch mode: submit, and once the submit is answered follow the job in the
+        background: in the same SubmitAndWatch call (``--watch together``), or with Submit
+        and then a WatchJob stream (``--watch separately``)."""
         request = zone_pb2.SubmitRequest(
             spec=self._job_spec(outcome.index),
             client_request_id=f"{self.run_id}-{outcome.index}",
         )
         outcome.sent_mono = time.monotonic()
         outcome.submit_unix = time.time()
+        events: AsyncIterator[zone_pb2.JobEvent]
         try:
-            job = await stub.Submit(request, timeout=self._remaining())
-        except grpc.aio.AioRpcError as exc:
-            outcome.error = f"{exc.code().name}: {exc.details()}"
+            if self.spec.watch == "together":
+                self.zone_calls += 1
+                events = aiter(stub.SubmitAndWatch(request, timeout=self._remaining()))
+                first = await anext(events)  # Submit's answer: the job is durable
+                job_id = first.job.job_id
+                events = _chain(first, events)
+            else:
+                self.zone_calls += 1
+                job = await stub.Submit(request, timeout=self._remaining())
+                job_id = job.job_id
+                self.zone_calls += 1
+                events = aiter(
+                    stub.WatchJob(
+                        zone_pb2.WatchJobRequest(job_id=job_id), timeout=self._remaining()
+                    )
+                )
+        except (grpc.aio.AioRpcError, StopAsyncIteration) as exc:
+            outcome.error = (
+                f"{exc.code().name}: {exc.details()}"
+                if isinstance(exc, grpc.aio.AioRpcError)
+                else "the stream ended before the submit was answered"
+            )
             self._settle(outcome)
             return
-        self._spawn(self._follow(stub, job.job_id, outcome), f"watch-{job.job_id}")
+        self._spawn(self._follow(events, outcome), f"watch-{job_id}")
 
-    async def _follow(
-        self, stub: zone_pb2_grpc.ZoneAsyncStub, job_id: str, outcome: Outcome
-    ) -> None:
+    async def _follow(self, events: AsyncIterator[zone_pb2.JobEvent], outcome: Outcome) -> None:
         settled = False
         try:
-            call = stub.WatchJob(zone_pb2.WatchJobRequest(job_id=job_id), timeout=self._remaining())
-            async for event in call:
+            async for event in events:
                 job = event.job
                 outcome.probes, outcome.bounces = job.probes, job.bounces
                 if job.state == zone_pb2.QUEUED:
@@ -712,6 +744,15 @@ class Driver:
             await asyncio.gather(*list(self.background), return_exceptions=True)
         for channel in self.agent_channels.values():
             await channel.close(None)
+
+
+async def _chain(
+    first: zone_pb2.JobEvent, rest: AsyncIterator[zone_pb2.JobEvent]
+) -> AsyncIterator[zone_pb2.JobEvent]:
+    """``first``, then the stream it was read from."""
+    yield first
+    async for event in rest:
+        yield event
 
 
 async def _health_p50(channel: grpc.aio.Channel, samples: int) -> float:
@@ -851,6 +892,8 @@ async def _measure(
             "no process starts in this mode"
         ),
         "processes_started": n_placed if spec.launch else 0,
+        "watch": spec.watch if spec.launch else None,
+        "zone_calls_per_job": driver.zone_calls / spec.jobs,
         "probes_per_placement": probes_pp,
         "bounces_per_placement": bounces_pp,
         "probes_source": probes_source,

@@ -125,12 +125,17 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
                 )
                 check_queued(tenant, queued, cap, count)
 
-    @map_errors
-    async def Submit(self, request: zone_pb2.SubmitRequest, context: Ctx) -> zone_pb2.Job:
+    async def _submit(self, request: zone_pb2.SubmitRequest, context: Ctx) -> zone_pb2.Job:
+        """Submit's path (SubmitAndWatch's first step): the caller, tenant, rate limit and
+        queued-job cap, then the job journaled (or the one a resent request made before)."""
         self._admit(self._caller(context), [request.spec])
         return await self._state.submit(
             request.spec, request.client_request_id, bearer=_bearer(context)
         )
+
+    @map_errors
+    async def Submit(self, request: zone_pb2.SubmitRequest, context: Ctx) -> zone_pb2.Job:
+        return await self._submit(request, context)
 
     @map_errors
     async def SubmitBatch(
@@ -185,7 +190,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         watch starts (skipped when it is still the one Submit answered) and whose queue is
         in place before that record, so no change after the submit is lost. A resent request
         streams the job it made before; a revoked token ends the stream as in WatchJob."""
-        answered = await self.Submit(request, context)
+        answered = await self._submit(request, context)
         yield zone_pb2.JobEvent(job=answered, at_unix=time.time())
         if answered.state in TERMINAL_JOB_STATES:
             return

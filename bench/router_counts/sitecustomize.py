@@ -1,5 +1,5 @@
 """Counts what the router does per job in a bench run: journal commits, saves (grouped or
-not), the calls it serves and the WatchJob messages it sends, its calls to agents and the
+not), the calls it serves and the messages its job streams send (WatchJob, SubmitAndWatch), its calls to agents and the
 heartbeats it takes. Load-independent figures, where CPU per job is noisy on a shared
 machine.
 
@@ -80,6 +80,16 @@ if any("laminar_zone" in a for a in sys.orig_argv) and os.environ.get("LAMINAR_C
                 yield event
 
         service.ZoneService.WatchJob = counted_watch  # type: ignore[method-assign]
+        submit_and_watch = service.ZoneService.SubmitAndWatch
+
+        @functools.wraps(submit_and_watch)
+        async def counted_submit_and_watch(*args: Any, **kwargs: Any) -> Any:
+            counts["served.SubmitAndWatch"] += 1
+            async for event in submit_and_watch(*args, **kwargs):
+                counts["watch_messages"] += 1
+                yield event
+
+        service.ZoneService.SubmitAndWatch = counted_submit_and_watch  # type: ignore[method-assign]
         save_many = persistence.Persistence.save_many
 
         @functools.wraps(save_many)

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from laminar_base.errors import InvalidArgument
 from laminar_bench.cli import register
+from laminar_bench.placement import BenchSpec
 
 REQUIRED = (
     "placements_per_second",
@@ -57,15 +58,23 @@ def daemons_under(root: Path) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("launch", "per_process"), [(False, 2), (True, 1)], ids=["placement-pool", "launch"]
+    ("launch", "per_process", "watch"),
+    [(False, 2, ""), (True, 1, ""), (True, 1, "separately")],
+    ids=["placement-pool", "launch", "launch-watch-separately"],
 )
-def test_smoke_report_fields_and_clean_exit(tmp_path: Path, launch: bool, per_process: int) -> None:
-    """Placement mode runs its agents in one pool process; launch mode one process each."""
+def test_smoke_report_fields_and_clean_exit(
+    tmp_path: Path, launch: bool, per_process: int, watch: str
+) -> None:
+    """Placement mode runs its agents in one pool process; launch mode one process each.
+    Launch mode follows each job in its SubmitAndWatch call by default (one call per job),
+    with ``--watch separately`` by Submit and then WatchJob (two)."""
     argv = ["bench", "placement", "--agents", "2", "--jobs", "10", "-o", "json"]
     argv += ["--work-dir", str(tmp_path), "--timeout", "60"]
     argv += ["--agents-per-process", str(per_process)]
     if launch:
         argv.append("--launch")
+    if watch:
+        argv += ["--watch", watch]
     code, text = run_cli(argv)
     assert code == 0
     report: dict[str, Any] = json.loads(text)
@@ -86,6 +95,8 @@ def test_smoke_report_fields_and_clean_exit(tmp_path: Path, launch: bool, per_pr
     assert report["processes_started"] == (10 if launch else 0)
     if launch:
         assert report["final_states"] == {"JOB_SUCCEEDED": 10}
+        assert report["watch"] == (watch or "together")
+    assert report["zone_calls_per_job"] == (2 if watch == "separately" else 1)
     assert daemons_under(tmp_path) == []
 
 
@@ -96,4 +107,6 @@ def test_bad_input_names_the_flag(tmp_path: Path) -> None:
         run_cli(
             ["bench", "placement", "--agents", "1", "--jobs", "1", "--fake-gpus", "2xH100-80GB"]
         )
+    with pytest.raises(InvalidArgument, match="--watch"):
+        BenchSpec(agents=1, jobs=1, launch=True, watch="sometimes").validate()
     assert list(tmp_path.iterdir()) == []
