@@ -91,3 +91,14 @@ def test_bad_input_is_refused_naming_the_field_and_keeps_nothing(
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in (err.value.details() or "")
     assert len(zone.stub.ListJobs(zone_pb2.ListJobsRequest(), timeout=10).jobs) == before
+
+
+def test_an_array_streams_its_own_record_until_every_element_ended(zone: Zone) -> None:
+    request = zone_pb2.SubmitRequest(
+        spec=zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1), array="0-2")
+    )
+    jobs = [e.job for e in zone.stub.SubmitAndWatch(request, timeout=30)]
+    assert {j.job_id for j in jobs} == {jobs[0].job_id}  # the array's record, not an element's
+    assert jobs[-1].state == zone_pb2.JOB_SUCCEEDED
+    for index in range(3):
+        assert zone.get(f"{jobs[0].job_id}_{index}").state == zone_pb2.JOB_SUCCEEDED
