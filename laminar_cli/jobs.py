@@ -40,8 +40,10 @@ T = TypeVar("T")
 FOLLOW_POLL_SECONDS = 0.5
 #: How long `watch` keeps reconnecting to a router that went away before giving up.
 WATCH_RECONNECT_SECONDS = 30.0
-#: Exit code of `watch` when the job did not succeed.
+#: Exit code of `watch` and `submit --wait` when the job did not succeed.
 EXIT_JOB_FAILED = 1
+#: Exit code of `submit --wait` stopped by Ctrl-C (the job goes on).
+EXIT_INTERRUPTED = 130
 
 # (file key, flag) for the flags that map one-to-one onto job-file keys.
 _SPEC_FLAGS = (
@@ -230,6 +232,8 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         spec.workdir = os.getcwd()
     request_id = args.request_id or str(uuid.uuid4())
     request = zone_pb2.SubmitRequest(spec=spec, client_request_id=request_id)
+    if args.wait:
+        return _submit_and_wait(args, request)
     with zone_stub(args.zone_address) as stub:
         # The request id makes a resend safe: a router that took the first one (and then
         # restarted before answering) returns the same job.
@@ -241,13 +245,54 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         print(render.to_json(job))
     else:
         print(job.job_id)
+    _say_if_too_large(job)
+    return 0
+
+
+def _say_if_too_large(job: zone_pb2.Job) -> None:
     if job.reason_code == zone_pb2.REASON_TOO_LARGE:
         # Accepted (more hosts may join), but say so now rather than let it wait unseen;
         # stdout stays the job id alone for scripts.
         shown = render.printable(job)
         token = render.reason_token(job.reason_code)
         print(f"laminar: {shown.job_id} waits: [{token}] {shown.reason}", file=sys.stderr)
-    return 0
+
+
+def _submit_and_wait(args: argparse.Namespace, request: zone_pb2.SubmitRequest) -> int:
+    """``submit --wait`` (sbatch --wait): the job id at once, then block until the job
+    ends; 0 if it succeeded, 1 if not (its end state and reason on stderr). Ctrl-C stops
+    the waiting, never the job."""
+    events = submitted_events(args.zone_address, request)
+    try:
+        submitted = next(events)
+    except grpc.RpcError as exc:
+        raise _as_flag_error(exc, args) from None
+    if args.output != "json":
+        print(submitted.job_id, flush=True)
+    _say_if_too_large(submitted)
+    last = submitted
+    try:
+        for job in events:
+            last = job
+    except KeyboardInterrupt:
+        print(
+            f"laminar: stopped waiting; {submitted.job_id} keeps running "
+            f"(laminar watch {submitted.job_id} follows it, laminar cancel stops it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    if args.output == "json":
+        print(render.to_json(last))
+    if last.state == zone_pb2.JOB_SUCCEEDED:
+        return 0
+    shown = render.printable(last)  # the reason may hold the program's own text
+    state = render.job_state_name(shown.state)
+    print(
+        f"laminar: {submitted.job_id} {state}"
+        + (f": {one_line(shown.reason)}" if shown.reason else ""),
+        file=sys.stderr,
+    )
+    return EXIT_JOB_FAILED
 
 
 def _as_flag_error(exc: grpc.RpcError, args: argparse.Namespace) -> Exception:
@@ -480,6 +525,8 @@ def _watch_one(stub: zone_pb2_grpc.ZoneStub, job_id: str) -> Iterator[tuple[zone
 
 #: States after which a router sends no more events for a job.
 _ENDS_HERE = TERMINAL_JOB_STATES
+#: SubmitAndWatch failures before its first event that Submit (+ WatchJob) takes over.
+_SUBMIT_AGAIN_CODES = frozenset({grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE})
 
 
 def watch_events(address: str, job_id: str) -> Iterator[tuple[zone_pb2.Job, float]]:
@@ -489,12 +536,47 @@ def watch_events(address: str, job_id: str) -> Iterator[tuple[zone_pb2.Job, floa
         for job, at_unix in _watch_one(stub, job_id):
             last = job
             yield job, at_unix
-    target = forwarded_target(last) if last is not None else None
+    if last is not None:
+        yield from _follow_forwarded(last)
+
+
+def _follow_forwarded(job: zone_pb2.Job) -> Iterator[tuple[zone_pb2.Job, float]]:
+    """The peer zone's events for a job its router forwarded there; none for another job."""
+    target = forwarded_target(job)
     if target is None:
         return
     _, peer, remote_id = target
     with zone_stub(peer) as stub:
         yield from _watch_one(stub, remote_id)
+
+
+def submitted_events(address: str, request: zone_pb2.SubmitRequest) -> Iterator[zone_pb2.Job]:
+    """Submit a job and follow it until it ends, in one SubmitAndWatch call: first the job
+    as Submit answers it (an error from the submit itself is raised by the first ``next``),
+    then each change, following it once to a peer zone if it is forwarded.
+
+    An older router (UNIMPLEMENTED) gets Submit + :func:`watch_events`; so does one that
+    is unavailable (Submit is resent while it restarts, as without --wait), and a stream
+    cut after the submit (the watch reconnects). The request id makes Submit after a
+    SubmitAndWatch that may have reached the router return the same job."""
+    last: zone_pb2.Job | None = None
+    with zone_stub(address) as stub:
+        try:
+            for event in stub.SubmitAndWatch(request):
+                last = event.job
+                yield last
+        except grpc.RpcError as exc:
+            if exc.code() not in _SUBMIT_AGAIN_CODES or (
+                last is not None and exc.code() != grpc.StatusCode.UNAVAILABLE
+            ):
+                raise
+        if last is None:  # a router without SubmitAndWatch, or one that is restarting
+            last = stub.Submit(request, timeout=RPC_TIMEOUT_SECONDS)  # resent while unavailable
+            yield last
+    if last.state not in _ENDS_HERE:  # the old path, or the stream was cut: watch it
+        yield from (job for job, _ in watch_events(address, last.job_id))
+    else:
+        yield from (job for job, _ in _follow_forwarded(last))
 
 
 def cmd_watch(args: argparse.Namespace, console: Console) -> int:
@@ -548,9 +630,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "submit",
         parents=[zone, output],
         help="submit a job: flags and/or -f job.toml, then -- COMMAND ...",
-        description="Prints the job id (the Job as JSON with -o json).",
+        description="Prints the job id (the Job as JSON with -o json). With --wait, then "
+        "waits for the job to end (as sbatch --wait): exit 0 if it succeeded, 1 if not; "
+        "Ctrl-C stops the waiting (exit 130), not the job.",
     )
     add_spec_flags(submit, full=True)
+    submit.add_argument(
+        "--wait",
+        action="store_true",
+        help="block until the job ends; exit 0 if it succeeded, 1 if not (-o json: the final job)",
+    )
     submit.add_argument(
         "--request-id", help="idempotency key: resubmitting with it returns the same job"
     )
