@@ -272,6 +272,96 @@ def test_submit_is_idempotent_with_a_request_id(cli: Cli) -> None:
     assert as_json["job_id"] == first and as_json["client_request_id"] == "same-request"
 
 
+# ---------------------------------------------------------------- submit --wait
+
+
+def test_submit_wait_exits_0_once_the_job_succeeded(cli: Cli) -> None:
+    code, out, err = cli("submit", "--wait", "--mig", "1g.10gb", "--", "true")
+    assert code == 0, err
+    job_id = out.strip()
+    assert job_id and len(out.splitlines()) == 1, out  # the id alone, as without --wait
+    assert _state(cli.address, job_id).state == zone_pb2.JOB_SUCCEEDED  # it waited
+    final = cli.json("submit", "--wait", "--mig", "1g.10gb", "--", "true")
+    assert final["state"] == "JOB_SUCCEEDED"  # -o json: the final record
+
+
+def test_submit_wait_exits_1_naming_how_the_job_ended(cli: Cli) -> None:
+    code, out, err = cli("submit", "--wait", "--mig", "1g.10gb", "--", "false")
+    job_id = out.strip()
+    assert code == 1 and job_id and len(out.splitlines()) == 1, (out, err)
+    assert err.startswith(f"laminar: {job_id} failed") and len(err.splitlines()) == 1, err
+    assert _state(cli.address, job_id).state == zone_pb2.JOB_FAILED
+
+
+def test_submit_wait_refused_input_is_one_line_naming_the_flag(cli: Cli) -> None:
+    # The router's INVALID_ARGUMENT, in SubmitAndWatch's first answer
+    status, out, err = cli("submit", "--wait", "--gpus", "3", *_py("pass"))  # host-a has 2
+    assert status == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and err.startswith("laminar: --gpus: "), err
+    # and the CLI's own check, before anything is sent
+    status, out, err = cli("submit", "--wait", "--gpu-mem", "60 gigs", *_py("pass"))
+    assert status == 2 and not out and err.startswith("laminar: --gpu-mem: "), err
+
+
+def test_submit_wait_on_a_router_without_submit_and_watch_still_waits(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older router answers UNIMPLEMENTED: the CLI submits and watches instead."""
+    refused: list[grpc.StatusCode] = []
+
+    class OlderRouterStub(zone_pb2_grpc.ZoneStub):
+        def __init__(self, channel: grpc.Channel) -> None:
+            super().__init__(channel)
+            absent = channel.unary_stream(
+                "/laminar.v1.Zone/SubmitAndWatchAbsent",  # a method the real router lacks
+                request_serializer=zone_pb2.SubmitRequest.SerializeToString,
+                response_deserializer=zone_pb2.JobEvent.FromString,
+            )
+
+            def submit_and_watch(request: zone_pb2.SubmitRequest) -> Iterator[Any]:
+                try:
+                    yield from absent(request)
+                except grpc.RpcError as exc:
+                    refused.append(exc.code())
+                    raise
+
+            self.SubmitAndWatch = submit_and_watch
+
+    monkeypatch.setattr(zone_pb2_grpc, "ZoneStub", OlderRouterStub)
+    code, out, err = cli("submit", "--wait", "--mig", "1g.10gb", *_py("pass"))
+    assert refused == [grpc.StatusCode.UNIMPLEMENTED]
+    assert code == 0, err
+    assert _state(cli.address, out.strip()).state == zone_pb2.JOB_SUCCEEDED
+    code, out, err = cli("submit", "--wait", "--mig", "1g.10gb", "--", "false")
+    assert code == 1 and f"{out.strip()} failed" in err, err
+
+
+def test_ctrl_c_stops_submit_wait_and_leaves_the_job_running(cli: Cli, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    out, err = tmp_path / "wait.out", tmp_path / "wait.err"
+    argv = ["--zone", cli.address, "submit", "--wait", "--mig", "1g.10gb"]
+    argv += _py(gate_code(gate))
+    with out.open("w") as stdout, err.open("w") as stderr:
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "laminar_cli.main", *argv], stdout=stdout, stderr=stderr
+        )
+    try:
+        wait_for(lambda: out.read_text().endswith("\n"))
+        job_id = out.read_text().strip()
+        wait_for(lambda: _state(cli.address, job_id).state == zone_pb2.JOB_RUNNING)
+        waiter.send_signal(signal.SIGINT)
+        assert waiter.wait(30) == 130, err.read_text()
+        assert f"{job_id} keeps running" in err.read_text()
+        assert _state(cli.address, job_id).state == zone_pb2.JOB_RUNNING
+        gate.touch()
+        assert cli("watch", job_id)[0] == 0  # it ran on to its end
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait(10)
+        gate.touch()
+
+
 def test_forwarded_job_is_followed_to_the_peer_zone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
