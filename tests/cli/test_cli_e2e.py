@@ -365,7 +365,8 @@ def test_ctrl_c_stops_submit_wait_and_leaves_the_job_running(cli: Cli, tmp_path:
 def test_forwarded_job_is_followed_to_the_peer_zone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A router with no agents forwards work to its peer; job, watch and logs follow it there."""
+    """A router with no agents forwards work to its peer; job, watch, logs and
+    submit --wait follow it there."""
     with LocalCluster(tmp_path) as cluster:
         launch(
             cluster,
@@ -376,18 +377,28 @@ def test_forwarded_job_is_followed_to_the_peer_zone(
         )
         working, empty = cluster.zones
         cli = Cli(empty.address, capsys)
-        forwarded: list[str] = []
+        forwarded: list[tuple[str, str]] = []  # (job id, request id)
+        argv = ["--gpus", "1", *_py("print('ran in the other zone')")]
+        tries: list[str] = []
 
         def submit_until_forwarded() -> bool:
             # Flow splitting is random (weight 1 here against 3 there) and needs a fresh
             # peer summary first, so submit until one job goes to the peer.
-            job_id = cli.submit("--gpus", "1", *_py("print('ran in the other zone')"))
+            tries.append(f"forwarded-{len(tries)}")
+            job_id = cli.submit("--request-id", tries[-1], *argv)
             if _state(empty.address, job_id).state == zone_pb2.FORWARDED:
-                forwarded.append(job_id)
+                forwarded.append((job_id, tries[-1]))
             return bool(forwarded)
 
         wait_for(submit_until_forwarded)
-        [origin_id] = forwarded
+        [(origin_id, request_id)] = forwarded
+        # The same request again, with --wait: SubmitAndWatch streams the job made before,
+        # which ends here at FORWARDED; the CLI follows it to the peer until it succeeds.
+        again = ["--request-id", request_id, *argv]
+        code, out, err = cli("submit", "--wait", *again)
+        assert code == 0 and out.strip() == origin_id, (out, err)
+        final = cli.json("submit", "--wait", *again)
+        assert final["state"] == "JOB_SUCCEEDED" and final["zone"] == "zone-1", final
         code, out, _ = cli("watch", origin_id)
         assert code == 0 and "forwarded to zone zone-1" in out, out
         job = cli.json("job", origin_id)
