@@ -13,6 +13,8 @@ server has its peers.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -27,6 +29,8 @@ from laminar_zone.core import NewJob
 from laminar_zone.entry import Entry
 from laminar_zone.placements import fresh
 from laminar_zone.spec import MAX_BATCH_JOBS, validate_spec
+
+log = logging.getLogger("laminar.zone")
 
 if TYPE_CHECKING:
     from laminar_zone.zone_parts import ZoneParts
@@ -119,9 +123,30 @@ class Admission:
                 state.atomizer.admit(entry.job)
             state._do(core.route(entry, may_forward, time.monotonic()))
             work.append(entry)
+        # The new jobs are in the core now: what comes of them (committed and started, or
+        # dropped) must not hang on this caller, whose call may end (cancelled) while the
+        # commit is awaited; a job committed but never started would wait until a restart.
+        committed = None  # acknowledged once durable, in the tick's group commit
+        if new or uncommitted:
+            committed = state.persistence.journal_new([e.job for e in new])
+        settled = asyncio.ensure_future(self._settle(new, work, committed, may_forward))
+        settled.add_done_callback(_retrieved)
+        await asyncio.shield(settled)
+        return [fresh(answer[0].job if isinstance(answer, list) else answer) for answer in answers]
+
+    async def _settle(
+        self,
+        new: list[Entry],
+        work: list[Entry],
+        committed: asyncio.Future[None] | None,
+        may_forward: bool,
+    ) -> None:
+        """Acknowledge once durable (the tick's group commit the new jobs were handed to),
+        then start the work; a failed commit drops the new jobs and raises."""
+        state, core = self.state, self.state.core
         try:
-            if new or uncommitted:  # acknowledged once durable, in the tick's group commit
-                await state.persistence.journal_new([e.job for e in new])
+            if committed is not None:
+                await committed
         except Exception:
             for entry in new:
                 core.drop(entry.job.job_id)
@@ -130,7 +155,6 @@ class Admission:
         state.metrics.submitted.inc(len(work))
         for entry in work:
             state._do(core.kick(entry, may_forward))
-        return [fresh(answer[0].job if isinstance(answer, list) else answer) for answer in answers]
 
     def _new_entries(
         self, spec: zone_pb2.JobSpec, request_id: str, forwarded_from: str, bearer: str
@@ -179,3 +203,10 @@ class Admission:
             if taken
             else core.keep_here(entry, time.monotonic())
         )
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """Read a settled submit's outcome, so one whose caller was cancelled is not reported
+    as never retrieved; its error (a failed commit: the jobs were dropped) is logged."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("submitted jobs not kept: %s", exc)

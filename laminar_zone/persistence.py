@@ -70,28 +70,26 @@ class Persistence:
             return
         self._commit(entries)
 
-    async def journal_new(self, jobs: Sequence[zone_pb2.Job]) -> None:
-        """Journal new jobs (Submit) in this tick's group commit; returns once they are
-        committed, and raises its error if it failed: a Submit is acknowledged only once
-        its job is durable, and concurrent Submits share one commit."""
+    def journal_new(self, jobs: Sequence[zone_pb2.Job]) -> asyncio.Future[None]:
+        """Journal new jobs (Submit) in this tick's group commit; the future resolves once
+        they are committed, with its error if it failed: a Submit awaits it before it
+        answers (acknowledged only once durable), and concurrent Submits share one commit.
+        Taken at once, so a Submit repeated in the same tick finds the job by its key
+        (:meth:`new_by_request`) and, with no jobs, gets the same commit to wait for."""
         for job in jobs:
             self._new[job.job_id] = job
             if job.client_request_id:
                 self._new_requests[(job.spec.tenant, job.client_request_id)] = job
-        await self.until_committed()
+        if self._committed is None:
+            self._committed = asyncio.get_running_loop().create_future()
+        done = self._committed
+        self._flush_soon()
+        return done
 
     def new_by_request(self, tenant: str, client_request_id: str) -> zone_pb2.Job | None:
         """A new job waiting for the tick's commit with this idempotency key (a Submit
         repeated before the first one was answered: the same job, once committed)."""
         return self._new_requests.get((tenant, client_request_id))
-
-    async def until_committed(self) -> None:
-        """Wait until what waits for the group commit now is committed (its error if not)."""
-        if self._committed is None:
-            self._committed = asyncio.get_running_loop().create_future()
-        done = self._committed
-        self._flush_soon()
-        await asyncio.shield(done)  # a waiter cancelled leaves the others theirs
 
     def flush(self) -> None:
         """Commit the writes waiting (the tick's end, a probe about to leave, a read of the

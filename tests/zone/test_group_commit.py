@@ -272,6 +272,48 @@ async def test_concurrent_submits_share_a_commit_and_each_is_durable_when_answer
     assert ids <= first  # one tick's Submits, one commit (with what else it wrote)
 
 
+async def test_a_submit_whose_call_ends_while_its_commit_is_awaited_still_starts_its_job(
+    zone: ZoneState,
+) -> None:
+    """A Submit cancelled (its call ended) while the group commit is awaited: the job is in
+    the core already and is committed, so it must be started as an answered one is, not
+    left placing until a restart; a resend gets that job."""
+    cut = asyncio.ensure_future(zone.submit(_spec(), "r-cut"))
+    await _next_tick()  # the submit waits for the group commit
+    cut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut
+    answered = await zone.submit(_spec(), "r-ok")
+    for _ in range(5):
+        await _next_tick()
+    committed = zone.store.by_request(answered.spec.tenant, "r-cut")
+    assert committed is not None
+    started, ok = zone.core.entries[committed.job_id].job, zone.core.entries[answered.job_id].job
+    assert started.state == ok.state == zone_pb2.QUEUED  # no agent: both tried, both wait
+    assert started.reason != "placing"
+    assert (await zone.submit(_spec(), "r-cut")).job_id == committed.job_id
+
+
+async def test_a_grouped_write_whose_commit_failed_is_committed_by_the_next_sweep(
+    zone: ZoneState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick's commit fails (disk full): its grouped writes wait, and on a router with
+    nothing else to write the periodic sweep commits them once the journal works again."""
+    entry = _entry(zone, "j-a")
+
+    def full(jobs: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(zone.store, "put_many", full)
+    with pytest.raises(sqlite3.OperationalError):
+        zone.persistence.save_many([entry], grouped=True)
+        zone.persistence.flush()  # the tick's end
+    monkeypatch.undo()
+    assert zone.store.get("j-a") is None
+    zone.sweep()
+    assert zone.store.get("j-a") is not None
+
+
 async def test_a_submit_repeated_before_the_first_is_answered_gets_the_same_job(
     zone: ZoneState,
 ) -> None:
