@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from viewscan import scan_counts, scan_free
+from viewscan import apply_event, scan_counts, scan_free
 
 from laminar_base.demand import Demand, HostCap
 from laminar_zone.placement import ShapeCap
@@ -87,32 +87,6 @@ step_st = st.one_of(
 )
 
 
-def apply(view: ZoneView, event: tuple[object, ...], now: float) -> None:
-    kind, *rest = event
-    if kind in ("heartbeat", "reply"):
-        agent, shapes, draining = rest
-        view.update(
-            str(agent),
-            "addr",
-            dict(shapes),  # type: ignore[call-overload]
-            heat=0,
-            draining=bool(draining),
-            now=now,
-            is_heartbeat=kind == "heartbeat",
-        )
-    elif kind == "host":
-        agent, host = rest
-        view.note_host(str(agent), host)  # type: ignore[arg-type]
-    elif kind == "drain" and rest[0] in view.agents:
-        view.set_draining(str(rest[0]), bool(rest[1]))
-    elif kind == "stale":
-        view.mark_stale(str(rest[0]))
-    elif kind == "placeholder":
-        view.add_placeholder(str(rest[0]), "addr", now)
-    elif kind == "sweep":
-        view.sweep(now + float(rest[0]))  # type: ignore[arg-type]
-
-
 @settings(max_examples=400, deadline=None)
 @given(steps=st.lists(step_st, max_size=50), last=st.lists(need_st, min_size=1, max_size=4))
 def test_counts_and_free_for_equal_a_scan(
@@ -123,7 +97,7 @@ def test_counts_and_free_for_equal_a_scan(
     for kind, payload in [*steps, ("ask", last)]:
         now += 1.0
         if kind == "event":
-            apply(view, payload, now)  # type: ignore[arg-type]
+            apply_event(view, payload, now)  # type: ignore[arg-type]
             continue
         for need in payload:  # type: ignore[attr-defined]
             # Asked twice: the second answer may come from what the first kept.

@@ -9,7 +9,7 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from viewscan import scan_counts
+from viewscan import apply_event, scan_counts
 
 from laminar_base.demand import Demand, HostCap
 from laminar_zone.placement import ShapeCap, members_fitting
@@ -73,28 +73,8 @@ def fits(record: AgentRecord, need: Demand) -> bool:
 
 
 def apply(view: ZoneView, events: list[tuple[object, ...]]) -> None:
-    now = 0.0
-    for event in events:
-        now += 1.0
-        kind, *rest = event
-        if kind in ("heartbeat", "reply"):
-            agent, shapes, draining = rest
-            view.update(
-                str(agent),
-                "addr",
-                dict(shapes),  # type: ignore[call-overload]
-                heat=0,
-                draining=bool(draining),
-                now=now,
-                is_heartbeat=kind == "heartbeat",
-            )
-        elif kind == "host":
-            agent, host = rest
-            view.note_host(str(agent), host)  # type: ignore[arg-type]
-        elif kind == "drain" and rest[0] in view.agents:
-            view.set_draining(str(rest[0]), bool(rest[1]))
-        elif kind == "sweep":
-            view.sweep(now + float(rest[0]))  # type: ignore[arg-type]
+    for now, event in enumerate(events, start=1):
+        apply_event(view, event, float(now))
 
 
 @settings(max_examples=300, deadline=None)
