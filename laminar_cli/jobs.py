@@ -42,8 +42,6 @@ FOLLOW_POLL_SECONDS = 0.5
 WATCH_RECONNECT_SECONDS = 30.0
 #: Exit code of `watch` and `submit --wait` when the job did not succeed.
 EXIT_JOB_FAILED = 1
-#: Exit code of `submit --wait` stopped by Ctrl-C (the job goes on).
-EXIT_INTERRUPTED = 130
 
 # (file key, flag) for the flags that map one-to-one onto job-file keys.
 _SPEC_FLAGS = (
@@ -280,7 +278,7 @@ def _submit_and_wait(args: argparse.Namespace, request: zone_pb2.SubmitRequest) 
             f"(laminar watch {submitted.job_id} follows it, laminar cancel stops it)",
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        raise  # main's exit code for an interrupt (130)
     if args.output == "json":
         print(render.to_json(last))
     if last.state == zone_pb2.JOB_SUCCEEDED:
@@ -557,7 +555,7 @@ def submitted_events(address: str, request: zone_pb2.SubmitRequest) -> Iterator[
 
     An older router (UNIMPLEMENTED) gets Submit + :func:`watch_events`; so does one that
     is unavailable (Submit is resent while it restarts, as without --wait), and a stream
-    cut after the submit (the watch reconnects). The request id makes Submit after a
+    cut after the submit, whatever its status (the watch reconnects). The request id makes Submit after a
     SubmitAndWatch that may have reached the router return the same job."""
     last: zone_pb2.Job | None = None
     with zone_stub(address) as stub:
@@ -566,10 +564,10 @@ def submitted_events(address: str, request: zone_pb2.SubmitRequest) -> Iterator[
                 last = event.job
                 yield last
         except grpc.RpcError as exc:
-            if exc.code() not in _SUBMIT_AGAIN_CODES or (
-                last is not None and exc.code() != grpc.StatusCode.UNAVAILABLE
-            ):
-                raise
+            if last is None and exc.code() not in _SUBMIT_AGAIN_CODES:
+                raise  # the submit itself was refused
+            # After the job was accepted any cut of the stream is followed by a watch,
+            # which reconnects while the router restarts and raises what persists.
         if last is None:  # a router without SubmitAndWatch, or one that is restarting
             last = stub.Submit(request, timeout=RPC_TIMEOUT_SECONDS)  # resent while unavailable
             yield last

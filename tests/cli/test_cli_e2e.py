@@ -336,6 +336,42 @@ def test_submit_wait_on_a_router_without_submit_and_watch_still_waits(
     assert code == 1 and f"{out.strip()} failed" in err, err
 
 
+def test_submit_wait_goes_on_watching_after_a_stream_cut_with_any_status(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SubmitAndWatch stream that breaks after the job was accepted (here INTERNAL after
+    its first event) is followed by a watch: the CLI still waits for the job's real end
+    and does not submit it again."""
+
+    class _Cut(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.INTERNAL
+
+        def details(self) -> str:
+            return "stream cut"
+
+    cut: list[str] = []
+
+    class CuttingStub(zone_pb2_grpc.ZoneStub):
+        def __init__(self, channel: grpc.Channel) -> None:
+            super().__init__(channel)
+            whole = self.SubmitAndWatch
+
+            def submit_and_watch(request: zone_pb2.SubmitRequest) -> Iterator[Any]:
+                for event in whole(request):
+                    cut.append(event.job.job_id)
+                    yield event
+                    raise _Cut()
+
+            self.SubmitAndWatch = submit_and_watch
+
+    monkeypatch.setattr(zone_pb2_grpc, "ZoneStub", CuttingStub)
+    code, out, err = cli("submit", "--wait", "--mig", "1g.10gb", "--", "false")
+    assert cut == [out.strip()]
+    assert code == 1 and f"{out.strip()} failed" in err, err
+    assert _state(cli.address, out.strip()).state == zone_pb2.JOB_FAILED
+
+
 def test_ctrl_c_stops_submit_wait_and_leaves_the_job_running(cli: Cli, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     out, err = tmp_path / "wait.out", tmp_path / "wait.err"

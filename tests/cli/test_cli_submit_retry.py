@@ -181,3 +181,38 @@ def test_retry_seconds_from_the_environment(
         assert cli_main(["--zone", address, "jobs"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("laminar: LAMINAR_RETRY_SECONDS=") and len(err.splitlines()) == 1
+
+
+def test_submit_wait_follows_the_job_through_a_router_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`submit --wait` outlives a router SIGKILLed while it waits: it reconnects to the
+    restarted router and ends with the job's end as recorded there (here a cancel made
+    after the restart), exit 1 naming it; the job is neither lost nor submitted twice."""
+    address = f"127.0.0.1:{_free_port()}"
+    monkeypatch.chdir(tmp_path)
+    with LocalCluster(tmp_path / "run") as cluster:
+        zone = cluster.start_zone("a", listen=address)  # no agent: the job stays queued
+        codes: list[int] = []
+        waiter = threading.Thread(
+            target=lambda: codes.append(
+                cli_main(["--zone", address, "submit", "--wait", "--", "sleep", "600"])
+            )
+        )
+        waiter.start()
+        wait_for(lambda: len(stub_jobs(address)) == 1)
+        (job,) = stub_jobs(address)
+        zone.process.send_signal(signal.SIGKILL)
+        zone.process.wait(10)
+        assert waiter.is_alive()  # still waiting for the job, not failed on the lost stream
+        cluster.start_zone("a", listen=address)
+        with grpc.insecure_channel(address) as channel:
+            zone_pb2_grpc.ZoneStub(channel).CancelJob(
+                zone_pb2.CancelJobRequest(job_id=job.job_id), timeout=10
+            )
+        waiter.join(60)
+        assert not waiter.is_alive() and codes == [1]
+        captured = capsys.readouterr()
+        assert captured.out.strip().splitlines()[-1] == job.job_id
+        assert f"{job.job_id} cancelled" in captured.err, captured.err
+        assert [j.job_id for j in stub_jobs(address)] == [job.job_id]
