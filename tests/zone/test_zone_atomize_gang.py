@@ -86,12 +86,13 @@ def _agent(cluster: LocalCluster, zone: Zone, name: str, gpus: str) -> AgentProc
     return cluster.start_agent(name, gpus, zone=zone.address, heartbeat_seconds=HEARTBEAT_SECONDS)
 
 
-def _contract(units: int, checkpoint: Path) -> common_pb2.AtomizationContract:
+def _contract(units: int, checkpoint: Path, slack: float = 1.4) -> common_pb2.AtomizationContract:
+    """``slack``: the declared 95th percentile of a unit's time, in units of the real one."""
     return common_pb2.AtomizationContract(
         total_units=units,
         seconds_per_unit=[
             common_pb2.Quantile(q=0.5, value=UNIT_SECONDS),
-            common_pb2.Quantile(q=0.95, value=UNIT_SECONDS * 1.4),
+            common_pb2.Quantile(q=0.95, value=UNIT_SECONDS * slack),
         ],
         peak_memory_bytes=[
             common_pb2.Quantile(q=0.5, value=2 * GIB),
@@ -110,13 +111,14 @@ def _submit_gang(
     checkpoint: Path,
     priority: int,
     resources: common_pb2.Resources | None = None,
+    slack: float = 1.4,
     **fields: Any,
 ) -> zone_pb2.Job:
     worker = root / "gang_worker.py"
     worker.write_text(GANG_WORKER)
     spec = zone_pb2.JobSpec(
         command=[sys.executable, str(worker), str(UNIT_SECONDS)],
-        atomization=_contract(units, checkpoint),
+        atomization=_contract(units, checkpoint, slack),
         gang_size=2,
         priority=priority,
         resources=resources or common_pb2.Resources(mig_profile="3g.40gb"),
@@ -239,7 +241,10 @@ def test_a_member_whose_commit_fails_rolls_the_other_back_and_the_gang_runs_late
     )
     zone.wait_state(blocker.job_id, zone_pb2.JOB_RUNNING)
     checkpoint = tmp_path / "ckpt"
-    gang = _submit_gang(zone, tmp_path, 4, checkpoint, common_pb2.OPPORTUNISTIC)
+    # A generous declared pace: the run that finishes must not overrun it even on a loaded
+    # machine (an interpreter's start counts in the piece's time), so the violation rate
+    # below reads only whether the rollback was counted as one.
+    gang = _submit_gang(zone, tmp_path, 4, checkpoint, common_pb2.OPPORTUNISTIC, slack=8.0)
 
     def rolled_back() -> bool:
         placements = zone.get(gang.job_id).placements
