@@ -251,9 +251,9 @@ class ZoneState:
     def _carry_out(self, instruction: Instruction) -> None:
         """The instructions carried out at once, alike from synchronous code and tasks."""
         match instruction:
-            case Journal(entries, grouped):
+            case Journal(entries, grouped, quiet):
                 if entries:
-                    self.save_many(entries, grouped=grouped)
+                    self.save_many(entries, grouped=grouped, quiet=quiet)
             case Publish(entry):
                 self.persistence.publish(entry)
             case Wake(Loop.QUEUE):

@@ -337,3 +337,53 @@ async def test_a_failed_group_commit_fails_its_submits_and_keeps_none_of_their_j
     monkeypatch.undo()
     job = await zone.submit(_spec(), "r1")  # the journal works again: accepted anew
     assert zone.store.get(job.job_id) is not None
+
+
+async def test_watchers_are_not_told_of_a_commit_on_probe_intent(tmp_path: Path) -> None:
+    """The intent journaled before a probe that carries the commit is the router's
+    bookkeeping: a watcher of the job is next told it runs (one stream message fewer per
+    followed job), while the journal still holds the intent before the probe leaves."""
+    agent = JournalReadingAgent("a0", 8)
+    store = JobStore(tmp_path / "zone.db")
+    agent.store = store
+    zone = ZoneState(
+        ZoneConfig(),
+        store,
+        ZoneMetrics(),
+        rng=random.Random(1),
+        clients=cast(AgentClients, FakeClients({"a0": agent})),
+    )
+    try:
+        zone.recover()
+        membership = Membership(zone)
+        request = agent.heartbeat()
+        agent.heard(membership.on_heartbeat(request), request.has_live_subjob_ids)
+        entry = _entry(zone, "j-w", state=zone_pb2.PENDING)
+        watcher: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
+        entry.watchers.append(watcher)
+        assert await zone.tries.place(entry)
+        await _next_tick()  # the running job's write is grouped: told once committed
+        told = [watcher.get_nowait() for _ in range(watcher.qsize())]
+        assert [job.state for job in told] == [zone_pb2.JOB_RUNNING]
+        (journaled,) = agent.journaled  # the intent, committed before its probe left
+        assert journaled is not None and journaled.placements[0].state == common_pb2.STARTING
+    finally:
+        await zone.close()
+        store.close()
+
+
+async def test_a_quiet_write_merged_with_a_told_one_in_the_same_commit_is_told(
+    zone: ZoneState,
+) -> None:
+    a, b = _entry(zone, "j-a"), _entry(zone, "j-b")
+    told_a: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
+    told_b: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
+    a.watchers.append(told_a)
+    b.watchers.append(told_b)
+    zone._do([Journal((a,), grouped=True, quiet=True), Journal((b,), grouped=True, quiet=True)])
+    zone._do([Journal((a,), grouped=True)])  # a change a watcher acts on, same tick
+    zone._do([Journal((b,), quiet=True)])  # not grouped: commits both now
+    assert zone.store.get("j-a") is not None and zone.store.get("j-b") is not None
+    assert told_a.qsize() == 1 and told_b.empty()
+    await _next_tick()
+    assert told_a.qsize() == 1 and told_b.empty()
