@@ -100,6 +100,7 @@ class ZoneState:
         self.zone_name = config.server.zone_name
         self.store = store
         self.metrics = metrics
+        store.on_commit = metrics.journal_commits.inc
         #: Append-only audit log (the server sets it; None in embedded use).
         self.audit: AuditLog | None = None
         self.rng = rng or random.Random()

@@ -387,3 +387,12 @@ async def test_a_quiet_write_merged_with_a_told_one_in_the_same_commit_is_told(
     assert told_a.qsize() == 1 and told_b.empty()
     await _next_tick()
     assert told_a.qsize() == 1 and told_b.empty()
+
+
+async def test_the_journal_commits_are_counted(zone: ZoneState) -> None:
+    a, b = _entry(zone, "j-a"), _entry(zone, "j-b")
+    zone._do([Journal((a,), grouped=True), Journal((b,), grouped=True)])
+    await _next_tick()
+    zone._do([Journal((a,))])
+    sample = zone.metrics.registry.get_sample_value("laminar_zone_journal_commits_total")
+    assert sample == 2  # one group commit for both, one write of its own
