@@ -496,12 +496,17 @@ def scrape_probes(addresses: list[str]) -> dict[str, float]:
 
 def scrape_heartbeats(address: str) -> dict[str, float]:
     """The router's heartbeat counters (all heartbeats, and those with a full summary: a
-    router without that counter reports every heartbeat as full) and its ready agents."""
+    router without that counter reports every heartbeat as full), its ready agents and its
+    journal commits."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         text = response.read().decode()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name in ("laminar_zone_heartbeats", "laminar_zone_heartbeat_summaries"):
+        if family.name in (
+            "laminar_zone_heartbeats",
+            "laminar_zone_heartbeat_summaries",
+            "laminar_zone_journal_commits",
+        ):
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     out[family.name] = sample.value
@@ -548,6 +553,8 @@ class Outcome:
     queued: bool = False
     final_state: str = ""
     error: str = ""
+    #: launch: the job's events its watch stream carried (Submit's answer included).
+    events: int = 0
 
 
 class Driver:
@@ -676,6 +683,7 @@ class Driver:
         settled = False
         try:
             async for event in events:
+                outcome.events += 1
                 job = event.job
                 outcome.probes, outcome.bounces = job.probes, job.bounces
                 if job.state == zone_pb2.QUEUED:
@@ -903,6 +911,12 @@ async def _measure(
         ),
         "heartbeat_summaries_per_job": _per_job(
             beats_before, beats_after, "laminar_zone_heartbeat_summaries", n_placed
+        ),
+        "journal_commits_per_job": _per_job(
+            beats_before, beats_after, "laminar_zone_journal_commits", n_placed
+        ),
+        "watch_events_per_job": (
+            sum(o.events for o in outcomes) / spec.jobs if spec.launch else None
         ),
         "router_cpu_seconds_per_placement": router_cpu / n_placed if n_placed else 0.0,
         "router_cpu_seconds_per_placement_net_of_idle": (

@@ -100,10 +100,16 @@ class Journal:
     commits it at the tick's end, with any write not grouped that comes first, and before
     any probe leaves for an agent (a commit on probe's intent). Watchers hear of it once it
     is committed. A router killed before that commit loses only what the journal already
-    recovers from (a job still queued; a committing placement it confirms with the agent)."""
+    recovers from (a job still queued; a committing placement it confirms with the agent).
+
+    ``quiet``: watchers are not told of this write (what it changed is the router's
+    bookkeeping, not a state a watcher acts on: a commit on probe's intent, whose job stays
+    pending and is next told running, or queued). A watcher gets the newest state at each
+    read anyway, never each state a job went through."""
 
     entries: tuple[Entry, ...]
     grouped: bool = False
+    quiet: bool = False
 
 
 @dataclass(frozen=True)
@@ -812,7 +818,8 @@ class ZoneCore:
         if job.state not in TERMINAL_JOB_STATES:
             job.state = zone_pb2.PENDING
             set_reason(job, Reason.PLACING, "probing with commit")
-        return placement, [Journal((entry,), grouped=True)]  # committed before the probe leaves
+        # Committed before the probe leaves; watchers hear of the answer (running, queued).
+        return placement, [Journal((entry,), grouped=True, quiet=True)]
 
     def probe_bounced(self, entry: Entry, placement: zone_pb2.Placement) -> None:
         """The host bounced the probe that carried the commit: it surely did not start."""

@@ -100,6 +100,7 @@ class ZoneState:
         self.zone_name = config.server.zone_name
         self.store = store
         self.metrics = metrics
+        store.on_commit = metrics.journal_commits.inc
         #: Append-only audit log (the server sets it; None in embedded use).
         self.audit: AuditLog | None = None
         self.rng = rng or random.Random()
@@ -251,9 +252,9 @@ class ZoneState:
     def _carry_out(self, instruction: Instruction) -> None:
         """The instructions carried out at once, alike from synchronous code and tasks."""
         match instruction:
-            case Journal(entries, grouped):
+            case Journal(entries, grouped, quiet):
                 if entries:
-                    self.save_many(entries, grouped=grouped)
+                    self.save_many(entries, grouped=grouped, quiet=quiet)
             case Publish(entry):
                 self.persistence.publish(entry)
             case Wake(Loop.QUEUE):

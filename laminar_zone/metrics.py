@@ -80,6 +80,12 @@ class ZoneMetrics:
             "Agent heartbeats that carried the full summary (the others only refreshed liveness)",
             registry=r,
         )
+        self.journal_commits = Counter(
+            "laminar_zone_journal_commits_total",
+            "Commits of the router's journal that wrote jobs or usage rows (a group commit "
+            "counts once)",
+            registry=r,
+        )
         self.retries = Counter(
             "laminar_zone_job_retries_total", "Job attempts started after a failure", registry=r
         )

@@ -46,6 +46,8 @@ class Persistence:
         self._gauges_at = -math.inf
         #: Grouped writes waiting for the tick's commit, by job id (see :meth:`save_many`).
         self._grouped: dict[str, Entry] = {}
+        #: Those of them whose watchers are not told (every write of the job so far quiet).
+        self._quiet: set[str] = set()
         #: New jobs' records waiting for it (:meth:`journal_new`), by job id, and by
         #: (tenant, client_request_id) for Submit's idempotency lookup.
         self._new: dict[str, zone_pb2.Job] = {}
@@ -56,19 +58,28 @@ class Persistence:
         #: The target workload's count of observations last journaled (sweep).
         self._workload_saved = 0
 
-    def save_many(self, entries: Sequence[Entry], *, grouped: bool = False) -> None:
+    def save_many(
+        self, entries: Sequence[Entry], *, grouped: bool = False, quiet: bool = False
+    ) -> None:
         """Journal jobs in one write (usage rows first), then tell their watchers.
 
         ``grouped`` (group commit, :class:`~laminar_zone.core.Journal`): the jobs are
         written with the other grouped writes of this loop tick, in one commit at its end
         (:meth:`flush`); a write not grouped commits those waiting with its own, so the
-        journal never holds a job older than one written after it."""
+        journal never holds a job older than one written after it. ``quiet``: their
+        watchers are not told (unless a write of the same job in the same commit is not
+        quiet)."""
         if grouped:
             for entry in entries:
-                self._grouped[entry.job.job_id] = entry
+                job_id = entry.job.job_id
+                if quiet and (job_id not in self._grouped or job_id in self._quiet):
+                    self._quiet.add(job_id)
+                elif not quiet:
+                    self._quiet.discard(job_id)
+                self._grouped[job_id] = entry
             self._flush_soon()
             return
-        self._commit(entries)
+        self._commit(entries, quiet)
 
     def journal_new(self, jobs: Sequence[zone_pb2.Job]) -> asyncio.Future[None]:
         """Journal new jobs (Submit) in this tick's group commit; the future resolves once
@@ -107,34 +118,45 @@ class Persistence:
             return
         self._flush_handle = loop.call_soon(self.flush)
 
-    def _commit(self, entries: Sequence[Entry]) -> None:
-        """Write ``entries`` with everything waiting for the group commit, in one commit."""
+    def _commit(self, entries: Sequence[Entry], quiet: bool = False) -> None:
+        """Write ``entries`` (``quiet``: told to no watcher) with everything waiting for the
+        group commit, in one commit."""
         if self._flush_handle is not None:
             self._flush_handle.cancel()  # a no-op when it is the one running
             self._flush_handle = None
         waiting, new, done = list(self._grouped.values()), list(self._new.values()), self._committed
+        ids = {e.job.job_id for e in entries}
+        untold = self._quiet | ids if quiet else self._quiet - ids
         self._grouped.clear()
+        self._quiet = set()
         self._new.clear()
         self._new_requests.clear()
         self._committed = None
-        ids = {e.job.job_id for e in entries}
         entries = [*(e for e in waiting if e.job.job_id not in ids), *entries]
         try:
             if entries or new:
-                self._write(entries, new)
+                self._write(entries, new, untold)
         except Exception as exc:
             # Written by the next commit, but for jobs whose Submit fails now (dropped).
             failed = {job.job_id for job in new}
             for entry in waiting:
-                if entry.job.job_id not in failed:
-                    self._grouped.setdefault(entry.job.job_id, entry)
+                job_id = entry.job.job_id
+                if job_id not in failed and job_id not in self._grouped:
+                    self._grouped[job_id] = entry
+                    if job_id in untold:
+                        self._quiet.add(job_id)
             if done is not None and not done.done():
                 done.set_exception(exc)
             raise
         if done is not None and not done.done():
             done.set_result(None)
 
-    def _write(self, entries: Sequence[Entry], new: Sequence[zone_pb2.Job] = ()) -> None:
+    def _write(
+        self,
+        entries: Sequence[Entry],
+        new: Sequence[zone_pb2.Job] = (),
+        untold: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         state = self.state
         jobs = [e.job for e in entries]
         ids = {job.job_id for job in jobs}
@@ -143,7 +165,8 @@ class Persistence:
             state.store.put_many([*jobs, *(job for job in new if job.job_id not in ids)])
         state.usage_ledger.written(usage)
         for entry in entries:
-            self.publish(entry)
+            if entry.job.job_id not in untold:
+                self.publish(entry)
             state.forget_if_done(entry)
 
     def publish(self, entry: Entry) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from laminar_agent.journal import Checkpointer, connect_private
@@ -44,6 +44,8 @@ class JobStore:
         # router's event loop (up to 8.5 ms each under load, strace of the router's thread).
         Checkpointer.defer(self._db)
         self.checkpointer = Checkpointer(path)
+        #: Called after each commit of :meth:`transaction` (the router counts them).
+        self.on_commit: Callable[[], None] | None = None
         self._db.executescript(SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
         if "settling" not in columns:  # a journal from before the column
@@ -173,7 +175,7 @@ class JobStore:
     def transaction(self) -> _Tx:
         """One transaction around what the block writes (the usage rows and the jobs of
         one save commit together); inside another, it joins that one."""
-        return _Tx(self._db, self.checkpointer)
+        return _Tx(self._db, self.checkpointer, self.on_commit)
 
     def iter_all(self) -> Iterator[zone_pb2.Job]:
         for row in self._db.execute("SELECT body FROM jobs ORDER BY submitted_unix"):
@@ -181,9 +183,15 @@ class JobStore:
 
 
 class _Tx:
-    def __init__(self, db: sqlite3.Connection, checkpointer: Checkpointer) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        checkpointer: Checkpointer,
+        on_commit: Callable[[], None] | None = None,
+    ) -> None:
         self.db = db
         self.checkpointer = checkpointer
+        self.on_commit = on_commit
         self.outer = False
 
     def __enter__(self) -> None:
@@ -196,6 +204,8 @@ class _Tx:
             self.db.execute("ROLLBACK" if exc_type else "COMMIT")
             if not exc_type:
                 self.checkpointer.committed()
+                if self.on_commit is not None:
+                    self.on_commit()
 
 
 def _settling(job: zone_pb2.Job) -> bool:

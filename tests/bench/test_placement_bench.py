@@ -35,6 +35,8 @@ REQUIRED = (
     "health_p50_ms",
     "latency_p50_to_health_p50_ratio",
     "environment",
+    "journal_commits_per_job",
+    "watch_events_per_job",
 )
 
 
@@ -96,6 +98,12 @@ def test_smoke_report_fields_and_clean_exit(
     if launch:
         assert report["final_states"] == {"JOB_SUCCEEDED": 10}
         assert report["watch"] == (watch or "together")
+        # Each stream carries at least the job as accepted and as ended.
+        assert report["watch_events_per_job"] >= 2
+        # Every job is journaled (grouped commits may share jobs).
+        assert report["journal_commits_per_job"] > 0
+    else:
+        assert report["watch_events_per_job"] is None
     assert report["zone_calls_per_job"] == (2 if watch == "separately" else 1)
     assert daemons_under(tmp_path) == []
 

@@ -6,6 +6,7 @@ only once it is committed, and a slow watcher gets the newest state, terminal in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sqlite3
 from collections.abc import AsyncIterator
@@ -139,10 +140,10 @@ class JournalReadingAgent(FakeAgent):
         return await super().ProbeBatch(request, timeout)
 
 
-async def test_a_commit_on_probe_is_journaled_before_its_probe_leaves(tmp_path: Path) -> None:
-    """A burst of jobs placed with commit on probe (d = 1): every probe that may start a job
-    finds the job's placement journaled as committing, so a router killed then confirms it
-    with the agent; the intents of one tick share commits, and every job ends running."""
+@contextlib.asynccontextmanager
+async def _zone_with_agent(tmp_path: Path) -> AsyncIterator[tuple[ZoneState, JournalReadingAgent]]:
+    """A router with one agent that reads the journal as each commit-carrying probe arrives,
+    known to the router through its heartbeat."""
     agent = JournalReadingAgent("a0", 8)
     store = JobStore(tmp_path / "zone.db")
     agent.store = store
@@ -158,6 +159,18 @@ async def test_a_commit_on_probe_is_journaled_before_its_probe_leaves(tmp_path: 
         membership = Membership(zone)
         request = agent.heartbeat()
         agent.heard(membership.on_heartbeat(request), request.has_live_subjob_ids)
+        yield zone, agent
+    finally:
+        await zone.close()
+        store.close()
+
+
+async def test_a_commit_on_probe_is_journaled_before_its_probe_leaves(tmp_path: Path) -> None:
+    """A burst of jobs placed with commit on probe (d = 1): every probe that may start a job
+    finds the job's placement journaled as committing, so a router killed then confirms it
+    with the agent; the intents of one tick share commits, and every job ends running."""
+    async with _zone_with_agent(tmp_path) as (zone, agent):
+        store = zone.store
         commits = Commits(store)
         spec = zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1))
         jobs = await zone.submit_many([(spec, f"r{i}") for i in range(6)])
@@ -178,9 +191,6 @@ async def test_a_commit_on_probe_is_journaled_before_its_probe_leaves(tmp_path: 
             assert stored is not None and stored.state == zone_pb2.JOB_RUNNING
         # Without grouping: one commit per intent and one per running job (12).
         assert commits.count < 2 * len(jobs), commits.count
-    finally:
-        await zone.close()
-        store.close()
 
 
 def _job(state: int, reason: str = "") -> zone_pb2.Job:
@@ -337,3 +347,45 @@ async def test_a_failed_group_commit_fails_its_submits_and_keeps_none_of_their_j
     monkeypatch.undo()
     job = await zone.submit(_spec(), "r1")  # the journal works again: accepted anew
     assert zone.store.get(job.job_id) is not None
+
+
+async def test_watchers_are_not_told_of_a_commit_on_probe_intent(tmp_path: Path) -> None:
+    """The intent journaled before a probe that carries the commit is the router's
+    bookkeeping: a watcher of the job is next told it runs (one stream message fewer per
+    followed job), while the journal still holds the intent before the probe leaves."""
+    async with _zone_with_agent(tmp_path) as (zone, agent):
+        entry = _entry(zone, "j-w", state=zone_pb2.PENDING)
+        watcher: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
+        entry.watchers.append(watcher)
+        assert await zone.tries.place(entry)
+        await _next_tick()  # the running job's write is grouped: told once committed
+        told = [watcher.get_nowait() for _ in range(watcher.qsize())]
+        assert [job.state for job in told] == [zone_pb2.JOB_RUNNING]
+        (journaled,) = agent.journaled  # the intent, committed before its probe left
+        assert journaled is not None and journaled.placements[0].state == common_pb2.STARTING
+
+
+async def test_a_quiet_write_merged_with_a_told_one_in_the_same_commit_is_told(
+    zone: ZoneState,
+) -> None:
+    a, b = _entry(zone, "j-a"), _entry(zone, "j-b")
+    told_a: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
+    told_b: asyncio.Queue[zone_pb2.Job] = asyncio.Queue()
+    a.watchers.append(told_a)
+    b.watchers.append(told_b)
+    zone._do([Journal((a,), grouped=True, quiet=True), Journal((b,), grouped=True, quiet=True)])
+    zone._do([Journal((a,), grouped=True)])  # a change a watcher acts on, same tick
+    zone._do([Journal((b,), quiet=True)])  # not grouped: commits both now
+    assert zone.store.get("j-a") is not None and zone.store.get("j-b") is not None
+    assert told_a.qsize() == 1 and told_b.empty()
+    await _next_tick()
+    assert told_a.qsize() == 1 and told_b.empty()
+
+
+async def test_the_journal_commits_are_counted(zone: ZoneState) -> None:
+    a, b = _entry(zone, "j-a"), _entry(zone, "j-b")
+    zone._do([Journal((a,), grouped=True), Journal((b,), grouped=True)])
+    await _next_tick()
+    zone._do([Journal((a,))])
+    sample = zone.metrics.registry.get_sample_value("laminar_zone_journal_commits_total")
+    assert sample == 2  # one group commit for both, one write of its own
