@@ -76,11 +76,15 @@ def cause_from_token(token: str) -> EndCause:
 #: are free on both paths; superseded and cancelled ends were free only for atomized jobs.
 #: A rigid job never decides on those two (a superseded copy belongs to an attempt that
 #: moved on, a cancelled job has ended), so one list serves both without changing either.
+#: A gang's rollback (``COMMIT_FAILED``) ends an attempt, rigid or atomized, so no job
+#: decides on it either; it is listed so that its member that never started (``FAILED``)
+#: costs an atomized job nothing, as the rollback's started member (``KILLED``) never did.
 FREE_RETRY_CAUSES = frozenset(
     {
         EndCause.PREEMPTED,
         EndCause.READDRESSED,
         EndCause.COMMIT_UNCONFIRMED,
+        EndCause.COMMIT_FAILED,
         EndCause.SUPERSEDED,
         EndCause.CANCELLED,
         EndCause.GPU_FAILED,

@@ -103,12 +103,6 @@ class Zone(Protocol):
     blocked_starts: dict[str, tuple[int, float]]
     heartbeat_seconds: float
 
-    @property
-    def unconfirmed(self) -> dict[str, set[str]]:
-        """Agent id -> jobs with a commit of unknown outcome there (asked at its next
-        heartbeat: laminar_zone.trying.confirm_steps)."""
-        ...
-
     def apply_start_reply(
         self, placement: zone_pb2.Placement, subjob: common_pb2.Subjob
     ) -> bool: ...
@@ -123,6 +117,16 @@ class Zone(Protocol):
     async def terminate(
         self, placement: zone_pb2.Placement, reason: str, cause: EndCause
     ) -> None: ...
+    async def roll_back_piece(
+        self,
+        entry: Entry,
+        members: list[zone_pb2.Placement],
+        unanswered: set[str],
+        why: str,
+    ) -> None:
+        """A gang's piece did not start on every member: carry out the core's rollback
+        (laminar_zone.core.ZoneCore.piece_rolled_back)."""
+        ...
     async def one_pass(self) -> None: ...
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]: ...
 
@@ -1166,7 +1170,13 @@ class Atomizer:
                 "waiting for the next",
             )
         elif size > 1:
-            await self._roll_back(entry, members, outcomes, unanswered)
+            # Nothing of the piece runs: the router's core decides each member's fate
+            # (ZoneCore.roll_back, as for a rigid gang) and the zone carries it out. Its
+            # members are stopped by that rollback alone, never again by their window's
+            # end or a sibling's (enforce_windows, _stop_siblings).
+            self._overrunning.update(p.subjob_id for p, _, _ in members)
+            why = "; ".join(o for o in outcomes if o)
+            await self.zone.roll_back_piece(entry, [p for p, _, _ in members], unanswered, why)
         self.zone.evaluate(entry)
         self.zone.save(entry)
         return started
@@ -1185,9 +1195,10 @@ class Atomizer:
         (commit-if-fits). Returns "" when it started, else why not; one that bounced is left
         ``COMMITTING`` for the caller. A single piece whose commit went unanswered is
         recorded ended (``COMMIT_UNCONFIRMED``); a gang's member so is left live and
-        ``COMMITTING`` (added to ``unanswered``): a commit of unknown outcome, which its
-        agent is asked about at its next heartbeat (``ZoneCore.confirmed``), so the job does
-        not bid again while it may run beside a new piece."""
+        ``COMMITTING`` (added to ``unanswered``): a commit of unknown outcome, which the
+        piece's rollback asks its agent about at its next heartbeat (``ZoneCore.roll_back``,
+        ``ZoneCore.confirmed``), so the job does not bid again while it may run beside a
+        new piece."""
         job = entry.job
         # The agent keeps LAMINAR_* for itself: a member learns its place as torch.distributed
         # does (RANK of WORLD_SIZE).
@@ -1217,7 +1228,6 @@ class Atomizer:
             why = f"commit unconfirmed: {exc.code().name}: {exc.details()}"
             if size > 1:
                 unanswered.add(placement.subjob_id)
-                self.zone.unconfirmed.setdefault(placement.agent_id, set()).add(job.job_id)
                 return why
             placement.state = common_pb2.FAILED
             placement.end_cause = EndCause.COMMIT_UNCONFIRMED.wire
@@ -1229,58 +1239,6 @@ class Atomizer:
             return f"{w.agent_id}/{w.slice_id} bounced: {reply.bounce.reason or 'no room'}"
         self.zone.apply_start_reply(placement, reply.subjob)
         return ""
-
-    async def _roll_back(
-        self,
-        entry: Entry,
-        members: list[tuple[zone_pb2.Placement, common_pb2.Window, str]],
-        outcomes: list[str],
-        unanswered: set[str],
-    ) -> None:
-        """A gang's piece did not start on every member: nothing of it runs. A member that
-        started is stopped (``COMMIT_FAILED``: free, its profile left alone; the job is not
-        placed again before its end is reported, so no member runs twice), one whose commit
-        went unanswered is asked to stop too (it may have started) and stays live until its
-        agent confirms it or reports its end, one that bounced is recorded as never
-        started. The job bids again once they all ended (:meth:`evaluate`)."""
-        job = entry.job
-        why = "; ".join(o for o in outcomes if o)
-        log.warning(
-            "job %s: gang piece did not start on every member (%s); rolling back %d member(s)",
-            job.job_id,
-            why,
-            len(members),
-        )
-        stops: list[zone_pb2.Placement] = []
-        for p, _, _ in members:
-            bounced = p.reason == COMMITTING and p.subjob_id not in unanswered
-            if p.state in LIVE and bounced:  # it never ran
-                p.state = common_pb2.KILLED
-                p.end_cause = EndCause.COMMIT_FAILED.wire
-                p.reason = f"gang rollback: never started ({why})"
-                p.ended_unix = time.time()
-            elif p.subjob_id not in self._overrunning:
-                stops.append(p)
-                self._overrunning.add(p.subjob_id)
-        # Not QUEUED: the job bids again once every stopped member's end is known
-        # (evaluate); one whose commit is unconfirmed keeps it from bidding meanwhile.
-        job.state = zone_pb2.PENDING
-        set_reason(
-            job,
-            Reason.PLACING,
-            f"gang rollback: {why}; stopping {len(stops)} member(s), then bidding again",
-        )
-        self.zone.save(entry)
-        await asyncio.gather(
-            *(
-                self.zone.terminate(
-                    p,
-                    f"gang rollback: another member did not start ({why})",
-                    EndCause.COMMIT_FAILED,
-                )
-                for p in stops
-            )
-        )
 
     async def enforce_windows(self) -> None:
         """Stop subjobs still running past their window's end (plus grace): they resume

@@ -541,8 +541,11 @@ class ZoneCore:
             # is retired now, not left running until its own end.
             instructions += self.finish_moves(entry, entry.current())
             self.watch_time_limit(entry)
+        # An atomized job bids only once every piece has ended, a rolled-back one's (an
+        # earlier attempt) too; a rigid job's try waits for old copies itself (old_copy).
+        counted = job.placements if atomized else entry.current()
         if job.state == zone_pb2.PENDING and not any(
-            p.state in LIVE_SUBJOB_STATES for p in entry.current()
+            p.state in LIVE_SUBJOB_STATES for p in counted
         ):
             if job.forwarded_to.startswith("pending:"):
                 instructions.append(ResumeForward(entry))
@@ -881,10 +884,8 @@ class ZoneCore:
         self, entry: Entry, answers: Sequence[Failure | None], now_unix: float
     ) -> tuple[bool, list[Instruction]]:
         """Every member's Commit was answered (``None``: taken; the driver recorded the
-        reply) or failed. One failure rolls the gang back: a member that started is
-        stopped (the job is not placed again before its end is reported), one whose
-        commit went unanswered is confirmed with its agent, the others failed to commit.
-        A spec the agent refused fails the job. Returns whether the job runs."""
+        reply) or failed. One failure rolls the gang back (:meth:`roll_back`) and the job
+        retries; a spec the agent refused fails it. Returns whether the job runs."""
         job = entry.job
         failures = [a for a in answers if a is not None]
         if not failures:
@@ -898,30 +899,7 @@ class ZoneCore:
             for member, answer in enumerate(answers)
             if answer is not None and answer.unknown
         }
-        instructions: list[Instruction] = []
-        for p in current:
-            if p.state not in LIVE_SUBJOB_STATES:
-                continue
-            if p.reason != COMMITTING:
-                # Started: stop it. Its record stays live until the agent reports the end,
-                # and the job is not placed again before that (nothing runs twice).
-                instructions.append(
-                    Terminate(
-                        p,
-                        f"gang rollback: another member failed to commit ({why})",
-                        EndCause.COMMIT_FAILED,
-                    )
-                )
-            elif p.subjob_id in unknown:
-                # No answer: the agent may have started it. Ask it (at its next heartbeat)
-                # before placing the job again; a silent agent is declared lost in time.
-                instructions.append(self._confirm(p.agent_id, job.job_id))
-            else:
-                p.state = common_pb2.FAILED
-                p.end_cause = EndCause.COMMIT_FAILED.wire
-                p.reason = f"commit failed: {why}"
-                p.ended_unix = now_unix
-        job.attempts += 1
+        instructions = self.roll_back(entry, current, unknown, why, now_unix)
         set_reason(job, Reason.RETRYING, f"commit failed: {why}")
         if any(f.refused_input for f in failures):
             # The agent refused the spec itself (a workdir or command it cannot use). Hosts
@@ -936,6 +914,91 @@ class ZoneCore:
             )
         instructions.append(Journal((entry,)))
         return False, instructions
+
+    def piece_rolled_back(
+        self,
+        entry: Entry,
+        members: Sequence[zone_pb2.Placement],
+        unanswered: Container[str],
+        why: str,
+        now_unix: float,
+    ) -> list[Instruction]:
+        """An atomized gang's piece did not start on every member (one bounced, or its
+        commit went unanswered): its members are rolled back as a rigid gang's are
+        (:meth:`roll_back`), and the job bids again once every one of them has ended (the
+        atomizer's evaluate: a live member holds it out of the market)."""
+        job = entry.job
+        log.warning(
+            "job %s: gang piece did not start on every member (%s); rolling back %d member(s)",
+            job.job_id,
+            why,
+            len(members),
+        )
+        instructions = self.roll_back(entry, members, unanswered, why, now_unix)
+        stops = sum(isinstance(i, Terminate) for i in instructions)
+        asks = sum(isinstance(i, Confirm) for i in instructions)
+        job.state = zone_pb2.PENDING
+        set_reason(
+            job,
+            Reason.PLACING,
+            f"gang rollback: {why}; stopping {stops} member(s), asking {asks} agent(s) "
+            "whether they started theirs, then bidding again",
+        )
+        # Journaled before any stop leaves: a restart finds the attempt ended.
+        return [Journal((entry,)), *instructions]
+
+    def roll_back(
+        self,
+        entry: Entry,
+        members: Sequence[zone_pb2.Placement],
+        unanswered: Container[str],
+        why: str,
+        now_unix: float,
+    ) -> list[Instruction]:
+        """A gang's commit failed on a member (``why``): nothing of this attempt runs, for
+        a rigid gang and an atomized gang's piece alike. Each live member is
+
+        - started: stopped (``COMMIT_FAILED``, free). Its record stays live until its agent
+          reports the end, and the job is not placed again before that;
+        - of unknown outcome (its subjob id in ``unanswered``: the commit's reply was lost,
+          the agent may have started it): confirmed with its agent at its next heartbeat,
+          not stopped blindly. A stop sent now could reach the agent before the commit
+          does, be answered "no such subjob" (nothing owed) and be lost, and the agent is
+          the one that just did not answer. The record stays live, holding the job out
+          of placement, until the agent says; if it started, it is stopped then
+          (:meth:`confirmed`: the job moved on), owed until the agent takes the stop; if
+          the commit lands after the agent said no, its heartbeat's list of live subjobs
+          stops it (:meth:`reconcile`);
+        - refused (bounced, busy, bad input): it never started, and ends now
+          (``FAILED``, ``COMMIT_FAILED``).
+
+        The attempt ends (``attempts`` + 1), so the router counts on none of its members
+        whatever an agent reports later (:func:`~laminar_zone.lifecycle.judge_report`)."""
+        job = entry.job
+        gang = len(members) > 1
+        instructions: list[Instruction] = []
+        for p in members:
+            if p.state not in LIVE_SUBJOB_STATES:
+                continue
+            if p.reason != COMMITTING:
+                instructions.append(
+                    Terminate(
+                        p,
+                        f"gang rollback: another member failed to commit ({why})",
+                        EndCause.COMMIT_FAILED,
+                    )
+                )
+            elif p.subjob_id in unanswered:
+                instructions.append(self._confirm(p.agent_id, job.job_id))
+            else:
+                p.state = common_pb2.FAILED
+                p.end_cause = EndCause.COMMIT_FAILED.wire
+                p.reason = (
+                    f"gang rollback: never started ({why})" if gang else f"commit failed: {why}"
+                )
+                p.ended_unix = now_unix
+        job.attempts += 1
+        return instructions
 
     def probe_committed(
         self,

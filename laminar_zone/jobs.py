@@ -308,6 +308,17 @@ class ZoneState:
         """The copy ``new`` runs: the one it moved away from ends (a free retry's cause)."""
         await self._run(self.core.retire(entry, old, new, time.time()))
 
+    async def roll_back_piece(
+        self,
+        entry: Entry,
+        members: list[zone_pb2.Placement],
+        unanswered: set[str],
+        why: str,
+    ) -> None:
+        """An atomized gang's piece did not start on every member (for the atomizer): the
+        core's rollback, its stops awaited together."""
+        await self._run(self.core.piece_rolled_back(entry, members, unanswered, why, time.time()))
+
     def evaluate(self, entry: Entry) -> None:
         """Derive the job's state from its current attempt's subjobs; retry or finish."""
         self._do(self.core.evaluate(entry, time.time()))

@@ -21,8 +21,10 @@ from laminar_base.causes import EndCause
 from laminar_base.demand import Demand
 from laminar_zone.atomizer import Atomizer
 from laminar_zone.config import ZoneConfig
+from laminar_zone.core import Confirm, Journal, Terminate, ZoneCore
 from laminar_zone.entry import Entry
 from laminar_zone.market import Award, Bid, MarketWindow
+from laminar_zone.view import ZoneView
 
 GIB = 1024**3
 
@@ -63,7 +65,8 @@ class _Agents:
 
 
 class _Zone:
-    """What the Atomizer needs of the router, recording the stops it asks for."""
+    """What the Atomizer needs of the router, recording the stops it asks for; a gang
+    piece's rollback is the router's real core's (ZoneCore.piece_rolled_back)."""
 
     def __init__(self, answers: dict[str, str]) -> None:
         self.config = ZoneConfig()
@@ -77,7 +80,11 @@ class _Zone:
         self.market: Atomizer | None = None
         self.entries: dict[str, Entry] = {}
         self.tasks: list[asyncio.Task[Any]] = []
-        self.unconfirmed: dict[str, set[str]] = {}
+        self.core = ZoneCore(ZoneView(3.0), {}, atoms={"g1"})
+
+    @property
+    def unconfirmed(self) -> dict[str, set[str]]:
+        return self.core.unconfirmed
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -110,6 +117,18 @@ class _Zone:
 
     async def terminate(self, placement: zone_pb2.Placement, reason: str, cause: EndCause) -> None:
         self.stops.append((placement.subjob_id, cause))
+
+    async def roll_back_piece(
+        self, entry: Entry, members: list[zone_pb2.Placement], unanswered: set[str], why: str
+    ) -> None:
+        for instruction in self.core.piece_rolled_back(entry, members, unanswered, why, 1.0):
+            match instruction:
+                case Terminate(placement, reason, cause):
+                    await self.terminate(placement, reason, cause)
+                case Confirm() | Journal():
+                    pass  # asked at the agent's next heartbeat (unconfirmed); journaled
+                case _:
+                    raise AssertionError(instruction)
 
 
 def _gang_job() -> zone_pb2.Job:
@@ -178,16 +197,18 @@ def test_a_member_that_does_not_start_rolls_the_started_one_back(other: str) -> 
     zone, entry, started = _start({"a": "start", "b": other})
     assert not started
     first, second = entry.job.placements
-    # The member that started is stopped; one that may have started is asked to stop too.
-    expected = [(first.subjob_id, EndCause.COMMIT_FAILED)]
+    # The member that started is stopped; one that may have started is confirmed with its
+    # agent (not stopped blindly: ZoneCore.roll_back says why), as for a rigid gang.
     if other == "unanswered":
-        expected.append((second.subjob_id, EndCause.COMMIT_FAILED))
         assert second.state == common_pb2.STARTING  # live until its agent says
+        assert zone.unconfirmed == {"b": {"g1"}}
     else:
-        assert second.state == common_pb2.KILLED
+        assert second.state == common_pb2.FAILED
         assert second.end_cause == common_pb2.END_CAUSE_COMMIT_FAILED
         assert second.reason.startswith("gang rollback: never started")
-    assert zone.stops == expected
+    assert zone.stops == [(first.subjob_id, EndCause.COMMIT_FAILED)]
+    # The rollback ended the attempt: a copy its agent says runs is stopped then.
+    assert entry.job.attempts == first.attempt + 1
     # The started member is live until its agent reports its end: the job is not placed
     # again before (it shows running), and nothing it did costs a retry.
     assert entry.job.state != zone_pb2.QUEUED and entry.job.retries_used == 0

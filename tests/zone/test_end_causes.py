@@ -50,11 +50,13 @@ def test_tokens_round_trip_and_unknown_values_read_as_unspecified() -> None:
 def test_one_list_of_free_ends() -> None:
     """The router's list (preempted, readdressed, commit unconfirmed) and the atomizer's
     (those, superseded, cancelled) became one: the union; a GPU that failed under its work
-    (an Xid, off the bus) is not the job's fault either."""
+    (an Xid, off the bus) is not the job's fault either, nor a gang's rollback (one
+    decision for rigid and atomized gangs: a member that never started is FAILED)."""
     assert {
         EndCause.PREEMPTED,
         EndCause.READDRESSED,
         EndCause.COMMIT_UNCONFIRMED,
+        EndCause.COMMIT_FAILED,
         EndCause.SUPERSEDED,
         EndCause.CANCELLED,
         EndCause.GPU_FAILED,
