@@ -127,6 +127,7 @@ class Zone(Protocol):
         """A gang's piece did not start on every member: carry out the core's rollback
         (laminar_zone.core.ZoneCore.piece_rolled_back)."""
         ...
+
     async def one_pass(self) -> None: ...
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]: ...
 
@@ -1169,11 +1170,12 @@ class Atomizer:
                 f"window on {where} was gone ({'; '.join(o for o in outcomes if o)}); "
                 "waiting for the next",
             )
-        elif size > 1:
-            # Nothing of the piece runs: the router's core decides each member's fate
-            # (ZoneCore.roll_back, as for a rigid gang) and the zone carries it out. Its
-            # members are stopped by that rollback alone, never again by their window's
-            # end or a sibling's (enforce_windows, _stop_siblings).
+        else:
+            # Nothing of the piece runs (a gang member did not start, or a commit went
+            # unanswered): the router's core decides each member's fate (ZoneCore.roll_back,
+            # as for a rigid gang) and the zone carries it out. Its members are stopped by
+            # that rollback alone, never again by their window's end or a sibling's
+            # (enforce_windows, _stop_siblings).
             self._overrunning.update(p.subjob_id for p, _, _ in members)
             why = "; ".join(o for o in outcomes if o)
             await self.zone.roll_back_piece(entry, [p for p, _, _ in members], unanswered, why)
@@ -1193,12 +1195,11 @@ class Atomizer:
     ) -> str:
         """Commit one member of a piece on its window's slice through the agent's probe
         (commit-if-fits). Returns "" when it started, else why not; one that bounced is left
-        ``COMMITTING`` for the caller. A single piece whose commit went unanswered is
-        recorded ended (``COMMIT_UNCONFIRMED``); a gang's member so is left live and
-        ``COMMITTING`` (added to ``unanswered``): a commit of unknown outcome, which the
-        piece's rollback asks its agent about at its next heartbeat (``ZoneCore.roll_back``,
-        ``ZoneCore.confirmed``), so the job does not bid again while it may run beside a
-        new piece."""
+        ``COMMITTING`` for the caller. One whose commit went unanswered, a single piece or
+        a gang's member, is left live and ``COMMITTING`` (added to ``unanswered``): a
+        commit of unknown outcome, which the piece's rollback asks its agent about at its
+        next heartbeat (``ZoneCore.roll_back``, ``ZoneCore.confirmed``), so the job does not
+        bid again while it may run beside a new piece."""
         job = entry.job
         # The agent keeps LAMINAR_* for itself: a member learns its place as torch.distributed
         # does (RANK of WORLD_SIZE).
@@ -1225,15 +1226,8 @@ class Atomizer:
                 timeout=self.zone.config.placement.rpc_timeout_seconds,
             )
         except grpc.aio.AioRpcError as exc:
-            why = f"commit unconfirmed: {exc.code().name}: {exc.details()}"
-            if size > 1:
-                unanswered.add(placement.subjob_id)
-                return why
-            placement.state = common_pb2.FAILED
-            placement.end_cause = EndCause.COMMIT_UNCONFIRMED.wire
-            placement.reason = why
-            placement.ended_unix = time.time()
-            return why
+            unanswered.add(placement.subjob_id)
+            return f"commit unconfirmed: {exc.code().name}: {exc.details()}"
         self.zone.placer.note_summary(reply.summary)
         if not reply.HasField("subjob"):
             return f"{w.agent_id}/{w.slice_id} bounced: {reply.bounce.reason or 'no room'}"

@@ -923,13 +923,15 @@ class ZoneCore:
         why: str,
         now_unix: float,
     ) -> list[Instruction]:
-        """An atomized gang's piece did not start on every member (one bounced, or its
-        commit went unanswered): its members are rolled back as a rigid gang's are
-        (:meth:`roll_back`), and the job bids again once every one of them has ended (the
-        atomizer's evaluate: a live member holds it out of the market)."""
+        """An atomized job's piece did not start on every member (a gang's member bounced,
+        or a commit went unanswered, a single piece's too): its members are rolled back as
+        a rigid gang's are (:meth:`roll_back`), and the job bids again once every one of
+        them has ended (the atomizer's evaluate: a live member holds it out of the market).
+        A single piece's unanswered commit is so confirmed with its agent, never taken as
+        not started: a piece started beside it would run the same units twice."""
         job = entry.job
         log.warning(
-            "job %s: gang piece did not start on every member (%s); rolling back %d member(s)",
+            "job %s: piece did not start on every member (%s); rolling back %d member(s)",
             job.job_id,
             why,
             len(members),
@@ -941,7 +943,8 @@ class ZoneCore:
         set_reason(
             job,
             Reason.PLACING,
-            f"gang rollback: {why}; stopping {stops} member(s), asking {asks} agent(s) "
+            f"{'gang ' if len(members) > 1 else ''}rollback: {why}; stopping {stops} "
+            f"member(s), asking {asks} agent(s) "
             "whether they started theirs, then bidding again",
         )
         # Journaled before any stop leaves: a restart finds the attempt ended.

@@ -131,10 +131,10 @@ class _Zone:
                     raise AssertionError(instruction)
 
 
-def _gang_job() -> zone_pb2.Job:
+def _gang_job(gang_size: int = 2) -> zone_pb2.Job:
     spec = zone_pb2.JobSpec(
         command=["x"],
-        gang_size=2,
+        gang_size=gang_size,
         atomization=common_pb2.AtomizationContract(
             total_units=100,
             seconds_per_unit=[common_pb2.Quantile(q=0.5, value=1.0)],
@@ -149,7 +149,7 @@ def _start(answers: dict[str, str]) -> tuple[_Zone, Entry, bool]:
     zone = _Zone(answers)
     market = Atomizer(cast(Any, zone))
     zone.market = market
-    job = _gang_job()
+    job = _gang_job(len(answers))
     market.admit(job)
     entry = Entry(job=job, need=Demand(gpus=1))
     windows = [
@@ -169,7 +169,9 @@ def _start(answers: dict[str, str]) -> tuple[_Zone, Entry, bool]:
         )
         for w in windows
     }
-    bid = Bid("g1", "", windows[0], 0, 100, 0.99, 100.0, 0.0, pool=tuple(windows), members=2)
+    bid = Bid(
+        "g1", "", windows[0], 0, 100, 0.99, 100.0, 0.0, pool=tuple(windows), members=len(answers)
+    )
     started = asyncio.run(market._materialize(entry, Award(bid, 1.0), by_key))
     return zone, entry, started
 
@@ -226,6 +228,25 @@ def test_a_member_that_does_not_start_rolls_the_started_one_back(other: str) -> 
         zone.evaluate(entry)
     assert entry.job.state == zone_pb2.QUEUED and not zone.finished
     assert entry.job.retries_used == 0
+
+
+def test_a_single_piece_whose_commit_went_unanswered_is_confirmed_before_bidding_again() -> None:
+    """Not a gang: one piece whose commit's answer was lost. Its agent may have started it,
+    so it stays a commit of unknown outcome (as a gang member's would), asked about at the
+    agent's next heartbeat; the job bids again only once the agent says. Taking it as
+    never started let a new piece run the same units beside it until a heartbeat."""
+    zone, entry, started = _start({"a": "unanswered"})
+    assert not started and not zone.stops
+    (piece,) = entry.job.placements
+    assert piece.state == common_pb2.STARTING and zone.unconfirmed == {"a": {"g1"}}
+    assert entry.job.attempts == piece.attempt + 1
+    zone.evaluate(entry)
+    assert entry.job.state != zone_pb2.QUEUED  # held out of the market while it may run
+    # Its agent says it never started it (ZoneCore.confirmed records so): free, bid again.
+    piece.state = common_pb2.FAILED
+    piece.end_cause = common_pb2.END_CAUSE_COMMIT_UNCONFIRMED
+    zone.evaluate(entry)
+    assert entry.job.state == zone_pb2.QUEUED and entry.job.retries_used == 0
 
 
 def test_a_gang_whose_every_member_bounced_leaves_no_subjob_behind() -> None:
