@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # a tree put first on PYTHONPATH wins
     sys.path.append(str(ROOT))
+
+from _report import emit  # noqa: E402  (bench/, the script's own folder)
 
 from laminar_agent.inventory.fake import FakeGpuBackend  # noqa: E402
 from laminar_agent.node import Node  # noqa: E402
@@ -77,11 +78,7 @@ def main() -> None:
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = ap.parse_args()
     result = asyncio.run(measure(args.placements, args.held, args.rounds))
-    if args.output == "json":
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+    emit(result, args.output)
 
 
 if __name__ == "__main__":
