@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import resource
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
+
+from _report import emit  # noqa: E402  (bench/, the script's own folder)
 
 from laminar_agent.cgroups import SubjobCgroups, open_cgroups  # noqa: E402
 from laminar_agent.executor import Executor, ExitInfo, LaunchSpec  # noqa: E402
@@ -112,11 +113,7 @@ def main() -> None:
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = parser.parse_args()
     result = asyncio.run(measure(args.launches, args.concurrency))
-    if args.output == "json":
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+    emit(result, args.output)
 
 
 if __name__ == "__main__":

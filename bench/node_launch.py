@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import resource
 import sys
@@ -26,6 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # a tree put first on PYTHONPATH wins
     sys.path.append(str(ROOT))
+
+from _report import emit  # noqa: E402  (bench/, the script's own folder)
 
 from laminar_agent.cgroups import open_cgroups  # noqa: E402
 from laminar_agent.heartbeat import HeartbeatClient  # noqa: E402
@@ -148,11 +149,7 @@ def main() -> None:
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = parser.parse_args()
     result = asyncio.run(measure(args.launches, args.concurrency))
-    if args.output == "json":
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+    emit(result, args.output)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ class Arbiter:
         #: Probes waiting for their batch to be settled (summaries report it).
         self.pending_probes = 0
         self._pending: list[tuple[ProbeOrder, asyncio.Future[Granted | Bounced]]] = []
-        self._batch_task: asyncio.Task[None] | None = None
+        # The batch collecting now settles when this timer fires (None: none collecting).
+        self._batch_timer: asyncio.TimerHandle | None = None
         self._preempt_lock = asyncio.Lock()
 
     async def settle(self, order: ProbeOrder) -> Granted | Bounced:
@@ -61,22 +62,33 @@ class Arbiter:
         future: asyncio.Future[Granted | Bounced] = asyncio.get_running_loop().create_future()
         self._pending.append((order, future))
         self.pending_probes += 1
-        if self._batch_task is None or self._batch_task.done():
-            self._batch_task = asyncio.create_task(
-                self._run_batch(), name="agent-arbitration-batch"
+        if self._batch_timer is None:  # collect concurrent probes into one batch
+            self._batch_timer = asyncio.get_running_loop().call_later(
+                self.batch_seconds, self._settle_batch
             )
         try:
             return await future
         finally:
             self.pending_probes -= 1
 
-    async def _run_batch(self) -> None:
-        await asyncio.sleep(self.batch_seconds)  # collect concurrent probes into one batch
+    def _settle_batch(self) -> None:
+        """The batch window closed: the core settles what it collected. A timer callback,
+        not a task sleeping through the window: no task, coroutine and sleep per batch.
+        Should the core or the journal raise, each probe of the batch fails with it
+        (rather than waiting for ever)."""
+        self._batch_timer = None
         batch, self._pending = self._pending, []
-        results, instructions = self.core.arbitrate(
-            [order for order, _ in batch], time.monotonic(), time.time()
-        )
-        self.carrier.apply(instructions)
+        try:
+            results, instructions = self.core.arbitrate(
+                [order for order, _ in batch], time.monotonic(), time.time()
+            )
+            self.carrier.apply(instructions)
+        except Exception as exc:
+            log.exception("probe batch of %d not settled", len(batch))
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)

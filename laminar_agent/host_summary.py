@@ -38,6 +38,10 @@ class HostSummaries:
         self.agent_id = agent_id
         self.arbiter = arbiter
         self.max_windows = max_windows
+        # The capacity part of the summary (host figures, each GPU's free share, shapes)
+        # serialized once per ledger state: a probe batch's replies and the release after
+        # a probe would otherwise build the same figures again.
+        self._capacity: tuple[tuple[int, bool], bytes] | None = None
 
     def summary(
         self, *, with_windows: bool = False, pressured: frozenset[str] = frozenset()
@@ -48,35 +52,48 @@ class HostSummaries:
         new work there would only be Airlock's next victim."""
         self.carrier.expire()  # a summary never counts a lease that has already lapsed
         ledger = self.core.ledger
-        summary = common_pb2.AgentSummary(
-            agent_id=self.agent_id,
-            pending_probes=self.arbiter.pending_probes,
-            active_leases=ledger.pending_leases(),
-            draining=self.core.is_draining,
-            pressure=common_pb2.NORMAL,
-            generated_unix=time.time(),
-            total_gpus=len(self.carrier.backend.gpus()),
-        )
-        host = ledger.host_free()
-        summary.cpu_free_milli = host.cpu_free_milli
-        summary.cpu_total_milli = host.cpu_total_milli
-        summary.memory_free_bytes = host.memory_free_bytes
-        summary.memory_total_bytes = host.memory_total_bytes
-        summary.gpu_free_milli.extend(host.gpu_free_milli)
-        for shape in ledger.shapes():
-            summary.shapes.add(
-                shape=shape.shape,
-                free=shape.free,
-                total=shape.total,
-                max_free_milli=shape.max_free_milli,
-                max_free_memory_bytes=shape.max_free_memory_bytes,
-            )
+        summary = common_pb2.AgentSummary()
+        summary.MergeFromString(self._capacity_bytes())
+        summary.agent_id = self.agent_id
+        summary.pending_probes = self.arbiter.pending_probes
+        summary.active_leases = ledger.pending_leases()
+        summary.draining = self.core.is_draining
+        summary.pressure = common_pb2.NORMAL
+        summary.generated_unix = time.time()
+        summary.total_gpus = len(self.carrier.backend.gpus())
         states = list(self.core.live_states.values())
         summary.running_subjobs = states.count("RUNNING") + states.count("STARTING")
         summary.suspended_subjobs = states.count("SUSPENDED")
         if with_windows:
             self._fill_windows(summary, summary.generated_unix, pressured)
         return summary
+
+    def _capacity_bytes(self) -> bytes:
+        """The summary's capacity fields for the ledger's state, serialized (built again
+        only when the state changed)."""
+        ledger = self.core.ledger
+        key = ledger.state_key()
+        if self._capacity is not None and self._capacity[0] == key:
+            return self._capacity[1]
+        host = ledger.host_free()
+        capacity = common_pb2.AgentSummary(
+            cpu_free_milli=host.cpu_free_milli,
+            cpu_total_milli=host.cpu_total_milli,
+            memory_free_bytes=host.memory_free_bytes,
+            memory_total_bytes=host.memory_total_bytes,
+            gpu_free_milli=host.gpu_free_milli,
+        )
+        for shape in ledger.shapes():
+            capacity.shapes.add(
+                shape=shape.shape,
+                free=shape.free,
+                total=shape.total,
+                max_free_milli=shape.max_free_milli,
+                max_free_memory_bytes=shape.max_free_memory_bytes,
+            )
+        data = capacity.SerializeToString()
+        self._capacity = (key, data)
+        return data
 
     def _fill_windows(
         self, summary: common_pb2.AgentSummary, now_unix: float, pressured: frozenset[str]

@@ -76,6 +76,7 @@ itself and never affects the over-commit invariant.
 from __future__ import annotations
 
 import enum
+import heapq
 import itertools
 import math
 import secrets
@@ -355,6 +356,13 @@ class Ledger:
         self._lease_prefix = lease_prefix
         self._lease_ids: Callable[[], str] = lease_ids or (lambda: secrets.token_hex(16))
         self._leases: dict[str, LeaseRecord] = {}
+        # Uncommitted leases among them (every summary reports the count).
+        self._pending = 0
+        # (expires_at, lease_id) of every lease granted uncommitted, soonest first: expire()
+        # pops the lapsed ones instead of scanning every lease at each probe batch and
+        # summary. Entries of leases committed or released since stay until their time
+        # comes (bounded by the grants of one TTL) and are skipped then.
+        self._expiries: list[tuple[float, str]] = []
         # Per slice: [committed_milli, leased_milli, committed_memory, leased_memory].
         self._usage: dict[str, list[int]] = {sid: [0, 0, 0, 0] for sid in self.slices}
         # slice_id -> (owner, expires_at) of a preemption reservation.
@@ -391,13 +399,16 @@ class Ledger:
         )
         return (cpu if self.cpu_total_milli else 0, memory if self.memory_total_bytes else 0)
 
-    def _state_key(self) -> tuple[int, bool]:
+    def state_key(self) -> tuple[int, bool]:
+        """Changes with every change of what :meth:`shapes` and :meth:`host_free` report
+        (use, slices, MIG layouts, reservations, the carve setting): equal keys, equal
+        figures."""
         return (self._version, self.mig_carve_busy)
 
     def host_free(self) -> HostCap:
         """The host's free CPU and memory and each GPU's free share, for the summary
         (computed once per ledger state)."""
-        key = self._state_key()
+        key = self.state_key()
         if self._host_memo is None or self._host_memo[0] != key:
             self._host_memo = (key, self._host_free())
         return self._host_memo[1]
@@ -416,7 +427,11 @@ class Ledger:
     def _gpu_free_milli(self) -> tuple[int, ...]:
         """Each GPU's free share in index order: a whole or shared GPU's free milli; a MIG
         on-demand GPU's, all of it while idle, else its unused instances' compute share."""
-        free = {s.gpu_index: max(0, self._free(s)[0]) for s in self._gpus}
+        usage = self._usage
+        free = {
+            s.gpu_index: max(0, s.capacity_milli - usage[s.slice_id][0] - usage[s.slice_id][1])
+            for s in self._gpus
+        }
         if self._on_demand:
             idle = {gpu.gpu_index for gpu in self._idle_on_demand("")}
             held = self._held_gpus() if self.mig_carve_busy else set()
@@ -454,7 +469,7 @@ class Ledger:
         return (u[0], u[1], u[2], u[3])
 
     def pending_leases(self) -> int:
-        return sum(1 for lease in self._leases.values() if not lease.committed)
+        return self._pending
 
     def _used(self, slice_id: str) -> tuple[int, int]:
         u = self._usage[slice_id]
@@ -471,80 +486,91 @@ class Ledger:
     def shapes(self) -> list[ShapeFree]:
         """Free capacity per shape: ``gpu:<model>``, ``mig:<profile>``, ``share:<model>``
         (computed once per ledger state)."""
-        key = self._state_key()
+        key = self.state_key()
         if self._shapes_memo is None or self._shapes_memo[0] != key:
             self._shapes_memo = (key, self._shapes())
         return list(self._shapes_memo[1])
 
     def _shapes(self) -> list[ShapeFree]:
-        groups: dict[str, list[tuple[bool, int, int]]] = {}
-        idle = {gpu.gpu_index for gpu in self._idle_on_demand("")}
-        held = self._held_gpus() if self.mig_carve_busy else set()
-        for gpu in self._on_demand.values():
-            # What a MIG-on-demand GPU could hold: while idle, any profile's full layout
-            # (free), and one whole GPU; while busy, its instances as they are (below).
-            is_idle = gpu.gpu_index in idle
-            full = _full_profile(gpu)
-            groups.setdefault(f"gpu:{gpu.model}", []).append(
-                (is_idle, MILLI_PER_GPU if is_idle else 0, full.memory_bytes if is_idle else 0)
-            )
-            carved = self.mig_carve_busy and not is_idle
-            if is_idle or carved:
-                geometry = gpu.geometry or gpu.model
-                pinned = (
-                    () if is_idle or gpu.gpu_index in held else tuple(self._pinned(gpu.gpu_index))
-                )
-                for name, entry in gpu.table.items():
-                    total = placeable_count(geometry, (), name)  # on the idle GPU
-                    if gpu.gpu_index in held:
-                        count = 0
-                    elif carved:  # what could be carved around the instances in use
-                        count = placeable_count(geometry, pinned, name)
-                    else:
-                        count = total
-                    groups.setdefault(f"mig:{name}", []).extend(
-                        [(True, MILLI_PER_GPU, entry.memory_bytes)] * count
-                        + [(False, 0, 0)] * (total - count)
-                    )
+        # Per shape: [free, total, max free milli, max free memory], each slice (or each
+        # instance a MIG-on-demand GPU could hold) added as one row (ok, milli, memory):
+        # the maxima are over the rows, whose figures are never negative.
+        groups: dict[str, list[int]] = {}
+
+        def add(shape: str, ok: bool, milli: int, memory: int) -> None:
+            g = groups.get(shape)
+            if g is None:
+                groups[shape] = [int(ok), 1, milli, memory]
+                return
+            g[0] += ok
+            g[1] += 1
+            if milli > g[2]:
+                g[2] = milli
+            if memory > g[3]:
+                g[3] = memory
+
+        idle: set[int] = set()
+        if self._on_demand:
+            idle = {gpu.gpu_index for gpu in self._idle_on_demand("")}
+            self._on_demand_shapes(add, idle)
+        usage = self._usage
+        reserved = self._reserved
         for s in self.slices.values():
-            if s.kind is SliceKind.MIG and (
+            kind = s.kind
+            if kind is SliceKind.MIG and (
                 s.gpu_index in idle or (self.mig_carve_busy and s.gpu_index in self._on_demand)
             ):
-                continue  # counted above
-            free_milli, free_memory = self._free(s)
-            unused = self._unused(s)
-            if self._is_held_back(s):  # takes no new work: advertise none
+                continue  # counted with its GPU
+            u = usage[s.slice_id]
+            used_milli, used_memory = u[0] + u[1], u[2] + u[3]
+            free_milli = s.capacity_milli - used_milli
+            free_memory = s.memory_total_bytes - used_memory
+            unused = used_milli == 0 and used_memory == 0
+            if reserved and self._is_held_back(s):  # takes no new work: advertise none
                 free_milli, free_memory, unused = 0, 0, False
-            if s.kind in (SliceKind.WHOLE_GPU, SliceKind.SHARED_GPU):
-                groups.setdefault(f"gpu:{s.gpu_model}", []).append(
-                    (
-                        unused,
-                        s.capacity_milli if unused else 0,
-                        s.memory_total_bytes if unused else 0,
-                    )
-                )
-            if s.kind is SliceKind.MIG:
-                groups.setdefault(f"mig:{s.mig_profile}", []).append(
-                    (
-                        unused,
-                        s.capacity_milli if unused else 0,
-                        s.memory_total_bytes if unused else 0,
-                    )
-                )
-            if s.kind is SliceKind.SHARED_GPU:
-                groups.setdefault(f"share:{s.gpu_model}", []).append(
-                    (free_milli > 0, free_milli, free_memory)
-                )
-        return [
-            ShapeFree(
-                shape=shape,
-                free=sum(1 for ok, _, _ in rows if ok),
-                total=len(rows),
-                max_free_milli=max(m for _, m, _ in rows),
-                max_free_memory_bytes=max(b for _, _, b in rows),
+            whole_milli, whole_memory = (
+                (s.capacity_milli, s.memory_total_bytes) if unused else (0, 0)
             )
-            for shape, rows in sorted(groups.items())
-        ]
+            if kind is SliceKind.MIG:
+                add(f"mig:{s.mig_profile}", unused, whole_milli, whole_memory)
+                continue
+            add(f"gpu:{s.gpu_model}", unused, whole_milli, whole_memory)
+            if kind is SliceKind.SHARED_GPU:
+                add(f"share:{s.gpu_model}", free_milli > 0, free_milli, free_memory)
+        return [ShapeFree(shape, g[0], g[1], g[2], g[3]) for shape, g in sorted(groups.items())]
+
+    def _on_demand_shapes(self, add: Callable[[str, bool, int, int], None], idle: set[int]) -> None:
+        """The rows of the MIG-on-demand GPUs (``idle``: those that hold nothing): while
+        idle, any profile's full layout and one whole GPU; while busy, what could be carved
+        around the instances in use (``mig_carve_busy``), else their instances as they are
+        (added with the other slices)."""
+        held = self._held_gpus() if self.mig_carve_busy else set()
+        for gpu in self._on_demand.values():
+            is_idle = gpu.gpu_index in idle
+            full = _full_profile(gpu)
+            add(
+                f"gpu:{gpu.model}",
+                is_idle,
+                MILLI_PER_GPU if is_idle else 0,
+                full.memory_bytes if is_idle else 0,
+            )
+            carved = self.mig_carve_busy and not is_idle
+            if not (is_idle or carved):
+                continue
+            geometry = gpu.geometry or gpu.model
+            pinned = () if is_idle or gpu.gpu_index in held else tuple(self._pinned(gpu.gpu_index))
+            for name, entry in gpu.table.items():
+                total = placeable_count(geometry, (), name)  # on the idle GPU
+                if gpu.gpu_index in held:
+                    count = 0
+                elif carved:  # what could be carved around the instances in use
+                    count = placeable_count(geometry, pinned, name)
+                else:
+                    count = total
+                for _ in range(count):
+                    add(f"mig:{name}", True, MILLI_PER_GPU, entry.memory_bytes)
+                for _ in range(total - count):
+                    add(f"mig:{name}", False, 0, 0)
 
     def windows(
         self,
@@ -1178,6 +1204,7 @@ class Ledger:
     def _add(self, lease: LeaseRecord, sign: int) -> None:
         self._version += 1
         offset = 0 if lease.committed else 1
+        self._pending += offset * sign
         for a in lease.allocations:
             u = self._usage[a.slice_id]
             u[offset] += sign * a.milli
@@ -1248,6 +1275,7 @@ class Ledger:
         )
         self._leases[lease.lease_id] = lease
         self._add(lease, +1)
+        heapq.heappush(self._expiries, (lease.expires_at, lease.lease_id))
         return Granted(probe.probe_id, lease)
 
     def _fit_admitted(self, probe: ProbeOrder, refusal: Refusal | None) -> _Fit | _NoFit:
@@ -1332,9 +1360,16 @@ class Ledger:
         for sid in [sid for sid, (_, until) in self._reserved.items() if until <= now]:
             del self._reserved[sid]
             self._version += 1
-        lapsed = [
-            lease for lease in self.leases() if not lease.committed and lease.expires_at <= now
-        ]
+        expiries = self._expiries
+        if not expiries or expiries[0][0] > now:
+            return []
+        lapsed: list[LeaseRecord] = []
+        while expiries and expiries[0][0] <= now:
+            _, lease_id = heapq.heappop(expiries)
+            lease = self._leases.get(lease_id)
+            if lease is not None and not lease.committed and lease.expires_at <= now:
+                lapsed.append(lease)
+        lapsed.sort(key=lambda lease: lease.lease_id)
         for lease in lapsed:
             self.release(lease.lease_id)
         return lapsed
@@ -1439,6 +1474,13 @@ class Ledger:
                 raise AssertionError(f"slice {sid}: negative usage {u}")
         if self._host != host:
             raise AssertionError(f"host: counters {self._host} != sum of leases {host}")
+        uncommitted = [lease for lease in self._leases.values() if not lease.committed]
+        if self._pending != len(uncommitted):
+            raise AssertionError(f"{self._pending} leases counted pending, {len(uncommitted)} are")
+        due = set(self._expiries)
+        for lease in uncommitted:
+            if (lease.expires_at, lease.lease_id) not in due:
+                raise AssertionError(f"lease {lease.lease_id}: its expiry is not kept")
         for index, gpu in self._on_demand.items():
             layout = self.on_demand_layout(index)
             if layout and not is_legal(gpu.geometry or gpu.model, layout):

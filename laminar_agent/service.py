@@ -30,10 +30,20 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._state = state
         self._node = state.node
         self._debug_rpcs = debug_rpcs
+        # The hot calls' metric children, looked up once (``labels`` takes a lock and
+        # builds its key at every call).
+        metrics = state.metrics
+        self._seconds = {
+            name: metrics.rpc_seconds.labels(name) for name in ("Probe", "ProbeBatch", "Commit")
+        }
+        self._probes = {
+            outcome: metrics.probes_total.labels(outcome)
+            for outcome in ("lease", "bounce", "fits", "dry_run")
+        }
 
     @map_errors
     async def Probe(self, request: agent_pb2.ProbeRequest, context: Ctx) -> agent_pb2.ProbeReply:
-        with self._state.metrics.rpc_seconds.labels("Probe").time():
+        with self._seconds["Probe"].time():
             reply = await self._node.probe(request, peer_identity(context))
             self._state.fill_summary(reply.summary)
             self._count_probe(reply)
@@ -41,7 +51,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def _count_probe(self, reply: agent_pb2.ProbeReply) -> None:
         outcome = reply.WhichOneof("outcome") or ("fits" if reply.would_fit else "dry_run")
-        self._state.metrics.probes_total.labels(outcome).inc()
+        self._probes[outcome].inc()
 
     @map_errors
     async def ProbeBatch(
@@ -52,7 +62,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 f"has {len(request.probes)} probes, at most {MAX_BATCH}", field="probes"
             )
         caller = peer_identity(context)
-        with self._state.metrics.rpc_seconds.labels("ProbeBatch").time():
+        with self._seconds["ProbeBatch"].time():
             outcomes = await asyncio.gather(
                 *(self._node.probe(p, caller) for p in request.probes), return_exceptions=True
             )
@@ -78,7 +88,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     @map_errors
     async def Commit(self, request: agent_pb2.CommitRequest, context: Ctx) -> common_pb2.Subjob:
-        with self._state.metrics.rpc_seconds.labels("Commit").time():
+        with self._seconds["Commit"].time():
             return await self._node.commit(request.lease_id, request.spec, peer_identity(context))
 
     @map_errors
