@@ -41,6 +41,7 @@ from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2
 from laminar_base.causes import (
     ENDED_SUBJOB_STATES,
     LIVE_SUBJOB_STATES,
+    TERMINAL_JOB_STATES,
     EndCause,
     end_cause,
 )
@@ -61,6 +62,7 @@ from laminar_zone.atoms import (
 )
 from laminar_zone.config import Quota, ZoneConfig
 from laminar_zone.entry import Entry
+from laminar_zone.failures import outcome_unknown
 from laminar_zone.lifecycle import atomized_subjob_id
 from laminar_zone.market import (
     Award,
@@ -1163,13 +1165,14 @@ class Atomizer:
         ):
             # Every window was gone (each member bounced): those subjobs never existed.
             del job.placements[-size:]
-            job.state = zone_pb2.QUEUED
-            set_reason(
-                job,
-                Reason.WINDOW,
-                f"window on {where} was gone ({'; '.join(o for o in outcomes if o)}); "
-                "waiting for the next",
-            )
+            if job.state not in TERMINAL_JOB_STATES:  # not cancelled while they were out
+                job.state = zone_pb2.QUEUED
+                set_reason(
+                    job,
+                    Reason.WINDOW,
+                    f"window on {where} was gone ({'; '.join(o for o in outcomes if o)}); "
+                    "waiting for the next",
+                )
         else:
             # Nothing of the piece runs (a gang member did not start, or a commit went
             # unanswered): the router's core decides each member's fate (ZoneCore.roll_back,
@@ -1226,6 +1229,8 @@ class Atomizer:
                 timeout=self.zone.config.placement.rpc_timeout_seconds,
             )
         except grpc.aio.AioRpcError as exc:
+            if not outcome_unknown(exc):  # the agent refused it: it surely did not start
+                return f"{w.agent_id}/{w.slice_id} refused: {exc.code().name}: {exc.details()}"
             unanswered.add(placement.subjob_id)
             return f"commit unconfirmed: {exc.code().name}: {exc.details()}"
         self.zone.placer.note_summary(reply.summary)

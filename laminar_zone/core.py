@@ -900,6 +900,11 @@ class ZoneCore:
             if answer is not None and answer.unknown
         }
         instructions = self.roll_back(entry, current, unknown, why, now_unix)
+        if job.state in TERMINAL_JOB_STATES:
+            # Cancelled while its commits were out: it stays so (the rollback still stops
+            # or confirms what may run; their ends are reported to an ended job).
+            instructions.append(Journal((entry,)))
+            return False, instructions
         set_reason(job, Reason.RETRYING, f"commit failed: {why}")
         if any(f.refused_input for f in failures):
             # The agent refused the spec itself (a workdir or command it cannot use). Hosts
@@ -939,6 +944,10 @@ class ZoneCore:
         instructions = self.roll_back(entry, members, unanswered, why, now_unix)
         stops = sum(isinstance(i, Terminate) for i in instructions)
         asks = sum(isinstance(i, Confirm) for i in instructions)
+        if job.state in TERMINAL_JOB_STATES:
+            # Cancelled while the piece's commits were out: it stays so, and never bids
+            # again; the rollback still stops or confirms what may run.
+            return [Journal((entry,)), *instructions]
         job.state = zone_pb2.PENDING
         set_reason(
             job,

@@ -126,7 +126,9 @@ class Persistence:
             self._flush_handle = None
         waiting, new, done = list(self._grouped.values()), list(self._new.values()), self._committed
         ids = {e.job.job_id for e in entries}
-        untold = self._quiet | ids if quiet else self._quiet - ids
+        # A quiet write stays untold only where no told write of the same job waits.
+        told_waiting = self._grouped.keys() - self._quiet
+        untold = self._quiet | (ids - told_waiting) if quiet else self._quiet - ids
         self._grouped.clear()
         self._quiet = set()
         self._new.clear()

@@ -9,7 +9,7 @@ cannot make happen on cue.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -30,11 +30,14 @@ GIB = 1024**3
 
 
 class _Agents:
-    """Probe answers per agent address: "start", "bounce" or "unanswered"."""
+    """Probe answers per agent address: "start", "bounce", "refused" (an error status
+    that says the agent did not take it) or "unanswered"."""
 
     def __init__(self, answers: dict[str, str]) -> None:
         self.answers = answers
         self.probes: list[agent_pb2.ProbeRequest] = []
+        #: Called as each probe arrives, before it is answered (a cancel while it is out).
+        self.on_probe: Callable[[], None] = lambda: None
 
     def stub(self, address: str) -> _Agents._Stub:
         return _Agents._Stub(self, address)
@@ -47,6 +50,7 @@ class _Agents:
             self, request: agent_pb2.ProbeRequest, timeout: float
         ) -> agent_pb2.ProbeReply:
             self.agents.probes.append(request)
+            self.agents.on_probe()
             answer = self.agents.answers[self.address]
             if answer == "unanswered":
                 raise grpc.aio.AioRpcError(
@@ -54,6 +58,13 @@ class _Agents:
                     grpc.aio.Metadata(),
                     grpc.aio.Metadata(),
                     "injected: no answer",
+                )
+            if answer == "refused":  # an answer that it did not take the commit
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    "injected: draining",
                 )
             if answer == "bounce":
                 return agent_pb2.ProbeReply(bounce=agent_pb2.Bounce(reason="slice busy"))
@@ -145,13 +156,18 @@ def _gang_job(gang_size: int = 2) -> zone_pb2.Job:
     return zone_pb2.Job(job_id="g1", spec=spec, state=zone_pb2.QUEUED)
 
 
-def _start(answers: dict[str, str]) -> tuple[_Zone, Entry, bool]:
+def _start(
+    answers: dict[str, str], on_probe: Callable[[_Zone, Entry], None] | None = None
+) -> tuple[_Zone, Entry, bool]:
     zone = _Zone(answers)
     market = Atomizer(cast(Any, zone))
     zone.market = market
     job = _gang_job(len(answers))
     market.admit(job)
     entry = Entry(job=job, need=Demand(gpus=1))
+    zone.core.entries[job.job_id] = entry
+    if on_probe is not None:
+        zone.clients.on_probe = lambda: on_probe(zone, entry)
     windows = [
         MarketWindow(agent, "gpu0/3g.40gb@0", 40 * GIB, 1000, 600.0, "mig") for agent in answers
     ]
@@ -247,6 +263,50 @@ def test_a_single_piece_whose_commit_went_unanswered_is_confirmed_before_bidding
     piece.end_cause = common_pb2.END_CAUSE_COMMIT_UNCONFIRMED
     zone.evaluate(entry)
     assert entry.job.state == zone_pb2.QUEUED and entry.job.retries_used == 0
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {"a": "unanswered"},
+        {"a": "bounce"},
+        {"a": "start", "b": "unanswered"},
+        {"a": "start", "b": "bounce"},
+        {"a": "bounce", "b": "bounce"},
+    ],
+)
+def test_a_job_cancelled_while_its_piece_commits_stays_cancelled(answers: dict[str, str]) -> None:
+    """The user cancels while the piece's commits are out and the piece does not start:
+    the rollback stops or confirms what may run, but the job stays cancelled and never
+    bids again (it went back to pending, then queued, and ran)."""
+
+    def cancel(zone: _Zone, entry: Entry) -> None:
+        if entry.job.state != zone_pb2.JOB_CANCELLED:
+            zone.core.cancel(entry.job, "user", 1.0)
+
+    zone, entry, started = _start(answers, cancel)
+    assert not started and entry.job.state == zone_pb2.JOB_CANCELLED
+    # Whatever may run is confirmed, then reported ended: the job is still cancelled.
+    for p in entry.job.placements:
+        if p.state in (common_pb2.STARTING, common_pb2.RUNNING):
+            p.state, p.end_cause = common_pb2.KILLED, common_pb2.END_CAUSE_CANCELLED
+    zone.evaluate(entry)
+    assert entry.job.state == zone_pb2.JOB_CANCELLED
+    assert entry.job.reason.startswith("cancelled"), entry.job.reason
+
+
+def test_a_commit_the_agent_refused_with_an_error_is_not_a_commit_of_unknown_outcome() -> None:
+    """FAILED_PRECONDITION (say, a draining agent) says the agent did not take the commit:
+    the piece never started, as if it bounced. It was taken for an unanswered commit: the
+    job waited for the agent's next heartbeat to confirm what it surely did not run."""
+    zone, entry, started = _start({"a": "refused"})
+    assert not started and not zone.unconfirmed and not zone.stops
+    assert not entry.job.placements and entry.job.state == zone_pb2.QUEUED
+    zone, entry, started = _start({"a": "start", "b": "refused"})
+    first, second = entry.job.placements
+    assert not started and not zone.unconfirmed
+    assert second.state == common_pb2.FAILED and "refused: FAILED_PRECONDITION" in second.reason
+    assert zone.stops == [(first.subjob_id, EndCause.COMMIT_FAILED)]
 
 
 def test_a_gang_whose_every_member_bounced_leaves_no_subjob_behind() -> None:

@@ -414,3 +414,29 @@ def test_an_atomized_job_recovered_mid_rollback_does_not_bid_before_its_members_
     again = ZoneCore(zone.core.view, {}, atoms={"g1"}, lost_after_seconds=10.0)
     again.recovered(copy, True, 0.0)
     assert copy.job.state == zone_pb2.QUEUED
+
+
+def test_a_rigid_gang_cancelled_while_its_commits_are_out_stays_cancelled() -> None:
+    """The user cancels between the commits' sending and their answers, one of which is
+    a refusal of the spec itself: the rollback stops what started, and the job stays
+    cancelled with its reason (it was failed as "refused" over the cancel)."""
+    zone = StandIn(False, "g1", Agents())
+    job = zone_pb2.Job(
+        job_id="g1",
+        spec=zone_pb2.JobSpec(
+            command=["true"], resources=common_pb2.Resources(gpus=1), gang_size=2
+        ),
+        state=zone_pb2.PENDING,
+        attempts=1,
+    )
+    entry = Entry(job=job, need=Demand(gpus=1))
+    zone.core.admit(entry)
+    zone.core.begin_commit(entry, [Member(a, f"addr-{a}", (f"{a}/gpu0",)) for a in AGENTS[:2]])
+    zone.core.cancel(job, "user", NOW)
+    first, _ = entry.current()
+    first.state, first.reason = common_pb2.RUNNING, "running"  # its commit was taken
+    refused = Failure("INVALID_ARGUMENT: bad workdir", unknown=False, refused_input=True)
+    ok, out = zone.core.committed(entry, [None, refused], NOW)
+    assert not ok
+    assert job.state == zone_pb2.JOB_CANCELLED and job.reason.startswith("cancelled"), job.reason
+    assert [i.placement.subjob_id for i in out if isinstance(i, Terminate)] == [first.subjob_id]

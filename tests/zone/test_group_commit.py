@@ -380,6 +380,11 @@ async def test_a_quiet_write_merged_with_a_told_one_in_the_same_commit_is_told(
     assert told_a.qsize() == 1 and told_b.empty()
     await _next_tick()
     assert told_a.qsize() == 1 and told_b.empty()
+    # A told write waiting for the tick, then a quiet write of the same job not grouped
+    # (it commits both at once): the told change still reaches the watcher.
+    zone._do([Journal((a,), grouped=True)])
+    zone._do([Journal((a,), quiet=True)])
+    assert told_a.qsize() == 2
 
 
 async def test_the_journal_commits_are_counted(zone: ZoneState) -> None:
