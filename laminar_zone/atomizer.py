@@ -405,6 +405,10 @@ class Atomizer:
         # checkpoint it did reach): the placements say how far the job really is.
         atom.next_unit = max(atom.next_unit, units_done(job))
         live = [p for p in job.placements if p.state in LIVE]
+        if live and all(p.attempt != job.attempts for p in live):
+            # Only a rolled-back piece's members are live (stopping, or being confirmed):
+            # the job is not running; it stays pending, saying so, until they have ended.
+            return
         done = atom.next_unit
         total = atom.contract.total_units
         state = atom.next_state(bool(live))

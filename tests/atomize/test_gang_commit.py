@@ -228,8 +228,10 @@ def test_a_member_that_does_not_start_rolls_the_started_one_back(other: str) -> 
     # The rollback ended the attempt: a copy its agent says runs is stopped then.
     assert entry.job.attempts == first.attempt + 1
     # The started member is live until its agent reports its end: the job is not placed
-    # again before (it shows running), and nothing it did costs a retry.
-    assert entry.job.state != zone_pb2.QUEUED and entry.job.retries_used == 0
+    # again before, and nothing it did costs a retry. It shows pending, saying why (it
+    # showed running, the piece's members being live).
+    assert entry.job.state == zone_pb2.PENDING and entry.job.retries_used == 0
+    assert "rollback" in entry.job.reason, entry.job.reason
     first.state, first.end_cause = common_pb2.KILLED, common_pb2.END_CAUSE_COMMIT_FAILED
     zone.evaluate(entry)
     if other == "unanswered":
