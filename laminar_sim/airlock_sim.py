@@ -1033,16 +1033,22 @@ class _Run:
         admits are the smallest ones, as a refusal of one is a refusal of every larger),
         kept per agent as agents change (:class:`_AgentEntries`). None: no agent admits
         any waiting job, so no pass can place one."""
-        needs = sorted(
-            ((j, e.need) for j in self.queued if (e := self.core.entries.get(j)) is not None),
-            key=lambda pair: pair[0],
-        )
+        needs = self.waiting_needs()
         if not needs:
             return None
         milli = min(n.gpu_milli for _, n in needs)
         declared = sorted(n.gpu_memory_bytes for _, n in needs)
         admitting, hosts = self.agent_entries.hosts(milli, declared)
-        return (tuple(needs), hosts) if admitting else None
+        return (needs, hosts) if admitting else None
+
+    def waiting_needs(self) -> tuple[tuple[str, Demand], ...]:
+        """The waiting jobs the router's core holds and what each asks, by job id."""
+        return tuple(
+            sorted(
+                ((j, e.need) for j in self.queued if (e := self.core.entries.get(j)) is not None),
+                key=lambda pair: pair[0],
+            )
+        )
 
     def _flat_until(self, gpu: _Gpu, now: float) -> float:
         """Until when :meth:`_used_at` reads ``gpu`` as it does at ``now`` while nothing

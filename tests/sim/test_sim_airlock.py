@@ -436,10 +436,7 @@ def test_pass_signature_counts_the_declarations_the_agent_admits(
 def every_agent_signature(run: Any) -> tuple[object, ...] | None:
     """The skipped pass's signature read from every agent, as it was before the agents'
     entries were kept (``_AgentEntries``): the plain walk they must equal."""
-    needs = sorted(
-        ((j, e.need) for j in run.queued if (e := run.core.entries.get(j)) is not None),
-        key=lambda pair: pair[0],
-    )
+    needs = run.waiting_needs()
     if not needs:
         return None
     milli = min(n.gpu_milli for _, n in needs)
@@ -456,7 +453,7 @@ def every_agent_signature(run: Any) -> tuple[object, ...] | None:
         lo = airlock_sim._admitted(declared, room, agent.core)
         admitting = admitting or lo > 0
         hosts.append((agent.index, usage, lo))
-    return (tuple(needs), tuple(hosts)) if admitting else None
+    return (needs, tuple(hosts)) if admitting else None
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -499,12 +496,12 @@ def test_kept_agent_entries_equal_reading_every_agent(
 
     def checked(run: Any) -> tuple[object, ...] | None:
         kept = signature(run)
-        if any(j in run.core.entries for j in run.queued):  # the agents were read
+        if run.waiting_needs():  # the agents were read
             for agent, reading in zip(run.agents, run.agent_entries.readings, strict=True):
                 if reading is not None:  # a reading kept: Airlock reads the GPU so now
                     assert reading[0] == run._pressure(agent)
         plain = every_agent_signature(run)
-        assert kept == (None if plain is None else (plain[0], plain[1]))
+        assert kept == plain
         compared.append(kept is not None)
         return kept
 
