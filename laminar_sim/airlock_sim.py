@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import heapq
 import math
 import random
 import time
@@ -657,14 +658,17 @@ class _Agent:
 
     def arbitrate(self, orders: list[ProbeOrder], now: float) -> list[Granted | Bounced]:
         """A batch of probes, settled by the agent's core on Airlock's reading of now."""
+        self.run.agent_entries.touch(self.index)
         self.core.note_pressure({SLICE_ID: self.run._pressure(self)})
         return self.core.arbitrate(orders, now, now)[0]
 
     def release(self, lease_id: str) -> None:
+        self.run.agent_entries.touch(self.index)
         self.core.release([lease_id], "")
 
     def commit(self, lease_id: str, subjob_id: str, now: float) -> None:
         """Commit the lease to the subjob, which launches at once (RUNNING)."""
+        self.run.agent_entries.touch(self.index)
         plan = self.run.subs[job_of(subjob_id)].plan
         self.core.commit(
             lease_id,
@@ -696,6 +700,11 @@ class _Driver(CoreDriver):
     stream (a pass run again would draw its random probe sample anew: the only thing that
     could differ)."""
 
+    def note(self, host: CoreHost) -> None:
+        assert isinstance(host, _Agent)
+        host.run.agent_entries.touch(host.index)
+        super().note(host)
+
     def queue_pass(self) -> None:
         owner = self.owner
         assert isinstance(owner, _Run)
@@ -715,6 +724,84 @@ def _admitted(declared: Sequence[int], room: float, core: AgentCore) -> int:
     return min(
         bisect.bisect_right(declared, room), core.admitted_declarations(declared, (SLICE_ID,))
     )
+
+
+#: How far before a reading's end of validity it is read again (float slack on progress).
+_READING_MARGIN_SECONDS = 1e-6
+
+
+class _AgentEntries:
+    """The agents' part of :meth:`_Run.pass_signature`, kept as agents change instead of
+    read from every agent at every wake (on 5,000 GPUs that walk was most of the run).
+
+    Per agent, its entry ``(index, ledger usage, declarations admitted)`` when it has a
+    share free for the smallest waiting one, else None; an entry is read again only when
+    the agent was touched (:meth:`touch`: its GPU, ledger or subjobs changed), when the
+    waiting declarations changed, or when Airlock's reading of its GPU may have moved
+    (memory on a ramp; a flat reading is kept until its next trace sample). The entries
+    are what reading every agent gives (``tests/sim/test_sim_airlock.py`` holds them to
+    that walk at every pass)."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        n = len(run.agents)
+        self.entries: list[tuple[int, tuple[int, int, int, int], int] | None] = [None] * n
+        #: Agents whose entry may have changed since it was read.
+        self.touched: set[int] = set(range(n))
+        #: Airlock's reading of each agent's GPU as last read, and until when it holds.
+        self.readings: list[tuple[GpuPressure, float] | None] = [None] * n
+        #: (until, agent, stamp) of the readings that hold until a time: read again then.
+        self.expiring: list[tuple[float, int, int]] = []
+        self.stamps = [0] * n
+        self.admitting = 0
+        self.key: tuple[int, tuple[int, ...]] | None = None
+
+    def touch(self, index: int) -> None:
+        self.touched.add(index)
+        self.readings[index] = None
+
+    def hosts(self, milli: int, declared: list[int]) -> tuple[bool, tuple[object, ...]]:
+        """(whether any agent admits a waiting declaration, every agent's entry)."""
+        now = self.run.engine.now
+        key = (milli, tuple(declared))
+        if key != self.key:
+            self.key = key
+            self.touched.update(range(len(self.entries)))
+        expiring = self.expiring
+        while expiring and expiring[0][0] <= now + _READING_MARGIN_SECONDS:
+            _, index, stamp = heapq.heappop(expiring)
+            if stamp == self.stamps[index]:
+                self.touch(index)
+        for index in sorted(self.touched):
+            self._read(index, milli, declared, now)
+        self.touched.clear()
+        return self.admitting > 0, tuple(self.entries)
+
+    def _read(self, index: int, milli: int, declared: list[int], now: float) -> None:
+        run = self.run
+        agent = run.agents[index]
+        old = self.entries[index]
+        usage = agent.core.ledger.usage(SLICE_ID)
+        entry = None
+        if MILLI_PER_GPU - usage[0] - usage[1] >= milli:
+            reading = self.readings[index]
+            if reading is None:
+                reading = self._reading(index, now)
+            room = run.total - usage[2] - usage[3]
+            agent.core.note_pressure({SLICE_ID: reading[0]})
+            entry = (index, usage, _admitted(declared, room, agent.core))
+        self.entries[index] = entry
+        self.admitting += (entry is not None and entry[2] > 0) - (old is not None and old[2] > 0)
+
+    def _reading(self, index: int, now: float) -> tuple[GpuPressure, float]:
+        run = self.run
+        gpu = run.gpus[index]
+        reading = (run._pressure(run.agents[index]), run._flat_until(gpu, now))
+        self.readings[index] = reading
+        self.stamps[index] += 1
+        if reading[1] < math.inf:
+            heapq.heappush(self.expiring, (reading[1], index, self.stamps[index]))
+        return reading
 
 
 class _Run:
@@ -746,6 +833,8 @@ class _Run:
         self.gpus = [_Gpu(p.index, spec.poll_seconds) for p in plans]
         #: Each GPU is an agent host: its own AgentCore over a ledger of one shared GPU.
         self.agents = [_Agent(self, gpu, spec.gpu_total_bytes) for gpu in self.gpus]
+        #: The agents' part of the skipped pass's signature, kept as they change.
+        self.agent_entries = _AgentEntries(self)
         #: The zone router's own core over those agents, answered at once (sim replay's
         #: CoreDriver): re-runs, their queue passes and placement tries are its.
         self.driver = _Driver(self.engine, self.agents, self, spec.seed)
@@ -845,6 +934,7 @@ class _Run:
         whose run ended, or a move's copy (the run it moves away from ends now, losing the
         work since its checkpoint). It starts at once from its restart point."""
         assert isinstance(host, _Agent)
+        self.agent_entries.touch(host.index)
         sub = self.subs[job_of(subjob_id)]
         now = self.engine.now
         if not sub.done:  # a move's copy: this run ends here and restarts there
@@ -866,6 +956,8 @@ class _Run:
         """The agent's core ended a subjob. The simulator ended its run already (it
         completed, died or was reclaimed), unless the router stopped it (a copy nothing
         counts on): then this run ends, losing its work since the checkpoint."""
+        assert isinstance(host, _Agent)
+        self.agent_entries.touch(host.index)
         sub = self.subs[job_of(placement.subjob_id)]
         if sub.run_id != placement.subjob_id or sub.done:
             return
@@ -938,28 +1030,46 @@ class _Run:
         sample: the waiting jobs and their needs and, for each agent with a share free,
         its ledger's use and how many of the waiting declarations its core admits
         (``AgentCore.pressure_refusal`` on Airlock's reading now; the declarations it
-        admits are the smallest ones, as a refusal of one is a refusal of every larger).
-        None: no agent admits any waiting job, so no pass can place one."""
-        needs = sorted(
-            ((j, e.need) for j in self.queued if (e := self.core.entries.get(j)) is not None),
-            key=lambda pair: pair[0],
-        )
+        admits are the smallest ones, as a refusal of one is a refusal of every larger),
+        kept per agent as agents change (:class:`_AgentEntries`). None: no agent admits
+        any waiting job, so no pass can place one."""
+        needs = self.waiting_needs()
         if not needs:
             return None
         milli = min(n.gpu_milli for _, n in needs)
         declared = sorted(n.gpu_memory_bytes for _, n in needs)
-        hosts = []
-        admitting = False
-        for agent in self.agents:
-            usage = agent.core.ledger.usage(SLICE_ID)
-            if MILLI_PER_GPU - usage[0] - usage[1] < milli:
+        admitting, hosts = self.agent_entries.hosts(milli, declared)
+        return (needs, hosts) if admitting else None
+
+    def waiting_needs(self) -> tuple[tuple[str, Demand], ...]:
+        """The waiting jobs the router's core holds and what each asks, by job id."""
+        return tuple(
+            sorted(
+                ((j, e.need) for j in self.queued if (e := self.core.entries.get(j)) is not None),
+                key=lambda pair: pair[0],
+            )
+        )
+
+    def _flat_until(self, gpu: _Gpu, now: float) -> float:
+        """Until when :meth:`_used_at` reads ``gpu`` as it does at ``now`` while nothing
+        touches the GPU: ``now`` when a running subjob's memory is on a ramp, else when the
+        first running one reaches its next trace sample (inf: none will)."""
+        until = math.inf
+        dt = now - gpu.last
+        for s in gpu.subs:
+            if not s.is_running():
                 continue
-            room = self.total - usage[2] - usage[3]
-            agent.core.note_pressure({SLICE_ID: self._pressure(agent)})
-            lo = _admitted(declared, room, agent.core)
-            admitting = admitting or lo > 0
-            hosts.append((agent.index, usage, lo))
-        return (tuple(needs), tuple(hosts)) if admitting else None
+            curve, step = s.plan.curve, s.plan.step_seconds
+            run = s.plan.run_seconds
+            p = min(s.progress + dt, run) if dt > 0 else s.progress
+            i = min(int(p // step), len(curve) - 1)
+            if i > 0 and curve[i] != curve[i - 1] and (p - i * step) / s.ramp < 1.0:
+                return now  # on a ramp: it moves
+            edge = (i + 1) * step
+            if i + 1 >= len(curve) or run <= edge:
+                continue  # flat to its end
+            until = min(until, now + (edge - p) - _READING_MARGIN_SECONDS)
+        return until
 
     def _pressure(self, agent: _Agent) -> GpuPressure:
         """Airlock's reading of ``agent``'s GPU now, as its latest poll noted it: the level
@@ -984,6 +1094,7 @@ class _Run:
     # -- bookkeeping ----------------------------------------------------------------------
     def _leave_gpu(self, sub: _Sub, now: float) -> None:
         """This run of ``sub`` leaves its GPU: close its suspension and Airlock's memory of it."""
+        self.agent_entries.touch(sub.gpu)
         since = self.episodes.suspended_since.get(sub.plan.subjob_id)
         if sub.suspended and since is not None:
             sub.suspended_total += now - since
@@ -1034,6 +1145,7 @@ class _Run:
         decides the re-run (a retry: a placement try at once, then the queue)."""
         if sub.done:
             return
+        self.agent_entries.touch(sub.gpu)
         if cause in (END_RECLAIMED, END_OOM):
             self._note_stop(sub)
         if report:  # the agent's last reading of it (the router widens a reclaimed job's)
@@ -1070,6 +1182,7 @@ class _Run:
         self._schedule(gpu)
 
     def _advance(self, gpu: _Gpu, now: float) -> None:
+        self.agent_entries.touch(gpu.index)
         dt = now - gpu.last
         if dt > 0:
             used = self._used(gpu)
@@ -1186,6 +1299,7 @@ class _Run:
 
     def _poll(self, gpu: _Gpu, now: float) -> None:
         self.polls += 1
+        self.agent_entries.touch(gpu.index)
         used = int(self._used(gpu))
         if self.is_ladder:
             self._catch_up(gpu, now)
@@ -1241,6 +1355,7 @@ class _Run:
         if sub is None or sub.done:
             return
         self.actions[action.step] += 1
+        self.agent_entries.touch(sub.gpu)
         since = self.episodes.suspended_since.get(sub.plan.subjob_id)
         if action.step != STEP_RECLAIM:
             self.episodes.applied(action, now)
@@ -1352,6 +1467,7 @@ class _Run:
         )
 
     def _schedule(self, gpu: _Gpu) -> None:
+        self.agent_entries.touch(gpu.index)
         if gpu.handle is not None:
             self.engine.cancel(gpu.handle)
             gpu.handle = None

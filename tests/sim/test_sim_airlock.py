@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_sim_cli import run_cli
 
 from laminar_agent.core import AgentCore, GpuPressure
@@ -429,3 +431,81 @@ def test_pass_signature_counts_the_declarations_the_agent_admits(
         1 for d in declared if d <= room and not core.pressure_refusal(d, (SLICE_ID,))
     )
     assert airlock_sim._admitted([], room, core) == 0
+
+
+def every_agent_signature(run: Any) -> tuple[object, ...] | None:
+    """The skipped pass's signature read from every agent, as it was before the agents'
+    entries were kept (``_AgentEntries``): the plain walk they must equal."""
+    needs = run.waiting_needs()
+    if not needs:
+        return None
+    milli = min(n.gpu_milli for _, n in needs)
+    declared = sorted(n.gpu_memory_bytes for _, n in needs)
+    hosts: list[object] = []
+    admitting = False
+    for agent in run.agents:
+        usage = agent.core.ledger.usage(SLICE_ID)
+        if 1000 - usage[0] - usage[1] < milli:
+            hosts.append(None)
+            continue
+        room = run.total - usage[2] - usage[3]
+        agent.core.note_pressure({SLICE_ID: run._pressure(agent)})
+        lo = airlock_sim._admitted(declared, room, agent.core)
+        admitting = admitting or lo > 0
+        hosts.append((agent.index, usage, lo))
+    return (needs, tuple(hosts)) if admitting else None
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 50),
+    gpus=st.integers(2, 10),
+    members=st.integers(2, 4),
+    stop_frees_share=st.sampled_from([0.0, 0.5, 1.0]),
+    release_share=st.sampled_from([0.0, 0.5]),
+    checkpoint_seconds=st.sampled_from([20.0, 50.0]),
+    ramp_seconds=st.sampled_from([1.0, 5.0]),
+    policy=st.sampled_from(["ladder", "oom-killer"]),
+)
+def test_kept_agent_entries_equal_reading_every_agent(
+    seed: int,
+    gpus: int,
+    members: int,
+    stop_frees_share: float,
+    release_share: float,
+    checkpoint_seconds: float,
+    ramp_seconds: float,
+    policy: str,
+) -> None:
+    """At every queue pass the signature from the kept entries is the one that reading every
+    agent gives (so the same passes are skipped), with its entries read again as agents
+    change and their memory moves."""
+    spec = small_spec(
+        gpus=gpus,
+        seed=seed,
+        window=30,
+        members=members,
+        stop_frees_share=stop_frees_share,
+        release_share=release_share,
+        checkpoint_seconds=checkpoint_seconds,
+        ramp_seconds=ramp_seconds,
+    )
+    plans = build_workload(synthetic_curves(samples=40), spec)
+    compared: list[bool] = []
+    signature = airlock_sim._Run.pass_signature
+
+    def checked(run: Any) -> tuple[object, ...] | None:
+        kept = signature(run)
+        if run.waiting_needs():  # the agents were read
+            for agent, reading in zip(run.agents, run.agent_entries.readings, strict=True):
+                if reading is not None:  # a reading kept: Airlock reads the GPU so now
+                    assert reading[0] == run._pressure(agent)
+        plain = every_agent_signature(run)
+        assert kept == plain
+        compared.append(kept is not None)
+        return kept
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(airlock_sim._Run, "pass_signature", checked)
+        run_policy(spec, plans, policy)
+    assert compared
