@@ -333,6 +333,10 @@ class Atomizer:
         for p in job.placements:  # a restart: replay what was observed, in order
             if p.state in ENDED:
                 self._observe(job, atom, p, replay=True)
+            elif p.attempt != job.attempts:
+                # A rolled-back piece's member, stopped or confirmed by the rollback: never
+                # stopped again by its window's end (which would count a violation).
+                self._overrunning.add(p.subjob_id)
 
     def _pool(self, spec: zone_pb2.JobSpec, phase: int) -> RatioPool | None:
         """The ratio pool of the job's family (tenant, name, phase), if calibration is

@@ -358,3 +358,23 @@ def test_after_a_restart_a_survivor_of_a_broken_gang_piece_is_stopped() -> None:
     asyncio.run(restart())
     assert zone.stops == [(first.subjob_id, EndCause.GANG_STOPPED)]
     assert first.reason.startswith(f"gang member 1 ({second.subjob_id}) ended")
+
+
+def test_after_a_restart_a_rolled_back_member_is_not_stopped_again_at_its_window_end() -> None:
+    """The router restarts while a rolled-back piece's started member is still stopping:
+    the rebuilt market knows it as the rollback's (an earlier attempt's), so its window's
+    end does not stop it once more as an overrun (a violation, a widened profile)."""
+    zone, entry, started = _start({"a": "start", "b": "unanswered"})
+    assert not started
+    first, _ = entry.job.placements
+    assert first.state == common_pb2.RUNNING and first.attempt != entry.job.attempts
+    for p in entry.job.placements:
+        p.window_end_unix = 1.0  # long past
+    zone.entries["g1"] = entry
+    stops_before = list(zone.stops)
+    market = Atomizer(cast(Any, zone))  # a new router process: nothing in memory
+    zone.market = market
+    market.admit(entry.job)
+    asyncio.run(market.enforce_windows())
+    assert zone.stops == stops_before
+    assert market.atoms["g1"].violations == 0
