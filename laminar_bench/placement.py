@@ -574,6 +574,11 @@ class Driver:
         self.run_id = f"bench-{os.getpid()}-{int(time.time())}"
         #: Calls this driver made to the router's Zone service (load-independent per job).
         self.zone_calls = 0
+        #: Placement mode: kept leases to give back, by agent address, sent together at the
+        #: end of the loop tick (one Release per agent per tick, as a two-phase client
+        #: batches them); and the Release calls made.
+        self._to_release: dict[str, list[str]] = {}
+        self.release_calls = 0
 
     def _settle(self, outcome: Outcome) -> None:
         self.settled += 1
@@ -625,15 +630,21 @@ class Driver:
         if leases:
             outcome.placed = True
             outcome.final_state = "leased"
-            by_address: dict[str, list[str]] = {}
+            if not self._to_release:
+                asyncio.get_running_loop().call_soon(self._release_kept)
             for host in leases:
-                by_address.setdefault(host.address, []).append(host.lease.lease_id)
-            for address, ids in by_address.items():
-                self._spawn(self._release(address, ids), f"release-{outcome.index}")
+                self._to_release.setdefault(host.address, []).append(host.lease.lease_id)
         else:
             outcome.final_state = "no lease"
             outcome.error = "; ".join(h.reason for h in reply.hosts)[:500] or "no host fits"
         self._settle(outcome)
+
+    def _release_kept(self) -> None:
+        """The tick's kept leases back to their agents, one Release per agent."""
+        batch, self._to_release = self._to_release, {}
+        for address, ids in batch.items():
+            self.release_calls += 1
+            self._spawn(self._release(address, ids), f"release-{address}")
 
     async def _release(self, address: str, lease_ids: list[str]) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):  # an unreleased lease expires (TTL)
@@ -748,6 +759,7 @@ class Driver:
         return lag
 
     async def close(self) -> None:
+        self._release_kept()  # any the tick has not sent yet
         if self.background:
             await asyncio.gather(*list(self.background), return_exceptions=True)
         for channel in self.agent_channels.values():
@@ -902,6 +914,9 @@ async def _measure(
         "processes_started": n_placed if spec.launch else 0,
         "watch": spec.watch if spec.launch else None,
         "zone_calls_per_job": driver.zone_calls / spec.jobs,
+        # Placement mode: the benchmark's own Release calls to agents per placement (kept
+        # leases given back, batched per agent per loop tick).
+        "release_calls_per_placement": driver.release_calls / max(1, driver.placed),
         "probes_per_placement": probes_pp,
         "bounces_per_placement": bounces_pp,
         "probes_source": probes_source,

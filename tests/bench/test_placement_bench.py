@@ -104,6 +104,8 @@ def test_smoke_report_fields_and_clean_exit(
         assert report["journal_commits_per_job"] > 0
     else:
         assert report["watch_events_per_job"] is None
+        # Every kept lease is given back, at most one Release per agent per loop tick.
+        assert 0 < report["release_calls_per_placement"] <= 1
     assert report["zone_calls_per_job"] == (2 if watch == "separately" else 1)
     assert daemons_under(tmp_path) == []
 
