@@ -562,6 +562,18 @@ class NvmlBackend:
             mig_parents = frozenset(g.uuid for g in self._gpus if g.mig_enabled)
         return devices, mig_parents
 
+    def _instance_gone(self, uuid: str, gpu_uuid: str, failure: NvmlCallFailed) -> bool:
+        """Whether a call on device ``uuid`` failed NOT_FOUND because it is a MIG instance
+        destroyed since the devices were listed (a layout change, ours or anyone's, between
+        the listing and the call): the topology, read again, no longer holds it. That is no
+        fault of its GPU, which was degraded for a poll and refused work after each
+        repartition."""
+        if uuid == gpu_uuid or failure.code != self._nvml.NVML_ERROR_NOT_FOUND:
+            return False
+        self.refresh()
+        with self._lock:
+            return uuid not in self._handles
+
     def memory_used(self) -> dict[str, tuple[int, int]]:
         """Readings of every device of every healthy GPU; a GPU with a failed read is left out."""
         devices, _ = self._devices()
@@ -573,6 +585,8 @@ class NvmlBackend:
             try:
                 memory = self._call("nvmlDeviceGetMemoryInfo", handle)
             except NvmlCallFailed as failure:
+                if self._instance_gone(uuid, gpu_uuid, failure):
+                    continue
                 faults[gpu_uuid] = str(failure)
                 self._note_lost(gpu_uuid, failure)
                 continue
@@ -598,6 +612,8 @@ class NvmlBackend:
             try:
                 processes = self._call("nvmlDeviceGetComputeRunningProcesses", handle)
             except NvmlCallFailed as failure:
+                if self._instance_gone(uuid, gpu_uuid, failure):
+                    continue
                 faults[gpu_uuid] = str(failure)
                 self._note_lost(gpu_uuid, failure)
                 continue

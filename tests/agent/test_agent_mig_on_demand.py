@@ -118,6 +118,7 @@ def test_without_carving_an_idle_gpu_is_repartitioned_and_a_busy_one_never(
         assert logs.data.decode().split() == [big.lease.device_uuids[0]]
         # GPU 1 keeps its new layout: the next 3g.40gb takes one of its instances as is.
         second = _run(stub, "second", "3g.40gb", SLEEP)
+        assert second.WhichOneof("outcome") == "lease", second
         assert second.lease.slice_ids[0].startswith("gpu1/3g.40gb@")
         third = _run(stub, "third", "3g.40gb", SLEEP)
         assert {second.lease.slice_ids[0], third.lease.slice_ids[0]} == {

@@ -177,3 +177,24 @@ def test_the_mock_refuses_what_the_driver_refuses(mock: MockNvml) -> None:
     whole = mock.nvmlDeviceGetHandleByIndex(1)
     with pytest.raises(pynvml.NVMLError_NotSupported):
         mock.nvmlDeviceGetGpuInstanceProfileInfo(whole, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+
+
+def test_a_mig_instance_destroyed_between_listing_and_reading_degrades_no_gpu(
+    backend: NvmlBackend, mock: MockNvml
+) -> None:
+    """A second backend over the same NVML still lists the instances the first destroyed
+    (as a poll that listed the devices just before a repartition): its readings skip them
+    and read the new topology, and the GPU is not degraded (it was, refusing work until
+    the next poll: a MIG test failed half its runs on it)."""
+    stale = NvmlBackend(nvml=mock, call_deadline_seconds=5.0)
+    try:
+        old = {m.uuid for m in stale.gpus()[0].mig_instances}
+        new = backend.apply_mig_layout(0, [("3g.40gb", 0, 4), ("3g.40gb", 4, 4)])
+        used = stale.memory_used()
+        assert stale.degraded() == {}
+        assert old.isdisjoint(used)
+        assert stale.process_memory() is not None and stale.degraded() == {}
+        # The re-read topology is the new one: the next poll reads its instances.
+        assert {m.uuid for m in new} <= set(stale.memory_used())
+    finally:
+        stale.close()
