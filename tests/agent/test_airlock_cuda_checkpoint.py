@@ -198,9 +198,12 @@ def test_a_slow_checkpoint_blinds_airlock_to_no_other_gpu(tmp_path: Path) -> Non
         _write(scenario, data)
 
         wait_for(lambda: state("opp1").state == common_pb2.SUSPENDED)
+        # GPU 0's copy has begun (the two GPUs' steps are taken in either order).
+        opp0_toggle = f"--toggle --pid {pids['opp0'][0]}"
+        wait_for(lambda: opp0_toggle in (tools / "calls").read_text().splitlines())
         calls = (tools / "calls").read_text().splitlines()
         assert state("opp0").state == common_pb2.RUNNING  # its checkpoint is still copying
-        assert calls.count(f"--toggle --pid {pids['opp0'][0]}") == 1  # not chosen again
+        assert calls.count(opp0_toggle) == 1  # not chosen again
         assert held_gpu != pids["opp1"][1]
         (tools / f"hold-{pids['opp0'][0]}").unlink()
         wait_for(lambda: state("opp0").state == common_pb2.SUSPENDED)
