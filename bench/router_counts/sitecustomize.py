@@ -60,6 +60,19 @@ if any("laminar_zone" in a for a in sys.orig_argv) and os.environ.get("LAMINAR_C
         # grpc.aio awaits a handler only if it is a coroutine function.
         setattr(cls, name, async_wrapper if inspect.iscoroutinefunction(method) else wrapper)
 
+    def _count_stream(cls: Any, name: str) -> None:
+        """Count calls of a server-streaming handler and the messages it sends."""
+        method = getattr(cls, name)
+
+        @functools.wraps(method)
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            counts[f"served.{name}"] += 1
+            async for event in method(*args, **kwargs):
+                counts["watch_messages"] += 1
+                yield event
+
+        setattr(cls, name, counted)
+
     def _install() -> None:
         import grpc.aio._channel as channel
 
@@ -70,26 +83,8 @@ if any("laminar_zone" in a for a in sys.orig_argv) and os.environ.get("LAMINAR_C
         for name in ("Submit", "SubmitBatch", "GetJob", "ProbeJob", "CommitJob", "CancelJob"):
             _count_calls(service.ZoneService, name, f"served.{name}")
         _count_calls(reports.AgentReports, "on_heartbeat", "heartbeats")
-        watch = service.ZoneService.WatchJob
-
-        @functools.wraps(watch)
-        async def counted_watch(*args: Any, **kwargs: Any) -> Any:
-            counts["served.WatchJob"] += 1
-            async for event in watch(*args, **kwargs):
-                counts["watch_messages"] += 1
-                yield event
-
-        service.ZoneService.WatchJob = counted_watch  # type: ignore[method-assign]
-        submit_and_watch = service.ZoneService.SubmitAndWatch
-
-        @functools.wraps(submit_and_watch)
-        async def counted_submit_and_watch(*args: Any, **kwargs: Any) -> Any:
-            counts["served.SubmitAndWatch"] += 1
-            async for event in submit_and_watch(*args, **kwargs):
-                counts["watch_messages"] += 1
-                yield event
-
-        service.ZoneService.SubmitAndWatch = counted_submit_and_watch  # type: ignore[method-assign]
+        for name in ("WatchJob", "SubmitAndWatch"):
+            _count_stream(service.ZoneService, name)
         save_many = persistence.Persistence.save_many
 
         @functools.wraps(save_many)
