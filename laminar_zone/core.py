@@ -900,23 +900,21 @@ class ZoneCore:
             if answer is not None and answer.unknown
         }
         instructions = self.roll_back(entry, current, unknown, why, now_unix)
-        if job.state in TERMINAL_JOB_STATES:
-            # Cancelled while its commits were out: it stays so (the rollback still stops
-            # or confirms what may run; their ends are reported to an ended job).
-            instructions.append(Journal((entry,)))
-            return False, instructions
-        set_reason(job, Reason.RETRYING, f"commit failed: {why}")
-        if any(f.refused_input for f in failures):
-            # The agent refused the spec itself (a workdir or command it cannot use). Hosts
-            # are meant to be alike, and each retry left one more failed subjob on the agent
-            # (a retry storm of several a second): the job fails for good, saying why.
-            instructions += self.finish(
-                entry,
-                zone_pb2.JOB_FAILED,
-                f"the agent refused the job: {why}",
-                now_unix,
-                Reason.REFUSED,
-            )
+        # A job cancelled while its commits were out stays so (the rollback still stops or
+        # confirms what may run; their ends are reported to an ended job).
+        if job.state not in TERMINAL_JOB_STATES:
+            set_reason(job, Reason.RETRYING, f"commit failed: {why}")
+            if any(f.refused_input for f in failures):
+                # The agent refused the spec itself (a workdir or command it cannot use).
+                # Hosts are meant to be alike, and each retry left one more failed subjob on
+                # the agent (a retry storm of several a second): the job fails for good.
+                instructions += self.finish(
+                    entry,
+                    zone_pb2.JOB_FAILED,
+                    f"the agent refused the job: {why}",
+                    now_unix,
+                    Reason.REFUSED,
+                )
         instructions.append(Journal((entry,)))
         return False, instructions
 
@@ -942,20 +940,19 @@ class ZoneCore:
             len(members),
         )
         instructions = self.roll_back(entry, members, unanswered, why, now_unix)
-        stops = sum(isinstance(i, Terminate) for i in instructions)
-        asks = sum(isinstance(i, Confirm) for i in instructions)
-        if job.state in TERMINAL_JOB_STATES:
-            # Cancelled while the piece's commits were out: it stays so, and never bids
-            # again; the rollback still stops or confirms what may run.
-            return [Journal((entry,)), *instructions]
-        job.state = zone_pb2.PENDING
-        set_reason(
-            job,
-            Reason.PLACING,
-            f"{'gang ' if len(members) > 1 else ''}rollback: {why}; stopping {stops} "
-            f"member(s), asking {asks} agent(s) "
-            "whether they started theirs, then bidding again",
-        )
+        # A job cancelled while the piece's commits were out stays so, and never bids
+        # again; the rollback still stops or confirms what may run.
+        if job.state not in TERMINAL_JOB_STATES:
+            stops = sum(isinstance(i, Terminate) for i in instructions)
+            asks = sum(isinstance(i, Confirm) for i in instructions)
+            job.state = zone_pb2.PENDING
+            set_reason(
+                job,
+                Reason.PLACING,
+                f"{'gang ' if len(members) > 1 else ''}rollback: {why}; stopping {stops} "
+                f"member(s), asking {asks} agent(s) whether they started theirs, then "
+                "bidding again",
+            )
         # Journaled before any stop leaves: a restart finds the attempt ended.
         return [Journal((entry,)), *instructions]
 
