@@ -46,8 +46,8 @@ class Persistence:
         self._gauges_at = -math.inf
         #: Grouped writes waiting for the tick's commit, by job id (see :meth:`save_many`).
         self._grouped: dict[str, Entry] = {}
-        #: Those of them whose watchers are not told (every write of the job so far quiet).
-        self._quiet: set[str] = set()
+        #: Those of them whose watchers are told: any write of the job so far not quiet.
+        self._told: set[str] = set()
         #: New jobs' records waiting for it (:meth:`journal_new`), by job id, and by
         #: (tenant, client_request_id) for Submit's idempotency lookup.
         self._new: dict[str, zone_pb2.Job] = {}
@@ -71,12 +71,9 @@ class Persistence:
         quiet)."""
         if grouped:
             for entry in entries:
-                job_id = entry.job.job_id
-                if quiet and (job_id not in self._grouped or job_id in self._quiet):
-                    self._quiet.add(job_id)
-                elif not quiet:
-                    self._quiet.discard(job_id)
-                self._grouped[job_id] = entry
+                self._grouped[entry.job.job_id] = entry
+                if not quiet:
+                    self._told.add(entry.job.job_id)
             self._flush_soon()
             return
         self._commit(entries, quiet)
@@ -126,18 +123,16 @@ class Persistence:
             self._flush_handle = None
         waiting, new, done = list(self._grouped.values()), list(self._new.values()), self._committed
         ids = {e.job.job_id for e in entries}
-        # A quiet write stays untold only where no told write of the same job waits.
-        told_waiting = self._grouped.keys() - self._quiet
-        untold = self._quiet | (ids - told_waiting) if quiet else self._quiet - ids
+        told = self._told if quiet else self._told | ids
         self._grouped.clear()
-        self._quiet = set()
+        self._told = set()
         self._new.clear()
         self._new_requests.clear()
         self._committed = None
         entries = [*(e for e in waiting if e.job.job_id not in ids), *entries]
         try:
             if entries or new:
-                self._write(entries, new, untold)
+                self._write(entries, new, told)
         except Exception as exc:
             # Written by the next commit, but for jobs whose Submit fails now (dropped).
             failed = {job.job_id for job in new}
@@ -145,8 +140,8 @@ class Persistence:
                 job_id = entry.job.job_id
                 if job_id not in failed and job_id not in self._grouped:
                     self._grouped[job_id] = entry
-                    if job_id in untold:
-                        self._quiet.add(job_id)
+                    if job_id in told:
+                        self._told.add(job_id)
             if done is not None and not done.done():
                 done.set_exception(exc)
             raise
@@ -156,9 +151,11 @@ class Persistence:
     def _write(
         self,
         entries: Sequence[Entry],
-        new: Sequence[zone_pb2.Job] = (),
-        untold: set[str] | frozenset[str] = frozenset(),
+        new: Sequence[zone_pb2.Job],
+        told: set[str],
     ) -> None:
+        """Journal ``entries`` and ``new`` in one commit, then tell the watchers of the
+        entries in ``told``."""
         state = self.state
         jobs = [e.job for e in entries]
         ids = {job.job_id for job in jobs}
@@ -167,7 +164,7 @@ class Persistence:
             state.store.put_many([*jobs, *(job for job in new if job.job_id not in ids)])
         state.usage_ledger.written(usage)
         for entry in entries:
-            if entry.job.job_id not in untold:
+            if entry.job.job_id in told:
                 self.publish(entry)
             state.forget_if_done(entry)
 
