@@ -115,6 +115,12 @@ def _readdress_count(spec: common_pb2.SubjobSpec) -> int:
         return 0
 
 
+def _observed_in(snap: Snapshot, subjob_id: str) -> int:
+    """The GPU bytes ``snap`` says the driver saw ``subjob_id`` use (0 if not in it)."""
+    view = next((s for s in snap.subjobs if s.subjob_id == subjob_id), None)
+    return view.observed_bytes if view is not None else 0
+
+
 def process_group_rss_bytes(pid: int) -> int:
     """Resident memory of a process and all its descendants; 0 if it is gone."""
     try:
@@ -169,6 +175,11 @@ class AirlockDriver:
         self._gpu_pids: dict[str, tuple[int, ...]] = {}
         #: Suspended subjobs whose processes cuda-checkpoint moved to host memory.
         self._checkpointed: dict[str, tuple[int, ...]] = {}
+        #: GPU bytes the driver saw each of those use when it was checkpointed: what its
+        #: resume takes back. The driver reads a checkpointed process as 0, so without this
+        #: the policy would project a resume as free and resume it into the pressure it left
+        #: (``sim airlock`` counts a suspended subjob's restore bytes the same way).
+        self._held_bytes: dict[str, int] = {}
         #: Suspends under way through cuda-checkpoint (it copies the subjob's GPU memory
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
@@ -216,6 +227,7 @@ class AirlockDriver:
         for subjob_id in list(self._checkpointed):
             if subjob_id not in live:
                 del self._checkpointed[subjob_id]  # its host copy ended with it
+                self._held_bytes.pop(subjob_id, None)
         self.episodes.prune(live)
         want_rss = host is not None and host_level != Level.NORMAL
         for subjob_id in sorted(live):
@@ -359,7 +371,8 @@ class AirlockDriver:
         """What the driver sees the subjob use; on the fake backend, what the subjob
         reports in its usage file (the declaration if absent or bad)."""
         if self._seen_by_driver is not None:
-            return self._seen_by_driver.get(subjob_id, 0)
+            seen = self._seen_by_driver.get(subjob_id, 0)
+            return max(seen, self._held_bytes.get(subjob_id, 0))
         return read_usage_file(self.node.executor.gpu_mem_file(subjob_id), declared_bytes)
 
     async def step_logged(
@@ -476,7 +489,8 @@ class AirlockDriver:
         else:
             reason, grace = f"airlock: {action.reason}", 0.0
         if action.step == STEP_SUSPEND:
-            await self._checkpoint(action.subjob_id)  # while it runs, then it is stopped
+            # While it runs, then it is stopped.
+            await self._checkpoint(action.subjob_id, _observed_in(snap, action.subjob_id))
         try:
             cause = EndCause.RECLAIMED if action.step == STEP_RECLAIM else EndCause.TERMINATED
             await self.node.signal(action.subjob_id, signal, reason, grace, cause=cause)
@@ -522,20 +536,23 @@ class AirlockDriver:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _checkpoint(self, subjob_id: str) -> None:
+    async def _checkpoint(self, subjob_id: str, observed_bytes: int) -> None:
         """Before a suspend: move the CUDA state of the subjob's processes to host memory,
-        where cuda-checkpoint can (its free mode says so)."""
+        where cuda-checkpoint can (its free mode says so). ``observed_bytes``: what the
+        driver saw it use when the suspend was decided, which its resume takes back."""
         if not self._checkpoints(subjob_id):
             return
         done = await self._toggle_all(subjob_id, self._gpu_pids[subjob_id], "checkpoint")
         if done:
             self._checkpointed[subjob_id] = done
+            self._held_bytes[subjob_id] = observed_bytes
 
     async def _restore(self, subjob_id: str) -> None:
         """Before a resume: bring back the CUDA state :meth:`_checkpoint` moved out."""
         pids = self._checkpointed.pop(subjob_id, ())
         if pids:
             await self._toggle_all(subjob_id, pids, "restore")
+        self._held_bytes.pop(subjob_id, None)  # back on the GPU: the driver sees it again
 
     async def _toggle_all(
         self, subjob_id: str, pids: tuple[int, ...], direction: str

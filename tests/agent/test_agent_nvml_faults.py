@@ -81,6 +81,8 @@ def agent_on(
         assert not failed, failed
         yield server
     finally:
+        # As a signal does (serve_until_signalled): the loops that end now were asked to.
+        loop.call_soon_threadsafe(server.supervisor.begin_stop)
         loop.call_soon_threadsafe(server.stop_event.set)
         thread.join(60)
         loop.close()

@@ -133,6 +133,12 @@ def test_suspend_frees_memory_through_cuda_checkpoint_else_the_victim_is_reclaim
             data["gpus"][0]["processes"][prod] = 10 * GIB
             _write(scenario, data)
             wait_for(lambda: state("opp").state == common_pb2.RUNNING)
+            # The driver reads a checkpointed process as 0 bytes; its resume still counts
+            # the 50 GiB it takes back (prod's 30 + 50 was over the resume mark: resuming
+            # it then would put the GPU back at critical, again and again).
+            airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
+            resumes = [a.reason for a in airlock.recent_actions if a.step == "resume"]
+            assert len(resumes) == 1 and "projected 60.0 GiB of 80.0 GiB" in resumes[0], resumes
             # Continued first, then restored (the stand-in, as the real tool, refuses a
             # stopped process): its memory is back on the GPU.
             wait_for(lambda: len(calls.read_text().splitlines()) == 2)
