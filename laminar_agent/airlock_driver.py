@@ -115,6 +115,11 @@ def _readdress_count(spec: common_pb2.SubjobSpec) -> int:
         return 0
 
 
+#: Journal meta key: subjob id -> the pids cuda-checkpoint moved to host memory and the
+#: GPU bytes they held, until they are restored (or the subjob ends).
+CHECKPOINTED_META = "airlock_checkpointed"
+
+
 def _observed_in(snap: Snapshot, subjob_id: str) -> int:
     """The GPU bytes ``snap`` says the driver saw ``subjob_id`` use (0 if not in it)."""
     view = next((s for s in snap.subjobs if s.subjob_id == subjob_id), None)
@@ -173,13 +178,16 @@ class AirlockDriver:
         self._dry_seen: set[tuple[str, str, str]] = set()
         #: Pids NVML listed per live subjob at this poll (what cuda-checkpoint toggles).
         self._gpu_pids: dict[str, tuple[int, ...]] = {}
-        #: Suspended subjobs whose processes cuda-checkpoint moved to host memory.
+        #: Suspended subjobs whose processes cuda-checkpoint moved to host memory. Kept in
+        #: the journal too: an agent restarted (an upgrade) while one is suspended must
+        #: still restore it when it resumes it, or its CUDA calls would wait forever.
         self._checkpointed: dict[str, tuple[int, ...]] = {}
         #: GPU bytes the driver saw each of those use when it was checkpointed: what its
         #: resume takes back. The driver reads a checkpointed process as 0, so without this
         #: the policy would project a resume as free and resume it into the pressure it left
         #: (``sim airlock`` counts a suspended subjob's restore bytes the same way).
         self._held_bytes: dict[str, int] = {}
+        self._load_checkpointed()
         #: Suspends under way through cuda-checkpoint (it copies the subjob's GPU memory
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
@@ -224,10 +232,12 @@ class AirlockDriver:
         for subjob_id in list(self._static):
             if subjob_id not in live:
                 del self._static[subjob_id]
-        for subjob_id in list(self._checkpointed):
-            if subjob_id not in live:
-                del self._checkpointed[subjob_id]  # its host copy ended with it
-                self._held_bytes.pop(subjob_id, None)
+        gone = [subjob_id for subjob_id in self._checkpointed if subjob_id not in live]
+        for subjob_id in gone:
+            del self._checkpointed[subjob_id]  # its host copy ended with it
+            self._held_bytes.pop(subjob_id, None)
+        if gone:
+            self._save_checkpointed()
         self.episodes.prune(live)
         want_rss = host is not None and host_level != Level.NORMAL
         for subjob_id in sorted(live):
@@ -546,13 +556,33 @@ class AirlockDriver:
         if done:
             self._checkpointed[subjob_id] = done
             self._held_bytes[subjob_id] = observed_bytes
+            self._save_checkpointed()
 
     async def _restore(self, subjob_id: str) -> None:
         """Before a resume: bring back the CUDA state :meth:`_checkpoint` moved out."""
-        pids = self._checkpointed.pop(subjob_id, ())
-        if pids:
-            await self._toggle_all(subjob_id, pids, "restore")
-        self._held_bytes.pop(subjob_id, None)  # back on the GPU: the driver sees it again
+        pids = self._checkpointed.get(subjob_id, ())
+        if not pids:
+            return
+        await self._toggle_all(subjob_id, pids, "restore")
+        # Back on the GPU (a pid whose restore failed stays where it is: the next poll
+        # sees whatever the driver sees).
+        del self._checkpointed[subjob_id]
+        self._held_bytes.pop(subjob_id, None)
+        self._save_checkpointed()
+
+    def _load_checkpointed(self) -> None:
+        """What an earlier run of this agent checkpointed and has not restored yet."""
+        saved = json.loads(self.node.journal.get_meta(CHECKPOINTED_META) or "{}")
+        for subjob_id, held in saved.items():
+            self._checkpointed[subjob_id] = tuple(int(pid) for pid in held["pids"])
+            self._held_bytes[subjob_id] = int(held["bytes"])
+
+    def _save_checkpointed(self) -> None:
+        saved = {
+            subjob_id: {"pids": list(pids), "bytes": self._held_bytes.get(subjob_id, 0)}
+            for subjob_id, pids in self._checkpointed.items()
+        }
+        self.node.journal.set_meta(CHECKPOINTED_META, json.dumps(saved, sort_keys=True))
 
     async def _toggle_all(
         self, subjob_id: str, pids: tuple[int, ...], direction: str

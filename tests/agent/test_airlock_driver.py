@@ -3,6 +3,7 @@ on the fake backend and on the nvml backend over the mocked NVML (:mod:`gpu_back
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,3 +121,40 @@ def test_work_a_restart_loses_does_not_grow_while_suspended() -> None:
     assert work == pytest.approx(60.0, abs=5)
     unstarted = _StaticView("j", ("gpu0",), 4, 3, GIB, "checkpoint", True, 0.0, 0)
     assert AirlockDriver._work_seconds(unstarted, running, now=500.0) == 0.0
+
+
+def test_a_restarted_agent_still_restores_what_it_checkpointed(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """An upgrade while Airlock holds a subjob's CUDA state in host memory: the restarted
+    agent resumes it *and* restores its state (a continued process whose state stays on
+    the host would wait in its next CUDA call forever)."""
+    host = GpuHost("nvml", tmp_path / "gpus")
+    agent = host.start(cluster, "h")
+    gate = tmp_path / "gate"
+    with grpc.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        _commit(stub, "crit", common_pb2.CRITICAL, gate, host)
+        pid = _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate, host).pid
+        _seen(stub, "crit", "opp")
+        host.inject(agent, 40 * GIB)
+        wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
+
+    def listed() -> list[str]:  # its GPU process entry: on the GPU, or moved to the host
+        names = (str(pid), f"{pid}.checkpointed")
+        return [p.name for p in host.pid_dir.glob("*/*") if p.name in names]
+
+    assert listed() == [f"{pid}.checkpointed"]
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(20) == 0
+
+    restarted = host.start(cluster, "h")  # the pressure is gone on this start
+    with grpc.insecure_channel(restarted.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        wait_for(lambda: _state(stub, "opp") == common_pb2.RUNNING)
+        wait_for(lambda: listed() == [str(pid)])
+        gate.write_text("go")
+        terminal = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED}
+        for subjob_id in ("crit", "opp"):
+            wait_for(lambda sid=subjob_id: _state(stub, sid) in terminal)  # type: ignore[misc]
+            assert _state(stub, subjob_id) == common_pb2.SUCCEEDED
