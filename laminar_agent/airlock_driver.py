@@ -115,15 +115,12 @@ def _readdress_count(spec: common_pb2.SubjobSpec) -> int:
         return 0
 
 
-#: Journal meta key: subjob id -> the pids cuda-checkpoint moved to host memory and the
-#: GPU bytes they held, until they are restored (or the subjob ends).
-CHECKPOINTED_META = "airlock_checkpointed"
-
-
-def _observed_in(snap: Snapshot, subjob_id: str) -> int:
-    """The GPU bytes ``snap`` says the driver saw ``subjob_id`` use (0 if not in it)."""
-    view = next((s for s in snap.subjobs if s.subjob_id == subjob_id), None)
-    return view.observed_bytes if view is not None else 0
+#: Journal meta key: subjob id -> pid -> the GPU bytes of each process whose CUDA state
+#: cuda-checkpoint moved to host memory, until it is restored (or the subjob ends).
+HELD_META = "airlock_checkpointed"
+#: How long a stopping agent waits for suspends under way through cuda-checkpoint: a
+#: cancelled toggle goes on copying, so the agent lets it end and records it.
+CLOSE_WAIT_SECONDS = 20.0
 
 
 def process_group_rss_bytes(pid: int) -> int:
@@ -178,16 +175,21 @@ class AirlockDriver:
         self._dry_seen: set[tuple[str, str, str]] = set()
         #: Pids NVML listed per live subjob at this poll (what cuda-checkpoint toggles).
         self._gpu_pids: dict[str, tuple[int, ...]] = {}
-        #: Suspended subjobs whose processes cuda-checkpoint moved to host memory. Kept in
-        #: the journal too: an agent restarted (an upgrade) while one is suspended must
-        #: still restore it when it resumes it, or its CUDA calls would wait forever.
-        self._checkpointed: dict[str, tuple[int, ...]] = {}
-        #: GPU bytes the driver saw each of those use when it was checkpointed: what its
-        #: resume takes back. The driver reads a checkpointed process as 0, so without this
-        #: the policy would project a resume as free and resume it into the pressure it left
-        #: (``sim airlock`` counts a suspended subjob's restore bytes the same way).
-        self._held_bytes: dict[str, int] = {}
-        self._load_checkpointed()
+        #: GPU bytes per pid the driver saw at this poll (what a checkpoint moves out).
+        self._pid_bytes: dict[int, int] = {}
+        #: Subjob -> pid -> GPU bytes, for each process whose CUDA state cuda-checkpoint
+        #: moved to host memory and that is not restored yet. The driver reads such a
+        #: process as 0 bytes; a suspended subjob counts them (its resume takes them back),
+        #: or the policy would resume it into the pressure it left (``sim airlock`` counts
+        #: a suspended subjob's restore bytes the same way). Kept in the journal too: an
+        #: agent restarted (an upgrade) must still restore them, or the subjob's CUDA calls
+        #: would wait forever; whatever is still held when a subjob runs (a restore that
+        #: failed, an operator's resume, a stop during a checkpoint) is restored at the
+        #: next poll.
+        self._held: dict[str, dict[int, int]] = {}
+        #: Subjobs already told to the log as held without a cuda-checkpoint to restore them.
+        self._unrestorable: set[str] = set()
+        self._load_held()
         #: Suspends under way through cuda-checkpoint (it copies the subjob's GPU memory
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
@@ -232,12 +234,11 @@ class AirlockDriver:
         for subjob_id in list(self._static):
             if subjob_id not in live:
                 del self._static[subjob_id]
-        gone = [subjob_id for subjob_id in self._checkpointed if subjob_id not in live]
+        gone = [subjob_id for subjob_id in self._held if subjob_id not in live]
         for subjob_id in gone:
-            del self._checkpointed[subjob_id]  # its host copy ended with it
-            self._held_bytes.pop(subjob_id, None)
+            del self._held[subjob_id]  # its host copy ended with it
         if gone:
-            self._save_checkpointed()
+            self._save_held()
         self.episodes.prune(live)
         want_rss = host is not None and host_level != Level.NORMAL
         for subjob_id in sorted(live):
@@ -254,7 +255,9 @@ class AirlockDriver:
             devices = static.devices
             device_ids.update(devices)
             pid = self.node.executor.pid_of(subjob_id) if want_rss else None
-            observed = self._observed_bytes(subjob_id, static.declared_bytes) if devices else 0
+            observed = (
+                self._observed_bytes(subjob_id, static.declared_bytes, suspended) if devices else 0
+            )
             self.node.note_gpu_memory(subjob_id, observed)
             views.append(
                 SubjobView(
@@ -375,14 +378,21 @@ class AirlockDriver:
             process_memory = self.node.backend.process_memory()
         seen = attribute_gpu_memory(process_memory, roots)
         self._gpu_pids = seen.pids
+        pid_bytes: dict[int, int] = {}
+        for processes in process_memory.values():
+            for pid, used in processes.items():
+                pid_bytes[pid] = pid_bytes.get(pid, 0) + used
+        self._pid_bytes = pid_bytes
         return {sid: sum(devices.values()) for sid, devices in seen.by_subjob.items()}
 
-    def _observed_bytes(self, subjob_id: str, declared_bytes: int) -> int:
-        """What the driver sees the subjob use; on the fake backend, what the subjob
+    def _observed_bytes(self, subjob_id: str, declared_bytes: int, suspended: bool) -> int:
+        """What the driver sees the subjob use, plus, while it is suspended, what
+        cuda-checkpoint holds of it on the host; on the fake backend, what the subjob
         reports in its usage file (the declaration if absent or bad)."""
         if self._seen_by_driver is not None:
             seen = self._seen_by_driver.get(subjob_id, 0)
-            return max(seen, self._held_bytes.get(subjob_id, 0))
+            held = sum(self._held.get(subjob_id, {}).values()) if suspended else 0
+            return seen + held
         return read_usage_file(self.node.executor.gpu_mem_file(subjob_id), declared_bytes)
 
     async def step_logged(
@@ -409,6 +419,8 @@ class AirlockDriver:
             return []
         async with self._lock:
             backend = self.node.backend
+            if not self.config.dry_run:
+                await self._restore_running()
             # NVML's process lists are read on a worker thread: a call may take its deadline.
             processes = (
                 await asyncio.to_thread(backend.process_memory)
@@ -420,9 +432,15 @@ class AirlockDriver:
             if snap is None:
                 self._dry_seen.clear()
                 return []
-            actions = (
-                decide_oom_killer(snap) if self.oom_killer_baseline else decide(snap, self.config)
-            )
+            actions = [
+                action
+                for action in (
+                    decide_oom_killer(snap)
+                    if self.oom_killer_baseline
+                    else decide(snap, self.config)
+                )
+                if not self._cannot_resume(action)
+            ]
             if self.config.dry_run:
                 keys = [(a.step, a.subjob_id, a.slice_id) for a in actions]
                 fresh = [a for a, k in zip(actions, keys, strict=True) if k not in self._dry_seen]
@@ -500,7 +518,7 @@ class AirlockDriver:
             reason, grace = f"airlock: {action.reason}", 0.0
         if action.step == STEP_SUSPEND:
             # While it runs, then it is stopped.
-            await self._checkpoint(action.subjob_id, _observed_in(snap, action.subjob_id))
+            await self._checkpoint(action.subjob_id)
         try:
             cause = EndCause.RECLAIMED if action.step == STEP_RECLAIM else EndCause.TERMINATED
             await self.node.signal(action.subjob_id, signal, reason, grace, cause=cause)
@@ -513,6 +531,31 @@ class AirlockDriver:
             # restore its CUDA calls wait, so it touches no GPU memory before then.
             await self._restore(action.subjob_id)
         self._track(action, snap, now)
+
+    async def _restore_running(self) -> None:
+        """Restore what is still held of subjobs that run (a restore that failed, an
+        operator's resume, a stop during a checkpoint); not those being suspended now."""
+        live = self.node.live_states
+        for subjob_id in [s for s in self._held if live.get(s) == "RUNNING"]:
+            if subjob_id not in self._stopping:
+                await self._restore(subjob_id)
+
+    def _cannot_resume(self, action: Action) -> bool:
+        """A resume that could not bring the subjob's CUDA state back (no cuda-checkpoint
+        any more): it stays suspended, where the ladder may re-address or reclaim it,
+        rather than run with its state on the host (its CUDA calls would wait forever)."""
+        if action.step != STEP_RESUME or action.subjob_id not in self._held:
+            return False
+        if self.node.backend.cuda_checkpoint.tool is not None:
+            return False
+        if action.subjob_id not in self._unrestorable:
+            self._unrestorable.add(action.subjob_id)
+            log.error(
+                "airlock: subjob %s stays suspended: its CUDA state is on the host and "
+                "there is no cuda-checkpoint to restore it (inventory.cuda_checkpoint)",
+                action.subjob_id,
+            )
+        return True
 
     def _checkpoints(self, subjob_id: str) -> bool:
         """Whether suspending ``subjob_id`` runs cuda-checkpoint (slow: it copies memory)."""
@@ -540,78 +583,111 @@ class AirlockDriver:
         )
 
     async def close(self) -> None:
-        """Stop the suspends under way (the agent is stopping; its subjobs keep running)."""
+        """The agent is stopping (its subjobs keep running): let the suspends under way
+        end, for a while. A cancelled toggle would go on copying after the agent is gone
+        and leave a running subjob's state on the host unrecorded; one that ends is
+        recorded (and restored by the next agent if the subjob runs)."""
         tasks = list(self._stopping.values())
-        for task in tasks:
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=CLOSE_WAIT_SECONDS)
+        for task in late:
+            log.error(
+                "airlock: %s still under way after %.0f s at stop; cancelled (a process it "
+                "was copying may keep its CUDA state on the host)",
+                task.get_name(),
+                CLOSE_WAIT_SECONDS,
+            )
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*late, return_exceptions=True)
 
-    async def _checkpoint(self, subjob_id: str, observed_bytes: int) -> None:
+    async def _checkpoint(self, subjob_id: str) -> None:
         """Before a suspend: move the CUDA state of the subjob's processes to host memory,
-        where cuda-checkpoint can (its free mode says so). ``observed_bytes``: what the
-        driver saw it use when the suspend was decided, which its resume takes back."""
+        where cuda-checkpoint can (its free mode says so), one process at a time (each
+        copies device memory), each recorded with what it held on the GPU just before."""
         if not self._checkpoints(subjob_id):
             return
-        done = await self._toggle_all(subjob_id, self._gpu_pids[subjob_id], "checkpoint")
-        if done:
-            self._checkpointed[subjob_id] = done
-            self._held_bytes[subjob_id] = observed_bytes
-            self._save_checkpointed()
+        for pid in self._gpu_pids[subjob_id]:
+            used = self._pid_bytes.get(pid, 0)  # the latest poll's, taken at its turn
+            if await self._toggle(subjob_id, pid, "checkpoint"):
+                self._held.setdefault(subjob_id, {})[pid] = used
+                self._save_held()
 
     async def _restore(self, subjob_id: str) -> None:
-        """Before a resume: bring back the CUDA state :meth:`_checkpoint` moved out."""
-        pids = self._checkpointed.get(subjob_id, ())
-        if not pids:
+        """After a resume (or at a poll that finds the subjob running with state still
+        held): bring back the CUDA state :meth:`_checkpoint` moved out. A process gone or
+        no longer the subjob's is forgotten; one whose restore fails is tried again at the
+        next poll."""
+        held = self._held.get(subjob_id)
+        if not held:
             return
-        await self._toggle_all(subjob_id, pids, "restore")
-        # Back on the GPU (a pid whose restore failed stays where it is: the next poll
-        # sees whatever the driver sees).
-        del self._checkpointed[subjob_id]
-        self._held_bytes.pop(subjob_id, None)
-        self._save_checkpointed()
-
-    def _load_checkpointed(self) -> None:
-        """What an earlier run of this agent checkpointed and has not restored yet."""
-        saved = json.loads(self.node.journal.get_meta(CHECKPOINTED_META) or "{}")
-        for subjob_id, held in saved.items():
-            self._checkpointed[subjob_id] = tuple(int(pid) for pid in held["pids"])
-            self._held_bytes[subjob_id] = int(held["bytes"])
-
-    def _save_checkpointed(self) -> None:
-        saved = {
-            subjob_id: {"pids": list(pids), "bytes": self._held_bytes.get(subjob_id, 0)}
-            for subjob_id, pids in self._checkpointed.items()
-        }
-        self.node.journal.set_meta(CHECKPOINTED_META, json.dumps(saved, sort_keys=True))
-
-    async def _toggle_all(
-        self, subjob_id: str, pids: tuple[int, ...], direction: str
-    ) -> tuple[int, ...]:
-        """Toggle each pid (one at a time: each copies device memory); returns those done."""
-        tool = self.node.backend.cuda_checkpoint.tool
-        assert tool is not None
-        done: list[int] = []
-        for pid in pids:
-            try:
-                await tool.toggle(pid)
-            except (ToggleFailed, OSError) as exc:
-                log.warning(
-                    "airlock: cuda-checkpoint %s of subjob %s failed: %s", direction, subjob_id, exc
+        if self.node.backend.cuda_checkpoint.tool is None:
+            if subjob_id not in self._unrestorable:
+                self._unrestorable.add(subjob_id)
+                log.error(
+                    "airlock: subjob %s has CUDA state on the host (pid(s) %s) and no "
+                    "cuda-checkpoint to restore it (inventory.cuda_checkpoint)",
+                    subjob_id,
+                    ", ".join(map(str, held)),
                 )
-                outcome = "failed"
-            else:
-                done.append(pid)
-                outcome = "ok"
-            if self.metrics is not None:
-                self.metrics.airlock_cuda_checkpoint_toggles_total.labels(direction, outcome).inc()
-        if done:
-            log.info(
-                "airlock: cuda-checkpoint %s of subjob %s: pid(s) %s",
-                direction,
-                subjob_id,
-                ", ".join(map(str, done)),
+            return
+        for pid in list(held):
+            if not self._owns(subjob_id, pid) or await self._toggle(subjob_id, pid, "restore"):
+                del held[pid]
+        if not held:
+            del self._held[subjob_id]
+        self._save_held()
+
+    def _owns(self, subjob_id: str, pid: int) -> bool:
+        """Whether ``pid`` is still a process of the subjob (a journaled pid may have ended
+        and been reused while the agent was down: a toggle flips whatever it names)."""
+        root = self.node.executor.pid_of(subjob_id)
+        if root is None:
+            return False
+        try:
+            process = psutil.Process(pid)
+            return pid == root or any(p.pid == root for p in process.parents())
+        except psutil.Error:
+            return False
+
+    def _load_held(self) -> None:
+        """What an earlier run of this agent checkpointed and has not restored yet."""
+        raw = self.node.journal.get_meta(HELD_META) or "{}"
+        try:
+            saved = json.loads(raw)
+            held = {
+                str(subjob_id): {int(pid): int(used) for pid, used in pids.items()}
+                for subjob_id, pids in saved.items()
+            }
+        except (ValueError, TypeError, AttributeError) as exc:
+            log.error("airlock: journal meta %s unreadable (%s): ignored: %r", HELD_META, exc, raw)
+            return
+        self._held = {subjob_id: pids for subjob_id, pids in held.items() if pids}
+
+    def _save_held(self) -> None:
+        saved = {
+            subjob_id: {str(pid): used for pid, used in pids.items()}
+            for subjob_id, pids in self._held.items()
+        }
+        self.node.journal.set_meta(HELD_META, json.dumps(saved, sort_keys=True))
+
+    async def _toggle(self, subjob_id: str, pid: int, direction: str) -> bool:
+        """One ``cuda-checkpoint --toggle`` of ``pid``; whether it was done."""
+        tool = self.node.backend.cuda_checkpoint.tool
+        assert tool is not None  # callers check: a checkpoint needs it, a restore waits
+        try:
+            await tool.toggle(pid)
+        except (ToggleFailed, OSError) as exc:
+            log.warning(
+                "airlock: cuda-checkpoint %s of subjob %s failed: %s", direction, subjob_id, exc
             )
-        return tuple(done)
+            outcome = "failed"
+        else:
+            log.info("airlock: cuda-checkpoint %s of subjob %s: pid %d", direction, subjob_id, pid)
+            outcome = "ok"
+        if self.metrics is not None:
+            self.metrics.airlock_cuda_checkpoint_toggles_total.labels(direction, outcome).inc()
+        return outcome == "ok"
 
     def _track(self, action: Action, snap: Snapshot, now: float) -> None:
         backend = self.node.backend

@@ -111,7 +111,14 @@ LAUNCHER_RETRY_SECONDS = 5.0
 #: Bounds on the job files the agent reads (progress, usage reports).
 JOB_FILE_MAX_BYTES = 64
 #: What an agent strips from the environment it passes on: systemd's per-unit variables.
-_AGENT_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
+_AGENT_ONLY_ENV = (
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "GRPC_ENABLE_FORK_SUPPORT",  # set for the agent itself by laminar_base
+)
 
 
 @dataclass(frozen=True)

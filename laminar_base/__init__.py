@@ -11,4 +11,4 @@ import os as _os
 # before its exec: an agent's cuda-checkpoint restore died of SIGSEGV in gRPC's
 # event-engine thread (2 of 30 runs of a test under load), leaving a resumed subjob's CUDA
 # state on the host. Read when grpc is first imported, which comes after this package.
-_os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+_os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"

@@ -1315,7 +1315,7 @@ class _Run:
                 memory = self.episodes.poll(
                     s.plan.subjob_id, suspended=s.suspended, calm=calm, now=now
                 )
-                if not s.suspended:  # the agent's reading (a checkpointed one reads 0)
+                if not s.suspended:  # the agent's reading (a suspended one adds nothing to the peak)
                     core.note_gpu_memory(s.run_id, int(s.demand()))
                 views.append(self._view(s, now, memory))
             snap = Snapshot(

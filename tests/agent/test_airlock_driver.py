@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import signal
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from gpu_backends import BACKENDS, GpuHost
+from prometheus_client.parser import text_string_to_metric_families
 from test_airlock_agent import _seen
 from waiting import gate_code, wait_for
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from laminar_cli.cluster import LocalCluster
+from laminar_cli.cluster import AgentProcess, LocalCluster
 
 GIB = 1024**3
 
@@ -152,9 +154,54 @@ def test_a_restarted_agent_still_restores_what_it_checkpointed(
     with grpc.insecure_channel(restarted.address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
         wait_for(lambda: _state(stub, "opp") == common_pb2.RUNNING)
+        # It came back counted at the 20 GiB it held (crit's 20 + 20), not the 0 NVML
+        # reads for a process whose state is on the host.
+        airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
+        resumes = [a.reason for a in airlock.recent_actions if a.step == "resume"]
+        assert len(resumes) == 1 and "projected 40.0 GiB of 80.0 GiB" in resumes[0], resumes
         wait_for(lambda: listed() == [str(pid)])
         gate.write_text("go")
         terminal = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED}
         for subjob_id in ("crit", "opp"):
             wait_for(lambda sid=subjob_id: _state(stub, sid) in terminal)  # type: ignore[misc]
             assert _state(stub, subjob_id) == common_pb2.SUCCEEDED
+
+
+def _restores(agent: AgentProcess) -> float:
+    """``laminar_airlock_cuda_checkpoint_toggles_total{direction="restore",outcome="ok"}``."""
+    body = urllib.request.urlopen(f"http://{agent.metrics_address}/metrics", timeout=10).read()
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == "laminar_airlock_cuda_checkpoint_toggles_total" and sample.labels == {
+                "direction": "restore",
+                "outcome": "ok",
+            }:
+                return sample.value
+    return 0.0
+
+
+def test_a_subjob_resumed_by_hand_gets_its_state_back(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """An operator's SignalSubjob(RESUME) of a subjob Airlock checkpointed continues it; the
+    next poll restores its CUDA state (it would otherwise wait in its next CUDA call)."""
+    host = GpuHost("nvml", tmp_path / "gpus")
+    agent = host.start(cluster, "h")
+    gate = tmp_path / "gate"
+    with grpc.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        _commit(stub, "crit", common_pb2.CRITICAL, gate, host)
+        _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate, host)
+        _seen(stub, "crit", "opp")
+        host.inject(agent, 40 * GIB)
+        wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
+        assert _restores(agent) == 0
+        stub.SignalSubjob(
+            agent_pb2.SignalSubjobRequest(
+                subjob_id="opp", signal=agent_pb2.RESUME, reason="operator"
+            ),
+            timeout=10,
+        )
+        # Restored at a poll (then, the pressure still there, suspended again).
+        wait_for(lambda: _restores(agent) >= 1)
+        gate.write_text("go")

@@ -53,7 +53,8 @@ def make_spec(tmp_path: Path, subjob_id: str, code: str, **kw: object) -> Launch
 ENV_DUMP = (
     "import json, os, sys\n"
     "print(json.dumps({k: v for k, v in os.environ.items()"
-    " if k.startswith('LAMINAR_') or k in ('CUDA_VISIBLE_DEVICES', 'USER_VAR')}))\n"
+    " if k.startswith('LAMINAR_')"
+    " or k in ('CUDA_VISIBLE_DEVICES', 'USER_VAR', 'GRPC_ENABLE_FORK_SUPPORT')}))\n"
     "x = bytearray(20 * 1024 * 1024)\n"
     "sys.exit(3)\n"
 )
@@ -88,6 +89,9 @@ async def test_launch_reports_exit_env_stdout_and_rss(tmp_path: Path) -> None:
     assert env["LAMINAR_CHECKPOINT_DIR"] == "/ckpt"
     assert env["LAMINAR_GPU_MEM_FILE"] == str(ex.subjob_dir("s1") / "gpu_mem")
     assert env["USER_VAR"] == "u"
+    # The agent's own gRPC setting (laminar_base sets it in this process too) is not the job's.
+    assert os.environ["GRPC_ENABLE_FORK_SUPPORT"] == "0"
+    assert "GRPC_ENABLE_FORK_SUPPORT" not in env
     assert ex.read_exit("s1") == info
     await ex.close()
 
