@@ -125,12 +125,11 @@ def test_work_a_restart_loses_does_not_grow_while_suspended() -> None:
     assert AirlockDriver._work_seconds(unstarted, running, now=500.0) == 0.0
 
 
-def test_a_restarted_agent_still_restores_what_it_checkpointed(
+def _checkpointed_opp(
     cluster: LocalCluster, tmp_path: Path
-) -> None:
-    """An upgrade while Airlock holds a subjob's CUDA state in host memory: the restarted
-    agent resumes it *and* restores its state (a continued process whose state stays on
-    the host would wait in its next CUDA call forever)."""
+) -> tuple[GpuHost, AgentProcess, Path, int]:
+    """An nvml agent whose "opp" (beside a critical "crit", 20 GiB each, both waiting on
+    the returned gate) Airlock has suspended through cuda-checkpoint; and opp's pid."""
     host = GpuHost("nvml", tmp_path / "gpus")
     agent = host.start(cluster, "h")
     gate = tmp_path / "gate"
@@ -141,6 +140,16 @@ def test_a_restarted_agent_still_restores_what_it_checkpointed(
         _seen(stub, "crit", "opp")
         host.inject(agent, 40 * GIB)
         wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
+    return host, agent, gate, pid
+
+
+def test_a_restarted_agent_still_restores_what_it_checkpointed(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """An upgrade while Airlock holds a subjob's CUDA state in host memory: the restarted
+    agent resumes it *and* restores its state (a continued process whose state stays on
+    the host would wait in its next CUDA call forever)."""
+    host, agent, gate, pid = _checkpointed_opp(cluster, tmp_path)
 
     def listed() -> list[str]:  # its GPU process entry: on the GPU, or moved to the host
         names = (str(pid), f"{pid}.checkpointed")
@@ -185,16 +194,9 @@ def test_a_subjob_resumed_by_hand_gets_its_state_back(
 ) -> None:
     """An operator's SignalSubjob(RESUME) of a subjob Airlock checkpointed continues it; the
     next poll restores its CUDA state (it would otherwise wait in its next CUDA call)."""
-    host = GpuHost("nvml", tmp_path / "gpus")
-    agent = host.start(cluster, "h")
-    gate = tmp_path / "gate"
+    _, agent, gate, _ = _checkpointed_opp(cluster, tmp_path)
     with grpc.insecure_channel(agent.address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
-        _commit(stub, "crit", common_pb2.CRITICAL, gate, host)
-        _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate, host)
-        _seen(stub, "crit", "opp")
-        host.inject(agent, 40 * GIB)
-        wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
         assert _restores(agent) == 0
         stub.SignalSubjob(
             agent_pb2.SignalSubjobRequest(
