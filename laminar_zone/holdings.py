@@ -18,7 +18,9 @@ each reading. The core marks an entry *touched* wherever it changes what is read
 (its state, ``placing``, its need, its start time) and where it joins or leaves
 ``entries``; a reading evaluates the touched entries again from the entries themselves.
 A change of ``entries`` that bypassed the core (its length or the dict itself changed
-behind it) makes it start over from a full walk. ``tests/zone/test_holdings.py`` holds it
+behind it) makes it start over from a full walk; a key taken out and set again behind
+its back (moved last in the dict's order, same length) is not seen: ``entries`` changes
+through the core (``admit``, ``drop``, ``forget_if_done``). ``tests/zone/test_holdings.py`` holds it
 to the plain walk after every event of random sequences."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ tenants, shares and families (fractional units, so a sum in another order shows 
 last bits), estimates or none, atomized jobs (taken in by the market after the core
 admits them, their pieces started and ended by the driver, as the atomizer does); states
 written through the core, placement tries begun and ended, new attempts, a family's mean
-run changing, jobs ending and leaving memory, dropped, admitted again, and an entry set
+run changing, jobs ending and leaving memory, dropped, admitted again, and a new entry set
 behind the core's back (as some tests do). After every event the kept tenant usage and
 every family's release curve equal the walk's, bit for bit. A mark the core forgets
 (a state it writes without telling its holdings) fails it."""
@@ -140,9 +140,12 @@ class Driver:
             self.core.drop(job.job_id)
         elif kind == "admit_again":  # set again: it keeps its place
             self.core.admit(entry)
-        elif kind == "behind_the_back":  # out and in again, as a test may write it
-            del self.core.entries[job.job_id]
-            self.core.entries[job.job_id] = entry
+        elif kind == "behind_the_back":  # a new job set in entries, as some tests do
+            self.submit(pick % len(TENANTS), pick % len(SHAPES), 1, 0, atomized=False)
+            new = self.jobs[-1]
+            self.core.drop(new.job.job_id)
+            self.core.entries[new.job.job_id] = new
+            self.core.set_state(new, zone_pb2.JOB_RUNNING)
         elif kind == "piece" and job.job_id in self.atoms:
             shape = SHAPES[int(str(event[2])) % 3]  # shares
             job.placements.add(
