@@ -91,7 +91,8 @@ class Holdings:
         # without one (job id -> (start, units)); the curve made from them while valid.
         self._fixed: dict[str, list[tuple[float, float]]] = {}
         self._open: dict[str, dict[str, tuple[float, float]]] = {}
-        self._curves: dict[str, ReleaseCurve] = {}
+        #: family -> (the mean run it was made with, 0 if none counted; the curve)
+        self._curves: dict[str, tuple[float, ReleaseCurve]] = {}
 
     # ---------------------------------------------------------------- the core's marks
 
@@ -144,18 +145,21 @@ class Holdings:
         their estimate (else the family's mean run), atomized pieces at their windows'
         ends."""
         self._sync(entries, atoms)
-        extra: list[tuple[float, float]] = []
         opened = self._open.get(family)
-        if opened and mean_run_seconds > 0:
-            extra = [(started + mean_run_seconds, units) for started, units in opened.values()]
-        for job_id in self._atomized:
-            extra.extend(self._piece_ends_of(entries[job_id], family))
-        fixed = self._fixed.get(family, [])
-        if extra:
-            return ReleaseCurve(fixed + extra)
-        curve = self._curves.get(family)
-        if curve is None:
-            curve = self._curves[family] = ReleaseCurve(fixed)
+        mean = mean_run_seconds if opened and mean_run_seconds > 0 else 0.0
+        kept = self._curves.get(family)
+        if kept is not None and kept[0] == mean and not self._atomized:
+            return kept[1]
+        ends = self._fixed.get(family, [])
+        if mean:
+            assert opened is not None
+            ends = ends + [(started + mean, units) for started, units in opened.values()]
+        pieces = [
+            end for job_id in self._atomized for end in self._piece_ends_of(entries[job_id], family)
+        ]
+        curve = ReleaseCurve(ends + pieces if pieces else ends)
+        if not self._atomized:  # pieces are read each time
+            self._curves[family] = (mean, curve)
         return curve
 
     # ---------------------------------------------------------------- keeping up
@@ -223,6 +227,7 @@ class Holdings:
             self._curves.pop(held.family, None)
         elif not held.expected_seconds:
             self._open.setdefault(held.family, {})[job_id] = (held.started_unix, held.units)
+            self._curves.pop(held.family, None)
 
     def _drop(self, job_id: str) -> None:
         self._atomized.pop(job_id, None)
@@ -249,6 +254,7 @@ class Holdings:
             self._curves.pop(held.family, None)
         elif not held.expected_seconds:
             del self._open[held.family][job_id]
+            self._curves.pop(held.family, None)
 
     def _usage_with_pieces(
         self, entries: Mapping[str, Entry]
