@@ -81,6 +81,8 @@ class Holdings:
         self._held: dict[str, _Held] = {}
         #: job id -> seq of the entries read as atomized (their pieces are read each time)
         self._atomized: dict[str, int] = {}
+        #: How many jobs the market held at the last reading.
+        self._atoms_count = 0
         # Per tenant: seqs of its holders ascending, their units, memory summed.
         self._order: dict[str, list[int]] = {}
         self._units: dict[str, dict[int, float]] = {}
@@ -167,12 +169,14 @@ class Holdings:
     def _sync(self, entries: Mapping[str, Entry], atoms: Collection[str]) -> None:
         if entries is not self._entries or len(entries) != len(self._seq):
             self._walk_again(entries)
-        # An entry's kind is read when it is touched; one that changed kind since is
-        # read again (the atomizer takes a job in after the core admits it).
+        # An entry's kind is read when it is touched; one that changed kind since is read
+        # again: one the market let go, or one it took in after the core admitted it (then
+        # the market's jobs changed in number: they are walked only then).
         for job_id in self._atomized:
             if job_id not in atoms:
                 self._touched.add(job_id)
-        if len(atoms) and len(self._atomized) != len(atoms):
+        if len(atoms) != self._atoms_count:
+            self._atoms_count = len(atoms)
             for job_id in atoms:
                 if job_id in self._seq and job_id not in self._atomized:
                     self._touched.add(job_id)
@@ -190,9 +194,6 @@ class Holdings:
             if entry.job.state in RUNNING_JOB_STATES or entry.placing:
                 self._add(job_id, entry, seq)
         self._touched.clear()
-        # Pieces are read in entry order.
-        if self._atomized and list(self._atomized.values()) != sorted(self._atomized.values()):
-            self._atomized = dict(sorted(self._atomized.items(), key=lambda kv: kv[1]))
 
     def _walk_again(self, entries: Mapping[str, Entry]) -> None:
         """Start over from ``entries`` as they stand: every one in order, touched."""
@@ -267,7 +268,7 @@ class Holdings:
         for job_id, seq in self._atomized.items():
             entry = entries[job_id]
             walk.append((seq, entry.job.spec.tenant, self._pieces_of(entry)))
-        walk.sort(key=lambda w: w[0])
+        walk.sort(key=operator.itemgetter(0))
         units: dict[str, float] = {}
         memory: dict[str, int] = {}
         for _, tenant, pieces in walk:
