@@ -407,7 +407,7 @@ class ZoneCore:
         self.units_done = units_done
         self.entries: dict[str, Entry] = {}
         #: What the live jobs hold, per tenant and per family, kept as they change.
-        self.holdings = Holdings(self._live_pieces, self._piece_ends)
+        self.holdings = Holdings(self.demand_of, self._piece_ends)
         #: agent id -> job ids with live placements there
         self.by_agent: dict[str, set[str]] = {}
         #: agent id -> job ids whose commit there went unanswered (asked at its heartbeat)
@@ -449,15 +449,6 @@ class ZoneCore:
         job holds what its live pieces hold: its spec asks nothing), summed in the order of
         ``entries``; kept as jobs change (:class:`~laminar_zone.holdings.Holdings`)."""
         return self.holdings.usage(self.entries, self.atoms)
-
-    def _live_pieces(self, entry: Entry) -> list[tuple[float, int]]:
-        """(GPU units, memory bytes) of each live piece of an atomized job."""
-        out = []
-        for p in entry.job.placements:
-            if p.state in LIVE_SUBJOB_STATES:
-                piece = self.demand_of(p.resources)
-                out.append((piece.gpu_units, piece.memory_bytes))
-        return out
 
     # ---------------------------------------------------------------- what changes holdings
 

@@ -20,8 +20,10 @@ each reading. The core marks an entry *touched* wherever it changes what is read
 A change of ``entries`` that bypassed the core (its length or the dict itself changed
 behind it) makes it start over from a full walk; a key taken out and set again behind
 its back (moved last in the dict's order, same length) is not seen: ``entries`` changes
-through the core (``admit``, ``drop``, ``forget_if_done``). ``tests/zone/test_holdings.py`` holds it
-to the plain walk after every event of random sequences."""
+through the core (``admit``, ``drop``, ``forget_if_done``). Which entries are atomized
+is looked at again when the market's jobs (``atoms``) change in number.
+``tests/zone/test_holdings.py`` holds it to the plain walk after every event of random
+sequences."""
 
 from __future__ import annotations
 
@@ -31,12 +33,14 @@ import operator
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from laminar_base.causes import RUNNING_JOB_STATES
+from laminar_api.v1 import common_pb2
+from laminar_base.causes import LIVE_SUBJOB_STATES, RUNNING_JOB_STATES
+from laminar_base.demand import Demand
 from laminar_zone.entry import Entry
 from laminar_zone.placement import ReleaseCurve
 
-#: An atomized job's live pieces: (GPU units, memory bytes) of each, in placement order.
-PiecesOf = Callable[[Entry], list[tuple[float, int]]]
+#: What a piece's resources ask (the core's ``demand_of``).
+DemandOf = Callable[[common_pb2.Resources], Demand]
 #: An atomized job's live pieces on a family's slices: (window end, GPU units) of each.
 PieceEndsOf = Callable[[Entry, str], list[tuple[float, float]]]
 
@@ -66,8 +70,8 @@ class _Held:
 class Holdings:
     """The rigid jobs that hold GPUs, per tenant in entry order and per family by end."""
 
-    def __init__(self, pieces_of: PiecesOf, piece_ends_of: PieceEndsOf) -> None:
-        self._pieces_of = pieces_of
+    def __init__(self, demand_of: DemandOf, piece_ends_of: PieceEndsOf) -> None:
+        self._demand_of = demand_of
         self._piece_ends_of = piece_ends_of
         self._reset(None)
 
@@ -169,14 +173,14 @@ class Holdings:
     def _sync(self, entries: Mapping[str, Entry], atoms: Collection[str]) -> None:
         if entries is not self._entries or len(entries) != len(self._seq):
             self._walk_again(entries)
-        # An entry's kind is read when it is touched; one that changed kind since is read
-        # again: one the market let go, or one it took in after the core admitted it (then
-        # the market's jobs changed in number: they are walked only then).
-        for job_id in self._atomized:
-            if job_id not in atoms:
-                self._touched.add(job_id)
+        # An entry's kind is read when it is touched. One that changed kind since (the
+        # market took it in after the core admitted it, or let it go) is read again once
+        # the market's jobs changed in number: they are walked only then.
         if len(atoms) != self._atoms_count:
             self._atoms_count = len(atoms)
+            for job_id in self._atomized:
+                if job_id not in atoms:
+                    self._touched.add(job_id)
             for job_id in atoms:
                 if job_id in self._seq and job_id not in self._atomized:
                     self._touched.add(job_id)
@@ -262,17 +266,19 @@ class Holdings:
     ) -> tuple[dict[str, float], dict[str, int]]:
         """With atomized jobs about: their live pieces and the rigid holders, walked
         together in entry order."""
-        walk: list[tuple[int, str, list[tuple[float, int]]]] = [
-            (h.seq, h.tenant, [(h.units, h.memory_bytes)]) for h in self._held.values()
-        ]
+        walk = [(h.seq, h.tenant, h.units, h.memory_bytes) for h in self._held.values()]
+        demand_of = self._demand_of
         for job_id, seq in self._atomized.items():
-            entry = entries[job_id]
-            walk.append((seq, entry.job.spec.tenant, self._pieces_of(entry)))
-        walk.sort(key=operator.itemgetter(0))
+            job = entries[job_id].job
+            tenant = job.spec.tenant
+            for p in job.placements:
+                if p.state in LIVE_SUBJOB_STATES:
+                    piece = demand_of(p.resources)
+                    walk.append((seq, tenant, piece.gpu_units, piece.memory_bytes))
+        walk.sort(key=operator.itemgetter(0))  # stable: a job's pieces stay in order
         units: dict[str, float] = {}
         memory: dict[str, int] = {}
-        for _, tenant, pieces in walk:
-            for piece_units, piece_memory in pieces:
-                units[tenant] = units.get(tenant, 0.0) + piece_units
-                memory[tenant] = memory.get(tenant, 0) + piece_memory
+        for _, tenant, piece_units, piece_memory in walk:
+            units[tenant] = units.get(tenant, 0.0) + piece_units
+            memory[tenant] = memory.get(tenant, 0) + piece_memory
         return units, memory
