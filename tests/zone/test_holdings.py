@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from laminar_api.v1 import common_pb2, zone_pb2
 from laminar_base.demand import Demand
+from laminar_base.wire import demand_of
 from laminar_zone.core import ZoneCore
 from laminar_zone.entry import Entry
 from laminar_zone.view import ZoneView
@@ -56,22 +57,13 @@ def _resources(need: Demand) -> common_pb2.Resources:
     )
 
 
-def _demand_of(resources: common_pb2.Resources) -> Demand:
-    return Demand(
-        gpus=resources.gpus,
-        gpu_milli=resources.gpu_milli,
-        gpu_memory_bytes=resources.gpu_memory_bytes,
-        mig_profile=resources.mig_profile,
-    )
-
-
 class Driver:
     """One core and the jobs given to it; each event changes them as the core's callers
     do (through the core, but for what drivers write themselves: pieces)."""
 
     def __init__(self) -> None:
         self.atoms: set[str] = set()
-        self.core = ZoneCore(ZoneView(3.0), {}, atoms=self.atoms, demand_of=_demand_of)
+        self.core = ZoneCore(ZoneView(3.0), {}, atoms=self.atoms, demand_of=demand_of)
         self.jobs: list[Entry] = []
         self.clock = NOW
 
