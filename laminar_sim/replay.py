@@ -36,7 +36,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Collection, Container, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -338,7 +338,7 @@ class CoreDriver:
         owner: CoreOwner,
         seed: int,
         *,
-        atoms: Container[str] = frozenset(),
+        atoms: Collection[str] = frozenset(),
         demand_of: Callable[[common_pb2.Resources], Demand] | None = None,
     ) -> None:
         """``atoms``: the jobs the owner's market places (the core skips them in its

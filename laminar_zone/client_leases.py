@@ -151,12 +151,12 @@ class ClientLeases:
             attempts=1,
         )
         entry = Entry(job=job, need=need, submitted_mono=time.monotonic(), placing=True)
-        self._state.entries[job.job_id] = entry
+        self._state.core.admit(entry)
         self._state.store.put(job)
         try:
             ok = await self._state.commit_all(entry, chosen)
         finally:
-            entry.placing = False
+            self._state.core.set_placing(entry, False)
         if not ok:
             self._state.finish(entry, zone_pb2.JOB_FAILED, job.reason)
             self._state.save(entry)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_zone.arrays import ArrayProgress, element_id, parse_array
 from laminar_zone.config import Quota
 from laminar_zone.entry import Entry, queue_item
+from laminar_zone.holdings import Holdings
 from laminar_zone.lifecycle import (
     Outcome,
     Record,
@@ -381,7 +382,7 @@ class ZoneCore:
         view: ZoneView,
         quotas: Mapping[str, Quota],
         *,
-        atoms: Container[str] = frozenset(),
+        atoms: Collection[str] = frozenset(),
         lookup: Callable[[str], zone_pb2.Job | None] = lambda job_id: None,
         recheck_seconds: float = 1.0,
         lost_after_seconds: float = 30.0,
@@ -405,6 +406,8 @@ class ZoneCore:
         self.demand_of = demand_of or _no_pieces
         self.units_done = units_done
         self.entries: dict[str, Entry] = {}
+        #: What the live jobs hold, per tenant and per family, kept as they change.
+        self.holdings = Holdings(self.demand_of, self._piece_ends)
         #: agent id -> job ids with live placements there
         self.by_agent: dict[str, set[str]] = {}
         #: agent id -> job ids whose commit there went unanswered (asked at its heartbeat)
@@ -442,25 +445,23 @@ class ZoneCore:
         return None if entry is None else entry.job
 
     def tenant_usage(self) -> tuple[dict[str, float], dict[str, int]]:
-        """GPU units and memory each tenant's running and placing jobs hold."""
-        units: dict[str, float] = {}
-        memory: dict[str, int] = {}
-        atoms = self.atoms
-        for e in self.entries.values():
-            job = e.job
-            if job.job_id in atoms:
-                # An atomized job holds what its live pieces hold (its spec asks nothing).
-                tenant = job.spec.tenant
-                for p in job.placements:
-                    if p.state in LIVE_SUBJOB_STATES:
-                        piece = self.demand_of(p.resources)
-                        units[tenant] = units.get(tenant, 0.0) + piece.gpu_units
-                        memory[tenant] = memory.get(tenant, 0) + piece.memory_bytes
-            elif job.state in RUNNING_JOB_STATES or e.placing:
-                item = e.item  # its tenant is the spec's
-                units[item.tenant] = units.get(item.tenant, 0.0) + item.units
-                memory[item.tenant] = memory.get(item.tenant, 0) + item.memory_bytes
-        return units, memory
+        """GPU units and memory each tenant's running and placing jobs hold (an atomized
+        job holds what its live pieces hold: its spec asks nothing), summed in the order of
+        ``entries``; kept as jobs change (:class:`~laminar_zone.holdings.Holdings`)."""
+        return self.holdings.usage(self.entries, self.atoms)
+
+    # ---------------------------------------------------------------- what changes holdings
+
+    def set_state(self, entry: Entry, state: int) -> None:
+        """Every job state the core writes goes through here: what a job holds (tenant
+        usage, its family's releases) is read again from it."""
+        entry.job.state = state  # type: ignore[assignment]
+        self.holdings.touch(entry)
+
+    def set_placing(self, entry: Entry, placing: bool) -> None:
+        """A placement try begins or ends: a placing job counts as holding."""
+        entry.placing = placing
+        self.holdings.touch(entry)
 
     # ---------------------------------------------------------------- blocks
 
@@ -550,7 +551,7 @@ class ZoneCore:
             if job.forwarded_to.startswith("pending:"):
                 instructions.append(ResumeForward(entry))
             elif job.job_id in self.atoms:
-                job.state = zone_pb2.QUEUED  # it waits for the next window
+                self.set_state(entry, zone_pb2.QUEUED)  # it waits for the next window
             else:
                 instructions.append(Place(entry))
         elif job.state in (zone_pb2.QUEUED, zone_pb2.WAITING):
@@ -647,6 +648,7 @@ class ZoneCore:
         """A new job (or an array's element) is live; an array's own record is kept as
         its progress (:meth:`admit_array`)."""
         self.entries[entry.job.job_id] = entry
+        self.holdings.admitted(entry.job.job_id)
 
     def admit_array(self, array_job: zone_pb2.Job, total: int, limit: int) -> None:
         self.arrays[array_job.job_id] = ArrayProgress(total, limit)
@@ -654,6 +656,7 @@ class ZoneCore:
     def drop(self, job_id: str) -> None:
         """Forget a job whose submission was not journaled."""
         self.entries.pop(job_id, None)
+        self.holdings.removed(job_id)
         self.arrays.pop(job_id, None)
 
     def route(self, entry: Entry, allow_forward: bool, now_mono: float) -> list[Instruction]:
@@ -671,7 +674,7 @@ class ZoneCore:
         for reason, block in blocks:
             waiting = block(entry)
             if waiting:
-                job.state = zone_pb2.WAITING
+                self.set_state(entry, zone_pb2.WAITING)
                 set_reason(job, reason, waiting)
                 entry.queued_at = now_mono
                 return []
@@ -685,7 +688,7 @@ class ZoneCore:
         gang = max(1, job.spec.gang_size)
         # counts() is O(agents): read only for a gang, not on every Submit's hot path.
         if gang > 1 and (members_total := self.view.counts(entry.need).members_total) < gang:
-            job.state = zone_pb2.QUEUED
+            self.set_state(entry, zone_pb2.QUEUED)
             set_reason(
                 job,
                 Reason.TOO_LARGE,
@@ -728,7 +731,7 @@ class ZoneCore:
     def _await_window(self, entry: Entry, now_mono: float) -> list[Instruction]:
         """An atomized job stays in this zone: it waits for a window (the market starts it)."""
         job = entry.job
-        job.state = zone_pb2.QUEUED
+        self.set_state(entry, zone_pb2.QUEUED)
         set_reason(
             job,
             Reason.WINDOW,
@@ -739,7 +742,7 @@ class ZoneCore:
         return [Wake(Loop.MARKET)]
 
     def _queue_behind_head(self, entry: Entry, now_mono: float) -> None:
-        entry.job.state = zone_pb2.QUEUED
+        self.set_state(entry, zone_pb2.QUEUED)
         set_reason(
             entry.job,
             Reason.PRIORITY,
@@ -794,7 +797,7 @@ class ZoneCore:
         )
         if job.state == zone_pb2.QUEUED and job.reason == reason:
             return True, []
-        job.state = zone_pb2.QUEUED
+        self.set_state(entry, zone_pb2.QUEUED)
         set_reason(job, Reason.PREVIOUS_COPY, reason)
         entry.queued_at = now_mono
         return True, [Journal((entry,)), Publish(entry)]
@@ -819,7 +822,7 @@ class ZoneCore:
         )
         self.track(entry, agent_id)
         if job.state not in TERMINAL_JOB_STATES:
-            job.state = zone_pb2.PENDING
+            self.set_state(entry, zone_pb2.PENDING)
             set_reason(job, Reason.PLACING, "probing with commit")
         # Committed before the probe leaves; watchers hear of the answer (running, queued).
         return placement, [Journal((entry,), grouped=True, quiet=True)]
@@ -876,7 +879,7 @@ class ZoneCore:
                 )
             )
             self.track(entry, member.agent_id)
-        job.state = zone_pb2.PENDING
+        self.set_state(entry, zone_pb2.PENDING)
         set_reason(job, Reason.PLACING, "committing leases")
         return [Journal((entry,))]
 
@@ -890,6 +893,7 @@ class ZoneCore:
         failures = [a for a in answers if a is not None]
         if not failures:
             now_running(job, now_unix)
+            self.holdings.touch(entry)
             return True, [Journal((entry,))]
         why = "; ".join(f.reason for f in failures)
         log.warning("job %s: commit failed (%s); rolling back all members", job.job_id, why)
@@ -945,7 +949,7 @@ class ZoneCore:
         if job.state not in TERMINAL_JOB_STATES:
             stops = sum(isinstance(i, Terminate) for i in instructions)
             asks = sum(isinstance(i, Confirm) for i in instructions)
-            job.state = zone_pb2.PENDING
+            self.set_state(entry, zone_pb2.PENDING)
             set_reason(
                 job,
                 Reason.PLACING,
@@ -1039,6 +1043,7 @@ class ZoneCore:
                     Terminate(placement, "cancelled while starting", EndCause.CANCELLED),
                 ]
             now_running(job, now_unix)
+            self.holdings.touch(entry)
             return True, [Journal((entry,), grouped=True)]  # the intent recovers it
         why = unsure or "no answer"
         log.warning("job %s: a probe carrying the commit got no answer (%s)", job.job_id, why)
@@ -1096,7 +1101,7 @@ class ZoneCore:
         job = entry.job
         if job.state in TERMINAL_JOB_STATES:
             return []
-        job.state = zone_pb2.QUEUED
+        self.set_state(entry, zone_pb2.QUEUED)
         if reasons:
             log.info("job %s queued after %d probe(s): %s", job.job_id, job.probes, reasons[-1])
         entry.queued_at = now_mono
@@ -1174,7 +1179,7 @@ class ZoneCore:
                 # peak past what it declared was the declaration's error either way.
                 self.widen_for_memory(entry, first.peak_gpu_memory_bytes)
             job.attempts += 1
-            job.state = zone_pb2.PENDING
+            self.set_state(entry, zone_pb2.PENDING)
             counted = f"retry {job.retries_used} of {job.spec.max_retries}"
             set_reason(
                 job,
@@ -1184,7 +1189,7 @@ class ZoneCore:
             instructions += [Count("retries"), Place(entry)]
         elif verdict.outcome is Outcome.RUNNING:
             suspended = verdict.suspended
-            job.state = zone_pb2.JOB_SUSPENDED if suspended else zone_pb2.JOB_RUNNING
+            self.set_state(entry, zone_pb2.JOB_SUSPENDED if suspended else zone_pb2.JOB_RUNNING)
             job.started_unix = job.started_unix or now_unix
             where = sorted({p.agent_id for p in current if p.state == common_pb2.SUSPENDED})
             set_reason(
@@ -1218,6 +1223,7 @@ class ZoneCore:
             f"MIG {need.mig_profile}" if need.mig_profile else f"{need.gpu_memory_bytes} bytes",
         )
         entry.need = need
+        self.holdings.touch(entry)
         resources = entry.job.spec.resources
         resources.gpu_memory_bytes = need.gpu_memory_bytes
         resources.mig_profile = need.mig_profile
@@ -1273,7 +1279,7 @@ class ZoneCore:
     ) -> list[Instruction]:
         """End the job in ``state``; ``code`` (default: by the state) says why for scripts."""
         job = entry.job
-        job.state = state  # type: ignore[assignment]
+        self.set_state(entry, state)
         set_reason(job, END_REASONS.get(state, Reason.NONE) if code is None else code, reason)
         job.ended_unix = now_unix
         job.queue_position = 0
@@ -1317,6 +1323,7 @@ class ZoneCore:
         self.time_limits.forget(p.subjob_id for p in job.placements)
         # Kept in memory while dependents may ask; the journal has it anyway.
         self.entries.pop(job.job_id, None)
+        self.holdings.removed(job.job_id)
         return [Forget(job.job_id)]
 
     def array_elements(self, array_id: str) -> list[zone_pb2.Job]:
@@ -1770,9 +1777,10 @@ class ZoneCore:
     ) -> float | None:
         """When ``entry`` may start: from what of its need is free now (in GPU units) and
         the expected ends of running work of its family. ``releases`` holds each family's
-        ends and ``free_now`` each demand's free units, made once per pass (one scan of the
-        live jobs per family and of the view per demand, not per waiting job) and dropped
-        when the pass starts a job of that family."""
+        ends and ``free_now`` each demand's free units, made once per pass (each family's
+        curve from :class:`~laminar_zone.holdings.Holdings`, which keeps the running jobs'
+        ends as they change; the view read once per demand, not per waiting job) and
+        dropped when the pass starts a job of that family."""
         family = entry.need.family
         free = free_now.get(entry.need)
         if free is None:
@@ -1781,28 +1789,16 @@ class ZoneCore:
             # time counts them beside the running jobs' ends.
             free = free_now[entry.need] = self.view.free_for(entry.need) * entry.need.gpu_units
         if family not in releases:
-            ends: list[tuple[float, float]] = []
-            mean = self.mean_run_seconds.get(family, 0.0)
-            atoms = self.atoms
-            for other in self.entries.values():
-                job = other.job
-                if job.job_id in atoms:
-                    # Its pieces give their slices back when their windows end (a window
-                    # offered past a blocked head's start is cut there: the market's
-                    # class_windows), not when the whole job is expected to end.
-                    ends.extend(self._piece_ends(other, family))
-                    continue
-                if job.state not in RUNNING_JOB_STATES or other.need.family != family:
-                    continue
-                item = other.item
-                run = item.expected_seconds or mean  # the estimate, else the limit
-                if run > 0:
-                    ends.append((job.started_unix + run, item.units))
-            releases[family] = ReleaseCurve(ends)
+            releases[family] = self.holdings.release_curve(
+                family, self.mean_run_seconds.get(family, 0.0), self.entries, self.atoms
+            )
         return releases[family].start(now_unix, free, units_ahead, entry.item.units)
 
     def _piece_ends(self, entry: Entry, family: str) -> list[tuple[float, float]]:
-        """(window end, GPU units) of the atomized job's live pieces on ``family``'s slices."""
+        """(window end, GPU units) of the atomized job's live pieces on ``family``'s slices:
+        its pieces give their slices back when their windows end (a window offered past a
+        blocked head's start is cut there: the market's class_windows), not when the whole
+        job is expected to end."""
         out = []
         for p in entry.job.placements:
             if p.state in LIVE_SUBJOB_STATES and p.window_end_unix > 0:
@@ -1852,7 +1848,7 @@ class PassBook:
             return Admit.SKIP
         if job.job_id in core.atoms:  # placed by the market, not by this walk
             if job.state == zone_pb2.WAITING:
-                job.state = zone_pb2.QUEUED
+                self.core.set_state(entry, zone_pb2.QUEUED)
                 set_reason(job, Reason.WINDOW, "dependencies succeeded; waiting for a window")
                 self.changed.append(entry)
                 self.instructions.append(Wake(Loop.MARKET))
@@ -1866,7 +1862,7 @@ class PassBook:
         )
         if blocked:
             if job.state != zone_pb2.WAITING or job.reason != blocked:
-                job.state = zone_pb2.WAITING
+                self.core.set_state(entry, zone_pb2.WAITING)
                 set_reason(job, Reason.QUOTA, blocked)
                 self.changed.append(entry)
             return Admit.SKIP
@@ -1880,7 +1876,7 @@ class PassBook:
         so, it is placing from the queue."""
         if not self.core.view.any_fits(entry.need, rng):
             return False
-        entry.job.state = zone_pb2.PENDING
+        self.core.set_state(entry, zone_pb2.PENDING)
         set_reason(entry.job, Reason.PLACING, "placing from the queue")
         return True
 
@@ -1927,7 +1923,7 @@ class PassBook:
             or job.reason != why.text
             or job.queue_position != wait.position
         ):
-            job.state = zone_pb2.QUEUED
+            self.core.set_state(entry, zone_pb2.QUEUED)
             set_reason(job, Reason[why.token.upper()], why.text)
             job.queue_position = wait.position
             job.expected_start_unix = wait.expected_start or 0.0

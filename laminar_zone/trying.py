@@ -203,7 +203,7 @@ def place_try(
     longer placing)."""
     if not core.may_place(entry):
         return False
-    entry.placing = True
+    core.set_placing(entry, True)
     try:
         started = clock.mono()
         yield Slot()
@@ -231,7 +231,7 @@ def place_try(
         )
         return True
     finally:
-        entry.placing = False
+        core.set_placing(entry, False)
 
 
 def _gather_and_commit(

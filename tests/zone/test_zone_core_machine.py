@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from holdings_scan import assert_holdings_match
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -865,6 +866,8 @@ class World:
 
     def check(self) -> None:
         core = self.core
+        # What the core keeps of the jobs' holdings is what a walk of them reads.
+        assert_holdings_match(core)
         seen: set[tuple[str, int]] = set()
         for job_id, member, _ in self.running.values():
             assert (job_id, member) not in seen, f"{job_id} member {member} runs twice"

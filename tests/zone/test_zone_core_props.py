@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import pytest
 from corekit import FakeAgent, FakeClients, ManualClock, SeededIds, replayable, settle
+from holdings_scan import assert_holdings_match
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -285,6 +286,8 @@ class Harness:
 
     def check_always(self) -> None:
         assert not self.failures, self.failures
+        # What the core keeps of the jobs' holdings is what a walk of them reads.
+        assert_holdings_match(self.zone.core)
         for agent in self.agents.values():
             holders: dict[str, int] = {}
             for subjob in agent.live():
