@@ -271,7 +271,7 @@ class PeerRouter:
                 delay = min(delay * 2, FORWARD_RETRY_MAX_SECONDS)
         peer = self.peers.get(target)
         zone = peer.summary.zone if peer is not None and peer.summary else target
-        job.state = zone_pb2.FORWARDED
+        self.state.core.set_state(entry, zone_pb2.FORWARDED)
         job.forwarded_to = f"{zone}@{target}/{remote.job_id}"
         job.reason = f"forwarded to zone {zone} at {target} as job {remote.job_id}" + (
             f" (weights {', '.join(f'{k}={w:.2f}' for k, w in weights)})" if weights else ""

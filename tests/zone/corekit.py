@@ -121,6 +121,8 @@ class FakeAgent:
     #: ``report``, the test's heartbeat) before the reply of the call that started it.
     exit_before_reply: bool = False
     report: Callable[[], None] | None = None
+    #: Called as each Probe/ProbeBatch/Commit arrives, while the router's try is in flight.
+    inside_call: Callable[[], None] | None = None
     #: The agent's monotonic clock (the test's, so that leases lapse only when it says).
     clock: Callable[[], float] = time.monotonic
     #: Subjobs Airlock wants moved (listed on every heartbeat while they live).
@@ -269,6 +271,8 @@ class FakeAgent:
         return agent_pb2.ProbeBatchReply(replies=replies)
 
     def _settle(self, requests: list[agent_pb2.ProbeRequest]) -> list[agent_pb2.ProbeReply]:
+        if self.inside_call is not None:
+            self.inside_call()
         self._reachable()
         now = self.clock()
         self.ledger.expire(now)
@@ -322,6 +326,8 @@ class FakeAgent:
     async def Commit(
         self, request: agent_pb2.CommitRequest, timeout: float = 0
     ) -> common_pb2.Subjob:
+        if self.inside_call is not None:
+            self.inside_call()
         self._reachable()
         spec = request.spec
         if spec.subjob_id in self.subjobs:

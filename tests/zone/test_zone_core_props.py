@@ -103,6 +103,7 @@ class Harness:
             agents = [FakeAgent(f"a{i}", GPUS_PER_AGENT) for i in range(AGENTS)]
         for agent in agents:
             agent.clock = self.clock.monotonic
+            agent.inside_call = self._check_holdings_in_flight
         self.agents = {a.agent_id: a for a in agents}
         self.job_ids: list[str] = []
         self.failures: list[BaseException] = []
@@ -283,6 +284,14 @@ class Harness:
 
     def jobs(self) -> list[zone_pb2.Job]:
         return [self.zone.get(job_id) for job_id in self.job_ids]
+
+    def _check_holdings_in_flight(self) -> None:
+        """Mid-try (an agent call arrives): what the core keeps of the jobs' holdings is
+        still what a walk of them reads (a placing job holds)."""
+        try:
+            assert_holdings_match(self.zone.core)
+        except AssertionError as exc:
+            self.failures.append(exc)
 
     def check_always(self) -> None:
         assert not self.failures, self.failures
