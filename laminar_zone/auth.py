@@ -171,6 +171,8 @@ class Guard:
         self.max_queued_per_tenant = max_queued_per_tenant
         #: Set (and replaced) whenever the table changes: open streams recheck their caller.
         self._reloaded = asyncio.Event()
+        #: Counts the table's replacements (a stream knows which table it checked against).
+        self.generation = 0
 
     @property
     def enabled(self) -> bool:
@@ -186,13 +188,17 @@ class Guard:
         except ConfigError as exc:
             return False, f"tokens file not reloaded, the old table stays: {exc.message}"
         self.table = table
+        self.generation += 1
         changed, self._reloaded = self._reloaded, asyncio.Event()
         changed.set()
         return True, f"tokens file reloaded: {len(table)} token(s)"
 
-    async def wait_reloaded(self) -> None:
-        """Return once the token table has been replaced (SIGHUP)."""
-        await self._reloaded.wait()
+    async def wait_reloaded(self, since: int) -> int:
+        """Return the table's generation once it is not ``since`` (at once if a reload
+        came in between: a stream never misses one)."""
+        while self.generation == since:
+            await self._reloaded.wait()
+        return self.generation
 
     def caller(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> Principal | None:
         """The authenticated caller, or None with auth off; UNAUTHENTICATED otherwise."""

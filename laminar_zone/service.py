@@ -65,15 +65,22 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
             async for item in items:
                 yield item
             return
+        # Checked again against the table of now, whose generation the wait starts from:
+        # a reload between the call's own check and here is not missed.
+        generation = self._guard.generation
+        self._caller(context)
         nxt: asyncio.Future[T] = asyncio.ensure_future(anext(items))
-        changed: asyncio.Future[None] = asyncio.ensure_future(self._guard.wait_reloaded())
+        changed: asyncio.Future[int] = asyncio.ensure_future(
+            self._guard.wait_reloaded(generation)
+        )
         try:
             while True:
                 pending: list[asyncio.Future[Any]] = [nxt, changed]
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 if changed.done():
+                    generation = changed.result()
                     self._caller(context)  # raises when the token was revoked
-                    changed = asyncio.ensure_future(self._guard.wait_reloaded())
+                    changed = asyncio.ensure_future(self._guard.wait_reloaded(generation))
                 if nxt.done():
                     try:
                         item = nxt.result()

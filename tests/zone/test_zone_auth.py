@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from laminar_base.errors import ConfigError, PermissionDenied, Unauthenticated
 from laminar_zone.auth import (
+    Guard,
     Principal,
     Role,
     TokenTable,
@@ -17,6 +19,7 @@ from laminar_zone.auth import (
     new_token,
     require_admin,
 )
+from laminar_zone.limits import RateLimiter
 
 
 def write_tokens(path: Path, rows: list[tuple[str, str, str]]) -> None:
@@ -76,3 +79,27 @@ def test_bearer_header_parsing() -> None:
     assert bearer_from_metadata((("authorization", b"bearer xyz"),)) == "xyz"
     assert bearer_from_metadata((("authorization", "Basic abc"),)) is None
     assert bearer_from_metadata(None) is None
+
+
+async def test_a_stream_that_starts_waiting_after_a_reload_still_sees_it(tmp_path: Path) -> None:
+    """A stream checks its caller, then waits for the next reload: one that lands between
+    the two (a SIGHUP as the stream opens) is not missed (the old wait, on the event of the
+    moment, missed it, and a revoked token's stream stayed open)."""
+    path = tmp_path / "tokens.toml"
+    write_tokens(path, [("alice", "tenant", hash_token(new_token()))])
+    guard = Guard(
+        str(path),
+        submit_limiter=RateLimiter("Submit", 0.0, 1),
+        probe_limiter=RateLimiter("ProbeJob", 0.0, 1),
+    )
+    checked_against = guard.generation
+    write_tokens(path, [("bob", "tenant", hash_token(new_token()))])
+    assert guard.reload()[0]
+    waiting = asyncio.ensure_future(guard.wait_reloaded(checked_against))
+    await asyncio.sleep(0)  # one turn of the loop: it returns without waiting
+    assert waiting.done() and waiting.result() == checked_against + 1
+    again = asyncio.ensure_future(guard.wait_reloaded(waiting.result()))
+    await asyncio.sleep(0)
+    assert not again.done()  # nothing new: it waits for the next reload
+    assert guard.reload()[0]
+    assert await again == checked_against + 2
