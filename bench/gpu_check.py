@@ -14,6 +14,13 @@ What the test suite can only do over the mocked NVML, on the real thing:
    (its memory leaves the GPU), nothing dies of CUDA OOM, the production subjob keeps
    running; the pressure goes, the suspended subjob resumes with its memory, and both
    check their pattern and succeed. Reaction, suspend and resume times are reported.
+4. **An upgrade while a subjob is checkpointed** (``--restart``, on by default): with the
+   opportunistic subjob suspended and the pressure still there, the agent is stopped
+   (SIGTERM) and started again on its state directory. Expected: the restarted agent keeps
+   the subjob suspended (it counts the bytes its checkpoint holds, though NVML reads 0 for
+   it), and once the pressure goes it resumes it *and* restores its CUDA state (the
+   restore counter goes to 1; a continued process whose state stayed on the host would
+   wait in its next CUDA call forever), and the pattern survives.
 
 Writes one JSON report (``--out``) and prints it; exits 0 unless the host has no GPU.
 ``python3 bench/gpu_check.py --out report.json`` from the repository root.
@@ -23,17 +30,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_cli.cluster import LocalCluster
@@ -123,7 +133,28 @@ def check_nvml(report: dict[str, Any]) -> None:
         backend.close()
 
 
-def check_airlock(report: dict[str, Any], job_gib: float, root: Path) -> None:
+def metric_sum(metrics_address: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus metric's samples named ``name`` whose labels include ``labels``."""
+    body = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10).read()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
+def restores(metrics_address: str) -> float:
+    """cuda-checkpoint restores that succeeded, as the agent counts them."""
+    return metric_sum(
+        metrics_address,
+        "laminar_airlock_cuda_checkpoint_toggles_total",
+        direction="restore",
+        outcome="ok",
+    )
+
+
+def check_airlock(report: dict[str, Any], job_gib: float, root: Path, restart: bool) -> None:
     total = report["gpus"][0]["memory_total_gib"]
     gate, stop = root / "gate", root / "stop"
     env = {
@@ -147,6 +178,37 @@ def check_airlock(report: dict[str, Any], job_gib: float, root: Path) -> None:
         def used_gib() -> float:
             inv = stub.GetInventory(agent_pb2.GetInventoryRequest(), timeout=10)
             return inv.gpus[0].memory_used_bytes / GIB
+
+        def restart_agent() -> dict[str, Any]:
+            nonlocal agent, channel, stub
+            agent.process.send_signal(signal.SIGTERM)
+            out: dict[str, Any] = {"agent_exit": agent.process.wait(60)}
+            channel.close()
+            began = time.monotonic()
+            agent = cluster.start_agent(
+                "gpuhost", "", extra_args=["--gpu-backend", "nvml"], env=env, timeout_seconds=60
+            )
+            channel = grpc.insecure_channel(agent.address)
+            stub = agent_pb2_grpc.AgentStub(channel)
+            out["up_s"] = round(time.monotonic() - began, 3)
+            # Two seconds of the new agent's Airlock polls, still under the pressure.
+            wait_until(
+                "the restarted agent polled for 2 s",
+                lambda: (
+                    metric_sum(
+                        agent.metrics_address, "laminar_airlock_level_seconds_total", kind="host"
+                    )
+                    >= 2.0
+                ),
+                60,
+            )
+            opp = subjob("opp")
+            out["opp_after_restart"] = {
+                "state": common_pb2.SubjobState.Name(opp.state),
+                "reason": opp.reason,
+            }
+            out["used_after_restart_gib"] = round(used_gib(), 2)
+            return out
 
         inv = stub.GetInventory(agent_pb2.GetInventoryRequest(), timeout=10)
         result["agent_sees_cuda_checkpoint"] = inv.cuda_checkpoint_available
@@ -223,13 +285,16 @@ def check_airlock(report: dict[str, Any], job_gib: float, root: Path) -> None:
             except TimeoutError as exc:
                 result["freed_s"] = str(exc)
             result["used_after_stop_gib"] = round(used_gib(), 2)
+            if restart and subjob("opp").state == common_pb2.SUSPENDED:
+                result["restart"] = restart_agent()
         finally:
             stop.touch()
             output, _ = pressure.communicate(timeout=60)
             result["pressure_exit"] = pressure.returncode
             result["pressure_output"] = output.decode(errors="replace")[-300:]
         released = time.monotonic()
-        if subjob("opp").state == common_pb2.SUSPENDED:
+        # (It may have been resumed already, while the pressure process was exiting.)
+        if result["opp_after_pressure"]["state"] == "SUSPENDED":
             result["resume_s"] = round(
                 wait_until(
                     "the suspended subjob resumed",
@@ -255,6 +320,23 @@ def check_airlock(report: dict[str, Any], job_gib: float, root: Path) -> None:
                 3,
             )
         result["since_pressure_released_s"] = round(time.monotonic() - released, 3)
+        if "restart" in result:
+            try:
+                result["restart"]["restored_s"] = round(
+                    wait_until(
+                        "the restarted agent restored the subjob's CUDA state",
+                        lambda: restores(agent.metrics_address) >= 1,
+                        60,
+                    ),
+                    3,
+                )
+            except TimeoutError as exc:
+                result["restart"]["restored_s"] = str(exc)
+            result["restart"]["restores_by_restarted_agent"] = restores(agent.metrics_address)
+            airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
+            result["restart"]["resume_reasons"] = [
+                a.reason[:240] for a in airlock.recent_actions if a.step == "resume"
+            ]
         gate.touch()
         ended = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED, common_pb2.LOST}
         wait_until(
@@ -287,6 +369,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--job-gib", type=float, default=30.0, help="GPU memory per subjob")
+    parser.add_argument(
+        "--restart",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="restart the agent while a subjob is checkpointed (step 4)",
+    )
     args = parser.parse_args()
     report: dict[str, Any] = {"python": sys.version.split()[0]}
     try:
@@ -305,7 +393,7 @@ def main() -> int:
             return 1
     with tempfile.TemporaryDirectory(prefix="laminar-gpu-check-") as tmp:
         try:
-            check_airlock(report, args.job_gib, Path(tmp))
+            check_airlock(report, args.job_gib, Path(tmp), args.restart)
         except Exception:
             report["airlock_error"] = traceback.format_exc()[-2000:]
             logs = sorted(Path(tmp).rglob("*.log"))
