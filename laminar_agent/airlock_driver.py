@@ -247,6 +247,8 @@ class AirlockDriver:
             calm = static is None or all(
                 self.levels.level(d) == Level.NORMAL for d in static.devices
             )
+            if suspended and self.episodes.memory(subjob_id).suspended_since is None:
+                self._recall_suspension(subjob_id, now)
             memory = self.episodes.poll(subjob_id, suspended=suspended, calm=calm, now=now)
             if subjob_id in self.node.terminating:
                 continue  # already on its way out; its memory leaves with it
@@ -307,6 +309,13 @@ class AirlockDriver:
             host_total_bytes=host.total_bytes if host is not None else 0,
             host_level=host_level,
         )
+
+    def _recall_suspension(self, subjob_id: str, now: float) -> None:
+        """A suspended subjob this run has no time for (the agent restarted, or it was
+        suspended by hand): its age counts from the journaled event that suspended it."""
+        event = self.node.journal.last_event(subjob_id)
+        if event is not None and event.state == "SUSPENDED":
+            self.episodes.recall(subjob_id, now - max(0.0, time.time() - event.at_unix))
 
     @staticmethod
     def _work_seconds(static: _StaticView, memory: Memory, now: float) -> float:

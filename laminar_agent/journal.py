@@ -544,6 +544,14 @@ class Journal:
             "UPDATE events SET acked=1 WHERE seq<=? AND acked=0", (up_to_seq,)
         ).rowcount
 
+    def last_event(self, subjob_id: str) -> EventRow | None:
+        """The subjob's newest state event (read once per subjob after a restart: the walk
+        goes back from the newest row and stops at the subjob's first)."""
+        row = self._conn.execute(
+            "SELECT * FROM events WHERE subjob_id=? ORDER BY seq DESC LIMIT 1", (subjob_id,)
+        ).fetchone()
+        return _event(row) if row is not None else None
+
     def unacked_events(self, limit: int = 1000) -> list[EventRow]:
         rows = self._conn.execute(
             "SELECT * FROM events WHERE acked=0 ORDER BY seq LIMIT ?", (limit,)

@@ -54,8 +54,9 @@ class Episodes:
     def poll(self, subjob_id: str, *, suspended: bool, calm: bool, now: float) -> Memory:
         """One live subjob at one poll, before the decision.
 
-        ``suspended``: it is stopped now (by Airlock; a suspension found without a time,
-        after an agent restart, counts from now). ``calm``: every slice it holds is at
+        ``suspended``: it is stopped now (by Airlock; a suspension found without a time
+        counts from now: the agent :meth:`recall` s the time of one an earlier run of it
+        began). ``calm``: every slice it holds is at
         the normal level, so its pressure episode is over and it may be asked to release
         memory again in the next one.
         """
@@ -66,6 +67,13 @@ class Episodes:
         if calm:
             self.release_sent.pop(subjob_id, None)
         return self.memory(subjob_id)
+
+    def recall(self, subjob_id: str, suspended_since: float) -> None:
+        """A suspension that began before this bookkeeping did (the agent restarted while
+        the subjob was stopped): it counts from ``suspended_since``, not from the first
+        poll that finds it, so an upgrade does not reset its age towards re-addressing
+        or reclaim."""
+        self.suspended_since[subjob_id] = suspended_since
 
     def memory(self, subjob_id: str) -> Memory:
         return Memory(

@@ -3,7 +3,9 @@ on the fake backend and on the nvml backend over the mocked NVML (:mod:`gpu_back
 
 from __future__ import annotations
 
+import re
 import signal
+import sqlite3
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -158,6 +160,13 @@ def test_a_restarted_agent_still_restores_what_it_checkpointed(
     assert listed() == [f"{pid}.checkpointed"]
     agent.process.send_signal(signal.SIGTERM)
     assert agent.process.wait(20) == 0
+    # The agent stays down ten minutes, as far as its journal can tell: the suspension's
+    # age (towards re-addressing and reclaim) counts from the suspend, not the restart.
+    with sqlite3.connect(agent.state_dir / "agent.db") as db:
+        moved = db.execute(
+            "UPDATE events SET at_unix = at_unix - 600 WHERE subjob_id='opp' AND state='SUSPENDED'"
+        ).rowcount
+    assert moved == 1
 
     restarted = host.start(cluster, "h")  # the pressure is gone on this start
     with grpc.insecure_channel(restarted.address) as channel:
@@ -168,6 +177,8 @@ def test_a_restarted_agent_still_restores_what_it_checkpointed(
         airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
         resumes = [a.reason for a in airlock.recent_actions if a.step == "resume"]
         assert len(resumes) == 1 and "projected 40.0 GiB of 80.0 GiB" in resumes[0], resumes
+        waited = float(re.search(r"after ([0-9.]+)s suspended", resumes[0]).group(1))  # type: ignore[union-attr]
+        assert waited >= 600.0, resumes
         wait_for(lambda: listed() == [str(pid)])
         gate.write_text("go")
         terminal = {common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.KILLED}
