@@ -112,6 +112,7 @@ class Zone(Protocol):
     def finish(self, entry: Entry, state: int, reason: str, code: Reason | None = None) -> None: ...
     def save(self, entry: Entry) -> None: ...
     def track(self, entry: Entry, agent_id: str) -> None: ...
+    def set_placing(self, entry: Entry, placing: bool) -> None: ...
     def tenant_usage(self) -> tuple[dict[str, float], dict[str, int]]: ...
     def subjob_spec(
         self, entry: Entry, placement: zone_pb2.Placement, env: dict[str, str] | None = None
@@ -1137,7 +1138,7 @@ class Atomizer:
         for agent_id in dict.fromkeys(w.agent_id for _, w, _ in members):
             self.zone.track(entry, agent_id)
         self.zone.save(entry)
-        entry.placing = True
+        self.zone.set_placing(entry, True)
         unanswered: set[str] = set()
         try:
             outcomes = await asyncio.gather(
@@ -1147,7 +1148,7 @@ class Atomizer:
                 )
             )
         finally:
-            entry.placing = False
+            self.zone.set_placing(entry, False)
         started = all(o == "" for o in outcomes)
         if started:
             for p, w, _ in members:

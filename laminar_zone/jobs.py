@@ -192,6 +192,10 @@ class ZoneState:
         """The job has (or is about to have) a live subjob on this agent."""
         self.core.track(entry, agent_id)
 
+    def set_placing(self, entry: Entry, placing: bool) -> None:
+        """A placement try (the atomizer's piece commit) begins or ends."""
+        self.core.set_placing(entry, placing)
+
     def tenant_usage(self) -> tuple[dict[str, float], dict[str, int]]:
         return self.core.tenant_usage()
 

@@ -70,9 +70,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         generation = self._guard.generation
         self._caller(context)
         nxt: asyncio.Future[T] = asyncio.ensure_future(anext(items))
-        changed: asyncio.Future[int] = asyncio.ensure_future(
-            self._guard.wait_reloaded(generation)
-        )
+        changed: asyncio.Future[int] = asyncio.ensure_future(self._guard.wait_reloaded(generation))
         try:
             while True:
                 pending: list[asyncio.Future[Any]] = [nxt, changed]

@@ -105,6 +105,9 @@ class _Zone:
     def track(self, entry: Entry, agent_id: str) -> None:
         pass
 
+    def set_placing(self, entry: Entry, placing: bool) -> None:
+        self.core.set_placing(entry, placing)
+
     def save(self, entry: Entry) -> None:
         pass
 

@@ -161,6 +161,9 @@ class StandIn:
     def track(self, entry: Entry, agent_id: str) -> None:
         self.core.track(entry, agent_id)
 
+    def set_placing(self, entry: Entry, placing: bool) -> None:
+        self.core.set_placing(entry, placing)
+
     def save(self, entry: Entry) -> None:
         pass
 
