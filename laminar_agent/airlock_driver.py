@@ -473,13 +473,15 @@ class AirlockDriver:
     def _record(self, action: Action, snap: Snapshot) -> None:
         """Log, journal and count one decision (before it is carried out, or instead of it)."""
         dry_run = self.config.dry_run
+        view = next((s for s in snap.subjobs if s.subjob_id == action.subjob_id), None)
+        freed = self._gpu_bytes_freed(action, view)
         log.info(
             "airlock %s%s subjob %s on %s (expected %d bytes freed): %s",
             "(dry-run) " if dry_run else "",
             action.step,
             action.subjob_id,
             action.slice_id,
-            action.expected_bytes_freed,
+            freed,
             action.reason,
         )
         self.node.journal.append_action(
@@ -487,13 +489,12 @@ class AirlockDriver:
             action.subjob_id,
             action.slice_id,
             action.reason,
-            max(0, action.expected_bytes_freed),
+            max(0, freed),
             dry_run,
             end_cause=EndCause.RECLAIMED.token if action.step == STEP_RECLAIM else "",
         )
         if self.metrics is None:
             return
-        view = next((s for s in snap.subjobs if s.subjob_id == action.subjob_id), None)
         lost = 0.0
         if view is not None and action.step in (STEP_RECLAIM, STEP_READDRESS):
             lost = view.work_since_checkpoint_seconds * max(1, view.gpu_count)
@@ -502,10 +503,23 @@ class AirlockDriver:
             action.step,
             reason_class(action),
             resource="host" if action.slice_id == HOST_SLICE_ID else "gpu",
-            bytes_freed=max(0, action.expected_bytes_freed) if freeing else 0,
+            bytes_freed=max(0, freed) if freeing else 0,
             work_lost_gpu_seconds=lost,
             dry_run=dry_run,
         )
+
+    def _gpu_bytes_freed(self, action: Action, view: SubjobView | None) -> int:
+        """What ``action`` frees on its GPU slice: the policy's figure, less what a
+        suspended subjob holds in host memory through cuda-checkpoint. The policy counts a
+        checkpointed subjob at what it holds (its resume takes that back), but its reclaim
+        or move frees none of it on the GPU: the suspend that moved it out was counted."""
+        held = self._held.get(action.subjob_id)
+        if not held or view is None or not view.suspended or action.slice_id == HOST_SLICE_ID:
+            return action.expected_bytes_freed
+        if action.step not in (STEP_RECLAIM, STEP_READDRESS):
+            return action.expected_bytes_freed
+        on_host = sum(held.values()) // max(1, len(view.slice_ids))
+        return max(0, action.expected_bytes_freed - on_host)
 
     async def _execute(self, action: Action, snap: Snapshot, now: float) -> None:
         if action.step == STEP_READDRESS:

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import cast
 
 import grpc
 
@@ -40,18 +41,23 @@ class GpuHost:
         self.pid_dir = folder / "pids"
         self.tools = folder / "bin"
 
-    def start(self, cluster: LocalCluster, agent_id: str, **options: object) -> AgentProcess:
-        """Start the agent (``options`` go to ``LocalCluster.start_agent``)."""
+    def start(
+        self, cluster: LocalCluster, agent_id: str, *, injected: int = 0, **options: object
+    ) -> AgentProcess:
+        """Start the agent (``options`` go to ``LocalCluster.start_agent``; nvml: with
+        ``injected`` bytes on GPU 0 that belong to no subjob from its first reading)."""
         if self.kind == "fake":
+            assert not injected, "the fake backend is injected through the running agent"
             return cluster.start_agent(agent_id, "1xA100-80GB:shared", **options)  # type: ignore[arg-type]
         self.folder.mkdir(parents=True, exist_ok=True)
         self.pid_dir.mkdir(exist_ok=True)
-        self._write(0)
+        self._write(injected)
         self._install_cuda_checkpoint()
         env = {
             "LAMINAR_INVENTORY_NVML_MOCK": str(self.scenario),
             "LAMINAR_INVENTORY_SHARED_GPUS": "all",
             "PATH": f"{self.tools}{os.pathsep}{os.environ.get('PATH', '')}",
+            **cast(dict[str, str], options.pop("env", {})),
         }
         return cluster.start_agent(
             agent_id,

@@ -187,17 +187,58 @@ def test_a_restarted_agent_still_restores_what_it_checkpointed(
             assert _state(stub, subjob_id) == common_pb2.SUCCEEDED
 
 
-def _restores(agent: AgentProcess) -> float:
-    """``laminar_airlock_cuda_checkpoint_toggles_total{direction="restore",outcome="ok"}``."""
+def test_reclaiming_a_checkpointed_subjob_frees_nothing_more_on_the_gpu(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A subjob whose CUDA state cuda-checkpoint moved to the host is counted at what it
+    holds while suspended (its resume takes that back), but its reclaim frees none of it on
+    the GPU: the suspend's 20 GiB were counted once, by the suspend."""
+    host, agent, gate, _ = _checkpointed_opp(cluster, tmp_path)
+    assert _freed(agent) == 20 * GIB
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(20) == 0
+    with sqlite3.connect(agent.state_dir / "agent.db") as db:  # suspended ten minutes ago
+        db.execute("UPDATE events SET at_unix = at_unix - 600 WHERE state='SUSPENDED'")
+    env = {
+        "LAMINAR_AIRLOCK_READDRESS_AFTER_SECONDS": "30",
+        "LAMINAR_AIRLOCK_READDRESS_DEADLINE_SECONDS": "60",
+    }
+    # No room to resume it (crit's 20 + 40 GiB, 20 more would pass the resume mark): it
+    # waits, and is past its deadline already.
+    restarted = host.start(cluster, "h", env=env, injected=40 * GIB)
+    with grpc.insecure_channel(restarted.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        wait_for(lambda: _state(stub, "opp") == common_pb2.KILLED)
+        airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
+        reclaims = [a for a in airlock.recent_actions if a.step == "reclaim"]
+        assert [a.subjob_id for a in reclaims] == ["opp"] and "reclaim after" in reclaims[0].reason
+        assert reclaims[0].bytes_freed == 0
+        assert _freed(restarted) == 0
+        gate.write_text("go")
+        wait_for(lambda: _state(stub, "crit") == common_pb2.SUCCEEDED)
+
+
+def _freed(agent: AgentProcess) -> float:
+    """``laminar_airlock_freed_bytes_total{resource="gpu"}``."""
+    return _metric(agent, "laminar_airlock_freed_bytes_total", {"resource": "gpu"})
+
+
+def _metric(agent: AgentProcess, name: str, labels: dict[str, str]) -> float:
     body = urllib.request.urlopen(f"http://{agent.metrics_address}/metrics", timeout=10).read()
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
-            if sample.name == "laminar_airlock_cuda_checkpoint_toggles_total" and sample.labels == {
-                "direction": "restore",
-                "outcome": "ok",
-            }:
+            if sample.name == name and sample.labels == labels:
                 return sample.value
     return 0.0
+
+
+def _restores(agent: AgentProcess) -> float:
+    """``laminar_airlock_cuda_checkpoint_toggles_total{direction="restore",outcome="ok"}``."""
+    return _metric(
+        agent,
+        "laminar_airlock_cuda_checkpoint_toggles_total",
+        {"direction": "restore", "outcome": "ok"},
+    )
 
 
 def test_a_subjob_resumed_by_hand_gets_its_state_back(
