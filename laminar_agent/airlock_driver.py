@@ -654,12 +654,14 @@ class AirlockDriver:
                     ", ".join(map(str, held)),
                 )
             return
+        before = len(held)
         for pid in list(held):
             if not self._owns(subjob_id, pid) or await self._toggle(subjob_id, pid, "restore"):
                 del held[pid]
         if not held:
             del self._held[subjob_id]
-        self._save_held()
+        if len(held) != before:  # a failed restore, retried each poll, writes nothing
+            self._save_held()
 
     def _owns(self, subjob_id: str, pid: int) -> bool:
         """Whether ``pid`` is still a process of the subjob (a journaled pid may have ended
