@@ -40,7 +40,11 @@ from dataclasses import dataclass
 import psutil
 
 from laminar_agent.inventory.attribution import attribute_gpu_memory
-from laminar_agent.inventory.cuda_checkpoint import ToggleFailed
+from laminar_agent.inventory.cuda_checkpoint import (
+    STATE_CHECKPOINTED,
+    STATE_RUNNING,
+    ToggleFailed,
+)
 from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
 from laminar_agent.ledger import SliceKind
 from laminar_agent.metrics import AgentMetrics
@@ -400,8 +404,10 @@ class AirlockDriver:
         reports in its usage file (the declaration if absent or bad)."""
         if self._seen_by_driver is not None:
             seen = self._seen_by_driver.get(subjob_id, 0)
-            held = sum(self._held.get(subjob_id, {}).values()) if suspended else 0
-            return seen + held
+            # A held pid the driver lists with memory is on the GPU after all (counted in
+            # ``seen``): its restore ended unrecorded, or its checkpoint never began.
+            held = self._held.get(subjob_id, {}) if suspended else {}
+            return seen + sum(b for pid, b in held.items() if not self._pid_bytes.get(pid))
         return read_usage_file(self.node.executor.gpu_mem_file(subjob_id), declared_bytes)
 
     async def step_logged(
@@ -627,14 +633,33 @@ class AirlockDriver:
     async def _checkpoint(self, subjob_id: str) -> None:
         """Before a suspend: move the CUDA state of the subjob's processes to host memory,
         where cuda-checkpoint can (its free mode says so), one process at a time (each
-        copies device memory), each recorded with what it held on the GPU just before."""
-        if not self._checkpoints(subjob_id):
+        copies device memory), each recorded with what it held on the GPU just before.
+
+        A tool that reads a process's state (R570 and later) has each pid journaled before
+        its toggle: an agent stopped or killed during the copy leaves a record that the
+        next run reconciles with the tool (:meth:`_restore` moves only what is on the
+        host). R550's tool toggles blindly, so there a pid is journaled once it is done.
+        The first toggle that fails ends the suspend's checkpoints (each further one would
+        wait its own timeout while the suspend counts as relief under way)."""
+        tool = self.node.backend.cuda_checkpoint.tool
+        if tool is None or not self._checkpoints(subjob_id):
             return
         for pid in self._gpu_pids[subjob_id]:
             used = self._pid_bytes.get(pid, 0)  # the latest poll's, taken at its turn
-            if await self._toggle(subjob_id, pid, "checkpoint"):
-                self._held.setdefault(subjob_id, {})[pid] = used
+            held = self._held.setdefault(subjob_id, {})
+            if tool.reads_state:
+                held[pid] = used
                 self._save_held()
+            done = await self._toggle(subjob_id, pid, "checkpoint")
+            if done:
+                held[pid] = used
+            else:
+                held.pop(pid, None)
+            if not held:
+                del self._held[subjob_id]
+            self._save_held()
+            if not done:
+                break
 
     async def _restore(self, subjob_id: str) -> None:
         """After a resume (or at a poll that finds the subjob running with state still
@@ -654,14 +679,13 @@ class AirlockDriver:
                     ", ".join(map(str, held)),
                 )
             return
-        before = len(held)
         for pid in list(held):
             if not self._owns(subjob_id, pid) or await self._toggle(subjob_id, pid, "restore"):
                 del held[pid]
-        if not held:
-            del self._held[subjob_id]
-        if len(held) != before:  # a failed restore, retried each poll, writes nothing
-            self._save_held()
+                if not held:
+                    del self._held[subjob_id]
+                self._save_held()  # at once: a stop before the next pid leaves it right
+            # (a failed restore, retried at each poll, writes nothing)
 
     def _owns(self, subjob_id: str, pid: int) -> bool:
         """Whether ``pid`` is still a process of the subjob (a journaled pid may have ended
@@ -697,22 +721,31 @@ class AirlockDriver:
         self.node.journal.set_meta(HELD_META, json.dumps(saved, sort_keys=True))
 
     async def _toggle(self, subjob_id: str, pid: int, direction: str) -> bool:
-        """One ``cuda-checkpoint --toggle`` of ``pid``; whether it was done."""
+        """Move ``pid``'s CUDA state to the host (``direction`` "checkpoint") or back
+        ("restore"); whether it is there now (it may have been already: a tool that reads
+        the state toggles only the way asked for)."""
         tool = self.node.backend.cuda_checkpoint.tool
         assert tool is not None  # callers check: a checkpoint needs it, a restore waits
+        want = STATE_CHECKPOINTED if direction == "checkpoint" else STATE_RUNNING
         try:
-            await tool.toggle(pid)
+            done = await tool.to_state(pid, want)
         except (ToggleFailed, OSError) as exc:
             log.warning(
                 "airlock: cuda-checkpoint %s of subjob %s failed: %s", direction, subjob_id, exc
             )
             outcome = "failed"
         else:
-            log.info("airlock: cuda-checkpoint %s of subjob %s: pid %d", direction, subjob_id, pid)
-            outcome = "ok"
+            log.info(
+                "airlock: cuda-checkpoint %s of subjob %s: pid %d%s",
+                direction,
+                subjob_id,
+                pid,
+                "" if done else f" was {want} already",
+            )
+            outcome = "ok" if done else "already"
         if self.metrics is not None:
             self.metrics.airlock_cuda_checkpoint_toggles_total.labels(direction, outcome).inc()
-        return outcome == "ok"
+        return outcome != "failed"
 
     def _track(self, action: Action, snap: Snapshot, now: float) -> None:
         backend = self.node.backend

@@ -145,7 +145,8 @@ class AgentMetrics:
         self.airlock_cuda_checkpoint_toggles_total = Counter(
             "laminar_airlock_cuda_checkpoint_toggles_total",
             "cuda-checkpoint toggles of a suspended subjob's processes, by direction "
-            "(checkpoint: to host memory on suspend, restore: back on resume) and outcome",
+            "(checkpoint: to host memory on suspend, restore: back on resume) and outcome "
+            "(ok, failed, already: the tool read it in that state and nothing was done)",
             ["direction", "outcome"],
             registry=r,
         )

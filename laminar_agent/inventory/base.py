@@ -44,8 +44,14 @@ class CheckpointTool(Protocol):
     @property
     def path(self) -> str: ...
 
-    async def toggle(self, pid: int) -> None:
-        """Move a process's CUDA state to host memory, or back; raises on failure."""
+    @property
+    def reads_state(self) -> bool:
+        """It tells a process's state (``--get-state``), so it moves one only the way asked."""
+        ...
+
+    async def to_state(self, pid: int, want: str) -> bool:
+        """Move a process's CUDA state to host memory (``"checkpointed"``) or back
+        (``"running"``); False if it was there already; raises on failure."""
         ...
 
 

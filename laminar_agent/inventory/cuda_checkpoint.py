@@ -5,12 +5,14 @@ supported by the tool).
 The agent (``AgentServer.start``, not the inventory package: the decision core imports that
 and does no I/O) looks for the binary once at start (``inventory.cuda_checkpoint``: a path, empty
 for ``cuda-checkpoint`` on the agent's own PATH, ``off`` for never), runs ``--help`` to see
-that it runs and offers ``--toggle``, and checks the driver's major version. What it found
+that it runs and offers ``--toggle`` (and whether it offers ``--get-state``), and checks
+the driver's major version. What it found
 is reported in the inventory, a gauge and the start-up log. Where it is absent, Airlock
 asks for the release signal and reclaims, as before.
 
 Only the agent's own configuration and environment are read (never a subjob's), and the
-binary runs with a fixed argument list: ``--toggle --pid PID``.
+binary runs with fixed argument lists: ``--toggle --pid PID``, ``--get-state --pid PID``,
+``--action unlock --pid PID``.
 """
 
 from __future__ import annotations
@@ -39,20 +41,58 @@ class ToggleFailed(Exception):
     """A ``cuda-checkpoint --toggle`` failed: the process keeps its CUDA state where it was."""
 
 
+#: States ``--get-state`` prints (R570 and later), as read on an H200 with driver 580:
+#: CUDA in use, moved to host memory, or locked (a lock, or a restore not yet unlocked;
+#: its memory is on the GPU either way).
+STATE_RUNNING, STATE_CHECKPOINTED, STATE_LOCKED = "running", "checkpointed", "locked"
+
+
 @dataclass(frozen=True)
 class CudaCheckpoint:
-    """The binary found at start; :meth:`toggle` flips one process's CUDA state."""
+    """The binary found at start; :meth:`to_state` moves one process's CUDA state."""
 
     path: str
     driver_version: str
+    #: It offers ``--get-state`` (R570 and later): a process's state is read before it is
+    #: moved, so a toggle never goes the wrong way (a restore of a process whose earlier
+    #: restore ended unrecorded would otherwise check it out again, and its CUDA calls
+    #: would wait forever). R550's tool only toggles.
+    reads_state: bool = False
+
+    async def to_state(self, pid: int, want: str) -> bool:
+        """Bring ``pid``'s CUDA state to ``want`` (:data:`STATE_CHECKPOINTED` or
+        :data:`STATE_RUNNING`); whether anything was done (False: it was there already).
+        Never call it on a stopped process: the tool waits for it to run (seen on an H200)."""
+        if not self.reads_state:
+            await self.toggle(pid)
+            return True
+        state = await self.state(pid)
+        done = False
+        if state == STATE_LOCKED:
+            await self._run(("--action", "unlock", "--pid", str(pid)), PROBE_TIMEOUT_SECONDS)
+            state, done = STATE_RUNNING, True
+        if state == want:
+            return done
+        if state not in (STATE_RUNNING, STATE_CHECKPOINTED):
+            raise ToggleFailed(f"{self.path}: process {pid} is in CUDA state {state!r}")
+        await self.toggle(pid)
+        return True
+
+    async def state(self, pid: int) -> str:
+        """``--get-state``: running, checkpointed, locked (or what else the tool prints)."""
+        output = await self._run(("--get-state", "--pid", str(pid)), PROBE_TIMEOUT_SECONDS)
+        return output.strip().lower()
 
     async def toggle(self, pid: int, timeout_seconds: float = TOGGLE_TIMEOUT_SECONDS) -> None:
         """Checkpoint a running process's CUDA state to host memory, or restore it."""
+        await self._run(("--toggle", "--pid", str(pid)), timeout_seconds)
+
+    async def _run(self, args: tuple[str, ...], timeout_seconds: float) -> str:
+        """Run the tool with ``args``; its output, or :class:`ToggleFailed`."""
+        command = " ".join((self.path, *args))
         proc = await asyncio.create_subprocess_exec(
             self.path,
-            "--toggle",
-            "--pid",
-            str(pid),
+            *args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -62,12 +102,11 @@ class CudaCheckpoint:
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            raise ToggleFailed(
-                f"{self.path} --toggle --pid {pid}: no answer within {timeout_seconds:g} s"
-            ) from None
+            raise ToggleFailed(f"{command}: no answer within {timeout_seconds:g} s") from None
+        text = output.decode(errors="replace")
         if proc.returncode != 0:
-            text = output.decode(errors="replace").strip()[-300:]
-            raise ToggleFailed(f"{self.path} --toggle --pid {pid} exited {proc.returncode}: {text}")
+            raise ToggleFailed(f"{command} exited {proc.returncode}: {text.strip()[-300:]}")
+        return text
 
 
 def _driver_major(driver_version: str) -> int | None:
@@ -109,6 +148,8 @@ def detect_cuda_checkpoint(
         return CheckpointSupport(
             None, f"{path} --help exited {probe.returncode} without offering --toggle"
         )
+    reads_state = "--get-state" in text
     return CheckpointSupport(
-        CudaCheckpoint(path, driver_version), f"{path} (driver {driver_version})"
+        CudaCheckpoint(path, driver_version, reads_state),
+        f"{path} (driver {driver_version}{'' if reads_state else ', toggle only'})",
     )

@@ -3,6 +3,8 @@ on the fake backend and on the nvml backend over the mocked NVML (:mod:`gpu_back
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import sqlite3
@@ -18,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_airlock_agent import _seen
 from waiting import gate_code, wait_for
 
+from laminar_agent.airlock_driver import HELD_META
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from laminar_cli.cluster import AgentProcess, LocalCluster
 
@@ -216,6 +219,49 @@ def test_reclaiming_a_checkpointed_subjob_frees_nothing_more_on_the_gpu(
         assert _freed(restarted) == 0
         gate.write_text("go")
         wait_for(lambda: _state(stub, "crit") == common_pb2.SUCCEEDED)
+
+
+@pytest.mark.parametrize("found", ["running", "locked"])
+def test_a_restore_that_ended_unrecorded_is_not_undone(
+    cluster: LocalCluster, tmp_path: Path, found: str
+) -> None:
+    """The journal says a running subjob's CUDA state is on the host, the tool says it is
+    back (a restore ended as the agent was stopped; or the tool restored and had not
+    unlocked yet). The restarted agent reads the state before it acts: a blind toggle
+    would move the state of a running process to the host, and its CUDA calls would wait
+    forever."""
+    host, agent, gate, pid = _checkpointed_opp(cluster, tmp_path)
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(20) == 0
+    resumed = host.start(cluster, "h")  # the pressure is gone: resumed and restored
+    with grpc.insecure_channel(resumed.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        wait_for(lambda: _state(stub, "opp") == common_pb2.RUNNING and _restores(resumed) == 1)
+    resumed.process.send_signal(signal.SIGTERM)
+    assert resumed.process.wait(20) == 0
+    # What the journal would say had the restore ended unrecorded.
+    with sqlite3.connect(agent.state_dir / "agent.db") as db:
+        held = json.dumps({"opp": {str(pid): 20 * GIB}})
+        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (HELD_META, held))
+    if found == "locked":
+        listed = next(host.pid_dir.glob(f"*/{pid}"))
+        os.replace(listed, listed.with_name(f"{pid}.locked"))
+
+    restarted = host.start(cluster, "h")
+
+    def restores(outcome: str) -> float:
+        labels = {"direction": "restore", "outcome": outcome}
+        return _metric(restarted, "laminar_airlock_cuda_checkpoint_toggles_total", labels)
+
+    with grpc.insecure_channel(restarted.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        wait_for(lambda: restores("ok") + restores("already") + restores("failed") >= 1)
+        # running: nothing to do; locked: unlocked (its memory was on the GPU all along)
+        assert (restores("already"), restores("ok")) == ((1, 0) if found == "running" else (0, 1))
+        assert [p.name for p in host.pid_dir.glob(f"*/{pid}*")] == [str(pid)]
+        gate.write_text("go")
+        for subjob_id in ("crit", "opp"):
+            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
 
 
 def _freed(agent: AgentProcess) -> float:
