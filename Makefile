@@ -97,7 +97,11 @@ SYSUSERSDIR ?= /etc/sysusers.d
 DOCDIR ?= /usr/share/doc/laminar
 install:
 	$(PYTHON) -m venv $(DESTDIR)$(LAMINAR_HOME)
+	# setuptools builds in ./build and never prunes it: a module deleted since the last
+	# build would still be packaged.
+	rm -rf build
 	$(DESTDIR)$(LAMINAR_HOME)/bin/python -m pip install -q --upgrade -c constraints.txt .
+	rm -rf build
 	@if [ -n "$(DESTDIR)" ]; then \
 	  grep -rlI -F '$(DESTDIR)$(LAMINAR_HOME)' $(DESTDIR)$(LAMINAR_HOME)/bin $(DESTDIR)$(LAMINAR_HOME)/pyvenv.cfg \
 	  | xargs -r sed -i 's|$(DESTDIR)$(LAMINAR_HOME)|$(LAMINAR_HOME)|g'; \
