@@ -12,7 +12,7 @@ help:
 	@echo "make test     proto check, lint (ruff, mypy --strict, import contracts), tests"
 	@echo "make bench    benchmarks (numbers are reported, never asserted)"
 	@echo "make proto    regenerate laminar_api/v1 from proto/"
-	@echo "make install  install into the current Python (pip install .; PREFIX=, DESTDIR=)"
+	@echo "make install  a venv in PREFIX/lib/laminar, scripts linked in PREFIX/bin (PREFIX=/usr/local, DESTDIR=)"
 	@echo "make install-config install-units   example configs and systemd units (DESTDIR=)"
 
 # constraints.txt pins every package (reproducible CI); pyproject.toml keeps compatible
@@ -79,16 +79,36 @@ bench: $(STAMP)
 	$(PY) bench/queue_pass.py -o json > bench-out/queue_pass.json
 	$(PY) bench/fault_soak.py --jobs 300 --seed 1 -o json > bench-out/fault_soak.json
 
-# Install the package into the current Python (PREFIX=/usr/local puts it in a prefix, and
-# DESTDIR=/tmp/stage stages it for packaging). Config and units are separate steps, so
-# nothing lands in /etc unless asked: `make install-config install-units`.
-PREFIX ?=
+# Install into a venv of its own, $(PREFIX)/lib/laminar, with the versions constraints.txt
+# pins, and link its laminar, laminar-agent and laminar-zone into $(PREFIX)/bin, where the
+# units look (/usr/local/bin). Not pip into the system Python: Debian's and Ubuntu's refuse
+# it (externally-managed-environment), and put `--prefix /usr/local` scripts in
+# /usr/local/local/bin. Run again to upgrade in place. DESTDIR=/tmp/stage stages it for a
+# package: paths inside the venv then name $(PREFIX), where it will run. Config and units
+# are separate steps, so nothing lands in /etc unless asked: `make install-config
+# install-units`.
+PREFIX ?= /usr/local
 DESTDIR ?=
+LAMINAR_HOME = $(PREFIX)/lib/laminar
+SCRIPTS := laminar laminar-agent laminar-zone
 SYSCONFDIR ?= /etc
 SYSTEMDDIR ?= /etc/systemd/system
+SYSUSERSDIR ?= /etc/sysusers.d
 DOCDIR ?= /usr/share/doc/laminar
 install:
-	$(PYTHON) -m pip install $(if $(PREFIX),--prefix $(PREFIX)) $(if $(DESTDIR),--root $(DESTDIR)) .
+	$(PYTHON) -m venv $(DESTDIR)$(LAMINAR_HOME)
+	# setuptools builds in ./build and never prunes it: a module deleted since the last
+	# build would still be packaged.
+	rm -rf build
+	$(DESTDIR)$(LAMINAR_HOME)/bin/python -m pip install -q --upgrade -c constraints.txt .
+	rm -rf build
+	@if [ -n "$(DESTDIR)" ]; then \
+	  grep -rlI -F '$(DESTDIR)$(LAMINAR_HOME)' $(DESTDIR)$(LAMINAR_HOME)/bin $(DESTDIR)$(LAMINAR_HOME)/pyvenv.cfg \
+	  | xargs -r sed -i 's|$(DESTDIR)$(LAMINAR_HOME)|$(LAMINAR_HOME)|g'; \
+	fi
+	install -d $(DESTDIR)$(PREFIX)/bin
+	for s in $(SCRIPTS); do ln -sfn $(LAMINAR_HOME)/bin/$$s $(DESTDIR)$(PREFIX)/bin/$$s; done
+	@echo "installed $(SCRIPTS) in $(PREFIX)/bin (links into $(LAMINAR_HOME))"
 
 # Example configs with every key at its default; an installed file is never overwritten.
 install-config:
@@ -98,9 +118,16 @@ install-config:
 	  else install -D -m 0644 $$f "$$dest" && echo "installed $$dest"; fi; \
 	done
 
+# The units run $(PREFIX)/bin/laminar-*; the router's user comes from sysusers.d, made at
+# once unless staged (a package runs systemd-sysusers after installing).
 install-units:
-	install -D -m 0644 systemd/laminar-agent.service $(DESTDIR)$(SYSTEMDDIR)/laminar-agent.service
-	install -D -m 0644 systemd/laminar-zone.service $(DESTDIR)$(SYSTEMDDIR)/laminar-zone.service
+	for d in laminar-agent laminar-zone; do \
+	  install -D -m 0644 systemd/$$d.service $(DESTDIR)$(SYSTEMDDIR)/$$d.service && \
+	  sed -i 's|/usr/local/bin/|$(PREFIX)/bin/|' $(DESTDIR)$(SYSTEMDDIR)/$$d.service || exit 1; \
+	done
+	install -D -m 0644 systemd/laminar.sysusers $(DESTDIR)$(SYSUSERSDIR)/laminar.conf
+	if [ -z "$(DESTDIR)" ] && command -v systemd-sysusers >/dev/null; then \
+	  systemd-sysusers $(SYSUSERSDIR)/laminar.conf; fi
 	# Documentation= in the units points here.
 	for f in docs/*.md; do install -D -m 0644 $$f $(DESTDIR)$(DOCDIR)/$$(basename $$f); done
 

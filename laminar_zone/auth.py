@@ -23,6 +23,10 @@ from laminar_zone.limits import RateLimiter
 TOKEN_PREFIX = "sha256:"
 #: The tenant of a job that names none when the router authenticates nobody.
 DEFAULT_TENANT = "default"
+#: Where systemd puts a unit's LoadCredential= copies. It copies them only when the unit
+#: starts (RefreshOnReload= needs systemd 260), so a SIGHUP rereads the copy, not the file
+#: an admin edited: a token added or revoked there takes effect only at the next restart.
+CREDENTIALS_ROOT = "/run/credentials/"
 
 
 class Role(StrEnum):
@@ -119,6 +123,18 @@ class TokenTable:
             if hmac.compare_digest(known, digest):
                 return principal
         raise Unauthenticated("unknown bearer token")
+
+
+def credential_copy_warning(tokens_file: str) -> str | None:
+    """What a reload of ``tokens_file`` cannot do when it is a systemd credential copy (the
+    line the router logs at SIGHUP), or None for a file read in place."""
+    if not tokens_file.startswith(CREDENTIALS_ROOT):
+        return None
+    return (
+        f"auth.tokens_file {tokens_file} is systemd's LoadCredential= copy, made when the "
+        "unit started: tokens added or revoked in the original since then are not seen "
+        "until a restart (read /etc/laminar/tokens.toml in place: docs/ops.md)"
+    )
 
 
 def bearer_from_metadata(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | None:

@@ -36,7 +36,7 @@ from laminar_base.sdnotify import Notifier
 from laminar_base.security import check_exposure, load_trust, log_trust, server_interceptors
 from laminar_base.supervise import RootLoopFailed, Supervisor
 from laminar_zone.audit import AUDIT_FILE, AuditLog
-from laminar_zone.auth import Guard, open_guard
+from laminar_zone.auth import Guard, credential_copy_warning, open_guard
 from laminar_zone.config import LimitsSettings, ZoneConfig
 from laminar_zone.jobs import ZoneState
 from laminar_zone.limits import RateLimiter
@@ -306,6 +306,9 @@ class ZoneServer:
         need a restart. A config that does not load is refused with a warning and the
         running one stays; so does a broken tokens file (the old table stays). Running work,
         the queue and open connections are untouched."""
+        stale = credential_copy_warning(self.guard.tokens_file)
+        if stale is not None:
+            log.warning("SIGHUP: %s", stale)
         if self._reloader is None:
             tokens_applied, what = self.guard.reload()
             (log.info if tokens_applied else log.warning)("SIGHUP: %s", what)

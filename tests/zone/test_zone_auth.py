@@ -15,6 +15,7 @@ from laminar_zone.auth import (
     TokenTable,
     bearer_from_metadata,
     check_tenant_access,
+    credential_copy_warning,
     hash_token,
     new_token,
     require_admin,
@@ -103,3 +104,14 @@ async def test_a_stream_that_starts_waiting_after_a_reload_still_sees_it(tmp_pat
     assert not again.done()  # nothing new: it waits for the next reload
     assert guard.reload()[0]
     assert await again == checked_against + 2
+
+
+def test_a_tokens_file_that_is_a_systemd_credential_copy_is_named_at_reload() -> None:
+    """systemd copies a LoadCredential= file only at start: a SIGHUP that rereads the copy
+    keeps a revoked token working, so the router says so instead of only counting tokens.
+    A file read in place (the shipped unit's /etc/laminar/tokens.toml) gets no warning."""
+    copy = "/run/credentials/laminar-zone.service/tokens.toml"
+    warning = credential_copy_warning(copy)
+    assert warning is not None and copy in warning and "restart" in warning
+    assert credential_copy_warning("/etc/laminar/tokens.toml") is None
+    assert credential_copy_warning("") is None
