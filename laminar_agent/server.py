@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import start_http_server
 
 from laminar_agent.cgroups import open_cgroups
 from laminar_agent.config import AgentConfig, parse_uid_pool
@@ -47,6 +46,7 @@ from laminar_base.configlib import changed_keys, with_keys
 from laminar_base.daemon import prepare_state_dir, serve_until_signalled
 from laminar_base.errors import LaminarError
 from laminar_base.grpcutil import add_health_and_reflection, server_options, set_serving
+from laminar_base.metrics_http import check_metrics_exposure, start_metrics_http
 from laminar_base.sdnotify import Notifier
 from laminar_base.security import (
     Trust,
@@ -230,6 +230,7 @@ class AgentServer:
         cfg = self.config
         trust = self.trust = load_trust(cfg.tls, cfg.control)
         check_exposure(trust, cfg.server.listen, insecure=cfg.control.insecure)
+        check_metrics_exposure(cfg.server.metrics_listen, cfg.metrics)
         agent_id = cfg.server.agent_id or socket.gethostname()
         state_dir = Path(cfg.server.state_dir).absolute()
         prepare_agent_state_dir(state_dir)
@@ -303,10 +304,9 @@ class AgentServer:
         await set_serving(health, [SERVICE_NAME], True)
         self._health = health
         if cfg.server.metrics_listen:
-            mhost, _, mport = cfg.server.metrics_listen.rpartition(":")
-            httpd, _thread = start_http_server(int(mport), addr=mhost, registry=metrics.registry)
-            self._metrics_http = httpd
-            self.metrics_address = f"{mhost}:{httpd.server_port}"
+            self._metrics_http, self.metrics_address = start_metrics_http(
+                cfg.server.metrics_listen, metrics.registry, cfg.metrics, cfg.tls
+            )
         if self._handles_sighup:
             # Before agent.json appears: whoever waits for that file may reload at once.
             with contextlib.suppress(NotImplementedError, RuntimeError):  # not main thread
