@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from loopkit import eventually
 from waiting import wait_for
 
 from laminar_agent.config import AgentConfig
-from laminar_agent.server import AgentServer
+from laminar_agent.server import RELOADABLE_KEYS, AgentServer
 from laminar_base.configlib import load_config
 from laminar_cli.cluster import AgentProcess, LocalCluster
 
@@ -130,3 +131,13 @@ async def test_a_reload_out_of_range_is_refused_naming_the_key(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def test_docs_ops_lists_the_keys_a_reload_applies() -> None:
+    """docs/ops.md's list of the agent's reloadable keys is the code's (it left out two)."""
+    text = (Path(__file__).parents[2] / "docs" / "ops.md").read_text()
+    start = text.index("The agent applies the Airlock ladder")
+    paragraph = text[start : text.index("the router applies", start)]
+    named = set(re.findall(r"`([a-z_.]+)`", paragraph)) - {"laminar_agent/server.py"}
+    listed = {n if "." in n else f"airlock.{n}" for n in named if n != "RELOADABLE_KEYS"}
+    assert listed == RELOADABLE_KEYS
