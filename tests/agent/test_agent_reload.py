@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loopkit import eventually
+from loopkit import agent_config, eventually
 from waiting import wait_for
 
 from laminar_agent.config import AgentConfig
 from laminar_agent.server import RELOADABLE_KEYS, AgentServer
-from laminar_base.configlib import load_config
 from laminar_cli.cluster import AgentProcess, LocalCluster
 
 
@@ -66,17 +65,7 @@ def test_a_key_that_needs_a_restart_is_named_at_every_reload(tmp_path: Path) -> 
 
 
 def _config(tmp_path: Path, **airlock: Any) -> AgentConfig:
-    return load_config(
-        AgentConfig,
-        overrides={
-            "server.listen": "127.0.0.1:0",
-            "server.state_dir": str(tmp_path / "agent"),
-            "server.agent_id": "reloaded",
-            "inventory.gpu_backend": "fake",
-            "inventory.fake_gpus": "1xA100-40GB",
-            **{f"airlock.{k}": v for k, v in airlock.items()},
-        },
-    )
+    return agent_config(tmp_path, **{f"airlock.{k}": v for k, v in airlock.items()})
 
 
 async def test_a_reloaded_poll_period_moves_the_tick_deadline(
