@@ -10,7 +10,13 @@ from laminar_airlock.levels import Marks
 from laminar_airlock.policy import PolicyConfig
 from laminar_base.configlib import check_message_bytes, doc, max_message_bytes_field
 from laminar_base.errors import ConfigError
-from laminar_base.settings import ControlSettings, TlsSettings, validate_security
+from laminar_base.settings import (
+    ControlSettings,
+    MetricsSettings,
+    TlsSettings,
+    validate_metrics,
+    validate_security,
+)
 
 #: ``laminar_airlock.policy`` values: the ladder, or the OOM-killer baseline for comparisons.
 AIRLOCK_POLICIES = ("ladder", "oom-killer")
@@ -372,6 +378,7 @@ class AgentConfig:
     airlock: AirlockSettings = field(default_factory=AirlockSettings)
     tls: TlsSettings = field(default_factory=TlsSettings)
     control: ControlSettings = field(default_factory=ControlSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
 
     def validate(self) -> None:
@@ -410,6 +417,7 @@ class AgentConfig:
             raise ConfigError("must be in 0..1024", field="zone.max_windows")
         _validate_airlock(self.airlock)
         validate_security(self.tls, self.control)
+        validate_metrics(self.metrics, self.tls)
         check_message_bytes(self.server.max_message_bytes, "server.max_message_bytes")
         if len(self.executor.run_as_user) > 64 or "\x00" in self.executor.run_as_user:
             raise ConfigError("must be a user name or uid", field="executor.run_as_user")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import enum
 import gc
 import json
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import start_http_server
 
 from laminar_agent.cgroups import open_cgroups
 from laminar_agent.config import AgentConfig, parse_uid_pool
@@ -44,10 +42,11 @@ from laminar_agent.shim import FENCE_FILE
 from laminar_agent.state import AgentState
 from laminar_airlock.signals import HostMemorySource
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc
-from laminar_base.configlib import changed_keys
+from laminar_base.configlib import changed_keys, with_keys
 from laminar_base.daemon import prepare_state_dir, serve_until_signalled
 from laminar_base.errors import LaminarError
 from laminar_base.grpcutil import add_health_and_reflection, server_options, set_serving
+from laminar_base.metrics_http import check_metrics_exposure, start_metrics_http
 from laminar_base.sdnotify import Notifier
 from laminar_base.security import (
     Trust,
@@ -74,6 +73,7 @@ RELOADABLE_KEYS = frozenset(
         "airlock.release_wait_seconds",
         "airlock.predict_seconds",
         "airlock.loss_wait_ratio",
+        "airlock.poll_seconds",
         "executor.tenant_users",
     }
 )
@@ -115,6 +115,14 @@ class Status(enum.Enum):
 QUIET_FLOOR_SECONDS = 30.0
 #: How often the supervisor checks the loops, flips health and feeds the watchdog.
 HEALTH_CHECK_SECONDS = 1.0
+TICK_LOOP = "agent-tick"
+
+
+def tick_quiet_seconds(poll_seconds: float) -> float:
+    """How long the tick may go without progress when it waits ``poll_seconds`` a pass:
+    the floor, or three periods if longer (a reload of the period moves it too, else a
+    period above the floor would hold back the watchdog and systemd would kill the agent)."""
+    return max(QUIET_FLOOR_SECONDS, 3 * poll_seconds)
 
 
 def prepare_agent_state_dir(state_dir: Path) -> None:
@@ -209,6 +217,8 @@ class AgentServer:
             watchdog_interval_seconds=self.notifier.watchdog_interval_seconds,
         )
         self._airlock_task: asyncio.Task[None] | None = None
+        #: Ends the tick's wait early: a stop, or a reload that changed its period.
+        self._wake_tick = asyncio.Event()
         #: Run as the daemon (run_until_signalled): SIGHUP reloads the config.
         self._handles_sighup = False
         self.state: AgentState | None = None
@@ -220,6 +230,7 @@ class AgentServer:
         cfg = self.config
         trust = self.trust = load_trust(cfg.tls, cfg.control)
         check_exposure(trust, cfg.server.listen, insecure=cfg.control.insecure)
+        check_metrics_exposure(cfg.server.metrics_listen, cfg.metrics)
         agent_id = cfg.server.agent_id or socket.gethostname()
         state_dir = Path(cfg.server.state_dir).absolute()
         prepare_agent_state_dir(state_dir)
@@ -293,10 +304,9 @@ class AgentServer:
         await set_serving(health, [SERVICE_NAME], True)
         self._health = health
         if cfg.server.metrics_listen:
-            mhost, _, mport = cfg.server.metrics_listen.rpartition(":")
-            httpd, _thread = start_http_server(int(mport), addr=mhost, registry=metrics.registry)
-            self._metrics_http = httpd
-            self.metrics_address = f"{mhost}:{httpd.server_port}"
+            self._metrics_http, self.metrics_address = start_metrics_http(
+                cfg.server.metrics_listen, metrics.registry, cfg.metrics, cfg.tls
+            )
         if self._handles_sighup:
             # Before agent.json appears: whoever waits for that file may reload at once.
             with contextlib.suppress(NotImplementedError, RuntimeError):  # not main thread
@@ -312,9 +322,7 @@ class AgentServer:
         if cfg.server.debug_rpcs:
             log.warning("server.debug_rpcs is on: fault-injection calls (InjectLoad) are served")
         self.supervisor.add(
-            "agent-tick",
-            self._tick,
-            quiet_seconds=max(QUIET_FLOOR_SECONDS, 3 * cfg.airlock.poll_seconds),
+            TICK_LOOP, self._tick, quiet_seconds=tick_quiet_seconds(cfg.airlock.poll_seconds)
         )
         if cfg.zone.zone:
             node = self.state.node
@@ -383,8 +391,13 @@ class AgentServer:
         """One loop: expire leases, poll memory signals, start an Airlock step; the
         supervisor feeds the systemd watchdog while this and the heartbeat make progress."""
         assert self.state is not None
+        tick = self.supervisor.loops[TICK_LOOP]
         while not self.stop_event.is_set():
             beat()
+            poll_seconds = self.config.airlock.poll_seconds
+            # The period a reload applied: the deadline follows it from this pass on (the
+            # reload raised it at once if longer, and woke this loop).
+            tick.quiet_seconds = tick_quiet_seconds(poll_seconds)
             # Leases lapse on the agent's own clock, not only when a probe comes by: an
             # expired lease never holds capacity nor shows in a summary.
             self.state.node.expire_leases()
@@ -397,10 +410,9 @@ class AgentServer:
                     airlock.step_logged(readings, self.state.host_sample, self.state.host_level),
                     name="airlock-step",
                 )
-            try:
-                await asyncio.wait_for(self.stop_event.wait(), self.config.airlock.poll_seconds)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake_tick.wait(), poll_seconds)
+            self._wake_tick.clear()
 
     async def stop(self) -> None:
         self.status = Status.DRAINING
@@ -410,6 +422,7 @@ class AgentServer:
             await set_serving(self._health, [SERVICE_NAME], False)
             await self._server.stop(self.config.server.grace_seconds)
         self.stop_event.set()
+        self._wake_tick.set()
         await self.supervisor.stop()
         if self._airlock_task is not None:
             self._airlock_task.cancel()
@@ -434,9 +447,11 @@ class AgentServer:
 
     def reload(self) -> None:
         """SIGHUP (``systemctl reload``): read the config again, apply the keys that can
-        change while subjobs run (the Airlock ladder's policy keys, ``airlock.dry_run``,
-        ``executor.tenant_users``) and name the ones that need a restart. A config that
-        does not load is refused with a warning; the running one stays."""
+        change while subjobs run (:data:`RELOADABLE_KEYS`: the Airlock ladder's policy
+        keys, ``airlock.dry_run``, ``airlock.poll_seconds``, ``executor.tenant_users``) and
+        name the ones that need a restart. Only the applied keys become the running config,
+        so a key that needs a restart is named again at every reload until the restart. A
+        config that does not load is refused with a warning; the running one stays."""
         if self._reloader is None or self.state is None:
             log.info("SIGHUP: nothing to reload (no config loader)")
             return
@@ -452,19 +467,20 @@ class AgentServer:
             return
         changed = changed_keys(self.config, new)
         applied = [k for k in changed if k in RELOADABLE_KEYS]
+        restart = [k for k in changed if k not in RELOADABLE_KEYS]
+        self.config = with_keys(self.config, new, applied)
+        airlock = self.config.airlock
         if any(k.startswith("airlock.") for k in applied):
-            self.state.airlock.config = new.airlock.policy_config()
-            self.state.node.arbiter.airlock_dry_run = new.airlock.dry_run
+            self.state.airlock.config = airlock.policy_config()
+            self.state.node.arbiter.airlock_dry_run = airlock.dry_run
+        if "airlock.poll_seconds" in applied and TICK_LOOP in self.supervisor.loops:
+            # The deadline is raised now for a longer period (the tick's next wait is the
+            # new one); the tick, woken to start it, sets it for a shorter one.
+            tick = self.supervisor.loops[TICK_LOOP]
+            tick.quiet_seconds = max(tick.quiet_seconds, tick_quiet_seconds(airlock.poll_seconds))
+            self._wake_tick.set()
         if "executor.tenant_users" in applied:
             self.state.node.executor.identities.users = users
-        restart = [k for k in changed if k not in RELOADABLE_KEYS]
-        self.config = dataclasses.replace(
-            self.config,
-            airlock=new.airlock if applied else self.config.airlock,
-            executor=dataclasses.replace(
-                self.config.executor, tenant_users=new.executor.tenant_users
-            ),
-        )
         log.info(
             "SIGHUP: config reloaded; applied %s; need a restart: %s",
             ", ".join(applied) or "nothing",

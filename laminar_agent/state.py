@@ -7,6 +7,7 @@ gRPC code, only the translation of state into API messages.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
@@ -36,6 +37,9 @@ log = logging.getLogger("laminar.agent")
 VERSION = "0.1.0"
 HOST_KEY = "host"
 _PSI_KEY = "host-psi"
+#: Journal meta key of the drain flag and its reason (JSON ``{"draining", "reason"}``): a
+#: restarted agent (an upgrade, a crash, the watchdog) drains on until an operator undrains.
+DRAIN_META = "drain"
 _LEVEL_NAMES = {Level.NORMAL: "normal", Level.ELEVATED: "elevated", Level.CRITICAL: "critical"}
 
 
@@ -114,6 +118,9 @@ class AgentState:
         self.host_level = Level.NORMAL
         self.host_sample: HostMemory | None = None
         self._kind_by_device = {s.device_uuid: s.kind for s in self.node.slices}
+        #: Why the agent drains (or was last undrained): the operator's words.
+        self.drain_reason = ""
+        self.restore_draining()
         self._labels_by_device = gpu_label_values(backend.gpus())
         self._last_poll: float | None = None
         #: GPUs held back from new work because their driver calls fail: key -> why.
@@ -132,16 +139,46 @@ class AgentState:
     def is_draining(self) -> bool:
         return self.node.is_draining
 
+    def restore_draining(self) -> None:
+        """Take the drain flag and reason the journal kept across a restart, before the
+        agent serves or sends its first heartbeat (each heartbeat overwrites the router's
+        copy of the flag). An entry that does not read keeps the host drained: an operator
+        undrains it, which writes the entry again."""
+        raw = self.node.journal.get_meta(DRAIN_META)
+        if raw is None:
+            return
+        try:
+            saved = json.loads(raw)
+            draining, reason = bool(saved["draining"]), str(saved["reason"])
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning(
+                "agent %s: journal meta %r does not read (%s): draining until undrained",
+                self.agent_id,
+                DRAIN_META,
+                exc,
+            )
+            draining, reason = True, "unreadable drain entry in the journal"
+        self.node.is_draining = draining
+        self.drain_reason = reason
+        self.metrics.draining.set(1 if draining else 0)
+        if draining:
+            log.info("agent %s still draining (kept in the journal): %s", self.agent_id, reason)
+
     @property
     def fake_backend(self) -> FakeGpuBackend | None:
         return self.backend if isinstance(self.backend, FakeGpuBackend) else None
 
     def set_draining(self, draining: bool, reason: str) -> None:
+        """Drain or undrain, journaled first so that a restart keeps it."""
         if draining != self.is_draining:
             log.info(
                 "agent %s %s: %s", self.agent_id, "draining" if draining else "undrained", reason
             )
+        self.node.journal.set_meta(
+            DRAIN_META, json.dumps({"draining": draining, "reason": reason}, sort_keys=True)
+        )
         self.node.is_draining = draining
+        self.drain_reason = reason
         self.metrics.draining.set(1 if draining else 0)
 
     async def read_memory(self) -> dict[str, tuple[int, int]]:

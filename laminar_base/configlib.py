@@ -249,3 +249,16 @@ def changed_keys(old: Any, new: Any) -> list[str]:
             if getattr(a, f.name) != getattr(b, f.name):
                 out.append(f"{section.name}.{f.name}")
     return out
+
+
+def with_keys(old: T, new: T, keys: typing.Iterable[str]) -> T:
+    """``old`` with only the settings named in ``keys`` (``section.key``) taken from
+    ``new``: what a SIGHUP reload keeps as the running config once it applied those keys.
+    Storing whole sections would mark keys that need a restart as running at their new
+    value, and the next reload would no longer name them."""
+    sections: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        section, _, name = key.partition(".")
+        sections.setdefault(section, {})[name] = getattr(getattr(new, section), name)
+    changes = {s: dataclasses.replace(getattr(old, s), **c) for s, c in sections.items()}
+    return typing.cast(T, dataclasses.replace(typing.cast(Any, old), **changes))

@@ -205,7 +205,9 @@ def _read(path: str, key: str, *, private: bool = False) -> bytes:
     return data
 
 
-def _read_pem(path: str, key: str, *, private: bool = False) -> bytes:
+def read_pem(path: str, key: str, *, private: bool = False) -> bytes:
+    """A PEM file read at start; errors name ``key`` (a ``private`` one must not be
+    readable by others)."""
     data = _read(path, key, private=private)
     if b"-----BEGIN " not in data:
         raise ConfigError(f"{path} is not a PEM file", field=key)
@@ -233,9 +235,9 @@ def load_trust(tls: TlsSettings, control: ControlSettings) -> Trust:
     if not tls.is_enabled:
         return Trust(secret=secret, peer_secret=peer_secret)
     return Trust(
-        ca=_read_pem(tls.ca_file, "tls.ca_file"),
-        cert=_read_pem(tls.cert_file, "tls.cert_file"),
-        key=_read_pem(tls.key_file, "tls.key_file", private=True),
+        ca=read_pem(tls.ca_file, "tls.ca_file"),
+        cert=read_pem(tls.cert_file, "tls.cert_file"),
+        key=read_pem(tls.key_file, "tls.key_file", private=True),
         secret=secret,
         allowed_names=frozenset(tls.allowed_names),
         peer_secret=peer_secret,

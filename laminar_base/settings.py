@@ -1,4 +1,5 @@
-"""Settings every daemon shares: mTLS files and shared-secret authentication of control calls."""
+"""Settings every daemon shares: mTLS files and shared-secret authentication of control calls,
+and who may read the metrics listener."""
 
 from __future__ import annotations
 
@@ -98,3 +99,64 @@ def validate_security(tls: TlsSettings, control: ControlSettings) -> None:
         )
     if control.shared_secret_file:
         require_readable_file(control.shared_secret_file, "control.shared_secret_file")
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """Who may read ``server.metrics_listen``: it serves plain HTTP to anyone who reaches
+    it, so beyond loopback it needs HTTPS with client certificates or an explicit opt-in
+    (the router's usage counters carry tenant names)."""
+
+    tls: bool = field(
+        default=False,
+        metadata=doc(
+            "serve metrics over HTTPS and require a client certificate signed by "
+            "metrics.client_ca_file (a certificate with no Laminar role is enough)"
+        ),
+    )
+    cert_file: str = field(
+        default="",
+        metadata=doc("PEM certificate of the metrics HTTPS server; empty = tls.cert_file"),
+    )
+    key_file: str = field(
+        default="", metadata=doc("PEM private key of metrics.cert_file; empty = tls.key_file")
+    )
+    client_ca_file: str = field(
+        default="",
+        metadata=doc("PEM CA that signed the scrapers' client certificates; empty = tls.ca_file"),
+    )
+    insecure_allow_remote: bool = field(
+        default=False,
+        metadata=doc(
+            "serve metrics as plain HTTP, unauthenticated, on a non-loopback "
+            "server.metrics_listen; without it (or metrics.tls) such a start is refused"
+        ),
+    )
+
+    def tls_files(self, tls: TlsSettings) -> tuple[str, str, str]:
+        """(certificate, private key, client CA) of the HTTPS listener: these keys, or [tls]'s."""
+        return (
+            self.cert_file or tls.cert_file,
+            self.key_file or tls.key_file,
+            self.client_ca_file or tls.ca_file,
+        )
+
+
+def validate_metrics(metrics: MetricsSettings, tls: TlsSettings) -> None:
+    """Raise one ConfigError naming the key: HTTPS files given without metrics.tls (they
+    would be ignored: plain HTTP), or metrics.tls without a file it needs."""
+    own = (
+        ("metrics.cert_file", metrics.cert_file),
+        ("metrics.key_file", metrics.key_file),
+        ("metrics.client_ca_file", metrics.client_ca_file),
+    )
+    if not metrics.tls:
+        for key, value in own:
+            if value:
+                raise ConfigError("is used only with metrics.tls = true", field=key)
+        return
+    fallbacks = ("tls.cert_file", "tls.key_file", "tls.ca_file")
+    for (key, mine), fallback, value in zip(own, fallbacks, metrics.tls_files(tls), strict=True):
+        if not value:
+            raise ConfigError(f"metrics.tls needs it (or {fallback})", field=key)
+        require_readable_file(value, key if mine else fallback)

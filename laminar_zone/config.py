@@ -12,8 +12,10 @@ from laminar_base.errors import ConfigError, InvalidArgument
 from laminar_base.fragmentation import MIN_OBSERVED, PodShape, workload_from_rows
 from laminar_base.settings import (
     ControlSettings,
+    MetricsSettings,
     TlsSettings,
     require_readable_file,
+    validate_metrics,
     validate_security,
 )
 from laminar_base.units import parse_size
@@ -346,6 +348,7 @@ class ZoneConfig:
     market: MarketSettings = field(default_factory=MarketSettings)
     tls: TlsSettings = field(default_factory=TlsSettings)
     control: ControlSettings = field(default_factory=ControlSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     def validate(self) -> None:
         for key, value in (
@@ -442,6 +445,7 @@ class ZoneConfig:
                 field="market.policy",
             )
         validate_security(self.tls, self.control)
+        validate_metrics(self.metrics, self.tls)
         check_message_bytes(self.server.max_message_bytes, "server.max_message_bytes")
         self.shares()
         self.quotas()

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import start_http_server
 
 from laminar_api.v1 import zone_pb2, zone_pb2_grpc
 from laminar_base.configlib import changed_keys
 from laminar_base.daemon import prepare_state_dir, serve_until_signalled
 from laminar_base.errors import LaminarError
 from laminar_base.grpcutil import add_health_and_reflection, server_options, set_serving
+from laminar_base.metrics_http import check_metrics_exposure, start_metrics_http
 from laminar_base.sdnotify import Notifier
 from laminar_base.security import check_exposure, load_trust, log_trust, server_interceptors
 from laminar_base.supervise import RootLoopFailed, Supervisor
@@ -154,6 +154,7 @@ class ZoneServer:
             insecure=cfg.control.insecure,
             tokens_file=cfg.auth.tokens_file,
         )
+        check_metrics_exposure(cfg.server.metrics_listen, cfg.metrics)
         state_dir = prepare_state_dir(Path(cfg.server.state_dir))
         store = JobStore(state_dir / "zone.db")
         metrics = ZoneMetrics()
@@ -207,10 +208,9 @@ class ZoneServer:
         self._health = health
         await set_serving(health, SERVICE_NAMES, True)
         if cfg.server.metrics_listen:
-            mhost, _, mport = cfg.server.metrics_listen.rpartition(":")
-            httpd, _thread = start_http_server(int(mport), addr=mhost, registry=metrics.registry)
-            self._metrics_http = httpd
-            self.metrics_address = f"{mhost}:{httpd.server_port}"
+            self._metrics_http, self.metrics_address = start_metrics_http(
+                cfg.server.metrics_listen, metrics.registry, cfg.metrics, cfg.tls
+            )
         self._write_addresses(state_dir)
         log.info(
             "zone %s listening on %s (metrics %s, peers %s)",

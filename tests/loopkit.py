@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from laminar_agent.config import AgentConfig
+from laminar_base.configlib import load_config
 from laminar_base.sdnotify import Notifier
 from laminar_base.supervise import Supervisor
 
@@ -50,3 +53,19 @@ async def eventually(
         if loop.time() > deadline:
             raise AssertionError(f"not within {timeout_seconds:.0f} s: {what}")
         await asyncio.sleep(0.02)  # polling, bounded by the deadline
+
+
+def agent_config(tmp_path: Path, **overrides: object) -> AgentConfig:
+    """An in-process agent's config: loopback on port 0, one fake A100, state in
+    ``tmp_path``; ``overrides`` by ``section.key``."""
+    return load_config(
+        AgentConfig,
+        overrides={
+            "server.listen": "127.0.0.1:0",
+            "server.state_dir": str(tmp_path / "agent"),
+            "server.agent_id": "inproc",
+            "inventory.gpu_backend": "fake",
+            "inventory.fake_gpus": "1xA100-40GB",
+            **overrides,
+        },
+    )

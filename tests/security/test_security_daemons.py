@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from loopkit import agent_config
 
 from laminar_agent import __main__ as agent_main
 from laminar_agent.config import AgentConfig
@@ -37,20 +38,6 @@ class RealLikeBackend:
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self._fake, attribute)
-
-
-def agent_config(tmp_path: Path, **overrides: object) -> AgentConfig:
-    return load_config(
-        AgentConfig,
-        overrides={
-            "server.listen": "127.0.0.1:0",
-            "server.state_dir": str(tmp_path / "agent"),
-            "server.agent_id": "inproc",
-            "inventory.gpu_backend": "fake",
-            "inventory.fake_gpus": "1xA100-40GB",
-            **overrides,
-        },
-    )
 
 
 async def inject(server: AgentServer) -> tuple[grpc.StatusCode, str]:
