@@ -547,6 +547,11 @@ class ZoneView:
         """Ready hosts that could ever hold a member of ``need``, and how many members they
         could hold if empty: O(agents) once per demand, then kept until an agent's readiness
         or totals change (:attr:`_totals_version`), bounded like :meth:`counts`."""
+        # Kept per the fields a host's totals are read against: memory and host CPU are
+        # not, so the needs the router widens after OOM kills (each its own memory) share
+        # one entry instead of each walking every agent (and, past COUNTS_KEPT of them,
+        # emptying the table for the next: 82% of a 5,000-GPU `sim airlock` run).
+        need = Demand(need.gpus, need.mig_profile, need.gpu_milli, 0, need.gpu_model)
         kept = self._ever.get(need)
         if kept is not None and kept[0] == self._totals_version:
             return kept[1], kept[2]
