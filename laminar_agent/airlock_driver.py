@@ -35,7 +35,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -125,6 +125,35 @@ HELD_META = "airlock_checkpointed"
 #: How long a stopping agent waits for suspends under way through cuda-checkpoint: a
 #: cancelled toggle goes on copying, so the agent lets it end and records it.
 CLOSE_WAIT_SECONDS = 20.0
+#: The longest wait between tries of a restore that keeps failing (each try may take the
+#: tool's timeout, ``TOGGLE_TIMEOUT_SECONDS``, while the polls wait).
+RESTORE_RETRY_MAX_SECONDS = 60.0
+
+
+@dataclass
+class RetryBackoff:
+    """When something that failed is tried again: ``first_seconds`` after the first failure,
+    twice as long after each further one, at most ``max_seconds``; at once after a success.
+    Times are the caller's monotonic clock."""
+
+    first_seconds: float
+    max_seconds: float = RESTORE_RETRY_MAX_SECONDS
+    #: Key -> (when it is due again, the wait that led there).
+    _waits: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def is_due(self, key: str, now: float) -> bool:
+        wait = self._waits.get(key)
+        return wait is None or now >= wait[0]
+
+    def failed(self, key: str, now: float) -> float:
+        """It failed at ``now``; returns the wait until the next try."""
+        last = self._waits.get(key)
+        delay = self.first_seconds if last is None else min(self.max_seconds, 2 * last[1])
+        self._waits[key] = (now + delay, delay)
+        return delay
+
+    def succeeded(self, key: str) -> None:
+        self._waits.pop(key, None)
 
 
 def process_group_rss_bytes(pid: int) -> int:
@@ -160,6 +189,7 @@ class AirlockDriver:
         metrics: AgentMetrics | None = None,
         reclaim_grace_seconds: float = 5.0,
         oom_killer_baseline: bool = False,
+        poll_seconds: float = 0.1,
     ) -> None:
         self.node = node
         self.levels = levels
@@ -194,6 +224,8 @@ class AirlockDriver:
         #: Subjobs already told to the log as held without a cuda-checkpoint to restore them.
         self._unrestorable: set[str] = set()
         self._load_held()
+        #: Failed restores wait before the next try (from one poll period up to a minute).
+        self._restore_retry = RetryBackoff(poll_seconds)
         #: Suspends under way through cuda-checkpoint (it copies the subjob's GPU memory
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
@@ -434,8 +466,9 @@ class AirlockDriver:
             return []
         async with self._lock:
             backend = self.node.backend
-            if not self.config.dry_run:
-                await self._restore_running()
+            # Whatever dry_run says: it repairs what the agent itself did before (a
+            # checkpointed subjob resumed by hand would wait forever otherwise).
+            await self._restore_running()
             # NVML's process lists are read on a worker thread: a call may take its deadline.
             processes = (
                 await asyncio.to_thread(backend.process_memory)
@@ -563,10 +596,16 @@ class AirlockDriver:
 
     async def _restore_running(self) -> None:
         """Restore what is still held of subjobs that run (a restore that failed, an
-        operator's resume, a stop during a checkpoint); not those being suspended now."""
+        operator's resume, a stop during a checkpoint); not those being suspended now, nor
+        those being stopped (their memory would go back to a GPU they are leaving), nor
+        one whose restore failed lately (:class:`RetryBackoff`)."""
         live = self.node.live_states
+        terminating = self.node.terminating
+        now = time.monotonic()
         for subjob_id in [s for s in self._held if live.get(s) == "RUNNING"]:
-            if subjob_id not in self._stopping:
+            if subjob_id in self._stopping or subjob_id in terminating:
+                continue
+            if self._restore_retry.is_due(subjob_id, now):
                 await self._restore(subjob_id)
 
     def _cannot_resume(self, action: Action) -> bool:
@@ -685,7 +724,18 @@ class AirlockDriver:
                 if not held:
                     del self._held[subjob_id]
                 self._save_held()  # at once: a stop before the next pid leaves it right
-            # (a failed restore, retried at each poll, writes nothing)
+            # (a failed restore, retried later, writes nothing)
+        if subjob_id not in self._held:
+            self._restore_retry.succeeded(subjob_id)
+            return
+        wait = self._restore_retry.failed(subjob_id, time.monotonic())
+        log.warning(
+            "airlock: subjob %s keeps CUDA state of pid(s) %s on the host; next restore try "
+            "in %.1f s",
+            subjob_id,
+            ", ".join(map(str, held)),
+            wait,
+        )
 
     def _owns(self, subjob_id: str, pid: int) -> bool:
         """Whether ``pid`` is still a process of the subjob (a journaled pid may have ended

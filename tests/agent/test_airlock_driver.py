@@ -305,3 +305,131 @@ def test_a_subjob_resumed_by_hand_gets_its_state_back(
         # Restored at a poll (then, the pressure still there, suspended again).
         wait_for(lambda: _restores(agent) >= 1)
         gate.write_text("go")
+
+
+def _signal(stub: agent_pb2_grpc.AgentStub, subjob_id: str, signal: int) -> None:
+    request = agent_pb2.SignalSubjobRequest(subjob_id=subjob_id, signal=signal, reason="operator")
+    stub.SignalSubjob(request, timeout=10)  # type: ignore[arg-type]
+
+
+def test_a_dry_run_agent_still_restores_what_it_checkpointed(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Restoring held CUDA state repairs the agent's own earlier suspend: a dry-run agent
+    (restarted so, or reloaded) does it too, or a checkpointed subjob the operator resumes
+    would wait in its next CUDA call forever."""
+    host, agent, gate, pid = _checkpointed_opp(cluster, tmp_path)
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(20) == 0
+    env = {"LAMINAR_AIRLOCK_DRY_RUN": "true"}
+    restarted = host.start(cluster, "h", env=env, injected=40 * GIB)
+    with grpc.insecure_channel(restarted.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        _signal(stub, "opp", agent_pb2.RESUME)
+        wait_for(lambda: _restores(restarted) == 1)
+        assert [p.name for p in host.pid_dir.glob(f"*/{pid}*")] == [str(pid)]
+        gate.write_text("go")
+        for subjob_id in ("crit", "opp"):
+            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
+
+
+def test_a_failing_restore_is_tried_again_less_and_less_often(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A restore that fails (each try may take the tool's two-minute timeout) waits one poll
+    period, then twice as long after each further failure (up to a minute), and succeeds
+    once the tool does."""
+    host, agent, gate, pid = _checkpointed_opp(cluster, tmp_path)
+    host.fail_restore.write_text("")
+    with grpc.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        host.inject(agent, 0)  # the pressure goes: Airlock resumes it, and cannot restore
+
+        def waits() -> list[float]:
+            text = agent.log_path.read_text(errors="replace")
+            return [float(w) for w in re.findall(r"opp keeps CUDA state .* in ([0-9.]+) s", text)]
+
+        wait_for(lambda: len(waits()) >= 3)
+        assert waits()[:3] == [0.1, 0.2, 0.4]  # airlock.poll_seconds, doubling
+        host.fail_restore.unlink()
+        wait_for(lambda: _restores(agent) == 1)
+        assert [p.name for p in host.pid_dir.glob(f"*/{pid}*")] == [str(pid)]
+        gate.write_text("go")
+        wait_for(lambda: _state(stub, "opp") == common_pb2.SUCCEEDED)
+
+
+def test_a_restore_waits_longer_after_each_failure() -> None:
+    from laminar_agent.airlock_driver import RetryBackoff
+
+    retry = RetryBackoff(first_seconds=0.5, max_seconds=3.0)
+    assert retry.is_due("s", 0.0)
+    assert [retry.failed("s", t) for t in (0.0, 1.0, 2.0, 3.0, 4.0)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert not retry.is_due("s", 6.9) and retry.is_due("s", 7.0)
+    assert retry.is_due("t", 0.0)  # each key on its own
+    retry.succeeded("s")
+    assert retry.is_due("s", 0.0) and retry.failed("s", 0.0) == 0.5
+
+
+class _Tool:
+    """A stand-in cuda-checkpoint (reads states); ``fails``: every move fails."""
+
+    reads_state = True
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, str]] = []
+        self.fails = False
+
+    async def to_state(self, pid: int, want: str) -> bool:
+        self.calls.append((pid, want))
+        if self.fails:
+            from laminar_agent.inventory.cuda_checkpoint import ToggleFailed
+
+            raise ToggleFailed("stand-in failure")
+        return True
+
+
+def _held_driver(tool: _Tool, terminating: frozenset[str]) -> tuple[object, object]:
+    """A driver over a node whose running subjob "s" (this process) has its CUDA state held
+    on the host, as the journal says; and that node."""
+    from types import SimpleNamespace
+
+    from laminar_agent.airlock_driver import AirlockDriver
+    from laminar_airlock.levels import LevelTracker
+
+    meta = {HELD_META: json.dumps({"s": {str(os.getpid()): GIB}})}
+    node = SimpleNamespace(
+        journal=SimpleNamespace(get_meta=meta.get, set_meta=meta.__setitem__),
+        backend=SimpleNamespace(cuda_checkpoint=SimpleNamespace(tool=tool, is_available=True)),
+        live_states={"s": "RUNNING"},
+        terminating=terminating,
+        executor=SimpleNamespace(pid_of=lambda subjob_id: os.getpid()),
+        slices=(),
+    )
+    return AirlockDriver(node, LevelTracker(), poll_seconds=60.0), node  # type: ignore[arg-type]
+
+
+def test_no_restore_onto_a_gpu_the_subjob_is_being_stopped_on() -> None:
+    """Held state of a subjob being stopped stays on the host (its memory would go back to
+    a GPU it is leaving); once it is not being stopped, it is restored."""
+    import asyncio
+
+    tool = _Tool()
+    driver, node = _held_driver(tool, frozenset({"s"}))
+    asyncio.run(driver._restore_running())  # type: ignore[attr-defined]
+    assert tool.calls == []
+    node.terminating = frozenset()  # type: ignore[attr-defined]
+    asyncio.run(driver._restore_running())  # type: ignore[attr-defined]
+    assert tool.calls == [(os.getpid(), "running")]
+
+
+def test_a_failed_restore_is_not_tried_again_at_the_next_poll() -> None:
+    """Each try may take the tool's two-minute timeout: after a failure the next poll waits
+    (here a poll period of a minute), and a success is not held back."""
+    import asyncio
+
+    tool = _Tool()
+    tool.fails = True
+    driver, _ = _held_driver(tool, frozenset())
+    asyncio.run(driver._restore_running())  # type: ignore[attr-defined]
+    asyncio.run(driver._restore_running())  # type: ignore[attr-defined]
+    assert tool.calls == [(os.getpid(), "running")]
