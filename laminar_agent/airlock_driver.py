@@ -230,7 +230,6 @@ class AirlockDriver:
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
         self._stopping: dict[str, asyncio.Task[None]] = {}
-        self._mig_devices = frozenset(s.device_uuid for s in node.slices if s.kind == SliceKind.MIG)
         if metrics is not None:
             metrics.cuda_checkpoint_available.set(
                 1 if node.backend.cuda_checkpoint.is_available else 0
@@ -403,8 +402,15 @@ class AirlockDriver:
         return (
             backend.cuda_checkpoint.is_available
             and bool(devices)
-            and not self._mig_devices.intersection(devices)
+            and not any(self._is_mig(d) for d in devices)
         )
+
+    def _is_mig(self, device_uuid: str) -> bool:
+        """Whether a device is a MIG instance, as the ledger holds it now (instances carved
+        after start are there too); a device the ledger does not know counts as one (no
+        checkpoint is tried where it may not be supported)."""
+        held = self.node.ledger.slices.get(self.node.slice_name(device_uuid))
+        return held is None or held.kind == SliceKind.MIG
 
     def _driver_view(
         self, live: dict[str, str], process_memory: dict[str, dict[int, int]] | None

@@ -403,7 +403,6 @@ def _held_driver(tool: _Tool, terminating: frozenset[str]) -> tuple[object, obje
         live_states={"s": "RUNNING"},
         terminating=terminating,
         executor=SimpleNamespace(pid_of=lambda subjob_id: os.getpid()),
-        slices=(),
     )
     return AirlockDriver(node, LevelTracker(), poll_seconds=60.0), node  # type: ignore[arg-type]
 
