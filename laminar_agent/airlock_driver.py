@@ -226,6 +226,14 @@ class AirlockDriver:
         self._load_held()
         #: Failed restores wait before the next try (from one poll period up to a minute).
         self._restore_retry = RetryBackoff(poll_seconds)
+        #: Subjob -> its core's suspend count at the suspend that Airlock carried out (or
+        #: recalled from the journal): the suspension is Airlock's while the count stays.
+        #: A suspension someone else made (an operator's SignalSubjob) is theirs: Airlock
+        #: neither resumes it nor waits towards re-addressing or reclaim on it.
+        self._suspended: dict[str, int] = {}
+        #: Live subjobs some poll of this run has looked at (a suspended one seen for the
+        #: first time has its suspension recalled from the journal).
+        self._looked: set[str] = set()
         #: Suspends under way through cuda-checkpoint (it copies the subjob's GPU memory
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
@@ -275,6 +283,9 @@ class AirlockDriver:
         if gone:
             self._save_held()
         self.episodes.prune(live)
+        self._looked.intersection_update(live)
+        for subjob_id in [s for s in self._suspended if s not in live]:
+            del self._suspended[subjob_id]
         want_rss = host is not None and host_level != Level.NORMAL
         for subjob_id in sorted(live):
             static = self._static_of(subjob_id)
@@ -282,9 +293,8 @@ class AirlockDriver:
             calm = static is None or all(
                 self.levels.level(d) == Level.NORMAL for d in static.devices
             )
-            if suspended and self.episodes.memory(subjob_id).suspended_since is None:
-                self._recall_suspension(subjob_id, now)
-            memory = self.episodes.poll(subjob_id, suspended=suspended, calm=calm, now=now)
+            by_airlock = self._is_airlocks(subjob_id, suspended, now)
+            memory = self.episodes.poll(subjob_id, suspended=by_airlock, calm=calm, now=now)
             if subjob_id in self.node.terminating:
                 continue  # already on its way out; its memory leaves with it
             if static is None or (not static.devices and not want_rss):
@@ -317,6 +327,7 @@ class AirlockDriver:
                     readdress_requested=memory.readdress_requested,
                     release_requested_since=memory.release_requested_since,
                     stopping=subjob_id in self._stopping,
+                    suspended_by_operator=suspended and not by_airlock,
                 )
             )
         if not views:
@@ -345,12 +356,58 @@ class AirlockDriver:
             host_level=host_level,
         )
 
-    def _recall_suspension(self, subjob_id: str, now: float) -> None:
-        """A suspended subjob this run has no time for (the agent restarted, or it was
-        suspended by hand): its age counts from the journaled event that suspended it."""
-        event = self.node.journal.last_event(subjob_id)
-        if event is not None and event.state == "SUSPENDED":
-            self.episodes.recall(subjob_id, now - max(0.0, time.time() - event.at_unix))
+    def _suspensions(self, subjob_id: str) -> int:
+        live = self.node.core.subjob(subjob_id)
+        return live.suspensions if live is not None else 0
+
+    def _is_airlocks(self, subjob_id: str, suspended: bool, now: float) -> bool:
+        """Whether ``subjob_id`` is suspended and Airlock's suspend is what holds it: not
+        when someone suspended it again since (the core counts each suspend), nor when this
+        run first finds it suspended and the journal says no Airlock suspend led to it."""
+        first_look = subjob_id not in self._looked
+        self._looked.add(subjob_id)
+        if not suspended:
+            self._suspended.pop(subjob_id, None)
+            return False
+        count = self._suspended.get(subjob_id)
+        if count is None:
+            return first_look and self._recall(subjob_id, now)
+        if count == self._suspensions(subjob_id):
+            return True
+        del self._suspended[subjob_id]
+        log.info(
+            "airlock: subjob %s was suspended again by a SignalSubjob: it stays suspended "
+            "until it is resumed the same way",
+            subjob_id,
+        )
+        return False
+
+    def _recall(self, subjob_id: str, now: float) -> bool:
+        """A suspended subjob this run has not seen (the agent restarted, or it was
+        suspended before the first poll): whether Airlock suspended it, from the journal.
+        It did if it journaled a suspend (not a dry-run one) after the subjob's previous
+        state event and before the SUSPENDED one (Airlock journals each action before
+        carrying it out, so a stop between the two still reads as Airlock's). Then its
+        age counts from that event, and a re-address journaled since goes on (its hand-off
+        to the zone router is neither undone by a resume nor made, and counted, twice)."""
+        events = self.node.journal.last_events(subjob_id, 2)
+        if not events or events[0].state != "SUSPENDED":
+            return False
+        at = events[0].at_unix
+        before = events[1].at_unix if len(events) > 1 else 0.0
+        actions = self.node.journal.actions_of(subjob_id, since_unix=before)
+        if not any(a.step == STEP_SUSPEND and a.at_unix <= at for a in actions):
+            log.info("airlock: subjob %s was suspended by a SignalSubjob: not Airlock's", subjob_id)
+            return False
+        moved = [a.at_unix for a in actions if a.step == STEP_READDRESS and a.at_unix >= at]
+        wall = time.time()
+        self.episodes.recall(
+            subjob_id,
+            now - max(0.0, wall - at),
+            now - max(0.0, wall - moved[-1]) if moved else None,
+        )
+        self._suspended[subjob_id] = self._suspensions(subjob_id)
+        return True
 
     @staticmethod
     def _work_seconds(static: _StaticView, memory: Memory, now: float) -> float:
@@ -593,6 +650,10 @@ class AirlockDriver:
         except Exception as exc:  # the subjob may have ended since the snapshot
             log.warning("airlock %s of %s failed: %s", action.step, action.subjob_id, exc)
             return
+        if action.step == STEP_SUSPEND:
+            self._suspended[action.subjob_id] = self._suspensions(action.subjob_id)
+        elif action.step == STEP_RESUME:
+            self._suspended.pop(action.subjob_id, None)
         if action.step == STEP_RESUME:
             # Continued first: cuda-checkpoint restores only a running process (on a
             # stopped one it never answers: seen on an H200, driver 580). Until the
@@ -689,6 +750,15 @@ class AirlockDriver:
         tool = self.node.backend.cuda_checkpoint.tool
         if tool is None or not self._checkpoints(subjob_id):
             return
+        self.node.core.checkpointing(subjob_id, True)  # a SignalSubjob(SUSPEND) now is refused
+        try:
+            await self._checkpoint_pids(subjob_id)
+        finally:
+            self.node.core.checkpointing(subjob_id, False)
+
+    async def _checkpoint_pids(self, subjob_id: str) -> None:
+        tool = self.node.backend.cuda_checkpoint.tool
+        assert tool is not None  # the caller checks
         for pid in self._gpu_pids[subjob_id]:
             used = self._pid_bytes.get(pid, 0)  # the latest poll's, taken at its turn
             held = self._held.setdefault(subjob_id, {})

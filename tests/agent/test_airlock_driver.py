@@ -44,8 +44,10 @@ def _commit(
     priority: int,
     gate: Path,
     host: GpuHost | None = None,
+    *,
+    restartable: bool = False,
 ) -> common_pb2.Subjob:
-    resources = common_pb2.Resources(gpu_milli=400, gpu_memory_bytes=20 * GIB)
+    resources = common_pb2.Resources(gpu_milli=300, gpu_memory_bytes=20 * GIB)
     code = gate_code(gate)
     spec = common_pb2.SubjobSpec(
         subjob_id=subjob_id,
@@ -53,6 +55,7 @@ def _commit(
         command=host.command(code, 20 * GIB) if host else [sys.executable, "-c", code],
         priority=priority,  # type: ignore[arg-type]
         resources=resources,
+        restartable=restartable,
     )
     reply = stub.Probe(
         agent_pb2.ProbeRequest(
@@ -148,6 +151,18 @@ def _checkpointed_opp(
     return host, agent, gate, pid
 
 
+def _ten_minutes_ago(agent: AgentProcess) -> None:
+    """What the stopped agent's journal would say had it been down ten minutes: every event
+    and Airlock action it journaled happened 600 s earlier."""
+    with sqlite3.connect(agent.state_dir / "agent.db") as db:
+        suspends = db.execute(
+            "UPDATE events SET at_unix = at_unix - 600 WHERE state='SUSPENDED'"
+        ).rowcount
+        db.execute("UPDATE events SET at_unix = at_unix - 600 WHERE state!='SUSPENDED'")
+        db.execute("UPDATE airlock_actions SET at_unix = at_unix - 600")
+    assert suspends >= 1
+
+
 def test_a_restarted_agent_still_restores_what_it_checkpointed(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -165,11 +180,7 @@ def test_a_restarted_agent_still_restores_what_it_checkpointed(
     assert agent.process.wait(20) == 0
     # The agent stays down ten minutes, as far as its journal can tell: the suspension's
     # age (towards re-addressing and reclaim) counts from the suspend, not the restart.
-    with sqlite3.connect(agent.state_dir / "agent.db") as db:
-        moved = db.execute(
-            "UPDATE events SET at_unix = at_unix - 600 WHERE subjob_id='opp' AND state='SUSPENDED'"
-        ).rowcount
-    assert moved == 1
+    _ten_minutes_ago(agent)
 
     restarted = host.start(cluster, "h")  # the pressure is gone on this start
     with grpc.insecure_channel(restarted.address) as channel:
@@ -200,8 +211,7 @@ def test_reclaiming_a_checkpointed_subjob_frees_nothing_more_on_the_gpu(
     assert _freed(agent) == 20 * GIB
     agent.process.send_signal(signal.SIGTERM)
     assert agent.process.wait(20) == 0
-    with sqlite3.connect(agent.state_dir / "agent.db") as db:  # suspended ten minutes ago
-        db.execute("UPDATE events SET at_unix = at_unix - 600 WHERE state='SUSPENDED'")
+    _ten_minutes_ago(agent)  # suspended ten minutes ago
     env = {
         "LAMINAR_AIRLOCK_READDRESS_AFTER_SECONDS": "30",
         "LAMINAR_AIRLOCK_READDRESS_DEADLINE_SECONDS": "60",
@@ -310,6 +320,147 @@ def test_a_subjob_resumed_by_hand_gets_its_state_back(
 def _signal(stub: agent_pb2_grpc.AgentStub, subjob_id: str, signal: int) -> None:
     request = agent_pb2.SignalSubjobRequest(subjob_id=subjob_id, signal=signal, reason="operator")
     stub.SignalSubjob(request, timeout=10)  # type: ignore[arg-type]
+
+
+def _steps(stub: agent_pb2_grpc.AgentStub, subjob_id: str) -> list[str]:
+    """Airlock's journaled actions on ``subjob_id``, oldest first."""
+    airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=200), timeout=10)
+    return [a.step for a in airlock.recent_actions if a.subjob_id == subjob_id]
+
+
+def _three(
+    stub: agent_pb2_grpc.AgentStub, gate: Path, host: GpuHost, *, restartable: bool = False
+) -> None:
+    """crit (critical) and opp, w (opportunistic; opp ``restartable``), 20 GiB each."""
+    _commit(stub, "crit", common_pb2.CRITICAL, gate, host)
+    _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate, host, restartable=restartable)
+    _commit(stub, "w", common_pb2.OPPORTUNISTIC, gate, host)
+    _seen(stub, "crit", "opp", "w")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_operators_suspend_is_not_resumed_by_airlock(
+    cluster: LocalCluster, tmp_path: Path, backend: str
+) -> None:
+    """SignalSubjob(SUSPEND) holds until the operator resumes it: a calm GPU does not resume
+    it (Airlock took every SUSPENDED subjob for one it had suspended). The witness that the
+    ladder ran on the calm GPU: "w", which Airlock suspended beside it, is resumed."""
+    host = GpuHost(backend, tmp_path / "gpus")
+    agent = host.start(cluster, "h")
+    gate = tmp_path / "gate"
+    with grpc.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        _three(stub, gate, host)
+        _signal(stub, "opp", agent_pb2.SUSPEND)
+        host.inject(agent, 20 * GIB)  # 80 of 80 GiB with opp's (it keeps its memory)
+        wait_for(lambda: _state(stub, "w") == common_pb2.SUSPENDED)
+        host.inject(agent, 0)
+        wait_for(lambda: _state(stub, "w") == common_pb2.RUNNING)
+        assert _state(stub, "opp") == common_pb2.SUSPENDED
+        assert _steps(stub, "opp") == [] and _steps(stub, "w") == ["suspend", "resume"]
+        _signal(stub, "opp", agent_pb2.RESUME)
+        gate.write_text("go")
+        for subjob_id in ("crit", "opp", "w"):
+            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
+
+
+def test_an_operators_suspend_outlives_a_restart_and_the_deadlines(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """After an agent restart the journal tells the operator's suspension from Airlock's:
+    past every deadline Airlock reclaims its own ("w") and leaves the operator's alone."""
+    host = GpuHost("nvml", tmp_path / "gpus")
+    agent = host.start(cluster, "h")
+    gate = tmp_path / "gate"
+    with grpc.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        _three(stub, gate, host)
+        _signal(stub, "opp", agent_pb2.SUSPEND)
+        host.inject(agent, 20 * GIB)
+        wait_for(lambda: _state(stub, "w") == common_pb2.SUSPENDED)
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(20) == 0
+    _ten_minutes_ago(agent)
+    env = {
+        "LAMINAR_AIRLOCK_READDRESS_AFTER_SECONDS": "30",
+        "LAMINAR_AIRLOCK_READDRESS_DEADLINE_SECONDS": "60",
+    }
+    restarted = host.start(cluster, "h", env=env, injected=20 * GIB)  # no room to resume w
+    with grpc.insecure_channel(restarted.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        wait_for(lambda: _state(stub, "w") == common_pb2.KILLED)
+        assert _state(stub, "opp") == common_pb2.SUSPENDED
+        assert _steps(stub, "opp") == []
+        _signal(stub, "opp", agent_pb2.RESUME)
+        gate.write_text("go")
+        for subjob_id in ("crit", "opp"):
+            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
+
+
+def test_a_readdress_hand_off_outlives_a_restart(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A subjob handed to the zone router for re-addressing stays handed over after an agent
+    restart: with the pressure gone it is not resumed in place (the router's copy would run
+    beside it), nor handed over a second time (its lost work counted twice). The witness
+    that the ladder ran on the calm GPU: "w", suspended beside it, is resumed."""
+    host = GpuHost("nvml", tmp_path / "gpus")
+    env = {
+        "LAMINAR_AIRLOCK_READDRESS_AFTER_SECONDS": "0.5",
+        "LAMINAR_AIRLOCK_READDRESS_DEADLINE_SECONDS": "600",
+        "LAMINAR_AIRLOCK_LOSS_WAIT_RATIO": "0",
+    }
+    agent = host.start(cluster, "h", env=dict(env))
+    gate = tmp_path / "gate"
+    with grpc.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        _three(stub, gate, host, restartable=True)
+        host.inject(agent, 40 * GIB)  # both opportunistic ones are needed: 100 -> 60 GiB
+        wait_for(lambda: "readdress" in _steps(stub, "opp"))
+        assert _state(stub, "w") == common_pb2.SUSPENDED  # not restartable: it waits
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(20) == 0
+    restarted = host.start(cluster, "h", env=dict(env))  # the pressure is gone
+    with grpc.insecure_channel(restarted.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        # w's restore ends its resume: a resume of opp in the same round would follow at
+        # once, before the agent's loop answers another call.
+        wait_for(lambda: _state(stub, "w") == common_pb2.RUNNING and _restores(restarted) == 1)
+        assert _state(stub, "opp") == common_pb2.SUSPENDED
+        assert _steps(stub, "opp") == ["suspend", "readdress"]
+        gate.write_text("go")
+        wait_for(lambda: _state(stub, "w") == common_pb2.SUCCEEDED)
+
+
+def test_a_suspend_during_airlocks_checkpoint_is_refused(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """An operator's SUSPEND while cuda-checkpoint copies the subjob's memory for Airlock's
+    suspend would stop the process mid-copy (the tool never answers a stopped process): it
+    is refused with FAILED_PRECONDITION, and taken once Airlock's suspend is done."""
+    host = GpuHost("nvml", tmp_path / "gpus")
+    agent = host.start(cluster, "h")
+    gate = tmp_path / "gate"
+    with grpc.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        _commit(stub, "crit", common_pb2.CRITICAL, gate, host)
+        _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate, host)
+        _seen(stub, "crit", "opp")
+        host.hold_checkpoint.write_text("")
+        host.inject(agent, 40 * GIB)
+        wait_for(host.checkpointing.exists)
+        with pytest.raises(grpc.RpcError) as refused:
+            _signal(stub, "opp", agent_pb2.SUSPEND)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "cuda-checkpoint" in str(refused.value.details())
+        assert _state(stub, "opp") == common_pb2.RUNNING
+        host.hold_checkpoint.unlink()
+        wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
+        assert _restores(agent) == 0
+        _signal(stub, "opp", agent_pb2.SUSPEND)  # now it is taken (and the operator's)
+        _signal(stub, "opp", agent_pb2.RESUME)
+        wait_for(lambda: _restores(agent) == 1)
+        gate.write_text("go")
+        for subjob_id in ("crit", "opp"):
+            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
 
 
 def test_a_dry_run_agent_still_restores_what_it_checkpointed(
