@@ -134,10 +134,12 @@ def test_work_a_restart_loses_does_not_grow_while_suspended() -> None:
 
 
 def _checkpointed_opp(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, *, hold_copy: bool = False
 ) -> tuple[GpuHost, AgentProcess, Path, int]:
     """An nvml agent whose "opp" (beside a critical "crit", 20 GiB each, both waiting on
-    the returned gate) Airlock has suspended through cuda-checkpoint; and opp's pid."""
+    the returned gate) Airlock has suspended through cuda-checkpoint; and opp's pid. With
+    ``hold_copy`` the stand-in's copy goes on (``host.hold_checkpoint``): it returns once
+    the copy has begun, opp still running."""
     host = GpuHost("nvml", tmp_path / "gpus")
     agent = host.start(cluster, "h")
     gate = tmp_path / "gate"
@@ -146,8 +148,13 @@ def _checkpointed_opp(
         _commit(stub, "crit", common_pb2.CRITICAL, gate, host)
         pid = _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate, host).pid
         _seen(stub, "crit", "opp")
+        if hold_copy:
+            host.hold_checkpoint.write_text("")
         host.inject(agent, 40 * GIB)
-        wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
+        if hold_copy:
+            wait_for(host.checkpointing.exists)
+        else:
+            wait_for(lambda: _state(stub, "opp") == common_pb2.SUSPENDED)
     return host, agent, gate, pid
 
 
@@ -227,8 +234,7 @@ def test_reclaiming_a_checkpointed_subjob_frees_nothing_more_on_the_gpu(
         assert [a.subjob_id for a in reclaims] == ["opp"] and "reclaim after" in reclaims[0].reason
         assert reclaims[0].bytes_freed == 0
         assert _freed(restarted) == 0
-        gate.write_text("go")
-        wait_for(lambda: _state(stub, "crit") == common_pb2.SUCCEEDED)
+        _finish(stub, gate, "crit")
 
 
 @pytest.mark.parametrize("found", ["running", "locked"])
@@ -269,9 +275,7 @@ def test_a_restore_that_ended_unrecorded_is_not_undone(
         # running: nothing to do; locked: unlocked (its memory was on the GPU all along)
         assert (restores("already"), restores("ok")) == ((1, 0) if found == "running" else (0, 1))
         assert [p.name for p in host.pid_dir.glob(f"*/{pid}*")] == [str(pid)]
-        gate.write_text("go")
-        for subjob_id in ("crit", "opp"):
-            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
+        _finish(stub, gate, "crit", "opp")
 
 
 def _freed(agent: AgentProcess) -> float:
@@ -322,6 +326,13 @@ def _signal(stub: agent_pb2_grpc.AgentStub, subjob_id: str, signal: int) -> None
     stub.SignalSubjob(request, timeout=10)  # type: ignore[arg-type]
 
 
+def _finish(stub: agent_pb2_grpc.AgentStub, gate: Path, *subjob_ids: str) -> None:
+    """Open the gate the subjobs wait on; each ends with success."""
+    gate.write_text("go")
+    for subjob_id in subjob_ids:
+        wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
+
+
 def _steps(stub: agent_pb2_grpc.AgentStub, subjob_id: str) -> list[str]:
     """Airlock's journaled actions on ``subjob_id``, oldest first."""
     airlock = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=200), timeout=10)
@@ -338,13 +349,11 @@ def _three(
     _seen(stub, "crit", "opp", "w")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_an_operators_suspend_is_not_resumed_by_airlock(
+def _operator_suspends_opp(
     cluster: LocalCluster, tmp_path: Path, backend: str
-) -> None:
-    """SignalSubjob(SUSPEND) holds until the operator resumes it: a calm GPU does not resume
-    it (Airlock took every SUSPENDED subjob for one it had suspended). The witness that the
-    ladder ran on the calm GPU: "w", which Airlock suspended beside it, is resumed."""
+) -> tuple[GpuHost, AgentProcess, Path]:
+    """An agent on ``backend`` running :func:`_three`, where an operator suspended opp and
+    then Airlock suspended w for pressure; the gate they wait on."""
     host = GpuHost(backend, tmp_path / "gpus")
     agent = host.start(cluster, "h")
     gate = tmp_path / "gate"
@@ -354,14 +363,25 @@ def test_an_operators_suspend_is_not_resumed_by_airlock(
         _signal(stub, "opp", agent_pb2.SUSPEND)
         host.inject(agent, 20 * GIB)  # 80 of 80 GiB with opp's (it keeps its memory)
         wait_for(lambda: _state(stub, "w") == common_pb2.SUSPENDED)
+    return host, agent, gate
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_operators_suspend_is_not_resumed_by_airlock(
+    cluster: LocalCluster, tmp_path: Path, backend: str
+) -> None:
+    """SignalSubjob(SUSPEND) holds until the operator resumes it: a calm GPU does not resume
+    it (Airlock took every SUSPENDED subjob for one it had suspended). The witness that the
+    ladder ran on the calm GPU: "w", which Airlock suspended beside it, is resumed."""
+    host, agent, gate = _operator_suspends_opp(cluster, tmp_path, backend)
+    with grpc.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
         host.inject(agent, 0)
         wait_for(lambda: _state(stub, "w") == common_pb2.RUNNING)
         assert _state(stub, "opp") == common_pb2.SUSPENDED
         assert _steps(stub, "opp") == [] and _steps(stub, "w") == ["suspend", "resume"]
         _signal(stub, "opp", agent_pb2.RESUME)
-        gate.write_text("go")
-        for subjob_id in ("crit", "opp", "w"):
-            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
+        _finish(stub, gate, "crit", "opp", "w")
 
 
 def test_an_operators_suspend_outlives_a_restart_and_the_deadlines(
@@ -369,15 +389,7 @@ def test_an_operators_suspend_outlives_a_restart_and_the_deadlines(
 ) -> None:
     """After an agent restart the journal tells the operator's suspension from Airlock's:
     past every deadline Airlock reclaims its own ("w") and leaves the operator's alone."""
-    host = GpuHost("nvml", tmp_path / "gpus")
-    agent = host.start(cluster, "h")
-    gate = tmp_path / "gate"
-    with grpc.insecure_channel(agent.address) as channel:
-        stub = agent_pb2_grpc.AgentStub(channel)
-        _three(stub, gate, host)
-        _signal(stub, "opp", agent_pb2.SUSPEND)
-        host.inject(agent, 20 * GIB)
-        wait_for(lambda: _state(stub, "w") == common_pb2.SUSPENDED)
+    host, agent, gate = _operator_suspends_opp(cluster, tmp_path, "nvml")
     agent.process.send_signal(signal.SIGTERM)
     assert agent.process.wait(20) == 0
     _ten_minutes_ago(agent)
@@ -392,9 +404,7 @@ def test_an_operators_suspend_outlives_a_restart_and_the_deadlines(
         assert _state(stub, "opp") == common_pb2.SUSPENDED
         assert _steps(stub, "opp") == []
         _signal(stub, "opp", agent_pb2.RESUME)
-        gate.write_text("go")
-        for subjob_id in ("crit", "opp"):
-            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
+        _finish(stub, gate, "crit", "opp")
 
 
 def test_a_readdress_hand_off_outlives_a_restart(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -426,8 +436,7 @@ def test_a_readdress_hand_off_outlives_a_restart(cluster: LocalCluster, tmp_path
         wait_for(lambda: _state(stub, "w") == common_pb2.RUNNING and _restores(restarted) == 1)
         assert _state(stub, "opp") == common_pb2.SUSPENDED
         assert _steps(stub, "opp") == ["suspend", "readdress"]
-        gate.write_text("go")
-        wait_for(lambda: _state(stub, "w") == common_pb2.SUCCEEDED)
+        _finish(stub, gate, "w")
 
 
 def test_a_suspend_during_airlocks_checkpoint_is_refused(
@@ -436,17 +445,9 @@ def test_a_suspend_during_airlocks_checkpoint_is_refused(
     """An operator's SUSPEND while cuda-checkpoint copies the subjob's memory for Airlock's
     suspend would stop the process mid-copy (the tool never answers a stopped process): it
     is refused with FAILED_PRECONDITION, and taken once Airlock's suspend is done."""
-    host = GpuHost("nvml", tmp_path / "gpus")
-    agent = host.start(cluster, "h")
-    gate = tmp_path / "gate"
+    host, agent, gate, _ = _checkpointed_opp(cluster, tmp_path, hold_copy=True)
     with grpc.insecure_channel(agent.address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
-        _commit(stub, "crit", common_pb2.CRITICAL, gate, host)
-        _commit(stub, "opp", common_pb2.OPPORTUNISTIC, gate, host)
-        _seen(stub, "crit", "opp")
-        host.hold_checkpoint.write_text("")
-        host.inject(agent, 40 * GIB)
-        wait_for(host.checkpointing.exists)
         with pytest.raises(grpc.RpcError) as refused:
             _signal(stub, "opp", agent_pb2.SUSPEND)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -458,9 +459,7 @@ def test_a_suspend_during_airlocks_checkpoint_is_refused(
         _signal(stub, "opp", agent_pb2.SUSPEND)  # now it is taken (and the operator's)
         _signal(stub, "opp", agent_pb2.RESUME)
         wait_for(lambda: _restores(agent) == 1)
-        gate.write_text("go")
-        for subjob_id in ("crit", "opp"):
-            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
+        _finish(stub, gate, "crit", "opp")
 
 
 def test_a_dry_run_agent_still_restores_what_it_checkpointed(
@@ -479,9 +478,7 @@ def test_a_dry_run_agent_still_restores_what_it_checkpointed(
         _signal(stub, "opp", agent_pb2.RESUME)
         wait_for(lambda: _restores(restarted) == 1)
         assert [p.name for p in host.pid_dir.glob(f"*/{pid}*")] == [str(pid)]
-        gate.write_text("go")
-        for subjob_id in ("crit", "opp"):
-            wait_for(lambda sid=subjob_id: _state(stub, sid) == common_pb2.SUCCEEDED)  # type: ignore[misc]
+        _finish(stub, gate, "crit", "opp")
 
 
 def test_a_failing_restore_is_tried_again_less_and_less_often(
@@ -505,8 +502,7 @@ def test_a_failing_restore_is_tried_again_less_and_less_often(
         host.fail_restore.unlink()
         wait_for(lambda: _restores(agent) == 1)
         assert [p.name for p in host.pid_dir.glob(f"*/{pid}*")] == [str(pid)]
-        gate.write_text("go")
-        wait_for(lambda: _state(stub, "opp") == common_pb2.SUCCEEDED)
+        _finish(stub, gate, "opp")
 
 
 def test_a_restore_waits_longer_after_each_failure() -> None:
