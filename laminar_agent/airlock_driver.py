@@ -22,6 +22,11 @@ be read back with GetAirlock.
   the CUDA calls of one continued before its restore wait for it). On MIG, or without the tool, its free
   mode is ``release_signal`` or ``none`` (a stop frees nothing: the policy reclaims). A
   toggle that fails leaves a plain stop, which the next poll sees as no relief.
+* **Only its own suspensions**: Airlock resumes, re-addresses or reclaims (after its waits)
+  only subjobs it suspended itself; one suspended by ``SignalSubjob(SUSPEND)`` is left to
+  whoever suspended it (``SubjobView.suspended_by_operator``). Which are its own: within a
+  run, the core's suspend count noted at its suspend; after a restart, the journal (see
+  :meth:`AirlockDriver._recall`), which also recalls a re-address hand-off under way.
 * **Reclamation** (the deadline passed, the re-address budget is spent, a subjob
   that a stop would not relieve, or host pressure) terminates with a reason that
   starts with ``airlock_reclaimed:`` and carries the numbers; all reclaims of one
@@ -133,8 +138,8 @@ RESTORE_RETRY_MAX_SECONDS = 60.0
 @dataclass
 class RetryBackoff:
     """When something that failed is tried again: ``first_seconds`` after the first failure,
-    twice as long after each further one, at most ``max_seconds``; at once after a success.
-    Times are the caller's monotonic clock."""
+    twice as long after each further one, at most ``max_seconds``; at once after a success
+    (or once its key is gone). Times are the caller's monotonic clock."""
 
     first_seconds: float
     max_seconds: float = RESTORE_RETRY_MAX_SECONDS
@@ -152,7 +157,8 @@ class RetryBackoff:
         self._waits[key] = (now + delay, delay)
         return delay
 
-    def succeeded(self, key: str) -> None:
+    def reset(self, key: str) -> None:
+        """It succeeded, or is gone."""
         self._waits.pop(key, None)
 
 
@@ -280,6 +286,7 @@ class AirlockDriver:
         gone = [subjob_id for subjob_id in self._held if subjob_id not in live]
         for subjob_id in gone:
             del self._held[subjob_id]  # its host copy ended with it
+            self._restore_retry.reset(subjob_id)
         if gone:
             self._save_held()
         self.episodes.prune(live)
@@ -802,7 +809,7 @@ class AirlockDriver:
                 self._save_held()  # at once: a stop before the next pid leaves it right
             # (a failed restore, retried later, writes nothing)
         if subjob_id not in self._held:
-            self._restore_retry.succeeded(subjob_id)
+            self._restore_retry.reset(subjob_id)
             return
         wait = self._restore_retry.failed(subjob_id, time.monotonic())
         log.warning(

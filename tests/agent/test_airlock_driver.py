@@ -513,7 +513,7 @@ def test_a_restore_waits_longer_after_each_failure() -> None:
     assert [retry.failed("s", t) for t in (0.0, 1.0, 2.0, 3.0, 4.0)] == [0.5, 1.0, 2.0, 3.0, 3.0]
     assert not retry.is_due("s", 6.9) and retry.is_due("s", 7.0)
     assert retry.is_due("t", 0.0)  # each key on its own
-    retry.succeeded("s")
+    retry.reset("s")
     assert retry.is_due("s", 0.0) and retry.failed("s", 0.0) == 0.5
 
 
