@@ -22,6 +22,11 @@ be read back with GetAirlock.
   the CUDA calls of one continued before its restore wait for it). On MIG, or without the tool, its free
   mode is ``release_signal`` or ``none`` (a stop frees nothing: the policy reclaims). A
   toggle that fails leaves a plain stop, which the next poll sees as no relief.
+* **Only its own suspensions**: Airlock resumes, re-addresses or reclaims (after its waits)
+  only subjobs it suspended itself; one suspended by ``SignalSubjob(SUSPEND)`` is left to
+  whoever suspended it (``SubjobView.suspended_by_operator``). Which are its own: within a
+  run, the core's suspend count noted at its suspend; after a restart, the journal (see
+  :meth:`AirlockDriver._recall`), which also recalls a re-address hand-off under way.
 * **Reclamation** (the deadline passed, the re-address budget is spent, a subjob
   that a stop would not relieve, or host pressure) terminates with a reason that
   starts with ``airlock_reclaimed:`` and carries the numbers; all reclaims of one
@@ -35,7 +40,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -125,6 +130,36 @@ HELD_META = "airlock_checkpointed"
 #: How long a stopping agent waits for suspends under way through cuda-checkpoint: a
 #: cancelled toggle goes on copying, so the agent lets it end and records it.
 CLOSE_WAIT_SECONDS = 20.0
+#: The longest wait between tries of a restore that keeps failing (each try may take the
+#: tool's timeout, ``TOGGLE_TIMEOUT_SECONDS``, while the polls wait).
+RESTORE_RETRY_MAX_SECONDS = 60.0
+
+
+@dataclass
+class RetryBackoff:
+    """When something that failed is tried again: ``first_seconds`` after the first failure,
+    twice as long after each further one, at most ``max_seconds``; at once after a success
+    (or once its key is gone). Times are the caller's monotonic clock."""
+
+    first_seconds: float
+    max_seconds: float = RESTORE_RETRY_MAX_SECONDS
+    #: Key -> (when it is due again, the wait that led there).
+    _waits: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def is_due(self, key: str, now: float) -> bool:
+        wait = self._waits.get(key)
+        return wait is None or now >= wait[0]
+
+    def failed(self, key: str, now: float) -> float:
+        """It failed at ``now``; returns the wait until the next try."""
+        last = self._waits.get(key)
+        delay = self.first_seconds if last is None else min(self.max_seconds, 2 * last[1])
+        self._waits[key] = (now + delay, delay)
+        return delay
+
+    def reset(self, key: str) -> None:
+        """It succeeded, or is gone."""
+        self._waits.pop(key, None)
 
 
 def process_group_rss_bytes(pid: int) -> int:
@@ -160,6 +195,7 @@ class AirlockDriver:
         metrics: AgentMetrics | None = None,
         reclaim_grace_seconds: float = 5.0,
         oom_killer_baseline: bool = False,
+        poll_seconds: float = 0.1,
     ) -> None:
         self.node = node
         self.levels = levels
@@ -194,11 +230,20 @@ class AirlockDriver:
         #: Subjobs already told to the log as held without a cuda-checkpoint to restore them.
         self._unrestorable: set[str] = set()
         self._load_held()
+        #: Failed restores wait before the next try (from one poll period up to a minute).
+        self._restore_retry = RetryBackoff(poll_seconds)
+        #: Subjob -> its core's suspend count at the suspend that Airlock carried out (or
+        #: recalled from the journal): the suspension is Airlock's while the count stays.
+        #: A suspension someone else made (an operator's SignalSubjob) is theirs: Airlock
+        #: neither resumes it nor waits towards re-addressing or reclaim on it.
+        self._suspended: dict[str, int] = {}
+        #: Live subjobs some poll of this run has looked at (a suspended one seen for the
+        #: first time has its suspension recalled from the journal).
+        self._looked: set[str] = set()
         #: Suspends under way through cuda-checkpoint (it copies the subjob's GPU memory
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
         self._stopping: dict[str, asyncio.Task[None]] = {}
-        self._mig_devices = frozenset(s.device_uuid for s in node.slices if s.kind == SliceKind.MIG)
         if metrics is not None:
             metrics.cuda_checkpoint_available.set(
                 1 if node.backend.cuda_checkpoint.is_available else 0
@@ -241,9 +286,13 @@ class AirlockDriver:
         gone = [subjob_id for subjob_id in self._held if subjob_id not in live]
         for subjob_id in gone:
             del self._held[subjob_id]  # its host copy ended with it
+            self._restore_retry.reset(subjob_id)
         if gone:
             self._save_held()
         self.episodes.prune(live)
+        self._looked.intersection_update(live)
+        for subjob_id in [s for s in self._suspended if s not in live]:
+            del self._suspended[subjob_id]
         want_rss = host is not None and host_level != Level.NORMAL
         for subjob_id in sorted(live):
             static = self._static_of(subjob_id)
@@ -251,9 +300,8 @@ class AirlockDriver:
             calm = static is None or all(
                 self.levels.level(d) == Level.NORMAL for d in static.devices
             )
-            if suspended and self.episodes.memory(subjob_id).suspended_since is None:
-                self._recall_suspension(subjob_id, now)
-            memory = self.episodes.poll(subjob_id, suspended=suspended, calm=calm, now=now)
+            by_airlock = self._is_airlocks(subjob_id, suspended, now)
+            memory = self.episodes.poll(subjob_id, suspended=by_airlock, calm=calm, now=now)
             if subjob_id in self.node.terminating:
                 continue  # already on its way out; its memory leaves with it
             if static is None or (not static.devices and not want_rss):
@@ -286,6 +334,7 @@ class AirlockDriver:
                     readdress_requested=memory.readdress_requested,
                     release_requested_since=memory.release_requested_since,
                     stopping=subjob_id in self._stopping,
+                    suspended_by_operator=suspended and not by_airlock,
                 )
             )
         if not views:
@@ -314,12 +363,58 @@ class AirlockDriver:
             host_level=host_level,
         )
 
-    def _recall_suspension(self, subjob_id: str, now: float) -> None:
-        """A suspended subjob this run has no time for (the agent restarted, or it was
-        suspended by hand): its age counts from the journaled event that suspended it."""
-        event = self.node.journal.last_event(subjob_id)
-        if event is not None and event.state == "SUSPENDED":
-            self.episodes.recall(subjob_id, now - max(0.0, time.time() - event.at_unix))
+    def _suspensions(self, subjob_id: str) -> int:
+        live = self.node.core.subjob(subjob_id)
+        return live.suspensions if live is not None else 0
+
+    def _is_airlocks(self, subjob_id: str, suspended: bool, now: float) -> bool:
+        """Whether ``subjob_id`` is suspended and Airlock's suspend is what holds it: not
+        when someone suspended it again since (the core counts each suspend), nor when this
+        run first finds it suspended and the journal says no Airlock suspend led to it."""
+        first_look = subjob_id not in self._looked
+        self._looked.add(subjob_id)
+        if not suspended:
+            self._suspended.pop(subjob_id, None)
+            return False
+        count = self._suspended.get(subjob_id)
+        if count is None:
+            return first_look and self._recall(subjob_id, now)
+        if count == self._suspensions(subjob_id):
+            return True
+        del self._suspended[subjob_id]
+        log.info(
+            "airlock: subjob %s was suspended again by a SignalSubjob: it stays suspended "
+            "until it is resumed the same way",
+            subjob_id,
+        )
+        return False
+
+    def _recall(self, subjob_id: str, now: float) -> bool:
+        """A suspended subjob this run has not seen (the agent restarted, or it was
+        suspended before the first poll): whether Airlock suspended it, from the journal.
+        It did if it journaled a suspend (not a dry-run one) after the subjob's previous
+        state event and before the SUSPENDED one (Airlock journals each action before
+        carrying it out, so a stop between the two still reads as Airlock's). Then its
+        age counts from that event, and a re-address journaled since goes on (its hand-off
+        to the zone router is neither undone by a resume nor made, and counted, twice)."""
+        events = self.node.journal.last_events(subjob_id, 2)
+        if not events or events[0].state != "SUSPENDED":
+            return False
+        at = events[0].at_unix
+        before = events[1].at_unix if len(events) > 1 else 0.0
+        actions = self.node.journal.actions_of(subjob_id, since_unix=before)
+        if not any(a.step == STEP_SUSPEND and a.at_unix <= at for a in actions):
+            log.info("airlock: subjob %s was suspended by a SignalSubjob: not Airlock's", subjob_id)
+            return False
+        moved = [a.at_unix for a in actions if a.step == STEP_READDRESS and a.at_unix >= at]
+        wall = time.time()
+        self.episodes.recall(
+            subjob_id,
+            now - max(0.0, wall - at),
+            now - max(0.0, wall - moved[-1]) if moved else None,
+        )
+        self._suspended[subjob_id] = self._suspensions(subjob_id)
+        return True
 
     @staticmethod
     def _work_seconds(static: _StaticView, memory: Memory, now: float) -> float:
@@ -371,8 +466,15 @@ class AirlockDriver:
         return (
             backend.cuda_checkpoint.is_available
             and bool(devices)
-            and not self._mig_devices.intersection(devices)
+            and not any(self._is_mig(d) for d in devices)
         )
+
+    def _is_mig(self, device_uuid: str) -> bool:
+        """Whether a device is a MIG instance, as the ledger holds it now (instances carved
+        after start are there too); a device the ledger does not know counts as one (no
+        checkpoint is tried where it may not be supported)."""
+        held = self.node.ledger.slices.get(self.node.slice_name(device_uuid))
+        return held is None or held.kind == SliceKind.MIG
 
     def _driver_view(
         self, live: dict[str, str], process_memory: dict[str, dict[int, int]] | None
@@ -434,8 +536,9 @@ class AirlockDriver:
             return []
         async with self._lock:
             backend = self.node.backend
-            if not self.config.dry_run:
-                await self._restore_running()
+            # Whatever dry_run says: it repairs what the agent itself did before (a
+            # checkpointed subjob resumed by hand would wait forever otherwise).
+            await self._restore_running()
             # NVML's process lists are read on a worker thread: a call may take its deadline.
             processes = (
                 await asyncio.to_thread(backend.process_memory)
@@ -554,6 +657,10 @@ class AirlockDriver:
         except Exception as exc:  # the subjob may have ended since the snapshot
             log.warning("airlock %s of %s failed: %s", action.step, action.subjob_id, exc)
             return
+        if action.step == STEP_SUSPEND:
+            self._suspended[action.subjob_id] = self._suspensions(action.subjob_id)
+        elif action.step == STEP_RESUME:
+            self._suspended.pop(action.subjob_id, None)
         if action.step == STEP_RESUME:
             # Continued first: cuda-checkpoint restores only a running process (on a
             # stopped one it never answers: seen on an H200, driver 580). Until the
@@ -563,10 +670,16 @@ class AirlockDriver:
 
     async def _restore_running(self) -> None:
         """Restore what is still held of subjobs that run (a restore that failed, an
-        operator's resume, a stop during a checkpoint); not those being suspended now."""
+        operator's resume, a stop during a checkpoint); not those being suspended now, nor
+        those being stopped (their memory would go back to a GPU they are leaving), nor
+        one whose restore failed lately (:class:`RetryBackoff`)."""
         live = self.node.live_states
+        terminating = self.node.terminating
+        now = time.monotonic()
         for subjob_id in [s for s in self._held if live.get(s) == "RUNNING"]:
-            if subjob_id not in self._stopping:
+            if subjob_id in self._stopping or subjob_id in terminating:
+                continue
+            if self._restore_retry.is_due(subjob_id, now):
                 await self._restore(subjob_id)
 
     def _cannot_resume(self, action: Action) -> bool:
@@ -644,6 +757,15 @@ class AirlockDriver:
         tool = self.node.backend.cuda_checkpoint.tool
         if tool is None or not self._checkpoints(subjob_id):
             return
+        self.node.core.checkpointing(subjob_id, True)  # a SignalSubjob(SUSPEND) now is refused
+        try:
+            await self._checkpoint_pids(subjob_id)
+        finally:
+            self.node.core.checkpointing(subjob_id, False)
+
+    async def _checkpoint_pids(self, subjob_id: str) -> None:
+        tool = self.node.backend.cuda_checkpoint.tool
+        assert tool is not None  # the caller checks
         for pid in self._gpu_pids[subjob_id]:
             used = self._pid_bytes.get(pid, 0)  # the latest poll's, taken at its turn
             held = self._held.setdefault(subjob_id, {})
@@ -685,7 +807,18 @@ class AirlockDriver:
                 if not held:
                     del self._held[subjob_id]
                 self._save_held()  # at once: a stop before the next pid leaves it right
-            # (a failed restore, retried at each poll, writes nothing)
+            # (a failed restore, retried later, writes nothing)
+        if subjob_id not in self._held:
+            self._restore_retry.reset(subjob_id)
+            return
+        wait = self._restore_retry.failed(subjob_id, time.monotonic())
+        log.warning(
+            "airlock: subjob %s keeps CUDA state of pid(s) %s on the host; next restore try "
+            "in %.1f s",
+            subjob_id,
+            ", ".join(map(str, held)),
+            wait,
+        )
 
     def _owns(self, subjob_id: str, pid: int) -> bool:
         """Whether ``pid`` is still a process of the subjob (a journaled pid may have ended

@@ -323,6 +323,13 @@ class LiveSubjob:
     #: While suspended: its GPU memory at the last reading before the suspend, what a
     #: resume takes back (a checkpointed process reads 0 on its GPU meanwhile).
     resume_bytes: int = 0
+    #: Suspends carried out in this run of the agent (each SUSPEND counts, a repeated one
+    #: too): Airlock notes the count at its own suspend, so a later one (an operator's)
+    #: is told from it.
+    suspensions: int = 0
+    #: Airlock is moving its CUDA state to host memory (cuda-checkpoint) before its suspend:
+    #: a SIGSTOP now would stall the copy (the tool never answers a stopped process).
+    is_checkpointing: bool = False
 
     @property
     def is_stopping(self) -> bool:
@@ -679,9 +686,10 @@ class AgentCore:
 
     def suspend(self, subjob_id: str, why: str, now_unix: float) -> list[Instruction]:
         """RUNNING -> SUSPENDED (again from SUSPENDED: the signal is repeated, as asked)."""
-        live = self.check_signal(subjob_id)
+        live = self.check_suspend(subjob_id)
         if live.state == RUNNING:
             live.resume_bytes = live.gpu_memory_bytes
+        live.suspensions += 1
         return self._transition(live, SUSPENDED, f"suspended: {why}", now_unix)
 
     def resume(self, subjob_id: str, why: str, now_unix: float) -> list[Instruction]:
@@ -703,6 +711,27 @@ class AgentCore:
                 field="subjob_id",
             )
         return live
+
+    def check_suspend(self, subjob_id: str) -> LiveSubjob:
+        """A suspend needs what :meth:`check_signal` does, and no checkpoint under way: a
+        SIGSTOP during cuda-checkpoint's copy stalls it (the tool waits forever on a stopped
+        process, each pid its timeout), so it is refused; once Airlock's suspend is done, a
+        suspend is taken (and the suspension is then the caller's)."""
+        live = self.check_signal(subjob_id)
+        if live.is_checkpointing:
+            raise TransitionRefused(
+                f"subjob {subjob_id} is being suspended by Airlock (cuda-checkpoint is copying "
+                "its GPU memory to host memory, which a stop now would stall); suspend it "
+                "again once it is suspended",
+                field="subjob_id",
+            )
+        return live
+
+    def checkpointing(self, subjob_id: str, is_checkpointing: bool) -> None:
+        """Airlock's cuda-checkpoint of the subjob begins (True) or ends (False)."""
+        live = self._live.get(subjob_id)
+        if live is not None:
+            live.is_checkpointing = is_checkpointing
 
     def stop(self, subjob_id: str, why: str, cause: EndCause) -> list[Instruction]:
         """Begin a stop (TERMINATE): its cause is journaled now, so the end records it however

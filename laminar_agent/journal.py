@@ -544,13 +544,14 @@ class Journal:
             "UPDATE events SET acked=1 WHERE seq<=? AND acked=0", (up_to_seq,)
         ).rowcount
 
-    def last_event(self, subjob_id: str) -> EventRow | None:
-        """The subjob's newest state event (read once per subjob after a restart: the walk
-        goes back from the newest row and stops at the subjob's first)."""
-        row = self._conn.execute(
-            "SELECT * FROM events WHERE subjob_id=? ORDER BY seq DESC LIMIT 1", (subjob_id,)
-        ).fetchone()
-        return _event(row) if row is not None else None
+    def last_events(self, subjob_id: str, limit: int = 1) -> list[EventRow]:
+        """The subjob's newest state events, newest first (read once per subjob after a
+        restart: the walk goes back from the newest row and stops at the subjob's
+        ``limit``-th)."""
+        rows = self._conn.execute(
+            "SELECT * FROM events WHERE subjob_id=? ORDER BY seq DESC LIMIT ?", (subjob_id, limit)
+        ).fetchall()
+        return [_event(r) for r in rows]
 
     def unacked_events(self, limit: int = 1000) -> list[EventRow]:
         rows = self._conn.execute(
@@ -590,6 +591,15 @@ class Journal:
         """Actions with a sequence number above ``seq``, oldest first."""
         rows = self._conn.execute(
             f"{_ACTION_SELECT} WHERE a.seq>? ORDER BY a.seq LIMIT ?", (seq, limit)
+        ).fetchall()
+        return [_action(r) for r in rows]
+
+    def actions_of(self, subjob_id: str, since_unix: float) -> list[ActionRow]:
+        """The Airlock actions carried out (not dry-run ones) on ``subjob_id`` at or after
+        ``since_unix``, oldest first (read once per suspended subjob after a restart)."""
+        rows = self._conn.execute(
+            f"{_ACTION_SELECT} WHERE a.subjob_id=? AND a.dry_run=0 AND a.at_unix>=? ORDER BY a.seq",
+            (subjob_id, since_unix),
         ).fetchall()
         return [_action(r) for r in rows]
 

@@ -312,7 +312,7 @@ class Node:
         why = reason or "requested"
         apply = self.carrier.apply
         if signal == agent_pb2.SUSPEND:
-            self.core.check_signal(subjob_id)
+            self.core.check_suspend(subjob_id)
             self.executor.suspend(subjob_id)
             apply(self.core.suspend(subjob_id, why, time.time()))
         elif signal == agent_pb2.RESUME:

@@ -133,6 +133,7 @@ class AgentState:
             metrics=metrics,
             reclaim_grace_seconds=settings.reclaim_grace_seconds,
             oom_killer_baseline=settings.policy == "oom-killer",
+            poll_seconds=settings.poll_seconds,
         )
 
     @property

@@ -54,9 +54,10 @@ class Episodes:
     def poll(self, subjob_id: str, *, suspended: bool, calm: bool, now: float) -> Memory:
         """One live subjob at one poll, before the decision.
 
-        ``suspended``: it is stopped now (by Airlock; a suspension found without a time
-        counts from now: the agent :meth:`recall` s the time of one an earlier run of it
-        began). ``calm``: every slice it holds is at
+        ``suspended``: Airlock stopped it and it is stopped now (one someone else stopped
+        is not Airlock's to wait on: pass False; a suspension found without a time counts
+        from now: the agent :meth:`recall` s the time of one an earlier run of it began).
+        ``calm``: every slice it holds is at
         the normal level, so its pressure episode is over and it may be asked to release
         memory again in the next one.
         """
@@ -68,12 +69,17 @@ class Episodes:
             self.release_sent.pop(subjob_id, None)
         return self.memory(subjob_id)
 
-    def recall(self, subjob_id: str, suspended_since: float) -> None:
+    def recall(
+        self, subjob_id: str, suspended_since: float, readdressed_since: float | None = None
+    ) -> None:
         """A suspension that began before this bookkeeping did (the agent restarted while
         the subjob was stopped): it counts from ``suspended_since``, not from the first
         poll that finds it, so an upgrade does not reset its age towards re-addressing
-        or reclaim."""
+        or reclaim; ``readdressed_since``: it was handed to the zone router then (the hand-off
+        goes on: it is neither resumed in place nor handed over a second time)."""
         self.suspended_since[subjob_id] = suspended_since
+        if readdressed_since is not None:
+            self.readdress_pending[subjob_id] = readdressed_since
 
     def memory(self, subjob_id: str) -> Memory:
         return Memory(

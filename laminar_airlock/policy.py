@@ -51,6 +51,12 @@ Choices made here (documented because the ladder depends on them):
   subjob is a host victim only when no lower-class subjob is live on the host.
   Subjobs already chosen for GPU relief in the same round are not chosen again
   (the next round sees them suspended); GPU-relief reclaims count their RSS.
+* A subjob an operator suspended (``suspended_by_operator``) is theirs: it is never
+  resumed, re-addressed or reclaimed for its wait (the operator resumes it), nor suspended
+  again (it is not running); a suspended critical one of theirs holds back no lower-class
+  resume. Its memory counts as it is on the slice, and host pressure may reclaim it like
+  any subjob on the host (its resident memory is there; the kernel's OOM killer would not
+  spare it either).
 * Re-addressing is requested once per subjob (``readdress_requested`` afterwards):
   it then waits for the zone router to place a copy and end this one; it is not
   resumed in place any more, and it is reclaimed at ``reclaim_after_seconds``
@@ -132,6 +138,11 @@ class SubjobView:
     #: A suspend that frees memory is under way (cuda-checkpoint copying its memory to the
     #: host: about 19 s for 30 GiB on an H200): counted as relief, not chosen again.
     stopping: bool = False
+    #: Suspended by someone else (an operator's ``SignalSubjob(SUSPEND)``), not by Airlock:
+    #: it stays suspended until they resume it; Airlock neither resumes, moves nor reclaims
+    #: it after a wait. Its memory counts where it is (a stopped process keeps its GPU
+    #: memory); host pressure may still reclaim it, as any subjob on the host.
+    suspended_by_operator: bool = False
 
 
 @dataclass(frozen=True)
@@ -381,7 +392,11 @@ def _recover(
     actions: list[Action] = []
     signals: Mapping[str, SliceSignal] = {s.slice_id: s for s in snapshot.slices}
     suspended = sorted(
-        (s for s in snapshot.subjobs if s.suspended and s.subjob_id not in chosen),
+        (
+            s
+            for s in snapshot.subjobs
+            if s.suspended and not s.suspended_by_operator and s.subjob_id not in chosen
+        ),
         key=lambda s: (
             s.priority,
             s.suspended_since if s.suspended_since is not None else snapshot.now,
@@ -502,6 +517,8 @@ def next_deadline(snapshot: Snapshot, config: PolicyConfig) -> float | None:
     samples) may skip its polls up to that time and lose no decision."""
     times: list[float] = []
     for sub in snapshot.subjobs:
+        if sub.suspended_by_operator:
+            continue
         if sub.suspended:
             since = sub.suspended_since if sub.suspended_since is not None else snapshot.now
             readdress_after, reclaim_after = suspension_waits(sub, config)

@@ -40,6 +40,12 @@ class GpuHost:
         self.scenario = folder / "nvml.json"
         self.pid_dir = folder / "pids"
         self.tools = folder / "bin"
+        #: While this file exists, the stand-in's checkpoint of a process does not end (a
+        #: long copy); it writes :attr:`checkpointing` (the pid) once it has begun.
+        self.hold_checkpoint = folder / "hold-checkpoint"
+        self.checkpointing = folder / "checkpointing"
+        #: While this file exists, the stand-in's restores fail.
+        self.fail_restore = folder / "fail-restore"
 
     def start(
         self, cluster: LocalCluster, agent_id: str, *, injected: int = 0, **options: object
@@ -126,6 +132,14 @@ class GpuHost:
             "        if list(root.glob(f'*/{name}')):\n            print(state)\n"
             "            sys.exit(0)\n"
             "    print('initialization error')\n    sys.exit(1)\n"
+            f"hold = pathlib.Path({str(self.hold_checkpoint)!r})\n"
+            "if sys.argv[1] == '--toggle' and list(root.glob(f'*/{pid}')) and hold.exists():\n"
+            f"    pathlib.Path({str(self.checkpointing)!r}).write_text(pid)\n"
+            "    import time\n    end = time.monotonic() + 60\n"
+            "    while hold.exists() and time.monotonic() < end:\n        time.sleep(0.05)\n"
+            f"if pathlib.Path({str(self.fail_restore)!r}).exists() and sys.argv[1] == '--toggle'"
+            " and list(root.glob(f'*/{pid}.checkpointed')):\n"
+            "    print('restore failed (fail-restore)')\n    sys.exit(1)\n"
             "if sys.argv[1:3] == ['--action', 'unlock']:\n"
             "    for held in root.glob(f'*/{pid}.locked'):\n"
             "        os.replace(held, held.with_name(pid))\n        sys.exit(0)\n"

@@ -10,6 +10,7 @@ clears; without it, a stop would free nothing, so the victim is reclaimed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -247,5 +248,43 @@ def test_cuda_checkpoint_frees_whole_gpus_only_not_mig(tmp_path: Path) -> None:
         assert not airlock._suspend_frees(())
         backend.cuda_checkpoint = NOT_DETECTED
         assert not airlock._suspend_frees((whole.uuid,))
+    finally:
+        backend.close()
+
+
+def test_a_mig_instance_carved_after_start_is_not_checkpointable(tmp_path: Path) -> None:
+    """MIG on demand carves instances after the agent started (new device UUIDs): a subjob
+    on one is on MIG all the same, where cuda-checkpoint frees nothing (the driver read
+    MIG-ness from the slices it had at start, and took such an instance for a whole GPU)."""
+    mock = MockNvml(
+        [
+            MockGpu(
+                "NVIDIA A100-SXM4-40GB",
+                40 * GIB,
+                mig_capable=True,
+                migs=[MockMig("1g.5gb", 5 * GIB, start=s, size=1) for s in range(7)],
+            ),
+        ]
+    )
+    backend = NvmlBackend(nvml=mock)
+    try:
+        backend.cuda_checkpoint = detect_cuda_checkpoint(
+            str(_stand_in(tmp_path / "bin", tmp_path / "unused.json")), backend.driver_version()
+        )
+        state = AgentState("h", backend, AgentMetrics(), tmp_path / "state", mig_on_demand=True)
+        before = set(state.node.carrier.slice_names)
+        resources = common_pb2.Resources(gpu_memory_bytes=20 * GIB, mig_profile="3g.20gb")
+
+        async def carve() -> str:
+            reply = await state.node.probe(
+                agent_pb2.ProbeRequest(job_id="j", resources=resources, lease_ttl_seconds=30)
+            )
+            assert reply.WhichOneof("outcome") == "lease", reply
+            await state.node.launches.mig.apply_for(reply.lease.lease_id)
+            return str(state.node.carrier.devices[reply.lease.slice_ids[0]])
+
+        carved = asyncio.run(carve())
+        assert carved not in before and carved.startswith("MIG-")
+        assert not state.airlock._suspend_frees((carved,))
     finally:
         backend.close()

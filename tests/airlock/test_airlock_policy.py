@@ -536,3 +536,48 @@ def test_property_resumes_stay_within_resume_mark(s: Snapshot) -> None:
     projected = sig.used_bytes - sum(a.expected_bytes_freed for a in resumes)
     if resumes:
         assert projected <= CFG.resume_ratio * sig.total_bytes
+
+
+# ---- suspended by an operator ----
+
+
+def test_an_operators_suspension_is_left_to_the_operator() -> None:
+    """Suspended by a SignalSubjob, not by Airlock: on a calm slice it is not resumed, past
+    every wait it is neither moved nor reclaimed, and it sets no deadline; Airlock's own
+    suspension beside it is resumed, counting the memory the operator's one keeps."""
+
+    def theirs(subjob_id: str, **kw: object) -> SubjobView:
+        view = sj(subjob_id, suspended=True, since=0.0, **kw)  # type: ignore[arg-type]
+        return dataclasses.replace(view, suspended_by_operator=True)
+
+    calm = snap(50 * GIB, Level.NORMAL, theirs("op"), sj("al", suspended=True, since=990.0))
+    assert [(a.step, a.subjob_id) for a in decide(calm, CFG)] == [("resume", "al")]
+    # 50 GiB used (the operator's 10 GiB among them) + al's 10 GiB: 60 of 80 GiB
+    assert "projected 60.0 GiB" in decide(calm, CFG)[0].reason
+    late = snap(70 * GIB, Level.ELEVATED, theirs("op", priority=1), theirs("rd"), now=1e6)
+    late = dataclasses.replace(
+        late, subjobs=(*late.subjobs, dataclasses.replace(theirs("mv"), readdress_requested=True))
+    )
+    assert decide(late, CFG) == []
+    assert next_deadline(late, CFG) is None
+    # A critical one of theirs holds back no lower-class resume on its slice.
+    both = snap(40 * GIB, Level.NORMAL, theirs("op", priority=1), sj("al", suspended=True))
+    assert ids(decide(both, CFG)) == ["al"]
+
+
+def test_host_pressure_may_reclaim_an_operators_suspension() -> None:
+    """Its resident memory is on the host: it is a host victim like any subjob there."""
+    view = dataclasses.replace(
+        sj("op", suspended=True, since=0.0), suspended_by_operator=True, host_rss_bytes=8 * GIB
+    )
+    host = Snapshot(
+        now=1.0,
+        slices=(SliceSignal("gpu0", 10 * GIB, TOTAL, Level.NORMAL),),
+        subjobs=(view,),
+        host_used_bytes=95 * GIB,
+        host_total_bytes=100 * GIB,
+        host_level=Level.CRITICAL,
+    )
+    assert [(a.step, a.subjob_id, a.slice_id) for a in decide(host, CFG)] == [
+        ("reclaim", "op", "host")
+    ]

@@ -88,3 +88,13 @@ def test_memory_follows_the_actions_and_a_reclaim_forgets_everything(
             assert memory.release_requested_since is None
         if step == STEP_RELEASE_MEMORY and not calm:
             assert memory.release_requested_since == float(now)
+
+
+def test_a_recalled_hand_off_goes_on() -> None:
+    """An agent restarted after handing a suspended subjob to the zone router: the journal
+    says so, and the subjob is still handed over (neither resumed nor handed over again)."""
+    e = Episodes()
+    e.recall("s", 3.0, readdressed_since=4.0)
+    assert e.poll("s", suspended=True, calm=True, now=9.0) == Memory(3.0, None, True)
+    e.recall("t", 5.0)
+    assert e.poll("t", suspended=True, calm=True, now=9.0) == Memory(5.0, None, False)
