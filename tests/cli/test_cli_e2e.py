@@ -82,6 +82,13 @@ def _state(address: str, job_id: str) -> zone_pb2.Job:
         )
 
 
+def _in_the_foreground() -> None:
+    """The CLI as a terminal starts it, Ctrl-C delivered: a suite run in the background by
+    a non-interactive shell (``make test &``) ignores SIGINT, and children inherit that
+    (Python then installs no KeyboardInterrupt handler), so these tests would hang there."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _py(code: str) -> list[str]:
     return ["--", sys.executable, "-c", code]
 
@@ -379,7 +386,10 @@ def test_ctrl_c_stops_submit_wait_and_leaves_the_job_running(cli: Cli, tmp_path:
     argv += _py(gate_code(gate))
     with out.open("w") as stdout, err.open("w") as stderr:
         waiter = subprocess.Popen(
-            [sys.executable, "-m", "laminar_cli.main", *argv], stdout=stdout, stderr=stderr
+            [sys.executable, "-m", "laminar_cli.main", *argv],
+            stdout=stdout,
+            stderr=stderr,
+            preexec_fn=_in_the_foreground,
         )
     try:
         wait_for(lambda: out.read_text().endswith("\n"))
@@ -550,7 +560,10 @@ def test_jobs_watch_lists_again_until_interrupted(cli: Cli, tmp_path: Path) -> N
     argv += ["--watch", "0.2", "-o", "wide", "--no-headers", "--sort", "age"]
     with out.open("w") as sink:
         watcher = subprocess.Popen(
-            [sys.executable, "-m", "laminar_cli.main", *argv], stdout=sink, stderr=sink
+            [sys.executable, "-m", "laminar_cli.main", *argv],
+            stdout=sink,
+            stderr=sink,
+            preexec_fn=_in_the_foreground,
         )
     submitted: list[str] = []
     try:
