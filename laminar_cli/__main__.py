@@ -1,5 +1,7 @@
 """``python -m laminar_cli``: the ``laminar`` command where no script was installed."""
 
-from laminar_cli.main import run
+import sys
 
-run()
+from laminar_cli.main import main
+
+sys.exit(main())

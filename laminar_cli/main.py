@@ -216,21 +216,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
-def run() -> None:
-    """The ``laminar`` command: :func:`main`, then exit with its code. After Ctrl-C it
-    exits at once, output flushed, without the interpreter's teardown: gRPC channels a
-    signal interrupted in a call are left to the process's end (closing one can wait
-    forever, grpc/grpc#19973), so Ctrl-C always ends the command."""
-    code = main()
-    if code == EXIT_INTERRUPTED:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    run()
+    sys.exit(main())

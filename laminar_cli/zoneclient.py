@@ -238,23 +238,12 @@ def zone_stub(address: str) -> Iterator[zone_pb2_grpc.ZoneStub]:
     Calls safe to repeat are resent while the router is unavailable (:data:`RETRY_SECONDS`)."""
     bearer = (("authorization", f"Bearer {_token}"),) if _token else ()
     transport = dataclasses.replace(_trust, secret=None)
-    channel = transport.channel(address, channel_options(), extra_headers=bearer)
-    resending = grpc.intercept_channel(
-        channel,
-        ResendWhileUnavailable(cap=_retry_cap, notice=functools.partial(_say_waiting, address)),
-    )
-    try:
+    with transport.channel(address, channel_options(), extra_headers=bearer) as channel:
+        resending = grpc.intercept_channel(
+            channel,
+            ResendWhileUnavailable(cap=_retry_cap, notice=functools.partial(_say_waiting, address)),
+        )
         yield zone_pb2_grpc.ZoneStub(resending)
-    except KeyboardInterrupt:
-        # Ctrl-C, maybe inside a call: the process is ending (``run`` exits at once), and
-        # closing a channel whose call a signal interrupted can wait forever
-        # (grpc/grpc#19973): `submit --wait` and `jobs --watch` then outlived their Ctrl-C.
-        raise
-    except BaseException:
-        channel.close()
-        raise
-    else:
-        channel.close()
 
 
 def one_line(text: str) -> str:
