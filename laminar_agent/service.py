@@ -10,6 +10,7 @@ import grpc
 
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.callstream import CallServer
 from laminar_base.causes import end_cause
 from laminar_base.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
 from laminar_base.grpcutil import check_number, check_str, error_status, map_errors
@@ -30,6 +31,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._state = state
         self._node = state.node
         self._debug_rpcs = debug_rpcs
+        #: Calls of a :meth:`Calls` stream that went while they were in hand.
+        self._unfinished: set[asyncio.Task[Any]] = set()
         # The hot calls' metric children, looked up once (``labels`` takes a lock and
         # builds its key at every call).
         metrics = state.metrics
@@ -57,11 +60,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def ProbeBatch(
         self, request: agent_pb2.ProbeBatchRequest, context: Ctx
     ) -> agent_pb2.ProbeBatchReply:
+        return await self._probe_batch(request, peer_identity(context))
+
+    async def _probe_batch(
+        self, request: agent_pb2.ProbeBatchRequest, caller: str
+    ) -> agent_pb2.ProbeBatchReply:
         if len(request.probes) > MAX_BATCH:
             raise InvalidArgument(
                 f"has {len(request.probes)} probes, at most {MAX_BATCH}", field="probes"
             )
-        caller = peer_identity(context)
         with self._seconds["ProbeBatch"].time():
             outcomes = await asyncio.gather(
                 *(self._node.probe(p, caller) for p in request.probes), return_exceptions=True
@@ -86,6 +93,36 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             replies.append(reply)
         return agent_pb2.ProbeBatchReply(replies=replies)
 
+    async def Calls(
+        self, requests: AsyncIterator[agent_pb2.AgentCall], context: Ctx
+    ) -> AsyncIterator[agent_pb2.AgentCallReply]:
+        """ProbeBatch and Release calls over one stream (:class:`CallServer`)."""
+        caller = peer_identity(context)
+        server: CallServer[agent_pb2.AgentCall, agent_pb2.AgentCallReply] = CallServer(
+            lambda call: self._call(call, caller), self._unfinished
+        )
+        async for reply in server.serve(requests):
+            yield reply
+
+    async def _call(self, call: agent_pb2.AgentCall, caller: str) -> agent_pb2.AgentCallReply:
+        """One call of a :meth:`Calls` stream; its failure is its reply's error, as the
+        unary call's would be its status."""
+        try:
+            kind = call.WhichOneof("call")
+            if kind == "probes":
+                probes = await self._probe_batch(call.probes, caller)
+                return agent_pb2.AgentCallReply(call_id=call.call_id, probes=probes)
+            if kind == "release":
+                release = self._release(call.release, caller)
+                return agent_pb2.AgentCallReply(call_id=call.call_id, release=release)
+            raise InvalidArgument("names no call (probes or release)", field="call")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            code, details = error_status(exc)
+            error = agent_pb2.ProbeError(code=code.name, message=details)
+            return agent_pb2.AgentCallReply(call_id=call.call_id, error=error)
+
     @map_errors
     async def Commit(self, request: agent_pb2.CommitRequest, context: Ctx) -> common_pb2.Subjob:
         with self._seconds["Commit"].time():
@@ -95,7 +132,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def Release(
         self, request: agent_pb2.ReleaseRequest, context: Ctx
     ) -> agent_pb2.ReleaseReply:
-        released = self._node.release(list(request.lease_ids), peer_identity(context))
+        return self._release(request, peer_identity(context))
+
+    def _release(self, request: agent_pb2.ReleaseRequest, caller: str) -> agent_pb2.ReleaseReply:
+        released = self._node.release(list(request.lease_ids), caller)
         return agent_pb2.ReleaseReply(released=released, summary=self._state.summary_message())
 
     @map_errors

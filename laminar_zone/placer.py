@@ -20,6 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import grpc
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.callstream import CallClient
 from laminar_base.demand import HostCap
 from laminar_base.fragmentation import MILLI_SLICING, ObservedWorkload
 from laminar_base.grpcutil import channel_options, rpc_error
@@ -77,6 +78,9 @@ class _Queued(Generic[S]):
 #: How long probes or releases for an agent wait behind its call in flight before they
 #: go out anyway, in a call of their own (an agent slow to answer holds up nobody long).
 HOLD_SECONDS = 0.005
+#: How long an agent that serves no call stream gets unary calls before the stream is
+#: tried again (an upgraded agent is found within it).
+UNARY_RETRY_SECONDS = 300.0
 
 
 class AgentCalls:
@@ -89,7 +93,13 @@ class AgentCalls:
     placements would otherwise pay per probe; the agent settles the probes of one call
     in one arbitration batch, as it settles probes arriving together within its batch
     window. A call that fails fails every probe in it, as it would have failed each
-    alone. Probes that may preempt are never queued: they can take a grace period."""
+    alone. Probes that may preempt are never queued: they can take a grace period.
+
+    Each call travels as one message of the agent's ``Calls`` stream (one per agent,
+    opened on first use, :class:`~laminar_base.callstream.CallClient`): a unary call's
+    fixed cost is several times a stream message's on both ends. An agent that serves
+    no such stream (an older one) gets unary calls, and the stream is tried again after
+    :data:`UNARY_RETRY_SECONDS`."""
 
     def __init__(
         self,
@@ -105,6 +115,9 @@ class AgentCalls:
         self._queued: dict[tuple[str, str], list[_Queued[Any]]] = {}
         self._in_flight: dict[tuple[str, str], int] = {}
         self._flushes: dict[tuple[str, str], asyncio.Handle] = {}
+        self._streams: dict[str, CallClient[agent_pb2.AgentCall, agent_pb2.AgentCallReply]] = {}
+        #: Agents that serve no call stream, until when they get unary calls.
+        self._unary_until: dict[str, float] = {}
         #: Called before any probe leaves: the router commits the journal's grouped writes
         #: (a commit on probe's intent must be durable before its probe goes out).
         self.before_probes: Callable[[], None] = _nothing
@@ -173,15 +186,19 @@ class AgentCalls:
         self, address: str, chunk: list[_Queued[agent_pb2.ProbeRequest]]
     ) -> None:
         try:
-            stub = self._clients.stub(address)
-            if len(chunk) == 1:
+            batch = agent_pb2.ProbeBatchRequest(probes=[q.request for q in chunk])
+            answer = await self._on_stream(address, agent_pb2.AgentCall(probes=batch))
+            if answer is not None:
+                replies = list(answer.probes.replies)
+            elif len(chunk) == 1:
+                stub = self._clients.stub(address)
                 replies = [await stub.Probe(chunk[0].request, timeout=self._timeout_seconds())]
             else:
-                batch = agent_pb2.ProbeBatchRequest(probes=[q.request for q in chunk])
+                stub = self._clients.stub(address)
                 reply = await stub.ProbeBatch(batch, timeout=self._timeout_seconds())
                 replies = list(reply.replies)
-                if len(replies) != len(chunk):
-                    raise RuntimeError(f"{len(replies)} replies to {len(chunk)} probes")
+            if len(replies) != len(chunk):
+                raise RuntimeError(f"{len(replies)} replies to {len(chunk)} probes")
         except Exception as exc:  # every probe of the call failed, as the call did
             if len(chunk) > 1 and not _refused_before_handling(exc):
                 # An agent that fails a batch as a whole (one older than per-probe
@@ -200,18 +217,52 @@ class AgentCalls:
                 queued.future.set_result(one)
 
     async def _send_releases(self, address: str, queued: list[_Queued[Any]]) -> None:
-        ids = [lease_id for q in queued for lease_id in q.request]
+        request = agent_pb2.ReleaseRequest(lease_ids=[i for q in queued for i in q.request])
         try:
-            stub = self._clients.stub(address)
-            reply = await stub.Release(
-                agent_pb2.ReleaseRequest(lease_ids=ids), timeout=self._timeout_seconds()
-            )
+            answer = await self._on_stream(address, agent_pb2.AgentCall(release=request))
+            if answer is not None:
+                reply = answer.release
+            else:
+                stub = self._clients.stub(address)
+                reply = await stub.Release(request, timeout=self._timeout_seconds())
         except Exception as exc:
             _settle_all(queued, exc)
             return
         for q in queued:
             if not q.future.done():
                 q.future.set_result(reply)
+
+    async def _on_stream(
+        self, address: str, call: agent_pb2.AgentCall
+    ) -> agent_pb2.AgentCallReply | None:
+        """``call``'s reply over the agent's call stream; None when the agent serves
+        none (nothing of the call was carried out: send it unary). A call that failed
+        as a whole raises its status, as the unary call would."""
+        if self._unary_until.get(address, 0.0) > time.monotonic():
+            return None
+        client = self._streams.get(address)
+        if client is None:
+            stub = self._clients.stub(address)
+            client = self._streams[address] = CallClient(lambda: stub.Calls())
+        try:
+            reply = await client.call(call, self._timeout_seconds())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.info(
+                "agent %s serves no call stream: unary calls for %gs", address, UNARY_RETRY_SECONDS
+            )
+            self._unary_until[address] = time.monotonic() + UNARY_RETRY_SECONDS
+            return None
+        if reply.HasField("error"):
+            raise rpc_error(reply.error.code, reply.error.message)
+        return reply
+
+    async def close(self) -> None:
+        """End the agents' call streams (after the calls under way)."""
+        streams = list(self._streams.values())
+        self._streams.clear()
+        await asyncio.gather(*(client.close() for client in streams))
 
 
 #: Statuses a call gets before any handler ran (nothing of it was carried out).
@@ -515,6 +566,7 @@ class Placer:
         """Let releases and calls under way finish (short: one call per agent, bounded)."""
         while pending := {task for task in self.background if not task.done()}:
             await asyncio.gather(*pending, return_exceptions=True)
+        await self.calls.close()
 
     async def release(self, offers: list[tuple[AgentRecord, agent_pb2.Lease]]) -> None:
         """Give leases back; an unreachable agent lets them expire on its own (short TTL)."""

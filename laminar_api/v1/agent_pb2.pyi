@@ -119,6 +119,28 @@ class ProbeBatchReply(_message.Message):
     replies: _containers.RepeatedCompositeFieldContainer[ProbeReply]
     def __init__(self, replies: _Optional[_Iterable[_Union[ProbeReply, _Mapping]]] = ...) -> None: ...
 
+class AgentCall(_message.Message):
+    __slots__ = ("call_id", "probes", "release")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    probes: ProbeBatchRequest
+    release: ReleaseRequest
+    def __init__(self, call_id: _Optional[int] = ..., probes: _Optional[_Union[ProbeBatchRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ...) -> None: ...
+
+class AgentCallReply(_message.Message):
+    __slots__ = ("call_id", "probes", "release", "error")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    probes: ProbeBatchReply
+    release: ReleaseReply
+    error: ProbeError
+    def __init__(self, call_id: _Optional[int] = ..., probes: _Optional[_Union[ProbeBatchReply, _Mapping]] = ..., release: _Optional[_Union[ReleaseReply, _Mapping]] = ..., error: _Optional[_Union[ProbeError, _Mapping]] = ...) -> None: ...
+
 class CommitRequest(_message.Message):
     __slots__ = ("lease_id", "spec")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]

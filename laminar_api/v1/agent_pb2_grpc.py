@@ -45,6 +45,11 @@ class AgentStub:
                 request_serializer=laminar__api_dot_v1_dot_agent__pb2.ProbeBatchRequest.SerializeToString,
                 response_deserializer=laminar__api_dot_v1_dot_agent__pb2.ProbeBatchReply.FromString,
                 _registered_method=True)
+        self.Calls = channel.stream_stream(
+                '/laminar.v1.Agent/Calls',
+                request_serializer=laminar__api_dot_v1_dot_agent__pb2.AgentCall.SerializeToString,
+                response_deserializer=laminar__api_dot_v1_dot_agent__pb2.AgentCallReply.FromString,
+                _registered_method=True)
         self.Commit = channel.unary_unary(
                 '/laminar.v1.Agent/Commit',
                 request_serializer=laminar__api_dot_v1_dot_agent__pb2.CommitRequest.SerializeToString,
@@ -125,6 +130,17 @@ class AgentServicer:
 
     def ProbeBatch(self, request, context):
         """Several probes in one round trip (settled in the same arbitration batch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Calls(self, request_iterator, context):
+        """ProbeBatch and Release calls of one caller over one long-lived stream: each
+        request message is one call, answered by one reply naming it, in any order.
+        The same checks and outcomes as the unary calls, at a fraction of their
+        fixed cost per call; a call's failure is its reply's error, the stream's
+        status is the stream's own.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -224,6 +240,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ProbeBatch,
                     request_deserializer=laminar__api_dot_v1_dot_agent__pb2.ProbeBatchRequest.FromString,
                     response_serializer=laminar__api_dot_v1_dot_agent__pb2.ProbeBatchReply.SerializeToString,
+            ),
+            'Calls': grpc.stream_stream_rpc_method_handler(
+                    servicer.Calls,
+                    request_deserializer=laminar__api_dot_v1_dot_agent__pb2.AgentCall.FromString,
+                    response_serializer=laminar__api_dot_v1_dot_agent__pb2.AgentCallReply.SerializeToString,
             ),
             'Commit': grpc.unary_unary_rpc_method_handler(
                     servicer.Commit,
@@ -345,6 +366,33 @@ class Agent:
             '/laminar.v1.Agent/ProbeBatch',
             laminar__api_dot_v1_dot_agent__pb2.ProbeBatchRequest.SerializeToString,
             laminar__api_dot_v1_dot_agent__pb2.ProbeBatchReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Calls(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/laminar.v1.Agent/Calls',
+            laminar__api_dot_v1_dot_agent__pb2.AgentCall.SerializeToString,
+            laminar__api_dot_v1_dot_agent__pb2.AgentCallReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,13 @@ class AgentStub:
     """
     ProbeBatch: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ProbeBatchRequest, _agent_pb2.ProbeBatchReply]
     """Several probes in one round trip (settled in the same arbitration batch)."""
+    Calls: _grpc.StreamStreamMultiCallable[_agent_pb2.AgentCall, _agent_pb2.AgentCallReply]
+    """ProbeBatch and Release calls of one caller over one long-lived stream: each
+    request message is one call, answered by one reply naming it, in any order.
+    The same checks and outcomes as the unary calls, at a fraction of their
+    fixed cost per call; a call's failure is its reply's error, the stream's
+    status is the stream's own.
+    """
     Commit: _grpc.UnaryUnaryMultiCallable[_agent_pb2.CommitRequest, _common_pb2.Subjob]
     """Turn a lease into a running subjob."""
     Release: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ReleaseRequest, _agent_pb2.ReleaseReply]
@@ -65,6 +72,13 @@ class AgentAsyncStub(AgentStub):
     """
     ProbeBatch: _aio.UnaryUnaryMultiCallable[_agent_pb2.ProbeBatchRequest, _agent_pb2.ProbeBatchReply]  # type: ignore[assignment]
     """Several probes in one round trip (settled in the same arbitration batch)."""
+    Calls: _aio.StreamStreamMultiCallable[_agent_pb2.AgentCall, _agent_pb2.AgentCallReply]  # type: ignore[assignment]
+    """ProbeBatch and Release calls of one caller over one long-lived stream: each
+    request message is one call, answered by one reply naming it, in any order.
+    The same checks and outcomes as the unary calls, at a fraction of their
+    fixed cost per call; a call's failure is its reply's error, the stream's
+    status is the stream's own.
+    """
     Commit: _aio.UnaryUnaryMultiCallable[_agent_pb2.CommitRequest, _common_pb2.Subjob]  # type: ignore[assignment]
     """Turn a lease into a running subjob."""
     Release: _aio.UnaryUnaryMultiCallable[_agent_pb2.ReleaseRequest, _agent_pb2.ReleaseReply]  # type: ignore[assignment]
@@ -101,6 +115,19 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.ProbeBatchReply, _abc.Awaitable[_agent_pb2.ProbeBatchReply]]:
         """Several probes in one round trip (settled in the same arbitration batch)."""
+
+    @_abc_1.abstractmethod
+    def Calls(
+        self,
+        request_iterator: _MaybeAsyncIterator[_agent_pb2.AgentCall],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.AgentCallReply], _abc.AsyncIterator[_agent_pb2.AgentCallReply]]:
+        """ProbeBatch and Release calls of one caller over one long-lived stream: each
+        request message is one call, answered by one reply naming it, in any order.
+        The same checks and outcomes as the unary calls, at a fraction of their
+        fixed cost per call; a call's failure is its reply's error, the stream's
+        status is the stream's own.
+        """
 
     @_abc_1.abstractmethod
     def Commit(

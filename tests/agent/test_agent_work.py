@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from waiting import gate_code, wait_for
 
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from laminar_base.callstream import CallClient
 from laminar_cli.cluster import AgentProcess, LocalCluster
 
 GIB = 1024**3
@@ -421,3 +422,42 @@ def test_a_commit_carrying_probe_checks_its_spec_before_any_lease(cluster: Local
         summary = stub.GetSummary(agent_pb2.GetSummaryRequest(), timeout=10)
         assert summary.active_leases == 0
         assert {s.shape: s.free for s in summary.shapes}["gpu:A100-40GB"] == 2
+
+
+async def test_probes_and_releases_over_the_call_stream(cluster: LocalCluster) -> None:
+    """The router's way to an agent: calls as messages of one stream, answered by id,
+    each failing alone (a call naming nothing, a batch over the limit) while the others
+    hold their leases, then give them back on the same stream."""
+    agent = cluster.start_agent("h", "2xA100-40GB")
+    async with grpc.aio.insecure_channel(agent.address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        client: CallClient[agent_pb2.AgentCall, agent_pb2.AgentCallReply] = CallClient(
+            lambda: stub.Calls()
+        )
+
+        def probe(job_id: str) -> agent_pb2.ProbeRequest:
+            return agent_pb2.ProbeRequest(
+                job_id=job_id, resources=common_pb2.Resources(gpus=1), lease_ttl_seconds=60
+            )
+
+        def batch(*probes: agent_pb2.ProbeRequest) -> agent_pb2.AgentCall:
+            return agent_pb2.AgentCall(probes=agent_pb2.ProbeBatchRequest(probes=probes))
+
+        granted, nothing, too_many = await asyncio.gather(
+            client.call(batch(probe("j1"), probe("j2")), 10),
+            client.call(agent_pb2.AgentCall(), 10),
+            client.call(batch(*[probe("j3")] * 257), 10),
+        )
+        leases = [one.lease.lease_id for one in granted.probes.replies]
+        assert len(set(leases)) == 2 and all(leases)
+        assert granted.probes.replies[-1].summary.active_leases == 2
+        assert nothing.error.code == "INVALID_ARGUMENT" and "call" in nothing.error.message
+        assert too_many.error.code == "INVALID_ARGUMENT" and "probes" in too_many.error.message
+        full = await client.call(batch(probe("j4")), 10)
+        assert full.probes.replies[0].HasField("bounce")
+        given = await client.call(
+            agent_pb2.AgentCall(release=agent_pb2.ReleaseRequest(lease_ids=leases)), 10
+        )
+        assert given.release.released == 2
+        assert {s.shape: s.free for s in given.release.summary.shapes}["gpu:A100-40GB"] == 2
+        await client.close()

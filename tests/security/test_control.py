@@ -236,6 +236,12 @@ def test_each_control_call_checks_the_callers_role(
                 lambda ch=channel: agent_pb2_grpc.AgentStub(ch).Probe(probe, timeout=5)  # type: ignore[misc]
             )
             assert code == grpc.StatusCode.PERMISSION_DENIED and "router" in details, who
+            calls = iter([agent_pb2.AgentCall(probes=agent_pb2.ProbeBatchRequest(probes=[probe]))])
+            code, details = failure(
+                lambda ch=channel, c=calls: list(agent_pb2_grpc.AgentStub(ch).Calls(c, timeout=5))  # type: ignore[misc]
+            )
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "router" in details, who
+            assert "Calls" in details, who
     with trust_for(certs, "ops").channel(agent_address) as channel:  # an admin may read
         inventory = agent_pb2_grpc.AgentStub(channel).GetInventory(
             agent_pb2.GetInventoryRequest(), timeout=5

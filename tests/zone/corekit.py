@@ -98,6 +98,51 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc_rpc_error(code.name, details)
 
 
+class FakeCallStream:
+    """An agent's end of a ``Calls`` stream, in memory: each call written is carried out
+    by the fake's unary handler (``ProbeBatch`` or ``Release``) and answered by call id;
+    a handler's status becomes the call's error, as the agent's servicer answers. With
+    ``serves=False`` (an older agent) the stream ends UNIMPLEMENTED, every call unheard."""
+
+    def __init__(self, agent: Any, *, serves: bool = True) -> None:
+        self.stub = agent
+        self.serves = serves
+        self.replies: asyncio.Queue[Any] = asyncio.Queue()
+        self.tasks: set[asyncio.Task[None]] = set()
+        if not serves:
+            self.replies.put_nowait(rpc_error(grpc.StatusCode.UNIMPLEMENTED, "no Calls"))
+
+    async def write(self, call: agent_pb2.AgentCall) -> None:
+        if not self.serves:
+            return  # refused unheard
+        task = asyncio.create_task(self._answer(call))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _answer(self, call: agent_pb2.AgentCall) -> None:
+        try:
+            if call.WhichOneof("call") == "probes":
+                probes = await self.stub.ProbeBatch(call.probes)
+                reply = agent_pb2.AgentCallReply(call_id=call.call_id, probes=probes)
+            else:
+                release = await self.stub.Release(call.release)
+                reply = agent_pb2.AgentCallReply(call_id=call.call_id, release=release)
+        except grpc.aio.AioRpcError as exc:  # the call failed as a whole: its reply says so
+            error = agent_pb2.ProbeError(code=exc.code().name, message=exc.details() or "")
+            reply = agent_pb2.AgentCallReply(call_id=call.call_id, error=error)
+        self.replies.put_nowait(reply)
+
+    async def read(self) -> Any:
+        item = await self.replies.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> bool:
+        self.replies.put_nowait(rpc_error(grpc.StatusCode.CANCELLED, "cancelled"))
+        return True
+
+
 @dataclass
 class FakeAgent:
     agent_id: str
@@ -127,6 +172,8 @@ class FakeAgent:
     clock: Callable[[], float] = time.monotonic
     #: Subjobs Airlock wants moved (listed on every heartbeat while they live).
     readdress: set[str] = field(default_factory=set)
+    #: The router's call streams to this agent, as it opened them.
+    streams: list[FakeCallStream] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     #: Lease ids count up (the agent draws them at random): a replayed run is the same.
     _leases: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -310,6 +357,16 @@ class FakeAgent:
             reply.summary.CopyFrom(self.summary())
             replies.append(reply)
         return replies
+
+    def Calls(self) -> FakeCallStream:
+        """The router's probes and releases arrive here (its agent call stream)."""
+        self.streams.append(FakeCallStream(self))
+        return self.streams[-1]
+
+    async def calls_handled(self) -> None:
+        """Until every call the router sent has been carried out here (answered or not)."""
+        while pending := [t for s in self.streams for t in s.tasks]:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def Release(
         self, request: agent_pb2.ReleaseRequest, timeout: float = 0

@@ -1,4 +1,6 @@
-"""The router's agent calls: what one event-loop tick sends an agent goes as one call."""
+"""The router's agent calls: what one event-loop tick sends an agent goes as one call,
+over the agent's call stream, or unary calls to an agent that serves none (every test
+runs both ways)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,35 @@ from typing import Any
 
 import grpc
 import pytest
+from corekit import FakeCallStream
 
 from laminar_api.v1 import agent_pb2
 from laminar_zone.placer import AgentCalls
 
+#: How the stubs below serve: "stream" (the ``Calls`` stream), "unary" (an older agent:
+#: its stream ends UNIMPLEMENTED).
+TRANSPORT = ["stream", "unary"]
+
+
+@pytest.fixture(params=TRANSPORT, autouse=True)
+def transport(request: pytest.FixtureRequest) -> str:
+    CountingStub.serves_stream = request.param == "stream"
+    return str(request.param)
+
+
+def lone(transport: str) -> str:
+    """What a probe alone in its tick travels as."""
+    return "ProbeBatch" if transport == "stream" else "Probe"
+
+
+def _status(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, "")
+
 
 class CountingStub:
     """An agent that grants every probe and records each call it receives."""
+
+    serves_stream = True
 
     def __init__(
         self, fail: bool = False, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
@@ -51,6 +75,11 @@ class CountingStub:
         self._check()
         return agent_pb2.ReleaseReply(released=len(request.lease_ids))
 
+    def Calls(self) -> FakeCallStream:
+        self.streams = getattr(self, "streams", [])
+        self.streams.append(FakeCallStream(self, serves=self.serves_stream))
+        return self.streams[-1]
+
 
 class Clients:
     def __init__(self, stubs: dict[str, CountingStub]) -> None:
@@ -64,7 +93,7 @@ def _probe(probe_id: str, commit: bool = False) -> agent_pb2.ProbeRequest:
     return agent_pb2.ProbeRequest(probe_id=probe_id, job_id=probe_id, commit_if_fits=commit)
 
 
-async def test_one_tick_of_probes_and_releases_is_one_call_per_agent() -> None:
+async def test_one_tick_of_probes_and_releases_is_one_call_per_agent(transport: str) -> None:
     a, b = CountingStub(), CountingStub()
     calls = AgentCalls(Clients({"a": a, "b": b}), lambda: 5.0)  # type: ignore[arg-type]
     replies = await asyncio.gather(
@@ -74,12 +103,12 @@ async def test_one_tick_of_probes_and_releases_is_one_call_per_agent() -> None:
     )
     assert [r.lease.lease_id for r in replies] == ["l-p1", "l-p2", "l-p3"]
     assert a.calls == [("ProbeBatch", ["p1", "p3"])]
-    assert b.calls == [("Probe", ["p2"])]  # alone: a plain Probe
+    assert b.calls == [(lone(transport), ["p2"])]  # alone: a plain Probe unary
     released = await asyncio.gather(calls.release("a", ["x"]), calls.release("a", ["y", "z"]))
     assert [r.released for r in released] == [3, 3]  # both answered by the one call
     assert a.calls[-1] == ("Release", ["x", "y", "z"])
     await calls.probe("a", _probe("p4"))  # a later tick: a call of its own
-    assert a.calls[-1] == ("Probe", ["p4"])
+    assert a.calls[-1] == (lone(transport), ["p4"])
 
 
 async def test_a_failed_call_fails_every_probe_in_it() -> None:
@@ -94,7 +123,7 @@ async def test_a_failed_call_fails_every_probe_in_it() -> None:
         await calls.release("a", ["x"])
 
 
-async def test_a_cancelled_caller_leaves_the_others_answered() -> None:
+async def test_a_cancelled_caller_leaves_the_others_answered(transport: str) -> None:
     a = CountingStub()
     calls = AgentCalls(Clients({"a": a}), lambda: 5.0)  # type: ignore[arg-type]
     gone = asyncio.ensure_future(calls.probe("a", _probe("p1")))
@@ -102,7 +131,7 @@ async def test_a_cancelled_caller_leaves_the_others_answered() -> None:
     await asyncio.sleep(0)  # both queued
     gone.cancel()
     assert (await kept).lease.lease_id == "l-p2"
-    assert a.calls == [("Probe", ["p2"])]
+    assert a.calls == [(lone(transport), ["p2"])]
 
 
 class GatedStub(CountingStub):
@@ -126,7 +155,7 @@ class GatedStub(CountingStub):
         return agent_pb2.ProbeBatchReply(replies=[self._reply(p) for p in request.probes])
 
 
-async def test_probes_wait_for_the_call_in_flight_then_go_together() -> None:
+async def test_probes_wait_for_the_call_in_flight_then_go_together(transport: str) -> None:
     a = GatedStub()
     calls = AgentCalls(Clients({"a": a}), lambda: 5.0, hold_seconds=60)  # type: ignore[arg-type]
     first = asyncio.ensure_future(calls.probe("a", _probe("p1")))
@@ -134,14 +163,16 @@ async def test_probes_wait_for_the_call_in_flight_then_go_together() -> None:
     a.arrived.clear()
     later = [asyncio.ensure_future(calls.probe("a", _probe(f"p{i}"))) for i in (2, 3, 4)]
     await asyncio.sleep(0)  # they are queued behind p1's call, which has not returned
-    assert a.calls == [("Probe", ["p1"])]
+    assert a.calls == [(lone(transport), ["p1"])]
     a.gate.set()
     assert (await first).lease.lease_id == "l-p1"
     assert [(await f).lease.lease_id for f in later] == ["l-p2", "l-p3", "l-p4"]
-    assert a.calls == [("Probe", ["p1"]), ("ProbeBatch", ["p2", "p3", "p4"])]
+    assert a.calls == [(lone(transport), ["p1"]), ("ProbeBatch", ["p2", "p3", "p4"])]
 
 
-async def test_an_agent_slow_to_answer_holds_the_next_probes_only_so_long() -> None:
+async def test_an_agent_slow_to_answer_holds_the_next_probes_only_so_long(
+    transport: str,
+) -> None:
     a = GatedStub()
     calls = AgentCalls(Clients({"a": a}), lambda: 5.0, hold_seconds=0.01)  # type: ignore[arg-type]
     first = asyncio.ensure_future(calls.probe("a", _probe("p1")))
@@ -150,7 +181,7 @@ async def test_an_agent_slow_to_answer_holds_the_next_probes_only_so_long() -> N
     second = asyncio.ensure_future(calls.probe("a", _probe("p2")))
     # p1's call never returns until the gate opens: p2 goes on its own after the hold.
     await asyncio.wait_for(a.arrived.wait(), 10)
-    assert a.calls == [("Probe", ["p1"]), ("Probe", ["p2"])]
+    assert a.calls == [(lone(transport), ["p1"]), (lone(transport), ["p2"])]
     a.gate.set()
     assert [(await f).lease.lease_id for f in (first, second)] == ["l-p1", "l-p2"]
 
@@ -224,3 +255,64 @@ async def test_the_hook_before_probes_runs_before_any_probe_leaves() -> None:
     results = await asyncio.gather(calls.probe("a", _probe("p3")), return_exceptions=True)
     assert isinstance(results[0], OSError)
     assert [c for c in a.calls if "p3" in c[1]] == []
+
+
+# -- the call stream itself (stream transport only) ------------------------------------
+
+only_stream = pytest.mark.parametrize("transport", ["stream"])
+
+
+@pytest.mark.parametrize("transport", ["unary"])
+async def test_an_agent_without_the_stream_gets_unary_calls_without_asking_again(
+    transport: str,
+) -> None:
+    CountingStub.serves_stream = False
+    old = CountingStub()
+    calls = AgentCalls(Clients({"a": old}), lambda: 5.0)  # type: ignore[arg-type]
+    for tick in range(3):
+        reply = await calls.probe("a", _probe(f"p{tick}"))
+        assert reply.lease.lease_id == f"l-p{tick}"
+    assert (await calls.release("a", ["x"])).released == 1
+    assert old.calls == [
+        ("Probe", ["p0"]),
+        ("Probe", ["p1"]),
+        ("Probe", ["p2"]),
+        ("Release", ["x"]),
+    ]
+    assert len(old.streams) == 1  # refused once, then not asked again
+
+
+@only_stream
+async def test_a_stream_that_fails_fails_its_calls_and_the_next_opens_another(
+    transport: str,
+) -> None:
+    CountingStub.serves_stream = True
+    a = GatedStub()
+    calls = AgentCalls(Clients({"a": a}), lambda: 5.0)  # type: ignore[arg-type]
+    held = asyncio.ensure_future(calls.probe("a", _probe("p1")))
+    await asyncio.wait_for(a.arrived.wait(), 10)
+    a.streams[0].replies.put_nowait(_status(grpc.StatusCode.UNAVAILABLE, "agent gone"))
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await held
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+    a.gate.set()
+    assert (await calls.probe("a", _probe("p2"))).lease.lease_id == "l-p2"
+    assert len(a.streams) == 2
+    await calls.close()
+
+
+@only_stream
+async def test_a_call_unanswered_in_time_is_deadline_exceeded_and_its_late_reply_dropped(
+    transport: str,
+) -> None:
+    CountingStub.serves_stream = True
+    a = GatedStub()
+    calls = AgentCalls(Clients({"a": a}), lambda: 0.05)  # type: ignore[arg-type]
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await calls.probe("a", _probe("p1"))
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    a.gate.set()
+    await asyncio.gather(*a.streams[0].tasks)  # p1's reply arrives, to no one
+    assert (await calls.probe("a", _probe("p2"))).lease.lease_id == "l-p2"
+    assert len(a.streams) == 1  # the stream outlived the late call
+    await calls.close()

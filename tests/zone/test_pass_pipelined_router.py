@@ -97,9 +97,11 @@ def _run(scenario: Scenario) -> None:
 
 
 async def _pass_goes_on(harness: Harness, agents: list[GatedAgent], jobs: list[str]) -> None:
-    # The pass ends with both probes still held at their agents.
+    # The pass ends with both probes sent, then held at their agents (gates shut): it
+    # did not wait for their answers.
     await asyncio.wait_for(harness.zone.queue_pass(), 10.0)
-    assert [a.held for a in agents] == [1, 1]
+    while [a.held for a in agents] != [1, 1]:
+        await asyncio.sleep(0)  # the probes on their way (no timer: the loop's turns)
     assert all(harness.zone.entries[j].placing for j in jobs)
 
     for agent in agents:
@@ -121,6 +123,8 @@ async def _dies_in_flight(harness: Harness, agents: list[GatedAgent], jobs: list
     await harness.restart()  # cancels them (ZoneState.close)
     for agent in agents:
         agent.gate.set()
+    for agent in agents:  # what reached an agent is carried out there, reply or not
+        await asyncio.wait_for(agent.calls_handled(), 10.0)
     assert [a.held for a in agents] == [0, 0]
     await harness.flush()
     await harness.call(harness.zone.queue_pass())
