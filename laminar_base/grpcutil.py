@@ -8,11 +8,21 @@ message. Unexpected exceptions become INTERNAL with no traceback on the wire
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+    Sized,
+)
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
 
@@ -25,6 +35,8 @@ from laminar_base.errors import InvalidArgument, LaminarError, ResourceExhausted
 log = logging.getLogger("laminar.grpc")
 
 F = TypeVar("F", bound=Callable[..., Any])
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
 
 #: Default limit for an identifier-like string field.
 MAX_ID_CHARS = 128
@@ -90,6 +102,81 @@ def map_errors(method: F) -> F:
             await _abort(context, exc)
 
     return unary_wrapper  # type: ignore[return-value]
+
+
+class _Failed(Generic[Rep]):
+    """What ends :func:`answer_concurrently`'s replies: the reader's end (``error`` None) or
+    an error the reader or an ``answer`` raised."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+
+async def answer_concurrently(
+    requests: AsyncIterable[Req],
+    answer: Callable[[Req], Awaitable[Rep]],
+    *,
+    max_in_flight: int,
+    name: str,
+) -> AsyncIterator[Rep]:
+    """The replies of a bidi stream of independent calls, each as it completes: ``answer``
+    runs for every request in a task of its own (named ``name``), at most ``max_in_flight``
+    at once (beyond that no request is read until one finishes, so a client cannot queue
+    unbounded work), and one writer (the caller iterating this) sends their replies.
+
+    ``answer`` turns a call's own failure into its reply; an exception it raises anyway
+    ends the stream with that exception, as a failed request read does. When the client
+    stops sending, the calls in hand are answered and then the replies end. When the
+    replies are closed early (the call was cancelled: the client went away, its deadline
+    passed, the stream's authorization ended), the calls in hand are cancelled and awaited:
+    nobody can read their replies, and no task outlives the call."""
+    replies: asyncio.Queue[Rep | _Failed[Rep]] = asyncio.Queue()
+    slots = asyncio.Semaphore(max_in_flight)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(request: Req) -> None:
+        try:
+            replies.put_nowait(await answer(request))
+        except Exception as exc:
+            replies.put_nowait(_Failed(exc))
+        finally:
+            slots.release()
+
+    async def read() -> None:
+        try:
+            items = aiter(requests)
+            while True:
+                await slots.acquire()
+                try:
+                    request = await anext(items)
+                except StopAsyncIteration:
+                    break
+                task = asyncio.create_task(one(request), name=name)
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:  # the client is done sending: answer what it sent
+                await asyncio.wait(set(tasks))
+        except Exception as exc:
+            replies.put_nowait(_Failed(exc))
+        else:
+            replies.put_nowait(_Failed(None))
+
+    reader = asyncio.create_task(read(), name=f"{name}-reader")
+    try:
+        while True:
+            item = await replies.get()
+            if isinstance(item, _Failed):
+                if item.error is not None:
+                    raise item.error
+                return
+            yield item
+    finally:
+        reader.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(reader, *tasks, return_exceptions=True)
 
 
 def check_str(
