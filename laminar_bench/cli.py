@@ -83,8 +83,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--probe-streams",
         type=int,
-        default=1,
-        help="placement mode with streams: how many streams carry the calls (default 1)",
+        default=0,
+        help="placement mode with streams: how many streams carry the calls (default 0: one "
+        "per submitter, the cheapest for the router)",
     )
     p.add_argument(
         "--fake-gpus",

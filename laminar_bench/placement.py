@@ -119,8 +119,9 @@ class BenchSpec:
     probes: int = 0  # the router's placement.probes_per_attempt; 0 = its default
     #: placement mode: ProbeJob calls over ProbeJobs streams ("stream") or unary ("unary").
     probe_calls: str = "stream"
-    #: placement mode with streams: how many streams carry the calls (job i on stream i % n).
-    probe_streams: int = 1
+    #: placement mode with streams: how many streams carry the calls (job i on stream i % n);
+    #: 0 = one per submitter (measured cheapest for the router: docs/bench-placement.md).
+    probe_streams: int = 0
     work_dir: Path | None = None  # state dirs and logs; default a temporary dir, removed
 
     def validate(self) -> None:
@@ -139,9 +140,9 @@ class BenchSpec:
                 f"must be one of {', '.join(PROBE_CALL_MODES)}, got {self.probe_calls!r}",
                 field="--probe-calls",
             )
-        if not 1 <= self.probe_streams <= 4096:
+        if not 0 <= self.probe_streams <= 4096:
             raise InvalidArgument(
-                f"must be in 1..4096, got {self.probe_streams}", field="--probe-streams"
+                f"must be in 0..4096, got {self.probe_streams}", field="--probe-streams"
             )
         if not 1 <= self.submitters <= 4096:
             raise InvalidArgument(
@@ -845,7 +846,7 @@ class Driver:
         report: empty, or why the calls go unary (a router without ProbeJobs)."""
         streams = [
             ProbeStream(stub, self.spec.timeout_seconds + 60)
-            for _ in range(self.spec.probe_streams)
+            for _ in range(self.spec.probe_streams or min(self.spec.submitters, self.spec.jobs))
         ]
         dry_run = zone_pb2.ProbeJobRequest(
             spec=zone_pb2.JobSpec(command=["true"], resources=self.spec.resources(), tenant="bench")

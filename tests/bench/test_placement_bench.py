@@ -113,7 +113,8 @@ def test_smoke_report_fields_and_clean_exit(
         # Every kept lease is given back, at most one Release per agent per loop tick.
         assert 0 < report["release_calls_per_placement"] <= 1
         assert report["probe_calls"] == (watch or "stream")
-        assert report["probe_streams"] == (0 if watch == "unary" else 1)
+        # One stream per submitter: min(32 submitters, 10 jobs).
+        assert report["probe_streams"] == (0 if watch == "unary" else 10)
         assert report["probe_calls_note"] is None
     assert report["zone_calls_per_job"] == (2 if watch == "separately" else 1)
     assert daemons_under(tmp_path) == []
