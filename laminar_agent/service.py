@@ -99,7 +99,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         """ProbeBatch and Release calls over one stream (:class:`CallServer`)."""
         caller = peer_identity(context)
         server: CallServer[agent_pb2.AgentCall, agent_pb2.AgentCallReply] = CallServer(
-            lambda call: self._call(call, caller), self._unfinished
+            lambda call: self._call(call, caller), keep_running=self._unfinished, name="agent-call"
         )
         async for reply in server.serve(requests):
             yield reply

@@ -39,75 +39,95 @@ class _HasCallId(Protocol):
 Q = TypeVar("Q", bound=_HasCallId)
 R = TypeVar("R", bound=_HasCallId)
 
-_END = object()
-_NOTHING = object()
-
 
 class CallServer(Generic[Q, R]):
     """Serves one stream: each request is handled in a task of its own, at most
-    ``limit`` at a time; each reply goes out when its call ends. ``handle`` answers
-    every call with a reply, its failure included (an exception it lets out is logged
-    and the call gets no reply: the caller's timeout ends it).
+    ``limit`` at a time (beyond that no request is read until one ends, so that gRPC's
+    flow control holds the caller back); each reply goes out when its call ends, from
+    one writer (the servicer iterating :meth:`serve`). ``handle`` turns a call's own
+    failure into its reply; an exception it lets out anyway ends the stream with it, as
+    a failed read of the requests does.
 
     When the caller half-closes, the calls in hand finish and answer before the stream
-    ends. When the stream goes (caller gone, cancelled), the calls in hand still run to
-    their end, as a unary call's handler that already acted would have (a probe that
-    committed launches and is reported by heartbeat); ``unfinished`` holds them until
-    then, so that nothing is left unreferenced."""
+    ends. When the stream goes first (caller gone, deadline, authorization ended), what
+    happens to the calls in hand is the caller's choice: with ``keep_running`` (a set)
+    they run to their end held there, as a unary handler that already acted would (an
+    agent's commit that started launches, and is reported by heartbeat); without, they
+    are cancelled and awaited (nobody reads their replies). Either way no task is left
+    unreferenced."""
 
     def __init__(
         self,
         handle: Callable[[Q], Coroutine[Any, Any, R]],
-        unfinished: set[asyncio.Task[Any]],
+        *,
         limit: int = MAX_CALLS_IN_FLIGHT,
+        keep_running: set[asyncio.Task[Any]] | None = None,
+        name: str = "call",
     ) -> None:
         self._handle = handle
-        self._unfinished = unfinished
         self._limit = limit
+        self._keep_running = keep_running
+        self._name = name
 
     async def serve(self, requests: AsyncIterator[Q]) -> AsyncIterator[R]:
         replies: asyncio.Queue[Any] = asyncio.Queue()
         room = asyncio.Semaphore(self._limit)
-        in_hand: set[asyncio.Task[R]] = set()
+        in_hand: set[asyncio.Task[None]] = set()
 
-        def ended(task: asyncio.Task[R]) -> None:
-            in_hand.discard(task)
-            self._unfinished.discard(task)
-            room.release()
-            if task.cancelled():
-                replies.put_nowait(_NOTHING)
-            elif (exc := task.exception()) is not None:
-                log.error("call on a stream failed without a reply", exc_info=exc)
-                replies.put_nowait(_NOTHING)
-            else:
-                replies.put_nowait(task.result())
+        async def one(request: Q) -> None:
+            try:
+                replies.put_nowait(await self._handle(request))
+            except Exception as exc:
+                replies.put_nowait(_Ended(exc))
+            finally:
+                room.release()
 
         async def read() -> None:
-            incoming = aiter(requests)
-            while True:
-                await room.acquire()  # no room: read nothing more (flow control holds back)
-                try:
-                    request = await anext(incoming)
-                except StopAsyncIteration:
-                    return
-                task: asyncio.Task[R] = asyncio.create_task(self._handle(request))
-                in_hand.add(task)
-                self._unfinished.add(task)
-                task.add_done_callback(ended)
+            try:
+                incoming = aiter(requests)
+                while True:
+                    await room.acquire()
+                    try:
+                        request = await anext(incoming)
+                    except StopAsyncIteration:
+                        break
+                    task = asyncio.create_task(one(request), name=self._name)
+                    in_hand.add(task)
+                    task.add_done_callback(in_hand.discard)
+                while in_hand:  # half-closed: answer what was sent
+                    await asyncio.wait(set(in_hand))
+            except Exception as exc:
+                replies.put_nowait(_Ended(exc))
+            else:
+                replies.put_nowait(_Ended(None))
 
-        reader = asyncio.create_task(read())
-        reader.add_done_callback(lambda _: replies.put_nowait(_END))
+        reader = asyncio.create_task(read(), name=f"{self._name}-reader")
         try:
-            while (item := await replies.get()) is not _END:
-                if item is not _NOTHING:
-                    yield item
-            if not reader.cancelled() and (exc := reader.exception()) is not None:
-                raise exc  # the request side failed: the stream is over
-            while in_hand or not replies.empty():  # half-closed: answer what is in hand
-                if (item := await replies.get()) is not _NOTHING:
-                    yield item
+            while not isinstance(item := await replies.get(), _Ended):
+                yield item
+            if item.error is not None:
+                raise item.error
         finally:
             reader.cancel()
+            if self._keep_running is None:
+                for task in in_hand:
+                    task.cancel()
+                await asyncio.gather(reader, *in_hand, return_exceptions=True)
+            else:
+                for task in in_hand:
+                    self._keep_running.add(task)
+                    task.add_done_callback(self._keep_running.discard)
+                await asyncio.gather(reader, return_exceptions=True)
+
+
+class _Ended:
+    """What ends :meth:`CallServer.serve`'s replies: the requests' end (``error`` None) or
+    what a read or a handler raised."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
 
 
 class _Stream(Protocol):

@@ -32,6 +32,7 @@ from laminar_bench.placement import (
     DEFAULT_AGENT_POLL_SECONDS,
     DEFAULT_FAKE_GPUS,
     DEFAULT_GPU_MILLI,
+    PROBE_CALL_MODES,
     WATCH_MODES,
     BenchSpec,
     run_bench,
@@ -71,6 +72,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--submitters", type=int, default=32, help="concurrent submitters in a burst (default 32)"
+    )
+    p.add_argument(
+        "--probe-calls",
+        choices=PROBE_CALL_MODES,
+        default="stream",
+        help="placement mode: ProbeJob calls over ProbeJobs streams (stream, default; a router "
+        "without them gets unary calls, and the report says so) or one unary call each",
+    )
+    p.add_argument(
+        "--probe-streams",
+        type=int,
+        default=0,
+        help="placement mode with streams: how many streams carry the calls (default 0: one "
+        "per submitter, the cheapest for the router)",
     )
     p.add_argument(
         "--fake-gpus",
@@ -230,6 +245,8 @@ def cmd_placement(args: argparse.Namespace, console: Console) -> int:
         timeout_seconds=args.timeout,
         seed=args.seed,
         probes=args.probes,
+        probe_calls=args.probe_calls,
+        probe_streams=args.probe_streams,
         work_dir=args.work_dir,
     )
     spec.validate()

@@ -14,7 +14,11 @@ Two modes:
   samples candidates, probes d agents in parallel, keeps the best lease and
   releases the others, exactly as for a submitted job; the benchmark then
   gives the kept lease back with the agent's ``Release``. Latency is the
-  client's round trip of that ``ProbeJob`` (submit to lease in hand).
+  client's round trip of that ``ProbeJob`` (submit to lease in hand). The calls go over
+  ``ProbeJobs`` streams by default (``--probe-calls stream``: each job one message pair on
+  a long-lived stream, ``--probe-streams`` of them), or as unary calls
+  (``--probe-calls unary``); a router without ``ProbeJobs`` gets unary calls and the
+  report says so.
 - ``launch`` submits real jobs (``true`` on a GPU share) through ``Submit``;
   every placement ends with a Commit that starts a process through the
   agent's shim. Latency is submit to running: the subjob's ``started_unix``
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -66,7 +71,7 @@ from laminar_agent.inventory.fake import parse_fake_spec
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
 from laminar_base.causes import FINISHED_JOB_STATES
 from laminar_base.errors import InvalidArgument, Unavailable
-from laminar_base.grpcutil import channel_options
+from laminar_base.grpcutil import channel_options, rpc_error
 from laminar_bench.agent_pool import POOL_INFO
 
 #: Above this many agents, agents share processes (pools); at or below, one process each.
@@ -87,6 +92,8 @@ ProgressFn = Callable[[str, int, int], None]
 
 #: How launch mode follows its jobs: in the submitting call, or by a WatchJob of its own.
 WATCH_MODES = ("together", "separately")
+#: How placement mode sends its ProbeJob calls: over ProbeJobs streams, or one unary call each.
+PROBE_CALL_MODES = ("stream", "unary")
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,11 @@ class BenchSpec:
     timeout_seconds: float = 300.0  # measurement deadline; unplaced jobs are reported
     seed: int = 1
     probes: int = 0  # the router's placement.probes_per_attempt; 0 = its default
+    #: placement mode: ProbeJob calls over ProbeJobs streams ("stream") or unary ("unary").
+    probe_calls: str = "stream"
+    #: placement mode with streams: how many streams carry the calls (job i on stream i % n);
+    #: 0 = one per submitter (measured cheapest for the router: docs/bench-placement.md).
+    probe_streams: int = 0
     work_dir: Path | None = None  # state dirs and logs; default a temporary dir, removed
 
     def validate(self) -> None:
@@ -122,6 +134,15 @@ class BenchSpec:
         if self.watch not in WATCH_MODES:
             raise InvalidArgument(
                 f"must be one of {', '.join(WATCH_MODES)}, got {self.watch!r}", field="--watch"
+            )
+        if self.probe_calls not in PROBE_CALL_MODES:
+            raise InvalidArgument(
+                f"must be one of {', '.join(PROBE_CALL_MODES)}, got {self.probe_calls!r}",
+                field="--probe-calls",
+            )
+        if not 0 <= self.probe_streams <= 4096:
+            raise InvalidArgument(
+                f"must be in 0..4096, got {self.probe_streams}", field="--probe-streams"
             )
         if not 1 <= self.submitters <= 4096:
             raise InvalidArgument(
@@ -536,6 +557,61 @@ def environment() -> dict[str, Any]:
     }
 
 
+class ProbeStream:
+    """ProbeJob calls over one ProbeJobs stream: each call writes its request with a
+    call_id of its own and waits for the reply naming it (replies come in any order). A
+    call's error reply raises as the unary call would; the stream's end fails every call
+    still waiting with the stream's status."""
+
+    def __init__(self, stub: zone_pb2_grpc.ZoneAsyncStub, timeout_seconds: float) -> None:
+        # The generated stubs type the call for the blocking API; this is the aio one.
+        self._call: Any = stub.ProbeJobs(timeout=timeout_seconds)  # type: ignore[call-arg]
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[zone_pb2.ProbeJobsReply]] = {}
+        #: One write at a time on a gRPC stream.
+        self._writing = asyncio.Lock()
+        self._ended: grpc.aio.AioRpcError | None = None
+        self._reader = asyncio.create_task(self._read(), name="probe-stream-reader")
+
+    async def probe(self, request: zone_pb2.ProbeJobRequest) -> zone_pb2.ProbeJobReply:
+        if self._ended is not None:
+            raise self._ended
+        call_id = next(self._ids)
+        waiting = asyncio.get_running_loop().create_future()
+        self._waiting[call_id] = waiting
+        try:
+            async with self._writing:
+                await self._call.write(zone_pb2.ProbeJobsRequest(call_id=call_id, probe=request))
+            reply = await waiting
+        finally:
+            self._waiting.pop(call_id, None)
+        if reply.WhichOneof("outcome") == "error":
+            raise rpc_error(reply.error.code, reply.error.message)
+        answer: zone_pb2.ProbeJobReply = reply.reply
+        return answer
+
+    async def _read(self) -> None:
+        ended: grpc.aio.AioRpcError
+        try:
+            async for reply in self._call:
+                waiting = self._waiting.pop(reply.call_id, None)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(reply)
+            ended = rpc_error("UNAVAILABLE", "the ProbeJobs stream ended")
+        except grpc.aio.AioRpcError as exc:
+            ended = exc
+        self._ended = ended
+        for waiting in self._waiting.values():
+            if not waiting.done():
+                waiting.set_exception(ended)
+
+    async def close(self) -> None:
+        """Stop sending and read the stream to its end (every call was answered)."""
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await self._call.done_writing()
+        await self._reader
+
+
 @dataclass
 class Outcome:
     """What happened to one job of the run."""
@@ -579,6 +655,8 @@ class Driver:
         #: batches them); and the Release calls made.
         self._to_release: dict[str, list[str]] = {}
         self.release_calls = 0
+        #: Placement mode: the ProbeJobs streams the calls go over (none: unary calls).
+        self.probe_streams: list[ProbeStream] = []
 
     def _settle(self, outcome: Outcome) -> None:
         self.settled += 1
@@ -618,7 +696,11 @@ class Driver:
         t0 = time.perf_counter()
         self.zone_calls += 1
         try:
-            reply = await stub.ProbeJob(request, timeout=self._remaining())
+            if self.probe_streams:
+                streams = self.probe_streams
+                reply = await streams[outcome.index % len(streams)].probe(request)
+            else:
+                reply = await stub.ProbeJob(request, timeout=self._remaining())
         except grpc.aio.AioRpcError as exc:
             outcome.error = f"{exc.code().name}: {exc.details()}"
             self._settle(outcome)
@@ -758,7 +840,32 @@ class Driver:
             at += rng.expovariate(self.spec.rate)
         return lag
 
+    async def open_probe_streams(self, stub: zone_pb2_grpc.ZoneAsyncStub) -> str:
+        """Placement mode with ``--probe-calls stream``: open the streams and make one dry
+        run over each (so they are connected before the clock runs). Returns a note for the
+        report: empty, or why the calls go unary (a router without ProbeJobs)."""
+        streams = [
+            ProbeStream(stub, self.spec.timeout_seconds + 60)
+            for _ in range(self.spec.probe_streams or min(self.spec.submitters, self.spec.jobs))
+        ]
+        dry_run = zone_pb2.ProbeJobRequest(
+            spec=zone_pb2.JobSpec(command=["true"], resources=self.spec.resources(), tenant="bench")
+        )
+        try:
+            for stream in streams:
+                await stream.probe(dry_run)
+        except grpc.aio.AioRpcError as exc:
+            for stream in streams:
+                await stream.close()
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            return f"the router has no ProbeJobs ({exc.details()}): unary ProbeJob calls"
+        self.probe_streams = streams
+        return ""
+
     async def close(self) -> None:
+        for stream in self.probe_streams:
+            await stream.close()
         self._release_kept()  # any the tick has not sent yet
         if self.background:
             await asyncio.gather(*list(self.background), return_exceptions=True)
@@ -820,6 +927,9 @@ async def _measure(
         probes_before = await asyncio.to_thread(scrape_probes, metrics_addresses)
         beats_before = await asyncio.to_thread(scrape_heartbeats, cluster.router_metrics_address)
         driver = Driver(spec, cluster, progress)
+        probe_note = ""
+        if not spec.launch and spec.probe_calls == "stream":
+            probe_note = await driver.open_probe_streams(stub)
         me = psutil.Process()
         client_cpu0 = sum(me.cpu_times()[:2])
         router_cpu0 = cpu_seconds([cluster.router_pid])
@@ -913,6 +1023,11 @@ async def _measure(
         ),
         "processes_started": n_placed if spec.launch else 0,
         "watch": spec.watch if spec.launch else None,
+        # Placement mode: how the ProbeJob calls went ("stream": over ProbeJobs streams,
+        # probe_streams of them; "unary"), and why they went unary if streams were asked.
+        "probe_calls": None if spec.launch else ("stream" if driver.probe_streams else "unary"),
+        "probe_streams": len(driver.probe_streams) if not spec.launch else None,
+        "probe_calls_note": probe_note or None,
         "zone_calls_per_job": driver.zone_calls / spec.jobs,
         # Placement mode: the benchmark's own Release calls to agents per placement (kept
         # leases given back, batched per agent per loop tick).

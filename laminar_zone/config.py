@@ -207,8 +207,8 @@ class LimitsSettings:
     probe_per_second: float = field(
         default=20.0,
         metadata=doc(
-            "ProbeJob calls per tenant per second (each may hold leases on hosts); "
-            "0 = no limit [1/s]"
+            "ProbeJob calls per tenant per second, each call of a ProbeJobs stream "
+            "counted as one (each may hold leases on hosts); 0 = no limit [1/s]"
         ),
     )
     burst: int = field(default=20, metadata=doc("calls a tenant may make at once [count]"))

@@ -2,7 +2,9 @@
 
 Pure and clock-injected so tests need no sleeps; the servicer calls :meth:`RateLimiter.take`
 before Submit/ProbeJob and turns the :class:`ResourceExhausted` it raises into a status with a
-``retry-after-seconds`` trailer. Not covered: message size limits (gRPC max receive size).
+``retry-after-seconds`` trailer (a call of a ProbeJobs stream is limited as ProbeJob; its
+refusal is that call's reply, whose message says how long to wait, with no trailer). Not
+covered: message size limits (gRPC max receive size).
 """
 
 from __future__ import annotations

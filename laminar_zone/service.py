@@ -13,9 +13,16 @@ import grpc
 from laminar_agent.executor import check_subjob_id
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.callstream import CallServer
 from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import InvalidArgument, LaminarError, PermissionDenied, Unavailable
-from laminar_base.grpcutil import MAX_TEXT_CHARS, check_count, check_str, map_errors
+from laminar_base.grpcutil import (
+    MAX_TEXT_CHARS,
+    check_count,
+    check_str,
+    error_status,
+    map_errors,
+)
 from laminar_base.security import peer_names
 from laminar_zone.arrays import parse_array
 from laminar_zone.auth import (
@@ -222,14 +229,51 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
             request.job_id, request.subjob_id, request.stream, request.offset, request.max_bytes
         )
 
-    @map_errors
-    async def ProbeJob(
+    async def _probe(
         self, request: zone_pb2.ProbeJobRequest, context: Ctx
     ) -> zone_pb2.ProbeJobReply:
+        """One ProbeJob, unary or a call of a ProbeJobs stream: the caller, its tenant, the
+        tenant's probe limit, then the probe."""
         principal = self._caller(context)
         request.spec.tenant = self._guard.submit_tenant(principal, request.spec.tenant)
         self._guard.probe_limiter.take(request.spec.tenant)
         return await self._leases.probe(request)
+
+    @map_errors
+    async def ProbeJob(
+        self, request: zone_pb2.ProbeJobRequest, context: Ctx
+    ) -> zone_pb2.ProbeJobReply:
+        return await self._probe(request, context)
+
+    @map_errors
+    async def ProbeJobs(
+        self, request_iterator: AsyncIterator[zone_pb2.ProbeJobsRequest], context: Ctx
+    ) -> AsyncIterator[zone_pb2.ProbeJobsReply]:
+        """ProbeJob calls over one stream, each answered as it completes with its call_id
+        (:class:`~laminar_base.callstream.CallServer`: at most :data:`MAX_PROBES_IN_FLIGHT` in hand, the rest
+        left unread). A caller without a valid token is refused before any call is read; a
+        token revoked by a reload ends the stream as in WatchJob. A client that stops
+        sending gets the answers of the calls in hand; a cancelled stream cancels them (no
+        one reads their answers; an agent's lease granted meanwhile lapses at its TTL,
+        as for a unary ProbeJob whose caller went away)."""
+        self._caller(context)
+
+        async def answer(call: zone_pb2.ProbeJobsRequest) -> zone_pb2.ProbeJobsReply:
+            try:
+                reply = await self._probe(call.probe, context)
+            except Exception as exc:  # this call's failure, not the stream's
+                code, details = error_status(exc)
+                return zone_pb2.ProbeJobsReply(
+                    call_id=call.call_id,
+                    error=agent_pb2.ProbeError(code=code.name, message=details),
+                )
+            return zone_pb2.ProbeJobsReply(call_id=call.call_id, reply=reply)
+
+        server: CallServer[zone_pb2.ProbeJobsRequest, zone_pb2.ProbeJobsReply] = CallServer(
+            answer, limit=MAX_PROBES_IN_FLIGHT, name="probe-jobs-call"
+        )
+        async for reply in self._while_authorized(context, server.serve(request_iterator)):
+            yield reply
 
     @map_errors
     async def CommitJob(self, request: zone_pb2.CommitJobRequest, context: Ctx) -> zone_pb2.Job:
@@ -331,6 +375,8 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
             yield announce
 
 
+#: Most calls of one ProbeJobs stream in hand at once (the next are read as these finish).
+MAX_PROBES_IN_FLIGHT = 256
 #: Most shapes (GPU models, MIG profiles, shares) one summary may list.
 MAX_SHAPES = 256
 #: Most windows one agent summary may advertise.

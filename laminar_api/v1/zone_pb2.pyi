@@ -395,6 +395,24 @@ class ProbeJobReply(_message.Message):
     hosts_total: int
     def __init__(self, hosts: _Optional[_Iterable[_Union[HostScore, _Mapping]]] = ..., hosts_matching: _Optional[int] = ..., hosts_total: _Optional[int] = ...) -> None: ...
 
+class ProbeJobsRequest(_message.Message):
+    __slots__ = ("call_id", "probe")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    probe: ProbeJobRequest
+    def __init__(self, call_id: _Optional[int] = ..., probe: _Optional[_Union[ProbeJobRequest, _Mapping]] = ...) -> None: ...
+
+class ProbeJobsReply(_message.Message):
+    __slots__ = ("call_id", "reply", "error")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    reply: ProbeJobReply
+    error: _agent_pb2.ProbeError
+    def __init__(self, call_id: _Optional[int] = ..., reply: _Optional[_Union[ProbeJobReply, _Mapping]] = ..., error: _Optional[_Union[_agent_pb2.ProbeError, _Mapping]] = ...) -> None: ...
+
 class CommitJobRequest(_message.Message):
     __slots__ = ("spec", "leases", "client_request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]

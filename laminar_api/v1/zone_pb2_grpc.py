@@ -80,6 +80,11 @@ class ZoneStub:
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.ProbeJobRequest.SerializeToString,
                 response_deserializer=laminar__api_dot_v1_dot_zone__pb2.ProbeJobReply.FromString,
                 _registered_method=True)
+        self.ProbeJobs = channel.stream_stream(
+                '/laminar.v1.Zone/ProbeJobs',
+                request_serializer=laminar__api_dot_v1_dot_zone__pb2.ProbeJobsRequest.SerializeToString,
+                response_deserializer=laminar__api_dot_v1_dot_zone__pb2.ProbeJobsReply.FromString,
+                _registered_method=True)
         self.CommitJob = channel.unary_unary(
                 '/laminar.v1.Zone/CommitJob',
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.CommitJobRequest.SerializeToString,
@@ -188,6 +193,22 @@ class ZoneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProbeJobs(self, request_iterator, context):
+        """Many ProbeJob calls over one long-lived stream, which costs the router about a third
+        of a unary call's CPU per probe. Each request is one call, named by its call_id and
+        handled exactly as ProbeJob would be (the caller's token, tenant and per-tenant probe
+        limit, the same checks and leases), concurrently with the others. Replies come in any
+        order, one per request, each naming its call. A reply's error is that call's alone
+        (the status ProbeJob would have answered); the stream's own status is for the stream
+        (UNAUTHENTICATED for a caller without a valid token, or once its token is revoked).
+        A client that stops sending gets the replies of every call in hand, then OK. At most
+        256 calls of one stream are in hand at once: beyond that the router stops reading
+        until some finish. An older router answers UNIMPLEMENTED; use ProbeJob.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CommitJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -285,6 +306,11 @@ def add_ZoneServicer_to_server(servicer, server):
                     servicer.ProbeJob,
                     request_deserializer=laminar__api_dot_v1_dot_zone__pb2.ProbeJobRequest.FromString,
                     response_serializer=laminar__api_dot_v1_dot_zone__pb2.ProbeJobReply.SerializeToString,
+            ),
+            'ProbeJobs': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProbeJobs,
+                    request_deserializer=laminar__api_dot_v1_dot_zone__pb2.ProbeJobsRequest.FromString,
+                    response_serializer=laminar__api_dot_v1_dot_zone__pb2.ProbeJobsReply.SerializeToString,
             ),
             'CommitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitJob,
@@ -570,6 +596,33 @@ class Zone:
             '/laminar.v1.Zone/ProbeJob',
             laminar__api_dot_v1_dot_zone__pb2.ProbeJobRequest.SerializeToString,
             laminar__api_dot_v1_dot_zone__pb2.ProbeJobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeJobs(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/laminar.v1.Zone/ProbeJobs',
+            laminar__api_dot_v1_dot_zone__pb2.ProbeJobsRequest.SerializeToString,
+            laminar__api_dot_v1_dot_zone__pb2.ProbeJobsReply.FromString,
             options,
             channel_credentials,
             insecure,

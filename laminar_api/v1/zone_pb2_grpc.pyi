@@ -55,6 +55,18 @@ class ZoneStub:
     """Dry-run (which hosts could take this job now, with scores, no leases
     kept) or two-phase (leases returned; then CommitJob).
     """
+    ProbeJobs: _grpc.StreamStreamMultiCallable[_zone_pb2.ProbeJobsRequest, _zone_pb2.ProbeJobsReply]
+    """Many ProbeJob calls over one long-lived stream, which costs the router about a third
+    of a unary call's CPU per probe. Each request is one call, named by its call_id and
+    handled exactly as ProbeJob would be (the caller's token, tenant and per-tenant probe
+    limit, the same checks and leases), concurrently with the others. Replies come in any
+    order, one per request, each naming its call. A reply's error is that call's alone
+    (the status ProbeJob would have answered); the stream's own status is for the stream
+    (UNAUTHENTICATED for a caller without a valid token, or once its token is revoked).
+    A client that stops sending gets the replies of every call in hand, then OK. At most
+    256 calls of one stream are in hand at once: beyond that the router stops reading
+    until some finish. An older router answers UNIMPLEMENTED; use ProbeJob.
+    """
     CommitJob: _grpc.UnaryUnaryMultiCallable[_zone_pb2.CommitJobRequest, _zone_pb2.Job]
     ListAgents: _grpc.UnaryUnaryMultiCallable[_zone_pb2.ListAgentsRequest, _zone_pb2.ListAgentsReply]
     DrainAgent: _grpc.UnaryUnaryMultiCallable[_zone_pb2.DrainAgentRequest, _zone_pb2.AgentInfo]
@@ -90,6 +102,18 @@ class ZoneAsyncStub(ZoneStub):
     ProbeJob: _aio.UnaryUnaryMultiCallable[_zone_pb2.ProbeJobRequest, _zone_pb2.ProbeJobReply]  # type: ignore[assignment]
     """Dry-run (which hosts could take this job now, with scores, no leases
     kept) or two-phase (leases returned; then CommitJob).
+    """
+    ProbeJobs: _aio.StreamStreamMultiCallable[_zone_pb2.ProbeJobsRequest, _zone_pb2.ProbeJobsReply]  # type: ignore[assignment]
+    """Many ProbeJob calls over one long-lived stream, which costs the router about a third
+    of a unary call's CPU per probe. Each request is one call, named by its call_id and
+    handled exactly as ProbeJob would be (the caller's token, tenant and per-tenant probe
+    limit, the same checks and leases), concurrently with the others. Replies come in any
+    order, one per request, each naming its call. A reply's error is that call's alone
+    (the status ProbeJob would have answered); the stream's own status is for the stream
+    (UNAUTHENTICATED for a caller without a valid token, or once its token is revoked).
+    A client that stops sending gets the replies of every call in hand, then OK. At most
+    256 calls of one stream are in hand at once: beyond that the router stops reading
+    until some finish. An older router answers UNIMPLEMENTED; use ProbeJob.
     """
     CommitJob: _aio.UnaryUnaryMultiCallable[_zone_pb2.CommitJobRequest, _zone_pb2.Job]  # type: ignore[assignment]
     ListAgents: _aio.UnaryUnaryMultiCallable[_zone_pb2.ListAgentsRequest, _zone_pb2.ListAgentsReply]  # type: ignore[assignment]
@@ -177,6 +201,24 @@ class ZoneServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_zone_pb2.ProbeJobReply, _abc.Awaitable[_zone_pb2.ProbeJobReply]]:
         """Dry-run (which hosts could take this job now, with scores, no leases
         kept) or two-phase (leases returned; then CommitJob).
+        """
+
+    @_abc_1.abstractmethod
+    def ProbeJobs(
+        self,
+        request_iterator: _MaybeAsyncIterator[_zone_pb2.ProbeJobsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_zone_pb2.ProbeJobsReply], _abc.AsyncIterator[_zone_pb2.ProbeJobsReply]]:
+        """Many ProbeJob calls over one long-lived stream, which costs the router about a third
+        of a unary call's CPU per probe. Each request is one call, named by its call_id and
+        handled exactly as ProbeJob would be (the caller's token, tenant and per-tenant probe
+        limit, the same checks and leases), concurrently with the others. Replies come in any
+        order, one per request, each naming its call. A reply's error is that call's alone
+        (the status ProbeJob would have answered); the stream's own status is for the stream
+        (UNAUTHENTICATED for a caller without a valid token, or once its token is revoked).
+        A client that stops sending gets the replies of every call in hand, then OK. At most
+        256 calls of one stream are in hand at once: beyond that the router stops reading
+        until some finish. An older router answers UNIMPLEMENTED; use ProbeJob.
         """
 
     @_abc_1.abstractmethod

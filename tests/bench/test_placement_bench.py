@@ -11,15 +11,17 @@ import argparse
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import grpc
 import psutil
 import pytest
 from rich.console import Console
 
+from laminar_api.v1 import zone_pb2_grpc
 from laminar_base.errors import InvalidArgument
 from laminar_bench.cli import register
-from laminar_bench.placement import BenchSpec
+from laminar_bench.placement import BenchCluster, BenchSpec, Driver
 
 REQUIRED = (
     "placements_per_second",
@@ -61,22 +63,26 @@ def daemons_under(root: Path) -> list[int]:
 
 @pytest.mark.parametrize(
     ("launch", "per_process", "watch"),
-    [(False, 2, ""), (True, 1, ""), (True, 1, "separately")],
-    ids=["placement-pool", "launch", "launch-watch-separately"],
+    [(False, 2, ""), (False, 2, "unary"), (True, 1, ""), (True, 1, "separately")],
+    ids=["placement-pool", "placement-unary", "launch", "launch-watch-separately"],
 )
 def test_smoke_report_fields_and_clean_exit(
     tmp_path: Path, launch: bool, per_process: int, watch: str
 ) -> None:
     """Placement mode runs its agents in one pool process; launch mode one process each.
     Launch mode follows each job in its SubmitAndWatch call by default (one call per job),
-    with ``--watch separately`` by Submit and then WatchJob (two)."""
+    with ``--watch separately`` by Submit and then WatchJob (two). Placement mode sends its
+    ProbeJob calls over a ProbeJobs stream by default, with ``--probe-calls unary`` one
+    unary call each (``watch`` carries that choice for placement mode)."""
     argv = ["bench", "placement", "--agents", "2", "--jobs", "10", "-o", "json"]
     argv += ["--work-dir", str(tmp_path), "--timeout", "60"]
     argv += ["--agents-per-process", str(per_process)]
     if launch:
         argv.append("--launch")
-    if watch:
+    if watch and launch:
         argv += ["--watch", watch]
+    elif watch:
+        argv += ["--probe-calls", watch]
     code, text = run_cli(argv)
     assert code == 0
     report: dict[str, Any] = json.loads(text)
@@ -106,6 +112,10 @@ def test_smoke_report_fields_and_clean_exit(
         assert report["watch_events_per_job"] is None
         # Every kept lease is given back, at most one Release per agent per loop tick.
         assert 0 < report["release_calls_per_placement"] <= 1
+        assert report["probe_calls"] == (watch or "stream")
+        # One stream per submitter: min(32 submitters, 10 jobs).
+        assert report["probe_streams"] == (0 if watch == "unary" else 10)
+        assert report["probe_calls_note"] is None
     assert report["zone_calls_per_job"] == (2 if watch == "separately" else 1)
     assert daemons_under(tmp_path) == []
 
@@ -120,3 +130,20 @@ def test_bad_input_names_the_flag(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="--watch"):
         BenchSpec(agents=1, jobs=1, launch=True, watch="sometimes").validate()
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_router_without_probe_jobs_gets_unary_calls_and_the_report_says_so() -> None:
+    """Against a Zone service that implements nothing (the generated base answers
+    UNIMPLEMENTED), the streams are given up for unary calls, with the reason."""
+    server = grpc.aio.server()
+    zone_pb2_grpc.add_ZoneServicer_to_server(zone_pb2_grpc.ZoneServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            driver = Driver(BenchSpec(agents=1, jobs=1), cast(BenchCluster, None), None)
+            note = await driver.open_probe_streams(zone_pb2_grpc.ZoneStub(channel))
+    finally:
+        await server.stop(None)
+    assert driver.probe_streams == []
+    assert "no ProbeJobs" in note and "unary" in note
