@@ -210,6 +210,7 @@ class AgentServer:
         self.address = ""
         self.metrics_address = ""
         self._server: grpc.aio.Server | None = None
+        self.service: AgentService | None = None
         self._metrics_http: Any = None
         self.supervisor = Supervisor(
             log,
@@ -290,7 +291,7 @@ class AgentServer:
             options=server_options(cfg.server.max_message_bytes),
             interceptors=server_interceptors(trust, [SERVICE_NAME], AGENT_ROLES),
         )
-        service = AgentService(self.state, debug_rpcs=cfg.server.debug_rpcs)
+        service = self.service = AgentService(self.state, debug_rpcs=cfg.server.debug_rpcs)
         agent_pb2_grpc.add_AgentServicer_to_server(service, server)
         health = add_health_and_reflection(server, [SERVICE_NAME])
         port = trust.bind(server, cfg.server.listen)
@@ -420,7 +421,14 @@ class AgentServer:
         self.supervisor.begin_stop()
         if self._server is not None:
             await set_serving(self._health, [SERVICE_NAME], False)
+            if self.service is not None:
+                ended = self.service.end_streams()  # they would hold the grace to its end
+                log.info("ended %d router call stream(s) for the shutdown", ended)
             await self._server.stop(self.config.server.grace_seconds)
+            if self.service is not None:
+                cut = await self.service.calls_finished(self.config.server.grace_seconds)
+                if cut:
+                    log.warning("%d call(s) of a gone stream cut short by the shutdown", cut)
         self.stop_event.set()
         self._wake_tick.set()
         await self.supervisor.stop()

@@ -10,9 +10,15 @@ import grpc
 
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from laminar_base.callstream import CallServer
+from laminar_base.callstream import CallServer, CallServers
 from laminar_base.causes import end_cause
-from laminar_base.errors import FailedPrecondition, InvalidArgument, LaminarError, NotFound
+from laminar_base.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    LaminarError,
+    NotFound,
+    Unavailable,
+)
 from laminar_base.grpcutil import check_number, check_str, error_status, map_errors
 from laminar_base.security import peer_identity
 
@@ -33,6 +39,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._debug_rpcs = debug_rpcs
         #: Calls of a :meth:`Calls` stream that went while they were in hand.
         self._unfinished: set[asyncio.Task[Any]] = set()
+        self._streams = CallServers()
         # The hot calls' metric children, looked up once (``labels`` takes a lock and
         # builds its key at every call).
         metrics = state.metrics
@@ -93,16 +100,48 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             replies.append(reply)
         return agent_pb2.ProbeBatchReply(replies=replies)
 
+    @map_errors
     async def Calls(
         self, requests: AsyncIterator[agent_pb2.AgentCall], context: Ctx
     ) -> AsyncIterator[agent_pb2.AgentCallReply]:
-        """ProbeBatch and Release calls over one stream (:class:`CallServer`)."""
+        """ProbeBatch and Release calls over one stream (:class:`CallServer`). At shutdown
+        (:meth:`end_streams`) it answers the calls it has read and ends UNAVAILABLE."""
+        if self._streams.is_stopping:
+            raise Unavailable("the agent is shutting down")
         caller = peer_identity(context)
         server: CallServer[agent_pb2.AgentCall, agent_pb2.AgentCallReply] = CallServer(
             lambda call: self._call(call, caller), keep_running=self._unfinished, name="agent-call"
         )
-        async for reply in server.serve(requests):
-            yield reply
+        self._streams.add(server)
+        try:
+            async for reply in server.serve(requests):
+                yield reply
+        finally:
+            self._streams.discard(server)
+        if server.stopped:
+            raise Unavailable("the agent is shutting down")
+
+    @property
+    def streams_ending(self) -> bool:
+        """Whether :meth:`end_streams` has run (a shutdown has begun)."""
+        return self._streams.is_stopping
+
+    def end_streams(self) -> int:
+        """Shutting down: every Calls stream answers what it has read and ends, so that
+        the server's grace is not spent on streams that never end on their own and no new
+        probe is taken during it. How many were open."""
+        return self._streams.stop_all()
+
+    async def calls_finished(self, timeout: float) -> int:
+        """Wait (at most ``timeout`` seconds) for the calls of streams that went while
+        they were in hand; cancel what is left. How many were cancelled."""
+        if self._unfinished:
+            await asyncio.wait(set(self._unfinished), timeout=timeout)
+        left = list(self._unfinished)
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+        return len(left)
 
     async def _call(self, call: agent_pb2.AgentCall, caller: str) -> agent_pb2.AgentCallReply:
         """One call of a :meth:`Calls` stream; its failure is its reply's error, as the

@@ -41,10 +41,12 @@ R = TypeVar("R", bound=_HasCallId)
 
 
 class CallServer(Generic[Q, R]):
-    """Serves one stream: each request is handled in a task of its own, at most
-    ``limit`` at a time (beyond that no request is read until one ends, so that gRPC's
-    flow control holds the caller back); each reply goes out when its call ends, from
-    one writer (the servicer iterating :meth:`serve`). ``handle`` turns a call's own
+    """Serves one stream: each request is handled in a task of its own; at most
+    ``limit`` calls are in hand at a time, a call counting until its reply has been
+    written (beyond that no request is read, so that gRPC's flow control holds the
+    caller back, and a caller that reads no replies holds at most ``limit`` of them);
+    each reply goes out when its call ends, from one writer (the servicer iterating
+    :meth:`serve`). ``handle`` turns a call's own
     failure into its reply; an exception it lets out anyway ends the stream with it, as
     a failed read of the requests does.
 
@@ -68,6 +70,18 @@ class CallServer(Generic[Q, R]):
         self._limit = limit
         self._keep_running = keep_running
         self._name = name
+        self._reader: asyncio.Task[None] | None = None
+        self._reading = False
+        #: Set by :meth:`stop`: the stream ended with the calls read answered, the rest
+        #: unread (the servicer then ends the call UNAVAILABLE).
+        self.stopped = False
+
+    def stop(self) -> None:
+        """Shutting down: read no more calls; those in hand finish and answer, then
+        :meth:`serve` ends (with :attr:`stopped` set)."""
+        self.stopped = True
+        if self._reading and self._reader is not None:
+            self._reader.cancel()
 
     async def serve(self, requests: AsyncIterator[Q]) -> AsyncIterator[R]:
         replies: asyncio.Queue[Any] = asyncio.Queue()
@@ -76,35 +90,46 @@ class CallServer(Generic[Q, R]):
 
         async def one(request: Q) -> None:
             try:
-                replies.put_nowait(await self._handle(request))
+                reply = await self._handle(request)
+            except asyncio.CancelledError:
+                room.release()
+                raise
             except Exception as exc:
                 replies.put_nowait(_Ended(exc))
-            finally:
-                room.release()
+            else:
+                replies.put_nowait(reply)  # its room is freed once written
 
         async def read() -> None:
             try:
                 incoming = aiter(requests)
-                while True:
-                    await room.acquire()
-                    try:
-                        request = await anext(incoming)
-                    except StopAsyncIteration:
-                        break
-                    task = asyncio.create_task(one(request), name=self._name)
-                    in_hand.add(task)
-                    task.add_done_callback(in_hand.discard)
-                while in_hand:  # half-closed: answer what was sent
+                self._reading = not self.stopped
+                try:
+                    while self._reading:
+                        await room.acquire()
+                        try:
+                            request = await anext(incoming)
+                        except StopAsyncIteration:
+                            break
+                        task = asyncio.create_task(one(request), name=self._name)
+                        in_hand.add(task)
+                        task.add_done_callback(in_hand.discard)
+                except asyncio.CancelledError:
+                    if not self.stopped:
+                        raise
+                finally:
+                    self._reading = False
+                while in_hand:  # half-closed or stopped: answer what was read
                     await asyncio.wait(set(in_hand))
             except Exception as exc:
                 replies.put_nowait(_Ended(exc))
             else:
                 replies.put_nowait(_Ended(None))
 
-        reader = asyncio.create_task(read(), name=f"{self._name}-reader")
+        reader = self._reader = asyncio.create_task(read(), name=f"{self._name}-reader")
         try:
             while not isinstance(item := await replies.get(), _Ended):
                 yield item
+                room.release()  # written: a reply unread by the caller holds its room
             if item.error is not None:
                 raise item.error
         finally:
@@ -118,6 +143,31 @@ class CallServer(Generic[Q, R]):
                     self._keep_running.add(task)
                     task.add_done_callback(self._keep_running.discard)
                 await asyncio.gather(reader, return_exceptions=True)
+
+
+class CallServers:
+    """A servicer's open call streams, so that a shutdown can end them all
+    (:meth:`stop_all`): each answers the calls it has read and ends, instead of holding
+    the server's grace to its end and taking new calls during it."""
+
+    def __init__(self) -> None:
+        self._open: set[CallServer[Any, Any]] = set()
+        self.is_stopping = False
+
+    def add(self, server: CallServer[Any, Any]) -> None:
+        self._open.add(server)
+        if self.is_stopping:
+            server.stop()
+
+    def discard(self, server: CallServer[Any, Any]) -> None:
+        self._open.discard(server)
+
+    def stop_all(self) -> int:
+        """How many were open."""
+        self.is_stopping = True
+        for server in self._open:
+            server.stop()
+        return len(self._open)
 
 
 class _Ended:
@@ -136,51 +186,97 @@ class _Stream(Protocol):
     def cancel(self) -> bool: ...
 
 
-class CallClient(Generic[Q, R]):
-    """The calling end of one peer's stream. :meth:`call` sends a request with a fresh
-    ``call_id`` and waits for the reply that names it, at most ``timeout`` seconds
-    (then DEADLINE_EXCEEDED, as a unary call's deadline; a late reply is dropped). The
-    stream opens on the first call and again on the first call after it ended; when
-    it ends, every call waiting on it fails with its status (UNAVAILABLE when it ended
-    with none), as each unary call on a failed connection would. A stream the peer
-    does not serve ends with UNIMPLEMENTED before any call was handled, so the caller
-    may send those calls another way."""
+#: A stream's own end that says nothing of its calls was handled: the peer does not
+#: serve the method, or refused the caller before reading anything.
+_UNHEARD = frozenset(
+    {
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
 
-    def __init__(self, open_stream: Callable[[], _Stream]) -> None:
+
+class CallClient(Generic[Q, R]):
+    """The calling end of one peer's stream. :meth:`call` queues a request with a fresh
+    ``call_id`` and waits for the reply that names it, at most ``timeout`` seconds (then
+    DEADLINE_EXCEEDED, as a unary call's deadline; a late reply is dropped). One writer
+    task sends the queued requests in order, skipping those whose caller has gone or
+    whose time is up, so a caller never waits on a write (a peer that reads nothing
+    holds back the writer, not the callers) and a cancelled caller never cancels the
+    stream. A writer held by one write longer than that call's timeout ends the stream.
+
+    The stream opens on the first call and again on the first call after it ended; when
+    it ends, every call waiting on it fails. The status they fail with is the stream's
+    when it says nothing was handled (UNIMPLEMENTED: the peer serves no such stream, so
+    the caller may send those calls another way; UNAUTHENTICATED, PERMISSION_DENIED),
+    else UNAVAILABLE naming it: a call in the peer's hands may have been carried out."""
+
+    def __init__(self, open_stream: Callable[[], _Stream], *, name: str = "call-stream") -> None:
         self._open = open_stream
+        self._name = name
         self._stream: _Stream | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._outgoing: asyncio.Queue[tuple[Q, asyncio.Future[R]]] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Future[R]] = {}
         self._ids = itertools.count(1)
-        self._write_lock = asyncio.Lock()  # gRPC takes one message write at a time
+        #: When the write under way began (None: none under way).
+        self._writing_since: float | None = None
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
     async def call(self, request: Q, timeout: float) -> R:
-        stream = self._stream
-        if stream is None:
-            stream = self._stream = self._open()
-            self._reader = asyncio.create_task(self._read(stream))
+        if self._stream is None:
+            self._start()
         call_id = request.call_id = next(self._ids)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._waiting[call_id] = future
-        deadline = loop.call_later(timeout, _expire, future, timeout)
+        self._outgoing.put_nowait((request, future))
+        deadline = loop.call_later(timeout, self._expire, future, timeout)
         try:
-            try:
-                async with self._write_lock:
-                    await stream.write(request)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
-                error = _status_error(exc)  # the stream failed under the write
-                self._ended(stream, error)
-                if not future.done():
-                    future.set_exception(error)
             return await future
         finally:
             deadline.cancel()
             self._waiting.pop(call_id, None)
+
+    def _start(self) -> None:
+        stream = self._stream = self._open()
+        self._outgoing = asyncio.Queue()  # what waited for an ended stream failed with it
+        self._tasks = [
+            asyncio.create_task(self._write(stream), name=f"{self._name}-writer"),
+            asyncio.create_task(self._read(stream), name=f"{self._name}-reader"),
+        ]
+
+    def _expire(self, future: asyncio.Future[R], timeout: float) -> None:
+        if not future.done():
+            future.set_exception(rpc_error("DEADLINE_EXCEEDED", f"no reply within {timeout:g}s"))
+        since, stream = self._writing_since, self._stream
+        held = since is not None and asyncio.get_running_loop().time() - since >= timeout
+        if held and stream is not None:
+            log.warning("call stream %s: a write held %gs or more: ending it", self._name, timeout)
+            stream.cancel()  # the peer reads nothing: its reader ends the calls
+
+    async def _write(self, stream: _Stream) -> None:
+        loop = asyncio.get_running_loop()
+        outgoing = self._outgoing
+        try:
+            while True:
+                request, future = await outgoing.get()
+                if future.done():  # its caller went, or its time is up: never sent
+                    continue
+                self._writing_since = loop.time()
+                try:
+                    await stream.write(request)
+                finally:
+                    self._writing_since = None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the stream ended under the write: its reader says how
+            log.debug("call stream %s: write failed: %r", self._name, exc)
+            stream.cancel()  # a no-op once the call has its status
 
     async def _read(self, stream: _Stream) -> None:
         error: BaseException = rpc_error("UNAVAILABLE", "call stream ended")
@@ -190,13 +286,13 @@ class CallClient(Generic[Q, R]):
                 if future is not None and not future.done():
                     future.set_result(reply)
         except asyncio.CancelledError:
-            error = rpc_error("CANCELLED", "call stream closed")
+            error = rpc_error("UNAVAILABLE", "call stream closed")
             raise
         except grpc.aio.AioRpcError as exc:
-            error = exc
+            error = exc if exc.code() in _UNHEARD else _unavailable(exc)
         except Exception as exc:  # a reply that cannot be read ends the stream
-            log.warning("call stream failed: %r", exc)
-            error = rpc_error("INTERNAL", f"call stream failed: {exc!r}")
+            log.warning("call stream %s failed: %r", self._name, exc)
+            error = rpc_error("UNAVAILABLE", f"call stream failed: {exc!r}")
             stream.cancel()
         finally:
             self._ended(stream, error)
@@ -205,28 +301,25 @@ class CallClient(Generic[Q, R]):
         if self._stream is not stream:
             return
         self._stream = None
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()  # the writer: nothing more goes on this stream
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(error)
 
     async def close(self) -> None:
-        """End the stream (calls still waiting fail CANCELLED)."""
-        stream, reader = self._stream, self._reader
-        if stream is None or reader is None:
-            return
-        stream.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
+        """End the stream (calls still waiting fail UNAVAILABLE)."""
+        if self._stream is not None:
+            self._stream.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _expire(future: asyncio.Future[Any], timeout: float) -> None:
-    if not future.done():
-        future.set_exception(rpc_error("DEADLINE_EXCEEDED", f"no reply within {timeout:g}s"))
+def _unavailable(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    code = exc.code()
+    return rpc_error(
+        "UNAVAILABLE", f"call stream ended: {code.name if code else '?'}: {exc.details()}"
+    )
 
 
-def _status_error(exc: BaseException) -> BaseException:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return exc
-    return rpc_error("UNAVAILABLE", f"call stream ended: {exc!r}")
-
-
-__all__ = ["MAX_CALLS_IN_FLIGHT", "CallClient", "CallServer"]
+__all__ = ["MAX_CALLS_IN_FLIGHT", "CallClient", "CallServer", "CallServers"]

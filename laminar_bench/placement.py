@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import math
 import os
@@ -69,6 +68,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from laminar_agent.executor import local_run_as_env
 from laminar_agent.inventory.fake import parse_fake_spec
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.callstream import CallClient
 from laminar_base.causes import FINISHED_JOB_STATES
 from laminar_base.errors import InvalidArgument, Unavailable
 from laminar_base.grpcutil import channel_options, rpc_error
@@ -558,58 +558,27 @@ def environment() -> dict[str, Any]:
 
 
 class ProbeStream:
-    """ProbeJob calls over one ProbeJobs stream: each call writes its request with a
-    call_id of its own and waits for the reply naming it (replies come in any order). A
-    call's error reply raises as the unary call would; the stream's end fails every call
-    still waiting with the stream's status."""
+    """ProbeJob calls over one ProbeJobs stream (:class:`~laminar_base.callstream.CallClient`:
+    each call waits for the reply naming it, at most ``timeout_seconds``). A call's error
+    reply raises as the unary call would; the stream's end fails every call still waiting."""
 
     def __init__(self, stub: zone_pb2_grpc.ZoneAsyncStub, timeout_seconds: float) -> None:
         # The generated stubs type the call for the blocking API; this is the aio one.
-        self._call: Any = stub.ProbeJobs(timeout=timeout_seconds)  # type: ignore[call-arg]
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[zone_pb2.ProbeJobsReply]] = {}
-        #: One write at a time on a gRPC stream.
-        self._writing = asyncio.Lock()
-        self._ended: grpc.aio.AioRpcError | None = None
-        self._reader = asyncio.create_task(self._read(), name="probe-stream-reader")
+        opener: Any = stub.ProbeJobs
+        self._client: CallClient[zone_pb2.ProbeJobsRequest, zone_pb2.ProbeJobsReply] = CallClient(
+            lambda: opener(), name="probe-jobs"
+        )
+        self._timeout = timeout_seconds
 
     async def probe(self, request: zone_pb2.ProbeJobRequest) -> zone_pb2.ProbeJobReply:
-        if self._ended is not None:
-            raise self._ended
-        call_id = next(self._ids)
-        waiting = asyncio.get_running_loop().create_future()
-        self._waiting[call_id] = waiting
-        try:
-            async with self._writing:
-                await self._call.write(zone_pb2.ProbeJobsRequest(call_id=call_id, probe=request))
-            reply = await waiting
-        finally:
-            self._waiting.pop(call_id, None)
+        reply = await self._client.call(zone_pb2.ProbeJobsRequest(probe=request), self._timeout)
         if reply.WhichOneof("outcome") == "error":
             raise rpc_error(reply.error.code, reply.error.message)
         answer: zone_pb2.ProbeJobReply = reply.reply
         return answer
 
-    async def _read(self) -> None:
-        ended: grpc.aio.AioRpcError
-        try:
-            async for reply in self._call:
-                waiting = self._waiting.pop(reply.call_id, None)
-                if waiting is not None and not waiting.done():
-                    waiting.set_result(reply)
-            ended = rpc_error("UNAVAILABLE", "the ProbeJobs stream ended")
-        except grpc.aio.AioRpcError as exc:
-            ended = exc
-        self._ended = ended
-        for waiting in self._waiting.values():
-            if not waiting.done():
-                waiting.set_exception(ended)
-
     async def close(self) -> None:
-        """Stop sending and read the stream to its end (every call was answered)."""
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            await self._call.done_writing()
-        await self._reader
+        await self._client.close()
 
 
 @dataclass
@@ -845,7 +814,7 @@ class Driver:
         run over each (so they are connected before the clock runs). Returns a note for the
         report: empty, or why the calls go unary (a router without ProbeJobs)."""
         streams = [
-            ProbeStream(stub, self.spec.timeout_seconds + 60)
+            ProbeStream(stub, self.spec.timeout_seconds)
             for _ in range(self.spec.probe_streams or min(self.spec.submitters, self.spec.jobs))
         ]
         dry_run = zone_pb2.ProbeJobRequest(

@@ -243,7 +243,9 @@ class AgentCalls:
         client = self._streams.get(address)
         if client is None:
             stub = self._clients.stub(address)
-            client = self._streams[address] = CallClient(lambda: stub.Calls())
+            client = self._streams[address] = CallClient(
+                lambda: stub.Calls(), name=f"agent-calls-{address}"
+            )
         try:
             reply = await client.call(call, self._timeout_seconds())
         except grpc.aio.AioRpcError as exc:

@@ -137,6 +137,7 @@ class ZoneServer:
         self.guard: Guard = open_guard()
         self._server: grpc.aio.Server | None = None
         self._control: ZoneControlService | None = None
+        self.submitters: ZoneService | None = None
         self._metrics_http: Any = None
         self.supervisor = Supervisor(
             log,
@@ -192,7 +193,7 @@ class ZoneServer:
             options=server_options(cfg.server.max_message_bytes) + keepalive_options(),
             interceptors=server_interceptors(trust, [CONTROL_SERVICE], CONTROL_ROLES, PEER_METHODS),
         )
-        submitters = ZoneService(self.state, self.guard)
+        submitters = self.submitters = ZoneService(self.state, self.guard)
         zone_pb2_grpc.add_ZoneServicer_to_server(submitters, server)
         self._control = ZoneControlService(self.state, self.peers, submitters)
         zone_pb2_grpc.add_ZoneControlServicer_to_server(self._control, server)
@@ -341,6 +342,9 @@ class ZoneServer:
             if self._control is not None:
                 ended = self._control.end_streams()  # they would hold the grace to its end
                 log.info("ended %d heartbeat stream(s) for the shutdown", ended)
+            if self.submitters is not None:
+                ended = self.submitters.end_streams()
+                log.info("ended %d ProbeJobs stream(s) for the shutdown", ended)
             await self._server.stop(self.config.server.grace_seconds)
         self.stop_event.set()
         await self.supervisor.stop()

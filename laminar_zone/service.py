@@ -13,7 +13,7 @@ import grpc
 from laminar_agent.executor import check_subjob_id
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
-from laminar_base.callstream import CallServer
+from laminar_base.callstream import CallServer, CallServers
 from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import InvalidArgument, LaminarError, PermissionDenied, Unavailable
 from laminar_base.grpcutil import (
@@ -58,6 +58,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self._queries = ZoneQueries(state)
         self._leases = ClientLeases(state)
         self._guard = guard if guard is not None else open_guard()
+        self._probe_streams = CallServers()
 
     def _caller(self, context: Ctx) -> Principal | None:
         metadata = context.invocation_metadata() or ()
@@ -250,13 +251,16 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self, request_iterator: AsyncIterator[zone_pb2.ProbeJobsRequest], context: Ctx
     ) -> AsyncIterator[zone_pb2.ProbeJobsReply]:
         """ProbeJob calls over one stream, each answered as it completes with its call_id
-        (:class:`~laminar_base.callstream.CallServer`: at most :data:`MAX_PROBES_IN_FLIGHT` in hand, the rest
-        left unread). A caller without a valid token is refused before any call is read; a
+        (:class:`~laminar_base.callstream.CallServer`: at most :data:`MAX_PROBES_IN_FLIGHT`
+        in hand, the rest left unread). A caller without a valid token is refused before any call is read; a
         token revoked by a reload ends the stream as in WatchJob. A client that stops
         sending gets the answers of the calls in hand; a cancelled stream cancels them (no
         one reads their answers; an agent's lease granted meanwhile lapses at its TTL,
-        as for a unary ProbeJob whose caller went away)."""
+        as for a unary ProbeJob whose caller went away). At shutdown (:meth:`end_streams`)
+        it answers the calls it has read and ends UNAVAILABLE."""
         self._caller(context)
+        if self._probe_streams.is_stopping:
+            raise Unavailable("the zone router is shutting down")
 
         async def answer(call: zone_pb2.ProbeJobsRequest) -> zone_pb2.ProbeJobsReply:
             try:
@@ -272,8 +276,25 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         server: CallServer[zone_pb2.ProbeJobsRequest, zone_pb2.ProbeJobsReply] = CallServer(
             answer, limit=MAX_PROBES_IN_FLIGHT, name="probe-jobs-call"
         )
-        async for reply in self._while_authorized(context, server.serve(request_iterator)):
-            yield reply
+        self._probe_streams.add(server)
+        try:
+            async for reply in self._while_authorized(context, server.serve(request_iterator)):
+                yield reply
+        finally:
+            self._probe_streams.discard(server)
+        if server.stopped:
+            raise Unavailable("the zone router is shutting down")
+
+    @property
+    def streams_ending(self) -> bool:
+        """Whether :meth:`end_streams` has run (a shutdown has begun)."""
+        return self._probe_streams.is_stopping
+
+    def end_streams(self) -> int:
+        """Shutting down: every ProbeJobs stream answers what it has read and ends, so
+        that the server's grace is not spent on it and no new probe is taken during it.
+        How many were open."""
+        return self._probe_streams.stop_all()
 
     @map_errors
     async def CommitJob(self, request: zone_pb2.CommitJobRequest, context: Ctx) -> zone_pb2.Job:

@@ -202,8 +202,10 @@ class ZoneServicer:
         (the status ProbeJob would have answered); the stream's own status is for the stream
         (UNAUTHENTICATED for a caller without a valid token, or once its token is revoked).
         A client that stops sending gets the replies of every call in hand, then OK. At most
-        256 calls of one stream are in hand at once: beyond that the router stops reading
-        until some finish. An older router answers UNIMPLEMENTED; use ProbeJob.
+        256 calls of one stream are in hand at once, a call counting until its reply is
+        written: beyond that the router stops reading. At shutdown the router answers the
+        calls it has read and ends the stream UNAVAILABLE. An older router answers
+        UNIMPLEMENTED; use ProbeJob.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

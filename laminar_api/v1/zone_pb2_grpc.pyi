@@ -64,8 +64,10 @@ class ZoneStub:
     (the status ProbeJob would have answered); the stream's own status is for the stream
     (UNAUTHENTICATED for a caller without a valid token, or once its token is revoked).
     A client that stops sending gets the replies of every call in hand, then OK. At most
-    256 calls of one stream are in hand at once: beyond that the router stops reading
-    until some finish. An older router answers UNIMPLEMENTED; use ProbeJob.
+    256 calls of one stream are in hand at once, a call counting until its reply is
+    written: beyond that the router stops reading. At shutdown the router answers the
+    calls it has read and ends the stream UNAVAILABLE. An older router answers
+    UNIMPLEMENTED; use ProbeJob.
     """
     CommitJob: _grpc.UnaryUnaryMultiCallable[_zone_pb2.CommitJobRequest, _zone_pb2.Job]
     ListAgents: _grpc.UnaryUnaryMultiCallable[_zone_pb2.ListAgentsRequest, _zone_pb2.ListAgentsReply]
@@ -112,8 +114,10 @@ class ZoneAsyncStub(ZoneStub):
     (the status ProbeJob would have answered); the stream's own status is for the stream
     (UNAUTHENTICATED for a caller without a valid token, or once its token is revoked).
     A client that stops sending gets the replies of every call in hand, then OK. At most
-    256 calls of one stream are in hand at once: beyond that the router stops reading
-    until some finish. An older router answers UNIMPLEMENTED; use ProbeJob.
+    256 calls of one stream are in hand at once, a call counting until its reply is
+    written: beyond that the router stops reading. At shutdown the router answers the
+    calls it has read and ends the stream UNAVAILABLE. An older router answers
+    UNIMPLEMENTED; use ProbeJob.
     """
     CommitJob: _aio.UnaryUnaryMultiCallable[_zone_pb2.CommitJobRequest, _zone_pb2.Job]  # type: ignore[assignment]
     ListAgents: _aio.UnaryUnaryMultiCallable[_zone_pb2.ListAgentsRequest, _zone_pb2.ListAgentsReply]  # type: ignore[assignment]
@@ -217,8 +221,10 @@ class ZoneServicer(metaclass=_abc_1.ABCMeta):
         (the status ProbeJob would have answered); the stream's own status is for the stream
         (UNAUTHENTICATED for a caller without a valid token, or once its token is revoked).
         A client that stops sending gets the replies of every call in hand, then OK. At most
-        256 calls of one stream are in hand at once: beyond that the router stops reading
-        until some finish. An older router answers UNIMPLEMENTED; use ProbeJob.
+        256 calls of one stream are in hand at once, a call counting until its reply is
+        written: beyond that the router stops reading. At shutdown the router answers the
+        calls it has read and ends the stream UNAVAILABLE. An older router answers
+        UNIMPLEMENTED; use ProbeJob.
         """
 
     @_abc_1.abstractmethod

@@ -8,9 +8,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import pytest
 
-from laminar_base.callstream import CallServer
+from laminar_base.callstream import CallClient, CallServer
+from laminar_base.grpcutil import rpc_error
 
 
 @dataclass
@@ -131,3 +133,160 @@ async def test_a_stream_gone_cancels_its_calls_otherwise() -> None:
     await asyncio.gather(serving, return_exceptions=True)
     handlers = [t for t in asyncio.all_tasks() if t.get_name() == "call"]
     assert handlers == []  # cancelled and awaited, none left
+
+
+async def test_a_caller_that_reads_no_replies_holds_at_most_limit_of_them() -> None:
+    calls = [Call(i) for i in range(50)]
+    for call in calls:
+        call.done.set()
+    requests = Requests(calls, close_after=False)
+    replies = CallServer(handle, limit=3).serve(requests)  # type: ignore[arg-type]
+    first = await anext(replies)  # the writer takes one reply, then stops reading
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert first.call_id == 0
+    # The reply taken counts until the writer comes back for the next (its write done):
+    # three in hand, none more read however long the caller reads nothing.
+    assert requests.read == 3
+    await replies.aclose()
+
+
+# -- the calling end ----------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    call_id: int = 0
+
+
+class PeerStream:
+    """A peer's stream in memory: writes can be held; replies and the stream's end are
+    the test's to give; a write after the end raises as gRPC's does."""
+
+    def __init__(self, *, hold_writes: bool = False) -> None:
+        self.written: list[int] = []
+        self.replies: asyncio.Queue[Any] = asyncio.Queue()
+        self.hold_writes = hold_writes
+        self.cancelled = False
+        self.ended = False
+
+    async def write(self, request: Request) -> None:
+        if self.ended:
+            raise asyncio.InvalidStateError("RPC already finished.")
+        if self.hold_writes:
+            await asyncio.Event().wait()  # a peer that reads nothing: flow control holds
+        self.written.append(request.call_id)
+
+    async def read(self) -> Any:
+        item = await self.replies.get()
+        if isinstance(item, BaseException):
+            self.ended = True
+            raise item
+        return item
+
+    def end(self, code: grpc.StatusCode) -> None:
+        self.replies.put_nowait(rpc_error(code.name, "ended by the test"))
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        self.end(grpc.StatusCode.CANCELLED)
+        return True
+
+
+class Peer:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.streams: list[PeerStream] = []
+
+    def open(self) -> PeerStream:
+        self.streams.append(PeerStream(**self.kwargs))
+        return self.streams[-1]
+
+
+async def test_calls_are_answered_by_id_in_any_order() -> None:
+    peer = Peer()
+    client: CallClient[Request, Reply] = CallClient(peer.open)
+    calls = [asyncio.ensure_future(client.call(Request(), 10)) for _ in range(3)]
+    while not peer.streams or len(peer.streams[0].written) < 3:
+        await asyncio.sleep(0)
+    for call_id in (3, 1, 2):
+        peer.streams[0].replies.put_nowait(Reply(call_id))
+    assert [(await c).call_id for c in calls] == [1, 2, 3]
+    await client.close()
+
+
+async def test_a_peer_that_reads_nothing_times_calls_out_and_its_stream_is_ended() -> None:
+    peer = Peer(hold_writes=True)
+    client: CallClient[Request, Reply] = CallClient(peer.open)
+    outcomes = await asyncio.gather(
+        *(client.call(Request(), 0.05) for _ in range(5)), return_exceptions=True
+    )
+    # Each call ended at its deadline, not behind the held write.
+    assert all(
+        isinstance(o, grpc.aio.AioRpcError) and o.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for o in outcomes
+    ), outcomes
+    assert peer.streams[0].cancelled  # the write was held past a call's timeout
+    peer.kwargs["hold_writes"] = False
+    later = asyncio.ensure_future(client.call(Request(), 10))
+    while len(peer.streams) < 2 or not peer.streams[1].written:
+        await asyncio.sleep(0)
+    peer.streams[1].replies.put_nowait(Reply(peer.streams[1].written[0]))
+    assert (await later).call_id == peer.streams[1].written[0]
+    await client.close()
+
+
+async def test_a_cancelled_caller_leaves_the_stream_and_the_others_alone() -> None:
+    peer = Peer()
+    client: CallClient[Request, Reply] = CallClient(peer.open)
+    gone = asyncio.ensure_future(client.call(Request(), 10))
+    kept = asyncio.ensure_future(client.call(Request(), 10))
+    await asyncio.sleep(0)
+    gone.cancel()
+    while not peer.streams or not peer.streams[0].written:
+        await asyncio.sleep(0)
+    assert peer.streams[0].written == [2]  # the gone caller's request was never sent
+    peer.streams[0].replies.put_nowait(Reply(2))
+    assert (await kept).call_id == 2
+    assert not peer.streams[0].cancelled
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("ended", "seen"),
+    [
+        (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNIMPLEMENTED),  # nothing handled
+        (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.PERMISSION_DENIED),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE),  # may have been
+        (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE),
+    ],
+)
+async def test_a_stream_that_ends_fails_its_calls_with_what_its_end_says_of_them(
+    ended: grpc.StatusCode, seen: grpc.StatusCode
+) -> None:
+    peer = Peer()
+    client: CallClient[Request, Reply] = CallClient(peer.open)
+    first = asyncio.ensure_future(client.call(Request(), 10))
+    while not peer.streams or not peer.streams[0].written:
+        await asyncio.sleep(0)
+    peer.streams[0].end(ended)
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await first
+    assert failed.value.code() == seen
+    await client.close()
+
+
+async def test_a_write_after_the_stream_ended_fails_with_the_streams_own_status() -> None:
+    """The race of an older peer: the stream has ended UNIMPLEMENTED before the write
+    (which gRPC then refuses as 'RPC already finished'); the call still reads
+    UNIMPLEMENTED, the status that lets its caller send it another way."""
+    peer = Peer()
+    client: CallClient[Request, Reply] = CallClient(peer.open)
+    call = asyncio.ensure_future(client.call(Request(), 10))
+    await asyncio.sleep(0)
+    peer.streams[0].ended = True  # the write below fails as on a finished RPC
+    peer.streams[0].end(grpc.StatusCode.UNIMPLEMENTED)
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await call
+    assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    await client.close()

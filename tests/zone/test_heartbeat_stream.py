@@ -17,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -24,6 +25,7 @@ from loopkit import eventually
 
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.callstream import CallClient
 from laminar_base.configlib import load_config
 from laminar_base.security import Trust, write_file
 from laminar_bench.heartbeat_pool import POOL_INFO, EmptyJournal, idle_summary
@@ -217,3 +219,32 @@ async def test_a_shutdown_ends_the_streams_at_once_and_agents_notice(tmp_path: P
             assert agent is not None and not agent.is_stale  # a shutdown is not the agent's
             # Idle, the agent notices at once, not a liveness period later.
             await eventually(lambda: _true(client.failures >= 1), "the agent notices", 5)
+
+
+async def test_a_shutdown_ends_a_probe_jobs_stream_and_takes_no_new_call(tmp_path: Path) -> None:
+    grace = 60.0  # what an open stream would hold the shutdown for
+    async with (
+        router(tmp_path, **{"server.grace_seconds": grace}) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = zone_pb2_grpc.ZoneStub(channel)
+        opener: Any = stub.ProbeJobs
+        client: CallClient[zone_pb2.ProbeJobsRequest, zone_pb2.ProbeJobsReply] = CallClient(
+            lambda: opener()
+        )
+        probe = zone_pb2.ProbeJobsRequest(
+            probe=zone_pb2.ProbeJobRequest(
+                spec=zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1))
+            )
+        )
+        first = await client.call(probe, 10)
+        assert first.WhichOneof("outcome") == "reply"  # open and serving (no hosts yet)
+        stopping = asyncio.ensure_future(server.stop())
+        assert server.submitters is not None
+        while not server.submitters.streams_ending:
+            await asyncio.sleep(0)  # the shutdown's first steps (loop turns, no timer)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await client.call(probe, 10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        await asyncio.wait_for(stopping, grace / 4)  # not held for the grace
+        await client.close()
