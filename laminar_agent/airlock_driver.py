@@ -244,6 +244,11 @@ class AirlockDriver:
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
         self._stopping: dict[str, asyncio.Task[None]] = {}
+        #: What each suspend under way was decided to free (all its slices together).
+        self._stopping_bytes: dict[str, int] = {}
+        #: Suspends beside the polls ended so far, and as the last step knew.
+        self._suspends_ended = 0
+        self._suspends_seen = 0
         if metrics is not None:
             metrics.cuda_checkpoint_available.set(
                 1 if node.backend.cuda_checkpoint.is_available else 0
@@ -313,6 +318,10 @@ class AirlockDriver:
                 self._observed_bytes(subjob_id, static.declared_bytes, suspended) if devices else 0
             )
             self.node.note_gpu_memory(subjob_id, observed)
+            # A suspend under way beside the polls counts the relief it was decided for: its
+            # checkpoint may already have moved the memory out of NVML's process list while
+            # the GPU's totals of this poll, read before, still hold it.
+            observed = max(observed, self._stopping_bytes.get(subjob_id, 0))
             views.append(
                 SubjobView(
                     subjob_id=subjob_id,
@@ -539,6 +548,12 @@ class AirlockDriver:
             # Whatever dry_run says: it repairs what the agent itself did before (a
             # checkpointed subjob resumed by hand would wait forever otherwise).
             await self._restore_running()
+            if self._suspends_ended != self._suspends_seen and backend.per_process_memory:
+                # A suspend beside the polls ended since the last step: the totals the tick
+                # read may predate the memory it moved out (a relief decided on them would
+                # pick a second victim for the same pressure).
+                self._suspends_seen = self._suspends_ended
+                readings = await asyncio.to_thread(backend.memory_used)
             # NVML's process lists are read on a worker thread: a call may take its deadline.
             processes = (
                 await asyncio.to_thread(backend.process_memory)
@@ -719,7 +734,12 @@ class AirlockDriver:
                 log.exception("airlock: suspend of %s failed", action.subjob_id)
             finally:
                 self._stopping.pop(action.subjob_id, None)
+                self._stopping_bytes.pop(action.subjob_id, None)
+                self._suspends_ended += 1  # GPU totals read before now may still hold it
 
+        view = next((v for v in snap.subjobs if v.subjob_id == action.subjob_id), None)
+        slices = len(view.slice_ids) if view is not None else 1
+        self._stopping_bytes[action.subjob_id] = max(0, action.expected_bytes_freed) * slices
         self._stopping[action.subjob_id] = asyncio.create_task(
             run(), name=f"airlock-suspend-{action.subjob_id}"
         )

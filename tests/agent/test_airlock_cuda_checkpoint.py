@@ -220,6 +220,64 @@ def test_a_slow_checkpoint_blinds_airlock_to_no_other_gpu(tmp_path: Path) -> Non
         gate.touch()
 
 
+def test_a_copy_under_way_counts_as_relief_while_nvml_reads_straddle_it(tmp_path: Path) -> None:
+    """While a victim's checkpoint copies, a poll can read the GPU's totals with its memory
+    still there and the process list without it (two NVML calls, one on each side of the
+    copy's effect). The suspend under way counts what it was decided to free, so the same
+    pressure does not take a second victim."""
+    scenario = tmp_path / "nvml.json"
+    _write(scenario, {**LIVE, "gpus": [H100]})
+    tools = tmp_path / "bin"
+    _stand_in(tools, scenario)
+    backend = NvmlBackend(shared_indices=frozenset({0}), nvml=MockNvml.from_file(scenario))
+    backend.cuda_checkpoint = detect_cuda_checkpoint(
+        "", backend.driver_version(), search_path=str(tools)
+    )
+    reads = [0]  # the steps' reads of the process lists
+    read_processes = backend.process_memory
+
+    def counted() -> dict[str, dict[int, int]]:
+        reads[0] += 1
+        return read_processes()
+
+    backend.process_memory = counted  # type: ignore[method-assign]
+    gate = tmp_path / "gate"
+    with (
+        agent_on(tmp_path, backend) as agent,
+        grpc.insecure_channel(agent.address) as channel,
+    ):
+        stub = agent_pb2_grpc.AgentStub(channel)
+
+        def state(subjob_id: str) -> common_pb2.Subjob:
+            return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
+
+        _start(stub, "prod", common_pb2.PRODUCTION, gate, tmp_path / "prod.pid")
+        _start(stub, "opp", common_pb2.OPPORTUNISTIC, gate, tmp_path / "opp.pid")
+        wait_for(lambda: (tmp_path / "prod.pid").exists() and (tmp_path / "opp.pid").exists())
+        prod, opp = ((tmp_path / f"{n}.pid").read_text() for n in ("prod", "opp"))
+        (tools / f"hold-{opp}").touch()  # opp's copy takes its time
+        pressure = {**LIVE, "gpus": [{**H100, "processes": {opp: 50 * GIB, prod: 30 * GIB}}]}
+        _write(scenario, pressure)
+        calls = tools / "calls"
+        wait_for(lambda: calls.exists() and f"--toggle --pid {opp}" in calls.read_text())
+        # The straddle: the totals still hold opp's 50 GiB, its process is listed no more.
+        straddle = {
+            **LIVE,
+            "gpus": [{**H100, "used_bytes": 50 * GIB, "processes": {prod: 30 * GIB}}],
+        }
+        _write(scenario, straddle)
+        seen = reads[0]
+        wait_for(lambda: reads[0] >= seen + 3)  # three steps decided on it
+        actions = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
+        assert [(a.step, a.subjob_id) for a in actions.recent_actions] == [("suspend", "opp")]
+        assert state("prod").state == common_pb2.RUNNING
+        _write(scenario, pressure)  # the copy ends as it would have
+        (tools / f"hold-{opp}").unlink()
+        wait_for(lambda: state("opp").state == common_pb2.SUSPENDED)
+        assert state("prod").state == common_pb2.RUNNING
+        gate.touch()
+
+
 def test_cuda_checkpoint_frees_whole_gpus_only_not_mig(tmp_path: Path) -> None:
     """cuda-checkpoint does not support MIG: there a suspend frees nothing, so a subjob on a
     MIG instance keeps free mode ``none`` (release signal, then reclaim)."""
