@@ -13,9 +13,7 @@ start-up: callers pass ``os.environ`` in once.
 from __future__ import annotations
 
 import dataclasses
-import json
 import textwrap
-import tomllib
 import types
 import typing
 from collections.abc import Mapping
@@ -143,6 +141,8 @@ def load_config(
     leaves = _leaf_fields(root)
     values: dict[str, Any] = {}
     if toml_path:
+        import tomllib  # here: the CLI imports this module for its settings, never a file
+
         path = Path(toml_path)
         try:
             data = tomllib.loads(path.read_text())
@@ -200,6 +200,8 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (tuple, list)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    import json  # only `make etc` and `laminar config` write TOML
+
     return json.dumps(str(value), ensure_ascii=False)  # a TOML basic string
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import hmac
 import ipaddress
 import logging
 import os
@@ -439,7 +438,10 @@ class SecretInterceptor(_ControlInterceptor):
         key: str = "control.shared_secret_file",
         methods: Iterable[str] | None = None,
     ) -> None:
+        import hmac  # servers only: the CLI imports this module and checks no secret
+
         super().__init__(services)
+        self._compare_digest = hmac.compare_digest
         self._secret = secret.encode()
         self._header = header
         self._key = key
@@ -450,7 +452,7 @@ class SecretInterceptor(_ControlInterceptor):
         for key, value in metadata or ():
             if key.lower() == self._header:
                 given = value if isinstance(value, bytes) else value.encode()
-                if hmac.compare_digest(given, self._secret):
+                if self._compare_digest(given, self._secret):
                     return None
                 return f"wrong {self._header} (check {self._key} on the caller)"
         return f"missing {self._header} metadata: this call needs {self._key} on the caller"

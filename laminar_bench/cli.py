@@ -207,6 +207,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=20,
         help="`laminar submit` processes timed against `python -c pass` (default 20; 0: none)",
     )
+    s.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count the instructions of one run of each with valgrind (load-independent)",
+    )
     _add_output_flags(s)
     s.set_defaults(func=cmd_submit)
 
@@ -262,6 +267,7 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         batch=args.batch,
         single=args.single,
         cli_runs=args.cli_runs,
+        instructions=bool(args.instructions),
         work_dir=args.work_dir,
     )
     spec.validate()
@@ -283,12 +289,19 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
     console.print(f"SubmitBatch / Submit: {report['batch_over_single']}x jobs/s")
     cli = report["cli"]
     if cli:
-        for name in ("submit", "python_floor"):
+        labels = {
+            "python_floor": "python -c pass",
+            "library_floor": "python + grpc + messages",
+            "submit": "laminar submit",
+        }
+        counts = cli.get("instructions") or {}
+        for name, label in labels.items():
             row = cli[name]
+            count = counts.get(name)
             console.print(
-                f"{'laminar submit' if name == 'submit' else 'python -c pass'}: wall "
-                f"{row['wall_ms_median']} ms median, {row['wall_ms_p90']} ms p90, CPU "
-                f"{row['cpu_ms_median']} ms ({row['runs']} runs)"
+                f"{label}: wall {row['wall_ms_median']} ms median, {row['wall_ms_p90']} ms p90, "
+                f"CPU {row['cpu_ms_median']} ms ({row['runs']} runs)"
+                + (f", {count / 1e6:.0f} M instructions" if count else "")
             )
         console.print(f"laminar submit / python floor: {cli['submit_over_floor']}x wall")
     return 0

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +46,8 @@ class SubmitBenchSpec:
     single: int = 500
     #: ``laminar submit`` processes run (each beside one interpreter start); 0: none.
     cli_runs: int = 20
+    #: Also count the instructions of one run of each (valgrind; about 15 s).
+    instructions: bool = False
     work_dir: Path | None = None
 
     def validate(self) -> None:
@@ -102,27 +106,79 @@ def _figures(samples: list[tuple[float, float]]) -> dict[str, float]:
     }
 
 
-def cli_submit_times(address: str, runs: int, cwd: str) -> dict[str, Any]:
+#: What every ``laminar`` command pays before any of our code runs: the interpreter, then
+#: gRPC and the generated messages (gRPC's C core imports asyncio; protobuf its pool).
+LIBRARY_FLOOR = "import grpc; from laminar_api.v1 import zone_pb2, zone_pb2_grpc"
+
+
+def _child_env(address: str) -> dict[str, str]:
+    """The environment of the timed processes: the router's address, no resending, and
+    Python's bytecode cache allowed (``PYTHONDONTWRITEBYTECODE`` would make every run
+    compile our sources again, which no installed ``laminar`` does)."""
+    env = {**os.environ, "LAMINAR_ZONE": address, "LAMINAR_RETRY_SECONDS": "0"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _instructions(argv: list[str], env: dict[str, str], cwd: str) -> int | None:
+    """Instructions one run of ``argv`` executes, all threads (valgrind's callgrind), or
+    None without valgrind. Unlike time, the count does not move with the machine's load."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    done = subprocess.run(
+        [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    found = re.search(r"Collected\s*:\s*([0-9]+)", done.stderr)
+    return int(found.group(1)) if found else None
+
+
+def cli_submit_times(
+    address: str, runs: int, cwd: str, *, instructions: bool = False
+) -> dict[str, Any]:
     """``laminar submit -- true`` against the router at ``address``, ``runs`` times, each
-    after one ``python -c pass`` (the floor every Python command pays), alternating so
-    both see the same machine."""
+    after one ``python -c pass`` (the interpreter's floor) and one import of gRPC and our
+    messages (the libraries' floor), alternating so all three see the same machine. One
+    untimed run of each first fills the bytecode caches. With ``instructions``, one more
+    run of each under valgrind counts what it executes (None when valgrind is missing)."""
     script = Path(sys.executable).with_name("laminar")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "laminar_cli"]
-    env = {**os.environ, "LAMINAR_ZONE": address, "LAMINAR_RETRY_SECONDS": "0"}
-    floor: list[tuple[float, float]] = []
-    submit: list[tuple[float, float]] = []
+    env = _child_env(address)
+    argvs = {
+        "python_floor": [sys.executable, "-c", "pass"],
+        "library_floor": [sys.executable, "-c", LIBRARY_FLOOR],
+        "submit": [*command, "submit", "--", "true"],
+    }
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in argvs}
+    for argv in argvs.values():
+        _timed(argv, env, cwd)  # warm: bytecode caches written, files in the page cache
     for _ in range(runs):
-        floor.append(_timed([sys.executable, "-c", "pass"], env, cwd))
-        submit.append(_timed([*command, "submit", "--", "true"], env, cwd))
-    timed_submit, timed_floor = _figures(submit), _figures(floor)
-    return {
-        "command": " ".join([*command, "submit", "--", "true"]),
-        "submit": timed_submit,
-        "python_floor": timed_floor,
+        for name, argv in argvs.items():
+            samples[name].append(_timed(argv, env, cwd))
+    figures = {name: _figures(found) for name, found in samples.items()}
+    report: dict[str, Any] = {
+        "command": " ".join(argvs["submit"]),
+        **figures,
         "submit_over_floor": round(
-            timed_submit["wall_ms_median"] / max(timed_floor["wall_ms_median"], 1e-9), 2
+            figures["submit"]["wall_ms_median"]
+            / max(figures["python_floor"]["wall_ms_median"], 1e-9),
+            2,
         ),
     }
+    if instructions:
+        counts = {name: _instructions(argv, env, cwd) for name, argv in argvs.items()}
+        report["instructions"] = counts
+        if counts["python_floor"] and counts["submit"]:
+            report["instructions_submit_over_floor"] = round(
+                counts["submit"] / counts["python_floor"], 2
+            )
+    return report
 
 
 def run_submit_bench(spec: SubmitBenchSpec) -> dict[str, Any]:
@@ -156,7 +212,9 @@ def run_submit_bench(spec: SubmitBenchSpec) -> dict[str, Any]:
                     zone_pb2.ListJobsRequest(states=[zone_pb2.QUEUED], limit=1), timeout=30
                 )
             cli = (
-                cli_submit_times(cluster.router_address, spec.cli_runs, tmp)
+                cli_submit_times(
+                    cluster.router_address, spec.cli_runs, tmp, instructions=spec.instructions
+                )
                 if spec.cli_runs
                 else None
             )
@@ -173,6 +231,7 @@ def run_submit_bench(spec: SubmitBenchSpec) -> dict[str, Any]:
             "batch": spec.batch,
             "single": spec.single,
             "cli_runs": spec.cli_runs,
+            "instructions": spec.instructions,
         },
         "submit": single,
         "submit_batch": batch,

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -228,7 +227,7 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         # Like sbatch: the command runs where it was submitted from (relative paths in it
         # then mean what they meant here), unless --workdir says otherwise.
         spec.workdir = os.getcwd()
-    request_id = args.request_id or str(uuid.uuid4())
+    request_id = args.request_id or os.urandom(16).hex()  # not uuid: it imports platform
     request = zone_pb2.SubmitRequest(spec=spec, client_request_id=request_id)
     if args.wait:
         return _submit_and_wait(args, request)

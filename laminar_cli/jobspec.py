@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from laminar_api.v1 import common_pb2, zone_pb2
-from laminar_base.demand import MAX_CPU_MILLI, MAX_HOST_MEMORY_BYTES
 from laminar_base.errors import InvalidArgument
 from laminar_base.units import format_size, parse_duration, parse_size
-from laminar_zone.arrays import parse_array
 
 PRIORITIES: dict[str, common_pb2.PriorityClass] = {
     "critical": common_pb2.CRITICAL,
@@ -296,6 +293,8 @@ def _atomization(v: Value) -> common_pb2.AtomizationContract:
 
 def read_job_file(path: str | Path) -> SpecInput:
     """Load a TOML job file; unknown keys and wrong shapes raise InvalidArgument naming the key."""
+    import tomllib  # here: a submit without -f does not pay for the TOML parser
+
     file_path = Path(path)
     try:
         data = tomllib.loads(file_path.read_text())
@@ -395,6 +394,8 @@ def build_spec(data: SpecInput, *, require_command: bool = True) -> zone_pb2.Job
     if "run_through_partitions" in values:
         spec.run_through_partitions = _bool(values["run_through_partitions"])
     if "array" in values:
+        from laminar_zone.arrays import parse_array  # only a submit with --array
+
         spec.array = _str(values["array"]).strip()
         parse_array(spec.array, values["array"].label)  # refused here, naming the flag
     if "release_signal" in values:
@@ -435,9 +436,13 @@ def _build_resources(values: Mapping[str, Value], res: common_pb2.Resources) -> 
     if (model := values.get("resources.gpu_model")) is not None:
         res.gpu_model = _str(model).strip()
     if (cpus := values.get("resources.cpus")) is not None:
+        from laminar_base.demand import MAX_CPU_MILLI  # not at import: the module's dataclass
+
         # Cores in milli-cores; 0 would mean "the default share", so it is refused here.
         res.cpu_milli = round(_float(cpus, 0.001, MAX_CPU_MILLI / 1000) * 1000)
     if (mem := values.get("resources.mem")) is not None:
+        from laminar_base.demand import MAX_HOST_MEMORY_BYTES
+
         res.host_memory_bytes = _size(mem)
         if not 1 <= res.host_memory_bytes <= MAX_HOST_MEMORY_BYTES:
             raise InvalidArgument(
