@@ -28,6 +28,14 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 MAX_BATCH = 256
 
 
+def _error_reply(
+    call: agent_pb2.AgentCall, code_name: str, details: str
+) -> agent_pb2.AgentCallReply:
+    """A Calls call's failure, as the unary call's status would carry it."""
+    error = agent_pb2.ProbeError(code=code_name, message=details)
+    return agent_pb2.AgentCallReply(call_id=call.call_id, error=error)
+
+
 class AgentService(agent_pb2_grpc.AgentServicer):
     """Leases are bound to the caller's mTLS identity (:func:`peer_identity`, "" without TLS):
     only the identity that probed may commit or release them. Debug calls (InjectLoad) are
@@ -110,7 +118,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             raise Unavailable("the agent is shutting down")
         caller = peer_identity(context)
         server: CallServer[agent_pb2.AgentCall, agent_pb2.AgentCallReply] = CallServer(
-            lambda call: self._call(call, caller), keep_running=self._unfinished, name="agent-call"
+            lambda call: self._call(call, caller),
+            error_reply=_error_reply,
+            keep_running=self._unfinished,
+            name="agent-call",
         )
         self._streams.add(server)
         try:
@@ -144,23 +155,16 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return len(left)
 
     async def _call(self, call: agent_pb2.AgentCall, caller: str) -> agent_pb2.AgentCallReply:
-        """One call of a :meth:`Calls` stream; its failure is its reply's error, as the
-        unary call's would be its status."""
-        try:
-            kind = call.WhichOneof("call")
-            if kind == "probes":
-                probes = await self._probe_batch(call.probes, caller)
-                return agent_pb2.AgentCallReply(call_id=call.call_id, probes=probes)
-            if kind == "release":
-                release = self._release(call.release, caller)
-                return agent_pb2.AgentCallReply(call_id=call.call_id, release=release)
-            raise InvalidArgument("names no call (probes or release)", field="call")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            code, details = error_status(exc)
-            error = agent_pb2.ProbeError(code=code.name, message=details)
-            return agent_pb2.AgentCallReply(call_id=call.call_id, error=error)
+        """One call of a :meth:`Calls` stream; its failure is its reply's error
+        (:func:`_error_reply`), as the unary call's would be its status."""
+        kind = call.WhichOneof("call")
+        if kind == "probes":
+            probes = await self._probe_batch(call.probes, caller)
+            return agent_pb2.AgentCallReply(call_id=call.call_id, probes=probes)
+        if kind == "release":
+            release = self._release(call.release, caller)
+            return agent_pb2.AgentCallReply(call_id=call.call_id, release=release)
+        raise InvalidArgument("names no call (probes or release)", field="call")
 
     @map_errors
     async def Commit(self, request: agent_pb2.CommitRequest, context: Ctx) -> common_pb2.Subjob:
