@@ -17,7 +17,6 @@ from laminar_base.errors import (
     InvalidArgument,
     LaminarError,
     NotFound,
-    Unavailable,
 )
 from laminar_base.grpcutil import check_number, check_str, error_status, map_errors
 from laminar_base.security import peer_identity
@@ -47,7 +46,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._debug_rpcs = debug_rpcs
         #: Calls of a :meth:`Calls` stream that went while they were in hand.
         self._unfinished: set[asyncio.Task[Any]] = set()
-        self._streams = CallServers()
+        self._streams = CallServers("the agent is shutting down")
         # The hot calls' metric children, looked up once (``labels`` takes a lock and
         # builds its key at every call).
         metrics = state.metrics
@@ -114,8 +113,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> AsyncIterator[agent_pb2.AgentCallReply]:
         """ProbeBatch and Release calls over one stream (:class:`CallServer`). At shutdown
         (:meth:`end_streams`) it answers the calls it has read and ends UNAVAILABLE."""
-        if self._streams.is_stopping:
-            raise Unavailable("the agent is shutting down")
         caller = peer_identity(context)
         server: CallServer[agent_pb2.AgentCall, agent_pb2.AgentCallReply] = CallServer(
             lambda call: self._call(call, caller),
@@ -123,14 +120,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             keep_running=self._unfinished,
             name="agent-call",
         )
-        self._streams.add(server)
-        try:
-            async for reply in server.serve(requests):
-                yield reply
-        finally:
-            self._streams.discard(server)
-        if server.stopped:
-            raise Unavailable("the agent is shutting down")
+        async for reply in self._streams.serve(server, requests):
+            yield reply
 
     @property
     def streams_ending(self) -> bool:

@@ -23,6 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 
+from laminar_base.errors import Unavailable
 from laminar_base.grpcutil import error_status, rpc_error
 
 log = logging.getLogger("laminar.grpc.calls")
@@ -160,19 +161,26 @@ class CallServer(Generic[Q, R]):
 class CallServers:
     """A servicer's open call streams, so that a shutdown can end them all
     (:meth:`stop_all`): each answers the calls it has read and ends, instead of holding
-    the server's grace to its end and taking new calls during it."""
+    the server's grace to its end and taking new calls during it. A stream served
+    through :meth:`serve` is refused, or ends, with ``Unavailable(shutting_down)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, shutting_down: str) -> None:
         self._open: set[CallServer[Any, Any]] = set()
+        self._shutting_down = shutting_down
         self.is_stopping = False
 
-    def add(self, server: CallServer[Any, Any]) -> None:
-        self._open.add(server)
+    async def serve(self, server: CallServer[Q, R], requests: AsyncIterator[Q]) -> AsyncIterator[R]:
+        """``server``'s replies to ``requests``, the stream counted open meanwhile."""
         if self.is_stopping:
-            server.stop()
-
-    def discard(self, server: CallServer[Any, Any]) -> None:
-        self._open.discard(server)
+            raise Unavailable(self._shutting_down)
+        self._open.add(server)
+        try:
+            async for reply in server.serve(requests):
+                yield reply
+        finally:
+            self._open.discard(server)
+        if server.stopped:
+            raise Unavailable(self._shutting_down)
 
     def stop_all(self) -> int:
         """How many were open."""

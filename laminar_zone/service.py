@@ -57,7 +57,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self._queries = ZoneQueries(state)
         self._leases = ClientLeases(state)
         self._guard = guard if guard is not None else open_guard()
-        self._probe_streams = CallServers()
+        self._probe_streams = CallServers("the zone router is shutting down")
 
     def _caller(self, context: Ctx) -> Principal | None:
         metadata = context.invocation_metadata() or ()
@@ -258,8 +258,6 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         as for a unary ProbeJob whose caller went away). At shutdown (:meth:`end_streams`)
         it answers the calls it has read and ends UNAVAILABLE."""
         self._caller(context)
-        if self._probe_streams.is_stopping:
-            raise Unavailable("the zone router is shutting down")
 
         async def answer(call: zone_pb2.ProbeJobsRequest) -> zone_pb2.ProbeJobsReply:
             reply = await self._probe(call.probe, context)
@@ -268,14 +266,9 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         server: CallServer[zone_pb2.ProbeJobsRequest, zone_pb2.ProbeJobsReply] = CallServer(
             answer, error_reply=_error_reply, limit=MAX_PROBES_IN_FLIGHT, name="probe-jobs-call"
         )
-        self._probe_streams.add(server)
-        try:
-            async for reply in self._while_authorized(context, server.serve(request_iterator)):
-                yield reply
-        finally:
-            self._probe_streams.discard(server)
-        if server.stopped:
-            raise Unavailable("the zone router is shutting down")
+        replies = self._probe_streams.serve(server, request_iterator)
+        async for reply in self._while_authorized(context, replies):
+            yield reply
 
     @property
     def streams_ending(self) -> bool:
