@@ -104,6 +104,15 @@ class _StaticView:
     readdress_count: int
 
 
+@dataclass(frozen=True)
+class _SuspendUnderWay:
+    """A suspend carried out beside the polls (:meth:`AirlockDriver._stop_beside`)."""
+
+    task: asyncio.Task[None]
+    #: What it was decided to free (all its slices together).
+    bytes_freed: int
+
+
 def reason_class(action: Action) -> str:
     """Bounded metric label for why an action was taken."""
     if action.slice_id == HOST_SLICE_ID:
@@ -243,9 +252,7 @@ class AirlockDriver:
         #: Suspends under way through cuda-checkpoint (it copies the subjob's GPU memory
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
-        self._stopping: dict[str, asyncio.Task[None]] = {}
-        #: What each suspend under way was decided to free (all its slices together).
-        self._stopping_bytes: dict[str, int] = {}
+        self._stopping: dict[str, _SuspendUnderWay] = {}
         #: Suspends beside the polls ended so far, and as the last step knew.
         self._suspends_ended = 0
         self._suspends_seen = 0
@@ -321,7 +328,8 @@ class AirlockDriver:
             # A suspend under way beside the polls counts the relief it was decided for: its
             # checkpoint may already have moved the memory out of NVML's process list while
             # the GPU's totals of this poll, read before, still hold it.
-            observed = max(observed, self._stopping_bytes.get(subjob_id, 0))
+            if (under_way := self._stopping.get(subjob_id)) is not None:
+                observed = max(observed, under_way.bytes_freed)
             views.append(
                 SubjobView(
                     subjob_id=subjob_id,
@@ -734,22 +742,20 @@ class AirlockDriver:
                 log.exception("airlock: suspend of %s failed", action.subjob_id)
             finally:
                 self._stopping.pop(action.subjob_id, None)
-                self._stopping_bytes.pop(action.subjob_id, None)
                 self._suspends_ended += 1  # GPU totals read before now may still hold it
 
         view = next((v for v in snap.subjobs if v.subjob_id == action.subjob_id), None)
         slices = len(view.slice_ids) if view is not None else 1
-        self._stopping_bytes[action.subjob_id] = max(0, action.expected_bytes_freed) * slices
-        self._stopping[action.subjob_id] = asyncio.create_task(
-            run(), name=f"airlock-suspend-{action.subjob_id}"
-        )
+        task = asyncio.create_task(run(), name=f"airlock-suspend-{action.subjob_id}")
+        bytes_freed = max(0, action.expected_bytes_freed) * slices
+        self._stopping[action.subjob_id] = _SuspendUnderWay(task, bytes_freed)
 
     async def close(self) -> None:
         """The agent is stopping (its subjobs keep running): let the suspends under way
         end, for a while. A cancelled toggle would go on copying after the agent is gone
         and leave a running subjob's state on the host unrecorded; one that ends is
         recorded (and restored by the next agent if the subjob runs)."""
-        tasks = list(self._stopping.values())
+        tasks = [under_way.task for under_way in self._stopping.values()]
         if not tasks:
             return
         _, late = await asyncio.wait(tasks, timeout=CLOSE_WAIT_SECONDS)

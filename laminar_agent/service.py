@@ -17,7 +17,6 @@ from laminar_base.errors import (
     InvalidArgument,
     LaminarError,
     NotFound,
-    Unavailable,
 )
 from laminar_base.grpcutil import check_number, check_str, error_status, map_errors
 from laminar_base.security import peer_identity
@@ -26,6 +25,14 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 
 #: Most probes one ProbeBatch may carry.
 MAX_BATCH = 256
+
+
+def _error_reply(
+    call: agent_pb2.AgentCall, code_name: str, details: str
+) -> agent_pb2.AgentCallReply:
+    """A Calls call's failure, as the unary call's status would carry it."""
+    error = agent_pb2.ProbeError(code=code_name, message=details)
+    return agent_pb2.AgentCallReply(call_id=call.call_id, error=error)
 
 
 class AgentService(agent_pb2_grpc.AgentServicer):
@@ -39,7 +46,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._debug_rpcs = debug_rpcs
         #: Calls of a :meth:`Calls` stream that went while they were in hand.
         self._unfinished: set[asyncio.Task[Any]] = set()
-        self._streams = CallServers()
+        self._streams = CallServers("the agent is shutting down")
         # The hot calls' metric children, looked up once (``labels`` takes a lock and
         # builds its key at every call).
         metrics = state.metrics
@@ -106,20 +113,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> AsyncIterator[agent_pb2.AgentCallReply]:
         """ProbeBatch and Release calls over one stream (:class:`CallServer`). At shutdown
         (:meth:`end_streams`) it answers the calls it has read and ends UNAVAILABLE."""
-        if self._streams.is_stopping:
-            raise Unavailable("the agent is shutting down")
         caller = peer_identity(context)
         server: CallServer[agent_pb2.AgentCall, agent_pb2.AgentCallReply] = CallServer(
-            lambda call: self._call(call, caller), keep_running=self._unfinished, name="agent-call"
+            lambda call: self._call(call, caller),
+            error_reply=_error_reply,
+            keep_running=self._unfinished,
+            name="agent-call",
         )
-        self._streams.add(server)
-        try:
-            async for reply in server.serve(requests):
-                yield reply
-        finally:
-            self._streams.discard(server)
-        if server.stopped:
-            raise Unavailable("the agent is shutting down")
+        async for reply in self._streams.serve(server, requests):
+            yield reply
 
     @property
     def streams_ending(self) -> bool:
@@ -144,23 +146,16 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return len(left)
 
     async def _call(self, call: agent_pb2.AgentCall, caller: str) -> agent_pb2.AgentCallReply:
-        """One call of a :meth:`Calls` stream; its failure is its reply's error, as the
-        unary call's would be its status."""
-        try:
-            kind = call.WhichOneof("call")
-            if kind == "probes":
-                probes = await self._probe_batch(call.probes, caller)
-                return agent_pb2.AgentCallReply(call_id=call.call_id, probes=probes)
-            if kind == "release":
-                release = self._release(call.release, caller)
-                return agent_pb2.AgentCallReply(call_id=call.call_id, release=release)
-            raise InvalidArgument("names no call (probes or release)", field="call")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            code, details = error_status(exc)
-            error = agent_pb2.ProbeError(code=code.name, message=details)
-            return agent_pb2.AgentCallReply(call_id=call.call_id, error=error)
+        """One call of a :meth:`Calls` stream; its failure is its reply's error
+        (:func:`_error_reply`), as the unary call's would be its status."""
+        kind = call.WhichOneof("call")
+        if kind == "probes":
+            probes = await self._probe_batch(call.probes, caller)
+            return agent_pb2.AgentCallReply(call_id=call.call_id, probes=probes)
+        if kind == "release":
+            release = self._release(call.release, caller)
+            return agent_pb2.AgentCallReply(call_id=call.call_id, release=release)
+        raise InvalidArgument("names no call (probes or release)", field="call")
 
     @map_errors
     async def Commit(self, request: agent_pb2.CommitRequest, context: Ctx) -> common_pb2.Subjob:

@@ -23,7 +23,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 
-from laminar_base.grpcutil import rpc_error
+from laminar_base.errors import Unavailable
+from laminar_base.grpcutil import error_status, rpc_error
 
 log = logging.getLogger("laminar.grpc.calls")
 
@@ -46,9 +47,10 @@ class CallServer(Generic[Q, R]):
     written (beyond that no request is read, so that gRPC's flow control holds the
     caller back, and a caller that reads no replies holds at most ``limit`` of them);
     each reply goes out when its call ends, from one writer (the servicer iterating
-    :meth:`serve`). ``handle`` turns a call's own
-    failure into its reply; an exception it lets out anyway ends the stream with it, as
-    a failed read of the requests does.
+    :meth:`serve`). A call's own failure is its reply: ``error_reply`` builds it from the
+    call and the status name and details :func:`error_status` reads from the exception,
+    as a unary call's status would carry them. Without ``error_reply``, or if it raises,
+    the exception ends the stream with it, as a failed read of the requests does.
 
     When the caller half-closes, the calls in hand finish and answer before the stream
     ends. When the stream goes first (caller gone, deadline, authorization ended), what
@@ -62,11 +64,13 @@ class CallServer(Generic[Q, R]):
         self,
         handle: Callable[[Q], Coroutine[Any, Any, R]],
         *,
+        error_reply: Callable[[Q, str, str], R] | None = None,
         limit: int = MAX_CALLS_IN_FLIGHT,
         keep_running: set[asyncio.Task[Any]] | None = None,
         name: str = "call",
     ) -> None:
         self._handle = handle
+        self._error_reply = error_reply
         self._limit = limit
         self._keep_running = keep_running
         self._name = name
@@ -90,7 +94,7 @@ class CallServer(Generic[Q, R]):
 
         async def one(request: Q) -> None:
             try:
-                reply = await self._handle(request)
+                reply = await self._answer(request)
             except asyncio.CancelledError:
                 room.release()
                 raise
@@ -144,23 +148,39 @@ class CallServer(Generic[Q, R]):
                     task.add_done_callback(self._keep_running.discard)
                 await asyncio.gather(reader, return_exceptions=True)
 
+    async def _answer(self, request: Q) -> R:
+        try:
+            return await self._handle(request)
+        except Exception as exc:  # this call's failure, not the stream's
+            if self._error_reply is None:
+                raise
+            code, details = error_status(exc)
+            return self._error_reply(request, code.name, details)
+
 
 class CallServers:
     """A servicer's open call streams, so that a shutdown can end them all
     (:meth:`stop_all`): each answers the calls it has read and ends, instead of holding
-    the server's grace to its end and taking new calls during it."""
+    the server's grace to its end and taking new calls during it. A stream served
+    through :meth:`serve` is refused, or ends, with ``Unavailable(shutting_down)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, shutting_down: str) -> None:
         self._open: set[CallServer[Any, Any]] = set()
+        self._shutting_down = shutting_down
         self.is_stopping = False
 
-    def add(self, server: CallServer[Any, Any]) -> None:
-        self._open.add(server)
+    async def serve(self, server: CallServer[Q, R], requests: AsyncIterator[Q]) -> AsyncIterator[R]:
+        """``server``'s replies to ``requests``, the stream counted open meanwhile."""
         if self.is_stopping:
-            server.stop()
-
-    def discard(self, server: CallServer[Any, Any]) -> None:
-        self._open.discard(server)
+            raise Unavailable(self._shutting_down)
+        self._open.add(server)
+        try:
+            async for reply in server.serve(requests):
+                yield reply
+        finally:
+            self._open.discard(server)
+        if server.stopped:
+            raise Unavailable(self._shutting_down)
 
     def stop_all(self) -> int:
         """How many were open."""

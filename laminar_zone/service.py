@@ -20,7 +20,6 @@ from laminar_base.grpcutil import (
     MAX_TEXT_CHARS,
     check_count,
     check_str,
-    error_status,
     map_errors,
 )
 from laminar_base.security import peer_names
@@ -58,7 +57,7 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self._queries = ZoneQueries(state)
         self._leases = ClientLeases(state)
         self._guard = guard if guard is not None else open_guard()
-        self._probe_streams = CallServers()
+        self._probe_streams = CallServers("the zone router is shutting down")
 
     def _caller(self, context: Ctx) -> Principal | None:
         metadata = context.invocation_metadata() or ()
@@ -259,31 +258,17 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         as for a unary ProbeJob whose caller went away). At shutdown (:meth:`end_streams`)
         it answers the calls it has read and ends UNAVAILABLE."""
         self._caller(context)
-        if self._probe_streams.is_stopping:
-            raise Unavailable("the zone router is shutting down")
 
         async def answer(call: zone_pb2.ProbeJobsRequest) -> zone_pb2.ProbeJobsReply:
-            try:
-                reply = await self._probe(call.probe, context)
-            except Exception as exc:  # this call's failure, not the stream's
-                code, details = error_status(exc)
-                return zone_pb2.ProbeJobsReply(
-                    call_id=call.call_id,
-                    error=agent_pb2.ProbeError(code=code.name, message=details),
-                )
+            reply = await self._probe(call.probe, context)
             return zone_pb2.ProbeJobsReply(call_id=call.call_id, reply=reply)
 
         server: CallServer[zone_pb2.ProbeJobsRequest, zone_pb2.ProbeJobsReply] = CallServer(
-            answer, limit=MAX_PROBES_IN_FLIGHT, name="probe-jobs-call"
+            answer, error_reply=_error_reply, limit=MAX_PROBES_IN_FLIGHT, name="probe-jobs-call"
         )
-        self._probe_streams.add(server)
-        try:
-            async for reply in self._while_authorized(context, server.serve(request_iterator)):
-                yield reply
-        finally:
-            self._probe_streams.discard(server)
-        if server.stopped:
-            raise Unavailable("the zone router is shutting down")
+        replies = self._probe_streams.serve(server, request_iterator)
+        async for reply in self._while_authorized(context, replies):
+            yield reply
 
     @property
     def streams_ending(self) -> bool:
@@ -408,6 +393,14 @@ MAX_READDRESS = 256
 MAX_STATE_FILTERS = 64
 #: Largest log offset (a signed 64-bit file offset).
 MAX_LOG_OFFSET = 2**63 - 1
+
+
+def _error_reply(
+    call: zone_pb2.ProbeJobsRequest, code_name: str, details: str
+) -> zone_pb2.ProbeJobsReply:
+    """A ProbeJobs call's failure, as the unary ProbeJob's status would carry it."""
+    error = agent_pb2.ProbeError(code=code_name, message=details)
+    return zone_pb2.ProbeJobsReply(call_id=call.call_id, error=error)
 
 
 def _bearer(context: Ctx) -> str:

@@ -14,6 +14,8 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,40 @@ def _stand_in(folder: Path, scenario: Path) -> Path:
     return path
 
 
+@contextmanager
+def _copy_held(folder: Path, pid: str) -> Iterator[None]:
+    """Inside it, the stand-in's toggle of ``pid`` takes its time (see :func:`_stand_in`).
+    The hold goes however the block ends: one left behind would keep the stand-in looping
+    after a failed test (and the agent's stop waiting on it)."""
+    hold = folder / f"hold-{pid}"
+    hold.touch()
+    try:
+        yield
+    finally:
+        hold.unlink(missing_ok=True)
+
+
+Stub = agent_pb2_grpc.AgentStub
+State = Callable[[str], common_pb2.Subjob]
+
+
+@contextmanager
+def _serving(
+    tmp_path: Path, backend: NvmlBackend, **settings: object
+) -> Iterator[tuple[Stub, State]]:
+    """An agent on ``backend`` (:func:`agent_on`), a stub to it and one subjob's state."""
+    with (
+        agent_on(tmp_path, backend, **settings) as agent,
+        grpc.insecure_channel(agent.address) as channel,
+    ):
+        stub = agent_pb2_grpc.AgentStub(channel)
+
+        def state(subjob_id: str) -> common_pb2.Subjob:
+            return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
+
+        yield stub, state
+
+
 def _start(
     stub: agent_pb2_grpc.AgentStub, name: str, priority: int, gate: Path, pid_file: Path
 ) -> None:
@@ -103,14 +139,7 @@ def test_suspend_frees_memory_through_cuda_checkpoint_else_the_victim_is_reclaim
     )
     assert backend.cuda_checkpoint.is_available == with_tool
     gate = tmp_path / "gate"
-    with (
-        agent_on(tmp_path, backend, **{"airlock.reclaim_grace_seconds": 0.5}) as agent,
-        grpc.insecure_channel(agent.address) as channel,
-    ):
-        stub = agent_pb2_grpc.AgentStub(channel)
-
-        def state(subjob_id: str) -> common_pb2.Subjob:
-            return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
+    with _serving(tmp_path, backend, **{"airlock.reclaim_grace_seconds": 0.5}) as (stub, state):
 
         def inventory() -> agent_pb2.Inventory:
             return stub.GetInventory(agent_pb2.GetInventoryRequest(), timeout=10)
@@ -174,15 +203,7 @@ def test_a_slow_checkpoint_blinds_airlock_to_no_other_gpu(tmp_path: Path) -> Non
         "", backend.driver_version(), search_path=str(tools)
     )
     gate = tmp_path / "gate"
-    with (
-        agent_on(tmp_path, backend) as agent,
-        grpc.insecure_channel(agent.address) as channel,
-    ):
-        stub = agent_pb2_grpc.AgentStub(channel)
-
-        def state(subjob_id: str) -> common_pb2.Subjob:
-            return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
-
+    with _serving(tmp_path, backend) as (stub, state):
         pids = {}
         for name in ("opp0", "opp1"):
             spec = _spec(
@@ -197,22 +218,21 @@ def test_a_slow_checkpoint_blinds_airlock_to_no_other_gpu(tmp_path: Path) -> Non
             subjob = _run_now(stub, spec)
             wait_for(pid_file.exists)
             pids[name] = (pid_file.read_text(), int(subjob.slice_ids[0].removeprefix("gpu")))
-        (tools / f"hold-{pids['opp0'][0]}").touch()  # GPU 0's copy takes its time
         held_gpu = pids["opp0"][1]
-        data = {**LIVE, "gpus": [dict(g) for g in gpus]}
-        for pid, index in pids.values():
-            data["gpus"][index]["processes"] = {pid: 78 * GIB}  # both GPUs critical
-        _write(scenario, data)
+        with _copy_held(tools, pids["opp0"][0]):  # GPU 0's copy takes its time
+            data = {**LIVE, "gpus": [dict(g) for g in gpus]}
+            for pid, index in pids.values():
+                data["gpus"][index]["processes"] = {pid: 78 * GIB}  # both GPUs critical
+            _write(scenario, data)
 
-        wait_for(lambda: state("opp1").state == common_pb2.SUSPENDED)
-        # GPU 0's copy has begun (the two GPUs' steps are taken in either order).
-        opp0_toggle = f"--toggle --pid {pids['opp0'][0]}"
-        wait_for(lambda: opp0_toggle in (tools / "calls").read_text().splitlines())
-        calls = (tools / "calls").read_text().splitlines()
-        assert state("opp0").state == common_pb2.RUNNING  # its checkpoint is still copying
-        assert calls.count(opp0_toggle) == 1  # not chosen again
-        assert held_gpu != pids["opp1"][1]
-        (tools / f"hold-{pids['opp0'][0]}").unlink()
+            wait_for(lambda: state("opp1").state == common_pb2.SUSPENDED)
+            # GPU 0's copy has begun (the two GPUs' steps are taken in either order).
+            opp0_toggle = f"--toggle --pid {pids['opp0'][0]}"
+            wait_for(lambda: opp0_toggle in (tools / "calls").read_text().splitlines())
+            calls = (tools / "calls").read_text().splitlines()
+            assert state("opp0").state == common_pb2.RUNNING  # its checkpoint still copies
+            assert calls.count(opp0_toggle) == 1  # not chosen again
+            assert held_gpu != pids["opp1"][1]
         wait_for(lambda: state("opp0").state == common_pb2.SUSPENDED)
         steps = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=50), timeout=10)
         suspends = [a.subjob_id for a in steps.recent_actions if a.step == "suspend"]
@@ -242,37 +262,29 @@ def test_a_copy_under_way_counts_as_relief_while_nvml_reads_straddle_it(tmp_path
 
     backend.process_memory = counted  # type: ignore[method-assign]
     gate = tmp_path / "gate"
-    with (
-        agent_on(tmp_path, backend) as agent,
-        grpc.insecure_channel(agent.address) as channel,
-    ):
-        stub = agent_pb2_grpc.AgentStub(channel)
-
-        def state(subjob_id: str) -> common_pb2.Subjob:
-            return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
-
+    with _serving(tmp_path, backend) as (stub, state):
         _start(stub, "prod", common_pb2.PRODUCTION, gate, tmp_path / "prod.pid")
         _start(stub, "opp", common_pb2.OPPORTUNISTIC, gate, tmp_path / "opp.pid")
         wait_for(lambda: (tmp_path / "prod.pid").exists() and (tmp_path / "opp.pid").exists())
         prod, opp = ((tmp_path / f"{n}.pid").read_text() for n in ("prod", "opp"))
-        (tools / f"hold-{opp}").touch()  # opp's copy takes its time
         pressure = {**LIVE, "gpus": [{**H100, "processes": {opp: 50 * GIB, prod: 30 * GIB}}]}
-        _write(scenario, pressure)
-        calls = tools / "calls"
-        wait_for(lambda: calls.exists() and f"--toggle --pid {opp}" in calls.read_text())
-        # The straddle: the totals still hold opp's 50 GiB, its process is listed no more.
-        straddle = {
-            **LIVE,
-            "gpus": [{**H100, "used_bytes": 50 * GIB, "processes": {prod: 30 * GIB}}],
-        }
-        _write(scenario, straddle)
-        seen = reads[0]
-        wait_for(lambda: reads[0] >= seen + 3)  # three steps decided on it
-        actions = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
-        assert [(a.step, a.subjob_id) for a in actions.recent_actions] == [("suspend", "opp")]
-        assert state("prod").state == common_pb2.RUNNING
-        _write(scenario, pressure)  # the copy ends as it would have
-        (tools / f"hold-{opp}").unlink()
+        with _copy_held(tools, opp):  # opp's copy takes its time
+            _write(scenario, pressure)
+            calls = tools / "calls"
+            wait_for(lambda: calls.exists() and f"--toggle --pid {opp}" in calls.read_text())
+            # The straddle: the totals still hold opp's 50 GiB, its process is listed no more.
+            straddle = {
+                **LIVE,
+                "gpus": [{**H100, "used_bytes": 50 * GIB, "processes": {prod: 30 * GIB}}],
+            }
+            _write(scenario, straddle)
+            seen = reads[0]
+            wait_for(lambda: reads[0] >= seen + 3)  # three steps decided on it
+            actions = stub.GetAirlock(agent_pb2.GetAirlockRequest(max_actions=20), timeout=10)
+            steps = [(a.step, a.subjob_id) for a in actions.recent_actions]
+            assert steps == [("suspend", "opp")]
+            assert state("prod").state == common_pb2.RUNNING
+            _write(scenario, pressure)  # the copy ends as it would have
         wait_for(lambda: state("opp").state == common_pb2.SUSPENDED)
         assert state("prod").state == common_pb2.RUNNING
         gate.touch()

@@ -103,6 +103,30 @@ async def test_a_handler_that_raises_ends_the_stream_with_it() -> None:
     assert out == []
 
 
+@dataclass
+class ErrorReply:
+    call_id: int
+    code: str
+    details: str
+
+
+async def test_a_failed_call_answers_with_its_error_reply_and_the_stream_goes_on() -> None:
+    calls = [Call(1, fails=True), Call(2)]
+    replies: list[Any] = []
+
+    def error_reply(call: Call, code: str, details: str) -> Any:
+        return ErrorReply(call.call_id, code, details)
+
+    server = CallServer(handle, error_reply=error_reply)
+    for call in calls:
+        call.done.set()
+    async for reply in server.serve(Requests(calls)):  # type: ignore[arg-type]
+        replies.append(reply)
+    # Not a LaminarError: INTERNAL with the type's name, as a unary call's status.
+    assert ErrorReply(1, "INTERNAL", "internal error: RuntimeError") in replies
+    assert Reply(2) in replies and len(replies) == 2
+
+
 async def test_a_stream_gone_leaves_its_calls_to_finish_held_when_asked() -> None:
     calls = [Call(1)]
     requests = Requests(calls, close_after=False)

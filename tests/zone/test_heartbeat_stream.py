@@ -17,42 +17,20 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 from loopkit import eventually
+from serverkit import zone_server
 
 from laminar_agent.heartbeat import HeartbeatClient
 from laminar_api.v1 import common_pb2, zone_pb2, zone_pb2_grpc
-from laminar_base.callstream import CallClient
-from laminar_base.configlib import load_config
 from laminar_base.security import Trust, write_file
 from laminar_bench.heartbeat_pool import POOL_INFO, EmptyJournal, idle_summary
-from laminar_zone.config import ZoneConfig
-from laminar_zone.server import Status, ZoneServer
+from laminar_zone.server import ZoneServer
 from laminar_zone.view import AgentRecord
 
 SHAPE = "share:H100-80GB"
-
-
-@asynccontextmanager
-async def router(tmp_path: Path, **overrides: object) -> AsyncIterator[ZoneServer]:
-    config = load_config(
-        ZoneConfig,
-        overrides={
-            "server.listen": "127.0.0.1:0",
-            "server.state_dir": str(tmp_path / "zone"),
-            **overrides,
-        },
-    )
-    server = ZoneServer(config)
-    await server.start()
-    try:
-        yield server
-    finally:
-        if server.status not in (Status.STOPPED, Status.FAILED):  # a test may have stopped it
-            await server.stop()
 
 
 def record(server: ZoneServer, agent_id: str) -> AgentRecord | None:
@@ -77,7 +55,7 @@ def on_stream(server: ZoneServer, agent_id: str) -> Callable[[], asyncio.Future[
 
 
 async def test_an_agent_killed_while_streaming_is_stale_at_once(tmp_path: Path) -> None:
-    async with router(tmp_path) as server:
+    async with zone_server(tmp_path) as server:
         membership = server.config.membership
         state_dir = tmp_path / "pool"
         argv = [sys.executable, "-m", "laminar_bench.heartbeat_pool", "--count", "1"]
@@ -134,7 +112,7 @@ async def running(client: HeartbeatClient) -> AsyncIterator[HeartbeatClient]:
 async def test_a_change_reaches_the_router_without_waiting_a_period(tmp_path: Path) -> None:
     period = 60.0  # nothing in this test may wait for it
     overrides = {"membership.heartbeat_seconds": period, "membership.lost_after_seconds": 300.0}
-    async with router(tmp_path, **overrides) as server:
+    async with zone_server(tmp_path, **overrides) as server:
         summary, free = changing_summary("c0")
         client = HeartbeatClient(server.address, period, summary, EmptyJournal(), lambda *_: None)
         async with running(client):
@@ -152,7 +130,7 @@ async def test_a_change_reaches_the_router_without_waiting_a_period(tmp_path: Pa
 
 async def test_an_idle_streaming_agent_sends_only_every_liveness_period(tmp_path: Path) -> None:
     overrides = {"membership.heartbeat_seconds": 0.2, "membership.stream_liveness_seconds": 60.0}
-    async with router(tmp_path, **overrides) as server:
+    async with zone_server(tmp_path, **overrides) as server:
         summary, looked = changing_summary("i0")
         client = HeartbeatClient(server.address, 0.2, summary, EmptyJournal(), lambda *_: None)
         async with running(client):
@@ -166,7 +144,7 @@ async def test_an_idle_streaming_agent_sends_only_every_liveness_period(tmp_path
 
 async def test_a_router_with_the_stream_off_gets_unary_heartbeats(tmp_path: Path) -> None:
     overrides = {"membership.heartbeat_seconds": 0.2, "membership.stream": False}
-    async with router(tmp_path, **overrides) as server:
+    async with zone_server(tmp_path, **overrides) as server:
         summary, _ = changing_summary("u0")
         client = HeartbeatClient(server.address, 0.2, summary, EmptyJournal(), lambda *_: None)
         async with running(client):
@@ -185,7 +163,7 @@ async def test_the_stream_refuses_a_caller_without_the_secret(tmp_path: Path) ->
     secret = "stream-secret"
     secret_file = tmp_path / "secret"
     write_file(secret_file, f"{secret}\n".encode(), 0o600)
-    async with router(tmp_path, **{"control.shared_secret_file": str(secret_file)}) as server:
+    async with zone_server(tmp_path, **{"control.shared_secret_file": str(secret_file)}) as server:
         request = zone_pb2.HeartbeatRequest(
             summary=idle_summary("s0", "127.0.0.1:9")(), summary_version=1
         )
@@ -209,7 +187,7 @@ async def test_the_stream_refuses_a_caller_without_the_secret(tmp_path: Path) ->
 
 async def test_a_shutdown_ends_the_streams_at_once_and_agents_notice(tmp_path: Path) -> None:
     grace = 60.0  # what open streams would hold the shutdown for
-    async with router(tmp_path, **{"server.grace_seconds": grace}) as server:
+    async with zone_server(tmp_path, **{"server.grace_seconds": grace}) as server:
         summary, _ = changing_summary("d0")
         client = HeartbeatClient(server.address, 1.0, summary, EmptyJournal(), lambda *_: None)
         async with running(client):
@@ -219,32 +197,3 @@ async def test_a_shutdown_ends_the_streams_at_once_and_agents_notice(tmp_path: P
             assert agent is not None and not agent.is_stale  # a shutdown is not the agent's
             # Idle, the agent notices at once, not a liveness period later.
             await eventually(lambda: _true(client.failures >= 1), "the agent notices", 5)
-
-
-async def test_a_shutdown_ends_a_probe_jobs_stream_and_takes_no_new_call(tmp_path: Path) -> None:
-    grace = 60.0  # what an open stream would hold the shutdown for
-    async with (
-        router(tmp_path, **{"server.grace_seconds": grace}) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = zone_pb2_grpc.ZoneStub(channel)
-        opener: Any = stub.ProbeJobs
-        client: CallClient[zone_pb2.ProbeJobsRequest, zone_pb2.ProbeJobsReply] = CallClient(
-            lambda: opener()
-        )
-        probe = zone_pb2.ProbeJobsRequest(
-            probe=zone_pb2.ProbeJobRequest(
-                spec=zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1))
-            )
-        )
-        first = await client.call(probe, 10)
-        assert first.WhichOneof("outcome") == "reply"  # open and serving (no hosts yet)
-        stopping = asyncio.ensure_future(server.stop())
-        assert server.submitters is not None
-        while not server.submitters.streams_ending:
-            await asyncio.sleep(0)  # the shutdown's first steps (loop turns, no timer)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await client.call(probe, 10)
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        await asyncio.wait_for(stopping, grace / 4)  # not held for the grace
-        await client.close()

@@ -4,7 +4,8 @@
 ProbeJob would answer it (leases kept alike, its own INVALID_ARGUMENT or RESOURCE_EXHAUSTED,
 the same refusal of a caller without a token); calls run concurrently; a stream the client
 half-closes answers the calls in hand, and one it cancels leaves no task behind and no lease
-unaccounted (the router keeps none of them; the agent's lapse at their TTL)."""
+unaccounted (the router keeps none of them; the agent's lapse at their TTL). A whole router
+(``serverkit``) ends its open streams at shutdown and takes no new call."""
 
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import grpc
 import pytest
 from corekit import FakeAgent, FakeClients
 from loopkit import eventually
+from serverkit import zone_server
 
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
+from laminar_base.callstream import CallClient
 from laminar_zone import service
 from laminar_zone.auth import Guard, hash_token, open_guard
 from laminar_zone.config import ZoneConfig
@@ -372,3 +375,32 @@ async def test_calls_beyond_the_bound_stay_unread_until_one_finishes(
         replies = [reply async for reply in stream]
         assert sorted(r.call_id for r in replies) == [100, 101, 102, 103]
         assert agent.most_held == 2  # probes held at once, never more than the bound
+
+
+async def test_a_shutdown_ends_a_probe_jobs_stream_and_takes_no_new_call(tmp_path: Path) -> None:
+    grace = 60.0  # what an open stream would hold the shutdown for
+    async with (
+        zone_server(tmp_path, **{"server.grace_seconds": grace}) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = zone_pb2_grpc.ZoneStub(channel)
+        opener: Any = stub.ProbeJobs
+        client: CallClient[zone_pb2.ProbeJobsRequest, zone_pb2.ProbeJobsReply] = CallClient(
+            lambda: opener()
+        )
+        probe = zone_pb2.ProbeJobsRequest(
+            probe=zone_pb2.ProbeJobRequest(
+                spec=zone_pb2.JobSpec(command=["true"], resources=common_pb2.Resources(gpus=1))
+            )
+        )
+        first = await client.call(probe, 10)
+        assert first.WhichOneof("outcome") == "reply"  # open and serving (no hosts yet)
+        stopping = asyncio.ensure_future(server.stop())
+        assert server.submitters is not None
+        while not server.submitters.streams_ending:
+            await asyncio.sleep(0)  # the shutdown's first steps (loop turns, no timer)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await client.call(probe, 10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        await asyncio.wait_for(stopping, grace / 4)  # not held for the grace
+        await client.close()
