@@ -39,6 +39,7 @@ class _HasCallId(Protocol):
 
 Q = TypeVar("Q", bound=_HasCallId)
 R = TypeVar("R", bound=_HasCallId)
+T = TypeVar("T")
 
 
 class CallServer(Generic[Q, R]):
@@ -188,6 +189,44 @@ class CallServers:
         for server in self._open:
             server.stop()
         return len(self._open)
+
+
+class StreamTasks:
+    """A servicer's open server streams that end only when their client goes (watches,
+    heartbeats), so that a shutdown can end them all (:meth:`stop_all`): it cancels the
+    handler task of each stream served through :meth:`serve`, which then ends with
+    ``Unavailable(shutting_down)`` instead of holding the server's grace to its end. A
+    stream opened after it is refused the same way."""
+
+    def __init__(self, shutting_down: str) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._shutting_down = shutting_down
+        self.is_stopping = False
+
+    async def serve(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
+        """``items``, the stream counted open meanwhile. Iterate it from the handler's own
+        task, outermost: the cancel lands wherever that task waits, and ends up here."""
+        if self.is_stopping:
+            raise Unavailable(self._shutting_down)
+        task = asyncio.current_task()
+        assert task is not None  # grpc runs each call in a task
+        self._tasks.add(task)
+        try:
+            async for item in items:
+                yield item
+        except asyncio.CancelledError:
+            if not self.is_stopping:
+                raise  # the client went away
+            raise Unavailable(self._shutting_down) from None
+        finally:
+            self._tasks.discard(task)
+
+    def stop_all(self) -> int:
+        """How many were open."""
+        self.is_stopping = True
+        for task in self._tasks:
+            task.cancel()
+        return len(self._tasks)
 
 
 class _Ended:

@@ -344,7 +344,7 @@ class ZoneServer:
                 log.info("ended %d heartbeat stream(s) for the shutdown", ended)
             if self.submitters is not None:
                 ended = self.submitters.end_streams()
-                log.info("ended %d ProbeJobs stream(s) for the shutdown", ended)
+                log.info("ended %d ProbeJobs and watch stream(s) for the shutdown", ended)
             await self._server.stop(self.config.server.grace_seconds)
         self.stop_event.set()
         await self.supervisor.stop()

@@ -13,7 +13,7 @@ import grpc
 from laminar_agent.executor import check_subjob_id
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
-from laminar_base.callstream import CallServer, CallServers
+from laminar_base.callstream import CallServer, CallServers, StreamTasks
 from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import InvalidArgument, LaminarError, PermissionDenied, Unavailable
 from laminar_base.grpcutil import (
@@ -48,6 +48,10 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 T = TypeVar("T")
 
 
+#: Why a stream ends, or is refused, once the router's shutdown has begun.
+SHUTTING_DOWN = "the zone router is shutting down"
+
+
 class ZoneService(zone_pb2_grpc.ZoneServicer):
     """The submitter API. With auth on, every call names its caller (a bearer token);
     tenants act on their own jobs only, and administrative calls need the admin role."""
@@ -57,7 +61,9 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self._queries = ZoneQueries(state)
         self._leases = ClientLeases(state)
         self._guard = guard if guard is not None else open_guard()
-        self._probe_streams = CallServers("the zone router is shutting down")
+        self._probe_streams = CallServers(SHUTTING_DOWN)
+        #: Open WatchJob and SubmitAndWatch streams (:meth:`end_streams`).
+        self._watches = StreamTasks(SHUTTING_DOWN)
 
     def _caller(self, context: Ctx) -> Principal | None:
         metadata = context.invocation_metadata() or ()
@@ -189,7 +195,8 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         self, request: zone_pb2.WatchJobRequest, context: Ctx
     ) -> AsyncIterator[zone_pb2.JobEvent]:
         self._own_job(context, request.job_id)
-        async for job in self._while_authorized(context, self._queries.watch(request.job_id)):
+        watch = self._while_authorized(context, self._queries.watch(request.job_id))
+        async for job in self._watches.serve(watch):
             yield zone_pb2.JobEvent(job=job, at_unix=time.time())
 
     @map_errors
@@ -201,14 +208,15 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         durable); then :meth:`ZoneQueries.watch`, whose first record is the job when the
         watch starts (skipped when it is still the one Submit answered) and whose queue is
         in place before that record, so no change after the submit is lost. A resent request
-        streams the job it made before; a revoked token ends the stream as in WatchJob."""
+        streams the job it made before; a revoked token, or a shutdown, ends the stream as
+        in WatchJob."""
         answered = await self._submit(request, context)
         yield zone_pb2.JobEvent(job=answered, at_unix=time.time())
         if answered.state in TERMINAL_JOB_STATES:
             return
-        watch = self._queries.watch(answered.job_id)
+        watch = self._while_authorized(context, self._queries.watch(answered.job_id))
         is_first = True
-        async for job in self._while_authorized(context, watch):
+        async for job in self._watches.serve(watch):
             if is_first and job == answered:
                 is_first = False
                 continue
@@ -276,10 +284,11 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
         return self._probe_streams.is_stopping
 
     def end_streams(self) -> int:
-        """Shutting down: every ProbeJobs stream answers what it has read and ends, so
-        that the server's grace is not spent on it and no new probe is taken during it.
-        How many were open."""
-        return self._probe_streams.stop_all()
+        """Shutting down: every ProbeJobs stream answers what it has read and ends, and
+        every watch ends (its client watches again once a router serves), all UNAVAILABLE,
+        so that the server's grace is not spent on them and no new probe is taken during
+        it. How many were open."""
+        return self._probe_streams.stop_all() + self._watches.stop_all()
 
     @map_errors
     async def CommitJob(self, request: zone_pb2.CommitJobRequest, context: Ctx) -> zone_pb2.Job:
@@ -449,17 +458,15 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
         self._peers = peers
         self._submitters = submitters if submitters is not None else ZoneService(state)
         self._membership = Membership(state)
-        #: The handler task of every open heartbeat stream (:meth:`end_streams`).
-        self._stream_tasks: set[asyncio.Task[Any]] = set()
+        #: Every open heartbeat stream (:meth:`end_streams`).
+        self._streams = StreamTasks(SHUTTING_DOWN)
 
     def end_streams(self) -> int:
         """Shutting down: end every heartbeat stream now (its agent reconnects a period
         later), so the server's grace is not spent waiting for streams that never end on
         their own. Agents are not marked stale for it. How many were open."""
         self._membership.is_closing = True
-        for task in self._stream_tasks:
-            task.cancel()
-        return len(self._stream_tasks)
+        return self._streams.stop_all()
 
     @map_errors
     async def Heartbeat(
@@ -478,26 +485,21 @@ class ZoneControlService(zone_pb2_grpc.ZoneControlServicer):
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED, "heartbeat streams are off (membership.stream)"
             )
-        if self._membership.is_closing:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the zone router is shutting down")
         names = peer_names(context)  # one certificate for the whole stream
+        async for reply in self._streams.serve(self._heartbeat_replies(request_iterator, names)):
+            yield reply
+
+    async def _heartbeat_replies(
+        self, requests: AsyncIterator[zone_pb2.HeartbeatRequest], names: list[str]
+    ) -> AsyncIterator[zone_pb2.HeartbeatReply]:
         caller = names[0] if names else ""
         stream = HeartbeatStream()
-        task = asyncio.current_task()
-        assert task is not None  # grpc runs each call in a task
-        self._stream_tasks.add(task)
         try:
-            async for request in request_iterator:
+            async for request in requests:
                 if request.HasField("summary"):
                     check_heartbeat(request)
                 yield self._membership.on_stream_heartbeat(stream, request, caller, names)
-        except asyncio.CancelledError:
-            if not self._membership.is_closing:
-                raise  # the agent went away
-            # end_streams: say so, or the call stays open until the server's grace ends.
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the zone router is shutting down")
         finally:
-            self._stream_tasks.discard(task)
             self._membership.close_stream(stream)
 
     def _check_peer(self, context: Ctx) -> None:
