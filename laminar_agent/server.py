@@ -423,7 +423,7 @@ class AgentServer:
             await set_serving(self._health, [SERVICE_NAME], False)
             if self.service is not None:
                 ended = self.service.end_streams()  # they would hold the grace to its end
-                log.info("ended %d router call stream(s) for the shutdown", ended)
+                log.info("ended %d call and watch stream(s) for the shutdown", ended)
             await self._server.stop(self.config.server.grace_seconds)
             if self.service is not None:
                 cut = await self.service.calls_finished(self.config.server.grace_seconds)

@@ -10,7 +10,7 @@ import grpc
 
 from laminar_agent.state import AgentState
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from laminar_base.callstream import CallServer, CallServers
+from laminar_base.callstream import CallServer, CallServers, StreamTasks
 from laminar_base.causes import end_cause
 from laminar_base.errors import (
     FailedPrecondition,
@@ -35,6 +35,10 @@ def _error_reply(
     return agent_pb2.AgentCallReply(call_id=call.call_id, error=error)
 
 
+#: Why a stream ends, or is refused, once the agent's shutdown has begun.
+SHUTTING_DOWN = "the agent is shutting down"
+
+
 class AgentService(agent_pb2_grpc.AgentServicer):
     """Leases are bound to the caller's mTLS identity (:func:`peer_identity`, "" without TLS):
     only the identity that probed may commit or release them. Debug calls (InjectLoad) are
@@ -46,7 +50,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._debug_rpcs = debug_rpcs
         #: Calls of a :meth:`Calls` stream that went while they were in hand.
         self._unfinished: set[asyncio.Task[Any]] = set()
-        self._streams = CallServers("the agent is shutting down")
+        self._streams = CallServers(SHUTTING_DOWN)
+        #: Open WatchSubjobs streams, which end only when their client goes (:meth:`end_streams`).
+        self._watches = StreamTasks(SHUTTING_DOWN)
         # The hot calls' metric children, looked up once (``labels`` takes a lock and
         # builds its key at every call).
         metrics = state.metrics
@@ -128,11 +134,17 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         """Whether :meth:`end_streams` has run (a shutdown has begun)."""
         return self._streams.is_stopping
 
+    @property
+    def watches_open(self) -> int:
+        """Open WatchSubjobs streams."""
+        return len(self._watches)
+
     def end_streams(self) -> int:
-        """Shutting down: every Calls stream answers what it has read and ends, so that
-        the server's grace is not spent on streams that never end on their own and no new
-        probe is taken during it. How many were open."""
-        return self._streams.stop_all()
+        """Shutting down: every Calls stream answers what it has read and ends, and every
+        WatchSubjobs stream ends (both UNAVAILABLE), so that the server's grace is not spent
+        on streams that never end on their own and no new probe is taken during it. How
+        many were open."""
+        return self._streams.stop_all() + self._watches.stop_all()
 
     async def calls_finished(self, timeout: float) -> int:
         """Wait (at most ``timeout`` seconds) for the calls of streams that went while
@@ -202,7 +214,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def WatchSubjobs(
         self, request: agent_pb2.WatchSubjobsRequest, context: Ctx
     ) -> AsyncIterator[common_pb2.SubjobEvent]:
-        async for event in self._node.reads.watch(request.after_seq, request.job_id):
+        async for event in self._watches.serve(
+            self._node.reads.watch(request.after_seq, request.job_id)
+        ):
             yield event
 
     @map_errors

@@ -221,6 +221,10 @@ class StreamTasks:
         finally:
             self._tasks.discard(task)
 
+    def __len__(self) -> int:
+        """How many are open."""
+        return len(self._tasks)
+
     def stop_all(self) -> int:
         """How many were open."""
         self.is_stopping = True

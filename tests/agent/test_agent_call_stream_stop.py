@@ -1,6 +1,7 @@
-"""An agent's shutdown with the router's call stream open, in process over real gRPC:
-the stream answers what it has read and ends UNAVAILABLE at once, so the shutdown does not
-wait out the server's grace on it and takes no new probe during it."""
+"""An agent's shutdown with the router's call stream and a WatchSubjobs stream open, in
+process over real gRPC: the call stream answers what it has read and both end UNAVAILABLE
+at once, so the shutdown does not wait out the server's grace on them and takes no new
+probe during it."""
 
 from __future__ import annotations
 
@@ -48,13 +49,21 @@ async def test_a_shutdown_ends_the_routers_call_stream_and_takes_no_new_probe(
             )
             first = await client.call(_probes("before"), 10)
             assert first.probes.replies[0].HasField("lease")  # the stream is open and serves
-            stopping = asyncio.ensure_future(server.stop())
+            watch = stub.WatchSubjobs(agent_pb2.WatchSubjobsRequest())
             assert server.service is not None
+            while not server.service.watches_open:  # no subjob: it sends nothing, ever
+                await asyncio.sleep(0)  # the call reaching the servicer (loop turns, no timer)
+            stopping = asyncio.ensure_future(server.stop())
             while not server.service.streams_ending:
                 await asyncio.sleep(0)  # the shutdown's first steps (loop turns, no timer)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await client.call(_probes("during"), 10)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                while await watch.read() is not grpc.aio.EOF:
+                    pass  # no event is due; an OK end fails the test
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in (ended.value.details() or "")
             await asyncio.wait_for(stopping, grace / 4)  # not held for the grace
             await client.close()
         assert server.state is not None
