@@ -72,6 +72,7 @@ bench: $(STAMP)
 	  || exit 1; \
 	done
 	$(VENV)/bin/laminar bench heartbeats --agents 4096 --seconds 20 -o json > bench-out/heartbeats_n4096.json
+	$(VENV)/bin/laminar bench submit --cli-runs 20 --instructions -o json > bench-out/submit.json
 	$(PY) bench/fgd_live.py --pods 2000 -o bench-out/fgd_live_2000.json
 	$(VENV)/bin/laminar bench airlock --trials 20 -o json > bench-out/airlock.json
 	$(PY) bench/fgd_reproduce.py --workloads default --mig -o bench-out/fgd_default.json --plot bench-out/fgd_default.png
