@@ -122,7 +122,8 @@ def _child_env(address: str) -> dict[str, str]:
 
 def _instructions(argv: list[str], env: dict[str, str], cwd: str) -> int | None:
     """Instructions one run of ``argv`` executes, all threads (valgrind's callgrind), or
-    None without valgrind. Unlike time, the count does not move with the machine's load."""
+    None without valgrind or when the run under it failed. Unlike time, the count does not
+    move with the machine's load."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         return None
@@ -133,10 +134,10 @@ def _instructions(argv: list[str], env: dict[str, str], cwd: str) -> int | None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        check=True,
+        check=False,
     )
     found = re.search(r"Collected\s*:\s*([0-9]+)", done.stderr)
-    return int(found.group(1)) if found else None
+    return int(found.group(1)) if done.returncode == 0 and found else None
 
 
 def cli_submit_times(

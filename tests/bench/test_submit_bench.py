@@ -45,6 +45,8 @@ def test_instruction_counts_follow_the_work_done(tmp_path: object) -> None:
     assert bare is not None and more is not None
     assert bare > 1_000_000  # an interpreter start is millions of instructions
     assert more > bare + 3_000_000  # three million additions cost at least one each
+    failed = _instructions([sys.executable, "-S", "-c", "raise SystemExit(3)"], env, str(tmp_path))
+    assert failed is None  # a run that failed counts nothing
 
 
 @pytest.mark.parametrize(
