@@ -39,9 +39,7 @@ def test_instruction_counts_follow_the_work_done(tmp_path: object) -> None:
         pytest.skip("valgrind is not installed: --instructions reports None here")
     env = _child_env("127.0.0.1:1")
     bare = _instructions([sys.executable, "-S", "-c", "pass"], env, str(tmp_path))
-    more = _instructions(
-        [sys.executable, "-S", "-c", "sum(range(3_000_000))"], env, str(tmp_path)
-    )
+    more = _instructions([sys.executable, "-S", "-c", "sum(range(3_000_000))"], env, str(tmp_path))
     assert bare is not None and more is not None
     assert bare > 1_000_000  # an interpreter start is millions of instructions
     assert more > bare + 3_000_000  # three million additions cost at least one each
