@@ -193,44 +193,62 @@ class CallServers:
 
 class StreamTasks:
     """A servicer's open server streams that end only when their client goes (watches,
-    heartbeats), so that a shutdown can end them all (:meth:`stop_all`): it cancels the
-    handler task of each stream served through :meth:`serve`, which then ends with
-    ``Unavailable(shutting_down)`` instead of holding the server's grace to its end. A
-    stream opened after it is refused the same way."""
+    heartbeats), so that a shutdown can end them all (:meth:`stop_all`): each stream served
+    through :meth:`serve` ends with ``Unavailable(shutting_down)`` instead of holding the
+    server's grace to its end. A stream opened after it is refused the same way.
+
+    Only a stream waiting for its next item is cancelled. One whose handler task is sending
+    an item (gRPC writes it after the ``yield``, outside the generator; a cancel landing
+    there ends the call with no status and holds the grace) is left to finish the send,
+    and ends when it comes back for the next item."""
 
     def __init__(self, shutting_down: str) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._open: set[asyncio.Task[Any]] = set()
+        #: The open streams' tasks now waiting for their source's next item.
+        self._waiting: set[asyncio.Task[Any]] = set()
         self._shutting_down = shutting_down
         self.is_stopping = False
 
     async def serve(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
-        """``items``, the stream counted open meanwhile. Iterate it from the handler's own
-        task, outermost: the cancel lands wherever that task waits, and ends up here."""
-        if self.is_stopping:
-            raise Unavailable(self._shutting_down)
+        """``items``, the stream counted open meanwhile; iterate it from the handler's own
+        task."""
         task = asyncio.current_task()
         assert task is not None  # grpc runs each call in a task
-        self._tasks.add(task)
+        source = aiter(items)
+        self._open.add(task)
         try:
-            async for item in items:
+            while True:
+                if self.is_stopping:
+                    raise Unavailable(self._shutting_down)
+                self._waiting.add(task)
+                try:
+                    item = await anext(source)
+                except StopAsyncIteration:
+                    return
+                except asyncio.CancelledError:
+                    if not self.is_stopping:
+                        raise  # the client went away
+                    task.uncancel()  # the cancel was ours, and it is answered here
+                    raise Unavailable(self._shutting_down) from None
+                finally:
+                    self._waiting.discard(task)
                 yield item
-        except asyncio.CancelledError:
-            if not self.is_stopping:
-                raise  # the client went away
-            raise Unavailable(self._shutting_down) from None
         finally:
-            self._tasks.discard(task)
+            self._open.discard(task)
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:  # its own cleanup now, not when it is collected
+                await aclose()
 
     def __len__(self) -> int:
         """How many are open."""
-        return len(self._tasks)
+        return len(self._open)
 
     def stop_all(self) -> int:
         """How many were open."""
         self.is_stopping = True
-        for task in self._tasks:
+        for task in self._waiting:
             task.cancel()
-        return len(self._tasks)
+        return len(self._open)
 
 
 class _Ended:
@@ -385,4 +403,4 @@ def _unavailable(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
     )
 
 
-__all__ = ["MAX_CALLS_IN_FLIGHT", "CallClient", "CallServer", "CallServers"]
+__all__ = ["MAX_CALLS_IN_FLIGHT", "CallClient", "CallServer", "CallServers", "StreamTasks"]

@@ -6,8 +6,10 @@ One router on loopback with no agents, so every job is accepted, journaled and q
 ``SubmitBatch`` in batches of B, and reports jobs/s and the router's CPU per job
 (psutil on the router process) for each, and their ratio. Then it runs ``laminar submit
 -- true`` (a new process each time, as a script would) R times, alternating with the
-interpreter's own start (``python -c pass``, the floor), and reports the wall time and
-the CPU of each (median, p90). A benchmark never fails on a number: it reports.
+interpreter's own start (``python -c pass``) and with the libraries' (the interpreter
+importing gRPC and our messages), and reports the wall time and the CPU of each (median,
+p90); with ``--instructions``, also the instructions of one run of each (valgrind), which
+the machine's load does not move. A benchmark never fails on a number: it reports.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ def _figures(samples: list[tuple[float, float]]) -> dict[str, float]:
 #: What every ``laminar`` command pays before any of our code runs: the interpreter, then
 #: gRPC and the generated messages (gRPC's C core imports asyncio; protobuf its pool).
 LIBRARY_FLOOR = "import grpc; from laminar_api.v1 import zone_pb2, zone_pb2_grpc"
+#: A run under valgrind is about 50x slower; one that takes longer than this is hung.
+VALGRIND_TIMEOUT_SECONDS = 300.0
 
 
 def _child_env(address: str) -> dict[str, str]:
@@ -127,15 +131,19 @@ def _instructions(argv: list[str], env: dict[str, str], cwd: str) -> int | None:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         return None
-    done = subprocess.run(
-        [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
-        env=env,
-        cwd=cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+            timeout=VALGRIND_TIMEOUT_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        return None
     found = re.search(r"Collected\s*:\s*([0-9]+)", done.stderr)
     return int(found.group(1)) if done.returncode == 0 and found else None
 

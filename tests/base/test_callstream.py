@@ -11,7 +11,8 @@ from typing import Any
 import grpc
 import pytest
 
-from laminar_base.callstream import CallClient, CallServer
+from laminar_base.callstream import CallClient, CallServer, StreamTasks
+from laminar_base.errors import Unavailable
 from laminar_base.grpcutil import rpc_error
 
 
@@ -314,3 +315,70 @@ async def test_a_write_after_the_stream_ended_fails_with_the_streams_own_status(
         await call
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
     await client.close()
+
+
+async def _numbers(cleaned: list[str]) -> AsyncIterator[int]:
+    """0, 1, 2, ... each when asked; says when it was closed."""
+    try:
+        n = 0
+        while True:
+            yield n
+            n += 1
+    finally:
+        cleaned.append("closed")
+
+
+async def test_a_shutdown_lets_a_send_under_way_finish_then_ends_the_stream() -> None:
+    """gRPC sends each item after the servicer's ``yield``, outside the generator: a cancel
+    landing in that send would end the call with no status and hold the server's grace."""
+    streams = StreamTasks("shutting down")
+    cleaned: list[str] = []
+    sent: list[int] = []
+    sending, send_done = asyncio.Event(), asyncio.Event()
+
+    async def handler() -> None:  # as gRPC drives a servicer: take an item, then send it
+        async for item in streams.serve(_numbers(cleaned)):
+            sending.set()
+            await send_done.wait()  # the send
+            sent.append(item)
+
+    task = asyncio.ensure_future(handler())
+    await sending.wait()
+    assert streams.stop_all() == 1
+    send_done.set()
+    with pytest.raises(Unavailable, match="shutting down"):
+        await task
+    assert sent == [0]  # the send under way finished; nothing went after it
+    assert cleaned == ["closed"] and len(streams) == 0
+
+
+async def test_a_shutdown_ends_a_waiting_stream_and_refuses_new_ones() -> None:
+    streams = StreamTasks("shutting down")
+    cleaned: list[str] = []
+    first = asyncio.Event()
+
+    async def quiet() -> AsyncIterator[int]:  # one item, then nothing, ever
+        try:
+            yield 1
+            await asyncio.Event().wait()
+            yield 2
+        finally:
+            cleaned.append("closed")
+
+    async def handler() -> list[int]:
+        got = []
+        async for item in streams.serve(quiet()):
+            got.append(item)
+            first.set()
+        return got
+
+    task = asyncio.ensure_future(handler())
+    await first.wait()  # the handler went on to wait for the next item
+    assert streams.stop_all() == 1
+    with pytest.raises(Unavailable):
+        await task
+    assert cleaned == ["closed"] and len(streams) == 0
+    assert not task.cancelled()  # the cancel was answered, not left on the task
+    late = streams.serve(_numbers(cleaned))
+    with pytest.raises(Unavailable):
+        await anext(late)  # opened after the shutdown began
