@@ -14,8 +14,9 @@ import asyncio
 import json
 import os
 import sys
+import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -99,17 +100,32 @@ State = Callable[[str], common_pb2.Subjob]
 def _serving(
     tmp_path: Path, backend: NvmlBackend, **settings: object
 ) -> Iterator[tuple[Stub, State]]:
-    """An agent on ``backend`` (:func:`agent_on`), a stub to it and one subjob's state."""
-    with (
-        agent_on(tmp_path, backend, **settings) as agent,
-        grpc.insecure_channel(agent.address) as channel,
-    ):
-        stub = agent_pb2_grpc.AgentStub(channel)
+    """An agent on ``backend`` (:func:`agent_on`), a stub to it and one subjob's state.
 
-        def state(subjob_id: str) -> common_pb2.Subjob:
-            return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
+    The agent has an id of its own: subjob cgroups live at ``<root>/laminar.<agent id>/
+    <subjob id>``, so agents that share an id on one host (copies of these tests run at
+    once, by CI or by other checkouts) put their "opp" in the same cgroup, and one agent's
+    suspend stopped, and its teardown killed, the other's processes (its checkpoint then
+    found the process already stopped). Its cgroup folder goes with it."""
+    agent_id = f"gpuhost-{uuid.uuid4().hex[:12]}"
+    cgroups = None
+    try:
+        with (
+            agent_on(tmp_path, backend, **{"server.agent_id": agent_id, **settings}) as agent,
+            grpc.insecure_channel(agent.address) as channel,
+        ):
+            assert agent.state is not None
+            cgroups = agent.state.node.executor.cgroups
+            stub = agent_pb2_grpc.AgentStub(channel)
 
-        yield stub, state
+            def state(subjob_id: str) -> common_pb2.Subjob:
+                return stub.GetSubjob(agent_pb2.GetSubjobRequest(subjob_id=subjob_id), timeout=10)
+
+            yield stub, state
+    finally:
+        if cgroups is not None:  # its subjobs' cgroups went as they ended
+            with suppress(OSError):
+                cgroups.base.rmdir()
 
 
 def _start(
