@@ -419,8 +419,9 @@ class Launcher:
         Raises :class:`LaunchUnanswered` once the record was sent but no answer came (a
         timeout, the launcher ending): the subjob may still start, so starting a shim for
         the same id would run it twice (the caller voids the launch instead); and OSError
-        with the launcher's reason when it could not make the subjob's folder (a shim
-        would fail the same way)."""
+        with the launcher's reason when it could not make the subjob's folder or found its
+        cgroup still holding processes (:func:`shim.prepare`; a shim would fail the same
+        way)."""
         if self.is_broken:
             return None
         async with self._lock:  # one request, one answer, in order
@@ -459,7 +460,7 @@ class Launcher:
                 self._stop()
                 raise
             head, _, warning = line.strip().partition(" ")
-            if line.startswith("error supervisor:"):  # it could not make the folder
+            if line.startswith("error supervisor:"):  # no folder, or its cgroup is busy
                 raise OSError(line.strip())
             if not head.isdigit():  # it could not fork: nothing started
                 log.warning("launcher answered %r; starting this shim directly", line.strip())
@@ -849,7 +850,7 @@ class Executor:
     def _launch_shim(self, sdir: Path, launch: dict[str, object]) -> tuple[int, str]:
         """Without a launcher: make the folder and cgroup here, as the launcher would,
         write ``launch.json`` and start ``python -I -S shim.py DIR`` (its pid, the warning).
-        Raises OSError when the folder cannot be made."""
+        Raises OSError when the folder cannot be made or the cgroup is busy."""
         warning = shim.prepare(str(sdir), launch)
         record = {key: value for key, value in launch.items() if key != "dir"}
         write_private(sdir / LAUNCH_FILE, json.dumps(record))

@@ -21,10 +21,11 @@ reaches its own process (no ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``PYTHONPATH``,
 What to run is the agent's launch record: one line on the launcher's stdin, or, for a
 shim, ``<subjob_dir>/launch.json`` in a folder only root can write. The launcher (or
 shim) creates the subjob's folder and cgroup (:func:`prepare`: paths the agent chose,
-under its own state directory and cgroup, never the job's) and opens its logs there. The
-forked child joins the subjob's cgroup, drops privileges (groups, gid, uid), and only
-then applies anything of the job: its working directory, the folders it creates, and its
-environment, which goes straight to ``execve``.
+under its own state directory and cgroup, never the job's; a cgroup that still holds
+processes fails the launch) and opens its logs there. The forked child joins the
+subjob's cgroup, drops privileges (groups, gid, uid), and only then applies anything of
+the job: its working directory, the folders it creates, and its environment, which goes
+straight to ``execve``.
 
 It imports the standard library only, and little of it: its start-up is on the path of
 the first launch (and of every launch through a shim).
@@ -286,13 +287,60 @@ def finish_cgroup(cgroup: str) -> int:
     return peak
 
 
+class CgroupBusy(OSError):
+    """The subjob's cgroup already holds processes: not this launch's, so it is not
+    started (see :func:`prepare`)."""
+
+
 def prepare(subjob_dir: str, spec: dict[str, object]) -> str:
-    """Before anything of the job runs: the subjob's folder (root's, 0700; with a user, 0711
-    and a ``scratch`` folder that user alone owns) and its cgroup. Both paths come from the
-    agent (its state directory, its delegated cgroup), never from the job. A folder left by
+    """Before anything of the job runs: the subjob's cgroup and folder (root's, 0700; with a
+    user, 0711 and a ``scratch`` folder that user alone owns). Both paths come from the
+    agent (its delegated cgroup, its state directory), never from the job. A folder left by
     an earlier run of the same id loses its exit record. A cgroup that cannot be made is
     left out of ``spec`` (the subjob runs in its process group) and named in the warning
-    returned ("" when none). Raises OSError when the folder cannot be made."""
+    returned ("" when none).
+
+    An existing cgroup is reused only while empty (left by a run that ended, say before an
+    agent crash): one that still holds processes (another agent with the same id on this
+    host, or an earlier run of this subjob still alive) would have every stop, signal and
+    ``cgroup.kill`` meant for this subjob reach them too, so :class:`CgroupBusy` is raised
+    before the folder is touched. ``cgroup.procs`` is read only then (the usual launch
+    makes a new cgroup). Not covered: two launches that make the same cgroup at once (the
+    second finds it empty before the first's child has joined it).
+
+    Raises OSError when the folder cannot be made (a cgroup made for it is removed)."""
+    warning = ""
+    cgroup = str(spec.get("cgroup") or "")
+    made = False
+    if cgroup:
+        try:
+            os.mkdir(cgroup, 0o755)
+            made = True
+        except FileExistsError:
+            held = len(cgroup_pids(cgroup))
+            if held:
+                raise CgroupBusy(
+                    f"cgroup {cgroup} still holds {held} process{'es' if held != 1 else ''} "
+                    "(another agent with the same id on this host, or an earlier run still "
+                    "alive); not starting"
+                ) from None
+        except OSError as exc:
+            spec["cgroup"] = ""
+            warning = f"runs without a cgroup: {exc.strerror or exc}"
+    try:
+        _make_folder(subjob_dir, spec)
+    except Exception:
+        if made:
+            try:
+                os.rmdir(cgroup)
+            except OSError:
+                pass
+        raise
+    return warning
+
+
+def _make_folder(subjob_dir: str, spec: dict[str, object]) -> None:
+    """:func:`prepare`'s folder (and its ``scratch`` for a user)."""
     try:
         os.mkdir(subjob_dir, 0o700)  # a fresh folder holds nothing stale
     except FileNotFoundError:  # the first subjob: "subjobs" itself is new
@@ -318,16 +366,6 @@ def prepare(subjob_dir: str, spec: dict[str, object]) -> str:
             pass
         os.chown(scratch, int(user["uid"]), int(user["gid"]), follow_symlinks=False)
         os.chmod(scratch, 0o700, follow_symlinks=False)
-    cgroup = str(spec.get("cgroup") or "")
-    if cgroup:
-        try:
-            os.mkdir(cgroup, 0o755)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            spec["cgroup"] = ""
-            return f"runs without a cgroup: {exc.strerror or exc}"
-    return ""
 
 
 class Exec:
