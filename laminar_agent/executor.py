@@ -367,6 +367,11 @@ class LaunchUnanswered(OSError):
     start (the caller voids the launch: :meth:`Executor.void`)."""
 
 
+class LaunchRefused(OSError):
+    """The subjob surely did not start: its folder could not be made, or its cgroup still
+    holds processes (:func:`shim.prepare`, in the launcher or here). The message says why."""
+
+
 class Launcher:
     """The agent's end of its launcher (``shim.py --serve``, :class:`laminar_agent.shim._Launcher`):
     a long-lived clean-environment process that starts every subjob itself (one fork
@@ -419,9 +424,9 @@ class Launcher:
         Raises :class:`LaunchUnanswered` once the record was sent but no answer came (a
         timeout, the launcher ending): the subjob may still start, so starting a shim for
         the same id would run it twice (the caller voids the launch instead); and OSError
-        with the launcher's reason when it could not make the subjob's folder or found its
-        cgroup still holding processes (:func:`shim.prepare`; a shim would fail the same
-        way)."""
+        :class:`LaunchRefused` with the launcher's reason when it could not make the
+        subjob's folder or found its cgroup still holding processes (:func:`shim.prepare`;
+        a shim would fail the same way)."""
         if self.is_broken:
             return None
         async with self._lock:  # one request, one answer, in order
@@ -461,7 +466,7 @@ class Launcher:
                 raise
             head, _, warning = line.strip().partition(" ")
             if line.startswith("error supervisor:"):  # no folder, or its cgroup is busy
-                raise OSError(line.strip())
+                raise LaunchRefused(line.strip())
             if not head.isdigit():  # it could not fork: nothing started
                 log.warning("launcher answered %r; starting this shim directly", line.strip())
                 return None
@@ -850,8 +855,11 @@ class Executor:
     def _launch_shim(self, sdir: Path, launch: dict[str, object]) -> tuple[int, str]:
         """Without a launcher: make the folder and cgroup here, as the launcher would,
         write ``launch.json`` and start ``python -I -S shim.py DIR`` (its pid, the warning).
-        Raises OSError when the folder cannot be made or the cgroup is busy."""
-        warning = shim.prepare(str(sdir), launch)
+        Raises :class:`LaunchRefused` when the folder cannot be made or the cgroup is busy."""
+        try:
+            warning = shim.prepare(str(sdir), launch)
+        except OSError as exc:  # before anything of the subjob: it surely did not start
+            raise LaunchRefused(str(exc)) from exc
         record = {key: value for key, value in launch.items() if key != "dir"}
         write_private(sdir / LAUNCH_FILE, json.dumps(record))
         argv = [self._python, "-I", "-S", SHIM_PATH, str(sdir)]

@@ -17,12 +17,18 @@ import uuid
 
 from laminar_agent.carrier import Carrier, SpecFacts
 from laminar_agent.core import SUCCEEDED, EndDecision, NewRow, TransitionRefused
-from laminar_agent.executor import ExitInfo, LaunchSpec, check_subjob_id, units_from_checkpoint
+from laminar_agent.executor import (
+    ExitInfo,
+    LaunchRefused,
+    LaunchSpec,
+    check_subjob_id,
+    units_from_checkpoint,
+)
 from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.mig_driver import MigLayouts
 from laminar_agent.subjob_reads import SubjobReads
 from laminar_api.v1 import common_pb2
-from laminar_base.errors import InvalidArgument
+from laminar_base.errors import FailedPrecondition, InvalidArgument
 from laminar_base.grpcutil import check_str
 from laminar_base.wire import check_spec
 
@@ -116,6 +122,10 @@ class Launches:
             # the subjob is recorded failed rather than left neither launched nor ended.
             why = str(exc) or "the launch was cancelled (its Commit call ended)"
             carrier.apply(self.core.launch_failed(spec.subjob_id, why, time.time()))
+            if isinstance(exc, LaunchRefused):
+                # Surely not started: the router may place the job again at once, and
+                # its reason reads why (not "internal error" and a confirmation).
+                raise FailedPrecondition(f"subjob {spec.subjob_id} could not start: {why}") from exc
             raise
         # Its start is when the answer came; the process's identity goes with it for
         # a restart's adopt (the answer lags it under load, by seconds).

@@ -29,6 +29,7 @@ from laminar_agent.inventory.fake import FakeGpuBackend
 from laminar_agent.node import Node
 from laminar_api.v1 import agent_pb2, common_pb2
 from laminar_base.causes import EndCause
+from laminar_base.errors import FailedPrecondition
 
 #: Pids no process can have (above the kernel's limit, 2**22): a regressed launcher that
 #: joined a stand-in cgroup and killed what it lists at the end reaches nobody.
@@ -173,8 +174,9 @@ async def test_a_real_cgroup_holding_a_process_is_refused_then_reused_once_empty
 async def test_a_commit_into_a_busy_cgroup_ends_the_subjob_failed_with_the_cause(
     tmp_path: Path,
 ) -> None:
-    """The agent's end: the Commit raises (the router rolls the job back and retries it)
-    and the subjob is journaled FAILED, ``launch_failed``, its reason naming the cgroup."""
+    """The agent's end: the Commit is refused FAILED_PRECONDITION (the router rolls the job
+    back and retries it at once) and the subjob is journaled FAILED, ``launch_failed``, its
+    reason naming the cgroup."""
     cgroups = SubjobCgroups(tmp_path / "cgroups" / "laminar.a")
     _busy(cgroups.path("s1"), TWO)
     node = Node("a", FakeGpuBackend("1xH100-80GB:shared", agent_id="a"), tmp_path, cgroups=cgroups)
@@ -188,8 +190,12 @@ async def test_a_commit_into_a_busy_cgroup_ends_the_subjob_failed_with_the_cause
             )
         )
         spec = common_pb2.SubjobSpec(job_id="j1", command=["true"], subjob_id="s1")
-        with pytest.raises(OSError, match="still holds 2 processes"):
+        with pytest.raises(FailedPrecondition, match="still holds 2 processes") as refused:
             await node.commit(granted.lease.lease_id, spec)
+        # Surely not started, and said so: the router places the job again at once, its
+        # reason naming the cgroup (an OSError would reach it as INTERNAL, outcome unknown).
+        assert refused.value.code_name == "FAILED_PRECONDITION"
+        assert refused.value.message.startswith("subjob s1 could not start: ")
         row = node.journal.get_subjob("s1")
         assert row is not None and row.state == "FAILED"
         assert row.end_cause == EndCause.LAUNCH_FAILED.token
