@@ -54,7 +54,7 @@ from laminar_agent.inventory.fake import FakeGpuBackend, read_usage_file
 from laminar_agent.ledger import SliceKind
 from laminar_agent.metrics import AgentMetrics
 from laminar_agent.node import Node
-from laminar_airlock.episodes import Episodes, Memory
+from laminar_airlock.episodes import Episodes
 from laminar_airlock.levels import Level, LevelTracker
 from laminar_airlock.policy import (
     HOST_SLICE_ID,
@@ -340,7 +340,7 @@ class AirlockDriver:
                     declared_bytes=static.declared_bytes,
                     observed_bytes=observed,
                     started_at=static.started_unix,
-                    work_since_checkpoint_seconds=self._work_seconds(static, memory, now),
+                    work_since_checkpoint_seconds=self._work_seconds(subjob_id),
                     suspended=suspended,
                     suspended_since=memory.suspended_since,
                     readdress_count=static.readdress_count,
@@ -433,15 +433,12 @@ class AirlockDriver:
         self._suspended[subjob_id] = self._suspensions(subjob_id)
         return True
 
-    @staticmethod
-    def _work_seconds(static: _StaticView, memory: Memory, now: float) -> float:
-        """Work a restart would lose: its run time so far (the agent knows no checkpoint),
-        less the time of its current suspension (it does no work while stopped; waiting as
-        long as the work a restart loses is the policy's rule, so this must not grow then)."""
-        if not static.started_unix:
-            return 0.0
-        stopped = now - memory.suspended_since if memory.suspended_since is not None else 0.0
-        return max(0.0, time.time() - static.started_unix - max(0.0, stopped))
+    def _work_seconds(self, subjob_id: str) -> float:
+        """Work a restart would lose (:meth:`LiveSubjob.work_seconds`: its run time less
+        every suspension's, an operator's too; waiting as long as the work a restart loses
+        is the policy's rule, so this must not grow while it is stopped)."""
+        live = self.node.core.subjob(subjob_id)
+        return live.work_seconds(time.time()) if live is not None else 0.0
 
     def _static_of(self, subjob_id: str) -> _StaticView | None:
         """What never changes about a live subjob, read from the journal once, not every tick."""

@@ -298,6 +298,8 @@ class RestoredSubjob:
     started_unix: float
     end_cause: str = ""
     peak_gpu_memory_bytes: int = 0
+    #: A SUSPENDED row: when its suspension began (its SUSPENDED event); 0 if unknown.
+    stopped_since_unix: float = 0.0
 
 
 @dataclass
@@ -330,10 +332,25 @@ class LiveSubjob:
     #: Airlock is moving its CUDA state to host memory (cuda-checkpoint) before its suspend:
     #: a SIGSTOP now would stall the copy (the tool never answers a stopped process).
     is_checkpointing: bool = False
+    #: Seconds it spent suspended in suspensions that ended (this run of the agent).
+    stopped_seconds: float = 0.0
+    #: While suspended, by anyone: when the suspension began (wall clock); else 0.
+    stopped_since_unix: float = 0.0
 
     @property
     def is_stopping(self) -> bool:
         return self.stop_cause is not EndCause.UNSPECIFIED
+
+    def work_seconds(self, now_unix: float) -> float:
+        """Its run time so far less the time it spent suspended, Airlock's suspensions and
+        an operator's alike (it does no work while stopped): the work a restart would lose,
+        since the agent knows no checkpoint. It does not grow while suspended."""
+        if not self.started_unix:
+            return 0.0
+        stopped = self.stopped_seconds
+        if self.stopped_since_unix:
+            stopped += max(0.0, now_unix - self.stopped_since_unix)
+        return max(0.0, now_unix - self.started_unix - stopped)
 
 
 @dataclass(frozen=True)
@@ -689,6 +706,7 @@ class AgentCore:
         live = self.check_suspend(subjob_id)
         if live.state == RUNNING:
             live.resume_bytes = live.gpu_memory_bytes
+            live.stopped_since_unix = now_unix
         live.suspensions += 1
         return self._transition(live, SUSPENDED, f"suspended: {why}", now_unix)
 
@@ -696,6 +714,9 @@ class AgentCore:
         """SUSPENDED -> RUNNING (again from RUNNING: the signal is repeated, as asked)."""
         live = self.check_signal(subjob_id)
         live.resume_bytes = 0
+        if live.state == SUSPENDED and live.stopped_since_unix:
+            live.stopped_seconds += max(0.0, now_unix - live.stopped_since_unix)
+        live.stopped_since_unix = 0.0
         return self._transition(live, RUNNING, f"resumed: {why}", now_unix)
 
     def check_release_memory(self, subjob_id: str) -> None:
@@ -877,6 +898,7 @@ class AgentCore:
                 row.reason.removeprefix(TERMINATING) if cause is not EndCause.UNSPECIFIED else ""
             ),
             peak_gpu_memory_bytes=row.peak_gpu_memory_bytes,
+            stopped_since_unix=row.stopped_since_unix if row.state == SUSPENDED else 0.0,
         )
 
     def adopt(

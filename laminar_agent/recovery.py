@@ -24,8 +24,11 @@ from laminar_base.wire import demand_of
 log = logging.getLogger("laminar.agent.node")
 
 
-def restored(row: SubjobRow, spec: common_pb2.SubjobSpec) -> RestoredSubjob:
-    """A live journal row as the core takes it back (an old row's class defaults)."""
+def restored(
+    row: SubjobRow, spec: common_pb2.SubjobSpec, stopped_since_unix: float = 0.0
+) -> RestoredSubjob:
+    """A live journal row as the core takes it back (an old row's class defaults);
+    ``stopped_since_unix``: when a SUSPENDED row's suspension began."""
     return RestoredSubjob(
         subjob_id=row.subjob_id,
         job_id=row.job_id,
@@ -38,6 +41,7 @@ def restored(row: SubjobRow, spec: common_pb2.SubjobSpec) -> RestoredSubjob:
         started_unix=row.started_unix,
         end_cause=row.end_cause,
         peak_gpu_memory_bytes=row.peak_gpu_memory_bytes,
+        stopped_since_unix=stopped_since_unix,
     )
 
 
@@ -48,7 +52,11 @@ def recover(carrier: Carrier, launches: Launches) -> tuple[int, int]:
     adopted = lost = 0
     for row in carrier.journal.subjobs(states=list(LIVE_STATES)):
         spec = common_pb2.SubjobSpec.FromString(row.spec_blob)
-        core.restore(restored(row, spec))
+        since = 0.0
+        if row.state == "SUSPENDED":  # its stop goes on: count it from its event, as before
+            newest = carrier.journal.last_events(row.subjob_id, 1)
+            since = newest[0].at_unix if newest and newest[0].state == "SUSPENDED" else 0.0
+        core.restore(restored(row, spec, since))
         carrier.facts[row.subjob_id] = SpecFacts.of(spec)
         # The process check re-attaches the executor to a match; only a process that is
         # not running may have left its exit record.

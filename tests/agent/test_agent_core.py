@@ -1134,6 +1134,50 @@ def test_a_suspended_subjob_s_memory_counts_against_new_work_until_it_resumes() 
     assert isinstance(pressure_probe(core, share), Granted)
 
 
+def test_work_a_restart_loses_leaves_out_every_suspension() -> None:
+    """Airlock's "least work lost" and its wait before moving or reclaiming a suspended
+    subjob read the work a restart would lose: run time less the time it was stopped,
+    whoever stopped it (an operator's suspend too), and it does not grow while stopped."""
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    commit(core, granted_lease(core, Demand(gpu_milli=300), "gpu1"), "s1")
+    live = core.subjob("s1")
+    assert live is not None and live.work_seconds(EPOCH_UNIX + 50) == 0.0  # not started
+    core.launched("s1", 42, EPOCH_UNIX)
+    assert live.work_seconds(EPOCH_UNIX + 100) == pytest.approx(100.0)
+    core.suspend("s1", "operator", EPOCH_UNIX + 100)  # a SignalSubjob, say
+    core.suspend("s1", "again", EPOCH_UNIX + 150)  # repeated: the stop began at 100
+    assert live.work_seconds(EPOCH_UNIX + 400) == pytest.approx(100.0)  # no growth
+    core.resume("s1", "operator", EPOCH_UNIX + 400)
+    core.resume("s1", "again", EPOCH_UNIX + 450)  # repeated: nothing more was stopped
+    assert live.work_seconds(EPOCH_UNIX + 500) == pytest.approx(200.0)  # 500 - 300 stopped
+    core.suspend("s1", "pressure", EPOCH_UNIX + 500)
+    assert live.work_seconds(EPOCH_UNIX + 900) == pytest.approx(200.0)
+
+
+def test_a_restored_suspension_counts_from_its_event() -> None:
+    core = AgentCore(Ledger(SLICES, lease_prefix="t-"))
+    row = RestoredSubjob(
+        "s1",
+        "j",
+        SUSPENDED,
+        "suspended: x",
+        "l",
+        ("gpu0",),
+        3,
+        2,
+        EPOCH_UNIX,
+        "",
+        0,
+        stopped_since_unix=EPOCH_UNIX + 60,
+    )
+    core.restore(row)
+    live = core.subjob("s1")
+    assert live is not None and live.work_seconds(EPOCH_UNIX + 1000) == pytest.approx(60.0)
+    core.restore(RestoredSubjob("s2", "j", RUNNING, "", "l2", ("gpu1",), 3, 2, EPOCH_UNIX))
+    running = core.subjob("s2")
+    assert running is not None and running.work_seconds(EPOCH_UNIX + 10) == pytest.approx(10.0)
+
+
 def test_the_admitted_declarations_are_those_pressure_refusal_admits() -> None:
     """``admitted_declarations`` counts the ascending declarations ``pressure_refusal``
     admits (reading, resume memory and the critical mark read once, not per declaration):

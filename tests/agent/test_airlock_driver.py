@@ -114,25 +114,6 @@ def test_pressure_suspends_opportunistic_and_resumes(
             assert _state(stub, subjob_id) == common_pb2.SUCCEEDED
 
 
-def test_work_a_restart_loses_does_not_grow_while_suspended() -> None:
-    """The policy moves or reclaims a suspended subjob once it has waited as long as the work a
-    restart would lose; that work must stop growing while the subjob is stopped."""
-    import time
-
-    from laminar_agent.airlock_driver import AirlockDriver, _StaticView
-    from laminar_airlock.episodes import Memory
-
-    started = time.time() - 100.0
-    static = _StaticView("j", ("gpu0",), 4, 3, GIB, "checkpoint", True, started, 0)
-    running = Memory(None, None, False)
-    assert AirlockDriver._work_seconds(static, running, now=500.0) == pytest.approx(100.0, abs=5)
-    stopped_40s_ago = Memory(460.0, None, False)
-    work = AirlockDriver._work_seconds(static, stopped_40s_ago, now=500.0)
-    assert work == pytest.approx(60.0, abs=5)
-    unstarted = _StaticView("j", ("gpu0",), 4, 3, GIB, "checkpoint", True, 0.0, 0)
-    assert AirlockDriver._work_seconds(unstarted, running, now=500.0) == 0.0
-
-
 def _checkpointed_opp(
     cluster: LocalCluster, tmp_path: Path, *, hold_copy: bool = False
 ) -> tuple[GpuHost, AgentProcess, Path, int]:
