@@ -47,7 +47,7 @@ from laminar_agent.ledger import (
     Ledger,
     ProbeOrder,
 )
-from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption
+from laminar_agent.preemption import HolderFacts, PreemptionPlan, plan_preemption, work_seconds
 from laminar_airlock.levels import Level, Marks
 from laminar_airlock.policy import PRIORITY_NAMES
 from laminar_base.causes import ENDED_SUBJOB_STATE_NAMES, EndCause, cause_from_token
@@ -342,15 +342,10 @@ class LiveSubjob:
         return self.stop_cause is not EndCause.UNSPECIFIED
 
     def work_seconds(self, now_unix: float) -> float:
-        """Its run time so far less the time it spent suspended, Airlock's suspensions and
-        an operator's alike (it does no work while stopped): the work a restart would lose,
-        since the agent knows no checkpoint. It does not grow while suspended."""
-        if not self.started_unix:
-            return 0.0
-        stopped = self.stopped_seconds
-        if self.stopped_since_unix:
-            stopped += max(0.0, now_unix - self.stopped_since_unix)
-        return max(0.0, now_unix - self.started_unix - stopped)
+        """The work a restart would lose (:func:`~laminar_agent.preemption.work_seconds`)."""
+        return work_seconds(
+            self.started_unix, self.stopped_seconds, self.stopped_since_unix, now_unix
+        )
 
 
 @dataclass(frozen=True)
@@ -976,6 +971,8 @@ class AgentCore:
                 lifecycle=s.lifecycle,
                 started_at=s.started_unix,
                 is_terminating=s.is_stopping,
+                stopped_seconds=s.stopped_seconds,
+                stopped_since_unix=s.stopped_since_unix,
             )
             for sid, s in sorted(self._live.items())
         }

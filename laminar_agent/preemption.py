@@ -46,6 +46,24 @@ class HolderFacts:
     lifecycle: int
     started_at: float
     is_terminating: bool = False
+    #: Seconds it spent in suspensions that ended, and when the one under way began (0:
+    #: none): :func:`work_seconds`.
+    stopped_seconds: float = 0.0
+    stopped_since_unix: float = 0.0
+
+
+def work_seconds(
+    started_unix: float, stopped_seconds: float, stopped_since_unix: float, now_unix: float
+) -> float:
+    """The work a restart of a subjob would lose (the agent knows no checkpoint): its run
+    time less the time it spent suspended, by Airlock or an operator (it does no work while
+    stopped), so it does not grow while it is stopped. 0 before it started."""
+    if not started_unix:
+        return 0.0
+    stopped = stopped_seconds
+    if stopped_since_unix:
+        stopped += max(0.0, now_unix - stopped_since_unix)
+    return max(0.0, now_unix - started_unix - stopped)
 
 
 @dataclass(frozen=True)
@@ -97,9 +115,9 @@ def _views_on(
                     declared_bytes=a.memory_bytes,
                     observed_bytes=a.memory_bytes,
                     started_at=facts.started_at,
-                    work_since_checkpoint_seconds=max(0.0, now - facts.started_at)
-                    if facts.started_at
-                    else 0.0,
+                    work_since_checkpoint_seconds=work_seconds(
+                        facts.started_at, facts.stopped_seconds, facts.stopped_since_unix, now
+                    ),
                     suspended=False,
                     suspended_since=None,
                     readdress_count=0,

@@ -107,3 +107,22 @@ def test_reservation_keeps_a_slice_for_its_owner() -> None:
     assert ledger.reservations() == {}
     ledger.reserve("P", ["gpu2"], 99.0)
     assert ledger.unreserve("P") == ["gpu2"]
+
+
+def test_a_victim_is_chosen_by_the_work_it_would_lose_suspensions_left_out() -> None:
+    """Two opportunistic GPUs, equal but for their past: "old" started first but spent most
+    of its life suspended (by an operator), so a restart loses less of its work than of
+    "busy"'s; it is the victim. Counted from the start alone, "busy" would be."""
+    host = Host()
+    host.run("old", 4, Demand(gpus=1), "gpu0")
+    host.run("busy", 4, Demand(gpus=1), "gpu1")
+    host.run("share-crit", 1, Demand(gpu_milli=200), "gpu2")  # no room to take elsewhere
+    # At 1100: "old" ran from 500, stopped 900 s of it in two suspensions (one under way);
+    # "busy" ran from 800 without a stop.
+    host.holders["old"] = HolderFacts(
+        "job-old", 4, 2, 500.0, stopped_seconds=600.0, stopped_since_unix=800.0
+    )
+    host.holders["busy"] = HolderFacts("job-busy", 4, 2, 800.0)
+    assert host.plan(Demand(gpus=1), 2) == ["old"]  # 0 s of work against 300 s
+    host.holders["old"] = HolderFacts("job-old", 4, 2, 500.0)  # never stopped: 600 s
+    assert host.plan(Demand(gpus=1), 2) == ["busy"]
