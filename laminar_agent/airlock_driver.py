@@ -100,7 +100,6 @@ class _StaticView:
     declared_bytes: int
     free_mode: str
     restartable: bool
-    started_unix: float
     readdress_count: int
 
 
@@ -253,9 +252,8 @@ class AirlockDriver:
         #: to the host, seconds per GiB): they run beside the polls, which count them as
         #: relief in flight, so one slow copy blinds Airlock to no other GPU.
         self._stopping: dict[str, _SuspendUnderWay] = {}
-        #: Suspends beside the polls ended so far, and as the last step knew.
-        self._suspends_ended = 0
-        self._suspends_seen = 0
+        #: A suspend beside the polls ended since the last step read the GPU totals.
+        self._totals_stale = False
         if metrics is not None:
             metrics.cuda_checkpoint_available.set(
                 1 if node.backend.cuda_checkpoint.is_available else 0
@@ -330,6 +328,7 @@ class AirlockDriver:
             # the GPU's totals of this poll, read before, still hold it.
             if (under_way := self._stopping.get(subjob_id)) is not None:
                 observed = max(observed, under_way.bytes_freed)
+            held = self.node.core.subjob(subjob_id)  # its start and its stopped time
             views.append(
                 SubjobView(
                     subjob_id=subjob_id,
@@ -339,8 +338,10 @@ class AirlockDriver:
                     lifecycle=static.lifecycle,
                     declared_bytes=static.declared_bytes,
                     observed_bytes=observed,
-                    started_at=static.started_unix,
-                    work_since_checkpoint_seconds=self._work_seconds(subjob_id),
+                    started_at=held.started_unix if held is not None else 0.0,
+                    work_since_checkpoint_seconds=(
+                        held.work_seconds(time.time()) if held is not None else 0.0
+                    ),
                     suspended=suspended,
                     suspended_since=memory.suspended_since,
                     readdress_count=static.readdress_count,
@@ -433,13 +434,6 @@ class AirlockDriver:
         self._suspended[subjob_id] = self._suspensions(subjob_id)
         return True
 
-    def _work_seconds(self, subjob_id: str) -> float:
-        """Work a restart would lose (:meth:`LiveSubjob.work_seconds`: its run time less
-        every suspension's, an operator's too; waiting as long as the work a restart loses
-        is the policy's rule, so this must not grow while it is stopped)."""
-        live = self.node.core.subjob(subjob_id)
-        return live.work_seconds(time.time()) if live is not None else 0.0
-
     def _static_of(self, subjob_id: str) -> _StaticView | None:
         """What never changes about a live subjob, read from the journal once, not every tick."""
         cached = self._static.get(subjob_id)
@@ -464,11 +458,9 @@ class AirlockDriver:
                 else "none"
             ),
             restartable=spec.restartable,
-            started_unix=row.started_unix,
             readdress_count=_readdress_count(spec),
         )
-        if row.started_unix:  # STARTING rows still get their start time; read them again
-            self._static[subjob_id] = view
+        self._static[subjob_id] = view
         return view
 
     def _suspend_frees(self, devices: tuple[str, ...]) -> bool:
@@ -553,11 +545,11 @@ class AirlockDriver:
             # Whatever dry_run says: it repairs what the agent itself did before (a
             # checkpointed subjob resumed by hand would wait forever otherwise).
             await self._restore_running()
-            if self._suspends_ended != self._suspends_seen and backend.per_process_memory:
+            if self._totals_stale and backend.per_process_memory:
                 # A suspend beside the polls ended since the last step: the totals the tick
                 # read may predate the memory it moved out (a relief decided on them would
                 # pick a second victim for the same pressure).
-                self._suspends_seen = self._suspends_ended
+                self._totals_stale = False
                 readings = await asyncio.to_thread(backend.memory_used)
             # NVML's process lists are read on a worker thread: a call may take its deadline.
             processes = (
@@ -739,7 +731,7 @@ class AirlockDriver:
                 log.exception("airlock: suspend of %s failed", action.subjob_id)
             finally:
                 self._stopping.pop(action.subjob_id, None)
-                self._suspends_ended += 1  # GPU totals read before now may still hold it
+                self._totals_stale = True  # GPU totals read before now may still hold it
 
         view = next((v for v in snap.subjobs if v.subjob_id == action.subjob_id), None)
         slices = len(view.slice_ids) if view is not None else 1
