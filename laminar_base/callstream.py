@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 
-from laminar_base.errors import InvalidArgument, Unavailable
+from laminar_base.errors import Unavailable
 from laminar_base.grpcutil import error_status, rpc_error
 
 log = logging.getLogger("laminar.grpc.calls")
@@ -40,7 +40,6 @@ class _HasCallId(Protocol):
 Q = TypeVar("Q", bound=_HasCallId)
 R = TypeVar("R", bound=_HasCallId)
 T = TypeVar("T")
-B = TypeVar("B")
 
 
 class CallServer(Generic[Q, R]):
@@ -158,222 +157,6 @@ class CallServer(Generic[Q, R]):
                 raise
             code, details = error_status(exc)
             return self._error_reply(request, code.name, details)
-
-
-#: Calls one stream of followed calls may have in hand at once (:class:`FollowServer`).
-MAX_FOLLOWED_CALLS = 1024
-#: Most events one message of a :class:`FollowServer` carries (each may hold a whole job).
-MAX_EVENTS_PER_MESSAGE = 256
-
-
-class FollowServer(Generic[Q, T, R, B]):
-    """Serves one stream of calls that each answer with several items (a job's events
-    until it ends): each request is followed in a task of its own (``follow`` gives its
-    items); each item goes out as ``reply(call, item, last)``, ``last`` true for the item
-    ``is_last`` names (a terminal state), after which the call is done; a call that fails
-    ends with ``error_reply(call, code name, details)``, the status its unary form would
-    have answered. Items of any calls ready at once go out together, ``batch(replies)``,
-    at most :data:`MAX_EVENTS_PER_MESSAGE` a message. A call whose items end without a last
-    one is closed by sending its latest item again as the last.
-
-    At most ``limit`` calls are in hand; beyond, no request is read until one ends (gRPC's
-    flow control then holds the caller back). A ``call_id`` already in hand ends the stream
-    (INVALID_ARGUMENT naming ``call_id``): the two calls' events could not be told apart.
-    When the caller half-closes, the calls in hand are followed
-    to their end, then the stream ends. When the stream goes first (caller gone, shutdown,
-    authorization ended), the calls in hand are cancelled and awaited: nobody reads their
-    items."""
-
-    def __init__(
-        self,
-        follow: Callable[[Q], AsyncIterator[T]],
-        *,
-        reply: Callable[[Q, T, bool], R],
-        error_reply: Callable[[Q, str, str], R],
-        is_last: Callable[[T], bool],
-        batch: Callable[[list[R]], B],
-        limit: int = MAX_FOLLOWED_CALLS,
-        name: str = "followed-call",
-    ) -> None:
-        self._follow = follow
-        self._reply = reply
-        self._error_reply = error_reply
-        self._is_last = is_last
-        self._batch = batch
-        self._limit = limit
-        self._name = name
-
-    async def serve(self, requests: AsyncIterator[Q]) -> AsyncIterator[B]:
-        ready: list[R] = []
-        wake = asyncio.Event()
-        room = asyncio.Semaphore(self._limit)
-        in_hand: dict[int, asyncio.Task[None]] = {}
-        read_end: list[BaseException | None] = []  # one item once reading has ended
-
-        def put(item: R) -> None:
-            ready.append(item)
-            wake.set()
-
-        async def one(call: Q) -> None:
-            try:
-                latest: list[T] = []
-                async for item in self._follow(call):
-                    if self._is_last(item):
-                        put(self._reply(call, item, True))
-                        return
-                    put(self._reply(call, item, False))
-                    latest[:] = [item]
-                if latest:
-                    put(self._reply(call, latest[0], True))
-                else:
-                    put(self._error_reply(call, "INTERNAL", "the call ended with no answer"))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # this call's failure, not the stream's
-                code, details = error_status(exc)
-                put(self._error_reply(call, code.name, details))
-            finally:
-                # Here, not in a done callback: the writer, woken now, must find it gone.
-                in_hand.pop(call.call_id, None)
-                room.release()
-                wake.set()
-
-        async def read() -> None:
-            error: BaseException | None = None
-            try:
-                incoming = aiter(requests)
-                while True:
-                    await room.acquire()
-                    try:
-                        call = await anext(incoming)
-                    except StopAsyncIteration:
-                        break
-                    if call.call_id in in_hand:  # its events could not be told apart
-                        raise InvalidArgument(
-                            f"{call.call_id} names a call still in hand", field="call_id"
-                        )
-                    in_hand[call.call_id] = asyncio.create_task(one(call), name=self._name)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the requests could not be read: the stream's end
-                error = exc
-            finally:
-                read_end.append(error)
-                wake.set()
-
-        reader = asyncio.create_task(read(), name=f"{self._name}-reader")
-        try:
-            while True:
-                if ready:
-                    out = ready[:MAX_EVENTS_PER_MESSAGE]
-                    del ready[:MAX_EVENTS_PER_MESSAGE]
-                    yield self._batch(out)
-                    continue
-                if read_end and (read_end[0] is not None or not in_hand):
-                    break
-                wake.clear()
-                await wake.wait()
-            if read_end[0] is not None:
-                raise read_end[0]
-        finally:
-            reader.cancel()
-            for task in in_hand.values():
-                task.cancel()
-            await asyncio.gather(reader, *in_hand.values(), return_exceptions=True)
-
-
-class FollowClient(Generic[Q, R]):
-    """The calling end of a stream of followed calls (:class:`FollowServer`): :meth:`follow`
-    sends one call with a fresh ``call_id`` and returns its replies as they come, ending
-    after the one ``is_last`` names; a reply ``error_of`` reads an error from raises it. The
-    stream opens on the first call and again on the first call after it ended; when it
-    ends, every call not yet ended fails with its status (UNAVAILABLE naming it when it
-    says nothing of the calls, which may have been carried out)."""
-
-    def __init__(
-        self,
-        open_stream: Callable[[], _Stream],
-        *,
-        is_last: Callable[[R], bool],
-        error_of: Callable[[R], BaseException | None],
-        name: str = "follow-stream",
-    ) -> None:
-        self._open = open_stream
-        self._is_last = is_last
-        self._error_of = error_of
-        self._name = name
-        self._stream: _Stream | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self._write_lock = asyncio.Lock()
-        self._calls: dict[int, asyncio.Queue[R | BaseException]] = {}
-        self._ids = itertools.count(1)
-
-    async def follow(self, request: Q) -> AsyncIterator[R]:
-        """The call's replies (the call is sent before this returns)."""
-        stream = self._stream
-        if stream is None:
-            stream = self._stream = self._open()
-            self._reader = asyncio.create_task(self._read(stream), name=f"{self._name}-reader")
-        call_id = request.call_id = next(self._ids)
-        queue: asyncio.Queue[R | BaseException] = asyncio.Queue()
-        self._calls[call_id] = queue
-        try:
-            async with self._write_lock:
-                await stream.write(request)
-        except BaseException:
-            self._calls.pop(call_id, None)
-            raise
-        return self._replies(call_id, queue)
-
-    async def _replies(
-        self, call_id: int, queue: asyncio.Queue[R | BaseException]
-    ) -> AsyncIterator[R]:
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                error = self._error_of(item)
-                if error is not None:
-                    raise error
-                yield item
-                if self._is_last(item):
-                    return
-        finally:
-            self._calls.pop(call_id, None)
-
-    async def _read(self, stream: _Stream) -> None:
-        await _read_stream(
-            stream, self._deliver, lambda error: self._ended(stream, error), "follow"
-        )
-
-    def _deliver(self, batch: Any) -> None:
-        for reply in batch.events:
-            queue = self._calls.get(reply.call_id)
-            if queue is not None:
-                queue.put_nowait(reply)
-
-    def _ended(self, stream: _Stream, error: BaseException) -> None:
-        if self._stream is stream:
-            self._stream = None
-            for queue in self._calls.values():
-                queue.put_nowait(error)
-
-    async def close(self) -> None:
-        """Half-close: the calls in hand are followed to their end, then the stream ends."""
-        stream = self._stream
-        if stream is not None:
-            done_writing = getattr(stream, "done_writing", None)
-            async with self._write_lock:
-                if done_writing is not None:
-                    await done_writing()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
-
-    def cancel(self) -> None:
-        """End the stream at once (calls not ended fail UNAVAILABLE)."""
-        if self._stream is not None:
-            self._stream.cancel()
 
 
 class CallServers:
@@ -577,12 +360,23 @@ class CallClient(Generic[Q, R]):
             stream.cancel()  # a no-op once the call has its status
 
     async def _read(self, stream: _Stream) -> None:
-        await _read_stream(stream, self._deliver, lambda error: self._ended(stream, error), "call")
-
-    def _deliver(self, reply: Any) -> None:
-        future = self._waiting.get(reply.call_id)
-        if future is not None and not future.done():
-            future.set_result(reply)
+        error: BaseException = rpc_error("UNAVAILABLE", "call stream ended")
+        try:
+            while (reply := await stream.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
+                future = self._waiting.get(reply.call_id)
+                if future is not None and not future.done():
+                    future.set_result(reply)
+        except asyncio.CancelledError:
+            error = rpc_error("UNAVAILABLE", "call stream closed")
+            raise
+        except grpc.aio.AioRpcError as exc:
+            error = exc if exc.code() in _UNHEARD else _unavailable(exc)
+        except Exception as exc:  # a reply that cannot be read ends the stream
+            log.warning("call stream %s failed: %r", self._name, exc)
+            error = rpc_error("UNAVAILABLE", f"call stream failed: {exc!r}")
+            stream.cancel()
+        finally:
+            self._ended(stream, error)
 
     def _ended(self, stream: _Stream, error: BaseException) -> None:
         if self._stream is not stream:
@@ -602,33 +396,6 @@ class CallClient(Generic[Q, R]):
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def _read_stream(
-    stream: _Stream,
-    deliver: Callable[[Any], None],
-    ended: Callable[[BaseException], None],
-    kind: str,
-) -> None:
-    """A calling end's reader: each message of ``stream`` to ``deliver`` until the stream
-    ends, then ``ended`` with what its calls not answered fail with: the stream's status
-    when it says nothing of them was handled (:data:`_UNHEARD`), else UNAVAILABLE naming
-    it. A message that cannot be delivered ends the stream."""
-    error: BaseException = rpc_error("UNAVAILABLE", f"{kind} stream ended")
-    try:
-        while (message := await stream.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
-            deliver(message)
-    except asyncio.CancelledError:
-        error = rpc_error("UNAVAILABLE", f"{kind} stream closed")
-        raise
-    except grpc.aio.AioRpcError as exc:
-        error = exc if exc.code() in _UNHEARD else _unavailable(exc)
-    except Exception as exc:
-        log.warning("%s stream failed: %r", kind, exc)
-        error = rpc_error("UNAVAILABLE", f"{kind} stream failed: {exc!r}")
-        stream.cancel()
-    finally:
-        ended(error)
-
-
 def _unavailable(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
     code = exc.code()
     return rpc_error(
@@ -636,14 +403,4 @@ def _unavailable(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
     )
 
 
-__all__ = [
-    "MAX_CALLS_IN_FLIGHT",
-    "MAX_EVENTS_PER_MESSAGE",
-    "MAX_FOLLOWED_CALLS",
-    "CallClient",
-    "CallServer",
-    "CallServers",
-    "FollowClient",
-    "FollowServer",
-    "StreamTasks",
-]
+__all__ = ["MAX_CALLS_IN_FLIGHT", "CallClient", "CallServer", "CallServers", "StreamTasks"]

@@ -67,9 +67,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--watch",
         choices=WATCH_MODES,
         default="together",
-        help="launch mode: follow each job in its SubmitAndWatch call (together, default), "
-        "with Submit and then WatchJob (separately: two calls per job), or as calls of "
-        "SubmitAndWatchMany streams, one per submitter (stream)",
+        help="launch mode: follow each job in its SubmitAndWatch call (together, default) "
+        "or with Submit and then WatchJob (separately: two calls per job)",
     )
     p.add_argument(
         "--submitters", type=int, default=32, help="concurrent submitters in a burst (default 32)"

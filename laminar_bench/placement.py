@@ -68,7 +68,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from laminar_agent.executor import local_run_as_env
 from laminar_agent.inventory.fake import parse_fake_spec
 from laminar_api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, zone_pb2, zone_pb2_grpc
-from laminar_base.callstream import CallClient, FollowClient
+from laminar_base.callstream import CallClient
 from laminar_base.causes import FINISHED_JOB_STATES
 from laminar_base.errors import InvalidArgument, Unavailable
 from laminar_base.grpcutil import channel_options, rpc_error
@@ -91,7 +91,7 @@ _POLL_SECONDS = 0.02
 ProgressFn = Callable[[str, int, int], None]
 
 #: How launch mode follows its jobs: in the submitting call, or by a WatchJob of its own.
-WATCH_MODES = ("together", "separately", "stream")
+WATCH_MODES = ("together", "separately")
 #: How placement mode sends its ProbeJob calls: over ProbeJobs streams, or one unary call each.
 PROBE_CALL_MODES = ("stream", "unary")
 
@@ -105,8 +105,7 @@ class BenchSpec:
     rate: float = 0.0  # jobs per second, open-loop; 0 = burst
     launch: bool = False
     #: launch mode: "together" follows each job in its SubmitAndWatch call; "separately"
-    #: submits with Submit and then opens a WatchJob stream (two calls per job); "stream"
-    #: sends the SubmitAndWatch calls over SubmitAndWatchMany streams, one per submitter.
+    #: submits with Submit and then opens a WatchJob stream (two calls per job).
     watch: str = "together"
     submitters: int = 32
     fake_gpus: str = DEFAULT_FAKE_GPUS
@@ -582,43 +581,6 @@ class ProbeStream:
         await self._client.close()
 
 
-class SubmitStream:
-    """SubmitAndWatch calls over one SubmitAndWatchMany stream
-    (:class:`~laminar_base.callstream.FollowClient`): :meth:`submit` sends one call and
-    returns its job's events; a call's error event raises as SubmitAndWatch's status
-    would, and the stream's end fails every call not ended."""
-
-    def __init__(self, stub: zone_pb2_grpc.ZoneAsyncStub, timeout_seconds: float) -> None:
-        # The generated stubs type the call for the blocking API; this is the aio one.
-        opener: Any = stub.SubmitAndWatchMany
-        self._client: FollowClient[zone_pb2.SubmitCall, zone_pb2.SubmitCallEvent] = FollowClient(
-            lambda: opener(timeout=timeout_seconds),
-            is_last=lambda event: event.last,
-            error_of=_call_error,
-            name="submit-and-watch-many",
-        )
-
-    async def submit(self, request: zone_pb2.SubmitRequest) -> AsyncIterator[zone_pb2.JobEvent]:
-        replies = await self._client.follow(zone_pb2.SubmitCall(request=request))
-        return _events_of(replies)
-
-    async def close(self) -> None:
-        await self._client.close()
-
-
-def _call_error(event: zone_pb2.SubmitCallEvent) -> BaseException | None:
-    if event.WhichOneof("outcome") != "error":
-        return None
-    return rpc_error(event.error.code, event.error.message)
-
-
-async def _events_of(
-    replies: AsyncIterator[zone_pb2.SubmitCallEvent],
-) -> AsyncIterator[zone_pb2.JobEvent]:
-    async for reply in replies:
-        yield reply.event
-
-
 @dataclass
 class Outcome:
     """What happened to one job of the run."""
@@ -664,9 +626,6 @@ class Driver:
         self.release_calls = 0
         #: Placement mode: the ProbeJobs streams the calls go over (none: unary calls).
         self.probe_streams: list[ProbeStream] = []
-        #: Launch mode with ``--watch stream``: the SubmitAndWatchMany streams, one per
-        #: submitter (job i on stream i % n).
-        self.submit_streams: list[SubmitStream] = []
 
     def _settle(self, outcome: Outcome) -> None:
         self.settled += 1
@@ -756,14 +715,7 @@ class Driver:
         outcome.submit_unix = time.time()
         events: AsyncIterator[zone_pb2.JobEvent]
         try:
-            if self.submit_streams:
-                self.zone_calls += 1  # a call, if over a stream
-                streams = self.submit_streams
-                events = await streams[outcome.index % len(streams)].submit(request)
-                first = await anext(events)  # Submit's answer: the job is durable
-                job_id = first.job.job_id
-                events = _chain(first, events)
-            elif self.spec.watch == "together":
+            if self.spec.watch == "together":
                 self.zone_calls += 1
                 events = aiter(stub.SubmitAndWatch(request, timeout=self._remaining()))
                 first = await anext(events)  # Submit's answer: the job is durable
@@ -880,21 +832,9 @@ class Driver:
         self.probe_streams = streams
         return ""
 
-    def open_submit_streams(self, stub: zone_pb2_grpc.ZoneAsyncStub) -> None:
-        """Launch mode with ``--watch stream``: one SubmitAndWatchMany stream per submitter
-        (each opens with its first call)."""
-        self.submit_streams = [
-            SubmitStream(stub, self.spec.timeout_seconds)
-            for _ in range(min(self.spec.submitters, self.spec.jobs))
-        ]
-
     async def close(self) -> None:
         for stream in self.probe_streams:
             await stream.close()
-        if self.background:  # every job followed to its end before its stream half-closes
-            await asyncio.gather(*list(self.background), return_exceptions=True)
-        for submit_stream in self.submit_streams:
-            await submit_stream.close()
         self._release_kept()  # any the tick has not sent yet
         if self.background:
             await asyncio.gather(*list(self.background), return_exceptions=True)
@@ -959,8 +899,6 @@ async def _measure(
         probe_note = ""
         if not spec.launch and spec.probe_calls == "stream":
             probe_note = await driver.open_probe_streams(stub)
-        if spec.launch and spec.watch == "stream":
-            driver.open_submit_streams(stub)
         me = psutil.Process()
         client_cpu0 = sum(me.cpu_times()[:2])
         router_cpu0 = cpu_seconds([cluster.router_pid])

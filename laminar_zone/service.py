@@ -13,13 +13,7 @@ import grpc
 from laminar_agent.executor import check_subjob_id
 from laminar_agent.heartbeat import MAX_ACTIONS_PER_HEARTBEAT, MAX_EVENTS_PER_HEARTBEAT
 from laminar_api.v1 import agent_pb2, common_pb2, zone_pb2, zone_pb2_grpc
-from laminar_base.callstream import (
-    MAX_FOLLOWED_CALLS,
-    CallServer,
-    CallServers,
-    FollowServer,
-    StreamTasks,
-)
+from laminar_base.callstream import CallServer, CallServers, StreamTasks
 from laminar_base.causes import TERMINAL_JOB_STATES
 from laminar_base.errors import InvalidArgument, LaminarError, PermissionDenied, Unavailable
 from laminar_base.grpcutil import (
@@ -211,68 +205,23 @@ class ZoneService(zone_pb2_grpc.ZoneServicer):
     ) -> AsyncIterator[zone_pb2.JobEvent]:
         """Submit, then WatchJob in the same call: a submitter that follows its job makes
         one call, not two. The first event is Submit's answer (sent once the submit is
-        durable); then :meth:`_changes_after` it. A resent request streams the job it made
-        before; a revoked token, or a shutdown, ends the stream as in WatchJob."""
+        durable); then :meth:`ZoneQueries.watch`, whose first record is the job when the
+        watch starts (skipped when it is still the one Submit answered) and whose queue is
+        in place before that record, so no change after the submit is lost. A resent request
+        streams the job it made before; a revoked token, or a shutdown, ends the stream as
+        in WatchJob."""
         answered = await self._submit(request, context)
         yield zone_pb2.JobEvent(job=answered, at_unix=time.time())
         if answered.state in TERMINAL_JOB_STATES:
             return
-        watch = self._while_authorized(context, self._changes_after(answered))
-        async for job in self._watches.serve(watch):
-            yield zone_pb2.JobEvent(job=job, at_unix=time.time())
-
-    async def _changes_after(self, answered: zone_pb2.Job) -> AsyncIterator[zone_pb2.Job]:
-        """The job's changes after Submit answered ``answered``: :meth:`ZoneQueries.watch`,
-        whose first record is the job when the watch starts (skipped when it is still the
-        one Submit answered) and whose queue is in place before that record, so no change
-        after the submit is lost."""
+        watch = self._while_authorized(context, self._queries.watch(answered.job_id))
         is_first = True
-        async for job in self._queries.watch(answered.job_id):
-            if is_first:
+        async for job in self._watches.serve(watch):
+            if is_first and job == answered:
                 is_first = False
-                if job == answered:
-                    continue
-            yield job
-
-    async def _submitted(
-        self, request: zone_pb2.SubmitRequest, context: Ctx
-    ) -> AsyncIterator[zone_pb2.Job]:
-        """One SubmitAndWatch call's jobs: Submit's answer, then its changes to its end."""
-        answered = await self._submit(request, context)
-        yield answered
-        if answered.state not in TERMINAL_JOB_STATES:
-            async for job in self._changes_after(answered):
-                yield job
-
-    @map_errors
-    async def SubmitAndWatchMany(
-        self, request_iterator: AsyncIterator[zone_pb2.SubmitCall], context: Ctx
-    ) -> AsyncIterator[zone_pb2.SubmitCallEvents]:
-        """SubmitAndWatch calls over one stream (:class:`~laminar_base.callstream.FollowServer`:
-        at most :data:`MAX_FOLLOWED_CALLS` followed at once, the rest left unread), the
-        events of the calls ready at once in one message. A caller without a valid token is
-        refused before any call is read; a call's own failure (a bad spec, another
-        tenant's, the rate limit) is its error event. A revoked token or a shutdown ends
-        the stream as in WatchJob."""
-        self._caller(context)
-
-        def follow(call: zone_pb2.SubmitCall) -> AsyncIterator[zone_pb2.Job]:
-            return self._submitted(call.request, context)
-
-        server: FollowServer[
-            zone_pb2.SubmitCall, zone_pb2.Job, zone_pb2.SubmitCallEvent, zone_pb2.SubmitCallEvents
-        ] = FollowServer(
-            follow,
-            reply=_call_event,
-            error_reply=_call_error,
-            is_last=_is_terminal,
-            batch=_call_events,
-            limit=MAX_FOLLOWED_CALLS,
-            name="submit-call",
-        )
-        batches = self._watches.serve(server.serve(request_iterator))
-        async for batch in self._while_authorized(context, batches):
-            yield batch
+                continue
+            is_first = False
+            yield zone_pb2.JobEvent(job=job, at_unix=time.time())
 
     @map_errors
     async def GetLogs(
@@ -461,29 +410,6 @@ def _error_reply(
     """A ProbeJobs call's failure, as the unary ProbeJob's status would carry it."""
     error = agent_pb2.ProbeError(code=code_name, message=details)
     return zone_pb2.ProbeJobsReply(call_id=call.call_id, error=error)
-
-
-def _call_event(
-    call: zone_pb2.SubmitCall, job: zone_pb2.Job, last: bool
-) -> zone_pb2.SubmitCallEvent:
-    event = zone_pb2.JobEvent(job=job, at_unix=time.time())
-    return zone_pb2.SubmitCallEvent(call_id=call.call_id, event=event, last=last)
-
-
-def _call_error(
-    call: zone_pb2.SubmitCall, code_name: str, details: str
-) -> zone_pb2.SubmitCallEvent:
-    """A SubmitAndWatchMany call's failure, as SubmitAndWatch's status would carry it."""
-    error = agent_pb2.ProbeError(code=code_name, message=details)
-    return zone_pb2.SubmitCallEvent(call_id=call.call_id, error=error, last=True)
-
-
-def _call_events(events: list[zone_pb2.SubmitCallEvent]) -> zone_pb2.SubmitCallEvents:
-    return zone_pb2.SubmitCallEvents(events=events)
-
-
-def _is_terminal(job: zone_pb2.Job) -> bool:
-    return job.state in TERMINAL_JOB_STATES
 
 
 def _bearer(context: Ctx) -> str:

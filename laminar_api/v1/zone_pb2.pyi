@@ -291,32 +291,6 @@ class SubmitRequest(_message.Message):
     client_request_id: str
     def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., client_request_id: _Optional[str] = ...) -> None: ...
 
-class SubmitCall(_message.Message):
-    __slots__ = ("call_id", "request")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    request: SubmitRequest
-    def __init__(self, call_id: _Optional[int] = ..., request: _Optional[_Union[SubmitRequest, _Mapping]] = ...) -> None: ...
-
-class SubmitCallEvent(_message.Message):
-    __slots__ = ("call_id", "event", "error", "last")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    EVENT_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
-    LAST_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    event: JobEvent
-    error: _agent_pb2.ProbeError
-    last: bool
-    def __init__(self, call_id: _Optional[int] = ..., event: _Optional[_Union[JobEvent, _Mapping]] = ..., error: _Optional[_Union[_agent_pb2.ProbeError, _Mapping]] = ..., last: _Optional[bool] = ...) -> None: ...
-
-class SubmitCallEvents(_message.Message):
-    __slots__ = ("events",)
-    EVENTS_FIELD_NUMBER: _ClassVar[int]
-    events: _containers.RepeatedCompositeFieldContainer[SubmitCallEvent]
-    def __init__(self, events: _Optional[_Iterable[_Union[SubmitCallEvent, _Mapping]]] = ...) -> None: ...
-
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

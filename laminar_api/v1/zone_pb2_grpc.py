@@ -70,11 +70,6 @@ class ZoneStub:
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=laminar__api_dot_v1_dot_zone__pb2.JobEvent.FromString,
                 _registered_method=True)
-        self.SubmitAndWatchMany = channel.stream_stream(
-                '/laminar.v1.Zone/SubmitAndWatchMany',
-                request_serializer=laminar__api_dot_v1_dot_zone__pb2.SubmitCall.SerializeToString,
-                response_deserializer=laminar__api_dot_v1_dot_zone__pb2.SubmitCallEvents.FromString,
-                _registered_method=True)
         self.GetLogs = channel.unary_unary(
                 '/laminar.v1.Zone/GetLogs',
                 request_serializer=laminar__api_dot_v1_dot_zone__pb2.GetLogsRequest.SerializeToString,
@@ -179,27 +174,6 @@ class ZoneServicer:
         Submit answers it (after its journal commit), then each change as WatchJob sends them,
         until a terminal state. Idempotent per (tenant, client_request_id) as Submit: a resent
         request streams the job it made before. An older router answers UNIMPLEMENTED.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def SubmitAndWatchMany(self, request_iterator, context):
-        """Many SubmitAndWatch calls over one long-lived stream, for a client that submits and
-        follows jobs at a high rate (a unary or server-streaming call per job costs the router
-        about twice a stream message's CPU). Each request is one call, named by its call_id and
-        handled as SubmitAndWatch would be (the caller's token and tenant, the rate limit, the
-        queued-job cap, idempotency per client_request_id), concurrently with the others.
-        Replies carry the events of any calls ready at once, each naming its call: a call's
-        first event is Submit's answer (sent once the submit is durable), then each change of
-        the job; its last (`last` set) is the job's terminal state, or the call's error (the
-        status Submit would have answered: INVALID_ARGUMENT naming the field, ...). At most
-        1024 calls are followed at once; beyond, the router reads no more requests until one
-        ends. A client that stops sending gets the events of the calls in hand to their end,
-        then OK. The stream's own status: UNAUTHENTICATED for a caller without a valid token
-        (or once its token is revoked); UNAVAILABLE at shutdown, after which the calls not
-        ended are sent again (their client_request_id finds the jobs already made). An older
-        router answers UNIMPLEMENTED; use SubmitAndWatch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -324,11 +298,6 @@ def add_ZoneServicer_to_server(servicer, server):
                     servicer.SubmitAndWatch,
                     request_deserializer=laminar__api_dot_v1_dot_zone__pb2.SubmitRequest.FromString,
                     response_serializer=laminar__api_dot_v1_dot_zone__pb2.JobEvent.SerializeToString,
-            ),
-            'SubmitAndWatchMany': grpc.stream_stream_rpc_method_handler(
-                    servicer.SubmitAndWatchMany,
-                    request_deserializer=laminar__api_dot_v1_dot_zone__pb2.SubmitCall.FromString,
-                    response_serializer=laminar__api_dot_v1_dot_zone__pb2.SubmitCallEvents.SerializeToString,
             ),
             'GetLogs': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLogs,
@@ -575,33 +544,6 @@ class Zone:
             '/laminar.v1.Zone/SubmitAndWatch',
             laminar__api_dot_v1_dot_zone__pb2.SubmitRequest.SerializeToString,
             laminar__api_dot_v1_dot_zone__pb2.JobEvent.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def SubmitAndWatchMany(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/laminar.v1.Zone/SubmitAndWatchMany',
-            laminar__api_dot_v1_dot_zone__pb2.SubmitCall.SerializeToString,
-            laminar__api_dot_v1_dot_zone__pb2.SubmitCallEvents.FromString,
             options,
             channel_credentials,
             insecure,

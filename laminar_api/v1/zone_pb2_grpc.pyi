@@ -50,23 +50,6 @@ class ZoneStub:
     until a terminal state. Idempotent per (tenant, client_request_id) as Submit: a resent
     request streams the job it made before. An older router answers UNIMPLEMENTED.
     """
-    SubmitAndWatchMany: _grpc.StreamStreamMultiCallable[_zone_pb2.SubmitCall, _zone_pb2.SubmitCallEvents]
-    """Many SubmitAndWatch calls over one long-lived stream, for a client that submits and
-    follows jobs at a high rate (a unary or server-streaming call per job costs the router
-    about twice a stream message's CPU). Each request is one call, named by its call_id and
-    handled as SubmitAndWatch would be (the caller's token and tenant, the rate limit, the
-    queued-job cap, idempotency per client_request_id), concurrently with the others.
-    Replies carry the events of any calls ready at once, each naming its call: a call's
-    first event is Submit's answer (sent once the submit is durable), then each change of
-    the job; its last (`last` set) is the job's terminal state, or the call's error (the
-    status Submit would have answered: INVALID_ARGUMENT naming the field, ...). At most
-    1024 calls are followed at once; beyond, the router reads no more requests until one
-    ends. A client that stops sending gets the events of the calls in hand to their end,
-    then OK. The stream's own status: UNAUTHENTICATED for a caller without a valid token
-    (or once its token is revoked); UNAVAILABLE at shutdown, after which the calls not
-    ended are sent again (their client_request_id finds the jobs already made). An older
-    router answers UNIMPLEMENTED; use SubmitAndWatch.
-    """
     GetLogs: _grpc.UnaryUnaryMultiCallable[_zone_pb2.GetLogsRequest, _zone_pb2.GetLogsReply]
     ProbeJob: _grpc.UnaryUnaryMultiCallable[_zone_pb2.ProbeJobRequest, _zone_pb2.ProbeJobReply]
     """Dry-run (which hosts could take this job now, with scores, no leases
@@ -116,23 +99,6 @@ class ZoneAsyncStub(ZoneStub):
     Submit answers it (after its journal commit), then each change as WatchJob sends them,
     until a terminal state. Idempotent per (tenant, client_request_id) as Submit: a resent
     request streams the job it made before. An older router answers UNIMPLEMENTED.
-    """
-    SubmitAndWatchMany: _aio.StreamStreamMultiCallable[_zone_pb2.SubmitCall, _zone_pb2.SubmitCallEvents]  # type: ignore[assignment]
-    """Many SubmitAndWatch calls over one long-lived stream, for a client that submits and
-    follows jobs at a high rate (a unary or server-streaming call per job costs the router
-    about twice a stream message's CPU). Each request is one call, named by its call_id and
-    handled as SubmitAndWatch would be (the caller's token and tenant, the rate limit, the
-    queued-job cap, idempotency per client_request_id), concurrently with the others.
-    Replies carry the events of any calls ready at once, each naming its call: a call's
-    first event is Submit's answer (sent once the submit is durable), then each change of
-    the job; its last (`last` set) is the job's terminal state, or the call's error (the
-    status Submit would have answered: INVALID_ARGUMENT naming the field, ...). At most
-    1024 calls are followed at once; beyond, the router reads no more requests until one
-    ends. A client that stops sending gets the events of the calls in hand to their end,
-    then OK. The stream's own status: UNAUTHENTICATED for a caller without a valid token
-    (or once its token is revoked); UNAVAILABLE at shutdown, after which the calls not
-    ended are sent again (their client_request_id finds the jobs already made). An older
-    router answers UNIMPLEMENTED; use SubmitAndWatch.
     """
     GetLogs: _aio.UnaryUnaryMultiCallable[_zone_pb2.GetLogsRequest, _zone_pb2.GetLogsReply]  # type: ignore[assignment]
     ProbeJob: _aio.UnaryUnaryMultiCallable[_zone_pb2.ProbeJobRequest, _zone_pb2.ProbeJobReply]  # type: ignore[assignment]
@@ -222,29 +188,6 @@ class ZoneServicer(metaclass=_abc_1.ABCMeta):
         Submit answers it (after its journal commit), then each change as WatchJob sends them,
         until a terminal state. Idempotent per (tenant, client_request_id) as Submit: a resent
         request streams the job it made before. An older router answers UNIMPLEMENTED.
-        """
-
-    @_abc_1.abstractmethod
-    def SubmitAndWatchMany(
-        self,
-        request_iterator: _MaybeAsyncIterator[_zone_pb2.SubmitCall],
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_zone_pb2.SubmitCallEvents], _abc.AsyncIterator[_zone_pb2.SubmitCallEvents]]:
-        """Many SubmitAndWatch calls over one long-lived stream, for a client that submits and
-        follows jobs at a high rate (a unary or server-streaming call per job costs the router
-        about twice a stream message's CPU). Each request is one call, named by its call_id and
-        handled as SubmitAndWatch would be (the caller's token and tenant, the rate limit, the
-        queued-job cap, idempotency per client_request_id), concurrently with the others.
-        Replies carry the events of any calls ready at once, each naming its call: a call's
-        first event is Submit's answer (sent once the submit is durable), then each change of
-        the job; its last (`last` set) is the job's terminal state, or the call's error (the
-        status Submit would have answered: INVALID_ARGUMENT naming the field, ...). At most
-        1024 calls are followed at once; beyond, the router reads no more requests until one
-        ends. A client that stops sending gets the events of the calls in hand to their end,
-        then OK. The stream's own status: UNAUTHENTICATED for a caller without a valid token
-        (or once its token is revoked); UNAVAILABLE at shutdown, after which the calls not
-        ended are sent again (their client_request_id finds the jobs already made). An older
-        router answers UNIMPLEMENTED; use SubmitAndWatch.
         """
 
     @_abc_1.abstractmethod

@@ -63,28 +63,15 @@ def daemons_under(root: Path) -> list[int]:
 
 @pytest.mark.parametrize(
     ("launch", "per_process", "watch"),
-    [
-        (False, 2, ""),
-        (False, 2, "unary"),
-        (True, 1, ""),
-        (True, 1, "separately"),
-        (True, 1, "stream"),
-    ],
-    ids=[
-        "placement-pool",
-        "placement-unary",
-        "launch",
-        "launch-watch-separately",
-        "launch-watch-stream",
-    ],
+    [(False, 2, ""), (False, 2, "unary"), (True, 1, ""), (True, 1, "separately")],
+    ids=["placement-pool", "placement-unary", "launch", "launch-watch-separately"],
 )
 def test_smoke_report_fields_and_clean_exit(
     tmp_path: Path, launch: bool, per_process: int, watch: str
 ) -> None:
     """Placement mode runs its agents in one pool process; launch mode one process each.
     Launch mode follows each job in its SubmitAndWatch call by default (one call per job),
-    with ``--watch separately`` by Submit and then WatchJob (two), with ``--watch stream``
-    as calls of SubmitAndWatchMany streams (one call per job, no call of its own). Placement mode sends its
+    with ``--watch separately`` by Submit and then WatchJob (two). Placement mode sends its
     ProbeJob calls over a ProbeJobs stream by default, with ``--probe-calls unary`` one
     unary call each (``watch`` carries that choice for placement mode)."""
     argv = ["bench", "placement", "--agents", "2", "--jobs", "10", "-o", "json"]
