@@ -135,14 +135,17 @@ class PeerRouter:
         return self.local_summary()
 
     async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
-        """Exchange summaries with every peer each period; ``beat`` once per pass."""
+        """Exchange summaries with every peer each period; ``beat`` once per pass. With no
+        peer (yet), nothing is summed: the summary walks every agent and job, and a peer
+        that calls in gets one made for it (:meth:`accept`)."""
         while not stop.is_set():
             beat()
-            mine = self.local_summary()
-            await asyncio.gather(
-                *(self._exchange(peer, mine) for peer in list(self.peers.values())),
-                return_exceptions=True,
-            )
+            if self.peers:
+                mine = self.local_summary()
+                await asyncio.gather(
+                    *(self._exchange(peer, mine) for peer in list(self.peers.values())),
+                    return_exceptions=True,
+                )
             try:
                 await asyncio.wait_for(stop.wait(), self.settings.exchange_seconds)
             except TimeoutError:
