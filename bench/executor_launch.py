@@ -43,7 +43,8 @@ def _cpu_and_faults(pid: int) -> tuple[float, int, float]:
 
 
 def _remove(cgroups: SubjobCgroups | None) -> None:
-    if cgroups is None:
+    """What the executor's close left (its folder goes with it once empty)."""
+    if cgroups is None or not cgroups.base.exists():
         return
     for path in cgroups.base.iterdir():
         if path.is_dir():

@@ -98,6 +98,16 @@ class SubjobCgroups:
         with contextlib.suppress(OSError):
             self.path(subjob_id).rmdir()
 
+    def remove_base(self) -> bool:
+        """The agent stops: its folder goes if no subjob's cgroup is left in it (the kernel
+        refuses to remove a cgroup with children or processes, so a subjob that outlives
+        the agent keeps it, and a restarted agent makes it again). Whether it went."""
+        try:
+            self.base.rmdir()
+        except OSError:
+            return False
+        return True
+
     def clear(self, subjob_id: str) -> None:
         """After a subjob's end: SIGKILL what still runs in its cgroup and remove it. The
         removal is tried first: an ended subjob's cgroup is empty (or gone, its launcher

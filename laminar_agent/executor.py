@@ -1126,7 +1126,8 @@ class Executor:
 
     async def close(self) -> None:
         """Stop watchers and the launcher; subjobs keep running so a restarted agent can
-        adopt them."""
+        adopt them. The agent's cgroup folder is removed when none of them is left in it,
+        so a host the agent stopped on leaves no empty cgroup behind."""
         if self._launcher is not None:
             await self._launcher.close()
         tasks = [t.task for t in self._tracked.values() if t.task is not None]
@@ -1136,6 +1137,8 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tracked.clear()
+        if self.cgroups is not None:
+            self.cgroups.remove_base()
 
 
 def check_subjob_id(subjob_id: str, field: str, *, required: bool = True) -> str:

@@ -203,3 +203,29 @@ async def test_a_commit_into_a_busy_cgroup_ends_the_subjob_failed_with_the_cause
         assert f"cgroup {cgroups.path('s1')} still holds 2 processes" in row.reason
     finally:
         await node.close()
+
+
+async def test_an_agent_stopping_removes_its_cgroup_folder_unless_a_subjob_is_in_it(
+    tmp_path: Path, cgroup_base: Path
+) -> None:
+    """Nothing running: the agent's folder goes with it (repeated starts and stops leave
+    no empty cgroups behind). A subjob that outlives its agent keeps the folder, and runs
+    on in its cgroup."""
+    cgroups = SubjobCgroups(cgroup_base / "laminar.a0")
+    cgroups.base.mkdir()
+    rec = Recorder()
+    ex = Executor(tmp_path / "state", on_exit=rec, cgroups=cgroups)
+    await ex.launch(make_spec(tmp_path, "s-1", "pass"))
+    await poll_until(lambda: "s-1" in rec.exits, "exit of s-1")
+    await poll_until(lambda: not cgroups.path("s-1").exists(), "s-1's cgroup removed")
+    await ex.close()
+    assert not cgroups.base.exists()
+
+    cgroups.base.mkdir()  # a restarted agent makes it again
+    ex = Executor(tmp_path / "state2", on_exit=rec, cgroups=cgroups)
+    await ex.launch(make_spec(tmp_path, "s-2", "import time; time.sleep(300)"))
+    await poll_until(lambda: cgroups.pids("s-2") != [], "s-2 in its cgroup")
+    await ex.close()
+    assert cgroups.base.exists() and cgroups.pids("s-2") != []  # kept, and s-2 runs on
+    cgroups.kill_all("s-2")  # its launcher, which outlived the agent, reaps it and removes it
+    await poll_until(lambda: not cgroups.path("s-2").exists(), "s-2's cgroup removed")
