@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 #: Controllers enabled for subjob cgroups where the parent offers them.
-CONTROLLERS = ("cpu", "memory", "pids")
+CONTROLLERS = shim.CONTROLLERS
 
 
 def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Path | None:
@@ -159,13 +159,10 @@ def open_cgroups(setting: str, agent_name: str) -> SubjobCgroups | None:
 
 
 def _enable_controllers(base: Path) -> None:
-    """Best effort: offer cpu/memory/pids to subjob cgroups where the parent has them."""
-    try:
-        available = set((base / "cgroup.controllers").read_text().split())
-    except OSError:
-        return
-    wanted = [c for c in CONTROLLERS if c in available]
-    if not wanted:
+    """Best effort: offer cpu/memory/pids to subjob cgroups where the parent has them
+    (:func:`shim.offer_controllers`, which a launch repeats if the folder went)."""
+    wanted, error = shim.offer_controllers(str(base))
+    if not wanted and error is None:
         # The shipped unit's case: the agent runs in the cgroup above, and cgroup v2 lets a
         # cgroup that holds processes enable no controller for its children.
         log.info(
@@ -173,8 +170,5 @@ def _enable_controllers(base: Path) -> None:
             ",".join(CONTROLLERS),
             base.parent,
         )
-        return
-    try:
-        (base / "cgroup.subtree_control").write_text(" ".join("+" + c for c in wanted))
-    except OSError as exc:
-        log.info("subjob cgroups without %s accounting (%s)", ",".join(wanted), exc.strerror)
+    elif wanted and error is not None:
+        log.info("subjob cgroups without %s accounting (%s)", ",".join(wanted), error.strerror)

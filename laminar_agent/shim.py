@@ -63,6 +63,8 @@ VOID_FILE = "void"
 #: forward while its router hears from it. Past it, fenced subjobs are stopped.
 FENCE_FILE = "fence"
 EXEC_FAILED_CODE = 127
+#: Controllers enabled for subjob cgroups where the agent's cgroup folder has them.
+CONTROLLERS = ("cpu", "memory", "pids")
 #: The stop signals a supervisor holds back until its child exists (see :func:`run`).
 STOPS = (int(signal.SIGTERM), int(signal.SIGINT))
 _SIG_DFL, _SIG_IGN = int(signal.SIG_DFL), int(signal.SIG_IGN)
@@ -292,6 +294,44 @@ class CgroupBusy(OSError):
     started (see :func:`prepare`)."""
 
 
+def offer_controllers(base: str) -> tuple[list[str], OSError | None]:
+    """Best effort: enable for the children of the agent's cgroup folder ``base`` the
+    :data:`CONTROLLERS` it has. The ones it has, and the error that kept them from the
+    children (None when enabled, or when it has none)."""
+    try:
+        available = set(_read_small(os.path.join(base, "cgroup.controllers")).decode().split())
+    except OSError as exc:
+        return [], exc
+    wanted = [c for c in CONTROLLERS if c in available]
+    if not wanted:
+        return [], None
+    try:
+        fd = os.open(os.path.join(base, "cgroup.subtree_control"), os.O_WRONLY)
+        try:
+            os.write(fd, " ".join("+" + c for c in wanted).encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return wanted, exc
+    return wanted, None
+
+
+def _make_cgroup(cgroup: str) -> None:
+    """The subjob's cgroup; the agent's folder above it made again first if it went (an
+    agent with the same id on this host removed it as it stopped with nothing running),
+    with its controllers as the agent's start enables them."""
+    try:
+        os.mkdir(cgroup, 0o755)
+    except FileNotFoundError:
+        base = os.path.dirname(cgroup)
+        try:
+            os.mkdir(base, 0o755)
+        except FileExistsError:
+            pass
+        offer_controllers(base)
+        os.mkdir(cgroup, 0o755)
+
+
 def prepare(subjob_dir: str, spec: dict[str, object]) -> str:
     """Before anything of the job runs: the subjob's cgroup and folder (root's, 0700; with a
     user, 0711 and a ``scratch`` folder that user alone owns). Both paths come from the
@@ -314,7 +354,7 @@ def prepare(subjob_dir: str, spec: dict[str, object]) -> str:
     made = False
     if cgroup:
         try:
-            os.mkdir(cgroup, 0o755)
+            _make_cgroup(cgroup)
             made = True
         except FileExistsError:
             held = len(cgroup_pids(cgroup))

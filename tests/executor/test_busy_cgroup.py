@@ -76,6 +76,19 @@ def test_prepare_reuses_an_empty_cgroup(tmp_path: Path) -> None:
     assert spec["cgroup"] == str(empty) and (tmp_path / "subjobs" / "s-1").is_dir()
 
 
+def test_prepare_makes_the_agents_folder_again_if_it_went(tmp_path: Path) -> None:
+    """Another agent with the same id removed the folder as it stopped: the launch makes it
+    again and its cgroup in it (one level only: a missing agent cgroup above is a warning)."""
+    cgroup = tmp_path / "laminar.a0" / "s-1"
+    spec: dict[str, object] = {"cgroup": str(cgroup)}
+    assert shim.prepare(str(tmp_path / "subjobs" / "s-1"), spec) == ""
+    assert spec["cgroup"] == str(cgroup) and cgroup.is_dir()
+    deeper = tmp_path / "gone" / "laminar.a0" / "s-2"
+    spec = {"cgroup": str(deeper)}
+    assert shim.prepare(str(tmp_path / "subjobs" / "s-2"), spec).startswith("runs without a cgroup")
+    assert spec["cgroup"] == "" and not (tmp_path / "gone").exists()
+
+
 def test_a_cgroup_made_for_a_folder_that_cannot_be_made_is_removed(tmp_path: Path) -> None:
     cgroup = tmp_path / "laminar.a0" / "s-1"
     cgroup.parent.mkdir()
@@ -229,3 +242,25 @@ async def test_an_agent_stopping_removes_its_cgroup_folder_unless_a_subjob_is_in
     assert cgroups.base.exists() and cgroups.pids("s-2") != []  # kept, and s-2 runs on
     cgroups.kill_all("s-2")  # its launcher, which outlived the agent, reaps it and removes it
     await poll_until(lambda: not cgroups.path("s-2").exists(), "s-2's cgroup removed")
+
+
+async def test_an_agent_with_the_same_id_keeps_launching_into_cgroups_after_the_other_stops(
+    tmp_path: Path, cgroup_base: Path
+) -> None:
+    """Two agents with one id on a host (two test suites, say): the one that stops with
+    nothing running removes the folder; the other's next subjob still gets its cgroup."""
+    cgroups = SubjobCgroups(cgroup_base / "laminar.a0")
+    cgroups.base.mkdir()
+    rec = Recorder()
+    stopping = Executor(tmp_path / "one", on_exit=rec, cgroups=cgroups)
+    staying = Executor(tmp_path / "two", on_exit=rec, cgroups=cgroups)
+    try:
+        await stopping.close()
+        assert not cgroups.base.exists()
+        code = "print(open('/proc/self/cgroup').read())"
+        await staying.launch(make_spec(tmp_path, "s-3", code))
+        await poll_until(lambda: "s-3" in rec.exits, "exit of s-3")
+        assert rec.exits["s-3"].exit_code == 0
+        assert "/laminar.a0/s-3" in (staying.subjob_dir("s-3") / "stdout").read_text()
+    finally:
+        await staying.close()
