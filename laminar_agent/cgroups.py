@@ -30,8 +30,6 @@ from laminar_agent import shim
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-#: Controllers enabled for subjob cgroups where the parent offers them.
-CONTROLLERS = shim.CONTROLLERS
 
 
 def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Path | None:
@@ -98,15 +96,12 @@ class SubjobCgroups:
         with contextlib.suppress(OSError):
             self.path(subjob_id).rmdir()
 
-    def remove_base(self) -> bool:
+    def remove_base(self) -> None:
         """The agent stops: its folder goes if no subjob's cgroup is left in it (the kernel
         refuses to remove a cgroup with children or processes, so a subjob that outlives
-        the agent keeps it, and a restarted agent makes it again). Whether it went."""
-        try:
+        the agent keeps it, and a restarted agent makes it again)."""
+        with contextlib.suppress(OSError):
             self.base.rmdir()
-        except OSError:
-            return False
-        return True
 
     def clear(self, subjob_id: str) -> None:
         """After a subjob's end: SIGKILL what still runs in its cgroup and remove it. The
@@ -167,7 +162,7 @@ def _enable_controllers(base: Path) -> None:
         # cgroup that holds processes enable no controller for its children.
         log.info(
             "subjob cgroups without %s accounting (%s offers none of them)",
-            ",".join(CONTROLLERS),
+            ",".join(shim.CONTROLLERS),
             base.parent,
         )
     elif wanted and error is not None:

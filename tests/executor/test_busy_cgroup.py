@@ -142,6 +142,18 @@ def cgroup_base() -> Iterator[Path]:
             path.rmdir()
 
 
+async def _runs_in_its_cgroup(
+    ex: Executor, rec: Recorder, tmp_path: Path, subjob_id: str, exit_code: int = 0
+) -> None:
+    """Launch ``subjob_id``, which prints its cgroup; it ends with ``exit_code`` having run
+    in ``laminar.a0/<subjob_id>``."""
+    code = f"import sys; print(open('/proc/self/cgroup').read()); sys.exit({exit_code})"
+    await ex.launch(make_spec(tmp_path, subjob_id, code))
+    await poll_until(lambda: subjob_id in rec.exits, f"exit of {subjob_id}")
+    assert rec.exits[subjob_id].exit_code == exit_code
+    assert f"/laminar.a0/{subjob_id}" in (ex.subjob_dir(subjob_id) / "stdout").read_text()
+
+
 def _is_empty(cgroup: str) -> bool:
     return not os.path.exists(cgroup) or shim.cgroup_pids(cgroup) == []
 
@@ -175,11 +187,7 @@ async def test_a_real_cgroup_holding_a_process_is_refused_then_reused_once_empty
         await poll_until(lambda: other.poll() is not None, "the other process to end")
         await poll_until(lambda: shim.cgroup_pids(str(cgroup)) == [], "the cgroup to empty")
         # Empty now (as a run that ended leaves it): the next launch joins it and runs.
-        code = "import sys; print(open('/proc/self/cgroup').read()); sys.exit(3)"
-        await ex.launch(make_spec(tmp_path, "s-1", code))
-        await poll_until(lambda: "s-1" in rec.exits, "exit of s-1")
-        assert rec.exits["s-1"].exit_code == 3
-        assert "/laminar.a0/s-1" in (ex.subjob_dir("s-1") / "stdout").read_text()
+        await _runs_in_its_cgroup(ex, rec, tmp_path, "s-1", exit_code=3)
     finally:
         await ex.close()
 
@@ -257,10 +265,6 @@ async def test_an_agent_with_the_same_id_keeps_launching_into_cgroups_after_the_
     try:
         await stopping.close()
         assert not cgroups.base.exists()
-        code = "print(open('/proc/self/cgroup').read())"
-        await staying.launch(make_spec(tmp_path, "s-3", code))
-        await poll_until(lambda: "s-3" in rec.exits, "exit of s-3")
-        assert rec.exits["s-3"].exit_code == 0
-        assert "/laminar.a0/s-3" in (staying.subjob_dir("s-3") / "stdout").read_text()
+        await _runs_in_its_cgroup(staying, rec, tmp_path, "s-3")
     finally:
         await staying.close()
